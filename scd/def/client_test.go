@@ -1,0 +1,126 @@
+package def
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+var clientEnv = []string{"DCHOST", "DCSCDDIRECT", "DCHOSTSELECT", "DCSCDHOSTCHANGE", "DCCLTLOADBALANCE",
+	"DCCACHE", "DCCLTCACHETIM", "DCNAMUSE", "DCWATCHTIM", "DCMAXMSGSIZE"}
+
+// clearClientEnv hides the caller's own client variables (empty = unset).
+func clearClientEnv(t *testing.T) {
+	for _, v := range clientEnv {
+		t.Setenv(v, "")
+	}
+}
+
+func writeFile(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "betranrc")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadClientDefaults(t *testing.T) {
+	clearClientEnv(t)
+	c, err := LoadClient("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Client{CacheEntries: 64, CacheTime: 30 * time.Second, WatchTime: 180 * time.Second, MaxMessageSize: 1 << 20}
+	if !reflect.DeepEqual(*c, want) {
+		t.Fatalf("got %+v, want %+v", *c, want)
+	}
+}
+
+func TestLoadClientFileAndEnv(t *testing.T) {
+	clearClientEnv(t)
+	path := writeFile(t, `# client environment
+set dchost = host1:12000, host2, \
+             "[::1]:13000"
+set dcscddirect = Y
+set dchostselect = y
+set dcscdhostchange = N
+set dccltloadbalance = Y
+set dccache = 10
+set dccltcachetim = 5
+set dcnamuse = Y
+set watch_time = 9
+set max_message_size = 2048
+`)
+	c, err := LoadClient(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Client{
+		Hosts: []string{"host1:12000", "host2", "[::1]:13000"}, Direct: true, HostSelect: true, HostChange: false,
+		LoadBalance: true, CacheEntries: 10, CacheTime: 5 * time.Second, NameUse: true,
+		WatchTime: 9 * time.Second, MaxMessageSize: 2048,
+	}
+	if !reflect.DeepEqual(*c, want) {
+		t.Fatalf("file:\ngot  %+v\nwant %+v", *c, want)
+	}
+
+	t.Setenv("DCHOST", "a:1, b")
+	t.Setenv("DCSCDHOSTCHANGE", "Y")
+	t.Setenv("DCSCDDIRECT", "n")
+	t.Setenv("DCCACHE", "3")
+	t.Setenv("DCWATCHTIM", "0")
+	c, err = LoadClient(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want.Hosts, want.HostChange, want.Direct, want.CacheEntries, want.WatchTime = []string{"a:1", "b"}, true, false, 3, 0
+	if !reflect.DeepEqual(*c, want) {
+		t.Fatalf("env over file:\ngot  %+v\nwant %+v", *c, want)
+	}
+}
+
+func TestLoadClientErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		file string
+		env  map[string]string
+		err  string // the whole error; "FILE" stands for the path
+	}{
+		{"bad host", "set dchost = \"a b\"\n", nil, `FILE:1: dchost: bad host "a b"`},
+		{"bad port", "\nset dchost = a:70000\n", nil, `FILE:2: dchost: port in "a:70000": 70000 out of range 1..65535`},
+		{"too many hosts", "set dchost = " + nodes(129) + "\n", nil, `FILE:1: dchost: 129 hosts, at most 128`},
+		{"bad bool", "set dcnamuse = 1\n", nil, `FILE:1: dcnamuse: want Y or N, got "1"`},
+		{"cache 0", "set dccache = 0\n", nil, `FILE:1: dccache: 0 out of range 1..4096`},
+		{"cache time", "set dccltcachetim = 65536\n", nil, `FILE:1: dccltcachetim: 65536 out of range 0..65535`},
+		{"message size", "set dcmaxmsgsize = 9000000\n", nil, `FILE:1: dcmaxmsgsize: 9000000 out of range 1024..8388608`},
+		{"alias and name", "set dcwatchtim = 1\nset watch_time = 2\n", nil, `FILE:2: watch_time: already set as dcwatchtim at line 1`},
+		{"unknown", "set dcfoo = 1\n", nil, `FILE:1: dcfoo: unknown operand`},
+		{"server operand", "set queue_size = 1\n", nil, `FILE:1: queue_size: unknown operand here (it belongs in usrrc or usr/<server>)`},
+		{"putenv", "putenv A b\n", nil, `FILE:1: putenv: only allowed in usrrc and usr files`},
+		{"env host", "", map[string]string{"DCHOST": "a,,b"}, `environment: DCHOST: empty address`},
+		{"env bool", "", map[string]string{"DCCLTLOADBALANCE": "yes"}, `environment: DCCLTLOADBALANCE: want Y or N, got "yes"`},
+		{"env number", "", map[string]string{"DCCACHE": "x"}, `environment: DCCACHE: want an unsigned integer, got "x"`},
+		{"env two values", "", map[string]string{"DCWATCHTIM": "1,2"}, `environment: DCWATCHTIM: want one value, got 2`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clearClientEnv(t)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			path := writeFile(t, tc.file)
+			_, err := LoadClient(path)
+			want := strings.ReplaceAll(tc.err, "FILE", path)
+			if err == nil || err.Error() != want {
+				t.Fatalf("error = %v\nwant    %s", err, want)
+			}
+		})
+	}
+	clearClientEnv(t)
+	if _, err := LoadClient(filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Error("missing file: no error")
+	}
+}

@@ -1,0 +1,118 @@
+// Package def reads an OpenTP1-style definition directory (sysconf,
+// scdsvcdef, usrrc, usr/<server>, betranrc) into typed, validated
+// configuration. It owns the syntax, every operand's default and range, and
+// the contradictions between operands; it touches neither the network nor
+// processes. Every error in a file's content names the file (relative to the
+// definition directory), the line and the operand:
+//
+//	usr/echo:7: parallel_count: resident 3 exceeds max 2
+//
+// # Usage
+//
+//	cfg, err := def.Load(dir)       // a definition directory
+//	cfg, err := def.LoadFS(fsys)    // the same, from an fs.FS
+//	cfg, err := def.LoadDefault()   // the embedded one-node demo (default/)
+//	cc, err := def.LoadClient(path) // betranrc, overlaid by the environment
+//	host, port, err := def.SplitHostPort("host1:12000", def.DefaultRPCPort)
+//
+// Errors are *Error. Parse exposes the syntax alone (statements, no operand
+// knowledge).
+package def
+
+import "time"
+
+// Config is one node's whole definition.
+type Config struct {
+	Dir     string // the directory it was read from; "" for the embedded default
+	System  System
+	Sched   Sched
+	Servers []Server // one per file in usr/, sorted by name
+}
+
+// System is the system common definition (sysconf).
+type System struct {
+	NodeID         string        // node_id, 1..255 bytes; default: the host name
+	RPCAddress     string        // rpc_address: the IP address or host name scdd listens on; default "0.0.0.0"
+	RPCPort        int           // rpc_port, 1..65535; default 12000
+	AllNodes       []string      // all_node: host[:port] of every node (port default rpc_port), this one included; at most 128 (002), as written
+	MetricsAddress string        // metrics_address: host:port of /metrics and the control API; default "127.0.0.1:12001"
+	WatchTime      time.Duration // watch_time (seconds, 0..65535): how long a caller waits for an answer; default 180 s, 0 = forever
+	MaxProcesses   int           // max_processes: node-wide cap on UAP processes, at least the sum of resident ones; 0 = no cap
+}
+
+// Sched is the schedule service definition (scdsvcdef).
+type Sched struct {
+	ThisNodeFirst        bool // scd_this_node_first; default N
+	AnnounceServerStatus bool // scd_announce_server_status; default Y
+	ScheduleRate         int  // schedule_rate, 50..100; default 50
+	RetryOfCommError     int  // scd_retry_of_comm_error, 0..128; default 0
+	Multi                int  // scdmulti: receiving sockets (event loops) on the RPC port, 1..64; default 1
+}
+
+// ReceiveFrom says how a user server takes its requests.
+type ReceiveFrom int
+
+const (
+	ReceiveQueue  ReceiveFrom = iota // from the shared-memory schedule queue
+	ReceiveSocket                    // over a socket, exactly one process
+)
+
+// Service is one entry of the service operand, "name=entry".
+type Service struct {
+	Name  string
+	Entry string
+}
+
+// Server is one user server (usr/<name>), with usrrc's defaults applied.
+type Server struct {
+	Name              string        // the file name under usr/
+	File              string        // the file it came from, for messages
+	ServiceGroup      string        // service_group (required; 1..31 bytes of [A-Za-z0-9_.-])
+	Services          []Service     // service = "name=entry", ... (required; names and entries 1..31 bytes of [A-Za-z0-9_.-])
+	Module            string        // module: the UAP executable, as written (required); one group has one module on a node
+	ReceiveFrom       ReceiveFrom   // receive_from = queue|socket; default queue; socket needs parallel_count = 1
+	Resident          int           // parallel_count first value, 0..1024; default 1
+	MaxProcesses      int           // parallel_count second value, 1..1024, >= Resident; default = Resident
+	BalanceCount      int           // balance_count, 0..4096; default 3
+	SchedulePriority  int           // schedule_priority 1 (highest) .. 16 (lowest); default 8
+	RefreshProcess    bool          // scd_refresh_process; default N; Y needs resident 0 and balance_count 0 (002)
+	LoadCheckInterval time.Duration // loadcheck_interval (seconds, 0..65535); default 30 s; 0 = no load check
+	LevelUp           [2]int        // levelup_queue_count U1,U2 (0..32767); 0 <= D0 < U1 <= U2 <= QueueSize
+	LevelDown         [2]int        // leveldown_queue_count D0,D1 (0..32767); D0 <= D1 < U2
+	LevelThresholds   bool          // whether levelup/leveldown_queue_count were given (both or neither)
+	LoadLevelMessage  bool          // loadlevel_message; default N
+	Multi             bool          // scdmulti; default N; Y needs scdsvcdef scdmulti >= 2
+	MultiSchedule     bool          // multi_schedule; default N
+	MaxMessageSize    int           // max_message_size (bytes, 1 KiB .. 8 MiB); default 1 MiB
+	QueueSize         int           // queue_size (slots, 1..65536); default 256
+	WatchTime         time.Duration // watch_time (seconds, 0..65535); default sysconf's
+	Env               []string      // putenv NAME value, as "NAME=value": usrrc's first, the server's own replacing same names
+}
+
+// Client is the client environment definition (betranrc and environment
+// variables of the same names in upper case; see LoadClient).
+type Client struct {
+	Hosts          []string      // dchost: host[:port] (port default 12000), in order, as written; at most 128; none by default
+	Direct         bool          // dcscddirect
+	HostSelect     bool          // dchostselect: start at a random host
+	HostChange     bool          // dcscdhostchange: next host on every RPC
+	LoadBalance    bool          // dccltloadbalance
+	CacheEntries   int           // dccache, 1..4096; default 64
+	CacheTime      time.Duration // dccltcachetim (seconds, 0..65535); default 30 s
+	NameUse        bool          // dcnamuse
+	WatchTime      time.Duration // dcwatchtim (or watch_time in betranrc), seconds 0..65535; default 180 s
+	MaxMessageSize int           // dcmaxmsgsize (or max_message_size in betranrc), 1 KiB .. 8 MiB; default 1 MiB
+}
+
+// Defaults.
+const (
+	DefaultRPCPort        = 12000
+	DefaultMetricsAddress = "127.0.0.1:12001"
+	DefaultWatchTime      = 180 * time.Second
+	DefaultMaxMessageSize = 1 << 20
+	MaxMaxMessageSize     = 8 << 20
+	DefaultQueueSize      = 256
+	MaxNodes              = 128 // all_node and dchost entries (002: at most 128 nodes)
+	DefaultCacheEntries   = 64  // dccache
+	DefaultCacheTime      = 30 * time.Second
+)

@@ -1,0 +1,364 @@
+package def
+
+import (
+	"bytes"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+//go:embed default
+var defaultFS embed.FS
+
+// Load reads the definition directory dir: sysconf, scdsvcdef and usrrc
+// (each optional), and every regular file in usr/ (one user server each;
+// names starting with '.' or ending with '~' are skipped). At least one user
+// server is required.
+func Load(dir string) (*Config, error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("definition directory: %w", err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("definition directory %s: not a directory", dir)
+	}
+	cfg, err := load(os.DirFS(dir), dir)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Dir = dir
+	return cfg, nil
+}
+
+// LoadDefault returns the embedded one-node definition: the demo user server
+// (module uap-echo, services echo, sleep, burn, fail, crash) on
+// 127.0.0.1:12000 with metrics on 127.0.0.1:12001.
+func LoadDefault() (*Config, error) {
+	sub, err := fs.Sub(defaultFS, "default")
+	if err != nil {
+		return nil, err
+	}
+	return LoadFS(sub)
+}
+
+// LoadFS reads a definition directory laid out as for Load from fsys.
+// Config.Dir is left empty.
+func LoadFS(fsys fs.FS) (*Config, error) { return load(fsys, ".") }
+
+// pos is where an operand was given.
+type pos struct {
+	file string
+	line int
+}
+
+func load(fsys fs.FS, label string) (*Config, error) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "localhost"
+	}
+	cfg := &Config{System: defaultSystem(host), Sched: defaultSched()}
+
+	stmts, _, err := readOptional(fsys, "sysconf")
+	if err != nil {
+		return nil, err
+	}
+	sysLines, err := apply("sysconf", stmts, systemOperands, &cfg.System, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAllNodes(&cfg.System, sysLines); err != nil {
+		return nil, err
+	}
+
+	if stmts, _, err = readOptional(fsys, "scdsvcdef"); err != nil {
+		return nil, err
+	}
+	if _, err := apply("scdsvcdef", stmts, schedOperands, &cfg.Sched, nil); err != nil {
+		return nil, err
+	}
+
+	// usrrc: the defaults of every user server.
+	rc := &userDef{file: "usrrc", srv: defaultServer(), set: map[string]pos{}}
+	rc.srv.WatchTime = cfg.System.WatchTime
+	stmts, _, err = readOptional(fsys, "usrrc")
+	if err != nil {
+		return nil, err
+	}
+	if err := rc.apply("usrrc", stmts); err != nil {
+		return nil, err
+	}
+
+	entries, err := fs.ReadDir(fsys, "usr")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("usr: %w", err)
+	}
+	var users []*userDef
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") || strings.HasSuffix(name, "~") {
+			continue
+		}
+		file := path.Join("usr", name)
+		if fi, err := fs.Stat(fsys, file); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		src, err := fs.ReadFile(fsys, file)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		stmts, err := Parse(file, src)
+		if err != nil {
+			return nil, err
+		}
+		u := rc.clone(file)
+		u.srv.Name = name
+		u.lines = countLines(src)
+		if err := u.apply(file, stmts); err != nil {
+			return nil, err
+		}
+		if err := u.check(cfg); err != nil {
+			return nil, err
+		}
+		users = append(users, u)
+	}
+	if len(users) == 0 {
+		return nil, fmt.Errorf("no user servers in %s", filepath.Join(label, "usr"))
+	}
+	sort.Slice(users, func(i, j int) bool { return users[i].srv.Name < users[j].srv.Name })
+	if err := checkServers(cfg, users, sysLines); err != nil {
+		return nil, err
+	}
+	for _, u := range users {
+		cfg.Servers = append(cfg.Servers, u.srv)
+	}
+	return cfg, nil
+}
+
+// readOptional parses file if it exists.
+func readOptional(fsys fs.FS, file string) ([]Stmt, int, error) {
+	src, err := fs.ReadFile(fsys, file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", file, err)
+	}
+	stmts, err := Parse(file, src)
+	return stmts, countLines(src), err
+}
+
+func countLines(src []byte) int {
+	n := bytes.Count(src, []byte{'\n'})
+	if len(src) > 0 && src[len(src)-1] != '\n' {
+		n++
+	}
+	return n
+}
+
+// apply runs the set statements of one file through table. putenv is
+// handed to env, or is an error when env is nil. It returns the line of
+// every operand given.
+func apply[T any](file string, stmts []Stmt, table map[string]handler[T], dst *T, env func(Stmt) error) (map[string]int, error) {
+	lines := map[string]int{}
+	for _, st := range stmts {
+		if st.Kind == StmtPutenv {
+			if env == nil {
+				return nil, &Error{File: file, Line: st.Line, Operand: "putenv", Reason: "only allowed in usrrc and usr files"}
+			}
+			if err := env(st); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		h := table[st.Name]
+		if h == nil {
+			why := "unknown operand"
+			if w := whereElse(st.Name); w != "" {
+				why += " here (it belongs in " + w + ")"
+			}
+			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: why}
+		}
+		if err := h(dst, st.Values); err != nil {
+			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()}
+		}
+		lines[st.Name] = st.Line
+	}
+	return lines, nil
+}
+
+func checkAllNodes(s *System, lines map[string]int) error {
+	seen := map[string]string{}
+	for _, n := range s.AllNodes {
+		h, p, _ := SplitHostPort(n, s.RPCPort)
+		key := fmt.Sprintf("%s:%d", h, p)
+		if prev, ok := seen[key]; ok {
+			return &Error{File: "sysconf", Line: lines["all_node"], Operand: "all_node",
+				Reason: fmt.Sprintf("%q and %q are the same node", prev, n)}
+		}
+		seen[key] = n
+	}
+	return nil
+}
+
+// userDef is a user server being read: usrrc's values overlaid by its file.
+type userDef struct {
+	file  string // usr/<name>, or usrrc for the template
+	lines int    // lines in file, for operands that are missing
+	srv   Server
+	set   map[string]pos // operands given, and where
+}
+
+func (u *userDef) clone(file string) *userDef {
+	c := &userDef{file: file, srv: u.srv, set: make(map[string]pos, len(u.set))}
+	c.srv.File = file
+	c.srv.Services = append([]Service(nil), u.srv.Services...)
+	c.srv.Env = append([]string(nil), u.srv.Env...)
+	for k, v := range u.set {
+		c.set[k] = v
+	}
+	return c
+}
+
+func (u *userDef) apply(file string, stmts []Stmt) error {
+	putenv := func(st Stmt) error {
+		kv := st.Name + "=" + st.Values[0]
+		for i, e := range u.srv.Env {
+			if strings.HasPrefix(e, st.Name+"=") { // usrrc's value, overridden
+				u.srv.Env[i] = kv
+				return nil
+			}
+		}
+		u.srv.Env = append(u.srv.Env, kv)
+		return nil
+	}
+	lines, err := apply(file, stmts, serverOperands, &u.srv, putenv)
+	for op, l := range lines {
+		u.set[op] = pos{file, l}
+	}
+	return err
+}
+
+// blame returns where the latest of ops was given: the server's own file
+// before usrrc, then the higher line. An operand nobody gave is blamed on
+// the end of the server's file.
+func (u *userDef) blame(ops ...string) (pos, string) {
+	best, bestOp, found := pos{}, ops[0], false
+	for _, op := range ops {
+		p, ok := u.set[op]
+		if !ok {
+			continue
+		}
+		if !found || (p.file == u.file && best.file != u.file) || (p.file == best.file && p.line > best.line) {
+			best, bestOp, found = p, op, true
+		}
+	}
+	if !found {
+		best = pos{u.file, max(u.lines, 1)}
+	}
+	return best, bestOp
+}
+
+// fail returns an error at the latest of ops.
+func (u *userDef) fail(ops []string, format string, args ...any) error {
+	p, op := u.blame(ops...)
+	why := fmt.Sprintf(format, args...)
+	if p.file != u.file {
+		why += " (for " + u.file + ")"
+	}
+	return &Error{File: p.file, Line: p.line, Operand: op, Reason: why}
+}
+
+func ops(o ...string) []string { return o }
+
+// check applies the rules between one server's operands.
+//
+// Table 3-14 thresholds: the documents give the table, not the rule between
+// U1,U2 and D0,D1. This package requires
+//
+//	U1 <= U2 and D0 <= D1     (otherwise a row of the table is empty)
+//	D0 < U1                   (else a queue length moves LEVEL0 up to LEVEL1 and straight back)
+//	D1 < U2                   (else a queue length moves LEVEL2 down to LEVEL1 and straight back)
+//	U2 <= queue_size          (else LEVEL2 can never be reached by queue length)
+//
+// so 0 <= D0 < U1 <= U2 <= queue_size and D0 <= D1 < U2.
+func (u *userDef) check(cfg *Config) error {
+	s := &u.srv
+	for _, op := range []string{"service_group", "service", "module"} {
+		if _, ok := u.set[op]; !ok {
+			return &Error{File: u.file, Line: max(u.lines, 1), Operand: op, Reason: "required (set it in this file or in usrrc)"}
+		}
+	}
+	if _, ok := u.set["watch_time"]; !ok {
+		s.WatchTime = cfg.System.WatchTime
+	}
+	if s.ReceiveFrom == ReceiveSocket && (s.Resident != 1 || s.MaxProcesses != 1) {
+		return u.fail(ops("receive_from", "parallel_count"),
+			"a socket-receiving server runs exactly one resident process (parallel_count = 1), got %d,%d", s.Resident, s.MaxProcesses)
+	}
+	if s.RefreshProcess {
+		if s.Resident > 0 {
+			return u.fail(ops("scd_refresh_process", "parallel_count"),
+				"refresh needs no resident process (parallel_count = 0,max), got resident %d", s.Resident)
+		}
+		if s.BalanceCount > 0 {
+			return u.fail(ops("scd_refresh_process", "balance_count"),
+				"refresh needs balance_count 0, got %d", s.BalanceCount)
+		}
+	}
+	_, up := u.set["levelup_queue_count"]
+	_, down := u.set["leveldown_queue_count"]
+	switch {
+	case up && !down:
+		return u.fail(ops("levelup_queue_count"), "given without leveldown_queue_count (Table 3-14 needs both)")
+	case down && !up:
+		return u.fail(ops("leveldown_queue_count"), "given without levelup_queue_count (Table 3-14 needs both)")
+	case up && down:
+		U1, U2, D0, D1 := s.LevelUp[0], s.LevelUp[1], s.LevelDown[0], s.LevelDown[1]
+		if D0 >= U1 {
+			return u.fail(ops("levelup_queue_count", "leveldown_queue_count"),
+				"D0 %d must be below U1 %d (Table 3-14: 0 <= D0 < U1 <= U2)", D0, U1)
+		}
+		if D1 >= U2 {
+			return u.fail(ops("levelup_queue_count", "leveldown_queue_count"),
+				"D1 %d must be below U2 %d (Table 3-14: D0 <= D1 < U2)", D1, U2)
+		}
+		if U2 > s.QueueSize {
+			return u.fail(ops("levelup_queue_count", "queue_size"),
+				"U2 %d exceeds queue_size %d, so LEVEL2 could never be reached", U2, s.QueueSize)
+		}
+		s.LevelThresholds = true
+	}
+	if s.Multi && cfg.Sched.Multi < 2 {
+		return u.fail(ops("scdmulti"), "needs scdmulti of 2 or more in scdsvcdef, which has %d", cfg.Sched.Multi)
+	}
+	return nil
+}
+
+// checkServers applies the rules between servers.
+func checkServers(cfg *Config, users []*userDef, sysLines map[string]int) error {
+	byGroup := map[string]*userDef{}
+	resident := 0
+	for _, u := range users {
+		resident += u.srv.Resident
+		prev, ok := byGroup[u.srv.ServiceGroup]
+		if !ok {
+			byGroup[u.srv.ServiceGroup] = u
+			continue
+		}
+		if prev.srv.Module != u.srv.Module {
+			return u.fail(ops("module", "service_group"), "service group %q runs module %q here but %q in %s",
+				u.srv.ServiceGroup, u.srv.Module, prev.srv.Module, prev.file)
+		}
+	}
+	if m := cfg.System.MaxProcesses; m > 0 && resident > m {
+		return &Error{File: "sysconf", Line: sysLines["max_processes"], Operand: "max_processes",
+			Reason: fmt.Sprintf("%d is below the %d resident processes of the user servers", m, resident)}
+	}
+	return nil
+}

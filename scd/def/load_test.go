@@ -1,0 +1,433 @@
+package def
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// baseUsr is the rest of a valid usr file; test text goes above it so that
+// the operand under test sits on line 1.
+const baseUsr = "set service_group = grp\nset service = \"a=a\"\nset module = uap\n"
+
+// writeDir writes files (path relative to the directory) into a new
+// definition directory. A nil map entry for "usr/x" is not added.
+func writeDir(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, text := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func srv(c *Config) Server { return c.Servers[0] }
+
+// operandCases: for every operand, its default (text ""), good values and
+// bad values. text goes on line 1 of file; usr/x also gets baseUsr below it.
+var operandCases = []struct {
+	file string
+	text string
+	get  func(*Config) any
+	want any
+	err  string // expected error prefix, e.g. "usr/x:1: balance_count: "
+}{
+	// sysconf
+	{"sysconf", "", func(c *Config) any { return c.System.RPCAddress }, "0.0.0.0", ""},
+	{"sysconf", "set rpc_address = 10.1.2.3", func(c *Config) any { return c.System.RPCAddress }, "10.1.2.3", ""},
+	{"sysconf", "set rpc_address = \"node-a.example\"", func(c *Config) any { return c.System.RPCAddress }, "node-a.example", ""},
+	{"sysconf", "set rpc_address = 10.0.0.1:80", nil, nil, "sysconf:1: rpc_address: "},
+	{"sysconf", "set rpc_address = a,b", nil, nil, "sysconf:1: rpc_address: want one value, got 2"},
+	{"sysconf", "", func(c *Config) any { return c.System.RPCPort }, 12000, ""},
+	{"sysconf", "set rpc_port = 1", func(c *Config) any { return c.System.RPCPort }, 1, ""},
+	{"sysconf", "set rpc_port = 65535", func(c *Config) any { return c.System.RPCPort }, 65535, ""},
+	{"sysconf", "set rpc_port = 0", nil, nil, "sysconf:1: rpc_port: 0 out of range 1..65535"},
+	{"sysconf", "set rpc_port = 65536", nil, nil, "sysconf:1: rpc_port: 65536 out of range 1..65535"},
+	{"sysconf", "set rpc_port = x", nil, nil, "sysconf:1: rpc_port: want an unsigned integer, got \"x\""},
+	{"sysconf", "set rpc_port = -1", nil, nil, "sysconf:1: rpc_port: want an unsigned integer"},
+	{"sysconf", "set rpc_port = 99999999999999999999999", nil, nil, "sysconf:1: rpc_port: 99999999999999999999999 out of range"},
+	{"sysconf", "", func(c *Config) any { return c.System.NodeID != "" }, true, ""},
+	{"sysconf", "set node_id = n1", func(c *Config) any { return c.System.NodeID }, "n1", ""},
+	{"sysconf", "set node_id = \"a b\"", nil, nil, "sysconf:1: node_id: "},
+	{"sysconf", "set node_id = \"\"", nil, nil, "sysconf:1: node_id: want 1..255 bytes, got 0"},
+	{"sysconf", "", func(c *Config) any { return c.System.AllNodes }, []string(nil), ""},
+	{"sysconf", "set all_node = h1, h2:13000, \"[::1]:5\"", func(c *Config) any { return c.System.AllNodes }, []string{"h1", "h2:13000", "[::1]:5"}, ""},
+	{"sysconf", "set all_node = h1:0", nil, nil, "sysconf:1: all_node: port in \"h1:0\""},
+	{"sysconf", "set all_node = h1, \"h 2\"", nil, nil, "sysconf:1: all_node: bad host \"h 2\""},
+	{"sysconf", "set all_node = " + nodes(129), nil, nil, "sysconf:1: all_node: 129 nodes, at most 128"},
+	{"sysconf", "set all_node = " + nodes(128), func(c *Config) any { return len(c.System.AllNodes) }, 128, ""},
+	{"sysconf", "set all_node = h1, h1:12000", nil, nil, "sysconf:1: all_node: \"h1\" and \"h1:12000\" are the same node"},
+	{"sysconf", "set all_node = h1, h1:13000\nset rpc_port = 13000", nil, nil, "sysconf:1: all_node: \"h1\" and \"h1:13000\" are the same node"},
+	{"sysconf", "", func(c *Config) any { return c.System.MetricsAddress }, "127.0.0.1:12001", ""},
+	{"sysconf", "set metrics_address = \"0.0.0.0:9100\"", func(c *Config) any { return c.System.MetricsAddress }, "0.0.0.0:9100", ""},
+	{"sysconf", "set metrics_address = localhost", nil, nil, "sysconf:1: metrics_address: missing port"},
+	{"sysconf", "", func(c *Config) any { return c.System.WatchTime }, 180 * time.Second, ""},
+	{"sysconf", "set watch_time = 0", func(c *Config) any { return c.System.WatchTime }, time.Duration(0), ""},
+	{"sysconf", "set watch_time = 65536", nil, nil, "sysconf:1: watch_time: 65536 out of range 0..65535"},
+	{"sysconf", "", func(c *Config) any { return c.System.MaxProcesses }, 0, ""},
+	{"sysconf", "set max_processes = 50", func(c *Config) any { return c.System.MaxProcesses }, 50, ""},
+	{"sysconf", "set max_processes = many", nil, nil, "sysconf:1: max_processes: want an unsigned integer"},
+	{"sysconf", "set schedule_rate = 60", nil, nil, "sysconf:1: schedule_rate: unknown operand here (it belongs in scdsvcdef)"},
+	{"sysconf", "set nosuch = 1", nil, nil, "sysconf:1: nosuch: unknown operand"},
+	{"sysconf", "putenv A b", nil, nil, "sysconf:1: putenv: only allowed in usrrc and usr files"},
+
+	// scdsvcdef
+	{"scdsvcdef", "", func(c *Config) any { return c.Sched.ThisNodeFirst }, false, ""},
+	{"scdsvcdef", "set scd_this_node_first = y", func(c *Config) any { return c.Sched.ThisNodeFirst }, true, ""},
+	{"scdsvcdef", "set scd_this_node_first = yes", nil, nil, "scdsvcdef:1: scd_this_node_first: want Y or N, got \"yes\""},
+	{"scdsvcdef", "", func(c *Config) any { return c.Sched.AnnounceServerStatus }, true, ""},
+	{"scdsvcdef", "set scd_announce_server_status = n", func(c *Config) any { return c.Sched.AnnounceServerStatus }, false, ""},
+	{"scdsvcdef", "set scd_announce_server_status = 1", nil, nil, "scdsvcdef:1: scd_announce_server_status: want Y or N"},
+	{"scdsvcdef", "", func(c *Config) any { return c.Sched.ScheduleRate }, 50, ""},
+	{"scdsvcdef", "set schedule_rate = 100", func(c *Config) any { return c.Sched.ScheduleRate }, 100, ""},
+	{"scdsvcdef", "set schedule_rate = 49", nil, nil, "scdsvcdef:1: schedule_rate: 49 out of range 50..100"},
+	{"scdsvcdef", "set schedule_rate = 101", nil, nil, "scdsvcdef:1: schedule_rate: 101 out of range 50..100"},
+	{"scdsvcdef", "", func(c *Config) any { return c.Sched.RetryOfCommError }, 0, ""},
+	{"scdsvcdef", "set scd_retry_of_comm_error = 128", func(c *Config) any { return c.Sched.RetryOfCommError }, 128, ""},
+	{"scdsvcdef", "set scd_retry_of_comm_error = 129", nil, nil, "scdsvcdef:1: scd_retry_of_comm_error: 129 out of range 0..128"},
+	{"scdsvcdef", "", func(c *Config) any { return c.Sched.Multi }, 1, ""},
+	{"scdsvcdef", "set scdmulti = 64", func(c *Config) any { return c.Sched.Multi }, 64, ""},
+	{"scdsvcdef", "set scdmulti = 0", nil, nil, "scdsvcdef:1: scdmulti: 0 out of range 1..64"},
+	{"scdsvcdef", "set scdmulti = 65", nil, nil, "scdsvcdef:1: scdmulti: 65 out of range 1..64"},
+	{"scdsvcdef", "set queue_size = 5", nil, nil, "scdsvcdef:1: queue_size: unknown operand here (it belongs in usrrc or usr/<server>)"},
+
+	// usr/x
+	{"usr/x", "", func(c *Config) any { return srv(c).Name + " " + srv(c).File }, "x usr/x", ""},
+	{"usr/x", "", func(c *Config) any { return srv(c).ServiceGroup }, "grp", ""},
+	{"usr/x", "set service_group = \"\"", nil, nil, "usr/x:1: service_group: empty service group"},
+	{"usr/x", "set service_group = " + strings.Repeat("g", 32), nil, nil, "usr/x:1: service_group: service group \"" + strings.Repeat("g", 32) + "\" is 32 bytes, at most 31"},
+	{"usr/x", "set service_group = \"a/b\"", nil, nil, "usr/x:1: service_group: service group \"a/b\": '/' not allowed"},
+	{"usr/x", "", func(c *Config) any { return srv(c).Services }, []Service{{"a", "a"}}, ""},
+	{"usr/x", "set service = \"bad\"", nil, nil, "usr/x:1: service: want \"name=entry\", got \"bad\""},
+	{"usr/x", "set service = \"=e\"", nil, nil, "usr/x:1: service: empty service name"},
+	{"usr/x", "set service = \"n=\"", nil, nil, "usr/x:1: service: empty entry"},
+	{"usr/x", "set service = \"a=a\", \"a=b\"", nil, nil, "usr/x:1: service: service \"a\" listed twice"},
+	{"usr/x", "set service = \"" + strings.Repeat("s", 32) + "=e\"", nil, nil, "usr/x:1: service: service name"},
+	{"usr/x", "", func(c *Config) any { return srv(c).Module }, "uap", ""},
+	{"usr/x", "set module = \"\"", nil, nil, "usr/x:1: module: want 1..4095 bytes, got 0"},
+	{"usr/x", "set module = \"a\tb\"", nil, nil, "usr/x:1: module: control character '\\t' not allowed"},
+	{"usr/x", "", func(c *Config) any { return srv(c).ReceiveFrom }, ReceiveQueue, ""},
+	{"usr/x", "set receive_from = Socket", func(c *Config) any { return srv(c).ReceiveFrom }, ReceiveSocket, ""},
+	{"usr/x", "set receive_from = pipe", nil, nil, "usr/x:1: receive_from: want queue or socket, got \"pipe\""},
+	{"usr/x", "", func(c *Config) any { return [2]int{srv(c).Resident, srv(c).MaxProcesses} }, [2]int{1, 1}, ""},
+	{"usr/x", "set parallel_count = 3", func(c *Config) any { return [2]int{srv(c).Resident, srv(c).MaxProcesses} }, [2]int{3, 3}, ""},
+	{"usr/x", "set parallel_count = 0, 1024", func(c *Config) any { return [2]int{srv(c).Resident, srv(c).MaxProcesses} }, [2]int{0, 1024}, ""},
+	{"usr/x", "set parallel_count = 1,1025", nil, nil, "usr/x:1: parallel_count: max: 1025 out of range 0..1024"},
+	{"usr/x", "set parallel_count = 1025", nil, nil, "usr/x:1: parallel_count: resident: 1025 out of range 0..1024"},
+	{"usr/x", "set parallel_count = 1,2,3", nil, nil, "usr/x:1: parallel_count: want resident[,max], got 3 values"},
+	{"usr/x", "set parallel_count = a", nil, nil, "usr/x:1: parallel_count: resident: want an unsigned integer"},
+	{"usr/x", "", func(c *Config) any { return srv(c).BalanceCount }, 3, ""},
+	{"usr/x", "set balance_count = 0", func(c *Config) any { return srv(c).BalanceCount }, 0, ""},
+	{"usr/x", "set balance_count = 4097", nil, nil, "usr/x:1: balance_count: 4097 out of range 0..4096"},
+	{"usr/x", "", func(c *Config) any { return srv(c).SchedulePriority }, 8, ""},
+	{"usr/x", "set schedule_priority = 1", func(c *Config) any { return srv(c).SchedulePriority }, 1, ""},
+	{"usr/x", "set schedule_priority = 16", func(c *Config) any { return srv(c).SchedulePriority }, 16, ""},
+	{"usr/x", "set schedule_priority = 0", nil, nil, "usr/x:1: schedule_priority: 0 out of range 1..16"},
+	{"usr/x", "set schedule_priority = 17", nil, nil, "usr/x:1: schedule_priority: 17 out of range 1..16"},
+	{"usr/x", "", func(c *Config) any { return srv(c).RefreshProcess }, false, ""},
+	{"usr/x", "set scd_refresh_process = Y\nset parallel_count = 0,4\nset balance_count = 0", func(c *Config) any { return srv(c).RefreshProcess }, true, ""},
+	{"usr/x", "set scd_refresh_process = X", nil, nil, "usr/x:1: scd_refresh_process: want Y or N, got \"X\""},
+	{"usr/x", "", func(c *Config) any { return srv(c).LoadCheckInterval }, 30 * time.Second, ""},
+	{"usr/x", "set loadcheck_interval = 0", func(c *Config) any { return srv(c).LoadCheckInterval }, time.Duration(0), ""},
+	{"usr/x", "set loadcheck_interval = 65536", nil, nil, "usr/x:1: loadcheck_interval: 65536 out of range 0..65535"},
+	{"usr/x", "", func(c *Config) any { return srv(c).LevelThresholds }, false, ""},
+	{"usr/x", "set levelup_queue_count = 5,10\nset leveldown_queue_count = 2,8", func(c *Config) any {
+		return [3]any{srv(c).LevelUp, srv(c).LevelDown, srv(c).LevelThresholds}
+	}, [3]any{[2]int{5, 10}, [2]int{2, 8}, true}, ""},
+	{"usr/x", "set levelup_queue_count = 5", nil, nil, "usr/x:1: levelup_queue_count: want U1,U2: want two values, got 1"},
+	{"usr/x", "set levelup_queue_count = 5,32768", nil, nil, "usr/x:1: levelup_queue_count: want U1,U2: 32768 out of range 0..32767"},
+	{"usr/x", "set levelup_queue_count = 6,5", nil, nil, "usr/x:1: levelup_queue_count: U1 6 exceeds U2 5"},
+	{"usr/x", "set leveldown_queue_count = 1,x", nil, nil, "usr/x:1: leveldown_queue_count: want D0,D1: want an unsigned integer"},
+	{"usr/x", "set leveldown_queue_count = 3,2", nil, nil, "usr/x:1: leveldown_queue_count: D0 3 exceeds D1 2"},
+	{"usr/x", "", func(c *Config) any { return srv(c).LoadLevelMessage }, false, ""},
+	{"usr/x", "set loadlevel_message = Y", func(c *Config) any { return srv(c).LoadLevelMessage }, true, ""},
+	{"usr/x", "set loadlevel_message = true", nil, nil, "usr/x:1: loadlevel_message: want Y or N"},
+	{"usr/x", "", func(c *Config) any { return srv(c).Multi }, false, ""},
+	{"usr/x", "set scdmulti = y", nil, nil, "usr/x:1: scdmulti: needs scdmulti of 2 or more in scdsvcdef, which has 1"},
+	{"usr/x", "set scdmulti = 2", nil, nil, "usr/x:1: scdmulti: want Y or N"},
+	{"usr/x", "", func(c *Config) any { return srv(c).MultiSchedule }, false, ""},
+	{"usr/x", "set multi_schedule = Y", func(c *Config) any { return srv(c).MultiSchedule }, true, ""},
+	{"usr/x", "set multi_schedule = 0", nil, nil, "usr/x:1: multi_schedule: want Y or N"},
+	{"usr/x", "", func(c *Config) any { return srv(c).MaxMessageSize }, 1 << 20, ""},
+	{"usr/x", "set max_message_size = 8388608", func(c *Config) any { return srv(c).MaxMessageSize }, 8 << 20, ""},
+	{"usr/x", "set max_message_size = 1024", func(c *Config) any { return srv(c).MaxMessageSize }, 1024, ""},
+	{"usr/x", "set max_message_size = 8388609", nil, nil, "usr/x:1: max_message_size: 8388609 out of range 1024..8388608"},
+	{"usr/x", "set max_message_size = 1023", nil, nil, "usr/x:1: max_message_size: 1023 out of range 1024..8388608"},
+	{"usr/x", "", func(c *Config) any { return srv(c).QueueSize }, 256, ""},
+	{"usr/x", "set queue_size = 65536", func(c *Config) any { return srv(c).QueueSize }, 65536, ""},
+	{"usr/x", "set queue_size = 0", nil, nil, "usr/x:1: queue_size: 0 out of range 1..65536"},
+	{"usr/x", "set queue_size = 65537", nil, nil, "usr/x:1: queue_size: 65537 out of range 1..65536"},
+	{"usr/x", "", func(c *Config) any { return srv(c).WatchTime }, 180 * time.Second, ""},
+	{"usr/x", "set watch_time = 5", func(c *Config) any { return srv(c).WatchTime }, 5 * time.Second, ""},
+	{"usr/x", "set watch_time = 1.5", nil, nil, "usr/x:1: watch_time: want an unsigned integer, got \"1.5\""},
+	{"usr/x", "", func(c *Config) any { return srv(c).Env }, []string(nil), ""},
+	{"usr/x", "putenv LANG C\nputenv MSG \"a b\"", func(c *Config) any { return srv(c).Env }, []string{"LANG=C", "MSG=a b"}, ""},
+	{"usr/x", "set rpc_port = 1", nil, nil, "usr/x:1: rpc_port: unknown operand here (it belongs in sysconf)"},
+	{"usr/x", "set service_group = a\n" + baseUsr, nil, nil, "usr/x:2: service_group: set twice (first at line 1)"},
+
+	// usrrc: the same operands, and the same errors.
+	{"usrrc", "set balance_count = 7", func(c *Config) any { return srv(c).BalanceCount }, 7, ""},
+	{"usrrc", "set balance_count = -7", nil, nil, "usrrc:1: balance_count: want an unsigned integer"},
+	{"usrrc", "set all_node = a", nil, nil, "usrrc:1: all_node: unknown operand here (it belongs in sysconf)"},
+}
+
+func nodes(n int) string {
+	var b []string
+	for i := range n {
+		b = append(b, "n"+strconv.Itoa(i))
+	}
+	return strings.Join(b, ",")
+}
+
+func TestOperands(t *testing.T) {
+	for _, tc := range operandCases {
+		name := tc.file + "/" + tc.text
+		t.Run(name, func(t *testing.T) {
+			files := map[string]string{"usr/x": baseUsr}
+			if tc.file == "usr/x" {
+				// The required operands the case does not set itself.
+				rest := ""
+				for _, l := range strings.SplitAfter(baseUsr, "\n") {
+					if op, _, _ := strings.Cut(l, " ="); l != "" && !strings.Contains(tc.text, op+" =") {
+						rest += l
+					}
+				}
+				files["usr/x"] = tc.text + "\n" + rest
+			} else {
+				files[tc.file] = tc.text + "\n"
+			}
+			cfg, err := Load(writeDir(t, files))
+			if tc.err != "" {
+				if err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+					t.Fatalf("error = %v, want prefix %q", err, tc.err)
+				}
+				var e *Error
+				if !errors.As(err, &e) {
+					t.Fatalf("error %T is not a *Error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("error = %v", err)
+			}
+			if got := tc.get(cfg); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %#v, want %#v", got, tc.want)
+			}
+		})
+	}
+}
+
+// contradictionCases: rules between operands, and between files.
+var contradictionCases = []struct {
+	name  string
+	files map[string]string
+	err   string // the whole error
+}{
+	{"resident above max", map[string]string{"usr/x": baseUsr + "set parallel_count = 3,2\n"},
+		"usr/x:4: parallel_count: resident 3 exceeds max 2"},
+	{"max zero", map[string]string{"usr/x": baseUsr + "set parallel_count = 0\n"},
+		"usr/x:4: parallel_count: max 0: a server needs at least one process"},
+	{"max zero of two", map[string]string{"usr/x": baseUsr + "set parallel_count = 0,0\n"},
+		"usr/x:4: parallel_count: max 0: a server needs at least one process"},
+	{"refresh with a resident process (default 1)", map[string]string{"usr/x": baseUsr + "set balance_count = 0\nset scd_refresh_process = Y\n"},
+		"usr/x:5: scd_refresh_process: refresh needs no resident process (parallel_count = 0,max), got resident 1"},
+	{"refresh, resident set later", map[string]string{"usr/x": baseUsr + "set scd_refresh_process = Y\nset balance_count = 0\nset parallel_count = 1,3\n"},
+		"usr/x:6: parallel_count: refresh needs no resident process (parallel_count = 0,max), got resident 1"},
+	{"refresh with balance_count (default 3)", map[string]string{"usr/x": baseUsr + "set parallel_count = 0,3\nset scd_refresh_process = Y\n"},
+		"usr/x:5: scd_refresh_process: refresh needs balance_count 0, got 3"},
+	{"refresh with balance_count set later", map[string]string{"usr/x": baseUsr + "set parallel_count = 0,3\nset scd_refresh_process = Y\nset balance_count = 1\n"},
+		"usr/x:6: balance_count: refresh needs balance_count 0, got 1"},
+	{"refresh in usrrc, balance in usr", map[string]string{"usrrc": "set scd_refresh_process = Y\nset parallel_count = 0,2\n", "usr/x": baseUsr + "set balance_count = 2\n"},
+		"usr/x:4: balance_count: refresh needs balance_count 0, got 2"},
+	{"refresh in usrrc, default balance", map[string]string{"usrrc": "set scd_refresh_process = Y\nset parallel_count = 0,2\n", "usr/x": baseUsr},
+		"usrrc:1: scd_refresh_process: refresh needs balance_count 0, got 3 (for usr/x)"},
+	{"socket with max 2", map[string]string{"usr/x": baseUsr + "set receive_from = socket\nset parallel_count = 1,2\n"},
+		"usr/x:5: parallel_count: a socket-receiving server runs exactly one resident process (parallel_count = 1), got 1,2"},
+	{"socket after max 2", map[string]string{"usr/x": baseUsr + "set parallel_count = 2\nset receive_from = socket\n"},
+		"usr/x:5: receive_from: a socket-receiving server runs exactly one resident process (parallel_count = 1), got 2,2"},
+	{"socket with no resident", map[string]string{"usr/x": baseUsr + "set receive_from = socket\nset parallel_count = 0,1\n"},
+		"usr/x:5: parallel_count: a socket-receiving server runs exactly one resident process (parallel_count = 1), got 0,1"},
+	{"levelup alone", map[string]string{"usr/x": baseUsr + "set levelup_queue_count = 5,10\n"},
+		"usr/x:4: levelup_queue_count: given without leveldown_queue_count (Table 3-14 needs both)"},
+	{"leveldown alone", map[string]string{"usr/x": baseUsr + "set leveldown_queue_count = 1,2\n"},
+		"usr/x:4: leveldown_queue_count: given without levelup_queue_count (Table 3-14 needs both)"},
+	{"D0 equals U1", map[string]string{"usr/x": baseUsr + "set levelup_queue_count = 5,10\nset leveldown_queue_count = 5,8\n"},
+		"usr/x:5: leveldown_queue_count: D0 5 must be below U1 5 (Table 3-14: 0 <= D0 < U1 <= U2)"},
+	{"D0 above U1, levelup last", map[string]string{"usr/x": baseUsr + "set leveldown_queue_count = 6,8\nset levelup_queue_count = 5,10\n"},
+		"usr/x:5: levelup_queue_count: D0 6 must be below U1 5 (Table 3-14: 0 <= D0 < U1 <= U2)"},
+	{"U1 zero", map[string]string{"usr/x": baseUsr + "set levelup_queue_count = 0,10\nset leveldown_queue_count = 0,8\n"},
+		"usr/x:5: leveldown_queue_count: D0 0 must be below U1 0 (Table 3-14: 0 <= D0 < U1 <= U2)"},
+	{"D1 equals U2", map[string]string{"usr/x": baseUsr + "set levelup_queue_count = 5,10\nset leveldown_queue_count = 2,10\n"},
+		"usr/x:5: leveldown_queue_count: D1 10 must be below U2 10 (Table 3-14: D0 <= D1 < U2)"},
+	{"U2 above queue_size", map[string]string{"usr/x": baseUsr + "set levelup_queue_count = 5,300\nset leveldown_queue_count = 2,8\n"},
+		"usr/x:4: levelup_queue_count: U2 300 exceeds queue_size 256, so LEVEL2 could never be reached"},
+	{"thresholds split over usrrc and usr are fine, but checked", map[string]string{"usrrc": "set levelup_queue_count = 5,10\n", "usr/x": baseUsr + "set leveldown_queue_count = 5,6\n"},
+		"usr/x:4: leveldown_queue_count: D0 5 must be below U1 5 (Table 3-14: 0 <= D0 < U1 <= U2)"},
+	{"same group, other module", map[string]string{"usr/a": baseUsr, "usr/b": "set service_group = grp\nset service = \"b=b\"\nset module = other\n"},
+		`usr/b:3: module: service group "grp" runs module "other" here but "uap" in usr/a`},
+	{"scdmulti without multi-scheduler", map[string]string{"usr/x": baseUsr + "set scdmulti = Y\n"},
+		"usr/x:4: scdmulti: needs scdmulti of 2 or more in scdsvcdef, which has 1"},
+	{"node-wide cap below resident processes", map[string]string{"sysconf": "\nset max_processes = 3\n", "usr/a": baseUsr + "set parallel_count = 2\n", "usr/b": baseUsr + "set parallel_count = 2\n"},
+		"sysconf:2: max_processes: 3 is below the 4 resident processes of the user servers"},
+	{"missing service_group", map[string]string{"usr/x": "set service = \"a=a\"\nset module = uap\n"},
+		"usr/x:2: service_group: required (set it in this file or in usrrc)"},
+	{"missing service", map[string]string{"usr/x": "set service_group = g\nset module = uap\n\n"},
+		"usr/x:3: service: required (set it in this file or in usrrc)"},
+	{"missing module, empty file", map[string]string{"usr/x": "set service_group = g\nset service = a=a\n", "usr/y": ""},
+		"usr/x:2: module: required (set it in this file or in usrrc)"},
+	{"empty usr file", map[string]string{"usr/y": ""},
+		"usr/y:1: service_group: required (set it in this file or in usrrc)"},
+	{"putenv in scdsvcdef", map[string]string{"scdsvcdef": "putenv A b\n", "usr/x": baseUsr},
+		"scdsvcdef:1: putenv: only allowed in usrrc and usr files"},
+}
+
+func TestContradictions(t *testing.T) {
+	for _, tc := range contradictionCases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(writeDir(t, tc.files))
+			if err == nil || err.Error() != tc.err {
+				t.Fatalf("error = %v\nwant    %s", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestSameGroupSameModule(t *testing.T) {
+	cfg, err := Load(writeDir(t, map[string]string{"usr/a": baseUsr, "usr/b": baseUsr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Servers) != 2 {
+		t.Fatalf("servers = %d", len(cfg.Servers))
+	}
+}
+
+func TestUsrrc(t *testing.T) {
+	dir := writeDir(t, map[string]string{
+		"sysconf": "set watch_time = 60\n",
+		"usrrc": `# defaults for every server
+set module = "uap-echo"
+set service = "echo=echo"
+set balance_count = 5
+set schedule_priority = 3
+set watch_time = 20
+putenv LANG C
+putenv MODE rc
+`,
+		"usr/b": `set service_group = gb
+set balance_count = 1
+set service = "x=y", z=z
+putenv MODE b
+putenv EXTRA 1
+`,
+		"usr/a":      "set service_group = ga\nset module = \"uap-a\"\nset watch_time = 0\n",
+		"usr/.hid":   "garbage",
+		"usr/a~":     "garbage",
+		"usr/d/file": "garbage",
+	})
+	cfg, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Dir != dir {
+		t.Errorf("Dir = %q", cfg.Dir)
+	}
+	if len(cfg.Servers) != 2 || cfg.Servers[0].Name != "a" || cfg.Servers[1].Name != "b" {
+		t.Fatalf("servers = %+v", cfg.Servers)
+	}
+	a, b := cfg.Servers[0], cfg.Servers[1]
+	want := []struct {
+		name      string
+		got, want any
+	}{
+		{"a module overrides usrrc", a.Module, "uap-a"},
+		{"a service from usrrc", a.Services, []Service{{"echo", "echo"}}},
+		{"a balance_count from usrrc", a.BalanceCount, 5},
+		{"a schedule_priority from usrrc", a.SchedulePriority, 3},
+		{"a watch_time overrides usrrc", a.WatchTime, time.Duration(0)},
+		{"a env from usrrc", a.Env, []string{"LANG=C", "MODE=rc"}},
+		{"a file", a.File, "usr/a"},
+		{"b module from usrrc", b.Module, "uap-echo"},
+		{"b service overrides usrrc", b.Services, []Service{{"x", "y"}, {"z", "z"}}},
+		{"b balance_count overrides", b.BalanceCount, 1},
+		{"b watch_time from usrrc", b.WatchTime, 20 * time.Second},
+		{"b env merged", b.Env, []string{"LANG=C", "MODE=b", "EXTRA=1"}},
+		{"system watch_time", cfg.System.WatchTime, 60 * time.Second},
+	}
+	for _, w := range want {
+		if !reflect.DeepEqual(w.got, w.want) {
+			t.Errorf("%s: got %#v, want %#v", w.name, w.got, w.want)
+		}
+	}
+}
+
+func TestWatchTimeFromSysconf(t *testing.T) {
+	cfg, err := Load(writeDir(t, map[string]string{"sysconf": "set watch_time = 7\n", "usr/x": baseUsr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := srv(cfg).WatchTime; got != 7*time.Second {
+		t.Fatalf("WatchTime = %v, want 7s", got)
+	}
+}
+
+func TestLoadDirErrors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	if _, err := Load(missing); err == nil {
+		t.Error("missing directory: no error")
+	}
+	empty := t.TempDir()
+	if _, err := Load(empty); err == nil || err.Error() != "no user servers in "+filepath.Join(empty, "usr") {
+		t.Errorf("no usr/: error = %v", err)
+	}
+	onlyHidden := writeDir(t, map[string]string{"usr/.x": baseUsr, "usr/x~": baseUsr})
+	if _, err := Load(onlyHidden); err == nil || !strings.HasPrefix(err.Error(), "no user servers in ") {
+		t.Errorf("only skipped files: error = %v", err)
+	}
+}
+
+func TestLoadDefault(t *testing.T) {
+	cfg, err := LoadDefault()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Dir != "" {
+		t.Errorf("Dir = %q", cfg.Dir)
+	}
+	sys := cfg.System
+	if sys.RPCAddress != "127.0.0.1" || sys.RPCPort != 12000 || sys.MetricsAddress != "127.0.0.1:12001" ||
+		!reflect.DeepEqual(sys.AllNodes, []string{"127.0.0.1:12000"}) {
+		t.Errorf("system = %+v", sys)
+	}
+	if !reflect.DeepEqual(cfg.Sched, defaultSched()) {
+		t.Errorf("sched = %+v", cfg.Sched)
+	}
+	if len(cfg.Servers) != 1 {
+		t.Fatalf("servers = %+v", cfg.Servers)
+	}
+	s := cfg.Servers[0]
+	var names []string
+	for _, sv := range s.Services {
+		if sv.Entry != sv.Name {
+			t.Errorf("service %+v: entry differs", sv)
+		}
+		names = append(names, sv.Name)
+	}
+	if s.Name != "demo" || s.File != "usr/demo" || s.ServiceGroup != "demo" || s.Module != "uap-echo" ||
+		strings.Join(names, ",") != "echo,sleep,burn,fail,crash" ||
+		s.Resident != 2 || s.MaxProcesses != 2 || s.BalanceCount != 3 || s.QueueSize != 256 ||
+		s.ReceiveFrom != ReceiveQueue || s.WatchTime != DefaultWatchTime {
+		t.Errorf("demo = %+v", s)
+	}
+}

@@ -1,0 +1,328 @@
+package def
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Error is a definition error. It prints as "file:line: operand: why", or
+// "file: operand: why" when there is no line (an environment variable, or
+// a whole-file problem). Syntax errors that name no operand use the operand
+// "syntax".
+type Error struct {
+	File    string // relative to the definition directory: "sysconf", "usr/echo"; "environment" for variables
+	Line    int    // 1-based; 0 when there is no line
+	Operand string // the operand, the environment variable, "putenv" or "syntax"
+	Reason  string
+}
+
+func (e *Error) Error() string {
+	if e.Line <= 0 {
+		return fmt.Sprintf("%s: %s: %s", e.File, e.Operand, e.Reason)
+	}
+	return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Operand, e.Reason)
+}
+
+// Stmt kinds.
+const (
+	StmtSet    = "set"
+	StmtPutenv = "putenv"
+)
+
+// Stmt is one statement of a definition file.
+type Stmt struct {
+	Line   int      // the line the statement starts on
+	Kind   string   // StmtSet or StmtPutenv
+	Name   string   // the operand (lower case) or the environment variable
+	Values []string // set: one per comma-separated value, quotes removed; putenv: exactly one
+}
+
+// Parse splits the text of one definition file into statements. file is the
+// name used in errors. The syntax is OpenTP1's:
+//
+//	set operand = value            # a comment
+//	set operand = v1, "v 2", v3    # a list; "..." may hold spaces, commas, # and \"
+//	set operand = v1, \
+//	              v2               # a trailing \ continues the statement
+//	putenv NAME value              # value may be quoted
+//
+// Operand names and the keywords are case-insensitive; operand names come
+// back in lower case. The same operand set twice, or the same variable
+// given to putenv twice, is an error. Parse knows no operand: Load checks
+// names and values.
+func Parse(file string, src []byte) ([]Stmt, error) {
+	raws, err := splitStatements(file, src)
+	if err != nil {
+		return nil, err
+	}
+	var out []Stmt
+	seenSet := map[string]int{}
+	seenEnv := map[string]int{}
+	for _, r := range raws {
+		st, err := parseStatement(file, r)
+		if err != nil {
+			return nil, err
+		}
+		seen := seenSet
+		if st.Kind == StmtPutenv {
+			seen = seenEnv
+		}
+		if first, ok := seen[st.Name]; ok {
+			op, why := st.Name, fmt.Sprintf("set twice (first at line %d)", first)
+			if st.Kind == StmtPutenv {
+				op, why = "putenv", fmt.Sprintf("%s given twice (first at line %d)", st.Name, first)
+			}
+			return nil, &Error{File: file, Line: st.Line, Operand: op, Reason: why}
+		}
+		seen[st.Name] = st.Line
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// rawStmt is one logical statement: comments removed, continuation lines
+// joined, quotes and escapes still in place.
+type rawStmt struct {
+	line int
+	text string
+}
+
+func splitStatements(file string, src []byte) ([]rawStmt, error) {
+	var (
+		out       []rawStmt
+		buf       strings.Builder
+		line      = 1
+		stmtLine  = 0 // 0: nothing but blanks so far
+		quoteLine = 0 // 0: outside quotes
+	)
+	flush := func() {
+		if stmtLine != 0 {
+			out = append(out, rawStmt{line: stmtLine, text: buf.String()})
+		}
+		buf.Reset()
+		stmtLine = 0
+	}
+	for i := 0; i < len(src); i++ {
+		c := src[i]
+		if quoteLine != 0 {
+			switch c {
+			case '\n':
+				return nil, &Error{File: file, Line: quoteLine, Operand: "syntax", Reason: "unterminated string (a closing \" is missing)"}
+			case '\\':
+				if i+1 < len(src) && src[i+1] != '\n' {
+					buf.WriteByte(c)
+					buf.WriteByte(src[i+1])
+					i++
+					continue
+				}
+			case '"':
+				quoteLine = 0
+			}
+			buf.WriteByte(c)
+			continue
+		}
+		switch c {
+		case '\n':
+			flush()
+			line++
+			continue
+		case '#':
+			for i+1 < len(src) && src[i+1] != '\n' {
+				i++
+			}
+			continue
+		case '\\':
+			// A backslash followed only by blanks up to the end of the
+			// line continues the statement on the next line.
+			j := i + 1
+			for j < len(src) && (src[j] == ' ' || src[j] == '\t' || src[j] == '\r') {
+				j++
+			}
+			if j == len(src) || src[j] == '\n' {
+				buf.WriteByte(' ')
+				if j < len(src) {
+					line++
+				}
+				i = j
+				continue
+			}
+		case '"':
+			quoteLine = line
+		}
+		if stmtLine == 0 && !isBlank(c) {
+			stmtLine = line
+		}
+		buf.WriteByte(c)
+	}
+	if quoteLine != 0 {
+		return nil, &Error{File: file, Line: quoteLine, Operand: "syntax", Reason: "unterminated string (a closing \" is missing)"}
+	}
+	flush()
+	return out, nil
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' }
+
+// scanner reads the tokens of one statement.
+type scanner struct {
+	s   string
+	pos int
+}
+
+type tokKind int
+
+const (
+	tokEOF tokKind = iota
+	tokWord
+	tokString
+	tokEqual
+	tokComma
+)
+
+// next returns the next token. In value mode a word may contain '='
+// (service = echo=echo); elsewhere '=' is a token of its own.
+func (sc *scanner) next(valueMode bool) (tokKind, string, error) {
+	for sc.pos < len(sc.s) && isBlank(sc.s[sc.pos]) {
+		sc.pos++
+	}
+	if sc.pos >= len(sc.s) {
+		return tokEOF, "", nil
+	}
+	switch c := sc.s[sc.pos]; {
+	case c == ',':
+		sc.pos++
+		return tokComma, ",", nil
+	case c == '=' && !valueMode:
+		sc.pos++
+		return tokEqual, "=", nil
+	case c == '"':
+		var b strings.Builder
+		for i := sc.pos + 1; i < len(sc.s); i++ {
+			switch sc.s[i] {
+			case '\\':
+				if i+1 < len(sc.s) && (sc.s[i+1] == '"' || sc.s[i+1] == '\\') {
+					i++
+				}
+			case '"':
+				sc.pos = i + 1
+				if sc.pos < len(sc.s) && !isBlank(sc.s[sc.pos]) && sc.s[sc.pos] != ',' && sc.s[sc.pos] != '=' {
+					return 0, "", fmt.Errorf("unexpected %q right after a closing quote", sc.s[sc.pos])
+				}
+				return tokString, b.String(), nil
+			}
+			b.WriteByte(sc.s[i])
+		}
+		return 0, "", fmt.Errorf("unterminated string")
+	}
+	start := sc.pos
+	for sc.pos < len(sc.s) {
+		c := sc.s[sc.pos]
+		if isBlank(c) || c == ',' || (c == '=' && !valueMode) {
+			break
+		}
+		if c == '"' {
+			return 0, "", fmt.Errorf("unexpected quote inside %q", sc.s[start:sc.pos+1])
+		}
+		sc.pos++
+	}
+	return tokWord, sc.s[start:sc.pos], nil
+}
+
+func parseStatement(file string, r rawStmt) (Stmt, error) {
+	sc := &scanner{s: r.text}
+	fail := func(op, format string, args ...any) (Stmt, error) {
+		return Stmt{}, &Error{File: file, Line: r.line, Operand: op, Reason: fmt.Sprintf(format, args...)}
+	}
+	k, kw, err := sc.next(false)
+	if err != nil {
+		return fail("syntax", "%v", err)
+	}
+	if k != tokWord {
+		return fail("syntax", "statement starts with %q, want set or putenv", kw)
+	}
+	switch strings.ToLower(kw) {
+	case StmtSet:
+		k, name, err := sc.next(false)
+		if err != nil {
+			return fail("syntax", "%v", err)
+		}
+		if k != tokWord || !isName(name) {
+			return fail("syntax", "set: want an operand name, got %q", name)
+		}
+		name = strings.ToLower(name)
+		if k, t, err := sc.next(false); err != nil {
+			return fail(name, "%v", err)
+		} else if k != tokEqual {
+			return fail(name, "want '=' after the operand, got %q", t)
+		}
+		st := Stmt{Line: r.line, Kind: StmtSet, Name: name}
+		for {
+			k, v, err := sc.next(true)
+			if err != nil {
+				return fail(name, "%v", err)
+			}
+			if k != tokWord && k != tokString {
+				if len(st.Values) == 0 {
+					return fail(name, "missing value after '='")
+				}
+				return fail(name, "missing value after ','")
+			}
+			st.Values = append(st.Values, v)
+			k, t, err := sc.next(true)
+			if err != nil {
+				return fail(name, "%v", err)
+			}
+			if k == tokEOF {
+				return st, nil
+			}
+			if k != tokComma {
+				return fail(name, "unexpected %q after value %q (quote values that hold blanks)", t, v)
+			}
+		}
+	case StmtPutenv:
+		k, name, err := sc.next(false)
+		if err != nil {
+			return fail("putenv", "%v", err)
+		}
+		if k != tokWord || !isEnvName(name) {
+			return fail("putenv", "want an environment variable name, got %q", name)
+		}
+		k, v, err := sc.next(true)
+		if err != nil {
+			return fail("putenv", "%s: %v", name, err)
+		}
+		if k != tokWord && k != tokString {
+			return fail("putenv", "%s: missing value (write \"\" for an empty one)", name)
+		}
+		if k, t, err := sc.next(true); err != nil {
+			return fail("putenv", "%s: %v", name, err)
+		} else if k != tokEOF {
+			return fail("putenv", "%s: unexpected %q after the value (quote values that hold blanks)", name, t)
+		}
+		return Stmt{Line: r.line, Kind: StmtPutenv, Name: name, Values: []string{v}}, nil
+	}
+	return fail("syntax", "unknown statement %q, want set or putenv", kw)
+}
+
+// isName reports whether s is an operand name: a letter or '_', then
+// letters, digits and '_'.
+func isName(s string) bool { return len(s) <= 64 && isIdent(s) }
+
+// isEnvName reports whether s can name an environment variable.
+func isEnvName(s string) bool { return len(s) <= 255 && isIdent(s) }
+
+func isIdent(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '_' || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z'):
+		case '0' <= c && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

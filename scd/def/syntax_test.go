@@ -1,0 +1,140 @@
+package def
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+)
+
+var syntaxCases = []struct {
+	name string
+	src  string
+	want []Stmt
+	err  string // the whole error, when not ""
+}{
+	{name: "empty", src: ""},
+	{name: "blank and comments", src: "\n   \n# only a comment\n\t# another\n"},
+	{name: "one set", src: "set a = 1\n",
+		want: []Stmt{{1, StmtSet, "a", []string{"1"}}}},
+	{name: "no final newline, no blanks", src: "set a=1",
+		want: []Stmt{{1, StmtSet, "a", []string{"1"}}}},
+	{name: "comment after value", src: "set a = 1 # one\n",
+		want: []Stmt{{1, StmtSet, "a", []string{"1"}}}},
+	{name: "hash inside quotes", src: `set a = "x # y" # z` + "\n",
+		want: []Stmt{{1, StmtSet, "a", []string{"x # y"}}}},
+	{name: "escaped quote", src: `set a = "say \"hi\" \\ ok"`,
+		want: []Stmt{{1, StmtSet, "a", []string{`say "hi" \ ok`}}}},
+	{name: "list", src: "set a = 1,2 , 3\n",
+		want: []Stmt{{1, StmtSet, "a", []string{"1", "2", "3"}}}},
+	{name: "quoted list with commas", src: `set a = "x,y", "z"`,
+		want: []Stmt{{1, StmtSet, "a", []string{"x,y", "z"}}}},
+	{name: "equals inside value", src: "set service = echo=echo, b=c\n",
+		want: []Stmt{{1, StmtSet, "service", []string{"echo=echo", "b=c"}}}},
+	{name: "continuation", src: "# c\nset a = 1, \\\n  2, \\  \n  3\nset b = 4\n",
+		want: []Stmt{{2, StmtSet, "a", []string{"1", "2", "3"}}, {5, StmtSet, "b", []string{"4"}}}},
+	{name: "continuation at end of file", src: "set a = 1 \\",
+		want: []Stmt{{1, StmtSet, "a", []string{"1"}}}},
+	{name: "CRLF", src: "set a = 1\r\nset b = \"x\"\r\n",
+		want: []Stmt{{1, StmtSet, "a", []string{"1"}}, {2, StmtSet, "b", []string{"x"}}}},
+	{name: "case of keyword and name", src: "SET Scd_This_Node_First = y\n",
+		want: []Stmt{{1, StmtSet, "scd_this_node_first", []string{"y"}}}},
+	{name: "putenv", src: "putenv LANG C\nputenv MSG \"a b # c\"\nputenv EMPTY \"\"\n",
+		want: []Stmt{{1, StmtPutenv, "LANG", []string{"C"}}, {2, StmtPutenv, "MSG", []string{"a b # c"}}, {3, StmtPutenv, "EMPTY", []string{""}}}},
+	{name: "empty quoted value", src: `set a = ""`,
+		want: []Stmt{{1, StmtSet, "a", []string{""}}}},
+
+	{name: "unknown statement", src: "\nfoo a = 1\n", err: `x:2: syntax: unknown statement "foo", want set or putenv`},
+	{name: "starts with =", src: "= 1\n", err: `x:1: syntax: statement starts with "=", want set or putenv`},
+	{name: "set without name", src: "set = 1\n", err: `x:1: syntax: set: want an operand name, got "="`},
+	{name: "bad name", src: "set 9a = 1\n", err: `x:1: syntax: set: want an operand name, got "9a"`},
+	{name: "missing equals", src: "set a 1\n", err: `x:1: a: want '=' after the operand, got "1"`},
+	{name: "missing value", src: "set a =\n", err: `x:1: a: missing value after '='`},
+	{name: "missing value after comma", src: "set a = 1,\n", err: `x:1: a: missing value after ','`},
+	{name: "double comma", src: "set a = 1,,2\n", err: `x:1: a: missing value after ','`},
+	{name: "blank in value", src: "set a = b c\n", err: `x:1: a: unexpected "c" after value "b" (quote values that hold blanks)`},
+	{name: "unterminated string", src: "\n\nset a = \"abc\nset b = 1\n", err: `x:3: syntax: unterminated string (a closing " is missing)`},
+	{name: "unterminated at eof", src: `set a = "abc`, err: `x:1: syntax: unterminated string (a closing " is missing)`},
+	{name: "text after quote", src: `set a = "abc"d`, err: `x:1: a: unexpected 'd' right after a closing quote`},
+	{name: "quote inside word", src: `set a = ab"c"`, err: `x:1: a: unexpected quote inside "ab\""`},
+	{name: "duplicate set", src: "set a = 1\n\nset A = 2\n", err: `x:3: a: set twice (first at line 1)`},
+	{name: "duplicate putenv", src: "putenv A 1\nputenv A 2\n", err: `x:2: putenv: A given twice (first at line 1)`},
+	{name: "putenv without value", src: "putenv A\n", err: `x:1: putenv: A: missing value (write "" for an empty one)`},
+	{name: "putenv bad name", src: "putenv 1A b\n", err: `x:1: putenv: want an environment variable name, got "1A"`},
+	{name: "putenv two values", src: "putenv A b c\n", err: `x:1: putenv: A: unexpected "c" after the value (quote values that hold blanks)`},
+	{name: "error line after continuation", src: "set a = 1, \\\n 2\nset b = \n", err: `x:3: b: missing value after '='`},
+}
+
+func TestParse(t *testing.T) {
+	for _, tc := range syntaxCases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse("x", []byte(tc.src))
+			if tc.err != "" {
+				if err == nil || err.Error() != tc.err {
+					t.Fatalf("error = %v, want %s", err, tc.err)
+				}
+				var e *Error
+				if !errors.As(err, &e) || e.File != "x" || e.Line < 1 {
+					t.Fatalf("error %#v is not a *Error for x with a line", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("error = %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got  %#v\nwant %#v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestErrorFormat(t *testing.T) {
+	for _, tc := range []struct {
+		e    Error
+		want string
+	}{
+		{Error{"usr/echo", 7, "parallel_count", "resident 3 exceeds max 2"}, "usr/echo:7: parallel_count: resident 3 exceeds max 2"},
+		{Error{"environment", 0, "DCHOST", "bad host"}, "environment: DCHOST: bad host"},
+	} {
+		if got := tc.e.Error(); got != tc.want {
+			t.Errorf("got %q, want %q", got, tc.want)
+		}
+	}
+}
+
+func TestSplitHostPort(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		def  int
+		host string
+		port int
+		err  bool
+	}{
+		{"host1", 12000, "host1", 12000, false},
+		{"host1:80", 12000, "host1", 80, false},
+		{"10.0.0.1:65535", 1, "10.0.0.1", 65535, false},
+		{"[::1]:9", 1, "::1", 9, false},
+		{"[::1]", 5, "::1", 5, false},
+		{"::1", 5, "::1", 5, false},
+		{"a.b-c_d.example", 5, "a.b-c_d.example", 5, false},
+		{"host", 0, "", 0, true},
+		{"", 5, "", 0, true},
+		{":80", 5, "", 0, true},
+		{"h:", 5, "", 0, true},
+		{"h:0", 5, "", 0, true},
+		{"h:65536", 5, "", 0, true},
+		{"h:x", 5, "", 0, true},
+		{"h:-1", 5, "", 0, true},
+		{"[::1", 5, "", 0, true},
+		{"[::1]x", 5, "", 0, true},
+		{"[host]:1", 5, "", 0, true},
+		{"a::b::c", 5, "", 0, true},
+		{"bad host", 5, "", 0, true},
+		{"a..b", 5, "", 0, true},
+	} {
+		h, p, err := SplitHostPort(tc.in, tc.def)
+		if (err != nil) != tc.err || h != tc.host || p != tc.port {
+			t.Errorf("SplitHostPort(%q, %d) = %q, %d, %v", tc.in, tc.def, h, p, err)
+		}
+	}
+}

@@ -1,0 +1,183 @@
+package def
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Limits on names, chosen for this implementation (the documents give none
+// but the 128-node limit): OpenTP1 identifiers are at most 31 bytes.
+const (
+	maxNameLen    = 31   // service_group, service names and entries, node_id
+	maxModuleLen  = 4095 // module: a path
+	maxParallel   = 1024 // parallel_count max
+	maxBalance    = 4096 // balance_count
+	maxQueueSize  = 65536
+	maxQueueCount = 32767 // levelup/leveldown_queue_count values
+	maxSeconds    = 65535 // watch_time, loadcheck_interval, dccltcachetim
+	maxPriority   = 16    // schedule_priority: 1 highest .. 16 lowest
+	minMessage    = 1 << 10
+	maxCache      = 4096 // dccache
+)
+
+// SplitHostPort splits "host", "host:port", "[v6]:port" or a bare IPv6
+// address into host and port. A missing port is defaultPort; with
+// defaultPort <= 0 the port is required. Ports are 1..65535. The host must be
+// an IP address or a host name (letters, digits, '-', '_' and dots).
+func SplitHostPort(hostport string, defaultPort int) (string, int, error) {
+	if hostport == "" {
+		return "", 0, errors.New("empty address")
+	}
+	host, port, hasPort := hostport, "", false
+	switch {
+	case strings.HasPrefix(hostport, "["):
+		end := strings.IndexByte(hostport, ']')
+		if end < 0 {
+			return "", 0, fmt.Errorf("missing ']' in %q", hostport)
+		}
+		host = hostport[1:end]
+		if rest := hostport[end+1:]; rest != "" {
+			if rest[0] != ':' {
+				return "", 0, fmt.Errorf("unexpected %q after ']' in %q", rest, hostport)
+			}
+			port, hasPort = rest[1:], true
+		}
+		if ip := net.ParseIP(host); ip == nil || !strings.Contains(host, ":") {
+			return "", 0, fmt.Errorf("%q in brackets is not an IPv6 address", host)
+		}
+	case strings.Count(hostport, ":") > 1:
+		if net.ParseIP(hostport) == nil {
+			return "", 0, fmt.Errorf("bad address %q (write an IPv6 address with a port as [addr]:port)", hostport)
+		}
+	case strings.Contains(hostport, ":"):
+		i := strings.IndexByte(hostport, ':')
+		host, port, hasPort = hostport[:i], hostport[i+1:], true
+	}
+	if host == "" {
+		return "", 0, fmt.Errorf("missing host in %q", hostport)
+	}
+	if !validHost(host) {
+		return "", 0, fmt.Errorf("bad host %q", host)
+	}
+	if !hasPort {
+		if defaultPort <= 0 {
+			return "", 0, fmt.Errorf("missing port in %q (want host:port)", hostport)
+		}
+		return host, defaultPort, nil
+	}
+	p, err := parseUint(port, 1, 65535)
+	if err != nil {
+		return "", 0, fmt.Errorf("port in %q: %w", hostport, err)
+	}
+	return host, p, nil
+}
+
+// validHost reports whether h is an IP address or a plausible host name.
+func validHost(h string) bool {
+	if net.ParseIP(h) != nil {
+		return true
+	}
+	if len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(h, ".") {
+		if label == "" || len(label) > 63 {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c == '-' || c == '_' || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || ('0' <= c && c <= '9')) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// checkIdent reports why s is not a name: 1..maxNameLen bytes of letters,
+// digits, '_', '-' and '.'.
+func checkIdent(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("empty %s", what)
+	}
+	if len(s) > maxNameLen {
+		return fmt.Errorf("%s %q is %d bytes, at most %d", what, s, len(s), maxNameLen)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '-' || c == '_' || c == '.' || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || ('0' <= c && c <= '9')) {
+			return fmt.Errorf("%s %q: %q not allowed (letters, digits, '_', '-', '.')", what, s, c)
+		}
+	}
+	return nil
+}
+
+func parseUint(s string, lo, hi int) (int, error) {
+	if s == "" {
+		return 0, errors.New("empty number")
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, fmt.Errorf("want an unsigned integer, got %q", s)
+		}
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s out of range %d..%d", s, lo, hi)
+	}
+	return n, nil
+}
+
+func one(v []string) (string, error) {
+	if len(v) != 1 {
+		return "", fmt.Errorf("want one value, got %d", len(v))
+	}
+	return v[0], nil
+}
+
+func intIn(v []string, lo, hi int) (int, error) {
+	s, err := one(v)
+	if err != nil {
+		return 0, err
+	}
+	return parseUint(s, lo, hi)
+}
+
+func secondsIn(v []string, lo, hi int) (time.Duration, error) {
+	n, err := intIn(v, lo, hi)
+	return time.Duration(n) * time.Second, err
+}
+
+func boolYN(v []string) (bool, error) {
+	s, err := one(v)
+	if err != nil {
+		return false, err
+	}
+	switch strings.ToUpper(s) {
+	case "Y":
+		return true, nil
+	case "N":
+		return false, nil
+	}
+	return false, fmt.Errorf("want Y or N, got %q", s)
+}
+
+// pair reads "a,b" with both values in lo..hi.
+func pair(v []string, lo, hi int) ([2]int, error) {
+	var p [2]int
+	if len(v) != 2 {
+		return p, fmt.Errorf("want two values, got %d", len(v))
+	}
+	for i := range p {
+		n, err := parseUint(v[i], lo, hi)
+		if err != nil {
+			return p, err
+		}
+		p[i] = n
+	}
+	return p, nil
+}
