@@ -1,0 +1,156 @@
+package netio
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Frame layout, big-endian, HeaderSize bytes then group, service and payload:
+//
+//	off size field
+//	 0   2   magic      0x5450 ("TP")
+//	 2   1   version    1
+//	 3   1   kind       Kind
+//	 4   1   flags      reserved, 0
+//	 5   1   group len
+//	 6   1   service len
+//	 7   1   code       Code (KindError only)
+//	 8   8   request id chosen by the caller, echoed in the answer
+//	16   4   timeout    milliseconds the caller waits; 0 = the server's watch_time
+//	20   4   payload len
+const (
+	HeaderSize = 24
+	Magic      = 0x5450
+	Version    = 1
+)
+
+// Kind says what a frame carries.
+type Kind uint8
+
+const (
+	KindCall        Kind = 1 // request, answered by KindReply or KindError
+	KindCallNoReply Kind = 2 // request, never answered
+	KindReply       Kind = 3 // successful answer; payload is the service's reply
+	KindError       Kind = 4 // failed answer; Code says why, payload is a message
+	KindNameLookup  Kind = 5 // reserved for the name service
+	KindAnnounce    Kind = 6 // reserved for load-level announcements
+	kindMax              = KindAnnounce
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindCall:
+		return "call"
+	case KindCallNoReply:
+		return "call-no-reply"
+	case KindReply:
+		return "reply"
+	case KindError:
+		return "error"
+	case KindNameLookup:
+		return "name-lookup"
+	case KindAnnounce:
+		return "announce"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Header is the fixed part of a frame.
+type Header struct {
+	Kind      Kind
+	Code      Code
+	ID        uint64
+	TimeoutMs uint32
+}
+
+// Frame is one decoded frame. Group, Service and Payload alias the buffer
+// it was decoded from and are valid only as long as that buffer is.
+type Frame struct {
+	Header
+	Group   []byte
+	Service []byte
+	Payload []byte
+}
+
+// Decoding errors. ErrShort is not a protocol error: more bytes are needed.
+var (
+	ErrShort      = errors.New("netio: short frame")
+	ErrBadMagic   = errors.New("netio: bad magic")
+	ErrBadVersion = errors.New("netio: unsupported version")
+	ErrBadKind    = errors.New("netio: unknown frame kind")
+	ErrFrameSize  = errors.New("netio: frame larger than the limit")
+)
+
+// FrameLen reports the total length of the frame at the start of b, checking
+// only the header. It returns ErrShort when b holds less than a header and a
+// protocol error when the header is bad or the frame exceeds maxPayload.
+func FrameLen(b []byte, maxPayload int) (int, error) {
+	if len(b) < HeaderSize {
+		return 0, ErrShort
+	}
+	if binary.BigEndian.Uint16(b[0:2]) != Magic {
+		return 0, ErrBadMagic
+	}
+	if b[2] != Version {
+		return 0, ErrBadVersion
+	}
+	if k := Kind(b[3]); k == 0 || k > kindMax {
+		return 0, ErrBadKind
+	}
+	payload := binary.BigEndian.Uint32(b[20:24])
+	if uint64(payload) > uint64(maxPayload) {
+		return 0, ErrFrameSize
+	}
+	return HeaderSize + int(b[5]) + int(b[6]) + int(payload), nil
+}
+
+// Decode decodes the frame at the start of b and returns it with its length.
+// It returns ErrShort when b does not yet hold the whole frame.
+func Decode(b []byte, maxPayload int) (Frame, int, error) {
+	n, err := FrameLen(b, maxPayload)
+	if err != nil {
+		return Frame{}, 0, err
+	}
+	if len(b) < n {
+		return Frame{}, 0, ErrShort
+	}
+	gl, sl := int(b[5]), int(b[6])
+	f := Frame{
+		Header: Header{
+			Kind:      Kind(b[3]),
+			Code:      Code(b[7]),
+			ID:        binary.BigEndian.Uint64(b[8:16]),
+			TimeoutMs: binary.BigEndian.Uint32(b[16:20]),
+		},
+		Group:   b[HeaderSize : HeaderSize+gl : HeaderSize+gl],
+		Service: b[HeaderSize+gl : HeaderSize+gl+sl : HeaderSize+gl+sl],
+		Payload: b[HeaderSize+gl+sl : n : n],
+	}
+	return f, n, nil
+}
+
+// MaxNameLen is the longest group or service name a frame can carry.
+const MaxNameLen = 255
+
+// AppendFrame appends one encoded frame to dst. Names longer than
+// MaxNameLen are a programming error reported by the caller's validation;
+// here they are truncated rather than corrupting the stream.
+func AppendFrame(dst []byte, h Header, group, service string, payload []byte) []byte {
+	group = group[:min(len(group), MaxNameLen)]
+	service = service[:min(len(service), MaxNameLen)]
+	var hdr [HeaderSize]byte
+	binary.BigEndian.PutUint16(hdr[0:2], Magic)
+	hdr[2] = Version
+	hdr[3] = byte(h.Kind)
+	hdr[5] = byte(len(group))
+	hdr[6] = byte(len(service))
+	hdr[7] = byte(h.Code)
+	binary.BigEndian.PutUint64(hdr[8:16], h.ID)
+	binary.BigEndian.PutUint32(hdr[16:20], h.TimeoutMs)
+	binary.BigEndian.PutUint32(hdr[20:24], uint32(len(payload)))
+	dst = append(dst, hdr[:]...)
+	dst = append(dst, group...)
+	dst = append(dst, service...)
+	return append(dst, payload...)
+}

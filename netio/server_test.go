@@ -1,0 +1,628 @@
+package netio
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/panjf2000/gnet/v2"
+)
+
+const testDeadline = 20 * time.Second
+
+// echoHandler answers KindCall with a KindReply of the same payload, at once
+// through SendNow or later through Send from a goroutine.
+type echoHandler struct {
+	async bool
+
+	mu     sync.Mutex
+	loops  map[gnet.EventLoop]int // connections seen per event loop
+	closed atomic.Int64
+}
+
+func (h *echoHandler) OnFrame(c *Conn, f Frame) {
+	if c.Context() == nil {
+		c.SetContext(true)
+		h.mu.Lock()
+		if h.loops == nil {
+			h.loops = map[gnet.EventLoop]int{}
+		}
+		h.loops[c.gc.EventLoop()]++
+		h.mu.Unlock()
+	}
+	if f.Kind != KindCall {
+		return
+	}
+	if !h.async {
+		c.SendNow(AppendReply(nil, f.ID, f.Payload))
+		return
+	}
+	reply := AppendReply(nil, f.ID, f.Payload) // copies f.Payload
+	go func() { _ = c.Send(reply) }()
+}
+
+func (h *echoHandler) OnClose(*Conn) { h.closed.Add(1) }
+
+func (h *echoHandler) loopCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.loops)
+}
+
+func startServer(t *testing.T, opts Options, h Handler) *Server {
+	t.Helper()
+	if opts.Addr == "" {
+		opts.Addr = "127.0.0.1:0"
+	}
+	s, err := Listen(opts, h)
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return s
+}
+
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	_ = c.SetDeadline(time.Now().Add(testDeadline))
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func callFrame(id uint64, payload []byte) []byte {
+	return AppendFrame(nil, Header{Kind: KindCall, ID: id}, "grp", "svc", payload)
+}
+
+// readFrame reads one frame and returns a copy of it.
+func readFrame(r io.Reader) (Frame, error) {
+	hdr := make([]byte, HeaderSize)
+	if _, err := io.ReadFull(r, hdr); err != nil {
+		return Frame{}, err
+	}
+	n, err := FrameLen(hdr, 1<<30)
+	if err != nil {
+		return Frame{}, err
+	}
+	buf := append(hdr, make([]byte, n-HeaderSize)...)
+	if _, err := io.ReadFull(r, buf[HeaderSize:]); err != nil {
+		return Frame{}, err
+	}
+	f, _, err := Decode(buf, 1<<30)
+	return f, err
+}
+
+func call(c net.Conn, r io.Reader, id uint64, payload []byte) error {
+	if _, err := c.Write(callFrame(id, payload)); err != nil {
+		return err
+	}
+	f, err := readFrame(r)
+	if err != nil {
+		return err
+	}
+	if f.Kind != KindReply || f.ID != id || !bytes.Equal(f.Payload, payload) {
+		return fmt.Errorf("call %d: got kind %v id %d payload %d bytes", id, f.Kind, f.ID, len(f.Payload))
+	}
+	return nil
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testDeadline)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// expectClosed reads until the server closes c.
+func expectClosed(t *testing.T, c net.Conn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(testDeadline))
+	_, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("connection not closed by the server: %v", err)
+	}
+}
+
+func TestEcho(t *testing.T) {
+	for _, mode := range []string{"sendnow", "send"} {
+		t.Run(mode, func(t *testing.T) {
+			h := &echoHandler{async: mode == "send"}
+			s := startServer(t, Options{}, h)
+			ordered := mode == "sendnow"
+
+			t.Run("single", func(t *testing.T) {
+				c := dial(t, s.Addr())
+				if err := call(c, c, 1, []byte("hello")); err != nil {
+					t.Fatal(err)
+				}
+				if err := call(c, c, 2, nil); err != nil {
+					t.Fatal(err)
+				}
+			})
+
+			t.Run("pipelined", func(t *testing.T) {
+				c := dial(t, s.Addr())
+				const n = 2000
+				var out []byte
+				for i := range n {
+					out = append(out, callFrame(uint64(i), []byte(strconv.Itoa(i)))...)
+				}
+				if _, err := c.Write(out); err != nil {
+					t.Fatal(err)
+				}
+				r := bufio.NewReader(c)
+				seen := make(map[uint64]bool, n)
+				for i := range n {
+					f, err := readFrame(r)
+					if err != nil {
+						t.Fatalf("reply %d: %v", i, err)
+					}
+					if ordered && f.ID != uint64(i) {
+						t.Fatalf("reply %d has id %d", i, f.ID)
+					}
+					if string(f.Payload) != strconv.FormatUint(f.ID, 10) || seen[f.ID] {
+						t.Fatalf("reply id %d payload %q (dup %v)", f.ID, f.Payload, seen[f.ID])
+					}
+					seen[f.ID] = true
+				}
+			})
+
+			t.Run("byte-by-byte", func(t *testing.T) {
+				c := dial(t, s.Addr())
+				var out []byte
+				for i := range 3 {
+					out = append(out, callFrame(uint64(i), []byte("split across writes"))...)
+				}
+				go func() {
+					for i := range out {
+						if _, err := c.Write(out[i : i+1]); err != nil {
+							return
+						}
+						time.Sleep(50 * time.Microsecond)
+					}
+				}()
+				seen := map[uint64]bool{}
+				for range 3 {
+					f, err := readFrame(c)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if string(f.Payload) != "split across writes" || seen[f.ID] {
+						t.Fatalf("bad reply %d %q", f.ID, f.Payload)
+					}
+					seen[f.ID] = true
+				}
+			})
+
+			t.Run("large-payload", func(t *testing.T) {
+				// Larger than gnet's 64 KiB read buffer: the frame gathers in the inbound ring.
+				c := dial(t, s.Addr())
+				p := bytes.Repeat([]byte("0123456789abcdef"), 40000) // 640000 bytes
+				r := bufio.NewReader(c)
+				for i := range 3 {
+					errc := make(chan error, 1)
+					go func() { _, err := c.Write(callFrame(uint64(i), p)); errc <- err }()
+					f, err := readFrame(r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !bytes.Equal(f.Payload, p) {
+						t.Fatalf("large payload %d corrupted", i)
+					}
+					if err := <-errc; err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
+
+func TestManyConnections(t *testing.T) {
+	for _, mode := range []string{"sendnow", "send"} {
+		t.Run(mode, func(t *testing.T) {
+			h := &echoHandler{async: mode == "send"}
+			s := startServer(t, Options{Loops: 2}, h)
+			const conns, calls = 100, 100
+			errc := make(chan error, conns)
+			var wg sync.WaitGroup
+			for i := range conns {
+				c := dial(t, s.Addr())
+				wg.Go(func() {
+					p := []byte(fmt.Sprintf("conn %d", i))
+					for j := range calls {
+						if err := call(c, c, uint64(j), p); err != nil {
+							errc <- fmt.Errorf("conn %d call %d: %w", i, j, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errc)
+			for err := range errc {
+				t.Error(err)
+			}
+			if got := s.Stats().Conns; got != conns {
+				t.Errorf("Stats().Conns = %d, want %d", got, conns)
+			}
+		})
+	}
+}
+
+func TestBadFrames(t *testing.T) {
+	good := callFrame(7, []byte("ok"))
+	patch := func(off int, b ...byte) []byte {
+		f := bytes.Clone(good)
+		copy(f[off:], b)
+		return f
+	}
+	oversize := patch(20)
+	binary.BigEndian.PutUint32(oversize[20:], 1025)
+	cases := []struct {
+		name  string
+		bytes []byte
+	}{
+		{"bad-magic", patch(0, 'X', 'X')},
+		{"bad-version", patch(2, 9)},
+		{"bad-kind-0", patch(3, 0)},
+		{"bad-kind-200", patch(3, 200)},
+		{"oversize", oversize},
+		{"garbage", bytes.Repeat([]byte{0xff}, 100)},
+	}
+	set := metrics.NewSet()
+	h := &echoHandler{}
+	s := startServer(t, Options{MaxPayload: 1024, Metrics: set}, h)
+	other := dial(t, s.Addr())
+	if err := call(other, other, 1, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial(t, s.Addr())
+			// A good frame ahead of the bad one in the same write is answered.
+			if _, err := c.Write(append(bytes.Clone(good), tc.bytes...)); err != nil {
+				t.Fatal(err)
+			}
+			f, err := readFrame(c)
+			if err != nil || f.ID != 7 || string(f.Payload) != "ok" {
+				t.Fatalf("answer to the good frame: %+v, %v", f, err)
+			}
+			expectClosed(t, c)
+			waitFor(t, "bad frame count", func() bool { return s.Stats().BadFrames == uint64(i+1) })
+			if err := call(other, other, uint64(i+2), []byte("still here")); err != nil {
+				t.Fatalf("other connection: %v", err)
+			}
+		})
+	}
+	var buf bytes.Buffer
+	set.WritePrometheus(&buf)
+	want := fmt.Sprintf("tpsched_bad_frames_total %d", len(cases))
+	if !strings.Contains(buf.String(), want) || !strings.Contains(buf.String(), "tpsched_connections 1") {
+		t.Errorf("metrics lack %q or tpsched_connections 1:\n%s", want, buf.String())
+	}
+	waitFor(t, "closes", func() bool { return h.closed.Load() == int64(len(cases)) })
+}
+
+// listeningSockets counts LISTEN sockets on port in /proc/net/tcp and tcp6.
+func listeningSockets(t *testing.T, port int) int {
+	t.Helper()
+	n := 0
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fields := strings.Fields(line)
+			if len(fields) < 4 || fields[3] != "0A" {
+				continue
+			}
+			local := fields[1]
+			p, err := strconv.ParseUint(local[strings.LastIndexByte(local, ':')+1:], 16, 16)
+			if err == nil && int(p) == port {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func TestReusePortLoops(t *testing.T) {
+	for _, loops := range []int{1, 2, 4} {
+		t.Run(strconv.Itoa(loops), func(t *testing.T) {
+			h := &echoHandler{}
+			s := startServer(t, Options{Loops: loops}, h)
+			_, ps, _ := net.SplitHostPort(s.Addr())
+			port, _ := strconv.Atoi(ps)
+			if port == 0 {
+				t.Fatalf("Addr() = %q has no port", s.Addr())
+			}
+			if got := listeningSockets(t, port); got != loops {
+				t.Fatalf("%d listening sockets on port %d, want %d", got, port, loops)
+			}
+			if out, err := exec.Command("ss", "-Hltn", "sport = :"+ps).Output(); err == nil {
+				if got := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; got != loops {
+					t.Fatalf("ss lists %d listening sockets, want %d:\n%s", got, loops, out)
+				}
+				t.Logf("ss -ltn:\n%s", out)
+			}
+			// The kernel hashes each 4-tuple to a socket: 64 connections
+			// miss a loop with probability about loops x ((loops-1)/loops)^64.
+			for i := range 64 {
+				c := dial(t, s.Addr())
+				if err := call(c, c, uint64(i), nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := h.loopCount(); got != loops {
+				t.Errorf("connections landed on %d loops, want %d", got, loops)
+			}
+		})
+	}
+}
+
+func TestPortZeroWildcard(t *testing.T) {
+	s := startServer(t, Options{Addr: ":0", Loops: 2}, &echoHandler{})
+	_, ps, _ := net.SplitHostPort(s.Addr())
+	c := dial(t, net.JoinHostPort("127.0.0.1", ps))
+	if err := call(c, c, 1, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(ps)
+	if got := listeningSockets(t, port); got != 2 {
+		t.Fatalf("%d listening sockets, want 2", got)
+	}
+}
+
+func TestListenErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if s, err := Listen(Options{Addr: ln.Addr().String(), Loops: 2}, &echoHandler{}); err == nil {
+		_ = s.Stop(context.Background())
+		t.Fatal("listen on a port in use succeeded")
+	} else if !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("error %q does not say address in use", err)
+	}
+	if _, err := Listen(Options{Addr: "no-such-host.invalid:1"}, &echoHandler{}); err == nil {
+		t.Error("listen on a bad host succeeded")
+	}
+	if _, err := Listen(Options{Addr: "127.0.0.1:0"}, nil); err == nil {
+		t.Error("listen with a nil handler succeeded")
+	}
+}
+
+// floodHandler answers the first call by Sending chunks from a goroutine
+// until Send fails.
+type floodHandler struct {
+	sendErr chan error
+	closed  chan struct{}
+}
+
+func (h *floodHandler) OnFrame(c *Conn, f Frame) {
+	if f.Kind != KindCall {
+		return
+	}
+	go func() {
+		chunk := 64 << 10
+		for i := range 100000 {
+			if err := c.Send(AppendReply(nil, uint64(i), make([]byte, chunk))); err != nil {
+				h.sendErr <- err
+				return
+			}
+			if i%16 == 0 {
+				time.Sleep(time.Millisecond) // let the loop run the writes
+			}
+		}
+		h.sendErr <- errors.New("every send succeeded")
+	}()
+}
+
+func (h *floodHandler) OnClose(*Conn) { close(h.closed) }
+
+func TestSlowReader(t *testing.T) {
+	t.Run("send", func(t *testing.T) {
+		h := &floodHandler{sendErr: make(chan error, 1), closed: make(chan struct{})}
+		s := startServer(t, Options{MaxOutbound: 1 << 20}, h)
+		c := dial(t, s.Addr())
+		if _, err := c.Write(callFrame(1, nil)); err != nil {
+			t.Fatal(err)
+		}
+		// Never read.
+		select {
+		case err := <-h.sendErr:
+			if !errors.Is(err, ErrSlowReader) && !errors.Is(err, ErrConnClosed) {
+				t.Fatalf("Send error %v, want ErrSlowReader or ErrConnClosed", err)
+			}
+		case <-time.After(testDeadline):
+			t.Fatal("Send never failed")
+		}
+		select {
+		case <-h.closed:
+		case <-time.After(testDeadline):
+			t.Fatal("OnClose not called")
+		}
+		if got := s.Stats().SlowReaderCloses; got != 1 {
+			t.Errorf("SlowReaderCloses = %d, want 1", got)
+		}
+	})
+	t.Run("sendnow", func(t *testing.T) {
+		h := &echoHandler{}
+		s := startServer(t, Options{MaxOutbound: 1 << 20}, h)
+		c := dial(t, s.Addr())
+		p := make([]byte, 32<<10)
+		frame := callFrame(1, p)
+		// Pipeline calls and never read the echoes: they pile up on the server.
+		for i := 0; s.Stats().SlowReaderCloses == 0; i++ {
+			_ = c.SetWriteDeadline(time.Now().Add(testDeadline))
+			if _, err := c.Write(frame); err != nil {
+				break // the server closed the connection
+			}
+			if i > 100000 {
+				t.Fatal("server never closed the slow reader")
+			}
+		}
+		waitFor(t, "slow reader close", func() bool { return s.Stats().SlowReaderCloses == 1 && s.Stats().Conns == 0 })
+	})
+}
+
+func TestStop(t *testing.T) {
+	h := &echoHandler{async: true}
+	s, err := Listen(Options{Addr: "127.0.0.1:0", Loops: 2}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	for i := range 10 {
+		c := dial(t, s.Addr())
+		if err := call(c, c, uint64(i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	start := time.Now()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	t.Logf("stop took %v", time.Since(start))
+	for _, c := range conns {
+		expectClosed(t, c)
+	}
+	if got := h.closed.Load(); got != 10 {
+		t.Errorf("OnClose ran %d times, want 10", got)
+	}
+	if got := s.Stats().Conns; got != 0 {
+		t.Errorf("Stats().Conns = %d after stop", got)
+	}
+	if err := s.Stop(ctx); err != nil {
+		t.Errorf("second stop: %v", err)
+	}
+	_, ps, _ := net.SplitHostPort(s.Addr())
+	port, _ := strconv.Atoi(ps)
+	if n := listeningSockets(t, port); n != 0 {
+		t.Errorf("%d sockets still listen after stop", n)
+	}
+	// The port is free again once the clients close too.
+	for _, c := range conns {
+		c.Close()
+	}
+	ln, err := net.Listen("tcp", s.Addr())
+	if err != nil {
+		t.Fatalf("port still taken after stop: %v", err)
+	}
+	ln.Close()
+}
+
+// A Send racing with Stop never fails in a way other than the sentinel errors.
+func TestSendDuringStop(t *testing.T) {
+	var got atomic.Pointer[Conn]
+	h := &hookHandler{onFrame: func(c *Conn, _ Frame) { got.Store(c) }}
+	s, err := Listen(Options{Addr: "127.0.0.1:0"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, s.Addr())
+	if _, err := c.Write(callFrame(1, nil)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "frame", func() bool { return got.Load() != nil })
+	sc := got.Load()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			err := sc.Send([]byte("x"))
+			if errors.Is(err, ErrConnClosed) {
+				return
+			}
+		}
+	}()
+	time.Sleep(10 * time.Millisecond)
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+}
+
+type hookHandler struct {
+	onFrame func(*Conn, Frame)
+}
+
+func (h *hookHandler) OnFrame(c *Conn, f Frame) { h.onFrame(c, f) }
+func (h *hookHandler) OnClose(*Conn)            {}
+
+// BenchmarkEchoServer measures pipelined calls answered with SendNow over
+// 16 connections to a 2-loop server; one op is one call and its reply.
+func BenchmarkEchoServer(b *testing.B) {
+	s, err := Listen(Options{Addr: "127.0.0.1:0", Loops: 2}, &echoHandler{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Stop(context.Background())
+	const conns, window = 16, 64
+	payload := make([]byte, 128)
+	b.SetBytes(int64(len(callFrame(0, payload))))
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	per := b.N/conns + 1
+	for range conns {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		wg.Go(func() {
+			go func() {
+				w := bufio.NewWriter(c)
+				for i := range per {
+					w.Write(callFrame(uint64(i), payload))
+					if i%window == window-1 {
+						w.Flush()
+					}
+				}
+				w.Flush()
+			}()
+			r := bufio.NewReader(c)
+			for range per {
+				if _, err := readFrame(r); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
