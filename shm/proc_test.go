@@ -1,0 +1,350 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const helperEnv = "TPSCHED_SHM_TEST_UAP"
+
+// TestHelperUAP is not a test: it is the UAP process that the cross-process
+// tests start by re-executing the test binary.
+func TestHelperUAP(t *testing.T) {
+	if os.Getenv(helperEnv) != "1" {
+		t.Skip("helper process for the cross-process tests")
+	}
+	srv, err := Attach()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	srv.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	srv.Handle("fail", func(req []byte) ([]byte, error) { return nil, errors.New("failed: " + string(req)) })
+	srv.Handle("huge", func(req []byte) ([]byte, error) { return make([]byte, srv.MaxMessage()+1), nil })
+	srv.Handle("sleep", func(req []byte) ([]byte, error) {
+		d, err := time.ParseDuration(string(req))
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(d)
+		return req, nil
+	})
+	if err := srv.Serve(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(3)
+	}
+	os.Exit(0)
+}
+
+type uap struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// startUAP runs the helper UAP in control block slot, killed at cleanup.
+func startUAP(tb testing.TB, s *Segment, slot int) *uap {
+	tb.Helper()
+	if err := s.PrepareSlot(slot); err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperUAP$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=1", "TPSCHED_SHM_FD=3",
+		"TPSCHED_PROC_SLOT="+strconv.Itoa(slot))
+	cmd.ExtraFiles = []*os.File{s.File()}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	u := &uap{cmd: cmd, done: make(chan error, 1)}
+	go func() { u.done <- cmd.Wait() }()
+	tb.Cleanup(func() {
+		cmd.Process.Kill()
+		<-u.done
+	})
+	return u
+}
+
+func (u *uap) wait(tb testing.TB, d time.Duration) error {
+	tb.Helper()
+	select {
+	case err := <-u.done:
+		u.done <- err
+		return err
+	case <-time.After(d):
+		tb.Fatalf("UAP pid %d still running after %v", u.cmd.Process.Pid, d)
+		return nil
+	}
+}
+
+// poll waits for cond, failing the test at ctx's deadline.
+func poll(ctx context.Context, tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	for !cond() {
+		if ctx.Err() != nil {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestCrossProcessEcho(t *testing.T) {
+	const n, window = 10000, 24
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	s := newSeg(t, Layout{Slots: 32, MaxMessage: 1 << 20, Processes: 2})
+	startUAP(t, s, 0)
+	startUAP(t, s, 1)
+	rng := rand.New(rand.NewPCG(1, 2))
+	src := make([]byte, 2<<20)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	type want struct{ off, size int }
+	pending := make(map[Token]want)
+	buf := make([]Completion, 0, 64)
+	sent, got := 0, 0
+	var bytesMoved int
+	for got < n {
+		if ctx.Err() != nil {
+			t.Fatalf("timeout: sent %d, got %d", sent, got)
+		}
+		for sent < n && len(pending) < window {
+			size := 1 + rng.IntN(1<<rng.IntN(21))
+			switch sent {
+			case 0:
+				size = 1
+			case 1:
+				size = 1 << 20
+			}
+			size = min(size, 1<<20)
+			off := rng.IntN(len(src) - size + 1)
+			tok, err := s.Enqueue("echo", src[off:off+size], time.Time{})
+			if errors.Is(err, ErrFull) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending[tok] = want{off, size}
+			sent++
+		}
+		for _, c := range s.WaitCompletions(buf, 100*time.Millisecond) {
+			w, ok := pending[c.Token]
+			if !ok {
+				t.Fatalf("unknown token %x", c.Token)
+			}
+			if c.Status != StatusOK || !bytes.Equal(c.Reply, src[w.off:w.off+w.size]) {
+				t.Fatalf("request of %d bytes: status %v, reply of %d bytes differs", w.size, c.Status, len(c.Reply))
+			}
+			bytesMoved += w.size
+			delete(pending, c.Token)
+			s.Release(c.Token)
+			got++
+		}
+	}
+	st := s.Stats()
+	if st.Queued != n || st.Taken != n || st.Done != n || st.Depth != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	t.Logf("%d requests, %d MiB echoed", n, bytesMoved>>20)
+}
+
+func TestCrossProcessStatuses(t *testing.T) {
+	s := newSeg(t, Layout{Slots: 8, MaxMessage: 4096, Processes: 1})
+	startUAP(t, s, 0)
+	cases := []struct {
+		svc, req string
+		deadline time.Time
+		st       Status
+		reply    string
+	}{
+		{"echo", "hi", time.Now().Add(time.Minute), StatusOK, "hi"},
+		{"fail", "x", time.Time{}, StatusAppError, "failed: x"},
+		{"nope", "x", time.Time{}, StatusNoSuchService, ""},
+		{"sleep", "1h", time.Now().Add(-time.Millisecond), StatusTimedOut, ""},
+		{"huge", "", time.Time{}, StatusAppError, "reply too big"},
+	}
+	for _, c := range cases {
+		tok, err := s.Enqueue(c.svc, []byte(c.req), c.deadline)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := waitN(t, s, 1, 10*time.Second)
+		if cs[0].Token != tok || cs[0].Status != c.st || string(cs[0].Reply) != c.reply {
+			t.Errorf("%s: status %v reply %q, want %v %q", c.svc, cs[0].Status, cs[0].Reply, c.st, c.reply)
+		}
+		s.Release(tok)
+	}
+}
+
+func TestCrossProcessCloseDrains(t *testing.T) {
+	s := newSeg(t, Layout{Slots: 32, MaxMessage: 64, Processes: 1})
+	u := startUAP(t, s, 0)
+	for range 20 {
+		if _, err := s.Enqueue("sleep", []byte("1ms"), time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	if _, err := s.Enqueue("echo", nil, time.Time{}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Enqueue after Close: %v", err)
+	}
+	cs := waitN(t, s, 20, 20*time.Second)
+	for _, c := range cs {
+		if c.Status != StatusOK {
+			t.Fatalf("status %v", c.Status)
+		}
+		s.Release(c.Token)
+	}
+	if err := u.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("UAP exit: %v", err)
+	}
+	start := time.Now()
+	if cs := s.WaitCompletions(nil, 5*time.Second); len(cs) != 0 || time.Since(start) > time.Second {
+		t.Fatalf("WaitCompletions on a closed, drained segment: %v after %v", cs, time.Since(start))
+	}
+	if got, ok := s.Reclaim(0); ok {
+		t.Fatalf("Reclaim after a clean exit = %x", got)
+	}
+}
+
+func TestCrossProcessKill(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := newSeg(t, Layout{Slots: 4, MaxMessage: 64, Processes: 1})
+
+	// Killed inside a slow handler: Reclaim names that request.
+	u := startUAP(t, s, 0)
+	tok, err := s.Enqueue("sleep", []byte("1h"), time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll(ctx, t, "the UAP to take the request", func() bool { return s.Stats().Busy == 1 })
+	u.cmd.Process.Signal(syscall.SIGKILL)
+	u.wait(t, 10*time.Second)
+	got, ok := s.Reclaim(0)
+	if !ok || got != tok {
+		t.Fatalf("Reclaim = %x %v, want %x", got, ok, tok)
+	}
+	s.Release(got)
+
+	// Killed while idle: nothing to reclaim.
+	u = startUAP(t, s, 0)
+	poll(ctx, t, "the UAP to go idle", func() bool { return s.cb(0).state.Load() == stateIdle })
+	time.Sleep(20 * time.Millisecond) // asleep on the futex by now
+	u.cmd.Process.Signal(syscall.SIGKILL)
+	u.wait(t, 10*time.Second)
+	if got, ok := s.Reclaim(0); ok {
+		t.Fatalf("Reclaim of an idle UAP = %x", got)
+	}
+
+	// The queue still works.
+	startUAP(t, s, 0)
+	if _, err := s.Enqueue("echo", []byte("after"), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if cs := waitN(t, s, 1, 10*time.Second); string(cs[0].Reply) != "after" {
+		t.Fatalf("reply %q", cs[0].Reply)
+	}
+}
+
+func BenchmarkRoundTripCrossProcess(b *testing.B) {
+	for _, size := range []int{128, 4096} {
+		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
+			s := newSeg(b, Layout{Slots: 64, MaxMessage: 64 << 10, Processes: 1})
+			startUAP(b, s, 0)
+			req := make([]byte, size)
+			buf := make([]Completion, 0, 80)
+			roundTrip := func() {
+				tok, err := s.Enqueue("echo", req, time.Time{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for {
+					cs := s.WaitCompletions(buf, 5*time.Second)
+					if len(cs) == 1 && cs[0].Token == tok && len(cs[0].Reply) == size {
+						break
+					}
+					if len(cs) != 0 {
+						b.Fatalf("completions %+v", cs)
+					}
+				}
+				s.Release(tok)
+			}
+			for range 100 { // the UAP is up and warm
+				roundTrip()
+			}
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				roundTrip()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/roundtrip")
+		})
+	}
+}
+
+// BenchmarkRingSameProcess is the cost of the queue itself: Enqueue, take,
+// in-place echo, completion, WaitCompletions and Release on one goroutine
+// (no wake-ups, no second process).
+func BenchmarkRingSameProcess(b *testing.B) {
+	for _, size := range []int{128, 4096} {
+		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
+			s := newSeg(b, Layout{Slots: 64, MaxMessage: 64 << 10, Processes: 1})
+			srv := attach(b, s, 0)
+			req := make([]byte, size)
+			buf := make([]Completion, 0, 80)
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				tok, err := s.Enqueue("echo", req, time.Time{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := srv.ServeOne(); err != nil {
+					b.Fatal(err)
+				}
+				if cs := s.WaitCompletions(buf, time.Second); len(cs) != 1 {
+					b.Fatal("no completion")
+				}
+				s.Release(tok)
+			}
+		})
+	}
+}
+
+// BenchmarkPipelinedCrossProcess keeps the queue busy (32 requests in
+// flight) to show throughput rather than latency.
+func BenchmarkPipelinedCrossProcess(b *testing.B) {
+	s := newSeg(b, Layout{Slots: 64, MaxMessage: 4096, Processes: 1})
+	startUAP(b, s, 0)
+	req := make([]byte, 128)
+	buf := make([]Completion, 0, 80)
+	inflight, done := 0, 0
+	b.ReportAllocs()
+	for b.Loop() {
+		for inflight < 32 {
+			if _, err := s.Enqueue("echo", req, time.Time{}); err != nil {
+				b.Fatal(err)
+			}
+			inflight++
+		}
+		for _, c := range s.WaitCompletions(buf, 5*time.Second) {
+			s.Release(c.Token)
+			inflight--
+			done++
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(done, 1)), "ns/request")
+}
