@@ -1,0 +1,405 @@
+// Package client is the Go RPC client of tpsched, the counterpart of
+// OpenTP1's TP1/Client: it calls services of a service group on a node,
+// with many calls in flight on one connection (matched by request id) and a
+// host list (dchost) it fails over along when a node cannot be reached.
+//
+// # Usage
+//
+//	c, err := client.New(client.Options{Hosts: []string{"127.0.0.1:12000"}})
+//	defer c.Close()
+//	reply, err := c.Call(ctx, "demo", "echo", []byte("hello"))
+//	var te *netio.Error
+//	if errors.As(err, &te) && te.Code == netio.CodeServerBusy { ... }
+//
+// A call that was sent is never sent again to another node: a broken
+// connection fails it with 'network down', because the service may already
+// have run. Only calls that could not be sent move to the next host.
+package client
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd/def"
+)
+
+// Options configure a Client. The zero value of every field but Hosts is a
+// sane default.
+type Options struct {
+	Hosts          []string      // dchost: host:port of the nodes, tried in order
+	HostSelect     bool          // dchostselect: begin at a random host
+	HostChange     bool          // dcscdhostchange: move to the next host on every call
+	WatchTime      time.Duration // how long a call waits when ctx has no deadline; default 180 s, <0 = forever
+	MaxMessageSize int           // larger payloads are refused before sending; default 1 MiB
+	DialTimeout    time.Duration // default 3 s
+}
+
+// FromDefinition turns a client environment definition into Options.
+func FromDefinition(c *def.Client) Options {
+	o := Options{
+		Hosts:          c.Hosts,
+		HostSelect:     c.HostSelect,
+		HostChange:     c.HostChange,
+		WatchTime:      c.WatchTime,
+		MaxMessageSize: c.MaxMessageSize,
+	}
+	if o.WatchTime == 0 {
+		o.WatchTime = -1 // watch_time 0 means wait for ever
+	}
+	return o
+}
+
+// Client calls services on tpsched nodes. It is safe for concurrent use.
+type Client struct {
+	opts   Options
+	hosts  []string
+	nextID atomic.Uint64
+
+	mu     sync.Mutex
+	cur    int           // index of the host calls go to
+	conns  map[int]*conn // live connection per host index
+	closed bool
+}
+
+// New returns a Client; it connects lazily, on the first call.
+func New(opts Options) (*Client, error) {
+	if len(opts.Hosts) == 0 {
+		return nil, errors.New("client: no hosts (set dchost or DCHOST)")
+	}
+	hosts := make([]string, len(opts.Hosts))
+	for i, h := range opts.Hosts {
+		host, port, err := def.SplitHostPort(h, def.DefaultRPCPort)
+		if err != nil {
+			return nil, fmt.Errorf("client: dchost %q: %w", h, err)
+		}
+		hosts[i] = net.JoinHostPort(host, strconv.Itoa(port))
+	}
+	if opts.WatchTime == 0 {
+		opts.WatchTime = def.DefaultWatchTime
+	}
+	if opts.MaxMessageSize == 0 {
+		opts.MaxMessageSize = def.DefaultMaxMessageSize
+	}
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = 3 * time.Second
+	}
+	c := &Client{opts: opts, hosts: hosts, conns: make(map[int]*conn)}
+	if opts.HostSelect {
+		c.cur = rand.IntN(len(hosts))
+	}
+	return c, nil
+}
+
+// Call runs service of group with payload and returns the service's reply.
+// Failures are *netio.Error values carrying the OpenTP1-style code.
+func (c *Client) Call(ctx context.Context, group, service string, payload []byte) ([]byte, error) {
+	return c.call(ctx, netio.KindCall, group, service, payload)
+}
+
+// CallNoReply sends a request whose answer nobody waits for. It returns
+// once the request is written to a node.
+func (c *Client) CallNoReply(ctx context.Context, group, service string, payload []byte) error {
+	_, err := c.call(ctx, netio.KindCallNoReply, group, service, payload)
+	return err
+}
+
+func (c *Client) call(ctx context.Context, kind netio.Kind, group, service string, payload []byte) ([]byte, error) {
+	if len(payload) > c.opts.MaxMessageSize {
+		return nil, &netio.Error{Code: netio.CodeMessageTooBig,
+			Message: fmt.Sprintf("%d bytes, limit %d", len(payload), c.opts.MaxMessageSize)}
+	}
+	if len(group) > netio.MaxNameLen || len(service) > netio.MaxNameLen {
+		return nil, &netio.Error{Code: netio.CodeProtocol, Message: "group or service name longer than 255 bytes"}
+	}
+	timeout := c.opts.WatchTime
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return nil, &netio.Error{Code: netio.CodeTimedOut}
+		}
+	}
+	h := netio.Header{Kind: kind, ID: c.nextID.Add(1)}
+	if timeout > 0 {
+		h.TimeoutMs = uint32(min(timeout.Milliseconds()+1, 1<<32-1))
+	}
+	var lastErr error
+	for range c.hosts {
+		cn, err := c.pick()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		var w *waiter
+		if kind == netio.KindCall {
+			w = cn.register(h.ID)
+		}
+		if err := cn.send(h, group, service, payload); err != nil {
+			cn.unregister(h.ID)
+			c.drop(cn, err)
+			lastErr = err
+			continue
+		}
+		if w == nil {
+			return nil, nil
+		}
+		return cn.wait(ctx, w, timeout)
+	}
+	return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: lastErr.Error()}
+}
+
+// pick returns the connection of the current host, dialing it if needed.
+// With HostChange every call advances to the next host.
+func (c *Client) pick() (*conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errors.New("client closed")
+	}
+	idx := c.cur
+	if c.opts.HostChange {
+		c.cur = (c.cur + 1) % len(c.hosts)
+	}
+	if cn := c.conns[idx]; cn != nil {
+		c.mu.Unlock()
+		return cn, nil
+	}
+	c.mu.Unlock()
+
+	nc, err := net.DialTimeout("tcp", c.hosts[idx], c.opts.DialTimeout)
+	if err != nil {
+		c.advance(idx)
+		return nil, err
+	}
+	cn := newConn(c, idx, nc)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		nc.Close()
+		return nil, errors.New("client closed")
+	}
+	if old := c.conns[idx]; old != nil { // another call dialled first
+		nc.Close()
+		return old, nil
+	}
+	c.conns[idx] = cn
+	go cn.readLoop()
+	return cn, nil
+}
+
+// advance moves off a host that failed, unless another call already did.
+func (c *Client) advance(failed int) {
+	c.mu.Lock()
+	if c.cur == failed {
+		c.cur = (failed + 1) % len(c.hosts)
+	}
+	c.mu.Unlock()
+}
+
+// drop forgets a broken connection and fails the calls waiting on it.
+func (c *Client) drop(cn *conn, err error) {
+	c.mu.Lock()
+	if c.conns[cn.host] == cn {
+		delete(c.conns, cn.host)
+	}
+	c.mu.Unlock()
+	c.advance(cn.host)
+	cn.fail(err)
+}
+
+// Close closes every connection; calls in flight fail with 'network down'.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	conns := c.conns
+	c.conns = map[int]*conn{}
+	c.mu.Unlock()
+	for _, cn := range conns {
+		cn.fail(errors.New("client closed"))
+	}
+	return nil
+}
+
+type result struct {
+	payload []byte
+	err     error
+}
+
+type waiter struct{ ch chan result }
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan result, 1)} }}
+
+// conn is one TCP connection to a node with any number of calls in flight.
+// Writers append frames to a shared buffer; whoever finds no flush under way
+// writes, so concurrent calls share write syscalls.
+type conn struct {
+	c    *Client
+	host int
+	nc   net.Conn
+
+	wmu      sync.Mutex
+	wbuf     []byte
+	flushing bool
+	werr     error
+
+	pmu     sync.Mutex
+	pending map[uint64]*waiter
+	failed  error
+}
+
+func newConn(c *Client, host int, nc net.Conn) *conn {
+	return &conn{c: c, host: host, nc: nc, pending: make(map[uint64]*waiter)}
+}
+
+func (cn *conn) register(id uint64) *waiter {
+	w := waiterPool.Get().(*waiter)
+	cn.pmu.Lock()
+	if cn.failed != nil {
+		w.ch <- result{err: cn.failed}
+	} else {
+		cn.pending[id] = w
+	}
+	cn.pmu.Unlock()
+	return w
+}
+
+func (cn *conn) unregister(id uint64) {
+	cn.pmu.Lock()
+	delete(cn.pending, id)
+	cn.pmu.Unlock()
+}
+
+func (cn *conn) send(h netio.Header, group, service string, payload []byte) error {
+	cn.wmu.Lock()
+	if cn.werr != nil {
+		err := cn.werr
+		cn.wmu.Unlock()
+		return err
+	}
+	cn.wbuf = netio.AppendFrame(cn.wbuf, h, group, service, payload)
+	if cn.flushing {
+		cn.wmu.Unlock()
+		return nil // the flushing writer takes our frame with it
+	}
+	cn.flushing = true
+	var spare []byte
+	for len(cn.wbuf) > 0 && cn.werr == nil {
+		out := cn.wbuf
+		cn.wbuf = spare[:0]
+		cn.wmu.Unlock()
+		_, err := cn.nc.Write(out)
+		cn.wmu.Lock()
+		spare = out
+		if err != nil {
+			cn.werr = err
+		}
+	}
+	cn.flushing = false
+	err := cn.werr
+	cn.wmu.Unlock()
+	return err
+}
+
+func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]byte, error) {
+	var timer <-chan time.Time
+	if _, ok := ctx.Deadline(); !ok && timeout > 0 {
+		// The node answers 'timed out' itself at the deadline; wait a
+		// little longer so its answer, not ours, is what the caller sees.
+		t := time.NewTimer(timeout + time.Second)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case r := <-w.ch:
+		waiterPool.Put(w)
+		return r.payload, r.err
+	case <-ctx.Done():
+	case <-timer:
+	}
+	// The answer may still arrive; leave the waiter to it and the pool.
+	cn.pmu.Lock()
+	for id, pw := range cn.pending {
+		if pw == w {
+			delete(cn.pending, id)
+			break
+		}
+	}
+	cn.pmu.Unlock()
+	if ctx.Err() == context.Canceled {
+		return nil, ctx.Err()
+	}
+	return nil, &netio.Error{Code: netio.CodeTimedOut}
+}
+
+// readLoop reads answers and hands each to the call waiting for its id.
+func (cn *conn) readLoop() {
+	r := bufio.NewReaderSize(cn.nc, 64<<10)
+	var hdr [netio.HeaderSize]byte
+	var err error
+	for {
+		if _, err = io.ReadFull(r, hdr[:]); err != nil {
+			break
+		}
+		var n int
+		// Error messages ride in the payload too, so allow a little slack.
+		if n, err = netio.FrameLen(hdr[:], cn.c.opts.MaxMessageSize+64<<10); err != nil {
+			break
+		}
+		buf := make([]byte, n) // the reply payload handed to the caller
+		copy(buf, hdr[:])
+		if _, err = io.ReadFull(r, buf[netio.HeaderSize:]); err != nil {
+			break
+		}
+		var f netio.Frame
+		if f, _, err = netio.Decode(buf, n); err != nil {
+			break
+		}
+		cn.deliver(f)
+	}
+	cn.c.drop(cn, err)
+}
+
+func (cn *conn) deliver(f netio.Frame) {
+	cn.pmu.Lock()
+	w := cn.pending[f.ID]
+	delete(cn.pending, f.ID)
+	cn.pmu.Unlock()
+	if w == nil {
+		return // the caller gave up already
+	}
+	switch f.Kind {
+	case netio.KindReply:
+		w.ch <- result{payload: f.Payload}
+	case netio.KindError:
+		w.ch <- result{err: &netio.Error{Code: f.Code, Message: string(f.Payload)}}
+	default:
+		w.ch <- result{err: &netio.Error{Code: netio.CodeProtocol, Message: "unexpected " + f.Kind.String() + " frame"}}
+	}
+}
+
+// fail closes the connection and fails every call waiting on it.
+func (cn *conn) fail(err error) {
+	if err == nil || errors.Is(err, io.EOF) {
+		err = errors.New("connection closed by the node")
+	}
+	cn.nc.Close()
+	cn.pmu.Lock()
+	if cn.failed == nil {
+		cn.failed = err
+	}
+	pending := cn.pending
+	cn.pending = map[uint64]*waiter{}
+	cn.pmu.Unlock()
+	for _, w := range pending {
+		w.ch <- result{err: &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}}
+	}
+}

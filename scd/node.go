@@ -1,0 +1,403 @@
+// Package scd is the schedule service of a node: it wires the service
+// groups' shared-memory schedule queues, the UAP processes that serve them
+// and the RPC port together. A call arrives as a frame from netio, is
+// checked (group, service, hold, size), put on its group's queue and
+// answered when a UAP completes it, when its watch_time passes, or when the
+// UAP serving it dies. scd never parses bytes off the wire itself; netio
+// hands it frames.
+//
+// # Usage
+//
+//	cfg, _ := def.Load(dir)
+//	n, err := scd.New(cfg, scd.Options{})
+//	err = n.Start()       // processes, queues, RPC port, control API
+//	...
+//	err = n.Drain(ctx)    // refuse new calls, finish queued ones, stop UAPs
+package scd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/netio"
+	"tpsched/procmgr"
+	"tpsched/scd/def"
+	"tpsched/shm"
+)
+
+// Options are the parts of a node that do not come from the definitions.
+type Options struct {
+	Logger *slog.Logger
+	// ModuleDirs are searched for a module given by bare name, after the
+	// definition directory's aplib/ and before $PATH. scdd passes its own
+	// directory, so the demo finds uap-echo beside it.
+	ModuleDirs []string
+	// DrainTimeout bounds how long Drain waits for queued calls; default 30 s.
+	DrainTimeout time.Duration
+}
+
+// Node is one running schedule service.
+type Node struct {
+	cfg  *def.Config
+	opts Options
+	log  *slog.Logger
+
+	groups   map[string]*group
+	order    []*group // by name, for status output
+	pm       *procmgr.Manager
+	rpc      *netio.Server
+	admin    *http.Server
+	adminLn  net.Listener
+	metrics  *metrics.Set
+	draining atomic.Bool
+	stop     chan struct{}
+	wg       sync.WaitGroup
+
+	badRequests *metrics.Counter
+}
+
+// New checks the configuration against the machine (modules exist, groups
+// are unique) and builds the node without starting anything.
+func New(cfg *def.Config, opts Options) (*Node, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.DrainTimeout == 0 {
+		opts.DrainTimeout = 30 * time.Second
+	}
+	n := &Node{
+		cfg: cfg, opts: opts, log: opts.Logger,
+		groups:  make(map[string]*group),
+		metrics: metrics.NewSet(),
+		stop:    make(chan struct{}),
+	}
+	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
+	for _, s := range cfg.Servers {
+		if other, ok := n.groups[s.ServiceGroup]; ok {
+			return nil, fmt.Errorf("%s: service_group: %q is served by %s already", s.File, s.ServiceGroup, other.def.File)
+		}
+		if s.ReceiveFrom != def.ReceiveQueue {
+			return nil, fmt.Errorf("%s: receive_from: socket is not supported yet; use queue", s.File)
+		}
+		module, err := n.resolveModule(s.Module)
+		if err != nil {
+			return nil, fmt.Errorf("%s: module: %w", s.File, err)
+		}
+		s.Module = module
+		g := &group{
+			name:     s.ServiceGroup,
+			def:      s,
+			services: make(map[string]string, len(s.Services)),
+			pending:  make(map[shm.Token]*call),
+			watch:    s.WatchTime,
+		}
+		for _, svc := range s.Services {
+			g.services[svc.Name] = svc.Name
+		}
+		n.groups[g.name] = g
+		n.order = append(n.order, g)
+	}
+	sort.Slice(n.order, func(i, j int) bool { return n.order[i].name < n.order[j].name })
+	return n, nil
+}
+
+// resolveModule finds a UAP executable: absolute, relative to the
+// definition directory, or by bare name in aplib/, ModuleDirs and $PATH.
+func (n *Node) resolveModule(m string) (string, error) {
+	if filepath.IsAbs(m) {
+		return m, checkExecutable(m)
+	}
+	if filepath.Base(m) != m {
+		p := filepath.Join(n.cfg.Dir, m)
+		return p, checkExecutable(p)
+	}
+	var dirs []string
+	if n.cfg.Dir != "" {
+		dirs = append(dirs, filepath.Join(n.cfg.Dir, "aplib"))
+	}
+	dirs = append(dirs, n.opts.ModuleDirs...)
+	for _, d := range dirs {
+		p := filepath.Join(d, m)
+		if checkExecutable(p) == nil {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath(m)
+	if err != nil {
+		return "", fmt.Errorf("%q not found in %v or $PATH", m, dirs)
+	}
+	return p, nil
+}
+
+func checkExecutable(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", p)
+	}
+	return nil
+}
+
+// Start creates the schedule queues, starts the UAP processes, then opens
+// the RPC port and the control/metrics endpoint. On error everything
+// already started is stopped again.
+func (n *Node) Start() (err error) {
+	n.pm = procmgr.New(n.log)
+	defer func() {
+		if err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			n.shutdown(ctx)
+		}
+	}()
+	for _, g := range n.order {
+		if err := n.startGroup(g); err != nil {
+			return err
+		}
+	}
+	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
+	n.rpc, err = netio.Listen(netio.Options{
+		Addr:       rpcAddr,
+		Loops:      n.cfg.Sched.Multi,
+		// Any frame a definition could allow is read whole, so one over its
+		// group's max_message_size is answered 'message too big' and the
+		// connection stays; only frames no group could take are bad.
+		MaxPayload: def.MaxMaxMessageSize,
+		Metrics:    n.metrics,
+		Logger:     n.log,
+	}, n)
+	if err != nil {
+		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
+	}
+	if err := n.startAdmin(); err != nil {
+		return err
+	}
+	n.wg.Add(1)
+	go n.expireLoop()
+	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "control", n.adminLn.Addr().String(),
+		"groups", len(n.order))
+	return nil
+}
+
+func (n *Node) startGroup(g *group) error {
+	s := &g.def
+	seg, err := shm.Create("tpsched-"+g.name, shm.Layout{
+		Slots:      s.QueueSize,
+		MaxMessage: s.MaxMessageSize,
+		Processes:  s.MaxProcesses,
+	})
+	if err != nil {
+		return fmt.Errorf("%s: schedule queue: %w", s.File, err)
+	}
+	g.seg = seg
+	lbl := `{group="` + g.name + `"}`
+	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
+	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
+	g.latency = n.metrics.NewHistogram(`tpsched_request_duration_seconds` + lbl)
+	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(seg.Stats().Depth) })
+	n.metrics.NewGauge(`tpsched_requests_queued_total`+lbl, func() float64 { return float64(seg.Stats().Queued) })
+	n.metrics.NewGauge(`tpsched_requests_processed_total`+lbl, func() float64 { return float64(seg.Stats().Done) })
+	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
+	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
+		if g.procs == nil {
+			return 0
+		}
+		return float64(g.procs.Running())
+	})
+	g.procs, err = n.pm.Start(procmgr.Spec{
+		Server:   s.Name,
+		Group:    g.name,
+		Module:   s.Module,
+		Env:      s.Env,
+		Segment:  seg.File(),
+		Resident: s.Resident,
+	}, procmgr.Hooks{
+		Prepare: seg.PrepareSlot,
+		Exited: func(slot, pid int, err error) {
+			g.processExited(slot)
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", s.File, err)
+	}
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); g.readReplies(n.stop) }()
+	return nil
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// expireLoop answers callers whose watch_time has passed.
+func (n *Node) expireLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case now := <-t.C:
+			for _, g := range n.order {
+				g.expire(now)
+			}
+		}
+	}
+}
+
+// OnFrame takes one frame off a receiving socket. It runs on a gnet event
+// loop and must not block: checks, one enqueue, and an immediate answer
+// when the call is refused.
+func (n *Node) OnFrame(c *netio.Conn, f netio.Frame) {
+	switch f.Kind {
+	case netio.KindCall, netio.KindCallNoReply:
+	default:
+		n.badRequests.Inc()
+		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "a node takes calls, not "+f.Kind.String()))
+		return
+	}
+	code, msg := n.schedule(c, &f)
+	if code != netio.CodeOK && f.Kind == netio.KindCall {
+		c.SendNow(netio.AppendError(nil, f.ID, code, msg))
+	}
+}
+
+func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
+	if n.draining.Load() {
+		return netio.CodeShuttingDown, ""
+	}
+	g := n.groups[string(f.Group)]
+	if g == nil {
+		return netio.CodeNoSuchGroup, string(f.Group)
+	}
+	service, ok := g.services[string(f.Service)]
+	if !ok {
+		return netio.CodeNoSuchService, string(f.Group) + "/" + string(f.Service)
+	}
+	if g.held.Load() {
+		return netio.CodeServiceClosed, g.name + " is held"
+	}
+	if len(f.Payload) > g.def.MaxMessageSize {
+		return netio.CodeMessageTooBig, fmt.Sprintf("%d bytes, max_message_size %d", len(f.Payload), g.def.MaxMessageSize)
+	}
+	code := g.enqueue(c, f, service, time.Now())
+	if code == netio.CodeServerBusy {
+		g.refused.Inc()
+		return code, fmt.Sprintf("schedule queue of %s is full (queue_size %d)", g.name, g.def.QueueSize)
+	}
+	return code, ""
+}
+
+// OnClose is called when a caller's connection closes. Calls in flight for
+// it still run; their answers are dropped by netio.
+func (n *Node) OnClose(c *netio.Conn) {}
+
+// Hold stops a group from taking new calls ('service closed'); queued calls
+// are still served.
+func (n *Node) Hold(name string) error { return n.setHeld(name, true) }
+
+// Release lets a held group take calls again.
+func (n *Node) Release(name string) error { return n.setHeld(name, false) }
+
+func (n *Node) setHeld(name string, held bool) error {
+	g := n.groups[name]
+	if g == nil {
+		return &netio.Error{Code: netio.CodeNoSuchGroup, Message: name}
+	}
+	g.held.Store(held)
+	n.log.Info("service group "+map[bool]string{true: "held", false: "released"}[held], "group", name)
+	return nil
+}
+
+// RPCAddr is the address the RPC port listens on.
+func (n *Node) RPCAddr() string { return n.rpc.Addr() }
+
+// ControlAddr is the address of /metrics and the control API.
+func (n *Node) ControlAddr() string { return n.adminLn.Addr().String() }
+
+// Drain refuses new calls, waits until every queued call is answered (or
+// ctx or DrainTimeout ends), then stops the UAPs and closes the ports.
+func (n *Node) Drain(ctx context.Context) error {
+	n.draining.Store(true)
+	n.log.Info("draining: new calls are refused")
+	ctx, cancel := context.WithTimeout(ctx, n.opts.DrainTimeout)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	var left int
+	for {
+		left = 0
+		for _, g := range n.order {
+			left += g.inFlight()
+		}
+		if left == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Warn("drain timed out", "calls_left", left)
+		case <-t.C:
+			continue
+		}
+		break
+	}
+	stopCtx, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	err := n.shutdown(stopCtx)
+	if left > 0 {
+		err = errors.Join(err, fmt.Errorf("drain: %d call(s) were still in flight", left))
+	}
+	return err
+}
+
+// shutdown stops whatever has been started, in the reverse order.
+func (n *Node) shutdown(ctx context.Context) error {
+	var errs []error
+	for _, g := range n.order {
+		if g.seg != nil {
+			errs = append(errs, g.seg.Close()) // UAPs drain and exit
+		}
+	}
+	for _, g := range n.order {
+		if g.procs != nil {
+			errs = append(errs, g.procs.Stop(ctx))
+		}
+	}
+	if n.rpc != nil {
+		errs = append(errs, n.rpc.Stop(ctx))
+	}
+	if n.admin != nil {
+		errs = append(errs, n.admin.Shutdown(ctx))
+	}
+	close(n.stop)
+	n.wg.Wait()
+	for _, g := range n.order {
+		if g.seg != nil {
+			errs = append(errs, g.seg.Unmap())
+		}
+	}
+	if n.pm != nil {
+		n.pm.Close()
+	}
+	return errors.Join(errs...)
+}
