@@ -1,0 +1,228 @@
+// Command scdctl drives a tpsched node: call a service, show the schedule
+// queues and processes, hold and release service groups. It finds the local
+// node by default (127.0.0.1 on the default ports); -c DIR reads the ports
+// from that definition directory's sysconf, -H and -a name them outright.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd"
+	"tpsched/scd/client"
+	"tpsched/scd/def"
+)
+
+const usage = `usage: scdctl [flags] COMMAND [ARGS]
+
+Commands:
+  call GROUP SERVICE [DATA]   call a service and print its reply (DATA "-" reads stdin)
+  status [--json]             service groups, queue depths and processes
+  hold GROUP                  refuse new calls to GROUP ('service closed')
+  release GROUP               let GROUP take calls again
+
+Flags:
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("scdctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dir := fs.String("c", os.Getenv("DCCONFPATH"), "definition directory whose sysconf names the node's ports")
+	rpc := fs.String("H", os.Getenv("TPSCHED_RPC"), "RPC address host:port of the node (default from sysconf, else 127.0.0.1:12000)")
+	ctl := fs.String("a", os.Getenv("TPSCHED_CONTROL"), "control address host:port of the node (default from sysconf, else "+def.DefaultMetricsAddress+")")
+	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	if err := resolveAddrs(*dir, rpc, ctl); err != nil {
+		fmt.Fprintln(stderr, "scdctl:", err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	var err error
+	switch cmd {
+	case "call":
+		err = call(ctx, *rpc, rest, stdout)
+	case "status":
+		err = status(ctx, *ctl, rest, stdout)
+	case "hold", "release":
+		err = control(ctx, *ctl, cmd, rest)
+	case "help", "-h", "--help":
+		fs.Usage()
+		return 0
+	default:
+		fmt.Fprintf(stderr, "scdctl: unknown command %q\n", cmd)
+		fs.Usage()
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "scdctl:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
+// resolveAddrs fills the addresses the flags left empty: from the
+// definition directory's sysconf when given, else the embedded defaults.
+func resolveAddrs(dir string, rpc, ctl *string) error {
+	if *rpc != "" && *ctl != "" {
+		return nil
+	}
+	sys := def.System{RPCAddress: "127.0.0.1", RPCPort: def.DefaultRPCPort, MetricsAddress: def.DefaultMetricsAddress}
+	if dir != "" {
+		cfg, err := def.Load(dir)
+		if err != nil {
+			return err
+		}
+		sys = cfg.System
+	}
+	host := sys.RPCAddress
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	if *rpc == "" {
+		*rpc = net.JoinHostPort(host, strconv.Itoa(sys.RPCPort))
+	}
+	if *ctl == "" {
+		*ctl = sys.MetricsAddress
+	}
+	return nil
+}
+
+func call(ctx context.Context, rpc string, args []string, stdout io.Writer) error {
+	if len(args) < 2 || len(args) > 3 {
+		return usageError("call GROUP SERVICE [DATA]")
+	}
+	var data []byte
+	if len(args) == 3 {
+		data = []byte(args[2])
+		if args[2] == "-" {
+			var err error
+			if data, err = io.ReadAll(os.Stdin); err != nil {
+				return err
+			}
+		}
+	}
+	c, err := client.New(client.Options{Hosts: []string{rpc}, MaxMessageSize: def.MaxMaxMessageSize})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	reply, err := c.Call(ctx, args[0], args[1], data)
+	if err != nil {
+		var te *netio.Error
+		if errors.As(err, &te) && te.Code == netio.CodeNetworkDown {
+			return fmt.Errorf("%w (is scdd running at %s?)", err, rpc)
+		}
+		return err
+	}
+	stdout.Write(reply)
+	if len(reply) > 0 && reply[len(reply)-1] != '\n' {
+		io.WriteString(stdout, "\n")
+	}
+	return nil
+}
+
+func status(ctx context.Context, ctl string, args []string, stdout io.Writer) error {
+	asJSON := len(args) == 1 && (args[0] == "--json" || args[0] == "-json")
+	if len(args) > 1 || (len(args) == 1 && !asJSON) {
+		return usageError("status [--json]")
+	}
+	body, err := httpDo(ctx, http.MethodGet, "http://"+ctl+"/status")
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	var st scd.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		return fmt.Errorf("status from %s: %w", ctl, err)
+	}
+	fmt.Fprintf(stdout, "node %s  rpc %s", st.Node, st.RPC)
+	if st.Draining {
+		fmt.Fprint(stdout, "  DRAINING")
+	}
+	fmt.Fprintln(stdout)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES")
+	for _, g := range st.Groups {
+		state := "open"
+		if g.Held {
+			state = "held"
+		}
+		var procs []string
+		for _, p := range g.Processes {
+			if p.PID != 0 {
+				procs = append(procs, strconv.Itoa(p.PID))
+			} else {
+				procs = append(procs, string(p.State))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%s\n", g.Group, g.Server, state,
+			g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed, strings.Join(procs, ","))
+	}
+	return tw.Flush()
+}
+
+func control(ctx context.Context, ctl, verb string, args []string) error {
+	if len(args) != 1 {
+		return usageError(verb + " GROUP")
+	}
+	_, err := httpDo(ctx, http.MethodPost, "http://"+ctl+"/"+verb+"?group="+url.QueryEscape(args[0]))
+	return err
+}
+
+func httpDo(ctx context.Context, method, u string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w (is scdd running? its control address is metrics_address in sysconf)", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		return nil, errors.New(strings.TrimSpace(string(bytes.TrimSpace(body))))
+	}
+	return body, nil
+}

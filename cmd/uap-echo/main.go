@@ -1,0 +1,82 @@
+// Command uap-echo is the example UAP: a worker process that scdd starts to
+// serve a service group from its shared-memory schedule queue. It is what
+// the demo, the tests and the benchmarks run, and the model for UAP authors:
+// it imports nothing of tpsched but shm.
+//
+// Services:
+//
+//	echo   replies with the request
+//	sleep  sleeps the number of milliseconds in the request (decimal text)
+//	burn   spins the CPU for the number of microseconds in the request
+//	fail   returns an application error
+//	crash  dies in the middle of the call (a panic), as a broken UAP would
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"tpsched/shm"
+)
+
+func main() {
+	srv, err := shm.Attach()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "uap-echo:", err)
+		os.Exit(2)
+	}
+	srv.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	srv.Handle("sleep", func(req []byte) ([]byte, error) {
+		ms, err := number(req)
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		return req, nil
+	})
+	srv.Handle("burn", func(req []byte) ([]byte, error) {
+		us, err := number(req)
+		if err != nil {
+			return nil, err
+		}
+		burn(time.Duration(us) * time.Microsecond)
+		return req, nil
+	})
+	srv.Handle("fail", func(req []byte) ([]byte, error) {
+		return nil, errors.New("failure requested")
+	})
+	srv.Handle("crash", func(req []byte) ([]byte, error) {
+		panic("uap-echo: crash requested")
+	})
+	if err := srv.Serve(); err != nil {
+		fmt.Fprintln(os.Stderr, "uap-echo:", err)
+		os.Exit(1)
+	}
+}
+
+func number(req []byte) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(string(req)), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("want a non-negative decimal number, got %q", req)
+	}
+	return n, nil
+}
+
+// burn keeps the CPU busy for d of wall time, checking the clock rarely so
+// the loop itself is the work.
+func burn(d time.Duration) {
+	end := time.Now().Add(d)
+	x := uint64(1)
+	for time.Now().Before(end) {
+		for range 1000 {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+	}
+	sink = x
+}
+
+var sink uint64

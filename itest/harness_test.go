@@ -1,0 +1,228 @@
+// Package itest holds the integration tests: they build the real scdd,
+// scdctl and uap-echo binaries, start real nodes on loopback with real UAP
+// processes, and talk to them over real sockets.
+package itest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"tpsched/scd"
+	"tpsched/scd/client"
+)
+
+var binDir string // where TestMain built the binaries
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "tpsched-itest-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		binDir = dir
+		build := exec.Command("go", "build", "-o", dir+"/", "tpsched/cmd/scdd", "tpsched/cmd/scdctl", "tpsched/cmd/uap-echo")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "itest: building the binaries:", err)
+			return 1
+		}
+		return m.Run()
+	}())
+}
+
+func bin(name string) string { return filepath.Join(binDir, name) }
+
+// freePort returns a loopback port nothing listens on right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// defDir writes a definition directory: sysconf with fresh ports, then one
+// usr file per entry of servers (name -> body; "MODULE" in a body becomes
+// the path of uap-echo).
+func defDir(t *testing.T, sysconf string, servers map[string]string) (dir string, rpc, ctl string) {
+	t.Helper()
+	dir = t.TempDir()
+	rpcPort, ctlPort := freePort(t), freePort(t)
+	rpc = fmt.Sprintf("127.0.0.1:%d", rpcPort)
+	ctl = fmt.Sprintf("127.0.0.1:%d", ctlPort)
+	sys := fmt.Sprintf("set node_id = \"itest\"\nset rpc_address = \"127.0.0.1\"\nset rpc_port = %d\nset metrics_address = %q\n%s",
+		rpcPort, ctl, sysconf)
+	must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
+	must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
+	for name, body := range servers {
+		body = strings.ReplaceAll(body, "MODULE", fmt.Sprintf("%q", bin("uap-echo")))
+		must(t, os.WriteFile(filepath.Join(dir, "usr", name), []byte(body), 0o644))
+	}
+	return dir, rpc, ctl
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// node is a running scdd process.
+type node struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	rpc    string
+	ctl    string
+	stderr *syncBuffer
+	done   chan struct{}
+	err    error // exit status, once done is closed
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startNode starts scdd with args and waits until its control API answers.
+// The node is stopped (SIGTERM, then SIGKILL of its process group) when
+// the test ends, whatever happened.
+func startNode(t *testing.T, rpc, ctl string, args ...string) *node {
+	t.Helper()
+	n := &node{t: t, rpc: rpc, ctl: ctl, stderr: &syncBuffer{}, done: make(chan struct{})}
+	n.cmd = exec.Command(bin("scdd"), args...)
+	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
+	n.cmd.Stderr = n.stderr
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	must(t, n.cmd.Start())
+	go func() { n.err = n.cmd.Wait(); close(n.done) }()
+	t.Cleanup(func() {
+		n.signal(syscall.SIGTERM)
+		select {
+		case <-n.done:
+		case <-time.After(15 * time.Second):
+			_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+			<-n.done
+		}
+		if t.Failed() {
+			t.Logf("scdd stderr:\n%s", n.stderr.String())
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if _, err := n.status(); err == nil {
+			return n
+		}
+		select {
+		case <-n.done:
+			t.Fatalf("scdd exited at start: %v\n%s", n.err, n.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("scdd did not answer on %s within 15 s\n%s", ctl, n.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (n *node) signal(sig syscall.Signal) { _ = n.cmd.Process.Signal(sig) }
+
+func (n *node) status() (scd.Status, error) {
+	var st scd.Status
+	resp, err := http.Get("http://" + n.ctl + "/status")
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("status: %s", resp.Status)
+	}
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+func (n *node) metrics() string {
+	n.t.Helper()
+	resp, err := http.Get("http://" + n.ctl + "/metrics")
+	must(n.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	must(n.t, err)
+	return string(b)
+}
+
+func (n *node) client(opts ...func(*client.Options)) *client.Client {
+	n.t.Helper()
+	o := client.Options{Hosts: []string{n.rpc}, MaxMessageSize: 8 << 20}
+	for _, f := range opts {
+		f(&o)
+	}
+	c, err := client.New(o)
+	must(n.t, err)
+	n.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// scdctl runs the real scdctl against the node and returns its output.
+func (n *node) scdctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("scdctl"), append([]string{"-H", n.rpc, "-a", n.ctl}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// waitExit waits for scdd to exit and returns its status.
+func (n *node) waitExit(d time.Duration) error {
+	n.t.Helper()
+	select {
+	case <-n.done:
+		return n.err
+	case <-time.After(d):
+		n.t.Fatalf("scdd did not exit within %v", d)
+		return nil
+	}
+}
+
+func groupStatus(t *testing.T, n *node, group string) scd.GroupStatus {
+	t.Helper()
+	st, err := n.status()
+	must(t, err)
+	for _, g := range st.Groups {
+		if g.Group == group {
+			return g
+		}
+	}
+	t.Fatalf("group %s not in status %+v", group, st)
+	return scd.GroupStatus{}
+}
+
+func pidAlive(pid int) bool { return syscall.Kill(pid, 0) == nil }
