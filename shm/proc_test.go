@@ -51,7 +51,7 @@ type uap struct {
 }
 
 // startUAP runs the helper UAP in control block slot, killed at cleanup.
-func startUAP(tb testing.TB, s *Segment, slot int) *uap {
+func startUAP(tb testing.TB, s *Segment, slot int, env ...string) *uap {
 	tb.Helper()
 	if err := s.PrepareSlot(slot); err != nil {
 		tb.Fatal(err)
@@ -59,6 +59,7 @@ func startUAP(tb testing.TB, s *Segment, slot int) *uap {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperUAP$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1", "TPSCHED_SHM_FD=3",
 		"TPSCHED_PROC_SLOT="+strconv.Itoa(slot))
+	cmd.Env = append(cmd.Env, env...)
 	cmd.ExtraFiles = []*os.File{s.File()}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -215,6 +216,71 @@ func TestCrossProcessCloseDrains(t *testing.T) {
 	}
 	if got, ok := s.Reclaim(0); ok {
 		t.Fatalf("Reclaim after a clean exit = %x", got)
+	}
+}
+
+// RequestStop lets the process finish the request it holds, then its
+// Serve returns and the process exits 0; queued requests stay for others.
+func TestCrossProcessRequestStop(t *testing.T) {
+	s := newSeg(t, Layout{Slots: 8, MaxMessage: 64, Processes: 2})
+	u := startUAP(t, s, 0)
+	if _, err := s.Enqueue("sleep", []byte("200ms"), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	poll(ctx, t, "the UAP to take the sleep", func() bool { return s.SlotInfo(0).State == SlotBusy })
+	s.RequestStop(0)
+	if _, err := s.Enqueue("echo", []byte("left for another"), time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	cs := waitN(t, s, 1, 10*time.Second)
+	if cs[0].Status != StatusOK || string(cs[0].Reply) != "200ms" {
+		t.Fatalf("the request in hand: %v %q", cs[0].Status, cs[0].Reply)
+	}
+	s.Release(cs[0].Token)
+	if err := u.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("stopped UAP exit: %v", err)
+	}
+	if got := s.Stats().Depth; got != 1 {
+		t.Fatalf("queue depth after the stop %d, want the echo still queued", got)
+	}
+	if _, ok := s.Reclaim(0); ok {
+		t.Fatal("a stopped process held a request")
+	}
+	startUAP(t, s, 1) // another process takes what is left
+	cs = waitN(t, s, 1, 10*time.Second)
+	if string(cs[0].Reply) != "left for another" {
+		t.Fatalf("got %q", cs[0].Reply)
+	}
+	// The completion is pushed before the control block says idle.
+	poll(ctx, t, "slot 1 idle after serving 1", func() bool {
+		info := s.SlotInfo(1)
+		return info.Served == 1 && info.State == SlotIdle
+	})
+}
+
+// In refresh mode a process serves one request and exits 0.
+func TestCrossProcessRefresh(t *testing.T) {
+	s := newSeg(t, Layout{Slots: 8, MaxMessage: 64, Processes: 1})
+	for i := range 3 {
+		if _, err := s.Enqueue("echo", []byte{byte(i)}, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		u := startUAP(t, s, 0, "TPSCHED_REFRESH=1")
+		cs := waitN(t, s, 1, 10*time.Second)
+		if cs[0].Reply[0] != byte(i) {
+			t.Fatalf("refresh %d served %v", i, cs[0].Reply)
+		}
+		s.Release(cs[0].Token)
+		if err := u.wait(t, 10*time.Second); err != nil {
+			t.Fatalf("refresh process %d exit: %v", i, err)
+		}
+		if got := s.Stats().Depth; got != 2-i {
+			t.Fatalf("after refresh process %d the queue holds %d, want %d", i, got, 2-i)
+		}
 	}
 }
 

@@ -124,7 +124,8 @@ type ctrlBlock struct {
 	claim     atomic.Uint64 // schedule queue position+1 being taken
 	compClaim atomic.Uint64 // completion ring position+1 being pushed
 	served    atomic.Uint64
-	_         [cbSize - 40]byte
+	stop      atomic.Uint32 // set by the scheduler: take no further request
+	_         [cbSize - 44]byte
 }
 
 // Compile-time layout checks.
@@ -597,6 +598,7 @@ func (s *Segment) reclaim(slot int) (Token, bool) {
 	cb.token.Store(0)
 	cb.pid.Store(0)
 	cb.served.Store(0)
+	cb.stop.Store(0)
 	cb.state.Store(stateFree)
 	return tok, found
 }
@@ -641,6 +643,58 @@ func (s *Segment) awaitClaim(slot int, r *ring, pos, want uint64, kind claimKind
 		runtime.Gosched()
 		time.Sleep(20 * time.Microsecond)
 	}
+}
+
+// SlotState is the life stage of a control block.
+type SlotState uint32
+
+const (
+	SlotFree     SlotState = stateFree     // no process
+	SlotAttached SlotState = stateAttached // mapped, not yet waiting for work
+	SlotIdle     SlotState = stateIdle     // waiting for a request
+	SlotBusy     SlotState = stateBusy     // serving a request
+)
+
+func (s SlotState) String() string {
+	switch s {
+	case SlotFree:
+		return "free"
+	case SlotAttached:
+		return "attached"
+	case SlotIdle:
+		return "idle"
+	case SlotBusy:
+		return "busy"
+	}
+	return fmt.Sprintf("state(%d)", uint32(s))
+}
+
+// SlotInfo is what a control block says about its process.
+type SlotInfo struct {
+	State  SlotState
+	PID    int
+	Served uint64 // requests it completed
+}
+
+// SlotInfo reads control block slot.
+func (s *Segment) SlotInfo(slot int) SlotInfo {
+	if s.checkSlot(slot) != nil {
+		return SlotInfo{}
+	}
+	cb := s.cb(slot)
+	return SlotInfo{State: SlotState(cb.state.Load()), PID: int(cb.pid.Load()), Served: cb.served.Load()}
+}
+
+// RequestStop asks the process in slot to take no further request: its
+// Serve returns nil once it holds none. A request it has taken is finished
+// first, so stopping a process never fails a call.
+func (s *Segment) RequestStop(slot int) {
+	if s.checkSlot(slot) != nil {
+		return
+	}
+	s.cb(slot).stop.Store(1)
+	s.hdr.qFutex.Add(1)
+	futexWake(&s.hdr.qFutex, 1<<30)
 }
 
 // Stats reads the queue counters.

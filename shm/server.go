@@ -29,6 +29,8 @@ type Server struct {
 	handlers map[string]HandlerFunc
 	spin     spinner
 	name     [maxName]byte
+	refresh  bool // serve one request, then stop (scd_refresh_process)
+	served   bool
 }
 
 // Attach attaches the calling process, started by scdd, to its schedule queue:
@@ -57,6 +59,11 @@ func Attach() (*Server, error) {
 	f := os.NewFile(uintptr(fd), "tpsched-shm")
 	srv, err := AttachFile(f, slot)
 	f.Close() // the Server keeps its own duplicate
+	if srv != nil {
+		// scd_refresh_process: the scheduler replaces this process after
+		// each request.
+		srv.refresh = os.Getenv("TPSCHED_REFRESH") == "1"
+	}
 	return srv, err
 }
 
@@ -149,20 +156,30 @@ func (s *Server) Serve() error {
 }
 
 // ServeOne waits for exactly one request, serves it and returns. It returns
-// ErrClosed once the segment is closed and the queue drained (and marks the
-// control block free).
+// ErrClosed once the segment is closed and the queue drained, once the
+// scheduler asked this process to stop, or, in refresh mode, after the one
+// request the process exists for (and then marks the control block free).
 func (s *Server) ServeOne() error {
 	if s.mem == nil {
 		return ErrClosed
 	}
+	if s.refresh && s.served {
+		s.leave()
+		return ErrClosed
+	}
 	pos, ok := s.next()
 	if !ok {
-		s.cb.pid.Store(0)
-		s.cb.state.Store(stateFree)
+		s.leave()
 		return ErrClosed
 	}
 	s.serve(pos)
+	s.served = true
 	return nil
+}
+
+func (s *Server) leave() {
+	s.cb.pid.Store(0)
+	s.cb.state.Store(stateFree)
 }
 
 func (s *Server) ready() bool { return s.q.ready() }
@@ -172,6 +189,9 @@ func (s *Server) ready() bool { return s.q.ready() }
 func (s *Server) next() (uint64, bool) {
 	if s.cb.state.Load() == stateAttached {
 		s.cb.state.Store(stateIdle)
+	}
+	if s.cb.stop.Load() != 0 {
+		return 0, false
 	}
 	claim := &s.cb.claim
 	if pos, ok := s.q.take(claim); ok {
@@ -186,6 +206,9 @@ func (s *Server) next() (uint64, bool) {
 	}
 	h := s.hdr
 	for {
+		if s.cb.stop.Load() != 0 {
+			return 0, false
+		}
 		closed := h.closed.Load() == 2 // before the last look at the queue
 		h.qWaiters.Add(1)
 		v := h.qFutex.Load()

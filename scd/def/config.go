@@ -37,6 +37,7 @@ type System struct {
 	AllNodes       []string      // all_node: host[:port] of every node (port default rpc_port), this one included; at most 128 (002), as written
 	MetricsAddress string        // metrics_address: host:port of /metrics and the control API; default "127.0.0.1:12001"
 	WatchTime      time.Duration // watch_time (seconds, 0..65535): how long a caller waits for an answer; default 180 s, 0 = forever
+	MemoryReserve  int64         // memory_reserve (MiB in the file, bytes here): below this much MemAvailable a non-resident process starts only after another ends; 0 = no gate
 	MaxProcesses   int           // max_processes: node-wide cap on UAP processes, at least the sum of resident ones; 0 = no cap
 }
 
@@ -74,6 +75,7 @@ type Server struct {
 	Resident          int           // parallel_count first value, 0..1024; default 1
 	MaxProcesses      int           // parallel_count second value, 1..1024, >= Resident; default = Resident
 	BalanceCount      int           // balance_count, 0..4096; default 3
+	NonResidentIdle   time.Duration // nonresident_idle_time (milliseconds, 0..3600000): how long a non-resident process idles before it may stop; default 500 ms (tpsched: keeps the balance_count rule from flapping)
 	SchedulePriority  int           // schedule_priority 1 (highest) .. 16 (lowest); default 8
 	RefreshProcess    bool          // scd_refresh_process; default N; Y needs resident 0 and balance_count 0 (002)
 	LoadCheckInterval time.Duration // loadcheck_interval (seconds, 0..65535); default 30 s; 0 = no load check
@@ -106,13 +108,14 @@ type Client struct {
 
 // Defaults.
 const (
-	DefaultRPCPort        = 12000
-	DefaultMetricsAddress = "127.0.0.1:12001"
-	DefaultWatchTime      = 180 * time.Second
-	DefaultMaxMessageSize = 1 << 20
-	MaxMaxMessageSize     = 8 << 20
-	DefaultQueueSize      = 256
-	MaxNodes              = 128 // all_node and dchost entries (002: at most 128 nodes)
-	DefaultCacheEntries   = 64  // dccache
-	DefaultCacheTime      = 30 * time.Second
+	DefaultRPCPort         = 12000
+	DefaultMetricsAddress  = "127.0.0.1:12001"
+	DefaultWatchTime       = 180 * time.Second
+	DefaultMaxMessageSize  = 1 << 20
+	MaxMaxMessageSize      = 8 << 20
+	DefaultQueueSize       = 256
+	MaxNodes               = 128 // all_node and dchost entries (002: at most 128 nodes)
+	DefaultNonResidentIdle = 500 * time.Millisecond
+	DefaultCacheEntries    = 64 // dccache
+	DefaultCacheTime       = 30 * time.Second
 )

@@ -78,6 +78,11 @@ var systemOperands = map[string]handler[System]{
 		s.MaxProcesses, err = intIn(v, 0, 1<<20)
 		return err
 	},
+	"memory_reserve": func(s *System, v []string) (err error) {
+		mib, err := intIn(v, 0, 1<<24)
+		s.MemoryReserve = int64(mib) << 20
+		return err
+	},
 }
 
 func defaultSched() Sched {
@@ -112,6 +117,7 @@ func defaultServer() Server {
 		Resident:          1,
 		MaxProcesses:      1,
 		BalanceCount:      3,
+		NonResidentIdle:   DefaultNonResidentIdle,
 		SchedulePriority:  8,
 		LoadCheckInterval: 30 * time.Second,
 		MaxMessageSize:    DefaultMaxMessageSize,
@@ -203,6 +209,11 @@ var serverOperands = map[string]handler[Server]{
 	},
 	"balance_count": func(s *Server, v []string) (err error) {
 		s.BalanceCount, err = intIn(v, 0, maxBalance)
+		return err
+	},
+	"nonresident_idle_time": func(s *Server, v []string) (err error) {
+		ms, err := intIn(v, 0, 3600000)
+		s.NonResidentIdle = time.Duration(ms) * time.Millisecond
 		return err
 	},
 	"schedule_priority": func(s *Server, v []string) (err error) {
