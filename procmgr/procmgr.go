@@ -179,6 +179,9 @@ func (m *Manager) Start(spec Spec, hooks Hooks) (*Server, error) {
 	return s, nil
 }
 
+// errStopping keeps a replacement from starting once Stop has begun.
+var errStopping = errors.New("procmgr: server stopping")
+
 func (s *Server) spawn(sl *slot) error {
 	if s.hooks.Prepare != nil {
 		if err := s.hooks.Prepare(sl.index); err != nil {
@@ -196,10 +199,18 @@ func (s *Server) spawn(sl *slot) error {
 	cmd.ExtraFiles = []*os.File{s.spec.Segment}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	// Start under mu so that kill, which sets stopping under mu, either
+	// sees this process or keeps it from starting.
+	s.mu.Lock()
+	if s.stopping {
+		sl.state = StateStopped
+		s.mu.Unlock()
+		return errStopping
+	}
 	if err := s.m.start(cmd); err != nil {
+		s.mu.Unlock()
 		return fmt.Errorf("procmgr: %s: start %s: %w", s.spec.Server, s.spec.Module, err)
 	}
-	s.mu.Lock()
 	sl.proc, sl.state, sl.started = cmd.Process, StateRunning, time.Now()
 	s.mu.Unlock()
 	s.m.log.Debug("uap started", "server", s.spec.Server, "slot", sl.index, "pid", cmd.Process.Pid)
@@ -251,6 +262,9 @@ func (s *Server) supervise(sl *slot) {
 			err := s.spawn(sl)
 			if err == nil {
 				break
+			}
+			if errors.Is(err, errStopping) {
+				return
 			}
 			s.m.log.Error("uap restart failed", "server", s.spec.Server, "slot", sl.index, "err", err)
 			if !s.sleep(backoff) {

@@ -65,10 +65,18 @@ type Client struct {
 	hosts  []string
 	nextID atomic.Uint64
 
-	mu     sync.Mutex
-	cur    int           // index of the host calls go to
-	conns  map[int]*conn // live connection per host index
-	closed bool
+	mu      sync.Mutex
+	cur     int              // index of the host calls go to
+	conns   map[int]*conn    // live connection per host index
+	dialing map[int]*dialing // dial under way per host index
+	closed  bool
+}
+
+// dialing lets calls that find a dial under way wait for it instead of
+// opening connections of their own.
+type dialing struct {
+	done chan struct{}
+	err  error // valid after done
 }
 
 // New returns a Client; it connects lazily, on the first call.
@@ -93,7 +101,7 @@ func New(opts Options) (*Client, error) {
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 3 * time.Second
 	}
-	c := &Client{opts: opts, hosts: hosts, conns: make(map[int]*conn)}
+	c := &Client{opts: opts, hosts: hosts, conns: make(map[int]*conn), dialing: make(map[int]*dialing)}
 	if opts.HostSelect {
 		c.cur = rand.IntN(len(hosts))
 	}
@@ -143,11 +151,18 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 		if kind == netio.KindCall {
 			w = cn.register(h.ID)
 		}
-		if err := cn.send(h, group, service, payload); err != nil {
-			cn.unregister(h.ID)
+		if sent, err := cn.send(h, group, service, payload); err != nil {
+			if !sent {
+				cn.unregister(h.ID)
+				c.drop(cn, err)
+				lastErr = err
+				continue
+			}
+			// The frame may have reached the node: fail, never resend.
 			c.drop(cn, err)
-			lastErr = err
-			continue
+			if w == nil {
+				return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+			}
 		}
 		if w == nil {
 			return nil, nil
@@ -173,24 +188,44 @@ func (c *Client) pick() (*conn, error) {
 		c.mu.Unlock()
 		return cn, nil
 	}
+	if d := c.dialing[idx]; d != nil { // another call is dialling: share its outcome
+		c.mu.Unlock()
+		<-d.done
+		if d.err != nil {
+			return nil, d.err
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.closed {
+			return nil, errors.New("client closed")
+		}
+		if cn := c.conns[idx]; cn != nil {
+			return cn, nil
+		}
+		return nil, errors.New("connection closed by the node")
+	}
+	d := &dialing{done: make(chan struct{})}
+	c.dialing[idx] = d
 	c.mu.Unlock()
 
 	nc, err := net.DialTimeout("tcp", c.hosts[idx], c.opts.DialTimeout)
-	if err != nil {
-		c.advance(idx)
-		return nil, err
-	}
-	cn := newConn(c, idx, nc)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.dialing, idx)
+	defer close(d.done)
+	if err != nil {
+		d.err = err
+		if c.cur == idx {
+			c.cur = (idx + 1) % len(c.hosts)
+		}
+		return nil, err
+	}
 	if c.closed {
 		nc.Close()
-		return nil, errors.New("client closed")
+		d.err = errors.New("client closed")
+		return nil, d.err
 	}
-	if old := c.conns[idx]; old != nil { // another call dialled first
-		nc.Close()
-		return old, nil
-	}
+	cn := newConn(c, idx, nc)
 	c.conns[idx] = cn
 	go cn.readLoop()
 	return cn, nil
@@ -264,7 +299,7 @@ func (cn *conn) register(id uint64) *waiter {
 	w := waiterPool.Get().(*waiter)
 	cn.pmu.Lock()
 	if cn.failed != nil {
-		w.ch <- result{err: cn.failed}
+		w.ch <- result{err: &netio.Error{Code: netio.CodeNetworkDown, Message: cn.failed.Error()}}
 	} else {
 		cn.pending[id] = w
 	}
@@ -278,35 +313,43 @@ func (cn *conn) unregister(id uint64) {
 	cn.pmu.Unlock()
 }
 
-func (cn *conn) send(h netio.Header, group, service string, payload []byte) error {
+// send writes a frame. It reports whether the frame may have reached the
+// node, even when err is set: the flushing writer also writes the frames
+// others appended meanwhile, and their failure must not make its own,
+// already written call move to another host.
+func (cn *conn) send(h netio.Header, group, service string, payload []byte) (sent bool, err error) {
 	cn.wmu.Lock()
 	if cn.werr != nil {
 		err := cn.werr
 		cn.wmu.Unlock()
-		return err
+		return false, err
 	}
 	cn.wbuf = netio.AppendFrame(cn.wbuf, h, group, service, payload)
 	if cn.flushing {
 		cn.wmu.Unlock()
-		return nil // the flushing writer takes our frame with it
+		return true, nil // the flushing writer takes our frame with it
 	}
 	cn.flushing = true
 	var spare []byte
+	first := true // our frame is in the first write
 	for len(cn.wbuf) > 0 && cn.werr == nil {
 		out := cn.wbuf
 		cn.wbuf = spare[:0]
 		cn.wmu.Unlock()
-		_, err := cn.nc.Write(out)
+		n, err := cn.nc.Write(out)
 		cn.wmu.Lock()
 		spare = out
+		if first {
+			sent, first = err == nil || n > 0, false
+		}
 		if err != nil {
 			cn.werr = err
 		}
 	}
 	cn.flushing = false
-	err := cn.werr
+	err = cn.werr
 	cn.wmu.Unlock()
-	return err
+	return sent, err
 }
 
 func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]byte, error) {

@@ -1,0 +1,630 @@
+package procmgr
+
+// CPU priority for UAP processes: schedule_priority (1 highest .. 16
+// lowest, default 8) becomes a CPU weight, enforced by the first of these
+// that works on the host, chosen once per node by DetectCPUControl:
+//
+//   - cgroup2: cpu.weight in <mount>/<parent>/<server> on the unified
+//     hierarchy, when it carries the cpu controller and "+cpu" can be enabled
+//     in cgroup.subtree_control from the mount down to <parent>. Children are
+//     placed at clone (SysProcAttr.UseCgroupFD, clone3, Linux 5.7+).
+//   - cgroup1: cpu.shares in the same layout under the v1 cpu hierarchy found
+//     in /proc/self/mountinfo (cpu or cpu,cpuacct). Children are placed by
+//     writing their pid to cgroup.procs as soon as Start returns.
+//   - nice: no cgroup is writable; setpriority on every thread of the child
+//     as soon as Start returns. Negative nice values need CAP_SYS_NICE (or
+//     RLIMIT_NICE); without it high priorities are reported and not applied.
+//
+// Needs root, or a delegated cgroup subtree writable by the daemon's user,
+// for either cgroup mechanism.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mechanism says how UAP CPU priority is enforced on this host.
+type Mechanism string
+
+const (
+	MechanismCgroup2 Mechanism = "cgroup2" // cpu.weight on the unified hierarchy
+	MechanismCgroup1 Mechanism = "cgroup1" // cpu.shares on the v1 cpu hierarchy
+	MechanismNice    Mechanism = "nice"    // setpriority; no writable cgroup
+)
+
+// Placement says how a child gets into its CPU group.
+const (
+	PlacementClone = "clone"        // clone3 CLONE_INTO_CGROUP via SysProcAttr.UseCgroupFD
+	PlacementProcs = "cgroup.procs" // pid written to cgroup.procs after Start
+	PlacementNice  = "setpriority"  // no group: nice set after Start
+)
+
+const (
+	mountinfoPath = "/proc/self/mountinfo"
+	// removeWait bounds how long Remove waits for exited tasks to leave a
+	// cgroup before it reports EBUSY.
+	removeWait = time.Second
+)
+
+// weights maps schedule_priority 1..16 to a cgroup v2 cpu.weight:
+// round(100 * 1.5^(8-priority)), so each step is 1.5x the CPU share of the
+// next lower one and the default 8 is the kernel's default weight 100.
+// Priority 1 gets ~427 times the CPU of priority 16 when both are busy.
+var weights = [16]int{1709, 1139, 759, 506, 338, 225, 150, 100, 67, 44, 30, 20, 13, 9, 6, 4}
+
+// nices maps schedule_priority 1..16 to a nice value for the fallback: 0 at
+// the default 8, -10 at 1 and +10 at 16, linear on each side. CFS makes each
+// nice step ~1.25x, so this range is narrower than the weights' range.
+var nices = [16]int{-10, -9, -7, -6, -4, -3, -1, 0, 1, 3, 4, 5, 6, 8, 9, 10}
+
+// DefaultPriority is schedule_priority when none is configured.
+const DefaultPriority = 8
+
+func priorityIndex(priority int) int {
+	if priority < 1 || priority > 16 {
+		priority = DefaultPriority
+	}
+	return priority - 1
+}
+
+// Weight maps schedule_priority 1 (highest) .. 16 (lowest) to a cgroup v2
+// cpu.weight (1709 .. 4; 8 -> 100, each step 1.5x). A priority outside
+// 1..16 is treated as unset, i.e. the default 8.
+func Weight(priority int) int { return weights[priorityIndex(priority)] }
+
+// Shares converts a v2 weight to v1 cpu.shares: weight x 1024 / 100 (100 ->
+// the v1 default 1024), clamped to cpu.shares' range 2..262144.
+func Shares(weight int) int { return min(max(weight*1024/100, 2), 262144) }
+
+// Nice maps schedule_priority to the fallback's nice value (1 -> -10, 8 ->
+// 0, 16 -> +10). A priority outside 1..16 is treated as the default 8.
+func Nice(priority int) int { return nices[priorityIndex(priority)] }
+
+// CPUControl is the node's CPU-priority mechanism, detected once by
+// DetectCPUControl. Its methods are safe for concurrent use.
+type CPUControl struct {
+	mech   Mechanism
+	reason string
+	dir    string // <mount>/<parent>; "" with nice
+	weight bool   // cgroup2: write cpu.weight (false only in tests on a hierarchy without cpu)
+
+	mu       sync.Mutex
+	cloneErr error // cgroup2: clone3 into the cgroup failed where cgroup.procs worked
+}
+
+// CPUStatus is the mechanism as shown by scdctl status.
+type CPUStatus struct {
+	Mechanism Mechanism `json:"mechanism"`
+	Reason    string    `json:"reason"`
+	Path      string    `json:"path,omitempty"` // the tpsched parent cgroup
+	Placement string    `json:"placement"`
+}
+
+// DetectCPUControl finds how this node can enforce UAP CPU priority and
+// prepares the parent cgroup (e.g. "tpsched"; a relative path is allowed)
+// under the chosen hierarchy's mount. It never fails: when no cgroup can be
+// used it returns the nice mechanism, and Reason says why.
+func DetectCPUControl(parent string) *CPUControl { return detect(mountinfoPath, parent) }
+
+func detect(mountinfo, parent string) *CPUControl {
+	if err := checkParent(parent); err != nil {
+		return niceControl(err.Error())
+	}
+	mounts, err := cgroupMounts(mountinfo)
+	if err != nil {
+		return niceControl(fmt.Sprintf("no cgroup: %v", err))
+	}
+	var failed, absent []string
+	for _, m := range mounts {
+		if m.fstype != "cgroup2" {
+			continue
+		}
+		if !hasController(m.point, "cpu") {
+			absent = append(absent, "cgroup v2 at "+m.point+" has no cpu controller")
+			continue
+		}
+		c, err := setupV2(m.point, parent, true)
+		if err == nil {
+			return c
+		}
+		failed = append(failed, fmt.Sprintf("cgroup v2 at %s: %v", m.point, err))
+	}
+	for _, m := range mounts {
+		if m.fstype != "cgroup" || !m.cpu {
+			continue
+		}
+		c, err := setupV1(m.point, parent)
+		if err == nil {
+			if len(failed) > 0 {
+				c.reason += "; " + strings.Join(failed, "; ")
+			}
+			return c
+		}
+		failed = append(failed, fmt.Sprintf("cgroup v1 at %s: %v", m.point, err))
+	}
+	if len(failed) > 0 {
+		return niceControl("no writable cgroup: " + strings.Join(failed, "; "))
+	}
+	if len(absent) > 0 {
+		return niceControl("no cpu controller mounted: " + strings.Join(absent, "; "))
+	}
+	return niceControl("no cpu controller mounted")
+}
+
+func niceControl(reason string) *CPUControl {
+	return &CPUControl{mech: MechanismNice, reason: reason}
+}
+
+// setupV2 creates <mount>/<parent>, enabling the cpu controller in
+// cgroup.subtree_control from the mount down to parent when withCPU is set.
+func setupV2(mount, parent string, withCPU bool) (*CPUControl, error) {
+	if withCPU {
+		if err := enableCPU(mount); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := makeParent(mount, parent, func(dir string) error {
+		if withCPU {
+			return enableCPU(dir)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Access(filepath.Join(dir, "cgroup.procs"), unix.W_OK); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "cgroup.procs"), err)
+	}
+	return &CPUControl{mech: MechanismCgroup2, dir: dir, weight: withCPU,
+		reason: "cpu controller on cgroup v2 at " + mount}, nil
+}
+
+// setupV1 creates <mount>/<parent> on the v1 cpu hierarchy.
+func setupV1(mount, parent string) (*CPUControl, error) {
+	dir, err := makeParent(mount, parent, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range []string{"cpu.shares", "cgroup.procs"} {
+		if err := unix.Access(filepath.Join(dir, f), unix.W_OK); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, f), err)
+		}
+	}
+	return &CPUControl{mech: MechanismCgroup1, dir: dir,
+		reason: "cpu controller on cgroup v1 at " + mount}, nil
+}
+
+// makeParent creates each missing level of parent under mount, calling
+// each(level) after it exists. On failure it removes the levels it created.
+func makeParent(mount, parent string, each func(dir string) error) (string, error) {
+	dir := mount
+	var created []string
+	undo := func() {
+		for i := len(created) - 1; i >= 0; i-- {
+			_ = unix.Rmdir(created[i])
+		}
+	}
+	for comp := range strings.SplitSeq(parent, "/") {
+		dir = filepath.Join(dir, comp)
+		if err := os.Mkdir(dir, 0o755); err == nil {
+			created = append(created, dir)
+		} else if !errors.Is(err, fs.ErrExist) {
+			undo()
+			return "", err
+		}
+		if each != nil {
+			if err := each(dir); err != nil {
+				undo()
+				return "", err
+			}
+		}
+	}
+	return dir, nil
+}
+
+// enableCPU makes sure "cpu" is in dir's cgroup.subtree_control.
+func enableCPU(dir string) error {
+	file := filepath.Join(dir, "cgroup.subtree_control")
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	if hasWord(string(b), "cpu") {
+		return nil
+	}
+	if err := writeCgroupFile(file, "+cpu"); err != nil {
+		hint := ""
+		switch {
+		case errors.Is(err, unix.EBUSY):
+			hint = " (no-internal-process rule: the cgroup has processes of its own)"
+		case errors.Is(err, unix.ENOENT):
+			hint = " (cpu is not in this cgroup's cgroup.controllers)"
+		case errors.Is(err, unix.EOPNOTSUPP):
+			hint = " (threaded cgroup or controller bound elsewhere)"
+		}
+		return fmt.Errorf("enable +cpu: %w%s", err, hint)
+	}
+	return nil
+}
+
+// Mechanism says how UAP CPU priority is enforced on this node.
+func (c *CPUControl) Mechanism() Mechanism { return c.mech }
+
+// Reason says why this mechanism was chosen, e.g. "cpu controller on cgroup
+// v1 at /sys/fs/cgroup/cpu" or "no writable cgroup: ...: permission denied".
+func (c *CPUControl) Reason() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cloneErr != nil {
+		return fmt.Sprintf("%s; placement by cgroup.procs: clone into cgroup failed: %v", c.reason, c.cloneErr)
+	}
+	return c.reason
+}
+
+// Status describes the mechanism for scdctl status.
+func (c *CPUControl) Status() CPUStatus {
+	st := CPUStatus{Mechanism: c.mech, Reason: c.Reason(), Path: c.dir, Placement: PlacementProcs}
+	switch {
+	case c.mech == MechanismNice:
+		st.Placement = PlacementNice
+	case c.mech == MechanismCgroup2 && c.cloneOK():
+		st.Placement = PlacementClone
+	}
+	return st
+}
+
+func (c *CPUControl) cloneOK() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cloneErr == nil
+}
+
+func (c *CPUControl) noClone(err error) {
+	c.mu.Lock()
+	if c.cloneErr == nil {
+		c.cloneErr = err
+	}
+	c.mu.Unlock()
+}
+
+// Close removes the parent cgroup if it is empty (every group Removed). It
+// leaves any intermediate levels of a nested parent and the controllers it
+// enabled.
+func (c *CPUControl) Close() error {
+	if c.dir == "" {
+		return nil
+	}
+	err := unix.Rmdir(c.dir)
+	switch {
+	case err == nil, errors.Is(err, unix.ENOENT):
+		return nil
+	case errors.Is(err, unix.EBUSY), errors.Is(err, unix.ENOTEMPTY):
+		return fmt.Errorf("procmgr: remove cgroup %s: %w (groups or processes still in it)", c.dir, err)
+	}
+	return fmt.Errorf("procmgr: remove cgroup %s: %w", c.dir, err)
+}
+
+// CPUGroup is one user server's CPU group: a cgroup, or a nice value.
+type CPUGroup struct {
+	c      *CPUControl
+	server string
+	weight int
+	nice   int
+	dir    string // "" with nice
+
+	mu       sync.Mutex
+	fd       int // cgroup2: O_PATH directory fd for SysProcAttr.CgroupFD
+	closed   bool
+	retry    bool  // cgroup2: next Prepare uses cgroup.procs (StartFailed)
+	retryErr error // the Start error that caused retry
+}
+
+// NewGroup creates <mount>/<parent>/<server> and sets its weight from
+// schedule_priority (cpu.weight = Weight(priority), or cpu.shares =
+// Shares(Weight(priority))). With nice it creates nothing. An existing
+// directory (left by an earlier run) is reused.
+func (c *CPUControl) NewGroup(server string, priority int) (*CPUGroup, error) {
+	if server == "" || server == "." || server == ".." || strings.ContainsAny(server, "/\x00") {
+		return nil, fmt.Errorf("procmgr: cpu group: bad server name %q", server)
+	}
+	g := &CPUGroup{c: c, server: server, weight: Weight(priority), nice: Nice(priority), fd: -1}
+	if c.mech == MechanismNice {
+		return g, nil
+	}
+	g.dir = filepath.Join(c.dir, server)
+	created := true
+	if err := os.Mkdir(g.dir, 0o755); errors.Is(err, fs.ErrExist) {
+		created = false
+		if fi, err := os.Stat(g.dir); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("procmgr: cpu group %s: %s exists and is not a cgroup", server, g.dir)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("procmgr: cpu group %s: %w", server, err)
+	}
+	err := g.setup()
+	if err != nil {
+		if g.fd >= 0 {
+			_ = unix.Close(g.fd)
+		}
+		if created {
+			_ = unix.Rmdir(g.dir)
+		}
+		return nil, fmt.Errorf("procmgr: cpu group %s: %w", server, err)
+	}
+	return g, nil
+}
+
+func (g *CPUGroup) setup() error {
+	switch g.c.mech {
+	case MechanismCgroup1:
+		return writeCgroupFile(filepath.Join(g.dir, "cpu.shares"), strconv.Itoa(Shares(g.weight)))
+	case MechanismCgroup2:
+		if g.c.weight {
+			if err := writeCgroupFile(filepath.Join(g.dir, "cpu.weight"), strconv.Itoa(g.weight)); err != nil {
+				return err
+			}
+		}
+		fd, err := unix.Open(g.dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &fs.PathError{Op: "open", Path: g.dir, Err: err}
+		}
+		g.fd = fd
+	}
+	return nil
+}
+
+// Path is the group's cgroup directory ("" with nice).
+func (g *CPUGroup) Path() string { return g.dir }
+
+// Prepare readies attr (the SysProcAttr of a command about to be started)
+// for the group and returns what to call with the child's pid right after
+// a successful Start. With cgroup2 it sets attr.UseCgroupFD and
+// attr.CgroupFD so the child is born in the group (clone3, Linux 5.7+) and
+// after does nothing; if Start then fails, call StartFailed. With cgroup1
+// after writes the pid to cgroup.procs; with nice it sets the nice value of
+// every thread of the child. An error from after means the child runs at the
+// default priority: report it, the child is fine otherwise.
+//
+// Prepare must not be called after Remove.
+func (g *CPUGroup) Prepare(attr *syscall.SysProcAttr) (after func(pid int) error, err error) {
+	if attr == nil {
+		return nil, errors.New("procmgr: cpu group: nil SysProcAttr")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, fmt.Errorf("procmgr: cpu group %s: removed", g.server)
+	}
+	attr.UseCgroupFD, attr.CgroupFD = false, 0
+	switch g.c.mech {
+	case MechanismNice:
+		return g.setNice, nil
+	case MechanismCgroup1:
+		return g.writeProcs, nil
+	}
+	if g.retry {
+		g.retry = false
+		cause := g.retryErr
+		return func(pid int) error {
+			err := g.writeProcs(pid)
+			if err == nil {
+				// cgroup.procs works where clone3 did not: keep to it.
+				g.c.noClone(cause)
+			}
+			return err
+		}, nil
+	}
+	if !g.c.cloneOK() {
+		return g.writeProcs, nil
+	}
+	attr.UseCgroupFD, attr.CgroupFD = true, g.fd
+	return func(int) error { return nil }, nil
+}
+
+// StartFailed is called when cmd.Start failed (with startErr) after Prepare.
+// It reports whether Prepare had asked for placement at clone; then it has
+// cleared attr.UseCgroupFD and the caller should build the command again
+// (an exec.Cmd cannot be started twice), call Prepare, which now places the
+// child by cgroup.procs, and Start once more. If that second start works,
+// the node keeps to cgroup.procs from then on and Reason says why; if it
+// fails too, the error was not the cgroup's and clone placement stays.
+func (g *CPUGroup) StartFailed(attr *syscall.SysProcAttr, startErr error) (retry bool) {
+	if attr == nil || !attr.UseCgroupFD || g.c.mech != MechanismCgroup2 {
+		return false
+	}
+	attr.UseCgroupFD, attr.CgroupFD = false, 0
+	g.mu.Lock()
+	g.retry, g.retryErr = true, startErr
+	g.mu.Unlock()
+	return true
+}
+
+func (g *CPUGroup) writeProcs(pid int) error {
+	file := filepath.Join(g.dir, "cgroup.procs")
+	if err := writeCgroupFile(file, strconv.Itoa(pid)); err != nil {
+		return fmt.Errorf("procmgr: cpu group %s: move pid %d: %w", g.server, pid, err)
+	}
+	return nil
+}
+
+// setNice sets the nice value of every thread of pid: setpriority with
+// PRIO_PROCESS acts on one thread, and a UAP may have started more by now.
+func (g *CPUGroup) setNice(pid int) error {
+	if g.nice == 0 {
+		return nil
+	}
+	tids := []int{pid}
+	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
+		tids = tids[:0]
+		for _, e := range ents {
+			if tid, err := strconv.Atoi(e.Name()); err == nil {
+				tids = append(tids, tid)
+			}
+		}
+	}
+	var errs []error
+	for _, tid := range tids {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, g.nice); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("thread %d: %w", tid, os.NewSyscallError("setpriority", err)))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		hint := ""
+		if g.nice < 0 {
+			hint = " (a negative nice needs CAP_SYS_NICE or RLIMIT_NICE)"
+		}
+		return fmt.Errorf("procmgr: cpu group %s: nice %d for pid %d: %w%s", g.server, g.nice, pid, err, hint)
+	}
+	return nil
+}
+
+// Remove deletes the group's cgroup once the server's processes are gone
+// (killed and reaped). It waits up to a second for exiting tasks to leave;
+// if some remain it returns an error wrapping EBUSY that names them, and may
+// be called again. With nice it does nothing.
+func (g *CPUGroup) Remove() error {
+	g.mu.Lock()
+	g.closed = true
+	if g.fd >= 0 {
+		_ = unix.Close(g.fd)
+		g.fd = -1
+	}
+	g.mu.Unlock()
+	if g.dir == "" {
+		return nil
+	}
+	deadline := time.Now().Add(removeWait)
+	for {
+		err := unix.Rmdir(g.dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("procmgr: cpu group %s: rmdir %s: %w", g.server, g.dir, err)
+		}
+		if time.Now().After(deadline) {
+			pids, _ := os.ReadFile(filepath.Join(g.dir, "cgroup.procs"))
+			return fmt.Errorf("procmgr: cpu group %s: rmdir %s: %w (processes still in it: [%s]; kill them and Remove again)",
+				g.server, g.dir, err, strings.Join(strings.Fields(string(pids)), " "))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// writeCgroupFile writes one value to an existing cgroup interface file.
+func writeCgroupFile(file, value string) error {
+	f, err := os.OpenFile(file, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %q to %s: %w", value, file, err)
+	}
+	return nil
+}
+
+type cgroupMount struct {
+	point  string
+	fstype string // "cgroup" or "cgroup2"
+	cpu    bool   // v1: the cpu controller is bound here
+}
+
+// cgroupMounts lists the cgroup and cgroup2 mounts in a mountinfo file.
+func cgroupMounts(mountinfo string) ([]cgroupMount, error) {
+	f, err := os.Open(mountinfo)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []cgroupMount
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		if m, ok := parseMountinfoLine(sc.Text()); ok {
+			out = append(out, m)
+		}
+	}
+	return out, sc.Err()
+}
+
+// parseMountinfoLine reads "id parent maj:min root point opts [optional...]
+// - fstype source superopts" (proc(5)).
+func parseMountinfoLine(line string) (cgroupMount, bool) {
+	f := strings.Fields(line)
+	sep := -1
+	for i := 6; i < len(f); i++ {
+		if f[i] == "-" {
+			sep = i
+			break
+		}
+	}
+	if len(f) < 5 || sep < 0 || sep+3 >= len(f) {
+		return cgroupMount{}, false
+	}
+	m := cgroupMount{point: unescapeMount(f[4]), fstype: f[sep+1]}
+	if m.fstype != "cgroup" && m.fstype != "cgroup2" {
+		return cgroupMount{}, false
+	}
+	m.cpu = m.fstype == "cgroup" && hasWord(strings.ReplaceAll(f[sep+3], ",", " "), "cpu")
+	return m, true
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func hasController(dir, name string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	return err == nil && hasWord(string(b), name)
+}
+
+func hasWord(s, w string) bool {
+	for f := range strings.FieldsSeq(s) {
+		if f == w {
+			return true
+		}
+	}
+	return false
+}
+
+func checkParent(parent string) error {
+	if parent == "" || filepath.IsAbs(parent) {
+		return fmt.Errorf("bad cgroup parent name %q", parent)
+	}
+	for comp := range strings.SplitSeq(parent, "/") {
+		if comp == "" || comp == "." || comp == ".." || strings.ContainsRune(comp, 0) {
+			return fmt.Errorf("bad cgroup parent name %q", parent)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,457 @@
+package procmgr
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// skipOrFail skips with why, or fails when CI demands the privileged paths
+// (TPSCHED_REQUIRE_BPF=1).
+func skipOrFail(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("TPSCHED_REQUIRE_BPF") == "1" {
+		t.Fatalf("TPSCHED_REQUIRE_BPF=1 but: %s", why)
+	}
+	t.Skip(why)
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "creating cgroups needs root")
+	}
+}
+
+func uniqueParent() string {
+	return fmt.Sprintf("tpsched-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+}
+
+// rmdirTree removes the cgroup directories under dir, deepest first (cgroup
+// files cannot be unlinked, so os.RemoveAll does not work on cgroupfs).
+func rmdirTree(t *testing.T, dir string) {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			rmdirTree(t, filepath.Join(dir, e.Name()))
+		}
+	}
+	if err := unix.Rmdir(dir); err != nil && !errors.Is(err, unix.ENOENT) {
+		t.Errorf("cleanup: rmdir %s: %v", dir, err)
+	}
+}
+
+func TestCPUWeightSharesNice(t *testing.T) {
+	tests := []struct {
+		priority, weight, shares, nice int
+	}{
+		{1, 1709, 17500, -10},
+		{2, 1139, 11663, -9},
+		{7, 150, 1536, -1},
+		{8, 100, 1024, 0},
+		{9, 67, 686, 1},
+		{16, 4, 40, 10},
+		{0, 100, 1024, 0},  // unset: default
+		{17, 100, 1024, 0}, // out of range: default
+		{-3, 100, 1024, 0},
+	}
+	for _, tt := range tests {
+		w := Weight(tt.priority)
+		if w != tt.weight || Shares(w) != tt.shares || Nice(tt.priority) != tt.nice {
+			t.Errorf("priority %d: weight %d shares %d nice %d, want %d %d %d",
+				tt.priority, w, Shares(w), Nice(tt.priority), tt.weight, tt.shares, tt.nice)
+		}
+	}
+	for p := 1; p <= 16; p++ {
+		w := Weight(p)
+		if w < 1 || w > 10000 {
+			t.Errorf("Weight(%d) = %d, outside cpu.weight's 1..10000", p, w)
+		}
+		if n := Nice(p); n < -20 || n > 19 {
+			t.Errorf("Nice(%d) = %d, outside -20..19", p, n)
+		}
+		if p > 1 {
+			if Weight(p) >= Weight(p-1) || Shares(Weight(p)) >= Shares(Weight(p-1)) || Nice(p) <= Nice(p-1) {
+				t.Errorf("priority %d is not strictly lower than %d", p, p-1)
+			}
+			if r := float64(Weight(p-1)) / float64(Weight(p)); r < 1.3 || r > 1.7 {
+				t.Errorf("Weight(%d)/Weight(%d) = %.2f, want ~1.5", p-1, p, r)
+			}
+		}
+	}
+	for _, tt := range []struct{ weight, shares int }{{0, 2}, {1, 10}, {100, 1024}, {10000, 102400}, {1 << 20, 262144}} {
+		if got := Shares(tt.weight); got != tt.shares {
+			t.Errorf("Shares(%d) = %d, want %d", tt.weight, got, tt.shares)
+		}
+	}
+}
+
+func TestCPUMountinfoParse(t *testing.T) {
+	tests := []struct {
+		line string
+		ok   bool
+		want cgroupMount
+	}{
+		{"32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu", true,
+			cgroupMount{"/sys/fs/cgroup/cpu", "cgroup", true}},
+		{"32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw shared:9 - cgroup cgroup rw,cpu,cpuacct", true,
+			cgroupMount{"/sys/fs/cgroup/cpu,cpuacct", "cgroup", true}},
+		{"33 31 0:30 / /sys/fs/cgroup/cpuacct rw - cgroup cgroup rw,cpuacct", true,
+			cgroupMount{"/sys/fs/cgroup/cpuacct", "cgroup", false}},
+		{"34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset", true,
+			cgroupMount{"/sys/fs/cgroup/cpuset", "cgroup", false}},
+		{`41 31 0:38 / /mnt/my\040cg rw shared:1 master:2 - cgroup2 cgroup2 rw,nsdelegate`, true,
+			cgroupMount{"/mnt/my cg", "cgroup2", false}},
+		{"31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755", false, cgroupMount{}},
+		{"garbage", false, cgroupMount{}},
+	}
+	for _, tt := range tests {
+		got, ok := parseMountinfoLine(tt.line)
+		if ok != tt.ok || got != tt.want {
+			t.Errorf("%q: got %+v %v, want %+v %v", tt.line, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestCPUDetectFallsBackToNice(t *testing.T) {
+	mi := filepath.Join(t.TempDir(), "mountinfo")
+	line := "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+	if err := os.WriteFile(mi, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := detect(mi, "tpsched")
+	if c.Mechanism() != MechanismNice || !strings.Contains(c.Reason(), "no cpu controller") {
+		t.Fatalf("got %s (%s), want nice for no cpu controller", c.Mechanism(), c.Reason())
+	}
+	if st := c.Status(); st.Placement != PlacementNice || st.Path != "" {
+		t.Errorf("status %+v", st)
+	}
+	if c := detect(mi, "../x"); c.Mechanism() != MechanismNice || !strings.Contains(c.Reason(), "bad cgroup parent") {
+		t.Errorf("bad parent: got %s (%s)", c.Mechanism(), c.Reason())
+	}
+	// A v1 cpu "mount" that is a plain directory is not writable as a
+	// cgroup: the reason names it.
+	dir := t.TempDir()
+	line = "32 31 0:29 / " + dir + " rw - cgroup cgroup rw,cpu\n"
+	if err := os.WriteFile(mi, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c = detect(mi, "tpsched")
+	if c.Mechanism() != MechanismNice || !strings.Contains(c.Reason(), "no writable cgroup: cgroup v1 at "+dir) {
+		t.Fatalf("got %s (%s)", c.Mechanism(), c.Reason())
+	}
+}
+
+func TestCPUDetect(t *testing.T) {
+	needRoot(t)
+	c := DetectCPUControl(uniqueParent())
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Logf("mechanism %s: %s", c.Mechanism(), c.Reason())
+	if c.Mechanism() == MechanismNice {
+		skipOrFail(t, "no writable cgroup: "+c.Reason())
+	}
+	if hasController("/sys/fs/cgroup", "cpu") {
+		if c.Mechanism() != MechanismCgroup2 || !strings.Contains(c.Reason(), "cgroup v2 at /sys/fs/cgroup") {
+			t.Errorf("cpu on the unified hierarchy: got %s (%s)", c.Mechanism(), c.Reason())
+		}
+	} else if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.shares"); err == nil {
+		// This development machine.
+		if c.Mechanism() != MechanismCgroup1 || !strings.Contains(c.Reason(), "/sys/fs/cgroup/cpu") {
+			t.Errorf("cpu on v1 at /sys/fs/cgroup/cpu: got %s (%s)", c.Mechanism(), c.Reason())
+		}
+	}
+	if fi, err := os.Stat(c.Status().Path); err != nil || !fi.IsDir() {
+		t.Errorf("parent cgroup %q: %v", c.Status().Path, err)
+	}
+}
+
+// v1Control sets up the v1 cpu hierarchy under a unique parent, skipping
+// when this host has none.
+func v1Control(t *testing.T) *CPUControl {
+	t.Helper()
+	needRoot(t)
+	mounts, err := cgroupMounts(mountinfoPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range mounts {
+		if m.fstype == "cgroup" && m.cpu {
+			c, err := setupV1(m.point, uniqueParent())
+			if err != nil {
+				skipOrFail(t, "v1 cpu hierarchy not writable: "+err.Error())
+			}
+			t.Cleanup(func() { rmdirTree(t, c.dir) })
+			return c
+		}
+	}
+	t.Skip("no cgroup v1 cpu hierarchy on this host")
+	return nil
+}
+
+// v2Control mounts a cgroup2 hierarchy at a temporary directory and sets up
+// a unique parent in it. Where the cpu controller is bound to v1 (this
+// machine) it cannot be enabled, so only placement is tested, not cpu.weight.
+func v2Control(t *testing.T) *CPUControl {
+	t.Helper()
+	needRoot(t)
+	mnt := t.TempDir()
+	if err := unix.Mount("none", mnt, "cgroup2", 0, ""); err != nil {
+		skipOrFail(t, "mount -t cgroup2: "+err.Error())
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			t.Errorf("umount %s: %v", mnt, err)
+		}
+	})
+	withCPU := hasController(mnt, "cpu")
+	if !withCPU {
+		t.Log("cgroup2 hierarchy has no cpu controller (bound to v1 here): testing placement only, not cpu.weight")
+	}
+	c, err := setupV2(mnt, uniqueParent(), withCPU)
+	if err != nil {
+		skipOrFail(t, "cgroup2 not usable: "+err.Error())
+	}
+	t.Cleanup(func() { rmdirTree(t, c.dir) })
+	return c
+}
+
+// startIn starts `sleep 30` in g the way procmgr does: Prepare, Start, after.
+func startIn(t *testing.T, g *CPUGroup) (*exec.Cmd, *syscall.SysProcAttr) {
+	t.Helper()
+	cmd := exec.Command("sleep", "30")
+	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	cmd.SysProcAttr = attr
+	after, err := g.Prepare(attr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := after(cmd.Process.Pid); err != nil {
+		t.Errorf("after: %v", err)
+	}
+	return cmd, attr
+}
+
+// procCgroup returns the child's cgroup path on the hierarchy whose
+// /proc/<pid>/cgroup controller field satisfies match.
+func procCgroup(t *testing.T, pid int, match func(ctrls string) bool) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && match(f[1]) {
+			return f[2]
+		}
+	}
+	t.Fatalf("pid %d: no matching line in %s", pid, b)
+	return ""
+}
+
+func readInt(t *testing.T, file string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return n
+}
+
+func stopAndRemove(t *testing.T, cmd *exec.Cmd, g *CPUGroup) {
+	t.Helper()
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if err := g.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(g.Path()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still there after Remove: %v", g.Path(), err)
+	}
+	if _, err := g.Prepare(&syscall.SysProcAttr{}); err == nil {
+		t.Error("Prepare after Remove succeeded")
+	}
+}
+
+func TestCPUGroupCgroup1(t *testing.T) {
+	c := v1Control(t)
+	hi, err := c.NewGroup("hi", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo, err := c.NewGroup("lo", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readInt(t, filepath.Join(hi.Path(), "cpu.shares")); got != 17500 {
+		t.Errorf("priority 1: cpu.shares %d, want 17500", got)
+	}
+	if got := readInt(t, filepath.Join(lo.Path(), "cpu.shares")); got != 40 {
+		t.Errorf("priority 16: cpu.shares %d, want 40", got)
+	}
+	cmd, attr := startIn(t, hi)
+	if attr.UseCgroupFD {
+		t.Error("cgroup1 set UseCgroupFD")
+	}
+	want := strings.TrimPrefix(hi.Path(), "/sys/fs/cgroup/cpu")
+	got := procCgroup(t, cmd.Process.Pid, func(c string) bool { return hasWord(strings.ReplaceAll(c, ",", " "), "cpu") })
+	if !strings.HasSuffix(got, "/"+filepath.Base(c.dir)+"/hi") {
+		t.Errorf("child in cpu cgroup %q, want %q", got, want)
+	}
+	stopAndRemove(t, cmd, hi)
+	if err := lo.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Status(); st.Mechanism != MechanismCgroup1 || st.Placement != PlacementProcs {
+		t.Errorf("status %+v", st)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(c.dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("parent %s still there after Close: %v", c.dir, err)
+	}
+}
+
+func TestCPUGroupCgroup2(t *testing.T) {
+	c := v2Control(t)
+	hi, err := c.NewGroup("hi", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hi.Remove() })
+	if c.weight {
+		if got := readInt(t, filepath.Join(hi.Path(), "cpu.weight")); got != 1709 {
+			t.Errorf("priority 1: cpu.weight %d, want 1709", got)
+		}
+	}
+	isV2 := func(c string) bool { return c == "" }
+	wantSuffix := "/" + filepath.Base(c.dir) + "/hi"
+
+	// Placement at clone.
+	cmd, attr := startIn(t, hi)
+	if !attr.UseCgroupFD || attr.CgroupFD <= 0 {
+		t.Errorf("cgroup2 Prepare: UseCgroupFD %v CgroupFD %d", attr.UseCgroupFD, attr.CgroupFD)
+	}
+	if got := procCgroup(t, cmd.Process.Pid, isV2); !strings.HasSuffix(got, wantSuffix) {
+		t.Errorf("child (clone) in %q, want ...%s", got, wantSuffix)
+	}
+	if st := c.Status(); st.Placement != PlacementClone {
+		t.Errorf("status %+v, want placement clone", st)
+	}
+
+	// A Start that failed with the cgroup fd: retry places by cgroup.procs,
+	// and once that works the node keeps to it.
+	if !hi.StartFailed(attr, unix.ENOSYS) || attr.UseCgroupFD {
+		t.Fatal("StartFailed did not ask for a retry without UseCgroupFD")
+	}
+	if hi.StartFailed(attr, unix.ENOSYS) {
+		t.Error("StartFailed asked for a retry of a start without UseCgroupFD")
+	}
+	cmd2, attr2 := startIn(t, hi)
+	if attr2.UseCgroupFD {
+		t.Error("retry Prepare set UseCgroupFD")
+	}
+	if got := procCgroup(t, cmd2.Process.Pid, isV2); !strings.HasSuffix(got, wantSuffix) {
+		t.Errorf("child (cgroup.procs) in %q, want ...%s", got, wantSuffix)
+	}
+	if st := c.Status(); st.Placement != PlacementProcs || !strings.Contains(st.Reason, "clone into cgroup failed") {
+		t.Errorf("status %+v, want placement cgroup.procs with the reason", st)
+	}
+	lo, err := c.NewGroup("lo", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd3, attr3 := startIn(t, lo)
+	if attr3.UseCgroupFD {
+		t.Error("Prepare used clone after the node downgraded")
+	}
+	if got := procCgroup(t, cmd3.Process.Pid, isV2); !strings.HasSuffix(got, "/lo") {
+		t.Errorf("child in %q, want .../lo", got)
+	}
+
+	// Remove waits for the tasks; with one left it reports EBUSY.
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if err := hi.Remove(); !errors.Is(err, unix.EBUSY) || !strings.Contains(err.Error(), strconv.Itoa(cmd2.Process.Pid)) {
+		t.Errorf("Remove with a live process: %v, want EBUSY naming pid %d", err, cmd2.Process.Pid)
+	}
+	stopAndRemove(t, cmd2, hi)
+	stopAndRemove(t, cmd3, lo)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// statNice reads field 19 (nice) of /proc/<pid>/stat.
+func statNice(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // f[0] is field 3
+	n, err := strconv.Atoi(f[19-3])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestCPUGroupNice(t *testing.T) {
+	c := niceControl("test")
+	prios := []int{12} // nice +5: allowed to anyone
+	if os.Geteuid() == 0 {
+		prios = append(prios, 1, 16)
+	}
+	for _, p := range prios {
+		g, err := c.NewGroup(fmt.Sprintf("n%d", p), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Path() != "" {
+			t.Errorf("nice group has a path %q", g.Path())
+		}
+		cmd, attr := startIn(t, g)
+		if attr.UseCgroupFD {
+			t.Error("nice set UseCgroupFD")
+		}
+		if got := statNice(t, cmd.Process.Pid); got != Nice(p) {
+			t.Errorf("priority %d: child nice %d, want %d", p, got, Nice(p))
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if err := g.Remove(); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Error(err)
+	}
+}

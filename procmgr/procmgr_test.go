@@ -1,0 +1,613 @@
+package procmgr
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The test binary is its own UAP: with PROCMGR_TEST_CHILD set it behaves as
+// the child that mode names instead of running tests.
+//
+//	report     write the report, exit 0 once fd 3 (a pipe) reads EOF
+//	sleep      write the report, sleep until killed
+//	exit1      exit 1 at once
+//	stubborn   ignore SIGTERM/SIGINT/SIGHUP, start a grandchild in the same
+//	           process group (it inherits fd 3), write the report, sleep
+//	grandchild ignore the same signals, sleep
+//
+// The report is a JSON object in $PROCMGR_TEST_DIR/slot-N, written by rename
+// so a reader never sees half of it.
+const (
+	envMode = "PROCMGR_TEST_CHILD"
+	envDir  = "PROCMGR_TEST_DIR"
+)
+
+const waitLimit = 10 * time.Second // bound on every wait for a process
+
+// childPdeathsig is the parent-death signal of the child's main thread, the
+// one procmgr started: the kernel keeps it per thread and gives later
+// threads none, so it is read in init, which runs locked to that thread.
+var childPdeathsig string
+
+func init() {
+	if os.Getenv(envMode) == "" {
+		return
+	}
+	var sig int32
+	if err := unix.Prctl(unix.PR_GET_PDEATHSIG, uintptr(unsafe.Pointer(&sig)), 0, 0, 0); err != nil {
+		childPdeathsig = err.Error()
+		return
+	}
+	childPdeathsig = strconv.Itoa(int(sig))
+}
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(envMode); mode != "" {
+		os.Exit(runChild(mode))
+	}
+	os.Exit(m.Run())
+}
+
+func runChild(mode string) int {
+	switch mode {
+	case "exit1":
+		return 1
+	case "grandchild":
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+		time.Sleep(time.Hour)
+		return 0
+	}
+	rep := map[string]string{
+		"pid":    strconv.Itoa(os.Getpid()),
+		"slot":   os.Getenv("TPSCHED_PROC_SLOT"),
+		"shmfd":  os.Getenv("TPSCHED_SHM_FD"),
+		"server": os.Getenv("TPSCHED_SERVER"),
+		"group":  os.Getenv("TPSCHED_GROUP"),
+		"extra":  os.Getenv("PROCMGR_TEST_EXTRA"),
+	}
+	if pgid, err := syscall.Getpgid(0); err == nil {
+		rep["pgid"] = strconv.Itoa(pgid)
+	}
+	rep["pdeathsig"] = childPdeathsig
+	var st unix.Stat_t
+	if err := unix.Fstat(3, &st); err != nil {
+		rep["fd3"] = "closed: " + err.Error()
+	} else if st.Mode&unix.S_IFMT == unix.S_IFIFO {
+		rep["fd3"] = "pipe"
+	} else {
+		buf := make([]byte, 64)
+		n, _ := unix.Pread(3, buf, 0)
+		rep["fd3"] = string(buf[:n])
+	}
+	var grandchild *exec.Cmd
+	if mode == "stubborn" {
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+		grandchild = exec.Command(os.Args[0], "-test.run=^$")
+		grandchild.Env = append(os.Environ(), envMode+"=grandchild")
+		grandchild.ExtraFiles = []*os.File{os.NewFile(3, "segment")}
+		if err := grandchild.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "procmgr test child:", err)
+			return 2
+		}
+		rep["grandchild"] = strconv.Itoa(grandchild.Process.Pid)
+	}
+	if err := writeReport(rep); err != nil {
+		fmt.Fprintln(os.Stderr, "procmgr test child:", err)
+		return 2
+	}
+	switch mode {
+	case "report":
+		_, _ = io.Copy(io.Discard, os.NewFile(3, "segment"))
+		return 0
+	case "sleep", "stubborn":
+		time.Sleep(time.Hour)
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "procmgr test child: unknown mode", mode)
+	return 2
+}
+
+func writeReport(rep map[string]string) error {
+	dir := os.Getenv(envDir)
+	if dir == "" {
+		return nil
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	name := filepath.Join(dir, "slot-"+rep["slot"])
+	tmp := name + "." + rep["pid"]
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, name)
+}
+
+// readReport waits for slot's report written by a process other than
+// notPID (0: any).
+func readReport(t *testing.T, dir string, slot, notPID int) map[string]string {
+	t.Helper()
+	var rep map[string]string
+	waitUntil(t, fmt.Sprintf("report of slot %d", slot), func() bool {
+		b, err := os.ReadFile(filepath.Join(dir, "slot-"+strconv.Itoa(slot)))
+		if err != nil {
+			return false
+		}
+		rep = nil
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatalf("slot %d report: %v", slot, err)
+		}
+		return rep["pid"] != strconv.Itoa(notPID)
+	})
+	return rep
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func testManager(t *testing.T) *Manager {
+	m := New(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(m.Close)
+	return m
+}
+
+// spec runs the test binary as a UAP in mode, reporting into dir.
+func uapSpec(mode, dir string, segment *os.File, resident int) Spec {
+	return Spec{
+		Server:   "srv-" + mode,
+		Group:    "grp-" + mode,
+		Module:   os.Args[0],
+		Args:     []string{"-test.run=^$"},
+		Env:      []string{envMode + "=" + mode, envDir + "=" + dir},
+		Segment:  segment,
+		Resident: resident,
+	}
+}
+
+// start starts spec and makes sure its process groups are gone when the
+// test ends, whether it passed or not.
+func startServer(t *testing.T, m *Manager, sp Spec, hooks Hooks) *Server {
+	t.Helper()
+	srv, err := m.Start(sp, hooks)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { stopNow(t, srv) })
+	return srv
+}
+
+// stopNow stops srv, killing what is left after a short grace, and reports
+// a Stop that does not return.
+func stopNow(t *testing.T, srv *Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { _ = srv.Stop(ctx); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(waitLimit):
+		t.Errorf("Stop did not return %v after its deadline", waitLimit)
+		for _, p := range srv.Processes() {
+			if p.PID > 0 {
+				_ = syscall.Kill(-p.PID, syscall.SIGKILL)
+			}
+		}
+	}
+}
+
+func testPipe(t *testing.T) (r, w *os.File) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	return r, w
+}
+
+type exitEvent struct {
+	slot, pid int
+	err       error
+	at        time.Time
+}
+
+// exitLog records Exited calls.
+type exitLog struct {
+	mu    sync.Mutex
+	exits []exitEvent
+	ch    chan exitEvent
+}
+
+func newExitLog() *exitLog { return &exitLog{ch: make(chan exitEvent, 1024)} }
+
+func (l *exitLog) hook(slot, pid int, err error) {
+	e := exitEvent{slot, pid, err, time.Now()}
+	l.mu.Lock()
+	l.exits = append(l.exits, e)
+	l.mu.Unlock()
+	select {
+	case l.ch <- e:
+	default:
+	}
+}
+
+func (l *exitLog) all() []exitEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.exits)
+}
+
+func (l *exitLog) next(t *testing.T) exitEvent {
+	t.Helper()
+	select {
+	case e := <-l.ch:
+		return e
+	case <-time.After(waitLimit):
+		t.Fatalf("no Exited call within %v", waitLimit)
+		return exitEvent{}
+	}
+}
+
+func TestResidentProcessesStartWithSegmentAndEnvironment(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	fd, err := unix.MemfdCreate("procmgr-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	seg := os.NewFile(uintptr(fd), "segment")
+	t.Cleanup(func() { seg.Close() })
+	if _, err := seg.WriteString("segment-marker"); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	var prepared []int
+	hooks := Hooks{Prepare: func(slot int) error {
+		// Prepare must come before the slot's process exists.
+		if _, err := os.Stat(filepath.Join(dir, "slot-"+strconv.Itoa(slot))); err == nil {
+			t.Errorf("slot %d: Prepare called after its process started", slot)
+		}
+		mu.Lock()
+		prepared = append(prepared, slot)
+		mu.Unlock()
+		return nil
+	}}
+	sp := uapSpec("sleep", dir, seg, 3)
+	sp.Env = append(sp.Env, "PROCMGR_TEST_EXTRA=from-spec")
+	srv := startServer(t, testManager(t), sp, hooks)
+
+	mu.Lock()
+	if !slices.Equal(prepared, []int{0, 1, 2}) {
+		t.Errorf("Prepare called for slots %v, want [0 1 2]", prepared)
+	}
+	mu.Unlock()
+	procs := srv.Processes()
+	if len(procs) != 3 || srv.Running() != 3 {
+		t.Fatalf("Processes() = %+v, Running() = %d; want 3 running", procs, srv.Running())
+	}
+	for i, p := range procs {
+		if p.Slot != i || p.State != StateRunning || p.Kind != "resident" || p.PID <= 0 || p.Restarts != 0 {
+			t.Errorf("process %d: %+v", i, p)
+		}
+		rep := readReport(t, dir, i, 0)
+		want := map[string]string{
+			"pid":       strconv.Itoa(p.PID),
+			"slot":      strconv.Itoa(i),
+			"shmfd":     "3",
+			"server":    sp.Server,
+			"group":     sp.Group,
+			"extra":     "from-spec",
+			"fd3":       "segment-marker", // fd 3 is the segment itself
+			"pgid":      strconv.Itoa(p.PID),
+			"pdeathsig": strconv.Itoa(int(syscall.SIGKILL)),
+		}
+		for k, v := range want {
+			if rep[k] != v {
+				t.Errorf("slot %d: child saw %s = %q, want %q", i, k, rep[k], v)
+			}
+		}
+		// Its own process group, seen from outside too.
+		if pgid, err := syscall.Getpgid(p.PID); err != nil || pgid != p.PID {
+			t.Errorf("slot %d: getpgid(%d) = %d, %v; want its own group", i, p.PID, pgid, err)
+		}
+	}
+}
+
+func TestKilledProcessIsReplacedInItsSlot(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r, _ := testPipe(t)
+	exits := newExitLog()
+	var mu sync.Mutex
+	prepared := map[int]int{}
+	hooks := Hooks{
+		Prepare: func(slot int) error { mu.Lock(); prepared[slot]++; mu.Unlock(); return nil },
+		Exited:  exits.hook,
+	}
+	srv := startServer(t, testManager(t), uapSpec("sleep", dir, r, 2), hooks)
+	before := srv.Processes()
+	victim := before[1].PID
+	readReport(t, dir, 1, 0) // the process is up, not still starting
+
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	e := exits.next(t)
+	if e.slot != 1 || e.pid != victim || e.err == nil || !strings.Contains(e.err.Error(), "killed") {
+		t.Errorf("Exited(%d, %d, %v); want slot 1, pid %d, a 'killed' error", e.slot, e.pid, e.err, victim)
+	}
+	rep := readReport(t, dir, 1, victim)
+	var now []ProcInfo
+	waitUntil(t, "slot 1 running again", func() bool {
+		now = srv.Processes()
+		return now[1].State == StateRunning
+	})
+	if now[1].PID == victim || strconv.Itoa(now[1].PID) != rep["pid"] || rep["slot"] != "1" {
+		t.Errorf("replacement pid %d (report %s, slot %s), killed pid %d", now[1].PID, rep["pid"], rep["slot"], victim)
+	}
+	if now[1].Restarts != 1 {
+		t.Errorf("slot 1 restarts = %d, want 1", now[1].Restarts)
+	}
+	if now[0].PID != before[0].PID || now[0].Restarts != 0 || now[0].State != StateRunning {
+		t.Errorf("slot 0 changed: %+v -> %+v", before[0], now[0])
+	}
+	mu.Lock()
+	if prepared[0] != 1 || prepared[1] != 2 {
+		t.Errorf("Prepare calls per slot = %v, want map[0:1 1:2]", prepared)
+	}
+	mu.Unlock()
+	if got := exits.all(); len(got) != 1 {
+		t.Errorf("Exited calls %+v, want one", got)
+	}
+}
+
+func TestCrashingProcessBacksOff(t *testing.T) {
+	t.Parallel()
+	r, _ := testPipe(t)
+	exits := newExitLog()
+	t0 := time.Now()
+	srv := startServer(t, testManager(t), uapSpec("exit1", t.TempDir(), r, 1), Hooks{Exited: exits.hook})
+	time.Sleep(time.Second)
+	got := exits.all()
+	// Back-off 20, 40, 80, 160, 320, 640 ms: about six deaths in the first
+	// second, fewer on a slow machine, never a spin.
+	if len(got) < 2 || len(got) > 8 {
+		t.Fatalf("%d deaths within %v of start, want 2..8", len(got), time.Since(t0))
+	}
+	for i, e := range got {
+		if e.slot != 0 || e.err == nil || !strings.Contains(e.err.Error(), "exit status 1") {
+			t.Errorf("Exited #%d: slot %d, err %v; want slot 0, exit status 1", i, e.slot, e.err)
+		}
+	}
+	for i := 1; i < len(got); i++ {
+		gap := got[i].at.Sub(got[i-1].at)
+		if want := minBackoff << (i - 1); gap < want {
+			t.Errorf("restart %d came %v after the death before it, want at least the back-off %v", i, gap, want)
+		}
+	}
+	if p := srv.Processes()[0]; p.Restarts < len(got) {
+		t.Errorf("restarts = %d after %d deaths", p.Restarts, len(got))
+	}
+}
+
+func TestStopWaitsForProcessesThatExit(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r, w := testPipe(t)
+	exits := newExitLog()
+	srv := startServer(t, testManager(t), uapSpec("report", dir, r, 2), Hooks{Exited: exits.hook})
+	readReport(t, dir, 0, 0)
+	readReport(t, dir, 1, 0)
+
+	// The children exit once the pipe on their fd 3 closes: close it only
+	// after Stop has begun, so Stop has to wait for them.
+	const grace = 200 * time.Millisecond
+	time.AfterFunc(grace, func() { w.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	t0 := time.Now()
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if d := time.Since(t0); d < grace {
+		t.Errorf("Stop returned after %v, before the processes exited", d)
+	}
+	got := exits.all()
+	if len(got) != 2 {
+		t.Fatalf("Exited calls %+v, want 2", got)
+	}
+	for _, e := range got {
+		if e.err != nil {
+			t.Errorf("slot %d exited with %v, want success", e.slot, e.err)
+		}
+	}
+	for _, p := range srv.Processes() {
+		if p.State != StateStopped || p.Restarts != 0 || p.PID != 0 {
+			t.Errorf("after Stop: %+v", p)
+		}
+	}
+}
+
+func TestStopKillsProcessGroupAtDeadline(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	// The child and its grandchild hold the write end as fd 3; the read end
+	// sees EOF only once both are dead.
+	r, w := testPipe(t)
+	srv := startServer(t, testManager(t), uapSpec("stubborn", dir, w, 1), Hooks{})
+	rep := readReport(t, dir, 0, 0)
+	w.Close()
+	gpid, err := strconv.Atoi(rep["grandchild"])
+	if err != nil {
+		t.Fatalf("report %v: %v", rep, err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(gpid, syscall.SIGKILL) }) // if the test fails
+	pid := srv.Processes()[0].PID
+	if pgid, err := syscall.Getpgid(gpid); err != nil || pgid != pid {
+		t.Fatalf("grandchild %d in group %d (%v), want %d", gpid, pgid, err, pid)
+	}
+	// It ignores SIGTERM: only SIGKILL of its process group ends it.
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+
+	const deadline = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	t0 := time.Now()
+	err = srv.Stop(ctx)
+	d := time.Since(t0)
+	if err == nil || !strings.Contains(err.Error(), "killed 1 process") {
+		t.Errorf("Stop = %v, want 'killed 1 process(es)'", err)
+	}
+	if d < deadline-10*time.Millisecond || d > deadline+5*time.Second {
+		t.Errorf("Stop took %v with a %v deadline", d, deadline)
+	}
+	if err := r.SetReadDeadline(time.Now().Add(waitLimit)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("fd 3 pipe read = %d, %v; want EOF once child and grandchild are dead", n, err)
+	}
+}
+
+func TestStartFails(t *testing.T) {
+	t.Parallel()
+	r, _ := testPipe(t)
+	m := testManager(t)
+
+	missing := filepath.Join(t.TempDir(), "no-such-uap")
+	sp := uapSpec("sleep", t.TempDir(), r, 1)
+	sp.Module = missing
+	prepared := 0
+	_, err := m.Start(sp, Hooks{Prepare: func(int) error { prepared++; return nil }})
+	if err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("Start with a missing module = %v, want an error naming %s", err, missing)
+	}
+	if prepared != 0 {
+		t.Errorf("Prepare called %d times for a missing module", prepared)
+	}
+
+	notExec := filepath.Join(t.TempDir(), "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sp.Module = notExec
+	if _, err := m.Start(sp, Hooks{}); err == nil || !strings.Contains(err.Error(), notExec) {
+		t.Errorf("Start with a module that cannot run = %v, want an error naming %s", err, notExec)
+	}
+
+	sp = uapSpec("sleep", t.TempDir(), r, 0)
+	if _, err := m.Start(sp, Hooks{}); err == nil {
+		t.Error("Start with no resident process succeeded")
+	}
+}
+
+func TestStartFailureKillsProcessesAlreadyStarted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r, _ := testPipe(t)
+	exits := newExitLog()
+	boom := errors.New("boom")
+	hooks := Hooks{
+		Prepare: func(slot int) error {
+			if slot == 1 {
+				readReport(t, dir, 0, 0) // slot 0's process is running
+				return boom
+			}
+			return nil
+		},
+		Exited: exits.hook,
+	}
+	srv, err := testManager(t).Start(uapSpec("sleep", dir, r, 2), hooks)
+	if srv != nil || !errors.Is(err, boom) || !strings.Contains(err.Error(), "slot 1") {
+		t.Fatalf("Start = %v, %v; want nil and the prepare error for slot 1", srv, err)
+	}
+	rep := readReport(t, dir, 0, 0)
+	e := exits.next(t)
+	if e.slot != 0 || strconv.Itoa(e.pid) != rep["pid"] {
+		t.Errorf("Exited(%d, %d), want slot 0 pid %s", e.slot, e.pid, rep["pid"])
+	}
+	// No replacement after a failed start.
+	time.Sleep(3 * minBackoff)
+	if got := exits.all(); len(got) != 1 {
+		t.Errorf("Exited calls %+v, want one", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "slot-0")); !strings.Contains(string(b), `"pid":"`+rep["pid"]+`"`) {
+		t.Errorf("slot 0 was restarted after a failed Start: %s", b)
+	}
+}
+
+// A replacement whose start is under way when Stop begins must not outlive
+// Stop: Stop without a deadline would otherwise wait for it for ever.
+func TestStopDuringRestartStartsNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r, _ := testPipe(t)
+	exits := newExitLog()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls int
+	var mu sync.Mutex
+	hooks := Hooks{
+		Prepare: func(slot int) error {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			if n == 2 { // the replacement's
+				close(entered)
+				<-release
+			}
+			return nil
+		},
+		Exited: exits.hook,
+	}
+	srv := startServer(t, testManager(t), uapSpec("sleep", dir, r, 1), hooks)
+	pid := srv.Processes()[0].PID
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(waitLimit):
+		t.Fatal("no restart")
+	}
+	time.AfterFunc(100*time.Millisecond, func() { close(release) })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := srv.Stop(ctx); err != nil {
+		t.Errorf("Stop = %v, want nil: nothing was running when it began", err)
+	}
+	if n := srv.Running(); n != 0 {
+		t.Errorf("%d process(es) running after Stop", n)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "slot-0")); err == nil && !strings.Contains(string(b), `"pid":"`+strconv.Itoa(pid)+`"`) {
+		t.Errorf("a replacement started after Stop began: %s", b)
+	}
+}

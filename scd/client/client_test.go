@@ -1,0 +1,592 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"tpsched/netio"
+)
+
+const waitLimit = 10 * time.Second // bound on every wait in these tests
+
+// testNode is a real netio server standing in for a node. By group:
+//
+//	"err"   answers an error frame whose code is the service name
+//	"slow"  echoes after the delay the service name gives (time.ParseDuration)
+//	"drop"  closes the connection
+//	"who"   answers the node's name
+//	other   echoes the payload
+type testNode struct {
+	name string
+	srv  *netio.Server
+	addr string
+
+	mu       sync.Mutex
+	conns    map[uint64]bool // connections that carried a frame
+	frames   map[string]int  // frames received per group
+	timeouts map[string]uint32
+	closed   atomic.Int64
+	noReply  chan []byte
+}
+
+func startNode(t *testing.T, name string) *testNode {
+	t.Helper()
+	n := &testNode{
+		name:     name,
+		conns:    map[uint64]bool{},
+		frames:   map[string]int{},
+		timeouts: map[string]uint32{},
+		noReply:  make(chan []byte, 16),
+	}
+	srv, err := netio.Listen(netio.Options{Addr: "127.0.0.1:0", MaxPayload: 32 << 20}, n)
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	n.srv, n.addr = srv, srv.Addr()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		defer cancel()
+		if err := srv.Stop(ctx); err != nil {
+			t.Errorf("stop %s: %v", name, err)
+		}
+	})
+	return n
+}
+
+func (n *testNode) OnFrame(c *netio.Conn, f netio.Frame) {
+	group, service, payload := string(f.Group), string(f.Service), bytes.Clone(f.Payload)
+	n.mu.Lock()
+	n.conns[c.ID()] = true
+	n.frames[group]++
+	n.timeouts[group] = f.TimeoutMs
+	n.mu.Unlock()
+	switch f.Kind {
+	case netio.KindCallNoReply:
+		select {
+		case n.noReply <- payload:
+		default:
+		}
+		return
+	case netio.KindCall:
+	default:
+		return
+	}
+	var answer []byte
+	switch group {
+	case "err":
+		code, _ := strconv.Atoi(service)
+		answer = netio.AppendError(nil, f.ID, netio.Code(code), "detail "+service)
+	case "slow":
+		d, _ := time.ParseDuration(service)
+		reply := netio.AppendReply(nil, f.ID, payload)
+		time.AfterFunc(d, func() { _ = c.Send(reply) })
+		return
+	case "drop":
+		_ = c.Close()
+		return
+	case "who":
+		answer = netio.AppendReply(nil, f.ID, []byte(n.name))
+	default:
+		answer = netio.AppendReply(nil, f.ID, payload)
+	}
+	go func() { _ = c.Send(answer) }()
+}
+
+func (n *testNode) OnClose(*netio.Conn) { n.closed.Add(1) }
+
+// usedConns counts connections that carried at least one frame.
+func (n *testNode) usedConns() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.conns)
+}
+
+// accepted counts connections ever accepted, used or not.
+func (n *testNode) accepted() int { return n.srv.Stats().Conns + int(n.closed.Load()) }
+
+func (n *testNode) framesOf(group string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.frames[group]
+}
+
+// deadAddr returns a loopback address nobody listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func newClient(t *testing.T, opts Options) *Client {
+	t.Helper()
+	c, err := New(opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// testCtx bounds a call that should succeed.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func wantCode(t *testing.T, err error, code netio.Code) *netio.Error {
+	t.Helper()
+	var te *netio.Error
+	if !errors.As(err, &te) || te.Code != code {
+		t.Fatalf("err = %v, want a *netio.Error with code %v", err, code)
+	}
+	return te
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", waitLimit, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// inFlight starts n calls and returns their errors' channel.
+func inFlight(c *Client, n int, group, service string) <-chan error {
+	errc := make(chan error, n)
+	for i := range n {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			_, err := c.Call(ctx, group, service, []byte(strconv.Itoa(i)))
+			errc <- err
+		}()
+	}
+	return errc
+}
+
+func TestNewNeedsHosts(t *testing.T) {
+	if _, err := New(Options{}); err == nil {
+		t.Error("New without hosts succeeded")
+	}
+}
+
+func TestCallRoundTrip(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	for _, payload := range [][]byte{[]byte("hello"), {}, bytes.Repeat([]byte{0xa5}, 512<<10)} {
+		got, err := c.Call(testCtx(t), "demo", "echo", payload)
+		if err != nil {
+			t.Fatalf("Call(%d bytes): %v", len(payload), err)
+		}
+		if !bytes.Equal(got, payload) {
+			t.Errorf("Call(%d bytes) answered %d bytes, not the payload", len(payload), len(got))
+		}
+	}
+	if got := n.usedConns(); got != 1 {
+		t.Errorf("server saw %d connections, want 1", got)
+	}
+}
+
+func TestConcurrentCallsShareOneConnection(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	const goroutines, calls = 64, 100
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	errc := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range calls {
+				want := fmt.Sprintf("goroutine %d call %d", g, i)
+				got, err := c.Call(ctx, "demo", "echo", []byte(want))
+				if err != nil {
+					errc <- fmt.Errorf("%s: %w", want, err)
+					return
+				}
+				if string(got) != want {
+					errc <- fmt.Errorf("%s: answered %q", want, got)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+	if got := n.framesOf("demo"); got != goroutines*calls {
+		t.Errorf("server got %d frames, want %d", got, goroutines*calls)
+	}
+	if got := n.usedConns(); got != 1 {
+		t.Errorf("calls came on %d connections, want 1", got)
+	}
+	time.Sleep(50 * time.Millisecond) // let the server see any extra dial
+	if got := n.accepted(); got != 1 {
+		t.Errorf("server accepted %d connections, want 1", got)
+	}
+}
+
+func TestCallNoReply(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	if err := c.CallNoReply(testCtx(t), "demo", "log", []byte("fire and forget")); err != nil {
+		t.Fatalf("CallNoReply: %v", err)
+	}
+	select {
+	case got := <-n.noReply:
+		if string(got) != "fire and forget" {
+			t.Errorf("server got %q", got)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("server never got the call")
+	}
+	if got, err := c.Call(testCtx(t), "demo", "echo", []byte("after")); err != nil || string(got) != "after" {
+		t.Errorf("Call after CallNoReply = %q, %v", got, err)
+	}
+}
+
+func TestPayloadOverMaxMessageSize(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}, MaxMessageSize: 1000})
+	_, err := c.Call(testCtx(t), "demo", "echo", make([]byte, 1001))
+	wantCode(t, err, netio.CodeMessageTooBig)
+	err = c.CallNoReply(testCtx(t), "demo", "echo", make([]byte, 1001))
+	wantCode(t, err, netio.CodeMessageTooBig)
+	time.Sleep(50 * time.Millisecond) // a connection would have been seen by now
+	if got := n.accepted(); got != 0 {
+		t.Errorf("server accepted %d connections for refused payloads", got)
+	}
+	if _, err := c.Call(testCtx(t), "demo", "echo", make([]byte, 1000)); err != nil {
+		t.Errorf("Call at the limit: %v", err)
+	}
+}
+
+func TestErrorFrames(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	for _, code := range []netio.Code{netio.CodeNoSuchGroup, netio.CodeServerBusy, netio.CodeServerTerminated, netio.CodeApplication, netio.CodeShuttingDown} {
+		service := strconv.Itoa(int(code))
+		_, err := c.Call(testCtx(t), "err", service, nil)
+		te := wantCode(t, err, code)
+		if te.Message != "detail "+service {
+			t.Errorf("code %v: message %q, want %q", code, te.Message, "detail "+service)
+		}
+		if !errors.Is(err, &netio.Error{Code: code}) {
+			t.Errorf("errors.Is(%v, code %v) = false", err, code)
+		}
+		if errors.Is(err, &netio.Error{Code: netio.CodeTimedOut}) {
+			t.Errorf("errors.Is(%v, timed out) = true", err)
+		}
+	}
+	if got := n.usedConns(); got != 1 {
+		t.Errorf("error answers took %d connections, want 1", got)
+	}
+}
+
+func TestDeadlineTimesOut(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	_, err := c.Call(ctx, "slow", "300ms", []byte("late"))
+	d := time.Since(t0)
+	wantCode(t, err, netio.CodeTimedOut)
+	if d > time.Second {
+		t.Errorf("timed out after %v with a 100ms deadline", d)
+	}
+	n.mu.Lock()
+	if ms := n.timeouts["slow"]; ms == 0 || ms > 101 {
+		t.Errorf("frame carried timeout %d ms, want 1..101", ms)
+	}
+	n.mu.Unlock()
+
+	expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	_, err = c.Call(expired, "demo", "echo", nil)
+	wantCode(t, err, netio.CodeTimedOut)
+
+	// Still works, also once the late answer has come and been dropped.
+	for range 2 {
+		if got, err := c.Call(testCtx(t), "demo", "echo", []byte("next")); err != nil || string(got) != "next" {
+			t.Errorf("Call after a timeout = %q, %v", got, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if got := n.usedConns(); got != 1 {
+		t.Errorf("server saw %d connections, want 1", got)
+	}
+}
+
+func TestCanceledCall(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if _, err := c.Call(ctx, "slow", "5s", nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("canceled Call = %v, want context.Canceled", err)
+	}
+}
+
+func TestDroppedConnectionFailsCallsWithoutResending(t *testing.T) {
+	t.Parallel()
+	for _, hosts := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d hosts", hosts), func(t *testing.T) {
+			t.Parallel()
+			nodes := []*testNode{startNode(t, "a")}
+			if hosts == 2 {
+				nodes = append(nodes, startNode(t, "b")) // where a resend could go
+			}
+			var addrs []string
+			sum := func(f func(*testNode) int) (s int) {
+				for _, n := range nodes {
+					addrs = append(addrs, n.addr)
+					s += f(n)
+				}
+				return s
+			}
+			sum(func(*testNode) int { return 0 })
+			c := newClient(t, Options{Hosts: addrs})
+			const slow = 5
+			errc := inFlight(c, slow, "slow", "5s")
+			waitUntil(t, "the slow calls to arrive", func() bool { return nodes[0].framesOf("slow") == slow })
+
+			t0 := time.Now()
+			_, err := c.Call(testCtx(t), "drop", "close", nil)
+			wantCode(t, err, netio.CodeNetworkDown)
+			for range slow {
+				wantCode(t, <-errc, netio.CodeNetworkDown)
+			}
+			if d := time.Since(t0); d > 2*time.Second {
+				t.Errorf("calls failed %v after the connection dropped", d)
+			}
+			time.Sleep(50 * time.Millisecond)
+			slowFrames := sum(func(n *testNode) int { return n.framesOf("slow") })
+			dropFrames := sum(func(n *testNode) int { return n.framesOf("drop") })
+			if slowFrames != slow || dropFrames != 1 {
+				t.Errorf("nodes got %d slow and %d drop frames, want %d and 1: calls were resent", slowFrames, dropFrames, slow)
+			}
+			// The next call dials again.
+			if got, err := c.Call(testCtx(t), "demo", "echo", []byte("again")); err != nil || string(got) != "again" {
+				t.Fatalf("Call after the drop = %q, %v", got, err)
+			}
+			if got := sum((*testNode).usedConns); got != 2 {
+				t.Errorf("nodes saw %d connections, want 2: the dropped one and a new one", got)
+			}
+		})
+	}
+}
+
+func TestFailOverFromDeadHost(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "live")
+	c := newClient(t, Options{Hosts: []string{deadAddr(t), n.addr}})
+	for i := range 5 {
+		got, err := c.Call(testCtx(t), "who", "", nil)
+		if err != nil || string(got) != "live" {
+			t.Fatalf("call %d = %q, %v", i, got, err)
+		}
+	}
+	if got := n.usedConns(); got != 1 {
+		t.Errorf("live node saw %d connections, want 1", got)
+	}
+}
+
+func TestHostChangeAlternates(t *testing.T) {
+	t.Parallel()
+	a, b := startNode(t, "a"), startNode(t, "b")
+	c := newClient(t, Options{Hosts: []string{a.addr, b.addr}, HostChange: true})
+	var got []string
+	for range 6 {
+		name, err := c.Call(testCtx(t), "who", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, string(name))
+	}
+	if s := strings.Join(got, ","); s != "a,b,a,b,a,b" {
+		t.Errorf("calls went to %s, want a,b,a,b,a,b", s)
+	}
+}
+
+func TestHostSelectSpreadsFirstCalls(t *testing.T) {
+	t.Parallel()
+	a, b := startNode(t, "a"), startNode(t, "b")
+	first := map[string]int{}
+	for range 30 { // both hosts miss being first with probability 2^-29
+		c, err := New(Options{Hosts: []string{a.addr, b.addr}, HostSelect: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, err := c.Call(testCtx(t), "who", "", nil)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		first[string(name)]++
+	}
+	if first["a"] == 0 || first["b"] == 0 {
+		t.Errorf("first hosts chosen %v, want both", first)
+	}
+}
+
+func TestAllHostsDead(t *testing.T) {
+	t.Parallel()
+	dead1, dead2 := deadAddr(t), deadAddr(t)
+	c := newClient(t, Options{Hosts: []string{dead1, dead2}})
+	t0 := time.Now()
+	_, err := c.Call(testCtx(t), "demo", "echo", nil)
+	te := wantCode(t, err, netio.CodeNetworkDown)
+	if !strings.Contains(te.Message, "refused") || !strings.Contains(te.Message, "127.0.0.1:") {
+		t.Errorf("message %q does not name the dial error", te.Message)
+	}
+	if d := time.Since(t0); d > 3*time.Second {
+		t.Errorf("took %v to find two refusing hosts", d)
+	}
+	err = c.CallNoReply(testCtx(t), "demo", "echo", nil)
+	wantCode(t, err, netio.CodeNetworkDown)
+}
+
+func TestCloseFailsInFlightCalls(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	const calls = 3
+	errc := inFlight(c, calls, "slow", "5s")
+	waitUntil(t, "the calls to arrive", func() bool { return n.framesOf("slow") == calls })
+	t0 := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for range calls {
+		select {
+		case err := <-errc:
+			if te := wantCode(t, err, netio.CodeNetworkDown); !strings.Contains(te.Message, "closed") {
+				t.Errorf("message %q, want it to say the client closed", te.Message)
+			}
+		case <-time.After(waitLimit):
+			t.Fatal("a call outlived Close")
+		}
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("calls failed %v after Close", d)
+	}
+	_, err := c.Call(testCtx(t), "demo", "echo", nil)
+	wantCode(t, err, netio.CodeNetworkDown)
+}
+
+// A writer that flushes its own frame and then, in the same turn, the frames
+// other calls appended meanwhile must not resend its call elsewhere when a
+// later write fails: its frame reached the node already.
+func TestWrittenCallIsNotResentWhenALaterWriteFails(t *testing.T) {
+	t.Parallel()
+	// A node that takes the connection but reads only what it is told to.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if nc, err := l.Accept(); err == nil {
+			accepted <- nc
+		}
+	}()
+	other := startNode(t, "b") // where a resend would go
+	const size = 16 << 20      // far more than the socket buffers hold
+	c := newClient(t, Options{Hosts: []string{l.Addr().String(), other.addr}, MaxMessageSize: size})
+
+	big := bytes.Repeat([]byte("a"), size)
+	errA := make(chan error, 1)
+	go func() {
+		_, err := c.Call(testCtx(t), "demo", "echo", big)
+		errA <- err
+	}()
+	var srv net.Conn
+	select {
+	case srv = <-accepted:
+		t.Cleanup(func() { srv.Close() })
+	case <-time.After(waitLimit):
+		t.Fatal("no connection")
+	}
+	var cn *conn
+	waitUntil(t, "call A to be writing", func() bool {
+		c.mu.Lock()
+		cn = c.conns[0]
+		c.mu.Unlock()
+		if cn == nil {
+			return false
+		}
+		cn.wmu.Lock()
+		defer cn.wmu.Unlock()
+		return cn.flushing
+	})
+	// B's frame waits in the buffer for A's writer.
+	if err := c.CallNoReply(testCtx(t), "demo", "log", big); err != nil {
+		t.Fatalf("CallNoReply: %v", err)
+	}
+	// Read A's frame whole: A's first write is done, the next (B's) blocks.
+	frameA := netio.HeaderSize + len("demo") + len("echo") + size
+	if _, err := io.CopyN(io.Discard, srv, int64(frameA)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cn.nc.SetWriteDeadline(time.Now()); err != nil { // B's write fails
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errA:
+		wantCode(t, err, netio.CodeNetworkDown)
+	case <-time.After(waitLimit):
+		t.Fatal("call A did not end")
+	}
+	if got := other.framesOf("demo"); got != 0 {
+		t.Errorf("the written call was sent again to the other host (%d frames)", got)
+	}
+}
+
+func TestWatchTimeWithoutDeadline(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}, WatchTime: 100 * time.Millisecond})
+	t0 := time.Now()
+	_, err := c.Call(context.Background(), "slow", "5s", nil)
+	d := time.Since(t0)
+	wantCode(t, err, netio.CodeTimedOut)
+	// The client leaves the node a second to answer 'timed out' itself.
+	if d < time.Second || d > 3*time.Second {
+		t.Errorf("gave up after %v with a 100ms watch time", d)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ms := n.timeouts["slow"]; ms != 101 {
+		t.Errorf("frame carried timeout %d ms, want 101", ms)
+	}
+}
