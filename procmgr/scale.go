@@ -33,9 +33,10 @@ type ServerLoad struct {
 	Resident     int
 	Max          int
 	BalanceCount int
-	Queue        int // requests waiting in the schedule queue
-	Running      int // processes running or starting, resident ones included
-	Free         int // of Running, processes starting or idle: ones that will take the next requests
+	Queue        int           // requests waiting in the schedule queue
+	Running      int           // processes running or starting, resident ones included
+	Free         int           // of Running, processes starting or idle: ones that will take the next requests
+	IdleStop     time.Duration // how long a non-resident process idles before it may stop
 	NonResident  []NonResidentProc
 }
 
@@ -47,11 +48,10 @@ type NonResidentProc struct {
 
 // Limits are the node-wide bounds of a check.
 type Limits struct {
-	IdleStop     time.Duration // how long a non-resident process idles before it may stop
-	NodeCap      int           // max_processes; 0 = none
-	NodeRunning  int           // processes running on the node now
-	MemoryLow    bool          // MemAvailable under the reserve: the memory gate is closed
-	MemoryPermit int           // while closed: non-resident exits not yet answered by a start
+	NodeCap      int  // max_processes; 0 = none
+	NodeRunning  int  // processes running on the node now
+	MemoryLow    bool // MemAvailable under the reserve: the memory gate is closed
+	MemoryPermit int  // while closed: non-resident exits not yet answered by a start
 }
 
 // Decision is what a check decides for one server.
@@ -78,13 +78,13 @@ func Wanted(s ServerLoad) int {
 }
 
 // StopCandidate is the slot of the non-resident process to stop now, or -1.
-func StopCandidate(s ServerLoad, idleStop time.Duration) int {
+func StopCandidate(s ServerLoad) int {
 	if len(s.NonResident) == 0 || s.Queue > s.BalanceCount*(s.Running-1) {
 		return -1
 	}
 	best, bestIdle := -1, time.Duration(-1)
 	for _, p := range s.NonResident {
-		if p.IdleFor >= idleStop && p.IdleFor > bestIdle && p.IdleFor > 0 {
+		if p.IdleFor >= s.IdleStop && p.IdleFor > bestIdle && p.IdleFor > 0 {
 			best, bestIdle = p.Slot, p.IdleFor
 		}
 	}
@@ -97,7 +97,7 @@ func Plan(servers []ServerLoad, lim Limits) []Decision {
 	out := make([]Decision, len(servers))
 	order := make([]int, 0, len(servers))
 	for i, s := range servers {
-		out[i] = Decision{Start: Wanted(s), Stop: StopCandidate(s, lim.IdleStop)}
+		out[i] = Decision{Start: Wanted(s), Stop: StopCandidate(s)}
 		if out[i].Start > 0 {
 			out[i].Stop = -1
 			order = append(order, i)

@@ -61,7 +61,8 @@ func TestStopCandidate(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := StopCandidate(tc.s, idle); got != tc.want {
+			tc.s.IdleStop = idle
+			if got := StopCandidate(tc.s); got != tc.want {
 				t.Errorf("StopCandidate = %d, want %d", got, tc.want)
 			}
 		})
@@ -108,9 +109,9 @@ func TestPlanLimits(t *testing.T) {
 		}
 	})
 	t.Run("a server that starts does not stop", func(t *testing.T) {
-		s := []ServerLoad{{Max: 4, BalanceCount: 0, Running: 2, Queue: 1,
+		s := []ServerLoad{{Max: 4, BalanceCount: 0, Running: 2, Queue: 1, IdleStop: time.Second,
 			NonResident: []NonResidentProc{{Slot: 3, IdleFor: time.Hour}}}}
-		got := Plan(s, Limits{IdleStop: time.Second})
+		got := Plan(s, Limits{})
 		if got[0].Stop != -1 {
 			t.Fatalf("decision %+v", got[0])
 		}

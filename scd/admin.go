@@ -12,14 +12,17 @@ import (
 
 	"tpsched/netio"
 	"tpsched/procmgr"
+	"tpsched/scd/def"
 )
 
 // Status is what `scdctl status` shows: the node and each service group.
 type Status struct {
-	Node     string        `json:"node"`
-	RPC      string        `json:"rpc"`
-	Draining bool          `json:"draining"`
-	Groups   []GroupStatus `json:"groups"`
+	Node     string            `json:"node"`
+	RPC      string            `json:"rpc"`
+	Draining bool              `json:"draining"`
+	CPU      procmgr.CPUStatus `json:"cpu_priority"`
+	Scaling  procmgr.Stats     `json:"scaling"`
+	Groups   []GroupStatus     `json:"groups"`
 }
 
 // GroupStatus is one service group's state.
@@ -27,6 +30,11 @@ type GroupStatus struct {
 	Group      string             `json:"group"`
 	Server     string             `json:"server"`
 	Held       bool               `json:"held"`
+	Receive    string             `json:"receive_from"`
+	Priority   int                `json:"schedule_priority"`
+	Resident   int                `json:"resident"`
+	Max        int                `json:"max_processes"`
+	CPUGroup   string             `json:"cpu_group,omitempty"`
 	QueueDepth int                `json:"queue_depth"`
 	QueueSize  int                `json:"queue_size"`
 	InFlight   int                `json:"in_flight"`
@@ -37,13 +45,19 @@ type GroupStatus struct {
 
 // Status reports the node's state now.
 func (n *Node) Status() Status {
-	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load()}
+	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
+		CPU: n.pm.CPU().Status(), Scaling: n.pm.Stats()}
 	for _, g := range n.order {
 		s := g.seg.Stats()
 		st.Groups = append(st.Groups, GroupStatus{
 			Group:      g.name,
 			Server:     g.def.Name,
 			Held:       g.held.Load(),
+			Receive:    map[def.ReceiveFrom]string{def.ReceiveQueue: "queue", def.ReceiveSocket: "socket"}[g.def.ReceiveFrom],
+			Priority:   g.def.SchedulePriority,
+			Resident:   g.def.Resident,
+			Max:        g.def.MaxProcesses,
+			CPUGroup:   g.procs.CPUGroup().Path(),
 			QueueDepth: s.Depth,
 			QueueSize:  g.def.QueueSize,
 			InFlight:   g.inFlight(),

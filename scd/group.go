@@ -1,6 +1,7 @@
 package scd
 
 import (
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +20,7 @@ type group struct {
 	name     string
 	def      def.Server
 	services map[string]string // interned service names, looked up without allocating
-	seg      *shm.Segment
+	seg      queue
 	procs    *procmgr.Server
 	held     atomic.Bool
 	watch    time.Duration
@@ -32,6 +33,24 @@ type group struct {
 	refused  *metrics.Counter // calls refused before reaching the queue
 	timedOut *metrics.Counter
 	latency  *metrics.Histogram
+}
+
+// queue is the channel between the node and a group's UAP processes: the
+// shared-memory schedule queue (*shm.Segment) or, for receive_from=socket,
+// a socket to the one process.
+type queue interface {
+	File() *os.File
+	Enqueue(service string, req []byte, deadline time.Time) (shm.Token, error)
+	WaitCompletions(buf []shm.Completion, timeout time.Duration) []shm.Completion
+	Release(t shm.Token)
+	PrepareSlot(slot int) error
+	Reclaim(slot int) (shm.Token, bool)
+	SlotInfo(slot int) shm.SlotInfo
+	RequestStop(slot int)
+	Depth() int
+	Stats() shm.Stats
+	Close() error
+	Unmap() error
 }
 
 // call is one request between Enqueue and the release of its buffer. Its
@@ -66,6 +85,7 @@ func (g *group) enqueue(c *netio.Conn, f *netio.Frame, service string, now time.
 	g.mu.Unlock()
 	switch err {
 	case nil:
+		g.procs.Kick(g.seg.Depth())
 		return netio.CodeOK
 	case shm.ErrFull:
 		callPool.Put(cl)

@@ -90,9 +90,6 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		if other, ok := n.groups[s.ServiceGroup]; ok {
 			return nil, fmt.Errorf("%s: service_group: %q is served by %s already", s.File, s.ServiceGroup, other.def.File)
 		}
-		if s.ReceiveFrom != def.ReceiveQueue {
-			return nil, fmt.Errorf("%s: receive_from: socket is not supported yet; use queue", s.File)
-		}
 		module, err := n.resolveModule(s.Module)
 		if err != nil {
 			return nil, fmt.Errorf("%s: module: %w", s.File, err)
@@ -158,7 +155,12 @@ func checkExecutable(p string) error {
 // the RPC port and the control/metrics endpoint. On error everything
 // already started is stopped again.
 func (n *Node) Start() (err error) {
-	n.pm = procmgr.New(n.log)
+	n.pm = procmgr.New(procmgr.Options{
+		Logger:        n.log,
+		NodeCap:       n.cfg.System.MaxProcesses,
+		MemoryReserve: n.cfg.System.MemoryReserve,
+	})
+	n.registerNodeMetrics()
 	defer func() {
 		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -173,8 +175,8 @@ func (n *Node) Start() (err error) {
 	}
 	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
 	n.rpc, err = netio.Listen(netio.Options{
-		Addr:       rpcAddr,
-		Loops:      n.cfg.Sched.Multi,
+		Addr:  rpcAddr,
+		Loops: n.cfg.Sched.Multi,
 		// Any frame a definition could allow is read whole, so one over its
 		// group's max_message_size is answered 'message too big' and the
 		// connection stays; only frames no group could take are bad.
@@ -215,23 +217,41 @@ func (n *Node) startGroup(g *group) error {
 	n.metrics.NewGauge(`tpsched_requests_processed_total`+lbl, func() float64 { return float64(seg.Stats().Done) })
 	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
 	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
-		if g.procs == nil {
-			return 0
-		}
-		return float64(g.procs.Running())
+		res, _ := g.procs.Running()
+		return float64(res)
+	})
+	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="nonresident"}`, func() float64 {
+		_, nonres := g.procs.Running()
+		return float64(nonres)
 	})
 	g.procs, err = n.pm.Start(procmgr.Spec{
-		Server:   s.Name,
-		Group:    g.name,
-		Module:   s.Module,
-		Env:      s.Env,
-		Segment:  seg.File(),
-		Resident: s.Resident,
+		Server:       s.Name,
+		Group:        g.name,
+		Module:       s.Module,
+		Env:          s.Env,
+		Segment:      seg.File(),
+		Resident:     s.Resident,
+		Max:          s.MaxProcesses,
+		BalanceCount: s.BalanceCount,
+		Priority:     s.SchedulePriority,
+		Refresh:      s.RefreshProcess,
+		IdleStop:     s.NonResidentIdle,
 	}, procmgr.Hooks{
 		Prepare: seg.PrepareSlot,
+		File:    seg.File,
 		Exited: func(slot, pid int, err error) {
 			g.processExited(slot)
 		},
+		QueueDepth: seg.Depth,
+		Slot: func(slot int) procmgr.SlotView {
+			info := seg.SlotInfo(slot)
+			return procmgr.SlotView{
+				Busy:   info.State == shm.SlotBusy,
+				Ready:  info.State == shm.SlotIdle || info.State == shm.SlotBusy,
+				Served: info.Served,
+			}
+		},
+		RequestStop: seg.RequestStop,
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.File, err)
@@ -239,6 +259,16 @@ func (n *Node) startGroup(g *group) error {
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); g.readReplies(n.stop) }()
 	return nil
+}
+
+// registerNodeMetrics exposes what the process manager does node-wide.
+func (n *Node) registerNodeMetrics() {
+	cpu := n.pm.CPU()
+	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism())+`"}`,
+		func() float64 { return 1 })
+	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
+	n.metrics.NewGauge(`tpsched_nonresident_starts_total`, func() float64 { return float64(n.pm.Stats().NonResidentStarts) })
+	n.metrics.NewGauge(`tpsched_nonresident_stops_total`, func() float64 { return float64(n.pm.Stats().NonResidentStops) })
 }
 
 func b2f(b bool) float64 {

@@ -84,9 +84,22 @@
 //	}()
 //	tok, err := seg.Enqueue("echo", payload, time.Now().Add(watchTime))
 //
+// # Socket mode
+//
+// A user server with receive_from = socket has exactly one process, which
+// gets its requests over a connected unix stream socket instead of the memfd.
+// The scheduler uses CreateSocket instead of Create: the *SocketQueue it
+// returns has the method set of *Segment (slot is always 0), keeps up to
+// Slots requests waiting in the node and writes them to the UAP one at a
+// time. The UAP code does not change: Attach sees TPSCHED_RECEIVE=socket and
+// takes fd TPSCHED_SHM_FD as the socket. Before each spawn call
+// PrepareSlot(0) and only then File(): the socketpair of a process that used
+// it is replaced by a fresh one. The wire format is described in socket.go.
+//
 // # Environment
 //
-// TPSCHED_SHM_FD (default 3) and TPSCHED_PROC_SLOT are read by Attach.
+// TPSCHED_SHM_FD (default 3), TPSCHED_PROC_SLOT and TPSCHED_RECEIVE (queue, the
+// default, or socket) are read by Attach.
 // TPSCHED_SPIN_US bounds the adaptive spin (microseconds, default 10, 0 = never
 // spin, at most 1000) of both the UAP's take and WaitCompletions. On a machine
 // with cores to spare, 50 turns a 9-13 µs round trip into about 1.5 µs (both

@@ -31,12 +31,22 @@ type Server struct {
 	name     [maxName]byte
 	refresh  bool // serve one request, then stop (scd_refresh_process)
 	served   bool
+	sock     *sockServer // socket mode (receive_from = socket); nil for a segment
 }
 
 // Attach attaches the calling process, started by scdd, to its schedule queue:
 // the memfd is fd TPSCHED_SHM_FD (default 3) and the control block is
-// TPSCHED_PROC_SLOT.
+// TPSCHED_PROC_SLOT. With TPSCHED_RECEIVE=socket (receive_from = socket) that
+// fd is instead a connected unix stream socket to the scheduler (see
+// SocketQueue); Handle, Serve and ServeOne work the same.
 func Attach() (*Server, error) {
+	switch v := os.Getenv("TPSCHED_RECEIVE"); v {
+	case "socket":
+		return attachSocketEnv()
+	case "", "queue":
+	default:
+		return nil, fmt.Errorf("shm: TPSCHED_RECEIVE=%q: want queue or socket", v)
+	}
 	slotEnv, ok := os.LookupEnv("TPSCHED_PROC_SLOT")
 	if !ok {
 		return nil, errors.New("shm: TPSCHED_PROC_SLOT is not set (a UAP must be started by scdd)")
@@ -160,6 +170,9 @@ func (s *Server) Serve() error {
 // scheduler asked this process to stop, or, in refresh mode, after the one
 // request the process exists for (and then marks the control block free).
 func (s *Server) ServeOne() error {
+	if s.sock != nil {
+		return s.serveSocket()
+	}
 	if s.mem == nil {
 		return ErrClosed
 	}
@@ -295,6 +308,9 @@ func (s *Server) complete(tok Token, st Status, rl uint64) {
 // Close frees the control block and unmaps the segment. Serve must have
 // returned.
 func (s *Server) Close() error {
+	if s.sock != nil {
+		return s.sock.close()
+	}
 	if s.mem == nil {
 		return nil
 	}

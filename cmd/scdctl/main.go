@@ -178,25 +178,42 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 		fmt.Fprint(stdout, "  DRAINING")
 	}
 	fmt.Fprintln(stdout)
+	fmt.Fprintf(stdout, "cpu priority: %s (%s)\n", st.CPU.Mechanism, st.CPU.Reason)
+	gate := "open"
+	if st.Scaling.MemoryGateClosed {
+		gate = "CLOSED"
+	}
+	fmt.Fprintf(stdout, "non-resident processes: %d started, %d stopped; memory gate %s\n",
+		st.Scaling.NonResidentStarts, st.Scaling.NonResidentStops, gate)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES")
+	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tPIDS")
 	for _, g := range st.Groups {
 		state := "open"
 		if g.Held {
 			state = "held"
 		}
-		var procs []string
+		var pids []string
+		nonres := 0
 		for _, p := range g.Processes {
+			pid := string(p.State)
 			if p.PID != 0 {
-				procs = append(procs, strconv.Itoa(p.PID))
-			} else {
-				procs = append(procs, string(p.State))
+				pid = strconv.Itoa(p.PID)
 			}
+			if p.Kind == "nonresident" {
+				nonres++
+				pid += "*"
+			}
+			pids = append(pids, pid)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%d\t%d\t%s\n", g.Group, g.Server, state,
-			g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed, strings.Join(procs, ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%s\n", g.Group, g.Server, state, g.Priority,
+			g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed,
+			len(g.Processes)-nonres, nonres, g.Max, strings.Join(pids, ","))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process.")
+	return nil
 }
 
 func control(ctx context.Context, ctl, verb string, args []string) error {

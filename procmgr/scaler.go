@@ -1,0 +1,263 @@
+package procmgr
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// scaleLoop applies the Multiserver rule: at once when an enqueue kicks it,
+// and every CheckInterval for stops and idle tracking.
+func (m *Manager) scaleLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.opts.CheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-m.kick:
+		case <-t.C:
+		}
+		m.check(time.Now())
+	}
+}
+
+// check is one pass of the rule over every server of the node.
+func (m *Manager) check(now time.Time) {
+	m.mu.Lock()
+	servers := append([]*Server(nil), m.servers...)
+	m.mu.Unlock()
+	loads := make([]ServerLoad, len(servers))
+	nodeRunning := 0
+	for i, s := range servers {
+		loads[i] = s.observe(now)
+		nodeRunning += loads[i].Running
+	}
+	lim := Limits{NodeCap: m.opts.NodeCap, NodeRunning: nodeRunning}
+	if m.opts.MemoryReserve > 0 {
+		avail, err := m.opts.MemAvailable()
+		m.mu.Lock()
+		m.memErr = err
+		low := err == nil && avail < m.opts.MemoryReserve
+		if low != m.memLow {
+			m.log.Info("memory gate", "closed", low, "available_mib", avail>>20, "reserve_mib", m.opts.MemoryReserve>>20)
+		}
+		if !low {
+			m.permits = 0 // permits are owed only while the gate is closed
+		}
+		m.memLow = low
+		lim.MemoryLow, lim.MemoryPermit = low, m.permits
+		m.mu.Unlock()
+	}
+	decisions := Plan(loads, lim)
+	for i, d := range decisions {
+		s := servers[i]
+		if lim.MemoryLow && Wanted(loads[i]) > d.Start {
+			m.gateHolds.Add(1)
+		}
+		for range d.Start {
+			if !s.startNonResident() {
+				break
+			}
+			if lim.MemoryLow {
+				m.mu.Lock()
+				m.permits--
+				m.mu.Unlock()
+			}
+		}
+		if d.Stop >= 0 {
+			s.stopNonResident(d.Stop)
+		}
+	}
+}
+
+// nonResidentEnded is told of every non-resident exit: while the memory
+// gate is closed each one lets one waiting start go ahead.
+func (m *Manager) nonResidentEnded() {
+	m.mu.Lock()
+	if m.memLow {
+		m.permits++
+	}
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// observe builds the scaler's view of the server and tracks how long each
+// non-resident process has been idle.
+func (s *Server) observe(now time.Time) ServerLoad {
+	ld := ServerLoad{
+		Priority:     s.spec.Priority,
+		Resident:     s.spec.Resident,
+		Max:          s.spec.Max,
+		BalanceCount: s.spec.BalanceCount,
+		IdleStop:     s.spec.IdleStop,
+	}
+	if s.spec.Priority == 0 {
+		ld.Priority = DefaultPriority
+	}
+	if s.hooks.QueueDepth == nil || s.hooks.Slot == nil || s.hooks.RequestStop == nil {
+		ld.Max = s.spec.Resident // cannot scale without seeing the queue
+	} else {
+		ld.Queue = s.hooks.QueueDepth()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		ld.Max = 0
+		return ld
+	}
+	for _, sl := range s.slots {
+		if sl.proc == nil || sl.stopAsked {
+			continue
+		}
+		ld.Running++
+		var v SlotView
+		if s.hooks.Slot != nil {
+			v = s.hooks.Slot(sl.index)
+			if v.Ready && sl.state == StateStarting {
+				sl.state = StateRunning
+			}
+		}
+		if !v.Busy {
+			ld.Free++
+		}
+		if sl.resident {
+			continue
+		}
+		p := NonResidentProc{Slot: sl.index}
+		switch {
+		case !v.Ready || v.Busy || v.Served != sl.lastServed || sl.idleSince.IsZero():
+			sl.lastServed, sl.idleSince = v.Served, now
+			if v.Busy || !v.Ready {
+				sl.idleSince = time.Time{}
+			}
+		default:
+			p.IdleFor = now.Sub(sl.idleSince)
+		}
+		ld.NonResident = append(ld.NonResident, p)
+	}
+	if now.Before(s.crashUntil) {
+		ld.Max = ld.Running // a non-resident crash loop: hold starts back
+	}
+	return ld
+}
+
+// startNonResident starts a process in a free non-resident slot.
+func (s *Server) startNonResident() bool {
+	s.mu.Lock()
+	var free *slot
+	for _, sl := range s.slots[s.spec.Resident:] {
+		if sl.proc == nil {
+			free = sl
+			break
+		}
+	}
+	s.mu.Unlock()
+	if free == nil {
+		return false
+	}
+	if err := s.spawn(free); err != nil {
+		s.m.log.Error("non-resident uap start failed", "server", s.spec.Server, "slot", free.index, "err", err)
+		s.mu.Lock()
+		s.crashBackoff = min(max(s.crashBackoff*2, minBackoff), maxBackoff)
+		s.crashUntil = time.Now().Add(s.crashBackoff)
+		s.mu.Unlock()
+		return false
+	}
+	s.m.starts.Add(1)
+	s.wg.Add(1)
+	go s.watchNonResident(free)
+	return true
+}
+
+// stopNonResident asks the process in slot to stop after its request.
+func (s *Server) stopNonResident(slot int) {
+	s.mu.Lock()
+	sl := s.slots[slot]
+	if sl.proc == nil || sl.stopAsked || sl.resident {
+		s.mu.Unlock()
+		return
+	}
+	sl.stopAsked, sl.state = true, StateStopping
+	s.mu.Unlock()
+	s.m.stops.Add(1)
+	s.hooks.RequestStop(slot)
+}
+
+// MemAvailable is the memory a new process can have without swapping: the
+// host's MemAvailable, or the headroom of this process's memory cgroup
+// when that is smaller.
+func MemAvailable() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	avail := int64(-1)
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/meminfo: MemAvailable: %w", err)
+			}
+			avail = kb << 10
+		}
+	}
+	if avail < 0 {
+		return 0, fmt.Errorf("/proc/meminfo has no MemAvailable (Linux 3.14+)")
+	}
+	if head, ok := cgroupMemoryHeadroom(); ok && head < avail {
+		avail = head
+	}
+	return avail, nil
+}
+
+// cgroupMemoryHeadroom is limit minus usage of this process's memory
+// cgroup, v2 (memory.max, memory.current) or v1 (memory.limit_in_bytes,
+// memory.usage_in_bytes); false when unlimited or unknown.
+func cgroupMemoryHeadroom() (int64, bool) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		var limitFile, usageFile string
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			dir := "/sys/fs/cgroup" + parts[2]
+			limitFile, usageFile = dir+"/memory.max", dir+"/memory.current"
+		case hasWord(parts[1], "memory"):
+			dir := "/sys/fs/cgroup/memory" + parts[2]
+			limitFile, usageFile = dir+"/memory.limit_in_bytes", dir+"/memory.usage_in_bytes"
+		default:
+			continue
+		}
+		limit, err1 := readInt64(limitFile)
+		usage, err2 := readInt64(usageFile)
+		if err1 != nil || err2 != nil || limit <= 0 || limit >= 1<<60 {
+			continue
+		}
+		return max(limit-usage, 0), true
+	}
+	return 0, false
+}
+
+func readInt64(file string) (int64, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
