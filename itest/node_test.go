@@ -35,7 +35,7 @@ func codeOf(err error) netio.Code {
 }
 
 const echoServer = `set service_group = %q
-set service = "echo=echo", "sleep=sleep", "burn=burn", "fail=fail", "crash=crash"
+set service = "echo=echo", "sleep=sleep", "burn=burn", "fail=fail", "crash=crash", "pid=pid"
 set module = MODULE
 set parallel_count = %d
 set queue_size = %d

@@ -10,6 +10,7 @@
 //	burn   spins the CPU for the number of microseconds in the request
 //	fail   returns an application error
 //	crash  dies in the middle of the call (a panic), as a broken UAP would
+//	pid    replies with the process id (to see which process served a call)
 package main
 
 import (
@@ -48,6 +49,9 @@ func main() {
 	})
 	srv.Handle("fail", func(req []byte) ([]byte, error) {
 		return nil, errors.New("failure requested")
+	})
+	srv.Handle("pid", func(req []byte) ([]byte, error) {
+		return strconv.AppendInt(req[:0], int64(os.Getpid()), 10), nil
 	})
 	srv.Handle("crash", func(req []byte) ([]byte, error) {
 		panic("uap-echo: crash requested")
