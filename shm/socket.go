@@ -40,13 +40,16 @@ package shm
 //
 // # Process lifecycle on the node side
 //
-// Create makes the first socketpair; File is its child end, to pass as fd 3.
-// The node keeps its copy of the child end only until the UAP says hello and
-// then closes it, so the death of the UAP is an EOF on the node's end. Hence
-// PrepareSlot(0) before every spawn, then File() (the pair of a process that
-// once said hello, died or broke the protocol is replaced by a fresh one, and
-// only the pair Create made and no process used is kept), and after the
-// process ended Reclaim(0) before the next PrepareSlot.
+// CreateSocket makes the first socketpair; File is its child end, to pass as
+// fd 3. Before every spawn call PrepareSlot(0) and then File(): the pair a
+// process used (said hello on, died with, broke the protocol on) is replaced
+// by a fresh one; only a pair no process touched is kept. After the process
+// ended call Reclaim(0) before the next PrepareSlot. The node's copy of the
+// child end stays open until Reclaim, PrepareSlot or Unmap, all called by
+// the spawner: closing it from the reader when the UAP says hello would race
+// with the spawn still reading the *os.File. So, as with Segment, the node
+// learns of a death from procmgr (Reclaim), not from an EOF; a protocol error
+// the node detects closes its own end, which the UAP sees as EOF.
 //
 // Socket mode copies (Enqueue copies the request, the reader allocates each
 // reply) and pays two socket hand-offs per request; it is there for servers
@@ -247,8 +250,8 @@ func newSconn(name string) (*sconn, error) {
 }
 
 // File is the UAP's end of the current socketpair, to pass as fd 3 in
-// exec.Cmd.ExtraFiles. It changes in PrepareSlot (call File after it) and is
-// closed in the node once the UAP said hello.
+// exec.Cmd.ExtraFiles. Reclaim closes it and PrepareSlot may replace it:
+// call File after PrepareSlot, for every spawn.
 func (q *SocketQueue) File() *os.File {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -365,13 +368,13 @@ func (q *SocketQueue) WaitCompletions(buf []Completion, timeout time.Duration) [
 	}
 }
 
-// kill marks c dead and closes both its ends: a blocked write or read on it
-// returns. Under mu.
+// kill marks c dead and closes the node's end: a blocked write or read on it
+// returns and the UAP reads EOF. The child end is closed by closeChild, only
+// from the spawner's calls. Under mu.
 func (q *SocketQueue) kill(c *sconn) {
 	if !c.dead {
 		c.dead = true
 		c.parent.Close()
-		q.closeChild(c)
 		q.cond.Broadcast()
 		q.wake()
 	}
@@ -428,6 +431,7 @@ func (q *SocketQueue) PrepareSlot(slot int) error {
 		return err
 	}
 	q.kill(q.conn)
+	q.closeChild(q.conn)
 	q.conn = c
 	q.wg.Add(1)
 	go q.read(c)
@@ -437,7 +441,7 @@ func (q *SocketQueue) PrepareSlot(slot int) error {
 
 // Reclaim is called after the process ended. It reports the request written
 // to it and not answered, if any (fail it with 'server terminated'; then
-// Release it), and closes the socket. A reply that raced with the death is
+// Release it), and closes both ends of the socket. A reply that raced with the death is
 // dropped, so a token is reported by WaitCompletions or by Reclaim, never both.
 func (q *SocketQueue) Reclaim(slot int) (Token, bool) {
 	if checkSockSlot(slot) != nil {
@@ -453,7 +457,15 @@ func (q *SocketQueue) Reclaim(slot int) (Token, bool) {
 	}
 	q.served = 0
 	q.kill(q.conn)
+	q.closeChild(q.conn)
 	return tok, found
+}
+
+// Depth is the number of requests waiting in the node now (Stats.Depth).
+func (q *SocketQueue) Depth() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
 }
 
 // Stats reads the counters: Queued requests ever accepted, Taken ever handed
@@ -470,8 +482,9 @@ func (q *SocketQueue) Stats() Stats {
 }
 
 // SlotInfo says what the one process is doing: free until it said hello and
-// after it left, died or broke the protocol; busy while it holds a request;
-// idle otherwise. PID is the one its hello reported.
+// after it said bye, broke the protocol or was reclaimed; busy while it holds
+// a request; idle otherwise (as with Segment, a process that died is busy or
+// idle until Reclaim). PID is the one its hello reported.
 func (q *SocketQueue) SlotInfo(slot int) SlotInfo {
 	if checkSockSlot(slot) != nil {
 		return SlotInfo{}
@@ -525,6 +538,7 @@ func (q *SocketQueue) Unmap() error {
 	}
 	q.gone = true
 	q.kill(q.conn)
+	q.closeChild(q.conn)
 	q.cond.Broadcast()
 	q.wake()
 	q.mu.Unlock()
@@ -617,7 +631,6 @@ func (q *SocketQueue) readOne(c *sconn, br *bufio.Reader, h []byte) error {
 			return fmt.Errorf("%w: hello (pid %d, version %d)", errProtocol, m.a, m.b)
 		}
 		c.hello, c.pid, c.oneShot = true, int(m.a), m.status == helloRefresh
-		q.closeChild(c) // the UAP has it: its death becomes our EOF
 		q.advance()
 		q.cond.Broadcast()
 		return nil
