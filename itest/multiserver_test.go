@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
 )
@@ -258,4 +259,40 @@ func TestCPUPriorityCgroups(t *testing.T) {
 			t.Errorf("cgroup %s left behind after the node stopped (%v)", d, err)
 		}
 	}
+}
+
+// TestSocketReceivingServer: receive_from=socket runs exactly one process
+// and serves the same UAP code over a socket; a crash still fails only its
+// call.
+func TestSocketReceivingServer(t *testing.T) {
+	skipShort(t)
+	dir, rpc, ctl := defDir(t, "", map[string]string{
+		"sock": "set service_group = \"sock\"\nset service = \"echo=echo\", \"crash=crash\", \"pid=pid\"\n" +
+			"set module = MODULE\nset receive_from = socket\nset parallel_count = 1\n",
+	})
+	n := startNode(t, rpc, ctl, "-c", dir)
+	c := n.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, size := range []int{0, 1, 4096, 1 << 20} {
+		p := make([]byte, size)
+		for i := range p {
+			p[i] = byte(i * 7)
+		}
+		reply, err := c.Call(ctx, "sock", "echo", p)
+		if err != nil || string(reply) != string(p) {
+			t.Fatalf("echo %d B over the socket: %d B back, %v", size, len(reply), err)
+		}
+	}
+	g := groupStatus(t, n, "sock")
+	if g.Receive != "socket" || len(g.Processes) != 1 {
+		t.Fatalf("status %+v: want one process receiving from a socket", g)
+	}
+	if _, err := c.Call(ctx, "sock", "crash", nil); codeOf(err) != netio.CodeServerTerminated {
+		t.Fatalf("crash over the socket: %v, want server terminated", err)
+	}
+	waitFor(t, 5*time.Second, "the socket server to serve again", func() bool {
+		_, err := c.Call(ctx, "sock", "echo", []byte("again"))
+		return err == nil
+	})
 }

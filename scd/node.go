@@ -199,11 +199,16 @@ func (n *Node) Start() (err error) {
 
 func (n *Node) startGroup(g *group) error {
 	s := &g.def
-	seg, err := shm.Create("tpsched-"+g.name, shm.Layout{
-		Slots:      s.QueueSize,
-		MaxMessage: s.MaxMessageSize,
-		Processes:  s.MaxProcesses,
-	})
+	layout := shm.Layout{Slots: s.QueueSize, MaxMessage: s.MaxMessageSize, Processes: s.MaxProcesses}
+	env := s.Env
+	var seg queue
+	var err error
+	if s.ReceiveFrom == def.ReceiveSocket {
+		seg, err = shm.CreateSocket("tpsched-"+g.name, layout)
+		env = append(env[:len(env):len(env)], "TPSCHED_RECEIVE=socket")
+	} else {
+		seg, err = shm.Create("tpsched-"+g.name, layout)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: schedule queue: %w", s.File, err)
 	}
@@ -228,7 +233,7 @@ func (n *Node) startGroup(g *group) error {
 		Server:       s.Name,
 		Group:        g.name,
 		Module:       s.Module,
-		Env:          s.Env,
+		Env:          env,
 		Segment:      seg.File(),
 		Resident:     s.Resident,
 		Max:          s.MaxProcesses,
