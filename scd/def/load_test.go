@@ -431,8 +431,8 @@ func TestLoadDefault(t *testing.T) {
 		names = append(names, sv.Name)
 	}
 	if s.Name != "demo" || s.File != "usr/demo" || s.ServiceGroup != "demo" || s.Module != "uap-echo" ||
-		strings.Join(names, ",") != "echo,sleep,burn,fail,crash" ||
-		s.Resident != 2 || s.MaxProcesses != 2 || s.BalanceCount != 3 || s.QueueSize != 256 ||
+		strings.Join(names, ",") != "echo,sleep,burn,fail,crash,pid" ||
+		s.Resident != 2 || s.MaxProcesses != 4 || s.BalanceCount != 3 || s.QueueSize != 256 ||
 		s.ReceiveFrom != ReceiveQueue || s.WatchTime != DefaultWatchTime {
 		t.Errorf("demo = %+v", s)
 	}
