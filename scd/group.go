@@ -23,6 +23,7 @@ type group struct {
 	seg      queue
 	procs    *procmgr.Server
 	held     atomic.Bool
+	closed   atomic.Bool // the queue was closed: the node is stopping
 	watch    time.Duration
 
 	// mu orders every change to pending. Enqueue happens under it too, so
@@ -155,6 +156,12 @@ func (g *group) readReplies(stop <-chan struct{}) {
 		default:
 		}
 		comps = g.seg.WaitCompletions(comps[:0], 100*time.Millisecond)
+		if len(comps) == 0 && g.closed.Load() {
+			// A closed, drained queue answers at once: do not spin while
+			// the node waits for the processes to exit.
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
 		now := time.Now()
 		for i := range comps {
 			cp := &comps[i]

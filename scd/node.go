@@ -410,6 +410,7 @@ func (n *Node) shutdown(ctx context.Context) error {
 	var errs []error
 	for _, g := range n.order {
 		if g.seg != nil {
+			g.closed.Store(true)
 			errs = append(errs, g.seg.Close()) // UAPs drain and exit
 		}
 	}
