@@ -5,7 +5,7 @@ GOFLAGS ?=
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: help build test test-short bench demo generate lint fuzz clean
+.PHONY: help build test test-short bench bench-quick bench-deps demo generate lint fuzz clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -19,8 +19,18 @@ test: ## run every test with the race detector (integration tests start real scd
 test-short: ## unit tests only, no processes started
 	$(GO) test -short -count=1 ./...
 
-bench: build ## closed-loop echo: tpsched beside a bare gnet echo server, written to bench/results/
-	$(GO) run ./bench/cmd/echobench -out bench/results
+bench: build ## S1, S2, S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM, HAProxy; report in bench/results/ (about 10 min)
+	$(GO) build $(GOFLAGS) -o $(BIN)/tpbench ./bench/cmd/tpbench
+	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
+
+bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (under 2 min)
+	$(GO) build $(GOFLAGS) -o $(BIN)/tpbench ./bench/cmd/tpbench
+	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
+
+bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; the harness runs its own copies, never the system services)
+	@command -v apt-get >/dev/null || { echo "bench-deps: needs apt-get (Debian/Ubuntu)"; exit 1; }
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx php-fpm haproxy
 
 demo: build ## start a node on the embedded default, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)

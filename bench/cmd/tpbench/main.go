@@ -1,0 +1,116 @@
+// Command tpbench runs the benchmark scenarios: tpsched beside a bare gnet
+// echo server, gRPC-go, nginx + PHP-FPM and HAProxy + Go workers, each
+// started on 127.0.0.1 in a temporary directory of its own, measured
+// interleaved, and written to bench/results/<date>-<scenario>.md with the
+// figures as JSON and the plots as PNG beside it.
+//
+//	tpbench [-quick] [-scenarios S1,S2,S4] [-out bench/results] [-bin bin]
+//
+// It also serves the Go peers when run with -serve (gnet, grpc, http): the
+// harness starts itself that way so each peer is a process of its own.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"tpsched/bench"
+)
+
+func main() {
+	serve := flag.String("serve", "", "internal: serve a Go peer (gnet, grpc or http) on -addr")
+	addr := flag.String("addr", "", "internal: the address for -serve")
+	loops := flag.Int("loops", 1, "internal: event loops of the gnet peer")
+	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build)")
+	out := flag.String("out", "bench/results", "directory for the reports")
+	quick := flag.Bool("quick", false, "the development grid (under two minutes)")
+	scen := flag.String("scenarios", "S1,S2,S4", "scenarios to run (S3 is not built yet)")
+	runs := flag.Int("runs", 3, "interleaved runs per cell; figures are their medians (3 or more)")
+	dur := flag.Duration("duration", 0, "measured time per run (default 2s, quick 0.75s; S4 twice that)")
+	warm := flag.Duration("warmup", 0, "unmeasured time before each run (default 0.5s, quick 0.25s; S4 twice that)")
+	workers := flag.Int("workers", 2, "worker processes per system")
+	front := flag.Int("front", 2, "receiving threads/processes per system (scdmulti, nginx workers, HAProxy threads, gnet loops)")
+	systems := flag.String("systems", "", "only these systems, by report name, comma-separated (default all)")
+	s4queue := flag.Int("s4-queue", 32, "bounded queue in S4 (tpsched queue_size, PHP-FPM backlog, HAProxy maxqueue in total)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if *serve != "" {
+		if err := servePeer(ctx, *serve, *addr, *loops); err != nil {
+			fmt.Fprintf(os.Stderr, "tpbench -serve %s: %v\n", *serve, err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *runs < 3 {
+		fmt.Fprintln(os.Stderr, "tpbench: -runs must be 3 or more (figures are medians of interleaved runs)")
+		os.Exit(2)
+	}
+	if *dur == 0 {
+		*dur = 2 * time.Second
+		if *quick {
+			*dur = 750 * time.Millisecond
+		}
+	}
+	if *warm == 0 {
+		*warm = 500 * time.Millisecond
+		if *quick {
+			*warm = 250 * time.Millisecond
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tpbench:", err)
+		os.Exit(1)
+	}
+	bin, _ := filepath.Abs(*binDir)
+	cfg := bench.Config{
+		Env:       bench.Env{Bin: bin, Self: self},
+		Out:       *out,
+		Quick:     *quick,
+		Scenarios: strings.Split(strings.ToUpper(*scen), ","),
+		Runs:      *runs,
+		Warmup:    *warm,
+		Duration:  *dur,
+		Spec:      bench.Spec{Workers: *workers, Front: *front, Queue: 1024},
+		S4Queue:   *s4queue,
+		Systems:   splitList(*systems),
+		Log:       os.Stderr,
+	}
+	start := time.Now()
+	if err := bench.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "tpbench:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "tpbench: done in %v\n", time.Since(start).Round(time.Second))
+}
+
+func servePeer(ctx context.Context, kind, addr string, loops int) error {
+	switch kind {
+	case "gnet":
+		return bench.ServeEcho(ctx, addr, loops)
+	case "grpc":
+		return bench.ServeGRPC(ctx, addr)
+	case "http":
+		return bench.ServeHTTPWorker(ctx, addr)
+	}
+	return fmt.Errorf("unknown peer %q", kind)
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

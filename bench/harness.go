@@ -1,0 +1,325 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Figures are what one system did in one cell: of one run, or the median
+// of the runs (each figure its own median).
+type Figures struct {
+	Offered      float64 `json:"offered_per_s,omitempty"` // open loop: calls due per second
+	Throughput   float64 `json:"throughput_per_s"`        // calls answered OK per second
+	P50us        float64 `json:"p50_us"`
+	P90us        float64 `json:"p90_us"`
+	P99us        float64 `json:"p99_us"`
+	P999us       float64 `json:"p999_us"`
+	CPUus        float64 `json:"cpu_us_per_call"`         // server CPU (its whole process tree) per answered call
+	LoadgenCPUus float64 `json:"loadgen_cpu_us_per_call"` // the load generator's own CPU per answered call
+	PeakRSSKiB   float64 `json:"peak_rss_kib"`            // VmHWM summed over the server's processes during the run
+	RefusedShare float64 `json:"refused_share"`           // of the calls made (or due, open loop)
+	FailedShare  float64 `json:"failed_share"`
+	TimeoutShare float64 `json:"timeout_share"`
+}
+
+// Measurement is one system in one cell.
+type Measurement struct {
+	System string     `json:"system"`
+	Runs   []Figures  `json:"runs"`
+	Median Figures    `json:"median"`
+	CDF    []CDFPoint `json:"cdf,omitempty"` // latency distribution of the run with the median throughput
+	Error  string     `json:"error,omitempty"`
+}
+
+// Cell is one point of a scenario's grid.
+type Cell struct {
+	Service string        `json:"service"` // echo or burn
+	Payload int           `json:"payload_bytes"`
+	Conns   int           `json:"connections"`
+	Open    bool          `json:"open_loop,omitempty"`
+	Results []Measurement `json:"results"`
+}
+
+// Result returns the measurement of system in the cell, or nil.
+func (c *Cell) Result(system string) *Measurement {
+	for i := range c.Results {
+		if c.Results[i].System == system {
+			return &c.Results[i]
+		}
+	}
+	return nil
+}
+
+// Report is one scenario's results, written as Markdown and JSON.
+type Report struct {
+	Scenario string            `json:"scenario"`
+	Title    string            `json:"title"`
+	Date     string            `json:"date"`
+	Machine  Machine           `json:"machine"`
+	Setup    []string          `json:"setup"`
+	Runs     int               `json:"runs"`
+	Warmup   float64           `json:"warmup_s"`
+	Duration float64           `json:"duration_s"`
+	Systems  []string          `json:"systems"`
+	Skipped  map[string]string `json:"skipped,omitempty"` // system -> why it is missing
+	Cells    []Cell            `json:"cells"`
+	Notes    []string          `json:"notes,omitempty"`
+	Plots    []string          `json:"plots,omitempty"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	Cores  int               `json:"cores"`
+	CPU    string            `json:"cpu"`
+	Kernel string            `json:"kernel"`
+	Go     string            `json:"go"`
+	Peers  map[string]string `json:"peer_versions,omitempty"`
+}
+
+func (m Machine) String() string {
+	return fmt.Sprintf("%d cores (%s), Linux %s, %s", m.Cores, m.CPU, m.Kernel, m.Go)
+}
+
+// ThisMachine reads the machine's description.
+func ThisMachine() Machine {
+	m := Machine{Cores: runtime.NumCPU(), Go: runtime.Version(), CPU: "unknown CPU"}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+// RunOptions are the knobs of a measuring session.
+type RunOptions struct {
+	Runs     int
+	Warmup   time.Duration
+	Duration time.Duration
+	Timeout  time.Duration // open loop: per call
+	Log      io.Writer
+}
+
+// Measure runs every cell on every system, opts.Runs times, interleaved:
+// in each cell, run r goes through the systems rotated by r (and reversed
+// on odd runs), so no system always goes first or last. The cells go in
+// order, all runs of one before the next, so a figure such as peak RSS is
+// not raised by a larger cell measured in between. rate, if
+// not nil, gives the open-loop rate of a system in a cell (0 = closed loop).
+func Measure(ctx context.Context, opts RunOptions, systems []*System, cells []Cell,
+	rate func(system string, c *Cell) float64) {
+	for ci := range cells {
+		c := &cells[ci]
+		c.Results = make([]Measurement, len(systems))
+		for i, s := range systems {
+			c.Results[i].System = s.Name
+		}
+	}
+	type sample struct {
+		fig Figures
+		cdf []CDFPoint
+	}
+	samples := make([][][]sample, len(cells))
+	for ci := range samples {
+		samples[ci] = make([][]sample, len(systems))
+	}
+	for ci := range cells {
+		c := &cells[ci]
+		for r := range opts.Runs {
+			for k := range systems {
+				si := (k + r) % len(systems)
+				if r%2 == 1 {
+					si = len(systems) - 1 - si
+				}
+				s := systems[si]
+				if ctx.Err() != nil {
+					return
+				}
+				m := &c.Results[si]
+				if m.Error != "" {
+					continue
+				}
+				var rt float64
+				if rate != nil {
+					rt = rate(s.Name, c)
+				}
+				fig, res, err := measureOne(ctx, opts, s, c, rt)
+				if err != nil {
+					m.Error = err.Error()
+					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: error: %v\n", r+1, s.Name, c.Service, c.Payload, c.Conns, err)
+					continue
+				}
+				samples[ci][si] = append(samples[ci][si], sample{fig, res.CDF})
+				fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s p50 %8.1fus p99 %8.1fus cpu %6.1fus/call rss %6.0f MiB refused %4.1f%%\n",
+					r+1, s.Name, c.Service, c.Payload, c.Conns, fig.Throughput, fig.P50us, fig.P99us, fig.CPUus,
+					fig.PeakRSSKiB/1024, 100*fig.RefusedShare)
+			}
+		}
+	}
+	for ci := range cells {
+		for si := range systems {
+			m := &cells[ci].Results[si]
+			ss := samples[ci][si]
+			if len(ss) == 0 {
+				continue
+			}
+			figs := make([]Figures, len(ss))
+			for i, s := range ss {
+				figs[i] = s.fig
+			}
+			m.Runs = figs
+			m.Median = MedianFigures(figs)
+			// The distribution drawn is that of the run whose throughput is the median.
+			order := make([]int, len(ss))
+			for i := range order {
+				order[i] = i
+			}
+			slices.SortFunc(order, func(a, b int) int {
+				return cmpFloat(ss[a].fig.Throughput, ss[b].fig.Throughput)
+			})
+			m.CDF = ss[order[len(order)/2]].cdf
+		}
+	}
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// MedianFigures takes the median of each figure across runs.
+func MedianFigures(runs []Figures) Figures {
+	pick := func(f func(Figures) float64) float64 {
+		v := make([]float64, len(runs))
+		for i, r := range runs {
+			v[i] = f(r)
+		}
+		return Median(v)
+	}
+	return Figures{
+		Offered:      pick(func(f Figures) float64 { return f.Offered }),
+		Throughput:   pick(func(f Figures) float64 { return f.Throughput }),
+		P50us:        pick(func(f Figures) float64 { return f.P50us }),
+		P90us:        pick(func(f Figures) float64 { return f.P90us }),
+		P99us:        pick(func(f Figures) float64 { return f.P99us }),
+		P999us:       pick(func(f Figures) float64 { return f.P999us }),
+		CPUus:        pick(func(f Figures) float64 { return f.CPUus }),
+		LoadgenCPUus: pick(func(f Figures) float64 { return f.LoadgenCPUus }),
+		PeakRSSKiB:   pick(func(f Figures) float64 { return f.PeakRSSKiB }),
+		RefusedShare: pick(func(f Figures) float64 { return f.RefusedShare }),
+		FailedShare:  pick(func(f Figures) float64 { return f.FailedShare }),
+		TimeoutShare: pick(func(f Figures) float64 { return f.TimeoutShare }),
+	}
+}
+
+// CellPayload is the request a cell sends: for echo, Payload bytes; for
+// burn, the decimal microseconds to burn.
+func CellPayload(c *Cell, burnMicros int) []byte {
+	if c.Service == "burn" {
+		return []byte(fmt.Sprint(burnMicros))
+	}
+	p := make([]byte, c.Payload)
+	for i := range p {
+		p[i] = byte(i*7 + 1)
+	}
+	return p
+}
+
+// BurnMicros is the CPU time of the S2 and S4 service.
+const BurnMicros = 200
+
+func measureOne(ctx context.Context, opts RunOptions, s *System, c *Cell, rate float64) (Figures, Result, error) {
+	roots := s.Roots()
+	var before, after TreeUsage
+	var selfBefore, selfAfter uint64
+	var rss int64
+	l := Load{
+		Dial:     s.Dialer(c.Service),
+		Payload:  CellPayload(c, BurnMicros),
+		Conns:    c.Conns,
+		Warmup:   opts.Warmup,
+		Duration: opts.Duration,
+		Rate:     rate,
+		Timeout:  opts.Timeout,
+		Window: func(begin bool) {
+			if begin {
+				before = SnapshotTree(roots)
+				ResetPeakRSS(before.PIDs)
+				selfBefore = selfTicks()
+				return
+			}
+			selfAfter = selfTicks()
+			after = SnapshotTree(roots)
+			rss = PeakRSS(after.PIDs)
+		},
+	}
+	var res Result
+	var err error
+	if rate > 0 {
+		res, err = OpenLoop(ctx, l)
+	} else {
+		res, err = ClosedLoop(ctx, l)
+	}
+	if err != nil {
+		return Figures{}, res, err
+	}
+	return figuresOf(res, opts.Duration, rate > 0, after.Ticks-before.Ticks, selfAfter-selfBefore, rss), res, nil
+}
+
+// figuresOf turns a run's result and accounting into figures.
+func figuresOf(res Result, window time.Duration, open bool, serverTicks, loadgenTicks uint64, rssKiB int64) Figures {
+	answered := res.Calls + res.Refused + res.Failed
+	made := max(res.Offered, 1)
+	perCall := func(ticks uint64) float64 {
+		if answered == 0 {
+			return 0
+		}
+		return float64(ticks) / ClockTicks * 1e6 / float64(answered)
+	}
+	f := Figures{
+		Throughput:   res.Throughput,
+		P50us:        us(res.Latency.P50),
+		P90us:        us(res.Latency.P90),
+		P99us:        us(res.Latency.P99),
+		P999us:       us(res.Latency.P999),
+		CPUus:        perCall(serverTicks),
+		LoadgenCPUus: perCall(loadgenTicks),
+		PeakRSSKiB:   float64(rssKiB),
+		RefusedShare: float64(res.Refused) / float64(made),
+		FailedShare:  float64(res.Failed) / float64(made),
+		TimeoutShare: float64(res.TimedOut) / float64(made),
+	}
+	if open {
+		f.Offered = float64(res.Offered) / window.Seconds()
+	}
+	return f
+}
+
+func selfTicks() uint64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s, err := ParseStat(b)
+	if err != nil {
+		return 0
+	}
+	return s.Utime + s.Stime
+}

@@ -1,0 +1,281 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Outcome is how one call ended.
+type Outcome uint8
+
+const (
+	OK       Outcome = iota // answered with the payload sent
+	Refused                 // the server said it is busy (tpsched 'server busy', HTTP 5xx, gRPC ResourceExhausted/Unavailable)
+	Failed                  // any other failure: an error answer, a broken connection
+	TimedOut                // no answer before the call's deadline
+)
+
+// Caller makes calls on one connection, one at a time. It dials lazily and
+// redials after a broken connection or a timeout, so a call's Outcome is
+// never lost to a stale connection. An error return is a fault of the
+// benchmark itself (a reply that does not match the request, a protocol
+// violation) and ends the run.
+type Caller interface {
+	Call(payload []byte, deadline time.Time) (Outcome, error)
+	Close() error
+}
+
+// Dialer makes a Caller for one connection of a run.
+type Dialer func() Caller
+
+// Load describes one run. Rate 0 is a closed loop: Conns connections, each
+// with one call outstanding at a time. Rate > 0 is an open loop: calls are
+// due at Rate per second whether or not earlier ones were answered, carried
+// by up to Conns connections; a call's latency counts from the time it was
+// due, so time spent waiting for a free connection is queueing the server
+// caused and is measured.
+type Load struct {
+	Dial     Dialer
+	Payload  []byte
+	Conns    int
+	Warmup   time.Duration // unmeasured time before the window
+	Duration time.Duration // the measured window
+	Rate     float64       // calls per second; 0 = closed loop
+	Timeout  time.Duration // open loop: a call due at t times out at t+Timeout (default 2 s)
+	// Window, if set, is called at the start (true) and the end (false) of
+	// the measured window, for accounting that must cover the same time.
+	Window func(begin bool)
+}
+
+// Result is what one run measured. Only calls in the window count; latency
+// is of the calls answered OK.
+type Result struct {
+	Offered    int // open loop: calls due in the window
+	Calls      int // answered OK (of the calls sent, or due, in the window)
+	Refused    int
+	Failed     int
+	TimedOut   int
+	Throughput float64 // calls answered OK within the window, per second
+	Latency    Latency
+	CDF        []CDFPoint
+}
+
+// ClosedLoop runs l with Rate 0.
+func ClosedLoop(ctx context.Context, l Load) (Result, error) {
+	l.Rate = 0
+	return run(ctx, l)
+}
+
+// OpenLoop runs l at l.Rate calls per second.
+func OpenLoop(ctx context.Context, l Load) (Result, error) {
+	if l.Rate <= 0 {
+		return Result{}, errors.New("bench: open loop needs a rate")
+	}
+	return run(ctx, l)
+}
+
+// Intended is the open-loop schedule: the time call i (from 0) is due when
+// calls start at start and arrive at rate per second.
+func Intended(start time.Time, rate float64, i int64) time.Time {
+	return start.Add(time.Duration(float64(i) * float64(time.Second) / rate))
+}
+
+type tally struct {
+	start, end                       time.Time // the window
+	lat                              []time.Duration
+	ok, refused, failed, timedOut, n int
+	okInWindow                       int // answered OK within the window
+	err                              error
+}
+
+// count records a call that was sent (closed loop) or due (open loop) in
+// the window and ended at done.
+func (t *tally) count(o Outcome, lat time.Duration, done time.Time) {
+	t.n++
+	switch o {
+	case OK:
+		t.ok++
+		t.lat = append(t.lat, lat)
+		if !done.Before(t.start) && !done.After(t.end) {
+			t.okInWindow++
+		}
+	case Refused:
+		t.refused++
+	case Failed:
+		t.failed++
+	case TimedOut:
+		t.timedOut++
+	}
+}
+
+func run(ctx context.Context, l Load) (Result, error) {
+	if l.Conns <= 0 || l.Duration <= 0 {
+		return Result{}, errors.New("bench: a run needs connections and a duration")
+	}
+	if l.Timeout <= 0 {
+		l.Timeout = 2 * time.Second
+	}
+	// Every call ends by its deadline or by the end of this bound.
+	ctx, cancel := context.WithTimeout(ctx, l.Warmup+l.Duration+l.Timeout+30*time.Second)
+	defer cancel()
+	begin := time.Now()
+	start := begin.Add(l.Warmup)
+	end := start.Add(l.Duration)
+	windowDone := make(chan struct{})
+	if l.Window == nil {
+		close(windowDone)
+	} else {
+		go func() {
+			defer close(windowDone)
+			if !sleepUntil(ctx, start) {
+				return
+			}
+			l.Window(true)
+			if sleepUntil(ctx, end) {
+				l.Window(false)
+			}
+		}()
+	}
+	tallies := make([]tally, l.Conns)
+	for i := range tallies {
+		tallies[i].start, tallies[i].end = start, end
+	}
+	var next atomic.Int64 // open loop: the next call to send
+	var wg sync.WaitGroup
+	for i := range tallies {
+		wg.Add(1)
+		go func(t *tally) {
+			defer wg.Done()
+			c := l.Dial()
+			defer c.Close()
+			// Close unblocks a call stuck on a server that stopped answering.
+			defer context.AfterFunc(ctx, func() { c.Close() })()
+			t.lat = make([]time.Duration, 0, 1<<14)
+			if l.Rate > 0 {
+				t.err = openConn(ctx, l, c, t, &next, begin, start, end)
+			} else {
+				t.err = closedConn(ctx, l, c, t, start, end)
+			}
+			if t.err != nil {
+				cancel()
+			}
+		}(&tallies[i])
+	}
+	wg.Wait()
+	<-windowDone
+	var r Result
+	var all []time.Duration
+	inWindow := 0
+	for _, t := range tallies {
+		inWindow += t.okInWindow
+		if t.err != nil {
+			return r, t.err
+		}
+		all = append(all, t.lat...)
+		r.Calls += t.ok
+		r.Refused += t.refused
+		r.Failed += t.failed
+		r.TimedOut += t.timedOut
+		r.Offered += t.n
+	}
+	if err := ctx.Err(); err != nil && time.Now().Before(end) {
+		return r, err
+	}
+	// Throughput counts what was answered in the window, so a server that
+	// falls behind an open loop is not credited with answers it gives later.
+	r.Throughput = float64(inWindow) / l.Duration.Seconds()
+	r.Latency = Summarize(all)
+	r.CDF = CDF(all, 120)
+	if r.Calls == 0 && r.Refused == 0 {
+		return r, fmt.Errorf("bench: no call answered (%d failed, %d timed out)", r.Failed, r.TimedOut)
+	}
+	return r, nil
+}
+
+// closedConn sends a call as soon as the previous one is answered. Calls
+// sent in the window count.
+func closedConn(ctx context.Context, l Load, c Caller, t *tally, start, end time.Time) error {
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		if !t0.Before(end) {
+			return nil
+		}
+		o, err := c.Call(l.Payload, time.Time{})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if o == Failed {
+			// A broken connection answers at once; do not spin on it.
+			time.Sleep(time.Millisecond)
+		}
+		now := time.Now()
+		switch {
+		case !t0.Before(start):
+			t.count(o, now.Sub(t0), now)
+		case o == OK && !now.Before(start):
+			// Sent in the warm-up, answered in the window: it counts toward
+			// throughput as the calls still out at the end do not.
+			t.okInWindow++
+		}
+	}
+	return nil
+}
+
+// openConn takes the next due call, waits for its time, sends it and
+// measures from the time it was due. Calls due in the window count.
+func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int64, begin, start, end time.Time) error {
+	for ctx.Err() == nil {
+		due := Intended(begin, l.Rate, next.Add(1)-1)
+		if !due.Before(end) {
+			return nil
+		}
+		measured := !due.Before(start)
+		deadline := due.Add(l.Timeout)
+		if !sleepUntil(ctx, due) {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			// It waited for a connection past its deadline: it would have
+			// timed out without being sent.
+			if measured {
+				t.count(TimedOut, 0, time.Now())
+			}
+			continue
+		}
+		o, err := c.Call(l.Payload, deadline)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if measured {
+			now := time.Now()
+			t.count(o, now.Sub(due), now)
+		}
+	}
+	return nil
+}
+
+// sleepUntil waits for t or ctx; it reports whether t came first.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,478 @@
+package bench
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Env is what starting the peers needs from the machine.
+type Env struct {
+	Bin  string // directory with scdd and uap-echo (make build)
+	Self string // the harness executable, run again with -serve for the Go peers
+}
+
+// Spec sizes a peer. Every system gets the same numbers so they compete on
+// equal terms on the same cores.
+type Spec struct {
+	Workers int // worker processes: tpsched resident UAPs, PHP-FPM children, HAProxy's Go workers
+	Front   int // receiving threads/processes: scdd event loops, nginx workers, HAProxy threads, gnet loops
+	Queue   int // bound on waiting calls: tpsched queue_size, PHP-FPM listen.backlog, HAProxy maxqueue (all servers)
+}
+
+// System is one running peer.
+type System struct {
+	Name  string // as reported
+	Addr  string
+	dial  func(service string) Dialer
+	dir   string
+	procs []*exec.Cmd
+}
+
+// Dialer returns a dialer for service "echo" or "burn".
+func (s *System) Dialer(service string) Dialer { return s.dial(service) }
+
+// Roots are the pids whose process trees are the server.
+func (s *System) Roots() []int {
+	var out []int
+	for _, c := range s.procs {
+		if c.Process != nil {
+			out = append(out, c.Process.Pid)
+		}
+	}
+	return out
+}
+
+// Stop ends the peer's processes (SIGTERM, then SIGKILL to their process
+// groups after 5 s) and removes its directory.
+func (s *System) Stop() {
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		c := s.procs[i]
+		if c.Process == nil {
+			continue
+		}
+		c.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { c.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		// Anything the process left in its group (nginx or php-fpm workers).
+		syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+	}
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
+}
+
+// Log returns the tail of the peer's log files, for error messages.
+func (s *System) Log() string {
+	var b strings.Builder
+	logs, _ := filepath.Glob(filepath.Join(s.dir, "*.log"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		if len(data) > 2000 {
+			data = data[len(data)-2000:]
+		}
+		if len(bytes.TrimSpace(data)) > 0 {
+			fmt.Fprintf(&b, "--- %s\n%s\n", filepath.Base(l), data)
+		}
+	}
+	return b.String()
+}
+
+func (s *System) start(log string, env []string, name string, args ...string) error {
+	f, err := os.Create(filepath.Join(s.dir, log))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	c := exec.Command(name, args...)
+	c.Dir = s.dir
+	c.Stdout, c.Stderr = f, f
+	c.Env = append(os.Environ(), env...)
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := c.Start(); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Base(name), err)
+	}
+	s.procs = append(s.procs, c)
+	return nil
+}
+
+// ready waits until a call to echo (or burn 0) succeeds, so the whole path
+// (nginx to PHP-FPM, HAProxy to its workers) is up.
+func (s *System) ready(service string) error {
+	payload := []byte("1")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c := s.dial(service)()
+		o, err := c.Call(payload, time.Now().Add(2*time.Second))
+		c.Close()
+		if err == nil && o == OK {
+			return nil
+		}
+		for _, p := range s.procs {
+			if p.ProcessState != nil {
+				return fmt.Errorf("%s exited: %v\n%s", s.Name, p.ProcessState, s.Log())
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not answer (last outcome %d, %v)\n%s", s.Name, o, err, s.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func newSystem(name string) (*System, error) {
+	dir, err := os.MkdirTemp("", "tpbench-*")
+	if err != nil {
+		return nil, err
+	}
+	// nginx workers and PHP-FPM children may run as another user.
+	os.Chmod(dir, 0o755)
+	return &System{Name: name, dir: dir}, nil
+}
+
+// launch finishes starting s: on error it stops what was started.
+func launch(s *System, probe string, start func() error) (*System, error) {
+	err := start()
+	if err == nil {
+		err = s.ready(probe)
+	}
+	if err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// FreeAddr returns a free 127.0.0.1 port.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// The peers' names as they appear in reports.
+const (
+	NameTpsched   = "tpsched"
+	NameGnetEcho  = "gnet-echo"
+	NameGRPC      = "grpc-go"
+	NamePHPStatic = "nginx+php-fpm static"
+	NamePHPDyn    = "nginx+php-fpm dynamic"
+	NameHAProxy   = "haproxy+go"
+)
+
+// StartTpsched starts scdd with one group "bench" (services echo and burn)
+// served by sp.Workers resident uap-echo processes.
+func StartTpsched(env Env, sp Spec) (*System, error) {
+	s, err := newSystem(NameTpsched)
+	if err != nil {
+		return nil, err
+	}
+	return launch(s, "echo", func() error {
+		rpc, err := FreeAddr()
+		if err != nil {
+			return err
+		}
+		ctl, err := FreeAddr()
+		if err != nil {
+			return err
+		}
+		s.Addr = rpc
+		s.dial = func(svc string) Dialer { return TpschedDialer(rpc, "bench", svc) }
+		host, port, _ := net.SplitHostPort(rpc)
+		uap, err := filepath.Abs(filepath.Join(env.Bin, "uap-echo"))
+		if err != nil {
+			return err
+		}
+		scdd, err := filepath.Abs(filepath.Join(env.Bin, "scdd"))
+		if err != nil {
+			return err
+		}
+		files := map[string]string{
+			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n", host, port, ctl),
+			"conf/scdsvcdef": fmt.Sprintf("set scdmulti = %d\n", sp.Front),
+			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\"\n"+
+				"set module = %q\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n",
+				uap, sp.Workers, sp.Queue),
+		}
+		if err := writeFiles(s.dir, files); err != nil {
+			return err
+		}
+		return s.start("scdd.log", nil, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
+	})
+}
+
+// StartGnetEcho starts the bare gnet echo server (the ceiling: no queue, no
+// process boundary) with sp.Front event loops.
+func StartGnetEcho(env Env, sp Spec) (*System, error) {
+	return startSelf(env, NameGnetEcho, "gnet", sp.Front, func(addr, svc string) Dialer {
+		return TpschedDialer(addr, "bench", svc)
+	})
+}
+
+// StartGRPC starts the gRPC-go echo server (one process, GOMAXPROCS =
+// sp.Workers).
+func StartGRPC(env Env, sp Spec) (*System, error) {
+	return startSelf(env, NameGRPC, "grpc", sp.Workers, func(addr, svc string) Dialer {
+		return GRPCDialer(addr, strings.ToUpper(svc[:1])+svc[1:])
+	})
+}
+
+func startSelf(env Env, name, kind string, procs int, dial func(addr, svc string) Dialer) (*System, error) {
+	s, err := newSystem(name)
+	if err != nil {
+		return nil, err
+	}
+	return launch(s, "echo", func() error {
+		addr, err := FreeAddr()
+		if err != nil {
+			return err
+		}
+		s.Addr = addr
+		s.dial = func(svc string) Dialer { return dial(addr, svc) }
+		return s.start(kind+".log", []string{fmt.Sprintf("GOMAXPROCS=%d", procs)},
+			env.Self, "-serve", kind, "-addr", addr, "-loops", fmt.Sprint(procs))
+	})
+}
+
+// PHP scripts: echo answers the request body; burn spins for the
+// microseconds the body names, then answers it.
+const (
+	phpEcho = `<?php
+$b = file_get_contents('php://input');
+header('Content-Type: application/octet-stream');
+header('Content-Length: ' . strlen($b));
+echo $b;
+`
+	phpBurn = `<?php
+$b = file_get_contents('php://input');
+$end = hrtime(true) + 1000 * (int)$b;
+$x = 1;
+while (hrtime(true) < $end) {
+	for ($i = 0; $i < 100; $i++) { $x = ($x * 1103515245 + 12345) & 0x7fffffff; }
+}
+header('Content-Type: application/octet-stream');
+header('Content-Length: ' . strlen($b));
+echo $b;
+`
+)
+
+// PHPFPMBinary and the other peer binaries are looked up on $PATH and in
+// /usr/sbin, where Debian puts them.
+func findBinary(names ...string) (string, error) {
+	for _, n := range names {
+		if p, err := exec.LookPath(n); err == nil {
+			return p, nil
+		}
+		if p := filepath.Join("/usr/sbin", n); isExec(p) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not installed (make bench-deps)", names[0])
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+func phpFPMBinary() (string, error) {
+	if p, err := findBinary("php-fpm"); err == nil {
+		return p, nil
+	}
+	m, _ := filepath.Glob("/usr/sbin/php-fpm*")
+	if len(m) > 0 {
+		return m[len(m)-1], nil
+	}
+	return "", errors.New("php-fpm not installed (make bench-deps)")
+}
+
+// StartNginxPHP starts nginx (sp.Front workers) passing requests over
+// FastCGI (a unix socket, no keep-alive to PHP-FPM, as the stock
+// configuration does) to a PHP-FPM pool: pm=static with sp.Workers
+// children, or pm=dynamic with 1..4x sp.Workers children.
+func StartNginxPHP(env Env, sp Spec, dynamic bool) (*System, error) {
+	nginx, err := findBinary("nginx")
+	if err != nil {
+		return nil, err
+	}
+	fpm, err := phpFPMBinary()
+	if err != nil {
+		return nil, err
+	}
+	name := NamePHPStatic
+	pm := fmt.Sprintf("pm = static\npm.max_children = %d\n", sp.Workers)
+	if dynamic {
+		name = NamePHPDyn
+		pm = fmt.Sprintf("pm = dynamic\npm.max_children = %d\npm.start_servers = %d\npm.min_spare_servers = 1\npm.max_spare_servers = %d\n",
+			4*sp.Workers, sp.Workers, 2*sp.Workers)
+	}
+	s, err := newSystem(name)
+	if err != nil {
+		return nil, err
+	}
+	return launch(s, "echo", func() error {
+		addr, err := FreeAddr()
+		if err != nil {
+			return err
+		}
+		s.Addr = addr
+		s.dial = func(svc string) Dialer { return HTTPDialer(addr, "/"+svc) }
+		sock := filepath.Join(s.dir, "php.sock")
+		files := map[string]string{
+			"www/echo.php": phpEcho,
+			"www/burn.php": phpBurn,
+			"php-fpm.conf": fmt.Sprintf(`[global]
+pid = %[1]s/php-fpm.pid
+error_log = %[1]s/php-fpm.log
+daemonize = no
+[bench]
+user = root
+group = root
+listen = %[2]s
+listen.mode = 0666
+listen.backlog = %[3]d
+%[4]spm.max_requests = 0
+clear_env = no
+`, s.dir, sock, sp.Queue, pm),
+			"nginx.conf": fmt.Sprintf(`worker_processes %[3]d;
+daemon off;
+master_process on;
+pid %[1]s/nginx.pid;
+error_log %[1]s/nginx.log warn;
+user root root;
+events { worker_connections 8192; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/tmp-body;
+	fastcgi_temp_path %[1]s/tmp-fastcgi;
+	proxy_temp_path %[1]s/tmp-proxy;
+	uwsgi_temp_path %[1]s/tmp-uwsgi;
+	scgi_temp_path %[1]s/tmp-scgi;
+	keepalive_requests 100000000;
+	keepalive_timeout 600s;
+	client_body_buffer_size 128k;
+	client_max_body_size 4m;
+	fastcgi_buffer_size 128k;
+	fastcgi_buffers 4 128k;
+	fastcgi_busy_buffers_size 256k;
+	server {
+		listen %[2]s;
+		root %[1]s/www;
+		location / {
+			fastcgi_pass unix:%[4]s;
+			fastcgi_param SCRIPT_FILENAME %[1]s/www$uri.php;
+			fastcgi_param SCRIPT_NAME $uri;
+			fastcgi_param REQUEST_METHOD $request_method;
+			fastcgi_param REQUEST_URI $request_uri;
+			fastcgi_param QUERY_STRING $query_string;
+			fastcgi_param CONTENT_TYPE $content_type;
+			fastcgi_param CONTENT_LENGTH $content_length;
+			fastcgi_param SERVER_PROTOCOL $server_protocol;
+			fastcgi_param GATEWAY_INTERFACE CGI/1.1;
+		}
+	}
+}
+`, s.dir, addr, sp.Front, sock),
+		}
+		if err := writeFiles(s.dir, files); err != nil {
+			return err
+		}
+		if err := s.start("php-fpm-out.log", nil, fpm, "-F", "-R", "-y", filepath.Join(s.dir, "php-fpm.conf"), "-p", s.dir); err != nil {
+			return err
+		}
+		return s.start("nginx-out.log", nil, nginx, "-p", s.dir+"/", "-e", filepath.Join(s.dir, "nginx.log"),
+			"-c", filepath.Join(s.dir, "nginx.conf"))
+	})
+}
+
+// StartHAProxy starts sp.Workers Go HTTP worker processes (GOMAXPROCS=1
+// each) and HAProxy (sp.Front threads) balancing over them with leastconn.
+// Each worker takes at most 4 requests at a time; the rest wait in
+// HAProxy's queue. When sp.Queue is under 1024 a request that finds
+// sp.Queue requests queued is answered 503.
+func StartHAProxy(env Env, sp Spec) (*System, error) {
+	haproxy, err := findBinary("haproxy")
+	if err != nil {
+		return nil, err
+	}
+	s, err := newSystem(NameHAProxy)
+	if err != nil {
+		return nil, err
+	}
+	return launch(s, "echo", func() error {
+		addr, err := FreeAddr()
+		if err != nil {
+			return err
+		}
+		s.Addr = addr
+		s.dial = func(svc string) Dialer { return HTTPDialer(addr, "/"+svc) }
+		var servers strings.Builder
+		shed := ""
+		if sp.Queue < 1024 {
+			// maxqueue alone only redispatches to the backend's unbounded
+			// queue; shedding on the queue length is what bounds it.
+			shed = fmt.Sprintf("\thttp-request deny deny_status 503 if { queue(be) ge %d }\n", sp.Queue)
+		}
+		for i := range sp.Workers {
+			w, err := FreeAddr()
+			if err != nil {
+				return err
+			}
+			if err := s.start(fmt.Sprintf("worker%d.log", i), []string{"GOMAXPROCS=1"},
+				env.Self, "-serve", "http", "-addr", w); err != nil {
+				return err
+			}
+			fmt.Fprintf(&servers, "\tserver w%d %s maxconn 4\n", i, w)
+		}
+		cfg := fmt.Sprintf(`global
+	nbthread %d
+	maxconn 4000
+defaults
+	mode http
+	timeout connect 5s
+	timeout client 600s
+	timeout server 600s
+	timeout queue 10s
+	timeout http-keep-alive 600s
+frontend fe
+	bind %s
+%s	default_backend be
+backend be
+	balance leastconn
+	http-reuse always
+%s`, sp.Front, addr, shed, servers.String())
+		if err := writeFiles(s.dir, map[string]string{"haproxy.cfg": cfg}); err != nil {
+			return err
+		}
+		return s.start("haproxy.log", nil, haproxy, "-db", "-f", filepath.Join(s.dir, "haproxy.cfg"))
+	})
+}
+
+func writeFiles(dir string, files map[string]string) error {
+	for name, body := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"path/filepath"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// PlotThroughput draws calls/s against connections (log2 scale), one line
+// per system, for the cells of service and payload; it returns the file name
+// written in dir.
+func PlotThroughput(r *Report, dir, service string, payload int) (string, error) {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("%s %s: throughput against connections", r.Scenario, payloadName(Cell{Service: service, Payload: payload}))
+	p.X.Label.Text = "connections (one call outstanding each)"
+	p.Y.Label.Text = "calls/s"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = connTicks{}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	var lines []any
+	for _, sys := range r.Systems {
+		var xys plotter.XYs
+		for _, c := range r.Cells {
+			if c.Service != service || c.Payload != payload {
+				continue
+			}
+			if m := c.Result(sys); m != nil && len(m.Runs) > 0 {
+				xys = append(xys, plotter.XY{X: float64(c.Conns), Y: m.Median.Throughput})
+			}
+		}
+		if len(xys) > 0 {
+			lines = append(lines, sys, xys)
+		}
+	}
+	if len(lines) == 0 {
+		return "", nil
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return "", err
+	}
+	p.Y.Min = 0
+	name := fmt.Sprintf("%s-%s-throughput-%s-%d.png", r.Date, r.Scenario, service, payload)
+	return name, p.Save(16*vg.Centimeter, 10*vg.Centimeter, filepath.Join(dir, name))
+}
+
+// PlotCDF draws the latency distribution of each system in the cell
+// (service, payload, conns): latency on a log scale against the fraction
+// answered, on a scale that spreads the tail (50%, 90%, 99%, 99.9% equally
+// spaced).
+func PlotCDF(r *Report, dir, service string, payload, conns int) (string, error) {
+	var cell *Cell
+	for i := range r.Cells {
+		c := &r.Cells[i]
+		if c.Service == service && c.Payload == payload && c.Conns == conns {
+			cell = c
+		}
+	}
+	if cell == nil {
+		return "", nil
+	}
+	p := plot.New()
+	what := "latency"
+	if cell.Open {
+		what = "admitted latency (from the intended send time)"
+	}
+	p.Title.Text = fmt.Sprintf("%s %s, %d conns: %s", r.Scenario, payloadName(*cell), conns, what)
+	p.X.Label.Text = "latency (us)"
+	p.Y.Label.Text = "calls answered within"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = latencyTicks{}
+	p.Y.Tick.Marker = ninesTicks{}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	var lines []any
+	for _, m := range cell.Results {
+		var xys plotter.XYs
+		for _, pt := range m.CDF {
+			if pt.Us <= 0 {
+				continue
+			}
+			xys = append(xys, plotter.XY{X: pt.Us, Y: Nines(pt.Q)})
+		}
+		if len(xys) > 0 {
+			lines = append(lines, m.System, xys)
+		}
+	}
+	if len(lines) == 0 {
+		return "", nil
+	}
+	if err := plotutil.AddLines(p, lines...); err != nil {
+		return "", err
+	}
+	p.Y.Min = 0
+	name := fmt.Sprintf("%s-%s-cdf-%s-%d-%dc.png", r.Date, r.Scenario, service, payload, conns)
+	return name, p.Save(16*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
+}
+
+// Nines maps a fraction q to -log10(1-q): 0.9 -> 1, 0.99 -> 2, capped at 6.
+func Nines(q float64) float64 {
+	if q >= 1-1e-6 {
+		return 6
+	}
+	return -math.Log10(1 - q)
+}
+
+type ninesTicks struct{}
+
+func (ninesTicks) Ticks(lo, hi float64) []plot.Tick {
+	var t []plot.Tick
+	for _, q := range []struct {
+		v     float64
+		label string
+	}{{0, "0%"}, {Nines(0.5), "50%"}, {1, "90%"}, {2, "99%"}, {3, "99.9%"}, {4, "99.99%"}, {5, "99.999%"}, {6, "100%"}} {
+		if q.v >= lo-1e-9 && q.v <= hi+1e-9 {
+			t = append(t, plot.Tick{Value: q.v, Label: q.label})
+		}
+	}
+	return t
+}
+
+type connTicks struct{}
+
+func (connTicks) Ticks(lo, hi float64) []plot.Tick {
+	var t []plot.Tick
+	for v := 1.0; v <= hi*1.01; v *= 2 {
+		if v >= lo*0.99 {
+			label := ""
+			if math.Mod(math.Log2(v), 2) == 0 || v == lo || v == hi {
+				label = fmt.Sprint(v)
+			}
+			t = append(t, plot.Tick{Value: v, Label: label})
+		}
+	}
+	return t
+}
+
+// latencyTicks labels a log axis of microseconds at 1, 2 and 5 of each
+// decade, in us, ms or s, so a range narrower than a decade still has labels.
+type latencyTicks struct{}
+
+func (latencyTicks) Ticks(lo, hi float64) []plot.Tick {
+	var t []plot.Tick
+	if lo <= 0 || hi <= lo {
+		return t
+	}
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if v >= lo && v <= hi {
+				t = append(t, plot.Tick{Value: v, Label: dur(v)})
+			}
+		}
+	}
+	return t
+}

@@ -1,0 +1,172 @@
+package bench
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// ClockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat. It
+// is 100 on every Linux architecture Go supports (getconf CLK_TCK).
+const ClockTicks = 100
+
+// ProcStat is the part of /proc/<pid>/stat the benchmark uses. Times are
+// in clock ticks; CUtime and CStime are of children that ended and were
+// waited for.
+type ProcStat struct {
+	PID, PPID                    int
+	Utime, Stime, CUtime, CStime uint64
+}
+
+// Ticks is the CPU time of the process and of its ended children.
+func (s ProcStat) Ticks() uint64 { return s.Utime + s.Stime + s.CUtime + s.CStime }
+
+// ParseStat parses one /proc/<pid>/stat line. The command name, in
+// parentheses, may hold spaces and parentheses, so fields are counted from
+// the last ')'.
+func ParseStat(b []byte) (ProcStat, error) {
+	open := bytes.IndexByte(b, '(')
+	end := bytes.LastIndexByte(b, ')')
+	if open < 1 || end < open {
+		return ProcStat{}, errors.New("bench: /proc stat: no command name")
+	}
+	var s ProcStat
+	pid, err := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
+	if err != nil {
+		return s, fmt.Errorf("bench: /proc stat: pid: %w", err)
+	}
+	s.PID = pid
+	// After ')': state(3) ppid(4) pgrp session tty_nr tpgid flags minflt
+	// cminflt majflt cmajflt utime(14) stime(15) cutime(16) cstime(17).
+	f := bytes.Fields(b[end+1:])
+	if len(f) < 15 {
+		return s, fmt.Errorf("bench: /proc stat: %d fields after the name, want 15 or more", len(f))
+	}
+	field := func(n int) (uint64, error) { return strconv.ParseUint(string(f[n-3]), 10, 64) }
+	ppid, err := strconv.Atoi(string(f[4-3]))
+	if err != nil {
+		return s, fmt.Errorf("bench: /proc stat: ppid: %w", err)
+	}
+	s.PPID = ppid
+	for _, p := range []struct {
+		n   int
+		dst *uint64
+	}{{14, &s.Utime}, {15, &s.Stime}, {16, &s.CUtime}, {17, &s.CStime}} {
+		// cutime and cstime are signed in the kernel's format but never negative.
+		v, err := field(p.n)
+		if err != nil {
+			return s, fmt.Errorf("bench: /proc stat: field %d: %w", p.n, err)
+		}
+		*p.dst = v
+	}
+	return s, nil
+}
+
+// ParseVmHWM returns the VmHWM line of /proc/<pid>/status (peak resident
+// set size) in KiB.
+func ParseVmHWM(status []byte) (int64, error) {
+	for line := range bytes.Lines(status) {
+		rest, ok := bytes.CutPrefix(line, []byte("VmHWM:"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) != 2 || string(f[1]) != "kB" {
+			return 0, fmt.Errorf("bench: bad VmHWM line %q", bytes.TrimSpace(line))
+		}
+		return strconv.ParseInt(string(f[0]), 10, 64)
+	}
+	return 0, errors.New("bench: no VmHWM in status (a kernel thread or a zombie)")
+}
+
+// Tree returns roots and every live descendant of them, from a snapshot of
+// parent links (pid -> ppid).
+func Tree(parents map[int]int, roots []int) []int {
+	children := make(map[int][]int, len(parents))
+	for pid, ppid := range parents {
+		children[ppid] = append(children[ppid], pid)
+	}
+	seen := make(map[int]bool)
+	var out []int
+	var walk func(int)
+	walk = func(p int) {
+		if seen[p] {
+			return
+		}
+		seen[p] = true
+		out = append(out, p)
+		for _, c := range children[p] {
+			walk(c)
+		}
+	}
+	for _, r := range roots {
+		if _, ok := parents[r]; ok {
+			walk(r)
+		}
+	}
+	return out
+}
+
+// readStats reads /proc/*/stat of every process.
+func readStats() map[int]ProcStat {
+	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	out := make(map[int]ProcStat, len(dirs))
+	for _, d := range dirs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			continue // ended meanwhile
+		}
+		if s, err := ParseStat(b); err == nil {
+			out[s.PID] = s
+		}
+	}
+	return out
+}
+
+// TreeUsage is a snapshot of a process tree: its pids and their CPU ticks.
+type TreeUsage struct {
+	PIDs  []int
+	Ticks uint64
+}
+
+// SnapshotTree sums the CPU time of roots and all their descendants
+// (including children they already waited for).
+func SnapshotTree(roots []int) TreeUsage {
+	stats := readStats()
+	parents := make(map[int]int, len(stats))
+	for pid, s := range stats {
+		parents[pid] = s.PPID
+	}
+	var u TreeUsage
+	u.PIDs = Tree(parents, roots)
+	for _, p := range u.PIDs {
+		u.Ticks += stats[p].Ticks()
+	}
+	return u
+}
+
+// ResetPeakRSS resets VmHWM of each process to its current RSS (writing 5
+// to clear_refs, Linux 4.0+), so the next PeakRSS covers one run only.
+func ResetPeakRSS(pids []int) {
+	for _, p := range pids {
+		os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p), []byte("5"), 0)
+	}
+}
+
+// PeakRSS sums VmHWM over pids, in KiB.
+func PeakRSS(pids []int) int64 {
+	var sum int64
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		if err != nil {
+			continue
+		}
+		if kb, err := ParseVmHWM(b); err == nil {
+			sum += kb
+		}
+	}
+	return sum
+}

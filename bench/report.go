@@ -1,0 +1,183 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Markdown formats the report: setup, one table per payload (or service),
+// the ratio of tpsched to each peer, and the plots.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
+	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)
+	if len(r.Machine.Peers) > 0 {
+		var v []string
+		for _, k := range sortedKeys(r.Machine.Peers) {
+			v = append(v, k+" "+r.Machine.Peers[k])
+		}
+		fmt.Fprintf(&b, " Peers: %s.", strings.Join(v, ", "))
+	}
+	fmt.Fprintf(&b, "\n\nEach figure is the median of %d interleaved runs (in each cell the order of systems rotates, and reverses, between runs) "+
+		"of %.1f s measured after %.1f s of warm-up.\n\n", r.Runs, r.Duration, r.Warmup)
+	for _, s := range r.Setup {
+		fmt.Fprintf(&b, "- %s\n", s)
+	}
+	if len(r.Setup) > 0 {
+		b.WriteString("\n")
+	}
+	for _, name := range sortedKeys(r.Skipped) {
+		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
+	}
+	open := len(r.Cells) > 0 && r.Cells[0].Open
+	b.WriteString("## Figures\n\n")
+	if open {
+		b.WriteString("| service | carriers | system | offered/s | admitted/s | refused | failed | timed out | p50 | p90 | p99 | p99.9 | CPU/call | peak RSS |\n")
+		b.WriteString("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	} else {
+		b.WriteString("| service | payload | conns | system | calls/s | p50 | p90 | p99 | p99.9 | CPU/call | peak RSS | errors |\n")
+		b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	}
+	for _, c := range r.Cells {
+		for _, m := range c.Results {
+			if m.Error != "" && len(m.Runs) == 0 {
+				fmt.Fprintf(&b, "| %s | %s | %d | %s | failed: %s |\n", c.Service, payloadName(c), c.Conns, m.System, oneLine(m.Error))
+				continue
+			}
+			f := m.Median
+			if open {
+				fmt.Fprintf(&b, "| %s | %d | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %.1f us | %s |\n",
+					c.Service, c.Conns, m.System, f.Offered, f.Throughput, pct(f.RefusedShare), pct(f.FailedShare), pct(f.TimeoutShare),
+					dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.CPUus, mib(f.PeakRSSKiB))
+			} else {
+				errs := f.RefusedShare + f.FailedShare + f.TimeoutShare
+				fmt.Fprintf(&b, "| %s | %s | %d | %s | %.0f | %s | %s | %s | %s | %.1f us | %s | %s |\n",
+					c.Service, payloadName(c), c.Conns, m.System, f.Throughput,
+					dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.CPUus, mib(f.PeakRSSKiB), pct(errs))
+			}
+		}
+	}
+	b.WriteString("\n")
+	if ratios := r.ratioTable(); ratios != "" {
+		b.WriteString("## tpsched against each peer\n\n")
+		b.WriteString("Throughput ratio is tpsched / peer (above 1: tpsched serves more); p99 ratio is tpsched / peer (below 1: tpsched answers faster); " +
+			"CPU ratio is tpsched / peer CPU per call (below 1: tpsched spends less).\n\n")
+		b.WriteString(ratios)
+		b.WriteString("\n")
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "%s\n\n", n)
+	}
+	for _, p := range r.Plots {
+		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
+	}
+	return b.String()
+}
+
+func (r *Report) ratioTable() string {
+	var peers []string
+	for _, s := range r.Systems {
+		if s != NameTpsched {
+			peers = append(peers, s)
+		}
+	}
+	if len(peers) == 0 || !slices.Contains(r.Systems, NameTpsched) {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("| service | payload | conns |")
+	for _, p := range peers {
+		fmt.Fprintf(&b, " vs %s: thr / p99 / CPU |", p)
+	}
+	b.WriteString("\n|---|---:|---:|")
+	for range peers {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	for _, c := range r.Cells {
+		tp := c.Result(NameTpsched)
+		fmt.Fprintf(&b, "| %s | %s | %d |", c.Service, payloadName(c), c.Conns)
+		for _, p := range peers {
+			m := c.Result(p)
+			if tp == nil || m == nil || len(tp.Runs) == 0 || len(m.Runs) == 0 {
+				b.WriteString(" - |")
+				continue
+			}
+			fmt.Fprintf(&b, " %s / %s / %s |", ratio(tp.Median.Throughput, m.Median.Throughput),
+				ratio(tp.Median.P99us, m.Median.P99us), ratio(tp.Median.CPUus, m.Median.CPUus))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
+}
+
+func payloadName(c Cell) string {
+	if c.Service == "burn" {
+		return fmt.Sprintf("%d us CPU", BurnMicros)
+	}
+	switch {
+	case c.Payload >= 1<<10 && c.Payload%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", c.Payload>>10)
+	}
+	return fmt.Sprintf("%d B", c.Payload)
+}
+
+// dur formats microseconds with a unit that keeps three figures.
+func dur(us float64) string {
+	switch {
+	case us >= 1e6:
+		return fmt.Sprintf("%.2f s", us/1e6)
+	case us >= 1e4:
+		return fmt.Sprintf("%.1f ms", us/1e3)
+	case us >= 1e3:
+		return fmt.Sprintf("%.2f ms", us/1e3)
+	}
+	return fmt.Sprintf("%.0f us", us)
+}
+
+func pct(share float64) string {
+	if share == 0 {
+		return "0"
+	}
+	if share < 0.001 {
+		return fmt.Sprintf("%.3f%%", 100*share)
+	}
+	return fmt.Sprintf("%.1f%%", 100*share)
+}
+
+func mib(kib float64) string { return fmt.Sprintf("%.1f MiB", kib/1024) }
+
+func oneLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	return strings.ReplaceAll(s, "|", "/")
+}
+
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
+
+// Write writes dir/<date>-<scenario>.md and .json and returns the base path.
+func (r *Report) Write(dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	base := filepath.Join(dir, r.Date+"-"+r.Scenario)
+	if err := os.WriteFile(base+".md", []byte(r.Markdown()), 0o644); err != nil {
+		return "", err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return base, os.WriteFile(base+".json", append(js, '\n'), 0o644)
+}

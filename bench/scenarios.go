@@ -1,0 +1,373 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config is one benchmark session: which scenarios, how long, where to.
+type Config struct {
+	Env       Env
+	Out       string   // directory for the reports
+	Quick     bool     // the development grid
+	Scenarios []string // of S1, S2, S4
+	Runs      int
+	Warmup    time.Duration
+	Duration  time.Duration
+	Spec      Spec // S1 and S2 sizing; S4 uses Spec with a small Queue
+	S4Queue   int
+	Systems   []string // only these systems (by report name); empty: all
+	Log       io.Writer
+}
+
+// Grids of the scenarios.
+var (
+	S1Payloads      = []int{128, 4 << 10, 64 << 10}
+	S1Conns         = []int{1, 16, 64, 256}
+	S1QuickPayloads = []int{128, 4 << 10}
+	S1QuickConns    = []int{1, 64}
+	S2Conns         = []int{1, 16, 64}
+	S2QuickConns    = []int{64}
+)
+
+// S4Carriers is how many connections carry the open-loop calls: enough
+// that the generator never runs out while the server answers within the
+// timeout at the admitted rate.
+const S4Carriers = 256
+
+type starter struct {
+	name  string
+	start func(Env, Spec) (*System, error)
+}
+
+var (
+	startTpsched   = starter{NameTpsched, StartTpsched}
+	startGnet      = starter{NameGnetEcho, StartGnetEcho}
+	startGRPC      = starter{NameGRPC, StartGRPC}
+	startPHPStatic = starter{NamePHPStatic, func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, false) }}
+	startPHPDyn    = starter{NamePHPDyn, func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, true) }}
+	startHAProxy   = starter{NameHAProxy, StartHAProxy}
+)
+
+// startAll starts the systems it can; the others are returned as skipped
+// with the reason.
+func startAll(cfg Config, sp Spec, list []starter) ([]*System, map[string]string) {
+	var systems []*System
+	skipped := map[string]string{}
+	for _, st := range list {
+		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, st.name) {
+			continue
+		}
+		fmt.Fprintf(cfg.Log, "starting %s\n", st.name)
+		s, err := st.start(cfg.Env, sp)
+		if err != nil {
+			fmt.Fprintf(cfg.Log, "  %s not started: %v\n", st.name, err)
+			skipped[st.name] = oneLine(err.Error())
+			continue
+		}
+		systems = append(systems, s)
+	}
+	return systems, skipped
+}
+
+func stopAll(systems []*System) {
+	for _, s := range systems {
+		s.Stop()
+	}
+}
+
+func names(systems []*System) []string {
+	var n []string
+	for _, s := range systems {
+		n = append(n, s.Name)
+	}
+	return n
+}
+
+// Run runs the configured scenarios and writes their reports.
+func Run(ctx context.Context, cfg Config) error {
+	date := time.Now().UTC().Format("2006-01-02")
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return err
+	}
+	machine := ThisMachine()
+	machine.Peers = PeerVersions()
+	opts := RunOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Log: cfg.Log}
+	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
+	newReport := func(id, title string, systems []string, skipped map[string]string, o RunOptions) *Report {
+		return &Report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
+			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
+	}
+	sizing := fmt.Sprintf("Every system gets %d worker processes and %d receiving threads/processes: "+
+		"tpsched scdmulti=%d, parallel_count=%d (resident uap-echo), queue_size=%d; gnet echo %d event loops; gRPC-go one process, GOMAXPROCS=%d; "+
+		"nginx worker_processes=%d, PHP-FPM pm=static %d children or pm=dynamic 1..%d children, listen.backlog=%d; "+
+		"HAProxy nbthread=%d, leastconn over %d Go HTTP workers (GOMAXPROCS=1, maxconn 4 each).",
+		cfg.Spec.Workers, cfg.Spec.Front, cfg.Spec.Front, cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers,
+		cfg.Spec.Front, cfg.Spec.Workers, 4*cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers)
+	loadgen := "The load generator (Go, one goroutine per connection, hand-written tpsched-frame and HTTP/1.1 keep-alive clients, " +
+		"grpc-go's client with one ClientConn per connection) runs on the same cores as the servers; its own CPU per call is in the JSON. " +
+		"CPU/call is utime+stime of the server's whole process tree (children included) over the measured window, divided by the calls answered; " +
+		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run."
+
+	capacity := map[string]float64{} // S2 closed-loop throughput at 64 conns, for S4
+	if want("S1") || want("S2") {
+		list := []starter{startGnet, startGRPC, startPHPStatic, startPHPDyn, startTpsched}
+		if cfg.Quick {
+			list = slices.DeleteFunc(list, func(s starter) bool { return s.name == NamePHPDyn })
+		}
+		if !want("S1") {
+			list = nil
+		}
+		if want("S2") {
+			list = append(list, startHAProxy)
+			if !want("S1") {
+				list = append(list, startPHPStatic, startTpsched)
+			}
+		}
+		systems, skipped := startAll(cfg, cfg.Spec, list)
+		defer func() { stopAll(systems) }()
+		if want("S1") {
+			echoers := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool {
+				return s.Name == NameHAProxy || (cfg.Quick && s.Name == NamePHPDyn)
+			})
+			payloads, conns := S1Payloads, S1Conns
+			if cfg.Quick {
+				payloads, conns = S1QuickPayloads, S1QuickConns
+			}
+			var cells []Cell
+			for _, p := range payloads {
+				for _, c := range conns {
+					cells = append(cells, Cell{Service: "echo", Payload: p, Conns: c})
+				}
+			}
+			fmt.Fprintf(cfg.Log, "S1: echo, closed loop, %d cells x %d systems x %d runs\n", len(cells), len(echoers), opts.Runs)
+			Measure(ctx, opts, echoers, cells, nil)
+			r := newReport("S1", "echo, closed loop", names(echoers), only(skipped, NameHAProxy), opts)
+			r.Cells = cells
+			r.Setup = []string{"Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each.", sizing, loadgen}
+			r.Notes = append(r.Notes, S1Targets(r))
+			for _, p := range payloads {
+				r.addPlot(PlotThroughput(r, cfg.Out, "echo", p))
+			}
+			r.addPlot(PlotCDF(r, cfg.Out, "echo", 128, 64))
+			if err := writeReport(cfg, r); err != nil {
+				return err
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if want("S2") {
+			pool := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool {
+				return s.Name != NameTpsched && s.Name != NamePHPStatic && s.Name != NameHAProxy
+			})
+			conns := S2Conns
+			if cfg.Quick {
+				conns = S2QuickConns
+			}
+			var cells []Cell
+			for _, c := range conns {
+				cells = append(cells, Cell{Service: "burn", Conns: c})
+			}
+			fmt.Fprintf(cfg.Log, "S2: burn %d us, closed loop, %d cells x %d systems x %d runs\n", BurnMicros, len(cells), len(pool), opts.Runs)
+			Measure(ctx, opts, pool, cells, nil)
+			r := newReport("S2", fmt.Sprintf("a CPU-bound service (%d us) on a pool of %d worker processes", BurnMicros, cfg.Spec.Workers),
+				names(pool), pick(skipped, NameTpsched, NamePHPStatic, NameHAProxy), opts)
+			r.Cells = cells
+			r.Setup = []string{fmt.Sprintf("Service: burn; the request is the decimal number %d and each system spins the CPU for that many "+
+				"microseconds of wall time in the worker (uap-echo burn, a PHP loop on hrtime, the Go worker's loop) and answers the request. "+
+				"The ceiling is %d workers / %d us = %.0f calls/s if the workers had the cores to themselves.",
+				BurnMicros, cfg.Spec.Workers, BurnMicros, float64(cfg.Spec.Workers)*1e6/BurnMicros), sizing, loadgen}
+			for _, c := range cells {
+				if c.Conns != 64 {
+					continue
+				}
+				for _, m := range c.Results {
+					if len(m.Runs) > 0 {
+						capacity[m.System] = m.Median.Throughput
+					}
+				}
+			}
+			r.addPlot(PlotThroughput(r, cfg.Out, "burn", 0))
+			r.addPlot(PlotCDF(r, cfg.Out, "burn", 0, conns[len(conns)-1]))
+			if err := writeReport(cfg, r); err != nil {
+				return err
+			}
+		}
+		stopAll(systems)
+		systems = nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	// S3 (non-resident processes started and stopped with the queue length,
+	// balance_count, against PHP-FPM pm=ondemand/dynamic under bursts) is
+	// TODO: tpsched does not start non-resident processes yet
+	// (docs/ARCHITECTURE.md, "not yet"). It is not run and not reported.
+	fmt.Fprintln(cfg.Log, "S3: not run (TODO: needs tpsched non-resident processes)")
+	if want("S4") {
+		return runS4(ctx, cfg, opts, capacity, newReport, loadgen)
+	}
+	return nil
+}
+
+func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string]float64,
+	newReport func(string, string, []string, map[string]string, RunOptions) *Report, loadgen string) error {
+	sp := cfg.Spec
+	sp.Queue = cfg.S4Queue
+	systems, skipped := startAll(cfg, sp, []starter{startTpsched, startPHPStatic, startHAProxy})
+	defer stopAll(systems)
+	if len(capacity) == 0 {
+		// S2 was not run: measure capacity now, closed loop with fewer
+		// connections than the queue holds, so nothing is refused.
+		cells := []Cell{{Service: "burn", Conns: max(sp.Queue/2, 1)}}
+		fmt.Fprintf(cfg.Log, "S4: measuring capacity (burn, %d conns)\n", cells[0].Conns)
+		Measure(ctx, opts, systems, cells, nil)
+		for _, m := range cells[0].Results {
+			if len(m.Runs) > 0 {
+				capacity[m.System] = m.Median.Throughput
+			}
+		}
+	}
+	systems = slices.DeleteFunc(systems, func(s *System) bool {
+		if capacity[s.Name] == 0 {
+			skipped[s.Name] = "no capacity measured in S2"
+			s.Stop()
+			return true
+		}
+		return false
+	})
+	o := opts
+	o.Warmup = 2 * opts.Warmup
+	o.Duration = 2 * opts.Duration
+	cells := []Cell{{Service: "burn", Conns: S4Carriers, Open: true}}
+	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", BurnMicros, capacity)
+	Measure(ctx, o, systems, cells, func(system string, _ *Cell) float64 { return 2 * capacity[system] })
+	r := newReport("S4", "open-loop overload at 2x measured capacity", names(systems), skipped, o)
+	r.Cells = cells
+	r.Setup = []string{
+		fmt.Sprintf("Service: burn %d us on %d worker processes. Each system is offered twice its own S2 closed-loop throughput at 64 connections, "+
+			"as a fixed arrival rate carried by up to %d connections; a call's latency counts from the time it was due, so waiting for a "+
+			"connection is queueing and is measured. A call not answered %v after it was due times out.", BurnMicros, sp.Workers, S4Carriers, opts.Timeout),
+		fmt.Sprintf("Bounded queues: tpsched queue_size=%d (it answers 'server busy' when full); PHP-FPM listen.backlog=%d (nginx answers 502 when the "+
+			"backlog is full); HAProxy answers 503 when %d requests are queued (http-request deny if queue(be) ge %d). Refused = tpsched 'server busy' or HTTP 5xx.",
+			sp.Queue, sp.Queue, sp.Queue, sp.Queue),
+		"Admitted latency is of the calls answered OK; refused, failed and timed out are shares of the calls due in the window.",
+		loadgen,
+	}
+	var caps []string
+	for _, n := range names(systems) {
+		caps = append(caps, fmt.Sprintf("%s %.0f/s", n, capacity[n]))
+	}
+	r.Notes = append(r.Notes, "Capacity used (closed loop, burn): "+strings.Join(caps, ", ")+".")
+	r.addPlot(PlotCDF(r, cfg.Out, "burn", 0, S4Carriers))
+	return writeReport(cfg, r)
+}
+
+func (r *Report) addPlot(name string, err error) {
+	if err != nil {
+		r.Notes = append(r.Notes, "Plot failed: "+err.Error())
+		return
+	}
+	if name != "" {
+		r.Plots = append(r.Plots, name)
+	}
+}
+
+func only(m map[string]string, drop ...string) map[string]string {
+	out := map[string]string{}
+	for k, v := range m {
+		if !slices.Contains(drop, k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func pick(m map[string]string, keep ...string) map[string]string {
+	out := map[string]string{}
+	for k, v := range m {
+		if slices.Contains(keep, k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func writeReport(cfg Config, r *Report) error {
+	base, err := r.Write(cfg.Out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(cfg.Log, "wrote %s.md and %s.json\n", base, filepath.Base(base))
+	return nil
+}
+
+// S1Targets states the issue's targets at 64 connections, 128 B against
+// what was measured: tpsched >= 2x gRPC-go and >= 3x nginx+PHP-FPM (static)
+// in throughput, with p99 no worse than either.
+func S1Targets(r *Report) string {
+	var cell *Cell
+	for i := range r.Cells {
+		if c := &r.Cells[i]; c.Service == "echo" && c.Payload == 128 && c.Conns == 64 {
+			cell = c
+		}
+	}
+	if cell == nil {
+		return "Targets (64 conns, 128 B): not measured in this grid."
+	}
+	tp := cell.Result(NameTpsched)
+	if tp == nil || len(tp.Runs) == 0 {
+		return "Targets (64 conns, 128 B): tpsched not measured."
+	}
+	var b strings.Builder
+	b.WriteString("**Targets at 64 connections, 128 B** (tpsched throughput >= 2x gRPC-go and >= 3x nginx+PHP-FPM static, p99 no worse than either):")
+	for _, t := range []struct {
+		peer string
+		want float64
+	}{{NameGRPC, 2}, {NamePHPStatic, 3}} {
+		m := cell.Result(t.peer)
+		if m == nil || len(m.Runs) == 0 {
+			fmt.Fprintf(&b, " %s not measured;", t.peer)
+			continue
+		}
+		thr := tp.Median.Throughput / m.Median.Throughput
+		verdict := func(ok bool) string {
+			if ok {
+				return "met"
+			}
+			return "NOT met"
+		}
+		fmt.Fprintf(&b, " vs %s: throughput %.2fx (target %.0fx: %s), p99 %s vs %s (%s);", t.peer, thr, t.want,
+			verdict(thr >= t.want), dur(tp.Median.P99us), dur(m.Median.P99us), verdict(tp.Median.P99us <= m.Median.P99us))
+	}
+	return strings.TrimSuffix(b.String(), ";") + "."
+}
+
+// PeerVersions asks each installed peer binary its version.
+func PeerVersions() map[string]string {
+	out := map[string]string{}
+	re := regexp.MustCompile(`\d+\.\d+(\.\d+)?`)
+	ask := func(name string, find func() (string, error), args ...string) {
+		bin, err := find()
+		if err != nil {
+			return
+		}
+		b, _ := exec.Command(bin, args...).CombinedOutput()
+		if v := re.Find(b); v != nil {
+			out[name] = string(v)
+		}
+	}
+	ask("nginx", func() (string, error) { return findBinary("nginx") }, "-v")
+	ask("php-fpm", phpFPMBinary, "-v")
+	ask("haproxy", func() (string, error) { return findBinary("haproxy") }, "-v")
+	return out
+}
