@@ -96,10 +96,16 @@ type Conn struct {
 	batch     []byte
 	inTraffic bool
 
-	mu      sync.Mutex // orders Send's AsyncWrite before close; see Send
-	closed  bool       // guarded by mu
-	pending atomic.Int64
-	slow    atomic.Bool
+	fd int // the socket, for writes straight from Send (see Send)
+
+	// mu orders every write to the socket and the close: gnet calls OnClose
+	// (which sets closed) before it closes the descriptor, so a write under
+	// mu never hits a closed or reused descriptor.
+	mu        sync.Mutex
+	closed    bool // guarded by mu
+	loopOwned bool // guarded by mu: gnet may hold bytes for the socket; write through the loop
+	pending   atomic.Int64
+	slow      atomic.Bool
 }
 
 // Listen starts a server and returns once every receiving socket listens.
@@ -321,7 +327,7 @@ func (e *engineHandler) OnTick() (time.Duration, gnet.Action) {
 
 func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	s := e.s
-	c := &Conn{gc: gc, srv: s, id: s.nextID.Add(1)}
+	c := &Conn{gc: gc, srv: s, id: s.nextID.Add(1), fd: gc.Fd()}
 	if ra := gc.RemoteAddr(); ra != nil {
 		c.remote = ra.String()
 	}
@@ -385,8 +391,7 @@ func (e *engineHandler) OnTraffic(gc gnet.Conn) gnet.Action {
 	}
 	c.inTraffic = false
 	if len(c.batch) > 0 {
-		// Write copies what the socket does not take, so batch is reusable.
-		_, err := gc.Write(c.batch)
+		err := c.flushBatch()
 		if cap(c.batch) > 64<<10 {
 			c.batch = nil
 		} else {
@@ -415,18 +420,18 @@ func (c *Conn) Context() any { return c.user }
 // SetContext stores the caller's per-connection state. Event loop only.
 func (c *Conn) SetContext(v any) { c.user = v }
 
-// Send queues b for writing from any goroutine and takes ownership of b.
-// It returns ErrConnClosed after the connection closed and ErrSlowReader
-// when the bytes queued but not yet written exceed Options.MaxOutbound;
-// the connection is then closed and counted.
+// Send writes b from any goroutine and takes ownership of b. When nothing
+// is waiting to be written on the connection, Send writes to the socket
+// itself, so an answer made off the event loop costs no wake-up of the loop;
+// what the socket does not take at once is queued to the loop behind it
+// (gnet AsyncWrite), and later sends queue behind that until the loop has
+// written it all. It returns ErrConnClosed after the connection closed and
+// ErrSlowReader when the bytes queued but not yet written exceed
+// Options.MaxOutbound; the connection is then closed and counted.
 func (c *Conn) Send(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	n := int64(len(b))
-	// mu makes OnClose wait for an AsyncWrite in flight: gnet closes a
-	// loop's eventfd after the loop's last OnClose, and a Trigger after that
-	// would write to a closed, possibly reused, descriptor.
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -435,6 +440,40 @@ func (c *Conn) Send(b []byte) error {
 	if c.slow.Load() {
 		return ErrSlowReader
 	}
+	if !c.loopOwned {
+		n, err := writeSome(c.fd, b)
+		if err != nil {
+			_ = c.gc.Close()
+			return fmt.Errorf("netio: send to %s: %w", c.remote, err)
+		}
+		if n == len(b) {
+			return nil
+		}
+		b = b[n:]
+	}
+	return c.queueLocked(b)
+}
+
+// writeSome writes what the non-blocking socket takes now.
+func writeSome(fd int, b []byte) (int, error) {
+	for {
+		n, err := unix.Write(fd, b)
+		switch err {
+		case nil:
+			return n, nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, nil
+		}
+		return 0, os.NewSyscallError("write", err)
+	}
+}
+
+// queueLocked hands b to the event loop, behind whatever it holds already.
+// c.mu is held.
+func (c *Conn) queueLocked(b []byte) error {
+	n := int64(len(b))
 	if c.pending.Add(n) > c.srv.maxOutbound {
 		c.pending.Add(-n)
 		if c.slow.CompareAndSwap(false, true) {
@@ -443,8 +482,15 @@ func (c *Conn) Send(b []byte) error {
 		}
 		return ErrSlowReader
 	}
+	c.loopOwned = true
+	// gnet runs the callback on the loop, never inside AsyncWrite, so it
+	// may take c.mu.
 	err := c.gc.AsyncWrite(b, func(gc gnet.Conn, err error) error {
-		c.pending.Add(-n)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.pending.Add(-n) == 0 && err == nil && gc.OutboundBuffered() == 0 {
+			c.loopOwned = false // all written: Send may write directly again
+		}
 		if err == nil && int64(gc.OutboundBuffered()) > c.srv.maxOutbound && c.slow.CompareAndSwap(false, true) {
 			c.srv.countSlow(c)
 			_ = gc.Close()
@@ -454,6 +500,25 @@ func (c *Conn) Send(b []byte) error {
 	if err != nil {
 		c.pending.Add(-n)
 		return fmt.Errorf("netio: send to %s: %w", c.remote, err)
+	}
+	return nil
+}
+
+// flushBatch writes the answers made during one OnTraffic. On the loop.
+func (c *Conn) flushBatch() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.loopOwned {
+		// Bytes are queued to the loop already (a partial direct write, say):
+		// the batch must go behind them, not into the middle of a frame.
+		return c.queueLocked(bytes.Clone(c.batch))
+	}
+	// Write copies what the socket does not take, so batch is reusable.
+	if _, err := c.gc.Write(c.batch); err != nil {
+		return err
+	}
+	if c.gc.OutboundBuffered() > 0 {
+		c.loopOwned = true
 	}
 	return nil
 }

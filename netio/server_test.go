@@ -626,3 +626,64 @@ func BenchmarkEchoServer(b *testing.B) {
 	}
 	wg.Wait()
 }
+
+// mixedHandler answers even ids at once (SendNow, on the loop) and odd ids
+// from another goroutine (Send, which writes to the socket itself while
+// nothing is queued and queues behind the loop once the socket is full).
+type mixedHandler struct{}
+
+func (mixedHandler) OnFrame(c *Conn, f Frame) {
+	reply := AppendReply(nil, f.ID, f.Payload)
+	if f.ID%2 == 0 {
+		c.SendNow(reply)
+		return
+	}
+	go func() { _ = c.Send(reply) }()
+}
+
+func (mixedHandler) OnClose(*Conn) {}
+
+// TestMixedAnswerPathsKeepFramesWhole fills the socket so that direct
+// writes from Send come up short and the rest goes through the loop, while
+// the loop writes answers of its own: every frame must arrive whole.
+func TestMixedAnswerPathsKeepFramesWhole(t *testing.T) {
+	s := startServer(t, Options{MaxPayload: 1 << 20}, mixedHandler{})
+	c := dial(t, s.Addr())
+	const calls = 60
+	payload := func(id uint64) []byte {
+		p := make([]byte, 100_000+int(id)*997)
+		for i := range p {
+			p[i] = byte(id) ^ byte(i)
+		}
+		return p
+	}
+	go func() {
+		for id := uint64(1); id <= calls; id++ {
+			if _, err := c.Write(callFrame(id, payload(id))); err != nil {
+				return
+			}
+			time.Sleep(time.Millisecond) // answers keep coming while the socket drains
+		}
+	}()
+	// A slow reader: the socket fills, drains a little, fills again, so
+	// Send meets a full socket, a partly free one and an empty one in turn.
+	r := bufio.NewReader(slowReader{c})
+	seen := map[uint64]bool{}
+	for range calls {
+		f, err := readFrame(r)
+		if err != nil {
+			t.Fatalf("after %d answers: %v", len(seen), err)
+		}
+		if f.Kind != KindReply || seen[f.ID] || !bytes.Equal(f.Payload, payload(f.ID)) {
+			t.Fatalf("answer %d: kind %v, %d bytes, seen before %v", f.ID, f.Kind, len(f.Payload), seen[f.ID])
+		}
+		seen[f.ID] = true
+	}
+}
+
+type slowReader struct{ r io.Reader }
+
+func (s slowReader) Read(p []byte) (int, error) {
+	time.Sleep(200 * time.Microsecond)
+	return s.r.Read(p[:min(len(p), 16<<10)])
+}

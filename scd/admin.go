@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -94,6 +95,11 @@ func (n *Node) startAdmin() error {
 	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) {
 		n.answerControl(w, n.Release(r.URL.Query().Get("group")))
 	})
+	// Profiles for performance engineers; the control address is loopback
+	// unless the operator opened it.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	n.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
