@@ -55,7 +55,7 @@ var (
 
 const (
 	magic        = 0x4d48534843535054 // "TPSCHSHM" little-endian
-	version      = 1
+	version      = 2
 	pageSize     = 4096
 	maxName      = 32
 	qEntrySize   = 64
@@ -92,12 +92,8 @@ type header struct {
 	done   atomic.Uint64
 	_      [56]byte
 
-	qFutex   atomic.Uint32
-	qWaiters atomic.Uint32
-	_        [56]byte
-	cFutex   atomic.Uint32
-	cWaiters atomic.Uint32
-	_        [56]byte
+	qWait waitq // the schedule queue: UAPs sleep, the scheduler wakes
+	cWait waitq // the completion ring: the reply reader sleeps, UAPs wake
 }
 
 type qEntry struct {
@@ -412,7 +408,7 @@ func (s *Segment) Enqueue(service string, req []byte, deadline time.Time) (Token
 	e.reqLen = uint32(len(req))
 	e.nameLen = uint32(copy(e.name[:], service))
 	s.q.publish(pos)
-	signal(&s.hdr.qFutex, &s.hdr.qWaiters)
+	s.hdr.qWait.signal()
 	return tok, nil
 }
 
@@ -507,25 +503,23 @@ func (s *Segment) WaitCompletions(buf []Completion, timeout time.Duration) []Com
 	h := s.hdr
 	end := start.Add(timeout)
 	for {
-		h.cWaiters.Add(1)
-		v := h.cFutex.Load()
+		v := h.cWait.prepare()
 		if out = s.drain(out); len(out) > 0 {
-			h.cWaiters.Add(^uint32(0))
+			h.cWait.done()
 			s.spin.learn(time.Since(start))
 			return out
 		}
 		if s.idle() {
-			h.cWaiters.Add(^uint32(0))
+			h.cWait.done()
 			return s.drain(out)
 		}
 		left := time.Until(end)
 		if left <= 0 {
-			h.cWaiters.Add(^uint32(0))
+			h.cWait.done()
 			s.spin.learn(-1)
 			return out
 		}
-		futexWait(&h.cFutex, v, min(left, maxSleep))
-		h.cWaiters.Add(^uint32(0))
+		h.cWait.sleep(v, min(left, maxSleep))
 	}
 }
 
@@ -590,7 +584,7 @@ func (s *Segment) reclaim(slot int) (Token, bool) {
 			e := (*cEntry)(s.c.entry(pos))
 			e.token, e.status, e.replyLen = 0, 0, 0
 			s.c.publish(pos)
-			signal(&s.hdr.cFutex, &s.hdr.cWaiters)
+			s.hdr.cWait.signal()
 		}
 	}
 	cb.claim.Store(0)
@@ -693,8 +687,7 @@ func (s *Segment) RequestStop(slot int) {
 		return
 	}
 	s.cb(slot).stop.Store(1)
-	s.hdr.qFutex.Add(1)
-	futexWake(&s.hdr.qFutex, 1<<30)
+	s.hdr.qWait.wakeAll()
 }
 
 // Depth is the number of requests in the schedule queue now; cheaper than
@@ -728,10 +721,8 @@ func (s *Segment) Close() error {
 		runtime.Gosched()
 	}
 	s.hdr.closed.Store(2)
-	s.hdr.qFutex.Add(1)
-	futexWake(&s.hdr.qFutex, 1<<30)
-	s.hdr.cFutex.Add(1)
-	futexWake(&s.hdr.cFutex, 1<<30)
+	s.hdr.qWait.wakeAll()
+	s.hdr.cWait.wakeAll()
 	return nil
 }
 

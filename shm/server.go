@@ -223,19 +223,27 @@ func (s *Server) next() (uint64, bool) {
 			return 0, false
 		}
 		closed := h.closed.Load() == 2 // before the last look at the queue
-		h.qWaiters.Add(1)
-		v := h.qFutex.Load()
+		v := h.qWait.prepare()
 		if pos, ok := s.q.take(claim); ok {
-			h.qWaiters.Add(^uint32(0))
+			h.qWait.done()
 			s.spin.learn(time.Since(start))
+			s.passWake()
 			return pos, true
 		}
 		if closed {
-			h.qWaiters.Add(^uint32(0))
+			h.qWait.done()
 			return 0, false
 		}
-		futexWait(&h.qFutex, v, maxSleep)
-		h.qWaiters.Add(^uint32(0))
+		h.qWait.sleep(v, maxSleep)
+	}
+}
+
+// passWake wakes another sleeping UAP when requests are left after this one
+// took its own: producers wake one sleeper per wake-up in flight, so a
+// burst reaches the others through the ones that woke first.
+func (s *Server) passWake() {
+	if s.q.depth() > 0 && s.hdr.qWait.waiters.Load() != 0 {
+		s.hdr.qWait.signal()
 	}
 }
 
@@ -302,7 +310,7 @@ func (s *Server) complete(tok Token, st Status, rl uint64) {
 	e.replyLen = uint32(rl)
 	s.c.publish(pos)
 	s.cb.compClaim.Store(0)
-	signal(&s.hdr.cFutex, &s.hdr.cWaiters)
+	s.hdr.cWait.signal()
 }
 
 // Close frees the control block and unmaps the segment. Serve must have
