@@ -79,7 +79,6 @@ func (n *Node) startAdmin() error {
 		return fmt.Errorf("metrics_address %s: %w", n.cfg.System.MetricsAddress, err)
 	}
 	n.adminLn = ln
-	n.metrics.NewGauge(`tpsched_connections_rpc`, func() float64 { return float64(n.rpc.Stats().Conns) })
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		n.metrics.WritePrometheus(w)

@@ -31,7 +31,7 @@ type group struct {
 	mu      sync.Mutex
 	pending map[shm.Token]*call
 
-	refused  *metrics.Counter // calls refused before reaching the queue
+	refused  *metrics.Counter // calls refused server busy: the queue was full
 	timedOut *metrics.Counter
 	latency  *metrics.Histogram
 }

@@ -99,13 +99,20 @@ func poll(ctx context.Context, tb testing.TB, what string, cond func() bool) {
 }
 
 func TestCrossProcessEcho(t *testing.T) {
-	const n, window = 10000, 24
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	s := newSeg(t, Layout{Slots: 32, MaxMessage: 1 << 20, Processes: 2})
 	startUAP(t, s, 0)
 	startUAP(t, s, 1)
-	rng := rand.New(rand.NewPCG(1, 2))
+	echoLoad(t, s, 10000, 24, 1)
+}
+
+// echoLoad sends n echo requests of 1 B .. 1 MiB (the first two are the
+// extremes), at most window in flight, through q and checks every reply
+// byte and the counters afterwards.
+func echoLoad(t *testing.T, q scheduleQueue, n, window int, seed uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(seed, 2))
 	src := make([]byte, 2<<20)
 	for i := range src {
 		src[i] = byte(rng.Uint32())
@@ -113,23 +120,21 @@ func TestCrossProcessEcho(t *testing.T) {
 	type want struct{ off, size int }
 	pending := make(map[Token]want)
 	buf := make([]Completion, 0, 64)
-	sent, got := 0, 0
-	var bytesMoved int
+	sent, got, moved := 0, 0, 0
 	for got < n {
 		if ctx.Err() != nil {
 			t.Fatalf("timeout: sent %d, got %d", sent, got)
 		}
 		for sent < n && len(pending) < window {
-			size := 1 + rng.IntN(1<<rng.IntN(21))
+			size := min(1+rng.IntN(1<<rng.IntN(21)), 1<<20)
 			switch sent {
 			case 0:
 				size = 1
 			case 1:
 				size = 1 << 20
 			}
-			size = min(size, 1<<20)
 			off := rng.IntN(len(src) - size + 1)
-			tok, err := s.Enqueue("echo", src[off:off+size], time.Time{})
+			tok, err := q.Enqueue("echo", src[off:off+size], time.Time{})
 			if errors.Is(err, ErrFull) {
 				break
 			}
@@ -139,7 +144,7 @@ func TestCrossProcessEcho(t *testing.T) {
 			pending[tok] = want{off, size}
 			sent++
 		}
-		for _, c := range s.WaitCompletions(buf, 100*time.Millisecond) {
+		for _, c := range q.WaitCompletions(buf, 100*time.Millisecond) {
 			w, ok := pending[c.Token]
 			if !ok {
 				t.Fatalf("unknown token %x", c.Token)
@@ -147,17 +152,16 @@ func TestCrossProcessEcho(t *testing.T) {
 			if c.Status != StatusOK || !bytes.Equal(c.Reply, src[w.off:w.off+w.size]) {
 				t.Fatalf("request of %d bytes: status %v, reply of %d bytes differs", w.size, c.Status, len(c.Reply))
 			}
-			bytesMoved += w.size
+			moved += w.size
 			delete(pending, c.Token)
-			s.Release(c.Token)
+			q.Release(c.Token)
 			got++
 		}
 	}
-	st := s.Stats()
-	if st.Queued != n || st.Taken != n || st.Done != n || st.Depth != 0 {
+	if st := q.Stats(); st.Queued != uint64(n) || st.Taken != uint64(n) || st.Done != uint64(n) || st.Depth != 0 || st.Busy != 0 {
 		t.Fatalf("stats %+v", st)
 	}
-	t.Logf("%d requests, %d MiB echoed", n, bytesMoved>>20)
+	t.Logf("%d requests, %d MiB echoed", n, moved>>20)
 }
 
 func TestCrossProcessStatuses(t *testing.T) {

@@ -1,11 +1,9 @@
 package shm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -111,64 +109,12 @@ func TestSocketLayout(t *testing.T) {
 
 func TestSocketEcho(t *testing.T) {
 	const n = 1000
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	q := newSockQ(t, Layout{Slots: 16, MaxMessage: 1 << 20, Processes: 1})
 	u := startSockUAP(t, q)
-	rng := rand.New(rand.NewPCG(3, 4))
-	src := make([]byte, 2<<20)
-	for i := range src {
-		src[i] = byte(rng.Uint32())
-	}
-	type want struct{ off, size int }
-	pending := make(map[Token]want)
-	buf := make([]Completion, 0, 32)
-	sent, got, moved := 0, 0, 0
-	for got < n {
-		if ctx.Err() != nil {
-			t.Fatalf("timeout: sent %d, got %d", sent, got)
-		}
-		for sent < n {
-			size := min(1+rng.IntN(1<<rng.IntN(21)), 1<<20)
-			switch sent {
-			case 0:
-				size = 1
-			case 1:
-				size = 1 << 20
-			}
-			off := rng.IntN(len(src) - size + 1)
-			tok, err := q.Enqueue("echo", src[off:off+size], time.Time{})
-			if errors.Is(err, ErrFull) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			pending[tok] = want{off, size}
-			sent++
-		}
-		for _, c := range q.WaitCompletions(buf, 100*time.Millisecond) {
-			w, ok := pending[c.Token]
-			if !ok {
-				t.Fatalf("unknown token %x", c.Token)
-			}
-			if c.Status != StatusOK || !bytes.Equal(c.Reply, src[w.off:w.off+w.size]) {
-				t.Fatalf("request of %d bytes: status %v, reply of %d bytes differs", w.size, c.Status, len(c.Reply))
-			}
-			moved += w.size
-			delete(pending, c.Token)
-			q.Release(c.Token)
-			got++
-		}
-	}
-	st := q.Stats()
-	if st.Queued != n || st.Taken != n || st.Done != n || st.Depth != 0 || st.Busy != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	echoLoad(t, q, n, 1<<30, 3)
 	if info := q.SlotInfo(0); info.State != SlotIdle || info.PID != u.cmd.Process.Pid || info.Served != n {
 		t.Fatalf("slot info %+v, pid %d", info, u.cmd.Process.Pid)
 	}
-	t.Logf("%d requests, %d MiB echoed", n, moved>>20)
 }
 
 func TestSocketStatuses(t *testing.T) {
