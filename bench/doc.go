@@ -5,26 +5,29 @@
 //   - the load generator: one Caller per connection for each protocol the
 //     peers speak (tpsched frames, gRPC unary, HTTP/1.1 keep-alive), driven
 //     closed loop (N connections, one call outstanding each) or open loop
-//     (a fixed arrival rate; latency counted from the intended send time, so
-//     a slow server cannot hide its queue by slowing the generator down);
+//     (a fixed arrival rate, or a profile of rates; latency counted from the
+//     intended send time, so a slow server cannot hide its queue by slowing
+//     the generator down);
 //   - the peers (System): a bare gnet echo server, a gRPC-go echo server,
-//     nginx + PHP-FPM (pm=static and pm=dynamic), HAProxy leastconn in front
-//     of Go HTTP worker processes, and tpsched itself (scdd + uap-echo), each
+//     nginx + PHP-FPM (pm=static, dynamic and ondemand), HAProxy leastconn in front
+//     of Go HTTP worker processes, and tpsched itself (scdd + uap-echo,
+//     resident or with non-resident processes), each
 //     started on 127.0.0.1 in a temporary directory of its own;
 //   - process accounting from /proc (CPU per call, peak RSS of a process
 //     tree);
-//   - the scenarios (S1 echo grid, S2 CPU-bound pool, S4 open-loop overload),
+//   - the scenarios (S1 echo grid, S2 CPU-bound pool, S3 load step on pools
+//     that grow, S4 open-loop overload),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/.
 //
 // # Usage
 //
 //	make bench-deps   # once, as root: nginx, php-fpm, haproxy from apt
-//	make bench        # the full run (about 10 minutes)
-//	make bench-quick  # the development run (under 2 minutes), into bench/results/quick/
+//	make bench        # the full run (about 13 minutes)
+//	make bench-quick  # the development run (about 2 minutes), into bench/results/quick/
 //
-// The pure parts (percentiles, the open-loop schedule, /proc parsing, report
-// formatting) are tested without starting any server. Figures are medians of
+// The pure parts (percentiles, the open-loop schedule, /proc parsing, S3's
+// windows and recovery time, report formatting) are tested without starting any server. Figures are medians of
 // interleaved runs; ratios are what to quote, since the load generator shares
 // the cores with the servers.
 package bench

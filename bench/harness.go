@@ -71,6 +71,9 @@ type Report struct {
 	Cells    []Cell            `json:"cells"`
 	Notes    []string          `json:"notes,omitempty"`
 	Plots    []string          `json:"plots,omitempty"`
+	// S3: the load step and each system's figures (Cells is empty).
+	Step        *StepLoad    `json:"step,omitempty"`
+	StepResults []StepResult `json:"step_results,omitempty"`
 }
 
 // Machine describes where the run happened.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,26 @@ type Load struct {
 	// Window, if set, is called at the start (true) and the end (false) of
 	// the measured window, for accounting that must cover the same time.
 	Window func(begin bool)
+	// Profile, if set, makes the open loop's rate change over time: the
+	// phases run one after another from the start, with no warm-up, and the
+	// whole profile is measured (Rate, Warmup and Duration are ignored).
+	Profile []Phase
+	// Trace keeps every call due in the window in Result.Trace.
+	Trace bool
+}
+
+// Phase is one stretch of an open-loop rate profile.
+type Phase struct {
+	Rate float64       // calls per second
+	For  time.Duration // how long
+}
+
+// CallTrace is one call of a traced run.
+type CallTrace struct {
+	Due     time.Duration // when it was due, from Result.Begin
+	Latency time.Duration // from due to the answer (0 if it timed out before being sent)
+	Late    time.Duration // from due to sending: the generator's own lateness (timer wake-up, waiting for a free connection)
+	Outcome Outcome
 }
 
 // Result is what one run measured. Only calls in the window count; latency
@@ -62,6 +83,8 @@ type Result struct {
 	Throughput float64 // calls answered OK within the window, per second
 	Latency    Latency
 	CDF        []CDFPoint
+	Begin      time.Time   // when the run began (the profile's time 0)
+	Trace      []CallTrace // Load.Trace: every call due in the window, in no order
 }
 
 // ClosedLoop runs l with Rate 0.
@@ -72,6 +95,14 @@ func ClosedLoop(ctx context.Context, l Load) (Result, error) {
 
 // OpenLoop runs l at l.Rate calls per second.
 func OpenLoop(ctx context.Context, l Load) (Result, error) {
+	if len(l.Profile) > 0 {
+		for _, p := range l.Profile {
+			if p.Rate <= 0 || p.For <= 0 {
+				return Result{}, errors.New("bench: every phase of a profile needs a rate and a duration")
+			}
+		}
+		l.Rate, l.Warmup, l.Duration = l.Profile[0].Rate, 0, ProfileDuration(l.Profile)
+	}
 	if l.Rate <= 0 {
 		return Result{}, errors.New("bench: open loop needs a rate")
 	}
@@ -84,11 +115,37 @@ func Intended(start time.Time, rate float64, i int64) time.Time {
 	return start.Add(time.Duration(float64(i) * float64(time.Second) / rate))
 }
 
+// ProfileDuration is how long the phases last in all.
+func ProfileDuration(phases []Phase) time.Duration {
+	var d time.Duration
+	for _, p := range phases {
+		d += p.For
+	}
+	return d
+}
+
+// ProfileIntended is Intended for a rate profile: the time call i (from 0)
+// is due, counted from start, and whether the profile has a call i. Phase
+// k holds round(rate x duration) calls spaced evenly from its start.
+func ProfileIntended(start time.Time, phases []Phase, i int64) (time.Time, bool) {
+	at := start
+	for _, p := range phases {
+		n := int64(math.Round(p.Rate * p.For.Seconds()))
+		if i < n {
+			return Intended(at, p.Rate, i), true
+		}
+		i -= n
+		at = at.Add(p.For)
+	}
+	return time.Time{}, false
+}
+
 type tally struct {
 	start, end                       time.Time // the window
 	lat                              []time.Duration
 	ok, refused, failed, timedOut, n int
 	okInWindow                       int // answered OK within the window
+	trace                            []CallTrace
 	err                              error
 }
 
@@ -181,7 +238,9 @@ func run(ctx context.Context, l Load) (Result, error) {
 		r.Failed += t.failed
 		r.TimedOut += t.timedOut
 		r.Offered += t.n
+		r.Trace = append(r.Trace, t.trace...)
 	}
+	r.Begin = begin
 	if err := ctx.Err(); err != nil && time.Now().Before(end) {
 		return r, err
 	}
@@ -232,7 +291,16 @@ func closedConn(ctx context.Context, l Load, c Caller, t *tally, start, end time
 // measures from the time it was due. Calls due in the window count.
 func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int64, begin, start, end time.Time) error {
 	for ctx.Err() == nil {
-		due := Intended(begin, l.Rate, next.Add(1)-1)
+		var due time.Time
+		if len(l.Profile) > 0 {
+			d, ok := ProfileIntended(begin, l.Profile, next.Add(1)-1)
+			if !ok {
+				return nil
+			}
+			due = d
+		} else {
+			due = Intended(begin, l.Rate, next.Add(1)-1)
+		}
 		if !due.Before(end) {
 			return nil
 		}
@@ -246,9 +314,13 @@ func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int6
 			// timed out without being sent.
 			if measured {
 				t.count(TimedOut, 0, time.Now())
+				if l.Trace {
+					t.trace = append(t.trace, CallTrace{Due: due.Sub(begin), Outcome: TimedOut})
+				}
 			}
 			continue
 		}
+		sent := time.Now()
 		o, err := c.Call(l.Payload, deadline)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -259,6 +331,9 @@ func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int6
 		if measured {
 			now := time.Now()
 			t.count(o, now.Sub(due), now)
+			if l.Trace {
+				t.trace = append(t.trace, CallTrace{Due: due.Sub(begin), Latency: now.Sub(due), Late: sent.Sub(due), Outcome: o})
+			}
 		}
 	}
 	return nil

@@ -34,6 +34,17 @@ type System struct {
 	dial  func(service string) Dialer
 	dir   string
 	procs []*exec.Cmd
+	// workers counts the worker processes now (S3); nil where not known.
+	workers func() (int, error)
+}
+
+// Workers counts the system's worker processes now: tpsched's UAP
+// processes (from /status), PHP-FPM's children of the master.
+func (s *System) Workers() (int, error) {
+	if s.workers == nil {
+		return 0, fmt.Errorf("%s: no worker count", s.Name)
+	}
+	return s.workers()
 }
 
 // Dialer returns a dialer for service "echo" or "burn".
@@ -174,12 +185,28 @@ const (
 	NamePHPStatic = "nginx+php-fpm static"
 	NamePHPDyn    = "nginx+php-fpm dynamic"
 	NameHAProxy   = "haproxy+go"
+	// S3's pools that grow with the load.
+	NameTpschedNonRes = "tpsched non-resident"
+	NamePHPOndemand   = "nginx+php-fpm ondemand"
 )
 
 // StartTpsched starts scdd with one group "bench" (services echo and burn)
 // served by sp.Workers resident uap-echo processes.
 func StartTpsched(env Env, sp Spec) (*System, error) {
-	s, err := newSystem(NameTpsched)
+	return startTpschedConf(env, sp, NameTpsched, fmt.Sprint(sp.Workers), "")
+}
+
+// StartTpschedNonResident starts scdd with the group "bench" served by
+// parallel_count = resident,max uap-echo processes: resident ones always,
+// the others non-resident, started and stopped by the balance_count rule
+// and stopped after idling idle.
+func StartTpschedNonResident(env Env, sp Spec, resident, maxProcs, balance int, idle time.Duration) (*System, error) {
+	return startTpschedConf(env, sp, NameTpschedNonRes, fmt.Sprintf("%d,%d", resident, maxProcs),
+		fmt.Sprintf("set balance_count = %d\nset nonresident_idle_time = %d\n", balance, idle.Milliseconds()))
+}
+
+func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*System, error) {
+	s, err := newSystem(name)
 	if err != nil {
 		return nil, err
 	}
@@ -207,12 +234,13 @@ func StartTpsched(env Env, sp Spec) (*System, error) {
 			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n", host, port, ctl),
 			"conf/scdsvcdef": fmt.Sprintf("set scdmulti = %d\n", sp.Front),
 			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\"\n"+
-				"set module = %q\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n",
-				uap, sp.Workers, sp.Queue),
+				"set module = %q\nset parallel_count = %s\nset queue_size = %d\nset max_message_size = 1048576\n%s",
+				uap, parallel, sp.Queue, usrExtra),
 		}
 		if err := writeFiles(s.dir, files); err != nil {
 			return err
 		}
+		s.workers = func() (int, error) { return tpschedWorkers("http://"+ctl+"/status", "bench") }
 		return s.start("scdd.log", nil, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
 	})
 }
@@ -307,6 +335,19 @@ func phpFPMBinary() (string, error) {
 // configuration does) to a PHP-FPM pool: pm=static with sp.Workers
 // children, or pm=dynamic with 1..4x sp.Workers children.
 func StartNginxPHP(env Env, sp Spec, dynamic bool) (*System, error) {
+	name := NamePHPStatic
+	pm := fmt.Sprintf("pm = static\npm.max_children = %d\n", sp.Workers)
+	if dynamic {
+		name = NamePHPDyn
+		pm = fmt.Sprintf("pm = dynamic\npm.max_children = %d\npm.start_servers = %d\npm.min_spare_servers = 1\npm.max_spare_servers = %d\n",
+			4*sp.Workers, sp.Workers, 2*sp.Workers)
+	}
+	return StartNginxPHPPool(env, sp, name, pm)
+}
+
+// StartNginxPHPPool is StartNginxPHP with the pool's process manager
+// settings (the pm.* lines of php-fpm.conf) given whole.
+func StartNginxPHPPool(env Env, sp Spec, name, pm string) (*System, error) {
 	nginx, err := findBinary("nginx")
 	if err != nil {
 		return nil, err
@@ -314,13 +355,6 @@ func StartNginxPHP(env Env, sp Spec, dynamic bool) (*System, error) {
 	fpm, err := phpFPMBinary()
 	if err != nil {
 		return nil, err
-	}
-	name := NamePHPStatic
-	pm := fmt.Sprintf("pm = static\npm.max_children = %d\n", sp.Workers)
-	if dynamic {
-		name = NamePHPDyn
-		pm = fmt.Sprintf("pm = dynamic\npm.max_children = %d\npm.start_servers = %d\npm.min_spare_servers = 1\npm.max_spare_servers = %d\n",
-			4*sp.Workers, sp.Workers, 2*sp.Workers)
 	}
 	s, err := newSystem(name)
 	if err != nil {
@@ -396,6 +430,8 @@ http {
 		if err := s.start("php-fpm-out.log", nil, fpm, "-F", "-R", "-y", filepath.Join(s.dir, "php-fpm.conf"), "-p", s.dir); err != nil {
 			return err
 		}
+		master := s.procs[len(s.procs)-1].Process.Pid
+		s.workers = func() (int, error) { return len(Children(master)), nil }
 		return s.start("nginx-out.log", nil, nginx, "-p", s.dir+"/", "-e", filepath.Join(s.dir, "nginx.log"),
 			"-c", filepath.Join(s.dir, "nginx.conf"))
 	})

@@ -159,3 +159,81 @@ func (latencyTicks) Ticks(lo, hi float64) []plot.Tick {
 	}
 	return t
 }
+
+// PlotStepP99 draws S3's p99 per window against the time from the step,
+// one line per system (its run with the median recovery time), on a log
+// scale, with the step and the drop marked by the x axis's range.
+func PlotStepP99(r *Report, dir string) (string, error) {
+	if r.Step == nil || len(r.StepResults) == 0 {
+		return "", nil
+	}
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("%s: p99 per %v window of calls due in it (%.0f/s -> %.0f/s at 0, back at %.0f s)",
+		r.Scenario, r.Step.Window, r.Step.Base, r.Step.Peak, r.Step.During.Seconds())
+	p.X.Label.Text = "time from the step (s)"
+	p.Y.Label.Text = "p99 latency"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = latencyTicks{}
+	p.Legend.Top = true
+	var lines []any
+	for _, res := range r.StepResults {
+		var xys plotter.XYs
+		for _, w := range res.Windows {
+			if w.P99us > 0 {
+				xys = append(xys, plotter.XY{X: (w.FromStepMs + ms(r.Step.Window)/2) / 1e3, Y: w.P99us})
+			}
+		}
+		if len(xys) > 0 {
+			lines = append(lines, res.System, xys)
+		}
+	}
+	if len(lines) == 0 {
+		return "", nil
+	}
+	if err := plotutil.AddLines(p, lines...); err != nil {
+		return "", err
+	}
+	name := fmt.Sprintf("%s-%s-p99-over-time.png", r.Date, r.Scenario)
+	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
+}
+
+// PlotStepWorkers draws S3's worker count against the time from the step,
+// every sample of the plotted run, as steps.
+func PlotStepWorkers(r *Report, dir string) (string, error) {
+	if r.Step == nil || len(r.StepResults) == 0 {
+		return "", nil
+	}
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("%s: worker processes, counted every %v (%.0f/s -> %.0f/s at 0, back at %.0f s)",
+		r.Scenario, r.Step.Poll, r.Step.Base, r.Step.Peak, r.Step.During.Seconds())
+	p.X.Label.Text = "time from the step (s)"
+	p.Y.Label.Text = "workers"
+	p.Legend.Top = true
+	p.Legend.Left = true
+	var lines []any
+	for i, res := range r.StepResults {
+		var xys plotter.XYs
+		// A small offset per system keeps equal counts apart.
+		off := 0.04 * float64(i)
+		for j, s := range res.Samples {
+			x := (s.At - r.Step.Step()).Seconds()
+			if j > 0 {
+				xys = append(xys, plotter.XY{X: x, Y: xys[len(xys)-1].Y})
+			}
+			xys = append(xys, plotter.XY{X: x, Y: float64(s.N) + off})
+		}
+		if len(xys) > 0 {
+			lines = append(lines, res.System, xys)
+		}
+	}
+	if len(lines) == 0 {
+		return "", nil
+	}
+	if err := plotutil.AddLines(p, lines...); err != nil {
+		return "", err
+	}
+	p.Y.Min = 0
+	p.Y.Max = S3MaxWorkers + 1
+	name := fmt.Sprintf("%s-%s-workers-over-time.png", r.Date, r.Scenario)
+	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
+}

@@ -170,3 +170,41 @@ func PeakRSS(pids []int) int64 {
 	}
 	return sum
 }
+
+// Children returns the pids of pid's live children: from
+// /proc/<pid>/task/*/children where the kernel has it, else by reading
+// every /proc/<n>/stat.
+func Children(pid int) []int {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	var out []int
+	found := false
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		found = true
+		out = append(out, ParseChildren(b)...)
+	}
+	if found {
+		return out
+	}
+	for p, s := range readStats() {
+		if s.PPID == pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ParseChildren parses a /proc/<pid>/task/<tid>/children file: pids
+// separated by spaces.
+func ParseChildren(b []byte) []int {
+	var out []int
+	for _, f := range bytes.Fields(b) {
+		if n, err := strconv.Atoi(string(f)); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}

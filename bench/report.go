@@ -13,6 +13,9 @@ import (
 // Markdown formats the report: setup, one table per payload (or service),
 // the ratio of tpsched to each peer, and the plots.
 func (r *Report) Markdown() string {
+	if r.Step != nil {
+		return r.stepMarkdown()
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
 	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)
@@ -180,4 +183,66 @@ func (r *Report) Write(dir string) (string, error) {
 		return "", err
 	}
 	return base, os.WriteFile(base+".json", append(js, '\n'), 0o644)
+}
+
+// stepMarkdown formats S3: setup, one table per system, and the plots.
+func (r *Report) stepMarkdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
+	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)
+	if len(r.Machine.Peers) > 0 {
+		var v []string
+		for _, k := range sortedKeys(r.Machine.Peers) {
+			v = append(v, k+" "+r.Machine.Peers[k])
+		}
+		fmt.Fprintf(&b, " Peers: %s.", strings.Join(v, ", "))
+	}
+	b.WriteString("\n\n")
+	for _, s := range r.Setup {
+		fmt.Fprintf(&b, "- %s\n", s)
+	}
+	b.WriteString("\n")
+	for _, name := range sortedKeys(r.Skipped) {
+		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
+	}
+	b.WriteString("## Figures\n\n")
+	steps := 0
+	if r.Step.Window > 0 {
+		steps = int((r.Step.During + r.Step.Window - 1) / r.Step.Window)
+	}
+	b.WriteString("| system | recovery | step windows over the limit | first extra worker | workers before | peak workers (at) | back to before, after the drop | " +
+		"p99 before | p99 during | p99 after | limit (2x before) | generator's send lateness p99 before | refused | failed | timed out | calls |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, res := range r.StepResults {
+		f := res.Median
+		fmt.Fprintf(&b, "| %s | %s | %.0f of %d | %s | %.0f | %.0f (%s) | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %.0f | %.0f |\n",
+			res.System, msOrNever(f.RecoveryMs), f.OverLimit, steps, msOrNever(f.FirstExtraMs), f.BaselineWorkers, f.PeakWorkers, msOrNever(f.ToPeakMs),
+			msOrNever(f.BackMs), dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), dur(f.LimitUs), dur(f.PreLateP99us),
+			f.Refused, f.Failed, f.TimedOut, f.Offered)
+	}
+	b.WriteString("\n")
+	if len(r.StepResults) > 0 && r.Runs > 1 {
+		b.WriteString("### Each run\n\n")
+		b.WriteString("| system | run | recovery | windows over | first extra worker | workers before -> peak (at) | back | p99 before / during / after | refused / failed / timed out |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, res := range r.StepResults {
+			for i, f := range res.Runs {
+				drawn := ""
+				if i == res.Drawn {
+					drawn = " (plotted)"
+				}
+				fmt.Fprintf(&b, "| %s | %d%s | %s | %.0f | %s | %.0f -> %.0f (%s) | %s | %s / %s / %s | %.0f / %.0f / %.0f |\n",
+					res.System, i+1, drawn, msOrNever(f.RecoveryMs), f.OverLimit, msOrNever(f.FirstExtraMs), f.BaselineWorkers, f.PeakWorkers,
+					msOrNever(f.ToPeakMs), msOrNever(f.BackMs), dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), f.Refused, f.Failed, f.TimedOut)
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "%s\n\n", n)
+	}
+	for _, p := range r.Plots {
+		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
+	}
+	return b.String()
 }

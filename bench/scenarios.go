@@ -18,7 +18,7 @@ type Config struct {
 	Env       Env
 	Out       string   // directory for the reports
 	Quick     bool     // the development grid
-	Scenarios []string // of S1, S2, S4
+	Scenarios []string // of S1, S2, S3, S4
 	Runs      int
 	Warmup    time.Duration
 	Duration  time.Duration
@@ -208,11 +208,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	// S3 (non-resident processes started and stopped with the queue length,
-	// balance_count, against PHP-FPM pm=ondemand/dynamic under bursts) is
-	// TODO: tpsched does not start non-resident processes yet
-	// (docs/ARCHITECTURE.md, "not yet"). It is not run and not reported.
-	fmt.Fprintln(cfg.Log, "S3: not run (TODO: needs tpsched non-resident processes)")
+	if want("S3") {
+		if err := runS3(ctx, cfg, newReport); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	if want("S4") {
 		return runS4(ctx, cfg, opts, capacity, newReport, loadgen)
 	}

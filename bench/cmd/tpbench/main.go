@@ -4,7 +4,7 @@
 // interleaved, and written to bench/results/<date>-<scenario>.md with the
 // figures as JSON and the plots as PNG beside it.
 //
-//	tpbench [-quick] [-scenarios S1,S2,S4] [-out bench/results] [-bin bin]
+//	tpbench [-quick] [-scenarios S1,S2,S3,S4] [-out bench/results] [-bin bin]
 //
 // It also serves the Go peers when run with -serve (gnet, grpc, http): the
 // harness starts itself that way so each peer is a process of its own.
@@ -30,9 +30,9 @@ func main() {
 	loops := flag.Int("loops", 1, "internal: event loops of the gnet peer")
 	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build)")
 	out := flag.String("out", "bench/results", "directory for the reports")
-	quick := flag.Bool("quick", false, "the development grid (under two minutes)")
-	scen := flag.String("scenarios", "S1,S2,S4", "scenarios to run (S3 is not built yet)")
-	runs := flag.Int("runs", 3, "interleaved runs per cell; figures are their medians (3 or more)")
+	quick := flag.Bool("quick", false, "the development grid (about two minutes; S3 shorter and one run)")
+	scen := flag.String("scenarios", "S1,S2,S3,S4", "scenarios to run")
+	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick); figures are their medians (3 or more)")
 	dur := flag.Duration("duration", 0, "measured time per run (default 2s, quick 0.75s; S4 twice that)")
 	warm := flag.Duration("warmup", 0, "unmeasured time before each run (default 0.5s, quick 0.25s; S4 twice that)")
 	workers := flag.Int("workers", 2, "worker processes per system")
