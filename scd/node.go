@@ -199,7 +199,7 @@ func (n *Node) Start() (err error) {
 
 func (n *Node) startGroup(g *group) error {
 	s := &g.def
-	layout := shm.Layout{Slots: s.QueueSize, MaxMessage: s.MaxMessageSize, Processes: s.MaxProcesses}
+	layout := shm.Layout{Slots: s.QueueSize, MaxMessage: s.MaxMessageSize, Processes: s.MaxProcesses, Resident: s.Resident}
 	env := s.Env
 	var seg queue
 	var err error

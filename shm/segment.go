@@ -55,7 +55,7 @@ var (
 
 const (
 	magic        = 0x4d48534843535054 // "TPSCHSHM" little-endian
-	version      = 2
+	version      = 3
 	pageSize     = 4096
 	maxName      = 32
 	qEntrySize   = 64
@@ -79,20 +79,22 @@ type header struct {
 	// line 0: parameters, written once by Create.
 	magic, version, slots, maxMessage, procs, nbuf, compCap, size uint64
 
-	closed atomic.Uint32
-	_      [60]byte
-	qTail  atomic.Uint64
-	_      [56]byte
-	qHead  atomic.Uint64
-	_      [56]byte
-	cTail  atomic.Uint64
-	_      [56]byte
-	cHead  atomic.Uint64
-	_      [56]byte
-	done   atomic.Uint64
-	_      [56]byte
+	closed   atomic.Uint32
+	resident uint32 // control blocks below this serve resident processes; written once by Create
+	_        [56]byte
+	qTail    atomic.Uint64
+	_        [56]byte
+	qHead    atomic.Uint64
+	_        [56]byte
+	cTail    atomic.Uint64
+	_        [56]byte
+	cHead    atomic.Uint64
+	_        [56]byte
+	done     atomic.Uint64
+	_        [56]byte
 
-	qWait waitq // the schedule queue: UAPs sleep, the scheduler wakes
+	qWait waitq // the schedule queue: resident UAPs sleep, the scheduler wakes
+	xWait waitq // the schedule queue: non-resident UAPs sleep, woken only when no resident sleeps
 	cWait waitq // the completion ring: the reply reader sleeps, UAPs wake
 }
 
@@ -140,6 +142,12 @@ type Layout struct {
 	Slots      int // queue_size: requests that may wait in the queue
 	MaxMessage int // max_message_size: largest request or reply, bytes
 	Processes  int // most UAP processes (control blocks)
+	// Resident is how many of the control blocks, from slot 0, serve
+	// resident processes. A sleeping resident process is woken before a
+	// non-resident one, so that at light load the non-resident processes
+	// stay idle and the Multiserver rule can stop them. 0 or more than
+	// Processes: every process counts as resident.
+	Resident int
 }
 
 // geometry is where everything lives, derived from the header parameters.
@@ -324,6 +332,10 @@ func Create(name string, l Layout) (*Segment, error) {
 	h := s.hdr
 	h.version, h.slots, h.maxMessage, h.procs = version, g.slots, g.maxMessage, g.procs
 	h.nbuf, h.compCap, h.size = g.nbuf, g.compCap, g.size
+	h.resident = uint32(g.procs)
+	if l.Resident > 0 && uint64(l.Resident) < g.procs {
+		h.resident = uint32(l.Resident)
+	}
 	for i := uint64(0); i < g.slots; i++ {
 		s.q.seq(i).Store(freeSeq(i))
 	}
@@ -408,7 +420,7 @@ func (s *Segment) Enqueue(service string, req []byte, deadline time.Time) (Token
 	e.reqLen = uint32(len(req))
 	e.nameLen = uint32(copy(e.name[:], service))
 	s.q.publish(pos)
-	s.hdr.qWait.signal()
+	s.wakeUAP()
 	return tok, nil
 }
 
@@ -688,6 +700,25 @@ func (s *Segment) RequestStop(slot int) {
 	}
 	s.cb(slot).stop.Store(1)
 	s.hdr.qWait.wakeAll()
+	s.hdr.xWait.wakeAll()
+}
+
+// wakeUAP wakes a sleeping UAP for a request just queued: a resident one
+// if any sleeps, else a non-resident one.
+func (m *mapping) wakeUAP() {
+	if m.hdr.qWait.waiters.Load() != 0 {
+		m.hdr.qWait.signal()
+		return
+	}
+	m.hdr.xWait.signal()
+}
+
+// waitqOf is the queue the process in slot sleeps on.
+func (m *mapping) waitqOf(slot int) *waitq {
+	if uint32(slot) < m.hdr.resident {
+		return &m.hdr.qWait
+	}
+	return &m.hdr.xWait
 }
 
 // Depth is the number of requests in the schedule queue now; cheaper than
@@ -722,6 +753,7 @@ func (s *Segment) Close() error {
 	}
 	s.hdr.closed.Store(2)
 	s.hdr.qWait.wakeAll()
+	s.hdr.xWait.wakeAll()
 	s.hdr.cWait.wakeAll()
 	return nil
 }

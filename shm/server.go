@@ -29,7 +29,8 @@ type Server struct {
 	handlers map[string]HandlerFunc
 	spin     spinner
 	name     [maxName]byte
-	refresh  bool // serve one request, then stop (scd_refresh_process)
+	wq       *waitq // where this process sleeps: resident or non-resident queue
+	refresh  bool   // serve one request, then stop (scd_refresh_process)
 	served   bool
 	sock     *sockServer // socket mode (receive_from = socket); nil for a segment
 }
@@ -133,6 +134,7 @@ func attachFD(f *os.File, fd, slot int) (*Server, error) {
 	s := &Server{slot: slot, handlers: make(map[string]HandlerFunc), spin: newSpinner()}
 	s.init(f, fd, mem, g)
 	s.cb = s.mapping.cb(slot)
+	s.wq = s.waitqOf(slot)
 	if st := s.cb.state.Load(); st != stateFree {
 		pid := s.cb.pid.Load()
 		unix.Munmap(mem) // f stays with the caller's error path
@@ -223,18 +225,18 @@ func (s *Server) next() (uint64, bool) {
 			return 0, false
 		}
 		closed := h.closed.Load() == 2 // before the last look at the queue
-		v := h.qWait.prepare()
+		v := s.wq.prepare()
 		if pos, ok := s.q.take(claim); ok {
-			h.qWait.done()
+			s.wq.done()
 			s.spin.learn(time.Since(start))
 			s.passWake()
 			return pos, true
 		}
 		if closed {
-			h.qWait.done()
+			s.wq.done()
 			return 0, false
 		}
-		h.qWait.sleep(v, maxSleep)
+		s.wq.sleep(v, maxSleep)
 	}
 }
 
@@ -242,8 +244,8 @@ func (s *Server) next() (uint64, bool) {
 // took its own: producers wake one sleeper per wake-up in flight, so a
 // burst reaches the others through the ones that woke first.
 func (s *Server) passWake() {
-	if s.q.depth() > 0 && s.hdr.qWait.waiters.Load() != 0 {
-		s.hdr.qWait.signal()
+	if s.q.depth() > 0 {
+		s.wakeUAP()
 	}
 }
 

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -13,11 +14,17 @@ import (
 // to 10 s, a lost wake-up would stall a request for seconds; every request
 // must complete without such a stall.
 func TestNoLostWakeups(t *testing.T) {
+	for _, resident := range []int{3, 1} {
+		t.Run(fmt.Sprintf("%d of 3 resident", resident), func(t *testing.T) { noLostWakeups(t, resident) })
+	}
+}
+
+func noLostWakeups(t *testing.T, resident int) {
 	old := maxSleep
 	maxSleep = 10 * time.Second
 	t.Cleanup(func() { maxSleep = old })
 
-	s := newSeg(t, Layout{Slots: 16, MaxMessage: 64, Processes: 3})
+	s := newSeg(t, Layout{Slots: 16, MaxMessage: 64, Processes: 3, Resident: resident})
 	var serving sync.WaitGroup
 	for slot := range 3 {
 		srv := attach(t, s, slot)
@@ -65,4 +72,67 @@ func TestNoLostWakeups(t *testing.T) {
 	producers.Wait()
 	s.Close()
 	serving.Wait()
+}
+
+// A sleeping resident process is woken before a non-resident one, so that
+// at light load the non-resident processes stay idle (and the Multiserver
+// rule can stop them); they take work when the residents are busy.
+func TestResidentWokenFirst(t *testing.T) {
+	s := newSeg(t, Layout{Slots: 16, MaxMessage: 64, Processes: 2, Resident: 1})
+	var serving sync.WaitGroup
+	for slot := range 2 {
+		srv := attach(t, s, slot)
+		srv.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+		srv.Handle("sleep", func(req []byte) ([]byte, error) { time.Sleep(time.Second); return req, nil })
+		serving.Add(1)
+		go func() { defer serving.Done(); _ = srv.Serve() }()
+	}
+	t.Cleanup(func() { s.Close(); serving.Wait() })
+	call := func(service string) {
+		t.Helper()
+		if _, err := s.Enqueue(service, []byte("x"), time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 20 {
+		time.Sleep(2 * time.Millisecond) // both processes fall asleep
+		call("echo")
+		for _, c := range waitN(t, s, 1, 5*time.Second) {
+			s.Release(c.Token)
+		}
+	}
+	// Served counts after the completion is pushed: let it catch up.
+	served := func(want0, want1 uint64) bool {
+		end := time.Now().Add(5 * time.Second)
+		for time.Now().Before(end) {
+			if s.SlotInfo(0).Served == want0 && s.SlotInfo(1).Served == want1 {
+				return true
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return false
+	}
+	if !served(20, 0) {
+		t.Fatalf("light load served %d by the resident and %d by the non-resident; want 20 and 0",
+			s.SlotInfo(0).Served, s.SlotInfo(1).Served)
+	}
+	call("sleep") // the resident is busy with this one...
+	deadline := time.Now().Add(5 * time.Second)
+	for s.SlotInfo(0).State != SlotBusy && s.SlotInfo(1).State != SlotBusy {
+		if time.Now().After(deadline) {
+			t.Fatal("the sleep call was not taken")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	call("echo") // ...so the non-resident takes this one at once
+	for _, c := range waitN(t, s, 1, 5*time.Second) {
+		s.Release(c.Token)
+	}
+	if !served(20, 1) {
+		t.Fatalf("echo behind a busy resident: served %d/%d, want the non-resident to take it",
+			s.SlotInfo(0).Served, s.SlotInfo(1).Served)
+	}
+	for _, c := range waitN(t, s, 1, 5*time.Second) {
+		s.Release(c.Token)
+	}
 }
