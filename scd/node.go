@@ -221,20 +221,11 @@ func (n *Node) startGroup(g *group) error {
 	n.metrics.NewGauge(`tpsched_requests_queued_total`+lbl, func() float64 { return float64(seg.Stats().Queued) })
 	n.metrics.NewGauge(`tpsched_requests_processed_total`+lbl, func() float64 { return float64(seg.Stats().Done) })
 	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
-	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
-		res, _ := g.procs.Running()
-		return float64(res)
-	})
-	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="nonresident"}`, func() float64 {
-		_, nonres := g.procs.Running()
-		return float64(nonres)
-	})
 	g.procs, err = n.pm.Start(procmgr.Spec{
 		Server:       s.Name,
 		Group:        g.name,
 		Module:       s.Module,
 		Env:          env,
-		Segment:      seg.File(),
 		Resident:     s.Resident,
 		Max:          s.MaxProcesses,
 		BalanceCount: s.BalanceCount,
@@ -261,6 +252,14 @@ func (n *Node) startGroup(g *group) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.File, err)
 	}
+	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
+		res, _ := g.procs.Running()
+		return float64(res)
+	})
+	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="nonresident"}`, func() float64 {
+		_, nonres := g.procs.Running()
+		return float64(nonres)
+	})
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); g.readReplies(n.stop) }()
 	return nil
