@@ -330,6 +330,10 @@ func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int6
 		}
 		if measured {
 			now := time.Now()
+			if o == OK && l.Timeout > 0 && now.After(deadline) {
+				// Answered, but after the caller stopped waiting.
+				o = TimedOut
+			}
 			t.count(o, now.Sub(due), now)
 			if l.Trace {
 				t.trace = append(t.trace, CallTrace{Due: due.Sub(begin), Latency: now.Sub(due), Late: sent.Sub(due), Outcome: o})

@@ -9,11 +9,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,35 +47,22 @@ func TestMain(m *testing.M) {
 
 func bin(name string) string { return filepath.Join(binDir, name) }
 
-// freePort returns a loopback port nothing listens on right now.
-func freePort(t *testing.T) int {
+// defDir writes a definition directory: a sysconf whose ports are 0 (scdd
+// picks free ones and logs them, so parallel tests never race for a port),
+// then one usr file per entry of servers (name -> body; "MODULE" in a body
+// becomes the path of uap-echo).
+func defDir(t *testing.T, sysconf string, servers map[string]string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// defDir writes a definition directory: sysconf with fresh ports, then one
-// usr file per entry of servers (name -> body; "MODULE" in a body becomes
-// the path of uap-echo).
-func defDir(t *testing.T, sysconf string, servers map[string]string) (dir string, rpc, ctl string) {
-	t.Helper()
-	dir = t.TempDir()
-	rpcPort, ctlPort := freePort(t), freePort(t)
-	rpc = fmt.Sprintf("127.0.0.1:%d", rpcPort)
-	ctl = fmt.Sprintf("127.0.0.1:%d", ctlPort)
-	sys := fmt.Sprintf("set node_id = \"itest\"\nset rpc_address = \"127.0.0.1\"\nset rpc_port = %d\nset metrics_address = %q\n%s",
-		rpcPort, ctl, sysconf)
+	dir := t.TempDir()
+	sys := "set node_id = \"itest\"\nset rpc_address = \"127.0.0.1\"\nset rpc_port = 0\n" +
+		"set metrics_address = \"127.0.0.1:0\"\n" + sysconf
 	must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
 	must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
 	for name, body := range servers {
 		body = strings.ReplaceAll(body, "MODULE", fmt.Sprintf("%q", bin("uap-echo")))
 		must(t, os.WriteFile(filepath.Join(dir, "usr", name), []byte(body), 0o644))
 	}
-	return dir, rpc, ctl
+	return dir
 }
 
 func must(t *testing.T, err error) {
@@ -113,12 +100,15 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// startNode starts scdd with args and waits until its control API answers.
-// The node is stopped (SIGTERM, then SIGKILL of its process group) when
-// the test ends, whatever happened.
-func startNode(t *testing.T, rpc, ctl string, args ...string) *node {
+// startedLine is scdd's log line with the addresses it listens on.
+var startedLine = regexp.MustCompile(`msg="scdd started" .*rpc=(\S+) control=(\S+)`)
+
+// startNode starts scdd with args, learns its addresses from its log and
+// waits until its control API answers. The node is stopped (SIGTERM, then
+// SIGKILL of its process group) when the test ends, whatever happened.
+func startNode(t *testing.T, args ...string) *node {
 	t.Helper()
-	n := &node{t: t, rpc: rpc, ctl: ctl, stderr: &syncBuffer{}, done: make(chan struct{})}
+	n := &node{t: t, stderr: &syncBuffer{}, done: make(chan struct{})}
 	n.cmd = exec.Command(bin("scdd"), args...)
 	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
 	n.cmd.Stderr = n.stderr
@@ -139,8 +129,11 @@ func startNode(t *testing.T, rpc, ctl string, args ...string) *node {
 	})
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		if _, err := n.status(); err == nil {
-			return n
+		if m := startedLine.FindStringSubmatch(n.stderr.String()); m != nil {
+			n.rpc, n.ctl = m[1], m[2]
+			if _, err := n.status(); err == nil {
+				return n
+			}
 		}
 		select {
 		case <-n.done:
@@ -148,7 +141,7 @@ func startNode(t *testing.T, rpc, ctl string, args ...string) *node {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("scdd did not answer on %s within 15 s\n%s", ctl, n.stderr.String())
+			t.Fatalf("scdd did not start within 15 s\n%s", n.stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -41,10 +41,10 @@ func countKind(g scd.GroupStatus, kind string) int {
 // nonresident_idle_time they stop and the resident one stays.
 func TestNonResidentScaleUpAndDown(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"elastic": fmt.Sprintf(multiServer, "elastic", "1,4", 1, 200, 8, ""),
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -111,10 +111,10 @@ func TestNonResidentScaleUpAndDown(t *testing.T) {
 // name reports it properly.
 func TestFirstExtraProcessReaction(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"quick": fmt.Sprintf(multiServer, "quick", "1,2", 0, 50, 8, ""),
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	var lat []time.Duration
 	for range 5 {
@@ -158,10 +158,10 @@ func extraProcessLatency(t *testing.T, n *node, c *client.Client) time.Duration 
 // first); the resident one serves everything and the gate shows closed.
 func TestMemoryGateHoldsNonResident(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "set memory_reserve = 16777216\n", map[string]string{
+	dir := defDir(t, "set memory_reserve = 16777216\n", map[string]string{
 		"gated": fmt.Sprintf(multiServer, "gated", "1,4", 0, 50, 8, ""),
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -190,10 +190,10 @@ func TestMemoryGateHoldsNonResident(t *testing.T) {
 // TestRefreshReplacesProcessAfterEachCall: scd_refresh_process=Y.
 func TestRefreshReplacesProcessAfterEachCall(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"fresh": fmt.Sprintf(multiServer, "fresh", "0,2", 0, 50, 8, "set scd_refresh_process = Y\n"),
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -218,11 +218,11 @@ func TestRefreshReplacesProcessAfterEachCall(t *testing.T) {
 // node. Needs root and a writable cpu cgroup.
 func TestCPUPriorityCgroups(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"high": fmt.Sprintf(multiServer, "high", "1", 3, 500, 1, ""),
 		"low":  fmt.Sprintf(multiServer, "low", "1", 3, 500, 16, ""),
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	st, err := n.status()
 	must(t, err)
 	if st.CPU.Mechanism == "nice" {
@@ -269,11 +269,11 @@ func TestCPUPriorityCgroups(t *testing.T) {
 // call.
 func TestSocketReceivingServer(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"sock": "set service_group = \"sock\"\nset service = \"echo=echo\", \"crash=crash\", \"pid=pid\"\n" +
 			"set module = MODULE\nset receive_from = socket\nset parallel_count = 1\n",
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

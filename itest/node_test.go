@@ -50,11 +50,11 @@ func echoDef(group string, procs, queue, maxMsg int) string {
 // across two service groups and checks every byte that comes back.
 func TestThousandCallsTwoGroups(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"alpha": echoDef("alpha", 2, 1024, 1<<20),
 		"beta":  echoDef("beta", 2, 1024, 1<<20),
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	clients := make([]*client.Client, 8)
 	for i := range clients {
 		clients[i] = n.client()
@@ -115,10 +115,10 @@ func TestThousandCallsTwoGroups(t *testing.T) {
 // TestRefusals covers the errors a caller can switch on.
 func TestRefusals(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"small": echoDef("small", 1, 4, 64<<10),
 	})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -216,7 +216,7 @@ func TestRefusals(t *testing.T) {
 		}
 	})
 	t.Run("a bad frame closes that connection only and is counted", func(t *testing.T) {
-		bad, err := net.Dial("tcp", rpc)
+		bad, err := net.Dial("tcp", n.rpc)
 		must(t, err)
 		defer bad.Close()
 		_, _ = bad.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
@@ -248,8 +248,8 @@ func grep(s, sub string) string {
 // calls are served.
 func TestKilledUAPFailsItsCall(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{"one": echoDef("one", 1, 16, 1<<20)})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	dir := defDir(t, "", map[string]string{"one": echoDef("one", 1, 16, 1<<20)})
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -301,8 +301,8 @@ func TestKilledUAPFailsItsCall(t *testing.T) {
 // stop and scdd exits 0.
 func TestSIGTERMDrains(t *testing.T) {
 	skipShort(t)
-	dir, rpc, ctl := defDir(t, "", map[string]string{"slow": echoDef("slow", 1, 16, 1<<20)})
-	n := startNode(t, rpc, ctl, "-c", dir)
+	dir := defDir(t, "", map[string]string{"slow": echoDef("slow", 1, 16, 1<<20)})
+	n := startNode(t, "-c", dir)
 	c := n.client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -350,7 +350,7 @@ func TestEmbeddedDefault(t *testing.T) {
 			ln.Close()
 		}
 	}
-	n := startNode(t, "127.0.0.1:12000", "127.0.0.1:12001")
+	n := startNode(t)
 	cmd := exec.Command(bin("scdctl"), "call", "demo", "echo", "hello")
 	cmd.Env = append(cmd.Environ(), "DCCONFPATH=", "TPSCHED_RPC=", "TPSCHED_CONTROL=")
 	out, err := cmd.CombinedOutput()
@@ -371,7 +371,7 @@ func TestEmbeddedDefault(t *testing.T) {
 // TestBadDefinitionStopsStartup: scdd names file, line and operand.
 func TestBadDefinitionStopsStartup(t *testing.T) {
 	skipShort(t)
-	dir, _, _ := defDir(t, "", map[string]string{
+	dir := defDir(t, "", map[string]string{
 		"bad": "set service_group = \"bad\"\nset service = \"echo=echo\"\nset module = MODULE\nset parallel_count = 3,2\n",
 	})
 	out, err := exec.Command(bin("scdd"), "-c", dir).CombinedOutput()

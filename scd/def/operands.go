@@ -2,6 +2,7 @@ package def
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"time"
 )
@@ -48,7 +49,9 @@ var systemOperands = map[string]handler[System]{
 		return nil
 	},
 	"rpc_port": func(s *System, v []string) (err error) {
-		s.RPCPort, err = intIn(v, 1, 65535)
+		// 0 picks a free port (scdd logs the one it got): for tests and
+		// for several nodes on one host.
+		s.RPCPort, err = intIn(v, 0, 65535)
 		return err
 	},
 	"all_node": func(s *System, v []string) error {
@@ -66,6 +69,13 @@ var systemOperands = map[string]handler[System]{
 	"metrics_address": func(s *System, v []string) (err error) {
 		if s.MetricsAddress, err = one(v); err != nil {
 			return err
+		}
+		if host, port, perr := net.SplitHostPort(s.MetricsAddress); perr == nil && port == "0" {
+			// Port 0 picks a free port, as rpc_port 0 does.
+			if !validHost(host) {
+				return fmt.Errorf("%q is not an IP address or host name", host)
+			}
+			return nil
 		}
 		_, _, err = SplitHostPort(s.MetricsAddress, 0)
 		return err
