@@ -167,6 +167,13 @@ func echoLoad(t *testing.T, q scheduleQueue, n, window int, seed uint64) {
 func TestCrossProcessStatuses(t *testing.T) {
 	s := newSeg(t, Layout{Slots: 8, MaxMessage: 4096, Processes: 1})
 	startUAP(t, s, 0)
+	checkStatuses(t, s)
+}
+
+// checkStatuses sends a request for each completion status through q,
+// whose one UAP is the test helper, and checks status and reply.
+func checkStatuses(t *testing.T, q scheduleQueue) {
+	t.Helper()
 	cases := []struct {
 		svc, req string
 		deadline time.Time
@@ -178,17 +185,18 @@ func TestCrossProcessStatuses(t *testing.T) {
 		{"nope", "x", time.Time{}, StatusNoSuchService, ""},
 		{"sleep", "1h", time.Now().Add(-time.Millisecond), StatusTimedOut, ""},
 		{"huge", "", time.Time{}, StatusAppError, "reply too big"},
+		{"echo", "", time.Time{}, StatusOK, ""},
 	}
 	for _, c := range cases {
-		tok, err := s.Enqueue(c.svc, []byte(c.req), c.deadline)
+		tok, err := q.Enqueue(c.svc, []byte(c.req), c.deadline)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs := waitN(t, s, 1, 10*time.Second)
+		cs := waitN(t, q, 1, 10*time.Second)
 		if cs[0].Token != tok || cs[0].Status != c.st || string(cs[0].Reply) != c.reply {
 			t.Errorf("%s: status %v reply %q, want %v %q", c.svc, cs[0].Status, cs[0].Reply, c.st, c.reply)
 		}
-		s.Release(tok)
+		q.Release(tok)
 	}
 }
 

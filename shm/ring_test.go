@@ -36,7 +36,7 @@ func attach(t testing.TB, s *Segment, slot int) *Server {
 }
 
 // waitN collects n completions or fails after d.
-func waitN(t testing.TB, s *Segment, n int, d time.Duration) []Completion {
+func waitN(t testing.TB, s scheduleQueue, n int, d time.Duration) []Completion {
 	t.Helper()
 	var all []Completion
 	end := time.Now().Add(d)

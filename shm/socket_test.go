@@ -75,20 +75,6 @@ func startSockUAP(tb testing.TB, q *SocketQueue, env ...string) *uap {
 }
 
 // waitQ collects n completions or fails after d.
-func waitQ(t testing.TB, q scheduleQueue, n int, d time.Duration) []Completion {
-	t.Helper()
-	var all []Completion
-	end := time.Now().Add(d)
-	buf := make([]Completion, 0, 16)
-	for len(all) < n {
-		if time.Now().After(end) {
-			t.Fatalf("got %d of %d completions after %v", len(all), n, d)
-		}
-		all = append(all, q.WaitCompletions(buf, 50*time.Millisecond)...)
-	}
-	return all
-}
-
 func TestSocketLayout(t *testing.T) {
 	for _, l := range []Layout{
 		{Slots: 4, MaxMessage: 64, Processes: 2},
@@ -120,30 +106,7 @@ func TestSocketEcho(t *testing.T) {
 func TestSocketStatuses(t *testing.T) {
 	q := newSockQ(t, Layout{Slots: 8, MaxMessage: 4096, Processes: 1})
 	startSockUAP(t, q)
-	cases := []struct {
-		svc, req string
-		deadline time.Time
-		st       Status
-		reply    string
-	}{
-		{"echo", "hi", time.Now().Add(time.Minute), StatusOK, "hi"},
-		{"fail", "x", time.Time{}, StatusAppError, "failed: x"},
-		{"nope", "x", time.Time{}, StatusNoSuchService, ""},
-		{"sleep", "1h", time.Now().Add(-time.Millisecond), StatusTimedOut, ""},
-		{"huge", "", time.Time{}, StatusAppError, "reply too big"},
-		{"echo", "", time.Time{}, StatusOK, ""},
-	}
-	for _, c := range cases {
-		tok, err := q.Enqueue(c.svc, []byte(c.req), c.deadline)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs := waitQ(t, q, 1, 10*time.Second)
-		if cs[0].Token != tok || cs[0].Status != c.st || string(cs[0].Reply) != c.reply {
-			t.Errorf("%s: status %v reply %q, want %v %q", c.svc, cs[0].Status, cs[0].Reply, c.st, c.reply)
-		}
-		q.Release(tok)
-	}
+	checkStatuses(t, q)
 }
 
 func TestSocketFull(t *testing.T) {
@@ -202,7 +165,7 @@ func TestSocketCloseDrains(t *testing.T) {
 	if _, err := q.Enqueue("echo", nil, time.Time{}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Enqueue after Close: %v", err)
 	}
-	cs := waitQ(t, q, 20, 20*time.Second)
+	cs := waitN(t, q, 20, 20*time.Second)
 	for _, c := range cs {
 		if c.Status != StatusOK {
 			t.Fatalf("status %v", c.Status)
@@ -268,7 +231,7 @@ func TestSocketKill(t *testing.T) {
 		t.Fatalf("stats before the new process %+v", st)
 	}
 	u2 := startSockUAP(t, q)
-	cs := waitQ(t, q, 3, 10*time.Second)
+	cs := waitN(t, q, 3, 10*time.Second)
 	for i, c := range cs {
 		if c.Status != StatusOK || string(c.Reply) != rest[i] {
 			t.Fatalf("completion %d: %v %q", i, c.Status, c.Reply)
@@ -296,7 +259,7 @@ func TestSocketRequestStop(t *testing.T) {
 	if _, err := q.Enqueue("echo", []byte("left for another"), time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	cs := waitQ(t, q, 1, 10*time.Second)
+	cs := waitN(t, q, 1, 10*time.Second)
 	if cs[0].Status != StatusOK || string(cs[0].Reply) != "200ms" {
 		t.Fatalf("the request in hand: %v %q", cs[0].Status, cs[0].Reply)
 	}
@@ -311,7 +274,7 @@ func TestSocketRequestStop(t *testing.T) {
 		t.Fatal("a stopped process held a request")
 	}
 	startSockUAP(t, q)
-	cs = waitQ(t, q, 1, 10*time.Second)
+	cs = waitN(t, q, 1, 10*time.Second)
 	if string(cs[0].Reply) != "left for another" {
 		t.Fatalf("got %q", cs[0].Reply)
 	}
@@ -432,7 +395,7 @@ func TestSocketRefresh(t *testing.T) {
 	}
 	for i := range 2 {
 		u := startSockUAP(t, q, "TPSCHED_REFRESH=1")
-		cs := waitQ(t, q, 1, 10*time.Second)
+		cs := waitN(t, q, 1, 10*time.Second)
 		if len(cs[0].Reply) != 1 || cs[0].Reply[0] != byte(i) {
 			t.Fatalf("refresh %d served %v", i, cs[0].Reply)
 		}
