@@ -368,18 +368,31 @@ func TestEmbeddedDefault(t *testing.T) {
 	}
 }
 
-// TestBadDefinitionStopsStartup: scdd names file, line and operand.
+// TestBadDefinitionStopsStartup: scdd names file, line and operand, both
+// for what the definitions say and for what only the machine can tell.
 func TestBadDefinitionStopsStartup(t *testing.T) {
 	skipShort(t)
-	dir := defDir(t, "", map[string]string{
-		"bad": "set service_group = \"bad\"\nset service = \"echo=echo\"\nset module = MODULE\nset parallel_count = 3,2\n",
-	})
-	out, err := exec.Command(bin("scdd"), "-c", dir).CombinedOutput()
-	if err == nil {
-		t.Fatal("scdd started with parallel_count 3,2")
+	cases := []struct{ name, body, want string }{
+		{"contradiction", "set service_group = \"bad\"\nset service = \"echo=echo\"\nset module = MODULE\nset parallel_count = 3,2\n",
+			"usr/bad:4: parallel_count:"},
+		{"module missing", "set service_group = \"bad\"\nset service = \"echo=echo\"\n# the UAP\nset module = \"/nonexistent/uap\"\n",
+			"usr/bad:4: module: /nonexistent/uap does not exist"},
+		{"module by name, not found", "set service_group = \"bad\"\nset service = \"echo=echo\"\nset module = \"no-such-uap\"\n",
+			"usr/bad:3: module: \"no-such-uap\" not found"},
 	}
-	if !strings.Contains(string(out), "usr/bad:4: parallel_count:") {
-		t.Fatalf("error does not name file:line: operand: %s", out)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := defDir(t, "", map[string]string{"bad": tc.body})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, bin("scdd"), "-c", dir).CombinedOutput()
+			if err == nil {
+				t.Fatal("scdd started")
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Fatalf("error does not name file:line: operand (want %q): %s", tc.want, out)
+			}
+		})
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -87,12 +88,9 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	}
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	for _, s := range cfg.Servers {
-		if other, ok := n.groups[s.ServiceGroup]; ok {
-			return nil, fmt.Errorf("%s: service_group: %q is served by %s already", s.File, s.ServiceGroup, other.def.File)
-		}
 		module, err := n.resolveModule(s.Module)
 		if err != nil {
-			return nil, fmt.Errorf("%s: module: %w", s.File, err)
+			return nil, s.Errorf("module", "%v", err)
 		}
 		s.Module = module
 		g := &group{
@@ -142,6 +140,9 @@ func (n *Node) resolveModule(m string) (string, error) {
 
 func checkExecutable(p string) error {
 	st, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s does not exist", p)
+	}
 	if err != nil {
 		return err
 	}

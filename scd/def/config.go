@@ -89,6 +89,8 @@ type Server struct {
 	QueueSize         int           // queue_size (slots, 1..65536); default 256
 	WatchTime         time.Duration // watch_time (seconds, 0..65535); default sysconf's
 	Env               []string      // putenv NAME value, as "NAME=value": usrrc's first, the server's own replacing same names
+
+	given map[string]pos // where each operand given was set, for Errorf
 }
 
 // Client is the client environment definition (betranrc and environment

@@ -135,6 +135,10 @@ func load(fsys fs.FS, label string) (*Config, error) {
 		return nil, err
 	}
 	for _, u := range users {
+		u.srv.given = make(map[string]pos, len(u.set))
+		for op, p := range u.set {
+			u.srv.given[op] = p
+		}
 		cfg.Servers = append(cfg.Servers, u.srv)
 	}
 	return cfg, nil
@@ -204,6 +208,18 @@ func checkAllNodes(s *System, lines map[string]int) error {
 		seen[key] = n
 	}
 	return nil
+}
+
+// Errorf is an error about operand of s found after loading (by the node,
+// say a module that does not exist), at the file and line where the
+// operand was given: the server's file or usrrc, or the end of the
+// server's file when the operand kept its default.
+func (s *Server) Errorf(operand, format string, args ...any) error {
+	p, ok := s.given[operand]
+	if !ok {
+		p = pos{file: s.File}
+	}
+	return &Error{File: p.file, Line: p.line, Operand: operand, Reason: fmt.Sprintf(format, args...)}
 }
 
 // userDef is a user server being read: usrrc's values overlaid by its file.
@@ -351,10 +367,10 @@ func checkServers(cfg *Config, users []*userDef, sysLines map[string]int) error 
 			byGroup[u.srv.ServiceGroup] = u
 			continue
 		}
-		if prev.srv.Module != u.srv.Module {
-			return u.fail(ops("module", "service_group"), "service group %q runs module %q here but %q in %s",
-				u.srv.ServiceGroup, u.srv.Module, prev.srv.Module, prev.file)
-		}
+		// A service group is one user server's: its schedule queue, its
+		// processes and their CPU priority are the server's.
+		return u.fail(ops("service_group"), "service group %q is served by %s already (one user server per group)",
+			u.srv.ServiceGroup, prev.file)
 	}
 	if m := cfg.System.MaxProcesses; m > 0 && resident > m {
 		return &Error{File: "sysconf", Line: sysLines["max_processes"], Operand: "max_processes",

@@ -283,10 +283,12 @@ var contradictionCases = []struct {
 	{"thresholds split over usrrc and usr are fine, but checked", map[string]string{"usrrc": "set levelup_queue_count = 5,10\n", "usr/x": baseUsr + "set leveldown_queue_count = 5,6\n"},
 		"usr/x:4: leveldown_queue_count: D0 5 must be below U1 5 (Table 3-14: 0 <= D0 < U1 <= U2)"},
 	{"same group, other module", map[string]string{"usr/a": baseUsr, "usr/b": "set service_group = grp\nset service = \"b=b\"\nset module = other\n"},
-		`usr/b:3: module: service group "grp" runs module "other" here but "uap" in usr/a`},
+		`usr/b:1: service_group: service group "grp" is served by usr/a already (one user server per group)`},
+	{"same group, same module", map[string]string{"usr/a": baseUsr, "usr/b": baseUsr},
+		`usr/b:1: service_group: service group "grp" is served by usr/a already (one user server per group)`},
 	{"scdmulti without multi-scheduler", map[string]string{"usr/x": baseUsr + "set scdmulti = Y\n"},
 		"usr/x:4: scdmulti: needs scdmulti of 2 or more in scdsvcdef, which has 1"},
-	{"node-wide cap below resident processes", map[string]string{"sysconf": "\nset max_processes = 3\n", "usr/a": baseUsr + "set parallel_count = 2\n", "usr/b": baseUsr + "set parallel_count = 2\n"},
+	{"node-wide cap below resident processes", map[string]string{"sysconf": "\nset max_processes = 3\n", "usr/a": baseUsr + "set parallel_count = 2\n", "usr/b": "set service_group = other\nset service = \"b=b\"\nset module = uap\nset parallel_count = 2\n"},
 		"sysconf:2: max_processes: 3 is below the 4 resident processes of the user servers"},
 	{"missing service_group", map[string]string{"usr/x": "set service = \"a=a\"\nset module = uap\n"},
 		"usr/x:2: service_group: required (set it in this file or in usrrc)"},
@@ -308,16 +310,6 @@ func TestContradictions(t *testing.T) {
 				t.Fatalf("error = %v\nwant    %s", err, tc.err)
 			}
 		})
-	}
-}
-
-func TestSameGroupSameModule(t *testing.T) {
-	cfg, err := Load(writeDir(t, map[string]string{"usr/a": baseUsr, "usr/b": baseUsr}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cfg.Servers) != 2 {
-		t.Fatalf("servers = %d", len(cfg.Servers))
 	}
 }
 
