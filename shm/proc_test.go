@@ -202,32 +202,42 @@ func checkStatuses(t *testing.T, q scheduleQueue) {
 
 func TestCrossProcessCloseDrains(t *testing.T) {
 	s := newSeg(t, Layout{Slots: 32, MaxMessage: 64, Processes: 1})
-	u := startUAP(t, s, 0)
+	checkCloseDrains(t, s, startUAP(t, s, 0))
+}
+
+// checkCloseDrains queues 20 requests for u, the one UAP of q, closes q and
+// checks that they are all served, that u exits 0, and that q is then
+// drained and idle.
+func checkCloseDrains(t *testing.T, q scheduleQueue, u *uap) {
+	t.Helper()
 	for range 20 {
-		if _, err := s.Enqueue("sleep", []byte("1ms"), time.Time{}); err != nil {
+		if _, err := q.Enqueue("sleep", []byte("1ms"), time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s.Close()
-	if _, err := s.Enqueue("echo", nil, time.Time{}); !errors.Is(err, ErrClosed) {
+	q.Close()
+	if _, err := q.Enqueue("echo", nil, time.Time{}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Enqueue after Close: %v", err)
 	}
-	cs := waitN(t, s, 20, 20*time.Second)
+	cs := waitN(t, q, 20, 20*time.Second)
 	for _, c := range cs {
 		if c.Status != StatusOK {
 			t.Fatalf("status %v", c.Status)
 		}
-		s.Release(c.Token)
+		q.Release(c.Token)
 	}
 	if err := u.wait(t, 10*time.Second); err != nil {
 		t.Fatalf("UAP exit: %v", err)
 	}
 	start := time.Now()
-	if cs := s.WaitCompletions(nil, 5*time.Second); len(cs) != 0 || time.Since(start) > time.Second {
-		t.Fatalf("WaitCompletions on a closed, drained segment: %v after %v", cs, time.Since(start))
+	if cs := q.WaitCompletions(nil, 5*time.Second); len(cs) != 0 || time.Since(start) > time.Second {
+		t.Fatalf("WaitCompletions on a closed, drained queue: %v after %v", cs, time.Since(start))
 	}
-	if got, ok := s.Reclaim(0); ok {
+	if got, ok := q.Reclaim(0); ok {
 		t.Fatalf("Reclaim after a clean exit = %x", got)
+	}
+	if st := q.Stats(); st.Done != 20 || st.Depth != 0 || st.Busy != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 

@@ -155,36 +155,7 @@ func TestSocketFull(t *testing.T) {
 
 func TestSocketCloseDrains(t *testing.T) {
 	q := newSockQ(t, Layout{Slots: 32, MaxMessage: 64, Processes: 1})
-	u := startSockUAP(t, q)
-	for range 20 {
-		if _, err := q.Enqueue("sleep", []byte("1ms"), time.Time{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	q.Close()
-	if _, err := q.Enqueue("echo", nil, time.Time{}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Enqueue after Close: %v", err)
-	}
-	cs := waitN(t, q, 20, 20*time.Second)
-	for _, c := range cs {
-		if c.Status != StatusOK {
-			t.Fatalf("status %v", c.Status)
-		}
-		q.Release(c.Token)
-	}
-	if err := u.wait(t, 10*time.Second); err != nil {
-		t.Fatalf("UAP exit: %v", err)
-	}
-	start := time.Now()
-	if cs := q.WaitCompletions(nil, 5*time.Second); len(cs) != 0 || time.Since(start) > time.Second {
-		t.Fatalf("WaitCompletions on a closed, drained queue: %v after %v", cs, time.Since(start))
-	}
-	if got, ok := q.Reclaim(0); ok {
-		t.Fatalf("Reclaim after a clean exit = %x", got)
-	}
-	if st := q.Stats(); st.Done != 20 || st.Depth != 0 || st.Busy != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	checkCloseDrains(t, q, startSockUAP(t, q))
 }
 
 func TestSocketKill(t *testing.T) {
