@@ -94,8 +94,18 @@ func TestResidentWokenFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	asleep := func() {
+		t.Helper()
+		end := time.Now().Add(5 * time.Second)
+		for s.hdr.qWait.waiters.Load() != 1 || s.hdr.xWait.waiters.Load() != 1 {
+			if time.Now().After(end) {
+				t.Fatal("the processes did not fall asleep")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
 	for range 20 {
-		time.Sleep(2 * time.Millisecond) // both processes fall asleep
+		asleep() // both processes sleep: the one to wake is the resident
 		call("echo")
 		for _, c := range waitN(t, s, 1, 5*time.Second) {
 			s.Release(c.Token)
