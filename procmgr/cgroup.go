@@ -628,3 +628,40 @@ func checkParent(parent string) error {
 	}
 	return nil
 }
+
+// removeStaleDaemonGroups removes what daemons killed without cleaning up left
+// beside c's parent: sibling cgroups named scdd-<pid> whose pid no longer
+// runs, with the server cgroups inside them. A cgroup that still holds a
+// process is left (rmdir refuses it). It returns the ones it removed.
+func (c *CPUControl) removeStaleDaemonGroups() []string {
+	if c.dir == "" {
+		return nil
+	}
+	base, self := filepath.Dir(c.dir), filepath.Base(c.dir)
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		return nil
+	}
+	var removed []string
+	for _, e := range entries {
+		name := e.Name()
+		pid, err := strconv.Atoi(strings.TrimPrefix(name, "scdd-"))
+		if !e.IsDir() || name == self || !strings.HasPrefix(name, "scdd-") || err != nil || pid <= 0 {
+			continue
+		}
+		if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
+			continue // alive (or not ours to judge)
+		}
+		dir := filepath.Join(base, name)
+		servers, _ := os.ReadDir(dir)
+		for _, s := range servers {
+			if s.IsDir() {
+				_ = unix.Rmdir(filepath.Join(dir, s.Name()))
+			}
+		}
+		if unix.Rmdir(dir) == nil {
+			removed = append(removed, dir)
+		}
+	}
+	return removed
+}

@@ -3,6 +3,8 @@ package procmgr
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -453,5 +455,35 @@ func TestCPUGroupNice(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Error(err)
+	}
+}
+
+// A daemon killed without cleaning up leaves tpsched/scdd-<pid>/<server>;
+// the next one removes it, and leaves a live daemon's alone.
+func TestCPUStaleDaemonGroupsRemoved(t *testing.T) {
+	needRoot(t)
+	base := uniqueParent()
+	probe := DetectCPUControl(base + "/probe")
+	if probe.Mechanism() == MechanismNice {
+		skipOrFail(t, "no writable cgroup: "+probe.Reason())
+	}
+	root := filepath.Dir(probe.Status().Path)
+	t.Cleanup(func() { _ = probe.Close(); rmdirTree(t, root) })
+	const deadPID = 4194304 + 7 // above Linux's largest pid_max: no such process
+	dead := filepath.Join(root, fmt.Sprintf("scdd-%d", deadPID))
+	live := filepath.Join(root, fmt.Sprintf("scdd-%d", os.Getppid()))
+	for _, d := range []string{filepath.Join(dead, "echo"), filepath.Join(live, "echo")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		CPUParent: filepath.Base(root) + "/scdd-" + strconv.Itoa(os.Getpid())})
+	m.Close()
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("the dead daemon's cgroup %s is still there (%v)", dead, err)
+	}
+	if _, err := os.Stat(filepath.Join(live, "echo")); err != nil {
+		t.Errorf("a live daemon's cgroup was touched: %v", err)
 	}
 }

@@ -154,6 +154,9 @@ func New(opts Options) *Manager {
 		done:   make(chan struct{}),
 	}
 	m.log.Info("uap cpu priority", "mechanism", m.cpu.Mechanism(), "reason", m.cpu.Reason())
+	if stale := m.cpu.removeStaleDaemonGroups(); len(stale) > 0 {
+		m.log.Info("removed cgroups of daemons that died without cleaning up", "cgroups", stale)
+	}
 	m.wg.Add(2)
 	go m.spawnLoop()
 	go m.scaleLoop()
