@@ -235,7 +235,7 @@ func (n *Node) startGroup(g *group) error {
 		IdleStop:     s.NonResidentIdle,
 	}, procmgr.Hooks{
 		Prepare: seg.PrepareSlot,
-		File:    seg.File,
+		Files:   seg.Files,
 		Exited: func(slot, pid int, err error) {
 			g.processExited(slot)
 		},
