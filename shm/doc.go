@@ -11,9 +11,8 @@
 // # Request flow
 //
 // The scheduler creates one Segment per service group and passes its memfd
-// and the reply reader's eventfd (Segment.Files) to every UAP process it
-// spawns as fd 3 and 4 (os/exec ExtraFiles), with TPSCHED_PROC_SLOT naming
-// the control block the process owns.
+// (Segment.File) to every UAP process it spawns as fd 3 (os/exec ExtraFiles),
+// with TPSCHED_PROC_SLOT naming the control block the process owns.
 //
 //  1. Enqueue copies the request into a free request buffer (the scheduler
 //     owns buffer allocation), pushes an entry on the schedule queue and wakes
@@ -23,9 +22,6 @@
 //  3. The UAP pushes {token, status, reply length} on the completion ring.
 //  4. The scheduler's reply reader (one goroutine, never a gnet event loop)
 //     gets it from WaitCompletions, copies the reply out and calls Release.
-//     It sleeps on the eventfd in Go's netpoller (a goroutine blocked in a
-//     futex syscall would hold its P and keep the runtime's sysmon polling);
-//     a UAP writes the eventfd only when the reader sleeps.
 //
 // # Rules for the scheduler
 //
@@ -73,7 +69,7 @@
 //	seg, err := shm.Create("group1", shm.Layout{Slots: 256, MaxMessage: 1 << 20, Processes: 8})
 //	_ = seg.PrepareSlot(0)
 //	cmd := exec.Command(module)
-//	cmd.ExtraFiles = seg.Files() // fd 3: the segment, fd 4: the eventfd
+//	cmd.ExtraFiles = []*os.File{seg.File()}
 //	cmd.Env = append(os.Environ(), "TPSCHED_PROC_SLOT=0")
 //	_ = cmd.Start()
 //
@@ -102,9 +98,8 @@
 //
 // # Environment
 //
-// TPSCHED_SHM_FD (default 3), TPSCHED_NOTIFY_FD (default 4), TPSCHED_PROC_SLOT,
-// TPSCHED_REFRESH and TPSCHED_RECEIVE (queue, the default, or socket) are read
-// by Attach.
+// TPSCHED_SHM_FD (default 3), TPSCHED_PROC_SLOT and TPSCHED_RECEIVE (queue, the
+// default, or socket) are read by Attach.
 // TPSCHED_SPIN_US bounds the adaptive spin (microseconds, default 10, 0 = never
 // spin, at most 1000) of both the UAP's take and WaitCompletions. On a machine
 // with cores to spare, 50 turns a 9-13 µs round trip into about 1.5 µs (both
