@@ -44,7 +44,7 @@ type Spec struct {
 	Module       string        // path of the UAP executable
 	Args         []string      // arguments after the module name
 	Env          []string      // NAME=value added to the daemon's environment (putenv)
-	Segment      *os.File      // the schedule queue, passed as fd 3 (see Hooks.Files)
+	Segment      *os.File      // the schedule queue, passed as fd 3 (see Hooks.File)
 	Resident     int           // processes started with the server and kept running
 	Max          int           // most processes, resident ones included; < Resident means Resident
 	BalanceCount int           // balance_count of the Multiserver rule
@@ -67,10 +67,9 @@ type Hooks struct {
 	// Exited runs after the process in slot has died and been reaped,
 	// before any replacement is started into that slot.
 	Exited func(slot, pid int, err error)
-	// Files, if set, gives the files to pass as fd 3, 4, ..., asked after
-	// Prepare (a socket-receiving server gets a fresh socket per process);
-	// without it Spec.Segment is fd 3.
-	Files func() []*os.File
+	// File, if set, gives the file to pass as fd 3, asked after Prepare
+	// (a socket-receiving server gets a fresh socket per process).
+	File func() *os.File
 	// QueueDepth, Slot and RequestStop let the scaler see the queue and
 	// stop a non-resident process after the request in its hands. Without
 	// them no non-resident process is started.
@@ -326,9 +325,9 @@ func (s *Server) spawn(sl *slot) error {
 			return fmt.Errorf("procmgr: %s: prepare slot %d: %w", s.spec.Server, sl.index, err)
 		}
 	}
-	files := []*os.File{s.spec.Segment}
-	if s.hooks.Files != nil {
-		files = s.hooks.Files()
+	file := s.spec.Segment
+	if s.hooks.File != nil {
+		file = s.hooks.File()
 	}
 	for try := 0; ; try++ {
 		cmd := exec.Command(s.spec.Module, s.spec.Args...)
@@ -342,10 +341,7 @@ func (s *Server) spawn(sl *slot) error {
 		if s.spec.Refresh {
 			cmd.Env = append(cmd.Env, "TPSCHED_REFRESH=1")
 		}
-		if len(files) > 1 {
-			cmd.Env = append(cmd.Env, "TPSCHED_NOTIFY_FD=4")
-		}
-		cmd.ExtraFiles = files
+		cmd.ExtraFiles = []*os.File{file}
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 		cmd.SysProcAttr = attr

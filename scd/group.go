@@ -40,7 +40,7 @@ type group struct {
 // shared-memory schedule queue (*shm.Segment) or, for receive_from=socket,
 // a socket to the one process.
 type queue interface {
-	Files() []*os.File // what a UAP process inherits, from fd 3
+	File() *os.File
 	Enqueue(service string, req []byte, deadline time.Time) (shm.Token, error)
 	WaitCompletions(buf []shm.Completion, timeout time.Duration) []shm.Completion
 	Release(t shm.Token)

@@ -235,7 +235,7 @@ func (n *Node) startGroup(g *group) error {
 		IdleStop:     s.NonResidentIdle,
 	}, procmgr.Hooks{
 		Prepare: seg.PrepareSlot,
-		Files:   seg.Files,
+		File:    seg.File,
 		Exited: func(slot, pid int, err error) {
 			g.processExited(slot)
 		},

@@ -62,16 +62,10 @@ type waitq struct {
 // signal bumps the word and wakes one sleeper if any sleeps and no wake-up
 // is in flight.
 func (w *waitq) signal() {
-	if w.claim() {
+	w.word.Add(1)
+	if w.waiters.Load() != 0 && w.wake.CompareAndSwap(0, 1) {
 		futexWake(&w.word, 1)
 	}
-}
-
-// claim bumps the word and reports whether the caller should wake a
-// sleeper: someone sleeps and no wake-up is in flight (the caller's is now).
-func (w *waitq) claim() bool {
-	w.word.Add(1)
-	return w.waiters.Load() != 0 && w.wake.CompareAndSwap(0, 1)
 }
 
 // prepare counts the caller as a sleeper and returns the value to sleep on;

@@ -60,7 +60,7 @@ func startUAP(tb testing.TB, s *Segment, slot int, env ...string) *uap {
 	cmd.Env = append(os.Environ(), helperEnv+"=1", "TPSCHED_SHM_FD=3",
 		"TPSCHED_PROC_SLOT="+strconv.Itoa(slot))
 	cmd.Env = append(cmd.Env, env...)
-	cmd.ExtraFiles = s.Files()
+	cmd.ExtraFiles = []*os.File{s.File()}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

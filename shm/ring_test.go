@@ -26,7 +26,7 @@ func newSeg(t testing.TB, l Layout) *Segment {
 
 func attach(t testing.TB, s *Segment, slot int) *Server {
 	t.Helper()
-	srv, err := AttachFiles(s.File(), s.NotifyFile(), slot)
+	srv, err := AttachFile(s.File(), slot)
 	if err != nil {
 		t.Fatal(err)
 	}

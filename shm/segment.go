@@ -95,7 +95,7 @@ type header struct {
 
 	qWait waitq // the schedule queue: resident UAPs sleep, the scheduler wakes
 	xWait waitq // the schedule queue: non-resident UAPs sleep, woken only when no resident sleeps
-	cWait waitq // the completion ring: the reply reader sleeps (on the eventfd), UAPs wake
+	cWait waitq // the completion ring: the reply reader sleeps, UAPs wake
 }
 
 type qEntry struct {
@@ -186,48 +186,23 @@ func newGeometry(slots, maxMsg, procs uint64) (geometry, error) {
 
 // mapping is what both sides share: the mapped memory and views into it.
 type mapping struct {
-	f        *os.File
-	fd       int
-	notifyFD int // the reply reader's eventfd, written to wake it; -1 if none
-	mem      []byte
-	base     unsafe.Pointer
-	hdr      *header
-	g        geometry
-	q, c     ring
+	f    *os.File
+	fd   int
+	mem  []byte
+	base unsafe.Pointer
+	hdr  *header
+	g    geometry
+	q, c ring
 }
 
 func (m *mapping) init(f *os.File, fd int, mem []byte, g geometry) {
-	m.f, m.fd, m.mem, m.g, m.notifyFD = f, fd, mem, g, -1
+	m.f, m.fd, m.mem, m.g = f, fd, mem, g
 	m.base = unsafe.Pointer(&mem[0])
 	m.hdr = (*header)(m.base)
 	m.q = ring{head: &m.hdr.qHead, tail: &m.hdr.qTail,
 		ents: unsafe.Add(m.base, g.ringOff), stride: qEntrySize, n: g.slots}
 	m.c = ring{head: &m.hdr.cHead, tail: &m.hdr.cTail,
 		ents: unsafe.Add(m.base, g.compOff), stride: cEntrySize, n: g.compCap}
-}
-
-// signalReplies wakes the reply reader for a completion just pushed. The
-// reader sleeps in Go's netpoller on an eventfd, not on a futex: a
-// goroutine blocked in a futex syscall holds its P, and the runtime's
-// sysmon, retaking it, polled every 20 µs and burnt a fifth of a core at a
-// few hundred calls a second.
-func (m *mapping) signalReplies() {
-	if m.hdr.cWait.claim() {
-		m.notify()
-	}
-}
-
-func (m *mapping) notify() {
-	if m.notifyFD < 0 {
-		return
-	}
-	one := [8]byte{1}
-	for {
-		_, err := unix.Write(m.notifyFD, one[:])
-		if err != unix.EINTR {
-			return // EAGAIN: the counter is full, the reader is roused anyway
-		}
-	}
 }
 
 func (m *mapping) cb(slot int) *ctrlBlock {
@@ -319,9 +294,7 @@ type Segment struct {
 	bufs      []bufState
 	inflight  atomic.Int64 // Enqueue calls between their closed check and publish
 	reclaimMu sync.Mutex
-	spin      spinner  // WaitCompletions' (one goroutine)
-	notifyF   *os.File // the eventfd the reply reader sleeps on; UAPs get it as fd 4
-	scratch   [8]byte  // WaitCompletions' read buffer for the eventfd
+	spin      spinner // WaitCompletions' (one goroutine)
 }
 
 // Create makes a sealed memfd segment named name (the name shows in
@@ -354,14 +327,8 @@ func Create(name string, l Layout) (*Segment, error) {
 	if err != nil {
 		return fail("mmap", err)
 	}
-	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
-	if err != nil {
-		unix.Munmap(mem)
-		return fail("eventfd", err)
-	}
-	s := &Segment{layout: l, notifyF: os.NewFile(uintptr(efd), "eventfd:"+name)}
+	s := &Segment{layout: l}
 	s.init(f, fd, mem, g)
-	s.notifyFD = efd
 	h := s.hdr
 	h.version, h.slots, h.maxMessage, h.procs = version, g.slots, g.maxMessage, g.procs
 	h.nbuf, h.compCap, h.size = g.nbuf, g.compCap, g.size
@@ -388,14 +355,6 @@ func Create(name string, l Layout) (*Segment, error) {
 
 // File is the memfd, to pass to a UAP process in exec.Cmd.ExtraFiles.
 func (s *Segment) File() *os.File { return s.f }
-
-// NotifyFile is the eventfd that UAPs write to wake the reply reader; pass
-// it as the second inherited file (fd 4, TPSCHED_NOTIFY_FD).
-func (s *Segment) NotifyFile() *os.File { return s.notifyF }
-
-// Files are the files a UAP process inherits, in order: the segment (fd 3)
-// and the reply reader's eventfd (fd 4).
-func (s *Segment) Files() []*os.File { return []*os.File{s.f, s.notifyF} }
 
 // Layout is the layout the segment was created with.
 func (s *Segment) Layout() Layout { return s.layout }
@@ -572,20 +531,8 @@ func (s *Segment) WaitCompletions(buf []Completion, timeout time.Duration) []Com
 			s.spin.learn(-1)
 			return out
 		}
-		_ = v // the eventfd keeps any wake-up that came after prepare
-		s.sleepReplies(min(left, maxSleep))
-		h.cWait.done()
+		h.cWait.sleep(v, min(left, maxSleep))
 	}
-}
-
-// sleepReplies parks the reply reader in the netpoller until a UAP writes
-// the eventfd or d passes, and resets the eventfd's count.
-func (s *Segment) sleepReplies(d time.Duration) {
-	if s.notifyF.SetReadDeadline(time.Now().Add(d)) != nil {
-		time.Sleep(d) // not pollable: cannot happen for an eventfd
-		return
-	}
-	_, _ = s.notifyF.Read(s.scratch[:])
 }
 
 func (s *Segment) checkSlot(slot int) error {
@@ -649,7 +596,7 @@ func (s *Segment) reclaim(slot int) (Token, bool) {
 			e := (*cEntry)(s.c.entry(pos))
 			e.token, e.status, e.replyLen = 0, 0, 0
 			s.c.publish(pos)
-			s.signalReplies()
+			s.hdr.cWait.signal()
 		}
 	}
 	cb.claim.Store(0)
@@ -807,21 +754,11 @@ func (s *Segment) Close() error {
 	s.hdr.closed.Store(2)
 	s.hdr.qWait.wakeAll()
 	s.hdr.xWait.wakeAll()
-	s.hdr.cWait.word.Add(1)
-	s.notify()
+	s.hdr.cWait.wakeAll()
 	return nil
 }
 
 // Unmap releases the mapping and the memfd. Nothing of the segment may be used
 // afterwards (Completion.Reply included). UAP processes keep their own
 // mappings.
-func (s *Segment) Unmap() error {
-	err := s.unmap()
-	if s.notifyF != nil {
-		if cerr := s.notifyF.Close(); err == nil {
-			err = cerr
-		}
-		s.notifyF = nil
-	}
-	return err
-}
+func (s *Segment) Unmap() error { return s.unmap() }

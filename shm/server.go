@@ -67,21 +67,9 @@ func Attach() (*Server, error) {
 		return nil, fmt.Errorf("shm: fd %d: %w (a UAP must be started by scdd, which passes the schedule queue as fd %d)",
 			fd, os.NewSyscallError("fstat", err), fd)
 	}
-	notifyFD := 4
-	if v := os.Getenv("TPSCHED_NOTIFY_FD"); v != "" {
-		if notifyFD, err = strconv.Atoi(v); err != nil || notifyFD < 0 {
-			return nil, fmt.Errorf("shm: TPSCHED_NOTIFY_FD=%q: not a file descriptor", v)
-		}
-	}
-	if err := unix.Fstat(notifyFD, &st); err != nil {
-		return nil, fmt.Errorf("shm: fd %d: %w (scdd passes the reply reader's eventfd as fd %d)",
-			notifyFD, os.NewSyscallError("fstat", err), notifyFD)
-	}
 	f := os.NewFile(uintptr(fd), "tpsched-shm")
-	nf := os.NewFile(uintptr(notifyFD), "tpsched-notify")
-	srv, err := AttachFiles(f, nf, slot)
-	f.Close() // the Server keeps its own duplicates
-	nf.Close()
+	srv, err := AttachFile(f, slot)
+	f.Close() // the Server keeps its own duplicate
 	if srv != nil {
 		// scd_refresh_process: the scheduler replaces this process after
 		// each request.
@@ -93,19 +81,15 @@ func Attach() (*Server, error) {
 // AttachFile attaches to the segment in f (a memfd made by Create) as control
 // block slot. f stays the caller's: the Server maps and keeps a duplicate of
 // it (Close releases both). The slot must be free (see Segment.PrepareSlot).
-func AttachFile(f *os.File, slot int) (*Server, error) { return AttachFiles(f, nil, slot) }
-
-// AttachFiles is AttachFile with the reply reader's eventfd (Segment's
-// NotifyFile), which a UAP writes to wake the reader. Without it the
-// reader learns of completions only when it next looks (at most 100 ms).
-func AttachFiles(f, notify *os.File, slot int) (*Server, error) {
+func AttachFile(f *os.File, slot int) (*Server, error) {
 	if f == nil {
 		return nil, errors.New("shm: attach: nil file")
 	}
-	// Duplicates keep f and notify usable by their owner.
-	fd, err := dupFD(f)
+	// A duplicate fd keeps f usable by its owner (and Fd's blocking-mode
+	// switch harmless).
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("shm: attach: %w", err)
+		return nil, fmt.Errorf("shm: attach: %w", os.NewSyscallError("fcntl F_DUPFD_CLOEXEC", err))
 	}
 	own := os.NewFile(uintptr(fd), f.Name())
 	s, err := attachFD(own, fd, slot)
@@ -113,32 +97,7 @@ func AttachFiles(f, notify *os.File, slot int) (*Server, error) {
 		own.Close()
 		return nil, err
 	}
-	if notify != nil {
-		if s.notifyFD, err = dupFD(notify); err != nil {
-			s.unmap()
-			return nil, fmt.Errorf("shm: attach: %w", err)
-		}
-	}
 	return s, nil
-}
-
-// dupFD duplicates f's descriptor without File.Fd, which would switch a
-// pollable file (the scheduler's eventfd, in tests) to blocking mode.
-func dupFD(f *os.File) (int, error) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	fd, derr := -1, error(nil)
-	if err := rc.Control(func(raw uintptr) {
-		fd, derr = unix.FcntlInt(raw, unix.F_DUPFD_CLOEXEC, 0)
-	}); err != nil {
-		return -1, err
-	}
-	if derr != nil {
-		return -1, os.NewSyscallError("fcntl F_DUPFD_CLOEXEC", derr)
-	}
-	return fd, nil
 }
 
 func attachFD(f *os.File, fd, slot int) (*Server, error) {
@@ -353,7 +312,7 @@ func (s *Server) complete(tok Token, st Status, rl uint64) {
 	e.replyLen = uint32(rl)
 	s.c.publish(pos)
 	s.cb.compClaim.Store(0)
-	s.signalReplies()
+	s.hdr.cWait.signal()
 }
 
 // Close frees the control block and unmaps the segment. Serve must have
@@ -368,9 +327,5 @@ func (s *Server) Close() error {
 	s.cb.pid.Store(0)
 	s.cb.state.Store(stateFree)
 	s.cb = nil
-	if s.notifyFD >= 0 {
-		unix.Close(s.notifyFD)
-		s.notifyFD = -1
-	}
 	return s.unmap()
 }

@@ -258,9 +258,6 @@ func (q *SocketQueue) File() *os.File {
 	return q.conn.child
 }
 
-// Files is what the UAP process inherits: the socket, fd 3 (see File).
-func (q *SocketQueue) Files() []*os.File { return []*os.File{q.File()} }
-
 // Layout is the layout the queue was created with.
 func (q *SocketQueue) Layout() Layout { return q.layout }
 

@@ -19,7 +19,6 @@ import (
 // server receives: *Segment and *SocketQueue must both satisfy it.
 type scheduleQueue interface {
 	File() *os.File
-	Files() []*os.File
 	Layout() Layout
 	Enqueue(service string, req []byte, deadline time.Time) (Token, error)
 	WaitCompletions(buf []Completion, timeout time.Duration) []Completion
