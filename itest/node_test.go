@@ -337,6 +337,9 @@ func TestSIGTERMDrains(t *testing.T) {
 	if pidAlive(pid) {
 		t.Errorf("UAP %d still alive after scdd stopped", pid)
 	}
+	if strings.Contains(n.stderr.String(), "restarting") {
+		t.Errorf("a UAP ending at shutdown was taken for a crash:\n%s", n.stderr.String())
+	}
 }
 
 // TestEmbeddedDefault runs the README's demo: scdd with no definitions,

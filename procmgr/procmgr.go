@@ -581,6 +581,11 @@ func (s *Server) Stop(ctx context.Context) error {
 	return err
 }
 
+// Stopping tells the server that its processes are about to end on purpose
+// (the caller is closing their queue): none is replaced from now on. Stop
+// then waits for them.
+func (s *Server) Stopping() { s.setStopping() }
+
 func (s *Server) setStopping() {
 	s.mu.Lock()
 	s.stopping = true

@@ -409,6 +409,9 @@ func (n *Node) Drain(ctx context.Context) error {
 func (n *Node) shutdown(ctx context.Context) error {
 	var errs []error
 	for _, g := range n.order {
+		if g.procs != nil {
+			g.procs.Stopping() // their exits from here on are not crashes
+		}
 		if g.seg != nil {
 			g.closed.Store(true)
 			errs = append(errs, g.seg.Close()) // UAPs drain and exit
