@@ -611,3 +611,32 @@ func TestStopDuringRestartStartsNothing(t *testing.T) {
 		t.Errorf("a replacement started after Stop began: %s", b)
 	}
 }
+
+// After Stopping, processes that end (their queue closed) are not taken for
+// crashes: none is replaced, however long Stop takes to be called.
+func TestStoppingProcessesAreNotReplaced(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	r, w := testPipe(t)
+	exits := newExitLog()
+	srv := startServer(t, testManager(t), uapSpec("report", dir, r, 1), Hooks{Exited: exits.hook})
+	readReport(t, dir, 0, 0)
+	srv.Stopping()
+	w.Close() // the child exits 0, as a UAP does when its queue closes
+	select {
+	case <-exits.ch:
+	case <-time.After(waitLimit):
+		t.Fatal("the child did not exit")
+	}
+	time.Sleep(3 * minBackoff) // past the back-off a restart would wait
+	for _, p := range srv.Processes() {
+		if p.PID != 0 || p.Restarts != 0 || p.State == StateRestarting {
+			t.Fatalf("after Stopping, a clean exit led to %+v", p)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := srv.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+}
