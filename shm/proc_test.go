@@ -245,39 +245,47 @@ func checkCloseDrains(t *testing.T, q scheduleQueue, u *uap) {
 // Serve returns and the process exits 0; queued requests stay for others.
 func TestCrossProcessRequestStop(t *testing.T) {
 	s := newSeg(t, Layout{Slots: 8, MaxMessage: 64, Processes: 2})
-	u := startUAP(t, s, 0)
-	if _, err := s.Enqueue("sleep", []byte("200ms"), time.Time{}); err != nil {
+	checkRequestStop(t, s, startUAP(t, s, 0), func() int { startUAP(t, s, 1); return 1 })
+}
+
+// checkRequestStop stops u, the one UAP of q (slot 0), while it serves a
+// request: that request completes, u exits 0, the request queued behind it
+// stays queued and is served by the process next starts, in the slot next
+// returns.
+func checkRequestStop(t *testing.T, q scheduleQueue, u *uap, next func() int) {
+	t.Helper()
+	if _, err := q.Enqueue("sleep", []byte("200ms"), time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	poll(ctx, t, "the UAP to take the sleep", func() bool { return s.SlotInfo(0).State == SlotBusy })
-	s.RequestStop(0)
-	if _, err := s.Enqueue("echo", []byte("left for another"), time.Time{}); err != nil {
+	poll(ctx, t, "the UAP to take the sleep", func() bool { return q.SlotInfo(0).State == SlotBusy })
+	q.RequestStop(0)
+	if _, err := q.Enqueue("echo", []byte("left for another"), time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	cs := waitN(t, s, 1, 10*time.Second)
+	cs := waitN(t, q, 1, 10*time.Second)
 	if cs[0].Status != StatusOK || string(cs[0].Reply) != "200ms" {
 		t.Fatalf("the request in hand: %v %q", cs[0].Status, cs[0].Reply)
 	}
-	s.Release(cs[0].Token)
+	q.Release(cs[0].Token)
 	if err := u.wait(t, 10*time.Second); err != nil {
 		t.Fatalf("stopped UAP exit: %v", err)
 	}
-	if got := s.Stats().Depth; got != 1 {
+	if got := q.Stats().Depth; got != 1 {
 		t.Fatalf("queue depth after the stop %d, want the echo still queued", got)
 	}
-	if _, ok := s.Reclaim(0); ok {
+	if _, ok := q.Reclaim(0); ok {
 		t.Fatal("a stopped process held a request")
 	}
-	startUAP(t, s, 1) // another process takes what is left
-	cs = waitN(t, s, 1, 10*time.Second)
+	slot := next() // another process takes what is left
+	cs = waitN(t, q, 1, 10*time.Second)
 	if string(cs[0].Reply) != "left for another" {
 		t.Fatalf("got %q", cs[0].Reply)
 	}
 	// The completion is pushed before the control block says idle.
-	poll(ctx, t, "slot 1 idle after serving 1", func() bool {
-		info := s.SlotInfo(1)
+	poll(ctx, t, "the next process idle after serving 1", func() bool {
+		info := q.SlotInfo(slot)
 		return info.Served == 1 && info.State == SlotIdle
 	})
 }

@@ -218,37 +218,8 @@ func TestSocketKill(t *testing.T) {
 // RequestStop lets the process finish the request it holds, then it exits
 // 0; queued requests wait for the next process.
 func TestSocketRequestStop(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	q := newSockQ(t, Layout{Slots: 8, MaxMessage: 64, Processes: 1})
-	u := startSockUAP(t, q)
-	if _, err := q.Enqueue("sleep", []byte("200ms"), time.Time{}); err != nil {
-		t.Fatal(err)
-	}
-	poll(ctx, t, "the UAP to take the sleep", func() bool { return q.SlotInfo(0).State == SlotBusy })
-	q.RequestStop(0)
-	if _, err := q.Enqueue("echo", []byte("left for another"), time.Time{}); err != nil {
-		t.Fatal(err)
-	}
-	cs := waitN(t, q, 1, 10*time.Second)
-	if cs[0].Status != StatusOK || string(cs[0].Reply) != "200ms" {
-		t.Fatalf("the request in hand: %v %q", cs[0].Status, cs[0].Reply)
-	}
-	q.Release(cs[0].Token)
-	if err := u.wait(t, 10*time.Second); err != nil {
-		t.Fatalf("stopped UAP exit: %v", err)
-	}
-	if got := q.Stats().Depth; got != 1 {
-		t.Fatalf("queue depth after the stop %d, want the echo still queued", got)
-	}
-	if _, ok := q.Reclaim(0); ok {
-		t.Fatal("a stopped process held a request")
-	}
-	startSockUAP(t, q)
-	cs = waitN(t, q, 1, 10*time.Second)
-	if string(cs[0].Reply) != "left for another" {
-		t.Fatalf("got %q", cs[0].Reply)
-	}
+	checkRequestStop(t, q, startSockUAP(t, q), func() int { startSockUAP(t, q); return 0 })
 }
 
 // rawUAP is the UAP end of q's socket driven by hand.
