@@ -167,6 +167,21 @@ func launch(s *System, probe string, start func() error) (*System, error) {
 	return s, nil
 }
 
+// takeAddr picks the free address the system will listen on and how the
+// load generator reaches each of its services there.
+func (s *System) takeAddr(dial func(addr, svc string) Dialer) (string, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return "", err
+	}
+	s.Addr = addr
+	s.dial = func(svc string) Dialer { return dial(addr, svc) }
+	return addr, nil
+}
+
+// httpDial reaches service svc at path /svc.
+func httpDial(addr, svc string) Dialer { return HTTPDialer(addr, "/"+svc) }
+
 // FreeAddr returns a free 127.0.0.1 port.
 func FreeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -211,7 +226,7 @@ func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*Syste
 		return nil, err
 	}
 	return launch(s, "echo", func() error {
-		rpc, err := FreeAddr()
+		rpc, err := s.takeAddr(func(addr, svc string) Dialer { return TpschedDialer(addr, "bench", svc) })
 		if err != nil {
 			return err
 		}
@@ -219,8 +234,6 @@ func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*Syste
 		if err != nil {
 			return err
 		}
-		s.Addr = rpc
-		s.dial = func(svc string) Dialer { return TpschedDialer(rpc, "bench", svc) }
 		host, port, _ := net.SplitHostPort(rpc)
 		uap, err := filepath.Abs(filepath.Join(env.Bin, "uap-echo"))
 		if err != nil {
@@ -267,12 +280,10 @@ func startSelf(env Env, name, kind string, procs int, dial func(addr, svc string
 		return nil, err
 	}
 	return launch(s, "echo", func() error {
-		addr, err := FreeAddr()
+		addr, err := s.takeAddr(dial)
 		if err != nil {
 			return err
 		}
-		s.Addr = addr
-		s.dial = func(svc string) Dialer { return dial(addr, svc) }
 		return s.start(kind+".log", []string{fmt.Sprintf("GOMAXPROCS=%d", procs)},
 			env.Self, "-serve", kind, "-addr", addr, "-loops", fmt.Sprint(procs))
 	})
@@ -361,12 +372,10 @@ func StartNginxPHPPool(env Env, sp Spec, name, pm string) (*System, error) {
 		return nil, err
 	}
 	return launch(s, "echo", func() error {
-		addr, err := FreeAddr()
+		addr, err := s.takeAddr(httpDial)
 		if err != nil {
 			return err
 		}
-		s.Addr = addr
-		s.dial = func(svc string) Dialer { return HTTPDialer(addr, "/"+svc) }
 		sock := filepath.Join(s.dir, "php.sock")
 		files := map[string]string{
 			"www/echo.php": phpEcho,
@@ -452,12 +461,10 @@ func StartHAProxy(env Env, sp Spec) (*System, error) {
 		return nil, err
 	}
 	return launch(s, "echo", func() error {
-		addr, err := FreeAddr()
+		addr, err := s.takeAddr(httpDial)
 		if err != nil {
 			return err
 		}
-		s.Addr = addr
-		s.dial = func(svc string) Dialer { return HTTPDialer(addr, "/"+svc) }
 		var servers strings.Builder
 		shed := ""
 		if sp.Queue < 1024 {
