@@ -5,7 +5,7 @@ GOFLAGS ?=
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: help build test test-short bench bench-quick bench-deps demo generate lint fuzz clean
+.PHONY: help build test test-short bench bench-quick bench-deps demo generate check-generate bpf-tools lint fuzz clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,8 +35,23 @@ bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; t
 demo: build ## start a node on the embedded default, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)
 
-generate: ## regenerate generated code (eBPF objects once they exist)
+# The eBPF objects are built with this clang, from Debian bookworm's
+# packages, so that `make check-generate` can compare byte for byte.
+BPF_CLANG_PKGS := clang-16 llvm-16 libbpf-dev
+
+bpf-tools: ## apt-get install the pinned clang-16, llvm-strip-16 and libbpf headers that bpf2go needs (root)
+	@if command -v clang-16 >/dev/null && command -v llvm-strip-16 >/dev/null && test -f /usr/include/bpf/bpf_helpers.h; then \
+		echo "bpf-tools: $$(clang-16 --version | head -1)"; \
+	else \
+		command -v apt-get >/dev/null || { echo "bpf-tools: needs apt-get (Debian/Ubuntu) for $(BPF_CLANG_PKGS)"; exit 1; }; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(BPF_CLANG_PKGS); \
+	fi
+
+generate: bpf-tools ## regenerate bpf/sched_bpfel.{go,o} from bpf/sched.c with bpf2go (the results are committed)
 	$(GO) generate ./...
+
+check-generate: generate ## fail if regenerating changes the committed eBPF files
+	@test -z "$$(git status --porcelain -- bpf/)" || { git status --short -- bpf/; echo "check-generate: bpf/ differs from what is committed: run make generate and commit"; exit 1; }
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

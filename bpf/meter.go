@@ -1,0 +1,218 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// HistSlots is the length of the run-queue wait histogram: slot i counts
+// waits of [2^i, 2^(i+1)) µs, slot 0 also the shorter ones, the last slot
+// the longer ones.
+const HistSlots = len(schedProcStats{}.Hist)
+
+// HistBound is the upper bound of histogram slot i.
+func HistBound(i int) time.Duration { return time.Duration(1<<(i+1)) * time.Microsecond }
+
+// Usage is what the kernel saw of one process, or of a group's processes
+// summed.
+type Usage struct {
+	OnCPU time.Duration // time its threads ran
+	Wait  time.Duration // time its threads were runnable but waited for a CPU
+	Waits uint64        // run-queue waits counted in Hist
+	Hist  [HistSlots]uint64
+}
+
+// Add adds o to u.
+func (u *Usage) Add(o Usage) {
+	u.OnCPU += o.OnCPU
+	u.Wait += o.Wait
+	u.Waits += o.Waits
+	for i := range u.Hist {
+		u.Hist[i] += o.Hist[i]
+	}
+}
+
+// Mechanism names how a Meter measures and why that one.
+type Mechanism struct {
+	Name      string `json:"name"` // tp_btf, raw_tp, tracepoint, or proc
+	Histogram bool   `json:"histogram"`
+	Reason    string `json:"reason,omitempty"` // why not a better one
+}
+
+// Mechanism names.
+const (
+	TPBTF      = "tp_btf"
+	RawTP      = "raw_tp"
+	Tracepoint = "tracepoint"
+	Proc       = "proc"
+)
+
+// A Meter measures the processes it is told to track. It is safe for
+// concurrent use.
+type Meter interface {
+	// Track starts measuring pid (a process id, not a thread id).
+	Track(pid int) error
+	// Read is pid's usage so far.
+	Read(pid int) Usage
+	// Forget stops measuring pid and returns its last usage.
+	Forget(pid int) Usage
+	Mechanism() Mechanism
+	Close() error
+}
+
+// Options choose how Open measures.
+type Options struct {
+	// Force names the only mechanism to try (TPBTF, RawTP, Tracepoint or
+	// Proc); empty tries them in order. Tests use it to reach each one.
+	Force  string
+	Logger *slog.Logger
+}
+
+// Open returns the best Meter this kernel allows. It never fails: the
+// /proc meter is always there, and its Mechanism says why it was chosen.
+func Open(opts Options) Meter {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var why []string
+	for _, name := range []string{TPBTF, RawTP, Tracepoint} {
+		if opts.Force != "" && opts.Force != name {
+			continue
+		}
+		m, err := openProbes(name)
+		if err == nil {
+			m.mech.Reason = strings.Join(why, "; ")
+			return m
+		}
+		why = append(why, fmt.Sprintf("%s: %v", name, err))
+	}
+	m := newProcMeter()
+	m.mech.Reason = strings.Join(append(why, m.mech.Reason), "; ")
+	if opts.Force != Proc {
+		log.Warn("eBPF scheduler probes not loaded; reading /proc instead", "why", m.mech.Reason)
+	}
+	return m
+}
+
+// probeMeter reads the counters the eBPF programs keep.
+type probeMeter struct {
+	mech  Mechanism
+	coll  *ebpf.Collection
+	procs *ebpf.Map
+	links []link.Link
+}
+
+// programs are each mechanism's three programs: switch, wakeup, wakeup_new.
+var programs = map[string][3]string{
+	TPBTF:      {schedProgBtfSwitch, schedProgBtfWakeup, schedProgBtfWakeupNew},
+	RawTP:      {schedProgRawSwitch, schedProgRawWakeup, schedProgRawWakeupNew},
+	Tracepoint: {schedProgTpSwitch, schedProgTpWakeup, schedProgTpWakeupNew},
+}
+
+var events = [3]string{"sched_switch", "sched_wakeup", "sched_wakeup_new"}
+
+func openProbes(name string) (m *probeMeter, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("not root")
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, err
+	}
+	if name == Tracepoint {
+		if err := mountTracefs(); err != nil {
+			return nil, err
+		}
+	}
+	spec, err := loadSched()
+	if err != nil {
+		return nil, err
+	}
+	keep := programs[name]
+	for p := range spec.Programs {
+		if p != keep[0] && p != keep[1] && p != keep[2] {
+			delete(spec.Programs, p)
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return nil, fmt.Errorf("load: %w", err)
+	}
+	m = &probeMeter{mech: Mechanism{Name: name, Histogram: true}, coll: coll, procs: coll.Maps[schedMapProcs]}
+	defer func() {
+		if err != nil {
+			m.Close()
+		}
+	}()
+	for i, p := range keep {
+		prog := coll.Programs[p]
+		var l link.Link
+		switch name {
+		case TPBTF:
+			l, err = link.AttachTracing(link.TracingOptions{Program: prog})
+		case RawTP:
+			l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: events[i], Program: prog})
+		case Tracepoint:
+			l, err = link.Tracepoint("sched", events[i], prog, nil)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("attach %s: %w", events[i], err)
+		}
+		m.links = append(m.links, l)
+	}
+	return m, nil
+}
+
+// tracefsDir is where the classic tracepoint's tracefs is expected.
+const tracefsDir = "/sys/kernel/tracing"
+
+// mountTracefs mounts tracefs where it belongs unless it is there already.
+func mountTracefs() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(tracefsDir, &st); err == nil && st.Type == unix.TRACEFS_MAGIC {
+		return nil
+	}
+	if err := unix.Mount("nodev", tracefsDir, "tracefs", 0, ""); err != nil {
+		return fmt.Errorf("mount tracefs on %s: %w", tracefsDir, err)
+	}
+	return nil
+}
+
+func (m *probeMeter) Mechanism() Mechanism { return m.mech }
+
+func (m *probeMeter) Track(pid int) error {
+	return m.procs.Update(uint32(pid), schedProcStats{}, ebpf.UpdateAny)
+}
+
+func (m *probeMeter) Read(pid int) Usage {
+	var st schedProcStats
+	if err := m.procs.Lookup(uint32(pid), &st); err != nil {
+		return Usage{}
+	}
+	u := Usage{OnCPU: time.Duration(st.OncpuNs), Wait: time.Duration(st.WaitNs), Waits: st.Waits}
+	copy(u.Hist[:], st.Hist[:])
+	return u
+}
+
+func (m *probeMeter) Forget(pid int) Usage {
+	u := m.Read(pid)
+	m.procs.Delete(uint32(pid))
+	return u
+}
+
+func (m *probeMeter) Close() error {
+	for _, l := range m.links {
+		l.Close()
+	}
+	m.coll.Close()
+	return nil
+}

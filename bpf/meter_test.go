@@ -1,0 +1,247 @@
+package bpf
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as the measured process: with this variable set
+// it waits for a line on stdin, burns burnFor of CPU, says "done" and waits
+// for stdin to close.
+const childEnv = "TPSCHED_BPF_TEST_BURN"
+
+const burnFor = 400 * time.Millisecond
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		in := bufio.NewReader(os.Stdin)
+		in.ReadString('\n')
+		burnCPU(burnFor)
+		os.Stdout.WriteString("done\n")
+		io.Copy(io.Discard, in)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func burnCPU(d time.Duration) {
+	var ru syscall.Rusage
+	for x := 0; ; x++ {
+		if x%100000 == 0 {
+			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			if time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) >= d {
+				return
+			}
+		}
+	}
+}
+
+// needProbes skips a test that needs eBPF when this is not root, unless
+// TPSCHED_REQUIRE_BPF says the run must have them.
+func needProbes(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
+		t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root: eBPF cannot load")
+	}
+	t.Skip("eBPF needs root (set TPSCHED_REQUIRE_BPF=1 to make this a failure)")
+}
+
+type burner struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	done bool
+}
+
+func startBurner(t *testing.T) *burner {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b := &burner{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	t.Cleanup(func() { b.cmd.Process.Kill(); b.cmd.Wait() })
+	return b
+}
+
+func (b *burner) start(t *testing.T) {
+	if _, err := b.in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *burner) wait(t *testing.T) {
+	t.Helper()
+	timer := time.AfterFunc(30*time.Second, func() { b.cmd.Process.Kill() })
+	defer timer.Stop()
+	if line, err := b.out.ReadString('\n'); err != nil || line != "done\n" {
+		t.Fatalf("burner: %q, %v", line, err)
+	}
+}
+
+// procCPU is utime + stime of pid from /proc.
+func procCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ticks, err := statCPUTicks(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ticks) * clockTick
+}
+
+func TestProbesMeasureOnCPUTimeAsProcDoes(t *testing.T) {
+	needProbes(t)
+	for _, mech := range []string{TPBTF, RawTP, Tracepoint} {
+		t.Run(mech, func(t *testing.T) {
+			m := Open(Options{Force: mech})
+			defer m.Close()
+			if got := m.Mechanism(); got.Name != mech || !got.Histogram {
+				t.Fatalf("mechanism %+v, want %s: %s", got, mech, got.Reason)
+			}
+			b := startBurner(t)
+			if err := m.Track(b.cmd.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+			untracked := startBurner(t)
+			b.start(t)
+			untracked.start(t)
+			b.wait(t)
+			untracked.wait(t)
+			// The burner now sleeps on stdin, so its last slice is counted.
+			time.Sleep(20 * time.Millisecond)
+			got := m.Read(b.cmd.Process.Pid)
+			want := procCPU(t, b.cmd.Process.Pid)
+			if want < burnFor*9/10 {
+				t.Fatalf("/proc says %v, the burner burned at least %v", want, burnFor)
+			}
+			if diff := got.OnCPU - want; diff < -want/10 || diff > want/10 {
+				t.Errorf("eBPF on-CPU %v, /proc %v: more than 10%% apart", got.OnCPU, want)
+			} else {
+				t.Logf("eBPF on-CPU %v, /proc %v, %d run-queue waits", got.OnCPU, want, got.Waits)
+			}
+			var sum uint64
+			for _, n := range got.Hist {
+				sum += n
+			}
+			if sum != got.Waits || got.Waits == 0 {
+				t.Errorf("histogram holds %d waits, Waits = %d; want equal and > 0", sum, got.Waits)
+			}
+			if u := m.Read(untracked.cmd.Process.Pid); u != (Usage{}) {
+				t.Errorf("an untracked process was measured: %+v", u)
+			}
+			if f := m.Forget(b.cmd.Process.Pid); f.OnCPU != got.OnCPU {
+				t.Errorf("Forget gave %v, Read %v", f.OnCPU, got.OnCPU)
+			}
+			if u := m.Read(b.cmd.Process.Pid); u != (Usage{}) {
+				t.Errorf("a forgotten process is still measured: %+v", u)
+			}
+		})
+	}
+}
+
+// More runnable burners than CPUs must wait on the run queue, and the
+// probes must see it.
+func TestProbesSeeRunQueueWait(t *testing.T) {
+	needProbes(t)
+	m := Open(Options{})
+	defer m.Close()
+	if m.Mechanism().Name == Proc {
+		t.Fatalf("no probes: %s", m.Mechanism().Reason)
+	}
+	var bs []*burner
+	for range 2*cpus() + 1 {
+		b := startBurner(t)
+		if err := m.Track(b.cmd.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		bs = append(bs, b)
+	}
+	for _, b := range bs {
+		b.start(t)
+	}
+	var total Usage
+	for _, b := range bs {
+		b.wait(t)
+	}
+	time.Sleep(20 * time.Millisecond)
+	for _, b := range bs {
+		total.Add(m.Read(b.cmd.Process.Pid))
+	}
+	// Each burner needs burnFor of CPU; with more of them than CPUs the
+	// others wait meanwhile: at least (n - cpus) x burnFor in all.
+	minWait := time.Duration(len(bs)-cpus()) * burnFor / 2
+	if total.Wait < minWait {
+		t.Errorf("run-queue wait %v for %d burners on %d CPUs; want at least %v", total.Wait, len(bs), cpus(), minWait)
+	}
+	if total.OnCPU < time.Duration(len(bs))*burnFor*9/10 {
+		t.Errorf("on-CPU %v for %d burners of %v", total.OnCPU, len(bs), burnFor)
+	}
+}
+
+func cpus() int { return runtime.NumCPU() }
+
+func TestProcMeterReadsProc(t *testing.T) {
+	m := Open(Options{Force: Proc})
+	if m.Mechanism().Name != Proc || m.Mechanism().Histogram {
+		t.Fatalf("mechanism %+v", m.Mechanism())
+	}
+	b := startBurner(t)
+	pid := b.cmd.Process.Pid
+	if u := m.Read(pid); u != (Usage{}) {
+		t.Fatalf("untracked pid read %+v", u)
+	}
+	m.Track(pid)
+	b.start(t)
+	b.wait(t)
+	got := m.Read(pid)
+	if want := procCPU(t, pid); got.OnCPU != want {
+		t.Errorf("on-CPU %v, /proc says %v", got.OnCPU, want)
+	}
+	b.in.Close()
+	b.cmd.Wait()
+	if f := m.Forget(pid); f.OnCPU != got.OnCPU {
+		t.Errorf("after exit Forget gave %v; the last reading was %v", f.OnCPU, got.OnCPU)
+	}
+}
+
+func TestStatCPUTicks(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want uint64
+		ok   bool
+	}{
+		{"1234 (uap) S 1 1234 1234 0 -1 4194560 100 0 0 0 25 17 0 0 20 0 4 0 5 0 0", 42, true},
+		{"1234 (a) b) (c) R 1 1234 1234 0 -1 4194560 100 0 0 0 3 4 0 0 20 0 4 0 5 0 0", 7, true},
+		{"1234 uap S 1", 0, false},
+		{"1234 (uap) S 1 2 3", 0, false},
+		{"1234 (uap) S 1 1234 1234 0 -1 4194560 100 0 0 0 x 17 0", 0, false},
+	} {
+		got, err := statCPUTicks([]byte(tc.line))
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("statCPUTicks(%q) = %d, %v; want %d ok=%v", tc.line, got, err, tc.want, tc.ok)
+		}
+	}
+}

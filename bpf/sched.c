@@ -1,0 +1,204 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Per-process on-CPU time and run-queue wait for the UAP processes procmgr
+ * runs. procmgr puts each process id (tgid) in `procs`; these programs fill
+ * in its counters from sched_wakeup and sched_switch.
+ *
+ * Threads are known by tid in `threads`. A thread enters it the first time
+ * it is seen with its tgid: at wake-up or switch-in when the program can
+ * read the task (tp_btf, raw_tp), or at switch-out, when it is `current`
+ * (any attach type). The classic tracepoint gives only tids, so there a
+ * thread's first time slice may go uncounted; that is the price of the last
+ * fallback.
+ *
+ * The same three handlers serve each attach type; only how the arguments
+ * are read differs.
+ */
+#include "types.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define HIST_SLOTS 28 /* slot i counts waits in [2^i, 2^(i+1)) us; slot 0 also < 1 us */
+#define TASK_RUNNING 0
+#define TASK_REPORT_MAX 0x100 /* the tracepoint's prev_state for a preempted task */
+
+struct proc_stats {
+	__u64 oncpu_ns;
+	__u64 wait_ns;
+	__u64 waits;
+	__u64 hist[HIST_SLOTS];
+};
+
+struct thread_state {
+	__u32 tgid;
+	__u32 pad;
+	__u64 on_since;     /* switched in at; 0: not on a CPU, or not seen */
+	__u64 queued_since; /* made runnable at; 0: not waiting */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct proc_stats);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+static __always_inline __u32 log2_slot(__u64 v)
+{
+	__u32 r = 0;
+	if (v >= (1ULL << 16)) { v >>= 16; r += 16; }
+	if (v >= (1ULL << 8)) { v >>= 8; r += 8; }
+	if (v >= (1ULL << 4)) { v >>= 4; r += 4; }
+	if (v >= (1ULL << 2)) { v >>= 2; r += 2; }
+	if (v >= (1ULL << 1)) { r += 1; }
+	return r < HIST_SLOTS ? r : HIST_SLOTS - 1;
+}
+
+/* thread finds tid's state; with tgid != 0 it creates it when the process
+ * is tracked. */
+static __always_inline struct thread_state *thread(__u32 tid, __u32 tgid)
+{
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &tid);
+	if (t || tgid == 0 || !bpf_map_lookup_elem(&procs, &tgid))
+		return t;
+	struct thread_state fresh = { .tgid = tgid };
+	bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+static __always_inline void on_wakeup(__u32 tid, __u32 tgid)
+{
+	struct thread_state *t = thread(tid, tgid);
+	if (t && t->queued_since == 0)
+		t->queued_since = bpf_ktime_get_ns();
+}
+
+static __always_inline void on_switch(__u32 prev_tid, int prev_runnable, __u32 next_tid, __u32 next_tgid)
+{
+	__u64 now = bpf_ktime_get_ns();
+	/* The tracepoint runs before the switch: current is still prev. */
+	struct thread_state *t = thread(prev_tid, bpf_get_current_pid_tgid() >> 32);
+	if (t) {
+		struct proc_stats *st = bpf_map_lookup_elem(&procs, &t->tgid);
+		if (st && t->on_since)
+			__sync_fetch_and_add(&st->oncpu_ns, now - t->on_since);
+		t->on_since = 0;
+		t->queued_since = prev_runnable ? now : 0;
+	}
+	t = thread(next_tid, next_tgid);
+	if (!t)
+		return;
+	t->on_since = now;
+	if (t->queued_since == 0)
+		return;
+	__u64 waited = now - t->queued_since;
+	t->queued_since = 0;
+	struct proc_stats *st = bpf_map_lookup_elem(&procs, &t->tgid);
+	if (!st)
+		return;
+	__sync_fetch_and_add(&st->wait_ns, waited);
+	__sync_fetch_and_add(&st->waits, 1);
+	__sync_fetch_and_add(&st->hist[log2_slot(waited / 1000)], 1);
+}
+
+/* tp_btf: typed arguments, no tracefs. */
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+{
+	on_switch(prev->pid, preempt || prev_state == TASK_RUNNING, next->pid, next->tgid);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(btf_wakeup, struct task_struct *p)
+{
+	on_wakeup(p->pid, p->tgid);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(btf_wakeup_new, struct task_struct *p)
+{
+	on_wakeup(p->pid, p->tgid);
+	return 0;
+}
+
+/* raw_tp: the same arguments as u64s, read with CO-RE; no tracefs. */
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(raw_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
+{
+	on_switch(BPF_CORE_READ(prev, pid), preempt || prev_state == TASK_RUNNING,
+		  BPF_CORE_READ(next, pid), BPF_CORE_READ(next, tgid));
+	return 0;
+}
+
+SEC("raw_tp/sched_wakeup")
+int BPF_PROG(raw_wakeup, struct task_struct *p)
+{
+	on_wakeup(BPF_CORE_READ(p, pid), BPF_CORE_READ(p, tgid));
+	return 0;
+}
+
+SEC("raw_tp/sched_wakeup_new")
+int BPF_PROG(raw_wakeup_new, struct task_struct *p)
+{
+	on_wakeup(BPF_CORE_READ(p, pid), BPF_CORE_READ(p, tgid));
+	return 0;
+}
+
+/* The classic tracepoint: fixed record layouts from tracefs' format files,
+ * tids only. */
+
+struct switch_record {
+	__u64 common;
+	char prev_comm[16];
+	int prev_pid;
+	int prev_prio;
+	long prev_state;
+	char next_comm[16];
+	int next_pid;
+	int next_prio;
+};
+
+struct wakeup_record {
+	__u64 common;
+	char comm[16];
+	int pid;
+	int prio;
+	int target_cpu;
+};
+
+SEC("tracepoint/sched/sched_switch")
+int tp_switch(struct switch_record *r)
+{
+	on_switch(r->prev_pid, (r->prev_state & (TASK_REPORT_MAX - 1)) == 0, r->next_pid, 0);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_wakeup")
+int tp_wakeup(struct wakeup_record *r)
+{
+	on_wakeup(r->pid, 0);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_wakeup_new")
+int tp_wakeup_new(struct wakeup_record *r)
+{
+	on_wakeup(r->pid, 0);
+	return 0;
+}
