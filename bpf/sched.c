@@ -9,12 +9,15 @@
  * Threads are known by tid in `threads`. A thread enters it the first time
  * it is seen with its tgid: at wake-up or switch-in when the program can
  * read the task (tp_btf, raw_tp), or at switch-out, when it is `current`
- * (any attach type). The classic tracepoint gives only tids, so there a
- * thread's first time slice may go uncounted; that is the price of the last
- * fallback.
+ * (any attach type). On-CPU time is the kernel's own sum_exec_runtime of
+ * the thread, taken at each switch-out, so a thread that was already
+ * running when it was first seen loses nothing. The classic tracepoint
+ * gives only tids, so there a thread's first run-queue wait may go
+ * uncounted.
  *
  * The same three handlers serve each attach type; only how the arguments
- * are read differs.
+ * are read differs. All of them need kernel BTF (CO-RE reads the task);
+ * without it the Go side falls back to /proc.
  */
 #include "types.h"
 #include <bpf/bpf_helpers.h>
@@ -37,7 +40,7 @@ struct proc_stats {
 struct thread_state {
 	__u32 tgid;
 	__u32 pad;
-	__u64 on_since;     /* switched in at; 0: not on a CPU, or not seen */
+	__u64 runtime_seen; /* sum_exec_runtime already added to its process */
 	__u64 queued_since; /* made runnable at; 0: not waiting */
 };
 
@@ -91,17 +94,16 @@ static __always_inline void on_switch(__u32 prev_tid, int prev_runnable, __u32 n
 	/* The tracepoint runs before the switch: current is still prev. */
 	struct thread_state *t = thread(prev_tid, bpf_get_current_pid_tgid() >> 32);
 	if (t) {
+		struct task_struct *prev = (struct task_struct *)bpf_get_current_task();
+		__u64 runtime = BPF_CORE_READ(prev, se.sum_exec_runtime);
 		struct proc_stats *st = bpf_map_lookup_elem(&procs, &t->tgid);
-		if (st && t->on_since)
-			__sync_fetch_and_add(&st->oncpu_ns, now - t->on_since);
-		t->on_since = 0;
+		if (st && runtime > t->runtime_seen)
+			__sync_fetch_and_add(&st->oncpu_ns, runtime - t->runtime_seen);
+		t->runtime_seen = runtime;
 		t->queued_since = prev_runnable ? now : 0;
 	}
 	t = thread(next_tid, next_tgid);
-	if (!t)
-		return;
-	t->on_since = now;
-	if (t->queued_since == 0)
+	if (!t || t->queued_since == 0)
 		return;
 	__u64 waited = now - t->queued_since;
 	t->queued_since = 0;

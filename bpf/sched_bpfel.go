@@ -25,7 +25,7 @@ type schedThreadState struct {
 	_           structs.HostLayout
 	Tgid        uint32
 	Pad         uint32
-	OnSince     uint64
+	RuntimeSeen uint64
 	QueuedSince uint64
 }
 

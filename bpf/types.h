@@ -26,9 +26,14 @@ enum {
 	BPF_NOEXIST = 1,
 };
 
+struct sched_entity {
+	__u64 sum_exec_runtime;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
+	struct sched_entity se;
 } __attribute__((preserve_access_index));
 
 #endif

@@ -35,6 +35,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"tpsched/bpf"
 )
 
 // Spec says how to run one user server's processes.
@@ -51,6 +53,7 @@ type Spec struct {
 	Priority     int           // schedule_priority 1 (highest) .. 16; 0 = 8
 	Refresh      bool          // scd_refresh_process: each process serves one request
 	IdleStop     time.Duration // how long a non-resident process idles before it may stop
+	CPUWaitLimit int           // cpu_wait_limit percent: the CPU guard (see CPUBound); 0 = off
 }
 
 // SlotView is what the schedule queue says about a process slot.
@@ -104,6 +107,9 @@ type Options struct {
 	// CheckInterval is how often the scaler looks without being kicked;
 	// default 50 ms. Stops happen on these checks.
 	CheckInterval time.Duration
+	// Meter measures each process's CPU time and run-queue wait (eBPF or
+	// /proc); nil measures nothing and so disables the CPU guard.
+	Meter bpf.Meter
 }
 
 // Manager starts processes for any number of servers.
@@ -125,6 +131,7 @@ type Manager struct {
 	starts    atomic.Uint64 // non-resident starts
 	stops     atomic.Uint64 // non-resident stops asked by the rule
 	gateHolds atomic.Uint64 // checks in which the memory gate held a start back
+	cpuHolds  atomic.Uint64 // checks in which the CPU guard held a start back
 }
 
 type spawnReq struct {
@@ -209,6 +216,7 @@ type Stats struct {
 	NonResidentStops  uint64 `json:"nonresident_stops"`
 	MemoryGateClosed  bool   `json:"memory_gate_closed"`
 	MemoryGateHolds   uint64 `json:"memory_gate_holds"`
+	CPUGuardHolds     uint64 `json:"cpu_guard_holds"`
 	MemoryError       string `json:"memory_error,omitempty"`
 }
 
@@ -221,6 +229,7 @@ func (m *Manager) Stats() Stats {
 		NonResidentStops:  m.stops.Load(),
 		MemoryGateClosed:  m.memLow,
 		MemoryGateHolds:   m.gateHolds.Load(),
+		CPUGuardHolds:     m.cpuHolds.Load(),
 	}
 	if m.memErr != nil {
 		st.MemoryError = m.memErr.Error()
@@ -259,6 +268,7 @@ type Server struct {
 	stop     chan struct{} // closed when the server stops; ends back-off waits
 	stopOnce sync.Once
 	running  atomic.Int32 // processes up or starting, for Kick's cheap test
+	usage    *usageBook
 
 	mu           sync.Mutex
 	stopping     bool
@@ -296,7 +306,7 @@ func (m *Manager) Start(spec Spec, hooks Hooks) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
 	}
-	s := &Server{m: m, spec: spec, hooks: hooks, cpu: cpu, stop: make(chan struct{})}
+	s := &Server{m: m, spec: spec, hooks: hooks, cpu: cpu, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter)}
 	for i := range spec.Max {
 		s.slots = append(s.slots, &slot{index: i, resident: i < spec.Resident, state: StateStopped})
 	}
@@ -374,6 +384,9 @@ func (s *Server) spawn(sl *slot) error {
 		if err := after(cmd.Process.Pid); err != nil {
 			s.m.log.Warn("uap cpu priority not applied", "server", s.spec.Server, "pid", cmd.Process.Pid, "err", err)
 		}
+		if err := s.usage.track(cmd.Process.Pid); err != nil {
+			s.m.log.Warn("uap not measured", "server", s.spec.Server, "pid", cmd.Process.Pid, "err", err)
+		}
 		s.m.log.Debug("uap started", "server", s.spec.Server, "slot", sl.index, "pid", cmd.Process.Pid,
 			"resident", sl.resident)
 		return nil
@@ -387,6 +400,7 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Du
 	proc = sl.proc
 	s.mu.Unlock()
 	state, err := proc.Wait()
+	s.usage.forget(proc.Pid)
 	if err != nil {
 		exitErr = err
 	} else if !state.Success() {
@@ -548,6 +562,14 @@ func (s *Server) Running() (resident, nonResident int) {
 	}
 	return resident, nonResident
 }
+
+// Usage is what the meter measured of the server's processes, those
+// running and those that ended.
+func (s *Server) Usage() bpf.Usage { return s.usage.total() }
+
+// CPUWait is the percent of the processes' runnable time spent waiting for
+// a CPU over the CPU guard's last window; -1 when it cannot be known.
+func (s *Server) CPUWait() int { return s.usage.cpuWait(time.Now()) }
 
 // CPUGroup is where the server's processes get their CPU priority.
 func (s *Server) CPUGroup() *CPUGroup { return s.cpu }

@@ -109,6 +109,9 @@ func runChild(mode string) int {
 		}
 		rep["grandchild"] = strconv.Itoa(grandchild.Process.Pid)
 	}
+	if mode == "burn" {
+		burnCPU(burnFor)
+	}
 	if err := writeReport(rep); err != nil {
 		fmt.Fprintln(os.Stderr, "procmgr test child:", err)
 		return 2
@@ -117,7 +120,7 @@ func runChild(mode string) int {
 	case "report":
 		_, _ = io.Copy(io.Discard, os.NewFile(3, "segment"))
 		return 0
-	case "sleep", "stubborn":
+	case "sleep", "stubborn", "burn":
 		time.Sleep(time.Hour)
 		return 0
 	}

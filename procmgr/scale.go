@@ -23,6 +23,11 @@ import (
 //   - it stops only if the rule would not start it again at once, that is
 //     while queue <= BalanceCount x (running-1);
 //   - the process that has been idle longest goes first.
+// The CPU guard (tpsched's, not the documents'): no non-resident process
+// starts while the server's processes already spend CPUWaitLimit percent or
+// more of their runnable time waiting for a CPU. Then the CPUs are the
+// bottleneck and another process would only add to the wait.
+//
 // When a node-wide cap (max_processes) or the memory gate holds starts
 // back, servers of higher priority (schedule_priority 1 is highest) are
 // served first; equal priorities go by the larger backlog.
@@ -38,6 +43,8 @@ type ServerLoad struct {
 	Free         int           // of Running, processes starting or idle: ones that will take the next requests
 	IdleStop     time.Duration // how long a non-resident process idles before it may stop
 	NonResident  []NonResidentProc
+	CPUWait      int // percent of its processes' runnable time spent waiting for a CPU lately; -1 unknown
+	CPUWaitLimit int // cpu_wait_limit: the guard holds starts back from this CPUWait; 0 = no guard
 }
 
 // NonResidentProc is one running non-resident process.
@@ -64,7 +71,7 @@ type Decision struct {
 // before node-wide limits.
 func Wanted(s ServerLoad) int {
 	room := s.Max - s.Running
-	if room <= 0 || s.Queue == 0 {
+	if room <= 0 || s.Queue == 0 || CPUBound(s) {
 		return 0
 	}
 	if s.BalanceCount == 0 {
@@ -75,6 +82,12 @@ func Wanted(s ServerLoad) int {
 		n++
 	}
 	return n
+}
+
+// CPUBound reports whether the CPU guard holds s's starts back. A server
+// with no process running is never held: someone must serve the queue.
+func CPUBound(s ServerLoad) bool {
+	return s.CPUWaitLimit > 0 && s.Running > 0 && s.CPUWait >= s.CPUWaitLimit
 }
 
 // StopCandidate is the slot of the non-resident process to stop now, or -1.

@@ -24,6 +24,12 @@ func TestWanted(t *testing.T) {
 		{"bc 0: free processes take requests first", ServerLoad{Resident: 0, Max: 8, BalanceCount: 0, Running: 2, Free: 2, Queue: 3}, 1},
 		{"bc 0: up to max", ServerLoad{Resident: 0, Max: 4, BalanceCount: 0, Running: 1, Queue: 10}, 3},
 		{"resident only (max = resident)", ServerLoad{Resident: 2, Max: 2, BalanceCount: 3, Running: 2, Queue: 50}, 0},
+		// The CPU guard.
+		{"guard: waiting at the limit holds starts", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: 30, CPUWaitLimit: 30}, 0},
+		{"guard: under the limit starts", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: 29, CPUWaitLimit: 30}, 14},
+		{"guard off (limit 0)", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: 95}, 14},
+		{"guard: wait unknown starts", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: -1, CPUWaitLimit: 30}, 14},
+		{"guard: nothing running, someone must start", ServerLoad{Resident: 0, Max: 4, BalanceCount: 0, Running: 0, Queue: 2, CPUWait: 90, CPUWaitLimit: 30}, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

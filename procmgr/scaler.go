@@ -60,6 +60,13 @@ func (m *Manager) check(now time.Time) {
 		if lim.MemoryLow && Wanted(loads[i]) > d.Start {
 			m.gateHolds.Add(1)
 		}
+		if CPUBound(loads[i]) {
+			unguarded := loads[i]
+			unguarded.CPUWaitLimit = 0
+			if Wanted(unguarded) > 0 {
+				m.cpuHolds.Add(1)
+			}
+		}
 		for range d.Start {
 			if !s.startNonResident() {
 				break
@@ -99,6 +106,8 @@ func (s *Server) observe(now time.Time) ServerLoad {
 		Max:          s.spec.Max,
 		BalanceCount: s.spec.BalanceCount,
 		IdleStop:     s.spec.IdleStop,
+		CPUWaitLimit: s.spec.CPUWaitLimit,
+		CPUWait:      s.usage.cpuWait(now),
 	}
 	if s.spec.Priority == 0 {
 		ld.Priority = DefaultPriority

@@ -128,6 +128,7 @@ func defaultServer() Server {
 		MaxProcesses:      1,
 		BalanceCount:      3,
 		NonResidentIdle:   DefaultNonResidentIdle,
+		CPUWaitLimit:      DefaultCPUWaitLimit,
 		SchedulePriority:  8,
 		LoadCheckInterval: 30 * time.Second,
 		MaxMessageSize:    DefaultMaxMessageSize,
@@ -224,6 +225,10 @@ var serverOperands = map[string]handler[Server]{
 	"nonresident_idle_time": func(s *Server, v []string) (err error) {
 		ms, err := intIn(v, 0, 3600000)
 		s.NonResidentIdle = time.Duration(ms) * time.Millisecond
+		return err
+	},
+	"cpu_wait_limit": func(s *Server, v []string) (err error) {
+		s.CPUWaitLimit, err = intIn(v, 0, 100)
 		return err
 	},
 	"schedule_priority": func(s *Server, v []string) (err error) {

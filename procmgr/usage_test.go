@@ -1,0 +1,67 @@
+package procmgr
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"tpsched/bpf"
+)
+
+// burnFor is how much CPU a "burn" child uses before it reports.
+const burnFor = 200 * time.Millisecond
+
+func burnCPU(d time.Duration) {
+	var ru syscall.Rusage
+	for x := 0; ; x++ {
+		if x%100000 == 0 {
+			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			if time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) >= d {
+				return
+			}
+		}
+	}
+}
+
+// A server's usage counts its running processes and keeps what ended ones
+// used, with whichever meter is live.
+func TestUsageCountsRunningAndEndedProcesses(t *testing.T) {
+	mechs := []string{bpf.Proc}
+	if os.Geteuid() == 0 {
+		mechs = append(mechs, bpf.TPBTF)
+	} else if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
+		t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root")
+	}
+	for _, mech := range mechs {
+		t.Run(mech, func(t *testing.T) {
+			meter := bpf.Open(bpf.Options{Force: mech})
+			t.Cleanup(func() { meter.Close() }) // after the processes are reaped
+			if meter.Mechanism().Name != mech {
+				t.Fatalf("meter %+v", meter.Mechanism())
+			}
+			m := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CPUParent: uniqueParent(), Meter: meter})
+			t.Cleanup(m.Close)
+			dir := t.TempDir()
+			r, _ := testPipe(t)
+			exits := newExitLog()
+			srv := startServer(t, m, uapSpec("burn", dir, r, 1), Hooks{Exited: exits.hook})
+			first := readReport(t, dir, 0, 0)
+			// /proc counts in 10 ms ticks.
+			if u := srv.Usage(); u.OnCPU < burnFor-10*time.Millisecond {
+				t.Fatalf("usage %v after the process burned %v", u.OnCPU, burnFor)
+			}
+			victim := srv.Processes()[0].PID
+			if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			exits.next(t)
+			readReport(t, dir, 0, victim)
+			if u := srv.Usage(); u.OnCPU < 2*(burnFor-10*time.Millisecond) {
+				t.Errorf("usage %v after two processes burned %v each (first pid %s)", u.OnCPU, burnFor, first["pid"])
+			}
+		})
+	}
+}
