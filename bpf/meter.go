@@ -85,6 +85,9 @@ func Open(opts Options) Meter {
 		log = slog.New(slog.DiscardHandler)
 	}
 	var why []string
+	if opts.Force == Proc {
+		why = append(why, "eBPF turned off")
+	}
 	for _, name := range []string{TPBTF, RawTP, Tracepoint} {
 		if opts.Force != "" && opts.Force != name {
 			continue

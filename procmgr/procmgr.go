@@ -567,8 +567,9 @@ func (s *Server) Running() (resident, nonResident int) {
 // running and those that ended.
 func (s *Server) Usage() bpf.Usage { return s.usage.total() }
 
-// CPUWait is the percent of the processes' runnable time spent waiting for
-// a CPU over the CPU guard's last window; -1 when it cannot be known.
+// CPUWait is the percent of the CPU guard's last window that the
+// processes, on average, spent waiting for a CPU; -1 when it cannot be
+// known.
 func (s *Server) CPUWait() int { return s.usage.cpuWait(time.Now()) }
 
 // CPUGroup is where the server's processes get their CPU priority.

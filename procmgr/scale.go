@@ -25,7 +25,7 @@ import (
 //   - the process that has been idle longest goes first.
 // The CPU guard (tpsched's, not the documents'): no non-resident process
 // starts while the server's processes already spend CPUWaitLimit percent or
-// more of their runnable time waiting for a CPU. Then the CPUs are the
+// more of their time runnable but waiting for a CPU. Then the CPUs are the
 // bottleneck and another process would only add to the wait.
 //
 // When a node-wide cap (max_processes) or the memory gate holds starts
@@ -43,7 +43,7 @@ type ServerLoad struct {
 	Free         int           // of Running, processes starting or idle: ones that will take the next requests
 	IdleStop     time.Duration // how long a non-resident process idles before it may stop
 	NonResident  []NonResidentProc
-	CPUWait      int // percent of its processes' runnable time spent waiting for a CPU lately; -1 unknown
+	CPUWait      int // percent of the time its processes lately spent waiting for a CPU, on average; -1 unknown
 	CPUWaitLimit int // cpu_wait_limit: the guard holds starts back from this CPUWait; 0 = no guard
 }
 

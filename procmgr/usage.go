@@ -72,29 +72,35 @@ func (b *usageBook) totalLocked() bpf.Usage {
 	return u
 }
 
-// cpuWait is the percent of the processes' runnable time they spent
-// waiting for a CPU over the last window of at least cpuWaitWindow; -1
-// when the meter cannot see run-queue wait. It is 0 when they hardly ran.
+// cpuWait is the percent of the last window (at least cpuWaitWindow) that
+// the server's processes, on average, spent runnable but waiting for a
+// CPU; -1 when the meter cannot see run-queue wait.
+//
+// It is measured against wall-clock time, not against the time they ran:
+// a process that sleeps on I/O and waits a few µs for a CPU after each
+// wake-up has a high share of its short runs waiting, yet more processes
+// would still help it. One that waits a third of all the time would not.
 func (b *usageBook) cpuWait(now time.Time) int {
 	if b.meter == nil {
 		return -1
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if now.Sub(b.windowStart) < cpuWaitWindow {
+	elapsed := now.Sub(b.windowStart)
+	if elapsed < cpuWaitWindow {
 		return b.waitPct
 	}
 	u := b.totalLocked()
-	ran, waited := u.OnCPU-b.windowBase.OnCPU, u.Wait-b.windowBase.Wait
+	waited := u.Wait - b.windowBase.Wait
 	switch {
 	case b.windowStart.IsZero():
 		// The first reading only opens the window.
 	case !b.meter.Mechanism().Histogram && u.Wait == 0:
 		b.waitPct = -1 // /proc without sched_info: wait is not known
-	case ran+waited < time.Millisecond:
+	case len(b.live) == 0:
 		b.waitPct = 0
 	default:
-		b.waitPct = int(100 * waited / (ran + waited))
+		b.waitPct = int(min(100, 100*waited/(elapsed*time.Duration(len(b.live)))))
 	}
 	b.windowStart, b.windowBase = now, u
 	return b.waitPct

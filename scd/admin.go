@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"tpsched/bpf"
 	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
@@ -22,6 +24,7 @@ type Status struct {
 	RPC      string            `json:"rpc"`
 	Draining bool              `json:"draining"`
 	CPU      procmgr.CPUStatus `json:"cpu_priority"`
+	Probes   bpf.Mechanism     `json:"cpu_measurement"` // how UAP CPU time and run-queue wait are measured
 	Scaling  procmgr.Stats     `json:"scaling"`
 	Groups   []GroupStatus     `json:"groups"`
 }
@@ -42,12 +45,86 @@ type GroupStatus struct {
 	Queued     uint64             `json:"queued"`
 	Processed  uint64             `json:"processed"`
 	Processes  []procmgr.ProcInfo `json:"processes"`
+	Load       LoadStatus         `json:"load"`
+	Usage      UsageStatus        `json:"cpu"`
+}
+
+// UsageStatus is what the kernel saw of a group's processes, ended ones
+// included.
+type UsageStatus struct {
+	Seconds     float64 `json:"cpu_seconds"`
+	WaitSeconds float64 `json:"runqueue_wait_seconds"`
+	// WaitPercent is the share of the CPU guard's last window that the
+	// processes, on average, spent waiting for a CPU; -1 when not known.
+	WaitPercent int `json:"runqueue_wait_percent"`
+	WaitLimit   int `json:"cpu_wait_limit"` // 0: no guard
+	// Waits are run-queue waits by length, in log2 slots (eBPF only).
+	Waits []WaitBucket `json:"runqueue_waits,omitempty"`
+}
+
+// WaitBucket counts run-queue waits shorter than UpTo (and not counted in
+// a smaller bucket); the last one has no bound.
+type WaitBucket struct {
+	UpToMicros int64  `json:"up_to_us,omitempty"`
+	Count      uint64 `json:"count"`
+}
+
+func (g *group) usageStatus(hist bool) UsageStatus {
+	u := g.procs.Usage()
+	us := UsageStatus{
+		Seconds:     u.OnCPU.Seconds(),
+		WaitSeconds: u.Wait.Seconds(),
+		WaitPercent: g.procs.CPUWait(),
+		WaitLimit:   g.def.CPUWaitLimit,
+	}
+	if !hist {
+		return us
+	}
+	last := 0
+	for i, c := range u.Hist {
+		if c > 0 {
+			last = i
+		}
+	}
+	for i, c := range u.Hist[:last+1] {
+		b := WaitBucket{Count: c}
+		if i < len(u.Hist)-1 {
+			b.UpToMicros = bpf.HistBound(i).Microseconds()
+		}
+		us.Waits = append(us.Waits, b)
+	}
+	return us
+}
+
+// writeUsageMetrics writes each group's CPU seconds and run-queue wait,
+// read once per scrape: a Meter read is a syscall per process.
+func (n *Node) writeUsageMetrics(w io.Writer) {
+	mech := n.meter.Mechanism()
+	fmt.Fprintf(w, "tpsched_cpu_measurement{mechanism=%q} 1\n", mech.Name)
+	for _, g := range n.order {
+		u := g.procs.Usage()
+		lbl := fmt.Sprintf("group=%q", g.name)
+		fmt.Fprintf(w, "tpsched_group_cpu_seconds_total{%s} %g\n", lbl, u.OnCPU.Seconds())
+		fmt.Fprintf(w, "tpsched_group_runqueue_wait_seconds_total{%s} %g\n", lbl, u.Wait.Seconds())
+		fmt.Fprintf(w, "tpsched_group_runqueue_wait_percent{%s} %d\n", lbl, g.procs.CPUWait())
+		if !mech.Histogram {
+			continue
+		}
+		var cum uint64
+		for i, c := range u.Hist[:len(u.Hist)-1] {
+			cum += c
+			fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_bucket{%s,le=\"%g\"} %d\n", lbl, bpf.HistBound(i).Seconds(), cum)
+		}
+		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_bucket{%s,le=\"+Inf\"} %d\n", lbl, u.Waits)
+		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_sum{%s} %g\n", lbl, u.Wait.Seconds())
+		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_count{%s} %d\n", lbl, u.Waits)
+	}
 }
 
 // Status reports the node's state now.
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
-		CPU: n.pm.CPU().Status(), Scaling: n.pm.Stats()}
+		CPU: n.pm.CPU().Status(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	for _, g := range n.order {
 		s := g.seg.Stats()
 		st.Groups = append(st.Groups, GroupStatus{
@@ -65,6 +142,8 @@ func (n *Node) Status() Status {
 			Queued:     s.Queued,
 			Processed:  s.Done,
 			Processes:  g.procs.Processes(),
+			Load:       g.loadStatus(),
+			Usage:      g.usageStatus(st.Probes.Histogram),
 		})
 	}
 	return st
@@ -82,6 +161,7 @@ func (n *Node) startAdmin() error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		n.metrics.WritePrometheus(w)
+		n.writeUsageMetrics(w)
 		metrics.WriteProcessMetrics(w)
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {

@@ -31,6 +31,8 @@ type group struct {
 	mu      sync.Mutex
 	pending map[shm.Token]*call
 
+	load groupLoad
+
 	refused  *metrics.Counter // calls refused server busy: the queue was full
 	timedOut *metrics.Counter
 	latency  *metrics.Histogram

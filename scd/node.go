@@ -34,6 +34,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"tpsched/bpf"
 	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
@@ -49,6 +50,12 @@ type Options struct {
 	ModuleDirs []string
 	// DrainTimeout bounds how long Drain waits for queued calls; default 30 s.
 	DrainTimeout time.Duration
+	// SchedProbes chooses how UAP processes' CPU time and run-queue wait are
+	// measured: "" the best the kernel allows (eBPF tp_btf, raw_tp,
+	// tracepoint, else /proc), "off" /proc only, or one of bpf's mechanism
+	// names to insist on it (it still falls back, saying why). scdd takes it
+	// from TPSCHED_BPF.
+	SchedProbes string
 }
 
 // Node is one running schedule service.
@@ -60,6 +67,7 @@ type Node struct {
 	groups   map[string]*group
 	order    []*group // by name, for status output
 	pm       *procmgr.Manager
+	meter    bpf.Meter
 	rpc      *netio.Server
 	admin    *http.Server
 	adminLn  net.Listener
@@ -85,6 +93,12 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		groups:  make(map[string]*group),
 		metrics: metrics.NewSet(),
 		stop:    make(chan struct{}),
+	}
+	switch opts.SchedProbes {
+	case "", "off", bpf.Proc, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint:
+	default:
+		return nil, fmt.Errorf("TPSCHED_BPF=%q: want off, proc, %s, %s or %s (empty: the best that loads)",
+			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	for _, s := range cfg.Servers {
@@ -156,10 +170,18 @@ func checkExecutable(p string) error {
 // the RPC port and the control/metrics endpoint. On error everything
 // already started is stopped again.
 func (n *Node) Start() (err error) {
+	force := n.opts.SchedProbes
+	if force == "off" {
+		force = bpf.Proc
+	}
+	n.meter = bpf.Open(bpf.Options{Force: force, Logger: n.log})
+	mech := n.meter.Mechanism()
+	n.log.Info("uap cpu measurement", "mechanism", mech.Name, "histogram", mech.Histogram, "reason", mech.Reason)
 	n.pm = procmgr.New(procmgr.Options{
 		Logger:        n.log,
 		NodeCap:       n.cfg.System.MaxProcesses,
 		MemoryReserve: n.cfg.System.MemoryReserve,
+		Meter:         n.meter,
 	})
 	n.registerNodeMetrics()
 	defer func() {
@@ -189,6 +211,9 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
 	}
 	if err := n.startAdmin(); err != nil {
+		return err
+	}
+	if err := n.startLoadChecks(); err != nil {
 		return err
 	}
 	n.wg.Add(1)
@@ -222,6 +247,7 @@ func (n *Node) startGroup(g *group) error {
 	n.metrics.NewGauge(`tpsched_requests_queued_total`+lbl, func() float64 { return float64(seg.Stats().Queued) })
 	n.metrics.NewGauge(`tpsched_requests_processed_total`+lbl, func() float64 { return float64(seg.Stats().Done) })
 	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
+	n.startLoad(g)
 	g.procs, err = n.pm.Start(procmgr.Spec{
 		Server:       s.Name,
 		Group:        g.name,
@@ -233,6 +259,7 @@ func (n *Node) startGroup(g *group) error {
 		Priority:     s.SchedulePriority,
 		Refresh:      s.RefreshProcess,
 		IdleStop:     s.NonResidentIdle,
+		CPUWaitLimit: s.CPUWaitLimit,
 	}, procmgr.Hooks{
 		Prepare: seg.PrepareSlot,
 		File:    seg.File,
@@ -274,6 +301,7 @@ func (n *Node) registerNodeMetrics() {
 	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
 	n.metrics.NewGauge(`tpsched_nonresident_starts_total`, func() float64 { return float64(n.pm.Stats().NonResidentStarts) })
 	n.metrics.NewGauge(`tpsched_nonresident_stops_total`, func() float64 { return float64(n.pm.Stats().NonResidentStops) })
+	n.metrics.NewGauge(`tpsched_cpu_guard_holds_total`, func() float64 { return float64(n.pm.Stats().CPUGuardHolds) })
 }
 
 func b2f(b bool) float64 {
@@ -437,6 +465,9 @@ func (n *Node) shutdown(ctx context.Context) error {
 	}
 	if n.pm != nil {
 		n.pm.Close()
+	}
+	if n.meter != nil {
+		errs = append(errs, n.meter.Close()) // after procmgr: no process is read any more
 	}
 	return errors.Join(errs...)
 }

@@ -179,14 +179,19 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 	}
 	fmt.Fprintln(stdout)
 	fmt.Fprintf(stdout, "cpu priority: %s (%s)\n", st.CPU.Mechanism, st.CPU.Reason)
+	fmt.Fprintf(stdout, "cpu measurement: %s", st.Probes.Name)
+	if st.Probes.Reason != "" {
+		fmt.Fprintf(stdout, " (%s)", st.Probes.Reason)
+	}
+	fmt.Fprintln(stdout)
 	gate := "open"
 	if st.Scaling.MemoryGateClosed {
 		gate = "CLOSED"
 	}
-	fmt.Fprintf(stdout, "non-resident processes: %d started, %d stopped; memory gate %s\n",
-		st.Scaling.NonResidentStarts, st.Scaling.NonResidentStops, gate)
+	fmt.Fprintf(stdout, "non-resident processes: %d started, %d stopped; memory gate %s; cpu guard held starts back %d times\n",
+		st.Scaling.NonResidentStarts, st.Scaling.NonResidentStops, gate, st.Scaling.CPUGuardHolds)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tPIDS")
+	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tPIDS")
 	for _, g := range st.Groups {
 		state := "open"
 		if g.Held {
@@ -205,15 +210,69 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 			}
 			pids = append(pids, pid)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%s\n", g.Group, g.Server, state, g.Priority,
-			g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%s\n", g.Group, g.Server, state, g.Priority,
+			g.Load.Level, g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed,
 			len(g.Processes)-nonres, nonres, g.Max, strings.Join(pids, ","))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process.")
+	fmt.Fprintln(stdout)
+	fmt.Fprintln(tw, "GROUP\tLOAD\tRULE\tEVERY\tQ\tq\tPROCESSED\tX\tCHANGES\tCPU-S\tRUNQ-WAIT-S\tWAIT%\tGUARD%\tWAIT p50/p99")
+	for _, g := range st.Groups {
+		l, u := g.Load, g.Usage
+		x := "-"
+		if l.Rate != nil {
+			x = fmt.Sprintf("%.0f", *l.Rate)
+		}
+		every := "never"
+		if l.Interval > 0 {
+			every = fmt.Sprintf("%gs", l.Interval)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%d\t%.3f\t%.3f\t%s\t%s\t%s\n", g.Group, l.Level, l.Rule, every,
+			l.Queued, l.Remaining, l.Processed, x, l.Changes, u.Seconds, u.WaitSeconds,
+			orDash(u.WaitPercent, u.WaitPercent >= 0), orDash(u.WaitLimit, u.WaitLimit > 0), waitQuantiles(u.Waits))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
+	fmt.Fprintln(stdout, "WAIT%: share of time the group's processes lately waited for a CPU; GUARD%: cpu_wait_limit.")
 	return nil
+}
+
+func orDash(v int, ok bool) string {
+	if !ok {
+		return "-"
+	}
+	return strconv.Itoa(v)
+}
+
+// waitQuantiles reads the median and 99th percentile run-queue wait off
+// the log2 histogram, as "up to" bounds.
+func waitQuantiles(h []scd.WaitBucket) string {
+	var total uint64
+	for _, b := range h {
+		total += b.Count
+	}
+	if total == 0 {
+		return "-"
+	}
+	bound := func(q float64) string {
+		var seen uint64
+		for _, b := range h {
+			seen += b.Count
+			if float64(seen) >= q*float64(total) {
+				if b.UpToMicros == 0 {
+					return "longer"
+				}
+				return "<" + (time.Duration(b.UpToMicros) * time.Microsecond).String()
+			}
+		}
+		return "?"
+	}
+	return bound(0.5) + "/" + bound(0.99)
 }
 
 func control(ctx context.Context, ctl, verb string, args []string) error {

@@ -29,6 +29,8 @@ func run() int {
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	drain := flag.Duration("drain-timeout", 30*time.Second, "how long SIGTERM waits for queued calls before stopping the UAPs")
 	check := flag.Bool("check", false, "read and validate the definitions, then exit")
+	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
+		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: scdd [-c DIR] [flags]\n\n"+
 			"Runs a tpsched node. With no definition directory it serves the embedded\n"+
@@ -66,7 +68,7 @@ func run() int {
 	if exe, err := os.Executable(); err == nil {
 		moduleDirs = append(moduleDirs, filepath.Dir(exe))
 	}
-	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain})
+	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
