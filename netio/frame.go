@@ -12,7 +12,7 @@ import (
 //	 0   2   magic      0x5450 ("TP")
 //	 2   1   version    1
 //	 3   1   kind       Kind
-//	 4   1   flags      reserved, 0
+//	 4   1   flags      Flags
 //	 5   1   group len
 //	 6   1   service len
 //	 7   1   code       Code (KindError only)
@@ -56,9 +56,23 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
+// Flags say how a call reached this node, for the node-choice rules.
+type Flags uint8
+
+const (
+	// FlagBalanced marks a call whose sender already chose this node (a
+	// balancing client): it is served here unless the group is held, or
+	// LEVEL2 while another node is lower.
+	FlagBalanced Flags = 1 << iota
+	// FlagForwarded marks a call another node transferred here: the hop
+	// mark. It is served here or refused, never transferred again.
+	FlagForwarded
+)
+
 // Header is the fixed part of a frame.
 type Header struct {
 	Kind      Kind
+	Flags     Flags
 	Code      Code
 	ID        uint64
 	TimeoutMs uint32
@@ -119,6 +133,7 @@ func Decode(b []byte, maxPayload int) (Frame, int, error) {
 	f := Frame{
 		Header: Header{
 			Kind:      Kind(b[3]),
+			Flags:     Flags(b[4]),
 			Code:      Code(b[7]),
 			ID:        binary.BigEndian.Uint64(b[8:16]),
 			TimeoutMs: binary.BigEndian.Uint32(b[16:20]),
@@ -143,6 +158,7 @@ func AppendFrame(dst []byte, h Header, group, service string, payload []byte) []
 	binary.BigEndian.PutUint16(hdr[0:2], Magic)
 	hdr[2] = Version
 	hdr[3] = byte(h.Kind)
+	hdr[4] = byte(h.Flags)
 	hdr[5] = byte(len(group))
 	hdr[6] = byte(len(service))
 	hdr[7] = byte(h.Code)

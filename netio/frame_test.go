@@ -17,6 +17,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		wantGrp, wantSvc string
 	}{
 		{"call", Header{Kind: KindCall, ID: 1, TimeoutMs: 3000}, "grp", "svc", []byte("hello"), "grp", "svc"},
+		{"forwarded-balanced", Header{Kind: KindCall, Flags: FlagBalanced | FlagForwarded, ID: 7}, "grp", "svc", []byte("x"), "grp", "svc"},
 		{"no-reply-empty", Header{Kind: KindCallNoReply, ID: 1<<64 - 1}, "", "", nil, "", ""},
 		{"reply", Header{Kind: KindReply, ID: 42}, "", "", []byte{0, 1, 2}, "", ""},
 		{"error", Header{Kind: KindError, Code: CodeServerBusy, ID: 9}, "", "", []byte("queue full"), "", ""},

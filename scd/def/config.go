@@ -39,15 +39,18 @@ type System struct {
 	WatchTime      time.Duration // watch_time (seconds, 0..65535): how long a caller waits for an answer; default 180 s, 0 = forever
 	MemoryReserve  int64         // memory_reserve (MiB in the file, bytes here): below this much MemAvailable a non-resident process starts only after another ends; 0 = no gate
 	MaxProcesses   int           // max_processes: node-wide cap on UAP processes, at least the sum of resident ones; 0 = no cap
+	NamePort       int           // name_port: the UDP and TCP port of membership and announces (memberlist), the same on every node; default 12002; 0 picks a free one
+	ClusterKey     string        // cluster_key: 16..1024 bytes shared by every node; peers' messages are authenticated with it (HMAC-SHA256); none = peers are trusted blindly
 }
 
 // Sched is the schedule service definition (scdsvcdef).
 type Sched struct {
-	ThisNodeFirst        bool // scd_this_node_first; default N
-	AnnounceServerStatus bool // scd_announce_server_status; default Y
-	ScheduleRate         int  // schedule_rate, 50..100; default 50
-	RetryOfCommError     int  // scd_retry_of_comm_error, 0..128; default 0
-	Multi                int  // scdmulti: receiving sockets (event loops) on the RPC port, 1..64; default 1
+	ThisNodeFirst        bool   // scd_this_node_first; default N
+	AnnounceServerStatus bool   // scd_announce_server_status; default Y
+	ScheduleRate         int    // schedule_rate, 50..100; default 50
+	RetryOfCommError     int    // scd_retry_of_comm_error, 0..128; default 0
+	Multi                int    // scdmulti: receiving sockets (event loops) on the RPC port, 1..64; default 1
+	BalanceRule          string // scd_balance_rule: "opentp1" (random, LEVEL2 avoided; the default) or "p2c" (power of two choices on level, then this node's in-flight count) (tpsched)
 }
 
 // ReceiveFrom says how a user server takes its requests.
@@ -112,6 +115,7 @@ type Client struct {
 // Defaults.
 const (
 	DefaultRPCPort         = 12000
+	DefaultNamePort        = 12002
 	DefaultMetricsAddress  = "127.0.0.1:12001"
 	DefaultWatchTime       = 180 * time.Second
 	DefaultMaxMessageSize  = 1 << 20

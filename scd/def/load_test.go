@@ -89,6 +89,14 @@ var operandCases = []struct {
 
 	// scdsvcdef
 	{"scdsvcdef", "", func(c *Config) any { return c.Sched.ThisNodeFirst }, false, ""},
+	{"scdsvcdef", "", func(c *Config) any { return c.Sched.BalanceRule }, "opentp1", ""},
+	{"scdsvcdef", "set scd_balance_rule = p2c", func(c *Config) any { return c.Sched.BalanceRule }, "p2c", ""},
+	{"scdsvcdef", "set scd_balance_rule = least", nil, nil, "scdsvcdef:1: scd_balance_rule: want opentp1 or p2c, got \"least\""},
+	{"sysconf", "", func(c *Config) any { return c.System.NamePort }, 12002, ""},
+	{"sysconf", "set name_port = 13002", func(c *Config) any { return c.System.NamePort }, 13002, ""},
+	{"sysconf", "set name_port = 65536", nil, nil, "sysconf:1: name_port: 65536 out of range 0..65535"},
+	{"sysconf", "set cluster_key = \"0123456789abcdef\"", func(c *Config) any { return c.System.ClusterKey }, "0123456789abcdef", ""},
+	{"sysconf", "set cluster_key = short", nil, nil, "sysconf:1: cluster_key: want 16..1024 bytes, got 5"},
 	{"scdsvcdef", "set scd_this_node_first = y", func(c *Config) any { return c.Sched.ThisNodeFirst }, true, ""},
 	{"scdsvcdef", "set scd_this_node_first = yes", nil, nil, "scdsvcdef:1: scd_this_node_first: want Y or N, got \"yes\""},
 	{"scdsvcdef", "", func(c *Config) any { return c.Sched.AnnounceServerStatus }, true, ""},

@@ -19,6 +19,7 @@ func defaultSystem(hostname string) System {
 		NodeID:         hostname,
 		RPCAddress:     "0.0.0.0",
 		RPCPort:        DefaultRPCPort,
+		NamePort:       DefaultNamePort,
 		MetricsAddress: DefaultMetricsAddress,
 		WatchTime:      DefaultWatchTime,
 	}
@@ -88,6 +89,19 @@ var systemOperands = map[string]handler[System]{
 		s.MaxProcesses, err = intIn(v, 0, 1<<20)
 		return err
 	},
+	"name_port": func(s *System, v []string) (err error) {
+		s.NamePort, err = intIn(v, 0, 65535)
+		return err
+	},
+	"cluster_key": func(s *System, v []string) (err error) {
+		if s.ClusterKey, err = one(v); err != nil {
+			return err
+		}
+		if n := len(s.ClusterKey); n < 16 || n > 1024 {
+			return fmt.Errorf("want 16..1024 bytes, got %d", n)
+		}
+		return nil
+	},
 	"memory_reserve": func(s *System, v []string) (err error) {
 		mib, err := intIn(v, 0, 1<<24)
 		s.MemoryReserve = int64(mib) << 20
@@ -96,7 +110,7 @@ var systemOperands = map[string]handler[System]{
 }
 
 func defaultSched() Sched {
-	return Sched{AnnounceServerStatus: true, ScheduleRate: 50, Multi: 1}
+	return Sched{AnnounceServerStatus: true, ScheduleRate: 50, Multi: 1, BalanceRule: "opentp1"}
 }
 
 var schedOperands = map[string]handler[Sched]{
@@ -119,6 +133,15 @@ var schedOperands = map[string]handler[Sched]{
 	"scdmulti": func(s *Sched, v []string) (err error) {
 		s.Multi, err = intIn(v, 1, 64)
 		return err
+	},
+	"scd_balance_rule": func(s *Sched, v []string) (err error) {
+		if s.BalanceRule, err = one(v); err != nil {
+			return err
+		}
+		if s.BalanceRule != "opentp1" && s.BalanceRule != "p2c" {
+			return fmt.Errorf("want opentp1 or p2c, got %q", s.BalanceRule)
+		}
+		return nil
 	},
 }
 
