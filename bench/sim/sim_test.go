@@ -1,0 +1,253 @@
+package sim
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+
+	"tpsched/scd/loadlevel"
+)
+
+// near fails the test unless got is within rel (relative) of want.
+func near(t *testing.T, what string, got, want, rel float64) {
+	t.Helper()
+	if math.Abs(got-want) > rel*want {
+		t.Errorf("%s = %.4f, want %.4f ± %.1f%%", what, got, want, 100*rel)
+	}
+}
+
+func random() Balancer { return Balancers[0] }
+
+// One node at load 0.5 is M/M/1 with λ = 0.5, μ = 1: the response time is
+// exponential with rate μ-λ, so its mean is 2 and its q-quantile
+// -ln(1-q)/(μ-λ). The seed is fixed, so the tolerances only have to hold
+// for this run; they are a few standard errors wide.
+func TestMM1(t *testing.T) {
+	r, err := Run(Config{Nodes: 1, Load: 0.5, Thresholds: DefaultThresholds, Balancer: random(),
+		Requests: 400_000, Warmup: 10_000, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rate = 1 - 0.5
+	t.Logf("mean %.4f p50 %.4f p99 %.4f p99.9 %.4f", r.Mean, r.P50, r.P99, r.P999)
+	near(t, "mean", r.Mean, 1/rate, 0.02)
+	near(t, "p50", r.P50, math.Ln2/rate, 0.03)
+	near(t, "p99", r.P99, -math.Log(0.01)/rate, 0.04)
+	near(t, "p99.9", r.P999, -math.Log(0.001)/rate, 0.08)
+}
+
+// With levels not announced, random routing splits the Poisson stream
+// evenly: every node is an M/M/1 at the offered load.
+func TestRandomIsMM1PerNode(t *testing.T) {
+	r, err := Run(Config{Nodes: 16, Load: 0.7, Staleness: 10, Thresholds: DefaultThresholds, Balancer: random(),
+		Requests: 400_000, Warmup: 20_000, Seed: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rate = 1 - 0.7
+	t.Logf("mean %.4f p99 %.4f", r.Mean, r.P99)
+	near(t, "mean", r.Mean, 1/rate, 0.03)
+	near(t, "p99", r.P99, -math.Log(0.01)/rate, 0.05)
+}
+
+// With U1,U2,D0,D1 = 1,2,0,1 there is no hysteresis: a node is at LEVEL2
+// exactly when 2 or more requests wait, that is 3 or more are there, which
+// an M/M/1 node is a fraction ρ³ of the time.
+func TestLevel2Share(t *testing.T) {
+	r, err := Run(Config{Nodes: 1, Load: 0.5, Thresholds: loadlevel.Thresholds{U1: 1, U2: 2, D0: 0, D1: 1},
+		Balancer: random(), Requests: 400_000, Warmup: 10_000, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("LEVEL2 share %.4f", r.Level2Share)
+	near(t, "LEVEL2 share", r.Level2Share, 0.125, 0.05)
+}
+
+// The claim's shape at load 0.9: with fresh levels every level-aware
+// balancer beats random; with levels 100 service times old, OpenTP1's
+// LEVEL2 avoidance herds (worse than random) while P2C on in-flight alone
+// does not care.
+func TestStalenessHerds(t *testing.T) {
+	run := func(b Balancer, staleness float64) Result {
+		t.Helper()
+		r, err := Run(Config{Nodes: 16, Load: 0.9, Staleness: staleness, Thresholds: DefaultThresholds, Balancer: b,
+			Requests: 150_000, Warmup: 30_000, Seed: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	rnd := run(Balancers[0], 0)
+	for _, b := range Balancers[1:] {
+		if r := run(b, 0); r.P99 >= rnd.P99 {
+			t.Errorf("fresh levels: %s p99 %.1f, not below random's %.1f", b.Name, r.P99, rnd.P99)
+		}
+	}
+	if r := run(Balancers[1], 100); r.P99 <= 2*rnd.P99 {
+		t.Errorf("levels 100 old: opentp1 p99 %.1f, want above twice random's %.1f (herding)", r.P99, rnd.P99)
+	}
+	fresh, stale := run(Balancers[3], 0), run(Balancers[3], 100)
+	if fresh.Config = stale.Config; fresh != stale {
+		t.Errorf("p2c-inflight reads no level, yet staleness changed it: %+v vs %+v", fresh, stale)
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	c := Config{Nodes: 8, Load: 0.8, Staleness: 5, Thresholds: DefaultThresholds, Balancer: Balancers[2],
+		Requests: 20_000, Warmup: 1_000, Seed: 9}
+	a, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Run(c)
+	if a != b {
+		t.Errorf("same config, different results:\n%+v\n%+v", a, b)
+	}
+	c.Seed++
+	if d, _ := Run(c); d == a {
+		t.Errorf("another seed gave the same result %+v", d)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := Config{Nodes: 16, Load: 0.9, Staleness: 10, Thresholds: DefaultThresholds, Balancer: random(), Requests: 1}
+	cases := []struct {
+		name   string
+		change func(*Config)
+		want   string // in the error; "" = valid
+	}{
+		{"valid", func(*Config) {}, ""},
+		{"no nodes", func(c *Config) { c.Nodes = 0 }, "0 nodes"},
+		{"129 nodes", func(c *Config) { c.Nodes = 129 }, "129 nodes"},
+		{"load 1", func(c *Config) { c.Load = 1 }, "load 1"},
+		{"load 0", func(c *Config) { c.Load = 0 }, "load 0"},
+		{"load NaN", func(c *Config) { c.Load = math.NaN() }, "load NaN"},
+		{"negative staleness", func(c *Config) { c.Staleness = -1 }, "staleness -1"},
+		{"infinite staleness", func(c *Config) { c.Staleness = math.Inf(1) }, "staleness +Inf"},
+		{"no requests", func(c *Config) { c.Requests = 0 }, "0 requests"},
+		{"negative warm-up", func(c *Config) { c.Warmup = -1 }, "-1 warm-up"},
+		{"D0 >= U1", func(c *Config) { c.Thresholds = loadlevel.Thresholds{U1: 2, U2: 4, D0: 2, D1: 3} }, "thresholds"},
+		{"D1 >= U2", func(c *Config) { c.Thresholds = loadlevel.Thresholds{U1: 2, U2: 4, D0: 1, D1: 4} }, "thresholds"},
+		{"U1 > U2", func(c *Config) { c.Thresholds = loadlevel.Thresholds{U1: 5, U2: 4, D0: 1, D1: 3} }, "thresholds"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.change(&c)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Validate() = %v, want nil", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Validate() = %v, want an error with %q", err, tc.want)
+			}
+			if _, runErr := Run(c); (runErr != nil) != (err != nil) {
+				t.Errorf("Run error %v, Validate error %v", runErr, err)
+			}
+		})
+	}
+}
+
+// levelAt answers from the history as of a time that only moves forward,
+// and forgets what is too old to be asked for again.
+func TestLevelAt(t *testing.T) {
+	n := node{history: []change{{math.Inf(-1), loadlevel.Level0}}}
+	for i := 1; i <= 3000; i++ {
+		n.history = append(n.history, change{float64(i), loadlevel.Level(i % 3)})
+	}
+	cases := []struct {
+		at   float64
+		want loadlevel.Level
+	}{
+		{-5, loadlevel.Level0},  // before any change
+		{0.5, loadlevel.Level0}, // still the start
+		{1, loadlevel.Level1},   // a change counts from its instant
+		{2.9, loadlevel.Level2}, // between changes: the older
+		{2999.5, loadlevel.Level2},
+		{5000, loadlevel.Level0}, // after the last change
+	}
+	for _, tc := range cases {
+		if got := n.levelAt(tc.at); got != tc.want {
+			t.Errorf("levelAt(%v) = %v, want %v", tc.at, got, tc.want)
+		}
+	}
+	if len(n.history) > 2 {
+		t.Errorf("history kept %d entries after the clock passed them all, want the last only", len(n.history))
+	}
+}
+
+// A queue that grows and drains many times keeps its order.
+func TestNodeQueueIsFIFO(t *testing.T) {
+	var n node
+	next, want := 0, 0
+	for round := range 50 {
+		for range 100 + round*37 {
+			n.push(job{arrived: float64(next)})
+			next++
+		}
+		for n.len() > round {
+			if got := n.pop().arrived; got != float64(want) {
+				t.Fatalf("popped %v, want %v", got, want)
+			}
+			want++
+		}
+	}
+}
+
+func TestGridAndSweep(t *testing.T) {
+	g := Grid{
+		Base:       Config{Nodes: 4, Thresholds: DefaultThresholds, Requests: 5_000, Warmup: 500, Seed: 5},
+		Thresholds: []loadlevel.Thresholds{DefaultThresholds, {U1: 1, U2: 2, D0: 0, D1: 1}},
+		Loads:      []float64{0.5, 0.8},
+		Staleness:  []float64{0, 10},
+		Balancers:  Balancers[:2],
+	}
+	cs := g.Configs()
+	if len(cs) != 2*2*2*2 {
+		t.Fatalf("%d configs, want 16", len(cs))
+	}
+	if c := cs[5]; c.Thresholds != DefaultThresholds || c.Load != 0.8 || c.Staleness != 0 || c.Balancer.Name != "opentp1" {
+		t.Errorf("configs[5] = %+v, want default thresholds, load 0.8, staleness 0, opentp1", c)
+	}
+	results, err := Sweep(cs, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cs {
+		want, _ := Run(c)
+		if results[i] != want {
+			t.Errorf("Sweep result %d differs from Run: %+v vs %+v", i, results[i], want)
+		}
+	}
+	bad := append(cs[:1:1], Config{})
+	if _, err := Sweep(bad, 2); err == nil {
+		t.Error("Sweep with an invalid config: no error")
+	}
+}
+
+func TestWriteMarkdown(t *testing.T) {
+	r := Result{Config: Config{Nodes: 16, Load: 0.9, Staleness: 10, Thresholds: DefaultThresholds, Balancer: Balancers[2],
+		Requests: 100, Warmup: 10, Seed: 1}, Mean: 6.07, P50: 5.14, P99: 20.34, P999: 27.1, MaxQueue: 33, Level2Share: 0.253}
+	other := r
+	other.Staleness = 0
+	sens := r
+	sens.Thresholds = loadlevel.Thresholds{U1: 1, U2: 2, D0: 0, D1: 1}
+	var b bytes.Buffer
+	rep := Report{Results: []Result{other, r}, HeadlineLoad: 0.9, HeadlineStaleness: 10, Sensitivity: []Result{sens}}
+	if err := rep.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"levelup_queue_count = 4,8 and leveldown_queue_count = 2,6",
+		"## Load 0.90, levels 10 time units old\n\n| balancer | p50 | p99 | p99.9 | mean | max queue | L2 share |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n| p2c | 5.14 | 20.3 | 27.1 | 6.07 | 33 | 25.3% |\n\n",
+		"| 0.90 | 0 | p2c | 5.14 | 20.3 | 27.1 | 6.07 | 33 | 25.3% |",
+		"| 4,8,2,6 | p2c | 5.14 |",
+		"| 1,2,0,1 | p2c | 5.14 |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
