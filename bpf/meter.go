@@ -100,7 +100,10 @@ func Open(opts Options) Meter {
 		why = append(why, fmt.Sprintf("%s: %v", name, err))
 	}
 	m := newProcMeter()
-	m.mech.Reason = strings.Join(append(why, m.mech.Reason), "; ")
+	if m.mech.Reason != "" {
+		why = append(why, m.mech.Reason)
+	}
+	m.mech.Reason = strings.Join(why, "; ")
 	if opts.Force != Proc {
 		log.Warn("eBPF scheduler probes not loaded; reading /proc instead", "why", m.mech.Reason)
 	}

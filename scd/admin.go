@@ -27,6 +27,7 @@ type Status struct {
 	Probes   bpf.Mechanism     `json:"cpu_measurement"` // how UAP CPU time and run-queue wait are measured
 	Scaling  procmgr.Stats     `json:"scaling"`
 	Groups   []GroupStatus     `json:"groups"`
+	Cluster  *ClusterStatus    `json:"cluster,omitempty"` // absent without all_node
 }
 
 // GroupStatus is one service group's state.
@@ -125,6 +126,7 @@ func (n *Node) writeUsageMetrics(w io.Writer) {
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPU().Status(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
+	st.Cluster = n.clusterStatus()
 	for _, g := range n.order {
 		s := g.seg.Stats()
 		st.Groups = append(st.Groups, GroupStatus{

@@ -130,6 +130,9 @@ func (n *Node) checkLoad(g *group, now time.Time) {
 		return
 	}
 	g.load.changes.Inc()
+	if n.cfg.Sched.AnnounceServerStatus {
+		n.announce()
+	}
 	if g.def.LoadLevelMessage {
 		x, _ := r.Sample.ProcessingRate()
 		n.log.Info("load level changed", "group", g.name, "from", r.From.String(), "to", r.To.String(),

@@ -56,6 +56,10 @@ type Options struct {
 	// names to insist on it (it still falls back, saying why). scdd takes it
 	// from TPSCHED_BPF.
 	SchedProbes string
+	// FastFailureDetection probes peers every 200 ms instead of 500 ms, so
+	// a dead node leaves the tables within about a second: for tests and
+	// single-host clusters.
+	FastFailureDetection bool
 }
 
 // Node is one running schedule service.
@@ -68,6 +72,7 @@ type Node struct {
 	order    []*group // by name, for status output
 	pm       *procmgr.Manager
 	meter    bpf.Meter
+	cluster  *cluster // nil: no all_node, every call is served here
 	rpc      *netio.Server
 	admin    *http.Server
 	adminLn  net.Listener
@@ -76,7 +81,8 @@ type Node struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup
 
-	badRequests *metrics.Counter
+	badRequests  *metrics.Counter
+	helloRefused *metrics.Counter
 }
 
 // New checks the configuration against the machine (modules exist, groups
@@ -216,6 +222,9 @@ func (n *Node) Start() (err error) {
 	if err := n.startLoadChecks(); err != nil {
 		return err
 	}
+	if err := n.startCluster(); err != nil {
+		return err
+	}
 	n.wg.Add(1)
 	go n.expireLoop()
 	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "control", n.adminLn.Addr().String(),
@@ -324,6 +333,9 @@ func (n *Node) expireLoop() {
 			for _, g := range n.order {
 				g.expire(now)
 			}
+			if n.cluster != nil {
+				n.cluster.fwd.expire(now)
+			}
 		}
 	}
 }
@@ -334,6 +346,9 @@ func (n *Node) expireLoop() {
 func (n *Node) OnFrame(c *netio.Conn, f netio.Frame) {
 	switch f.Kind {
 	case netio.KindCall, netio.KindCallNoReply:
+	case netio.KindAnnounce:
+		n.acceptHello(c, &f) // a peer's forwarding connection introduces itself
+		return
 	default:
 		n.badRequests.Inc()
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "a node takes calls, not "+f.Kind.String()))
@@ -350,6 +365,16 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 		return netio.CodeShuttingDown, ""
 	}
 	g := n.groups[string(f.Group)]
+	if n.cluster != nil {
+		if transferred, code, msg := n.routeCall(c, f, g); transferred {
+			return code, msg
+		}
+	}
+	return n.serveLocal(c, f, g)
+}
+
+// serveLocal puts a call on this node's schedule queue of g, or says why not.
+func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, string) {
 	if g == nil {
 		return netio.CodeNoSuchGroup, string(f.Group)
 	}
@@ -389,6 +414,7 @@ func (n *Node) setHeld(name string, held bool) error {
 	}
 	g.held.Store(held)
 	n.log.Info("service group "+map[bool]string{true: "held", false: "released"}[held], "group", name)
+	n.announce()
 	return nil
 }
 
@@ -403,6 +429,7 @@ func (n *Node) ControlAddr() string { return n.adminLn.Addr().String() }
 func (n *Node) Drain(ctx context.Context) error {
 	n.draining.Store(true)
 	n.log.Info("draining: new calls are refused")
+	n.leaveCluster() // the other nodes stop sending here
 	ctx, cancel := context.WithTimeout(ctx, n.opts.DrainTimeout)
 	defer cancel()
 	t := time.NewTicker(10 * time.Millisecond)
@@ -450,8 +477,12 @@ func (n *Node) shutdown(ctx context.Context) error {
 			errs = append(errs, g.procs.Stop(ctx))
 		}
 	}
+	n.leaveCluster()
 	if n.rpc != nil {
 		errs = append(errs, n.rpc.Stop(ctx))
+	}
+	if n.cluster != nil {
+		n.cluster.fwd.close()
 	}
 	if n.admin != nil {
 		errs = append(errs, n.admin.Shutdown(ctx))

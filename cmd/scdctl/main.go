@@ -239,7 +239,48 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 	}
 	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
 	fmt.Fprintln(stdout, "WAIT%: share of time the group's processes lately waited for a CPU; GUARD%: cpu_wait_limit.")
+	if cl := st.Cluster; cl != nil {
+		printCluster(stdout, tw, cl)
+		return tw.Flush()
+	}
 	return nil
+}
+
+// printCluster shows every node this one knows, with its groups' levels
+// and where this node's calls went.
+func printCluster(stdout io.Writer, tw *tabwriter.Writer, cl *scd.ClusterStatus) {
+	fmt.Fprintln(stdout)
+	trust := "announces authenticated with cluster_key"
+	if cl.Gossip.Trusted {
+		trust = "no cluster_key: peers trusted blindly"
+	}
+	fmt.Fprintf(stdout, "cluster: %d members, rule %s, announce %s, this_node_first %s; %s\n",
+		cl.Gossip.Members, cl.Rule, yn(cl.Announce), yn(cl.ThisNodeFirst), trust)
+	fmt.Fprintf(stdout, "announces: %d sent, %d received, %d bytes gossiped, dropped %v\n",
+		cl.Gossip.Sent, cl.Gossip.Received, cl.Gossip.BytesSent, cl.Gossip.Dropped)
+	fmt.Fprintln(tw, "NODE\tADDR\tGROUPS\tSENT-TO\tRECEIVED-FROM\tIN-FLIGHT")
+	for _, ns := range cl.Nodes {
+		var groups []string
+		for _, g := range ns.Groups {
+			s := g.Group + ":" + g.Level
+			if g.Held {
+				s += "(held)"
+			}
+			groups = append(groups, s)
+		}
+		name := ns.Node
+		if ns.Local {
+			name += " (this node)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\n", name, ns.Addr, strings.Join(groups, ","), ns.SentTo, ns.Received, ns.InFlight)
+	}
+}
+
+func yn(b bool) string {
+	if b {
+		return "Y"
+	}
+	return "N"
 }
 
 func orDash(v int, ok bool) string {

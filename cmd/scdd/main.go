@@ -31,6 +31,8 @@ func run() int {
 	check := flag.Bool("check", false, "read and validate the definitions, then exit")
 	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
+	fastDetect := flag.Bool("fast-failure-detection", false,
+		"probe peer nodes every 200 ms instead of 500 ms, so a dead node leaves the tables within about a second (tests, one-host clusters)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: scdd [-c DIR] [flags]\n\n"+
 			"Runs a tpsched node. With no definition directory it serves the embedded\n"+
@@ -68,7 +70,8 @@ func run() int {
 	if exe, err := os.Executable(); err == nil {
 		moduleDirs = append(moduleDirs, filepath.Dir(exe))
 	}
-	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes})
+	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
+		FastFailureDetection: *fastDetect})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1

@@ -42,6 +42,10 @@ type Options struct {
 	WatchTime      time.Duration // how long a call waits when ctx has no deadline; default 180 s, <0 = forever
 	MaxMessageSize int           // larger payloads are refused before sending; default 1 MiB
 	DialTimeout    time.Duration // default 3 s
+	// Balanced marks calls as already balanced (the client chose the node,
+	// as with dccltloadbalance): the node serves them itself unless the
+	// group is held there, or LEVEL2 while another node is lower.
+	Balanced bool
 }
 
 // FromDefinition turns a client environment definition into Options.
@@ -137,6 +141,9 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 		}
 	}
 	h := netio.Header{Kind: kind, ID: c.nextID.Add(1)}
+	if c.opts.Balanced {
+		h.Flags = netio.FlagBalanced
+	}
 	if timeout > 0 {
 		h.TimeoutMs = uint32(min(timeout.Milliseconds()+1, 1<<32-1))
 	}

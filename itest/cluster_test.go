@@ -1,0 +1,385 @@
+package itest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd"
+	"tpsched/scd/client"
+)
+
+// Clusters of three scdd processes on 127.0.0.2, .3 and .4: the same ports
+// on each address, as on three hosts.
+
+var clusterIPs = []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+
+// workServer is the group every node of a cluster runs: one process, load
+// checked every second, LEVEL2 from 4 waiting requests (Table 3-14), back
+// to LEVEL0 at 0.
+const workServer = `set service_group = "work"
+set service = "echo=echo", "sleep=sleep", "pid=pid"
+set module = MODULE
+set parallel_count = 1
+set queue_size = 512
+set loadcheck_interval = 1
+set levelup_queue_count = 2,4
+set leveldown_queue_count = 0,1
+`
+
+// clusterPorts finds an RPC port and a name port free on every address.
+func clusterPorts(t *testing.T) (rpc, name int) {
+	t.Helper()
+	free := func(p int) bool {
+		for _, ip := range clusterIPs {
+			addr := net.JoinHostPort(ip, strconv.Itoa(p))
+			l, err := net.Listen("tcp", addr)
+			if err != nil {
+				return false
+			}
+			l.Close()
+			u, err := net.ListenPacket("udp", addr)
+			if err != nil {
+				return false
+			}
+			u.Close()
+		}
+		return true
+	}
+	for range 100 {
+		p := 20000 + rand.IntN(20000)
+		if free(p) && free(p+1) {
+			return p, p + 1
+		}
+	}
+	t.Fatal("no free ports on 127.0.0.2-4")
+	return 0, 0
+}
+
+type clusterOpts struct {
+	sched string             // scdsvcdef lines
+	key   func(i int) string // cluster_key of node i; nil: none
+}
+
+// startCluster starts three nodes that know each other and waits until
+// each sees all three with the work group.
+func startCluster(t *testing.T, o clusterOpts) []*node {
+	t.Helper()
+	rpc, name := clusterPorts(t)
+	var all []string
+	for _, ip := range clusterIPs {
+		all = append(all, strconv.Quote(ip))
+	}
+	nodes := make([]*node, len(clusterIPs))
+	for i, ip := range clusterIPs {
+		dir := t.TempDir()
+		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
+			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", "))
+		if o.key != nil {
+			sys += fmt.Sprintf("set cluster_key = %q\n", o.key(i))
+		}
+		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
+		must(t, os.WriteFile(filepath.Join(dir, "scdsvcdef"), []byte(o.sched), 0o644))
+		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
+		body := strings.ReplaceAll(workServer, "MODULE", strconv.Quote(bin("uap-echo")))
+		must(t, os.WriteFile(filepath.Join(dir, "usr", "work"), []byte(body), 0o644))
+		nodes[i] = startNode(t, "-c", dir, "-fast-failure-detection")
+	}
+	if o.key == nil || o.key(0) == o.key(1) && o.key(1) == o.key(2) {
+		for i, n := range nodes {
+			waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know all three nodes", i), func() bool {
+				return len(knownNodes(t, n)) == 3
+			}, n.stderr.String)
+		}
+	}
+	return nodes
+}
+
+// knownNodes is the nodes n's name table holds with the work group.
+func knownNodes(t *testing.T, n *node) map[string]scd.NodeStatus {
+	st, err := n.status()
+	must(t, err)
+	out := map[string]scd.NodeStatus{}
+	if st.Cluster == nil {
+		return out
+	}
+	for _, ns := range st.Cluster.Nodes {
+		for _, g := range ns.Groups {
+			if g.Group == "work" {
+				out[ns.Node] = ns
+			}
+		}
+	}
+	return out
+}
+
+// uapOwners maps each node's uap-echo pids to the node's index.
+func uapOwners(t *testing.T, nodes []*node) map[string]int {
+	owners := map[string]int{}
+	for i, n := range nodes {
+		for _, p := range groupStatus(t, n, "work").Processes {
+			owners[strconv.Itoa(p.PID)] = i
+		}
+	}
+	return owners
+}
+
+// spread makes calls of the pid service through every node and counts
+// which node's process answered each.
+func spread(t *testing.T, nodes []*node, calls int) [3]int {
+	t.Helper()
+	owners := uapOwners(t, nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var count [3]int
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		c := n.client()
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range calls / len(nodes) / 4 {
+					out, err := c.Call(ctx, "work", "pid", nil)
+					if err != nil {
+						t.Errorf("call through n%d: %v", i, err)
+						return
+					}
+					owner, ok := owners[string(out)]
+					if !ok {
+						t.Errorf("answered by pid %s, which no node runs", out)
+						return
+					}
+					mu.Lock()
+					count[owner]++
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return count
+}
+
+// overload fills node's queue with sleeps it keeps (balanced calls stay
+// where they are sent while the group is not LEVEL2) and waits until the
+// other nodes see it at LEVEL2.
+func overload(t *testing.T, nodes []*node, slow int) {
+	t.Helper()
+	c := nodes[slow].client(func(o *client.Options) { o.Balanced = true })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 40 {
+		must(t, c.CallNoReply(ctx, "work", "sleep", []byte("200"))) // 8 s of work for one process
+	}
+	slowName := fmt.Sprintf("n%d", slow)
+	for i, n := range nodes {
+		if i == slow {
+			continue
+		}
+		waitFor(t, 10*time.Second, fmt.Sprintf("n%d to see %s at LEVEL2", i, slowName), func() bool {
+			ns := knownNodes(t, n)[slowName]
+			return len(ns.Groups) > 0 && ns.Groups[0].Level == "LEVEL2"
+		})
+	}
+}
+
+// TestClusterAvoidsLevel2Node: once one node's group is LEVEL2 and the
+// others know it, calls through any node go to the other two.
+func TestClusterAvoidsLevel2Node(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{})
+	overload(t, nodes, 0)
+	count := spread(t, nodes, 300)
+	t.Logf("calls served per node with n0 at LEVEL2: %v", count)
+	if count[0] != 0 || count[1] < 60 || count[2] < 60 {
+		t.Errorf("served per node %v: want none on the LEVEL2 node n0 and the rest spread over n1 and n2", count)
+	}
+	// What went where is visible to operators.
+	m := nodes[0].metrics()
+	if !strings.Contains(m, `tpsched_forwarded_total{to="n1"}`) || !strings.Contains(m, `tpsched_forwarded_total{to="n2"}`) {
+		t.Errorf("n0's /metrics does not count calls sent to n1 and n2:\n%s", grep(m, "forwarded"))
+	}
+	if m := nodes[1].metrics(); !strings.Contains(m, `tpsched_requests_received_total{from="n0"}`) {
+		t.Errorf("n1's /metrics does not count calls received from n0:\n%s", grep(m, "received"))
+	}
+	out, err := nodes[1].scdctl("status")
+	must(t, err)
+	if !strings.Contains(out, "work:LEVEL2") || !strings.Contains(out, "n1 (this node)") {
+		t.Errorf("scdctl status does not show the nodes and their levels:\n%s", out)
+	}
+}
+
+// TestClusterAnnounceOffSpreadsAtRandom: with scd_announce_server_status=N
+// nobody knows the others' levels, so calls spread over all three even
+// while one is LEVEL2.
+func TestClusterAnnounceOffSpreadsAtRandom(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{sched: "set scd_announce_server_status = N\n"})
+	for _, ns := range knownNodes(t, nodes[1]) {
+		if ns.Announces || ns.Groups[0].Level != "LEVEL0" {
+			t.Errorf("with announce N, n1 sees %+v", ns)
+		}
+	}
+	count := spread(t, nodes, 300)
+	t.Logf("calls served per node, announce N: %v", count)
+	// Uniform over 3 nodes: each gets 100 ± 8 (one sigma); 45 is far out.
+	for i, c := range count {
+		if c < 45 {
+			t.Errorf("node n%d served %d of 300: not a random spread %v", i, c, count)
+		}
+	}
+}
+
+// load runs calls through the given nodes until stop, recording each
+// failure with the time it happened.
+type failure struct {
+	at   time.Time
+	code netio.Code
+	err  error
+}
+
+func load(ctx context.Context, nodes []*node, fails chan<- failure, ok *atomic.Int64) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		c := n.client()
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					_, err := c.Call(cctx, "work", "echo", []byte("x"))
+					cancel()
+					if err == nil {
+						ok.Add(1)
+					} else if ctx.Err() == nil {
+						fails <- failure{time.Now(), codeOf(err), err}
+					}
+				}
+			}()
+		}
+	}
+	return &wg
+}
+
+// killUnderLoad kills n2 while calls flow through n0 and n1 and returns
+// the failures, the time both survivors had forgotten n2, and the calls
+// that succeeded after that.
+func killUnderLoad(t *testing.T, nodes []*node) ([]failure, time.Time, int64) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fails := make(chan failure, 100000)
+	var ok atomic.Int64
+	wg := load(ctx, nodes[:2], fails, &ok)
+	time.Sleep(300 * time.Millisecond)
+	must(t, syscall.Kill(-nodes[2].cmd.Process.Pid, syscall.SIGKILL))
+	killed := time.Now()
+	var forgotten time.Time
+	waitFor(t, 10*time.Second, "n0 and n1 to forget the killed n2", func() bool {
+		_, in0 := knownNodes(t, nodes[0])["n2"]
+		_, in1 := knownNodes(t, nodes[1])["n2"]
+		forgotten = time.Now()
+		return !in0 && !in1
+	})
+	t.Logf("n2 detected dead after %v", forgotten.Sub(killed).Round(time.Millisecond))
+	okBefore := ok.Load()
+	time.Sleep(time.Second)
+	cancel()
+	wg.Wait()
+	close(fails)
+	var out []failure
+	for f := range fails {
+		out = append(out, f)
+	}
+	return out, forgotten, ok.Load() - okBefore
+}
+
+// TestClusterNodeKilledRetried: with scd_retry_of_comm_error=1 a call sent
+// towards the dead node is tried on another, and once the node is known
+// dead nothing fails.
+func TestClusterNodeKilledRetried(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{sched: "set scd_retry_of_comm_error = 1\n"})
+	fails, forgotten, after := killUnderLoad(t, nodes)
+	if after < 100 {
+		t.Errorf("only %d calls succeeded in the second after n2 was forgotten", after)
+	}
+	for _, f := range fails {
+		if f.at.After(forgotten) {
+			t.Errorf("a call failed after n2 was known dead: %v", f.err)
+		}
+		if f.code != netio.CodeNetworkDown {
+			t.Errorf("failure %v: want 'network down'", f.err)
+		}
+	}
+	t.Logf("%d calls failed (in flight on n2 when it died), %d succeeded in the second after", len(fails), after)
+}
+
+// TestClusterNodeKilledNoRetry: with scd_retry_of_comm_error=0 a call
+// routed to the dead node fails with a clear 'network down'; once the node
+// is known dead nothing fails. A restarted node rejoins.
+func TestClusterNodeKilledNoRetry(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{})
+	fails, forgotten, _ := killUnderLoad(t, nodes)
+	if len(fails) == 0 {
+		t.Errorf("no call failed although some were routed to the dead node with retries off")
+	}
+	for _, f := range fails {
+		if f.code != netio.CodeNetworkDown || !strings.Contains(f.err.Error(), "n2") {
+			t.Errorf("failure %v: want 'network down' naming n2", f.err)
+		}
+		if f.at.After(forgotten) {
+			t.Errorf("a call failed after n2 was known dead: %v", f.err)
+		}
+	}
+	// The node comes back and rejoins every table.
+	restarted := startNode(t, nodes[2].cmd.Args[1:]...)
+	for i, n := range []*node{nodes[0], nodes[1], restarted} {
+		waitFor(t, 15*time.Second, fmt.Sprintf("node %d to know all three again", i), func() bool {
+			return len(knownNodes(t, n)) == 3
+		})
+	}
+}
+
+// TestClusterForgedAnnouncesDropped: a node with another cluster_key is
+// heard but not believed: its announces are dropped and counted, and no
+// call is sent to it.
+func TestClusterForgedAnnouncesDropped(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{key: func(i int) string {
+		if i == 2 {
+			return "the-wrong-key-0123456789"
+		}
+		return "the-right-key-0123456789"
+	}})
+	for i, n := range nodes[:2] {
+		waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know n0 and n1 and drop n2's announces", i), func() bool {
+			st, err := n.status()
+			must(t, err)
+			known := knownNodes(t, n)
+			_, hasN2 := known["n2"]
+			return len(known) == 2 && !hasN2 && st.Cluster.Gossip.Dropped["unauthenticated"] > 0
+		})
+	}
+	if m := nodes[0].metrics(); !strings.Contains(m, `tpsched_announces_dropped_total{reason="unauthenticated"}`) {
+		t.Errorf("/metrics lacks the dropped announce counter")
+	}
+	count := spread(t, nodes[:2], 200)
+	if count[2] != 0 {
+		t.Errorf("calls reached the node with the wrong key: %v", count)
+	}
+}

@@ -1,0 +1,347 @@
+package scd
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/netio"
+	"tpsched/scd/def"
+	"tpsched/scd/names"
+	"tpsched/scd/route"
+)
+
+// This file is the node's part in inter-node load balancing: it announces
+// its groups through names.Cluster, keeps the name table, and decides for
+// each call whether it is served here or transferred (route), then hands
+// transfers to the forwarder. A node without all_node has none of it.
+
+// cluster is the inter-node state of a node that has peers.
+type cluster struct {
+	self   string
+	names  *names.Table
+	gossip *names.Cluster
+	fwd    *forwarder
+	policy route.Policy
+
+	candPool sync.Pool // *[]route.Candidate, one per call being routed
+	leave    sync.Once
+
+	mu       sync.Mutex
+	received map[string]*metrics.Counter // by node a call was transferred from
+}
+
+// globalRand is math/rand/v2's goroutine-safe source as a route.Rand.
+type globalRand struct{}
+
+func (globalRand) IntN(n int) int { return rand.IntN(n) }
+
+func (n *Node) clusterKey() []byte {
+	if n.cfg.System.ClusterKey == "" {
+		return nil
+	}
+	return []byte(n.cfg.System.ClusterKey)
+}
+
+// startCluster joins the nodes of all_node, if any.
+func (n *Node) startCluster() error {
+	sys := n.cfg.System
+	if len(sys.AllNodes) == 0 {
+		return nil
+	}
+	rule, err := route.ParseRule(n.cfg.Sched.BalanceRule)
+	if err != nil {
+		return fmt.Errorf("scdsvcdef: scd_balance_rule: %w", err)
+	}
+	cl := &cluster{
+		self:  sys.NodeID,
+		names: names.NewTable(sys.NodeID),
+		fwd:   newForwarder(sys.NodeID, n.clusterKey(), n.log, n.metrics),
+		policy: route.Policy{
+			Rule:          rule,
+			Announce:      n.cfg.Sched.AnnounceServerStatus,
+			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
+			ScheduleRate:  n.cfg.Sched.ScheduleRate,
+		},
+		received: map[string]*metrics.Counter{},
+	}
+	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
+	cl.fwd.reroute = n.reroute
+	var seeds []string
+	for _, a := range sys.AllNodes {
+		host, port, err := def.SplitHostPort(a, sys.RPCPort)
+		if err != nil {
+			return err
+		}
+		if host == sys.RPCAddress && port == sys.RPCPort {
+			continue // this node
+		}
+		seeds = append(seeds, net.JoinHostPort(host, strconv.Itoa(sys.NamePort)))
+	}
+	if n.clusterKey() == nil {
+		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
+	}
+	n.cluster = cl // before Join: memberlist calls back at once
+	cl.gossip, err = names.Join(names.ClusterConfig{
+		Self:     sys.NodeID,
+		BindAddr: sys.RPCAddress,
+		Port:     sys.NamePort,
+		Seeds:    seeds,
+		Key:      n.clusterKey(),
+		Fast:     n.opts.FastFailureDetection,
+		Logger:   n.log,
+	}, cl.names, n.localInfo())
+	if err != nil {
+		n.cluster = nil
+		return err
+	}
+	n.registerClusterMetrics()
+	n.log.Info("cluster joined", "name_port", cl.gossip.Port(), "seeds", seeds, "rule", rule.String(),
+		"announce", cl.policy.Announce, "this_node_first", cl.policy.ThisNodeFirst)
+	return nil
+}
+
+// localInfo is what this node announces: its groups, their levels (LEVEL0
+// with scd_announce_server_status=N) and whether they are held.
+func (n *Node) localInfo() names.NodeInfo {
+	info := names.NodeInfo{Addr: n.advertisedRPC(), Announce: n.cfg.Sched.AnnounceServerStatus}
+	for _, g := range n.order { // sorted by name, as names wants
+		gi := names.GroupInfo{Group: g.name, Held: g.held.Load(), Socket: g.def.ReceiveFrom == def.ReceiveSocket}
+		if info.Announce {
+			gi.Level = g.level()
+		}
+		info.Groups = append(info.Groups, gi)
+	}
+	return info
+}
+
+// advertisedRPC is the RPC address other nodes send to.
+func (n *Node) advertisedRPC() string {
+	if n.rpc == nil {
+		return ""
+	}
+	host, port, _ := net.SplitHostPort(n.rpc.Addr())
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = n.cfg.System.NodeID // listening everywhere: the node id is the best name we have
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// leaveCluster tells the other nodes this node is going, once.
+func (n *Node) leaveCluster() {
+	if n.cluster == nil || n.cluster.gossip == nil {
+		return
+	}
+	n.cluster.leave.Do(func() {
+		if err := n.cluster.gossip.Leave(time.Second); err != nil {
+			n.log.Warn("leaving the cluster", "err", err)
+		}
+	})
+}
+
+// announce tells the other nodes this node's state now.
+func (n *Node) announce() {
+	if n.cluster != nil && n.cluster.gossip != nil {
+		n.cluster.gossip.Announce(n.localInfo())
+	}
+}
+
+// candidates appends the nodes that can take a call for group: the others
+// that run it and are not held, and this node when local says so.
+func (cl *cluster) candidates(dst []route.Candidate, group string, local *group, tried []string) []route.Candidate {
+	for _, e := range cl.names.Lookup(group) {
+		if e.Local || e.Held || contains(tried, e.Node) {
+			continue
+		}
+		dst = append(dst, route.Candidate{Node: e.Node, Level: e.Level, InFlight: cl.fwd.inFlight(e.Node)})
+	}
+	if local != nil && !local.held.Load() && !contains(tried, cl.self) {
+		dst = append(dst, route.Candidate{Node: cl.self, Local: true, Level: local.level(), InFlight: local.inFlight()})
+	}
+	return dst
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// routeCall decides whether a call is served here. It returns handled =
+// true when the call was transferred (or refused on the way); otherwise
+// the caller serves it locally, or refuses it as the local rules say.
+func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
+	cl := n.cluster
+	if from := forwardedFrom(c, f); from != "" {
+		cl.countReceived(from, n.metrics)
+		return false, 0, "" // the hop mark: served here or refused, never transferred again
+	}
+	group := string(f.Group)
+	socket := g != nil && g.def.ReceiveFrom == def.ReceiveSocket
+	buf := cl.candPool.Get().(*[]route.Candidate)
+	defer cl.candPool.Put(buf)
+	var cands []route.Candidate
+	if g != nil && f.Flags&netio.FlagBalanced != 0 {
+		// The sender chose this node: stay unless held, or LEVEL2 while
+		// another node is lower.
+		cands = cl.candidates((*buf)[:0], group, nil, nil)
+		if !route.Transfer(g.held.Load(), g.level(), cands, cl.policy) {
+			return false, 0, ""
+		}
+	} else {
+		cands = cl.candidates((*buf)[:0], group, g, nil)
+	}
+	*buf = cands
+	i := route.Choose(cands, cl.policy, route.Request{Direct: true, Socket: socket}, globalRand{})
+	if i < 0 || cands[i].Local {
+		return false, 0, ""
+	}
+	entries := cl.names.Lookup(group)
+	fc := &fwdCall{
+		caller: c, callerID: f.ID, kind: f.Kind,
+		group: group, service: string(f.Service), payload: append([]byte(nil), f.Payload...),
+		timeoutMs: f.TimeoutMs, start: time.Now(),
+		retries: route.Retries(n.cfg.Sched.RetryOfCommError, len(entries)),
+	}
+	if f.TimeoutMs > 0 {
+		fc.deadline = fc.start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
+	} else if g != nil && g.watch > 0 {
+		fc.deadline = fc.start.Add(g.watch)
+	} else if w := n.cfg.System.WatchTime; w > 0 {
+		fc.deadline = fc.start.Add(w)
+	}
+	return n.transfer(fc, cands[i].Node)
+}
+
+// transfer hands fc to node.
+func (n *Node) transfer(fc *fwdCall, node string) (bool, netio.Code, string) {
+	info, ok := n.cluster.names.Get(node)
+	if !ok {
+		return true, netio.CodeNetworkDown, "node " + node + " left"
+	}
+	fc.tried = append(fc.tried, node)
+	if !n.cluster.fwd.send(node, info.Addr, fc) {
+		return true, netio.CodeServerBusy, "too many calls waiting for node " + node
+	}
+	return true, netio.CodeOK, ""
+}
+
+// reroute is the forwarder's way back after a node could not be reached:
+// up to scd_retry_of_comm_error other nodes, this one included, are tried.
+func (n *Node) reroute(fc *fwdCall, err error) {
+	if fc.retries <= 0 || n.draining.Load() {
+		answerErr(fc, netio.CodeNetworkDown, err.Error())
+		return
+	}
+	fc.retries--
+	g := n.groups[fc.group]
+	cands := n.cluster.candidates(nil, fc.group, g, fc.tried)
+	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
+		Socket: g != nil && g.def.ReceiveFrom == def.ReceiveSocket}, globalRand{})
+	if i < 0 {
+		answerErr(fc, netio.CodeNetworkDown, err.Error()+"; no other node runs "+fc.group)
+		return
+	}
+	if cands[i].Local {
+		f := netio.Frame{
+			Header:  netio.Header{Kind: fc.kind, ID: fc.callerID, TimeoutMs: fc.timeoutMs},
+			Group:   []byte(fc.group),
+			Service: []byte(fc.service),
+			Payload: fc.payload,
+		}
+		if code, msg := n.serveLocal(fc.caller, &f, g); code != netio.CodeOK {
+			answerErr(fc, code, msg)
+		}
+		return
+	}
+	if _, code, msg := n.transfer(fc, cands[i].Node); code != netio.CodeOK {
+		answerErr(fc, code, msg)
+	}
+}
+
+func (cl *cluster) countReceived(from string, set *metrics.Set) {
+	cl.mu.Lock()
+	c := cl.received[from]
+	if c == nil {
+		c = set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, from))
+		cl.received[from] = c
+	}
+	cl.mu.Unlock()
+	c.Inc()
+}
+
+func (n *Node) registerClusterMetrics() {
+	g := n.cluster.gossip
+	n.metrics.NewGauge(`tpsched_cluster_members`, func() float64 { return float64(g.Stats().Members) })
+	n.metrics.NewGauge(`tpsched_cluster_nodes_known`, func() float64 { return float64(n.cluster.names.Len()) })
+	n.metrics.NewGauge(`tpsched_announces_sent_total`, func() float64 { return float64(g.Stats().Sent) })
+	n.metrics.NewGauge(`tpsched_announces_received_total`, func() float64 { return float64(g.Stats().Received) })
+	n.metrics.NewGauge(`tpsched_announce_bytes_sent_total`, func() float64 { return float64(g.Stats().BytesSent) })
+	for _, reason := range []string{names.DropAuth, names.DropMalformed, names.DropFull, names.DropInvalid} {
+		n.metrics.NewGauge(fmt.Sprintf(`tpsched_announces_dropped_total{reason=%q}`, reason), func() float64 {
+			return float64(g.Stats().Dropped[reason])
+		})
+	}
+}
+
+// NodeStatus is one node of the cluster as this node sees it.
+type NodeStatus struct {
+	Node      string      `json:"node"`
+	Addr      string      `json:"addr"`
+	Local     bool        `json:"local,omitempty"`
+	Announces bool        `json:"announces_load"`
+	Groups    []NodeGroup `json:"groups"`
+	SentTo    uint64      `json:"calls_sent_to"`       // calls this node transferred there
+	Received  uint64      `json:"calls_received_from"` // calls transferred here from there
+	InFlight  int         `json:"in_flight_to"`
+}
+
+// NodeGroup is a group on a node, as announced.
+type NodeGroup struct {
+	Group string `json:"group"`
+	Level string `json:"level"`
+	Held  bool   `json:"held,omitempty"`
+}
+
+// ClusterStatus is the inter-node part of Status.
+type ClusterStatus struct {
+	Rule          string             `json:"balance_rule"`
+	Announce      bool               `json:"announce_server_status"`
+	ThisNodeFirst bool               `json:"this_node_first"`
+	Gossip        names.ClusterStats `json:"gossip"`
+	Nodes         []NodeStatus       `json:"nodes"`
+}
+
+func (n *Node) clusterStatus() *ClusterStatus {
+	cl := n.cluster
+	if cl == nil {
+		return nil
+	}
+	st := &ClusterStatus{Rule: cl.policy.Rule.String(), Announce: cl.policy.Announce,
+		ThisNodeFirst: cl.policy.ThisNodeFirst, Gossip: cl.gossip.Stats()}
+	for _, info := range cl.names.Nodes() {
+		ns := NodeStatus{Node: info.Node, Addr: info.Addr, Local: info.Node == n.cfg.System.NodeID, Announces: info.Announce}
+		for _, gi := range info.Groups {
+			ns.Groups = append(ns.Groups, NodeGroup{Group: gi.Group, Level: gi.Level.String(), Held: gi.Held})
+		}
+		if !ns.Local {
+			ns.SentTo = n.metrics.GetOrCreateCounter(fmt.Sprintf(`tpsched_forwarded_total{to=%q}`, info.Node)).Get()
+		}
+		cl.mu.Lock()
+		if c := cl.received[info.Node]; c != nil {
+			ns.Received = c.Get()
+		}
+		cl.mu.Unlock()
+		ns.InFlight = cl.fwd.inFlight(info.Node)
+		st.Nodes = append(st.Nodes, ns)
+	}
+	return st
+}
