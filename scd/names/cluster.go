@@ -73,8 +73,9 @@ type Cluster struct {
 	dropped                   map[string]uint64
 	warnedFull                map[string]bool
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	leaveOnce sync.Once
 }
 
 // Drop reasons.
@@ -212,12 +213,17 @@ func (c *Cluster) Stats() ClusterStats {
 	return st
 }
 
-// Leave tells the others this node is going and stops.
+// Leave tells the others this node is going and stops. Calls after the
+// first do nothing.
 func (c *Cluster) Leave(timeout time.Duration) error {
-	close(c.stop)
-	c.wg.Wait()
-	err := c.ml.Leave(timeout)
-	return errors.Join(err, c.ml.Shutdown())
+	err := errors.New("names: cluster already left")
+	c.leaveOnce.Do(func() {
+		close(c.stop)
+		err = c.ml.Leave(timeout)
+		err = errors.Join(err, c.ml.Shutdown())
+		c.wg.Wait()
+	})
+	return err
 }
 
 func (c *Cluster) drop(reason string, err error) {
@@ -366,11 +372,19 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 			c.apply(info)
 		}
 	}
-	// The newcomer learns our state from the join's push/pull; this makes
-	// sure it also hears it when it joined through another node.
+	// Gossip reaches a newcomer only by chance until the next push/pull
+	// (15 s), so tell it our state directly, off memberlist's goroutine.
 	c.mu.Lock()
-	c.announceLocked(c.self)
+	own := c.latest[c.cfg.Self]
 	c.mu.Unlock()
+	node := *n
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		if err := c.ml.SendReliable(&node, own); err != nil {
+			c.log.Debug("announce to a newcomer", "node", node.Name, "err", err)
+		}
+	}()
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {

@@ -1,0 +1,108 @@
+package names
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"tpsched/scd/loadlevel"
+)
+
+type member struct {
+	c     *Cluster
+	table *Table
+}
+
+// startMembers starts n clusters on 127.0.0.1, each seeded with the first.
+func startMembers(t *testing.T, n int, key func(i int) []byte) []member {
+	t.Helper()
+	var out []member
+	var seed string
+	for i := range n {
+		name := fmt.Sprintf("m%d", i)
+		table := NewTable(name)
+		var seeds []string
+		if seed != "" {
+			seeds = []string{seed}
+		}
+		c, err := Join(ClusterConfig{Self: name, BindAddr: "127.0.0.1", Port: 0, Seeds: seeds, Key: key(i), Fast: true},
+			table, NodeInfo{Addr: "127.0.0.1:1", Announce: true, Groups: []GroupInfo{{Group: "g"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Leave(100 * time.Millisecond) })
+		if seed == "" {
+			seed = net.JoinHostPort("127.0.0.1", strconv.Itoa(c.Port()))
+		}
+		out = append(out, member{c, table})
+	}
+	return out
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 10 s: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func levelSeen(m member, node string) (loadlevel.Level, bool) {
+	info, ok := m.table.Get(node)
+	if !ok || len(info.Groups) == 0 {
+		return 0, false
+	}
+	return info.Groups[0].Level, true
+}
+
+// Five members in one process: each learns the others, a level change of
+// one reaches all (relayed, not only from its originator), and a member
+// that leaves is removed everywhere.
+func TestClusterSpreadsAnnouncesAndLeaves(t *testing.T) {
+	key := func(int) []byte { return []byte("same-key-for-all-members") }
+	ms := startMembers(t, 5, key)
+	for i, m := range ms {
+		eventually(t, fmt.Sprintf("m%d to know all five", i), func() bool { return m.table.Len() == 5 })
+	}
+	ms[3].c.Announce(NodeInfo{Addr: "127.0.0.1:1", Announce: true, Groups: []GroupInfo{{Group: "g", Level: loadlevel.Level2}}})
+	for i, m := range ms {
+		eventually(t, fmt.Sprintf("m%d to see m3 at LEVEL2", i), func() bool {
+			l, ok := levelSeen(m, "m3")
+			return ok && l == loadlevel.Level2
+		})
+	}
+	if err := ms[4].c.Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range ms[:4] {
+		eventually(t, fmt.Sprintf("m%d to forget m4", i), func() bool { _, ok := m.table.Get("m4"); return !ok })
+	}
+	if st := ms[0].c.Stats(); st.Sent == 0 || st.Received == 0 || st.BytesSent == 0 || st.Trusted {
+		t.Errorf("stats %+v: want announces sent, received and bytes counted, not trusted blindly", st)
+	}
+}
+
+// A member with another key joins memberlist but its announces are dropped
+// and counted; it never enters the others' tables.
+func TestClusterDropsForgedAnnounces(t *testing.T) {
+	ms := startMembers(t, 3, func(i int) []byte {
+		if i == 2 {
+			return []byte("forger-key-0123456789")
+		}
+		return []byte("honest-key-0123456789")
+	})
+	eventually(t, "m0 to drop m2's announces", func() bool {
+		return ms[0].c.Stats().Dropped[DropAuth] > 0 && ms[0].table.Len() == 2
+	})
+	if _, ok := ms[0].table.Get("m2"); ok {
+		t.Error("m0's table holds the forger")
+	}
+	if _, ok := ms[2].table.Get("m0"); ok {
+		t.Error("the forger believed m0's announce signed with another key")
+	}
+}
