@@ -275,6 +275,7 @@ type Server struct {
 	slots        []*slot
 	crashBackoff time.Duration // non-resident crash loop: wait this long before the next start
 	crashUntil   time.Time
+	lastStart    time.Time      // of the last non-resident process, for the CPU guard
 	wg           sync.WaitGroup // one per live process watcher
 }
 
@@ -567,10 +568,8 @@ func (s *Server) Running() (resident, nonResident int) {
 // running and those that ended.
 func (s *Server) Usage() bpf.Usage { return s.usage.total() }
 
-// CPUWait is the percent of the CPU guard's last window that the
-// processes, on average, spent waiting for a CPU; -1 when it cannot be
-// known.
-func (s *Server) CPUWait() int { return s.usage.cpuWait(time.Now()) }
+// CPUSample is the CPU guard's last reading of the processes.
+func (s *Server) CPUSample() CPUSample { return s.usage.cpuSample(time.Now()) }
 
 // CPUGroup is where the server's processes get their CPU priority.
 func (s *Server) CPUGroup() *CPUGroup { return s.cpu }

@@ -23,10 +23,14 @@ import (
 //   - it stops only if the rule would not start it again at once, that is
 //     while queue <= BalanceCount x (running-1);
 //   - the process that has been idle longest goes first.
-// The CPU guard (tpsched's, not the documents'): no non-resident process
-// starts while the server's processes already spend CPUWaitLimit percent or
-// more of their time runnable but waiting for a CPU. Then the CPUs are the
-// bottleneck and another process would only add to the wait.
+// The CPU guard (tpsched's, not the documents'), when CPUWaitLimit is set
+// and the meter sees run-queue waits: no non-resident process starts while
+// the server's processes are busy (runnable at least CPUBusyFloor percent of
+// the time) and spend CPUWaitLimit percent or more of that waiting for a
+// CPU. Then the CPUs are the bottleneck and another process would only add
+// to the wait. Because the guard can only judge starts it has seen the
+// effect of, it lets one start through at a time: the next waits for a
+// window that began after it.
 //
 // When a node-wide cap (max_processes) or the memory gate holds starts
 // back, servers of higher priority (schedule_priority 1 is highest) are
@@ -43,9 +47,15 @@ type ServerLoad struct {
 	Free         int           // of Running, processes starting or idle: ones that will take the next requests
 	IdleStop     time.Duration // how long a non-resident process idles before it may stop
 	NonResident  []NonResidentProc
-	CPUWait      int // percent of the time its processes lately spent waiting for a CPU, on average; -1 unknown
-	CPUWaitLimit int // cpu_wait_limit: the guard holds starts back from this CPUWait; 0 = no guard
+	CPUWait      int  // percent of its processes' runnable time lately spent waiting for a CPU; -1 unknown
+	CPUBusy      int  // their runnable time per process, percent of wall-clock time
+	CPUSeen      bool // a guard window began after the last non-resident start and has ended
+	CPUWaitLimit int  // cpu_wait_limit: the guard holds starts back from this CPUWait; 0 = no guard
 }
+
+// CPUBusyFloor is how busy (runnable percent of the time, per process) a
+// server's processes must be before the CPU guard can hold its starts.
+const CPUBusyFloor = 50
 
 // NonResidentProc is one running non-resident process.
 type NonResidentProc struct {
@@ -71,8 +81,14 @@ type Decision struct {
 // before node-wide limits.
 func Wanted(s ServerLoad) int {
 	room := s.Max - s.Running
-	if room <= 0 || s.Queue == 0 || CPUBound(s) {
+	if room <= 0 || s.Queue == 0 {
 		return 0
+	}
+	if guarded(s) {
+		if CPUBound(s) || !s.CPUSeen {
+			return 0
+		}
+		room = 1
 	}
 	if s.BalanceCount == 0 {
 		return min(room, s.Queue-min(s.Queue, s.Free))
@@ -84,10 +100,16 @@ func Wanted(s ServerLoad) int {
 	return n
 }
 
-// CPUBound reports whether the CPU guard holds s's starts back. A server
-// with no process running is never held: someone must serve the queue.
+// guarded reports whether the CPU guard rules s's starts. A server with no
+// process running is never held: someone must serve the queue.
+func guarded(s ServerLoad) bool {
+	return s.CPUWaitLimit > 0 && s.CPUWait >= 0 && s.Running > 0
+}
+
+// CPUBound reports whether the CPU guard holds s's starts back because its
+// processes already wait for a CPU.
 func CPUBound(s ServerLoad) bool {
-	return s.CPUWaitLimit > 0 && s.Running > 0 && s.CPUWait >= s.CPUWaitLimit
+	return guarded(s) && s.CPUBusy >= CPUBusyFloor && s.CPUWait >= s.CPUWaitLimit
 }
 
 // StopCandidate is the slot of the non-resident process to stop now, or -1.

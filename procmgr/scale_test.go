@@ -25,11 +25,13 @@ func TestWanted(t *testing.T) {
 		{"bc 0: up to max", ServerLoad{Resident: 0, Max: 4, BalanceCount: 0, Running: 1, Queue: 10}, 3},
 		{"resident only (max = resident)", ServerLoad{Resident: 2, Max: 2, BalanceCount: 3, Running: 2, Queue: 50}, 0},
 		// The CPU guard.
-		{"guard: waiting at the limit holds starts", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: 30, CPUWaitLimit: 30}, 0},
-		{"guard: under the limit starts", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: 29, CPUWaitLimit: 30}, 14},
-		{"guard off (limit 0)", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: 95}, 14},
-		{"guard: wait unknown starts", ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50, CPUWait: -1, CPUWaitLimit: 30}, 14},
-		{"guard: nothing running, someone must start", ServerLoad{Resident: 0, Max: 4, BalanceCount: 0, Running: 0, Queue: 2, CPUWait: 90, CPUWaitLimit: 30}, 2},
+		{"guard: busy and waiting at the limit holds starts", guardLoad(50, 80, true), 0},
+		{"guard: waiting, but not busy (I/O): one start", guardLoad(90, 10, true), 1},
+		{"guard: busy, waiting under the limit: one start", guardLoad(49, 100, true), 1},
+		{"guard: the last start not yet seen: none", guardLoad(0, 0, false), 0},
+		{"guard off (limit 0): the rule alone", func() ServerLoad { s := guardLoad(95, 100, false); s.CPUWaitLimit = 0; return s }(), 14},
+		{"guard: wait unknown: the rule alone", guardLoad(-1, 0, false), 14},
+		{"guard: nothing running, someone must start", ServerLoad{Resident: 0, Max: 4, BalanceCount: 0, Running: 0, Queue: 2, CPUWait: 90, CPUBusy: 100, CPUWaitLimit: 50}, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -38,6 +40,13 @@ func TestWanted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// guardLoad is a server whose rule wants 14 more processes, with the CPU
+// guard at 50 seeing wait and busy percent.
+func guardLoad(wait, busy int, seen bool) ServerLoad {
+	return ServerLoad{Resident: 1, Max: 16, BalanceCount: 1, Running: 2, Queue: 50,
+		CPUWait: wait, CPUBusy: busy, CPUSeen: seen, CPUWaitLimit: 50}
 }
 
 func TestStopCandidate(t *testing.T) {

@@ -60,10 +60,9 @@ func (m *Manager) check(now time.Time) {
 		if lim.MemoryLow && Wanted(loads[i]) > d.Start {
 			m.gateHolds.Add(1)
 		}
-		if CPUBound(loads[i]) {
-			unguarded := loads[i]
+		if unguarded := loads[i]; guarded(unguarded) {
 			unguarded.CPUWaitLimit = 0
-			if Wanted(unguarded) > 0 {
+			if Wanted(unguarded) > d.Start {
 				m.cpuHolds.Add(1)
 			}
 		}
@@ -107,8 +106,9 @@ func (s *Server) observe(now time.Time) ServerLoad {
 		BalanceCount: s.spec.BalanceCount,
 		IdleStop:     s.spec.IdleStop,
 		CPUWaitLimit: s.spec.CPUWaitLimit,
-		CPUWait:      s.usage.cpuWait(now),
 	}
+	cpu := s.usage.cpuSample(now)
+	ld.CPUWait, ld.CPUBusy = cpu.Wait, cpu.Busy
 	if s.spec.Priority == 0 {
 		ld.Priority = DefaultPriority
 	}
@@ -153,6 +153,7 @@ func (s *Server) observe(now time.Time) ServerLoad {
 		}
 		ld.NonResident = append(ld.NonResident, p)
 	}
+	ld.CPUSeen = !cpu.Since.Before(s.lastStart)
 	if now.Before(s.crashUntil) {
 		ld.Max = ld.Running // a non-resident crash loop: hold starts back
 	}
@@ -182,6 +183,9 @@ func (s *Server) startNonResident() bool {
 		return false
 	}
 	s.m.starts.Add(1)
+	s.mu.Lock()
+	s.lastStart = time.Now()
+	s.mu.Unlock()
 	s.wg.Add(1)
 	go s.watchNonResident(free)
 	return true

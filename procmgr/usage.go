@@ -24,11 +24,26 @@ type usageBook struct {
 	// The CPU guard's window.
 	windowStart time.Time
 	windowBase  bpf.Usage
-	waitPct     int // over the last full window; -1 unknown
+	last        CPUSample // of the last full window
+}
+
+// CPUSample is what the CPU guard saw of a server's processes over one
+// window.
+type CPUSample struct {
+	// Wait is the percent of the processes' runnable time (running or
+	// waiting for a CPU) spent waiting; -1 when the meter cannot see waits.
+	Wait int
+	// Busy is the runnable time per process, in percent of the window:
+	// near 0 for a service that sleeps on I/O, 100 or more for one that
+	// computes (threads add up).
+	Busy int
+	// Since is when the window began: a start the guard allowed counts as
+	// seen once a window that began after it has ended.
+	Since time.Time
 }
 
 func newUsageBook(m bpf.Meter) *usageBook {
-	return &usageBook{meter: m, live: map[int]struct{}{}, waitPct: -1}
+	return &usageBook{meter: m, live: map[int]struct{}{}, last: CPUSample{Wait: -1}}
 }
 
 func (b *usageBook) track(pid int) error {
@@ -72,36 +87,40 @@ func (b *usageBook) totalLocked() bpf.Usage {
 	return u
 }
 
-// cpuWait is the percent of the last window (at least cpuWaitWindow) that
-// the server's processes, on average, spent runnable but waiting for a
-// CPU; -1 when the meter cannot see run-queue wait.
+// cpuSample is the CPU guard's reading: the last window of at least
+// cpuWaitWindow, ending now if the previous one ended that long ago.
 //
-// It is measured against wall-clock time, not against the time they ran:
-// a process that sleeps on I/O and waits a few µs for a CPU after each
-// wake-up has a high share of its short runs waiting, yet more processes
-// would still help it. One that waits a third of all the time would not.
-func (b *usageBook) cpuWait(now time.Time) int {
+// The share waiting is taken of runnable time, not of wall-clock time, so
+// that it does not depend on how many threads a UAP has; Busy tells a
+// process that sleeps on I/O (and so waits a few µs after each wake-up, a
+// large share of its short runs) from one that computes.
+func (b *usageBook) cpuSample(now time.Time) CPUSample {
 	if b.meter == nil {
-		return -1
+		return CPUSample{Wait: -1}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	elapsed := now.Sub(b.windowStart)
 	if elapsed < cpuWaitWindow {
-		return b.waitPct
+		return b.last
 	}
 	u := b.totalLocked()
-	waited := u.Wait - b.windowBase.Wait
+	ran, waited := u.OnCPU-b.windowBase.OnCPU, u.Wait-b.windowBase.Wait
+	s := CPUSample{Wait: -1, Since: b.windowStart}
 	switch {
 	case b.windowStart.IsZero():
-		// The first reading only opens the window.
+		s = b.last // the first reading only opens the window
 	case !b.meter.Mechanism().Histogram && u.Wait == 0:
-		b.waitPct = -1 // /proc without sched_info: wait is not known
-	case len(b.live) == 0:
-		b.waitPct = 0
+		// /proc without sched_info: waits are not known
+	case ran+waited <= 0:
+		s.Wait = 0
 	default:
-		b.waitPct = int(min(100, 100*waited/(elapsed*time.Duration(len(b.live)))))
+		s.Wait = int(100 * waited / (ran + waited))
+		if n := len(b.live); n > 0 {
+			s.Busy = int(100 * (ran + waited) / (elapsed * time.Duration(n)))
+		}
 	}
+	b.last = s
 	b.windowStart, b.windowBase = now, u
-	return b.waitPct
+	return s
 }

@@ -55,9 +55,11 @@ type GroupStatus struct {
 type UsageStatus struct {
 	Seconds     float64 `json:"cpu_seconds"`
 	WaitSeconds float64 `json:"runqueue_wait_seconds"`
-	// WaitPercent is the share of the CPU guard's last window that the
-	// processes, on average, spent waiting for a CPU; -1 when not known.
+	// WaitPercent is the share of the processes' runnable time they spent
+	// waiting for a CPU over the CPU guard's last window; -1 when not known.
 	WaitPercent int `json:"runqueue_wait_percent"`
+	// BusyPercent is their runnable time per process over that window.
+	BusyPercent int `json:"runnable_percent"`
 	WaitLimit   int `json:"cpu_wait_limit"` // 0: no guard
 	// Waits are run-queue waits by length, in log2 slots (eBPF only).
 	Waits []WaitBucket `json:"runqueue_waits,omitempty"`
@@ -71,11 +73,12 @@ type WaitBucket struct {
 }
 
 func (g *group) usageStatus(hist bool) UsageStatus {
-	u := g.procs.Usage()
+	u, cpu := g.procs.Usage(), g.procs.CPUSample()
 	us := UsageStatus{
 		Seconds:     u.OnCPU.Seconds(),
 		WaitSeconds: u.Wait.Seconds(),
-		WaitPercent: g.procs.CPUWait(),
+		WaitPercent: cpu.Wait,
+		BusyPercent: cpu.Busy,
 		WaitLimit:   g.def.CPUWaitLimit,
 	}
 	if !hist {
@@ -107,7 +110,9 @@ func (n *Node) writeUsageMetrics(w io.Writer) {
 		lbl := fmt.Sprintf("group=%q", g.name)
 		fmt.Fprintf(w, "tpsched_group_cpu_seconds_total{%s} %g\n", lbl, u.OnCPU.Seconds())
 		fmt.Fprintf(w, "tpsched_group_runqueue_wait_seconds_total{%s} %g\n", lbl, u.Wait.Seconds())
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_percent{%s} %d\n", lbl, g.procs.CPUWait())
+		cpu := g.procs.CPUSample()
+		fmt.Fprintf(w, "tpsched_group_runqueue_wait_percent{%s} %d\n", lbl, cpu.Wait)
+		fmt.Fprintf(w, "tpsched_group_runnable_percent{%s} %d\n", lbl, cpu.Busy)
 		if !mech.Histogram {
 			continue
 		}

@@ -7,7 +7,8 @@
 //
 //	echo   replies with the request
 //	sleep  sleeps the number of milliseconds in the request (decimal text)
-//	burn   spins the CPU for the number of microseconds in the request
+//	burn   spins the CPU for the number of microseconds in the request, of wall-clock time
+//	cpu    spins until its thread has used the number of microseconds of CPU time in the request
 //	fail   returns an application error
 //	crash  dies in the middle of the call (a panic), as a broken UAP would
 //	pid    replies with the process id (to see which process served a call)
@@ -17,9 +18,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"tpsched/shm"
 )
@@ -45,6 +49,14 @@ func main() {
 			return nil, err
 		}
 		burn(time.Duration(us) * time.Microsecond)
+		return req, nil
+	})
+	srv.Handle("cpu", func(req []byte) ([]byte, error) {
+		us, err := number(req)
+		if err != nil {
+			return nil, err
+		}
+		burnCPU(time.Duration(us) * time.Microsecond)
 		return req, nil
 	})
 	srv.Handle("fail", func(req []byte) ([]byte, error) {
@@ -79,6 +91,25 @@ func burn(d time.Duration) {
 		for range 1000 {
 			x = x*6364136223846793005 + 1442695040888963407
 		}
+	}
+	sink = x
+}
+
+// burnCPU spins until this thread has used d of CPU time: unlike burn, a
+// call preempted by other work still costs what it says, which is what a
+// benchmark of CPU contention needs.
+func burnCPU(d time.Duration) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	end := ts.Nano() + d.Nanoseconds()
+	x := uint64(1)
+	for ts.Nano() < end {
+		for range 1000 {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+		_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
 	}
 	sink = x
 }

@@ -79,7 +79,7 @@ type Server struct {
 	MaxProcesses      int           // parallel_count second value, 1..1024, >= Resident; default = Resident
 	BalanceCount      int           // balance_count, 0..4096; default 3
 	NonResidentIdle   time.Duration // nonresident_idle_time (milliseconds, 0..3600000): how long a non-resident process idles before it may stop; default 500 ms (tpsched: keeps the balance_count rule from flapping)
-	CPUWaitLimit      int           // cpu_wait_limit (percent, 0..100): no non-resident start while the group's processes, on average, spend this share of their time waiting for a CPU; default 30; 0 = no guard (tpsched)
+	CPUWaitLimit      int           // cpu_wait_limit (percent, 0..100): no non-resident start while the group's busy processes spend this share of their runnable time waiting for a CPU; default 50; 0 = no guard (tpsched)
 	SchedulePriority  int           // schedule_priority 1 (highest) .. 16 (lowest); default 8
 	RefreshProcess    bool          // scd_refresh_process; default N; Y needs resident 0 and balance_count 0 (002)
 	LoadCheckInterval time.Duration // loadcheck_interval (seconds, 0..65535); default 30 s; 0 = no load check
@@ -123,7 +123,7 @@ const (
 	DefaultQueueSize       = 256
 	MaxNodes               = 128 // all_node and dchost entries (002: at most 128 nodes)
 	DefaultNonResidentIdle = 500 * time.Millisecond
-	DefaultCPUWaitLimit    = 30 // percent
+	DefaultCPUWaitLimit    = 50 // percent
 	DefaultCacheEntries    = 64 // dccache
 	DefaultCacheTime       = 30 * time.Second
 )

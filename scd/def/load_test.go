@@ -145,7 +145,7 @@ var operandCases = []struct {
 	{"usr/x", "set balance_count = 4097", nil, nil, "usr/x:1: balance_count: 4097 out of range 0..4096"},
 	{"usr/x", "", func(c *Config) any { return srv(c).NonResidentIdle }, 500 * time.Millisecond, ""},
 	{"usr/x", "set nonresident_idle_time = 50", func(c *Config) any { return srv(c).NonResidentIdle }, 50 * time.Millisecond, ""},
-	{"usr/x", "", func(c *Config) any { return srv(c).CPUWaitLimit }, 30, ""},
+	{"usr/x", "", func(c *Config) any { return srv(c).CPUWaitLimit }, 50, ""},
 	{"usr/x", "set cpu_wait_limit = 0", func(c *Config) any { return srv(c).CPUWaitLimit }, 0, ""},
 	{"usr/x", "set cpu_wait_limit = 101", nil, nil, "usr/x:1: cpu_wait_limit: 101 out of range 0..100"},
 	{"usr/x", "set nonresident_idle_time = 3600001", nil, nil, "usr/x:1: nonresident_idle_time: 3600001 out of range 0..3600000"},
