@@ -16,18 +16,19 @@
 //   - process accounting from /proc (CPU per call, peak RSS of a process
 //     tree);
 //   - the scenarios (S1 echo grid, S2 CPU-bound pool, S3 load step on pools
-//     that grow, S4 open-loop overload),
+//     that grow, S4 open-loop overload, S5 tpsched's CPU guard on and off
+//     under overload),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/.
 //
 // # Usage
 //
 //	make bench-deps   # once, as root: nginx, php-fpm, haproxy from apt
-//	make bench        # the full run (about 13 minutes)
-//	make bench-quick  # the development run (about 2 minutes), into bench/results/quick/
+//	make bench        # the full run (about 14 minutes)
+//	make bench-quick  # the development run (about 2.5 minutes), into bench/results/quick/
 //
 // The pure parts (percentiles, the open-loop schedule, /proc parsing, S3's
-// windows and recovery time, report formatting) are tested without starting any server. Figures are medians of
+// windows and recovery time, S5's status summaries, report formatting) are tested without starting any server. Figures are medians of
 // interleaved runs; ratios are what to quote, since the load generator shares
 // the cores with the servers.
 package bench

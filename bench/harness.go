@@ -74,6 +74,9 @@ type Report struct {
 	// S3: the load step and each system's figures (Cells is empty).
 	Step        *StepLoad    `json:"step,omitempty"`
 	StepResults []StepResult `json:"step_results,omitempty"`
+	// S5: how it was run and each system's figures (Cells is empty).
+	Guard        *GuardSetup   `json:"guard,omitempty"`
+	GuardResults []GuardResult `json:"guard_results,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -235,7 +238,7 @@ func MedianFigures(runs []Figures) Figures {
 // CellPayload is the request a cell sends: for echo, Payload bytes; for
 // burn, the decimal microseconds to burn.
 func CellPayload(c *Cell, burnMicros int) []byte {
-	if c.Service == "burn" {
+	if c.Service == "burn" || c.Service == "cpu" {
 		return []byte(fmt.Sprint(burnMicros))
 	}
 	p := make([]byte, c.Payload)

@@ -36,6 +36,9 @@ type System struct {
 	procs []*exec.Cmd
 	// workers counts the worker processes now (S3); nil where not known.
 	workers func() (int, error)
+	// status is tpsched's GET /status URL on its control address (S5);
+	// empty for the other systems.
+	status string
 }
 
 // Workers counts the system's worker processes now: tpsched's UAP
@@ -203,6 +206,9 @@ const (
 	// S3's pools that grow with the load.
 	NameTpschedNonRes = "tpsched non-resident"
 	NamePHPOndemand   = "nginx+php-fpm ondemand"
+	// S5's two tpsched definitions: the CPU guard at its limit, and off.
+	NameTpschedGuard    = "tpsched guard"
+	NameTpschedGuardOff = "tpsched guard off"
 )
 
 // StartTpsched starts scdd with one group "bench" (services echo and burn)
@@ -218,6 +224,14 @@ func StartTpsched(env Env, sp Spec) (*System, error) {
 func StartTpschedNonResident(env Env, sp Spec, resident, maxProcs, balance int, idle time.Duration) (*System, error) {
 	return startTpschedConf(env, sp, NameTpschedNonRes, fmt.Sprintf("%d,%d", resident, maxProcs),
 		fmt.Sprintf("set balance_count = %d\nset nonresident_idle_time = %d\n", balance, idle.Milliseconds()))
+}
+
+// StartTpschedGuard starts scdd with the group "bench" served by
+// parallel_count = resident,max uap-echo processes, the balance_count rule
+// and cpu_wait_limit = waitLimit (0: the CPU guard off), as system name.
+func StartTpschedGuard(env Env, sp Spec, name string, resident, maxProcs, balance, waitLimit int) (*System, error) {
+	return startTpschedConf(env, sp, name, fmt.Sprintf("%d,%d", resident, maxProcs),
+		fmt.Sprintf("set balance_count = %d\nset cpu_wait_limit = %d\n", balance, waitLimit))
 }
 
 func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*System, error) {
@@ -246,14 +260,15 @@ func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*Syste
 		files := map[string]string{
 			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n", host, port, ctl),
 			"conf/scdsvcdef": fmt.Sprintf("set scdmulti = %d\n", sp.Front),
-			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\"\n"+
+			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\", \"cpu=cpu\"\n"+
 				"set module = %q\nset parallel_count = %s\nset queue_size = %d\nset max_message_size = 1048576\n%s",
 				uap, parallel, sp.Queue, usrExtra),
 		}
 		if err := writeFiles(s.dir, files); err != nil {
 			return err
 		}
-		s.workers = func() (int, error) { return tpschedWorkers("http://"+ctl+"/status", "bench") }
+		s.status = "http://" + ctl + "/status"
+		s.workers = func() (int, error) { return tpschedWorkers(s.status, "bench") }
 		return s.start("scdd.log", nil, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
 	})
 }

@@ -237,3 +237,102 @@ func PlotStepWorkers(r *Report, dir string) (string, error) {
 	name := fmt.Sprintf("%s-%s-workers-over-time.png", r.Date, r.Scenario)
 	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
 }
+
+// PlotGuardSeries draws S5's status readings against the time from the
+// run's start, every run of each system (one colour and dash per system),
+// as steps: what is "processes" (the group's processes) or "wait" (the
+// guard's runqueue_wait_percent, with the limit as a line). The measured
+// window starts at the warm-up's end.
+func PlotGuardSeries(r *Report, dir, what string) (string, error) {
+	if r.Guard == nil || len(r.GuardResults) == 0 {
+		return "", nil
+	}
+	p := plot.New()
+	switch what {
+	case "processes":
+		p.Title.Text = fmt.Sprintf("%s: processes of the group in every run, read every %v (%.0f calls/s from 0; measured from %.1f s)",
+			r.Scenario, r.Guard.Poll, r.Guard.Rate, r.Warmup)
+		p.Y.Label.Text = "processes"
+	case "wait":
+		p.Title.Text = fmt.Sprintf("%s: runqueue_wait_percent in /status, every run, read every %v (measured from %.1f s)", r.Scenario, r.Guard.Poll, r.Warmup)
+		p.Y.Label.Text = "percent of the guard's window waiting for a CPU"
+	default:
+		return "", fmt.Errorf("PlotGuardSeries: unknown series %q", what)
+	}
+	p.X.Label.Text = "time from the run's start (s)"
+	p.Legend.Top = true
+	p.Legend.Left = true
+	drawn, end := false, 0.0
+	for i, res := range r.GuardResults {
+		// A small offset per system keeps equal counts apart.
+		off := 0.12 * float64(i)
+		for k, run := range res.Samples {
+			var xys plotter.XYs
+			for _, s := range run {
+				y := float64(s.Procs) + off
+				if what == "wait" {
+					if s.WaitPct < 0 {
+						continue
+					}
+					y = float64(s.WaitPct) + 10*off
+				}
+				x := s.At.Seconds()
+				if len(xys) > 0 {
+					xys = append(xys, plotter.XY{X: x, Y: xys[len(xys)-1].Y})
+				}
+				xys = append(xys, plotter.XY{X: x, Y: y})
+				end = max(end, x)
+			}
+			if len(xys) == 0 {
+				continue
+			}
+			l, err := plotter.NewLine(xys)
+			if err != nil {
+				return "", err
+			}
+			l.Color = plotutil.Color(i)
+			l.Dashes = plotutil.Dashes(i)
+			p.Add(l)
+			if k == 0 {
+				p.Legend.Add(fmt.Sprintf("%s (%d runs)", res.System, len(res.Samples)), l)
+			}
+			drawn = true
+		}
+	}
+	if !drawn {
+		return "", nil
+	}
+	if what == "wait" && r.Guard.WaitLimit > 0 {
+		l, err := plotter.NewLine(plotter.XYs{{X: 0, Y: float64(r.Guard.WaitLimit)}, {X: end, Y: float64(r.Guard.WaitLimit)}})
+		if err != nil {
+			return "", err
+		}
+		l.Color = plotutil.Color(len(r.GuardResults))
+		l.Width = vg.Points(2)
+		p.Add(l)
+		p.Legend.Add(fmt.Sprintf("cpu_wait_limit %d", r.Guard.WaitLimit), l)
+	}
+	// Headroom above the lines for the legend.
+	p.Y.Min = 0
+	if what == "processes" {
+		p.Y.Max = S5Max + 4
+	} else {
+		p.Y.Max = 125
+	}
+	name := fmt.Sprintf("%s-%s-%s-over-time.png", r.Date, r.Scenario, what)
+	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
+}
+
+// plotGuardCDF draws S5's latency distributions with PlotCDF.
+func plotGuardCDF(r *Report, dir string) (string, error) {
+	if r.Guard == nil {
+		return "", nil
+	}
+	c := Cell{Service: "cpu", Conns: r.Guard.Carriers, Open: true}
+	for _, res := range r.GuardResults {
+		c.Results = append(c.Results, Measurement{System: res.System, CDF: res.CDF})
+	}
+	tmp := *r
+	tmp.Cells = []Cell{c}
+	return PlotCDF(&tmp, dir, "cpu", 0, r.Guard.Carriers)
+}

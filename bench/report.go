@@ -16,6 +16,9 @@ func (r *Report) Markdown() string {
 	if r.Step != nil {
 		return r.stepMarkdown()
 	}
+	if r.Guard != nil {
+		return r.guardMarkdown()
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
 	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)

@@ -18,14 +18,21 @@ type Config struct {
 	Env       Env
 	Out       string   // directory for the reports
 	Quick     bool     // the development grid
-	Scenarios []string // of S1, S2, S3, S4
+	Scenarios []string // of S1, S2, S3, S4, S5
 	Runs      int
 	Warmup    time.Duration
 	Duration  time.Duration
 	Spec      Spec // S1 and S2 sizing; S4 uses Spec with a small Queue
 	S4Queue   int
-	Systems   []string // only these systems (by report name); empty: all
-	Log       io.Writer
+	// S5: the guarded system's cpu_wait_limit, the offered rate as a
+	// multiple of capacity, and each run's warm-up and measured time.
+	S5WaitLimit int
+	S5Load      float64
+	S5Warmup    time.Duration
+	S5Duration  time.Duration
+	S5Queue     int      // queue_size of S5's systems
+	Systems     []string // only these systems (by report name); empty: all
+	Log         io.Writer
 }
 
 // Grids of the scenarios.
@@ -217,7 +224,15 @@ func Run(ctx context.Context, cfg Config) error {
 		return ctx.Err()
 	}
 	if want("S4") {
-		return runS4(ctx, cfg, opts, capacity, newReport, loadgen)
+		if err := runS4(ctx, cfg, opts, capacity, newReport, loadgen); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S5") {
+		return runS5(ctx, cfg, opts, capacity, newReport, loadgen)
 	}
 	return nil
 }

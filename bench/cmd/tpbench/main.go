@@ -4,7 +4,7 @@
 // interleaved, and written to bench/results/<date>-<scenario>.md with the
 // figures as JSON and the plots as PNG beside it.
 //
-//	tpbench [-quick] [-scenarios S1,S2,S3,S4] [-out bench/results] [-bin bin]
+//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5] [-out bench/results] [-bin bin]
 //
 // It also serves the Go peers when run with -serve (gnet, grpc, http): the
 // harness starts itself that way so each peer is a process of its own.
@@ -30,15 +30,20 @@ func main() {
 	loops := flag.Int("loops", 1, "internal: event loops of the gnet peer")
 	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build)")
 	out := flag.String("out", "bench/results", "directory for the reports")
-	quick := flag.Bool("quick", false, "the development grid (about two minutes; S3 shorter and one run)")
-	scen := flag.String("scenarios", "S1,S2,S3,S4", "scenarios to run")
-	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick); figures are their medians (3 or more)")
+	quick := flag.Bool("quick", false, "the development grid (about two and a half minutes; S3 shorter and one run, S5 shorter)")
+	scen := flag.String("scenarios", "S1,S2,S3,S4,S5", "scenarios to run")
+	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick; S5: per system, at least 5 but in -quick); figures are their medians (3 or more)")
 	dur := flag.Duration("duration", 0, "measured time per run (default 2s, quick 0.75s; S4 twice that)")
 	warm := flag.Duration("warmup", 0, "unmeasured time before each run (default 0.5s, quick 0.25s; S4 twice that)")
 	workers := flag.Int("workers", 2, "worker processes per system")
 	front := flag.Int("front", 2, "receiving threads/processes per system (scdmulti, nginx workers, HAProxy threads, gnet loops)")
 	systems := flag.String("systems", "", "only these systems, by report name, comma-separated (default all)")
 	s4queue := flag.Int("s4-queue", 32, "bounded queue in S4 (tpsched queue_size, PHP-FPM backlog, HAProxy maxqueue in total)")
+	s5limit := flag.Int("s5-limit", bench.S5WaitLimit, "cpu_wait_limit of S5's guarded system (1..100; the other has 0, the guard off)")
+	s5load := flag.Float64("s5-load", bench.S5Load, "S5's offered open-loop rate as a multiple of the measured capacity")
+	s5queue := flag.Int("s5-queue", bench.S5Queue, "queue_size in S5 (a full queue answers 'server busy')")
+	s5dur := flag.Duration("s5-duration", 0, "S5's measured time per run (default 4s, quick 2s)")
+	s5warm := flag.Duration("s5-warmup", 0, "S5's warm-up per run, in which the group grows (default 1s, quick 0.5s)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -66,6 +71,13 @@ func main() {
 			*warm = 250 * time.Millisecond
 		}
 	}
+	if *s5limit < 1 || *s5limit > 100 {
+		fmt.Fprintln(os.Stderr, "tpbench: -s5-limit must be 1..100 (the system without the guard is always measured beside it)")
+		os.Exit(2)
+	}
+	if *s5warm == 0 && *quick {
+		*s5warm = 500 * time.Millisecond
+	}
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tpbench:", err)
@@ -73,17 +85,22 @@ func main() {
 	}
 	bin, _ := filepath.Abs(*binDir)
 	cfg := bench.Config{
-		Env:       bench.Env{Bin: bin, Self: self},
-		Out:       *out,
-		Quick:     *quick,
-		Scenarios: strings.Split(strings.ToUpper(*scen), ","),
-		Runs:      *runs,
-		Warmup:    *warm,
-		Duration:  *dur,
-		Spec:      bench.Spec{Workers: *workers, Front: *front, Queue: 1024},
-		S4Queue:   *s4queue,
-		Systems:   splitList(*systems),
-		Log:       os.Stderr,
+		Env:         bench.Env{Bin: bin, Self: self},
+		Out:         *out,
+		Quick:       *quick,
+		Scenarios:   strings.Split(strings.ToUpper(*scen), ","),
+		Runs:        *runs,
+		Warmup:      *warm,
+		Duration:    *dur,
+		Spec:        bench.Spec{Workers: *workers, Front: *front, Queue: 1024},
+		S4Queue:     *s4queue,
+		S5WaitLimit: *s5limit,
+		S5Load:      *s5load,
+		S5Warmup:    *s5warm,
+		S5Duration:  *s5dur,
+		S5Queue:     *s5queue,
+		Systems:     splitList(*systems),
+		Log:         os.Stderr,
 	}
 	start := time.Now()
 	if err := bench.Run(ctx, cfg); err != nil {
