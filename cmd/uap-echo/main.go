@@ -12,6 +12,10 @@
 //	fail   returns an application error
 //	crash  dies in the middle of the call (a panic), as a broken UAP would
 //	pid    replies with the process id (to see which process served a call)
+//
+// TPSCHED_ECHO_SLOWDOWN=k (an integer, default 1) makes sleep, burn and cpu
+// take k times as long: a benchmark's way to make one node of a cluster
+// slower than the others with the same calls.
 package main
 
 import (
@@ -29,6 +33,19 @@ import (
 )
 
 func main() {
+	slowdown := int64(1)
+	if v := os.Getenv("TPSCHED_ECHO_SLOWDOWN"); v != "" {
+		k, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || k < 1 {
+			fmt.Fprintf(os.Stderr, "uap-echo: TPSCHED_ECHO_SLOWDOWN=%q: want a whole number >= 1\n", v)
+			os.Exit(2)
+		}
+		slowdown = k
+	}
+	number := func(req []byte) (int64, error) {
+		n, err := parseNumber(req)
+		return n * slowdown, err
+	}
 	srv, err := shm.Attach()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "uap-echo:", err)
@@ -74,7 +91,7 @@ func main() {
 	}
 }
 
-func number(req []byte) (int64, error) {
+func parseNumber(req []byte) (int64, error) {
 	n, err := strconv.ParseInt(strings.TrimSpace(string(req)), 10, 64)
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("want a non-negative decimal number, got %q", req)
