@@ -44,7 +44,8 @@ func (u *Usage) Add(o Usage) {
 // Mechanism names how a Meter measures and why that one.
 type Mechanism struct {
 	Name      string `json:"name"` // tp_btf, raw_tp, tracepoint, or proc
-	Histogram bool   `json:"histogram"`
+	Waits     bool   `json:"runqueue_wait"` // run-queue wait is measured
+	Histogram bool   `json:"histogram"`     // and its distribution too
 	Reason    string `json:"reason,omitempty"` // why not a better one
 }
 
@@ -153,7 +154,7 @@ func openProbes(name string) (m *probeMeter, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	m = &probeMeter{mech: Mechanism{Name: name, Histogram: true}, coll: coll, procs: coll.Maps[schedMapProcs]}
+	m = &probeMeter{mech: Mechanism{Name: name, Waits: true, Histogram: true}, coll: coll, procs: coll.Maps[schedMapProcs]}
 	defer func() {
 		if err != nil {
 			m.Close()

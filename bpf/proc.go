@@ -30,7 +30,7 @@ func newProcMeter() *procMeter {
 	m := &procMeter{mech: Mechanism{Name: Proc}, last: map[int]Usage{}}
 	// Our own process has surely run: zeros mean sched_info is off.
 	if run, _, err := readSchedstat("/proc/self/schedstat"); err == nil && run > 0 {
-		m.hasWait = true
+		m.hasWait, m.mech.Waits = true, true
 	} else {
 		m.mech.Reason = "no run-queue wait: /proc/<pid>/schedstat is zero (set kernel.task_delayacct=1)"
 	}

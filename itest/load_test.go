@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -208,4 +210,68 @@ func procCPUSeconds(t *testing.T, pid int) float64 {
 	utime, _ := strconv.Atoi(f[11])
 	stime, _ := strconv.Atoi(f[12])
 	return float64(utime+stime) / 100
+}
+
+// guardServer may grow to 16 processes: balance_count 1 asks for one per
+// waiting call beyond the running ones.
+const guardServer = `set service_group = %q
+set service = "cpu=cpu"
+set module = MODULE
+set parallel_count = 1,16
+set balance_count = 1
+set queue_size = 64
+set cpu_wait_limit = %d
+`
+
+// TestCPUGuardHoldsProcessesNearTheCores floods a CPU-bound group that may
+// grow to 16 processes. With the guard its processes stay near the cores
+// (they already wait for a CPU, so more cannot help); with cpu_wait_limit 0
+// the rule alone takes all 16.
+func TestCPUGuardHoldsProcessesNearTheCores(t *testing.T) {
+	skipShort(t)
+	if os.Geteuid() != 0 {
+		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
+			t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root")
+		}
+		t.Skip("the guard needs run-queue waits from eBPF, which needs root")
+	}
+	for _, tc := range []struct {
+		limit   int
+		atLeast int
+		atMost  int
+	}{{50, 1, 3 * runtime.NumCPU()}, {0, 16, 16}} {
+		t.Run(fmt.Sprintf("cpu_wait_limit=%d", tc.limit), func(t *testing.T) {
+			dir := defDir(t, "", map[string]string{"hot": fmt.Sprintf(guardServer, "hot", tc.limit)})
+			n := startNode(t, "-c", dir)
+			c := n.client()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			stop := time.Now().Add(2 * time.Second)
+			var wg sync.WaitGroup
+			for range 32 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Now().Before(stop) {
+						_, _ = c.Call(ctx, "hot", "cpu", []byte("2000"))
+					}
+				}()
+			}
+			most := 0
+			for time.Now().Before(stop) {
+				most = max(most, len(groupStatus(t, n, "hot").Processes))
+				time.Sleep(50 * time.Millisecond)
+			}
+			wg.Wait()
+			st, err := n.status()
+			must(t, err)
+			t.Logf("most processes %d, guard holds %d, wait %d%%", most, st.Scaling.CPUGuardHolds, groupStatus(t, n, "hot").Usage.WaitPercent)
+			if most < tc.atLeast || most > tc.atMost {
+				t.Errorf("at most %d processes ran; want %d..%d", most, tc.atLeast, tc.atMost)
+			}
+			if (tc.limit > 0) != (st.Scaling.CPUGuardHolds > 0) {
+				t.Errorf("cpu guard holds %d with cpu_wait_limit %d", st.Scaling.CPUGuardHolds, tc.limit)
+			}
+		})
+	}
 }

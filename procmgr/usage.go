@@ -43,7 +43,13 @@ type CPUSample struct {
 }
 
 func newUsageBook(m bpf.Meter) *usageBook {
-	return &usageBook{meter: m, live: map[int]struct{}{}, last: CPUSample{Wait: -1}}
+	b := &usageBook{meter: m, live: map[int]struct{}{}, last: CPUSample{Wait: -1}}
+	if m != nil && m.Mechanism().Waits {
+		// Nothing has run yet: no wait, and a window open from now, so the
+		// guard judges from the first start on.
+		b.last, b.windowStart = CPUSample{Since: time.Now()}, time.Now()
+	}
+	return b
 }
 
 func (b *usageBook) track(pid int) error {
@@ -108,9 +114,7 @@ func (b *usageBook) cpuSample(now time.Time) CPUSample {
 	ran, waited := u.OnCPU-b.windowBase.OnCPU, u.Wait-b.windowBase.Wait
 	s := CPUSample{Wait: -1, Since: b.windowStart}
 	switch {
-	case b.windowStart.IsZero():
-		s = b.last // the first reading only opens the window
-	case !b.meter.Mechanism().Histogram && u.Wait == 0:
+	case !b.meter.Mechanism().Waits:
 		// /proc without sched_info: waits are not known
 	case ran+waited <= 0:
 		s.Wait = 0
