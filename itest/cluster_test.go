@@ -383,3 +383,50 @@ func TestClusterForgedAnnouncesDropped(t *testing.T) {
 		t.Errorf("calls reached the node with the wrong key: %v", count)
 	}
 }
+
+// TestClientLoadBalancing: a client with dccltloadbalance asks one node
+// (here the overloaded one) which nodes run the group and sends its calls
+// straight to the least loaded ones, marked balanced, so no node has to
+// transfer them.
+func TestClientLoadBalancing(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{})
+	overload(t, nodes, 0)
+	owners := uapOwners(t, nodes)
+	c := nodes[0].client(func(o *client.Options) { o.LoadBalance = true; o.CacheTime = time.Minute })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var count [3]int
+	for range 100 {
+		out, err := c.Call(ctx, "work", "pid", nil)
+		must(t, err)
+		owner, ok := owners[string(out)]
+		if !ok {
+			t.Fatalf("answered by pid %s, which no node runs", out)
+		}
+		count[owner]++
+	}
+	t.Logf("calls served per node, client balancing with n0 at LEVEL2: %v", count)
+	if count[0] != 0 || count[1] < 30 || count[2] < 30 {
+		t.Errorf("served per node %v: want none on n0 and round-robin over n1 and n2", count)
+	}
+	for i, n := range nodes {
+		if sent := metricSum(n.metrics(), "tpsched_forwarded_total{"); sent != 0 {
+			t.Errorf("n%d transferred %v calls a balancing client had placed", i, sent)
+		}
+	}
+}
+
+// metricSum adds up the values of every /metrics line starting with prefix.
+func metricSum(m, prefix string) float64 {
+	var sum float64
+	for _, line := range strings.Split(m, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			if i := strings.LastIndexByte(line, ' '); i > 0 {
+				v, _ := strconv.ParseFloat(line[i+1:], 64)
+				sum += v
+			}
+		}
+	}
+	return sum
+}

@@ -221,6 +221,28 @@ func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool,
 	return n.transfer(fc, cands[i].Node)
 }
 
+// answerLookup tells a balancing client which nodes run a group, with
+// their levels: the cluster's table, or this node alone.
+func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
+	group := string(f.Group)
+	var nodes []netio.NodeLevel
+	if n.cluster != nil {
+		for _, e := range n.cluster.names.Lookup(group) {
+			if !e.Held {
+				nodes = append(nodes, netio.NodeLevel{Addr: e.Addr, Level: uint8(e.Level)})
+			}
+		}
+	} else if g := n.groups[group]; g != nil && !g.held.Load() {
+		nodes = append(nodes, netio.NodeLevel{Addr: n.advertisedRPC(), Level: uint8(g.level())})
+	}
+	if len(nodes) == 0 {
+		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, group+": no node serves it now"))
+		return
+	}
+	out := netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "", netio.AppendLookupAnswer(nil, nodes))
+	c.SendNow(out)
+}
+
 // transfer hands fc to node.
 func (n *Node) transfer(fc *fwdCall, node string) (bool, netio.Code, string) {
 	info, ok := n.cluster.names.Get(node)

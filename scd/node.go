@@ -349,6 +349,9 @@ func (n *Node) OnFrame(c *netio.Conn, f netio.Frame) {
 	case netio.KindAnnounce:
 		n.acceptHello(c, &f) // a peer's forwarding connection introduces itself
 		return
+	case netio.KindNameLookup:
+		n.answerLookup(c, &f)
+		return
 	default:
 		n.badRequests.Inc()
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "a node takes calls, not "+f.Kind.String()))

@@ -46,6 +46,15 @@ type Options struct {
 	// as with dccltloadbalance): the node serves them itself unless the
 	// group is held there, or LEVEL2 while another node is lower.
 	Balanced bool
+	// LoadBalance (dccltloadbalance) asks a dchost node which nodes run a
+	// group and how loaded they are, keeps the least loaded ones for
+	// CacheTime (dccltcachetim) in an LRU of CacheEntries groups (dccache),
+	// and sends each call, marked balanced, to the next of them: the first
+	// at random, then round-robin. Calls fall back to dchost when no node
+	// can be learned or reached.
+	LoadBalance  bool
+	CacheEntries int           // default 64
+	CacheTime    time.Duration // default 30 s; below 0: ask before every call
 }
 
 // FromDefinition turns a client environment definition into Options.
@@ -56,6 +65,12 @@ func FromDefinition(c *def.Client) Options {
 		HostChange:     c.HostChange,
 		WatchTime:      c.WatchTime,
 		MaxMessageSize: c.MaxMessageSize,
+		LoadBalance:    c.LoadBalance,
+		CacheEntries:   c.CacheEntries,
+		CacheTime:      c.CacheTime,
+	}
+	if o.CacheTime == 0 {
+		o.CacheTime = -1 // dccltcachetim 0: no caching
 	}
 	if o.WatchTime == 0 {
 		o.WatchTime = -1 // watch_time 0 means wait for ever
@@ -66,11 +81,13 @@ func FromDefinition(c *def.Client) Options {
 // Client calls services on tpsched nodes. It is safe for concurrent use.
 type Client struct {
 	opts   Options
-	hosts  []string
+	nDC    int // hosts[:nDC] are dchost; later ones were learned by name lookup
 	nextID atomic.Uint64
+	cache  *levelCache
 
 	mu      sync.Mutex
-	cur     int              // index of the host calls go to
+	hosts   []string         // grows only
+	cur     int              // index of the dchost host calls go to
 	conns   map[int]*conn    // live connection per host index
 	dialing map[int]*dialing // dial under way per host index
 	closed  bool
@@ -105,7 +122,14 @@ func New(opts Options) (*Client, error) {
 	if opts.DialTimeout == 0 {
 		opts.DialTimeout = 3 * time.Second
 	}
-	c := &Client{opts: opts, hosts: hosts, conns: make(map[int]*conn), dialing: make(map[int]*dialing)}
+	if opts.CacheEntries == 0 {
+		opts.CacheEntries = def.DefaultCacheEntries
+	}
+	if opts.CacheTime == 0 {
+		opts.CacheTime = def.DefaultCacheTime
+	}
+	c := &Client{opts: opts, nDC: len(hosts), hosts: hosts, conns: make(map[int]*conn), dialing: make(map[int]*dialing),
+		cache: newLevelCache(opts.CacheEntries)}
 	if opts.HostSelect {
 		c.cur = rand.IntN(len(hosts))
 	}
@@ -147,8 +171,13 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 	if timeout > 0 {
 		h.TimeoutMs = uint32(min(timeout.Milliseconds()+1, 1<<32-1))
 	}
+	if c.opts.LoadBalance {
+		if reply, err, done := c.callBalanced(ctx, h, group, service, payload, timeout); done {
+			return reply, err
+		}
+	}
 	var lastErr error
-	for range c.hosts {
+	for range c.nDC {
 		cn, err := c.pick()
 		if err != nil {
 			lastErr = err
@@ -189,7 +218,18 @@ func (c *Client) pick() (*conn, error) {
 	}
 	idx := c.cur
 	if c.opts.HostChange {
-		c.cur = (c.cur + 1) % len(c.hosts)
+		c.cur = (c.cur + 1) % c.nDC
+	}
+	c.mu.Unlock()
+	return c.connFor(idx)
+}
+
+// connFor returns the connection to host idx, dialing it if needed.
+func (c *Client) connFor(idx int) (*conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errors.New("client closed")
 	}
 	if cn := c.conns[idx]; cn != nil {
 		c.mu.Unlock()
@@ -213,9 +253,10 @@ func (c *Client) pick() (*conn, error) {
 	}
 	d := &dialing{done: make(chan struct{})}
 	c.dialing[idx] = d
+	addr := c.hosts[idx]
 	c.mu.Unlock()
 
-	nc, err := net.DialTimeout("tcp", c.hosts[idx], c.opts.DialTimeout)
+	nc, err := net.DialTimeout("tcp", addr, c.opts.DialTimeout)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.dialing, idx)
@@ -223,7 +264,7 @@ func (c *Client) pick() (*conn, error) {
 	if err != nil {
 		d.err = err
 		if c.cur == idx {
-			c.cur = (idx + 1) % len(c.hosts)
+			c.cur = (idx + 1) % c.nDC
 		}
 		return nil, err
 	}
@@ -242,7 +283,7 @@ func (c *Client) pick() (*conn, error) {
 func (c *Client) advance(failed int) {
 	c.mu.Lock()
 	if c.cur == failed {
-		c.cur = (failed + 1) % len(c.hosts)
+		c.cur = (failed + 1) % c.nDC
 	}
 	c.mu.Unlock()
 }

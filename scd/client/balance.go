@@ -1,0 +1,183 @@
+package client
+
+import (
+	"container/list"
+	"context"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"tpsched/netio"
+)
+
+// This file is client-side load balancing (dccltloadbalance): learn which
+// nodes run a group from a name lookup, keep the least loaded ones, and
+// send calls to them in turn, marked balanced so the node serves them
+// itself unless it must not.
+
+// levelCache is an LRU of groups and their least loaded nodes.
+type levelCache struct {
+	mu    sync.Mutex
+	max   int
+	order *list.List // front: most recently used
+	byKey map[string]*list.Element
+}
+
+type cacheEntry struct {
+	group   string
+	hosts   []int // host indexes of the least loaded nodes
+	next    int   // round-robin position
+	expires time.Time
+}
+
+func newLevelCache(max int) *levelCache {
+	return &levelCache{max: max, order: list.New(), byKey: map[string]*list.Element{}}
+}
+
+// next is the host to send group's next call to, if a fresh entry has one.
+func (lc *levelCache) next(group string, now time.Time) (int, bool) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	el := lc.byKey[group]
+	if el == nil {
+		return 0, false
+	}
+	e := el.Value.(*cacheEntry)
+	if now.After(e.expires) {
+		lc.order.Remove(el)
+		delete(lc.byKey, group)
+		return 0, false
+	}
+	lc.order.MoveToFront(el)
+	h := e.hosts[e.next%len(e.hosts)]
+	e.next++
+	return h, true
+}
+
+// put keeps hosts for group until expires; start is the first one's
+// position (random, so that clients do not all begin at one node).
+func (lc *levelCache) put(group string, hosts []int, start int, expires time.Time) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if el := lc.byKey[group]; el != nil {
+		lc.order.Remove(el)
+	}
+	lc.byKey[group] = lc.order.PushFront(&cacheEntry{group: group, hosts: hosts, next: start, expires: expires})
+	for lc.order.Len() > lc.max {
+		oldest := lc.order.Back()
+		lc.order.Remove(oldest)
+		delete(lc.byKey, oldest.Value.(*cacheEntry).group)
+	}
+}
+
+// forget drops group, after its node could not be reached.
+func (lc *levelCache) forget(group string) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if el := lc.byKey[group]; el != nil {
+		lc.order.Remove(el)
+		delete(lc.byKey, group)
+	}
+}
+
+// callBalanced sends a call to a node chosen from the group's levels. done
+// is false when the call was not sent and should go the dchost way.
+func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, service string, payload []byte,
+	timeout time.Duration) (reply []byte, err error, done bool) {
+	idx, ok := c.balancedHost(ctx, group)
+	if !ok {
+		return nil, nil, false
+	}
+	cn, err := c.connFor(idx)
+	if err != nil {
+		c.cache.forget(group)
+		return nil, nil, false
+	}
+	h.Flags |= netio.FlagBalanced
+	var w *waiter
+	if h.Kind == netio.KindCall {
+		w = cn.register(h.ID)
+	}
+	sent, err := cn.send(h, group, service, payload)
+	if err != nil {
+		c.drop(cn, err)
+		c.cache.forget(group)
+		if !sent {
+			if w != nil {
+				cn.unregister(h.ID)
+			}
+			return nil, nil, false
+		}
+		if w == nil { // sent, perhaps: never resend
+			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}, true
+		}
+	}
+	if w == nil {
+		return nil, nil, true
+	}
+	reply, err = cn.wait(ctx, w, timeout)
+	return reply, err, true
+}
+
+// balancedHost is the next host for group, asking a dchost node when the
+// cache has nothing fresh.
+func (c *Client) balancedHost(ctx context.Context, group string) (int, bool) {
+	now := time.Now()
+	if h, ok := c.cache.next(group, now); ok {
+		return h, true
+	}
+	nodes, err := c.lookup(ctx, group)
+	if err != nil || len(nodes) == 0 {
+		return 0, false
+	}
+	low := nodes[0].Level
+	for _, n := range nodes {
+		low = min(low, n.Level)
+	}
+	var hosts []int
+	for _, n := range nodes {
+		if n.Level == low {
+			hosts = append(hosts, c.hostIndex(n.Addr))
+		}
+	}
+	start := rand.IntN(len(hosts))
+	if c.opts.CacheTime < 0 {
+		return hosts[start], true
+	}
+	c.cache.put(group, hosts, start, now.Add(c.opts.CacheTime))
+	h, _ := c.cache.next(group, now)
+	return h, true
+}
+
+// lookup asks a dchost node which nodes run group, with their levels.
+func (c *Client) lookup(ctx context.Context, group string) ([]netio.NodeLevel, error) {
+	cn, err := c.pick()
+	if err != nil {
+		return nil, err
+	}
+	h := netio.Header{Kind: netio.KindNameLookup, ID: c.nextID.Add(1)}
+	w := cn.register(h.ID)
+	if _, err := cn.send(h, group, "", nil); err != nil {
+		cn.unregister(h.ID)
+		c.drop(cn, err)
+		return nil, err
+	}
+	answer, err := cn.wait(ctx, w, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return netio.ParseLookupAnswer(answer)
+}
+
+// hostIndex is the index of addr among the hosts, added if it is new.
+func (c *Client) hostIndex(addr string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, h := range c.hosts {
+		if h == addr {
+			return i
+		}
+	}
+	c.hosts = append(c.hosts, addr)
+	return len(c.hosts) - 1
+}
