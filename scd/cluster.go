@@ -166,6 +166,16 @@ func (cl *cluster) candidates(dst []route.Candidate, group string, local *group,
 	return dst
 }
 
+// socketGroup reports whether group receives from a socket (routed at
+// random, no status check): as defined here, or as its nodes announce.
+func (cl *cluster) socketGroup(group string, local *group) bool {
+	if local != nil {
+		return local.def.ReceiveFrom == def.ReceiveSocket
+	}
+	entries := cl.names.Lookup(group)
+	return len(entries) > 0 && entries[0].Socket
+}
+
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {
@@ -185,7 +195,7 @@ func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool,
 		return false, 0, "" // the hop mark: served here or refused, never transferred again
 	}
 	group := string(f.Group)
-	socket := g != nil && g.def.ReceiveFrom == def.ReceiveSocket
+	socket := cl.socketGroup(group, g)
 	buf := cl.candPool.Get().(*[]route.Candidate)
 	defer cl.candPool.Put(buf)
 	var cands []route.Candidate
@@ -267,7 +277,7 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 	g := n.groups[fc.group]
 	cands := n.cluster.candidates(nil, fc.group, g, fc.tried)
 	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
-		Socket: g != nil && g.def.ReceiveFrom == def.ReceiveSocket}, globalRand{})
+		Socket: n.cluster.socketGroup(fc.group, g)}, globalRand{})
 	if i < 0 {
 		answerErr(fc, netio.CodeNetworkDown, err.Error()+"; no other node runs "+fc.group)
 		return
