@@ -63,10 +63,11 @@ type Cluster struct {
 	ml    *memberlist.Memberlist
 	queue *memberlist.TransmitLimitedQueue
 
-	mu     sync.Mutex
-	self   NodeInfo
-	alive  map[string]bool   // memberlist's view
-	latest map[string][]byte // the newest authenticated announce of each node, as received
+	announceMu sync.Mutex // orders Announce calls; never taken in memberlist's callbacks
+	mu         sync.Mutex // guards self, alive, latest; never held while calling memberlist
+	self       NodeInfo
+	alive      map[string]bool   // memberlist's view
+	latest     map[string][]byte // the newest authenticated announce of each node, as received
 
 	sent, received, bytesSent atomic.Uint64
 	dropMu                    sync.Mutex
@@ -125,7 +126,7 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 	}
 	c.ml = ml
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
-	c.announceLocked(self)
+	c.Announce(self)
 	c.wg.Add(1)
 	go c.run()
 	return c, nil
@@ -139,22 +140,35 @@ func (c *Cluster) Trusted() bool { return !c.codec.Authenticated() }
 
 // Announce tells every node this node's groups now. Callers pass the whole
 // state; the cluster numbers it.
+//
+// Lock order: memberlist calls NotifyJoin and NotifyLeave, which take mu,
+// with its node lock held, and GetBroadcasts asks for the member count
+// (node lock) with the broadcast queue's lock held. So mu is never held
+// while calling into memberlist, or the three make a cycle (seen in the
+// 128-node bench); announceMu, which memberlist's callbacks never take,
+// keeps announces queued in the order they are numbered.
 func (c *Cluster) Announce(info NodeInfo) {
+	c.announceMu.Lock()
+	defer c.announceMu.Unlock()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.announceLocked(info)
-}
-
-func (c *Cluster) announceLocked(info NodeInfo) {
 	info.Node, info.Boot, info.Seq = c.self.Node, c.self.Boot, c.self.Seq+1
 	c.self = info
 	raw := c.codec.Encode(nil, info)
 	c.latest[info.Node] = raw
+	c.mu.Unlock()
 	if _, err := c.table.Apply(info); err != nil {
 		c.log.Error("own announce refused by the name table", "err", err)
 	}
 	c.sent.Add(1)
 	c.queue.QueueBroadcast(announce{node: info.Node, msg: raw})
+}
+
+// reannounce sends this node's current state again.
+func (c *Cluster) reannounce() {
+	c.mu.Lock()
+	self := c.self
+	c.mu.Unlock()
+	c.Announce(self)
 }
 
 // run re-announces periodically and retries the seeds that are not members.
@@ -170,9 +184,7 @@ func (c *Cluster) run() {
 		case <-c.stop:
 			return
 		case <-refresh.C:
-			c.mu.Lock()
-			c.announceLocked(c.self)
-			c.mu.Unlock()
+			c.reannounce()
 		case <-rejoin.C:
 			c.joinSeeds()
 		}
