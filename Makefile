@@ -19,11 +19,11 @@ test: ## run every test with the race detector (integration tests start real scd
 test-short: ## unit tests only, no processes started
 	$(GO) test -short -count=1 ./...
 
-bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; report in bench/results/ (about 14 min)
+bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation over 128 nodes; report in bench/results/ (about 19 min)
 	$(GO) build $(GOFLAGS) -o $(BIN)/tpbench ./bench/cmd/tpbench
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
-bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 2.5 min)
+bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 4.5 min)
 	$(GO) build $(GOFLAGS) -o $(BIN)/tpbench ./bench/cmd/tpbench
 	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 

@@ -17,18 +17,24 @@
 //     tree);
 //   - the scenarios (S1 echo grid, S2 CPU-bound pool, S3 load step on pools
 //     that grow, S4 open-loop overload, S5 tpsched's CPU guard on and off
-//     under overload),
+//     under overload, S6 three tpsched nodes on 127.0.0.2-4 with one three
+//     times slower under the random, OpenTP1 and P2C balancing rules, S7
+//     128 members of tpsched's name layer in one process: join time,
+//     announce propagation and traffic),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/.
 //
 // # Usage
 //
 //	make bench-deps   # once, as root: nginx, php-fpm, haproxy from apt
-//	make bench        # the full run (about 14 minutes)
-//	make bench-quick  # the development run (about 2.5 minutes), into bench/results/quick/
+//	make bench        # the full run (about 19 minutes)
+//	make bench-quick  # the development run (about 4 minutes), into bench/results/quick/
+//	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
 //
 // The pure parts (percentiles, the open-loop schedule, /proc parsing, S3's
-// windows and recovery time, S5's status summaries, report formatting) are tested without starting any server. Figures are medians of
+// windows and recovery time, S5's status summaries, S6's metrics parsing,
+// level shares and verdict, S7's seeds and verdict, report formatting)
+// are tested without starting any server. Figures are medians of
 // interleaved runs; ratios are what to quote, since the load generator shares
 // the cores with the servers.
 package bench

@@ -77,6 +77,11 @@ type Report struct {
 	// S5: how it was run and each system's figures (Cells is empty).
 	Guard        *GuardSetup   `json:"guard,omitempty"`
 	GuardResults []GuardResult `json:"guard_results,omitempty"`
+	// S6: the cluster and each balancing rule's figures (Cells is empty).
+	Cluster        *ClusterSetup   `json:"cluster,omitempty"`
+	ClusterResults []ClusterResult `json:"cluster_results,omitempty"`
+	// S7: announce propagation over many nodes (Cells is empty).
+	Gossip *GossipResult `json:"gossip,omitempty"`
 }
 
 // Machine describes where the run happened.

@@ -19,6 +19,12 @@ func (r *Report) Markdown() string {
 	if r.Guard != nil {
 		return r.guardMarkdown()
 	}
+	if r.Cluster != nil {
+		return r.clusterMarkdown()
+	}
+	if r.Gossip != nil {
+		return r.gossipMarkdown()
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
 	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)
@@ -132,6 +138,9 @@ func ratio(a, b float64) string {
 func payloadName(c Cell) string {
 	if c.Service == "burn" {
 		return fmt.Sprintf("%d us CPU", BurnMicros)
+	}
+	if c.Service == "sleep" {
+		return fmt.Sprintf("sleep %d ms", S6SleepMs)
 	}
 	switch {
 	case c.Payload >= 1<<10 && c.Payload%(1<<10) == 0:

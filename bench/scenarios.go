@@ -18,7 +18,7 @@ type Config struct {
 	Env       Env
 	Out       string   // directory for the reports
 	Quick     bool     // the development grid
-	Scenarios []string // of S1, S2, S3, S4, S5
+	Scenarios []string // of S1 to S7
 	Runs      int
 	Warmup    time.Duration
 	Duration  time.Duration
@@ -30,9 +30,19 @@ type Config struct {
 	S5Load      float64
 	S5Warmup    time.Duration
 	S5Duration  time.Duration
-	S5Queue     int      // queue_size of S5's systems
-	Systems     []string // only these systems (by report name); empty: all
-	Log         io.Writer
+	S5Queue     int // queue_size of S5's systems
+	// S6: the offered rate as a share of the three nodes' capacity, and
+	// each run's warm-up and measured time (0: the defaults).
+	S6Load     float64
+	S6Warmup   time.Duration
+	S6Duration time.Duration
+	S6Queue    int // queue_size on every node (0: the default, 256)
+	// S7: members, changes measured and the quiet spell (0: the defaults).
+	S7Nodes  int
+	S7Probes int
+	S7Quiet  time.Duration
+	Systems  []string // only these systems (by report name); empty: all
+	Log      io.Writer
 }
 
 // Grids of the scenarios.
@@ -232,7 +242,23 @@ func Run(ctx context.Context, cfg Config) error {
 		return ctx.Err()
 	}
 	if want("S5") {
-		return runS5(ctx, cfg, opts, capacity, newReport, loadgen)
+		if err := runS5(ctx, cfg, opts, capacity, newReport, loadgen); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S6") {
+		if err := runS6(ctx, cfg, opts, newReport, loadgen); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S7") {
+		return runS7(ctx, cfg, newReport)
 	}
 	return nil
 }

@@ -2,9 +2,12 @@
 // echo server, gRPC-go, nginx + PHP-FPM and HAProxy + Go workers, each
 // started on 127.0.0.1 in a temporary directory of its own, measured
 // interleaved, and written to bench/results/<date>-<scenario>.md with the
-// figures as JSON and the plots as PNG beside it.
+// figures as JSON and the plots as PNG beside it. S6 runs three tpsched
+// nodes on 127.0.0.2-4 (one of them three times slower) under each
+// balancing rule; S7 runs 128 members of tpsched's name layer in this
+// process and times how fast an announce reaches all of them.
 //
-//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5] [-out bench/results] [-bin bin]
+//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5,S6,S7] [-out bench/results] [-bin bin]
 //
 // It also serves the Go peers when run with -serve (gnet, grpc, http): the
 // harness starts itself that way so each peer is a process of its own.
@@ -30,9 +33,9 @@ func main() {
 	loops := flag.Int("loops", 1, "internal: event loops of the gnet peer")
 	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build)")
 	out := flag.String("out", "bench/results", "directory for the reports")
-	quick := flag.Bool("quick", false, "the development grid (about two and a half minutes; S3 shorter and one run, S5 shorter)")
-	scen := flag.String("scenarios", "S1,S2,S3,S4,S5", "scenarios to run")
-	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick; S5: per system, at least 5 but in -quick); figures are their medians (3 or more)")
+	quick := flag.Bool("quick", false, "the development grid (about four minutes; S3 shorter and one run, S5 and S6 shorter, S7 fewer changes)")
+	scen := flag.String("scenarios", "S1,S2,S3,S4,S5,S6,S7", "scenarios to run")
+	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick; S5 and S6: per system, at least 5 but in -quick); figures are their medians (3 or more)")
 	dur := flag.Duration("duration", 0, "measured time per run (default 2s, quick 0.75s; S4 twice that)")
 	warm := flag.Duration("warmup", 0, "unmeasured time before each run (default 0.5s, quick 0.25s; S4 twice that)")
 	workers := flag.Int("workers", 2, "worker processes per system")
@@ -44,6 +47,13 @@ func main() {
 	s5queue := flag.Int("s5-queue", bench.S5Queue, "queue_size in S5 (a full queue answers 'server busy')")
 	s5dur := flag.Duration("s5-duration", 0, "S5's measured time per run (default 4s, quick 2s)")
 	s5warm := flag.Duration("s5-warmup", 0, "S5's warm-up per run, in which the group grows (default 1s, quick 0.5s)")
+	s6load := flag.Float64("s6-load", bench.S6Load, "S6's offered open-loop rate as a share of the three nodes' nominal capacity")
+	s6dur := flag.Duration("s6-duration", 0, "S6's measured time per run (default 10s, quick 4s)")
+	s6warm := flag.Duration("s6-warmup", 0, "S6's warm-up per run (default 3s, quick 2s)")
+	s6queue := flag.Int("s6-queue", bench.S6Queue, "queue_size on S6's nodes (a full queue answers 'server busy'; random's p99 is about this times the slow node's service time)")
+	s7nodes := flag.Int("s7-nodes", bench.S7Nodes, "S7's members (at most 128)")
+	s7probes := flag.Int("s7-changes", 0, "S7's announced changes measured (default 30, quick 10)")
+	s7quiet := flag.Duration("s7-quiet", 0, "S7's quiet spell for the refresh traffic (default 20s, one refresh period; quick 5s)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -78,6 +88,18 @@ func main() {
 	if *s5warm == 0 && *quick {
 		*s5warm = 500 * time.Millisecond
 	}
+	if *s6load <= 0 {
+		fmt.Fprintln(os.Stderr, "tpbench: -s6-load must be above 0")
+		os.Exit(2)
+	}
+	if *s6queue < bench.S6LevelUp[1] {
+		fmt.Fprintf(os.Stderr, "tpbench: -s6-queue must be at least %d (levelup_queue_count's LEVEL2 threshold)\n", bench.S6LevelUp[1])
+		os.Exit(2)
+	}
+	if *s7nodes < 2 || *s7nodes > bench.S7Nodes {
+		fmt.Fprintf(os.Stderr, "tpbench: -s7-nodes must be 2..%d (a cluster holds at most %d nodes)\n", bench.S7Nodes, bench.S7Nodes)
+		os.Exit(2)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tpbench:", err)
@@ -99,6 +121,13 @@ func main() {
 		S5Warmup:    *s5warm,
 		S5Duration:  *s5dur,
 		S5Queue:     *s5queue,
+		S6Load:      *s6load,
+		S6Warmup:    *s6warm,
+		S6Duration:  *s6dur,
+		S6Queue:     *s6queue,
+		S7Nodes:     *s7nodes,
+		S7Probes:    *s7probes,
+		S7Quiet:     *s7quiet,
 		Systems:     splitList(*systems),
 		Log:         os.Stderr,
 	}
