@@ -568,8 +568,9 @@ func (s *Server) Running() (resident, nonResident int) {
 // running and those that ended.
 func (s *Server) Usage() bpf.Usage { return s.usage.total() }
 
-// CPUSample is the CPU guard's last reading of the processes.
-func (s *Server) CPUSample() CPUSample { return s.usage.cpuSample(time.Now()) }
+// CPUSample is the CPU guard's last reading of the processes. Reading it
+// does not move the guard's window: only the scaler does.
+func (s *Server) CPUSample() CPUSample { return s.usage.lastSample() }
 
 // CPUGroup is where the server's processes get their CPU priority.
 func (s *Server) CPUGroup() *CPUGroup { return s.cpu }

@@ -93,6 +93,16 @@ func (b *usageBook) totalLocked() bpf.Usage {
 	return u
 }
 
+// lastSample is the reading of the last full window.
+func (b *usageBook) lastSample() CPUSample {
+	if b.meter == nil {
+		return CPUSample{Wait: -1}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.last
+}
+
 // cpuSample is the CPU guard's reading: the last window of at least
 // cpuWaitWindow, ending now if the previous one ended that long ago.
 //

@@ -199,7 +199,8 @@ func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool,
 	buf := cl.candPool.Get().(*[]route.Candidate)
 	defer cl.candPool.Put(buf)
 	var cands []route.Candidate
-	if g != nil && f.Flags&netio.FlagBalanced != 0 {
+	balanced := g != nil && f.Flags&netio.FlagBalanced != 0
+	if balanced {
 		// The sender chose this node: stay unless held, or LEVEL2 while
 		// another node is lower.
 		cands = cl.candidates((*buf)[:0], group, nil, nil)
@@ -210,7 +211,9 @@ func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool,
 		cands = cl.candidates((*buf)[:0], group, g, nil)
 	}
 	*buf = cands
-	i := route.Choose(cands, cl.policy, route.Request{Direct: true, Socket: socket}, globalRand{})
+	// schedule_rate is for scheduler-direct calls, not for a balanced one
+	// that must move on.
+	i := route.Choose(cands, cl.policy, route.Request{Direct: !balanced, Socket: socket}, globalRand{})
 	if i < 0 || cands[i].Local {
 		return false, 0, ""
 	}

@@ -11,7 +11,7 @@ import (
 )
 
 // groupLoad is a group's load level and the check that set it. The load
-// loop writes it; status, metrics and (later) the announcer read it.
+// loop writes it; status, metrics, routing and announces read it.
 type groupLoad struct {
 	meter   *loadlevel.Meter // the load loop's alone
 	changes *metrics.Counter

@@ -56,7 +56,7 @@ type Options struct {
 	// names to insist on it (it still falls back, saying why). scdd takes it
 	// from TPSCHED_BPF.
 	SchedProbes string
-	// FastFailureDetection probes peers every 200 ms instead of 500 ms, so
+	// FastFailureDetection probes peers every 200 ms instead of 1 s, so
 	// a dead node leaves the tables within about a second: for tests and
 	// single-host clusters.
 	FastFailureDetection bool
@@ -103,7 +103,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	switch opts.SchedProbes {
 	case "", "off", bpf.Proc, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint:
 	default:
-		return nil, fmt.Errorf("TPSCHED_BPF=%q: want off, proc, %s, %s or %s (empty: the best that loads)",
+		return nil, fmt.Errorf("cpu probes %q (scdd -cpu-probes or TPSCHED_BPF): want off, proc, %s, %s or %s (empty: the best that loads)",
 			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
