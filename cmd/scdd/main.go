@@ -32,7 +32,7 @@ func run() int {
 	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
 	fastDetect := flag.Bool("fast-failure-detection", false,
-		"probe peer nodes every 200 ms instead of 500 ms, so a dead node leaves the tables within about a second (tests, one-host clusters)")
+		"probe peer nodes every 200 ms instead of 1 s, so a dead node leaves the tables within about a second (tests, one-host clusters)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: scdd [-c DIR] [flags]\n\n"+
 			"Runs a tpsched node. With no definition directory it serves the embedded\n"+
