@@ -43,9 +43,9 @@ func (u *Usage) Add(o Usage) {
 
 // Mechanism names how a Meter measures and why that one.
 type Mechanism struct {
-	Name      string `json:"name"` // tp_btf, raw_tp, tracepoint, or proc
-	Waits     bool   `json:"runqueue_wait"` // run-queue wait is measured
-	Histogram bool   `json:"histogram"`     // and its distribution too
+	Name      string `json:"name"`             // tp_btf, raw_tp, tracepoint, or proc
+	Waits     bool   `json:"runqueue_wait"`    // run-queue wait is measured
+	Histogram bool   `json:"histogram"`        // and its distribution too
 	Reason    string `json:"reason,omitempty"` // why not a better one
 }
 
