@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -226,7 +225,8 @@ set cpu_wait_limit = %d
 // TestCPUGuardHoldsProcessesNearTheCores floods a CPU-bound group that may
 // grow to 16 processes. With the guard its processes stay near the cores
 // (they already wait for a CPU, so more cannot help); with cpu_wait_limit 0
-// the rule alone takes all 16.
+// the rule alone takes all 16. Alone on two cores the guard stops at 4 or
+// 5; with two CPU hogs beside the test, at 4 to 7: the bound is half of 16.
 func TestCPUGuardHoldsProcessesNearTheCores(t *testing.T) {
 	skipShort(t)
 	if os.Geteuid() != 0 {
@@ -239,7 +239,7 @@ func TestCPUGuardHoldsProcessesNearTheCores(t *testing.T) {
 		limit   int
 		atLeast int
 		atMost  int
-	}{{50, 1, 3 * runtime.NumCPU()}, {0, 16, 16}} {
+	}{{50, 1, 8}, {0, 16, 16}} {
 		t.Run(fmt.Sprintf("cpu_wait_limit=%d", tc.limit), func(t *testing.T) {
 			dir := defDir(t, "", map[string]string{"hot": fmt.Sprintf(guardServer, "hot", tc.limit)})
 			n := startNode(t, "-c", dir)
