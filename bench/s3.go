@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"sync"
 	"time"
 )
 
@@ -203,34 +202,10 @@ func stepRun(ctx context.Context, s *System, sl StepLoad) (stepTrace, error) {
 	if _, err := s.Workers(); err != nil {
 		return stepTrace{}, err
 	}
-	type stamped struct {
-		at time.Time
-		n  int
-	}
-	var (
-		mu   sync.Mutex
-		seen []stamped
-		wg   sync.WaitGroup
-	)
-	pctx, stop := context.WithCancel(ctx)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tk := time.NewTicker(sl.Poll)
-		defer tk.Stop()
-		for {
-			if n, err := s.Workers(); err == nil {
-				mu.Lock()
-				seen = append(seen, stamped{time.Now(), n})
-				mu.Unlock()
-			}
-			select {
-			case <-pctx.Done():
-				return
-			case <-tk.C:
-			}
-		}
-	}()
+	stop := poll(ctx, sl.Poll, func() (int, bool) {
+		n, err := s.Workers()
+		return n, err == nil
+	})
 	res, err := OpenLoop(ctx, Load{
 		Dial:     s.Dialer("burn"),
 		Payload:  []byte(fmt.Sprint(BurnMicros)),
@@ -240,14 +215,13 @@ func stepRun(ctx context.Context, s *System, sl StepLoad) (stepTrace, error) {
 		Trace:    true,
 		Duration: sl.End(),
 	})
-	stop()
-	wg.Wait()
+	seen := stop()
 	if err != nil {
 		return stepTrace{}, err
 	}
 	tr := stepTrace{calls: res.Trace}
 	for _, x := range seen {
-		tr.samples = append(tr.samples, WorkerSample{At: x.at.Sub(res.Begin), N: x.n})
+		tr.samples = append(tr.samples, WorkerSample{At: x.At.Sub(res.Begin), N: x.V})
 	}
 	return tr, nil
 }

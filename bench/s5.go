@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"tpsched/scd/def"
@@ -514,47 +513,25 @@ func guardRun(ctx context.Context, s *System, o RunOptions, setup GuardSetup) (G
 	if st.Probes.Reason != "" {
 		probes += " (" + st.Probes.Reason + ")"
 	}
-	type stamped struct {
-		at time.Time
-		s  StatusSample
-	}
-	var (
-		mu   sync.Mutex
-		seen []stamped
-		wg   sync.WaitGroup
-	)
-	pctx, stop := context.WithCancel(ctx)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tk := time.NewTicker(setup.Poll)
-		defer tk.Stop()
-		for {
-			if st, err := readStatus(s.status); err == nil {
-				mu.Lock()
-				x := st.Sample("bench")
-				x.MachineBusy, x.MachineSteal = machineCPU()
-				seen = append(seen, stamped{time.Now(), x})
-				mu.Unlock()
-			}
-			select {
-			case <-pctx.Done():
-				return
-			case <-tk.C:
-			}
+	stop := poll(ctx, setup.Poll, func() (StatusSample, bool) {
+		st, err := readStatus(s.status)
+		if err != nil {
+			return StatusSample{}, false
 		}
-	}()
+		x := st.Sample("bench")
+		x.MachineBusy, x.MachineSteal = machineCPU()
+		return x, true
+	})
 	cell := Cell{Service: "cpu", Conns: setup.Carriers, Open: true}
 	fig, res, err := measureOne(ctx, o, s, &cell, setup.Rate)
-	stop()
-	wg.Wait()
+	seen := stop()
 	if err != nil {
 		return GuardFigures{}, guardTrace{}, probes, err
 	}
 	var samples []StatusSample
 	for _, x := range seen {
-		x.s.At = x.at.Sub(res.Begin)
-		samples = append(samples, x.s)
+		x.V.At = x.At.Sub(res.Begin)
+		samples = append(samples, x.V)
 	}
 	f := GuardFigures{Figures: fig, ProcFigures: SummarizeSamples(samples, o.Warmup, o.Warmup+o.Duration),
 		Due: float64(res.Offered), Refused: float64(res.Refused), Failed: float64(res.Failed), TimedOut: float64(res.TimedOut)}

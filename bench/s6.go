@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -479,42 +478,19 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 		}
 		return out, nil
 	}
-	type stamped struct {
-		at     time.Time
-		levels []int
-	}
-	var (
-		mu   sync.Mutex
-		seen []stamped
-		wg   sync.WaitGroup
-	)
-	pctx, stop := context.WithCancel(ctx)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tk := time.NewTicker(setup.Poll)
-		defer tk.Stop()
-		for {
-			levels := make([]int, n)
-			at := time.Now()
-			for i, ctl := range c.Ctl {
-				levels[i] = -1
-				if m, err := readMetrics(ctl); err == nil {
-					if v, ok := m[metricLevel]; ok {
-						levels[i] = int(v)
-					}
+	// Every node's own level, as its /metrics says (-1: not read).
+	stop := poll(ctx, setup.Poll, func() ([]int, bool) {
+		levels := make([]int, n)
+		for i, ctl := range c.Ctl {
+			levels[i] = -1
+			if m, err := readMetrics(ctl); err == nil {
+				if v, ok := m[metricLevel]; ok {
+					levels[i] = int(v)
 				}
 			}
-			mu.Lock()
-			seen = append(seen, stamped{at, levels})
-			mu.Unlock()
-			select {
-			case <-pctx.Done():
-				return
-			case <-tk.C:
-			}
 		}
-	}()
+		return levels, true
+	})
 	roots := c.Roots()
 	var (
 		before, after           []map[string]float64
@@ -553,8 +529,7 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 		},
 	}
 	res, err := OpenLoop(ctx, l)
-	stop()
-	wg.Wait()
+	seen := stop()
 	if err != nil {
 		return ClusterFigures{}, nil, err
 	}
@@ -591,7 +566,7 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 	}
 	var samples []LevelSample
 	for _, x := range seen {
-		samples = append(samples, LevelSample{At: x.at.Sub(res.Begin), Levels: x.levels})
+		samples = append(samples, LevelSample{At: x.At.Sub(res.Begin), Levels: x.V})
 	}
 	f.LevelTime = LevelShares(samples, n, o.Warmup, o.Warmup+o.Duration)
 	return f, res.CDF, nil
