@@ -29,3 +29,15 @@ func TestPollKeepsSuccessfulReadingsInOrder(t *testing.T) {
 		t.Errorf("stop called twice gave %d then %d readings", len(seen), after)
 	}
 }
+
+func TestGiven(t *testing.T) {
+	for _, tc := range []struct {
+		flag  time.Duration
+		quick bool
+		want  time.Duration
+	}{{0, false, 10}, {0, true, 2}, {7, false, 7}, {7, true, 7}, {-1, true, 2}} {
+		if got := given(tc.flag, 10, 2, tc.quick); got != tc.want {
+			t.Errorf("given(%v, 10, 2, %v) = %v, want %v", tc.flag, tc.quick, got, tc.want)
+		}
+	}
+}

@@ -383,16 +383,8 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 		queue = S5Queue
 	}
 	o := opts
-	o.Warmup, o.Duration = cfg.S5Warmup, cfg.S5Duration
-	if o.Warmup <= 0 {
-		o.Warmup = S5Warmup
-	}
-	if o.Duration <= 0 {
-		o.Duration = S5Duration
-		if cfg.Quick {
-			o.Duration = S5QuickDuration
-		}
-	}
+	o.Warmup = given(cfg.S5Warmup, S5Warmup, S5Warmup, cfg.Quick)
+	o.Duration = given(cfg.S5Duration, S5Duration, S5QuickDuration, cfg.Quick)
 	// The group's runs vary more from one to the next than a fixed pool's
 	// (16 processes time-sharing 2 cores), so the full run takes at least
 	// S5Runs of them.

@@ -717,19 +717,8 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 		factor = S6Load
 	}
 	o := opts
-	o.Warmup, o.Duration = cfg.S6Warmup, cfg.S6Duration
-	if o.Warmup <= 0 {
-		o.Warmup = S6Warmup
-		if cfg.Quick {
-			o.Warmup = S6QuickWarmup
-		}
-	}
-	if o.Duration <= 0 {
-		o.Duration = S6Duration
-		if cfg.Quick {
-			o.Duration = S6QuickDuration
-		}
-	}
+	o.Warmup = given(cfg.S6Warmup, S6Warmup, S6QuickWarmup, cfg.Quick)
+	o.Duration = given(cfg.S6Duration, S6Duration, S6QuickDuration, cfg.Quick)
 	queue := cfg.S6Queue
 	if queue <= 0 {
 		queue = S6Queue

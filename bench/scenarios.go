@@ -415,3 +415,15 @@ func PeerVersions() map[string]string {
 	ask("haproxy", func() (string, error) { return findBinary("haproxy") }, "-v")
 	return out
 }
+
+// given is a scenario's duration as the operator gave it (-sN-duration and
+// the like), else its default for the full or the quick run.
+func given(flag, full, quick time.Duration, isQuick bool) time.Duration {
+	switch {
+	case flag > 0:
+		return flag
+	case isQuick:
+		return quick
+	}
+	return full
+}
