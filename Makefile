@@ -5,7 +5,7 @@ GOFLAGS ?=
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: help build test test-short bench bench-quick bench-deps demo generate check-generate bpf-tools lint fuzz clean
+.PHONY: help build test test-short bench bench-quick bench-deps demo cluster-demo generate check-generate bpf-tools lint fuzz clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,6 +34,9 @@ bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; t
 
 demo: build ## start a node on the embedded default, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)
+
+cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them
+	@bash tools/cluster.sh $(BIN)
 
 # The eBPF objects are built with this clang, from Debian bookworm's
 # packages, so that `make check-generate` can compare byte for byte.

@@ -49,6 +49,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rpc := fs.String("H", os.Getenv("TPSCHED_RPC"), "RPC address host:port of the node (default from sysconf, else 127.0.0.1:12000)")
 	ctl := fs.String("a", os.Getenv("TPSCHED_CONTROL"), "control address host:port of the node (default from sysconf, else "+def.DefaultMetricsAddress+")")
 	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
+	var co callOptions
+	fs.BoolVar(&co.noReply, "no-reply", false, "call: send the call without waiting for an answer (call-no-reply)")
+	fs.BoolVar(&co.balanced, "balanced", false, "call: mark the call as already balanced: the node serves it unless the group is held there, or LEVEL2 while another node is lower")
+	fs.BoolVar(&co.loadBalance, "loadbalance", false, "call: ask the node which nodes run the group and send the call to a least loaded one (dccltloadbalance)")
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -67,7 +71,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var err error
 	switch cmd {
 	case "call":
-		err = call(ctx, *rpc, rest, stdout)
+		err = call(ctx, *rpc, co, rest, stdout)
 	case "status":
 		err = status(ctx, *ctl, rest, stdout)
 	case "hold", "release":
@@ -122,7 +126,10 @@ func resolveAddrs(dir string, rpc, ctl *string) error {
 	return nil
 }
 
-func call(ctx context.Context, rpc string, args []string, stdout io.Writer) error {
+// callOptions are the flags that shape a call.
+type callOptions struct{ noReply, balanced, loadBalance bool }
+
+func call(ctx context.Context, rpc string, co callOptions, args []string, stdout io.Writer) error {
 	if len(args) < 2 || len(args) > 3 {
 		return usageError("call GROUP SERVICE [DATA]")
 	}
@@ -136,12 +143,18 @@ func call(ctx context.Context, rpc string, args []string, stdout io.Writer) erro
 			}
 		}
 	}
-	c, err := client.New(client.Options{Hosts: []string{rpc}, MaxMessageSize: def.MaxMaxMessageSize})
+	c, err := client.New(client.Options{Hosts: []string{rpc}, MaxMessageSize: def.MaxMaxMessageSize,
+		Balanced: co.balanced, LoadBalance: co.loadBalance})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	reply, err := c.Call(ctx, args[0], args[1], data)
+	var reply []byte
+	if co.noReply {
+		err = c.CallNoReply(ctx, args[0], args[1], data)
+	} else {
+		reply, err = c.Call(ctx, args[0], args[1], data)
+	}
 	if err != nil {
 		var te *netio.Error
 		if errors.As(err, &te) && te.Code == netio.CodeNetworkDown {
