@@ -48,11 +48,22 @@ func (n *Node) clusterKey() []byte {
 	return []byte(n.cfg.System.ClusterKey)
 }
 
-// startCluster joins the nodes of all_node, if any.
+// startCluster joins the other nodes of all_node, if it names any.
 func (n *Node) startCluster() error {
 	sys := n.cfg.System
-	if len(sys.AllNodes) == 0 {
-		return nil
+	var seeds []string
+	for _, a := range sys.AllNodes {
+		host, port, err := def.SplitHostPort(a, sys.RPCPort)
+		if err != nil {
+			return err
+		}
+		if host == sys.RPCAddress && port == sys.RPCPort {
+			continue // this node
+		}
+		seeds = append(seeds, net.JoinHostPort(host, strconv.Itoa(sys.NamePort)))
+	}
+	if len(seeds) == 0 {
+		return nil // all_node names no other node: nothing to balance over
 	}
 	rule, err := route.ParseRule(n.cfg.Sched.BalanceRule)
 	if err != nil {
@@ -72,17 +83,6 @@ func (n *Node) startCluster() error {
 	}
 	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
 	cl.fwd.reroute = n.reroute
-	var seeds []string
-	for _, a := range sys.AllNodes {
-		host, port, err := def.SplitHostPort(a, sys.RPCPort)
-		if err != nil {
-			return err
-		}
-		if host == sys.RPCAddress && port == sys.RPCPort {
-			continue // this node
-		}
-		seeds = append(seeds, net.JoinHostPort(host, strconv.Itoa(sys.NamePort)))
-	}
 	if n.clusterKey() == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}

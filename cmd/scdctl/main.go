@@ -251,7 +251,7 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 		return err
 	}
 	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
-	fmt.Fprintln(stdout, "WAIT%: share of time the group's processes lately waited for a CPU; GUARD%: cpu_wait_limit.")
+	fmt.Fprintln(stdout, "WAIT%: share of the group's processes' runnable time lately spent waiting for a CPU; GUARD%: cpu_wait_limit.")
 	if cl := st.Cluster; cl != nil {
 		printCluster(stdout, tw, cl)
 		return tw.Flush()
