@@ -4,6 +4,8 @@ go 1.26.8
 
 require (
 	github.com/VictoriaMetrics/metrics v1.45.0
+	github.com/cilium/ebpf v0.22.0
+	github.com/hashicorp/memberlist v0.7.0
 	github.com/panjf2000/gnet/v2 v2.9.7
 	golang.org/x/sys v0.50.0
 	gonum.org/v1/plot v0.17.0
@@ -17,7 +19,6 @@ require (
 	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
 	git.sr.ht/~sbinet/gg v0.7.0 // indirect
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
-	github.com/cilium/ebpf v0.22.0 // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/btree v1.1.3 // indirect
 	github.com/hashicorp/errwrap v1.1.0 // indirect
@@ -27,7 +28,6 @@ require (
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/hashicorp/go-sockaddr v1.0.7 // indirect
 	github.com/hashicorp/golang-lru v1.0.2 // indirect
-	github.com/hashicorp/memberlist v0.7.0 // indirect
 	github.com/miekg/dns v1.1.73 // indirect
 	github.com/panjf2000/ants/v2 v2.11.3 // indirect
 	github.com/sean-/seed v0.0.0-20170313163322-e2103e2c3529 // indirect
