@@ -2,6 +2,7 @@ package names
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -113,7 +114,14 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 		mc.AdvertiseAddr = cfg.BindAddr
 	}
 	mc.Delegate, mc.Events = (*delegate)(c), (*events)(c)
-	mc.Logger = log.New(&logAdapter{log: c.log}, "", 0)
+	mc.Logger = log.New(&logAdapter{c: c}, "", 0)
+	if len(cfg.Key) > 0 {
+		// memberlist's own gossip (membership: alive, suspect, dead) is
+		// encrypted and authenticated with a key derived from cluster_key,
+		// so a node without it can neither join nor declare others dead.
+		k := sha256.Sum256(append([]byte("tpsched memberlist\x00"), cfg.Key...))
+		mc.SecretKey = k[:]
+	}
 	mc.GossipInterval, mc.GossipNodes = 100*time.Millisecond, 4
 	mc.PushPullInterval = 15 * time.Second
 	// Probes keep memberlist's LAN timing (every 1 s, 500 ms timeout): a
@@ -420,16 +428,23 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 func (e *events) NotifyUpdate(n *memberlist.Node) {}
 
 // logAdapter puts memberlist's log lines into the node's log at debug
-// level, its warnings and errors at warn.
-type logAdapter struct{ log *slog.Logger }
+// level, its warnings and errors at warn. memberlist has no hook for
+// packets that fail to decrypt, only this log line; each counts as a
+// dropped unauthenticated message, beside the announces our codec drops.
+type logAdapter struct{ c *Cluster }
 
 func (l *logAdapter) Write(p []byte) (int, error) {
 	msg := string(bytes.TrimSpace(p))
+	lower := bytes.ToLower(p)
 	switch {
+	case bytes.Contains(p, []byte("[ERR]")) && bytes.Contains(lower, []byte("crypt")):
+		// "Decrypt packet failed", "No installed keys could decrypt",
+		// "remote state is (not) encrypted": a peer without our key.
+		l.c.drop(DropAuth, errors.New(msg))
 	case bytes.Contains(p, []byte("[ERR]")), bytes.Contains(p, []byte("[WARN]")):
-		l.log.Warn("memberlist", "msg", msg)
+		l.c.log.Warn("memberlist", "msg", msg)
 	default:
-		l.log.Debug("memberlist", "msg", msg)
+		l.c.log.Debug("memberlist", "msg", msg)
 	}
 	return len(p), nil
 }

@@ -87,8 +87,9 @@ func TestClusterSpreadsAnnouncesAndLeaves(t *testing.T) {
 	}
 }
 
-// A member with another key joins memberlist but its announces are dropped
-// and counted; it never enters the others' tables.
+// A member with another key cannot join (memberlist's gossip is encrypted
+// with a key derived from cluster_key): its packets are dropped and
+// counted, and it never enters the others' tables.
 func TestClusterDropsForgedAnnounces(t *testing.T) {
 	ms := startMembers(t, 3, func(i int) []byte {
 		if i == 2 {
@@ -104,5 +105,22 @@ func TestClusterDropsForgedAnnounces(t *testing.T) {
 	}
 	if _, ok := ms[2].table.Get("m0"); ok {
 		t.Error("the forger believed m0's announce signed with another key")
+	}
+}
+
+// An announce that reaches a member with a wrong tag (a peer that has the
+// memberlist key but not the announce key cannot exist today, so it is
+// handed over directly) is dropped and counted, and applies nothing.
+func TestClusterDropsWronglyTaggedAnnounce(t *testing.T) {
+	ms := startMembers(t, 1, func(int) []byte { return []byte("honest-key-0123456789") })
+	forged := NewCodec([]byte("forger-key-0123456789")).Encode(nil, NodeInfo{Node: "evil", Addr: "10.0.0.66:1", Boot: 1, Seq: 1,
+		Groups: []GroupInfo{{Group: "g"}}})
+	(*delegate)(ms[0].c).NotifyMsg(forged)
+	(*delegate)(ms[0].c).NotifyMsg(NewCodec(nil).Encode(nil, NodeInfo{Node: "evil", Boot: 1, Seq: 1}))
+	if got := ms[0].c.Stats().Dropped[DropAuth]; got != 2 {
+		t.Errorf("dropped as unauthenticated: %d, want 2 (a wrong tag and no tag)", got)
+	}
+	if _, ok := ms[0].table.Get("evil"); ok {
+		t.Error("a forged announce entered the table")
 	}
 }
