@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"sync"
 	"time"
 )
@@ -46,4 +48,46 @@ func poll[T any](ctx context.Context, every time.Duration, read func() (T, bool)
 		wg.Wait()
 		return seen
 	}
+}
+
+// interleaved runs every system runs times, rotating which goes first in
+// each round (and, with alternate, reversing the order of every other
+// round) so that no system always runs on a machine its neighbour just
+// warmed. once(r, i) starts system i, measures run r and stops it; it
+// returns startErr if the system did not start (it is skipped from then
+// on, the reason in skipped) and runErr if the run failed (no more runs of
+// it; the error ends up in skipped too, unless some run succeeded, and is
+// returned per system). ok(i) says whether system i has a run to report.
+func interleaved(ctx context.Context, log io.Writer, names []string, runs int, alternate bool,
+	skipped map[string]string, once func(r, i int) (startErr, runErr error), ok func(i int) bool) ([]string, error) {
+	errs := make([]string, len(names))
+	for r := range runs {
+		for k := range names {
+			si := (k + r) % len(names)
+			if alternate && r%2 == 1 {
+				si = len(names) - 1 - si
+			}
+			if ctx.Err() != nil {
+				return errs, ctx.Err()
+			}
+			if _, gone := skipped[names[si]]; gone || errs[si] != "" {
+				continue
+			}
+			startErr, runErr := once(r, si)
+			switch {
+			case startErr != nil:
+				fmt.Fprintf(log, "  %s not started: %v\n", names[si], startErr)
+				skipped[names[si]] = oneLine(startErr.Error())
+			case runErr != nil:
+				errs[si] = runErr.Error()
+				fmt.Fprintf(log, "  run %d %-24s error: %v\n", r+1, names[si], runErr)
+			}
+		}
+	}
+	for i, e := range errs {
+		if e != "" && !ok(i) {
+			skipped[names[i]] = oneLine(e)
+		}
+	}
+	return errs, nil
 }

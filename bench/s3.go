@@ -80,49 +80,37 @@ func runS3(ctx context.Context, cfg Config,
 	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S3: burn %d us, open loop %.0f/s for %v, %.0f/s for %v, %.0f/s for %v; %d systems x %d runs\n",
 		BurnMicros, sl.Base, sl.Before, sl.Peak, sl.During, sl.Base, sl.After, len(systems), runs)
-	for r := range runs {
-		for k := range systems {
-			si := (k + r) % len(systems)
-			if r%2 == 1 {
-				si = len(systems) - 1 - si
-			}
-			sys := systems[si]
-			res := &results[si]
-			res.System, res.Config = sys.name, sys.config
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if _, ok := skipped[sys.name]; ok || res.Error != "" {
-				continue
-			}
-			s, err := sys.start()
-			if err != nil {
-				fmt.Fprintf(cfg.Log, "  %s not started: %v\n", sys.name, err)
-				skipped[sys.name] = oneLine(err.Error())
-				continue
-			}
-			tr, err := stepRun(ctx, s, sl)
-			s.Stop()
-			if err != nil {
-				res.Error = err.Error()
-				fmt.Fprintf(cfg.Log, "  run %d %-24s error: %v\n", r+1, sys.name, err)
-				continue
-			}
-			f, _ := StepFiguresOf(sl, tr.calls, tr.samples)
-			res.Runs = append(res.Runs, f)
-			traces[si] = append(traces[si], tr)
-			fmt.Fprintf(cfg.Log, "  run %d %-24s p99 %s / %s / %s, recovered %s, first extra worker %s, workers %.0f -> %.0f (at %s), back %s, refused %.0f failed %.0f timed out %.0f\n",
-				r+1, sys.name, dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), msOrNever(f.RecoveryMs), msOrNever(f.FirstExtraMs),
-				f.BaselineWorkers, f.PeakWorkers, msOrNever(f.ToPeakMs), msOrNever(f.BackMs), f.Refused, f.Failed, f.TimedOut)
+	names := make([]string, len(systems))
+	for i, sys := range systems {
+		names[i] = sys.name
+		results[i].System, results[i].Config = sys.name, sys.config
+	}
+	errs, err := interleaved(ctx, cfg.Log, names, runs, true, skipped, func(r, si int) (error, error) {
+		s, err := systems[si].start()
+		if err != nil {
+			return err, nil
 		}
+		tr, err := stepRun(ctx, s, sl)
+		s.Stop()
+		if err != nil {
+			return nil, err
+		}
+		f, _ := StepFiguresOf(sl, tr.calls, tr.samples)
+		results[si].Runs = append(results[si].Runs, f)
+		traces[si] = append(traces[si], tr)
+		fmt.Fprintf(cfg.Log, "  run %d %-24s p99 %s / %s / %s, recovered %s, first extra worker %s, workers %.0f -> %.0f (at %s), back %s, refused %.0f failed %.0f timed out %.0f\n",
+			r+1, names[si], dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), msOrNever(f.RecoveryMs), msOrNever(f.FirstExtraMs),
+			f.BaselineWorkers, f.PeakWorkers, msOrNever(f.ToPeakMs), msOrNever(f.BackMs), f.Refused, f.Failed, f.TimedOut)
+		return nil, nil
+	}, func(i int) bool { return len(results[i].Runs) > 0 })
+	if err != nil {
+		return err
 	}
 	var done []StepResult
 	for i := range results {
 		res := &results[i]
+		res.Error = errs[i]
 		if len(res.Runs) == 0 {
-			if res.Error != "" {
-				skipped[res.System] = oneLine(res.Error)
-			}
 			continue
 		}
 		res.Median = MedianStepFigures(res.Runs)
@@ -132,13 +120,13 @@ func runS3(ctx context.Context, cfg Config,
 		res.Samples = tr.samples
 		done = append(done, *res)
 	}
-	var names []string
+	var reported []string
 	for _, d := range done {
-		names = append(names, d.System)
+		reported = append(reported, d.System)
 	}
 	o := RunOptions{Runs: runs, Duration: sl.End()}
 	r := newReport("S3", fmt.Sprintf("a load step from %.0f/s to %.0f/s on pools of 1 to %d workers that grow with the load", sl.Base, sl.Peak, S3MaxWorkers),
-		names, skipped, o)
+		reported, skipped, o)
 	r.Step = &sl
 	r.StepResults = done
 	r.Setup = s3Setup(sl, runs, cfg.Quick, systems)

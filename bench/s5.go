@@ -417,47 +417,39 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S5: cpu %d us, open loop %.0f/s (%.2fx capacity %.0f/s), %v + %v per run, %d systems x %d runs\n",
 		BurnMicros, setup.Rate, factor, capRate, o.Warmup, o.Duration, len(systems), runs)
-	for r := range runs {
-		for k := range systems {
-			si := (k + r) % len(systems)
-			sys := systems[si]
-			res := &results[si]
-			res.System, res.Config, res.WaitLimit = sys.name, sys.config, sys.limit
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if _, ok := skipped[sys.name]; ok || res.Error != "" {
-				continue
-			}
-			s, err := sys.start()
-			if err != nil {
-				fmt.Fprintf(cfg.Log, "  %s not started: %v\n", sys.name, err)
-				skipped[sys.name] = oneLine(err.Error())
-				continue
-			}
-			f, d, probes, err := guardRun(ctx, s, o, setup)
-			s.Stop()
-			if err != nil {
-				res.Error = err.Error()
-				fmt.Fprintf(cfg.Log, "  run %d %-20s error: %v\n", r+1, sys.name, err)
-				continue
-			}
-			res.Probes = probes
-			res.Runs = append(res.Runs, f)
-			traces[si] = append(traces[si], drawn{d.CDF, d.samples})
-			fmt.Fprintf(cfg.Log, "  run %d %-20s %6.0f/s p50 %s p99 %s refused %.0f timed out %.0f; processes mean %.1f max %.0f peak %.0f; wait%% mean %.0f max %.0f, waiting %.2f; holds %.0f (run %.0f), starts %.0f (run %.0f); UAP cpu %.0fus/completed call; machine busy %.2f cores, other %.2f, steal %.2f\n",
-				r+1, sys.name, f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs, f.PeakProcs,
-				f.MeanWaitPct, f.MaxWaitPct, f.Waiting, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts, f.UAPCPUus,
-				f.MachineCores, f.OtherCores, f.StealCores)
+	names := make([]string, len(systems))
+	for i, sys := range systems {
+		names[i] = sys.name
+		results[i].System, results[i].Config, results[i].WaitLimit = sys.name, sys.config, sys.limit
+	}
+	errs, err := interleaved(ctx, cfg.Log, names, runs, false, skipped, func(r, si int) (error, error) {
+		s, err := systems[si].start()
+		if err != nil {
+			return err, nil
 		}
+		f, d, probes, err := guardRun(ctx, s, o, setup)
+		s.Stop()
+		if err != nil {
+			return nil, err
+		}
+		res := &results[si]
+		res.Probes = probes
+		res.Runs = append(res.Runs, f)
+		traces[si] = append(traces[si], drawn{d.CDF, d.samples})
+		fmt.Fprintf(cfg.Log, "  run %d %-20s %6.0f/s p50 %s p99 %s refused %.0f timed out %.0f; processes mean %.1f max %.0f peak %.0f; wait%% mean %.0f max %.0f, waiting %.2f; holds %.0f (run %.0f), starts %.0f (run %.0f); UAP cpu %.0fus/completed call; machine busy %.2f cores, other %.2f, steal %.2f\n",
+			r+1, names[si], f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs, f.PeakProcs,
+			f.MeanWaitPct, f.MaxWaitPct, f.Waiting, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts, f.UAPCPUus,
+			f.MachineCores, f.OtherCores, f.StealCores)
+		return nil, nil
+	}, func(i int) bool { return len(results[i].Runs) > 0 })
+	if err != nil {
+		return err
 	}
 	var done []GuardResult
 	for i := range results {
 		res := &results[i]
+		res.Error = errs[i]
 		if len(res.Runs) == 0 {
-			if res.Error != "" {
-				skipped[res.System] = oneLine(res.Error)
-			}
 			continue
 		}
 		res.Median = MedianGuardFigures(res.Runs)
@@ -468,13 +460,13 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 		}
 		done = append(done, *res)
 	}
-	var names []string
+	var reported []string
 	for _, d := range done {
-		names = append(names, d.System)
+		reported = append(reported, d.System)
 	}
 	o.Runs = runs
 	title := fmt.Sprintf("the CPU guard: a CPU-bound service offered %.1fx capacity on a group of %d to %d processes", factor, S5Resident, S5Max)
-	rep := newReport("S5", title, names, skipped, o)
+	rep := newReport("S5", title, reported, skipped, o)
 	rep.Guard = &setup
 	rep.GuardResults = done
 	rep.Setup = s5Setup(setup, o, cfg.Quick, systems, loadgen)

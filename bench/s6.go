@@ -753,45 +753,37 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S6: sleep %d ms (x%d on n%d), open loop %.0f/s (%.2fx capacity %.0f/s), %v + %v per run, %d systems x %d runs\n",
 		S6SleepMs, S6Slowdown, S6Slow, setup.Rate, factor, setup.Capacity, o.Warmup, o.Duration, len(systems), o.Runs)
-	for r := range o.Runs {
-		for k := range systems {
-			si := (k + r) % len(systems)
-			sys := systems[si]
-			res := &results[si]
-			res.System, res.Config = sys.name, sys.sched
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if _, ok := skipped[sys.name]; ok || res.Error != "" {
-				continue
-			}
-			c, err := StartCluster(cfg.Env, sys.name, S6IPs, sys.schedLines(), S6Slow, S6Slowdown, queue)
-			if err != nil {
-				fmt.Fprintf(cfg.Log, "  %s not started: %v\n", sys.name, err)
-				skipped[sys.name] = oneLine(err.Error())
-				continue
-			}
-			f, cdf, err := clusterRun(ctx, c, o, setup)
-			c.Stop()
-			if err != nil {
-				res.Error = err.Error()
-				fmt.Fprintf(cfg.Log, "  run %d %-20s error: %v\n", r+1, sys.name, err)
-				continue
-			}
-			res.Runs = append(res.Runs, f)
-			cdfs[si] = append(cdfs[si], cdf)
-			fmt.Fprintf(cfg.Log, "  run %d %-20s %5.0f/s p50 %s p99 %s p99.9 %s refused %.0f timed out %.0f; served/s %s; slow node at LEVEL0/1/2 %s; transferred %.0f/s; machine %.2f cores\n",
-				r+1, sys.name, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
-				joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, S6Slow), f.Transferred, f.MachineCores)
+	names := make([]string, len(systems))
+	for i, sys := range systems {
+		names[i] = sys.name
+		results[i].System, results[i].Config = sys.name, sys.sched
+	}
+	errs, err := interleaved(ctx, cfg.Log, names, o.Runs, false, skipped, func(r, si int) (error, error) {
+		sys := systems[si]
+		c, err := StartCluster(cfg.Env, sys.name, S6IPs, sys.schedLines(), S6Slow, S6Slowdown, queue)
+		if err != nil {
+			return err, nil
 		}
+		f, cdf, err := clusterRun(ctx, c, o, setup)
+		c.Stop()
+		if err != nil {
+			return nil, err
+		}
+		results[si].Runs = append(results[si].Runs, f)
+		cdfs[si] = append(cdfs[si], cdf)
+		fmt.Fprintf(cfg.Log, "  run %d %-20s %5.0f/s p50 %s p99 %s p99.9 %s refused %.0f timed out %.0f; served/s %s; slow node at LEVEL0/1/2 %s; transferred %.0f/s; machine %.2f cores\n",
+			r+1, sys.name, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
+			joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, S6Slow), f.Transferred, f.MachineCores)
+		return nil, nil
+	}, func(i int) bool { return len(results[i].Runs) > 0 })
+	if err != nil {
+		return err
 	}
 	var done []ClusterResult
 	for i := range results {
 		res := &results[i]
+		res.Error = errs[i]
 		if len(res.Runs) == 0 {
-			if res.Error != "" {
-				skipped[res.System] = oneLine(res.Error)
-			}
 			continue
 		}
 		res.Median = MedianClusterFigures(res.Runs)
@@ -799,12 +791,12 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 		res.CDF = cdfs[i][res.Drawn]
 		done = append(done, *res)
 	}
-	var names []string
+	var reported []string
 	for _, d := range done {
-		names = append(names, d.System)
+		reported = append(reported, d.System)
 	}
 	rep := newReport("S6", fmt.Sprintf("three nodes, one %d times slower: random, OpenTP1's rule and P2C at %.0f%% of capacity",
-		S6Slowdown, 100*factor), names, skipped, o)
+		S6Slowdown, 100*factor), reported, skipped, o)
 	rep.Cluster = &setup
 	rep.ClusterResults = done
 	rep.Setup = s6Setup(setup, o, cfg.Quick, systems, loadgen)
