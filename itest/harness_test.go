@@ -34,6 +34,11 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
+		// A root scdd runs UAPs as users of their own: they must reach uap-echo.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 		binDir = dir
 		build := exec.Command("go", "build", "-o", dir+"/", "tpsched/cmd/scdd", "tpsched/cmd/scdctl", "tpsched/cmd/uap-echo")
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr

@@ -4,22 +4,23 @@
 // under its server's CPU priority (cgroup.go), gates non-resident starts on
 // free memory, notices when a process dies and replaces resident ones with
 // back-off. It decides nothing about routing and knows nothing of the wire
-// or of shared memory: the schedule service connects it through Hooks.
+// or of shared memory: the schedule service connects it through a Delegate.
 //
 // Every process is started from one goroutine locked to its OS thread,
 // because Pdeathsig fires when the spawning thread exits, not the process.
 // Each UAP gets its own process group so a stop can signal the UAP and any
-// children it made.
+// children it made, runs as the user and group its Spec names (never as
+// root unless told), and sees a small environment (see Env).
 //
 // # Usage
 //
 //	m := procmgr.New(procmgr.Options{Logger: log, NodeCap: 64})
 //	defer m.Close()
 //	srv, err := m.Start(procmgr.Spec{Server: "echo", Module: "/usr/bin/uap-echo",
-//		Segment: seg.File(), Resident: 2, Max: 8, BalanceCount: 3}, hooks)
+//		Resident: 2, Max: 8, BalanceCount: 3, UID: -1, GID: -1}, delegate)
 //	srv.Kick(depth) // after an enqueue: wakes the scaler if the rule may want a process
 //	...
-//	srv.Stop(ctx) // after the segment was closed: waits, then kills
+//	srv.Stop(ctx) // after the queue was closed: waits, then kills
 package procmgr
 
 import (
@@ -31,6 +32,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,8 +47,8 @@ type Spec struct {
 	Group        string        // service group it serves
 	Module       string        // path of the UAP executable
 	Args         []string      // arguments after the module name
-	Env          []string      // NAME=value added to the daemon's environment (putenv)
-	Segment      *os.File      // the schedule queue, passed as fd 3 (see Hooks.File)
+	Env          []string      // NAME=value from the definition (putenv), after the base environment (see Env)
+	UID, GID     int           // the user and group the processes run as; -1: the daemon's own
 	Resident     int           // processes started with the server and kept running
 	Max          int           // most processes, resident ones included; < Resident means Resident
 	BalanceCount int           // balance_count of the Multiserver rule
@@ -56,29 +58,39 @@ type Spec struct {
 	CPUWaitLimit int           // cpu_wait_limit percent: the CPU guard (see CPUBound); 0 = off
 }
 
-// SlotView is what the schedule queue says about a process slot.
+// SlotView is what the schedule service says about a process slot.
 type SlotView struct {
-	Busy   bool   // serving a request
-	Ready  bool   // attached to the queue (idle or busy)
-	Served uint64 // requests it completed
+	Busy   bool   // serving a call
+	Ready  bool   // attached and serving (idle or busy)
+	Served uint64 // calls it completed
 }
 
-// Hooks connect a server's processes to the schedule service.
-type Hooks struct {
-	// Prepare runs before a process is started into control-block slot.
-	Prepare func(slot int) error
-	// Exited runs after the process in slot has died and been reaped,
-	// before any replacement is started into that slot.
-	Exited func(slot, pid int, err error)
-	// File, if set, gives the file to pass as fd 3, asked after Prepare
-	// (a socket-receiving server gets a fresh socket per process).
-	File func() *os.File
-	// QueueDepth, Slot and RequestStop let the scaler see the queue and
-	// stop a non-resident process after the request in its hands. Without
-	// them no non-resident process is started.
-	QueueDepth  func() int
-	Slot        func(slot int) SlotView
-	RequestStop func(slot int)
+// Delegate is how a server's processes reach the schedule service, in the
+// manner of memberlist's delegates. procmgr calls it from its own
+// goroutines (a server's supervisors and the node's scaler), never from a
+// gnet event loop and never with its own locks held. No method may block
+// for more than a few microseconds.
+type Delegate interface {
+	// Prepare readies slot for a process about to start and returns the
+	// files it gets as fd 3, 4, ... It runs on the goroutine that starts
+	// the process, after the slot's last Exited. The files stay the
+	// delegate's: procmgr never closes them.
+	Prepare(slot int) ([]*os.File, error)
+	// Exited runs once the process in slot has died and been reaped, on the
+	// goroutine that waited for it, before any replacement is prepared.
+	Exited(slot, pid int, err error)
+	// Waiting is the number of calls waiting for a process: the
+	// Multiserver rule's "remaining requests". The scaler calls it.
+	Waiting() int
+	// Slot says what the process in slot is doing. The scaler calls it.
+	Slot(slot int) SlotView
+	// Stop asks the process in slot to take no further call: it finishes
+	// the one in hand and leaves. The scaler calls it.
+	Stop(slot int)
+	// Failing says that the server's processes keep dying before they
+	// attach (err says how the last one ended), or, with nil, that one
+	// attached again. Calls for the server cannot be served meanwhile.
+	Failing(err error)
 }
 
 // Restart back-off: a process that dies soon after it started waits longer
@@ -260,10 +272,10 @@ type ProcInfo struct {
 
 // Server is one user server's set of processes.
 type Server struct {
-	m     *Manager
-	spec  Spec
-	hooks Hooks
-	cpu   *CPUGroup
+	m        *Manager
+	spec     Spec
+	delegate Delegate
+	cpu      *CPUGroup
 
 	stop     chan struct{} // closed when the server stops; ends back-off waits
 	stopOnce sync.Once
@@ -275,8 +287,14 @@ type Server struct {
 	slots        []*slot
 	crashBackoff time.Duration // non-resident crash loop: wait this long before the next start
 	crashUntil   time.Time
-	lastStart    time.Time      // of the last non-resident process, for the CPU guard
-	wg           sync.WaitGroup // one per live process watcher
+	lastStart    time.Time // of the last non-resident process, for the CPU guard
+	earlyDeaths  int       // processes in a row that died before they attached
+	failing      bool      // earlyDeaths reached failingAfter: the delegate was told
+	// live counts processes started and not yet reaped: Add under mu
+	// together with the stopping check, Done after Exited. So Stop, which
+	// sets stopping first, returns only when no process of the server is
+	// left and no start can follow.
+	live sync.WaitGroup
 }
 
 type slot struct {
@@ -286,19 +304,27 @@ type slot struct {
 	state     ProcState
 	restarts  int
 	started   time.Time
+	attached  bool // the process attached to its queue (see Attached)
 	stopAsked bool
 	// idle tracking for non-resident processes
 	lastServed uint64
 	idleSince  time.Time
 }
 
+// failingAfter is how many processes in a row may die before attaching
+// before the server is reported failing (its calls cannot be served).
+const failingAfter = 3
+
 // Start starts the server's resident processes and supervises them. It
 // fails if the first start of any process fails (a missing module, say),
 // after killing the ones already started.
-func (m *Manager) Start(spec Spec, hooks Hooks) (*Server, error) {
+func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	spec.Max = max(spec.Max, spec.Resident)
 	if spec.Max < 1 {
 		return nil, fmt.Errorf("procmgr: %s: parallel_count allows no process", spec.Server)
+	}
+	if d == nil {
+		return nil, fmt.Errorf("procmgr: %s: no delegate", spec.Server)
 	}
 	if _, err := os.Stat(spec.Module); err != nil {
 		return nil, fmt.Errorf("procmgr: %s: module: %w", spec.Server, err)
@@ -307,18 +333,17 @@ func (m *Manager) Start(spec Spec, hooks Hooks) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
 	}
-	s := &Server{m: m, spec: spec, hooks: hooks, cpu: cpu, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter)}
+	s := &Server{m: m, spec: spec, delegate: d, cpu: cpu, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter)}
 	for i := range spec.Max {
 		s.slots = append(s.slots, &slot{index: i, resident: i < spec.Resident, state: StateStopped})
 	}
 	for _, sl := range s.slots[:spec.Resident] {
 		if err := s.spawn(sl); err != nil {
 			s.kill()
-			s.wg.Wait()
+			s.live.Wait()
 			_ = cpu.Remove()
 			return nil, err
 		}
-		s.wg.Add(1)
 		go s.supervise(sl)
 	}
 	m.mu.Lock()
@@ -330,31 +355,24 @@ func (m *Manager) Start(spec Spec, hooks Hooks) (*Server, error) {
 // errStopping keeps a replacement from starting once Stop has begun.
 var errStopping = errors.New("procmgr: server stopping")
 
+// afterStart, when set by a test, runs between a process's start and the
+// release of the server's lock: the window in which Stop must still see it.
+var afterStart atomic.Pointer[func()]
+
 func (s *Server) spawn(sl *slot) error {
-	if s.hooks.Prepare != nil {
-		if err := s.hooks.Prepare(sl.index); err != nil {
-			return fmt.Errorf("procmgr: %s: prepare slot %d: %w", s.spec.Server, sl.index, err)
-		}
-	}
-	file := s.spec.Segment
-	if s.hooks.File != nil {
-		file = s.hooks.File()
+	files, err := s.delegate.Prepare(sl.index)
+	if err != nil {
+		return fmt.Errorf("procmgr: %s: prepare slot %d: %w", s.spec.Server, sl.index, err)
 	}
 	for try := 0; ; try++ {
 		cmd := exec.Command(s.spec.Module, s.spec.Args...)
-		cmd.Env = append(os.Environ(), s.spec.Env...)
-		cmd.Env = append(cmd.Env,
-			"TPSCHED_SHM_FD=3",
-			"TPSCHED_PROC_SLOT="+strconv.Itoa(sl.index),
-			"TPSCHED_SERVER="+s.spec.Server,
-			"TPSCHED_GROUP="+s.spec.Group,
-		)
-		if s.spec.Refresh {
-			cmd.Env = append(cmd.Env, "TPSCHED_REFRESH=1")
-		}
-		cmd.ExtraFiles = []*os.File{file}
+		cmd.Env = s.env(sl.index)
+		cmd.ExtraFiles = files
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+		if s.spec.UID >= 0 || s.spec.GID >= 0 {
+			attr.Credential = s.credential()
+		}
 		cmd.SysProcAttr = attr
 		after, err := s.cpu.Prepare(attr)
 		if err != nil {
@@ -375,10 +393,11 @@ func (s *Server) spawn(sl *slot) error {
 			}
 			return fmt.Errorf("procmgr: %s: start %s: %w", s.spec.Server, s.spec.Module, err)
 		}
-		sl.proc, sl.state, sl.started, sl.stopAsked = cmd.Process, StateStarting, time.Now(), false
-		if s.hooks.Slot == nil {
-			sl.state = StateRunning // nobody to tell us when it attached
+		s.live.Add(1)
+		if f := afterStart.Load(); f != nil {
+			(*f)()
 		}
+		sl.proc, sl.state, sl.started, sl.stopAsked, sl.attached = cmd.Process, StateStarting, time.Now(), false, false
 		sl.lastServed, sl.idleSince = 0, time.Time{}
 		s.running.Add(1)
 		s.mu.Unlock()
@@ -394,12 +413,88 @@ func (s *Server) spawn(sl *slot) error {
 	}
 }
 
-// reap waits for the slot's process, tells the hooks, and reports how it
-// ended.
+func (s *Server) credential() *syscall.Credential {
+	c := &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), NoSetGroups: false}
+	if s.spec.UID >= 0 {
+		c.Uid = uint32(s.spec.UID)
+	}
+	if s.spec.GID >= 0 {
+		c.Gid = uint32(s.spec.GID)
+	}
+	c.Groups = []uint32{} // no supplementary groups: not the daemon's
+	return c
+}
+
+// baseEnv are the variables of the daemon's environment a UAP inherits;
+// with TPSCHED_* (the shm library's and the example UAP's knobs) and the
+// definition's putenv, that is all it sees.
+var baseEnv = []string{"PATH", "LANG", "LC_ALL", "TZ"}
+
+// defaultPath is a UAP's PATH when the daemon has none.
+const defaultPath = "/usr/local/bin:/usr/bin:/bin"
+
+// Env is the environment a process of the server starts with: PATH, LANG,
+// LC_ALL and TZ from the daemon's (PATH defaults to /usr/local/bin:
+// /usr/bin:/bin), every TPSCHED_* variable of the daemon's, the server's
+// putenv, then what procmgr sets: TPSCHED_SHM_FD, TPSCHED_PROC_SLOT,
+// TPSCHED_SERVER, TPSCHED_GROUP and, in refresh mode, TPSCHED_REFRESH.
+func (s *Server) env(slot int) []string {
+	env := make([]string, 0, 16)
+	for _, k := range baseEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		} else if k == "PATH" {
+			env = append(env, "PATH="+defaultPath)
+		}
+	}
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "TPSCHED_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, s.spec.Env...)
+	env = append(env,
+		"TPSCHED_SHM_FD=3",
+		"TPSCHED_PROC_SLOT="+strconv.Itoa(slot),
+		"TPSCHED_SERVER="+s.spec.Server,
+		"TPSCHED_GROUP="+s.spec.Group,
+	)
+	if s.spec.Refresh {
+		env = append(env, "TPSCHED_REFRESH=1")
+	}
+	return env
+}
+
+// Attached says that the process in slot attached to its queue: it is
+// running, and the server is not failing.
+func (s *Server) Attached(slot int) {
+	s.mu.Lock()
+	if slot < 0 || slot >= len(s.slots) || s.slots[slot].proc == nil {
+		s.mu.Unlock()
+		return
+	}
+	sl := s.slots[slot]
+	sl.attached = true
+	if sl.state == StateStarting {
+		sl.state = StateRunning
+	}
+	s.earlyDeaths = 0
+	recovered := s.failing
+	s.failing = false
+	s.mu.Unlock()
+	if recovered {
+		s.m.log.Info("uap attached again; the server serves", "server", s.spec.Server, "slot", slot)
+		s.delegate.Failing(nil)
+	}
+}
+
+// reap waits for the slot's process, tells the delegate, and reports how it
+// ended. The process leaves the live count last.
 func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Duration) {
 	s.mu.Lock()
 	proc = sl.proc
 	s.mu.Unlock()
+	defer s.live.Done()
 	state, err := proc.Wait()
 	s.usage.forget(proc.Pid)
 	if err != nil {
@@ -408,19 +503,34 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Du
 		exitErr = errors.New(state.String())
 	}
 	s.running.Add(-1)
-	if s.hooks.Exited != nil {
-		s.hooks.Exited(sl.index, proc.Pid, exitErr)
-	}
+	s.delegate.Exited(sl.index, proc.Pid, exitErr)
 	s.mu.Lock()
 	uptime = time.Since(sl.started)
+	early := !sl.attached && !s.stopping && !sl.stopAsked
+	failNow := false
+	if early {
+		s.earlyDeaths++
+		if s.earlyDeaths >= failingAfter && !s.failing {
+			s.failing, failNow = true, true
+		}
+	}
 	s.mu.Unlock()
+	if failNow {
+		why := exitErr
+		if why == nil {
+			why = errors.New("exited before attaching to its queue")
+		}
+		s.m.log.Error("uap processes die before they attach; the server cannot serve", "server", s.spec.Server,
+			"module", s.spec.Module, "deaths", failingAfter, "last", why.Error())
+		s.delegate.Failing(fmt.Errorf("%d processes of %s (%s) in a row ended before they attached, the last: %w",
+			failingAfter, s.spec.Server, s.spec.Module, why))
+	}
 	return proc, exitErr, uptime
 }
 
 // supervise waits for a resident slot's process and replaces it until the
 // server stops.
 func (s *Server) supervise(sl *slot) {
-	defer s.wg.Done()
 	backoff := minBackoff
 	for {
 		proc, exitErr, uptime := s.reap(sl)
@@ -455,6 +565,7 @@ func (s *Server) supervise(sl *slot) {
 				return
 			}
 			s.m.log.Error("uap restart failed", "server", s.spec.Server, "slot", sl.index, "err", err)
+			s.startFailed(err)
 			if !s.sleep(backoff) {
 				return
 			}
@@ -463,12 +574,26 @@ func (s *Server) supervise(sl *slot) {
 	}
 }
 
+// startFailed counts a start that failed outright (the module vanished, a
+// credential refused) as a death before attaching.
+func (s *Server) startFailed(err error) {
+	s.mu.Lock()
+	s.earlyDeaths++
+	failNow := s.earlyDeaths >= failingAfter && !s.failing && !s.stopping
+	if failNow {
+		s.failing = true
+	}
+	s.mu.Unlock()
+	if failNow {
+		s.delegate.Failing(err)
+	}
+}
+
 // watchNonResident waits for a non-resident process. It is not replaced:
 // the scaler starts another when the rule wants one. A crash delays the
 // server's next non-resident start with the same back-off as a resident
 // restart, so a UAP that dies at once cannot be started in a tight loop.
 func (s *Server) watchNonResident(sl *slot) {
-	defer s.wg.Done()
 	proc, exitErr, uptime := s.reap(sl)
 	s.mu.Lock()
 	asked := sl.stopAsked
@@ -589,7 +714,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	}
 	s.m.mu.Unlock()
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	go func() { s.live.Wait(); close(done) }()
 	var err error
 	select {
 	case <-done:
@@ -614,6 +739,21 @@ func (s *Server) setStopping() {
 	s.stopping = true
 	s.mu.Unlock()
 	s.stopOnce.Do(func() { close(s.stop) })
+}
+
+// Kill ends the process in slot at once (SIGKILL to its process group),
+// for one that broke the protocol. It is reaped as after a crash (and a
+// resident one replaced).
+func (s *Server) Kill(slot int) {
+	pid := 0
+	s.mu.Lock()
+	if slot >= 0 && slot < len(s.slots) && s.slots[slot].proc != nil {
+		pid = s.slots[slot].proc.Pid // not reaped yet: the pid is still this process's
+	}
+	s.mu.Unlock()
+	if pid > 0 {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
 }
 
 // kill sends SIGKILL to every live process group of the server.

@@ -112,28 +112,40 @@ func (s *Server) observe(now time.Time) ServerLoad {
 	if s.spec.Priority == 0 {
 		ld.Priority = DefaultPriority
 	}
-	if s.hooks.QueueDepth == nil || s.hooks.Slot == nil || s.hooks.RequestStop == nil {
-		ld.Max = s.spec.Resident // cannot scale without seeing the queue
-	} else {
-		ld.Queue = s.hooks.QueueDepth()
+	ld.Queue = s.delegate.Waiting()
+	// The delegate is asked without s.mu held (it takes its own locks, and
+	// calls into this server under them), then what it said is applied.
+	type look struct {
+		sl   *slot
+		proc *os.Process
+		view SlotView
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.stopping {
+		s.mu.Unlock()
 		ld.Max = 0
 		return ld
 	}
+	looks := make([]look, 0, len(s.slots))
 	for _, sl := range s.slots {
-		if sl.proc == nil || sl.stopAsked {
-			continue
+		if sl.proc != nil && !sl.stopAsked {
+			looks = append(looks, look{sl: sl, proc: sl.proc})
+		}
+	}
+	s.mu.Unlock()
+	for i := range looks {
+		looks[i].view = s.delegate.Slot(looks[i].sl.index)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, lk := range looks {
+		sl, v := lk.sl, lk.view
+		if sl.proc != lk.proc || sl.stopAsked {
+			continue // it ended or was stopped meanwhile
 		}
 		ld.Running++
-		var v SlotView
-		if s.hooks.Slot != nil {
-			v = s.hooks.Slot(sl.index)
-			if v.Ready && sl.state == StateStarting {
-				sl.state = StateRunning
-			}
+		if v.Ready && sl.state == StateStarting {
+			sl.state = StateRunning
 		}
 		if !v.Busy {
 			ld.Free++
@@ -186,7 +198,6 @@ func (s *Server) startNonResident() bool {
 	s.mu.Lock()
 	s.lastStart = time.Now()
 	s.mu.Unlock()
-	s.wg.Add(1)
 	go s.watchNonResident(free)
 	return true
 }
@@ -202,7 +213,7 @@ func (s *Server) stopNonResident(slot int) {
 	sl.stopAsked, sl.state = true, StateStopping
 	s.mu.Unlock()
 	s.m.stops.Add(1)
-	s.hooks.RequestStop(slot)
+	s.delegate.Stop(slot)
 }
 
 // MemAvailable is the memory a new process can have without swapping: the

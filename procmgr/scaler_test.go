@@ -14,13 +14,13 @@ import (
 // test sets; every process looks busy, so each waiting request counts.
 func scaledServer(t *testing.T, m *Manager, name string, prio, resident, maxProcs int, depth *atomic.Int64) *Server {
 	t.Helper()
-	sp := uapSpec("sleep", t.TempDir(), devNull(t), resident)
+	sp := uapSpec("sleep", t.TempDir(), resident)
 	sp.Server, sp.Group = name, name
 	sp.Max, sp.BalanceCount, sp.Priority, sp.IdleStop = maxProcs, 0, prio, time.Hour
-	return startServer(t, m, sp, Hooks{
-		QueueDepth:  func() int { return int(depth.Load()) },
-		Slot:        func(int) SlotView { return SlotView{Busy: true, Ready: true} },
-		RequestStop: func(int) {},
+	return startServer(t, m, sp, &hooks{
+		file:    devNull(t),
+		waiting: func() int { return int(depth.Load()) },
+		slot:    func(int) SlotView { return SlotView{Busy: true, Ready: true} },
 	})
 }
 

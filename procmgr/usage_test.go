@@ -47,7 +47,7 @@ func TestUsageCountsRunningAndEndedProcesses(t *testing.T) {
 			dir := t.TempDir()
 			r, _ := testPipe(t)
 			exits := newExitLog()
-			srv := startServer(t, m, uapSpec("burn", dir, r, 1), Hooks{Exited: exits.hook})
+			srv := startServer(t, m, uapSpec("burn", dir, 1), &hooks{file: r, exited: exits.hook})
 			first := readReport(t, dir, 0, 0)
 			// /proc counts in 10 ms ticks.
 			if u := srv.Usage(); u.OnCPU < burnFor-10*time.Millisecond {

@@ -133,7 +133,7 @@ func (n *Node) Status() Status {
 		CPU: n.pm.CPU().Status(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
 	for _, g := range n.order {
-		s := g.seg.Stats()
+		s := g.stats()
 		st.Groups = append(st.Groups, GroupStatus{
 			Group:      g.name,
 			Server:     g.def.Name,
@@ -143,11 +143,11 @@ func (n *Node) Status() Status {
 			Resident:   g.def.Resident,
 			Max:        g.def.MaxProcesses,
 			CPUGroup:   g.procs.CPUGroup().Path(),
-			QueueDepth: s.Depth,
+			QueueDepth: s.Waiting,
 			QueueSize:  g.def.QueueSize,
 			InFlight:   g.inFlight(),
 			Queued:     s.Queued,
-			Processed:  s.Done,
+			Processed:  s.Processed,
 			Processes:  g.procs.Processes(),
 			Load:       g.loadStatus(),
 			Usage:      g.usageStatus(st.Probes.Histogram),

@@ -1,6 +1,8 @@
 package scd
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -11,205 +13,497 @@ import (
 	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
+	"tpsched/scd/schedq"
 	"tpsched/shm"
 )
 
-// group is one service group on this node: its schedule queue, the calls in
-// flight on it, and the user server whose processes serve it.
+// group is one service group on this node: its schedule queue (calls
+// waiting and held, scd/schedq), the transport to its processes (shared
+// memory, or a socket for receive_from = socket) and the user server whose
+// processes serve it. The group is procmgr's Delegate for those processes.
+//
+// mu orders everything the queue and the transport see: an enqueue from an
+// event loop, a completion or an attach seen by the reply reader, a
+// process's exit, an expiry. A call is handed to a process under mu, so no
+// event can come between the queue's decision and the process's area.
+// procmgr is never called with mu held (it calls back into the group).
 type group struct {
 	name     string
 	def      def.Server
-	services map[string]string // interned service names, looked up without allocating
-	seg      queue
+	entries  map[string]string // service name -> entry name (interned)
 	procs    *procmgr.Server
 	held     atomic.Bool
-	closed   atomic.Bool // the queue was closed: the node is stopping
+	closed   atomic.Bool           // the node is stopping: the processes were told to leave
+	failing  atomic.Pointer[error] // the server's processes die before they attach
+	log      logger
+	tr       transport
 	watch    time.Duration
+	readerOn atomic.Bool // the reply reader runs
 
-	// mu orders every change to pending. Enqueue happens under it too, so
-	// the reply reader can never see a completion before its call is known.
-	mu      sync.Mutex
-	pending map[shm.Token]*call
+	mu    sync.Mutex
+	q     *schedq.Queue[*call]
+	slots []slotState
+	late  []*call // Expire's, reused
 
 	load groupLoad
 
-	refused  *metrics.Counter // calls refused server busy: the queue was full
-	timedOut *metrics.Counter
-	latency  *metrics.Histogram
+	refused    *metrics.Counter // calls refused server busy: the queue was full
+	timedOut   *metrics.Counter
+	terminated *metrics.Counter
+	misbehaved *metrics.Counter // processes killed for breaking the protocol
+	latency    *metrics.Histogram
 }
 
-// queue is the channel between the node and a group's UAP processes: the
-// shared-memory schedule queue (*shm.Segment) or, for receive_from=socket,
-// a socket to the one process.
-type queue interface {
-	File() *os.File
-	Enqueue(service string, req []byte, deadline time.Time) (shm.Token, error)
-	WaitCompletions(buf []shm.Completion, timeout time.Duration) []shm.Completion
-	Release(t shm.Token)
-	PrepareSlot(slot int) error
-	Reclaim(slot int) (shm.Token, bool)
-	SlotInfo(slot int) shm.SlotInfo
-	RequestStop(slot int)
-	Depth() int
-	Stats() shm.Stats
-	Close() error
-	Unmap() error
+// logger is what a group logs through (the node's slog.Logger).
+type logger interface {
+	Warn(msg string, args ...any)
+	Error(msg string, args ...any)
 }
 
-// call is one request between Enqueue and the release of its buffer. Its
-// caller may have been answered earlier (timed out): answered says so.
+// slotState is what the node knows of the process in one slot.
+type slotState struct {
+	p        proc   // its transport end; nil: no process
+	attached bool   // it attached and serves
+	served   uint64 // calls it completed
+	events   uint64 // attaches and completions: what may ring its doorbell
+	warned   bool   // its missing entries were logged
+}
+
+// call is one call from its admission to its answer and the end of its
+// process's work on it.
 type call struct {
-	conn     *netio.Conn
-	id       uint64
-	start    time.Time
-	deadline time.Time // zero: wait for ever
-	noReply  bool
-	answered bool
+	conn       *netio.Conn
+	id         uint64
+	start      time.Time
+	deadline   int64 // unix ns; 0: wait for ever
+	noReply    bool
+	entry      string
+	payload    []byte // the request, copied, while the call waits in the queue
+	dispatched bool   // handed to a process (the queue holds it until its completion or exit)
 }
 
 var callPool = sync.Pool{New: func() any { return new(call) }}
 
-// enqueue puts a request on the schedule queue and remembers who waits.
-func (g *group) enqueue(c *netio.Conn, f *netio.Frame, service string, now time.Time) netio.Code {
+// maxPooledPayload keeps a huge request's copy from living on in the pool.
+const maxPooledPayload = 64 << 10
+
+func freeCall(cl *call) {
+	p := cl.payload[:0]
+	if cap(p) > maxPooledPayload {
+		p = nil
+	}
+	*cl = call{payload: p}
+	callPool.Put(cl)
+}
+
+// proc is the node's end of one UAP process: *shm.Proc, or *sockmode.Proc
+// for a socket-receiving server. Every method but Files runs under the
+// group's mu.
+type proc interface {
+	Files() []*os.File
+	PID() int
+	Attach() bool
+	Entries() []string
+	Dispatch(entry string, req []byte, deadline int64) error
+	Wake()
+	Completion() (shm.Completion, bool, error)
+	Holding() bool
+	Taken() bool
+	Rings() uint64
+	Stop()
+	Left() bool
+}
+
+// transport is a group's way to its processes: *shm.Group, or
+// *sockmode.Transport. Wait runs on the reply reader, the rest under mu.
+type transport interface {
+	proc(slot int) proc
+	newProc(slot int) (proc, error)
+	Remove(slot int)
+	Wait(timeout time.Duration)
+	Close()
+	Unmap() error
+}
+
+// procSource is the shape *shm.Group and *sockmode.Transport share.
+type procSource[P interface {
+	proc
+	comparable
+}] interface {
+	Proc(slot int) P
+	NewProc(slot int) (P, error)
+	Remove(slot int)
+	Wait(timeout time.Duration)
+	Close()
+	Unmap() error
+}
+
+// transportOf makes a procSource a transport.
+type transportOf[P interface {
+	proc
+	comparable
+}] struct{ procSource[P] }
+
+func (t transportOf[P]) proc(slot int) proc {
+	var none P
+	if p := t.Proc(slot); p != none {
+		return p
+	}
+	return nil
+}
+
+func (t transportOf[P]) newProc(slot int) (proc, error) {
+	p, err := t.NewProc(slot)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// rings is how many doorbell rings past its attaches and completions a
+// process may make before it is killed for ringing without cause.
+const maxIdleRings = 256
+
+// submit admits a call: handed to a ready process at once, or waiting in
+// the queue, or refused. It runs on an event loop and never blocks.
+func (g *group) submit(c *netio.Conn, f *netio.Frame, entry string, now time.Time) (netio.Code, string) {
+	if err := g.failing.Load(); err != nil {
+		return netio.CodeServerTerminated, (*err).Error()
+	}
 	cl := callPool.Get().(*call)
-	*cl = call{conn: c, id: f.ID, start: now, noReply: f.Kind == netio.KindCallNoReply}
+	cl.conn, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
 	timeout := g.watch
 	if f.TimeoutMs > 0 {
 		timeout = time.Duration(f.TimeoutMs) * time.Millisecond
 	}
 	if timeout > 0 {
-		cl.deadline = now.Add(timeout)
+		cl.deadline = now.Add(timeout).UnixNano()
 	}
 	g.mu.Lock()
-	tok, err := g.seg.Enqueue(service, f.Payload, cl.deadline)
-	if err == nil {
-		g.pending[tok] = cl
-	}
-	g.mu.Unlock()
-	switch err {
-	case nil:
-		g.procs.Kick(g.seg.Depth())
-		return netio.CodeOK
-	case shm.ErrFull:
-		callPool.Put(cl)
-		return netio.CodeServerBusy
-	case shm.ErrTooBig:
-		callPool.Put(cl)
-		return netio.CodeMessageTooBig
-	default:
-		callPool.Put(cl)
-		return netio.CodeShuttingDown
-	}
-}
-
-// finish removes a call whose buffer is done with and hands it to the
-// caller, who owns it from then on; nil if it was gone already (a completion
-// and a reclaim can race for one token).
-func (g *group) finish(tok shm.Token) *call {
-	g.mu.Lock()
-	cl := g.pending[tok]
-	delete(g.pending, tok)
-	g.mu.Unlock()
-	return cl
-}
-
-// expire answers 'timed out' to every caller whose deadline has passed. The
-// calls stay pending: their buffers are in use until the UAP finishes or the
-// reclaim after its death.
-func (g *group) expire(now time.Time) {
-	type caller struct {
-		conn *netio.Conn
-		id   uint64
-	}
-	var late []caller // copied out: a call is pooled again once it leaves pending
-	g.mu.Lock()
-	for _, cl := range g.pending {
-		if !cl.answered && !cl.deadline.IsZero() && now.After(cl.deadline) {
-			cl.answered = true
-			if !cl.noReply {
-				late = append(late, caller{cl.conn, cl.id})
-			}
+	d, err := g.q.Submit(cl, cl.deadline)
+	switch {
+	case err != nil:
+		g.mu.Unlock()
+		freeCall(cl)
+		if errors.Is(err, schedq.ErrFull) {
+			g.refused.Inc()
+			return netio.CodeServerBusy, fmt.Sprintf("schedule queue of %s is full (queue_size %d)", g.name, g.def.QueueSize)
 		}
+		return netio.CodeShuttingDown, ""
+	case d.Slot >= 0:
+		g.dispatch(d.Slot, cl, f.Payload)
+	default:
+		cl.payload = append(cl.payload[:0], f.Payload...)
 	}
+	waiting := g.q.Waiting()
 	g.mu.Unlock()
-	for _, c := range late {
-		g.timedOut.Inc()
-		_ = c.conn.Send(netio.AppendError(nil, c.id, netio.CodeTimedOut, "watch_time passed"))
+	g.procs.Kick(waiting)
+	return netio.CodeOK, ""
+}
+
+// dispatch hands cl to the process in slot, with req (the frame's payload,
+// or the copy the call kept while it waited). Under mu.
+func (g *group) dispatch(slot int, cl *call, req []byte) {
+	cl.dispatched = true
+	p := g.slots[slot].p
+	if err := p.Dispatch(cl.entry, req, cl.deadline); err != nil {
+		// Sizes were checked on admission: this is a bug, not an input.
+		g.log.Error("handing a call to a process failed", "group", g.name, "slot", slot, "err", err)
+	}
+	p.Wake()
+}
+
+// dispatchNext hands a call the queue chose to its process.
+func (g *group) dispatchNext(d schedq.Dispatch[*call]) {
+	if d.Slot >= 0 {
+		g.dispatch(d.Slot, d.Call, d.Call.payload)
 	}
 }
 
-// inFlight counts calls not yet answered.
-func (g *group) inFlight() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.pending)
-}
-
-// readReplies is the group's reply reader: it takes completions off the
-// segment and sends each answer to its caller's connection. Answers to one
-// connection found in the same batch go out in one write.
+// readReplies is the group's reply reader: it waits for its processes,
+// hands calls to those that attached, answers completions (those to one
+// connection found in the same look go out in one write) and gives each
+// process its next call.
 func (g *group) readReplies(stop <-chan struct{}) {
-	var comps []shm.Completion
+	g.readerOn.Store(true)
+	defer g.readerOn.Store(false)
 	batches := make(map[*netio.Conn][]byte)
+	var attached, bad []int
 	for {
 		select {
 		case <-stop:
 			return
 		default:
 		}
-		comps = g.seg.WaitCompletions(comps[:0], 100*time.Millisecond)
-		if len(comps) == 0 && g.closed.Load() {
-			// A closed, drained queue answers at once: do not spin while
-			// the node waits for the processes to exit.
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		now := time.Now()
-		for i := range comps {
-			cp := &comps[i]
-			cl := g.finish(cp.Token)
-			if cl != nil {
-				if !cl.answered && !cl.noReply {
-					batches[cl.conn] = appendAnswer(batches[cl.conn], cl.id, cp)
-				}
-				g.latency.Update(now.Sub(cl.start).Seconds())
-				callPool.Put(cl)
-			}
-			g.seg.Release(cp.Token)
-		}
+		g.tr.Wait(100 * time.Millisecond)
+		attached, bad = g.collect(batches, attached[:0], bad[:0])
 		for c, b := range batches {
 			_ = c.Send(b)
 			delete(batches, c)
 		}
+		for _, slot := range attached {
+			g.procs.Attached(slot)
+		}
+		for _, slot := range bad {
+			g.procs.Kill(slot)
+		}
 	}
 }
 
-func appendAnswer(dst []byte, id uint64, cp *shm.Completion) []byte {
-	switch cp.Status {
+// collect looks at every process once: attaches, completions, doorbells
+// rung without cause. It appends the answers to batches and returns the
+// slots that attached and those whose processes must be killed.
+func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]int, []int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now() // under mu: every call seen here was admitted before
+	for slot := range g.slots {
+		si := &g.slots[slot]
+		p := si.p
+		if p == nil {
+			continue
+		}
+		if p.Attach() {
+			si.attached = true
+			si.events++
+			attached = append(attached, slot)
+			g.checkEntries(slot, si)
+			g.dispatchNext(g.q.Ready(slot))
+		}
+		c, ok, err := p.Completion()
+		if ok {
+			si.events++
+			if err != nil {
+				g.misbehaved.Inc()
+				g.log.Error("uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
+				g.q.Retire(slot) // its call is answered when it is reaped
+				bad = append(bad, slot)
+				continue
+			}
+			done, _ := g.q.Done(slot)
+			cl := done.Call
+			si.served++
+			if !done.Answered && !cl.noReply {
+				batches[cl.conn] = appendAnswer(batches[cl.conn], cl.id, &c)
+			}
+			g.latency.Update(now.Sub(cl.start).Seconds())
+			freeCall(cl)
+			g.dispatchNext(done.Next) // after the reply was copied out of the area
+		}
+		if p.Rings() > si.events+maxIdleRings {
+			g.misbehaved.Inc()
+			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
+				"rings", p.Rings(), "calls_and_attaches", si.events)
+			g.q.Retire(slot)
+			si.events = p.Rings() // once
+			bad = append(bad, slot)
+		}
+	}
+	return attached, bad
+}
+
+// checkEntries warns once per process when it does not offer an entry its
+// definition names (a typo in `service = "name=entry"`, an old module).
+func (g *group) checkEntries(slot int, si *slotState) {
+	got := si.p.Entries()
+	if got == nil || si.warned {
+		return // socket mode does not say
+	}
+	have := make(map[string]bool, len(got))
+	for _, e := range got {
+		have[e] = true
+	}
+	for _, svc := range g.def.Services {
+		if !have[svc.Entry] {
+			si.warned = true
+			g.log.Warn(g.def.Errorf("service", "entry %q of service %s is not registered by module %s (it registers %v)",
+				svc.Entry, svc.Name, g.def.Module, got).Error(), "slot", slot, "pid", si.p.PID())
+		}
+	}
+}
+
+func appendAnswer(dst []byte, id uint64, c *shm.Completion) []byte {
+	switch c.Status {
 	case shm.StatusOK:
-		return netio.AppendReply(dst, id, cp.Reply)
+		return netio.AppendReply(dst, id, c.Reply)
 	case shm.StatusAppError:
-		return netio.AppendError(dst, id, netio.CodeApplication, string(cp.Reply))
+		return netio.AppendError(dst, id, netio.CodeApplication, string(c.Reply))
 	case shm.StatusNoSuchService:
-		return netio.AppendError(dst, id, netio.CodeNoSuchService, "not registered by the UAP")
+		return netio.AppendError(dst, id, netio.CodeNoSuchService, "entry "+string(c.Reply)+" is not registered by the UAP")
 	case shm.StatusTimedOut:
-		return netio.AppendError(dst, id, netio.CodeTimedOut, "")
+		return netio.AppendError(dst, id, netio.CodeTimedOut, "the deadline passed before the UAP started the call")
 	}
 	return netio.AppendError(dst, id, netio.CodeProtocol, "unknown completion status")
 }
 
-// processExited fails the call the dead process was serving, if any.
-func (g *group) processExited(slot int) {
-	tok, ok := g.seg.Reclaim(slot)
-	if !ok {
+// fail sends an error answer to the call's caller unless it asked for none.
+func (cl *call) fail(code netio.Code, msg string) {
+	if !cl.noReply {
+		_ = cl.conn.Send(netio.AppendError(nil, cl.id, code, msg))
+	}
+}
+
+// expire answers 'timed out' to every caller whose deadline has passed. A
+// waiting call leaves the queue; one a process holds stays held (its
+// completion is dropped) until the process finishes or dies.
+func (g *group) expire(now time.Time) {
+	g.mu.Lock()
+	late := g.q.Expire(now.UnixNano(), g.late[:0])
+	type answer struct {
+		conn    *netio.Conn
+		id      uint64
+		noReply bool
+		waited  time.Duration
+	}
+	out := make([]answer, 0, len(late))
+	for _, cl := range late {
+		out = append(out, answer{cl.conn, cl.id, cl.noReply, now.Sub(cl.start)})
+		if !cl.dispatched {
+			freeCall(cl) // it left the queue; nothing refers to it now
+		}
+	}
+	clear(late)
+	g.late = late[:0]
+	g.mu.Unlock()
+	for _, a := range out {
+		g.timedOut.Inc()
+		if !a.noReply {
+			_ = a.conn.Send(netio.AppendError(nil, a.id, netio.CodeTimedOut,
+				fmt.Sprintf("no answer after %v (watch_time)", a.waited.Round(time.Millisecond))))
+		}
+	}
+}
+
+// inFlight counts calls waiting or held by a process.
+func (g *group) inFlight() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.q.InFlight()
+}
+
+func (g *group) stats() schedq.Stats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.q.Stats()
+}
+
+// close refuses new calls; the processes leave once they hold none.
+func (g *group) close() {
+	g.mu.Lock()
+	g.q.Close()
+	g.closed.Store(true)
+	g.tr.Close()
+	g.mu.Unlock()
+}
+
+// flush answers the calls still waiting when the node gives up on them.
+func (g *group) flush(code netio.Code, msg string) {
+	g.mu.Lock()
+	left := g.q.Flush(nil)
+	g.mu.Unlock()
+	for _, cl := range left {
+		cl.fail(code, msg)
+		freeCall(cl)
+	}
+}
+
+// The procmgr.Delegate methods.
+
+// Prepare makes a fresh transport end for the process about to start in
+// slot.
+func (g *group) Prepare(slot int) ([]*os.File, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p, err := g.tr.newProc(slot)
+	if err != nil {
+		return nil, err
+	}
+	g.slots[slot] = slotState{p: p}
+	return p.Files(), nil
+}
+
+// Exited settles the call the dead process held: its completion if it
+// managed to write one, 'server terminated' if it had taken the call, or
+// back to the queue if it never did.
+func (g *group) Exited(slot, pid int, exitErr error) {
+	g.mu.Lock()
+	si := &g.slots[slot]
+	p := si.p
+	if p == nil {
+		g.mu.Unlock()
 		return
 	}
-	if cl := g.finish(tok); cl != nil {
-		if !cl.answered && !cl.noReply {
-			_ = cl.conn.Send(netio.AppendError(nil, cl.id, netio.CodeServerTerminated,
-				"the UAP process serving the call died"))
+	g.q.Retire(slot) // a completion below must not hand it another call
+	var answer []byte
+	var answerTo *netio.Conn
+	if c, ok, err := p.Completion(); ok && err == nil {
+		done, _ := g.q.Done(slot)
+		si.served++
+		if !done.Answered && !done.Call.noReply {
+			answer, answerTo = appendAnswer(nil, done.Call.id, &c), done.Call.conn
 		}
-		callPool.Put(cl)
+		freeCall(done.Call)
 	}
-	g.seg.Release(tok)
+	ex := g.q.Exited(slot, p.Taken())
+	g.dispatchNext(ex.Next)
+	g.tr.Remove(slot)
+	*si = slotState{}
+	g.mu.Unlock()
+	if answerTo != nil {
+		_ = answerTo.Send(answer)
+	}
+	if !ex.Held {
+		return
+	}
+	switch ex.Outcome {
+	case schedq.Terminated:
+		g.terminated.Inc()
+		why := "the UAP process serving the call died"
+		if exitErr != nil {
+			why += " (" + exitErr.Error() + ")"
+		}
+		ex.Call.fail(netio.CodeServerTerminated, why)
+		freeCall(ex.Call)
+	case schedq.NoCall: // answered already ('timed out')
+		freeCall(ex.Call)
+	}
+}
+
+// Waiting is the number of calls in the queue.
+func (g *group) Waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.q.Waiting()
+}
+
+// Slot says what the process in slot does.
+func (g *group) Slot(slot int) procmgr.SlotView {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	si := &g.slots[slot]
+	_, _, busy := g.q.Held(slot)
+	return procmgr.SlotView{Busy: busy, Ready: si.attached && si.p != nil && !si.p.Left(), Served: si.served}
+}
+
+// Stop asks the process in slot to leave after the call it holds.
+func (g *group) Stop(slot int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.q.Retire(slot)
+	if p := g.slots[slot].p; p != nil {
+		p.Stop()
+		p.Wake()
+	}
+}
+
+// Failing records that the server's processes cannot start (err) or can
+// again (nil). While it fails, calls are refused at once, and those
+// waiting are answered now rather than at their deadline.
+func (g *group) Failing(err error) {
+	if err == nil {
+		g.failing.Store(nil)
+		return
+	}
+	g.failing.Store(&err)
+	g.flush(netio.CodeServerTerminated, err.Error())
 }

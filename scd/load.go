@@ -37,8 +37,8 @@ type LoadStatus struct {
 }
 
 func (g *group) counters() loadlevel.Counters {
-	st := g.seg.Stats()
-	return loadlevel.Counters{Queued: st.Queued, Processed: st.Done, Depth: st.Depth}
+	st := g.stats()
+	return loadlevel.Counters{Queued: st.Queued, Processed: st.Processed, Depth: st.Waiting}
 }
 
 func (g *group) thresholds() *loadlevel.Thresholds {

@@ -38,7 +38,9 @@ import (
 	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
+	"tpsched/scd/schedq"
 	"tpsched/shm"
+	"tpsched/shm/sockmode"
 )
 
 // Options are the parts of a node that do not come from the definitions.
@@ -83,6 +85,8 @@ type Node struct {
 
 	badRequests  *metrics.Counter
 	helloRefused *metrics.Counter
+
+	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 }
 
 // New checks the configuration against the machine (modules exist, groups
@@ -114,14 +118,17 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		}
 		s.Module = module
 		g := &group{
-			name:     s.ServiceGroup,
-			def:      s,
-			services: make(map[string]string, len(s.Services)),
-			pending:  make(map[shm.Token]*call),
-			watch:    s.WatchTime,
+			name:    s.ServiceGroup,
+			def:     s,
+			entries: make(map[string]string, len(s.Services)),
+			watch:   s.WatchTime,
+			log:     n.log,
+			q: schedq.New[*call](schedq.Config{QueueSize: s.QueueSize, Slots: s.MaxProcesses,
+				Resident: s.Resident, Refresh: s.RefreshProcess}),
+			slots: make([]slotState, s.MaxProcesses),
 		}
 		for _, svc := range s.Services {
-			g.services[svc.Name] = svc.Name
+			g.entries[svc.Name] = svc.Entry
 		}
 		n.groups[g.name] = g
 		n.order = append(n.order, g)
@@ -234,34 +241,41 @@ func (n *Node) Start() (err error) {
 
 func (n *Node) startGroup(g *group) error {
 	s := &g.def
-	layout := shm.Layout{Slots: s.QueueSize, MaxMessage: s.MaxMessageSize, Processes: s.MaxProcesses, Resident: s.Resident}
 	env := s.Env
-	var seg queue
-	var err error
 	if s.ReceiveFrom == def.ReceiveSocket {
-		seg, err = shm.CreateSocket("tpsched-"+g.name, layout)
+		tr, err := sockmode.New(g.name, s.MaxMessageSize)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.File, err)
+		}
+		g.tr = transportOf[*sockmode.Proc]{tr}
 		env = append(env[:len(env):len(env)], "TPSCHED_RECEIVE=socket")
 	} else {
-		seg, err = shm.Create("tpsched-"+g.name, layout)
+		sg, err := shm.NewGroup(g.name, s.MaxMessageSize, s.MaxProcesses)
+		if err != nil {
+			return fmt.Errorf("%s: shared memory: %w", s.File, err)
+		}
+		g.tr = transportOf[*shm.Proc]{sg}
 	}
-	if err != nil {
-		return fmt.Errorf("%s: schedule queue: %w", s.File, err)
-	}
-	g.seg = seg
 	lbl := `{group="` + g.name + `"}`
 	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
 	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
+	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
+	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
 	g.latency = n.metrics.NewHistogram(`tpsched_request_duration_seconds` + lbl)
-	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(seg.Stats().Depth) })
-	n.metrics.NewGauge(`tpsched_requests_queued_total`+lbl, func() float64 { return float64(seg.Stats().Queued) })
-	n.metrics.NewGauge(`tpsched_requests_processed_total`+lbl, func() float64 { return float64(seg.Stats().Done) })
+	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
+	n.metrics.NewGauge(`tpsched_requests_queued_total`+lbl, func() float64 { return float64(g.stats().Queued) })
+	n.metrics.NewGauge(`tpsched_requests_processed_total`+lbl, func() float64 { return float64(g.stats().Processed) })
 	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
 	n.startLoad(g)
+	uid, gid := n.uapCredentials(s)
+	var err error
 	g.procs, err = n.pm.Start(procmgr.Spec{
 		Server:       s.Name,
 		Group:        g.name,
 		Module:       s.Module,
 		Env:          env,
+		UID:          uid,
+		GID:          gid,
 		Resident:     s.Resident,
 		Max:          s.MaxProcesses,
 		BalanceCount: s.BalanceCount,
@@ -269,23 +283,7 @@ func (n *Node) startGroup(g *group) error {
 		Refresh:      s.RefreshProcess,
 		IdleStop:     s.NonResidentIdle,
 		CPUWaitLimit: s.CPUWaitLimit,
-	}, procmgr.Hooks{
-		Prepare: seg.PrepareSlot,
-		File:    seg.File,
-		Exited: func(slot, pid int, err error) {
-			g.processExited(slot)
-		},
-		QueueDepth: seg.Depth,
-		Slot: func(slot int) procmgr.SlotView {
-			info := seg.SlotInfo(slot)
-			return procmgr.SlotView{
-				Busy:   info.State == shm.SlotBusy,
-				Ready:  info.State == shm.SlotIdle || info.State == shm.SlotBusy,
-				Served: info.Served,
-			}
-		},
-		RequestStop: seg.RequestStop,
-	})
+	}, g)
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.File, err)
 	}
@@ -381,7 +379,7 @@ func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, 
 	if g == nil {
 		return netio.CodeNoSuchGroup, string(f.Group)
 	}
-	service, ok := g.services[string(f.Service)]
+	entry, ok := g.entries[string(f.Service)]
 	if !ok {
 		return netio.CodeNoSuchService, string(f.Group) + "/" + string(f.Service)
 	}
@@ -391,12 +389,7 @@ func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, 
 	if len(f.Payload) > g.def.MaxMessageSize {
 		return netio.CodeMessageTooBig, fmt.Sprintf("%d bytes, max_message_size %d", len(f.Payload), g.def.MaxMessageSize)
 	}
-	code := g.enqueue(c, f, service, time.Now())
-	if code == netio.CodeServerBusy {
-		g.refused.Inc()
-		return code, fmt.Sprintf("schedule queue of %s is full (queue_size %d)", g.name, g.def.QueueSize)
-	}
-	return code, ""
+	return g.submit(c, f, entry, time.Now())
 }
 
 // OnClose is called when a caller's connection closes. Calls in flight for
@@ -470,9 +463,9 @@ func (n *Node) shutdown(ctx context.Context) error {
 		if g.procs != nil {
 			g.procs.Stopping() // their exits from here on are not crashes
 		}
-		if g.seg != nil {
-			g.closed.Store(true)
-			errs = append(errs, g.seg.Close()) // UAPs drain and exit
+		if g.tr != nil {
+			g.close() // the processes leave once they hold no call
+			g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
 		}
 	}
 	for _, g := range n.order {
@@ -493,8 +486,8 @@ func (n *Node) shutdown(ctx context.Context) error {
 	close(n.stop)
 	n.wg.Wait()
 	for _, g := range n.order {
-		if g.seg != nil {
-			errs = append(errs, g.seg.Unmap())
+		if g.tr != nil {
+			errs = append(errs, g.tr.Unmap())
 		}
 	}
 	if n.pm != nil {

@@ -1,107 +1,104 @@
-// Package shm owns the shared-memory schedule queue between the node daemon
-// (the scheduler, scdd) and the UAP (user application program) processes of one
-// service group: the memfd segment, the MPMC schedule queue, the completion
-// ring, futex wait/wake with adaptive spinning, the per-process control blocks,
-// and the UAP-side API (Attach, Handle, Serve).
+// Package shm owns the shared memory between the node daemon (the
+// scheduler, scdd) and the UAP (user application program) processes of a
+// service group: the group page, one area per process, the doorbells, the
+// futex waits with adaptive spinning, and the UAP-side API (Attach, Handle,
+// Serve). The schedule queue itself is not here: calls wait in the
+// scheduler (scd/schedq), which hands each one to a process.
 //
 // A UAP links only this package, so shm must not import any other tpsched
-// package (in particular not scd). It uses only the standard library and
-// golang.org/x/sys/unix. It is Linux-only.
+// package (shm/internal/sockwire aside). It uses only the standard library
+// and golang.org/x/sys/unix. It is Linux-only (5.1 or later).
 //
-// # Request flow
+// # Who writes what
 //
-// The scheduler creates one Segment per service group and passes its memfd
-// (Segment.File) to every UAP process it spawns as fd 3 (os/exec ExtraFiles),
-// with TPSCHED_PROC_SLOT naming the control block the process owns.
+// A UAP is not trusted. Everything it can write is its own: a call it was
+// not handed, another process's area and the scheduler's state are out of
+// its reach, so a broken or hostile UAP can spoil only its own calls.
 //
-//  1. Enqueue copies the request into a free request buffer (the scheduler
-//     owns buffer allocation), pushes an entry on the schedule queue and wakes
-//     a sleeping UAP with FUTEX_WAKE only if one sleeps.
-//  2. A UAP takes the entry; its handler reads the request straight from shm
-//     and the reply is written in place into the same buffer.
-//  3. The UAP pushes {token, status, reply length} on the completion ring.
-//  4. The scheduler's reply reader (one goroutine, never a gnet event loop)
-//     gets it from WaitCompletions, copies the reply out and calls Release.
+//   - The group page (one per group) is written by the scheduler only: the
+//     closed flag and whether the reply reader sleeps. The memfd is sealed
+//     with F_SEAL_FUTURE_WRITE after the scheduler mapped it, so a UAP can
+//     map it read-only only.
+//   - A process area (a fresh memfd at every spawn) holds the call handed
+//     to that process, its state and its reply. The scheduler keeps its own
+//     record of what it handed over and never reads it back: a completion
+//     counts only if it answers that call, with a known status and a length
+//     that fits.
+//   - A doorbell (an eventfd per process) is how a UAP wakes the reader;
+//     ringing it without cause only costs its own group a look (and scd
+//     kills a process that keeps doing it).
 //
-// # Rules for the scheduler
+// docs/SHM.md is the byte-level specification (layout.go holds the
+// offsets, layout_test.go holds the code to them).
 //
-//   - Release a Token only after WaitCompletions returned it or Reclaim
-//     returned it. Releasing earlier lets a new request reuse the buffer while
-//     a UAP still writes its reply there. A Token that is never released keeps
-//     its buffer forever (for a caller that gave up, release when the
-//     completion arrives).
-//   - Completion.Reply aliases shared memory and is valid until Release.
-//   - When a UAP process ends (cleanly or not) call Reclaim(slot) before
-//     PrepareSlot(slot) and the next spawn. A process that dies between
-//     pushing its completion and marking itself idle is reported by both
-//     WaitCompletions and Reclaim: the caller de-duplicates by Token (the
-//     first report finishes the request; later ones are dropped, and Reply of
-//     a dropped Completion must not be read). Release of a stale Token is a
-//     no-op, and WaitCompletions drops completions whose Token was released.
-//   - WaitCompletions is called from one goroutine only. Enqueue, Release,
-//     Stats and Reclaim are safe for concurrent use.
-//   - Close stops Enqueue (ErrClosed), lets UAPs drain what is queued and then
-//     makes Serve return nil. Unmap only after every goroutine stopped using
-//     the Segment and every Reply was copied out.
+// # One call
+//
+//  1. The scheduler copies the request into the process's buffer, writes
+//     the entry name, length and deadline, then publishes the dispatch
+//     number and bumps the futex word, waking the UAP with FUTEX_WAKE only
+//     if it said it sleeps.
+//  2. The UAP stores the number as taken, runs the handler on the buffer in
+//     place and writes the reply over the request.
+//  3. It stores status and length, then the number as done, and rings its
+//     doorbell if the group page says the reader sleeps.
+//  4. The reader (Group.Wait, then Proc.Completion) checks the answer
+//     against the call it handed over, copies the reply out and hands the
+//     process its next call.
+//
+// A process that dies holding a call had taken it (Proc.Taken: it may have
+// run part of it, so the caller gets 'server terminated') or had not (the
+// call never started and can go to another process).
 //
 // # Usage
 //
 // A UAP program:
 //
 //	func main() {
-//		srv, err := shm.Attach() // fd 3 and TPSCHED_PROC_SLOT, set by scdd
+//		u, err := shm.Attach() // fds 3, 4, 5, set up by scdd
 //		if err != nil {
 //			log.Fatal(err)
 //		}
-//		srv.Handle("echo", func(req []byte) ([]byte, error) {
+//		u.Handle("echo", func(req []byte) ([]byte, error) {
 //			return req, nil // req aliases shm; returning it (or a sub-slice) is fine
 //		})
-//		srv.Handle("upper", func(req []byte) ([]byte, error) {
-//			return bytes.ToUpper(req), nil
-//		})
-//		if err := srv.Serve(); err != nil { // returns nil after Close and drain
+//		if err := u.Serve(); err != nil { // returns nil when asked to leave
 //			log.Fatal(err)
 //		}
 //	}
 //
-// The scheduler side:
+// The scheduler side, under one lock per group (see Group):
 //
-//	seg, err := shm.Create("group1", shm.Layout{Slots: 256, MaxMessage: 1 << 20, Processes: 8})
-//	_ = seg.PrepareSlot(0)
+//	g, _ := shm.NewGroup("demo", 1<<20, 8)
+//	p, _ := g.NewProc(0)
 //	cmd := exec.Command(module)
-//	cmd.ExtraFiles = []*os.File{seg.File()}
-//	cmd.Env = append(os.Environ(), "TPSCHED_PROC_SLOT=0")
+//	cmd.ExtraFiles = p.Files()
 //	_ = cmd.Start()
-//
-//	go func() { // the reply reader
-//		buf := make([]shm.Completion, 0, 256+8)
-//		for {
-//			for _, c := range seg.WaitCompletions(buf, 100*time.Millisecond) {
-//				deliver(c.Token, c.Status, c.Reply) // copies c.Reply
-//				seg.Release(c.Token)
-//			}
-//		}
-//	}()
-//	tok, err := seg.Enqueue("echo", payload, time.Now().Add(watchTime))
+//	for !p.Attach() {
+//		g.Wait(100 * time.Millisecond)
+//	}
+//	_ = p.Dispatch("echo", payload, deadline)
+//	p.Wake()
+//	for { // the reply reader
+//		g.Wait(100 * time.Millisecond)
+//		if c, ok, err := p.Completion(); ok { ... copy c.Reply ... }
+//	}
 //
 // # Socket mode
 //
 // A user server with receive_from = socket has exactly one process, which
-// gets its requests over a connected unix stream socket instead of the memfd.
-// The scheduler uses CreateSocket instead of Create: the *SocketQueue it
-// returns has the method set of *Segment (slot is always 0), keeps up to
-// Slots requests waiting in the node and writes them to the UAP one at a
-// time. The UAP code does not change: Attach sees TPSCHED_RECEIVE=socket and
-// takes fd TPSCHED_SHM_FD as the socket. Before each spawn call
-// PrepareSlot(0) and only then File(): the socketpair of a process that used
-// it is replaced by a fresh one. The wire format is described in socket.go.
+// gets its calls over a connected unix stream socket (package
+// shm/sockmode on the scheduler's side). The UAP code does not change:
+// Attach sees TPSCHED_RECEIVE=socket and takes fd TPSCHED_SHM_FD as the
+// socket.
 //
 // # Environment
 //
-// TPSCHED_SHM_FD (default 3), TPSCHED_PROC_SLOT and TPSCHED_RECEIVE (queue, the
-// default, or socket) are read by Attach.
-// TPSCHED_SPIN_US bounds the adaptive spin (microseconds, default 10, 0 = never
-// spin, at most 1000) of both the UAP's take and WaitCompletions. On a machine
-// with cores to spare, 50 turns a 9-13 µs round trip into about 1.5 µs (both
-// sides stay on CPU); on a busy 2-core machine the small default is kinder.
+// TPSCHED_SHM_FD (default 3: the area; the group page and the doorbell are
+// the next two), TPSCHED_RECEIVE (queue, the default, or socket) and
+// TPSCHED_REFRESH (1: serve one call, then leave) are read by Attach.
+// TPSCHED_SPIN_US bounds the adaptive spin (microseconds, default 10, 0 =
+// never spin, at most 1000) of both the UAP's wait for a call and the
+// reader's wait for a completion. On a machine with cores to spare, 50
+// keeps both sides on CPU; on a busy 2-core machine the small default is
+// kinder.
 package shm

@@ -19,9 +19,9 @@ const (
 	futexWakeOp = 1 // FUTEX_WAKE
 )
 
-// maxSleep bounds every futex sleep so that closed flags are seen even if a
-// wake-up is lost (for example when the waker died). A variable only so that
-// a test can make a lost wake-up show as a stall.
+// maxSleep bounds every sleep so that a flag is seen even if a wake-up is
+// lost (a hostile UAP can swallow its own). A variable only so that a test
+// can make a lost wake-up show as a stall.
 var maxSleep = 100 * time.Millisecond
 
 // futexWait sleeps while *addr == val, at most d.
@@ -38,62 +38,6 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 func futexWake(addr *atomic.Uint32, n int) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp,
 		uintptr(n), 0, 0, 0)
-}
-
-// waitq is one futex word in shared memory with the counts that let wakers
-// skip the syscall. Sleepers count themselves in waiters, load the word,
-// look for work once more and only then sleep on the loaded value, so no
-// wake-up is lost: every operation is sequentially consistent.
-//
-// wake is a wake-up in flight: the first waker sets it and makes the
-// syscall; later wakers skip theirs until a sleeper clears it, on waking or
-// before sleeping again. Without it every enqueue in the tens of
-// microseconds between a FUTEX_WAKE and the sleeper running again made a
-// syscall that woke nobody (a third of the scheduler's CPU at 64
-// connections). A sleeper that finds more work than it takes passes the
-// wake-up on (chain), so a burst still reaches every sleeper.
-type waitq struct {
-	word    atomic.Uint32
-	waiters atomic.Uint32
-	wake    atomic.Uint32
-	_       [52]byte
-}
-
-// signal bumps the word and wakes one sleeper if any sleeps and no wake-up
-// is in flight.
-func (w *waitq) signal() {
-	w.word.Add(1)
-	if w.waiters.Load() != 0 && w.wake.CompareAndSwap(0, 1) {
-		futexWake(&w.word, 1)
-	}
-}
-
-// prepare counts the caller as a sleeper and returns the value to sleep on;
-// the caller must look for work once more before sleep, and call done if it
-// found some.
-func (w *waitq) prepare() uint32 {
-	w.waiters.Add(1)
-	w.wake.Store(0)
-	return w.word.Load()
-}
-
-// sleep waits while the word is still v, at most d, then uncounts the
-// caller.
-func (w *waitq) sleep(v uint32, d time.Duration) {
-	futexWait(&w.word, v, d)
-	w.done()
-}
-
-// done uncounts a sleeper that did not sleep, or woke.
-func (w *waitq) done() {
-	w.waiters.Add(^uint32(0))
-	w.wake.Store(0)
-}
-
-// wakeAll wakes every sleeper (closing, stopping).
-func (w *waitq) wakeAll() {
-	w.word.Add(1)
-	futexWake(&w.word, 1<<30)
 }
 
 // spinMax is the upper bound of the adaptive spin, from TPSCHED_SPIN_US.

@@ -1,0 +1,52 @@
+package scd
+
+import (
+	"hash/fnv"
+	"os"
+
+	"tpsched/scd/def"
+)
+
+// uapUIDBase starts the range of user and group ids a root daemon gives
+// the UAPs of servers whose definitions name none: each server its own id,
+// so that the processes of one group can neither read nor signal another
+// group's (nor open their shared memory through /proc/PID/fd), and none
+// runs as root. Ids in the range have no passwd entry; a real application
+// names its user in the definition (uid, gid).
+const (
+	uapUIDBase  = 1_900_000_000
+	uapUIDRange = 1_000_000
+)
+
+// uapCredentials is the uid and gid the processes of s run as: -1 for the
+// daemon's own (when the daemon is not root), else an id of their own
+// derived from the server's name, stable across restarts and distinct from
+// the other servers of this node.
+func (n *Node) uapCredentials(s *def.Server) (uid, gid int) {
+	if os.Geteuid() != 0 {
+		return -1, -1
+	}
+	if n.uapIDs == nil {
+		n.uapIDs = derivedUAPIDs(n.cfg.Servers)
+	}
+	id := n.uapIDs[s.Name]
+	return id, id
+}
+
+// derivedUAPIDs gives every server an id in the range: a hash of its name,
+// moved on past ids taken by servers before it in name order.
+func derivedUAPIDs(servers []def.Server) map[string]int {
+	ids := make(map[string]int, len(servers))
+	taken := make(map[int]bool, len(servers))
+	for _, s := range servers { // sorted by name (def.Load)
+		h := fnv.New32a()
+		h.Write([]byte(s.Name))
+		off := int(h.Sum32() % uapUIDRange)
+		for taken[off] {
+			off = (off + 1) % uapUIDRange
+		}
+		taken[off] = true
+		ids[s.Name] = uapUIDBase + off
+	}
+	return ids
+}

@@ -1,0 +1,437 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Errors returned by this package.
+var (
+	ErrTooBig      = errors.New("shm: message larger than max_message_size")
+	ErrNameTooLong = errors.New("shm: entry name longer than 32 bytes")
+	ErrClosed      = errors.New("shm: closed")
+	errBusy        = errors.New("shm: the process holds a call already")
+)
+
+// Group is the scheduler's side of one service group's shared memory: the
+// group page (read-only to every UAP) and the processes' areas and
+// doorbells. The reply reader sleeps in Wait until a process rings.
+//
+// NewProc, Remove, Close and every Proc method run under the caller's group
+// lock; Pending and Wait (one goroutine, the reader) do not need it. A
+// removed area is unmapped only by the reader, between its looks, so a look
+// never touches unmapped memory.
+type Group struct {
+	name   string
+	maxMsg int
+	page   *os.File // the group page memfd, sealed against writes by anyone but us
+	mem    []byte
+	gp     *groupPage
+	epfd   int
+	procs  []atomic.Pointer[Proc] // by slot, for Wait's lock-free look
+	spin   spinner
+	events []unix.EpollEvent
+
+	retiredMu sync.Mutex
+	retired   []*Proc // removed, to be unmapped by the reader
+}
+
+// NewGroup makes the group page of a group whose messages are at most
+// maxMessage bytes, for up to slots processes. Requires Linux 5.1
+// (F_SEAL_FUTURE_WRITE).
+func NewGroup(name string, maxMessage, slots int) (*Group, error) {
+	if err := checkMaxMessage(maxMessage); err != nil {
+		return nil, err
+	}
+	if slots < 1 || slots > 1<<16 {
+		return nil, fmt.Errorf("shm: %d process slots, want 1..65536", slots)
+	}
+	f, mem, err := createMemfd(name+"-group", pageSize)
+	if err != nil {
+		return nil, err
+	}
+	g := &Group{name: name, maxMsg: maxMessage, page: f, mem: mem, gp: (*groupPage)(unsafe.Pointer(&mem[0])),
+		procs: make([]atomic.Pointer[Proc], slots), spin: newSpinner(), events: make([]unix.EpollEvent, 64)}
+	g.gp.version, g.gp.maxMessage = Version, uint32(maxMessage)
+	atomic.StoreUint64(&g.gp.magic, groupMagic)
+	// Our mapping stays writable; every later mapping (the UAPs') can only
+	// be read-only.
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE); err != nil {
+		g.unmap()
+		return nil, fmt.Errorf("shm: group %s: %w (F_SEAL_FUTURE_WRITE needs Linux 5.1)",
+			name, os.NewSyscallError("fcntl F_ADD_SEALS", err))
+	}
+	if g.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		g.epfd = -1
+		g.unmap()
+		return nil, fmt.Errorf("shm: group %s: %w", name, os.NewSyscallError("epoll_create1", err))
+	}
+	return g, nil
+}
+
+// createMemfd makes a memfd of size bytes, seals its size and maps it
+// shared and writable.
+func createMemfd(name string, size int64) (*os.File, []byte, error) {
+	fd, err := unix.MemfdCreate("tpsched-"+name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("memfd_create", err))
+	}
+	f := os.NewFile(uintptr(fd), "memfd:tpsched-"+name)
+	fail := func(op string, err error) (*os.File, []byte, error) {
+		f.Close()
+		return nil, nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError(op, err))
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		return fail("ftruncate", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_GROW|unix.F_SEAL_SHRINK); err != nil {
+		return fail("fcntl F_ADD_SEALS", err)
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail("mmap", err)
+	}
+	return f, mem, nil
+}
+
+// MaxMessage is the group's max_message_size.
+func (g *Group) MaxMessage() int { return g.maxMsg }
+
+// Slots is the number of process slots.
+func (g *Group) Slots() int { return len(g.procs) }
+
+// Proc is the process in slot now, nil if there is none.
+func (g *Group) Proc(slot int) *Proc {
+	if slot < 0 || slot >= len(g.procs) {
+		return nil
+	}
+	return g.procs[slot].Load()
+}
+
+// NewProc makes a fresh area and doorbell for a process about to be started
+// into slot, replacing (and closing) what the slot had.
+func (g *Group) NewProc(slot int) (*Proc, error) {
+	if slot < 0 || slot >= len(g.procs) {
+		return nil, fmt.Errorf("shm: process slot %d out of range 0..%d", slot, len(g.procs)-1)
+	}
+	g.Remove(slot)
+	name := fmt.Sprintf("%s-%d", g.name, slot)
+	f, mem, err := createMemfd(name, areaSize(g.maxMsg))
+	if err != nil {
+		return nil, err
+	}
+	p := &Proc{g: g, slot: slot, area: f, mem: mem, ctl: (*procCtl)(unsafe.Pointer(&mem[0])),
+		buf: mem[pBuffer : pBuffer+g.maxMsg : pBuffer+g.maxMsg]}
+	p.ctl.version, p.ctl.maxMessage = Version, uint32(g.maxMsg)
+	atomic.StoreUint64(&p.ctl.magic, procMagic)
+	bell, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		p.unmap()
+		return nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("eventfd", err))
+	}
+	p.bell = os.NewFile(uintptr(bell), "eventfd:tpsched-"+name)
+	// Edge-triggered: every write is an event, so the counter is never read.
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(slot)}
+	if err := unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, bell, &ev); err != nil {
+		p.unmap()
+		return nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("epoll_ctl", err))
+	}
+	g.procs[slot].Store(p)
+	return p, nil
+}
+
+// Remove closes the process area of slot, if any: after the process ended.
+func (g *Group) Remove(slot int) {
+	if slot < 0 || slot >= len(g.procs) {
+		return
+	}
+	if p := g.procs[slot].Swap(nil); p != nil {
+		_ = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_DEL, int(p.bell.Fd()), nil)
+		g.retiredMu.Lock()
+		g.retired = append(g.retired, p)
+		g.retiredMu.Unlock()
+	}
+}
+
+// unmapRetired frees the areas of removed processes; only the reader calls
+// it, between its looks.
+func (g *Group) unmapRetired() {
+	g.retiredMu.Lock()
+	ps := g.retired
+	g.retired = nil
+	g.retiredMu.Unlock()
+	for _, p := range ps {
+		p.unmap()
+	}
+}
+
+// Pending reports, without the group lock, whether some process has
+// something for the reader: a completion, or it has just become ready.
+func (g *Group) Pending() bool {
+	for i := range g.procs {
+		if p := g.procs[i].Load(); p != nil && p.pending() {
+			return true
+		}
+	}
+	return false
+}
+
+// Wait returns when a process may have something for the reader (see
+// Pending), when the group closes, or after timeout. It spins briefly,
+// then sleeps on the doorbells. Call it from one goroutine only, never from
+// a gnet event loop.
+func (g *Group) Wait(timeout time.Duration) {
+	g.unmapRetired()
+	start := time.Now()
+	if g.spin.spin(start, g.Pending) {
+		g.spin.learn(time.Since(start))
+		return
+	}
+	g.gp.sleeping.Store(1)
+	if g.Pending() || g.gp.closed.Load() != 0 {
+		g.gp.sleeping.Store(0)
+		g.spin.learn(time.Since(start))
+		return
+	}
+	ms := int(min(timeout, maxSleep).Milliseconds())
+	n, err := unix.EpollWait(g.epfd, g.events, max(ms, 1))
+	g.gp.sleeping.Store(0)
+	if err == nil {
+		for _, ev := range g.events[:n] {
+			if p := g.Proc(int(ev.Fd)); p != nil {
+				p.rings.Add(1)
+			}
+		}
+	}
+	if n > 0 {
+		g.spin.learn(time.Since(start))
+	} else {
+		g.spin.learn(-1)
+	}
+}
+
+// Close tells every process that the node is stopping: each leaves once it
+// holds no call. Calls already handed over are still completed.
+func (g *Group) Close() {
+	g.gp.closed.Store(1)
+	for i := range g.procs {
+		if p := g.procs[i].Load(); p != nil {
+			p.ctl.wake.Add(1)
+			futexWake(&p.ctl.wake, 1)
+		}
+	}
+}
+
+// Unmap releases the group page, every process area and the epoll
+// descriptor. Nothing of the group may be used afterwards.
+func (g *Group) Unmap() error {
+	for i := range g.procs {
+		g.Remove(i)
+	}
+	g.unmapRetired()
+	return g.unmap()
+}
+
+func (g *Group) unmap() error {
+	var err error
+	if g.mem != nil {
+		err = os.NewSyscallError("munmap", unix.Munmap(g.mem))
+		g.mem, g.gp = nil, nil
+	}
+	if g.page != nil {
+		err = errors.Join(err, g.page.Close())
+		g.page = nil
+	}
+	if g.epfd >= 0 {
+		err = errors.Join(err, unix.Close(g.epfd))
+		g.epfd = -1
+	}
+	return err
+}
+
+// Proc is the scheduler's side of one UAP process: its area (the call
+// handed to it, its state, its reply) and its doorbell. Nothing the
+// process writes is trusted: a completion counts only for the call this
+// Proc handed over, and its length and status are checked.
+type Proc struct {
+	g    *Group
+	slot int
+	area *os.File
+	mem  []byte
+	ctl  *procCtl
+	buf  []byte
+	bell *os.File
+
+	no         uint32        // the last dispatch number used (under the group lock)
+	dispatched atomic.Uint32 // the dispatch awaiting completion, 0 none (written under the lock)
+	attached   atomic.Bool   // seen ready by the reader
+	rings      atomic.Uint64 // doorbell events seen (see Rings)
+}
+
+// Completion is a process's answer to the call it was handed.
+type Completion struct {
+	Status Status
+	Reply  []byte // aliases the process area: valid until the next Dispatch or Close
+}
+
+// ProtocolError is a process that broke the shared-memory protocol: its
+// call fails and the process should be killed.
+type ProtocolError struct {
+	PID int
+	Why string
+}
+
+func (e *ProtocolError) Error() string {
+	return fmt.Sprintf("shm: uap pid %d broke the protocol: %s", e.PID, e.Why)
+}
+
+// Files are what the process is started with, in order as fd 3, 4 and 5:
+// its area (read-write), the group page (read-only) and its doorbell.
+func (p *Proc) Files() []*os.File { return []*os.File{p.area, p.g.page, p.bell} }
+
+// Slot is the process slot.
+func (p *Proc) Slot() int { return p.slot }
+
+// PID is what the process wrote as its pid (0 before it attached).
+func (p *Proc) PID() int { return int(p.ctl.pid.Load()) }
+
+func (p *Proc) pending() bool {
+	if d := p.dispatched.Load(); d != 0 {
+		return p.ctl.doneNo.Load() == d
+	}
+	return !p.attached.Load() && p.ctl.state.Load() == stateReady
+}
+
+// Attach reports, once, that the process has attached and waits for
+// calls: true the first time it is seen ready.
+func (p *Proc) Attach() bool {
+	if p.attached.Load() || p.ctl.state.Load() != stateReady {
+		return false
+	}
+	p.attached.Store(true)
+	return true
+}
+
+// Entries are the entry names the process registered (as it says: for
+// messages to the operator, never trusted for anything else).
+func (p *Proc) Entries() []string {
+	n := min(p.ctl.entries.Load(), maxEntries)
+	out := make([]string, 0, n)
+	for i := range n {
+		b := p.mem[pEntryTable+int(i)*maxName:][:maxName]
+		l := 0
+		for l < maxName && b[l] != 0 {
+			l++
+		}
+		out = append(out, string(b[:l]))
+	}
+	return out
+}
+
+// Dispatch hands the process a call: entry names its handler, req is
+// copied into its buffer, deadline (unix ns, 0 none) is when it must no
+// longer start it. Wake it afterwards.
+func (p *Proc) Dispatch(entry string, req []byte, deadline int64) error {
+	switch {
+	case len(req) > p.g.maxMsg:
+		return ErrTooBig
+	case len(entry) > maxName:
+		return ErrNameTooLong
+	case p.dispatched.Load() != 0:
+		return errBusy
+	}
+	copy(p.buf, req)
+	c := p.ctl
+	c.reqLen, c.entryLen, c.deadline = uint32(len(req)), uint32(len(entry)), deadline
+	copy(c.entry[:], entry)
+	p.no++
+	if p.no == 0 {
+		p.no = 1
+	}
+	p.dispatched.Store(p.no)
+	c.dispatchNo.Store(p.no) // publishes the fields above
+	c.wake.Add(1)
+	return nil
+}
+
+// Wake rouses the process if it sleeps; call it after Dispatch or Stop.
+func (p *Proc) Wake() {
+	if p.ctl.sleeping.Load() != 0 {
+		futexWake(&p.ctl.wake, 1)
+	}
+}
+
+// Completion returns the process's answer to the call it holds, once; ok
+// is false while it has not answered. A *ProtocolError means the answer
+// is unusable (the call fails, the process should be killed).
+func (p *Proc) Completion() (c Completion, ok bool, err error) {
+	d := p.dispatched.Load()
+	if d == 0 || p.ctl.doneNo.Load() != d {
+		return c, false, nil
+	}
+	p.dispatched.Store(0)
+	st, n := Status(p.ctl.status.Load()), p.ctl.replyLen.Load()
+	switch {
+	case st >= statusEnd:
+		return c, true, &ProtocolError{PID: p.PID(), Why: fmt.Sprintf("completion status %d", st)}
+	case uint64(n) > uint64(p.g.maxMsg):
+		return c, true, &ProtocolError{PID: p.PID(), Why: fmt.Sprintf("reply of %d bytes, max_message_size %d", n, p.g.maxMsg)}
+	}
+	return Completion{Status: st, Reply: p.buf[:n:n]}, true, nil
+}
+
+// Holding reports whether the process holds a call it has not answered.
+func (p *Proc) Holding() bool { return p.dispatched.Load() != 0 }
+
+// Taken reports whether the process took the call it holds, so it may have
+// run part of it; false means the call never started and can go elsewhere.
+func (p *Proc) Taken() bool {
+	d := p.dispatched.Load()
+	return d != 0 && p.ctl.takenNo.Load() == d
+}
+
+// Rings is how many times the reader was woken by this process's
+// doorbell. A process that completes nothing and keeps ringing misbehaves.
+func (p *Proc) Rings() uint64 { return p.rings.Load() }
+
+// Stop asks the process to take no further call: it leaves once it holds
+// none. Wake it afterwards.
+func (p *Proc) Stop() {
+	p.ctl.stop.Store(1)
+	p.ctl.wake.Add(1)
+}
+
+// Left reports whether the process said it leaves (stop, close, refresh).
+func (p *Proc) Left() bool { return p.ctl.state.Load() == stateLeft }
+
+func (p *Proc) unmap() {
+	if p.mem != nil {
+		_ = unix.Munmap(p.mem)
+		p.mem = nil
+	}
+	if p.area != nil {
+		p.area.Close()
+	}
+	if p.bell != nil {
+		p.bell.Close()
+	}
+}
+
+// ring writes 1 to an eventfd.
+func ring(fd int) {
+	var one [8]byte
+	binary.LittleEndian.PutUint64(one[:], 1)
+	for {
+		if _, err := unix.Write(fd, one[:]); err != unix.EINTR {
+			return
+		}
+	}
+}

@@ -1,0 +1,310 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// HandlerFunc runs one service. req aliases shared memory and is valid only
+// during the call; its capacity reaches MaxMessage, so appending to it
+// builds the reply in place. Returning req itself (or a sub-slice) is fine.
+// An error becomes StatusAppError with err.Error() as the reply. A panic is
+// not recovered: the process dies and the scheduler answers 'server
+// terminated'.
+type HandlerFunc func(req []byte) ([]byte, error)
+
+// UAP is a user application program's side of its schedule queue: the
+// process's area, written by the scheduler when it hands over a call and by
+// the UAP when it answers. Register handlers with Handle, then Serve. A UAP
+// serves one call at a time.
+type UAP struct {
+	area     []byte
+	ctl      *procCtl
+	buf      []byte
+	page     []byte // the group page, mapped read-only
+	gp       *groupPage
+	bell     int
+	handlers map[string]HandlerFunc
+	spin     spinner
+	refresh  bool // serve one call, then leave (scd_refresh_process)
+	served   bool
+	started  bool   // entries published, state ready
+	lastNo   uint32 // the dispatch number of the last call taken
+	entry    [maxName]byte
+	sock     *sockUAP // socket mode (receive_from = socket); nil for shared memory
+}
+
+// Attach attaches the calling process, started by scdd, to its schedule
+// queue: its area is fd TPSCHED_SHM_FD (default 3), the group page the
+// next fd and its doorbell the one after. With TPSCHED_RECEIVE=socket
+// (receive_from = socket) that fd is instead a connected unix stream socket
+// to the scheduler; Handle and Serve work the same.
+func Attach() (*UAP, error) {
+	base := 3
+	if v := os.Getenv("TPSCHED_SHM_FD"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("shm: TPSCHED_SHM_FD=%q: not a file descriptor", v)
+		}
+		base = n
+	}
+	refresh := os.Getenv("TPSCHED_REFRESH") == "1"
+	switch v := os.Getenv("TPSCHED_RECEIVE"); v {
+	case "socket":
+		return attachSocket(base, refresh)
+	case "", "queue":
+	default:
+		return nil, fmt.Errorf("shm: TPSCHED_RECEIVE=%q: want queue or socket", v)
+	}
+	u, err := AttachFDs(base, base+1, base+2)
+	if err != nil {
+		return nil, err
+	}
+	u.refresh = refresh
+	return u, nil
+}
+
+// AttachFDs attaches to the process area in fd area, the group page in fd
+// group and the doorbell eventfd bell (see Proc.Files). The UAP owns them
+// from then on; Close releases them.
+func AttachFDs(area, group, bell int) (*UAP, error) {
+	notOurs := func(what string, fd int) error {
+		return fmt.Errorf("shm: attach: fd %d is not a tpsched %s (a UAP must be started by scdd, which passes its area, the group page and its doorbell as fds %d, %d and %d)",
+			fd, what, area, area+1, area+2)
+	}
+	amem, err := mapFD(area, unix.PROT_READ|unix.PROT_WRITE)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", notOurs("process area", area), err)
+	}
+	gmem, err := mapFD(group, unix.PROT_READ)
+	if err != nil {
+		unix.Munmap(amem)
+		return nil, fmt.Errorf("%w: %w", notOurs("group page", group), err)
+	}
+	fail := func(err error) (*UAP, error) {
+		unix.Munmap(amem)
+		unix.Munmap(gmem)
+		return nil, err
+	}
+	ctl := (*procCtl)(unsafe.Pointer(&amem[0]))
+	gp := (*groupPage)(unsafe.Pointer(&gmem[0]))
+	switch {
+	case atomic.LoadUint64(&ctl.magic) != procMagic:
+		return fail(notOurs("process area", area))
+	case atomic.LoadUint64(&gp.magic) != groupMagic:
+		return fail(notOurs("group page", group))
+	case ctl.version != Version || gp.version != Version:
+		return fail(fmt.Errorf("shm: attach: layout version %d, this UAP knows %d (rebuild it with the scheduler's shm package)", ctl.version, Version))
+	case ctl.maxMessage != gp.maxMessage || int64(len(amem)) != areaSize(int(ctl.maxMessage)):
+		return fail(fmt.Errorf("shm: attach: area of %d bytes does not fit max_message_size %d", len(amem), ctl.maxMessage))
+	case ctl.state.Load() != stateNew:
+		return fail(fmt.Errorf("shm: attach: the process area is in use by pid %d", ctl.pid.Load()))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(bell, &st); err != nil {
+		return fail(fmt.Errorf("%w: %w", notOurs("doorbell", bell), os.NewSyscallError("fstat", err)))
+	}
+	// Another process of the same user could otherwise open this one's
+	// area through /proc/PID/fd and answer its calls.
+	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
+	maxMsg := int(ctl.maxMessage)
+	u := &UAP{area: amem, ctl: ctl, buf: amem[pBuffer : pBuffer+maxMsg : pBuffer+maxMsg],
+		page: gmem, gp: gp, bell: bell, handlers: map[string]HandlerFunc{}, spin: newSpinner()}
+	_ = unix.Close(area) // mapped: the descriptors are no longer needed
+	_ = unix.Close(group)
+	ctl.pid.Store(uint32(os.Getpid()))
+	return u, nil
+}
+
+func mapFD(fd, prot int) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, os.NewSyscallError("fstat", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < pageSize {
+		return nil, errors.New("not a shared memory file")
+	}
+	mem, err := unix.Mmap(fd, 0, int(st.Size), prot, unix.MAP_SHARED)
+	if err != nil {
+		return nil, os.NewSyscallError("mmap", err)
+	}
+	return mem, nil
+}
+
+// Handle registers the handler of an entry (the entry part of the
+// definition's `service = "name=entry"`, the service name when there is
+// none). Call it before Serve. Names longer than 32 bytes can never be
+// called.
+func (u *UAP) Handle(entry string, h HandlerFunc) { u.handlers[entry] = h }
+
+// MaxMessage is the largest request or reply.
+func (u *UAP) MaxMessage() int {
+	if u.sock != nil {
+		return u.sock.maxMsg
+	}
+	return len(u.buf)
+}
+
+// Serve serves calls one at a time until the scheduler asks the process to
+// leave (stop, the node closing, or after one call in refresh mode); it
+// then returns nil.
+func (u *UAP) Serve() error {
+	for {
+		if err := u.ServeOne(); err != nil {
+			if errors.Is(err, ErrClosed) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// ServeOne waits for exactly one call, serves it and returns. It returns
+// ErrClosed when the process is to leave: stopped, the node closing, or,
+// in refresh mode, after the one call the process exists for.
+func (u *UAP) ServeOne() error {
+	if u.sock != nil {
+		return u.sock.serveOne(u)
+	}
+	if u.area == nil || (u.refresh && u.served) {
+		u.leave()
+		return ErrClosed
+	}
+	if !u.started {
+		u.publish()
+	}
+	no, ok := u.next()
+	if !ok {
+		u.leave()
+		return ErrClosed
+	}
+	u.serve(no)
+	u.served = true
+	return nil
+}
+
+// publish registers the entries in page 1 and says the process is ready.
+func (u *UAP) publish() {
+	n := 0
+	for name := range u.handlers {
+		if n == maxEntries || len(name) > maxName {
+			continue
+		}
+		copy(u.area[pEntryTable+n*maxName:][:maxName], name)
+		n++
+	}
+	u.ctl.entries.Store(uint32(n))
+	u.lastNo = u.ctl.dispatchNo.Load()
+	u.ctl.state.Store(stateReady)
+	u.started = true
+	ring(u.bell) // the scheduler hands over calls only to a ready process
+}
+
+func (u *UAP) leave() {
+	if u.ctl != nil && u.ctl.state.Load() != stateLeft {
+		u.ctl.state.Store(stateLeft)
+		ring(u.bell)
+	}
+}
+
+// newCall reports whether the scheduler handed over a call not yet taken.
+func (u *UAP) newCall() bool { return u.ctl.dispatchNo.Load() != u.lastNo }
+
+func (u *UAP) told() bool { return u.ctl.stop.Load() != 0 || u.gp.closed.Load() != 0 }
+
+// next waits for the next call, spinning and then sleeping; false when the
+// process is to leave.
+func (u *UAP) next() (uint32, bool) {
+	c := u.ctl
+	start := time.Now()
+	spun := false
+	for {
+		if no := c.dispatchNo.Load(); no != u.lastNo {
+			u.spin.learn(time.Since(start))
+			return no, true
+		}
+		if u.told() {
+			return 0, false
+		}
+		if !spun {
+			spun = true
+			if u.spin.spin(start, u.newCall) {
+				continue
+			}
+			u.spin.learn(-1)
+		}
+		w := c.wake.Load()
+		c.sleeping.Store(1)
+		if u.newCall() || u.told() {
+			c.sleeping.Store(0)
+			continue
+		}
+		futexWait(&c.wake, w, maxSleep)
+		c.sleeping.Store(0)
+	}
+}
+
+// serve runs dispatch no: taken before the handler runs, done after the
+// reply is in place.
+func (u *UAP) serve(no uint32) {
+	c := u.ctl
+	n := min(uint64(c.reqLen), uint64(len(u.buf)))
+	nl := min(int(c.entryLen), maxName)
+	copy(u.entry[:], c.entry[:nl])
+	deadline := c.deadline
+	c.takenNo.Store(no)
+	u.lastNo = no
+	st, rl := u.run(u.buf, n, deadline, u.entry[:nl])
+	c.status.Store(uint32(st))
+	c.replyLen.Store(uint32(rl))
+	c.doneNo.Store(no)
+	if u.gp.sleeping.Load() != 0 {
+		ring(u.bell)
+	}
+}
+
+func (u *UAP) run(buf []byte, n uint64, deadline int64, entry []byte) (Status, uint64) {
+	if deadline != 0 && time.Now().UnixNano() > deadline {
+		return StatusTimedOut, 0
+	}
+	h, ok := u.handlers[string(entry)]
+	if !ok {
+		return StatusNoSuchService, uint64(copy(buf, entry))
+	}
+	reply, err := h(buf[:n])
+	if err != nil {
+		return StatusAppError, uint64(copy(buf, err.Error()))
+	}
+	if len(reply) > len(buf) {
+		return StatusAppError, uint64(copy(buf, "reply too big"))
+	}
+	if len(reply) > 0 && &reply[0] != &buf[0] {
+		copy(buf, reply) // memmove: a reply inside buf may overlap
+	}
+	return StatusOK, uint64(len(reply))
+}
+
+// Close says the process leaves and unmaps its area. Serve must have
+// returned.
+func (u *UAP) Close() error {
+	if u.sock != nil {
+		return u.sock.close()
+	}
+	if u.area == nil {
+		return nil
+	}
+	u.leave()
+	err := errors.Join(
+		os.NewSyscallError("munmap", unix.Munmap(u.area)),
+		os.NewSyscallError("munmap", unix.Munmap(u.page)),
+		os.NewSyscallError("close", unix.Close(u.bell)))
+	u.area, u.page, u.ctl, u.gp = nil, nil, nil, nil
+	return err
+}

@@ -1,0 +1,574 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"tpsched/shm/internal/sockwire"
+)
+
+const helperEnv = "TPSCHED_SHM_TEST_UAP"
+
+// TestHelperUAP is not a test: it is the UAP process that the cross-process
+// tests start by re-executing the test binary. TPSCHED_SHM_TEST_MAXSLEEP
+// (a duration) bounds its futex sleeps, so a lost wake-up shows as a stall.
+func TestHelperUAP(t *testing.T) {
+	switch os.Getenv(helperEnv) {
+	case "1":
+	case "hostile":
+		hostileUAP()
+	default:
+		t.Skip("helper process for the cross-process tests")
+	}
+	if v := os.Getenv("TPSCHED_SHM_TEST_MAXSLEEP"); v != "" {
+		maxSleep, _ = time.ParseDuration(v)
+	}
+	u, err := Attach()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	u.Handle("fail", func(req []byte) ([]byte, error) { return nil, errors.New("failed: " + string(req)) })
+	u.Handle("huge", func(req []byte) ([]byte, error) { return make([]byte, u.MaxMessage()+1), nil })
+	u.Handle("pid", func(req []byte) ([]byte, error) { return strconv.AppendInt(req[:0], int64(os.Getpid()), 10), nil })
+	u.Handle("sleep", func(req []byte) ([]byte, error) {
+		d, err := time.ParseDuration(string(req))
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(d)
+		return req, nil
+	})
+	if err := u.Serve(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(3)
+	}
+	u.Close()
+	os.Exit(0)
+}
+
+type uapProc struct {
+	*Proc
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func newGroup(tb testing.TB, maxMsg, slots int) *Group {
+	tb.Helper()
+	g, err := NewGroup("test", maxMsg, slots)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { g.Unmap() })
+	return g
+}
+
+// startUAP runs the helper UAP in slot with a fresh area, killed at cleanup.
+func startUAP(tb testing.TB, g *Group, slot int, env ...string) *uapProc {
+	tb.Helper()
+	p, err := g.NewProc(slot)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperUAP$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=1", "TPSCHED_SHM_FD=3")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.ExtraFiles = p.Files()
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	u := &uapProc{Proc: p, cmd: cmd, done: make(chan error, 1)}
+	go func() { u.done <- cmd.Wait() }()
+	tb.Cleanup(func() {
+		cmd.Process.Kill()
+		<-u.done
+	})
+	return u
+}
+
+func (u *uapProc) wait(tb testing.TB, d time.Duration) error {
+	tb.Helper()
+	select {
+	case err := <-u.done:
+		u.done <- err
+		return err
+	case <-time.After(d):
+		tb.Fatalf("UAP pid %d still running after %v", u.cmd.Process.Pid, d)
+		return nil
+	}
+}
+
+// until waits on g's doorbells for cond, failing the test after d.
+func until(tb testing.TB, g *Group, d time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			tb.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		g.Wait(10 * time.Millisecond)
+	}
+}
+
+func attached(tb testing.TB, g *Group, ps ...*uapProc) {
+	tb.Helper()
+	for _, p := range ps {
+		until(tb, g, 10*time.Second, "the UAP to attach", p.Attach)
+	}
+}
+
+// call hands p one call and waits for its completion.
+func call(tb testing.TB, g *Group, p *Proc, entry string, req []byte) Completion {
+	tb.Helper()
+	if err := p.Dispatch(entry, req, 0); err != nil {
+		tb.Fatal(err)
+	}
+	p.Wake()
+	var c Completion
+	until(tb, g, 10*time.Second, "a completion", func() bool {
+		var ok bool
+		var err error
+		c, ok, err = p.Completion()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return ok
+	})
+	return c
+}
+
+func TestCrossProcessEcho(t *testing.T) {
+	g := newGroup(t, 1<<20, 2)
+	ps := []*uapProc{startUAP(t, g, 0), startUAP(t, g, 1)}
+	attached(t, g, ps...)
+	rng := rand.New(rand.NewPCG(1, 2))
+	src := make([]byte, 2<<20)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	// Both processes busy at once: the reader sleeps on two doorbells.
+	type want struct{ off, size int }
+	wants := make([]want, 2)
+	for i := range 3000 {
+		for s, p := range ps {
+			size := []int{0, 1 << 20, 1, 4095, 4096}[i%5]
+			if i > 10 {
+				size = rng.IntN(64 << 10)
+			}
+			off := rng.IntN(len(src) - size)
+			wants[s] = want{off, size}
+			if err := p.Dispatch("echo", src[off:off+size], 0); err != nil {
+				t.Fatal(err)
+			}
+			p.Wake()
+		}
+		for s, p := range ps {
+			var c Completion
+			until(t, g, 10*time.Second, "a completion", func() bool {
+				var ok bool
+				var err error
+				c, ok, err = p.Completion()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			})
+			w := wants[s]
+			if c.Status != StatusOK || !bytes.Equal(c.Reply, src[w.off:w.off+w.size]) {
+				t.Fatalf("call %d on slot %d: status %v, reply of %d bytes differs from the %d-byte request", i, s, c.Status, len(c.Reply), w.size)
+			}
+		}
+	}
+}
+
+func TestCrossProcessStatuses(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	p := startUAP(t, g, 0)
+	attached(t, g, p)
+	if got := p.Entries(); len(got) != 5 {
+		t.Errorf("registered entries %q, want the helper's 5", got)
+	}
+	for _, c := range []struct {
+		entry, req string
+		status     Status
+		reply      string
+	}{
+		{"echo", "hi", StatusOK, "hi"},
+		{"fail", "x", StatusAppError, "failed: x"},
+		{"nope", "x", StatusNoSuchService, "nope"},
+		{"huge", "", StatusAppError, "reply too big"},
+	} {
+		got := call(t, g, p.Proc, c.entry, []byte(c.req))
+		if got.Status != c.status || string(got.Reply) != c.reply {
+			t.Errorf("%s: %v %q, want %v %q", c.entry, got.Status, got.Reply, c.status, c.reply)
+		}
+	}
+	// A deadline already past: the UAP does not run the call.
+	if err := p.Dispatch("echo", []byte("late"), time.Now().Add(-time.Second).UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	p.Wake()
+	until(t, g, 10*time.Second, "a completion", func() bool {
+		c, ok, _ := p.Completion()
+		if ok && c.Status != StatusTimedOut {
+			t.Fatalf("late call: %v", c.Status)
+		}
+		return ok
+	})
+	if err := p.Dispatch("echo", make([]byte, 65), 0); err != ErrTooBig {
+		t.Errorf("65 bytes into a 64-byte area: %v, want ErrTooBig", err)
+	}
+	if err := p.Dispatch(string(make([]byte, 33)), nil, 0); err != ErrNameTooLong {
+		t.Errorf("33-byte entry: %v, want ErrNameTooLong", err)
+	}
+}
+
+func TestCrossProcessStopAndClose(t *testing.T) {
+	g := newGroup(t, 64, 2)
+	a, b := startUAP(t, g, 0), startUAP(t, g, 1)
+	attached(t, g, a, b)
+	// Stop while holding a call: the call completes, then the process leaves.
+	if err := a.Dispatch("sleep", []byte("50ms"), 0); err != nil {
+		t.Fatal(err)
+	}
+	a.Wake()
+	a.Stop()
+	a.Wake()
+	until(t, g, 10*time.Second, "the stopped process's completion", func() bool {
+		c, ok, _ := a.Completion()
+		return ok && c.Status == StatusOK
+	})
+	if err := a.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("stopped process: %v", err)
+	}
+	if !a.Left() {
+		t.Error("a stopped process did not say it left")
+	}
+	// The other process was not asked to stop.
+	if c := call(t, g, b.Proc, "echo", []byte("still")); string(c.Reply) != "still" {
+		t.Fatalf("reply %q", c.Reply)
+	}
+	g.Close()
+	if err := b.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("closed group's process: %v", err)
+	}
+}
+
+func TestCrossProcessRefresh(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	for i := range 3 {
+		p := startUAP(t, g, 0, "TPSCHED_REFRESH=1")
+		attached(t, g, p)
+		c := call(t, g, p.Proc, "pid", nil)
+		if string(c.Reply) != strconv.Itoa(p.cmd.Process.Pid) {
+			t.Fatalf("refresh %d: pid %q from process %d", i, c.Reply, p.cmd.Process.Pid)
+		}
+		if err := p.wait(t, 10*time.Second); err != nil {
+			t.Fatalf("refresh process %d exit: %v", i, err)
+		}
+	}
+}
+
+// TestCrossProcessKill: a process killed inside its handler had taken its
+// call (it may have run part of it); one killed before taking it had not.
+func TestCrossProcessKill(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	p := startUAP(t, g, 0)
+	attached(t, g, p)
+	if err := p.Dispatch("sleep", []byte("1h"), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.Wake()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for !p.Taken() {
+		if ctx.Err() != nil {
+			t.Fatal("the UAP never took its call")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p.cmd.Process.Signal(syscall.SIGSTOP) // stopped holding the call: nothing else waits for it
+	p.cmd.Process.Kill()
+	p.wait(t, 10*time.Second)
+	if !p.Holding() || !p.Taken() {
+		t.Fatalf("killed in its handler: holding %v, taken %v", p.Holding(), p.Taken())
+	}
+
+	// Stopped before it could take the next call, then killed: not taken.
+	q := startUAP(t, g, 0)
+	attached(t, g, q)
+	q.cmd.Process.Signal(syscall.SIGSTOP)
+	if err := q.Dispatch("echo", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	q.Wake()
+	time.Sleep(20 * time.Millisecond)
+	q.cmd.Process.Kill()
+	q.wait(t, 10*time.Second)
+	if !q.Holding() || q.Taken() {
+		t.Fatalf("killed before taking: holding %v, taken %v", q.Holding(), q.Taken())
+	}
+
+	// A fresh process in the slot serves.
+	r := startUAP(t, g, 0)
+	attached(t, g, r)
+	if c := call(t, g, r.Proc, "echo", []byte("after")); string(c.Reply) != "after" {
+		t.Fatalf("reply %q", c.Reply)
+	}
+}
+
+// TestNoLostWakeups: many calls one at a time to two processes whose
+// futex sleeps, and the reader's, last 10 s: a lost wake-up on either side
+// stalls the test.
+func TestNoLostWakeups(t *testing.T) {
+	old := maxSleep
+	maxSleep = 10 * time.Second
+	defer func() { maxSleep = old }()
+	g := newGroup(t, 64, 2)
+	ps := []*uapProc{startUAP(t, g, 0, "TPSCHED_SHM_TEST_MAXSLEEP=10s", "TPSCHED_SPIN_US=0"),
+		startUAP(t, g, 1, "TPSCHED_SHM_TEST_MAXSLEEP=10s", "TPSCHED_SPIN_US=0")}
+	attached(t, g, ps...)
+	start := time.Now()
+	for i := range 4000 {
+		p := ps[i%2]
+		if i%7 == 0 {
+			time.Sleep(50 * time.Microsecond) // let both sides fall asleep now and then
+		}
+		if c := call(t, g, p.Proc, "echo", []byte{byte(i)}); c.Reply[0] != byte(i) {
+			t.Fatalf("call %d: %v", i, c.Reply)
+		}
+	}
+	if d := time.Since(start); d > 9*time.Second {
+		t.Fatalf("4000 calls took %v: a wake-up was lost", d)
+	}
+}
+
+func BenchmarkRoundTripCrossProcess(b *testing.B) {
+	for _, size := range []int{128, 4096} {
+		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
+			g := newGroup(b, 64<<10, 1)
+			p := startUAP(b, g, 0)
+			attached(b, g, p)
+			req := make([]byte, size)
+			for range 100 {
+				call(b, g, p.Proc, "echo", req)
+			}
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				call(b, g, p.Proc, "echo", req)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/roundtrip")
+		})
+	}
+}
+
+// hostileUAP is a UAP that does not use the library and attacks what it can
+// reach: it tries to write the group page every way it can (and prints
+// what happened), then answers its calls with forgeries by dispatch number:
+// 1 an unknown status, 2 a reply longer than the buffer, 3 a completion for
+// a call it was not given (then, after 50 ms, a real one). Between calls it
+// rings its doorbell without cause.
+func hostileUAP() {
+	const area, group, bell = 3, 4, 5
+	try := func(what string, err error) {
+		fmt.Printf("%s: %v\n", what, err)
+	}
+	_, err := syscall.Mmap(group, 0, pageSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	try("mmap group page writable", err)
+	ro, err := syscall.Mmap(group, 0, pageSize, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		try("mmap group page read-only", err)
+		os.Exit(4)
+	}
+	try("mprotect group page writable", syscall.Mprotect(ro, syscall.PROT_READ|syscall.PROT_WRITE))
+	_, err = syscall.Pwrite(group, []byte{1}, gClosed)
+	try("pwrite group page", err)
+	try("ftruncate group page", syscall.Ftruncate(group, 0))
+	fmt.Println("probes done")
+	mem, err := syscall.Mmap(area, 0, int(areaSize(64)), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		fmt.Println("mmap area:", err)
+		os.Exit(4)
+	}
+	ctl := (*procCtl)(unsafe.Pointer(&mem[0]))
+	ctl.state.Store(stateReady)
+	ring(bell)
+	seen := uint32(0)
+	for {
+		no := ctl.dispatchNo.Load()
+		if no == seen {
+			ring(bell)
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		seen = no
+		ctl.takenNo.Store(no)
+		switch no {
+		case 1:
+			ctl.status.Store(99)
+			ctl.doneNo.Store(no)
+		case 2:
+			ctl.status.Store(uint32(StatusOK))
+			ctl.replyLen.Store(1 << 30)
+			ctl.doneNo.Store(no)
+		case 3:
+			ctl.doneNo.Store(no + 1)
+			time.Sleep(50 * time.Millisecond)
+			ctl.status.Store(uint32(StatusOK))
+			ctl.replyLen.Store(ctl.reqLen)
+			ctl.doneNo.Store(no)
+		}
+		ring(bell)
+	}
+}
+
+func TestHostileUAP(t *testing.T) {
+	g := newGroup(t, 64, 2)
+	// The hostile process in slot 0.
+	hp, err := g.NewProc(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperUAP$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"=hostile")
+	cmd.ExtraFiles = hp.Files()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	honest := startUAP(t, g, 1)
+	attached(t, g, honest)
+	until(t, g, 10*time.Second, "the hostile process to attach", hp.Attach)
+
+	var report bytes.Buffer
+	buf := make([]byte, 4096)
+	for !bytes.Contains(report.Bytes(), []byte("probes done")) {
+		n, err := out.Read(buf)
+		if err != nil {
+			t.Fatalf("hostile UAP output %q: %v", report.String(), err)
+		}
+		report.Write(buf[:n])
+	}
+	for _, refused := range []string{
+		"mmap group page writable: operation not permitted",
+		"mprotect group page writable: permission denied",
+		"pwrite group page: operation not permitted",
+		"ftruncate group page: operation not permitted",
+	} {
+		if !bytes.Contains(report.Bytes(), []byte(refused)) {
+			t.Errorf("the hostile UAP was not refused %q; it reported:\n%s", refused, report.String())
+		}
+	}
+	if g.gp.closed.Load() != 0 {
+		t.Fatal("the hostile UAP closed the group")
+	}
+
+	// Its forged completions: a protocol error, never a reply.
+	for no, why := range []string{1: "completion status 99", 2: "reply of 1073741824 bytes"} {
+		if no == 0 {
+			continue
+		}
+		if err := hp.Dispatch("echo", []byte("x"), 0); err != nil {
+			t.Fatal(err)
+		}
+		hp.Wake()
+		var perr error
+		until(t, g, 10*time.Second, "the hostile completion", func() bool {
+			_, ok, err := hp.Completion()
+			perr = err
+			return ok
+		})
+		var pe *ProtocolError
+		if !errors.As(perr, &pe) || pe.Why[:12] != why[:12] {
+			t.Errorf("forgery %d: %v, want a protocol error about %s", no, perr, why)
+		}
+		// The honest process is untouched.
+		if c := call(t, g, honest.Proc, "echo", []byte("honest")); c.Status != StatusOK || string(c.Reply) != "honest" {
+			t.Fatalf("honest process: %v %q", c.Status, c.Reply)
+		}
+	}
+	// A completion numbered for another call does not count.
+	if err := hp.Dispatch("echo", []byte("three"), 0); err != nil {
+		t.Fatal(err)
+	}
+	hp.Wake()
+	start := time.Now()
+	var c Completion
+	until(t, g, 10*time.Second, "the hostile completion", func() bool {
+		var ok bool
+		c, ok, _ = hp.Completion()
+		return ok
+	})
+	if time.Since(start) < 40*time.Millisecond || string(c.Reply) != "three" {
+		t.Errorf("the completion numbered for call 4 was taken for call 3 (after %v: %q)", time.Since(start), c.Reply)
+	}
+	if hp.Rings() < 2 {
+		t.Errorf("the hostile doorbell woke the reader %d times; the reader must count them", hp.Rings())
+	}
+}
+
+// In socket mode a request over max_message_size is a protocol error on
+// the UAP side: Serve returns an error (the process should exit).
+func TestSocketProtocolErrorFromNode(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nf := os.NewFile(uintptr(fds[0]), "node")
+	node, err := net.FileConn(nf)
+	nf.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close()
+	node.SetDeadline(time.Now().Add(10 * time.Second))
+	go func() {
+		h := make([]byte, sockwire.HeaderSize)
+		if _, err := sockwire.Read(node, h, 0, uint8(statusEnd)); err != nil {
+			return
+		}
+		sockwire.Put(h, sockwire.Msg{Kind: sockwire.KindWelcome, A: 64, B: sockwire.Version})
+		node.Write(h)
+		sockwire.Put(h, sockwire.Msg{Kind: sockwire.KindRequest, NameLen: 4, PayLen: 65, A: 1})
+		node.Write(h)
+	}()
+	u, err := attachSocket(fds[1], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if u.MaxMessage() != 64 {
+		t.Fatalf("MaxMessage %d", u.MaxMessage())
+	}
+	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	done := make(chan error, 1)
+	go func() { done <- u.Serve() }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, sockwire.ErrProtocol) {
+			t.Fatalf("Serve = %v, want a protocol error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve still running")
+	}
+}
