@@ -40,10 +40,12 @@ type group struct {
 	watch    time.Duration
 	readerOn atomic.Bool // the reply reader runs
 
-	mu    sync.Mutex
-	q     *schedq.Queue[*call]
-	slots []slotState
-	late  []*call // Expire's, reused
+	mu      sync.Mutex
+	q       *schedq.Queue[*call]
+	slots   []slotState
+	late    []*call                // Expire's, reused
+	actions []schedq.Action[*call] // the queue's, reused
+	exits   []schedq.ExitedCall[*call]
 
 	load groupLoad
 
@@ -78,7 +80,8 @@ type call struct {
 	deadline   int64 // unix ns; 0: wait for ever
 	noReply    bool
 	entry      string
-	payload    []byte // the request, copied, while the call waits in the queue
+	req        []byte // the request until a process has it: the frame's during submit, else payload
+	payload    []byte // the call's own copy of its request, made when it has to wait
 	dispatched bool   // handed to a process (the queue holds it until its completion or exit)
 }
 
@@ -108,7 +111,9 @@ type proc interface {
 	Wake()
 	Completion() (shm.Completion, bool, error)
 	Holding() bool
-	Taken() bool
+	Taken() (cur, next bool)
+	Revoke() ([]byte, bool)
+	Requests() [][]byte
 	Rings() uint64
 	Stop()
 	Left() bool
@@ -179,10 +184,9 @@ func (g *group) submit(c *netio.Conn, f *netio.Frame, entry string, now time.Tim
 	if timeout > 0 {
 		cl.deadline = now.Add(timeout).UnixNano()
 	}
+	cl.req = f.Payload // the frame's, valid until submit returns
 	g.mu.Lock()
-	d, err := g.q.Submit(cl, cl.deadline)
-	switch {
-	case err != nil:
+	if err := g.q.Submit(cl, cl.deadline); err != nil {
 		g.mu.Unlock()
 		freeCall(cl)
 		if errors.Is(err, schedq.ErrFull) {
@@ -190,10 +194,11 @@ func (g *group) submit(c *netio.Conn, f *netio.Frame, entry string, now time.Tim
 			return netio.CodeServerBusy, fmt.Sprintf("schedule queue of %s is full (queue_size %d)", g.name, g.def.QueueSize)
 		}
 		return netio.CodeShuttingDown, ""
-	case d.Slot >= 0:
-		g.dispatch(d.Slot, cl, f.Payload)
-	default:
-		cl.payload = append(cl.payload[:0], f.Payload...)
+	}
+	g.act()
+	if cl.req != nil { // it waits in the queue: keep a copy of the request
+		cl.payload = append(cl.payload[:0], cl.req...)
+		cl.req = cl.payload
 	}
 	waiting := g.q.Waiting()
 	g.mu.Unlock()
@@ -201,22 +206,44 @@ func (g *group) submit(c *netio.Conn, f *netio.Frame, entry string, now time.Tim
 	return netio.CodeOK, ""
 }
 
-// dispatch hands cl to the process in slot, with req (the frame's payload,
-// or the copy the call kept while it waited). Under mu.
-func (g *group) dispatch(slot int, cl *call, req []byte) {
-	cl.dispatched = true
-	p := g.slots[slot].p
-	if err := p.Dispatch(cl.entry, req, cl.deadline); err != nil {
-		// Sizes were checked on admission: this is a bug, not an input.
-		g.log.Error("handing a call to a process failed", "group", g.name, "slot", slot, "err", err)
-	}
-	p.Wake()
-}
-
-// dispatchNext hands a call the queue chose to its process.
-func (g *group) dispatchNext(d schedq.Dispatch[*call]) {
-	if d.Slot >= 0 {
-		g.dispatch(d.Slot, d.Call, d.Call.payload)
+// act carries out what the queue decided: calls handed to processes, and
+// prefetched calls asked back (which may decide more). Under mu.
+func (g *group) act() {
+	for {
+		g.actions = g.q.TakeActions(g.actions[:0])
+		if len(g.actions) == 0 {
+			return
+		}
+		for _, a := range g.actions {
+			p := g.slots[a.Slot].p
+			switch a.Kind {
+			case schedq.Hand:
+				cl := a.Call
+				if err := p.Dispatch(cl.entry, cl.req, cl.deadline); err != nil {
+					// Sizes were checked on admission: a bug, not an input.
+					g.log.Error("handing a call to a process failed", "group", g.name, "slot", a.Slot, "err", err)
+				}
+				cl.req = nil // in the process's buffer now
+				cl.dispatched = true
+				p.Wake()
+			case schedq.Revoke:
+				req, ok := p.Revoke()
+				if !ok {
+					g.q.NotRevoked(a.Slot)
+					continue
+				}
+				cl, free := g.q.Revoked(a.Slot)
+				if free {
+					freeCall(cl)
+					continue
+				}
+				// Its request is only in the mailbox the process never
+				// took: copy it out before the mailbox is used again.
+				cl.payload = append(cl.payload[:0], req...)
+				cl.req, cl.dispatched = cl.payload, false
+			}
+		}
+		clear(g.actions)
 	}
 }
 
@@ -268,17 +295,22 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 			si.events++
 			attached = append(attached, slot)
 			g.checkEntries(slot, si)
-			g.dispatchNext(g.q.Ready(slot))
+			g.q.Ready(slot)
+			g.act()
 		}
-		c, ok, err := p.Completion()
-		if ok {
+		for {
+			c, ok, err := p.Completion()
+			if !ok {
+				break
+			}
 			si.events++
 			if err != nil {
 				g.misbehaved.Inc()
 				g.log.Error("uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
-				g.q.Retire(slot) // its call is answered when it is reaped
+				g.q.Retire(slot) // its calls are settled when it is reaped
+				g.act()
 				bad = append(bad, slot)
-				continue
+				break
 			}
 			done, _ := g.q.Done(slot)
 			cl := done.Call
@@ -288,13 +320,14 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 			}
 			g.latency.Update(now.Sub(cl.start).Seconds())
 			freeCall(cl)
-			g.dispatchNext(done.Next) // after the reply was copied out of the area
+			g.act() // after the reply was copied out of the mailbox
 		}
 		if p.Rings() > si.events+maxIdleRings {
 			g.misbehaved.Inc()
 			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
 				"rings", p.Rings(), "calls_and_attaches", si.events)
 			g.q.Retire(slot)
+			g.act()
 			si.events = p.Rings() // once
 			bad = append(bad, slot)
 		}
@@ -422,9 +455,9 @@ func (g *group) Prepare(slot int) ([]*os.File, error) {
 	return p.Files(), nil
 }
 
-// Exited settles the call the dead process held: its completion if it
-// managed to write one, 'server terminated' if it had taken the call, or
-// back to the queue if it never did.
+// Exited settles the calls the dead process held: completions it managed
+// to write are answered, a call it had taken is answered 'server
+// terminated', one it never took goes back to the queue.
 func (g *group) Exited(slot, pid int, exitErr error) {
 	g.mu.Lock()
 	si := &g.slots[slot]
@@ -433,39 +466,61 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 		g.mu.Unlock()
 		return
 	}
-	g.q.Retire(slot) // a completion below must not hand it another call
-	var answer []byte
-	var answerTo *netio.Conn
-	if c, ok, err := p.Completion(); ok && err == nil {
+	g.q.Retire(slot) // no new call for it; its prefetched one is asked back
+	g.act()
+	type answer struct {
+		to *netio.Conn
+		b  []byte
+	}
+	var answers []answer
+	for {
+		c, ok, err := p.Completion()
+		if !ok || err != nil {
+			break
+		}
 		done, _ := g.q.Done(slot)
 		si.served++
 		if !done.Answered && !done.Call.noReply {
-			answer, answerTo = appendAnswer(nil, done.Call.id, &c), done.Call.conn
+			answers = append(answers, answer{done.Call.conn, appendAnswer(nil, done.Call.id, &c)})
 		}
 		freeCall(done.Call)
 	}
-	ex := g.q.Exited(slot, p.Taken())
-	g.dispatchNext(ex.Next)
+	takenCur, takenNext := p.Taken()
+	reqs := p.Requests()
+	g.exits = g.q.Exited(slot, takenCur, takenNext, g.exits[:0])
+	exits := g.exits
+	for i, e := range exits {
+		if e.Outcome == schedq.Requeued {
+			// It never left the dead process's mailbox: copy it out
+			// before the area goes.
+			cl := e.Call
+			cl.payload = append(cl.payload[:0], reqs[i]...)
+			cl.req, cl.dispatched = cl.payload, false
+		}
+	}
+	g.act()
 	g.tr.Remove(slot)
 	*si = slotState{}
-	g.mu.Unlock()
-	if answerTo != nil {
-		_ = answerTo.Send(answer)
-	}
-	if !ex.Held {
-		return
-	}
-	switch ex.Outcome {
-	case schedq.Terminated:
-		g.terminated.Inc()
-		why := "the UAP process serving the call died"
-		if exitErr != nil {
-			why += " (" + exitErr.Error() + ")"
+	var settle []*call
+	for _, e := range exits {
+		if e.Outcome != schedq.Requeued {
+			settle = append(settle, e.Call)
 		}
-		ex.Call.fail(netio.CodeServerTerminated, why)
-		freeCall(ex.Call)
-	case schedq.NoCall: // answered already ('timed out')
-		freeCall(ex.Call)
+	}
+	g.mu.Unlock()
+	for _, a := range answers {
+		_ = a.to.Send(a.b)
+	}
+	why := "the UAP process serving the call died"
+	if exitErr != nil {
+		why += " (" + exitErr.Error() + ")"
+	}
+	for i, cl := range settle {
+		if exits[i].Outcome == schedq.Terminated {
+			g.terminated.Inc()
+			cl.fail(netio.CodeServerTerminated, why)
+		}
+		freeCall(cl)
 	}
 }
 
@@ -481,8 +536,7 @@ func (g *group) Slot(slot int) procmgr.SlotView {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	si := &g.slots[slot]
-	_, _, busy := g.q.Held(slot)
-	return procmgr.SlotView{Busy: busy, Ready: si.attached && si.p != nil && !si.p.Left(), Served: si.served}
+	return procmgr.SlotView{Busy: g.q.Held(slot) > 0, Ready: si.attached && si.p != nil && !si.p.Left(), Served: si.served}
 }
 
 // Stop asks the process in slot to leave after the call it holds.
@@ -490,6 +544,7 @@ func (g *group) Stop(slot int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.q.Retire(slot)
+	g.act()
 	if p := g.slots[slot].p; p != nil {
 		p.Stop()
 		p.Wake()

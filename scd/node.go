@@ -124,7 +124,9 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 			watch:   s.WatchTime,
 			log:     n.log,
 			q: schedq.New[*call](schedq.Config{QueueSize: s.QueueSize, Slots: s.MaxProcesses,
-				Resident: s.Resident, Refresh: s.RefreshProcess}),
+				Resident: s.Resident, Refresh: s.RefreshProcess,
+				// A call written to a socket cannot be taken back.
+				Prefetch: s.ReceiveFrom != def.ReceiveSocket}),
 			slots: make([]slotState, s.MaxProcesses),
 		}
 		for _, svc := range s.Services {

@@ -18,7 +18,7 @@ var (
 	ErrTooBig      = errors.New("shm: message larger than max_message_size")
 	ErrNameTooLong = errors.New("shm: entry name longer than 32 bytes")
 	ErrClosed      = errors.New("shm: closed")
-	errBusy        = errors.New("shm: the process holds a call already")
+	errBusy        = errors.New("shm: the process holds two calls already")
 )
 
 // Group is the scheduler's side of one service group's shared memory: the
@@ -128,8 +128,12 @@ func (g *Group) NewProc(slot int) (*Proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proc{g: g, slot: slot, area: f, mem: mem, ctl: (*procCtl)(unsafe.Pointer(&mem[0])),
-		buf: mem[pBuffer : pBuffer+g.maxMsg : pBuffer+g.maxMsg]}
+	p := &Proc{g: g, slot: slot, area: f, mem: mem, ctl: (*procCtl)(unsafe.Pointer(&mem[0]))}
+	stride := bufStride(g.maxMsg)
+	for i := range p.bufs {
+		off := pBuffer + i*stride
+		p.bufs[i] = mem[off : off+g.maxMsg : off+g.maxMsg]
+	}
 	p.ctl.version, p.ctl.maxMessage = Version, uint32(g.maxMsg)
 	atomic.StoreUint64(&p.ctl.magic, procMagic)
 	bell, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -257,26 +261,36 @@ func (g *Group) unmap() error {
 	return err
 }
 
-// Proc is the scheduler's side of one UAP process: its area (the call
-// handed to it, its state, its reply) and its doorbell. Nothing the
-// process writes is trusted: a completion counts only for the call this
-// Proc handed over, and its length and status are checked.
+// Proc is the scheduler's side of one UAP process: its area (the calls
+// handed to it, its state, its replies) and its doorbell. Nothing the
+// process writes is trusted: a completion counts only for a call this Proc
+// handed over, and its length and status are checked.
 type Proc struct {
 	g    *Group
 	slot int
 	area *os.File
 	mem  []byte
 	ctl  *procCtl
-	buf  []byte
+	bufs [2][]byte
 	bell *os.File
 
-	no         uint32        // the last dispatch number used (under the group lock)
-	dispatched atomic.Uint32 // the dispatch awaiting completion, 0 none (written under the lock)
-	attached   atomic.Bool   // seen ready by the reader
-	rings      atomic.Uint64 // doorbell events seen (see Rings)
+	// Under the group lock: the last number used, and the calls handed over
+	// and not completed, oldest (the current call) first.
+	no   uint64
+	held [2]handed
+	n    int
+
+	cur      atomic.Uint64 // number of the current call, 0 none: for pending's lock-free look
+	attached atomic.Bool   // seen ready by the reader
+	rings    atomic.Uint64 // doorbell events seen (see Rings)
 }
 
-// Completion is a process's answer to the call it was handed.
+type handed struct {
+	no uint64
+	mb int
+}
+
+// Completion is a process's answer to a call it was handed.
 type Completion struct {
 	Status Status
 	Reply  []byte // aliases the process area: valid until the next Dispatch or Close
@@ -304,8 +318,8 @@ func (p *Proc) Slot() int { return p.slot }
 func (p *Proc) PID() int { return int(p.ctl.pid.Load()) }
 
 func (p *Proc) pending() bool {
-	if d := p.dispatched.Load(); d != 0 {
-		return p.ctl.doneNo.Load() == d
+	if c := p.cur.Load(); c != 0 {
+		return p.ctl.doneNo.Load() >= c
 	}
 	return !p.attached.Load() && p.ctl.state.Load() == stateReady
 }
@@ -337,28 +351,40 @@ func (p *Proc) Entries() []string {
 }
 
 // Dispatch hands the process a call: entry names its handler, req is
-// copied into its buffer, deadline (unix ns, 0 none) is when it must no
-// longer start it. Wake it afterwards.
+// copied into a mailbox's buffer, deadline (unix ns, 0 none) is when it
+// must no longer start it. The process may hold one call already (the new
+// one is its next). Wake it afterwards.
 func (p *Proc) Dispatch(entry string, req []byte, deadline int64) error {
 	switch {
 	case len(req) > p.g.maxMsg:
 		return ErrTooBig
 	case len(entry) > maxName:
 		return ErrNameTooLong
-	case p.dispatched.Load() != 0:
+	case p.n == 2:
 		return errBusy
 	}
-	copy(p.buf, req)
-	c := p.ctl
-	c.reqLen, c.entryLen, c.deadline = uint32(len(req)), uint32(len(entry)), deadline
-	copy(c.entry[:], entry)
-	p.no++
-	if p.no == 0 {
-		p.no = 1
+	// A free mailbox, and the next number that belongs to it.
+	mb := int(p.no+1) & 1
+	if p.n == 1 {
+		mb = 1 - p.held[0].mb
 	}
-	p.dispatched.Store(p.no)
-	c.dispatchNo.Store(p.no) // publishes the fields above
-	c.wake.Add(1)
+	no := p.no + 1
+	if int(no&1) != mb {
+		no++
+	}
+	m := &p.ctl.mb[mb]
+	copy(p.bufs[mb], req)
+	m.reqLen, m.entryLen, m.deadline = uint32(len(req)), uint32(len(entry)), deadline
+	copy(m.entry[:], entry)
+	m.claim.Store(no << 2)
+	p.no = no
+	p.held[p.n] = handed{no: no, mb: mb}
+	p.n++
+	if p.n == 1 {
+		p.cur.Store(no)
+	}
+	p.ctl.dispatchNo.Store(no) // publishes the mailbox
+	p.ctl.wake.Add(1)
 	return nil
 }
 
@@ -369,33 +395,66 @@ func (p *Proc) Wake() {
 	}
 }
 
-// Completion returns the process's answer to the call it holds, once; ok
-// is false while it has not answered. A *ProtocolError means the answer
-// is unusable (the call fails, the process should be killed).
+// Completion returns the process's answer to its current call, once; ok is
+// false while it has not answered. Its next call, if any, becomes current:
+// call Completion again, it may be done too. A *ProtocolError means the
+// answer is unusable (the call fails, the process should be killed).
 func (p *Proc) Completion() (c Completion, ok bool, err error) {
-	d := p.dispatched.Load()
-	if d == 0 || p.ctl.doneNo.Load() != d {
+	if p.n == 0 || p.ctl.doneNo.Load() < p.held[0].no {
 		return c, false, nil
 	}
-	p.dispatched.Store(0)
-	st, n := Status(p.ctl.status.Load()), p.ctl.replyLen.Load()
+	h := p.held[0]
+	p.held[0], p.held[1] = p.held[1], handed{}
+	p.n--
+	p.cur.Store(p.held[0].no)
+	st, n := Status(p.ctl.status[h.mb].Load()), p.ctl.replyLen[h.mb].Load()
 	switch {
 	case st >= statusEnd:
 		return c, true, &ProtocolError{PID: p.PID(), Why: fmt.Sprintf("completion status %d", st)}
 	case uint64(n) > uint64(p.g.maxMsg):
 		return c, true, &ProtocolError{PID: p.PID(), Why: fmt.Sprintf("reply of %d bytes, max_message_size %d", n, p.g.maxMsg)}
 	}
-	return Completion{Status: st, Reply: p.buf[:n:n]}, true, nil
+	return Completion{Status: st, Reply: p.bufs[h.mb][:n:n]}, true, nil
 }
 
 // Holding reports whether the process holds a call it has not answered.
-func (p *Proc) Holding() bool { return p.dispatched.Load() != 0 }
+func (p *Proc) Holding() bool { return p.n > 0 }
 
-// Taken reports whether the process took the call it holds, so it may have
-// run part of it; false means the call never started and can go elsewhere.
-func (p *Proc) Taken() bool {
-	d := p.dispatched.Load()
-	return d != 0 && p.ctl.takenNo.Load() == d
+// Taken reports whether the process took its current and its next call,
+// so may have run part of them; a call not taken never started and can go
+// elsewhere.
+func (p *Proc) Taken() (cur, next bool) {
+	taken := func(h handed) bool { return p.ctl.mb[h.mb].claim.Load() == h.no<<2|claimTaken }
+	return p.n > 0 && taken(p.held[0]), p.n > 1 && taken(p.held[1])
+}
+
+// Requests returns the requests of the calls the process holds, current
+// first, as they are in its buffers: for a call to go elsewhere after the
+// process died without taking it. Valid until Remove.
+func (p *Proc) Requests() [][]byte {
+	out := make([][]byte, 0, p.n)
+	for _, h := range p.held[:p.n] {
+		m := &p.ctl.mb[h.mb]
+		out = append(out, p.bufs[h.mb][:min(m.reqLen, uint32(p.g.maxMsg))])
+	}
+	return out
+}
+
+// Revoke takes back the process's next call if it has not taken it, and
+// returns its request (valid until the next Dispatch); false if the process
+// had taken it (or holds no next call).
+func (p *Proc) Revoke() ([]byte, bool) {
+	if p.n != 2 {
+		return nil, false
+	}
+	h := p.held[1]
+	if !p.ctl.mb[h.mb].claim.CompareAndSwap(h.no<<2|claimOffered, h.no<<2|claimRevoked) {
+		return nil, false
+	}
+	p.held[1] = handed{}
+	p.n = 1
+	m := &p.ctl.mb[h.mb]
+	return p.bufs[h.mb][:min(m.reqLen, uint32(p.g.maxMsg))], true
 }
 
 // Rings is how many times the reader was woken by this process's

@@ -43,36 +43,58 @@ const (
 
 // Offsets in a process area (one per process, a fresh memfd at each spawn;
 // the process may write all of it, the scheduler trusts none of it).
+//
+// A process holds at most two calls: its current one and the next,
+// handed over before it finished the current (prefetch), each in a
+// mailbox with a buffer of its own. Calls are numbered 1, 2, ... per
+// process; a call numbered n is in mailbox n&1 (the scheduler skips a
+// number to keep that so). A mailbox's claim word says whether its call is
+// offered (n<<2), taken by the UAP (n<<2|1, before the handler runs) or
+// revoked by the scheduler (n<<2|2): the UAP and the scheduler move it
+// from offered with a compare-and-swap, so exactly one of them wins.
 const (
 	// Page 0, line 0: written by the scheduler.
 	pMagic      = 0x00 // u64 procMagic
 	pVersion    = 0x08 // u32 Version
 	pMaxMessage = 0x0C // u32 max_message_size: each buffer's size
-	pWake       = 0x10 // u32 futex word: +1 at every dispatch, stop and close; the UAP sleeps on it
-	pDispatchNo = 0x14 // u32 number of the latest dispatch (1, 2, ...), 0 before the first
-	pReqLen     = 0x18 // u32 request length in the buffer
-	pEntryLen   = 0x1C // u32 length of the entry name
-	pDeadline   = 0x20 // i64 unix ns after which the UAP must not start the call; 0 none
-	pStop       = 0x28 // u32 1: leave once you hold no call
-	pEntry      = 0x40 // [32]byte entry name of the dispatched call
+	pWake       = 0x10 // u32 futex word: +1 at every call handed over, stop and close; the UAP sleeps on it
+	pStop       = 0x14 // u32 1: leave once you hold no call
+	pDispatchNo = 0x18 // u64 number of the latest call handed over; 0 before the first
 
-	// Page 0, line 2: written by the UAP.
-	pState    = 0x80 // u32 stateNew, stateReady (serving) or stateLeft
-	pSleeping = 0x84 // u32 1: the UAP sleeps (or is about to) on pWake
-	pTakenNo  = 0x88 // u32 dispatchNo of the last call taken, stored before its handler runs
-	pDoneNo   = 0x8C // u32 dispatchNo of the last call completed, stored after status and reply
-	pStatus   = 0x90 // u32 Status of that completion
-	pReplyLen = 0x94 // u32 reply length in the buffer
-	pPID      = 0x98 // u32 the UAP's process id
-	pEntries  = 0x9C // u32 number of entry names registered in page 1
+	// Page 0, lines 1 and 2: mailboxes 0 and 1, written by the scheduler
+	// (the claim word by both).
+	pMailbox    = 0x40 // mailbox 0; mailbox 1 at pMailbox + mailboxSize
+	mailboxSize = 0x40
+	mClaim      = 0x00 // u64 n<<2 | claimOffered, claimTaken or claimRevoked
+	mDeadline   = 0x08 // i64 unix ns after which the UAP must not start the call; 0 none
+	mReqLen     = 0x10 // u32 request length in the mailbox's buffer
+	mEntryLen   = 0x14 // u32 length of the entry name
+	mEntry      = 0x20 // [32]byte entry name
+
+	// Page 0, line 3: written by the UAP.
+	pState    = 0xC0 // u32 stateNew, stateReady (serving) or stateLeft
+	pSleeping = 0xC4 // u32 1: the UAP sleeps (or is about to) on pWake
+	pDoneNo   = 0xC8 // u64 number of the last call completed, stored after its status and reply
+	pPID      = 0xD0 // u32 the UAP's process id
+	pEntries  = 0xD4 // u32 number of entry names registered in page 1
+	pStatus   = 0xD8 // [2]u32 Status of the last completion in mailbox 0, 1
+	pReplyLen = 0xE0 // [2]u32 reply length in mailbox 0's, 1's buffer
 
 	// Page 1: entry names the UAP registered, maxName bytes each,
 	// NUL-padded; written before pState becomes stateReady.
 	pEntryTable = pageSize
 
-	// Page 2 onwards: the buffer (max_message_size rounded up to a page):
-	// the request in, the reply out, in place.
+	// Page 2 onwards: the buffers of mailbox 0 and 1, each
+	// max_message_size rounded up to a page: the request in, the reply out,
+	// in place.
 	pBuffer = 2 * pageSize
+)
+
+// Claim states, in the low two bits of a mailbox's claim word.
+const (
+	claimOffered = 0
+	claimTaken   = 1
+	claimRevoked = 2
 )
 
 // Process states in pState.
@@ -92,43 +114,50 @@ type groupPage struct {
 	sleeping   atomic.Uint32
 }
 
+// mailbox is one call handed to a process.
+type mailbox struct {
+	claim    atomic.Uint64
+	deadline int64
+	reqLen   uint32
+	entryLen uint32
+	_        [mEntry - 0x18]byte
+	entry    [maxName]byte
+}
+
 // procCtl is page 0 of a process area.
 type procCtl struct {
 	magic      uint64
 	version    uint32
 	maxMessage uint32
 	wake       atomic.Uint32
-	dispatchNo atomic.Uint32
-	reqLen     uint32
-	entryLen   uint32
-	deadline   int64
 	stop       atomic.Uint32
-	_          [0x40 - 0x2C]byte
-	entry      [maxName]byte
-	_          [0x80 - 0x60]byte
+	dispatchNo atomic.Uint64
+	_          [pMailbox - 0x20]byte
+	mb         [2]mailbox
 	state      atomic.Uint32
 	sleeping   atomic.Uint32
-	takenNo    atomic.Uint32
-	doneNo     atomic.Uint32
-	status     atomic.Uint32
-	replyLen   atomic.Uint32
+	doneNo     atomic.Uint64
 	pid        atomic.Uint32
 	entries    atomic.Uint32
+	status     [2]atomic.Uint32
+	replyLen   [2]atomic.Uint32
 }
 
 // Compile-time checks that the structs are where the offsets say; the test
 // checks every field.
 var (
 	_ [pageSize - unsafe.Sizeof(groupPage{})]byte
-	_ [0x40 - unsafe.Sizeof(procCtl{})%0x40]byte
+	_ [mailboxSize - unsafe.Sizeof(mailbox{})]byte
+	_ [unsafe.Sizeof(mailbox{}) - mailboxSize]byte
 	_ [pageSize - unsafe.Sizeof(procCtl{})]byte
 )
 
+// bufStride is the size of each buffer for max_message_size maxMsg.
+func bufStride(maxMsg int) int { return int(alignUp(uint64(maxMsg), pageSize)) }
+
 // areaSize is the size of a process area for max_message_size maxMsg: two
-// pages and the buffer.
-func areaSize(maxMsg int) int64 {
-	return pBuffer + int64(alignUp(uint64(maxMsg), pageSize))
-}
+// pages and two buffers.
+func areaSize(maxMsg int) int64 { return pBuffer + 2*int64(bufStride(maxMsg)) }
 
 func alignUp(v, a uint64) uint64 { return (v + a - 1) &^ (a - 1) }
 

@@ -11,6 +11,7 @@ import (
 func TestLayoutOffsets(t *testing.T) {
 	var g groupPage
 	var p procCtl
+	var m mailbox
 	for _, c := range []struct {
 		name      string
 		got, want uintptr
@@ -24,29 +25,31 @@ func TestLayoutOffsets(t *testing.T) {
 		{"proc version", unsafe.Offsetof(p.version), pVersion},
 		{"proc max message", unsafe.Offsetof(p.maxMessage), pMaxMessage},
 		{"proc wake", unsafe.Offsetof(p.wake), pWake},
-		{"proc dispatch no", unsafe.Offsetof(p.dispatchNo), pDispatchNo},
-		{"proc request length", unsafe.Offsetof(p.reqLen), pReqLen},
-		{"proc entry length", unsafe.Offsetof(p.entryLen), pEntryLen},
-		{"proc deadline", unsafe.Offsetof(p.deadline), pDeadline},
 		{"proc stop", unsafe.Offsetof(p.stop), pStop},
-		{"proc entry", unsafe.Offsetof(p.entry), pEntry},
+		{"proc dispatch no", unsafe.Offsetof(p.dispatchNo), pDispatchNo},
+		{"proc mailbox 0", unsafe.Offsetof(p.mb), pMailbox},
+		{"proc mailbox 1", unsafe.Offsetof(p.mb) + unsafe.Sizeof(p.mb[0]), pMailbox + mailboxSize},
+		{"mailbox claim", unsafe.Offsetof(m.claim), mClaim},
+		{"mailbox deadline", unsafe.Offsetof(m.deadline), mDeadline},
+		{"mailbox request length", unsafe.Offsetof(m.reqLen), mReqLen},
+		{"mailbox entry length", unsafe.Offsetof(m.entryLen), mEntryLen},
+		{"mailbox entry", unsafe.Offsetof(m.entry), mEntry},
 		{"proc state", unsafe.Offsetof(p.state), pState},
 		{"proc sleeping", unsafe.Offsetof(p.sleeping), pSleeping},
-		{"proc taken no", unsafe.Offsetof(p.takenNo), pTakenNo},
 		{"proc done no", unsafe.Offsetof(p.doneNo), pDoneNo},
-		{"proc status", unsafe.Offsetof(p.status), pStatus},
-		{"proc reply length", unsafe.Offsetof(p.replyLen), pReplyLen},
 		{"proc pid", unsafe.Offsetof(p.pid), pPID},
 		{"proc entries", unsafe.Offsetof(p.entries), pEntries},
+		{"proc status", unsafe.Offsetof(p.status), pStatus},
+		{"proc reply length", unsafe.Offsetof(p.replyLen), pReplyLen},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at offset %#x, the layout says %#x", c.name, c.got, c.want)
 		}
 	}
-	if got := areaSize(1); got != pBuffer+pageSize {
-		t.Errorf("area of a 1-byte max message is %d bytes, want %d", got, pBuffer+pageSize)
+	if got := areaSize(1); got != pBuffer+2*pageSize {
+		t.Errorf("area of a 1-byte max message is %d bytes, want %d", got, pBuffer+2*pageSize)
 	}
-	if got := areaSize(pageSize + 1); got != pBuffer+2*pageSize {
-		t.Errorf("area of a %d-byte max message is %d bytes, want %d", pageSize+1, got, pBuffer+2*pageSize)
+	if got := areaSize(pageSize + 1); got != pBuffer+4*pageSize {
+		t.Errorf("area of a %d-byte max message is %d bytes, want %d", pageSize+1, got, pBuffer+4*pageSize)
 	}
 }

@@ -27,7 +27,7 @@ type HandlerFunc func(req []byte) ([]byte, error)
 type UAP struct {
 	area     []byte
 	ctl      *procCtl
-	buf      []byte
+	bufs     [2][]byte
 	page     []byte // the group page, mapped read-only
 	gp       *groupPage
 	bell     int
@@ -36,7 +36,7 @@ type UAP struct {
 	refresh  bool // serve one call, then leave (scd_refresh_process)
 	served   bool
 	started  bool   // entries published, state ready
-	lastNo   uint32 // the dispatch number of the last call taken
+	lastNo   uint64 // the number of the last call taken or skipped
 	entry    [maxName]byte
 	sock     *sockUAP // socket mode (receive_from = socket); nil for shared memory
 }
@@ -114,9 +114,12 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 	// Another process of the same user could otherwise open this one's
 	// area through /proc/PID/fd and answer its calls.
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
-	maxMsg := int(ctl.maxMessage)
-	u := &UAP{area: amem, ctl: ctl, buf: amem[pBuffer : pBuffer+maxMsg : pBuffer+maxMsg],
-		page: gmem, gp: gp, bell: bell, handlers: map[string]HandlerFunc{}, spin: newSpinner()}
+	maxMsg, stride := int(ctl.maxMessage), bufStride(int(ctl.maxMessage))
+	u := &UAP{area: amem, ctl: ctl, page: gmem, gp: gp, bell: bell, handlers: map[string]HandlerFunc{}, spin: newSpinner()}
+	for i := range u.bufs {
+		off := pBuffer + i*stride
+		u.bufs[i] = amem[off : off+maxMsg : off+maxMsg]
+	}
 	_ = unix.Close(area) // mapped: the descriptors are no longer needed
 	_ = unix.Close(group)
 	ctl.pid.Store(uint32(os.Getpid()))
@@ -149,7 +152,7 @@ func (u *UAP) MaxMessage() int {
 	if u.sock != nil {
 		return u.sock.maxMsg
 	}
-	return len(u.buf)
+	return len(u.bufs[0])
 }
 
 // Serve serves calls one at a time until the scheduler asks the process to
@@ -201,7 +204,6 @@ func (u *UAP) publish() {
 		n++
 	}
 	u.ctl.entries.Store(uint32(n))
-	u.lastNo = u.ctl.dispatchNo.Load()
 	u.ctl.state.Store(stateReady)
 	u.started = true
 	ring(u.bell) // the scheduler hands over calls only to a ready process
@@ -214,21 +216,34 @@ func (u *UAP) leave() {
 	}
 }
 
-// newCall reports whether the scheduler handed over a call not yet taken.
-func (u *UAP) newCall() bool { return u.ctl.dispatchNo.Load() != u.lastNo }
+// newCall reports whether the scheduler handed over a call not yet looked at.
+func (u *UAP) newCall() bool { return u.ctl.dispatchNo.Load() > u.lastNo }
 
 func (u *UAP) told() bool { return u.ctl.stop.Load() != 0 || u.gp.closed.Load() != 0 }
 
+// take claims the next call handed over, in number order, skipping numbers
+// the scheduler revoked or did not use; 0 when none is left to look at.
+func (u *UAP) take() uint64 {
+	for d := u.ctl.dispatchNo.Load(); u.lastNo < d; {
+		u.lastNo++
+		n := u.lastNo
+		if u.ctl.mb[n&1].claim.CompareAndSwap(n<<2|claimOffered, n<<2|claimTaken) {
+			return n
+		}
+	}
+	return 0
+}
+
 // next waits for the next call, spinning and then sleeping; false when the
 // process is to leave.
-func (u *UAP) next() (uint32, bool) {
+func (u *UAP) next() (uint64, bool) {
 	c := u.ctl
 	start := time.Now()
 	spun := false
 	for {
-		if no := c.dispatchNo.Load(); no != u.lastNo {
+		if n := u.take(); n != 0 {
 			u.spin.learn(time.Since(start))
-			return no, true
+			return n, true
 		}
 		if u.told() {
 			return 0, false
@@ -251,20 +266,18 @@ func (u *UAP) next() (uint32, bool) {
 	}
 }
 
-// serve runs dispatch no: taken before the handler runs, done after the
-// reply is in place.
-func (u *UAP) serve(no uint32) {
-	c := u.ctl
-	n := min(uint64(c.reqLen), uint64(len(u.buf)))
-	nl := min(int(c.entryLen), maxName)
-	copy(u.entry[:], c.entry[:nl])
-	deadline := c.deadline
-	c.takenNo.Store(no)
-	u.lastNo = no
-	st, rl := u.run(u.buf, n, deadline, u.entry[:nl])
-	c.status.Store(uint32(st))
-	c.replyLen.Store(uint32(rl))
-	c.doneNo.Store(no)
+// serve runs call no, which take claimed: its mailbox is the UAP's until
+// it stores done.
+func (u *UAP) serve(no uint64) {
+	i := int(no & 1)
+	m, buf := &u.ctl.mb[i], u.bufs[i]
+	n := min(uint64(m.reqLen), uint64(len(buf)))
+	nl := min(int(m.entryLen), maxName)
+	copy(u.entry[:], m.entry[:nl])
+	st, rl := u.run(buf, n, m.deadline, u.entry[:nl])
+	u.ctl.status[i].Store(uint32(st))
+	u.ctl.replyLen[i].Store(uint32(rl))
+	u.ctl.doneNo.Store(no)
 	if u.gp.sleeping.Load() != 0 {
 		ring(u.bell)
 	}

@@ -295,7 +295,7 @@ func TestCrossProcessKill(t *testing.T) {
 	p.Wake()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for !p.Taken() {
+	for cur, _ := p.Taken(); !cur; cur, _ = p.Taken() {
 		if ctx.Err() != nil {
 			t.Fatal("the UAP never took its call")
 		}
@@ -304,14 +304,15 @@ func TestCrossProcessKill(t *testing.T) {
 	p.cmd.Process.Signal(syscall.SIGSTOP) // stopped holding the call: nothing else waits for it
 	p.cmd.Process.Kill()
 	p.wait(t, 10*time.Second)
-	if !p.Holding() || !p.Taken() {
-		t.Fatalf("killed in its handler: holding %v, taken %v", p.Holding(), p.Taken())
+	if cur, _ := p.Taken(); !p.Holding() || !cur {
+		t.Fatalf("killed in its handler: holding %v, taken %v", p.Holding(), cur)
 	}
 
 	// Stopped before it could take the next call, then killed: not taken.
 	q := startUAP(t, g, 0)
 	attached(t, g, q)
 	q.cmd.Process.Signal(syscall.SIGSTOP)
+	waitStopped(t, q.cmd.Process.Pid)
 	if err := q.Dispatch("echo", []byte("x"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -319,8 +320,8 @@ func TestCrossProcessKill(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	q.cmd.Process.Kill()
 	q.wait(t, 10*time.Second)
-	if !q.Holding() || q.Taken() {
-		t.Fatalf("killed before taking: holding %v, taken %v", q.Holding(), q.Taken())
+	if cur, _ := q.Taken(); !q.Holding() || cur {
+		t.Fatalf("killed before taking: holding %v, taken %v", q.Holding(), cur)
 	}
 
 	// A fresh process in the slot serves.
@@ -379,10 +380,11 @@ func BenchmarkRoundTripCrossProcess(b *testing.B) {
 
 // hostileUAP is a UAP that does not use the library and attacks what it can
 // reach: it tries to write the group page every way it can (and prints
-// what happened), then answers its calls with forgeries by dispatch number:
-// 1 an unknown status, 2 a reply longer than the buffer, 3 a completion for
-// a call it was not given (then, after 50 ms, a real one). Between calls it
-// rings its doorbell without cause.
+// what happened), then answers its calls with forgeries by number: 1 an
+// unknown status, 2 a reply longer than the buffer, later ones a plain
+// echo. Between calls it rings its doorbell without cause. (Whatever it
+// writes in its area concerns only the calls handed to it: the honest
+// process beside it is the proof.)
 func hostileUAP() {
 	const area, group, bell = 3, 4, 5
 	try := func(what string, err error) {
@@ -408,7 +410,7 @@ func hostileUAP() {
 	ctl := (*procCtl)(unsafe.Pointer(&mem[0]))
 	ctl.state.Store(stateReady)
 	ring(bell)
-	seen := uint32(0)
+	seen := uint64(0)
 	for {
 		no := ctl.dispatchNo.Load()
 		if no == seen {
@@ -417,22 +419,19 @@ func hostileUAP() {
 			continue
 		}
 		seen = no
-		ctl.takenNo.Store(no)
+		i := no & 1
+		ctl.mb[i].claim.Store(no<<2 | claimTaken)
 		switch no {
 		case 1:
-			ctl.status.Store(99)
-			ctl.doneNo.Store(no)
+			ctl.status[i].Store(99)
 		case 2:
-			ctl.status.Store(uint32(StatusOK))
-			ctl.replyLen.Store(1 << 30)
-			ctl.doneNo.Store(no)
-		case 3:
-			ctl.doneNo.Store(no + 1)
-			time.Sleep(50 * time.Millisecond)
-			ctl.status.Store(uint32(StatusOK))
-			ctl.replyLen.Store(ctl.reqLen)
-			ctl.doneNo.Store(no)
+			ctl.status[i].Store(uint32(StatusOK))
+			ctl.replyLen[i].Store(1 << 30)
+		default:
+			ctl.status[i].Store(uint32(StatusOK))
+			ctl.replyLen[i].Store(ctl.mb[i].reqLen)
 		}
+		ctl.doneNo.Store(no)
 		ring(bell)
 	}
 }
@@ -507,20 +506,8 @@ func TestHostileUAP(t *testing.T) {
 			t.Fatalf("honest process: %v %q", c.Status, c.Reply)
 		}
 	}
-	// A completion numbered for another call does not count.
-	if err := hp.Dispatch("echo", []byte("three"), 0); err != nil {
-		t.Fatal(err)
-	}
-	hp.Wake()
-	start := time.Now()
-	var c Completion
-	until(t, g, 10*time.Second, "the hostile completion", func() bool {
-		var ok bool
-		c, ok, _ = hp.Completion()
-		return ok
-	})
-	if time.Since(start) < 40*time.Millisecond || string(c.Reply) != "three" {
-		t.Errorf("the completion numbered for call 4 was taken for call 3 (after %v: %q)", time.Since(start), c.Reply)
+	if c := call(t, g, hp, "echo", []byte("three")); c.Status != StatusOK || string(c.Reply) != "three" {
+		t.Errorf("hostile echo: %v %q", c.Status, c.Reply)
 	}
 	if hp.Rings() < 2 {
 		t.Errorf("the hostile doorbell woke the reader %d times; the reader must count them", hp.Rings())
@@ -571,4 +558,112 @@ func TestSocketProtocolErrorFromNode(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve still running")
 	}
+}
+
+// waitCompletion waits for p's next completion.
+func waitCompletion(tb testing.TB, g *Group, p *Proc) Completion {
+	tb.Helper()
+	var c Completion
+	until(tb, g, 10*time.Second, "a completion", func() bool {
+		var ok bool
+		var err error
+		c, ok, err = p.Completion()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return ok
+	})
+	return c
+}
+
+// A process handed its next call before it finished the current one runs
+// both, in order, from their own buffers.
+func TestCrossProcessPrefetch(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	p := startUAP(t, g, 0)
+	attached(t, g, p)
+	for i := range 200 {
+		a, b := []byte("a"+strconv.Itoa(i)), []byte("b"+strconv.Itoa(i))
+		if err := p.Dispatch("echo", a, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Dispatch("echo", b, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Dispatch("echo", nil, 0); err != errBusy {
+			t.Fatalf("a third call: %v, want errBusy", err)
+		}
+		p.Wake()
+		if c := waitCompletion(t, g, p.Proc); string(c.Reply) != string(a) {
+			t.Fatalf("first reply %q, want %q", c.Reply, a)
+		}
+		if c := waitCompletion(t, g, p.Proc); string(c.Reply) != string(b) {
+			t.Fatalf("second reply %q, want %q", c.Reply, b)
+		}
+	}
+}
+
+// A prefetched call revoked before the process took it never runs; one it
+// took cannot be revoked.
+func TestCrossProcessRevoke(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	p := startUAP(t, g, 0)
+	attached(t, g, p)
+	if err := p.Dispatch("sleep", []byte("100ms"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Dispatch("pid", []byte("revoked"), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.Wake()
+	if req, ok := p.Revoke(); !ok || string(req) != "revoked" {
+		t.Fatalf("revoke = %q, %v; the next call cannot have been taken while the process slept 100 ms", req, ok)
+	}
+	if err := p.Dispatch("echo", []byte("after"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitCompletion(t, g, p.Proc); string(c.Reply) != "100ms" {
+		t.Fatalf("first reply %q", c.Reply)
+	}
+	if c := waitCompletion(t, g, p.Proc); string(c.Reply) != "after" {
+		t.Fatalf("after a revoke the process answered %q, want the call after it", c.Reply)
+	}
+	// Taken: the revoke fails.
+	if err := p.Dispatch("sleep", []byte("1ms"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Dispatch("sleep", []byte("200ms"), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.Wake()
+	until(t, g, 10*time.Second, "the process to take its next call", func() bool {
+		_, next := p.Taken()
+		return next
+	})
+	if _, ok := p.Revoke(); ok {
+		t.Fatal("revoked a call the process had taken")
+	}
+	waitCompletion(t, g, p.Proc)
+	if c := waitCompletion(t, g, p.Proc); string(c.Reply) != "200ms" {
+		t.Fatalf("reply %q", c.Reply)
+	}
+}
+
+// waitStopped waits until process pid is stopped (state T in /proc): a
+// SIGSTOP takes effect some time after kill returns.
+func waitStopped(tb testing.TB, pid int) {
+	tb.Helper()
+	end := time.Now().Add(10 * time.Second)
+	for time.Now().Before(end) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		// pid (comm) state ...: the state follows the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	tb.Fatalf("process %d did not stop", pid)
 }

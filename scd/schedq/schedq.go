@@ -6,34 +6,48 @@
 //
 //   - Admission is exact. A call goes to a ready process at once, or waits;
 //     it is refused 'server busy' only when queue_size calls really wait. A
-//     process that holds a call (running, preempted, stopped or dead and not
-//     yet reaped) holds only that call: it takes no room in the queue and
+//     process that holds a call (running, preempted, stopped, or dead and
+//     not yet reaped) holds only its own: it takes no room in the queue and
 //     blocks no other call.
 //   - Every call is answered exactly once: with its process's completion,
 //     with 'timed out' when its deadline passes first (the process may still
-//     be running it; its completion is then dropped), or with 'server
-//     terminated' when the process serving it dies. A call handed to a
-//     process that died before it took the call never ran: it goes back to
-//     the head of the queue, or to another ready process.
+//     run it; its completion is then dropped), or with 'server terminated'
+//     when the process serving it dies. A call handed to a process that died
+//     before it took the call never ran: it goes back to the head of the
+//     queue, or to another ready process.
 //   - Resident processes are served first, and among each kind the process
 //     that became ready last: the others stay idle, so the Multiserver rule
 //     can see idle non-resident processes and stop them.
 //
+// With Config.Prefetch a busy process is also handed its next call, so it
+// goes on without waiting for the node to see its completion; such a call
+// still counts as waiting. When another process becomes ready with nothing
+// to do, the queue asks for the prefetched call back (a Revoke action); if
+// the busy process has not taken it, it goes to the ready one, so a call
+// never waits behind a long one while a process idles.
+//
 // It does no I/O, keeps no clock, starts no goroutine and allocates nothing
-// once its queue has grown to queue_size: the caller (scd) feeds it events
-// under one lock per group and carries out what it returns (copy the
-// request into the process's area, answer the caller, ...). C is the
-// caller's handle for a call; the queue never looks inside it.
+// once grown: the caller (scd) feeds it events under one lock per group,
+// then carries out the actions it queued (TakeActions) and what the events
+// returned (answers). C is the caller's handle for a call; the queue never
+// looks inside it.
 //
 // # Usage
 //
-//	q := schedq.New[*call](schedq.Config{QueueSize: 256, Slots: 4, Resident: 2})
-//	q.Ready(0)                          // the process in slot 0 attached and waits
-//	d, err := q.Submit(cl, deadline)    // d.Slot >= 0: hand cl to that process now
-//	done := q.Done(0)                   // slot 0 completed: answer done.Call unless
-//	                                    // done.Answered; dispatch done.Next if set
-//	ex := q.Exited(0, started)          // the process died: see ex.Outcome
-//	late = q.Expire(now, late[:0])      // answer each 'timed out'
+//	q := schedq.New[*call](schedq.Config{QueueSize: 256, Slots: 4, Resident: 2, Prefetch: true})
+//	q.Ready(0)                       // the process in slot 0 attached and waits
+//	err := q.Submit(cl, deadline)    // admitted, or ErrFull / ErrClosed
+//	done, ok := q.Done(0)            // slot 0 completed its oldest call: answer
+//	                                 // done.Call unless done.Answered
+//	for _, a := range q.TakeActions(acts[:0]) {
+//		switch a.Kind {
+//		case schedq.Hand:   // give a.Call to the process in a.Slot
+//		case schedq.Revoke: // take back a.Slot's prefetched call, then
+//			// q.Revoked(a.Slot) or q.NotRevoked(a.Slot)
+//		}
+//	}                                // (until no action is left)
+//	ex := q.Exited(0, takenCur, takenNext)
+//	late = q.Expire(now, late[:0])   // answer each 'timed out'
 package schedq
 
 import "errors"
@@ -50,27 +64,42 @@ type Config struct {
 	Slots     int  // process slots (the most processes of parallel_count); at least 1
 	Resident  int  // slots [0, Resident) serve resident processes; the rest non-resident
 	Refresh   bool // scd_refresh_process: a process serves one call, then leaves
+	// Prefetch lets a busy process be handed its next call. The transport
+	// must be able to take back a call its process has not taken.
+	Prefetch bool
 }
 
-// Outcome is what a process's death means for the call it held.
+// ActionKind says what an Action asks of the caller.
+type ActionKind uint8
+
+const (
+	// Hand: give Call to the process in Slot: its current call if it held
+	// none, else its next (prefetched) call.
+	Hand ActionKind = iota
+	// Revoke: take back the prefetched call of the process in Slot if the
+	// process has not taken it, and report with Revoked or NotRevoked.
+	Revoke
+)
+
+// Action is one thing the caller must do to its processes, in order.
+type Action[C any] struct {
+	Kind ActionKind
+	Slot int
+	Call C // for Hand
+}
+
+// Outcome is what a process's death means for a call it held.
 type Outcome uint8
 
 const (
-	// NoCall: the process held no call, or its caller was answered already.
-	NoCall Outcome = iota
+	// Free: the caller was answered already ('timed out'): only free it.
+	Free Outcome = iota
 	// Terminated: the process had taken the call: answer 'server terminated'.
 	Terminated
 	// Requeued: the process died before it took the call, which never ran;
-	// it waits again at the head of the queue (or went to Dispatch.Slot).
+	// it waits again at the head of the queue (or was handed on).
 	Requeued
 )
-
-// Dispatch tells the caller to hand Call to the process in Slot now; Slot
-// is -1 when there is nothing to hand over.
-type Dispatch[C any] struct {
-	Slot int
-	Call C
-}
 
 // Completion is what Done returns.
 type Completion[C any] struct {
@@ -78,29 +107,23 @@ type Completion[C any] struct {
 	// Answered: the caller was answered already ('timed out'); drop the
 	// reply, only free the call.
 	Answered bool
-	// Next, when Next.Slot >= 0, is the call the same process takes now.
-	Next Dispatch[C]
 }
 
-// Exit is what Exited returns.
-type Exit[C any] struct {
+// ExitedCall is a call a dead process held, and what becomes of it.
+type ExitedCall[C any] struct {
+	Call    C
 	Outcome Outcome
-	Call    C // the call the process held, if Outcome != NoCall or it was answered
-	Held    bool
-	// Next: a requeued call that went straight to another ready process.
-	Next Dispatch[C]
 }
 
-// Stats are the queue's counters; every one only grows, except Waiting
-// and Busy.
+// Stats are the queue's counters; each only grows, except Waiting and Busy.
 type Stats struct {
-	Queued     uint64 // calls admitted (to a process or to the queue)
+	Queued     uint64 // calls admitted
 	Processed  uint64 // completions
 	Refused    uint64 // Submit refused: the queue was full
 	TimedOut   uint64 // callers answered 'timed out'
 	Terminated uint64 // callers answered 'server terminated'
-	Requeued   uint64 // calls put back after their process died before taking them
-	Waiting    int    // calls in the queue now (the documents' q)
+	Requeued   uint64 // calls put back after their process died, or gave them back, before taking them
+	Waiting    int    // calls waiting for a process, prefetched ones included (the documents' q)
 	Busy       int    // processes holding a call now
 }
 
@@ -114,27 +137,38 @@ type slotState uint8
 const (
 	slotEmpty    slotState = iota // no process attached
 	slotReady                     // attached, holds no call, in a ready stack
-	slotBusy                      // holds a call
-	slotRetiring                  // asked to leave: gets no further call (may hold one)
+	slotBusy                      // holds its current call, maybe a prefetched one
+	slotRetiring                  // asked to leave: gets no further call (may hold some)
 )
 
-type procSlot[C any] struct {
-	state    slotState
-	held     bool // holds call (busy, or retiring with a call)
+type heldCall[C any] struct {
 	call     C
 	deadline int64
 	answered bool
 }
 
+type procSlot[C any] struct {
+	state slotState
+	n     int            // calls held: 0, 1 (cur) or 2 (cur and next)
+	calls [2]heldCall[C] // [0] its current call, [1] the one prefetched
+	// nextTaken: the process took its prefetched call (it runs it after
+	// its current one, or already does): it cannot be revoked.
+	nextTaken bool
+	// revokeAsked: a Revoke of the prefetched call was queued.
+	revokeAsked bool
+}
+
 // Queue is one group's schedule queue. It is not safe for concurrent use:
 // the caller holds its group's lock around every method.
 type Queue[C any] struct {
-	cfg    Config
-	wait   ring[waitingCall[C]]
-	slots  []procSlot[C]
-	ready  [2][]int // ready slots by kind (0 resident, 1 non-resident); the last is taken first
-	closed bool
-	st     Stats
+	cfg        Config
+	wait       ring[waitingCall[C]]
+	slots      []procSlot[C]
+	ready      [2][]int // ready slots by kind (0 resident, 1 non-resident); the last is taken first
+	prefetched int      // slots holding a prefetched call
+	closed     bool
+	st         Stats
+	actions    []Action[C]
 }
 
 // New returns an empty, open queue. Sizes below 1 count as 1.
@@ -142,6 +176,9 @@ func New[C any](cfg Config) *Queue[C] {
 	cfg.QueueSize = max(cfg.QueueSize, 1)
 	cfg.Slots = max(cfg.Slots, 1)
 	cfg.Resident = min(max(cfg.Resident, 0), cfg.Slots)
+	if cfg.Refresh {
+		cfg.Prefetch = false // a process serves one call
+	}
 	q := &Queue[C]{cfg: cfg, slots: make([]procSlot[C], cfg.Slots)}
 	q.wait.limit = cfg.QueueSize
 	q.ready[0] = make([]int, 0, cfg.Resident)
@@ -161,64 +198,57 @@ func (q *Queue[C]) kind(slot int) int {
 
 func (q *Queue[C]) valid(slot int) bool { return slot >= 0 && slot < len(q.slots) }
 
-// Submit admits call with its deadline (unix ns, 0 none). It returns the
-// slot of the ready process to hand it to now, or Slot -1 when the call
-// waits; ErrFull when QueueSize calls wait, ErrClosed after Close.
-func (q *Queue[C]) Submit(call C, deadline int64) (Dispatch[C], error) {
+// TakeActions appends the actions queued since the last call to out, in
+// order, and forgets them. Carry them out before the next event; Revoked
+// and NotRevoked may queue more.
+func (q *Queue[C]) TakeActions(out []Action[C]) []Action[C] {
+	out = append(out, q.actions...)
+	clear(q.actions)
+	q.actions = q.actions[:0]
+	return out
+}
+
+// Submit admits call with its deadline (unix ns, 0 none): handed to a
+// ready process, prefetched to a busy one, or put in the queue. ErrFull
+// when QueueSize calls wait, ErrClosed after Close.
+func (q *Queue[C]) Submit(call C, deadline int64) error {
 	if q.closed {
-		return Dispatch[C]{Slot: -1}, ErrClosed
+		return ErrClosed
 	}
 	if s := q.popReady(); s >= 0 {
 		q.st.Queued++
 		q.hold(s, call, deadline)
-		return Dispatch[C]{Slot: s, Call: call}, nil
+		return nil
 	}
-	if !q.wait.push(waitingCall[C]{call, deadline}) {
+	if q.Waiting() >= q.cfg.QueueSize {
 		q.st.Refused++
-		return Dispatch[C]{Slot: -1}, ErrFull
+		return ErrFull
 	}
 	q.st.Queued++
-	return Dispatch[C]{Slot: -1}, nil
+	if s := q.prefetchable(); s >= 0 {
+		q.hold(s, call, deadline)
+		return nil
+	}
+	q.wait.push(waitingCall[C]{call, deadline})
+	return nil
 }
 
-// Ready says the process in slot attached and waits for a call: it gets
-// the call at the head of the queue (returned) or joins the ready
-// processes. A slot that is retiring, or that holds a call, is left as it is.
-func (q *Queue[C]) Ready(slot int) Dispatch[C] {
-	if !q.valid(slot) {
-		return Dispatch[C]{Slot: -1}
-	}
-	sl := &q.slots[slot]
-	if sl.state != slotEmpty {
-		return Dispatch[C]{Slot: -1}
-	}
-	return q.next(slot)
-}
-
-// next gives the idle process in slot the head of the queue, or makes it ready.
-func (q *Queue[C]) next(slot int) Dispatch[C] {
-	if w, ok := q.wait.pop(); ok {
-		q.hold(slot, w.call, w.deadline)
-		return Dispatch[C]{Slot: slot, Call: w.call}
-	}
-	q.slots[slot] = procSlot[C]{state: slotReady}
-	q.ready[q.kind(slot)] = append(q.ready[q.kind(slot)], slot)
-	return Dispatch[C]{Slot: -1}
-}
-
+// hold gives call to slot s (as its current call, or as its next) and
+// queues the Hand.
 func (q *Queue[C]) hold(s int, call C, deadline int64) {
-	q.slots[s] = procSlot[C]{state: slotBusy, held: true, call: call, deadline: deadline}
-	q.st.Busy++
-}
-
-// release empties the call out of slot s and returns it.
-func (q *Queue[C]) release(s int) (call C, answered bool) {
 	sl := &q.slots[s]
-	call, answered = sl.call, sl.answered
-	var zero C
-	sl.call, sl.held, sl.answered, sl.deadline = zero, false, false, 0
-	q.st.Busy--
-	return call, answered
+	if sl.n == 0 {
+		q.st.Busy++
+		if sl.state != slotRetiring {
+			sl.state = slotBusy
+		}
+	} else {
+		q.prefetched++
+		sl.nextTaken, sl.revokeAsked = false, false
+	}
+	sl.calls[sl.n] = heldCall[C]{call: call, deadline: deadline}
+	sl.n++
+	q.actions = append(q.actions, Action[C]{Kind: Hand, Slot: s, Call: call})
 }
 
 // popReady takes a ready process: a resident one first, the last to
@@ -244,72 +274,190 @@ func (q *Queue[C]) unready(slot int) {
 	}
 }
 
-// Done says the process in slot completed the call it held. The process
-// takes the next waiting call (Completion.Next) unless it is retiring or
+// prefetchable is a busy process that can be handed its next call: a
+// resident one first. -1 if none (or prefetch is off).
+func (q *Queue[C]) prefetchable() int {
+	if !q.cfg.Prefetch {
+		return -1
+	}
+	for s := range q.slots {
+		if sl := &q.slots[s]; sl.state == slotBusy && sl.n == 1 {
+			return s
+		}
+	}
+	return -1
+}
+
+// stealable is a process whose prefetched call can be asked back. -1 if none.
+func (q *Queue[C]) stealable() int {
+	if q.prefetched == 0 {
+		return -1
+	}
+	for s := range q.slots {
+		if sl := &q.slots[s]; sl.n == 2 && !sl.nextTaken && !sl.revokeAsked {
+			return s
+		}
+	}
+	return -1
+}
+
+// balance hands waiting calls to ready processes, prefetches to busy ones,
+// and, when nothing waits but a process is ready, asks a prefetched call back.
+func (q *Queue[C]) balance() {
+	for q.wait.n > 0 {
+		s := q.popReady()
+		if s < 0 {
+			break
+		}
+		w, _ := q.wait.pop()
+		q.hold(s, w.call, w.deadline)
+	}
+	for q.wait.n > 0 {
+		s := q.prefetchable()
+		if s < 0 {
+			break
+		}
+		w, _ := q.wait.pop()
+		q.hold(s, w.call, w.deadline)
+	}
+	if q.wait.n == 0 && q.ReadyCount() > 0 {
+		if s := q.stealable(); s >= 0 {
+			q.slots[s].revokeAsked = true
+			q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: s})
+		}
+	}
+}
+
+// Ready says the process in slot attached and waits for a call. A slot
+// that is retiring, or holds a call, is left as it is.
+func (q *Queue[C]) Ready(slot int) {
+	if !q.valid(slot) || q.slots[slot].state != slotEmpty {
+		return
+	}
+	q.makeReady(slot)
+	q.balance()
+}
+
+func (q *Queue[C]) makeReady(slot int) {
+	q.slots[slot] = procSlot[C]{state: slotReady}
+	q.ready[q.kind(slot)] = append(q.ready[q.kind(slot)], slot)
+}
+
+// Done says the process in slot completed its current call. Its next call,
+// if it had one, becomes its current; it gets more unless it is retiring or
 // the server refreshes its processes. ok is false when the slot held no
-// call (the caller's bookkeeping and the queue disagree: nothing happens).
+// call (the caller and the queue disagree: nothing happens).
 func (q *Queue[C]) Done(slot int) (c Completion[C], ok bool) {
-	c.Next.Slot = -1
-	if !q.valid(slot) || !q.slots[slot].held {
+	if !q.valid(slot) || q.slots[slot].n == 0 {
 		return c, false
 	}
-	retiring := q.slots[slot].state == slotRetiring
-	c.Call, c.Answered = q.release(slot)
+	sl := &q.slots[slot]
+	c.Call, c.Answered = sl.calls[0].call, sl.calls[0].answered
 	q.st.Processed++
-	switch {
-	case retiring || q.cfg.Refresh:
-		q.slots[slot].state = slotRetiring // leaves; gets nothing more
-	default:
-		q.slots[slot].state = slotEmpty
-		c.Next = q.next(slot)
+	sl.calls[0] = sl.calls[1]
+	sl.calls[1] = heldCall[C]{}
+	sl.n--
+	if sl.n == 1 {
+		q.prefetched--
+		sl.nextTaken, sl.revokeAsked = false, false
+	} else {
+		q.st.Busy--
 	}
+	switch {
+	case sl.state == slotRetiring || q.cfg.Refresh:
+		sl.state = slotRetiring // it leaves when it holds nothing
+	case sl.n == 0:
+		q.makeReady(slot)
+	}
+	q.balance()
 	return c, true
 }
 
-// Exited says the process in slot ended (its slot is empty until a new
-// process is Ready there). started says whether it had taken the call it
-// was handed: a call it never took goes back to the head of the queue (or
-// at once to another ready process, in Exit.Next); a call it took is
-// answered 'server terminated' unless its caller was answered already.
-func (q *Queue[C]) Exited(slot int, started bool) (ex Exit[C]) {
-	ex.Next.Slot = -1
+// Revoked says the prefetched call of slot was taken back before its
+// process took it, and returns it: it goes to a ready process (a Hand
+// action) or the head of the queue. If its caller was answered already
+// ('timed out') it goes nowhere: free is true, for the caller to free it.
+func (q *Queue[C]) Revoked(slot int) (call C, free bool) {
+	if !q.valid(slot) || q.slots[slot].n != 2 {
+		return call, false
+	}
+	sl := &q.slots[slot]
+	h := sl.calls[1]
+	sl.calls[1] = heldCall[C]{}
+	sl.n = 1
+	sl.nextTaken, sl.revokeAsked = false, false
+	q.prefetched--
+	if h.answered {
+		q.balance()
+		return h.call, true
+	}
+	q.st.Requeued++
+	q.wait.pushFront(waitingCall[C]{h.call, h.deadline})
+	q.balance()
+	return h.call, false
+}
+
+// NotRevoked says the process of slot had taken its prefetched call: it
+// stays, and is not asked for again.
+func (q *Queue[C]) NotRevoked(slot int) {
+	if q.valid(slot) && q.slots[slot].n == 2 {
+		q.slots[slot].nextTaken = true
+	}
+	q.balance()
+}
+
+// Exited says the process in slot ended; its slot is empty until a new
+// process is Ready there. takenCur and takenNext say whether it had taken
+// its current and its prefetched call: one it never took goes back to the
+// head of the queue; one it took is answered 'server terminated' unless
+// its caller was answered already. The calls it held are appended to out,
+// its current one first. A requeued call may be handed on at once (a Hand
+// action): copy its request out of the dead process's area before acting.
+func (q *Queue[C]) Exited(slot int, takenCur, takenNext bool, out []ExitedCall[C]) []ExitedCall[C] {
 	if !q.valid(slot) {
-		return ex
+		return out
 	}
 	sl := &q.slots[slot]
 	if sl.state == slotReady {
 		q.unready(slot)
 	}
-	if !sl.held {
-		q.slots[slot] = procSlot[C]{}
-		return ex
+	held := sl.calls
+	n := sl.n
+	if n > 0 {
+		q.st.Busy--
 	}
-	deadline := sl.deadline
-	call, answered := q.release(slot)
+	if n == 2 {
+		q.prefetched--
+	}
 	q.slots[slot] = procSlot[C]{}
-	ex.Call, ex.Held = call, true
-	switch {
-	case answered:
-		ex.Outcome = NoCall
-	case started:
-		ex.Outcome = Terminated
-		q.st.Terminated++
-	default:
-		ex.Outcome = Requeued
-		q.st.Requeued++
-		if s := q.popReady(); s >= 0 {
-			q.hold(s, call, deadline)
-			ex.Next = Dispatch[C]{Slot: s, Call: call}
-		} else {
-			q.wait.pushFront(waitingCall[C]{call, deadline})
+	taken := [2]bool{takenCur, takenNext || sl.nextTaken}
+	first := len(out)
+	for i := range n {
+		h := held[i]
+		switch {
+		case h.answered:
+			out = append(out, ExitedCall[C]{h.call, Free})
+		case taken[i]:
+			q.st.Terminated++
+			out = append(out, ExitedCall[C]{h.call, Terminated})
+		default:
+			q.st.Requeued++
+			out = append(out, ExitedCall[C]{h.call, Requeued})
 		}
 	}
-	return ex
+	for i := n - 1; i >= 0; i-- { // in reverse: the current call ahead of the next
+		if out[first+i].Outcome == Requeued {
+			q.wait.pushFront(waitingCall[C]{held[i].call, held[i].deadline})
+		}
+	}
+	q.balance()
+	return out
 }
 
-// Retire stops handing calls to the process in slot (it is to stop, or its
-// server shrinks). It reports whether the process still holds a call, which
-// it finishes before it leaves.
+// Retire stops handing calls to the process in slot (it is to stop, or
+// its server shrinks). Its prefetched call, if any, is asked back (a
+// Revoke action). It reports whether the process still holds a call,
+// which it finishes before it leaves.
 func (q *Queue[C]) Retire(slot int) (holds bool) {
 	if !q.valid(slot) {
 		return false
@@ -319,23 +467,30 @@ func (q *Queue[C]) Retire(slot int) (holds bool) {
 		q.unready(slot)
 	}
 	sl.state = slotRetiring
-	return sl.held
+	if sl.n == 2 && !sl.nextTaken && !sl.revokeAsked {
+		sl.revokeAsked = true
+		q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: slot})
+	}
+	return sl.n > 0
 }
 
 // Expire answers the calls whose deadline is at or before now: those
-// waiting leave the queue, those held by a process are marked answered
-// (the process may still finish them; Done then drops the reply). Each is
-// appended to late, to be answered 'timed out'.
+// waiting leave the queue, those held by a process (prefetched ones too)
+// are marked answered (the process may still finish them; Done then drops
+// the reply). Each is appended to late, to be answered 'timed out'.
 func (q *Queue[C]) Expire(now int64, late []C) []C {
 	before := len(late)
 	late = q.removeWaiting(func(w *waitingCall[C]) bool {
-		return w.deadline != 0 && w.deadline <= now
+		return w.deadline > 0 && w.deadline <= now
 	}, late)
 	for i := range q.slots {
 		sl := &q.slots[i]
-		if sl.held && !sl.answered && sl.deadline != 0 && sl.deadline <= now {
-			sl.answered = true
-			late = append(late, sl.call)
+		for j := range sl.n {
+			h := &sl.calls[j]
+			if !h.answered && h.deadline != 0 && h.deadline <= now {
+				h.answered = true
+				late = append(late, h.call)
+			}
 		}
 	}
 	q.st.TimedOut += uint64(len(late) - before)
@@ -350,26 +505,27 @@ func (q *Queue[C]) Close() { q.closed = true }
 func (q *Queue[C]) Closed() bool { return q.closed }
 
 // Flush empties the queue of waiting calls (the node stops with calls it
-// could not serve) and appends them to out, to be answered.
+// could not serve, or its processes cannot start) and appends them to
+// out, to be answered. Prefetched calls stay with their processes.
 func (q *Queue[C]) Flush(out []C) []C {
 	return q.removeWaiting(func(*waitingCall[C]) bool { return true }, out)
 }
 
-// Held reports the call slot holds, if any, and whether its caller was
-// answered already.
-func (q *Queue[C]) Held(slot int) (call C, answered, ok bool) {
-	if !q.valid(slot) || !q.slots[slot].held {
-		return call, false, false
+// Held reports how many calls slot holds (its current call and maybe a
+// prefetched one).
+func (q *Queue[C]) Held(slot int) (n int) {
+	if !q.valid(slot) {
+		return 0
 	}
-	sl := &q.slots[slot]
-	return sl.call, sl.answered, true
+	return q.slots[slot].n
 }
 
-// Waiting is the number of calls in the queue (the documents' q).
-func (q *Queue[C]) Waiting() int { return q.wait.n }
+// Waiting is the number of calls waiting for a process, prefetched ones
+// included (the documents' q).
+func (q *Queue[C]) Waiting() int { return q.wait.n + q.prefetched }
 
 // InFlight counts the calls not yet finished: waiting or held by a process.
-func (q *Queue[C]) InFlight() int { return q.wait.n + q.st.Busy }
+func (q *Queue[C]) InFlight() int { return q.wait.n + q.st.Busy + q.prefetched }
 
 // ReadyCount is the number of processes waiting for a call.
 func (q *Queue[C]) ReadyCount() int { return len(q.ready[0]) + len(q.ready[1]) }
@@ -377,11 +533,36 @@ func (q *Queue[C]) ReadyCount() int { return len(q.ready[0]) + len(q.ready[1]) }
 // Stats returns the counters.
 func (q *Queue[C]) Stats() Stats {
 	st := q.st
-	st.Waiting = q.wait.n
+	st.Waiting = q.Waiting()
 	return st
 }
 
-// ring is a FIFO that grows up to limit entries and never shrinks.
+// removeWaiting removes the waiting calls that match, keeping the order of
+// the rest, and appends each removed one to out.
+func (q *Queue[C]) removeWaiting(match func(*waitingCall[C]) bool, out []C) []C {
+	r := &q.wait
+	var zero waitingCall[C]
+	kept := 0
+	for i := range r.n {
+		e := &r.buf[(r.head+i)%len(r.buf)]
+		if match(e) {
+			out = append(out, e.call)
+			continue
+		}
+		if kept != i {
+			r.buf[(r.head+kept)%len(r.buf)] = *e
+		}
+		kept++
+	}
+	for i := kept; i < r.n; i++ {
+		r.buf[(r.head+i)%len(r.buf)] = zero
+	}
+	r.n = kept
+	return out
+}
+
+// ring is a FIFO that grows up to limit entries (more by pushFront) and
+// never shrinks.
 type ring[T any] struct {
 	buf   []T
 	head  int // index of the first entry
@@ -389,18 +570,13 @@ type ring[T any] struct {
 	limit int
 }
 
-func (r *ring[T]) push(v T) bool {
-	if r.n >= r.limit {
-		return false
-	}
+func (r *ring[T]) push(v T) {
 	r.grow()
 	r.buf[(r.head+r.n)%len(r.buf)] = v
 	r.n++
-	return true
 }
 
-// pushFront puts v at the head; it may exceed limit by the calls requeued
-// (each was admitted once already and must not be lost).
+// pushFront puts v at the head.
 func (r *ring[T]) pushFront(v T) {
 	r.grow()
 	r.head = (r.head - 1 + len(r.buf)) % len(r.buf)
@@ -434,28 +610,4 @@ func (r *ring[T]) pop() (T, bool) {
 	r.head = (r.head + 1) % len(r.buf)
 	r.n--
 	return v, true
-}
-
-// removeWaiting removes the waiting calls that match, keeping the order of
-// the rest, and appends each removed one to out.
-func (q *Queue[C]) removeWaiting(match func(*waitingCall[C]) bool, out []C) []C {
-	r := &q.wait
-	var zero waitingCall[C]
-	kept := 0
-	for i := range r.n {
-		e := &r.buf[(r.head+i)%len(r.buf)]
-		if match(e) {
-			out = append(out, e.call)
-			continue
-		}
-		if kept != i {
-			r.buf[(r.head+kept)%len(r.buf)] = *e
-		}
-		kept++
-	}
-	for i := kept; i < r.n; i++ {
-		r.buf[(r.head+i)%len(r.buf)] = zero
-	}
-	r.n = kept
-	return out
 }

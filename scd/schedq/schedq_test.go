@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,17 +14,19 @@ import (
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testdata/ from what the queue does")
 
 // TestScripts runs the scripts in testdata/: each block is a command, a
-// "----" line and the expected output, which is what the queue returned
-// followed by its state:
+// "----" line and the expected output: what the event returned, the
+// actions it queued (hand CALL -> SLOT, revoke SLOT), then the state:
 //
 //	waiting: a b      calls in the queue, head first
-//	slots: 0:a 1:r    per slot: - empty, r ready, x busy with call x,
-//	                  x* busy with x whose caller was answered, ~ retiring,
-//	                  ~x retiring and still holding x
+//	slots: 0:a+b 1:r  per slot: - empty, r ready, a busy with a, a+b busy
+//	                  with a and b prefetched (b! once its process took
+//	                  it), x* a call whose caller was answered, ~ retiring
 //
-// Commands: new queue=N slots=N [resident=N] [refresh], submit CALL
-// [deadline=T], ready SLOT, done SLOT, exit SLOT [started], retire SLOT,
-// expire NOW, close, flush, stats.
+// Commands: new queue=N slots=N [resident=N] [refresh] [prefetch], submit
+// CALL [deadline=T], ready SLOT, done SLOT, exit SLOT [cur] [next] (the
+// calls it had taken), retire SLOT, revoked SLOT, notrevoked SLOT, expire
+// NOW, close, flush, stats. Run with -rewrite to regenerate the outputs,
+// then read every change.
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
@@ -120,13 +123,12 @@ func step(qp **Queue[string], line string) ([]string, error) {
 			pos = append(pos, a)
 		}
 	}
-	num := func(s string) (int, error) { return strconv.Atoi(s) }
+	has := func(word string) bool { return slices.Contains(pos, word) }
 	if cmd == "new" {
-		cfg := Config{}
-		var err error
+		cfg := Config{Refresh: has("refresh"), Prefetch: has("prefetch")}
 		for k, v := range args {
-			var n int
-			if n, err = num(v); err != nil {
+			n, err := strconv.Atoi(v)
+			if err != nil {
 				return nil, err
 			}
 			switch k {
@@ -140,7 +142,6 @@ func step(qp **Queue[string], line string) ([]string, error) {
 				return nil, fmt.Errorf("unknown argument %s", k)
 			}
 		}
-		cfg.Refresh = len(pos) > 0 && pos[0] == "refresh"
 		*qp = New[string](cfg)
 		return nil, nil
 	}
@@ -148,103 +149,86 @@ func step(qp **Queue[string], line string) ([]string, error) {
 	if q == nil {
 		return nil, fmt.Errorf("no queue: start with new")
 	}
-	slotArg := func() (int, error) {
-		if len(pos) < 1 {
-			return 0, fmt.Errorf("%s needs a slot", cmd)
+	num := 0
+	if len(pos) > 0 && cmd != "submit" {
+		var err error
+		if num, err = strconv.Atoi(pos[0]); err != nil {
+			return nil, fmt.Errorf("%s: %v", cmd, err)
 		}
-		return num(pos[0])
 	}
-	dispatch := func(d Dispatch[string]) []string {
-		if d.Slot < 0 {
-			return nil
-		}
-		return []string{fmt.Sprintf("dispatch %s -> %d", d.Call, d.Slot)}
-	}
+	var out []string
 	switch cmd {
 	case "submit":
 		deadline := 0
 		if v, ok := args["deadline"]; ok {
 			var err error
-			if deadline, err = num(v); err != nil {
+			if deadline, err = strconv.Atoi(v); err != nil {
 				return nil, err
 			}
 		}
-		d, err := q.Submit(pos[0], int64(deadline))
-		switch {
-		case err == ErrFull:
-			return []string{"refused " + pos[0] + ": full"}, nil
-		case err == ErrClosed:
-			return []string{"refused " + pos[0] + ": closed"}, nil
-		case d.Slot < 0:
-			return []string{"wait " + pos[0]}, nil
+		switch err := q.Submit(pos[0], int64(deadline)); err {
+		case ErrFull:
+			out = append(out, "refused "+pos[0]+": full")
+		case ErrClosed:
+			out = append(out, "refused "+pos[0]+": closed")
 		}
-		return dispatch(d), nil
 	case "ready":
-		s, err := slotArg()
-		if err != nil {
-			return nil, err
-		}
-		return dispatch(q.Ready(s)), nil
+		q.Ready(num)
 	case "done":
-		s, err := slotArg()
-		if err != nil {
-			return nil, err
-		}
-		c, ok := q.Done(s)
-		if !ok {
-			return []string{"no call"}, nil
-		}
-		out := []string{"answer " + c.Call}
-		if c.Answered {
-			out = []string{"drop reply of " + c.Call + " (answered already)"}
-		}
-		return append(out, dispatch(c.Next)...), nil
-	case "exit":
-		s, err := slotArg()
-		if err != nil {
-			return nil, err
-		}
-		ex := q.Exited(s, len(pos) > 1 && pos[1] == "started")
+		c, ok := q.Done(num)
 		switch {
-		case ex.Outcome == Terminated:
-			return []string{"terminated " + ex.Call}, nil
-		case ex.Outcome == Requeued:
-			return append([]string{"requeued " + ex.Call}, dispatch(ex.Next)...), nil
-		case ex.Held:
-			return []string{"free " + ex.Call + " (answered already)"}, nil
+		case !ok:
+			out = append(out, "no call")
+		case c.Answered:
+			out = append(out, "drop reply of "+c.Call+" (answered already)")
+		default:
+			out = append(out, "answer "+c.Call)
 		}
-		return []string{"no call"}, nil
+	case "exit":
+		for _, e := range q.Exited(num, has("cur"), has("next"), nil) {
+			out = append(out, map[Outcome]string{Free: "free ", Terminated: "terminated ", Requeued: "requeued "}[e.Outcome]+e.Call)
+		}
+		if len(out) == 0 {
+			out = append(out, "no call")
+		}
 	case "retire":
-		s, err := slotArg()
-		if err != nil {
-			return nil, err
+		if q.Retire(num) {
+			out = append(out, "still holds a call")
+		} else {
+			out = append(out, "holds no call")
 		}
-		if q.Retire(s) {
-			return []string{"still holds a call"}, nil
+	case "revoked":
+		if c, free := q.Revoked(num); free {
+			out = append(out, "free "+c+" (answered already)")
 		}
-		return []string{"holds no call"}, nil
+	case "notrevoked":
+		q.NotRevoked(num)
 	case "expire":
-		now, err := slotArg()
-		if err != nil {
-			return nil, err
-		}
-		late := q.Expire(int64(now), nil)
+		late := q.Expire(int64(num), nil)
 		if len(late) == 0 {
-			return []string{"nothing late"}, nil
+			out = append(out, "nothing late")
+		} else {
+			out = append(out, "timed out "+strings.Join(late, " "))
 		}
-		return []string{"timed out " + strings.Join(late, " ")}, nil
 	case "close":
 		q.Close()
-		return nil, nil
 	case "flush":
-		out := q.Flush(nil)
-		return []string{"flushed " + strings.Join(out, " ")}, nil
+		out = append(out, "flushed "+strings.Join(q.Flush(nil), " "))
 	case "stats":
 		st := q.Stats()
 		return []string{fmt.Sprintf("queued %d processed %d refused %d timed-out %d terminated %d requeued %d waiting %d busy %d in-flight %d",
 			st.Queued, st.Processed, st.Refused, st.TimedOut, st.Terminated, st.Requeued, st.Waiting, st.Busy, q.InFlight())}, nil
+	default:
+		return nil, fmt.Errorf("unknown command %q", cmd)
 	}
-	return nil, fmt.Errorf("unknown command %q", cmd)
+	for _, a := range q.TakeActions(nil) {
+		if a.Kind == Hand {
+			out = append(out, fmt.Sprintf("hand %s -> %d", a.Call, a.Slot))
+		} else {
+			out = append(out, fmt.Sprintf("revoke %d", a.Slot))
+		}
+	}
+	return out, nil
 }
 
 func describe(q *Queue[string]) []string {
@@ -258,50 +242,53 @@ func describe(q *Queue[string]) []string {
 	var s []string
 	for i := range q.slots {
 		sl := &q.slots[i]
-		var v string
-		switch sl.state {
-		case slotEmpty:
-			v = "-"
-		case slotReady:
-			v = "r"
-		case slotBusy:
-			v = sl.call
-		case slotRetiring:
-			v = "~"
-			if sl.held {
-				v += sl.call
+		v := map[slotState]string{slotEmpty: "-", slotReady: "r", slotBusy: "", slotRetiring: "~"}[sl.state]
+		for j := range sl.n {
+			if j == 1 {
+				v += "+"
 			}
-		}
-		if sl.held && sl.answered {
-			v += "*"
+			v += sl.calls[j].call
+			if j == 1 && sl.nextTaken {
+				v += "!"
+			}
+			if sl.calls[j].answered {
+				v += "*"
+			}
 		}
 		s = append(s, fmt.Sprintf("%d:%s", i, v))
 	}
 	return []string{"waiting: " + strings.Join(w, " "), "slots: " + strings.Join(s, " ")}
 }
 
-// TestNoAllocsOnceGrown: the hot path (submit, done with next, ready)
-// allocates nothing once the queue has held queue_size calls.
+// TestNoAllocsOnceGrown: the hot path (submit, done with its next call,
+// actions) allocates nothing once the queue has held queue_size calls.
 func TestNoAllocsOnceGrown(t *testing.T) {
-	q := New[*int](Config{QueueSize: 64, Slots: 2, Resident: 1})
+	q := New[*int](Config{QueueSize: 64, Slots: 2, Resident: 1, Prefetch: true})
 	c := new(int)
+	acts := make([]Action[*int], 0, 8)
 	q.Ready(0)
 	q.Ready(1)
-	for range 66 {
-		if _, err := q.Submit(c, 0); err != nil {
+	for range 66 { // 2 running, 2 prefetched, 62 in the queue: full
+		if err := q.Submit(c, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for range 66 {
-		q.Done(0)
+	if err := q.Submit(c, 0); err != ErrFull {
+		t.Fatalf("submit to a full queue: %v", err)
 	}
+	for q.Waiting() > 2 {
+		q.Done(0)
+		q.Done(1)
+	}
+	acts = q.TakeActions(acts[:0])
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := q.Submit(c, 0); err != nil {
+		if err := q.Submit(c, 0); err != nil {
 			t.Fatal(err)
 		}
 		if _, ok := q.Done(1); !ok {
 			t.Fatal("slot 1 holds no call")
 		}
+		acts = q.TakeActions(acts[:0])
 		q.Expire(0, nil)
 	})
 	if allocs != 0 {
@@ -311,67 +298,99 @@ func TestNoAllocsOnceGrown(t *testing.T) {
 
 // FuzzExactlyOnce drives a queue with random events and checks its
 // promises: every admitted call is answered exactly once (completed, timed
-// out, terminated or flushed), a refused call only when queue_size calls
-// wait, and no call is handed to two processes.
+// out, terminated or flushed), a call is refused only when queue_size
+// calls wait, and no call is with two processes at once.
 func FuzzExactlyOnce(f *testing.F) {
 	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2})
-	f.Add([]byte{1, 1, 1, 1, 1, 9, 17, 25, 2, 10, 3, 11, 4, 12, 6, 14})
+	f.Add([]byte{1, 1, 1, 1, 1, 9, 17, 25, 2, 10, 3, 11, 4, 12, 6, 14, 0, 0, 0, 4, 7})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const slots, size = 3, 4
-		q := New[int](Config{QueueSize: size, Slots: slots, Resident: 1})
+		q := New[int](Config{QueueSize: size, Slots: slots, Resident: 1, Prefetch: len(ops)%2 == 0})
 		answered := map[int]int{} // call -> answers
 		admitted := map[int]bool{}
-		holder := map[int]int{} // call -> slot it is handed to
-		taken := [slots]bool{}  // the process in slot took its call
+		with := map[int]int{}     // call -> slot it was handed to
+		held := [slots][]int{}    // what each process was handed, oldest first
+		taken := [slots][2]bool{} // the process took its current / next call
 		next, now := 0, int64(0)
-		dispatched := func(d Dispatch[int]) {
-			if d.Slot < 0 {
-				return
-			}
-			if s, ok := holder[d.Call]; ok {
-				t.Fatalf("call %d handed to slot %d while slot %d holds it", d.Call, d.Slot, s)
-			}
-			holder[d.Call] = d.Slot
-			taken[d.Slot] = false
-		}
 		answer := func(c int) { answered[c]++ }
+		act := func(rng byte) {
+			for {
+				acts := q.TakeActions(nil)
+				if len(acts) == 0 {
+					return
+				}
+				for _, a := range acts {
+					s := a.Slot
+					if a.Kind == Hand {
+						if o, ok := with[a.Call]; ok {
+							t.Fatalf("call %d handed to slot %d while slot %d has it", a.Call, s, o)
+						}
+						with[a.Call] = s
+						held[s] = append(held[s], a.Call)
+						taken[s][len(held[s])-1] = false
+						continue
+					}
+					if len(held[s]) != 2 {
+						t.Fatalf("revoke of slot %d, which holds %v", s, held[s])
+					}
+					if rng%3 == 0 || taken[s][1] { // the process took it first
+						taken[s][1] = true
+						q.NotRevoked(s)
+						continue
+					}
+					c := held[s][1]
+					held[s] = held[s][:1]
+					delete(with, c)
+					if got, _ := q.Revoked(s); got != c {
+						t.Fatalf("revoked %d, the queue says %d", c, got)
+					}
+				}
+			}
+		}
 		for _, op := range ops {
 			s := int(op>>3) % slots
 			switch op % 8 {
 			case 0, 1:
 				next++
 				waiting := q.Waiting()
-				d, err := q.Submit(next, now+int64(op%5)*3)
+				err := q.Submit(next, now+int64(op%5)*3)
 				if err == ErrFull {
 					if waiting < size {
 						t.Fatalf("call %d refused with %d of %d waiting", next, waiting, size)
 					}
 					continue
 				}
-				admitted[next] = true
-				dispatched(d)
+				if err == nil {
+					admitted[next] = true
+				}
 			case 2:
-				dispatched(q.Ready(s))
+				q.Ready(s)
 			case 3:
-				taken[s] = true
+				taken[s][0] = true
+				if op&0x40 != 0 {
+					taken[s][1] = true
+				}
 			case 4:
 				c, ok := q.Done(s)
 				if ok {
-					delete(holder, c.Call)
+					if len(held[s]) == 0 || held[s][0] != c.Call {
+						t.Fatalf("slot %d done with %d, it holds %v", s, c.Call, held[s])
+					}
+					delete(with, c.Call)
+					held[s] = held[s][1:]
+					taken[s] = [2]bool{taken[s][1], false}
 					if !c.Answered {
 						answer(c.Call)
 					}
-					dispatched(c.Next)
 				}
 			case 5:
-				ex := q.Exited(s, taken[s])
-				if ex.Held {
-					delete(holder, ex.Call)
+				for _, e := range q.Exited(s, taken[s][0], taken[s][1], nil) {
+					delete(with, e.Call)
+					if e.Outcome == Terminated {
+						answer(e.Call)
+					}
 				}
-				if ex.Outcome == Terminated {
-					answer(ex.Call)
-				}
-				dispatched(ex.Next)
+				held[s], taken[s] = nil, [2]bool{}
 			case 6:
 				now += int64(op >> 4)
 				for _, c := range q.Expire(now, nil) {
@@ -380,18 +399,21 @@ func FuzzExactlyOnce(f *testing.F) {
 			case 7:
 				q.Retire(s)
 			}
+			act(op)
 		}
 		for _, c := range q.Flush(nil) {
 			answer(c)
 		}
-		for s := range slots { // the processes end; what they held is answered
-			ex := q.Exited(s, true)
-			if ex.Outcome == Terminated {
-				answer(ex.Call)
+		for s := range slots { // the processes end, having taken what they held
+			for _, e := range q.Exited(s, true, true, nil) {
+				if e.Outcome == Terminated {
+					answer(e.Call)
+				}
+				if e.Outcome == Requeued {
+					t.Fatalf("a taken call %d was requeued", e.Call)
+				}
 			}
-			if ex.Outcome == Requeued {
-				t.Fatalf("a started call %d was requeued", ex.Call)
-			}
+			act(0)
 		}
 		for _, c := range q.Flush(nil) {
 			answer(c)

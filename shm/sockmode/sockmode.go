@@ -268,12 +268,26 @@ func (p *Proc) Holding() bool {
 }
 
 // Taken reports whether the call it holds was written to the socket (the
-// process may have run it).
-func (p *Proc) Taken() bool {
+// process may have run it). A socket process is never handed a next call.
+func (p *Proc) Taken() (cur, next bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.dispatched != 0 && p.sent
+	return p.dispatched != 0 && p.sent, false
 }
+
+// Requests returns the request of the call the process holds, if any.
+func (p *Proc) Requests() [][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dispatched == 0 {
+		return nil
+	}
+	return [][]byte{p.req}
+}
+
+// Revoke is false: a socket process holds one call at a time, and a call
+// written to the socket cannot be taken back.
+func (p *Proc) Revoke() ([]byte, bool) { return nil, false }
 
 // Rings is 0: the socket has no doorbell to abuse.
 func (p *Proc) Rings() uint64 { return 0 }
