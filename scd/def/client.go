@@ -30,16 +30,18 @@ func LoadClient(path string) (*Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		table := map[string]handler[Client]{}
-		for op, h := range clientOperands {
-			table[op] = h
+		table := make(map[string]operand[Client], len(clientOperands)+len(clientAliases))
+		for name, op := range clientOperands {
+			table[name] = op
+		}
+		for alias, name := range clientAliases {
+			table[alias] = clientOperands[name]
 		}
 		given := map[string]Stmt{}
 		for _, st := range stmts {
 			canon := st.Name
 			if a, ok := clientAliases[canon]; ok {
 				canon = a
-				table[st.Name] = clientOperands[a]
 			}
 			if first, ok := given[canon]; ok && st.Kind == StmtSet {
 				return nil, &Error{File: path, Line: st.Line, Operand: st.Name,
@@ -66,7 +68,7 @@ func LoadClient(path string) (*Client, error) {
 		for _, f := range strings.Split(v, ",") {
 			vals = append(vals, strings.TrimSpace(f))
 		}
-		if err := clientOperands[op](&c, vals); err != nil {
+		if err := clientOperands[op].set(&c, vals); err != nil {
 			return nil, &Error{File: "environment", Operand: env, Reason: err.Error()}
 		}
 	}

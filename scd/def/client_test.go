@@ -99,6 +99,8 @@ func TestLoadClientErrors(t *testing.T) {
 		{"message size", "set dcmaxmsgsize = 9000000\n", nil, `FILE:1: dcmaxmsgsize: 9000000 out of range 1024..8388608`},
 		{"alias and name", "set dcwatchtim = 1\nset watch_time = 2\n", nil, `FILE:2: watch_time: already set as dcwatchtim at line 1`},
 		{"unknown", "set dcfoo = 1\n", nil, `FILE:1: dcfoo: unknown operand`},
+		{"misspelt", "set dchots = a\n", nil, `FILE:1: dchots: unknown operand (did you mean dchost?)`},
+		{"misspelt alias", "set watch_tim = 1\n", nil, `FILE:1: watch_tim: unknown operand (did you mean watch_time?)`},
 		{"server operand", "set queue_size = 1\n", nil, `FILE:1: queue_size: unknown operand here (it belongs in usrrc or usr/<server>)`},
 		{"putenv", "putenv A b\n", nil, `FILE:1: putenv: only allowed in usrrc and usr files`},
 		{"env host", "", map[string]string{"DCHOST": "a,,b"}, `environment: DCHOST: empty address`},

@@ -168,7 +168,7 @@ func countLines(src []byte) int {
 // apply runs the set statements of one file through table. putenv is
 // handed to env, or is an error when env is nil. It returns the line of
 // every operand given.
-func apply[T any](file string, stmts []Stmt, table map[string]handler[T], dst *T, env func(Stmt) error) (map[string]int, error) {
+func apply[T any](file string, stmts []Stmt, table map[string]operand[T], dst *T, env func(Stmt) error) (map[string]int, error) {
 	lines := map[string]int{}
 	for _, st := range stmts {
 		if st.Kind == StmtPutenv {
@@ -180,15 +180,11 @@ func apply[T any](file string, stmts []Stmt, table map[string]handler[T], dst *T
 			}
 			continue
 		}
-		h := table[st.Name]
-		if h == nil {
-			why := "unknown operand"
-			if w := whereElse(st.Name); w != "" {
-				why += " here (it belongs in " + w + ")"
-			}
-			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: why}
+		op, ok := table[st.Name]
+		if !ok {
+			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: unknownOperand(st.Name, table)}
 		}
-		if err := h(dst, st.Values); err != nil {
+		if err := op.set(dst, st.Values); err != nil {
 			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()}
 		}
 		lines[st.Name] = st.Line

@@ -85,6 +85,8 @@ var operandCases = []struct {
 	{"sysconf", "set memory_reserve = -1", nil, nil, "sysconf:1: memory_reserve: "},
 	{"sysconf", "set schedule_rate = 60", nil, nil, "sysconf:1: schedule_rate: unknown operand here (it belongs in scdsvcdef)"},
 	{"sysconf", "set nosuch = 1", nil, nil, "sysconf:1: nosuch: unknown operand"},
+	{"sysconf", "set rpc_prot = 1", nil, nil, "sysconf:1: rpc_prot: unknown operand (did you mean rpc_port?)"},
+	{"sysconf", "set scd_this_nod_first = Y", nil, nil, "sysconf:1: scd_this_nod_first: unknown operand (did you mean scd_this_node_first? it belongs in scdsvcdef)"},
 	{"sysconf", "putenv A b", nil, nil, "sysconf:1: putenv: only allowed in usrrc and usr files"},
 
 	// scdsvcdef
@@ -193,6 +195,10 @@ var operandCases = []struct {
 	{"usr/x", "", func(c *Config) any { return srv(c).Env }, []string(nil), ""},
 	{"usr/x", "putenv LANG C\nputenv MSG \"a b\"", func(c *Config) any { return srv(c).Env }, []string{"LANG=C", "MSG=a b"}, ""},
 	{"usr/x", "set rpc_port = 1", nil, nil, "usr/x:1: rpc_port: unknown operand here (it belongs in sysconf)"},
+	{"usr/x", "set paralel_count = 2", nil, nil, "usr/x:1: paralel_count: unknown operand (did you mean parallel_count?)"},
+	{"usr/x", "set Balance_Cuont = 2", nil, nil, "usr/x:1: balance_cuont: unknown operand (did you mean balance_count?)"},
+	{"usrrc", "set watchtime = 2", nil, nil, "usrrc:1: watchtime: unknown operand (did you mean watch_time?)"},
+	{"usr/x", "set scdmult = Y", nil, nil, "usr/x:1: scdmult: unknown operand (did you mean scdmulti?)"},
 	{"usr/x", "set service_group = a\n" + baseUsr, nil, nil, "usr/x:2: service_group: set twice (first at line 1)"},
 
 	// usrrc: the same operands, and the same errors.
