@@ -61,10 +61,11 @@ const (
 	ReceiveSocket                    // over a socket, exactly one process
 )
 
-// Service is one entry of the service operand, "name=entry".
+// Service is one entry of the service operand, "name=entry" or "name"
+// (entry = name).
 type Service struct {
-	Name  string
-	Entry string
+	Name  string // what a call names
+	Entry string // the UAP's handler that serves it
 }
 
 // Server is one user server (usr/<name>), with usrrc's defaults applied.
@@ -72,7 +73,7 @@ type Server struct {
 	Name              string        // the file name under usr/
 	File              string        // the file it came from, for messages
 	ServiceGroup      string        // service_group (required; 1..31 bytes of [A-Za-z0-9_.-])
-	Services          []Service     // service = "name=entry", ... (required; names and entries 1..31 bytes of [A-Za-z0-9_.-])
+	Services          []Service     // service = "name=entry" or "name", ... (required; names and entries 1..31 bytes of [A-Za-z0-9_.-])
 	Module            string        // module: the UAP executable, as written (required); one group has one module on a node
 	ReceiveFrom       ReceiveFrom   // receive_from = queue|socket; default queue; socket needs parallel_count = 1
 	Resident          int           // parallel_count first value, 0..1024; default 1
@@ -87,13 +88,12 @@ type Server struct {
 	LevelDown         [2]int        // leveldown_queue_count D0,D1 (0..32767); D0 <= D1 < U2
 	LevelThresholds   bool          // whether levelup/leveldown_queue_count were given (both or neither)
 	LoadLevelMessage  bool          // loadlevel_message; default N
-	Multi             bool          // scdmulti; default N; Y needs scdsvcdef scdmulti >= 2
-	MultiSchedule     bool          // multi_schedule; default N
 	MaxMessageSize    int           // max_message_size (bytes, 1 KiB .. 8 MiB); default 1 MiB
 	QueueSize         int           // queue_size (slots, 1..65536); default 256
 	WatchTime         time.Duration // watch_time (seconds, 0..65535); default sysconf's
 	Env               []string      // putenv NAME value, as "NAME=value": usrrc's first, the server's own replacing same names
 
+	multi bool           // scdmulti, checked against scdsvcdef's; every receiving socket takes every group's calls, so nothing reads it
 	given map[string]pos // where each operand given was set, for Errorf
 }
 
@@ -101,13 +101,11 @@ type Server struct {
 // variables of the same names in upper case; see LoadClient).
 type Client struct {
 	Hosts          []string      // dchost: host[:port] (port default 12000), in order, as written; at most 128; none by default
-	Direct         bool          // dcscddirect
 	HostSelect     bool          // dchostselect: start at a random host
 	HostChange     bool          // dcscdhostchange: next host on every RPC
 	LoadBalance    bool          // dccltloadbalance
 	CacheEntries   int           // dccache, 1..4096; default 64
 	CacheTime      time.Duration // dccltcachetim (seconds, 0..65535); default 30 s
-	NameUse        bool          // dcnamuse
 	WatchTime      time.Duration // dcwatchtim (or watch_time in betranrc), seconds 0..65535; default 180 s
 	MaxMessageSize int           // dcmaxmsgsize (or max_message_size in betranrc), 1 KiB .. 8 MiB; default 1 MiB
 }

@@ -180,6 +180,9 @@ func apply[T any](file string, stmts []Stmt, table map[string]operand[T], dst *T
 			}
 			continue
 		}
+		if r, ok := refusedOperands[st.Name]; ok {
+			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: r.why}
+		}
 		op, ok := table[st.Name]
 		if !ok {
 			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: unknownOperand(st.Name, table)}
@@ -346,8 +349,14 @@ func (u *userDef) check(cfg *Config) error {
 		}
 		s.LevelThresholds = true
 	}
-	if s.Multi && cfg.Sched.Multi < 2 {
-		return u.fail(ops("scdmulti"), "needs scdmulti of 2 or more in scdsvcdef, which has %d", cfg.Sched.Multi)
+	if _, given := u.set["scdmulti"]; given {
+		if s.multi && cfg.Sched.Multi < 2 {
+			return u.fail(ops("scdmulti"), "needs scdmulti of 2 or more in scdsvcdef, which has %d", cfg.Sched.Multi)
+		}
+		if !s.multi && cfg.Sched.Multi >= 2 {
+			return u.fail(ops("scdmulti"), "N is not supported: all %d receiving sockets of scdsvcdef's scdmulti take every group's calls; remove it",
+				cfg.Sched.Multi)
+		}
 	}
 	return nil
 }

@@ -291,7 +291,7 @@ var serverOperands = map[string]operand[Server]{
 			for _, e := range v {
 				name, entry, ok := strings.Cut(e, "=")
 				if !ok {
-					return fmt.Errorf("want \"name=entry\", got %q", e)
+					entry = name // "name" alone: the handler has the service's name
 				}
 				if err := checkIdent("service name", name); err != nil {
 					return err
@@ -308,8 +308,9 @@ var serverOperands = map[string]operand[Server]{
 			return nil
 		},
 		dflt:    "none: required",
-		values:  `"name=entry", ...: names and entries 1..31 bytes of letters, digits, '_', '-' and '.'; no name twice`,
-		tpsched: "The services of the group: a call for service name is served by the UAP's handler entry.",
+		values:  `"name=entry" or "name", ...: names and entries 1..31 bytes of letters, digits, '_', '-' and '.'; no name twice`,
+		opentp1: "The services of the user server: each service name with the entry point of the UAP that runs it.",
+		tpsched: "A call for service name is served by the UAP's handler registered as entry; \"name\" alone means \"name=name\".",
 	},
 	"module": {
 		set: func(s *Server, v []string) (err error) {
@@ -488,21 +489,14 @@ var serverOperands = map[string]operand[Server]{
 	},
 	"scdmulti": {
 		set: func(s *Server, v []string) (err error) {
-			s.Multi, err = boolYN(v)
+			s.multi, err = boolYN(v)
 			return err
 		},
-		value:   "N",
-		values:  "Y or N; Y needs scdmulti of 2 or more in scdsvcdef",
+		dflt:    "as Y when scdsvcdef's scdmulti is 2 or more",
+		values:  "Y or N; Y needs scdmulti of 2 or more in scdsvcdef, N needs scdmulti 1 there",
 		opentp1: "On the receiving side of the multi-scheduler facility: the server's requests are received by the multi-scheduler daemons (000).",
-	},
-	"multi_schedule": {
-		set: func(s *Server, v []string) (err error) {
-			s.MultiSchedule, err = boolYN(v)
-			return err
-		},
-		value:   "N",
-		values:  "Y or N",
-		opentp1: "On the sending side of the multi-scheduler facility: the server's RPCs are spread over the receiving node's multi-scheduler daemons (000).",
+		tpsched: "Every receiving socket takes every group's calls, so a server cannot be kept off them: " +
+			"N is refused while scdsvcdef's scdmulti is 2 or more, and Y says what happens anyway.",
 	},
 	"max_message_size": {
 		set: func(s *Server, v []string) (err error) {
@@ -563,12 +557,14 @@ var clientOperands = map[string]operand[Client]{
 	},
 	"dcscddirect": {
 		set: func(c *Client, v []string) (err error) {
-			c.Direct, err = boolYN(v)
+			_, err = boolYN(v) // LoadClient checks it against dccltloadbalance
 			return err
 		},
-		value:   "N",
-		values:  "Y or N",
+		dflt:    "as Y",
+		values:  "Y or N; N needs dccltloadbalance = Y",
 		opentp1: "Y: the client sends its requests to the schedule service of a dchost node, which balances them over the nodes (the server side decides; 000, 001 Table 3-6).",
+		tpsched: "The client always sends its calls straight to a scheduler: a dchost node's, or with dccltloadbalance = Y one it learned from the name service. " +
+			"N without dccltloadbalance = Y would ask for RPCs through the name service without balancing, which tpsched does not have, so it is refused.",
 	},
 	"dchostselect": {
 		set: func(c *Client, v []string) (err error) {
@@ -622,12 +618,14 @@ var clientOperands = map[string]operand[Client]{
 	},
 	"dcnamuse": {
 		set: func(c *Client, v []string) (err error) {
-			c.NameUse, err = boolYN(v)
+			_, err = boolYN(v) // LoadClient checks it against dccltloadbalance
 			return err
 		},
-		value:   "N",
-		values:  "Y or N",
-		opentp1: "Y: RPCs use the name service to find the scheduler to send to; client-side load balancing needs dcnamuse=Y with dccltloadbalance=Y (003).",
+		dflt:    "as dccltloadbalance",
+		values:  "Y or N, the same as dccltloadbalance",
+		opentp1: "Y: RPCs ask the name service which scheduler to send to; client-side load balancing needs dcnamuse=Y with dccltloadbalance=Y (003).",
+		tpsched: "The client asks the name service exactly when it balances (dccltloadbalance = Y), so dcnamuse may be left out; " +
+			"a value that differs from dccltloadbalance's is refused.",
 	},
 	"dcwatchtim": {
 		set: func(c *Client, v []string) (err error) {
@@ -654,6 +652,18 @@ var clientOperands = map[string]operand[Client]{
 var clientAliases = map[string]string{
 	"watch_time":       "dcwatchtim",
 	"max_message_size": "dcmaxmsgsize",
+}
+
+// refusedOperands are operands of OpenTP1's that tpsched refuses in any
+// file, with the reason; the reference lists them too.
+var refusedOperands = map[string]struct {
+	file    string // where OpenTP1 puts it
+	opentp1 string
+	why     string
+}{
+	"multi_schedule": {file: FileUsr,
+		opentp1: "On the sending side of the multi-scheduler facility: the server's RPCs are spread over the receiving node's multi-scheduler daemons (000).",
+		why:     "not supported yet (the sending side of the multi-scheduler facility); remove it"},
 }
 
 // unknownOperand is the reason for an operand that table does not know:

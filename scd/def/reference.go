@@ -27,10 +27,11 @@ type OperandDoc struct {
 	Values      string   // what may be written
 	OpenTP1     string   // what the source documents say it means; "" for tpsched's own operands
 	Tpsched     string   // what tpsched adds to that meaning, or the whole meaning of its own operands
+	Refused     string   // not "": tpsched refuses the operand in any file, for this reason
 }
 
 // Operands lists every operand: sysconf's, scdsvcdef's, the user
-// servers' and betranrc's, each file's by name.
+// servers' and betranrc's, each file's by name, then the refused ones.
 func Operands() []OperandDoc {
 	var out []OperandDoc
 	out = appendDocs(out, FileSysconf, systemOperands)
@@ -48,6 +49,12 @@ func Operands() []OperandDoc {
 		}
 		sort.Strings(d.Aliases)
 	}
+	start = len(out)
+	for name, r := range refusedOperands {
+		out = append(out, OperandDoc{Name: name, File: r.file, OpenTP1: r.opentp1, Refused: r.why})
+	}
+	refused := out[start:]
+	sort.Slice(refused, func(i, j int) bool { return refused[i].Name < refused[j].Name })
 	return out
 }
 

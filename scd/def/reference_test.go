@@ -46,7 +46,7 @@ func TestDocumentedDefaults(t *testing.T) {
 
 func TestOperandsListsEveryOperand(t *testing.T) {
 	docs := Operands()
-	n := len(systemOperands) + len(schedOperands) + len(serverOperands) + len(clientOperands)
+	n := len(systemOperands) + len(schedOperands) + len(serverOperands) + len(clientOperands) + len(refusedOperands)
 	if len(docs) != n {
 		t.Fatalf("%d operands listed, want %d", len(docs), n)
 	}
@@ -57,11 +57,17 @@ func TestOperandsListsEveryOperand(t *testing.T) {
 		}
 		seen[d.File+" "+d.Name] = true
 	}
-	var w OperandDoc
+	var w, ms OperandDoc
 	for _, d := range docs {
-		if d.Name == "dcwatchtim" {
+		switch d.Name {
+		case "dcwatchtim":
 			w = d
+		case "multi_schedule":
+			ms = d
 		}
+	}
+	if ms.File != FileUsr || ms.Refused == "" || ms.OpenTP1 == "" {
+		t.Errorf("multi_schedule = %+v", ms)
 	}
 	if w.File != FileBetranrc || w.Env != "DCWATCHTIM" || !reflect.DeepEqual(w.Aliases, []string{"watch_time"}) || w.Default != "180" {
 		t.Errorf("dcwatchtim = %+v", w)

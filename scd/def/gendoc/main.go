@@ -63,7 +63,7 @@ func render(docs []def.OperandDoc) []byte {
 	for _, f := range files {
 		var mine []def.OperandDoc
 		for _, d := range docs {
-			if d.File == f.file {
+			if d.File == f.file && d.Refused == "" {
 				mine = append(mine, d)
 			}
 		}
@@ -99,6 +99,15 @@ func render(docs []def.OperandDoc) []byte {
 				}
 			}
 		}
+	}
+	p("\n## Refused operands\n\n")
+	p("OpenTP1 operands that tpsched refuses wherever they are written, rather than accept and ignore.\n")
+	for _, d := range docs {
+		if d.Refused == "" {
+			continue
+		}
+		p("\n### refused: %s\n\n", d.Name)
+		p("OpenTP1 puts it in %s. Refused: %s.\n\n- OpenTP1: %s\n", d.File, d.Refused, d.OpenTP1)
 	}
 	return b.Bytes()
 }

@@ -44,6 +44,12 @@ func TestReferenceNamesEveryOperand(t *testing.T) {
 		if key == "" {
 			t.Fatalf("%s: file %q has no section", d.Name, d.File)
 		}
+		if d.Refused != "" {
+			if !strings.Contains(text, "\n### refused: "+d.Name+"\n") {
+				t.Errorf("refused %s: no section", d.Name)
+			}
+			continue
+		}
 		if !strings.Contains(text, "\n### "+key+": "+d.Name+"\n") || !strings.Contains(text, "| ["+d.Name+"](#"+key+"-"+d.Name+") |") {
 			t.Errorf("%s %s: no section or no row", d.File, d.Name)
 		}
