@@ -32,7 +32,7 @@ type Config struct {
 // System is the system common definition (sysconf).
 type System struct {
 	NodeID         string        // node_id, 1..255 bytes; default: the host name
-	RPCAddress     string        // rpc_address: the IP address or host name scdd listens on; default "0.0.0.0"
+	RPCAddress     string        // rpc_address: the IP address or host name scdd listens on; default "127.0.0.1" (loopback unless a definition says otherwise)
 	RPCPort        int           // rpc_port, 0..65535; default 12000; 0 picks a free port (scdd logs it)
 	AllNodes       []string      // all_node: host[:port] of every node (port default rpc_port), this one included; at most 128 (002), as written
 	MetricsAddress string        // metrics_address: host:port of /metrics and the control API; default "127.0.0.1:12001"

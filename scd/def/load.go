@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -205,8 +206,42 @@ func checkAllNodes(s *System, lines map[string]int) error {
 				Reason: fmt.Sprintf("%q and %q are the same node", prev, n)}
 		}
 		seen[key] = n
+		// A node listening on loopback cannot be reached from another
+		// host (and memberlist bound there cannot reach one). Host names
+		// are not resolved here: only addresses can be judged.
+		if ip := net.ParseIP(h); ip != nil && !ip.IsLoopback() && isLoopbackHost(s.RPCAddress) {
+			addr := "rpc_address " + s.RPCAddress
+			if _, given := lines["rpc_address"]; !given {
+				addr += " (the default)"
+			}
+			return &Error{File: "sysconf", Line: lines["all_node"], Operand: "all_node",
+				Reason: fmt.Sprintf("%q is on another host, but this node listens on %s, which no other host can reach: set rpc_address to this node's address", n, addr)}
+		}
 	}
 	return nil
+}
+
+// isLoopbackHost reports whether h is a loopback address or names one by
+// convention (localhost). Other host names count as not loopback.
+func isLoopbackHost(h string) bool {
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.IsLoopback()
+	}
+	h = strings.ToLower(strings.TrimSuffix(h, "."))
+	return h == "localhost" || strings.HasSuffix(h, ".localhost")
+}
+
+// Warnings are what an operator should hear when the node starts (scdd
+// logs them, scdd -check prints them): definitions that are valid but
+// open the node more than they may mean to.
+func (s *System) Warnings() []string {
+	var w []string
+	if !isLoopbackHost(s.RPCAddress) && s.ClusterKey == "" {
+		w = append(w, fmt.Sprintf("sysconf: rpc_address %s is not loopback and there is no cluster_key: "+
+			"peers are not authenticated, so anyone who reaches the RPC port (%d) or the name port (%d) can pose as a node "+
+			"(send transferred calls, announce groups); set cluster_key", s.RPCAddress, s.RPCPort, s.NamePort))
+	}
+	return w
 }
 
 // Errorf is an error about operand of s found after loading (by the node,

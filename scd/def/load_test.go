@@ -44,7 +44,14 @@ var operandCases = []struct {
 	err  string // expected error prefix, e.g. "usr/x:1: balance_count: "
 }{
 	// sysconf
-	{"sysconf", "", func(c *Config) any { return c.System.RPCAddress }, "0.0.0.0", ""},
+	{"sysconf", "", func(c *Config) any { return c.System.RPCAddress }, "127.0.0.1", ""},
+	{"sysconf", "set rpc_address = \"0.0.0.0\"", func(c *Config) any { return c.System.RPCAddress }, "0.0.0.0", ""},
+	{"sysconf", "set all_node = \"10.0.0.2\", \"10.0.0.3\"", nil, nil,
+		"sysconf:1: all_node: \"10.0.0.2\" is on another host, but this node listens on rpc_address 127.0.0.1 (the default), which no other host can reach: set rpc_address to this node's address"},
+	{"sysconf", "set rpc_address = localhost\nset all_node = \"localhost\", \"[::2]:5\"", nil, nil,
+		"sysconf:2: all_node: \"[::2]:5\" is on another host, but this node listens on rpc_address localhost, which no other host can reach"},
+	{"sysconf", "set all_node = \"127.0.0.2\", \"127.0.0.3\", \"node4.example\"", func(c *Config) any { return len(c.System.AllNodes) }, 3, ""},
+	{"sysconf", "set rpc_address = \"10.0.0.2\"\nset all_node = \"10.0.0.2\", \"10.0.0.3\"", func(c *Config) any { return len(c.System.AllNodes) }, 2, ""},
 	{"sysconf", "set rpc_address = 10.1.2.3", func(c *Config) any { return c.System.RPCAddress }, "10.1.2.3", ""},
 	{"sysconf", "set rpc_address = \"node-a.example\"", func(c *Config) any { return c.System.RPCAddress }, "node-a.example", ""},
 	{"sysconf", "set rpc_address = 10.0.0.1:80", nil, nil, "sysconf:1: rpc_address: "},
@@ -453,5 +460,58 @@ func TestLoadDefault(t *testing.T) {
 		s.Resident != 2 || s.MaxProcesses != 4 || s.BalanceCount != 3 || s.QueueSize != 256 ||
 		s.ReceiveFrom != ReceiveQueue || s.WatchTime != DefaultWatchTime {
 		t.Errorf("demo = %+v", s)
+	}
+}
+
+// TestLoopbackByDefault: a directory without sysconf, or a sysconf without
+// rpc_address, listens on loopback and warns about nothing.
+func TestLoopbackByDefault(t *testing.T) {
+	for name, files := range map[string]map[string]string{
+		"no sysconf":     {"usr/x": baseUsr},
+		"no rpc_address": {"sysconf": "set rpc_port = 13000\nset name_port = 13002\n", "usr/x": baseUsr},
+	} {
+		cfg, err := Load(writeDir(t, files))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if cfg.System.RPCAddress != "127.0.0.1" {
+			t.Errorf("%s: rpc_address %q, want 127.0.0.1", name, cfg.System.RPCAddress)
+		}
+		if w := cfg.System.Warnings(); len(w) != 0 {
+			t.Errorf("%s: warnings %q", name, w)
+		}
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	const key = "0123456789abcdef"
+	for _, tc := range []struct {
+		addr, key string
+		warn      bool
+	}{
+		{"127.0.0.1", "", false},
+		{"127.0.0.3", "", false},
+		{"::1", "", false},
+		{"localhost", "", false},
+		{"0.0.0.0", "", true},
+		{"::", "", true},
+		{"10.0.0.2", "", true},
+		{"node1.example", "", true}, // a name is not resolved: it may be anything
+		{"0.0.0.0", key, false},
+		{"10.0.0.2", key, false},
+	} {
+		s := defaultSystem("h")
+		s.RPCAddress, s.ClusterKey = tc.addr, tc.key
+		w := s.Warnings()
+		if (len(w) > 0) != tc.warn {
+			t.Errorf("rpc_address %s, key %q: warnings %q, want a warning: %v", tc.addr, tc.key, w, tc.warn)
+		}
+	}
+	s := defaultSystem("h")
+	s.RPCAddress = "0.0.0.0"
+	want := "sysconf: rpc_address 0.0.0.0 is not loopback and there is no cluster_key: peers are not authenticated, " +
+		"so anyone who reaches the RPC port (12000) or the name port (12002) can pose as a node (send transferred calls, announce groups); set cluster_key"
+	if w := s.Warnings(); len(w) != 1 || w[0] != want {
+		t.Errorf("warning %q\nwant      %q", w, want)
 	}
 }

@@ -33,7 +33,7 @@ type operand[T any] struct {
 func defaultSystem(hostname string) System {
 	return System{
 		NodeID:         hostname,
-		RPCAddress:     "0.0.0.0",
+		RPCAddress:     "127.0.0.1",
 		RPCPort:        DefaultRPCPort,
 		NamePort:       DefaultNamePort,
 		MetricsAddress: DefaultMetricsAddress,
@@ -71,10 +71,11 @@ var systemOperands = map[string]operand[System]{
 			}
 			return nil
 		},
-		value:  "0.0.0.0",
+		value:  "127.0.0.1",
 		values: "an IP address or a host name, without a port",
 		tpsched: "The address the RPC port listens on; in a cluster the name port (membership and announces) listens there too. " +
-			"Together with rpc_port it tells which all_node entry is this node.",
+			"Together with rpc_port it tells which all_node entry is this node. Loopback unless a definition names another address: " +
+			"an all_node entry on another host then is an error, and a non-loopback address without cluster_key a warning at start-up.",
 	},
 	"rpc_port": {
 		set: func(s *System, v []string) (err error) {
