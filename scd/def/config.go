@@ -41,6 +41,7 @@ type System struct {
 	MaxProcesses   int           // max_processes: node-wide cap on UAP processes, at least the sum of resident ones; 0 = no cap
 	NamePort       int           // name_port: the UDP and TCP port of membership and announces (memberlist), the same on every node; default 12002; 0 picks a free one
 	ClusterKey     string        // cluster_key: 16..1024 bytes shared by every node; peers' messages are authenticated with it (HMAC-SHA256); none = peers are trusted blindly
+	UAPAllowRoot   bool          // uap_allow_root: Y lets a user server's uid or gid be root (0); default N
 }
 
 // Sched is the schedule service definition (scdsvcdef).
@@ -92,6 +93,8 @@ type Server struct {
 	QueueSize         int           // queue_size (slots, 1..65536); default 256
 	WatchTime         time.Duration // watch_time (seconds, 0..65535); default sysconf's
 	Env               []string      // putenv NAME value, as "NAME=value": usrrc's first, the server's own replacing same names
+	UID               int           // uid: the user the server's processes run as, resolved to its number; -1 when not given; 0 only with sysconf uap_allow_root = Y
+	GID               int           // gid: the group the server's processes run as, resolved to its number; -1 when not given; 0 only with uap_allow_root = Y
 
 	multi bool           // scdmulti, checked against scdsvcdef's; every receiving socket takes every group's calls, so nothing reads it
 	given map[string]pos // where each operand given was set, for Errorf

@@ -384,6 +384,14 @@ func (u *userDef) check(cfg *Config) error {
 		}
 		s.LevelThresholds = true
 	}
+	if !cfg.System.UAPAllowRoot {
+		if s.UID == 0 {
+			return u.fail(ops("uid"), "root would run the server's processes; set uap_allow_root = Y in sysconf to allow it")
+		}
+		if s.GID == 0 {
+			return u.fail(ops("gid"), "group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it")
+		}
+	}
 	if _, given := u.set["scdmulti"]; given {
 		if s.multi && cfg.Sched.Multi < 2 {
 			return u.fail(ops("scdmulti"), "needs scdmulti of 2 or more in scdsvcdef, which has %d", cfg.Sched.Multi)

@@ -3,6 +3,7 @@ package def
 import (
 	"errors"
 	"os"
+	"os/user"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -513,5 +514,67 @@ func TestWarnings(t *testing.T) {
 		"so anyone who reaches the RPC port (12000) or the name port (12002) can pose as a node (send transferred calls, announce groups); set cluster_key"
 	if w := s.Warnings(); len(w) != 1 || w[0] != want {
 		t.Errorf("warning %q\nwant      %q", w, want)
+	}
+}
+
+// TestUIDGID: uid and gid take a name that exists or a number, from usrrc
+// or the server's file; root needs uap_allow_root.
+func TestUIDGID(t *testing.T) {
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody on this machine:", err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	grp, err := user.LookupGroupId(nobody.Gid)
+	if err != nil {
+		t.Skip("nobody's group has no name:", err)
+	}
+	gid, _ := strconv.Atoi(grp.Gid)
+	for _, tc := range []struct {
+		name     string
+		files    map[string]string
+		uid, gid int
+		err      string // the whole error when not ""
+	}{
+		{"none", map[string]string{"usr/x": baseUsr}, -1, -1, ""},
+		{"names", map[string]string{"usr/x": baseUsr + "set uid = nobody\nset gid = " + grp.Name + "\n"}, uid, gid, ""},
+		{"numbers", map[string]string{"usr/x": baseUsr + "set uid = 4000\nset gid = \"4001\"\n"}, 4000, 4001, ""},
+		{"from usrrc", map[string]string{"usrrc": "set uid = nobody\n", "usr/x": baseUsr + "set gid = 7\n"}, uid, 7, ""},
+		{"usr over usrrc", map[string]string{"usrrc": "set uid = 9\n", "usr/x": baseUsr + "set uid = nobody\n"}, uid, -1, ""},
+		{"root allowed", map[string]string{"sysconf": "set uap_allow_root = Y\n", "usr/x": baseUsr + "set uid = root\nset gid = 0\n"}, 0, 0, ""},
+		{"root by name", map[string]string{"usr/x": baseUsr + "set uid = root\n"}, 0, 0,
+			"usr/x:4: uid: root would run the server's processes; set uap_allow_root = Y in sysconf to allow it"},
+		{"root by number", map[string]string{"usr/x": baseUsr + "\nset uid = 0\n"}, 0, 0,
+			"usr/x:5: uid: root would run the server's processes; set uap_allow_root = Y in sysconf to allow it"},
+		{"root in usrrc", map[string]string{"usrrc": "set uid = 0\n", "usr/x": baseUsr}, 0, 0,
+			"usrrc:1: uid: root would run the server's processes; set uap_allow_root = Y in sysconf to allow it (for usr/x)"},
+		{"root allowed explicitly N", map[string]string{"sysconf": "set uap_allow_root = N\n", "usr/x": baseUsr + "set uid = nobody\nset gid = root\n"}, 0, 0,
+			"usr/x:5: gid: group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it"},
+		{"no such user", map[string]string{"usr/x": baseUsr + "set uid = no_such_user_tpsched\n"}, 0, 0,
+			`usr/x:4: uid: no user "no_such_user_tpsched" on this machine`},
+		{"no such group", map[string]string{"usr/x": "set gid = no_such_group_tpsched\n" + baseUsr}, 0, 0,
+			`usr/x:1: gid: no group "no_such_group_tpsched" on this machine`},
+		{"too big", map[string]string{"usr/x": baseUsr + "set uid = 4294967295\n"}, 0, 0,
+			"usr/x:4: uid: 4294967295 out of range 0..4294967294"},
+		{"empty", map[string]string{"usr/x": baseUsr + "set gid = \"\"\n"}, 0, 0, "usr/x:4: gid: empty group name"},
+		{"two values", map[string]string{"usr/x": baseUsr + "set uid = a, b\n"}, 0, 0, "usr/x:4: uid: want one value, got 2"},
+		{"in sysconf", map[string]string{"sysconf": "set uid = 5\n", "usr/x": baseUsr}, 0, 0,
+			"sysconf:1: uid: unknown operand here (it belongs in usrrc or usr/<server>)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(writeDir(t, tc.files))
+			if tc.err != "" {
+				if err == nil || err.Error() != tc.err {
+					t.Fatalf("error = %v\nwant    %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := srv(cfg); s.UID != tc.uid || s.GID != tc.gid {
+				t.Fatalf("uid %d gid %d, want %d %d", s.UID, s.GID, tc.uid, tc.gid)
+			}
+		})
 	}
 }

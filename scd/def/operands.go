@@ -169,6 +169,15 @@ var systemOperands = map[string]operand[System]{
 		tpsched: "A secret shared by the nodes of a cluster: membership gossip is encrypted with a key derived from it, " +
 			"and announces and the hello of a peer connection that carries transferred calls are authenticated (HMAC-SHA256).",
 	},
+	"uap_allow_root": {
+		set: func(s *System, v []string) (err error) {
+			s.UAPAllowRoot, err = boolYN(v)
+			return err
+		},
+		value:   "N",
+		values:  "Y or N",
+		tpsched: "Y allows a user server's uid or gid to be root (0). Without it a definition that would run UAPs as root is refused.",
+	},
 	"memory_reserve": {
 		set: func(s *System, v []string) (err error) {
 			mib, err := intIn(v, 0, 1<<24)
@@ -269,6 +278,8 @@ func defaultServer() Server {
 		MaxMessageSize:    DefaultMaxMessageSize,
 		QueueSize:         DefaultQueueSize,
 		WatchTime:         DefaultWatchTime, // replaced by sysconf's unless usrrc or usr sets it
+		UID:               -1,
+		GID:               -1,
 	}
 }
 
@@ -516,6 +527,26 @@ var serverOperands = map[string]operand[Server]{
 		value:   "256",
 		values:  "slots, 1..65536",
 		tpsched: "The schedule queue's length: a call that finds it full is refused with 'server busy'.",
+	},
+	"uid": {
+		set: func(s *Server, v []string) (err error) {
+			s.UID, err = lookupID(v, "user")
+			return err
+		},
+		dflt:   "none",
+		values: "a user name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
+		tpsched: "The user the server's UAP processes run as; a name is looked up when the definitions are read. " +
+			"tpsched reads and checks it; running the processes as this user comes with issue 11 (until then they run as scdd's user).",
+	},
+	"gid": {
+		set: func(s *Server, v []string) (err error) {
+			s.GID, err = lookupID(v, "group")
+			return err
+		},
+		dflt:   "none",
+		values: "a group name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
+		tpsched: "The group the server's UAP processes run as; a name is looked up when the definitions are read. " +
+			"tpsched reads and checks it; running the processes in this group comes with issue 11 (until then they run in scdd's group).",
 	},
 	"watch_time": {
 		set: func(s *Server, v []string) (err error) {

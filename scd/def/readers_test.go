@@ -24,6 +24,11 @@ import (
 // go stale.
 var pendingReaders = map[string]string{
 	"Service.Entry": "the node dispatches a call to the UAP handler named by entry (issue 10 item 6, the lead's change to scd)",
+	"Server.UID":    "procmgr starts the server's processes as this user (issue 11 item 3, the lead's change)",
+	"Server.GID":    "procmgr starts the server's processes in this group (issue 11 item 3, the lead's change)",
+	// If the runtime default for a server without uid does not need it,
+	// unexport it instead: load.go's root check is its only reader.
+	"System.UAPAllowRoot": "whether a root scdd may run a server without uid as root (issue 11 item 3, the lead's change)",
 }
 
 // reflectReaders are fields read only through reflection (no selector
