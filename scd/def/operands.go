@@ -26,8 +26,9 @@ type operand[T any] struct {
 	value   string
 	dflt    string
 	values  string // what may be written
-	opentp1 string // what the source documents say it means; "" for tpsched's own operands
-	tpsched string // what tpsched adds to that meaning, or the whole meaning of its own operands
+	opentp1 string // what the source documents say it means; "" when they do not describe it
+	tpsched string // what tpsched adds to that meaning, or the whole meaning
+	own     bool   // tpsched's own operand: OpenTP1 has none of this name
 }
 
 func defaultSystem(hostname string) System {
@@ -126,6 +127,7 @@ var systemOperands = map[string]operand[System]{
 		value:   DefaultMetricsAddress,
 		values:  "host:port; port 0 picks a free one",
 		tpsched: "The HTTP endpoint of `/metrics`, `/status`, the control actions of `scdctl` (hold, release) and pprof.",
+		own:     true,
 	},
 	"watch_time": {
 		set: func(s *System, v []string) (err error) {
@@ -168,6 +170,7 @@ var systemOperands = map[string]operand[System]{
 		values: "16..1024 bytes, the same on every node",
 		tpsched: "A secret shared by the nodes of a cluster: membership gossip is encrypted with a key derived from it, " +
 			"and announces and the hello of a peer connection that carries transferred calls are authenticated (HMAC-SHA256).",
+		own: true,
 	},
 	"uap_allow_root": {
 		set: func(s *System, v []string) (err error) {
@@ -177,6 +180,7 @@ var systemOperands = map[string]operand[System]{
 		value:   "N",
 		values:  "Y or N",
 		tpsched: "Y allows a user server's uid or gid to be root (0). Without it a definition that would run UAPs as root is refused.",
+		own:     true,
 	},
 	"memory_reserve": {
 		set: func(s *System, v []string) (err error) {
@@ -188,6 +192,7 @@ var systemOperands = map[string]operand[System]{
 		values:  "MiB, 0..16777216; 0 = no gate",
 		opentp1: "If there is no spare system memory, a non-resident process is executed after the finish of any currently executing non-resident process (000).",
 		tpsched: "Says what spare memory is: while MemAvailable is below this much, a non-resident process starts only after another one ended, higher schedule_priority first.",
+		own:     true,
 	},
 }
 
@@ -263,6 +268,7 @@ var schedOperands = map[string]operand[Sched]{
 		values: "opentp1 or p2c",
 		tpsched: "How a node is chosen among those that run a group: opentp1 is the documents' rule (random, LEVEL2 avoided unless all are LEVEL2); " +
 			"p2c takes two nodes at random and keeps the one with the lower level, then the fewer calls in flight from this node.",
+		own: true,
 	},
 }
 
@@ -415,6 +421,7 @@ var serverOperands = map[string]operand[Server]{
 		value:   "500",
 		values:  "milliseconds, 0..3600000",
 		tpsched: "How long a non-resident process idles before the balance_count rule may stop it: keeps the rule from starting and stopping processes on every burst.",
+		own:     true,
 	},
 	"cpu_wait_limit": {
 		set: func(s *Server, v []string) (err error) {
@@ -425,6 +432,7 @@ var serverOperands = map[string]operand[Server]{
 		values: "percent, 0..100; 0 = no guard",
 		tpsched: "No non-resident process starts while the group's busy processes spend this share of their runnable time waiting for a CPU: " +
 			"another process could not help then.",
+		own: true,
 	},
 	"schedule_priority": {
 		set: func(s *Server, v []string) (err error) {

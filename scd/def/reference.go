@@ -25,8 +25,9 @@ type OperandDoc struct {
 	Default     string   // the default as written in a file; "" when it cannot be written
 	DefaultNote string   // the default in words, when Default is ""
 	Values      string   // what may be written
-	OpenTP1     string   // what the source documents say it means; "" for tpsched's own operands
-	Tpsched     string   // what tpsched adds to that meaning, or the whole meaning of its own operands
+	OpenTP1     string   // what the source documents say it means; "" when they do not describe it
+	Tpsched     string   // what tpsched adds to that meaning, or the whole meaning
+	Own         bool     // tpsched's own operand: OpenTP1 has none of this name
 	Refused     string   // not "": tpsched refuses the operand in any file, for this reason
 }
 
@@ -62,7 +63,7 @@ func appendDocs[T any](out []OperandDoc, file string, table map[string]operand[T
 	start := len(out)
 	for name, op := range table {
 		out = append(out, OperandDoc{Name: name, File: file, Default: op.value, DefaultNote: op.dflt,
-			Values: op.values, OpenTP1: op.opentp1, Tpsched: op.tpsched})
+			Values: op.values, OpenTP1: op.opentp1, Tpsched: op.tpsched, Own: op.own})
 	}
 	docs := out[start:]
 	sort.Slice(docs, func(i, j int) bool { return docs[i].Name < docs[j].Name })

@@ -41,7 +41,7 @@ var files = []struct {
 			"takes the same operands and gives them to every server that does not set them itself. " +
 			"`putenv NAME value` in either adds to the UAP's environment; the server's own value replaces usrrc's."},
 	{def.FileBetranrc, "betranrc", "betranrc: client environment definition",
-		"Read by Go programs that call tpsched (`def.LoadClient`, `client.FromDefinition`) and by `scdctl`. " +
+		"Read by Go programs that call tpsched (`def.LoadClient`, then `client.FromDefinition`). " +
 			"Each operand may also come from the environment variable named in upper case, which wins over the file; " +
 			"lists in a variable are comma-separated (`DCHOST=host1:12000,host2`)."},
 }
@@ -59,7 +59,8 @@ func render(docs []def.OperandDoc) []byte {
 	p("between operands stops start-up (and `scdd -check`) with `file:line: operand: why`, and a misspelt operand gets a \"did you mean\".\n\n")
 	p("For each operand: its default, what may be written, what OpenTP1's documents say it means (the numbers name the source documents: ")
 	p("000 the Multiserver and inter-node load-balancing facilities, 001 setting up inter-node load balancing, ")
-	p("002 the Japanese original of 000, 003 TP1/Client/J), and what tpsched adds. An operand with no OpenTP1 text is tpsched's own.\n")
+	p("002 the Japanese original of 000, 003 TP1/Client/J), and what tpsched adds. Without an OpenTP1 line the source documents do not ")
+	p("describe the operand and the meaning given is tpsched's; operands marked as tpsched's own do not exist in OpenTP1.\n")
 	for _, f := range files {
 		var mine []def.OperandDoc
 		for _, d := range docs {
@@ -93,7 +94,10 @@ func render(docs []def.OperandDoc) []byte {
 			}
 			if d.Tpsched != "" {
 				if d.OpenTP1 == "" {
-					p("\n- tpsched (its own operand): %s\n", d.Tpsched)
+					p("\n")
+				}
+				if d.Own {
+					p("- tpsched's own operand: %s\n", d.Tpsched)
 				} else {
 					p("- tpsched: %s\n", d.Tpsched)
 				}
