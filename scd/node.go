@@ -199,6 +199,9 @@ func (n *Node) Start() (err error) {
 		Meter:         n.meter,
 	})
 	n.registerNodeMetrics()
+	for _, w := range n.cfg.System.Warnings() {
+		n.log.Warn(w)
+	}
 	defer func() {
 		if err != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

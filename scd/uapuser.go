@@ -3,6 +3,8 @@ package scd
 import (
 	"hash/fnv"
 	"os"
+	"os/user"
+	"strconv"
 
 	"tpsched/scd/def"
 )
@@ -18,19 +20,31 @@ const (
 	uapUIDRange = 1_000_000
 )
 
-// uapCredentials is the uid and gid the processes of s run as: -1 for the
-// daemon's own (when the daemon is not root), else an id of their own
-// derived from the server's name, stable across restarts and distinct from
-// the other servers of this node.
+// uapCredentials is the uid and gid the processes of s run as: those its
+// definition names (a uid without gid: that user's primary group);
+// otherwise -1, the daemon's own, when the daemon is not root; otherwise
+// an id of their own derived from the server's name, stable across
+// restarts and distinct from the other servers of this node. A root
+// daemon never runs a UAP as root unless a definition says so (uid = 0
+// with sysconf uap_allow_root = Y).
 func (n *Node) uapCredentials(s *def.Server) (uid, gid int) {
-	if os.Geteuid() != 0 {
-		return -1, -1
+	uid, gid = s.UID, s.GID
+	if uid >= 0 && gid < 0 {
+		if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+			gid, _ = strconv.Atoi(u.Gid)
+		}
+	}
+	if uid >= 0 || os.Geteuid() != 0 {
+		return uid, gid
 	}
 	if n.uapIDs == nil {
 		n.uapIDs = derivedUAPIDs(n.cfg.Servers)
 	}
 	id := n.uapIDs[s.Name]
-	return id, id
+	if gid < 0 {
+		gid = id
+	}
+	return id, gid
 }
 
 // derivedUAPIDs gives every server an id in the range: a hash of its name,

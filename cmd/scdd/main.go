@@ -28,7 +28,7 @@ func run() int {
 	dir := flag.String("c", os.Getenv("DCCONFPATH"), "definition directory (sysconf, scdsvcdef, usrrc, usr/); default $DCCONFPATH, else the embedded demo")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	drain := flag.Duration("drain-timeout", 30*time.Second, "how long SIGTERM waits for queued calls before stopping the UAPs")
-	check := flag.Bool("check", false, "read and validate the definitions, then exit")
+	check := flag.Bool("check", false, "read and validate the definitions (modules too), print warnings, then exit")
 	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
 	fastDetect := flag.Bool("fast-failure-detection", false,
@@ -62,19 +62,25 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
-	if *check {
-		fmt.Printf("scdd: %d user server(s), definitions OK\n", len(cfg.Servers))
-		return 0
-	}
 	var moduleDirs []string
 	if exe, err := os.Executable(); err == nil {
 		moduleDirs = append(moduleDirs, filepath.Dir(exe))
 	}
+	// New checks the definitions against the machine (modules found and
+	// executable) without starting anything, so -check refuses exactly what
+	// start-up would.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
 		FastFailureDetection: *fastDetect})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
+	}
+	if *check {
+		for _, w := range cfg.System.Warnings() {
+			fmt.Fprintln(os.Stderr, "scdd: warning:", w)
+		}
+		fmt.Printf("scdd: %d user server(s), definitions OK\n", len(cfg.Servers))
+		return 0
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

@@ -19,8 +19,14 @@ import (
 // (set dchost = host1:12000,host2); watch_time and max_message_size are
 // accepted there for dcwatchtim and dcmaxmsgsize. Without any dchost the
 // host list is empty: the caller picks its own fallback.
+//
+// dcscddirect and dcnamuse have no field: the Go client always sends a call
+// straight to a scheduler and asks the name service exactly when it
+// balances, so they are only checked against dccltloadbalance (see
+// checkClientModes).
 func LoadClient(path string) (*Client, error) {
 	c := defaultClient()
+	modes := map[string]modeGiven{}
 	if path != "" {
 		src, err := os.ReadFile(path)
 		if err != nil {
@@ -30,16 +36,18 @@ func LoadClient(path string) (*Client, error) {
 		if err != nil {
 			return nil, err
 		}
-		table := map[string]handler[Client]{}
-		for op, h := range clientOperands {
-			table[op] = h
+		table := make(map[string]operand[Client], len(clientOperands)+len(clientAliases))
+		for name, op := range clientOperands {
+			table[name] = op
+		}
+		for alias, name := range clientAliases {
+			table[alias] = clientOperands[name]
 		}
 		given := map[string]Stmt{}
 		for _, st := range stmts {
 			canon := st.Name
 			if a, ok := clientAliases[canon]; ok {
 				canon = a
-				table[st.Name] = clientOperands[a]
 			}
 			if first, ok := given[canon]; ok && st.Kind == StmtSet {
 				return nil, &Error{File: path, Line: st.Line, Operand: st.Name,
@@ -49,6 +57,12 @@ func LoadClient(path string) (*Client, error) {
 		}
 		if _, err := apply(path, stmts, table, &c, nil); err != nil {
 			return nil, err
+		}
+		for _, st := range stmts {
+			if st.Kind == StmtSet && clientModeOperand[st.Name] {
+				modes[st.Name] = modeGiven{yes: strings.EqualFold(st.Values[0], "Y"),
+					at: Error{File: path, Line: st.Line, Operand: st.Name}}
+			}
 		}
 	}
 	names := make([]string, 0, len(clientOperands))
@@ -66,9 +80,63 @@ func LoadClient(path string) (*Client, error) {
 		for _, f := range strings.Split(v, ",") {
 			vals = append(vals, strings.TrimSpace(f))
 		}
-		if err := clientOperands[op](&c, vals); err != nil {
+		if err := clientOperands[op].set(&c, vals); err != nil {
 			return nil, &Error{File: "environment", Operand: env, Reason: err.Error()}
 		}
+		if clientModeOperand[op] {
+			modes[op] = modeGiven{yes: strings.EqualFold(vals[0], "Y"), at: Error{File: "environment", Operand: env}}
+		}
+	}
+	if err := checkClientModes(&c, modes); err != nil {
+		return nil, err
 	}
 	return &c, nil
+}
+
+// clientModeOperand are the operands that choose how a client finds its
+// scheduler; checkClientModes checks them against each other.
+var clientModeOperand = map[string]bool{"dcscddirect": true, "dcnamuse": true, "dccltloadbalance": true}
+
+// modeGiven is the final value of a clientModeOperand, and where it came
+// from.
+type modeGiven struct {
+	yes bool
+	at  Error // File, Line, Operand
+}
+
+func (m modeGiven) where() string {
+	if m.at.Line > 0 {
+		return fmt.Sprintf("%s:%d", m.at.File, m.at.Line)
+	}
+	return "environment " + m.at.Operand
+}
+
+func (m modeGiven) fail(format string, args ...any) error {
+	e := m.at
+	e.Reason = fmt.Sprintf(format, args...)
+	return &e
+}
+
+// checkClientModes refuses what the Go client cannot do. It always sends a
+// call straight to a scheduler: a dchost node's, which balances
+// (dcscddirect), or, with dccltloadbalance, one it learned from a node's
+// name service. So dcscddirect = N (RPC through the name service) needs
+// dccltloadbalance, and dcnamuse (use the name service) must agree with it.
+func checkClientModes(c *Client, modes map[string]modeGiven) error {
+	lb := "dccltloadbalance = N (its default)"
+	if m, ok := modes["dccltloadbalance"]; ok {
+		lb = fmt.Sprintf("dccltloadbalance = %s (%s)", map[bool]string{true: "Y", false: "N"}[m.yes], m.where())
+	}
+	if m, ok := modes["dcscddirect"]; ok && !m.yes && !c.LoadBalance {
+		return m.fail("N (RPCs through the name service without load balancing) is not supported with %s: "+
+			"remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y", lb)
+	}
+	if m, ok := modes["dcnamuse"]; ok && m.yes != c.LoadBalance {
+		if m.yes {
+			return m.fail("Y is not supported with %s: tpsched's client asks the name service only to balance; "+
+				"set dccltloadbalance = Y or remove dcnamuse", lb)
+		}
+		return m.fail("N contradicts %s, which asks the name service (client-side balancing needs dcnamuse = Y); set Y or remove dcnamuse", lb)
+	}
+	return nil
 }

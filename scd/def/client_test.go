@@ -60,8 +60,8 @@ set max_message_size = 2048
 		t.Fatal(err)
 	}
 	want := Client{
-		Hosts: []string{"host1:12000", "host2", "[::1]:13000"}, Direct: true, HostSelect: true, HostChange: false,
-		LoadBalance: true, CacheEntries: 10, CacheTime: 5 * time.Second, NameUse: true,
+		Hosts: []string{"host1:12000", "host2", "[::1]:13000"}, HostSelect: true, HostChange: false,
+		LoadBalance: true, CacheEntries: 10, CacheTime: 5 * time.Second,
 		WatchTime: 9 * time.Second, MaxMessageSize: 2048,
 	}
 	if !reflect.DeepEqual(*c, want) {
@@ -77,7 +77,7 @@ set max_message_size = 2048
 	if err != nil {
 		t.Fatal(err)
 	}
-	want.Hosts, want.HostChange, want.Direct, want.CacheEntries, want.WatchTime = []string{"a:1", "b"}, true, false, 3, 0
+	want.Hosts, want.HostChange, want.CacheEntries, want.WatchTime = []string{"a:1", "b"}, true, 3, 0
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("env over file:\ngot  %+v\nwant %+v", *c, want)
 	}
@@ -99,12 +99,20 @@ func TestLoadClientErrors(t *testing.T) {
 		{"message size", "set dcmaxmsgsize = 9000000\n", nil, `FILE:1: dcmaxmsgsize: 9000000 out of range 1024..8388608`},
 		{"alias and name", "set dcwatchtim = 1\nset watch_time = 2\n", nil, `FILE:2: watch_time: already set as dcwatchtim at line 1`},
 		{"unknown", "set dcfoo = 1\n", nil, `FILE:1: dcfoo: unknown operand`},
+		{"misspelt", "set dchots = a\n", nil, `FILE:1: dchots: unknown operand (did you mean dchost?)`},
+		{"misspelt alias", "set watch_tim = 1\n", nil, `FILE:1: watch_tim: unknown operand (did you mean watch_time?)`},
 		{"server operand", "set queue_size = 1\n", nil, `FILE:1: queue_size: unknown operand here (it belongs in usrrc or usr/<server>)`},
 		{"putenv", "putenv A b\n", nil, `FILE:1: putenv: only allowed in usrrc and usr files`},
 		{"env host", "", map[string]string{"DCHOST": "a,,b"}, `environment: DCHOST: empty address`},
 		{"env bool", "", map[string]string{"DCCLTLOADBALANCE": "yes"}, `environment: DCCLTLOADBALANCE: want Y or N, got "yes"`},
 		{"env number", "", map[string]string{"DCCACHE": "x"}, `environment: DCCACHE: want an unsigned integer, got "x"`},
 		{"env two values", "", map[string]string{"DCWATCHTIM": "1,2"}, `environment: DCWATCHTIM: want one value, got 2`},
+		{"multi_schedule", "set multi_schedule = Y\n", nil, `FILE:1: multi_schedule: not supported yet (the sending side of the multi-scheduler facility); remove it`},
+		{"direct N alone", "set dcscddirect = N\n", nil, `FILE:1: dcscddirect: N (RPCs through the name service without load balancing) is not supported with dccltloadbalance = N (its default): remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y`},
+		{"direct N, balance N", "set dccltloadbalance = N\nset dcscddirect = n\n", nil, `FILE:2: dcscddirect: N (RPCs through the name service without load balancing) is not supported with dccltloadbalance = N (FILE:1): remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y`},
+		{"direct N from env", "set dccltloadbalance = Y\n", map[string]string{"DCSCDDIRECT": "N", "DCCLTLOADBALANCE": "N"}, `environment: DCSCDDIRECT: N (RPCs through the name service without load balancing) is not supported with dccltloadbalance = N (environment DCCLTLOADBALANCE): remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y`},
+		{"namuse Y alone", "set dcnamuse = Y\n", nil, `FILE:1: dcnamuse: Y is not supported with dccltloadbalance = N (its default): tpsched's client asks the name service only to balance; set dccltloadbalance = Y or remove dcnamuse`},
+		{"namuse N, balance Y", "set dcnamuse = N\nset dccltloadbalance = Y\n", nil, `FILE:1: dcnamuse: N contradicts dccltloadbalance = Y (FILE:2), which asks the name service (client-side balancing needs dcnamuse = Y); set Y or remove dcnamuse`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clearClientEnv(t)
@@ -120,6 +128,13 @@ func TestLoadClientErrors(t *testing.T) {
 		})
 	}
 	clearClientEnv(t)
+	// What the client does anyway is accepted.
+	for _, ok := range []string{"set dcscddirect = Y\n", "set dcscddirect = Y\nset dccltloadbalance = Y\n",
+		"set dcscddirect = N\nset dccltloadbalance = Y\n", "set dcnamuse = Y\nset dccltloadbalance = Y\n", "set dcnamuse = N\n"} {
+		if _, err := LoadClient(writeFile(t, ok)); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
 	if _, err := LoadClient(filepath.Join(t.TempDir(), "none")); err == nil {
 		t.Error("missing file: no error")
 	}

@@ -32,7 +32,7 @@ type Config struct {
 // System is the system common definition (sysconf).
 type System struct {
 	NodeID         string        // node_id, 1..255 bytes; default: the host name
-	RPCAddress     string        // rpc_address: the IP address or host name scdd listens on; default "0.0.0.0"
+	RPCAddress     string        // rpc_address: the IP address or host name scdd listens on; default "127.0.0.1" (loopback unless a definition says otherwise)
 	RPCPort        int           // rpc_port, 0..65535; default 12000; 0 picks a free port (scdd logs it)
 	AllNodes       []string      // all_node: host[:port] of every node (port default rpc_port), this one included; at most 128 (002), as written
 	MetricsAddress string        // metrics_address: host:port of /metrics and the control API; default "127.0.0.1:12001"
@@ -41,6 +41,7 @@ type System struct {
 	MaxProcesses   int           // max_processes: node-wide cap on UAP processes, at least the sum of resident ones; 0 = no cap
 	NamePort       int           // name_port: the UDP and TCP port of membership and announces (memberlist), the same on every node; default 12002; 0 picks a free one
 	ClusterKey     string        // cluster_key: 16..1024 bytes shared by every node; peers' messages are authenticated with it (HMAC-SHA256); none = peers are trusted blindly
+	uapAllowRoot   bool          // uap_allow_root: Y lets a user server's uid or gid be root (0); default N
 }
 
 // Sched is the schedule service definition (scdsvcdef).
@@ -61,10 +62,11 @@ const (
 	ReceiveSocket                    // over a socket, exactly one process
 )
 
-// Service is one entry of the service operand, "name=entry".
+// Service is one entry of the service operand, "name=entry" or "name"
+// (entry = name).
 type Service struct {
-	Name  string
-	Entry string
+	Name  string // what a call names
+	Entry string // the UAP's handler that serves it
 }
 
 // Server is one user server (usr/<name>), with usrrc's defaults applied.
@@ -72,7 +74,7 @@ type Server struct {
 	Name              string        // the file name under usr/
 	File              string        // the file it came from, for messages
 	ServiceGroup      string        // service_group (required; 1..31 bytes of [A-Za-z0-9_.-])
-	Services          []Service     // service = "name=entry", ... (required; names and entries 1..31 bytes of [A-Za-z0-9_.-])
+	Services          []Service     // service = "name=entry" or "name", ... (required; names and entries 1..31 bytes of [A-Za-z0-9_.-])
 	Module            string        // module: the UAP executable, as written (required); one group has one module on a node
 	ReceiveFrom       ReceiveFrom   // receive_from = queue|socket; default queue; socket needs parallel_count = 1
 	Resident          int           // parallel_count first value, 0..1024; default 1
@@ -87,13 +89,14 @@ type Server struct {
 	LevelDown         [2]int        // leveldown_queue_count D0,D1 (0..32767); D0 <= D1 < U2
 	LevelThresholds   bool          // whether levelup/leveldown_queue_count were given (both or neither)
 	LoadLevelMessage  bool          // loadlevel_message; default N
-	Multi             bool          // scdmulti; default N; Y needs scdsvcdef scdmulti >= 2
-	MultiSchedule     bool          // multi_schedule; default N
 	MaxMessageSize    int           // max_message_size (bytes, 1 KiB .. 8 MiB); default 1 MiB
 	QueueSize         int           // queue_size (slots, 1..65536); default 256
 	WatchTime         time.Duration // watch_time (seconds, 0..65535); default sysconf's
 	Env               []string      // putenv NAME value, as "NAME=value": usrrc's first, the server's own replacing same names
+	UID               int           // uid: the user the server's processes run as, resolved to its number; -1 when not given; 0 only with sysconf uap_allow_root = Y
+	GID               int           // gid: the group the server's processes run as, resolved to its number; -1 when not given; 0 only with uap_allow_root = Y
 
+	multi bool           // scdmulti, checked against scdsvcdef's; every receiving socket takes every group's calls, so nothing reads it
 	given map[string]pos // where each operand given was set, for Errorf
 }
 
@@ -101,13 +104,11 @@ type Server struct {
 // variables of the same names in upper case; see LoadClient).
 type Client struct {
 	Hosts          []string      // dchost: host[:port] (port default 12000), in order, as written; at most 128; none by default
-	Direct         bool          // dcscddirect
 	HostSelect     bool          // dchostselect: start at a random host
 	HostChange     bool          // dcscdhostchange: next host on every RPC
 	LoadBalance    bool          // dccltloadbalance
 	CacheEntries   int           // dccache, 1..4096; default 64
 	CacheTime      time.Duration // dccltcachetim (seconds, 0..65535); default 30 s
-	NameUse        bool          // dcnamuse
 	WatchTime      time.Duration // dcwatchtim (or watch_time in betranrc), seconds 0..65535; default 180 s
 	MaxMessageSize int           // dcmaxmsgsize (or max_message_size in betranrc), 1 KiB .. 8 MiB; default 1 MiB
 }

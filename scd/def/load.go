@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -168,7 +169,7 @@ func countLines(src []byte) int {
 // apply runs the set statements of one file through table. putenv is
 // handed to env, or is an error when env is nil. It returns the line of
 // every operand given.
-func apply[T any](file string, stmts []Stmt, table map[string]handler[T], dst *T, env func(Stmt) error) (map[string]int, error) {
+func apply[T any](file string, stmts []Stmt, table map[string]operand[T], dst *T, env func(Stmt) error) (map[string]int, error) {
 	lines := map[string]int{}
 	for _, st := range stmts {
 		if st.Kind == StmtPutenv {
@@ -180,15 +181,14 @@ func apply[T any](file string, stmts []Stmt, table map[string]handler[T], dst *T
 			}
 			continue
 		}
-		h := table[st.Name]
-		if h == nil {
-			why := "unknown operand"
-			if w := whereElse(st.Name); w != "" {
-				why += " here (it belongs in " + w + ")"
-			}
-			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: why}
+		if r, ok := refusedOperands[st.Name]; ok {
+			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: r.why}
 		}
-		if err := h(dst, st.Values); err != nil {
+		op, ok := table[st.Name]
+		if !ok {
+			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: unknownOperand(st.Name, table)}
+		}
+		if err := op.set(dst, st.Values); err != nil {
 			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()}
 		}
 		lines[st.Name] = st.Line
@@ -206,8 +206,42 @@ func checkAllNodes(s *System, lines map[string]int) error {
 				Reason: fmt.Sprintf("%q and %q are the same node", prev, n)}
 		}
 		seen[key] = n
+		// A node listening on loopback cannot be reached from another
+		// host (and memberlist bound there cannot reach one). Host names
+		// are not resolved here: only addresses can be judged.
+		if ip := net.ParseIP(h); ip != nil && !ip.IsLoopback() && isLoopbackHost(s.RPCAddress) {
+			addr := "rpc_address " + s.RPCAddress
+			if _, given := lines["rpc_address"]; !given {
+				addr += " (the default)"
+			}
+			return &Error{File: "sysconf", Line: lines["all_node"], Operand: "all_node",
+				Reason: fmt.Sprintf("%q is on another host, but this node listens on %s, which no other host can reach: set rpc_address to this node's address", n, addr)}
+		}
 	}
 	return nil
+}
+
+// isLoopbackHost reports whether h is a loopback address or names one by
+// convention (localhost). Other host names count as not loopback.
+func isLoopbackHost(h string) bool {
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.IsLoopback()
+	}
+	h = strings.ToLower(strings.TrimSuffix(h, "."))
+	return h == "localhost" || strings.HasSuffix(h, ".localhost")
+}
+
+// Warnings are what an operator should hear when the node starts (scdd
+// logs them, scdd -check prints them): definitions that are valid but
+// open the node more than they may mean to.
+func (s *System) Warnings() []string {
+	var w []string
+	if !isLoopbackHost(s.RPCAddress) && s.ClusterKey == "" {
+		w = append(w, fmt.Sprintf("sysconf: rpc_address %s is not loopback and there is no cluster_key: "+
+			"peers are not authenticated, so anyone who reaches the RPC port (%d) or the name port (%d) can pose as a node "+
+			"(send transferred calls, announce groups); set cluster_key", s.RPCAddress, s.RPCPort, s.NamePort))
+	}
+	return w
 }
 
 // Errorf is an error about operand of s found after loading (by the node,
@@ -350,8 +384,22 @@ func (u *userDef) check(cfg *Config) error {
 		}
 		s.LevelThresholds = true
 	}
-	if s.Multi && cfg.Sched.Multi < 2 {
-		return u.fail(ops("scdmulti"), "needs scdmulti of 2 or more in scdsvcdef, which has %d", cfg.Sched.Multi)
+	if !cfg.System.uapAllowRoot {
+		if s.UID == 0 {
+			return u.fail(ops("uid"), "root would run the server's processes; set uap_allow_root = Y in sysconf to allow it")
+		}
+		if s.GID == 0 {
+			return u.fail(ops("gid"), "group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it")
+		}
+	}
+	if _, given := u.set["scdmulti"]; given {
+		if s.multi && cfg.Sched.Multi < 2 {
+			return u.fail(ops("scdmulti"), "needs scdmulti of 2 or more in scdsvcdef, which has %d", cfg.Sched.Multi)
+		}
+		if !s.multi && cfg.Sched.Multi >= 2 {
+			return u.fail(ops("scdmulti"), "N is not supported: all %d receiving sockets of scdsvcdef's scdmulti take every group's calls; remove it",
+				cfg.Sched.Multi)
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package def
 import (
 	"errors"
 	"os"
+	"os/user"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -44,7 +45,14 @@ var operandCases = []struct {
 	err  string // expected error prefix, e.g. "usr/x:1: balance_count: "
 }{
 	// sysconf
-	{"sysconf", "", func(c *Config) any { return c.System.RPCAddress }, "0.0.0.0", ""},
+	{"sysconf", "", func(c *Config) any { return c.System.RPCAddress }, "127.0.0.1", ""},
+	{"sysconf", "set rpc_address = \"0.0.0.0\"", func(c *Config) any { return c.System.RPCAddress }, "0.0.0.0", ""},
+	{"sysconf", "set all_node = \"10.0.0.2\", \"10.0.0.3\"", nil, nil,
+		"sysconf:1: all_node: \"10.0.0.2\" is on another host, but this node listens on rpc_address 127.0.0.1 (the default), which no other host can reach: set rpc_address to this node's address"},
+	{"sysconf", "set rpc_address = localhost\nset all_node = \"localhost\", \"[::2]:5\"", nil, nil,
+		"sysconf:2: all_node: \"[::2]:5\" is on another host, but this node listens on rpc_address localhost, which no other host can reach"},
+	{"sysconf", "set all_node = \"127.0.0.2\", \"127.0.0.3\", \"node4.example\"", func(c *Config) any { return len(c.System.AllNodes) }, 3, ""},
+	{"sysconf", "set rpc_address = \"10.0.0.2\"\nset all_node = \"10.0.0.2\", \"10.0.0.3\"", func(c *Config) any { return len(c.System.AllNodes) }, 2, ""},
 	{"sysconf", "set rpc_address = 10.1.2.3", func(c *Config) any { return c.System.RPCAddress }, "10.1.2.3", ""},
 	{"sysconf", "set rpc_address = \"node-a.example\"", func(c *Config) any { return c.System.RPCAddress }, "node-a.example", ""},
 	{"sysconf", "set rpc_address = 10.0.0.1:80", nil, nil, "sysconf:1: rpc_address: "},
@@ -85,6 +93,8 @@ var operandCases = []struct {
 	{"sysconf", "set memory_reserve = -1", nil, nil, "sysconf:1: memory_reserve: "},
 	{"sysconf", "set schedule_rate = 60", nil, nil, "sysconf:1: schedule_rate: unknown operand here (it belongs in scdsvcdef)"},
 	{"sysconf", "set nosuch = 1", nil, nil, "sysconf:1: nosuch: unknown operand"},
+	{"sysconf", "set rpc_prot = 1", nil, nil, "sysconf:1: rpc_prot: unknown operand (did you mean rpc_port?)"},
+	{"sysconf", "set scd_this_nod_first = Y", nil, nil, "sysconf:1: scd_this_nod_first: unknown operand (did you mean scd_this_node_first? it belongs in scdsvcdef)"},
 	{"sysconf", "putenv A b", nil, nil, "sysconf:1: putenv: only allowed in usrrc and usr files"},
 
 	// scdsvcdef
@@ -122,7 +132,9 @@ var operandCases = []struct {
 	{"usr/x", "set service_group = " + strings.Repeat("g", 32), nil, nil, "usr/x:1: service_group: service group \"" + strings.Repeat("g", 32) + "\" is 32 bytes, at most 31"},
 	{"usr/x", "set service_group = \"a/b\"", nil, nil, "usr/x:1: service_group: service group \"a/b\": '/' not allowed"},
 	{"usr/x", "", func(c *Config) any { return srv(c).Services }, []Service{{"a", "a"}}, ""},
-	{"usr/x", "set service = \"bad\"", nil, nil, "usr/x:1: service: want \"name=entry\", got \"bad\""},
+	{"usr/x", "set service = \"solo\", b=c, d", func(c *Config) any { return srv(c).Services }, []Service{{"solo", "solo"}, {"b", "c"}, {"d", "d"}}, ""},
+	{"usr/x", "set service = \"echo=ecoh\"", func(c *Config) any { return srv(c).Services }, []Service{{"echo", "ecoh"}}, ""},
+	{"usr/x", "set service = \"a=b=c\"", nil, nil, "usr/x:1: service: entry \"b=c\": '=' not allowed"},
 	{"usr/x", "set service = \"=e\"", nil, nil, "usr/x:1: service: empty service name"},
 	{"usr/x", "set service = \"n=\"", nil, nil, "usr/x:1: service: empty entry"},
 	{"usr/x", "set service = \"a=a\", \"a=b\"", nil, nil, "usr/x:1: service: service \"a\" listed twice"},
@@ -172,12 +184,13 @@ var operandCases = []struct {
 	{"usr/x", "", func(c *Config) any { return srv(c).LoadLevelMessage }, false, ""},
 	{"usr/x", "set loadlevel_message = Y", func(c *Config) any { return srv(c).LoadLevelMessage }, true, ""},
 	{"usr/x", "set loadlevel_message = true", nil, nil, "usr/x:1: loadlevel_message: want Y or N"},
-	{"usr/x", "", func(c *Config) any { return srv(c).Multi }, false, ""},
 	{"usr/x", "set scdmulti = y", nil, nil, "usr/x:1: scdmulti: needs scdmulti of 2 or more in scdsvcdef, which has 1"},
 	{"usr/x", "set scdmulti = 2", nil, nil, "usr/x:1: scdmulti: want Y or N"},
-	{"usr/x", "", func(c *Config) any { return srv(c).MultiSchedule }, false, ""},
-	{"usr/x", "set multi_schedule = Y", func(c *Config) any { return srv(c).MultiSchedule }, true, ""},
-	{"usr/x", "set multi_schedule = 0", nil, nil, "usr/x:1: multi_schedule: want Y or N"},
+	{"usr/x", "set scdmulti = N", func(c *Config) any { return srv(c).Name }, "x", ""},
+	{"usr/x", "set multi_schedule = Y", nil, nil, "usr/x:1: multi_schedule: not supported yet (the sending side of the multi-scheduler facility); remove it"},
+	{"usr/x", "set multi_schedule = N", nil, nil, "usr/x:1: multi_schedule: not supported yet"},
+	{"usrrc", "set multi_schedule = Y", nil, nil, "usrrc:1: multi_schedule: not supported yet"},
+	{"sysconf", "set multi_schedule = Y", nil, nil, "sysconf:1: multi_schedule: not supported yet"},
 	{"usr/x", "", func(c *Config) any { return srv(c).MaxMessageSize }, 1 << 20, ""},
 	{"usr/x", "set max_message_size = 8388608", func(c *Config) any { return srv(c).MaxMessageSize }, 8 << 20, ""},
 	{"usr/x", "set max_message_size = 1024", func(c *Config) any { return srv(c).MaxMessageSize }, 1024, ""},
@@ -193,6 +206,10 @@ var operandCases = []struct {
 	{"usr/x", "", func(c *Config) any { return srv(c).Env }, []string(nil), ""},
 	{"usr/x", "putenv LANG C\nputenv MSG \"a b\"", func(c *Config) any { return srv(c).Env }, []string{"LANG=C", "MSG=a b"}, ""},
 	{"usr/x", "set rpc_port = 1", nil, nil, "usr/x:1: rpc_port: unknown operand here (it belongs in sysconf)"},
+	{"usr/x", "set paralel_count = 2", nil, nil, "usr/x:1: paralel_count: unknown operand (did you mean parallel_count?)"},
+	{"usr/x", "set Balance_Cuont = 2", nil, nil, "usr/x:1: balance_cuont: unknown operand (did you mean balance_count?)"},
+	{"usrrc", "set watchtime = 2", nil, nil, "usrrc:1: watchtime: unknown operand (did you mean watch_time?)"},
+	{"usr/x", "set scdmult = Y", nil, nil, "usr/x:1: scdmult: unknown operand (did you mean scdmulti?)"},
 	{"usr/x", "set service_group = a\n" + baseUsr, nil, nil, "usr/x:2: service_group: set twice (first at line 1)"},
 
 	// usrrc: the same operands, and the same errors.
@@ -299,6 +316,10 @@ var contradictionCases = []struct {
 		`usr/b:1: service_group: service group "grp" is served by usr/a already (one user server per group)`},
 	{"scdmulti without multi-scheduler", map[string]string{"usr/x": baseUsr + "set scdmulti = Y\n"},
 		"usr/x:4: scdmulti: needs scdmulti of 2 or more in scdsvcdef, which has 1"},
+	{"scdmulti N with a multi-scheduler", map[string]string{"scdsvcdef": "set scdmulti = 3\n", "usr/x": baseUsr + "set scdmulti = N\n"},
+		"usr/x:4: scdmulti: N is not supported: all 3 receiving sockets of scdsvcdef's scdmulti take every group's calls; remove it"},
+	{"scdmulti N in usrrc with a multi-scheduler", map[string]string{"scdsvcdef": "set scdmulti = 2\n", "usrrc": "set scdmulti = N\n", "usr/x": baseUsr},
+		"usrrc:1: scdmulti: N is not supported: all 2 receiving sockets of scdsvcdef's scdmulti take every group's calls; remove it (for usr/x)"},
 	{"node-wide cap below resident processes", map[string]string{"sysconf": "\nset max_processes = 3\n", "usr/a": baseUsr + "set parallel_count = 2\n", "usr/b": "set service_group = other\nset service = \"b=b\"\nset module = uap\nset parallel_count = 2\n"},
 		"sysconf:2: max_processes: 3 is below the 4 resident processes of the user servers"},
 	{"missing service_group", map[string]string{"usr/x": "set service = \"a=a\"\nset module = uap\n"},
@@ -440,5 +461,120 @@ func TestLoadDefault(t *testing.T) {
 		s.Resident != 2 || s.MaxProcesses != 4 || s.BalanceCount != 3 || s.QueueSize != 256 ||
 		s.ReceiveFrom != ReceiveQueue || s.WatchTime != DefaultWatchTime {
 		t.Errorf("demo = %+v", s)
+	}
+}
+
+// TestLoopbackByDefault: a directory without sysconf, or a sysconf without
+// rpc_address, listens on loopback and warns about nothing.
+func TestLoopbackByDefault(t *testing.T) {
+	for name, files := range map[string]map[string]string{
+		"no sysconf":     {"usr/x": baseUsr},
+		"no rpc_address": {"sysconf": "set rpc_port = 13000\nset name_port = 13002\n", "usr/x": baseUsr},
+	} {
+		cfg, err := Load(writeDir(t, files))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if cfg.System.RPCAddress != "127.0.0.1" {
+			t.Errorf("%s: rpc_address %q, want 127.0.0.1", name, cfg.System.RPCAddress)
+		}
+		if w := cfg.System.Warnings(); len(w) != 0 {
+			t.Errorf("%s: warnings %q", name, w)
+		}
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	const key = "0123456789abcdef"
+	for _, tc := range []struct {
+		addr, key string
+		warn      bool
+	}{
+		{"127.0.0.1", "", false},
+		{"127.0.0.3", "", false},
+		{"::1", "", false},
+		{"localhost", "", false},
+		{"0.0.0.0", "", true},
+		{"::", "", true},
+		{"10.0.0.2", "", true},
+		{"node1.example", "", true}, // a name is not resolved: it may be anything
+		{"0.0.0.0", key, false},
+		{"10.0.0.2", key, false},
+	} {
+		s := defaultSystem("h")
+		s.RPCAddress, s.ClusterKey = tc.addr, tc.key
+		w := s.Warnings()
+		if (len(w) > 0) != tc.warn {
+			t.Errorf("rpc_address %s, key %q: warnings %q, want a warning: %v", tc.addr, tc.key, w, tc.warn)
+		}
+	}
+	s := defaultSystem("h")
+	s.RPCAddress = "0.0.0.0"
+	want := "sysconf: rpc_address 0.0.0.0 is not loopback and there is no cluster_key: peers are not authenticated, " +
+		"so anyone who reaches the RPC port (12000) or the name port (12002) can pose as a node (send transferred calls, announce groups); set cluster_key"
+	if w := s.Warnings(); len(w) != 1 || w[0] != want {
+		t.Errorf("warning %q\nwant      %q", w, want)
+	}
+}
+
+// TestUIDGID: uid and gid take a name that exists or a number, from usrrc
+// or the server's file; root needs uap_allow_root.
+func TestUIDGID(t *testing.T) {
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody on this machine:", err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	grp, err := user.LookupGroupId(nobody.Gid)
+	if err != nil {
+		t.Skip("nobody's group has no name:", err)
+	}
+	gid, _ := strconv.Atoi(grp.Gid)
+	for _, tc := range []struct {
+		name     string
+		files    map[string]string
+		uid, gid int
+		err      string // the whole error when not ""
+	}{
+		{"none", map[string]string{"usr/x": baseUsr}, -1, -1, ""},
+		{"names", map[string]string{"usr/x": baseUsr + "set uid = nobody\nset gid = " + grp.Name + "\n"}, uid, gid, ""},
+		{"numbers", map[string]string{"usr/x": baseUsr + "set uid = 4000\nset gid = \"4001\"\n"}, 4000, 4001, ""},
+		{"from usrrc", map[string]string{"usrrc": "set uid = nobody\n", "usr/x": baseUsr + "set gid = 7\n"}, uid, 7, ""},
+		{"usr over usrrc", map[string]string{"usrrc": "set uid = 9\n", "usr/x": baseUsr + "set uid = nobody\n"}, uid, -1, ""},
+		{"root allowed", map[string]string{"sysconf": "set uap_allow_root = Y\n", "usr/x": baseUsr + "set uid = root\nset gid = 0\n"}, 0, 0, ""},
+		{"root by name", map[string]string{"usr/x": baseUsr + "set uid = root\n"}, 0, 0,
+			"usr/x:4: uid: root would run the server's processes; set uap_allow_root = Y in sysconf to allow it"},
+		{"root by number", map[string]string{"usr/x": baseUsr + "\nset uid = 0\n"}, 0, 0,
+			"usr/x:5: uid: root would run the server's processes; set uap_allow_root = Y in sysconf to allow it"},
+		{"root in usrrc", map[string]string{"usrrc": "set uid = 0\n", "usr/x": baseUsr}, 0, 0,
+			"usrrc:1: uid: root would run the server's processes; set uap_allow_root = Y in sysconf to allow it (for usr/x)"},
+		{"root allowed explicitly N", map[string]string{"sysconf": "set uap_allow_root = N\n", "usr/x": baseUsr + "set uid = nobody\nset gid = root\n"}, 0, 0,
+			"usr/x:5: gid: group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it"},
+		{"no such user", map[string]string{"usr/x": baseUsr + "set uid = no_such_user_tpsched\n"}, 0, 0,
+			`usr/x:4: uid: no user "no_such_user_tpsched" on this machine`},
+		{"no such group", map[string]string{"usr/x": "set gid = no_such_group_tpsched\n" + baseUsr}, 0, 0,
+			`usr/x:1: gid: no group "no_such_group_tpsched" on this machine`},
+		{"too big", map[string]string{"usr/x": baseUsr + "set uid = 4294967295\n"}, 0, 0,
+			"usr/x:4: uid: 4294967295 out of range 0..4294967294"},
+		{"empty", map[string]string{"usr/x": baseUsr + "set gid = \"\"\n"}, 0, 0, "usr/x:4: gid: empty group name"},
+		{"two values", map[string]string{"usr/x": baseUsr + "set uid = a, b\n"}, 0, 0, "usr/x:4: uid: want one value, got 2"},
+		{"in sysconf", map[string]string{"sysconf": "set uid = 5\n", "usr/x": baseUsr}, 0, 0,
+			"sysconf:1: uid: unknown operand here (it belongs in usrrc or usr/<server>)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(writeDir(t, tc.files))
+			if tc.err != "" {
+				if err == nil || err.Error() != tc.err {
+					t.Fatalf("error = %v\nwant    %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := srv(cfg); s.UID != tc.uid || s.GID != tc.gid {
+				t.Fatalf("uid %d gid %d, want %d %d", s.UID, s.GID, tc.uid, tc.gid)
+			}
+		})
 	}
 }

@@ -7,17 +7,34 @@ import (
 	"time"
 )
 
-// Operand tables, one per file kind. A handler gets the values of one set
-// statement and returns the reason a value is wrong; the caller adds the
-// file, line and operand. Defaults live in defaultSystem, defaultSched and
-// defaultServer.
+// Operand tables, one per kind of file. Each entry says how the values of
+// one set statement are read and what the operand reference
+// (docs/OPERANDS.md, generated from these tables by `go generate`) says
+// about it. A handler gets the values and returns the reason a value is
+// wrong; the caller adds the file, line and operand. Defaults live in
+// defaultSystem, defaultSched, defaultServer and defaultClient; a test
+// checks that each operand's documented default is what they hold.
 
 type handler[T any] func(dst *T, v []string) error
+
+// operand is one operand of one kind of file.
+type operand[T any] struct {
+	set handler[T]
+	// value is the default as it would be written in the file; a test sets
+	// it on the defaults and expects no change. "" when the default cannot
+	// be written: dflt then says it in words.
+	value   string
+	dflt    string
+	values  string // what may be written
+	opentp1 string // what the source documents say it means; "" when they do not describe it
+	tpsched string // what tpsched adds to that meaning, or the whole meaning
+	own     bool   // tpsched's own operand: OpenTP1 has none of this name
+}
 
 func defaultSystem(hostname string) System {
 	return System{
 		NodeID:         hostname,
-		RPCAddress:     "0.0.0.0",
+		RPCAddress:     "127.0.0.1",
 		RPCPort:        DefaultRPCPort,
 		NamePort:       DefaultNamePort,
 		MetricsAddress: DefaultMetricsAddress,
@@ -25,87 +42,157 @@ func defaultSystem(hostname string) System {
 	}
 }
 
-var systemOperands = map[string]handler[System]{
-	"node_id": func(s *System, v []string) (err error) {
-		if s.NodeID, err = one(v); err != nil {
-			return err
-		}
-		if s.NodeID == "" || len(s.NodeID) > 255 {
-			return fmt.Errorf("want 1..255 bytes, got %d", len(s.NodeID))
-		}
-		for i := 0; i < len(s.NodeID); i++ {
-			if c := s.NodeID[i]; c <= ' ' || c == 0x7f || c == '"' || c == ',' {
-				return fmt.Errorf("%q: %q not allowed", s.NodeID, c)
-			}
-		}
-		return nil
-	},
-	"rpc_address": func(s *System, v []string) (err error) {
-		if s.RPCAddress, err = one(v); err != nil {
-			return err
-		}
-		if !validHost(s.RPCAddress) {
-			return fmt.Errorf("%q is not an IP address or host name (the port goes in rpc_port)", s.RPCAddress)
-		}
-		return nil
-	},
-	"rpc_port": func(s *System, v []string) (err error) {
-		// 0 picks a free port (scdd logs the one it got): for tests and
-		// for several nodes on one host.
-		s.RPCPort, err = intIn(v, 0, 65535)
-		return err
-	},
-	"all_node": func(s *System, v []string) error {
-		if len(v) > MaxNodes {
-			return fmt.Errorf("%d nodes, at most %d (the inter-node load-balancing limit)", len(v), MaxNodes)
-		}
-		for _, n := range v {
-			if _, _, err := SplitHostPort(n, DefaultRPCPort); err != nil {
+var systemOperands = map[string]operand[System]{
+	"node_id": {
+		set: func(s *System, v []string) (err error) {
+			if s.NodeID, err = one(v); err != nil {
 				return err
 			}
-		}
-		s.AllNodes = append([]string(nil), v...)
-		return nil
-	},
-	"metrics_address": func(s *System, v []string) (err error) {
-		if s.MetricsAddress, err = one(v); err != nil {
-			return err
-		}
-		if host, port, perr := net.SplitHostPort(s.MetricsAddress); perr == nil && port == "0" {
-			// Port 0 picks a free port, as rpc_port 0 does.
-			if !validHost(host) {
-				return fmt.Errorf("%q is not an IP address or host name", host)
+			if s.NodeID == "" || len(s.NodeID) > 255 {
+				return fmt.Errorf("want 1..255 bytes, got %d", len(s.NodeID))
+			}
+			for i := 0; i < len(s.NodeID); i++ {
+				if c := s.NodeID[i]; c <= ' ' || c == 0x7f || c == '"' || c == ',' {
+					return fmt.Errorf("%q: %q not allowed", s.NodeID, c)
+				}
 			}
 			return nil
-		}
-		_, _, err = SplitHostPort(s.MetricsAddress, 0)
-		return err
+		},
+		dflt:    "the host name",
+		values:  "1..255 bytes without blanks, control characters, quotes or commas",
+		tpsched: "The node's name towards its peers, in announces, in `scdctl status` and in metric labels. Every node of a cluster needs its own.",
 	},
-	"watch_time": func(s *System, v []string) (err error) {
-		s.WatchTime, err = secondsIn(v, 0, maxSeconds)
-		return err
+	"rpc_address": {
+		set: func(s *System, v []string) (err error) {
+			if s.RPCAddress, err = one(v); err != nil {
+				return err
+			}
+			if !validHost(s.RPCAddress) {
+				return fmt.Errorf("%q is not an IP address or host name (the port goes in rpc_port)", s.RPCAddress)
+			}
+			return nil
+		},
+		value:  "127.0.0.1",
+		values: "an IP address or a host name, without a port",
+		tpsched: "The address the RPC port listens on; in a cluster the name port (membership and announces) listens there too. " +
+			"Together with rpc_port it tells which all_node entry is this node. Loopback unless a definition names another address: " +
+			"an all_node entry on another host then is an error, and a non-loopback address without cluster_key a warning at start-up.",
 	},
-	"max_processes": func(s *System, v []string) (err error) {
-		s.MaxProcesses, err = intIn(v, 0, 1<<20)
-		return err
-	},
-	"name_port": func(s *System, v []string) (err error) {
-		s.NamePort, err = intIn(v, 0, 65535)
-		return err
-	},
-	"cluster_key": func(s *System, v []string) (err error) {
-		if s.ClusterKey, err = one(v); err != nil {
+	"rpc_port": {
+		set: func(s *System, v []string) (err error) {
+			// 0 picks a free port (scdd logs the one it got): for tests and
+			// for several nodes on one host.
+			s.RPCPort, err = intIn(v, 0, 65535)
 			return err
-		}
-		if n := len(s.ClusterKey); n < 16 || n > 1024 {
-			return fmt.Errorf("want 16..1024 bytes, got %d", n)
-		}
-		return nil
+		},
+		value:   "12000",
+		values:  "0..65535",
+		tpsched: "The TCP port clients (dchost) and other nodes (all_node) send calls to. 0 picks a free port, which scdd logs: for tests.",
 	},
-	"memory_reserve": func(s *System, v []string) (err error) {
-		mib, err := intIn(v, 0, 1<<24)
-		s.MemoryReserve = int64(mib) << 20
-		return err
+	"all_node": {
+		set: func(s *System, v []string) error {
+			if len(v) > MaxNodes {
+				return fmt.Errorf("%d nodes, at most %d (the inter-node load-balancing limit)", len(v), MaxNodes)
+			}
+			for _, n := range v {
+				if _, _, err := SplitHostPort(n, DefaultRPCPort); err != nil {
+					return err
+				}
+			}
+			s.AllNodes = append([]string(nil), v...)
+			return nil
+		},
+		dflt:   "none: no cluster, every call is served on this node",
+		values: "host[:port], ... (the port defaults to rpc_port); at most 128 entries, no node twice",
+		opentp1: "Each OpenTP1 node lists the other nodes, so that the nodes exchange the name information of the user servers running on them; " +
+			"inter-node load balancing needs it (000, 001). At most 128 nodes (002).",
+		tpsched: "Lists every node's RPC address, this node's included (found by rpc_address and rpc_port). " +
+			"Peers are joined on their name_port. A list that names only this node runs no cluster.",
+	},
+	"metrics_address": {
+		set: func(s *System, v []string) (err error) {
+			if s.MetricsAddress, err = one(v); err != nil {
+				return err
+			}
+			if host, port, perr := net.SplitHostPort(s.MetricsAddress); perr == nil && port == "0" {
+				// Port 0 picks a free port, as rpc_port 0 does.
+				if !validHost(host) {
+					return fmt.Errorf("%q is not an IP address or host name", host)
+				}
+				return nil
+			}
+			_, _, err = SplitHostPort(s.MetricsAddress, 0)
+			return err
+		},
+		value:   DefaultMetricsAddress,
+		values:  "host:port; port 0 picks a free one",
+		tpsched: "The HTTP endpoint of `/metrics`, `/status`, the control actions of `scdctl` (hold, release) and pprof.",
+		own:     true,
+	},
+	"watch_time": {
+		set: func(s *System, v []string) (err error) {
+			s.WatchTime, err = secondsIn(v, 0, maxSeconds)
+			return err
+		},
+		value:   "180",
+		values:  "seconds, 0..65535; 0 = for ever",
+		tpsched: "How long a call waits for its answer before it fails with 'timed out'. A user server's own watch_time (usrrc, usr) overrides it.",
+	},
+	"max_processes": {
+		set: func(s *System, v []string) (err error) {
+			s.MaxProcesses, err = intIn(v, 0, 1<<20)
+			return err
+		},
+		value:   "0",
+		values:  "0..1048576; 0 = no cap; at least the sum of the servers' resident processes",
+		tpsched: "A cap on the UAP processes of the whole node: non-resident processes start only below it.",
+	},
+	"name_port": {
+		set: func(s *System, v []string) (err error) {
+			s.NamePort, err = intIn(v, 0, 65535)
+			return err
+		},
+		value:   "12002",
+		values:  "0..65535; 0 picks a free one (tests)",
+		tpsched: "The UDP and TCP port of membership and announces (memberlist), the same on every node of a cluster; used only when all_node names other nodes.",
+	},
+	"cluster_key": {
+		set: func(s *System, v []string) (err error) {
+			if s.ClusterKey, err = one(v); err != nil {
+				return err
+			}
+			if n := len(s.ClusterKey); n < 16 || n > 1024 {
+				return fmt.Errorf("want 16..1024 bytes, got %d", n)
+			}
+			return nil
+		},
+		dflt:   "none: peers are trusted blindly",
+		values: "16..1024 bytes, the same on every node",
+		tpsched: "A secret shared by the nodes of a cluster: membership gossip is encrypted with a key derived from it, " +
+			"and announces and the hello of a peer connection that carries transferred calls are authenticated (HMAC-SHA256).",
+		own: true,
+	},
+	"uap_allow_root": {
+		set: func(s *System, v []string) (err error) {
+			s.uapAllowRoot, err = boolYN(v)
+			return err
+		},
+		value:   "N",
+		values:  "Y or N",
+		tpsched: "Y allows a user server's uid or gid to be root (0). Without it a definition that would run UAPs as root is refused.",
+		own:     true,
+	},
+	"memory_reserve": {
+		set: func(s *System, v []string) (err error) {
+			mib, err := intIn(v, 0, 1<<24)
+			s.MemoryReserve = int64(mib) << 20
+			return err
+		},
+		value:   "0",
+		values:  "MiB, 0..16777216; 0 = no gate",
+		opentp1: "If there is no spare system memory, a non-resident process is executed after the finish of any currently executing non-resident process (000).",
+		tpsched: "Says what spare memory is: while MemAvailable is below this much, a non-resident process starts only after another one ended, higher schedule_priority first.",
+		own:     true,
 	},
 }
 
@@ -113,35 +200,75 @@ func defaultSched() Sched {
 	return Sched{AnnounceServerStatus: true, ScheduleRate: 50, Multi: 1, BalanceRule: "opentp1"}
 }
 
-var schedOperands = map[string]handler[Sched]{
-	"scd_this_node_first": func(s *Sched, v []string) (err error) {
-		s.ThisNodeFirst, err = boolYN(v)
-		return err
-	},
-	"scd_announce_server_status": func(s *Sched, v []string) (err error) {
-		s.AnnounceServerStatus, err = boolYN(v)
-		return err
-	},
-	"schedule_rate": func(s *Sched, v []string) (err error) {
-		s.ScheduleRate, err = intIn(v, 50, 100)
-		return err
-	},
-	"scd_retry_of_comm_error": func(s *Sched, v []string) (err error) {
-		s.RetryOfCommError, err = intIn(v, 0, MaxNodes)
-		return err
-	},
-	"scdmulti": func(s *Sched, v []string) (err error) {
-		s.Multi, err = intIn(v, 1, 64)
-		return err
-	},
-	"scd_balance_rule": func(s *Sched, v []string) (err error) {
-		if s.BalanceRule, err = one(v); err != nil {
+var schedOperands = map[string]operand[Sched]{
+	"scd_this_node_first": {
+		set: func(s *Sched, v []string) (err error) {
+			s.ThisNodeFirst, err = boolYN(v)
 			return err
-		}
-		if s.BalanceRule != "opentp1" && s.BalanceRule != "p2c" {
-			return fmt.Errorf("want opentp1 or p2c, got %q", s.BalanceRule)
-		}
-		return nil
+		},
+		value:  "N",
+		values: "Y or N",
+		opentp1: "Y: a request goes to the user server on this node unless that server is hard to schedule (overloaded or shut down); only then to another node. " +
+			"N: a node is chosen at random, avoiding nodes that are hard to schedule, so a request may leave this node even when it could be served here (000, 001 Table 3-7).",
+	},
+	"scd_announce_server_status": {
+		set: func(s *Sched, v []string) (err error) {
+			s.AnnounceServerStatus, err = boolYN(v)
+			return err
+		},
+		value:  "Y",
+		values: "Y or N; the same on every node",
+		opentp1: "Y: the node reports its servers' load levels to every node (on a change, and at least every 30 seconds) and nodes are chosen by load. " +
+			"N: nothing is reported and nodes are chosen at random (001 Table 3-7).",
+	},
+	"schedule_rate": {
+		set: func(s *Sched, v []string) (err error) {
+			s.ScheduleRate, err = intIn(v, 50, 100)
+			return err
+		},
+		value:  "50",
+		values: "percent, 50..100",
+		opentp1: "The rate of schedules made to LEVEL0 nodes, for requests from a scheduler-direct client (DCSCDDIRECT=Y): LEVEL0 nodes weigh the rate, LEVEL1 nodes 100 - rate, " +
+			"each times their number (80 with 3 LEVEL0 and 2 LEVEL1 nodes: 240:40, about 85:15) (000).",
+		tpsched: "Applies to every call a client sends to this node's scheduler, that is every call not marked balanced; with scd_balance_rule = p2c it weighs the two choices.",
+	},
+	"scd_retry_of_comm_error": {
+		set: func(s *Sched, v []string) (err error) {
+			s.RetryOfCommError, err = intIn(v, 0, MaxNodes)
+			return err
+		},
+		value:  "0",
+		values: "0..128",
+		opentp1: "How many other nodes a request is scheduled to after a communication error, never more than the nodes that run the service group; 0 returns the error (000). " +
+			"On a retry LEVEL1 nodes are avoided unless only LEVEL1 and LEVEL2 nodes remain.",
+		tpsched: "A transferred call is retried when the node chosen for it could not be reached.",
+	},
+	"scdmulti": {
+		set: func(s *Sched, v []string) (err error) {
+			s.Multi, err = intIn(v, 1, 64)
+			return err
+		},
+		value:  "1",
+		values: "1..64",
+		opentp1: "The multi-scheduler facility: besides the master scheduler daemon, start daemons that only receive service requests, " +
+			"so that requests are not delayed by contention on receiving (000).",
+		tpsched: "The number of receiving sockets (event loops) sharing the RPC port through SO_REUSEPORT, the first included.",
+	},
+	"scd_balance_rule": {
+		set: func(s *Sched, v []string) (err error) {
+			if s.BalanceRule, err = one(v); err != nil {
+				return err
+			}
+			if s.BalanceRule != "opentp1" && s.BalanceRule != "p2c" {
+				return fmt.Errorf("want opentp1 or p2c, got %q", s.BalanceRule)
+			}
+			return nil
+		},
+		value:  "opentp1",
+		values: "opentp1 or p2c",
+		tpsched: "How a node is chosen among those that run a group: opentp1 is the documents' rule (random, LEVEL2 avoided unless all are LEVEL2); " +
+			"p2c takes two nodes at random and keeps the one with the lower level, then the fewer calls in flight from this node.",
+		own: true,
 	},
 }
 
@@ -157,160 +284,285 @@ func defaultServer() Server {
 		MaxMessageSize:    DefaultMaxMessageSize,
 		QueueSize:         DefaultQueueSize,
 		WatchTime:         DefaultWatchTime, // replaced by sysconf's unless usrrc or usr sets it
+		UID:               -1,
+		GID:               -1,
 	}
 }
 
-var serverOperands = map[string]handler[Server]{
-	"service_group": func(s *Server, v []string) (err error) {
-		if s.ServiceGroup, err = one(v); err != nil {
-			return err
-		}
-		return checkIdent("service group", s.ServiceGroup)
-	},
-	"service": func(s *Server, v []string) error {
-		seen := map[string]bool{}
-		s.Services = nil
-		for _, e := range v {
-			name, entry, ok := strings.Cut(e, "=")
-			if !ok {
-				return fmt.Errorf("want \"name=entry\", got %q", e)
-			}
-			if err := checkIdent("service name", name); err != nil {
+var serverOperands = map[string]operand[Server]{
+	"service_group": {
+		set: func(s *Server, v []string) (err error) {
+			if s.ServiceGroup, err = one(v); err != nil {
 				return err
 			}
-			if err := checkIdent("entry", entry); err != nil {
+			return checkIdent("service group", s.ServiceGroup)
+		},
+		dflt:    "none: required",
+		values:  "1..31 bytes of letters, digits, '_', '-' and '.'",
+		opentp1: "The service group the user server serves; the same group on several nodes is what inter-node load balancing spreads over (000).",
+		tpsched: "Calls name it. One user server per group on a node.",
+	},
+	"service": {
+		set: func(s *Server, v []string) error {
+			seen := map[string]bool{}
+			s.Services = nil
+			for _, e := range v {
+				name, entry, ok := strings.Cut(e, "=")
+				if !ok {
+					entry = name // "name" alone: the handler has the service's name
+				}
+				if err := checkIdent("service name", name); err != nil {
+					return err
+				}
+				if err := checkIdent("entry", entry); err != nil {
+					return err
+				}
+				if seen[name] {
+					return fmt.Errorf("service %q listed twice", name)
+				}
+				seen[name] = true
+				s.Services = append(s.Services, Service{Name: name, Entry: entry})
+			}
+			return nil
+		},
+		dflt:    "none: required",
+		values:  `"name=entry" or "name", ...: names and entries 1..31 bytes of letters, digits, '_', '-' and '.'; no name twice`,
+		opentp1: "The services of the user server: each service name with the entry point of the UAP that runs it.",
+		tpsched: "A call for service name is served by the UAP's handler registered as entry; \"name\" alone means \"name=name\". When a UAP attaches, scdd logs (with file and line) each entry it does not register.",
+	},
+	"module": {
+		set: func(s *Server, v []string) (err error) {
+			if s.Module, err = one(v); err != nil {
 				return err
 			}
-			if seen[name] {
-				return fmt.Errorf("service %q listed twice", name)
+			if s.Module == "" || len(s.Module) > maxModuleLen {
+				return fmt.Errorf("want 1..%d bytes, got %d", maxModuleLen, len(s.Module))
 			}
-			seen[name] = true
-			s.Services = append(s.Services, Service{Name: name, Entry: entry})
-		}
-		return nil
+			for i := 0; i < len(s.Module); i++ {
+				if c := s.Module[i]; c < ' ' || c == 0x7f {
+					return fmt.Errorf("control character %q not allowed", c)
+				}
+			}
+			return nil
+		},
+		dflt:   "none: required",
+		values: "a path or a file name, 1..4095 bytes without control characters",
+		tpsched: "The UAP executable: an absolute path; a path with a '/' relative to the definition directory; " +
+			"a bare name looked up in the definition directory's aplib/, then beside scdd, then in $PATH.",
 	},
-	"module": func(s *Server, v []string) (err error) {
-		if s.Module, err = one(v); err != nil {
+	"receive_from": {
+		set: func(s *Server, v []string) error {
+			r, err := one(v)
+			if err != nil {
+				return err
+			}
+			switch strings.ToLower(r) {
+			case "queue":
+				s.ReceiveFrom = ReceiveQueue
+			case "socket":
+				s.ReceiveFrom = ReceiveSocket
+			default:
+				return fmt.Errorf("want queue or socket, got %q", r)
+			}
+			return nil
+		},
+		value:  "queue",
+		values: "queue or socket",
+		opentp1: "Whether the server receives requests from a schedule queue or from a socket. A socket-receiving server cannot use the Multiserver facility: " +
+			"its parallel_count must be one process; nodes are chosen for it at random, without looking at load (000).",
+		tpsched: "queue: the shared-memory schedule queue. socket: one process served over a socket; needs parallel_count = 1.",
+	},
+	"parallel_count": {
+		set: func(s *Server, v []string) error {
+			if len(v) != 1 && len(v) != 2 {
+				return fmt.Errorf("want resident[,max], got %d values", len(v))
+			}
+			res, err := parseUint(v[0], 0, maxParallel)
+			if err != nil {
+				return fmt.Errorf("resident: %w", err)
+			}
+			mx := res
+			if len(v) == 2 {
+				if mx, err = parseUint(v[1], 0, maxParallel); err != nil {
+					return fmt.Errorf("max: %w", err)
+				}
+			}
+			if mx == 0 {
+				return fmt.Errorf("max 0: a server needs at least one process")
+			}
+			if res > mx {
+				return fmt.Errorf("resident %d exceeds max %d", res, mx)
+			}
+			s.Resident, s.MaxProcesses = res, mx
+			return nil
+		},
+		value:  "1",
+		values: "resident[,max]: 0..1024 each, resident <= max, max >= 1; max defaults to resident",
+		opentp1: "The Multiserver facility: resident processes start with the server and stay; max - resident non-resident processes " +
+			"start when they are needed (see balance_count) (000).",
+	},
+	"balance_count": {
+		set: func(s *Server, v []string) (err error) {
+			s.BalanceCount, err = intIn(v, 0, maxBalance)
 			return err
-		}
-		if s.Module == "" || len(s.Module) > maxModuleLen {
-			return fmt.Errorf("want 1..%d bytes, got %d", maxModuleLen, len(s.Module))
-		}
-		for i := 0; i < len(s.Module); i++ {
-			if c := s.Module[i]; c < ' ' || c == 0x7f {
-				return fmt.Errorf("control character %q not allowed", c)
-			}
-		}
-		return nil
+		},
+		value:  "3",
+		values: "0..4096",
+		opentp1: "A non-resident process starts while the requests remaining in the schedule queue exceed balance_count x the processes running, " +
+			"and non-resident processes stop when fewer remain (000).",
+		tpsched: "With 0 a non-resident process is started per waiting request. A process stops only after nonresident_idle_time without work.",
 	},
-	"receive_from": func(s *Server, v []string) error {
-		r, err := one(v)
-		if err != nil {
+	"nonresident_idle_time": {
+		set: func(s *Server, v []string) (err error) {
+			ms, err := intIn(v, 0, 3600000)
+			s.NonResidentIdle = time.Duration(ms) * time.Millisecond
 			return err
-		}
-		switch strings.ToLower(r) {
-		case "queue":
-			s.ReceiveFrom = ReceiveQueue
-		case "socket":
-			s.ReceiveFrom = ReceiveSocket
-		default:
-			return fmt.Errorf("want queue or socket, got %q", r)
-		}
-		return nil
+		},
+		value:   "500",
+		values:  "milliseconds, 0..3600000",
+		tpsched: "How long a non-resident process idles before the balance_count rule may stop it: keeps the rule from starting and stopping processes on every burst.",
+		own:     true,
 	},
-	"parallel_count": func(s *Server, v []string) error {
-		if len(v) != 1 && len(v) != 2 {
-			return fmt.Errorf("want resident[,max], got %d values", len(v))
-		}
-		res, err := parseUint(v[0], 0, maxParallel)
-		if err != nil {
-			return fmt.Errorf("resident: %w", err)
-		}
-		mx := res
-		if len(v) == 2 {
-			if mx, err = parseUint(v[1], 0, maxParallel); err != nil {
-				return fmt.Errorf("max: %w", err)
+	"cpu_wait_limit": {
+		set: func(s *Server, v []string) (err error) {
+			s.CPUWaitLimit, err = intIn(v, 0, 100)
+			return err
+		},
+		value:  "50",
+		values: "percent, 0..100; 0 = no guard",
+		tpsched: "No non-resident process starts while the group's busy processes spend this share of their runnable time waiting for a CPU: " +
+			"another process could not help then.",
+		own: true,
+	},
+	"schedule_priority": {
+		set: func(s *Server, v []string) (err error) {
+			s.SchedulePriority, err = intIn(v, 1, maxPriority)
+			return err
+		},
+		value:   "8",
+		values:  "1 (highest) .. 16 (lowest)",
+		opentp1: "The server's scheduling priority: non-resident processes of a server with a higher priority are scheduled before those of a lower one (000).",
+		tpsched: "Also the CPU weight of the server's processes: the cgroup's cpu.weight (or cpu.shares on cgroup v1), else nice.",
+	},
+	"scd_refresh_process": {
+		set: func(s *Server, v []string) (err error) {
+			s.RefreshProcess, err = boolYN(v)
+			return err
+		},
+		value:   "N",
+		values:  "Y or N; Y needs parallel_count = 0,max and balance_count = 0",
+		opentp1: "The non-resident UAP process refresh facility: a non-resident process is replaced by a fresh one after each request; only with balance_count 0 (002).",
+	},
+	"loadcheck_interval": {
+		set: func(s *Server, v []string) (err error) {
+			s.LoadCheckInterval, err = secondsIn(v, 0, maxSeconds)
+			return err
+		},
+		value:  "30",
+		values: "seconds, 0..65535; 0 = no load check for this group",
+		opentp1: "How often the group's load level is checked (Table 3-12, or Table 3-14 with the thresholds below). Checks run on a tick of the greatest common divisor " +
+			"of 10 and every server's interval (3 and 5 give 1 s). A changed level is reported to every node (000).",
+	},
+	"levelup_queue_count": {
+		set: func(s *Server, v []string) error {
+			p, err := pair(v, 0, maxQueueCount)
+			if err != nil {
+				return fmt.Errorf("want U1,U2: %w", err)
 			}
-		}
-		if mx == 0 {
-			return fmt.Errorf("max 0: a server needs at least one process")
-		}
-		if res > mx {
-			return fmt.Errorf("resident %d exceeds max %d", res, mx)
-		}
-		s.Resident, s.MaxProcesses = res, mx
-		return nil
+			if p[0] > p[1] {
+				return fmt.Errorf("U1 %d exceeds U2 %d (Table 3-14 needs U1 <= U2)", p[0], p[1])
+			}
+			s.LevelUp = p
+			return nil
+		},
+		dflt:    "none: Table 3-12 (the processing rate) decides the level",
+		values:  "U1,U2: 0..32767 each; with leveldown_queue_count, 0 <= D0 < U1 <= U2 <= queue_size",
+		opentp1: "The numbers of requests remaining in the queue (U1, U2) that raise the level to LEVEL1 and LEVEL2 (000 Table 3-14).",
+		tpsched: "Given with leveldown_queue_count or not at all; the order of the four values is checked so that no row of Table 3-14 is empty.",
 	},
-	"balance_count": func(s *Server, v []string) (err error) {
-		s.BalanceCount, err = intIn(v, 0, maxBalance)
-		return err
+	"leveldown_queue_count": {
+		set: func(s *Server, v []string) error {
+			p, err := pair(v, 0, maxQueueCount)
+			if err != nil {
+				return fmt.Errorf("want D0,D1: %w", err)
+			}
+			if p[0] > p[1] {
+				return fmt.Errorf("D0 %d exceeds D1 %d (Table 3-14 needs D0 <= D1)", p[0], p[1])
+			}
+			s.LevelDown = p
+			return nil
+		},
+		dflt:    "none: Table 3-12 (the processing rate) decides the level",
+		values:  "D0,D1: 0..32767 each; with levelup_queue_count, D0 <= D1 < U2",
+		opentp1: "The numbers of requests remaining in the queue (D0, D1) that lower the level to LEVEL0 and LEVEL1 (000 Table 3-14).",
+		tpsched: "Given with levelup_queue_count or not at all.",
 	},
-	"nonresident_idle_time": func(s *Server, v []string) (err error) {
-		ms, err := intIn(v, 0, 3600000)
-		s.NonResidentIdle = time.Duration(ms) * time.Millisecond
-		return err
+	"loadlevel_message": {
+		set: func(s *Server, v []string) (err error) {
+			s.LoadLevelMessage, err = boolYN(v)
+			return err
+		},
+		value:   "N",
+		values:  "Y or N",
+		opentp1: "Y: a message reports each change of the group's load level (000).",
+		tpsched: "The message is a log line with the Q, q and X behind the change.",
 	},
-	"cpu_wait_limit": func(s *Server, v []string) (err error) {
-		s.CPUWaitLimit, err = intIn(v, 0, 100)
-		return err
+	"scdmulti": {
+		set: func(s *Server, v []string) (err error) {
+			s.multi, err = boolYN(v)
+			return err
+		},
+		dflt:    "as Y when scdsvcdef's scdmulti is 2 or more",
+		values:  "Y or N; Y needs scdmulti of 2 or more in scdsvcdef, N needs scdmulti 1 there",
+		opentp1: "On the receiving side of the multi-scheduler facility: the server's requests are received by the multi-scheduler daemons (000).",
+		tpsched: "Every receiving socket takes every group's calls, so a server cannot be kept off them: " +
+			"N is refused while scdsvcdef's scdmulti is 2 or more, and Y says what happens anyway.",
 	},
-	"schedule_priority": func(s *Server, v []string) (err error) {
-		s.SchedulePriority, err = intIn(v, 1, maxPriority)
-		return err
+	"max_message_size": {
+		set: func(s *Server, v []string) (err error) {
+			s.MaxMessageSize, err = intIn(v, minMessage, MaxMaxMessageSize)
+			return err
+		},
+		value:   "1048576",
+		values:  "bytes, 1024..8388608",
+		tpsched: "The largest request or reply of the group; a larger request is refused with 'message too big'.",
 	},
-	"scd_refresh_process": func(s *Server, v []string) (err error) {
-		s.RefreshProcess, err = boolYN(v)
-		return err
+	"queue_size": {
+		set: func(s *Server, v []string) (err error) {
+			s.QueueSize, err = intIn(v, 1, maxQueueSize)
+			return err
+		},
+		value:   "256",
+		values:  "slots, 1..65536",
+		tpsched: "The schedule queue's length: a call that finds it full is refused with 'server busy'.",
 	},
-	"loadcheck_interval": func(s *Server, v []string) (err error) {
-		s.LoadCheckInterval, err = secondsIn(v, 0, maxSeconds)
-		return err
+	"uid": {
+		set: func(s *Server, v []string) (err error) {
+			s.UID, err = lookupID(v, "user")
+			return err
+		},
+		dflt:   "a root scdd: an id of the server's own (a hash of its name from 1900000000, no passwd entry); otherwise scdd's user",
+		values: "a user name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
+		tpsched: "The user the server's UAP processes run as; a name is looked up when the definitions are read. " +
+			"A root scdd never runs a UAP as root by default: each server without uid gets an id of its own, so that one group's processes cannot reach another's.",
 	},
-	"levelup_queue_count": func(s *Server, v []string) error {
-		p, err := pair(v, 0, maxQueueCount)
-		if err != nil {
-			return fmt.Errorf("want U1,U2: %w", err)
-		}
-		if p[0] > p[1] {
-			return fmt.Errorf("U1 %d exceeds U2 %d (Table 3-14 needs U1 <= U2)", p[0], p[1])
-		}
-		s.LevelUp = p
-		return nil
+	"gid": {
+		set: func(s *Server, v []string) (err error) {
+			s.GID, err = lookupID(v, "group")
+			return err
+		},
+		dflt:   "the primary group of uid's user; with no uid, as uid's default",
+		values: "a group name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
+		tpsched: "The group the server's UAP processes run as (no supplementary groups); a name is looked up when the definitions are read.",
 	},
-	"leveldown_queue_count": func(s *Server, v []string) error {
-		p, err := pair(v, 0, maxQueueCount)
-		if err != nil {
-			return fmt.Errorf("want D0,D1: %w", err)
-		}
-		if p[0] > p[1] {
-			return fmt.Errorf("D0 %d exceeds D1 %d (Table 3-14 needs D0 <= D1)", p[0], p[1])
-		}
-		s.LevelDown = p
-		return nil
-	},
-	"loadlevel_message": func(s *Server, v []string) (err error) {
-		s.LoadLevelMessage, err = boolYN(v)
-		return err
-	},
-	"scdmulti": func(s *Server, v []string) (err error) {
-		s.Multi, err = boolYN(v)
-		return err
-	},
-	"multi_schedule": func(s *Server, v []string) (err error) {
-		s.MultiSchedule, err = boolYN(v)
-		return err
-	},
-	"max_message_size": func(s *Server, v []string) (err error) {
-		s.MaxMessageSize, err = intIn(v, minMessage, MaxMaxMessageSize)
-		return err
-	},
-	"queue_size": func(s *Server, v []string) (err error) {
-		s.QueueSize, err = intIn(v, 1, maxQueueSize)
-		return err
-	},
-	"watch_time": func(s *Server, v []string) (err error) {
-		s.WatchTime, err = secondsIn(v, 0, maxSeconds)
-		return err
+	"watch_time": {
+		set: func(s *Server, v []string) (err error) {
+			s.WatchTime, err = secondsIn(v, 0, maxSeconds)
+			return err
+		},
+		dflt:    "sysconf's watch_time",
+		values:  "seconds, 0..65535; 0 = for ever",
+		tpsched: "How long a call to this group waits for its answer before it fails with 'timed out'.",
 	},
 }
 
@@ -323,54 +575,114 @@ func defaultClient() Client {
 	}
 }
 
-var clientOperands = map[string]handler[Client]{
-	"dchost": func(c *Client, v []string) error {
-		if len(v) > MaxNodes {
-			return fmt.Errorf("%d hosts, at most %d", len(v), MaxNodes)
-		}
-		for _, h := range v {
-			if _, _, err := SplitHostPort(h, DefaultRPCPort); err != nil {
-				return err
+var clientOperands = map[string]operand[Client]{
+	"dchost": {
+		set: func(c *Client, v []string) error {
+			if len(v) > MaxNodes {
+				return fmt.Errorf("%d hosts, at most %d", len(v), MaxNodes)
 			}
-		}
-		c.Hosts = append([]string(nil), v...)
-		return nil
+			for _, h := range v {
+				if _, _, err := SplitHostPort(h, DefaultRPCPort); err != nil {
+					return err
+				}
+			}
+			c.Hosts = append([]string(nil), v...)
+			return nil
+		},
+		dflt:    "none: the calling program names its own nodes",
+		values:  "host[:port], ... (the port defaults to 12000); at most 128",
+		opentp1: "The OpenTP1 nodes the client asks to schedule its requests, in this order (000, 003).",
+		tpsched: "A node that cannot be reached is passed over for the next; a call that was sent is never sent to a second node.",
 	},
-	"dcscddirect": func(c *Client, v []string) (err error) {
-		c.Direct, err = boolYN(v)
-		return err
+	"dcscddirect": {
+		set: func(c *Client, v []string) (err error) {
+			_, err = boolYN(v) // LoadClient checks it against dccltloadbalance
+			return err
+		},
+		dflt:    "as Y",
+		values:  "Y or N; N needs dccltloadbalance = Y",
+		opentp1: "Y: the client sends its requests to the schedule service of a dchost node, which balances them over the nodes (the server side decides; 000, 001 Table 3-6).",
+		tpsched: "The client always sends its calls straight to a scheduler: a dchost node's, or with dccltloadbalance = Y one it learned from the name service. " +
+			"N without dccltloadbalance = Y would ask for RPCs through the name service without balancing, which tpsched does not have, so it is refused.",
 	},
-	"dchostselect": func(c *Client, v []string) (err error) {
-		c.HostSelect, err = boolYN(v)
-		return err
+	"dchostselect": {
+		set: func(c *Client, v []string) (err error) {
+			c.HostSelect, err = boolYN(v)
+			return err
+		},
+		value:   "N",
+		values:  "Y or N",
+		opentp1: "Y: the first dchost node is chosen at random instead of in order (000, 003).",
 	},
-	"dcscdhostchange": func(c *Client, v []string) (err error) {
-		c.HostChange, err = boolYN(v)
-		return err
+	"dcscdhostchange": {
+		set: func(c *Client, v []string) (err error) {
+			c.HostChange, err = boolYN(v)
+			return err
+		},
+		value:   "N",
+		values:  "Y or N",
+		opentp1: "Y: every RPC goes to the next dchost scheduler, round robin (003).",
 	},
-	"dccltloadbalance": func(c *Client, v []string) (err error) {
-		c.LoadBalance, err = boolYN(v)
-		return err
+	"dccltloadbalance": {
+		set: func(c *Client, v []string) (err error) {
+			c.LoadBalance, err = boolYN(v)
+			return err
+		},
+		value:  "N",
+		values: "Y or N",
+		opentp1: "Y: the client decides: it asks a node's name service which schedulers serve the group, caches those with the lowest load level, " +
+			"picks the first at random and then goes round robin; the receiving node serves such a request itself unless the server is held there, " +
+			"or is LEVEL2 while another node is lower. An RPC to an explicit destination does not balance (000, 001, 003).",
+		tpsched: "Calls fall back to dchost when no node can be learned or reached.",
 	},
-	"dccache": func(c *Client, v []string) (err error) {
-		c.CacheEntries, err = intIn(v, 1, maxCache)
-		return err
+	"dccache": {
+		set: func(c *Client, v []string) (err error) {
+			c.CacheEntries, err = intIn(v, 1, maxCache)
+			return err
+		},
+		value:   "64",
+		values:  "1..4096",
+		opentp1: "The size of the client's cache of load information, managed least recently used first (000, 003).",
+		tpsched: "Counted in service groups.",
 	},
-	"dccltcachetim": func(c *Client, v []string) (err error) {
-		c.CacheTime, err = secondsIn(v, 0, maxSeconds)
-		return err
+	"dccltcachetim": {
+		set: func(c *Client, v []string) (err error) {
+			c.CacheTime, err = secondsIn(v, 0, maxSeconds)
+			return err
+		},
+		value:   "30",
+		values:  "seconds, 0..65535",
+		opentp1: "How long cached load information is used before the name service is asked again: shorter follows the load better and asks more often (000, 003).",
+		tpsched: "0: ask before every call.",
 	},
-	"dcnamuse": func(c *Client, v []string) (err error) {
-		c.NameUse, err = boolYN(v)
-		return err
+	"dcnamuse": {
+		set: func(c *Client, v []string) (err error) {
+			_, err = boolYN(v) // LoadClient checks it against dccltloadbalance
+			return err
+		},
+		dflt:    "as dccltloadbalance",
+		values:  "Y or N, the same as dccltloadbalance",
+		opentp1: "Y: RPCs ask the name service which scheduler to send to; client-side load balancing needs dcnamuse=Y with dccltloadbalance=Y (003).",
+		tpsched: "The client asks the name service exactly when it balances (dccltloadbalance = Y), so dcnamuse may be left out; " +
+			"a value that differs from dccltloadbalance's is refused.",
 	},
-	"dcwatchtim": func(c *Client, v []string) (err error) {
-		c.WatchTime, err = secondsIn(v, 0, maxSeconds)
-		return err
+	"dcwatchtim": {
+		set: func(c *Client, v []string) (err error) {
+			c.WatchTime, err = secondsIn(v, 0, maxSeconds)
+			return err
+		},
+		value:   "180",
+		values:  "seconds, 0..65535; 0 = for ever",
+		tpsched: "How long a call waits for its answer when the caller gives no deadline.",
 	},
-	"dcmaxmsgsize": func(c *Client, v []string) (err error) {
-		c.MaxMessageSize, err = intIn(v, minMessage, MaxMaxMessageSize)
-		return err
+	"dcmaxmsgsize": {
+		set: func(c *Client, v []string) (err error) {
+			c.MaxMessageSize, err = intIn(v, minMessage, MaxMaxMessageSize)
+			return err
+		},
+		value:   "1048576",
+		values:  "bytes, 1024..8388608",
+		tpsched: "A larger request is refused before it is sent.",
 	},
 }
 
@@ -381,16 +693,71 @@ var clientAliases = map[string]string{
 	"max_message_size": "dcmaxmsgsize",
 }
 
+// refusedOperands are operands of OpenTP1's that tpsched refuses in any
+// file, with the reason; the reference lists them too.
+var refusedOperands = map[string]struct {
+	file    string // where OpenTP1 puts it
+	opentp1 string
+	why     string
+}{
+	"multi_schedule": {file: FileUsr,
+		opentp1: "On the sending side of the multi-scheduler facility: the server's RPCs are spread over the receiving node's multi-scheduler daemons (000).",
+		why:     "not supported yet (the sending side of the multi-scheduler facility); remove it"},
+}
+
+// unknownOperand is the reason for an operand that table does not know:
+// where it belongs instead, or the operand it was likely meant to be.
+func unknownOperand[T any](name string, table map[string]operand[T]) string {
+	if w := whereElse(name); w != "" {
+		return "unknown operand here (it belongs in " + w + ")"
+	}
+	here := make([]string, 0, len(table))
+	for op := range table {
+		here = append(here, op)
+	}
+	if s := Suggest(name, here); s != "" {
+		return "unknown operand (did you mean " + s + "?)"
+	}
+	if s := Suggest(name, allOperandNames()); s != "" {
+		return "unknown operand (did you mean " + s + "? it belongs in " + whereElse(s) + ")"
+	}
+	return "unknown operand"
+}
+
+// allOperandNames lists the operands of every kind of file, and betranrc's
+// aliases.
+func allOperandNames() []string {
+	var all []string
+	for op := range systemOperands {
+		all = append(all, op)
+	}
+	for op := range schedOperands {
+		all = append(all, op)
+	}
+	for op := range serverOperands {
+		all = append(all, op)
+	}
+	for op := range clientOperands {
+		all = append(all, op)
+	}
+	for a := range clientAliases {
+		all = append(all, a)
+	}
+	return all
+}
+
 // whereElse names the file an operand belongs in, for "unknown operand".
 func whereElse(name string) string {
-	switch {
-	case systemOperands[name] != nil:
+	if _, ok := systemOperands[name]; ok {
 		return "sysconf"
-	case schedOperands[name] != nil:
+	}
+	if _, ok := schedOperands[name]; ok {
 		return "scdsvcdef"
-	case serverOperands[name] != nil:
+	}
+	if _, ok := serverOperands[name]; ok {
 		return "usrrc or usr/<server>"
-	case clientOperands[name] != nil || clientAliases[name] != "":
+	}
+	if _, ok := clientOperands[name]; ok || clientAliases[name] != "" {
 		return "betranrc"
 	}
 	return ""

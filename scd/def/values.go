@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os/user"
 	"strconv"
 	"strings"
 	"time"
@@ -164,6 +165,51 @@ func boolYN(v []string) (bool, error) {
 		return false, nil
 	}
 	return false, fmt.Errorf("want Y or N, got %q", s)
+}
+
+// maxID is the largest user or group id: (uid_t)-1 means "unchanged" to
+// the kernel.
+const maxID = 1<<32 - 2
+
+// lookupID reads a user (kind "user") or group (kind "group") given by
+// name or number: a name must exist on this machine; a number is taken as
+// it is.
+func lookupID(v []string, kind string) (int, error) {
+	s, err := one(v)
+	if err != nil {
+		return 0, err
+	}
+	if s != "" && strings.Trim(s, "0123456789") == "" {
+		return parseUint(s, 0, maxID)
+	}
+	if s == "" {
+		return 0, fmt.Errorf("empty %s name", kind)
+	}
+	var id string
+	if kind == "user" {
+		var u *user.User
+		if u, err = user.Lookup(s); err == nil {
+			id = u.Uid
+		}
+	} else {
+		var g *user.Group
+		if g, err = user.LookupGroup(s); err == nil {
+			id = g.Gid
+		}
+	}
+	var unknownUser user.UnknownUserError
+	var unknownGroup user.UnknownGroupError
+	switch {
+	case errors.As(err, &unknownUser) || errors.As(err, &unknownGroup):
+		return 0, fmt.Errorf("no %s %q on this machine", kind, s)
+	case err != nil:
+		return 0, fmt.Errorf("looking up %s %q: %w", kind, s, err)
+	}
+	n, err := strconv.Atoi(id)
+	if err != nil || n < 0 || n > maxID {
+		return 0, fmt.Errorf("%s %q has id %q, want 0..%d", kind, s, id, maxID)
+	}
+	return n, nil
 }
 
 // pair reads "a,b" with both values in lo..hi.

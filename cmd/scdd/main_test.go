@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// buildScdd builds this command into a temporary directory.
+func buildScdd(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "scdd")
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestCheck: scdd -check refuses what start-up refuses, a module that
+// cannot be found or run among it, with the file and line, and prints the
+// start-up warnings. Nothing is started.
+func TestCheck(t *testing.T) {
+	bin := buildScdd(t)
+	write := func(dir, name, text string, mode os.FileMode) {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const usr = "set service_group = g\nset service = s\nset module = %s\n"
+	for _, tc := range []struct {
+		name   string
+		files  map[string]string // name -> text; a name ending in * is written executable (without the *)
+		code   int
+		stderr string // what stderr must hold; DIR stands for the definition directory
+		stdout string
+	}{
+		{name: "module in aplib",
+			files: map[string]string{"aplib/uap*": "#!/bin/sh\n", "usr/x": strings.Replace(usr, "%s", "uap", 1)},
+			code:  0, stdout: "scdd: 1 user server(s), definitions OK"},
+		{name: "module by bare name nowhere",
+			files: map[string]string{"usr/x": strings.Replace(usr, "%s", "no-such-uap-tpsched", 1)},
+			code:  1, stderr: `scdd: usr/x:3: module: "no-such-uap-tpsched" not found in [DIR/aplib `},
+		{name: "module not executable",
+			files: map[string]string{"bin/uap": "#!/bin/sh\n", "usr/x": strings.Replace(usr, "%s", "bin/uap", 1)},
+			code:  1, stderr: "scdd: usr/x:3: module: DIR/bin/uap is not an executable file"},
+		{name: "absolute module missing, set in usrrc",
+			files: map[string]string{"usrrc": "\nset module = /nonexistent/tpsched/uap\n", "usr/x": "set service_group = g\nset service = s\n"},
+			code:  1, stderr: "scdd: usrrc:2: module: /nonexistent/tpsched/uap does not exist"},
+		{name: "warning",
+			files: map[string]string{"sysconf": "set rpc_address = \"0.0.0.0\"\n", "aplib/uap*": "#!/bin/sh\n", "usr/x": strings.Replace(usr, "%s", "uap", 1)},
+			code:  0, stderr: "scdd: warning: sysconf: rpc_address 0.0.0.0 is not loopback and there is no cluster_key", stdout: "definitions OK"},
+		{name: "definition error",
+			files: map[string]string{"usr/x": strings.Replace(usr, "%s", "uap", 1) + "set paralel_count = 2\n"},
+			code:  1, stderr: "scdd: usr/x:4: paralel_count: unknown operand (did you mean parallel_count?)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, text := range tc.files {
+				mode := os.FileMode(0o644)
+				if strings.HasSuffix(name, "*") {
+					name, mode = strings.TrimSuffix(name, "*"), 0o755
+				}
+				write(dir, name, text, mode)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, "-check", "-c", dir)
+			cmd.Env = append(os.Environ(), "PATH=/nonexistent") // the module must not come from the caller's PATH
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			want := strings.ReplaceAll(tc.stderr, "DIR", dir)
+			if code != tc.code || !strings.Contains(stderr.String(), want) || !strings.Contains(stdout.String(), tc.stdout) {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s\nwant in stderr: %s\nwant in stdout: %s",
+					code, tc.code, stdout.String(), stderr.String(), want, tc.stdout)
+			}
+		})
+	}
+}

@@ -1,0 +1,71 @@
+package def
+
+import (
+	"sort"
+	"strings"
+)
+
+//go:generate go run ./gendoc -o ../../docs/OPERANDS.md
+
+// The kinds of definition file, as OperandDoc.File names them.
+const (
+	FileSysconf   = "sysconf"             // system common definition
+	FileScdsvcdef = "scdsvcdef"           // schedule service definition
+	FileUsr       = "usrrc, usr/<server>" // user service (default) definition
+	FileBetranrc  = "betranrc"            // client environment definition (and its environment variables)
+)
+
+// OperandDoc is one operand as the operand reference (docs/OPERANDS.md)
+// shows it.
+type OperandDoc struct {
+	Name        string   // as written in the file
+	File        string   // FileSysconf, FileScdsvcdef, FileUsr or FileBetranrc
+	Env         string   // betranrc operands: the environment variable that overrides the file
+	Aliases     []string // other names the file accepts
+	Default     string   // the default as written in a file; "" when it cannot be written
+	DefaultNote string   // the default in words, when Default is ""
+	Values      string   // what may be written
+	OpenTP1     string   // what the source documents say it means; "" when they do not describe it
+	Tpsched     string   // what tpsched adds to that meaning, or the whole meaning
+	Own         bool     // tpsched's own operand: OpenTP1 has none of this name
+	Refused     string   // not "": tpsched refuses the operand in any file, for this reason
+}
+
+// Operands lists every operand: sysconf's, scdsvcdef's, the user
+// servers' and betranrc's, each file's by name, then the refused ones.
+func Operands() []OperandDoc {
+	var out []OperandDoc
+	out = appendDocs(out, FileSysconf, systemOperands)
+	out = appendDocs(out, FileScdsvcdef, schedOperands)
+	out = appendDocs(out, FileUsr, serverOperands)
+	start := len(out)
+	out = appendDocs(out, FileBetranrc, clientOperands)
+	for i := start; i < len(out); i++ {
+		d := &out[i]
+		d.Env = strings.ToUpper(d.Name)
+		for alias, name := range clientAliases {
+			if name == d.Name {
+				d.Aliases = append(d.Aliases, alias)
+			}
+		}
+		sort.Strings(d.Aliases)
+	}
+	start = len(out)
+	for name, r := range refusedOperands {
+		out = append(out, OperandDoc{Name: name, File: r.file, OpenTP1: r.opentp1, Refused: r.why})
+	}
+	refused := out[start:]
+	sort.Slice(refused, func(i, j int) bool { return refused[i].Name < refused[j].Name })
+	return out
+}
+
+func appendDocs[T any](out []OperandDoc, file string, table map[string]operand[T]) []OperandDoc {
+	start := len(out)
+	for name, op := range table {
+		out = append(out, OperandDoc{Name: name, File: file, Default: op.value, DefaultNote: op.dflt,
+			Values: op.values, OpenTP1: op.opentp1, Tpsched: op.tpsched, Own: op.own})
+	}
+	docs := out[start:]
+	sort.Slice(docs, func(i, j int) bool { return docs[i].Name < docs[j].Name })
+	return out
+}
