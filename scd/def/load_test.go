@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -436,9 +437,42 @@ func TestLoadDefault(t *testing.T) {
 		names = append(names, sv.Name)
 	}
 	if s.Name != "demo" || s.File != "usr/demo" || s.ServiceGroup != "demo" || s.Module != "uap-echo" ||
-		strings.Join(names, ",") != "echo,sleep,burn,fail,crash,pid" ||
+		strings.Join(names, ",") != "echo,sleep,burn,cpu,fail,crash,pid" ||
 		s.Resident != 2 || s.MaxProcesses != 4 || s.BalanceCount != 3 || s.QueueSize != 256 ||
 		s.ReceiveFrom != ReceiveQueue || s.WatchTime != DefaultWatchTime {
 		t.Errorf("demo = %+v", s)
+	}
+}
+
+// TestDefaultDemoOffersEveryUAPEchoService: the embedded demo group offers
+// every service uap-echo registers (the README lists them), so a service
+// added to the UAP cannot be forgotten in the demo.
+func TestDefaultDemoOffersEveryUAPEchoService(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "..", "cmd", "uap-echo", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var registered []string
+	for _, m := range regexp.MustCompile(`srv\.Handle\("([^"]+)"`).FindAllStringSubmatch(string(src), -1) {
+		registered = append(registered, m[1])
+	}
+	if len(registered) < 5 {
+		t.Fatalf("found only %v registered in uap-echo: has its source changed shape?", registered)
+	}
+	cfg, err := LoadDefault()
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered := map[string]bool{}
+	for _, sv := range cfg.Servers[0].Services {
+		offered[sv.Name] = true
+	}
+	for _, name := range registered {
+		if !offered[name] {
+			t.Errorf("uap-echo serves %q but the demo group (default/usr/demo) does not offer it", name)
+		}
+	}
+	if len(offered) != len(registered) {
+		t.Errorf("demo offers %d services, uap-echo registers %d: %v", len(offered), len(registered), registered)
 	}
 }
