@@ -118,8 +118,9 @@ func (g *group) finish(tok shm.Token) *call {
 // reclaim after its death.
 func (g *group) expire(now time.Time) {
 	type caller struct {
-		conn *netio.Conn
-		id   uint64
+		conn  *netio.Conn
+		id    uint64
+		limit time.Duration
 	}
 	var late []caller // copied out: a call is pooled again once it leaves pending
 	g.mu.Lock()
@@ -127,14 +128,14 @@ func (g *group) expire(now time.Time) {
 		if !cl.answered && !cl.deadline.IsZero() && now.After(cl.deadline) {
 			cl.answered = true
 			if !cl.noReply {
-				late = append(late, caller{cl.conn, cl.id})
+				late = append(late, caller{cl.conn, cl.id, cl.deadline.Sub(cl.start)})
 			}
 		}
 	}
 	g.mu.Unlock()
 	for _, c := range late {
 		g.timedOut.Inc()
-		_ = c.conn.Send(netio.AppendError(nil, c.id, netio.CodeTimedOut, "watch_time passed"))
+		_ = c.conn.Send(netio.AppendError(nil, c.id, netio.CodeTimedOut, timedOutMessage(c.limit, g.watch)))
 	}
 }
 
@@ -193,7 +194,7 @@ func appendAnswer(dst []byte, id uint64, cp *shm.Completion) []byte {
 	case shm.StatusNoSuchService:
 		return netio.AppendError(dst, id, netio.CodeNoSuchService, "not registered by the UAP")
 	case shm.StatusTimedOut:
-		return netio.AppendError(dst, id, netio.CodeTimedOut, "")
+		return netio.AppendError(dst, id, netio.CodeTimedOut, "its deadline passed while it waited in the schedule queue")
 	}
 	return netio.AppendError(dst, id, netio.CodeProtocol, "unknown completion status")
 }

@@ -322,6 +322,9 @@ func TestDeadlineTimesOut(t *testing.T) {
 	if d > time.Second {
 		t.Errorf("timed out after %v with a 100ms deadline", d)
 	}
+	if want := "tpsched: timed out: no answer within 100ms (the caller's deadline)"; err.Error() != want {
+		t.Errorf("error = %q, want %q: it says after how long", err, want)
+	}
 	n.mu.Lock()
 	if ms := n.timeouts["slow"]; ms == 0 || ms > 101 {
 		t.Errorf("frame carried timeout %d ms, want 1..101", ms)
@@ -332,6 +335,9 @@ func TestDeadlineTimesOut(t *testing.T) {
 	defer cancel2()
 	_, err = c.Call(expired, "demo", "echo", nil)
 	wantCode(t, err, netio.CodeTimedOut)
+	if !strings.Contains(err.Error(), "deadline passed before the call was sent") {
+		t.Errorf("error = %q: it does not say the deadline passed before sending", err)
+	}
 
 	// Still works, also once the late answer has come and been dropped.
 	for range 2 {
@@ -583,6 +589,9 @@ func TestWatchTimeWithoutDeadline(t *testing.T) {
 	// The client leaves the node a second to answer 'timed out' itself.
 	if d < time.Second || d > 3*time.Second {
 		t.Errorf("gave up after %v with a 100ms watch time", d)
+	}
+	if want := "no answer within 100ms (watch_time"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error = %q, want it to say %q", err, want)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
