@@ -18,7 +18,7 @@ func timedOutMessage(limit, watch time.Duration) string {
 // roundLimit shows a limit as people set it: a client adds 1 ms to the time its
 // caller has left, so 250 ms arrive as 251.
 func roundLimit(d time.Duration) time.Duration {
-	if d >= 100*time.Millisecond {
+	if d >= 50*time.Millisecond {
 		return d.Round(10 * time.Millisecond)
 	}
 	return d.Round(time.Millisecond)

@@ -401,10 +401,10 @@ func (cn *conn) send(h netio.Header, group, service string, payload []byte) (sen
 }
 
 func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]byte, error) {
-	limit := timeout
+	limit := timeout // for the message: what the caller had when the call began
 	var timer <-chan time.Time
 	if dl, ok := ctx.Deadline(); ok {
-		limit = time.Until(dl)
+		limit = min(timeout, time.Until(dl))
 	} else if timeout > 0 {
 		// The node answers 'timed out' itself at the deadline; wait a
 		// little longer so its answer, not ours, is what the caller sees.
@@ -441,7 +441,7 @@ func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]b
 // roundLimit shows a limit as people set it: time.Until a 1 s deadline is
 // a hair under 1 s by the time the call is sent.
 func roundLimit(d time.Duration) time.Duration {
-	if d >= 100*time.Millisecond {
+	if d >= 50*time.Millisecond {
 		return d.Round(10 * time.Millisecond)
 	}
 	return d.Round(time.Millisecond)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,8 +323,12 @@ func TestDeadlineTimesOut(t *testing.T) {
 	if d > time.Second {
 		t.Errorf("timed out after %v with a 100ms deadline", d)
 	}
-	if want := "tpsched: timed out: no answer within 100ms (the caller's deadline)"; err.Error() != want {
-		t.Errorf("error = %q, want %q: it says after how long", err, want)
+	// What the call had left when it began: 100 ms less the moments
+	// before Call ran, on a busy machine a few.
+	if m := regexp.MustCompile(`^tpsched: timed out: no answer within (\d+)ms \(the caller's deadline\)$`).FindStringSubmatch(err.Error()); m == nil {
+		t.Errorf("error = %q: it does not say after how long", err)
+	} else if ms, _ := strconv.Atoi(m[1]); ms < 50 || ms > 100 {
+		t.Errorf("error = %q: want about 100ms", err)
 	}
 	n.mu.Lock()
 	if ms := n.timeouts["slow"]; ms == 0 || ms > 101 {
