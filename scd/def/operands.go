@@ -81,6 +81,17 @@ var systemOperands = map[string]handler[System]{
 		_, _, err = SplitHostPort(s.MetricsAddress, 0)
 		return err
 	},
+	"control_socket": func(s *System, v []string) (err error) {
+		if s.ControlSocket, err = one(v); err != nil {
+			return err
+		}
+		// A unix socket path is at most 107 bytes (sun_path less its NUL);
+		// a relative one is checked again once joined to the directory.
+		if s.ControlSocket == "" || len(s.ControlSocket) > MaxSocketPath || strings.ContainsRune(s.ControlSocket, 0) {
+			return fmt.Errorf("want a path of 1..%d bytes, got %d", MaxSocketPath, len(s.ControlSocket))
+		}
+		return nil
+	},
 	"watch_time": func(s *System, v []string) (err error) {
 		s.WatchTime, err = secondsIn(v, 0, maxSeconds)
 		return err
