@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -135,6 +136,66 @@ func TestControlSocketOnlyOwnUserAndRoot(t *testing.T) {
 			t.Errorf("scdctl pprof goroutine: %v, %d bytes, want a gzipped profile", err, len(prof))
 		}
 	})
+}
+
+// TestControlSocketOfANonRootNode: a node running as nobody lets nobody
+// (its own user) and root use its control socket, and refuses a third
+// user: "own uid" is the daemon's, not root's.
+func TestControlSocketOfANonRootNode(t *testing.T) {
+	skipShort(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: runs scdd as nobody and scdctl as a third user")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skipf("needs setpriv (util-linux): %v", err)
+	}
+	const other = 65533 // no name needed: the kernel only compares numbers
+	// Everything the node and the callers read must be theirs to read.
+	base, err := os.MkdirTemp("", "tpctl")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(base) })
+	must(t, os.Chmod(base, 0o755))
+	must(t, os.Chmod(binDir, 0o755))
+	sockDir := filepath.Join(base, "run")
+	must(t, os.Mkdir(sockDir, 0o755))
+	must(t, os.Chown(sockDir, nobody, nobody))
+	sock := filepath.Join(sockDir, "n.sock")
+	src := defDir(t, fmt.Sprintf("set control_socket = %q\n", sock), map[string]string{"g": echoDef("g", 1, 16, 1<<20)})
+	defs := filepath.Join(base, "defs")
+	must(t, os.CopyFS(defs, os.DirFS(src)))
+	must(t, filepath.Walk(defs, func(p string, fi os.FileInfo, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case fi.IsDir():
+			return os.Chmod(p, 0o755)
+		}
+		return os.Chmod(p, 0o644)
+	}))
+	n := startCommand(t, "setpriv", "--reuid", strconv.Itoa(nobody), "--regid", strconv.Itoa(nobody), "--clear-groups",
+		bin("scdd"), "-c", defs, "-cpu-probes", "off")
+	held := func() bool { return groupStatus(t, n, "g").Held }
+	as := func(uid int, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin("scdctl"), append([]string{"-s", sock}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}}
+		cmd.Dir = "/"
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := as(nobody, "hold", "g"); err != nil || !held() {
+		t.Fatalf("the node's own user (nobody) could not hold: %v: %s", err, out)
+	}
+	if out, err := as(0, "release", "g"); err != nil || held() {
+		t.Fatalf("root could not release: %v: %s", err, out)
+	}
+	must(t, os.Chmod(sock, 0o666))
+	out, err := as(other, "hold", "g")
+	want := fmt.Sprintf("uid %d may not use it: only scdd's own user (uid %d) and root", other, nobody)
+	if err == nil || !strings.Contains(out, want) || held() {
+		t.Errorf("uid %d: %v: %q, want %q", other, err, out, want)
+	}
 }
 
 // TestScdctlFlagForms: flags before and after the command, "--", -h, help,
