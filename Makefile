@@ -1,17 +1,50 @@
 # tpsched: `make help` lists the targets.
 GO      ?= go
-BIN     := bin
+BIN     ?= bin
 GOFLAGS ?=
+# -version of every binary: git's description of the tree, else (no git)
+# what the Go toolchain stamps (internal/version).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS := $(if $(VERSION),-X tpsched/internal/version.Version=$(VERSION))
+
+# Where make install puts things (DESTDIR is prepended to each).
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+DOCDIR     ?= $(PREFIX)/share/doc/tpsched
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: help build test test-short bench bench-quick bench-deps demo cluster-demo generate check-generate bpf-tools lint fuzz clean
+.PHONY: help build install uninstall test test-short bench bench-quick bench-deps demo cluster-demo generate check-generate bpf-tools lint fuzz clean
 
 help: ## list the targets
-	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build scdd, scdctl and uap-echo into bin/
-	$(GO) build $(GOFLAGS) -o $(BIN)/ ./cmd/...
+	$(GO) build $(GOFLAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+install: build ## install the binaries, the systemd unit, the docs and (if absent) /etc/tpsched; PREFIX=/usr/local, DESTDIR
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)/examples
+	install -m 0755 $(BIN)/scdd $(BIN)/scdctl $(BIN)/uap-echo $(DESTDIR)$(BINDIR)/
+	sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/tpsched/|$(DOCDIR)/|g' \
+		-e 's|/etc/tpsched|$(SYSCONFDIR)/tpsched|g' dist/tpsched.service >$(DESTDIR)$(UNITDIR)/tpsched.service.tmp
+	mv $(DESTDIR)$(UNITDIR)/tpsched.service.tmp $(DESTDIR)$(UNITDIR)/tpsched.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/tpsched.service
+	install -m 0644 README.md docs/ARCHITECTURE.md $(DESTDIR)$(DOCDIR)/
+	cp -R examples/. $(DESTDIR)$(DOCDIR)/examples/
+	@# The operator's definitions are never overwritten: the embedded demo
+	@# goes to $(SYSCONFDIR)/tpsched only when nothing is there.
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/tpsched ]; then \
+		echo "install: $(DESTDIR)$(SYSCONFDIR)/tpsched exists, left as it is"; \
+	else \
+		install -d $(DESTDIR)$(SYSCONFDIR)/tpsched && cp -R scd/def/default/. $(DESTDIR)$(SYSCONFDIR)/tpsched/ && \
+		echo "install: the demo definitions are in $(DESTDIR)$(SYSCONFDIR)/tpsched"; \
+	fi
+
+uninstall: ## remove what make install put in place, except the definitions in /etc/tpsched
+	rm -f $(DESTDIR)$(BINDIR)/scdd $(DESTDIR)$(BINDIR)/scdctl $(DESTDIR)$(BINDIR)/uap-echo $(DESTDIR)$(UNITDIR)/tpsched.service
+	rm -rf $(DESTDIR)$(DOCDIR)
 
 test: ## run every test with the race detector (integration tests start real scdd and UAP processes)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

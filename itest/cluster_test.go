@@ -85,7 +85,7 @@ func startCluster(t *testing.T, o clusterOpts) []*node {
 	for i, ip := range clusterIPs {
 		dir := t.TempDir()
 		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", "))
+			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", ")) + ownControlSocket
 		if o.key != nil {
 			sys += fmt.Sprintf("set cluster_key = %q\n", o.key(i))
 		}

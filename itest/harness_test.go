@@ -61,6 +61,9 @@ func defDir(t *testing.T, sysconf string, servers map[string]string) string {
 	dir := t.TempDir()
 	sys := "set node_id = \"itest\"\nset rpc_address = \"127.0.0.1\"\nset rpc_port = 0\n" +
 		"set metrics_address = \"127.0.0.1:0\"\n" + sysconf
+	if !strings.Contains(sysconf, "control_socket") {
+		sys += ownControlSocket
+	}
 	must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
 	must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
 	for name, body := range servers {
@@ -77,12 +80,18 @@ func must(t *testing.T, err error) {
 	}
 }
 
+// ownControlSocket puts a node's control socket in its definition
+// directory, so that nodes of parallel tests (all "itest") never meet at
+// /run/tpsched/itest.sock.
+const ownControlSocket = "set control_socket = \"ctl.sock\"\n"
+
 // node is a running scdd process.
 type node struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	rpc    string
-	ctl    string
+	ctl    string // the HTTP address of /status and /metrics
+	sock   string // the control socket
 	stderr *syncBuffer
 	done   chan struct{}
 	err    error // exit status, once done is closed
@@ -108,13 +117,22 @@ func (s *syncBuffer) String() string {
 // startedLine is scdd's log line with the addresses it listens on.
 var startedLine = regexp.MustCompile(`msg="scdd started" .*rpc=(\S+) control=(\S+)`)
 
+// controlLine is scdd's log line with its control socket.
+var controlLine = regexp.MustCompile(`msg="control socket listening" path=(\S+)`)
+
 // startNode starts scdd with args, learns its addresses from its log and
 // waits until its control API answers. The node is stopped (SIGTERM, then
 // SIGKILL of its process group) when the test ends, whatever happened.
 func startNode(t *testing.T, args ...string) *node {
 	t.Helper()
+	return startCommand(t, bin("scdd"), args...)
+}
+
+// startCommand is startNode for a command that runs scdd (setpriv, say).
+func startCommand(t *testing.T, prog string, args ...string) *node {
+	t.Helper()
 	n := &node{t: t, stderr: &syncBuffer{}, done: make(chan struct{})}
-	n.cmd = exec.Command(bin("scdd"), args...)
+	n.cmd = exec.Command(prog, args...)
 	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
 	n.cmd.Stderr = n.stderr
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -136,6 +154,9 @@ func startNode(t *testing.T, args ...string) *node {
 	for {
 		if m := startedLine.FindStringSubmatch(n.stderr.String()); m != nil {
 			n.rpc, n.ctl = m[1], m[2]
+			if m := controlLine.FindStringSubmatch(n.stderr.String()); m != nil {
+				n.sock = m[1]
+			}
 			if _, err := n.status(); err == nil {
 				return n
 			}
@@ -193,7 +214,7 @@ func (n *node) client(opts ...func(*client.Options)) *client.Client {
 func (n *node) scdctl(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin("scdctl"), append([]string{"-H", n.rpc, "-a", n.ctl}, args...)...)
+	cmd := exec.CommandContext(ctx, bin("scdctl"), append([]string{"-H", n.rpc, "-a", n.ctl, "-s", n.sock}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -279,6 +279,9 @@ func TestKilledUAPFailsItsCall(t *testing.T) {
 		p := groupStatus(t, n, "one").Processes[0]
 		return p.PID != 0 && p.PID != pid && p.Restarts == 1
 	})
+	if out, err := n.scdctl("status"); err != nil || statusRow(t, out, "one")["RESTARTS"] != "1" {
+		t.Errorf("scdctl status does not show the restart in its table: %v\n%s", err, out)
+	}
 	for i := range 20 {
 		msg := []byte("after " + strconv.Itoa(i))
 		if reply, err := c.Call(ctx, "one", "echo", msg); err != nil || !bytes.Equal(reply, msg) {
@@ -355,7 +358,7 @@ func TestEmbeddedDefault(t *testing.T) {
 	}
 	n := startNode(t)
 	cmd := exec.Command(bin("scdctl"), "call", "demo", "echo", "hello")
-	cmd.Env = append(cmd.Environ(), "DCCONFPATH=", "TPSCHED_RPC=", "TPSCHED_CONTROL=")
+	cmd.Env = append(cmd.Environ(), "DCCONFPATH=", "TPSCHED_RPC=", "TPSCHED_HTTP=", "TPSCHED_CONTROL_SOCKET=")
 	out, err := cmd.CombinedOutput()
 	if err != nil || string(out) != "hello\n" {
 		t.Fatalf("scdctl call demo echo hello: %q, %v", out, err)

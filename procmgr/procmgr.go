@@ -489,12 +489,12 @@ func (s *Server) Attached(slot int) {
 }
 
 // reap waits for the slot's process, tells the delegate, and reports how it
-// ended. The process leaves the live count last.
+// ended. The caller takes the process off the slot and then out of the
+// live count (s.live.Done), so Stop never sees a reaped process on a slot.
 func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Duration) {
 	s.mu.Lock()
 	proc = sl.proc
 	s.mu.Unlock()
-	defer s.live.Done()
 	state, err := proc.Wait()
 	s.usage.forget(proc.Pid)
 	if err != nil {
@@ -544,6 +544,7 @@ func (s *Server) supervise(sl *slot) {
 			sl.restarts++
 		}
 		s.mu.Unlock()
+		s.live.Done()
 		if stopping {
 			return
 		}
@@ -610,6 +611,7 @@ func (s *Server) watchNonResident(sl *slot) {
 		s.crashBackoff = 0
 	}
 	s.mu.Unlock()
+	s.live.Done()
 	if crashed {
 		s.m.log.Warn("non-resident uap terminated", "server", s.spec.Server, "slot", sl.index,
 			"pid", proc.Pid, "status", fmt.Sprint(exitErr))

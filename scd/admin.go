@@ -7,13 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/bpf"
-	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
 )
@@ -156,10 +154,13 @@ func (n *Node) Status() Status {
 	return st
 }
 
-// startAdmin serves the control API and /metrics on the sysconf metrics
-// address (127.0.0.1 by default: hold and release must not be open to the
-// network unless the operator says so).
+// startAdmin serves the read-only /metrics and /status on the sysconf
+// metrics address (127.0.0.1 by default), and the control actions on the
+// control socket (control.go).
 func (n *Node) startAdmin() error {
+	if err := n.startControl(); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", n.cfg.System.MetricsAddress)
 	if err != nil {
 		return fmt.Errorf("metrics_address %s: %w", n.cfg.System.MetricsAddress, err)
@@ -175,35 +176,11 @@ func (n *Node) startAdmin() error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status())
 	})
-	mux.HandleFunc("POST /hold", func(w http.ResponseWriter, r *http.Request) {
-		n.answerControl(w, n.Hold(r.URL.Query().Get("group")))
-	})
-	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) {
-		n.answerControl(w, n.Release(r.URL.Query().Get("group")))
-	})
-	// Profiles for performance engineers; the control address is loopback
-	// unless the operator opened it.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	n.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			n.log.Error("control API stopped", "err", err)
+			n.log.Error("metrics and status endpoint stopped", "err", err)
 		}
 	}()
 	return nil
-}
-
-func (n *Node) answerControl(w http.ResponseWriter, err error) {
-	if err == nil {
-		w.WriteHeader(http.StatusNoContent)
-		return
-	}
-	var te *netio.Error
-	if errors.As(err, &te) && te.Code == netio.CodeNoSuchGroup {
-		http.Error(w, err.Error(), http.StatusNotFound)
-		return
-	}
-	http.Error(w, err.Error(), http.StatusBadRequest)
 }

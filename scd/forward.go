@@ -170,7 +170,7 @@ func (f *forwarder) expire(now time.Time) {
 		p.mu.Unlock()
 		for _, cl := range late {
 			p.inFlight.Add(-1)
-			answerErr(cl, netio.CodeTimedOut, "no answer from node "+p.node)
+			answerErr(cl, netio.CodeTimedOut, fmt.Sprintf("no answer from node %s within %v", p.node, roundLimit(cl.deadline.Sub(cl.start))))
 		}
 	}
 }

@@ -364,7 +364,7 @@ func appendAnswer(dst []byte, id uint64, c *shm.Completion) []byte {
 	case shm.StatusNoSuchService:
 		return netio.AppendError(dst, id, netio.CodeNoSuchService, "entry "+string(c.Reply)+" is not registered by the UAP")
 	case shm.StatusTimedOut:
-		return netio.AppendError(dst, id, netio.CodeTimedOut, "the deadline passed before the UAP started the call")
+		return netio.AppendError(dst, id, netio.CodeTimedOut, "its deadline passed while it waited in the schedule queue")
 	}
 	return netio.AppendError(dst, id, netio.CodeProtocol, "unknown completion status")
 }
@@ -386,11 +386,11 @@ func (g *group) expire(now time.Time) {
 		conn    *netio.Conn
 		id      uint64
 		noReply bool
-		waited  time.Duration
+		limit   time.Duration
 	}
 	out := make([]answer, 0, len(late))
 	for _, cl := range late {
-		out = append(out, answer{cl.conn, cl.id, cl.noReply, now.Sub(cl.start)})
+		out = append(out, answer{cl.conn, cl.id, cl.noReply, time.Duration(cl.deadline - cl.start.UnixNano())})
 		if !cl.dispatched {
 			freeCall(cl) // it left the queue; nothing refers to it now
 		}
@@ -401,8 +401,7 @@ func (g *group) expire(now time.Time) {
 	for _, a := range out {
 		g.timedOut.Inc()
 		if !a.noReply {
-			_ = a.conn.Send(netio.AppendError(nil, a.id, netio.CodeTimedOut,
-				fmt.Sprintf("no answer after %v (watch_time)", a.waited.Round(time.Millisecond))))
+			_ = a.conn.Send(netio.AppendError(nil, a.id, netio.CodeTimedOut, timedOutMessage(a.limit, g.watch)))
 		}
 	}
 }

@@ -6,7 +6,19 @@ bin=${1:-bin}
 log=$(mktemp)
 "$bin/scdd" 2>"$log" &
 pid=$!
-trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
+stop() {
+	if kill -TERM $pid 2>/dev/null; then
+		echo "\$ kill -TERM $pid   # stop the node: it drains, then its UAPs stop"
+		if wait $pid; then
+			echo "demo: scdd stopped (pid $pid, drained)"
+		else
+			echo "demo: scdd stopped with status $? (pid $pid); its log:" >&2
+			cat "$log" >&2
+		fi
+	fi
+	rm -f "$log"
+}
+trap stop EXIT
 for _ in $(seq 100); do
 	if "$bin/scdctl" -t 1s status >/dev/null 2>&1; then break; fi
 	if ! kill -0 $pid 2>/dev/null; then cat "$log"; echo "demo: scdd exited" >&2; exit 1; fi

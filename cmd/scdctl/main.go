@@ -1,7 +1,8 @@
 // Command scdctl drives a tpsched node: call a service, show the schedule
-// queues and processes, hold and release service groups. It finds the local
-// node by default (127.0.0.1 on the default ports); -c DIR reads the ports
-// from that definition directory's sysconf, -H and -a name them outright.
+// queues and processes, hold and release service groups, take profiles. It
+// finds the local node by default (127.0.0.1 on the default ports, the
+// control socket where scdd puts it); -c DIR reads the addresses from that
+// definition directory's sysconf, -H, -a and -s name them outright.
 package main
 
 import (
@@ -16,24 +17,34 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"tpsched/internal/version"
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
 	"tpsched/scd/def"
 )
 
-const usage = `usage: scdctl [flags] COMMAND [ARGS]
+const usage = `usage: scdctl [flags] COMMAND [ARGS] [flags]
 
 Commands:
   call GROUP SERVICE [DATA]   call a service and print its reply (DATA "-" reads stdin)
-  status [--json]             service groups, queue depths and processes
-  hold GROUP                  refuse new calls to GROUP ('service closed')
+  status [-json]              service groups, queue depths, processes and restarts
+  hold GROUP                  refuse new calls to GROUP ('service closed'); queued calls finish
   release GROUP               let GROUP take calls again
+  pprof PROFILE [SECONDS]     write a profile of scdd to stdout: heap, goroutine, allocs,
+                              block, mutex, threadcreate; profile (CPU) or trace for SECONDS
+
+call uses the node's RPC port, status its HTTP address (metrics_address);
+hold, release and pprof go over its control socket, which admits only
+scdd's own user and root. Flags may come before or after the command; "--"
+ends them (for DATA that starts with "-").
 
 Flags:
 `
@@ -42,86 +53,149 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// node is where the node's three doors are.
+type node struct {
+	rpc  string // host:port of RPC calls
+	http string // host:port of /status and /metrics
+	sock string // path of the control socket
+	// socks are where the control socket may be when -s did not say
+	// (scd.ControlSocketCandidates), for the error when none is there.
+	socks []string
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("scdctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dir := fs.String("c", os.Getenv("DCCONFPATH"), "definition directory whose sysconf names the node's ports")
-	rpc := fs.String("H", os.Getenv("TPSCHED_RPC"), "RPC address host:port of the node (default from sysconf, else 127.0.0.1:12000)")
-	ctl := fs.String("a", os.Getenv("TPSCHED_CONTROL"), "control address host:port of the node (default from sysconf, else "+def.DefaultMetricsAddress+")")
+	dir := fs.String("c", os.Getenv("DCCONFPATH"), "definition directory whose sysconf names the node's addresses (default $DCCONFPATH)")
+	var nd node
+	fs.StringVar(&nd.rpc, "H", os.Getenv("TPSCHED_RPC"), "RPC address host:port of the node (default $TPSCHED_RPC, else from sysconf, else 127.0.0.1:12000)")
+	fs.StringVar(&nd.http, "a", os.Getenv("TPSCHED_HTTP"), "HTTP address host:port of the node's /status and /metrics (default $TPSCHED_HTTP, else sysconf's metrics_address, else "+def.DefaultMetricsAddress+")")
+	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for hold, release and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it by default)")
 	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
+	asJSON := fs.Bool("json", false, "status: print the node's status as JSON")
+	showVersion := fs.Bool("version", false, "print scdctl's version and exit")
+	help := fs.Bool("h", false, "print this help and exit")
+	fs.BoolVar(help, "help", false, "print this help and exit")
 	var co callOptions
 	fs.BoolVar(&co.noReply, "no-reply", false, "call: send the call without waiting for an answer (call-no-reply)")
 	fs.BoolVar(&co.balanced, "balanced", false, "call: mark the call as already balanced: the node serves it unless the group is held there, or LEVEL2 while another node is lower")
 	fs.BoolVar(&co.loadBalance, "loadbalance", false, "call: ask the node which nodes run the group and send the call to a least loaded one (dccltloadbalance)")
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
+	printUsage := func(w io.Writer) {
+		fmt.Fprint(w, usage)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(stderr)
+	}
+	fs.Usage = func() { printUsage(stderr) }
+	words, err := parseInterspersed(fs, args)
+	if err != nil {
 		return 2
 	}
-	if fs.NArg() == 0 {
+	switch {
+	case *help || (len(words) > 0 && words[0] == "help"):
+		printUsage(stdout)
+		return 0
+	case *showVersion:
+		fmt.Fprintln(stdout, version.Line("scdctl"))
+		return 0
+	case len(words) == 0:
 		fs.Usage()
 		return 2
 	}
-	if err := resolveAddrs(*dir, rpc, ctl); err != nil {
+	if err := resolve(*dir, &nd); err != nil {
 		fmt.Fprintln(stderr, "scdctl:", err)
 		return 1
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	cmd, rest := fs.Arg(0), fs.Args()[1:]
-	var err error
+	cmd, rest := words[0], words[1:]
 	switch cmd {
 	case "call":
-		err = call(ctx, *rpc, co, rest, stdout)
+		err = call(ctx, nd.rpc, co, rest, stdout)
 	case "status":
-		err = status(ctx, *ctl, rest, stdout)
+		err = status(ctx, nd.http, *asJSON, rest, stdout)
 	case "hold", "release":
-		err = control(ctx, *ctl, cmd, rest)
-	case "help", "-h", "--help":
-		fs.Usage()
-		return 0
+		err = hold(ctx, nd, cmd, rest, stdout)
+	case "pprof":
+		err = profile(nd, *timeout, rest, stdout)
 	default:
 		fmt.Fprintf(stderr, "scdctl: unknown command %q\n", cmd)
 		fs.Usage()
 		return 2
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, "scdctl:", err)
-		var ue usageError
-		if errors.As(err, &ue) {
+		if errors.Is(err, usageError("")) {
+			fmt.Fprintln(stderr, err)
 			return 2
 		}
+		fmt.Fprintln(stderr, "scdctl:", err)
 		return 1
 	}
 	return 0
 }
 
+// parseInterspersed parses flags wherever they stand among the words, as
+// people type them (scdctl call -t 1s demo echo hi); "--" ends the flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var words []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(words, rest...), nil
+		}
+		if len(rest) == 0 {
+			return words, nil
+		}
+		words = append(words, rest[0])
+		args = rest[1:]
+	}
+}
+
 type usageError string
 
-func (e usageError) Error() string { return string(e) }
+func (e usageError) Error() string { return "usage: scdctl " + string(e) }
 
-// resolveAddrs fills the addresses the flags left empty: from the
-// definition directory's sysconf when given, else the embedded defaults.
-func resolveAddrs(dir string, rpc, ctl *string) error {
-	if *rpc != "" && *ctl != "" {
+func (e usageError) Is(target error) bool { _, ok := target.(usageError); return ok }
+
+// resolve fills the addresses the flags left empty: from the definition
+// directory's sysconf when given, else the embedded default's.
+func resolve(dir string, nd *node) error {
+	if nd.rpc != "" && nd.http != "" && nd.sock != "" {
 		return nil
 	}
-	sys := def.System{RPCAddress: "127.0.0.1", RPCPort: def.DefaultRPCPort, MetricsAddress: def.DefaultMetricsAddress}
+	var cfg *def.Config
+	var err error
 	if dir != "" {
-		cfg, err := def.Load(dir)
-		if err != nil {
-			return err
-		}
-		sys = cfg.System
+		cfg, err = def.Load(dir)
+	} else {
+		cfg, err = def.LoadDefault()
 	}
+	if err != nil {
+		return err
+	}
+	sys := cfg.System
 	host := sys.RPCAddress
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
-	if *rpc == "" {
-		*rpc = net.JoinHostPort(host, strconv.Itoa(sys.RPCPort))
+	if nd.rpc == "" {
+		nd.rpc = net.JoinHostPort(host, strconv.Itoa(sys.RPCPort))
 	}
-	if *ctl == "" {
-		*ctl = sys.MetricsAddress
+	if nd.http == "" {
+		nd.http = sys.MetricsAddress
+	}
+	if nd.sock == "" {
+		nd.socks = scd.ControlSocketCandidates(cfg)
+		nd.sock = nd.socks[0]
+		for _, p := range nd.socks {
+			if fi, err := os.Stat(p); err == nil && fi.Mode().Type() == os.ModeSocket {
+				nd.sock = p
+				break
+			}
+		}
 	}
 	return nil
 }
@@ -169,12 +243,12 @@ func call(ctx context.Context, rpc string, co callOptions, args []string, stdout
 	return nil
 }
 
-func status(ctx context.Context, ctl string, args []string, stdout io.Writer) error {
-	asJSON := len(args) == 1 && (args[0] == "--json" || args[0] == "-json")
-	if len(args) > 1 || (len(args) == 1 && !asJSON) {
-		return usageError("status [--json]")
+func status(ctx context.Context, addr string, asJSON bool, args []string, stdout io.Writer) error {
+	if len(args) > 0 {
+		return usageError("status [-json]")
 	}
-	body, err := httpDo(ctx, http.MethodGet, "http://"+ctl+"/status")
+	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+addr+"/status",
+		"is scdd running? -a or sysconf's metrics_address names its HTTP address")
 	if err != nil {
 		return err
 	}
@@ -184,7 +258,7 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 	}
 	var st scd.Status
 	if err := json.Unmarshal(body, &st); err != nil {
-		return fmt.Errorf("status from %s: %w", ctl, err)
+		return fmt.Errorf("status from %s: %w", addr, err)
 	}
 	fmt.Fprintf(stdout, "node %s  rpc %s", st.Node, st.RPC)
 	if st.Draining {
@@ -204,15 +278,16 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 	fmt.Fprintf(stdout, "non-resident processes: %d started, %d stopped; memory gate %s; cpu guard held starts back %d times\n",
 		st.Scaling.NonResidentStarts, st.Scaling.NonResidentStops, gate, st.Scaling.CPUGuardHolds)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tPIDS")
+	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tRESTARTS\tPIDS")
 	for _, g := range st.Groups {
 		state := "open"
 		if g.Held {
 			state = "held"
 		}
 		var pids []string
-		nonres := 0
+		nonres, restarts := 0, 0
 		for _, p := range g.Processes {
+			restarts += p.Restarts
 			pid := string(p.State)
 			if p.PID != 0 {
 				pid = strconv.Itoa(p.PID)
@@ -223,14 +298,14 @@ func status(ctx context.Context, ctl string, args []string, stdout io.Writer) er
 			}
 			pids = append(pids, pid)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%s\n", g.Group, g.Server, state, g.Priority,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%d\t%s\n", g.Group, g.Server, state, g.Priority,
 			g.Load.Level, g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed,
-			len(g.Processes)-nonres, nonres, g.Max, strings.Join(pids, ","))
+			len(g.Processes)-nonres, nonres, g.Max, restarts, strings.Join(pids, ","))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process.")
+	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process; RESTARTS counts resident processes started again after they died.")
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(tw, "GROUP\tLOAD\tRULE\tEVERY\tQ\tq\tPROCESSED\tX\tCHANGES\tCPU-S\tRUNQ-WAIT-S\tWAIT%\tGUARD%\tWAIT p50/p99")
 	for _, g := range st.Groups {
@@ -329,22 +404,115 @@ func waitQuantiles(h []scd.WaitBucket) string {
 	return bound(0.5) + "/" + bound(0.99)
 }
 
-func control(ctx context.Context, ctl, verb string, args []string) error {
+// hold holds or releases a group over the control socket and says what
+// happened.
+func hold(ctx context.Context, nd node, verb string, args []string, stdout io.Writer) error {
 	if len(args) != 1 {
 		return usageError(verb + " GROUP")
 	}
-	_, err := httpDo(ctx, http.MethodPost, "http://"+ctl+"/"+verb+"?group="+url.QueryEscape(args[0]))
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/"+verb+"?group="+url.QueryEscape(args[0]), "")
+	if err != nil {
+		return err
+	}
+	var res scd.HoldResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return fmt.Errorf("%s: answer from %s: %w", verb, nd.sock, err)
+	}
+	switch {
+	case res.Held && res.Changed:
+		fmt.Fprintf(stdout, "held service group %s: new calls get 'service closed'", res.Group)
+		if res.InFlight > 0 {
+			fmt.Fprintf(stdout, "; the %d call(s) queued or running still finish", res.InFlight)
+		}
+		fmt.Fprintln(stdout)
+	case res.Held:
+		fmt.Fprintf(stdout, "service group %s was already held; nothing changed\n", res.Group)
+	case res.Changed:
+		fmt.Fprintf(stdout, "released service group %s: it takes calls again\n", res.Group)
+	default:
+		fmt.Fprintf(stdout, "service group %s was not held; nothing changed\n", res.Group)
+	}
+	return nil
+}
+
+var profileName = regexp.MustCompile(`^[a-z_]+$`)
+
+// profile writes one of scdd's Go profiles to stdout.
+func profile(nd node, timeout time.Duration, args []string, stdout io.Writer) error {
+	if len(args) < 1 || len(args) > 2 || !profileName.MatchString(args[0]) {
+		return usageError("pprof PROFILE [SECONDS]")
+	}
+	u := "http://scdd/debug/pprof/" + args[0]
+	if timed := args[0] == "profile" || args[0] == "trace"; timed {
+		secs := 30
+		if args[0] == "trace" {
+			secs = 1
+		}
+		if len(args) == 2 {
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n < 1 {
+				return usageError("pprof " + args[0] + " [SECONDS]: SECONDS is a whole number >= 1")
+			}
+			secs = n
+		}
+		u += "?seconds=" + strconv.Itoa(secs)
+		// The profile takes its seconds: wait for them and a little more.
+		timeout = max(timeout, time.Duration(secs)*time.Second+10*time.Second)
+	} else if len(args) == 2 {
+		return usageError("pprof " + args[0] + ": SECONDS only for profile and trace")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	body, err := httpDo(ctx, controlClient(nd), http.MethodGet, u, "")
+	if err != nil {
+		return err
+	}
+	_, err = stdout.Write(body)
 	return err
 }
 
-func httpDo(ctx context.Context, method, u string) ([]byte, error) {
+// controlClient speaks HTTP over the node's control socket.
+func controlClient(nd node) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "unix", nd.sock)
+			if err == nil {
+				return c, nil
+			}
+			switch {
+			case errors.Is(err, syscall.ENOENT):
+				where := ""
+				if len(nd.socks) > 1 {
+					where = " nor at " + strings.Join(nd.socks[1:], ", ")
+				}
+				return nil, fmt.Errorf("no control socket at %s%s (is scdd running? -s names the socket, -c DIR reads control_socket from its sysconf)", nd.sock, where)
+			case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+				return nil, fmt.Errorf("control socket %s: %w (it admits only scdd's own user and root)", nd.sock, err)
+			case errors.Is(err, syscall.ECONNREFUSED):
+				return nil, fmt.Errorf("control socket %s: nobody listens (scdd stopped?)", nd.sock)
+			}
+			return nil, fmt.Errorf("control socket %s: %w", nd.sock, err)
+		},
+	}}
+}
+
+// httpDo runs one request; hint is added to an error in reaching the node.
+func httpDo(ctx context.Context, hc *http.Client, method, u, hint string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w (is scdd running? its control address is metrics_address in sysconf)", err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the method and URL say nothing the message does not
+		}
+		if hint != "" {
+			err = fmt.Errorf("%w (%s)", err, hint)
+		}
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)

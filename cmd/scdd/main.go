@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"tpsched/internal/version"
 	"tpsched/scd"
 	"tpsched/scd/def"
 )
@@ -33,6 +34,7 @@ func run() int {
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
 	fastDetect := flag.Bool("fast-failure-detection", false,
 		"probe peer nodes every 200 ms instead of 1 s, so a dead node leaves the tables within about a second (tests, one-host clusters)")
+	showVersion := flag.Bool("version", false, "print scdd's version and exit")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: scdd [-c DIR] [flags]\n\n"+
 			"Runs a tpsched node. With no definition directory it serves the embedded\n"+
@@ -43,6 +45,10 @@ func run() int {
 	if flag.NArg() > 0 {
 		flag.Usage()
 		return 2
+	}
+	if *showVersion {
+		fmt.Println(version.Line("scdd"))
+		return 0
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {

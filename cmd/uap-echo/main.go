@@ -1,7 +1,7 @@
 // Command uap-echo is the example UAP: a worker process that scdd starts to
 // serve a service group from its shared-memory schedule queue. It is what
 // the demo, the tests and the benchmarks run, and the model for UAP authors:
-// it imports nothing of tpsched but shm.
+// it imports nothing of tpsched but shm (and internal/version, for -version).
 //
 // Services:
 //
@@ -16,10 +16,13 @@
 // TPSCHED_ECHO_SLOWDOWN=k (an integer, default 1) makes sleep, burn and cpu
 // take k times as long: a benchmark's way to make one node of a cluster
 // slower than the others with the same calls.
+//
+// uap-echo -version prints its version; scdd starts it with no arguments.
 package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"runtime"
@@ -29,10 +32,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/version"
 	"tpsched/shm"
 )
 
 func main() {
+	showVersion := flag.Bool("version", false, "print uap-echo's version and exit")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.Line("uap-echo"))
+		return
+	}
 	slowdown := int64(1)
 	if v := os.Getenv("TPSCHED_ECHO_SLOWDOWN"); v != "" {
 		k, err := strconv.ParseInt(v, 10, 64)

@@ -161,7 +161,7 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 		if timeout <= 0 {
-			return nil, &netio.Error{Code: netio.CodeTimedOut}
+			return nil, &netio.Error{Code: netio.CodeTimedOut, Message: "the caller's deadline passed before the call was sent"}
 		}
 	}
 	h := netio.Header{Kind: kind, ID: c.nextID.Add(1)}
@@ -401,8 +401,11 @@ func (cn *conn) send(h netio.Header, group, service string, payload []byte) (sen
 }
 
 func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]byte, error) {
+	limit := timeout // for the message: what the caller had when the call began
 	var timer <-chan time.Time
-	if _, ok := ctx.Deadline(); !ok && timeout > 0 {
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(timeout, time.Until(dl))
+	} else if timeout > 0 {
 		// The node answers 'timed out' itself at the deadline; wait a
 		// little longer so its answer, not ours, is what the caller sees.
 		t := time.NewTimer(timeout + time.Second)
@@ -428,7 +431,20 @@ func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]b
 	if ctx.Err() == context.Canceled {
 		return nil, ctx.Err()
 	}
-	return nil, &netio.Error{Code: netio.CodeTimedOut}
+	whose := "the caller's deadline"
+	if timer != nil {
+		whose = "watch_time, and no 'timed out' from the node either"
+	}
+	return nil, &netio.Error{Code: netio.CodeTimedOut, Message: fmt.Sprintf("no answer within %v (%s)", roundLimit(limit), whose)}
+}
+
+// roundLimit shows a limit as people set it: time.Until a 1 s deadline is
+// a hair under 1 s by the time the call is sent.
+func roundLimit(d time.Duration) time.Duration {
+	if d >= 50*time.Millisecond {
+		return d.Round(10 * time.Millisecond)
+	}
+	return d.Round(time.Millisecond)
 }
 
 // readLoop reads answers and hands each to the call waiting for its id.

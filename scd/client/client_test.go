@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,6 +323,13 @@ func TestDeadlineTimesOut(t *testing.T) {
 	if d > time.Second {
 		t.Errorf("timed out after %v with a 100ms deadline", d)
 	}
+	// What the call had left when it began: 100 ms less the moments
+	// before Call ran, on a busy machine a few.
+	if m := regexp.MustCompile(`^tpsched: timed out: no answer within (\d+)ms \(the caller's deadline\)$`).FindStringSubmatch(err.Error()); m == nil {
+		t.Errorf("error = %q: it does not say after how long", err)
+	} else if ms, _ := strconv.Atoi(m[1]); ms < 50 || ms > 100 {
+		t.Errorf("error = %q: want about 100ms", err)
+	}
 	n.mu.Lock()
 	if ms := n.timeouts["slow"]; ms == 0 || ms > 101 {
 		t.Errorf("frame carried timeout %d ms, want 1..101", ms)
@@ -332,6 +340,9 @@ func TestDeadlineTimesOut(t *testing.T) {
 	defer cancel2()
 	_, err = c.Call(expired, "demo", "echo", nil)
 	wantCode(t, err, netio.CodeTimedOut)
+	if !strings.Contains(err.Error(), "deadline passed before the call was sent") {
+		t.Errorf("error = %q: it does not say the deadline passed before sending", err)
+	}
 
 	// Still works, also once the late answer has come and been dropped.
 	for range 2 {
@@ -583,6 +594,9 @@ func TestWatchTimeWithoutDeadline(t *testing.T) {
 	// The client leaves the node a second to answer 'timed out' itself.
 	if d < time.Second || d > 3*time.Second {
 		t.Errorf("gave up after %v with a 100ms watch time", d)
+	}
+	if want := "no answer within 100ms (watch_time"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error = %q, want it to say %q", err, want)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

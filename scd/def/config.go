@@ -35,7 +35,8 @@ type System struct {
 	RPCAddress     string        // rpc_address: the IP address or host name scdd listens on; default "127.0.0.1" (loopback unless a definition says otherwise)
 	RPCPort        int           // rpc_port, 0..65535; default 12000; 0 picks a free port (scdd logs it)
 	AllNodes       []string      // all_node: host[:port] of every node (port default rpc_port), this one included; at most 128 (002), as written
-	MetricsAddress string        // metrics_address: host:port of /metrics and the control API; default "127.0.0.1:12001"
+	MetricsAddress string        // metrics_address: host:port of the read-only HTTP endpoints /metrics and /status; default "127.0.0.1:12001"
+	ControlSocket  string        // control_socket: path of the unix socket for control actions (hold, release, pprof), only for scdd's own user and root; relative to the definition directory; "" = the default scd.ControlSocketPath chooses (tpsched)
 	WatchTime      time.Duration // watch_time (seconds, 0..65535): how long a caller waits for an answer; default 180 s, 0 = forever
 	MemoryReserve  int64         // memory_reserve (MiB in the file, bytes here): below this much MemAvailable a non-resident process starts only after another ends; 0 = no gate
 	MaxProcesses   int           // max_processes: node-wide cap on UAP processes, at least the sum of resident ones; 0 = no cap
@@ -123,6 +124,7 @@ const (
 	MaxMaxMessageSize      = 8 << 20
 	DefaultQueueSize       = 256
 	MaxNodes               = 128 // all_node and dchost entries (002: at most 128 nodes)
+	MaxSocketPath          = 107 // bytes of a unix socket path (sun_path less its NUL)
 	DefaultNonResidentIdle = 500 * time.Millisecond
 	DefaultCPUWaitLimit    = 50 // percent
 	DefaultCacheEntries    = 64 // dccache

@@ -6,6 +6,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,6 +83,10 @@ var operandCases = []struct {
 	{"sysconf", "", func(c *Config) any { return c.System.MetricsAddress }, "127.0.0.1:12001", ""},
 	{"sysconf", "set metrics_address = \"0.0.0.0:9100\"", func(c *Config) any { return c.System.MetricsAddress }, "0.0.0.0:9100", ""},
 	{"sysconf", "set metrics_address = localhost", nil, nil, "sysconf:1: metrics_address: missing port"},
+	{"sysconf", "", func(c *Config) any { return c.System.ControlSocket }, "", ""},
+	{"sysconf", `set control_socket = "/run/tpsched/a.sock"`, func(c *Config) any { return c.System.ControlSocket }, "/run/tpsched/a.sock", ""},
+	{"sysconf", `set control_socket = ""`, nil, nil, "sysconf:1: control_socket: want a path of 1..107 bytes, got 0"},
+	{"sysconf", `set control_socket = "/` + strings.Repeat("x", 107) + `"`, nil, nil, "sysconf:1: control_socket: want a path of 1..107 bytes, got 108"},
 	{"sysconf", "", func(c *Config) any { return c.System.WatchTime }, 180 * time.Second, ""},
 	{"sysconf", "set watch_time = 0", func(c *Config) any { return c.System.WatchTime }, time.Duration(0), ""},
 	{"sysconf", "set watch_time = 65536", nil, nil, "sysconf:1: watch_time: 65536 out of range 0..65535"},
@@ -457,7 +462,7 @@ func TestLoadDefault(t *testing.T) {
 		names = append(names, sv.Name)
 	}
 	if s.Name != "demo" || s.File != "usr/demo" || s.ServiceGroup != "demo" || s.Module != "uap-echo" ||
-		strings.Join(names, ",") != "echo,sleep,burn,fail,crash,pid" ||
+		strings.Join(names, ",") != "echo,sleep,burn,cpu,fail,crash,pid" ||
 		s.Resident != 2 || s.MaxProcesses != 4 || s.BalanceCount != 3 || s.QueueSize != 256 ||
 		s.ReceiveFrom != ReceiveQueue || s.WatchTime != DefaultWatchTime {
 		t.Errorf("demo = %+v", s)
@@ -576,5 +581,38 @@ func TestUIDGID(t *testing.T) {
 				t.Fatalf("uid %d gid %d, want %d %d", s.UID, s.GID, tc.uid, tc.gid)
 			}
 		})
+	}
+}
+
+// TestDefaultDemoOffersEveryUAPEchoService: the embedded demo group offers
+// every service uap-echo registers (the README lists them), so a service
+// added to the UAP cannot be forgotten in the demo.
+func TestDefaultDemoOffersEveryUAPEchoService(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "..", "cmd", "uap-echo", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var registered []string
+	for _, m := range regexp.MustCompile(`srv\.Handle\("([^"]+)"`).FindAllStringSubmatch(string(src), -1) {
+		registered = append(registered, m[1])
+	}
+	if len(registered) < 5 {
+		t.Fatalf("found only %v registered in uap-echo: has its source changed shape?", registered)
+	}
+	cfg, err := LoadDefault()
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered := map[string]bool{}
+	for _, sv := range cfg.Servers[0].Services {
+		offered[sv.Name] = true
+	}
+	for _, name := range registered {
+		if !offered[name] {
+			t.Errorf("uap-echo serves %q but the demo group (default/usr/demo) does not offer it", name)
+		}
+	}
+	if len(offered) != len(registered) {
+		t.Errorf("demo offers %d services, uap-echo registers %d: %v", len(offered), len(registered), registered)
 	}
 }

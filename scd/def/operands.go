@@ -126,8 +126,26 @@ var systemOperands = map[string]operand[System]{
 		},
 		value:   DefaultMetricsAddress,
 		values:  "host:port; port 0 picks a free one",
-		tpsched: "The HTTP endpoint of `/metrics`, `/status`, the control actions of `scdctl` (hold, release) and pprof.",
+		tpsched: "The read-only HTTP endpoint of `/metrics` and `/status`. Control actions (hold, release, pprof) go to control_socket.",
 		own:     true,
+	},
+	"control_socket": {
+		set: func(s *System, v []string) (err error) {
+			if s.ControlSocket, err = one(v); err != nil {
+				return err
+			}
+			// A unix socket path is at most 107 bytes (sun_path less its NUL);
+			// a relative one is checked again once joined to the directory.
+			if s.ControlSocket == "" || len(s.ControlSocket) > MaxSocketPath || strings.ContainsRune(s.ControlSocket, 0) {
+				return fmt.Errorf("want a path of 1..%d bytes, got %d", MaxSocketPath, len(s.ControlSocket))
+			}
+			return nil
+		},
+		dflt:   "/run/tpsched/NODE_ID.sock as root, else $XDG_RUNTIME_DIR/tpsched/, else the definition directory",
+		values: "a path of 1..107 bytes; relative to the definition directory",
+		tpsched: "The unix socket of the control actions (hold, release, pprof): only scdd's own user and root may use it " +
+			"(checked with SO_PEERCRED).",
+		own: true,
 	},
 	"watch_time": {
 		set: func(s *System, v []string) (err error) {
@@ -551,8 +569,8 @@ var serverOperands = map[string]operand[Server]{
 			s.GID, err = lookupID(v, "group")
 			return err
 		},
-		dflt:   "the primary group of uid's user; with no uid, as uid's default",
-		values: "a group name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
+		dflt:    "the primary group of uid's user; with no uid, as uid's default",
+		values:  "a group name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
 		tpsched: "The group the server's UAP processes run as (no supplementary groups); a name is looked up when the definitions are read.",
 	},
 	"watch_time": {

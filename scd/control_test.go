@@ -1,0 +1,116 @@
+package scd
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"tpsched/scd/def"
+)
+
+func TestControlSocketCandidates(t *testing.T) {
+	tmp := os.TempDir()
+	cfg := func(dir, node, sock string) *def.Config {
+		return &def.Config{Dir: dir, System: def.System{NodeID: node, ControlSocket: sock}}
+	}
+	cases := []struct {
+		name       string
+		cfg        *def.Config
+		euid       int
+		runtimeDir string
+		want       []string
+	}{
+		{"sysconf names it", cfg("/etc/tp", "n1", "/srv/n1.sock"), 0, "/run/user/0", []string{"/srv/n1.sock"}},
+		{"relative to the definition directory", cfg("/etc/tp", "n1", "ctl.sock"), 1000, "", []string{"/etc/tp/ctl.sock"}},
+		{"root", cfg("/etc/tp", "n1", ""), 0, "", []string{"/run/tpsched/n1.sock", "/etc/tp/n1.sock"}},
+		{"root with a runtime dir", cfg("/etc/tp", "n1", ""), 0, "/run/user/0",
+			[]string{"/run/tpsched/n1.sock", "/run/user/0/tpsched/n1.sock", "/etc/tp/n1.sock"}},
+		{"user with a runtime dir", cfg("/etc/tp", "n1", ""), 1000, "/run/user/1000",
+			[]string{"/run/user/1000/tpsched/n1.sock", "/etc/tp/n1.sock", "/run/tpsched/n1.sock"}},
+		{"user without one", cfg("/home/u/defs", "n1", ""), 1000, "", []string{"/home/u/defs/n1.sock", "/run/tpsched/n1.sock"}},
+		{"embedded default", cfg("", "host", ""), 1000, "",
+			[]string{filepath.Join(tmp, "tpsched-1000", "host.sock"), "/run/tpsched/host.sock"}},
+		{"a slash in node_id", cfg("", "a/b", ""), 0, "", []string{"/run/tpsched/a_b.sock", filepath.Join(tmp, "tpsched-0", "a_b.sock")}},
+	}
+	for _, tc := range cases {
+		if got := controlSocketCandidates(tc.cfg, tc.euid, tc.runtimeDir); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// shortTemp is a directory whose paths fit a unix socket address (t.TempDir
+// can be long).
+func shortTemp(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "tpctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func TestListenControl(t *testing.T) {
+	t.Run("makes a private directory and a 0600 socket", func(t *testing.T) {
+		path := filepath.Join(shortTemp(t), "sub", "n.sock")
+		ln, err := listenControl(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		di, err := os.Stat(filepath.Dir(path))
+		if err != nil || di.Mode().Perm() != 0o700 {
+			t.Errorf("directory: %v, %v; want 0700", di.Mode(), err)
+		}
+		si, err := os.Stat(path)
+		if err != nil || si.Mode().Perm() != 0o600 || si.Mode().Type() != os.ModeSocket {
+			t.Errorf("socket: %v, %v; want a 0600 socket", si.Mode(), err)
+		}
+	})
+	t.Run("replaces a socket nobody answers on", func(t *testing.T) {
+		path := filepath.Join(shortTemp(t), "n.sock")
+		old, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		old.SetUnlinkOnClose(false) // as a killed node leaves it
+		old.Close()
+		ln, err := listenControl(path)
+		if err != nil {
+			t.Fatalf("stale socket not replaced: %v", err)
+		}
+		ln.Close()
+	})
+	t.Run("never takes a live socket", func(t *testing.T) {
+		path := filepath.Join(shortTemp(t), "n.sock")
+		live, err := listenControl(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer live.Close()
+		if _, err := listenControl(path); err == nil || !strings.Contains(err.Error(), "another process answers there") {
+			t.Fatalf("second listen: %v", err)
+		}
+	})
+	t.Run("never removes a file that is not a socket", func(t *testing.T) {
+		path := filepath.Join(shortTemp(t), "n.sock")
+		if err := os.WriteFile(path, []byte("keep"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := listenControl(path); err == nil || !strings.Contains(err.Error(), "is not a socket") {
+			t.Fatalf("listen over a file: %v", err)
+		}
+		if b, _ := os.ReadFile(path); string(b) != "keep" {
+			t.Error("the file was touched")
+		}
+	})
+	t.Run("a path too long for a unix socket", func(t *testing.T) {
+		path := "/tmp/" + strings.Repeat("x", 110) + ".sock"
+		if _, err := listenControl(path); err == nil || !strings.Contains(err.Error(), "at most 107") {
+			t.Fatalf("long path: %v", err)
+		}
+	})
+}
