@@ -22,6 +22,9 @@ func defaultSystem(hostname string) System {
 		NamePort:       DefaultNamePort,
 		MetricsAddress: DefaultMetricsAddress,
 		WatchTime:      DefaultWatchTime,
+		MaxConnections: DefaultMaxConnections,
+		FrameTimeout:   DefaultFrameTimeout,
+		BufferBudget:   DefaultBufferBudget,
 	}
 }
 
@@ -105,6 +108,19 @@ var systemOperands = map[string]handler[System]{
 	"memory_reserve": func(s *System, v []string) (err error) {
 		mib, err := intIn(v, 0, 1<<24)
 		s.MemoryReserve = int64(mib) << 20
+		return err
+	},
+	"max_connections": func(s *System, v []string) (err error) {
+		s.MaxConnections, err = intIn(v, 1, 1<<20)
+		return err
+	},
+	"frame_timeout": func(s *System, v []string) (err error) {
+		s.FrameTimeout, err = secondsIn(v, 1, 3600)
+		return err
+	},
+	"rpc_buffer_budget": func(s *System, v []string) (err error) {
+		mib, err := intIn(v, 1, 1<<20)
+		s.BufferBudget = int64(mib) << 20
 		return err
 	},
 }
