@@ -12,6 +12,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 )
 
 // Defaults for zero Options fields.
@@ -239,8 +240,17 @@ func Listen(opts Options, h Handler) (*Server, error) {
 	}
 	s.janitor.Add(1)
 	go s.runJanitor()
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && uint64(s.maxConns)+fdHeadroom > lim.Cur {
+		s.log.Warn("netio: max_connections is above what the open-file limit allows; accept will fail (and retry) before it",
+			"max_connections", s.maxConns, "rlimit_nofile", lim.Cur)
+	}
 	return s, nil
 }
+
+// fdHeadroom is what a node needs besides its RPC connections: listeners,
+// shared-memory segments, UAP pipes and pidfds, peers, the control port.
+const fdHeadroom = 256
 
 // Addr returns the host:port every receiving socket listens on; the host is
 // empty for a wildcard address.
