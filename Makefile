@@ -93,9 +93,10 @@ lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 
-fuzz: ## run each fuzz target for 30 s
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 30s ./scd/def/
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./netio/
+FUZZTIME ?= 30s
+
+fuzz: ## run every fuzz target in the module (found, not listed) for FUZZTIME each (default 30s)
+	GO=$(GO) FUZZTIME=$(FUZZTIME) bash tools/fuzz.sh
 
 clean: ## remove bin/
 	rm -rf $(BIN)

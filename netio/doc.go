@@ -1,36 +1,54 @@
 // Package netio owns tpsched's bytes on the wire: the frame codec (frame.go,
-// codes.go) and the gnet v2 TCP server that the scheduler's RPC port runs on.
+// codes.go) and the TCP server that the scheduler's RPC port runs on, with
+// what a caller may make that port hold.
 //
 // It must not know what a service group is. A frame's group and service are
 // opaque bytes here; routing, queueing and answering belong to package scd,
-// which implements Handler. netio only cuts the byte stream into frames,
-// hands each one to the Handler on the event loop, and writes what the
-// Handler sends back.
+// which implements Handler. netio cuts the byte stream into frames, hands
+// each one to the Handler on the event loop, and writes what the Handler
+// sends back.
 //
 // # Server
 //
 // Listen opens Options.Loops receiving sockets on one port with SO_REUSEPORT
-// (OpenTP1's scdmulti), one gnet event loop per socket; the kernel's
-// 4-tuple hash picks the socket for each new connection. Port 0 is resolved
-// before gnet binds, so every socket shares the one port.
+// (OpenTP1's scdmulti), each with its own accept goroutine and its own gnet
+// event loop; the kernel's 4-tuple hash picks the socket for each new
+// connection. netio accepts itself and hands each connection to gnet
+// (accept.go says why). Accept failures such as EMFILE pause and retry;
+// connections beyond Options.MaxConns are closed at once and counted.
 //
 // Each event loop calls Handler.OnFrame for every complete frame it has read,
-// with a Frame that aliases gnet's inbound buffer: copy what must outlive the
-// call. OnFrame must not block. An answer ready at once goes through
-// Conn.SendNow, which batches every answer of one read into one write; an
-// answer produced later, on another goroutine, goes through Conn.Send.
+// with a Frame that aliases a read buffer: copy what must outlive the call.
+// OnFrame must not block. An answer ready at once goes through Conn.SendNow,
+// which batches every answer of one read into one write; an answer produced
+// later, on another goroutine, goes through Conn.Send.
 //
-// Bad bytes (bad magic, version or kind, or a payload over
-// Options.MaxPayload) close that connection only and count
-// tpsched_bad_frames_total. A connection whose unsent output grows over
-// Options.MaxOutbound (a client that does not read) is closed and counts
-// tpsched_slow_reader_closes_total.
+// What a peer can make the server hold is bounded. A frame whose payload
+// exceeds Options.MaxPayload is answered 'message too big' and its bytes are
+// skipped unkept. A frame must arrive whole within Options.FrameTimeout of
+// its first byte. The bytes held in partial frames and unsent answers, all
+// connections together, are kept under Options.BufferBudget by closing the
+// connection that holds the most. A connection whose unsent answers exceed
+// Options.MaxOutbound is closed (a slow reader). Bad bytes (bad magic,
+// version or kind) close that connection only.
+//
+// Done and Err tell when the server has ended on its own (a receiving
+// socket or an event loop failed). Stop answers every call that reached the
+// server with 'node shutting down' before it closes the connection.
+//
+// Metrics (with Options.Metrics): tpsched_bad_frames_total,
+// tpsched_slow_reader_closes_total, tpsched_connections,
+// tpsched_accept_errors_total,
+// tpsched_connections_refused_total{reason="max_connections"},
+// tpsched_oversized_frames_total, tpsched_frame_timeouts_total,
+// tpsched_buffer_budget_closes_total, tpsched_buffered_bytes.
 //
 // # Usage
 //
 //	srv, err := netio.Listen(netio.Options{Addr: ":7000", Loops: 2, MaxPayload: 1 << 20}, h)
 //	if err != nil { ... }
 //	defer srv.Stop(ctx)
+//	go func() { <-srv.Done(); if err := srv.Err(); err != nil { ... the port is gone } }()
 //
 //	func (h *handler) OnFrame(c *netio.Conn, f netio.Frame) {
 //		if f.Kind != netio.KindCall { return }

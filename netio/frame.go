@@ -100,23 +100,34 @@ var (
 // only the header. It returns ErrShort when b holds less than a header and a
 // protocol error when the header is bad or the frame exceeds maxPayload.
 func FrameLen(b []byte, maxPayload int) (int, error) {
-	if len(b) < HeaderSize {
-		return 0, ErrShort
+	n, payload, err := checkHeader(b)
+	if err != nil {
+		return 0, err
 	}
-	if binary.BigEndian.Uint16(b[0:2]) != Magic {
-		return 0, ErrBadMagic
-	}
-	if b[2] != Version {
-		return 0, ErrBadVersion
-	}
-	if k := Kind(b[3]); k == 0 || k > kindMax {
-		return 0, ErrBadKind
-	}
-	payload := binary.BigEndian.Uint32(b[20:24])
 	if uint64(payload) > uint64(maxPayload) {
 		return 0, ErrFrameSize
 	}
-	return HeaderSize + int(b[5]) + int(b[6]) + int(payload), nil
+	return int(n), nil
+}
+
+// checkHeader checks the magic, version and kind of the header at the start
+// of b and returns the frame's total length and its payload length,
+// whatever their size.
+func checkHeader(b []byte) (frameLen int64, payload uint32, err error) {
+	if len(b) < HeaderSize {
+		return 0, 0, ErrShort
+	}
+	if binary.BigEndian.Uint16(b[0:2]) != Magic {
+		return 0, 0, ErrBadMagic
+	}
+	if b[2] != Version {
+		return 0, 0, ErrBadVersion
+	}
+	if k := Kind(b[3]); k == 0 || k > kindMax {
+		return 0, 0, ErrBadKind
+	}
+	payload = binary.BigEndian.Uint32(b[20:24])
+	return HeaderSize + int64(b[5]) + int64(b[6]) + int64(payload), payload, nil
 }
 
 // Decode decodes the frame at the start of b and returns it with its length.

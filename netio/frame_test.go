@@ -112,6 +112,7 @@ func TestAppendReplyError(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	f.Add(AppendFrame(nil, Header{Kind: KindCall, ID: 1, TimeoutMs: 10}, "grp", "svc", []byte("payload")), 1024)
 	f.Add(AppendFrame(nil, Header{Kind: KindError, Code: CodeServerBusy}, "", "", nil), 0)
+	f.Add(AppendFrame(nil, Header{Kind: KindCall, Flags: FlagBalanced | FlagForwarded, ID: 9}, "g", "s", []byte("fwd")), 64)
 	f.Add(AppendFrame(nil, Header{Kind: KindReply}, "", "", []byte("x"))[:HeaderSize+0], 16)
 	f.Add(AppendFrame(nil, Header{Kind: KindCall}, "g", "s", []byte("x"))[:10], 16)
 	f.Add([]byte("TP\x01\x09garbage garbage garbage"), 16)
@@ -136,13 +137,11 @@ func FuzzDecode(f *testing.F) {
 			if n < HeaderSize || len(fr.Group) != int(b[5]) || len(fr.Service) != int(b[6]) {
 				t.Fatalf("bad frame lengths")
 			}
-			// Re-encoding the decoded frame gives the same bytes but the
-			// reserved flags byte, which Decode ignores.
+			// Re-encoding the decoded frame gives the same bytes, flags
+			// included.
 			enc := AppendFrame(nil, fr.Header, string(fr.Group), string(fr.Service), fr.Payload)
-			want := bytes.Clone(b[:n])
-			want[4] = 0
-			if !bytes.Equal(enc, want) {
-				t.Fatalf("re-encode differs:\n%x\n%x", enc, want)
+			if !bytes.Equal(enc, b[:n]) {
+				t.Fatalf("re-encode differs:\n%x\n%x", enc, b[:n])
 			}
 			fr2, m2, err := Decode(enc, maxPayload)
 			if err != nil || m2 != n || fr2.Header != fr.Header || !bytes.Equal(fr2.Payload, fr.Payload) ||
@@ -152,7 +151,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		// Whatever the input, encoding then decoding round-trips.
 		if len(b) >= 3 {
-			h := Header{Kind: Kind(b[0]%6 + 1), Code: Code(b[1]), ID: uint64(len(b)) << 7, TimeoutMs: uint32(b[2])}
+			h := Header{Kind: Kind(b[0]%6 + 1), Flags: Flags(b[1] >> 4), Code: Code(b[1]), ID: uint64(len(b)) << 7, TimeoutMs: uint32(b[2])}
 			grp, svc := string(b[:len(b)/3]), string(b[len(b)/3:2*len(b)/3])
 			pay := b[2*len(b)/3:]
 			enc := AppendFrame(nil, h, grp, svc, pay)

@@ -1,15 +1,11 @@
 package netio
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,15 +17,19 @@ import (
 
 // Defaults for zero Options fields.
 const (
-	DefaultMaxPayload  = 1 << 20  // 1 MiB, OpenTP1's default max_message_size
-	DefaultMaxOutbound = 64 << 20 // 64 MiB
-	maxLoops           = 256      // gnet's limit on event loops
+	DefaultMaxPayload   = 1 << 20  // 1 MiB, OpenTP1's default max_message_size
+	DefaultMaxOutbound  = 64 << 20 // 64 MiB
+	DefaultMaxConns     = 10000
+	DefaultFrameTimeout = 30 * time.Second
+	DefaultBufferBudget = 64 << 20 // 64 MiB
+	maxLoops            = 256      // gnet's limit on event loops
 )
 
 // Errors returned by Conn.Send and Listen.
 var (
 	ErrConnClosed = errors.New("netio: connection closed")
 	ErrSlowReader = errors.New("netio: connection closed: peer does not read its answers")
+	ErrOverBudget = errors.New("netio: connection closed: it held the most of the node's buffer budget")
 )
 
 // Handler receives the frames of a Server.
@@ -44,12 +44,30 @@ type Handler interface {
 
 // Options configure a Server.
 type Options struct {
-	Addr        string       // "host:port"; port 0 picks a free port shared by every receiving socket
-	Loops       int          // scdmulti: receiving sockets (event loops) on the one port, SO_REUSEPORT; default 1
-	MaxPayload  int          // a frame whose payload exceeds this closes the connection and is counted as a bad frame; default DefaultMaxPayload
-	MaxOutbound int          // per-connection cap on bytes queued for writing; a connection over it is closed and counted (slow reader); default DefaultMaxOutbound
-	Metrics     *metrics.Set // optional: tpsched_bad_frames_total, tpsched_slow_reader_closes_total, tpsched_connections
-	Logger      *slog.Logger // optional; default slog.Default()
+	Addr  string // "host:port"; port 0 picks a free port shared by every receiving socket
+	Loops int    // scdmulti: receiving sockets (event loops) on the one port, SO_REUSEPORT; default 1
+	// MaxPayload is the frame cap. A frame whose header announces a larger
+	// payload is answered 'message too big' (a call or name lookup) and
+	// its bytes are skipped as they arrive, never kept; the connection
+	// stays. Default DefaultMaxPayload.
+	MaxPayload int
+	// MaxOutbound is the per-connection cap on bytes queued for writing; a
+	// connection over it is closed and counted (slow reader). Default
+	// DefaultMaxOutbound.
+	MaxOutbound int
+	// MaxConns caps the connections open at once; one accepted beyond it is
+	// closed at once, counted and logged. Default DefaultMaxConns.
+	MaxConns int
+	// FrameTimeout is how long a frame may take to arrive whole once its
+	// first bytes came; a connection that exceeds it is closed and counted.
+	// Default DefaultFrameTimeout.
+	FrameTimeout time.Duration
+	// BufferBudget caps the bytes the whole server holds in partial frames
+	// and unsent answers. Past it, the connection holding the most is
+	// closed and counted. Default DefaultBufferBudget.
+	BufferBudget int64
+	Metrics      *metrics.Set // optional: the tpsched_* series listed in the package comment
+	Logger       *slog.Logger // optional; default slog.Default()
 }
 
 // Stats are a Server's counters since Listen.
@@ -57,55 +75,69 @@ type Stats struct {
 	BadFrames        uint64 // connections closed for a bad frame
 	SlowReaderCloses uint64 // connections closed for exceeding MaxOutbound
 	Conns            int    // connections open now
+	AcceptErrors     uint64 // accept or registration failures, retried after a pause
+	Refused          uint64 // connections closed at once: MaxConns were open
+	Oversized        uint64 // frames over MaxPayload, answered 'message too big' and skipped
+	FrameTimeouts    uint64 // connections closed: a frame did not arrive whole within FrameTimeout
+	BudgetCloses     uint64 // connections closed: they held the most when the budget was exceeded
+	Buffered         int64  // bytes held now in partial frames and unsent answers
 }
 
-// Server is a running gnet engine with Loops receiving sockets on one port.
+// loopDeadAfter is how long an event loop's engine may go without a tick
+// before the server counts it as ended (a variable for tests).
+var loopDeadAfter = 5 * time.Second
+
+// Server is Loops receiving sockets on one port, each with its own accept
+// goroutine and its own gnet event loop.
 type Server struct {
-	h           Handler
-	log         *slog.Logger
-	addr        string
-	maxPayload  int
-	maxOutbound int64
+	h            Handler
+	log          *slog.Logger
+	addr         string
+	maxPayload   int
+	maxOutbound  int64
+	maxConns     int64
+	frameTimeout time.Duration
+	budget       int64
 
-	eng      gnet.Engine // set in OnBoot, read after ready
-	ready    chan struct{}
-	readyOne sync.Once
-	done     chan struct{} // closed when gnet.Run returns
-	runErr   error         // valid after done
+	listeners []*net.TCPListener
+	loops     []*gnet.Client
+	outPoll   *outPoller
+	lastTick  []atomic.Int64 // per loop: when its engine last ticked (unix ns)
+	// loopDeadAfter is how long a loop's engine may go without a tick
+	// before the server counts it as ended.
+	loopDeadAfter time.Duration
+
+	acceptWG sync.WaitGroup
+	janitor  sync.WaitGroup
+
+	mu    sync.Mutex // guards conns
+	conns map[*Conn]struct{}
+
+	stopping atomic.Bool
+	quit     chan struct{} // closed when Stop begins or the server fails: accept loops and the janitor end
+	quitOnce sync.Once
 	stopOnce sync.Once
+	stopped  chan struct{} // closed when Stop has finished
+	done     chan struct{} // closed when the server ended: Stop, or a failure
+	doneOnce sync.Once
+	err      error // why the server ended on its own; set before done closes
 
-	nextID    atomic.Uint64
-	badFrames atomic.Uint64
-	slowClose atomic.Uint64
-	conns     atomic.Int64
+	nextID        atomic.Uint64
+	open          atomic.Int64 // connections accepted and not yet closed
+	held          atomic.Int64 // bytes charged to the budget
+	doomed        atomic.Int64 // of held, bytes of connections already being closed for the budget
+	badFrames     atomic.Uint64
+	slowClose     atomic.Uint64
+	acceptErrs    atomic.Uint64
+	refused       atomic.Uint64
+	oversized     atomic.Uint64
+	frameTimeouts atomic.Uint64
+	budgetCloses  atomic.Uint64
 
-	mBad, mSlow *metrics.Counter // nil without Options.Metrics
-	mConns      *metrics.Gauge
-}
+	refuseLog, acceptLog, budgetLog, timeoutLog rateLog
 
-// Conn is one client connection of a Server. Its methods are safe on the
-// event loop; Send, ID and RemoteAddr are safe from any goroutine.
-type Conn struct {
-	gc     gnet.Conn
-	srv    *Server
-	id     uint64
-	remote string
-
-	// Loop-only state.
-	user      any
-	batch     []byte
-	inTraffic bool
-
-	fd int // the socket, for writes straight from Send (see Send)
-
-	// mu orders every write to the socket and the close: gnet calls OnClose
-	// (which sets closed) before it closes the descriptor, so a write under
-	// mu never hits a closed or reused descriptor.
-	mu        sync.Mutex
-	closed    bool // guarded by mu
-	loopOwned bool // guarded by mu: gnet may hold bytes for the socket; write through the loop
-	pending   atomic.Int64
-	slow      atomic.Bool
+	mBad, mSlow, mAcceptErr, mRefused, mOversized, mTimeout, mBudget *metrics.Counter // nil without Options.Metrics
+	mConns                                                           *metrics.Gauge
 }
 
 // Listen starts a server and returns once every receiving socket listens.
@@ -122,12 +154,18 @@ func Listen(opts Options, h Handler) (*Server, error) {
 		return nil, fmt.Errorf("netio: listen %s: %d loops, at most %d", opts.Addr, loops, maxLoops)
 	}
 	s := &Server{
-		h:           h,
-		log:         opts.Logger,
-		maxPayload:  opts.MaxPayload,
-		maxOutbound: int64(opts.MaxOutbound),
-		ready:       make(chan struct{}),
-		done:        make(chan struct{}),
+		h:             h,
+		log:           opts.Logger,
+		maxPayload:    opts.MaxPayload,
+		maxOutbound:   int64(opts.MaxOutbound),
+		maxConns:      int64(opts.MaxConns),
+		frameTimeout:  opts.FrameTimeout,
+		budget:        opts.BufferBudget,
+		loopDeadAfter: loopDeadAfter,
+		conns:         make(map[*Conn]struct{}),
+		quit:          make(chan struct{}),
+		stopped:       make(chan struct{}),
+		done:          make(chan struct{}),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -138,122 +176,81 @@ func Listen(opts Options, h Handler) (*Server, error) {
 	if s.maxOutbound <= 0 {
 		s.maxOutbound = DefaultMaxOutbound
 	}
+	if s.maxConns <= 0 {
+		s.maxConns = DefaultMaxConns
+	}
+	if s.frameTimeout <= 0 {
+		s.frameTimeout = DefaultFrameTimeout
+	}
+	if s.budget <= 0 {
+		s.budget = DefaultBufferBudget
+	}
+	s.refuseLog.every, s.acceptLog.every, s.budgetLog.every, s.timeoutLog.every = 10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second
 	if m := opts.Metrics; m != nil {
 		// GetOrCreate: servers sharing a Set share the series.
 		s.mBad = m.GetOrCreateCounter("tpsched_bad_frames_total")
 		s.mSlow = m.GetOrCreateCounter("tpsched_slow_reader_closes_total")
 		s.mConns = m.GetOrCreateGauge("tpsched_connections", nil)
+		s.mAcceptErr = m.GetOrCreateCounter("tpsched_accept_errors_total")
+		s.mRefused = m.GetOrCreateCounter(`tpsched_connections_refused_total{reason="max_connections"}`)
+		s.mOversized = m.GetOrCreateCounter("tpsched_oversized_frames_total")
+		s.mTimeout = m.GetOrCreateCounter("tpsched_frame_timeouts_total")
+		s.mBudget = m.GetOrCreateCounter("tpsched_buffer_budget_closes_total")
+		m.GetOrCreateGauge("tpsched_buffered_bytes", func() float64 { return float64(s.held.Load()) })
 	}
 
-	// gnet opens the first listener itself and one more per extra loop, each
-	// by resolving the address string again: with port 0 each would get a
-	// different port. A bound, not listening SO_REUSEPORT socket fixes the
-	// port and holds it against other programs until gnet's sockets listen;
-	// it never accepts, so it takes no connections.
-	fd, addr, err := reservePort(opts.Addr)
-	if err != nil {
+	var err error
+	if s.outPoll, err = newOutPoller(); err != nil {
 		return nil, fmt.Errorf("netio: listen %s: %w", opts.Addr, err)
 	}
-	defer unix.Close(fd)
-	s.addr = addr
-
-	gopts := []gnet.Option{
-		gnet.WithReusePort(true),
-		gnet.WithReuseAddr(true), // a restarted node binds past its old connections' TIME_WAIT
-		gnet.WithNumEventLoop(loops),
-		gnet.WithMulticore(loops > 1),
-		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-		gnet.WithTicker(true), // the first OnTick says every socket listens
-		gnet.WithLogger(gnetLogger{s.log}),
+	lns, addr, err := listenReusePort(opts.Addr, loops)
+	if err != nil {
+		s.outPoll.close()
+		return nil, fmt.Errorf("netio: listen %s: %w", opts.Addr, err)
 	}
-	go func() {
-		s.runErr = gnet.Run(&engineHandler{s: s}, "tcp://"+addr, gopts...)
-		close(s.done)
-	}()
-	select {
-	case <-s.ready:
-		return s, nil
-	case <-s.done:
-		err := s.runErr
+	s.addr, s.listeners = addr, lns
+	s.lastTick = make([]atomic.Int64, loops)
+	now := time.Now().UnixNano()
+	for i := range loops {
+		s.lastTick[i].Store(now)
+		cli, err := gnet.NewClient(&engineHandler{s: s, loop: i},
+			gnet.WithNumEventLoop(1),
+			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+			gnet.WithTicker(true), // the heartbeat that says the loop's engine still runs
+			gnet.WithLogger(gnetLogger{s.log}),
+		)
 		if err == nil {
-			err = errors.New("engine stopped while starting")
+			err = cli.Start()
 		}
-		return nil, fmt.Errorf("netio: listen %s: %w", addr, err)
+		if err != nil {
+			for _, ln := range lns {
+				_ = ln.Close()
+			}
+			for _, c := range s.loops {
+				_ = c.Stop()
+			}
+			s.outPoll.close()
+			return nil, fmt.Errorf("netio: listen %s: event loop: %w", addr, err)
+		}
+		s.loops = append(s.loops, cli)
 	}
+	for i, ln := range lns {
+		s.acceptWG.Add(1)
+		go s.acceptLoop(ln, s.loops[i])
+	}
+	s.janitor.Add(1)
+	go s.runJanitor()
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && uint64(s.maxConns)+fdHeadroom > lim.Cur {
+		s.log.Warn("netio: max_connections is above what the open-file limit allows; accept will fail (and retry) before it",
+			"max_connections", s.maxConns, "rlimit_nofile", lim.Cur)
+	}
+	return s, nil
 }
 
-// reservePort binds (without listening) an SO_REUSEPORT socket to addr and
-// returns it with the resolved host:port. Its family and IPV6_V6ONLY match
-// what gnet will choose for the same address.
-func reservePort(addr string) (int, string, error) {
-	ta, err := net.ResolveTCPAddr("tcp", addr)
-	if err != nil {
-		return -1, "", err
-	}
-	var (
-		family = unix.AF_INET6
-		v6only = 0
-		sa     unix.Sockaddr
-	)
-	if ip4 := ta.IP.To4(); ip4 != nil {
-		family = unix.AF_INET
-		sa4 := &unix.SockaddrInet4{Port: ta.Port}
-		copy(sa4.Addr[:], ip4)
-		sa = sa4
-	} else {
-		sa6 := &unix.SockaddrInet6{Port: ta.Port}
-		if ta.IP != nil {
-			v6only = 1
-			copy(sa6.Addr[:], ta.IP.To16())
-			if ta.Zone != "" {
-				ifi, err := net.InterfaceByName(ta.Zone)
-				if err != nil {
-					return -1, "", err
-				}
-				sa6.ZoneId = uint32(ifi.Index)
-			}
-		}
-		sa = sa6
-	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
-	if err != nil {
-		return -1, "", os.NewSyscallError("socket", err)
-	}
-	fail := func(op string, err error) (int, string, error) {
-		unix.Close(fd)
-		return -1, "", os.NewSyscallError(op, err)
-	}
-	if family == unix.AF_INET6 {
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, v6only); err != nil {
-			return fail("setsockopt", err)
-		}
-	}
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
-		return fail("setsockopt", err)
-	}
-	if err := unix.Bind(fd, sa); err != nil {
-		return fail("bind", err)
-	}
-	got, err := unix.Getsockname(fd)
-	if err != nil {
-		return fail("getsockname", err)
-	}
-	var port int
-	switch a := got.(type) {
-	case *unix.SockaddrInet4:
-		port = a.Port
-	case *unix.SockaddrInet6:
-		port = a.Port
-	}
-	host := ""
-	if ta.IP != nil {
-		host = ta.IP.String()
-		if ta.Zone != "" {
-			host += "%" + ta.Zone
-		}
-	}
-	return fd, net.JoinHostPort(host, strconv.Itoa(port)), nil
-}
+// fdHeadroom is what a node needs besides its RPC connections: listeners,
+// shared-memory segments, UAP pipes and pidfds, peers, the control port.
+const fdHeadroom = 256
 
 // Addr returns the host:port every receiving socket listens on; the host is
 // empty for a wildcard address.
@@ -264,31 +261,114 @@ func (s *Server) Stats() Stats {
 	return Stats{
 		BadFrames:        s.badFrames.Load(),
 		SlowReaderCloses: s.slowClose.Load(),
-		Conns:            int(s.conns.Load()),
+		Conns:            int(s.open.Load()),
+		AcceptErrors:     s.acceptErrs.Load(),
+		Refused:          s.refused.Load(),
+		Oversized:        s.oversized.Load(),
+		FrameTimeouts:    s.frameTimeouts.Load(),
+		BudgetCloses:     s.budgetCloses.Load(),
+		Buffered:         s.held.Load(),
 	}
 }
 
-// Stop closes the listeners and every connection (each gets OnClose) and
-// waits for the event loops to end or ctx to expire. It is idempotent and
-// safe from any goroutine but the server's own event loops.
-func (s *Server) Stop(ctx context.Context) error {
-	s.stopOnce.Do(func() {
-		select {
-		case <-s.done:
-			return
-		default:
-		}
-		// Engine.Stop signals the loops at once but then polls for the end
-		// every 500 ms; waiting on Run's return instead ends as soon as gnet
-		// has closed everything. The polling goroutine ends on its next tick.
-		go func() { _ = s.eng.Stop(context.Background()) }()
-	})
+// Done is closed when the server has ended: after Stop, or on its own when
+// a receiving socket or an event loop failed (Err says why). After a
+// failure the port takes no new connections; the ones open are still
+// served until Stop.
+func (s *Server) Done() <-chan struct{} { return s.done }
+
+// Err says why the server ended on its own; nil while it runs and after a
+// Stop that was not preceded by a failure.
+func (s *Server) Err() error {
 	select {
 	case <-s.done:
+		return s.err
+	default:
+		return nil
+	}
+}
+
+// fail records that the server can no longer serve (the first reason
+// wins) and stops every accept loop, so callers are refused at once rather
+// than left waiting in a backlog no one accepts from.
+func (s *Server) fail(err error) {
+	first := false
+	s.doneOnce.Do(func() {
+		s.err = err
+		first = true
+		close(s.done)
+	})
+	if !first {
+		return
+	}
+	s.log.Error("netio: rpc port ended", "addr", s.addr, "err", err)
+	s.closeQuit()
+}
+
+func (s *Server) closeQuit() {
+	s.quitOnce.Do(func() {
+		close(s.quit)
+		for _, ln := range s.listeners {
+			_ = ln.Close()
+		}
+	})
+}
+
+// Stop closes the listeners, answers every complete call frame that has
+// reached the server with 'node shutting down', closes every connection
+// (each gets OnClose) and waits for the event loops to end or ctx to
+// expire. It is idempotent and safe from any goroutine but the server's own
+// event loops.
+func (s *Server) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() { go s.stop(ctx) })
+	select {
+	case <-s.stopped:
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("netio: stop %s: %w", s.addr, ctx.Err())
 	}
+}
+
+func (s *Server) stop(ctx context.Context) {
+	defer close(s.stopped)
+	s.stopping.Store(true) // from here every frame read is answered by netio, not the Handler
+	s.closeQuit()
+	wait := func(wg *sync.WaitGroup) {
+		ch := make(chan struct{})
+		go func() { wg.Wait(); close(ch) }()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}
+	wait(&s.acceptWG) // Enroll returns after OnOpen: every accepted connection is in s.conns now
+	s.mu.Lock()
+	conns := make([]*Conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	var finishing sync.WaitGroup
+	for _, c := range conns {
+		finishing.Add(1)
+		task := gnet.RunnableFunc(func(context.Context) error {
+			defer finishing.Done()
+			c.finish()
+			return nil
+		})
+		if err := c.gc.EventLoop().Execute(ctx, task); err != nil {
+			finishing.Done()
+		}
+	}
+	wait(&finishing)
+	var loops sync.WaitGroup
+	for _, cli := range s.loops {
+		loops.Go(func() { _ = cli.Stop() }) // closes what is left; OnClose for each
+	}
+	wait(&loops)
+	s.outPoll.close() // after every OnClose: no connection is watched any more
+	s.janitor.Wait()
+	s.doneOnce.Do(func() { close(s.done) })
 }
 
 func (s *Server) countBad(c *Conn, err error) {
@@ -307,22 +387,25 @@ func (s *Server) countSlow(c *Conn) {
 	s.log.Debug("netio: slow reader, closing connection", "remote", c.remote, "conn", c.id, "limit", s.maxOutbound)
 }
 
+func inc(c *metrics.Counter) {
+	if c != nil {
+		c.Inc()
+	}
+}
+
 // engineHandler keeps gnet's callbacks off Server's exported method set.
+// There is one per event loop.
 type engineHandler struct {
 	gnet.BuiltinEventEngine
-	s *Server
+	s    *Server
+	loop int
 }
 
-func (e *engineHandler) OnBoot(eng gnet.Engine) gnet.Action {
-	e.s.eng = eng
-	return gnet.None
-}
-
-// OnTick first fires after gnet has opened every loop's listener: with
-// SO_REUSEPORT, OnBoot comes before the second and later listeners exist.
+// OnTick runs on gnet's ticker goroutine, which ends when the loop's engine
+// ends for any reason: the janitor counts a loop whose ticks stop as ended.
 func (e *engineHandler) OnTick() (time.Duration, gnet.Action) {
-	e.s.readyOne.Do(func() { close(e.s.ready) })
-	return time.Hour, gnet.None
+	e.s.lastTick[e.loop].Store(time.Now().UnixNano())
+	return 250 * time.Millisecond, gnet.None
 }
 
 func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
@@ -332,7 +415,9 @@ func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 		c.remote = ra.String()
 	}
 	gc.SetContext(c)
-	s.conns.Add(1)
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
 	if s.mConns != nil {
 		s.mConns.Inc()
 	}
@@ -344,218 +429,52 @@ func (e *engineHandler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	if !ok {
 		return gnet.None
 	}
+	s := e.s
 	c.mu.Lock()
 	c.closed = true
+	if c.polled {
+		s.outPoll.del(c) // before gnet closes the descriptor
+		c.polled = false
+	}
+	c.out = nil
+	out := c.outCharge.Swap(0)
 	c.mu.Unlock()
 	c.batch = nil
-	e.s.conns.Add(-1)
-	if e.s.mConns != nil {
-		e.s.mConns.Dec()
+	c.part = nil
+	part := c.partCharge.Swap(0)
+	c.partialSince.Store(0)
+	s.mu.Lock()
+	delete(s.conns, c)
+	if c.doomed.Load() {
+		s.doomed.Add(-c.doomedBytes.Load())
 	}
-	e.s.h.OnClose(c)
+	s.held.Add(-(out + part))
+	s.mu.Unlock()
+	s.open.Add(-1)
+	if s.mConns != nil {
+		s.mConns.Dec()
+	}
+	s.h.OnClose(c)
 	return gnet.None
 }
 
 func (e *engineHandler) OnTraffic(gc gnet.Conn) gnet.Action {
-	s := e.s
 	c, ok := gc.Context().(*Conn)
 	if !ok {
 		return gnet.Close
 	}
-	action := gnet.None
+	// Everything read is consumed at once: whole frames straight from
+	// gnet's buffer, the start of an incomplete one copied into c.part, so
+	// gnet never keeps bytes of ours between reads.
+	buf, _ := gc.Peek(-1)
 	c.inTraffic = true
-	for {
-		hdr, err := gc.Peek(HeaderSize)
-		if err != nil {
-			break // less than a header buffered
-		}
-		n, err := FrameLen(hdr, s.maxPayload)
-		if err != nil {
-			s.countBad(c, err)
-			action = gnet.Close
-			break
-		}
-		buf, err := gc.Peek(n)
-		if err != nil {
-			break // the rest of the frame has not arrived
-		}
-		f, _, err := Decode(buf, s.maxPayload)
-		if err != nil { // cannot happen after FrameLen; never trust it
-			s.countBad(c, err)
-			action = gnet.Close
-			break
-		}
-		s.h.OnFrame(c, f)
-		// Discard after OnFrame: f aliases buf, which Discard may recycle.
-		_, _ = gc.Discard(n)
-	}
+	action := c.consume(buf)
 	c.inTraffic = false
-	if len(c.batch) > 0 {
-		err := c.flushBatch()
-		if cap(c.batch) > 64<<10 {
-			c.batch = nil
-		} else {
-			c.batch = c.batch[:0]
-		}
-		if err != nil {
-			return gnet.Close
-		}
-	}
-	if action == gnet.None && int64(gc.OutboundBuffered()) > s.maxOutbound && c.slow.CompareAndSwap(false, true) {
-		s.countSlow(c)
-		return gnet.Close
+	_, _ = gc.Discard(-1)
+	if err := c.flushBatch(); err != nil {
+		action = gnet.Close
 	}
 	return action
-}
-
-// ID is unique among the connections of one Server.
-func (c *Conn) ID() uint64 { return c.id }
-
-// RemoteAddr is the peer's host:port.
-func (c *Conn) RemoteAddr() string { return c.remote }
-
-// Context returns what SetContext stored. Event loop only.
-func (c *Conn) Context() any { return c.user }
-
-// SetContext stores the caller's per-connection state. Event loop only.
-func (c *Conn) SetContext(v any) { c.user = v }
-
-// Send writes b from any goroutine and takes ownership of b. When nothing
-// is waiting to be written on the connection, Send writes to the socket
-// itself, so an answer made off the event loop costs no wake-up of the loop;
-// what the socket does not take at once is queued to the loop behind it
-// (gnet AsyncWrite), and later sends queue behind that until the loop has
-// written it all. It returns ErrConnClosed after the connection closed and
-// ErrSlowReader when the bytes queued but not yet written exceed
-// Options.MaxOutbound; the connection is then closed and counted.
-func (c *Conn) Send(b []byte) error {
-	if len(b) == 0 {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return ErrConnClosed
-	}
-	if c.slow.Load() {
-		return ErrSlowReader
-	}
-	if !c.loopOwned {
-		n, err := writeSome(c.fd, b)
-		if err != nil {
-			_ = c.gc.Close()
-			return fmt.Errorf("netio: send to %s: %w", c.remote, err)
-		}
-		if n == len(b) {
-			return nil
-		}
-		b = b[n:]
-	}
-	return c.queueLocked(b)
-}
-
-// writeSome writes what the non-blocking socket takes now.
-func writeSome(fd int, b []byte) (int, error) {
-	for {
-		n, err := unix.Write(fd, b)
-		switch err {
-		case nil:
-			return n, nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return 0, nil
-		}
-		return 0, os.NewSyscallError("write", err)
-	}
-}
-
-// queueLocked hands b to the event loop, behind whatever it holds already.
-// c.mu is held.
-func (c *Conn) queueLocked(b []byte) error {
-	n := int64(len(b))
-	if c.pending.Add(n) > c.srv.maxOutbound {
-		c.pending.Add(-n)
-		if c.slow.CompareAndSwap(false, true) {
-			c.srv.countSlow(c)
-			_ = c.gc.Close()
-		}
-		return ErrSlowReader
-	}
-	c.loopOwned = true
-	// gnet runs the callback on the loop, never inside AsyncWrite, so it
-	// may take c.mu.
-	err := c.gc.AsyncWrite(b, func(gc gnet.Conn, err error) error {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.pending.Add(-n) == 0 && err == nil && gc.OutboundBuffered() == 0 {
-			c.loopOwned = false // all written: Send may write directly again
-		}
-		if err == nil && int64(gc.OutboundBuffered()) > c.srv.maxOutbound && c.slow.CompareAndSwap(false, true) {
-			c.srv.countSlow(c)
-			_ = gc.Close()
-		}
-		return nil
-	})
-	if err != nil {
-		c.pending.Add(-n)
-		return fmt.Errorf("netio: send to %s: %w", c.remote, err)
-	}
-	return nil
-}
-
-// flushBatch writes the answers made during one OnTraffic. On the loop.
-func (c *Conn) flushBatch() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.loopOwned {
-		// Bytes are queued to the loop already (a partial direct write, say):
-		// the batch must go behind them, not into the middle of a frame.
-		return c.queueLocked(bytes.Clone(c.batch))
-	}
-	// Write copies what the socket does not take, so batch is reusable.
-	if _, err := c.gc.Write(c.batch); err != nil {
-		return err
-	}
-	if c.gc.OutboundBuffered() > 0 {
-		c.loopOwned = true
-	}
-	return nil
-}
-
-// SendNow appends b to the answers of the current read, written in one
-// write when OnTraffic ends. Only inside OnFrame; b is copied. Called
-// elsewhere on the loop it falls back to Send with a copy of b.
-func (c *Conn) SendNow(b []byte) {
-	if !c.inTraffic {
-		_ = c.Send(bytes.Clone(b))
-		return
-	}
-	c.batch = append(c.batch, b...)
-}
-
-// Close closes the connection asynchronously; OnClose follows on the loop.
-func (c *Conn) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil
-	}
-	return c.gc.Close()
-}
-
-// AppendReply appends a KindReply frame answering request id.
-func AppendReply(dst []byte, id uint64, payload []byte) []byte {
-	return AppendFrame(dst, Header{Kind: KindReply, ID: id}, "", "", payload)
-}
-
-// AppendError appends a KindError frame answering request id with code and
-// msg as the payload.
-func AppendError(dst []byte, id uint64, code Code, msg string) []byte {
-	dst = AppendFrame(dst, Header{Kind: KindError, Code: code, ID: id}, "", "", nil)
-	// Patch the payload length rather than convert msg to []byte.
-	binary.BigEndian.PutUint32(dst[len(dst)-HeaderSize+20:], uint32(len(msg)))
-	return append(dst, msg...)
 }
 
 // gnetLogger sends gnet's messages to slog; gnet's Info is Debug here and

@@ -82,6 +82,7 @@ type Node struct {
 	draining atomic.Bool
 	stop     chan struct{}
 	wg       sync.WaitGroup
+	failed   chan error // the RPC port ended while the node was not draining
 
 	badRequests  *metrics.Counter
 	helloRefused *metrics.Counter
@@ -103,6 +104,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		groups:  make(map[string]*group),
 		metrics: metrics.NewSet(),
 		stop:    make(chan struct{}),
+		failed:  make(chan error, 1),
 	}
 	switch opts.SchedProbes {
 	case "", "off", bpf.Proc, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint:
@@ -218,16 +220,21 @@ func (n *Node) Start() (err error) {
 	n.rpc, err = netio.Listen(netio.Options{
 		Addr:  rpcAddr,
 		Loops: n.cfg.Sched.Multi,
-		// Any frame a definition could allow is read whole, so one over its
-		// group's max_message_size is answered 'message too big' and the
-		// connection stays; only frames no group could take are bad.
-		MaxPayload: def.MaxMaxMessageSize,
-		Metrics:    n.metrics,
-		Logger:     n.log,
+		// A frame up to the largest max_message_size is read whole, so one
+		// over its own group's is answered 'message too big' here; netio
+		// answers a larger one itself and skips its bytes unkept.
+		MaxPayload:   n.largestMessage(),
+		MaxConns:     n.cfg.System.MaxConnections,
+		FrameTimeout: n.cfg.System.FrameTimeout,
+		BufferBudget: n.cfg.System.BufferBudget,
+		Metrics:      n.metrics,
+		Logger:       n.log,
 	}, n)
 	if err != nil {
 		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
 	}
+	n.wg.Add(1)
+	go n.watchRPC()
 	if err := n.startAdmin(); err != nil {
 		return err
 	}
@@ -304,6 +311,41 @@ func (n *Node) startGroup(g *group) error {
 	go func() { defer n.wg.Done(); g.readReplies(n.stop) }()
 	return nil
 }
+
+// largestMessage is the frame cap of the RPC port: the largest
+// max_message_size of any group here. A node with all_node forwards calls
+// for groups only other nodes define, whose sizes it does not know: it
+// takes the largest any definition may give.
+func (n *Node) largestMessage() int {
+	if len(n.cfg.System.AllNodes) > 0 {
+		return def.MaxMaxMessageSize
+	}
+	m := def.DefaultMaxMessageSize
+	if len(n.order) > 0 {
+		m = 0
+	}
+	for _, g := range n.order {
+		m = max(m, g.def.MaxMessageSize)
+	}
+	return m
+}
+
+// watchRPC reports the RPC port's end on Failed unless the node is
+// draining or stopping: a node that cannot take calls must not look alive.
+func (n *Node) watchRPC() {
+	defer n.wg.Done()
+	select {
+	case <-n.rpc.Done():
+		if err := n.rpc.Err(); err != nil && !n.draining.Load() {
+			n.failed <- fmt.Errorf("rpc port %s ended: %w", n.rpc.Addr(), err)
+		}
+	case <-n.stop:
+	}
+}
+
+// Failed delivers an error when the RPC port ends on its own while the node
+// is not draining; scdd then exits non-zero for its supervisor to restart it.
+func (n *Node) Failed() <-chan error { return n.failed }
 
 // registerNodeMetrics exposes what the process manager does node-wide.
 func (n *Node) registerNodeMetrics() {

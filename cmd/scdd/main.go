@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -20,6 +21,11 @@ import (
 	"tpsched/scd"
 	"tpsched/scd/def"
 )
+
+// memoryHeadroom is what scdd's Go heap may hold beyond rpc_buffer_budget
+// before its garbage collector works harder: the node's own state, the
+// metrics, the forwarder's calls in flight.
+const memoryHeadroom = 128 << 20
 
 func main() {
 	os.Exit(run())
@@ -68,6 +74,12 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// rpc_buffer_budget bounds what the RPC port holds; a soft limit a
+		// little above it keeps the garbage of an attack (connections closed
+		// with their buffers) from growing the heap to twice that.
+		debug.SetMemoryLimit(cfg.System.BufferBudget + memoryHeadroom)
+	}
 	var moduleDirs []string
 	if exe, err := os.Executable(); err == nil {
 		moduleDirs = append(moduleDirs, filepath.Dir(exe))
@@ -94,7 +106,21 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
-	sig := <-sigs
+	var sig os.Signal
+	select {
+	case sig = <-sigs:
+	case err := <-node.Failed():
+		// The port takes no calls: exit non-zero so that a supervisor
+		// restarts the node, after a short drain of what is in flight.
+		log.Error("rpc port ended; stopping so that a supervisor restarts scdd", "err", err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := node.Drain(ctx); err != nil {
+			log.Error("drain", "err", err)
+		}
+		fmt.Fprintln(os.Stderr, "scdd:", err)
+		return 1
+	}
 	log.Info("signal received; draining", "signal", sig.String())
 	go func() { // a second signal stops at once
 		<-sigs

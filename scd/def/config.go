@@ -43,6 +43,9 @@ type System struct {
 	NamePort       int           // name_port: the UDP and TCP port of membership and announces (memberlist), the same on every node; default 12002; 0 picks a free one
 	ClusterKey     string        // cluster_key: 16..1024 bytes shared by every node; peers' messages are authenticated with it (HMAC-SHA256); none = peers are trusted blindly
 	uapAllowRoot   bool          // uap_allow_root: Y lets a user server's uid or gid be root (0); default N
+	MaxConnections int           // max_connections: RPC connections open at once, 1..1048576; one beyond is closed at once, counted and logged; default 10000 (tpsched)
+	FrameTimeout   time.Duration // frame_timeout (seconds, 1..3600): how long a frame may take to arrive whole once its first bytes came; default 30 s (tpsched)
+	BufferBudget   int64         // rpc_buffer_budget (MiB in the file, bytes here), 1..1048576: bytes the RPC port holds in partial frames and unsent answers, node-wide; past it the connection holding the most is closed; default 64 MiB (tpsched)
 }
 
 // Sched is the schedule service definition (scdsvcdef).
@@ -129,4 +132,7 @@ const (
 	DefaultCPUWaitLimit    = 50 // percent
 	DefaultCacheEntries    = 64 // dccache
 	DefaultCacheTime       = 30 * time.Second
+	DefaultMaxConnections  = 10000
+	DefaultFrameTimeout    = 30 * time.Second
+	DefaultBufferBudget    = 64 << 20
 )

@@ -39,6 +39,9 @@ func defaultSystem(hostname string) System {
 		NamePort:       DefaultNamePort,
 		MetricsAddress: DefaultMetricsAddress,
 		WatchTime:      DefaultWatchTime,
+		MaxConnections: DefaultMaxConnections,
+		FrameTimeout:   DefaultFrameTimeout,
+		BufferBudget:   DefaultBufferBudget,
 	}
 }
 
@@ -210,6 +213,37 @@ var systemOperands = map[string]operand[System]{
 		values:  "MiB, 0..16777216; 0 = no gate",
 		opentp1: "If there is no spare system memory, a non-resident process is executed after the finish of any currently executing non-resident process (000).",
 		tpsched: "Says what spare memory is: while MemAvailable is below this much, a non-resident process starts only after another one ended, higher schedule_priority first.",
+		own:     true,
+	},
+	"max_connections": {
+		set: func(s *System, v []string) (err error) {
+			s.MaxConnections, err = intIn(v, 1, 1<<20)
+			return err
+		},
+		value:   "10000",
+		values:  "1..1048576",
+		tpsched: "RPC connections open at once: one beyond is closed at once, counted (tpsched_connections_refused_total) and logged. scdd warns at start when the open-file limit cannot hold this many.",
+		own:     true,
+	},
+	"frame_timeout": {
+		set: func(s *System, v []string) (err error) {
+			s.FrameTimeout, err = secondsIn(v, 1, 3600)
+			return err
+		},
+		value:   "30",
+		values:  "seconds, 1..3600",
+		tpsched: "How long a frame may take to arrive whole once its first bytes came; a connection past it is closed and counted.",
+		own:     true,
+	},
+	"rpc_buffer_budget": {
+		set: func(s *System, v []string) (err error) {
+			mib, err := intIn(v, 1, 1<<20)
+			s.BufferBudget = int64(mib) << 20
+			return err
+		},
+		value:   "64",
+		values:  "MiB, 1..1048576",
+		tpsched: "Bytes the RPC port may hold node-wide in partial frames and unsent answers; past it the connection holding the most is closed and counted. scdd's Go memory limit is this plus 128 MiB unless GOMEMLIMIT is set.",
 		own:     true,
 	},
 }

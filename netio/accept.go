@@ -1,0 +1,171 @@
+package netio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+)
+
+// netio accepts connections itself and hands each to its socket's gnet
+// event loop (gnet.Client.Enroll), rather than letting gnet listen: gnet
+// v2's accept path returns ErrAcceptSocket for any accept error but EAGAIN,
+// EINTR, ECONNRESET and ECONNABORTED, and that error ends the event loop's
+// polling and shuts the whole engine down. One EMFILE (a full fd table)
+// would so close the port for good while the process lived on.
+
+// listenReusePort opens n listening sockets with SO_REUSEPORT on one
+// address. With port 0 the first socket picks the port and the others
+// bind to it. It returns the sockets and host:port (host empty for a
+// wildcard address).
+func listenReusePort(addr string, n int) ([]*net.TCPListener, string, error) {
+	ta, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, "", err
+	}
+	host := ""
+	if ta.IP != nil {
+		host = ta.IP.String()
+		if ta.Zone != "" {
+			host += "%" + ta.Zone
+		}
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		})
+		if serr != nil {
+			return fmt.Errorf("setsockopt SO_REUSEPORT: %w", serr)
+		}
+		return err
+	}}
+	lns := make([]*net.TCPListener, 0, n)
+	bind := net.JoinHostPort(host, strconv.Itoa(ta.Port))
+	for range n {
+		ln, err := lc.Listen(context.Background(), "tcp", bind)
+		if err != nil {
+			for _, l := range lns {
+				_ = l.Close()
+			}
+			return nil, "", err
+		}
+		lns = append(lns, ln.(*net.TCPListener))
+		bind = net.JoinHostPort(host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	}
+	return lns, bind, nil
+}
+
+// Accept back-off: the first retry after a failed accept waits
+// acceptBackoffMin, each further one twice as long up to acceptBackoffMax.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// acceptLoop accepts on ln and registers each connection with cli, the
+// event loop of this receiving socket. Failures that may pass (EMFILE,
+// ENFILE, ENOBUFS, ENOMEM, ...) pause the loop and retry: connections wait
+// in the kernel's backlog meanwhile. A listener that can no longer accept
+// (closed, shut down) ends the server.
+func (s *Server) acceptLoop(ln *net.TCPListener, cli *gnet.Client) {
+	defer s.acceptWG.Done()
+	var backoff time.Duration
+	pause := func(err error) bool {
+		s.acceptErrs.Add(1)
+		inc(s.mAcceptErr)
+		backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
+		if n, ok := s.acceptLog.allow(); ok {
+			s.log.Warn("netio: accept failed; pausing before the next", "addr", s.addr, "err", err,
+				"pause", backoff, "failures_since_last_log", n)
+		}
+		select {
+		case <-time.After(backoff):
+			return true
+		case <-s.quit:
+			return false
+		}
+	}
+	for {
+		nc, err := ln.AcceptTCP()
+		if err != nil {
+			select {
+			case <-s.quit:
+				return
+			default:
+			}
+			if listenerGone(err) {
+				s.fail(fmt.Errorf("accept on %s: %w", ln.Addr(), err))
+				return
+			}
+			if !pause(err) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		if s.open.Add(1) > s.maxConns {
+			s.open.Add(-1)
+			s.refuse(nc)
+			continue
+		}
+		if _, err := cli.EnrollContext(nc, nil); err != nil { // closes nc in every case
+			s.open.Add(-1)
+			if !pause(fmt.Errorf("register with the event loop: %w", err)) {
+				return
+			}
+		}
+	}
+}
+
+// listenerGone tells errors after which the socket will never accept again
+// from those worth a retry.
+func listenerGone(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EBADF) ||
+		errors.Is(err, unix.ENOTSOCK) || errors.Is(err, unix.EOPNOTSUPP)
+}
+
+// refuse closes a connection accepted while MaxConns were open.
+func (s *Server) refuse(nc *net.TCPConn) {
+	remote := nc.RemoteAddr().String()
+	_ = nc.Close()
+	s.refused.Add(1)
+	inc(s.mRefused)
+	if n, ok := s.refuseLog.allow(); ok {
+		s.log.Warn("netio: connection refused: max_connections are open", "addr", s.addr, "remote", remote,
+			"max_connections", s.maxConns, "refused_since_last_log", n)
+	}
+}
+
+// rateLog lets one log line through per period and counts the ones held
+// back.
+type rateLog struct {
+	every time.Duration
+
+	mu     sync.Mutex
+	last   time.Time
+	held   int
+	primed bool
+}
+
+// allow reports whether a line may be logged now and, if so, how many
+// events were held back since the last one (this one included).
+func (r *rateLog) allow() (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held++
+	now := time.Now()
+	if r.primed && now.Sub(r.last) < r.every {
+		return 0, false
+	}
+	n := r.held
+	r.primed, r.last, r.held = true, now, 0
+	return n, true
+}

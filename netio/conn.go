@@ -1,0 +1,445 @@
+package netio
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+)
+
+// Conn is one client connection of a Server. Its methods are safe on the
+// event loop; Send, ID and RemoteAddr are safe from any goroutine.
+type Conn struct {
+	gc     gnet.Conn
+	srv    *Server
+	id     uint64
+	remote string
+
+	// Loop-only state.
+	user      any
+	batch     []byte
+	inTraffic bool
+	part      []byte // the start of an incomplete frame; nil when none
+	need      int    // the length of the frame in part, once its header is in
+	skip      int64  // bytes still to drop of a frame over MaxPayload
+
+	// Read by the janitor and the budget from other goroutines.
+	partialSince atomic.Int64 // unix ns when the frame now arriving began; 0 when none
+	partCharge   atomic.Int64 // cap(part), charged to the budget
+	outCharge    atomic.Int64 // cap of every slice in out, charged to the budget; written under mu
+	doomed       atomic.Bool  // being closed for the budget
+	doomedBytes  atomic.Int64 // what it held when doomed
+	timedOut     atomic.Bool
+	slow         atomic.Bool
+
+	fd int // the socket: every write is netio's own (see Send)
+
+	// mu orders every write to the socket and the close: OnClose sets
+	// closed before gnet closes the descriptor, so a write under mu never
+	// hits a closed or reused descriptor.
+	mu     sync.Mutex
+	closed bool     // guarded by mu
+	out    [][]byte // guarded by mu: answers the socket has not taken yet, in order
+	outOff int      // guarded by mu: bytes of out[0] already written
+	polled bool     // guarded by mu: the outPoller watches the socket
+}
+
+// ID is unique among the connections of one Server.
+func (c *Conn) ID() uint64 { return c.id }
+
+// RemoteAddr is the peer's host:port.
+func (c *Conn) RemoteAddr() string { return c.remote }
+
+// Context returns what SetContext stored. Event loop only.
+func (c *Conn) Context() any { return c.user }
+
+// SetContext stores the caller's per-connection state. Event loop only.
+func (c *Conn) SetContext(v any) { c.user = v }
+
+// consume cuts b, bytes just read, into frames. Whole frames are handed on
+// straight from b; the start of an incomplete one is copied into c.part
+// (charged to the budget, timed by FrameTimeout); a frame over MaxPayload
+// is answered and its bytes dropped as they come. On the loop.
+func (c *Conn) consume(b []byte) gnet.Action {
+	for len(b) > 0 {
+		if c.doomed.Load() || c.timedOut.Load() {
+			return gnet.Close // being closed: read nothing more into memory
+		}
+		if c.skip > 0 {
+			k := min(c.skip, int64(len(b)))
+			c.skip -= k
+			b = b[k:]
+			if c.skip == 0 {
+				c.partialSince.Store(0)
+			}
+			continue
+		}
+		if c.part != nil {
+			if len(c.part) < HeaderSize {
+				k := min(HeaderSize-len(c.part), len(b))
+				c.part = append(c.part, b[:k]...)
+				b = b[k:]
+				if len(c.part) < HeaderSize {
+					return gnet.None
+				}
+				n, ok, action := c.header(c.part)
+				if !ok {
+					c.dropPart(c.skip > 0)
+					if action != gnet.None {
+						return action
+					}
+					continue
+				}
+				c.need = n
+			}
+			k := min(c.need-len(c.part), len(b))
+			if !c.growPart(len(c.part) + k) {
+				return gnet.Close
+			}
+			c.part = append(c.part, b[:k]...)
+			b = b[k:]
+			if len(c.part) < c.need {
+				return gnet.None
+			}
+			action := c.dispatch(c.part)
+			c.dropPart(false)
+			if action != gnet.None {
+				return action
+			}
+			continue
+		}
+		if len(b) < HeaderSize {
+			c.startPart(0)
+			if !c.growPart(len(b)) {
+				return gnet.Close
+			}
+			c.part = append(c.part, b...)
+			return gnet.None
+		}
+		n, ok, action := c.header(b)
+		if !ok {
+			if action != gnet.None {
+				return action
+			}
+			b = b[HeaderSize:] // the rest is skipped above
+			continue
+		}
+		if len(b) < n {
+			c.startPart(n)
+			if !c.growPart(len(b)) {
+				return gnet.Close
+			}
+			c.part = append(c.part, b...)
+			return gnet.None
+		}
+		if action := c.dispatch(b[:n]); action != gnet.None {
+			return action
+		}
+		b = b[n:]
+	}
+	return gnet.None
+}
+
+// header checks the header at the start of h. For a good frame within
+// MaxPayload it returns its length and ok. A frame over MaxPayload is
+// answered, counted and set to be skipped (ok false, gnet.None); a bad
+// header is counted and closes the connection.
+func (c *Conn) header(h []byte) (n int, ok bool, action gnet.Action) {
+	s := c.srv
+	total, payload, err := checkHeader(h)
+	if err != nil {
+		s.countBad(c, err)
+		return 0, false, gnet.Close
+	}
+	if uint64(payload) <= uint64(s.maxPayload) {
+		return int(total), true, gnet.None
+	}
+	s.oversized.Add(1)
+	inc(s.mOversized)
+	switch Kind(h[3]) {
+	case KindCall, KindNameLookup:
+		c.SendNow(AppendError(nil, binary.BigEndian.Uint64(h[8:16]), CodeMessageTooBig,
+			fmt.Sprintf("%d bytes, this node takes at most %d", payload, s.maxPayload)))
+	}
+	c.skip = total - HeaderSize
+	if c.partialSince.Load() == 0 {
+		c.partialSince.Store(time.Now().UnixNano())
+	}
+	return 0, false, gnet.None
+}
+
+// startPart begins an incomplete frame of n bytes (0: its header is not in
+// yet).
+func (c *Conn) startPart(n int) {
+	c.need = n
+	c.part = []byte{}
+	c.partialSince.Store(time.Now().UnixNano())
+}
+
+// growPart makes room in c.part for want bytes, charging the budget for
+// what it adds. It reports false when the budget closed this connection.
+func (c *Conn) growPart(want int) bool {
+	have := cap(c.part)
+	if want <= have {
+		return true
+	}
+	limit := c.need
+	if limit == 0 {
+		limit = HeaderSize
+	}
+	size := min(max(want, 2*have, 512), limit)
+	if !c.srv.charge(c, int64(size-have)) {
+		return false
+	}
+	p := make([]byte, len(c.part), size)
+	copy(p, c.part)
+	c.part = p
+	return true
+}
+
+// dropPart ends the incomplete frame and gives its bytes back to the
+// budget; keepTimer leaves the FrameTimeout clock running (a skip follows).
+func (c *Conn) dropPart(keepTimer bool) {
+	c.srv.charge(c, -int64(cap(c.part)))
+	c.part, c.need = nil, 0
+	if !keepTimer {
+		c.partialSince.Store(0)
+	}
+}
+
+// dispatch hands one whole frame to the Handler or, once Stop has begun,
+// answers it 'node shutting down' itself.
+func (c *Conn) dispatch(b []byte) gnet.Action {
+	s := c.srv
+	f, _, err := Decode(b, s.maxPayload)
+	if err != nil { // cannot happen after header(); never trust it
+		s.countBad(c, err)
+		return gnet.Close
+	}
+	if s.stopping.Load() {
+		switch f.Kind {
+		case KindCall, KindNameLookup:
+			c.SendNow(AppendError(nil, f.ID, CodeShuttingDown, ""))
+		}
+		return gnet.None
+	}
+	s.h.OnFrame(c, f)
+	return gnet.None
+}
+
+// finish answers what the socket holds when Stop begins, then closes the
+// connection. On the loop, as a task.
+func (c *Conn) finish() {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return
+	}
+	// Read until the socket is empty: frames that reached the node are
+	// answered, and a close with nothing unread sends FIN, not RST, so the
+	// caller reads its answers before the end.
+	buf := make([]byte, 64<<10)
+	c.inTraffic = true
+	for {
+		n, err := unix.Read(c.fd, buf)
+		if n > 0 && c.consume(buf[:n]) != gnet.None {
+			break
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if n <= 0 || err != nil {
+			break
+		}
+	}
+	c.inTraffic = false
+	_ = c.flushBatch()
+	c.drainOut() // once, as far as the socket takes it now
+	_ = c.gc.EventLoop().Close(c.gc)
+}
+
+// Send writes b from any goroutine and takes ownership of b. When nothing
+// is waiting to be written on the connection, Send writes to the socket
+// itself, so an answer made off the event loop costs no wake-up of the loop;
+// what the socket does not take at once waits in the connection's queue,
+// and later sends queue behind it, until the socket takes it (written by
+// the server's outPoller). It returns ErrConnClosed after the connection
+// closed, ErrSlowReader when the bytes waiting exceed Options.MaxOutbound
+// and ErrOverBudget when the connection was closed for the node's buffer
+// budget; in the last two cases the connection is closed and counted.
+func (c *Conn) Send(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sendLocked(b, false)
+}
+
+// sendLocked writes b or queues it; with reuse, b is the caller's buffer
+// and what is queued is a copy. c.mu is held.
+func (c *Conn) sendLocked(b []byte, reuse bool) error {
+	switch {
+	case c.closed:
+		return ErrConnClosed
+	case c.slow.Load():
+		return ErrSlowReader
+	case c.doomed.Load():
+		return ErrOverBudget
+	}
+	off := 0
+	if len(c.out) == 0 {
+		n, err := writeSome(c.fd, b)
+		if err != nil {
+			_ = c.gc.Close()
+			return fmt.Errorf("netio: send to %s: %w", c.remote, err)
+		}
+		if n == len(b) {
+			return nil
+		}
+		off = n
+	}
+	if reuse {
+		b, off = bytes.Clone(b[off:]), 0
+	}
+	return c.queueLocked(b, off)
+}
+
+// writeSome writes what the non-blocking socket takes now.
+func writeSome(fd int, b []byte) (int, error) {
+	for {
+		n, err := unix.Write(fd, b)
+		switch err {
+		case nil:
+			return n, nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, nil
+		}
+		return 0, os.NewSyscallError("write", err)
+	}
+}
+
+// queueLocked puts b, of which off bytes are written, behind what waits
+// already, and has the outPoller watch the socket. c.mu is held.
+func (c *Conn) queueLocked(b []byte, off int) error {
+	if c.outCharge.Load()+int64(cap(b)) > c.srv.maxOutbound {
+		if c.slow.CompareAndSwap(false, true) {
+			c.srv.countSlow(c)
+			_ = c.gc.Close()
+		}
+		return ErrSlowReader
+	}
+	if len(c.out) == 0 {
+		c.outOff = off
+	}
+	c.out = append(c.out, b)
+	c.chargeOut(int64(cap(b)))
+	if c.doomed.Load() {
+		return ErrOverBudget // the budget chose this connection; its close is on the way
+	}
+	if !c.polled {
+		if err := c.srv.outPoll.add(c); err != nil {
+			_ = c.gc.Close()
+			return err
+		}
+		c.polled = true
+	}
+	return nil
+}
+
+// drainOut writes what waits in the queue, as far as the socket takes it.
+// The outPoller calls it when the socket is writable again.
+func (c *Conn) drainOut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.writeQueuedLocked()
+}
+
+// writeQueuedLocked writes the queue until it is empty or the socket is
+// full. c.mu is held.
+func (c *Conn) writeQueuedLocked() {
+	if c.closed {
+		return
+	}
+	for len(c.out) > 0 {
+		head := c.out[0]
+		n, err := writeSome(c.fd, head[c.outOff:])
+		if err != nil {
+			_ = c.gc.Close()
+			return
+		}
+		c.outOff += n
+		if c.outOff < len(head) {
+			return // full: the outPoller calls again when it is writable
+		}
+		c.out[0] = nil
+		c.out = c.out[1:]
+		c.outOff = 0
+		c.chargeOut(-int64(cap(head)))
+	}
+	c.out = nil
+	if c.polled {
+		c.srv.outPoll.del(c)
+		c.polled = false
+	}
+}
+
+// flushBatch writes the answers made during one read. On the loop.
+func (c *Conn) flushBatch() error {
+	if len(c.batch) == 0 {
+		return nil
+	}
+	c.mu.Lock()
+	err := c.sendLocked(c.batch, true)
+	c.mu.Unlock()
+	if cap(c.batch) > 64<<10 {
+		c.batch = nil
+	} else {
+		c.batch = c.batch[:0]
+	}
+	return err
+}
+
+// SendNow appends b to the answers of the current read, written in one
+// write when OnTraffic ends. Only inside OnFrame; b is copied. Called
+// elsewhere on the loop it falls back to Send with a copy of b.
+func (c *Conn) SendNow(b []byte) {
+	if !c.inTraffic {
+		_ = c.Send(bytes.Clone(b))
+		return
+	}
+	c.batch = append(c.batch, b...)
+}
+
+// Close closes the connection asynchronously; OnClose follows on the loop.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	return c.gc.Close()
+}
+
+// AppendReply appends a KindReply frame answering request id.
+func AppendReply(dst []byte, id uint64, payload []byte) []byte {
+	return AppendFrame(dst, Header{Kind: KindReply, ID: id}, "", "", payload)
+}
+
+// AppendError appends a KindError frame answering request id with code and
+// msg as the payload.
+func AppendError(dst []byte, id uint64, code Code, msg string) []byte {
+	dst = AppendFrame(dst, Header{Kind: KindError, Code: code, ID: id}, "", "", nil)
+	// Patch the payload length rather than convert msg to []byte.
+	binary.BigEndian.PutUint32(dst[len(dst)-HeaderSize+20:], uint32(len(msg)))
+	return append(dst, msg...)
+}
