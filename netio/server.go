@@ -95,6 +95,9 @@ type Conn struct {
 	user      any
 	batch     []byte
 	inTraffic bool
+	// inFlush: flushBatch holds mu around gnet's Write, and a failed Write
+	// closes the connection at once, calling OnClose on this goroutine.
+	inFlush bool
 
 	fd int // the socket, for writes straight from Send (see Send)
 
@@ -344,9 +347,13 @@ func (e *engineHandler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	if !ok {
 		return gnet.None
 	}
-	c.mu.Lock()
-	c.closed = true
-	c.mu.Unlock()
+	if c.inFlush {
+		c.closed = true // mu is held by flushBatch, below us on this goroutine
+	} else {
+		c.mu.Lock()
+		c.closed = true
+		c.mu.Unlock()
+	}
 	c.batch = nil
 	e.s.conns.Add(-1)
 	if e.s.mConns != nil {
@@ -514,7 +521,10 @@ func (c *Conn) flushBatch() error {
 		return c.queueLocked(bytes.Clone(c.batch))
 	}
 	// Write copies what the socket does not take, so batch is reusable.
-	if _, err := c.gc.Write(c.batch); err != nil {
+	c.inFlush = true
+	_, err := c.gc.Write(c.batch)
+	c.inFlush = false
+	if err != nil {
 		return err
 	}
 	if c.gc.OutboundBuffered() > 0 {
