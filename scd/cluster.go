@@ -33,7 +33,13 @@ type cluster struct {
 	leave    sync.Once
 
 	mu       sync.Mutex
-	received map[string]*metrics.Counter // by node a call was transferred from
+	received map[string]*metrics.Counter // by member node a call was transferred from
+	// receivedOther counts transferred calls from a node that is not a
+	// member of the name table: no name becomes a label value unless the
+	// node has proved it (hello) and is known (announced).
+	receivedOther *metrics.Counter
+	// retried counts calls sent on to another node.
+	retried *metrics.Counter
 }
 
 // globalRand is math/rand/v2's goroutine-safe source as a route.Rand.
@@ -69,20 +75,7 @@ func (n *Node) startCluster() error {
 	if err != nil {
 		return fmt.Errorf("scdsvcdef: scd_balance_rule: %w", err)
 	}
-	cl := &cluster{
-		self:  sys.NodeID,
-		names: names.NewTable(sys.NodeID),
-		fwd:   newForwarder(sys.NodeID, n.clusterKey(), n.log, n.metrics),
-		policy: route.Policy{
-			Rule:          rule,
-			Announce:      n.cfg.Sched.AnnounceServerStatus,
-			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
-			ScheduleRate:  n.cfg.Sched.ScheduleRate,
-		},
-		received: map[string]*metrics.Counter{},
-	}
-	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
-	cl.fwd.reroute = n.reroute
+	cl := n.newCluster(rule)
 	if n.clusterKey() == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
@@ -104,6 +97,28 @@ func (n *Node) startCluster() error {
 	n.log.Info("cluster joined", "name_port", cl.gossip.Port(), "seeds", seeds, "rule", rule.String(),
 		"announce", cl.policy.Announce, "this_node_first", cl.policy.ThisNodeFirst)
 	return nil
+}
+
+// newCluster is the inter-node state of this node before it joins.
+func (n *Node) newCluster(rule route.Rule) *cluster {
+	sys := n.cfg.System
+	cl := &cluster{
+		self:  sys.NodeID,
+		names: names.NewTable(sys.NodeID),
+		fwd:   newForwarder(sys.NodeID, n.clusterKey(), n.log, n.metrics),
+		policy: route.Policy{
+			Rule:          rule,
+			Announce:      n.cfg.Sched.AnnounceServerStatus,
+			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
+			ScheduleRate:  n.cfg.Sched.ScheduleRate,
+		},
+		received:           map[string]*metrics.Counter{},
+		receivedOther:      n.metrics.NewCounter(`tpsched_requests_received_total{from="unknown"}`),
+		retried:            n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="unreachable"}`),
+	}
+	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
+	cl.fwd.reroute = n.reroute
+	return cl
 }
 
 // localInfo is what this node announces: its groups, their levels (LEVEL0
@@ -190,7 +205,7 @@ func contains(list []string, s string) bool {
 // the caller serves it locally, or refuses it as the local rules say.
 func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
 	cl := n.cluster
-	if from := forwardedFrom(c, f); from != "" {
+	if from := forwardedBy(c, f); from != nil {
 		cl.countReceived(from, n.metrics)
 		return false, 0, "" // the hop mark: served here or refused, never transferred again
 	}
@@ -263,10 +278,8 @@ func (n *Node) transfer(fc *fwdCall, node string) (bool, netio.Code, string) {
 		return true, netio.CodeNetworkDown, "node " + node + " left"
 	}
 	fc.tried = append(fc.tried, node)
-	if !n.cluster.fwd.send(node, info.Addr, fc) {
-		return true, netio.CodeServerBusy, "too many calls waiting for node " + node
-	}
-	return true, netio.CodeOK, ""
+	code, msg := n.cluster.fwd.send(node, info.Addr, fc)
+	return true, code, msg
 }
 
 // reroute is the forwarder's way back after a node could not be reached:
@@ -276,7 +289,6 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 		answerErr(fc, netio.CodeNetworkDown, err.Error())
 		return
 	}
-	fc.retries--
 	g := n.groups[fc.group]
 	cands := n.cluster.candidates(nil, fc.group, g, fc.tried)
 	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
@@ -285,6 +297,8 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 		answerErr(fc, netio.CodeNetworkDown, err.Error()+"; no other node runs "+fc.group)
 		return
 	}
+	fc.retries--
+	n.cluster.retried.Inc()
 	if cands[i].Local {
 		f := netio.Frame{
 			Header:  netio.Header{Kind: fc.kind, ID: fc.callerID, TimeoutMs: fc.timeoutMs},
@@ -302,15 +316,26 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 	}
 }
 
-func (cl *cluster) countReceived(from string, set *metrics.Set) {
-	cl.mu.Lock()
-	c := cl.received[from]
-	if c == nil {
-		c = set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, from))
-		cl.received[from] = c
+// countReceived counts a call transferred here by the node of hello h: under
+// its name once it is a member of the name table, else under "unknown".
+// The counter is kept on the connection, so the table is asked only until
+// the node is known.
+func (cl *cluster) countReceived(h *peerHello, set *metrics.Set) {
+	if h.received == nil {
+		if _, member := cl.names.Get(h.dialer); !member || h.dialer == cl.self {
+			cl.receivedOther.Inc()
+			return
+		}
+		cl.mu.Lock()
+		c := cl.received[h.dialer]
+		if c == nil {
+			c = set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, h.dialer))
+			cl.received[h.dialer] = c
+		}
+		cl.mu.Unlock()
+		h.received = c
 	}
-	cl.mu.Unlock()
-	c.Inc()
+	h.received.Inc()
 }
 
 func (n *Node) registerClusterMetrics() {

@@ -107,6 +107,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
+	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
 	for _, s := range cfg.Servers {
 		module, err := n.resolveModule(s.Module)
 		if err != nil {
