@@ -1,11 +1,14 @@
 package scd
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -32,14 +35,18 @@ type cluster struct {
 	candPool sync.Pool // *[]route.Candidate, one per call being routed
 	leave    sync.Once
 
+	// lastReceived is when (unix ns) the last transferred call came in: a
+	// leaving node serves until the others have stopped sending.
+	lastReceived atomic.Int64
+
 	mu       sync.Mutex
 	received map[string]*metrics.Counter // by member node a call was transferred from
 	// receivedOther counts transferred calls from a node that is not a
 	// member of the name table: no name becomes a label value unless the
 	// node has proved it (hello) and is known (announced).
 	receivedOther *metrics.Counter
-	// retried counts calls sent on to another node.
-	retried *metrics.Counter
+	// retried counts calls sent on to another node, by why.
+	retriedUnreachable, retriedRefused *metrics.Counter
 }
 
 // globalRand is math/rand/v2's goroutine-safe source as a route.Rand.
@@ -114,7 +121,8 @@ func (n *Node) newCluster(rule route.Rule) *cluster {
 		},
 		received:           map[string]*metrics.Counter{},
 		receivedOther:      n.metrics.NewCounter(`tpsched_requests_received_total{from="unknown"}`),
-		retried:            n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="unreachable"}`),
+		retriedUnreachable: n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="unreachable"}`),
+		retriedRefused:     n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="refused"}`),
 	}
 	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
 	cl.fwd.reroute = n.reroute
@@ -157,6 +165,58 @@ func (n *Node) leaveCluster() {
 			n.log.Warn("leaving the cluster", "err", err)
 		}
 	})
+}
+
+// A stopping node leaves the cluster before it refuses anything: it leaves
+// (memberlist tells the others, which drop it from their name tables) and
+// serves on until no transferred call has come for leaveQuiet, at most
+// leaveGrace, so calls the others sent before they knew are served, not
+// refused. A call that still meets the refusal is sent on by the node that
+// transferred it (refusedBeforeRunning).
+const (
+	leaveQuiet = 300 * time.Millisecond
+	leaveGrace = 5 * time.Second
+)
+
+// leaveBeforeDrain takes this node out of the cluster while it still
+// serves, and returns once the others have stopped sending to it.
+func (n *Node) leaveBeforeDrain(ctx context.Context) {
+	if n.cluster == nil || n.cluster.gossip == nil {
+		return
+	}
+	start := time.Now()
+	n.log.Info("leaving the cluster; serving until the other nodes stop sending here")
+	n.leaveCluster()
+	left := time.Now().UnixNano()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		now := time.Now()
+		quietSince := time.Unix(0, max(left, n.cluster.lastReceived.Load()))
+		if now.Sub(quietSince) >= leaveQuiet {
+			n.log.Info("left the cluster", "took", now.Sub(start).Round(time.Millisecond))
+			return
+		}
+		if now.Sub(start) >= leaveGrace {
+			n.log.Warn("other nodes still send calls here after leaving; draining all the same",
+				"waited", now.Sub(start).Round(time.Millisecond))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// transfersInFlight is the calls this node has handed to other nodes and
+// not yet answered.
+func (n *Node) transfersInFlight() int {
+	if n.cluster == nil {
+		return 0
+	}
+	return n.cluster.fwd.totalInFlight()
 }
 
 // announce tells the other nodes this node's state now.
@@ -275,18 +335,25 @@ func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
 func (n *Node) transfer(fc *fwdCall, node string) (bool, netio.Code, string) {
 	info, ok := n.cluster.names.Get(node)
 	if !ok {
-		return true, netio.CodeNetworkDown, "node " + node + " left"
+		// The node left between the choice and now; the call has not left
+		// this node, so it is chosen for again, free of the retry budget.
+		fc.tried = append(fc.tried, node)
+		fc.retries++
+		n.reroute(fc, fmt.Errorf("node %s left: %w", node, errCommunication))
+		return true, netio.CodeOK, ""
 	}
 	fc.tried = append(fc.tried, node)
 	code, msg := n.cluster.fwd.send(node, info.Addr, fc)
 	return true, code, msg
 }
 
-// reroute is the forwarder's way back after a node could not be reached:
-// up to scd_retry_of_comm_error other nodes, this one included, are tried.
+// reroute is the forwarder's way back after a node could not be reached,
+// or refused a call before running it: up to scd_retry_of_comm_error other
+// nodes, this one included, are tried. When none is left the caller gets
+// the refusal, or 'network down'.
 func (n *Node) reroute(fc *fwdCall, err error) {
 	if fc.retries <= 0 || n.draining.Load() {
-		answerErr(fc, netio.CodeNetworkDown, err.Error())
+		answerUnsent(fc, err, "")
 		return
 	}
 	g := n.groups[fc.group]
@@ -294,11 +361,15 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
 		Socket: n.cluster.socketGroup(fc.group, g)}, globalRand{})
 	if i < 0 {
-		answerErr(fc, netio.CodeNetworkDown, err.Error()+"; no other node runs "+fc.group)
+		answerUnsent(fc, err, "; no other node runs "+fc.group)
 		return
 	}
 	fc.retries--
-	n.cluster.retried.Inc()
+	if errors.As(err, new(*refusal)) {
+		n.cluster.retriedRefused.Inc()
+	} else {
+		n.cluster.retriedUnreachable.Inc()
+	}
 	if cands[i].Local {
 		f := netio.Frame{
 			Header:  netio.Header{Kind: fc.kind, ID: fc.callerID, TimeoutMs: fc.timeoutMs},
@@ -321,6 +392,7 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 // The counter is kept on the connection, so the table is asked only until
 // the node is known.
 func (cl *cluster) countReceived(h *peerHello, set *metrics.Set) {
+	cl.lastReceived.Store(time.Now().UnixNano())
 	if h.received == nil {
 		if _, member := cl.names.Get(h.dialer); !member || h.dialer == cl.self {
 			cl.receivedOther.Inc()

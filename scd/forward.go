@@ -44,9 +44,35 @@ type fwdCall struct {
 	via       *peer    // the peer it was last handed to
 }
 
-// errCommunication is a failure to reach a node before the call was sent:
-// the call can go elsewhere.
+// errCommunication is a failure to reach a node, or a refusal from a node
+// that certainly did not run the call: the call can go elsewhere.
 var errCommunication = errors.New("communication error")
+
+// refusal is a node's answer that says the call did not run there.
+type refusal struct {
+	node string
+	code netio.Code
+	msg  string
+}
+
+func (r *refusal) Error() string {
+	return fmt.Sprintf("node %s refused the call (%v: %s): %v", r.node, r.code, r.msg, errCommunication)
+}
+
+func (r *refusal) Unwrap() error { return errCommunication }
+
+// refusedBeforeRunning reports whether an error code from another node
+// certainly means the call never ran there, because of the node's state
+// rather than the call's: it stops, the group is held or gone there, or
+// its queue is full. Such a call is retried elsewhere like a communication
+// error (scd_retry_of_comm_error).
+func refusedBeforeRunning(code netio.Code) bool {
+	switch code {
+	case netio.CodeShuttingDown, netio.CodeServiceClosed, netio.CodeNoSuchGroup, netio.CodeServerBusy:
+		return true
+	}
+	return false
+}
 
 // peerQueue bounds the calls waiting for one peer's writer: beyond it a
 // call is refused server busy rather than buffered without limit.
@@ -79,8 +105,9 @@ type forwarder struct {
 	key     []byte
 	log     *slog.Logger
 	metrics *metrics.Set
-	// reroute is called with a call that could not be sent: it tries
-	// another node or answers the caller.
+	// reroute is called with a call that could not be sent, or that a node
+	// refused before running it: it tries another node or answers the
+	// caller.
 	reroute func(*fwdCall, error)
 
 	mu    sync.Mutex
@@ -236,9 +263,20 @@ func answerErr(cl *fwdCall, code netio.Code, msg string) {
 	}
 }
 
+// answerUnsent answers a call no node took after err: with the refusal it
+// met, or 'network down' (err, then more).
+func answerUnsent(cl *fwdCall, err error, more string) {
+	var r *refusal
+	if errors.As(err, &r) {
+		answerErr(cl, r.code, r.msg)
+		return
+	}
+	answerErr(cl, netio.CodeNetworkDown, err.Error()+more)
+}
+
 // Answer takes the answer to a sent call from its connection (it is the
 // call's netio.Answerer) and passes it to the caller under the caller's
-// id.
+// id; a refusal before running goes to reroute instead.
 func (cl *fwdCall) Answer(f netio.Frame, err error) {
 	p := cl.via
 	p.inFlight.Add(-1)
@@ -248,6 +286,8 @@ func (cl *fwdCall) Answer(f netio.Frame, err error) {
 	case err != nil:
 		// Not retried: the other node may have run it.
 		answerErr(cl, netio.CodeNetworkDown, "connection to node "+p.node+" lost")
+	case f.Kind == netio.KindError && refusedBeforeRunning(f.Code):
+		p.f.reroute(cl, &refusal{node: p.node, code: f.Code, msg: string(f.Payload)})
 	default:
 		out := netio.AppendFrame(nil, netio.Header{Kind: f.Kind, Code: f.Code, ID: cl.callerID}, "", "", f.Payload)
 		_ = cl.caller.Send(out)

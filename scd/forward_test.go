@@ -1,10 +1,13 @@
 package scd
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +19,7 @@ import (
 	"tpsched/netio"
 	"tpsched/scd/client"
 	"tpsched/scd/def"
+	"tpsched/scd/names"
 )
 
 // These tests run the forwarder on real sockets in process: a netio server
@@ -70,13 +74,13 @@ func (s *transferSide) OnFrame(c *netio.Conn, f netio.Frame) {
 func (s *transferSide) OnClose(*netio.Conn) {}
 
 // startTransferSide starts a forwarder named self behind a netio server
-// with loops event loops; a call that cannot be sent is answered 'network
-// down', not retried.
+// with loops event loops; a call that cannot be sent, or is refused, is
+// answered so, not retried.
 func startTransferSide(t *testing.T, self, key string, loops int, route func(string) (string, string)) (*transferSide, string) {
 	t.Helper()
 	s := &transferSide{route: route}
 	s.fwd = newForwarder(self, []byte(key), slog.New(slog.DiscardHandler), metrics.NewSet())
-	s.fwd.reroute = func(fc *fwdCall, err error) { answerErr(fc, netio.CodeNetworkDown, err.Error()) }
+	s.fwd.reroute = func(fc *fwdCall, err error) { answerUnsent(fc, err, "") }
 	srv, err := netio.Listen(netio.Options{Addr: "127.0.0.1:0", Loops: loops, Logger: slog.New(slog.DiscardHandler)}, s)
 	if err != nil {
 		t.Fatal(err)
@@ -228,4 +232,82 @@ func codeOf(err error) netio.Code {
 // testSend hands fc to node's peer.
 func testSend(f *forwarder, node, addr string, fc *fwdCall) (netio.Code, string) {
 	return f.send(node, addr, fc)
+}
+
+// echoNode is a node that says hello as nodes do and answers every call
+// with its payload: a node that serves the group.
+type echoNode struct{ *Node }
+
+func (e echoNode) OnFrame(c *netio.Conn, f netio.Frame) {
+	if f.Kind != netio.KindCall {
+		e.Node.OnFrame(c, f)
+		return
+	}
+	c.SendNow(netio.AppendReply(nil, f.ID, f.Payload))
+}
+
+// TestRefusedTransferGoesElsewhere: a node that refuses a transferred call
+// before running it ('node shutting down': it drains) makes the forwarder
+// send the call to another node, with scd_retry_of_comm_error; without
+// retries the caller gets the refusal itself.
+func TestRefusedTransferGoesElsewhere(t *testing.T) {
+	for _, retries := range []int{1, 0} {
+		t.Run(fmt.Sprintf("retries %d", retries), func(t *testing.T) {
+			stopping, stoppingAddr := clusterNode(t, "n1", testKey)
+			stopping.draining.Store(true)
+			_, servingAddr := testClusterNode(t, &def.Config{System: def.System{NodeID: "n2", ClusterKey: testKey}},
+				func(n *Node) netio.Handler { return echoNode{n} })
+			work := []names.GroupInfo{{Group: "work"}}
+			n0, addr := testClusterNode(t, &def.Config{
+				System: def.System{NodeID: "n0", ClusterKey: testKey},
+				Sched:  def.Sched{RetryOfCommError: retries, AnnounceServerStatus: true},
+			}, nil, names.NodeInfo{Node: "n1", Addr: stoppingAddr, Groups: work},
+				names.NodeInfo{Node: "n2", Addr: servingAddr, Groups: work})
+			c, err := client.New(client.Options{Hosts: []string{addr}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), testWait)
+			defer cancel()
+			var served, refused int
+			for i := range 200 { // about half go to n1 first
+				want := strconv.Itoa(i)
+				out, err := c.Call(ctx, "work", "echo", []byte(want))
+				switch {
+				case err == nil && string(out) == want:
+					served++
+				case retries == 0 && codeOf(err) == netio.CodeShuttingDown:
+					refused++
+				default:
+					t.Fatalf("call %d: %q, %v", i, out, err)
+				}
+			}
+			var b bytes.Buffer
+			n0.metrics.WritePrometheus(&b)
+			toN1 := metricValue(b.String(), `tpsched_forwarded_total{to="n1"}`)
+			retried := metricValue(b.String(), `tpsched_transfer_retries_total{reason="refused"}`)
+			t.Logf("served %d, refused %d; %d sent to the stopping node, %d sent on", served, refused, toN1, retried)
+			switch {
+			case retries == 1 && served != 200:
+				t.Errorf("%d of 200 calls served with a retry", served)
+			case retries == 1 && (toN1 == 0 || retried != toN1):
+				t.Errorf("%d calls sent to the stopping node, %d sent on:\n%s", toN1, retried, b.String())
+			case retries == 0 && (refused < 50 || served < 50):
+				t.Errorf("without retries: %d refused, %d served; want about half each", refused, served)
+			}
+		})
+	}
+}
+
+// metricValue is the value of the series named exactly name in a
+// Prometheus text exposition, 0 if absent.
+func metricValue(text, name string) int {
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
 }
