@@ -13,8 +13,8 @@ import (
 // carries many calls at once (MuxConn) and the one loop that cuts a byte
 // stream into frames (FrameReader). The Go client, the forwarder that moves
 // calls between nodes and the bench's caller all use it. It imports only the
-// standard library, so a program that only calls (the client) never links
-// gnet through it.
+// standard library and the codec (frame.go), so a program that only calls
+// (the client) never links gnet through it.
 
 // Errors of a MuxConn's calls.
 var (
@@ -78,7 +78,7 @@ type Answerer interface {
 // MuxOptions configure a MuxConn.
 type MuxOptions struct {
 	// MaxPayload bounds the answers read; a larger one closes the
-	// connection. Default DefaultMaxPayload.
+	// connection. Default 1 MiB.
 	MaxPayload int
 	// Reader, if set, is the FrameReader already used on the connection (a
 	// handshake), so that bytes it buffered are not lost.
@@ -131,7 +131,7 @@ type waiting struct {
 // NewMuxConn takes over nc and starts its reader goroutine.
 func NewMuxConn(nc net.Conn, opts MuxOptions) *MuxConn {
 	if opts.MaxPayload <= 0 {
-		opts.MaxPayload = DefaultMaxPayload
+		opts.MaxPayload = 1 << 20 // OpenTP1's default max_message_size
 	}
 	fr := opts.Reader
 	if fr == nil {
