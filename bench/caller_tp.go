@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -83,58 +82,81 @@ func (c *connCaller) ioOutcome(err error) (Outcome, error) {
 	return Failed, nil
 }
 
-// tpCaller speaks the tpsched frame protocol (netio), one call at a time.
+// tpCaller speaks the tpsched frame protocol (netio), one call at a time,
+// on a netio.MuxConn, the connection type of the Go client and of the
+// forwarder between nodes; it reads its answers itself (CallerReads).
 type tpCaller struct {
-	connCaller
-	group, service string
-	id             uint64
-	out, reply     []byte
+	addr, group, service string
+	reply                []byte // the last answer's buffer, reused
+
+	mu     sync.Mutex
+	mc     *netio.MuxConn
+	closed bool
 }
 
 // TpschedDialer calls group/service on a tpsched node (or the gnet echo
 // peer, which answers any call frame) at addr.
 func TpschedDialer(addr, group, service string) Dialer {
 	return func() Caller {
-		return &tpCaller{connCaller: connCaller{addr: addr}, group: group, service: service,
-			reply: make([]byte, 64<<10)}
+		return &tpCaller{addr: addr, group: group, service: service, reply: make([]byte, 64<<10)}
 	}
 }
 
+func (c *tpCaller) conn() (*netio.MuxConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, net.ErrClosed
+	}
+	if c.mc == nil {
+		nc, err := net.DialTimeout("tcp", c.addr, 2*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		c.mc = netio.NewMuxConn(nc, netio.MuxOptions{MaxPayload: 64 << 20, CallerReads: true})
+	}
+	return c.mc, nil
+}
+
+// Close ends the connection, also from another goroutine than the caller's.
+func (c *tpCaller) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	mc := c.mc
+	c.mc = nil
+	c.mu.Unlock()
+	if mc != nil {
+		mc.Close(nil)
+	}
+	return nil
+}
+
 func (c *tpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
-	nc, r, err := c.conn()
+	mc, err := c.conn()
 	if err != nil {
 		return Failed, nil
 	}
-	c.setDeadline(nc, deadline)
-	c.id++
 	var timeout uint32
 	if !deadline.IsZero() {
 		timeout = uint32(max(time.Until(deadline)/time.Millisecond, 1))
 	}
-	c.out = netio.AppendFrame(c.out[:0], netio.Header{Kind: netio.KindCall, ID: c.id, TimeoutMs: timeout},
-		c.group, c.service, payload)
-	if _, err := nc.Write(c.out); err != nil {
-		return c.ioOutcome(err)
-	}
-	if _, err := io.ReadFull(r, c.reply[:netio.HeaderSize]); err != nil {
-		return c.ioOutcome(err)
-	}
-	n, err := netio.FrameLen(c.reply[:netio.HeaderSize], 64<<20)
+	f, reply, err := mc.RoundTrip(netio.Header{Kind: netio.KindCall, TimeoutMs: timeout}, c.group, c.service, payload, deadline, c.reply)
+	c.reply = reply
 	if err != nil {
-		return Failed, fmt.Errorf("bench: tpsched reply: %w", err)
-	}
-	if n > len(c.reply) {
-		c.reply = append(c.reply, make([]byte, n-len(c.reply))...)
-	}
-	if _, err := io.ReadFull(r, c.reply[netio.HeaderSize:n]); err != nil {
-		return c.ioOutcome(err)
-	}
-	f, _, err := netio.Decode(c.reply[:n], 64<<20)
-	if err != nil {
-		return Failed, fmt.Errorf("bench: tpsched reply: %w", err)
-	}
-	if f.ID != c.id {
-		return Failed, fmt.Errorf("bench: reply id %d, want %d", f.ID, c.id)
+		// A broken or timed-out connection is dropped (RoundTrip closed
+		// it); the next call redials.
+		c.mu.Lock()
+		if c.mc == mc {
+			c.mc = nil
+		}
+		c.mu.Unlock()
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return TimedOut, nil
+		case isProtocolError(err):
+			return Failed, fmt.Errorf("bench: tpsched reply: %w", err)
+		}
+		return Failed, nil
 	}
 	switch {
 	case f.Kind == netio.KindReply:
@@ -145,6 +167,16 @@ func (c *tpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
 		return TimedOut, nil
 	}
 	return Failed, nil
+}
+
+// isProtocolError says the peer sent bytes that are no tpsched frame.
+func isProtocolError(err error) bool {
+	for _, e := range []error{netio.ErrBadMagic, netio.ErrBadVersion, netio.ErrBadKind, netio.ErrFrameSize} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkEcho verifies a reply is the request sent back: length and, cheaply,

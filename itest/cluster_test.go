@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -325,7 +326,16 @@ func TestClusterNodeKilledRetried(t *testing.T) {
 			t.Errorf("failure %v: want 'network down'", f.err)
 		}
 	}
-	t.Logf("%d calls failed (in flight on n2 when it died), %d succeeded in the second after", len(fails), after)
+	t.Logf("%d calls failed (in flight on n2 when it died), %d succeeded in the second after; %s", len(fails), after, whyFailed(fails))
+}
+
+// whyFailed counts failures by their message with the numbers taken out.
+func whyFailed(fails []failure) string {
+	counts := map[string]int{}
+	for _, f := range fails {
+		counts[regexp.MustCompile(`[0-9]+(\.[0-9]+){3}(:[0-9]+)?`).ReplaceAllString(f.err.Error(), "#")]++
+	}
+	return fmt.Sprint(counts)
 }
 
 // TestClusterNodeKilledNoRetry: with scd_retry_of_comm_error=0 a call
@@ -335,6 +345,7 @@ func TestClusterNodeKilledNoRetry(t *testing.T) {
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	fails, forgotten, _ := killUnderLoad(t, nodes)
+	t.Logf("%d calls failed: %s", len(fails), whyFailed(fails))
 	if len(fails) == 0 {
 		t.Errorf("no call failed although some were routed to the dead node with retries off")
 	}
@@ -352,6 +363,56 @@ func TestClusterNodeKilledNoRetry(t *testing.T) {
 		waitFor(t, 15*time.Second, fmt.Sprintf("node %d to know all three again", i), func() bool {
 			return len(knownNodes(t, n)) == 3
 		})
+	}
+}
+
+// TestClusterNodeStoppedUnderLoad: SIGTERM of one node of three while
+// calls flow through the other two, with scd_retry_of_comm_error=1. The
+// node leaves the cluster before it refuses anything, and a refusal that
+// still reaches a forwarder ('node shutting down': the call never ran) is
+// sent to another node, so no call fails.
+func TestClusterNodeStoppedUnderLoad(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{sched: "set scd_retry_of_comm_error = 1\n"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fails := make(chan failure, 100000)
+	var ok atomic.Int64
+	wg := load(ctx, nodes[:2], fails, &ok)
+	sentToN2 := func() float64 {
+		return metricSum(nodes[0].metrics(), `tpsched_forwarded_total{to="n2"}`) +
+			metricSum(nodes[1].metrics(), `tpsched_forwarded_total{to="n2"}`)
+	}
+	waitFor(t, 10*time.Second, "calls to reach n2 through the others", func() bool { return sentToN2() >= 200 })
+	before := sentToN2()
+	nodes[2].signal(syscall.SIGTERM)
+	stopped := time.Now()
+	if err := nodes[2].waitExit(30 * time.Second); err != nil {
+		t.Errorf("n2 exit: %v", err)
+	}
+	t.Logf("n2 stopped in %v", time.Since(stopped).Round(time.Millisecond))
+	okAtExit := ok.Load()
+	time.Sleep(time.Second) // the others go on without it
+	cancel()
+	wg.Wait()
+	close(fails)
+	var retried float64
+	for _, n := range nodes[:2] {
+		retried += metricSum(n.metrics(), `tpsched_transfer_retries_total{`)
+	}
+	t.Logf("%d calls succeeded (%d after n2 exited), %.0f sent to n2 before the SIGTERM and %.0f after, %.0f sent on to another node",
+		ok.Load(), ok.Load()-okAtExit, before, sentToN2()-before, retried)
+	n := 0
+	for f := range fails {
+		if n++; n <= 10 {
+			t.Errorf("call failed %v after the SIGTERM: %v", f.at.Sub(stopped).Round(time.Millisecond), f.err)
+		}
+	}
+	if n > 0 {
+		t.Errorf("%d calls failed while one node of three stopped", n)
+	}
+	if ok.Load()-okAtExit < 100 {
+		t.Errorf("only %d calls succeeded in the second after n2 exited", ok.Load()-okAtExit)
 	}
 }
 

@@ -135,9 +135,9 @@ func listenerGone(err error) bool {
 // refuse closes a connection accepted while MaxConns were open.
 func (s *Server) refuse(nc *net.TCPConn) {
 	remote := nc.RemoteAddr().String()
-	_ = nc.Close()
-	s.refused.Add(1)
+	s.refused.Add(1) // counted before the caller can see the close
 	inc(s.mRefused)
+	_ = nc.Close()
 	if n, ok := s.refuseLog.allow(); ok {
 		s.log.Warn("netio: connection refused: max_connections are open", "addr", s.addr, "remote", remote,
 			"max_connections", s.maxConns, "refused_since_last_log", n)

@@ -816,3 +816,37 @@ func TestStopAnswersWhatArrived(t *testing.T) {
 		}
 	}
 }
+
+// resetHandler answers at once, but first sleeps on a frame whose service
+// is "slow": long enough for the caller to reset the connection, so the
+// answer's write fails inside the event loop.
+type resetHandler struct{ echoHandler }
+
+func (h *resetHandler) OnFrame(c *Conn, f Frame) {
+	if string(f.Service) == "slow" {
+		time.Sleep(100 * time.Millisecond)
+	}
+	h.echoHandler.OnFrame(c, f)
+}
+
+// TestAnswerToResetConnection: a caller that resets its connection (RST)
+// while the node prepares its answer makes the answer's write fail inside
+// the event loop, which closes the connection there. The loop must go on
+// serving every other connection.
+func TestAnswerToResetConnection(t *testing.T) {
+	s := startServer(t, Options{Loops: 1}, &resetHandler{})
+	for i := range 3 {
+		rc := dial(t, s.Addr())
+		if _, err := rc.Write(AppendFrame(nil, Header{Kind: KindCall, ID: 1}, "grp", "slow", []byte("x"))); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // the loop has read the frame and sleeps
+		_ = rc.(*net.TCPConn).SetLinger(0)
+		rc.Close() // RST
+		c := dial(t, s.Addr())
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if err := call(c, c, 2, []byte("after a reset")); err != nil {
+			t.Fatalf("round %d: a call on another connection after a caller reset its own: %v", i, err)
+		}
+	}
+}

@@ -1,11 +1,14 @@
 package scd
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -32,8 +35,18 @@ type cluster struct {
 	candPool sync.Pool // *[]route.Candidate, one per call being routed
 	leave    sync.Once
 
+	// lastReceived is when (unix ns) the last transferred call came in: a
+	// leaving node serves until the others have stopped sending.
+	lastReceived atomic.Int64
+
 	mu       sync.Mutex
-	received map[string]*metrics.Counter // by node a call was transferred from
+	received map[string]*metrics.Counter // by member node a call was transferred from
+	// receivedOther counts transferred calls from a node that is not a
+	// member of the name table: no name becomes a label value unless the
+	// node has proved it (hello) and is known (announced).
+	receivedOther *metrics.Counter
+	// retried counts calls sent on to another node, by why.
+	retriedUnreachable, retriedRefused *metrics.Counter
 }
 
 // globalRand is math/rand/v2's goroutine-safe source as a route.Rand.
@@ -69,20 +82,7 @@ func (n *Node) startCluster() error {
 	if err != nil {
 		return fmt.Errorf("scdsvcdef: scd_balance_rule: %w", err)
 	}
-	cl := &cluster{
-		self:  sys.NodeID,
-		names: names.NewTable(sys.NodeID),
-		fwd:   newForwarder(sys.NodeID, n.clusterKey(), n.log, n.metrics),
-		policy: route.Policy{
-			Rule:          rule,
-			Announce:      n.cfg.Sched.AnnounceServerStatus,
-			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
-			ScheduleRate:  n.cfg.Sched.ScheduleRate,
-		},
-		received: map[string]*metrics.Counter{},
-	}
-	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
-	cl.fwd.reroute = n.reroute
+	cl := n.newCluster(rule)
 	if n.clusterKey() == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
@@ -104,6 +104,29 @@ func (n *Node) startCluster() error {
 	n.log.Info("cluster joined", "name_port", cl.gossip.Port(), "seeds", seeds, "rule", rule.String(),
 		"announce", cl.policy.Announce, "this_node_first", cl.policy.ThisNodeFirst)
 	return nil
+}
+
+// newCluster is the inter-node state of this node before it joins.
+func (n *Node) newCluster(rule route.Rule) *cluster {
+	sys := n.cfg.System
+	cl := &cluster{
+		self:  sys.NodeID,
+		names: names.NewTable(sys.NodeID),
+		fwd:   newForwarder(sys.NodeID, n.clusterKey(), n.log, n.metrics),
+		policy: route.Policy{
+			Rule:          rule,
+			Announce:      n.cfg.Sched.AnnounceServerStatus,
+			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
+			ScheduleRate:  n.cfg.Sched.ScheduleRate,
+		},
+		received:           map[string]*metrics.Counter{},
+		receivedOther:      n.metrics.NewCounter(`tpsched_requests_received_total{from="unknown"}`),
+		retriedUnreachable: n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="unreachable"}`),
+		retriedRefused:     n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="refused"}`),
+	}
+	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
+	cl.fwd.reroute = n.reroute
+	return cl
 }
 
 // localInfo is what this node announces: its groups, their levels (LEVEL0
@@ -142,6 +165,58 @@ func (n *Node) leaveCluster() {
 			n.log.Warn("leaving the cluster", "err", err)
 		}
 	})
+}
+
+// A stopping node leaves the cluster before it refuses anything: it leaves
+// (memberlist tells the others, which drop it from their name tables) and
+// serves on until no transferred call has come for leaveQuiet, at most
+// leaveGrace, so calls the others sent before they knew are served, not
+// refused. A call that still meets the refusal is sent on by the node that
+// transferred it (refusedBeforeRunning).
+const (
+	leaveQuiet = 300 * time.Millisecond
+	leaveGrace = 5 * time.Second
+)
+
+// leaveBeforeDrain takes this node out of the cluster while it still
+// serves, and returns once the others have stopped sending to it.
+func (n *Node) leaveBeforeDrain(ctx context.Context) {
+	if n.cluster == nil || n.cluster.gossip == nil {
+		return
+	}
+	start := time.Now()
+	n.log.Info("leaving the cluster; serving until the other nodes stop sending here")
+	n.leaveCluster()
+	left := time.Now().UnixNano()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		now := time.Now()
+		quietSince := time.Unix(0, max(left, n.cluster.lastReceived.Load()))
+		if now.Sub(quietSince) >= leaveQuiet {
+			n.log.Info("left the cluster", "took", now.Sub(start).Round(time.Millisecond))
+			return
+		}
+		if now.Sub(start) >= leaveGrace {
+			n.log.Warn("other nodes still send calls here after leaving; draining all the same",
+				"waited", now.Sub(start).Round(time.Millisecond))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// transfersInFlight is the calls this node has handed to other nodes and
+// not yet answered.
+func (n *Node) transfersInFlight() int {
+	if n.cluster == nil {
+		return 0
+	}
+	return n.cluster.fwd.totalInFlight()
 }
 
 // announce tells the other nodes this node's state now.
@@ -190,7 +265,7 @@ func contains(list []string, s string) bool {
 // the caller serves it locally, or refuses it as the local rules say.
 func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
 	cl := n.cluster
-	if from := forwardedFrom(c, f); from != "" {
+	if from := forwardedBy(c, f); from != nil {
 		cl.countReceived(from, n.metrics)
 		return false, 0, "" // the hop mark: served here or refused, never transferred again
 	}
@@ -260,30 +335,40 @@ func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
 func (n *Node) transfer(fc *fwdCall, node string) (bool, netio.Code, string) {
 	info, ok := n.cluster.names.Get(node)
 	if !ok {
-		return true, netio.CodeNetworkDown, "node " + node + " left"
+		// The node left between the choice and now; the call has not left
+		// this node, so it is chosen for again, free of the retry budget.
+		fc.tried = append(fc.tried, node)
+		fc.retries++
+		n.reroute(fc, fmt.Errorf("node %s left: %w", node, errCommunication))
+		return true, netio.CodeOK, ""
 	}
 	fc.tried = append(fc.tried, node)
-	if !n.cluster.fwd.send(node, info.Addr, fc) {
-		return true, netio.CodeServerBusy, "too many calls waiting for node " + node
-	}
-	return true, netio.CodeOK, ""
+	code, msg := n.cluster.fwd.send(node, info.Addr, fc)
+	return true, code, msg
 }
 
-// reroute is the forwarder's way back after a node could not be reached:
-// up to scd_retry_of_comm_error other nodes, this one included, are tried.
+// reroute is the forwarder's way back after a node could not be reached,
+// or refused a call before running it: up to scd_retry_of_comm_error other
+// nodes, this one included, are tried. When none is left the caller gets
+// the refusal, or 'network down'.
 func (n *Node) reroute(fc *fwdCall, err error) {
 	if fc.retries <= 0 || n.draining.Load() {
-		answerErr(fc, netio.CodeNetworkDown, err.Error())
+		answerUnsent(fc, err, "")
 		return
 	}
-	fc.retries--
 	g := n.groups[fc.group]
 	cands := n.cluster.candidates(nil, fc.group, g, fc.tried)
 	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
 		Socket: n.cluster.socketGroup(fc.group, g)}, globalRand{})
 	if i < 0 {
-		answerErr(fc, netio.CodeNetworkDown, err.Error()+"; no other node runs "+fc.group)
+		answerUnsent(fc, err, "; no other node runs "+fc.group)
 		return
+	}
+	fc.retries--
+	if errors.As(err, new(*refusal)) {
+		n.cluster.retriedRefused.Inc()
+	} else {
+		n.cluster.retriedUnreachable.Inc()
 	}
 	if cands[i].Local {
 		f := netio.Frame{
@@ -302,15 +387,27 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 	}
 }
 
-func (cl *cluster) countReceived(from string, set *metrics.Set) {
-	cl.mu.Lock()
-	c := cl.received[from]
-	if c == nil {
-		c = set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, from))
-		cl.received[from] = c
+// countReceived counts a call transferred here by the node of hello h: under
+// its name once it is a member of the name table, else under "unknown".
+// The counter is kept on the connection, so the table is asked only until
+// the node is known.
+func (cl *cluster) countReceived(h *peerHello, set *metrics.Set) {
+	cl.lastReceived.Store(time.Now().UnixNano())
+	if h.received == nil {
+		if _, member := cl.names.Get(h.dialer); !member || h.dialer == cl.self {
+			cl.receivedOther.Inc()
+			return
+		}
+		cl.mu.Lock()
+		c := cl.received[h.dialer]
+		if c == nil {
+			c = set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, h.dialer))
+			cl.received[h.dialer] = c
+		}
+		cl.mu.Unlock()
+		h.received = c
 	}
-	cl.mu.Unlock()
-	c.Inc()
+	h.received.Inc()
 }
 
 func (n *Node) registerClusterMetrics() {

@@ -113,6 +113,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
+	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
 	for _, s := range cfg.Servers {
 		module, err := n.resolveModule(s.Module)
 		if err != nil {
@@ -470,16 +471,16 @@ func (n *Node) ControlAddr() string { return n.adminLn.Addr().String() }
 // Drain refuses new calls, waits until every queued call is answered (or
 // ctx or DrainTimeout ends), then stops the UAPs and closes the ports.
 func (n *Node) Drain(ctx context.Context) error {
+	n.leaveBeforeDrain(ctx) // the other nodes stop sending here first
 	n.draining.Store(true)
 	n.log.Info("draining: new calls are refused")
-	n.leaveCluster() // the other nodes stop sending here
 	ctx, cancel := context.WithTimeout(ctx, n.opts.DrainTimeout)
 	defer cancel()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	var left int
 	for {
-		left = 0
+		left = n.transfersInFlight()
 		for _, g := range n.order {
 			left += g.inFlight()
 		}

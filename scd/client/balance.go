@@ -88,34 +88,20 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 	if !ok {
 		return nil, nil, false
 	}
-	cn, err := c.connFor(idx)
+	mc, err := c.connFor(idx)
 	if err != nil {
 		c.cache.forget(group)
 		return nil, nil, false
 	}
 	h.Flags |= netio.FlagBalanced
-	var w *waiter
-	if h.Kind == netio.KindCall {
-		w = cn.register(h.ID)
-	}
-	sent, err := cn.send(h, group, service, payload)
+	id, w, sent, err := c.start(idx, mc, h, group, service, payload)
 	if err != nil {
-		c.drop(cn, err)
 		c.cache.forget(group)
 		if !sent {
-			if w != nil {
-				cn.unregister(h.ID)
-			}
 			return nil, nil, false
 		}
-		if w == nil { // sent, perhaps: never resend
-			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}, true
-		}
 	}
-	if w == nil {
-		return nil, nil, true
-	}
-	reply, err = cn.wait(ctx, w, timeout)
+	reply, err = finish(ctx, mc, id, w, err, timeout)
 	return reply, err, true
 }
 
@@ -151,18 +137,18 @@ func (c *Client) balancedHost(ctx context.Context, group string) (int, bool) {
 
 // lookup asks a dchost node which nodes run group, with their levels.
 func (c *Client) lookup(ctx context.Context, group string) ([]netio.NodeLevel, error) {
-	cn, err := c.pick()
+	idx, mc, err := c.pick()
 	if err != nil {
 		return nil, err
 	}
-	h := netio.Header{Kind: netio.KindNameLookup, ID: c.nextID.Add(1)}
-	w := cn.register(h.ID)
-	if _, err := cn.send(h, group, "", nil); err != nil {
-		cn.unregister(h.ID)
-		c.drop(cn, err)
+	id, w, sent, err := c.start(idx, mc, netio.Header{Kind: netio.KindNameLookup}, group, "", nil)
+	if !sent {
 		return nil, err
 	}
-	answer, err := cn.wait(ctx, w, 5*time.Second)
+	if err != nil {
+		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+	}
+	answer, err := wait(ctx, mc, id, w, 5*time.Second)
 	if err != nil {
 		return nil, err
 	}

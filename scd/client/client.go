@@ -17,16 +17,13 @@
 package client
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"tpsched/netio"
@@ -80,16 +77,15 @@ func FromDefinition(c *def.Client) Options {
 
 // Client calls services on tpsched nodes. It is safe for concurrent use.
 type Client struct {
-	opts   Options
-	nDC    int // hosts[:nDC] are dchost; later ones were learned by name lookup
-	nextID atomic.Uint64
-	cache  *levelCache
+	opts  Options
+	nDC   int // hosts[:nDC] are dchost; later ones were learned by name lookup
+	cache *levelCache
 
 	mu      sync.Mutex
-	hosts   []string         // grows only
-	cur     int              // index of the dchost host calls go to
-	conns   map[int]*conn    // live connection per host index
-	dialing map[int]*dialing // dial under way per host index
+	hosts   []string               // grows only
+	cur     int                    // index of the dchost host calls go to
+	conns   map[int]*netio.MuxConn // live connection per host index
+	dialing map[int]*dialing       // dial under way per host index
 	closed  bool
 }
 
@@ -128,7 +124,7 @@ func New(opts Options) (*Client, error) {
 	if opts.CacheTime == 0 {
 		opts.CacheTime = def.DefaultCacheTime
 	}
-	c := &Client{opts: opts, nDC: len(hosts), hosts: hosts, conns: make(map[int]*conn), dialing: make(map[int]*dialing),
+	c := &Client{opts: opts, nDC: len(hosts), hosts: hosts, conns: make(map[int]*netio.MuxConn), dialing: make(map[int]*dialing),
 		cache: newLevelCache(opts.CacheEntries)}
 	if opts.HostSelect {
 		c.cur = rand.IntN(len(hosts))
@@ -164,7 +160,7 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 			return nil, &netio.Error{Code: netio.CodeTimedOut, Message: "the caller's deadline passed before the call was sent"}
 		}
 	}
-	h := netio.Header{Kind: kind, ID: c.nextID.Add(1)}
+	h := netio.Header{Kind: kind}
 	if c.opts.Balanced {
 		h.Flags = netio.FlagBalanced
 	}
@@ -178,62 +174,82 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 	}
 	var lastErr error
 	for range c.nDC {
-		cn, err := c.pick()
+		idx, mc, err := c.pick()
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		var w *waiter
-		if kind == netio.KindCall {
-			w = cn.register(h.ID)
+		id, w, sent, err := c.start(idx, mc, h, group, service, payload)
+		if !sent {
+			lastErr = err
+			continue
 		}
-		if sent, err := cn.send(h, group, service, payload); err != nil {
-			if !sent {
-				cn.unregister(h.ID)
-				c.drop(cn, err)
-				lastErr = err
-				continue
-			}
-			// The frame may have reached the node: fail, never resend.
-			c.drop(cn, err)
-			if w == nil {
-				return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
-			}
-		}
-		if w == nil {
-			return nil, nil
-		}
-		return cn.wait(ctx, w, timeout)
+		return finish(ctx, mc, id, w, err, timeout)
 	}
 	return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: lastErr.Error()}
 }
 
+// start sends a call on mc, the connection to host idx; w waits for its
+// answer (nil for a call without one). sent is false when the frame
+// certainly did not leave: the connection is dropped and the call may go to
+// another host. A call that may have been written is never sent again: it
+// fails 'network down' if its connection breaks.
+func (c *Client) start(idx int, mc *netio.MuxConn, h netio.Header, group, service string, payload []byte) (
+	id uint64, w *waiter, sent bool, err error) {
+	var a netio.Answerer
+	if h.Kind != netio.KindCallNoReply {
+		w = waiterPool.Get().(*waiter)
+		a = w
+	}
+	id, sent, err = mc.Call(h, group, service, payload, time.Time{}, a)
+	if !sent {
+		if w != nil {
+			waiterPool.Put(w) // never answered: reusable
+		}
+		c.drop(idx, mc, err)
+		return 0, nil, false, err
+	}
+	return id, w, true, err
+}
+
+// finish waits for the answer of a call start sent; err is start's.
+func finish(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, err error, timeout time.Duration) ([]byte, error) {
+	if w == nil {
+		if err != nil {
+			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+		}
+		return nil, nil
+	}
+	return wait(ctx, mc, id, w, timeout)
+}
+
 // pick returns the connection of the current host, dialing it if needed.
 // With HostChange every call advances to the next host.
-func (c *Client) pick() (*conn, error) {
+func (c *Client) pick() (int, *netio.MuxConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, errors.New("client closed")
+		return 0, nil, errors.New("client closed")
 	}
 	idx := c.cur
 	if c.opts.HostChange {
 		c.cur = (c.cur + 1) % c.nDC
 	}
 	c.mu.Unlock()
-	return c.connFor(idx)
+	mc, err := c.connFor(idx)
+	return idx, mc, err
 }
 
 // connFor returns the connection to host idx, dialing it if needed.
-func (c *Client) connFor(idx int) (*conn, error) {
+func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil, errors.New("client closed")
 	}
-	if cn := c.conns[idx]; cn != nil {
+	if mc := c.conns[idx]; mc != nil {
 		c.mu.Unlock()
-		return cn, nil
+		return mc, nil
 	}
 	if d := c.dialing[idx]; d != nil { // another call is dialling: share its outcome
 		c.mu.Unlock()
@@ -246,8 +262,8 @@ func (c *Client) connFor(idx int) (*conn, error) {
 		if c.closed {
 			return nil, errors.New("client closed")
 		}
-		if cn := c.conns[idx]; cn != nil {
-			return cn, nil
+		if mc := c.conns[idx]; mc != nil {
+			return mc, nil
 		}
 		return nil, errors.New("connection closed by the node")
 	}
@@ -273,10 +289,14 @@ func (c *Client) connFor(idx int) (*conn, error) {
 		d.err = errors.New("client closed")
 		return nil, d.err
 	}
-	cn := newConn(c, idx, nc)
-	c.conns[idx] = cn
-	go cn.readLoop()
-	return cn, nil
+	var mc *netio.MuxConn
+	mc = netio.NewMuxConn(nc, netio.MuxOptions{
+		// Error messages ride in the payload too, so allow a little slack.
+		MaxPayload: c.opts.MaxMessageSize + 64<<10,
+		OnClose:    func(err error) { c.forget(idx, mc) },
+	})
+	c.conns[idx] = mc
+	return mc, nil
 }
 
 // advance moves off a host that failed, unless another call already did.
@@ -288,15 +308,21 @@ func (c *Client) advance(failed int) {
 	c.mu.Unlock()
 }
 
-// drop forgets a broken connection and fails the calls waiting on it.
-func (c *Client) drop(cn *conn, err error) {
+// forget drops a connection that closed from the host table and moves off
+// its host.
+func (c *Client) forget(idx int, mc *netio.MuxConn) {
 	c.mu.Lock()
-	if c.conns[cn.host] == cn {
-		delete(c.conns, cn.host)
+	if c.conns[idx] == mc {
+		delete(c.conns, idx)
 	}
 	c.mu.Unlock()
-	c.advance(cn.host)
-	cn.fail(err)
+	c.advance(idx)
+}
+
+// drop forgets a broken connection and fails the calls waiting on it.
+func (c *Client) drop(idx int, mc *netio.MuxConn, err error) {
+	c.forget(idx, mc)
+	mc.Close(err)
 }
 
 // Close closes every connection; calls in flight fail with 'network down'.
@@ -304,103 +330,47 @@ func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	conns := c.conns
-	c.conns = map[int]*conn{}
+	c.conns = map[int]*netio.MuxConn{}
 	c.mu.Unlock()
-	for _, cn := range conns {
-		cn.fail(errors.New("client closed"))
+	for _, mc := range conns {
+		mc.Close(errClientClosed)
 	}
 	return nil
 }
+
+var errClientClosed = errors.New("client closed")
 
 type result struct {
 	payload []byte
 	err     error
 }
 
+// waiter is one call waiting for its answer: the netio.Answerer the
+// connection hands it to.
 type waiter struct{ ch chan result }
 
 var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan result, 1)} }}
 
-// conn is one TCP connection to a node with any number of calls in flight.
-// Writers append frames to a shared buffer; whoever finds no flush under way
-// writes, so concurrent calls share write syscalls.
-type conn struct {
-	c    *Client
-	host int
-	nc   net.Conn
-
-	wmu      sync.Mutex
-	wbuf     []byte
-	flushing bool
-	werr     error
-
-	pmu     sync.Mutex
-	pending map[uint64]*waiter
-	failed  error
-}
-
-func newConn(c *Client, host int, nc net.Conn) *conn {
-	return &conn{c: c, host: host, nc: nc, pending: make(map[uint64]*waiter)}
-}
-
-func (cn *conn) register(id uint64) *waiter {
-	w := waiterPool.Get().(*waiter)
-	cn.pmu.Lock()
-	if cn.failed != nil {
-		w.ch <- result{err: &netio.Error{Code: netio.CodeNetworkDown, Message: cn.failed.Error()}}
-	} else {
-		cn.pending[id] = w
-	}
-	cn.pmu.Unlock()
-	return w
-}
-
-func (cn *conn) unregister(id uint64) {
-	cn.pmu.Lock()
-	delete(cn.pending, id)
-	cn.pmu.Unlock()
-}
-
-// send writes a frame. It reports whether the frame may have reached the
-// node, even when err is set: the flushing writer also writes the frames
-// others appended meanwhile, and their failure must not make its own,
-// already written call move to another host.
-func (cn *conn) send(h netio.Header, group, service string, payload []byte) (sent bool, err error) {
-	cn.wmu.Lock()
-	if cn.werr != nil {
-		err := cn.werr
-		cn.wmu.Unlock()
-		return false, err
-	}
-	cn.wbuf = netio.AppendFrame(cn.wbuf, h, group, service, payload)
-	if cn.flushing {
-		cn.wmu.Unlock()
-		return true, nil // the flushing writer takes our frame with it
-	}
-	cn.flushing = true
-	var spare []byte
-	first := true // our frame is in the first write
-	for len(cn.wbuf) > 0 && cn.werr == nil {
-		out := cn.wbuf
-		cn.wbuf = spare[:0]
-		cn.wmu.Unlock()
-		n, err := cn.nc.Write(out)
-		cn.wmu.Lock()
-		spare = out
-		if first {
-			sent, first = err == nil || n > 0, false
+func (w *waiter) Answer(f netio.Frame, err error) {
+	switch {
+	case err != nil:
+		msg := err.Error()
+		if errors.Is(err, netio.ErrClosedByPeer) {
+			msg = "connection closed by the node"
 		}
-		if err != nil {
-			cn.werr = err
-		}
+		w.ch <- result{err: &netio.Error{Code: netio.CodeNetworkDown, Message: msg}}
+	case f.Kind == netio.KindReply:
+		w.ch <- result{payload: f.Payload}
+	case f.Kind == netio.KindError:
+		w.ch <- result{err: &netio.Error{Code: f.Code, Message: string(f.Payload)}}
+	default:
+		w.ch <- result{err: &netio.Error{Code: netio.CodeProtocol, Message: "unexpected " + f.Kind.String() + " frame"}}
 	}
-	cn.flushing = false
-	err = cn.werr
-	cn.wmu.Unlock()
-	return sent, err
 }
 
-func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]byte, error) {
+// wait waits for w's answer on mc, for ctx, or (when ctx has no deadline)
+// for timeout and a little more.
+func wait(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, timeout time.Duration) ([]byte, error) {
 	limit := timeout // for the message: what the caller had when the call began
 	var timer <-chan time.Time
 	if dl, ok := ctx.Deadline(); ok {
@@ -420,14 +390,7 @@ func (cn *conn) wait(ctx context.Context, w *waiter, timeout time.Duration) ([]b
 	case <-timer:
 	}
 	// The answer may still arrive; leave the waiter to it and the pool.
-	cn.pmu.Lock()
-	for id, pw := range cn.pending {
-		if pw == w {
-			delete(cn.pending, id)
-			break
-		}
-	}
-	cn.pmu.Unlock()
+	mc.Forget(id)
 	if ctx.Err() == context.Canceled {
 		return nil, ctx.Err()
 	}
@@ -445,68 +408,4 @@ func roundLimit(d time.Duration) time.Duration {
 		return d.Round(10 * time.Millisecond)
 	}
 	return d.Round(time.Millisecond)
-}
-
-// readLoop reads answers and hands each to the call waiting for its id.
-func (cn *conn) readLoop() {
-	r := bufio.NewReaderSize(cn.nc, 64<<10)
-	var hdr [netio.HeaderSize]byte
-	var err error
-	for {
-		if _, err = io.ReadFull(r, hdr[:]); err != nil {
-			break
-		}
-		var n int
-		// Error messages ride in the payload too, so allow a little slack.
-		if n, err = netio.FrameLen(hdr[:], cn.c.opts.MaxMessageSize+64<<10); err != nil {
-			break
-		}
-		buf := make([]byte, n) // the reply payload handed to the caller
-		copy(buf, hdr[:])
-		if _, err = io.ReadFull(r, buf[netio.HeaderSize:]); err != nil {
-			break
-		}
-		var f netio.Frame
-		if f, _, err = netio.Decode(buf, n); err != nil {
-			break
-		}
-		cn.deliver(f)
-	}
-	cn.c.drop(cn, err)
-}
-
-func (cn *conn) deliver(f netio.Frame) {
-	cn.pmu.Lock()
-	w := cn.pending[f.ID]
-	delete(cn.pending, f.ID)
-	cn.pmu.Unlock()
-	if w == nil {
-		return // the caller gave up already
-	}
-	switch f.Kind {
-	case netio.KindReply:
-		w.ch <- result{payload: f.Payload}
-	case netio.KindError:
-		w.ch <- result{err: &netio.Error{Code: f.Code, Message: string(f.Payload)}}
-	default:
-		w.ch <- result{err: &netio.Error{Code: netio.CodeProtocol, Message: "unexpected " + f.Kind.String() + " frame"}}
-	}
-}
-
-// fail closes the connection and fails every call waiting on it.
-func (cn *conn) fail(err error) {
-	if err == nil || errors.Is(err, io.EOF) {
-		err = errors.New("connection closed by the node")
-	}
-	cn.nc.Close()
-	cn.pmu.Lock()
-	if cn.failed == nil {
-		cn.failed = err
-	}
-	pending := cn.pending
-	cn.pending = map[uint64]*waiter{}
-	cn.pmu.Unlock()
-	for _, w := range pending {
-		w.ch <- result{err: &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}}
-	}
 }

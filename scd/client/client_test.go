@@ -548,28 +548,24 @@ func TestWrittenCallIsNotResentWhenALaterWriteFails(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatal("no connection")
 	}
-	var cn *conn
-	waitUntil(t, "call A to be writing", func() bool {
-		c.mu.Lock()
-		cn = c.conns[0]
-		c.mu.Unlock()
-		if cn == nil {
-			return false
-		}
-		cn.wmu.Lock()
-		defer cn.wmu.Unlock()
-		return cn.flushing
-	})
+	// A's write has begun once the node sees its first byte, and cannot end
+	// before the node reads the rest.
+	if _, err := io.ReadFull(srv, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	mc := c.conns[0]
+	c.mu.Unlock()
 	// B's frame waits in the buffer for A's writer.
 	if err := c.CallNoReply(testCtx(t), "demo", "log", big); err != nil {
 		t.Fatalf("CallNoReply: %v", err)
 	}
 	// Read A's frame whole: A's first write is done, the next (B's) blocks.
 	frameA := netio.HeaderSize + len("demo") + len("echo") + size
-	if _, err := io.CopyN(io.Discard, srv, int64(frameA)); err != nil {
+	if _, err := io.CopyN(io.Discard, srv, int64(frameA-1)); err != nil {
 		t.Fatal(err)
 	}
-	if err := cn.nc.SetWriteDeadline(time.Now()); err != nil { // B's write fails
+	if err := mc.NetConn().SetWriteDeadline(time.Now()); err != nil { // B's write fails
 		t.Fatal(err)
 	}
 	select {

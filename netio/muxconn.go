@@ -1,0 +1,412 @@
+package netio
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// This file is the calling side of the wire: a dialled connection that
+// carries many calls at once (MuxConn) and the one loop that cuts a byte
+// stream into frames (FrameReader). The Go client, the forwarder that moves
+// calls between nodes and the bench's caller all use it. It imports only the
+// standard library and the codec (frame.go), so a program that only calls
+// (the client) never links gnet through it.
+
+// Errors of a MuxConn's calls.
+var (
+	// ErrClosedByPeer ends the calls of a connection the other side closed.
+	ErrClosedByPeer = errors.New("netio: connection closed by the peer")
+	// ErrCallExpired answers a call whose deadline passed (MuxConn.Expire).
+	ErrCallExpired = errors.New("netio: no answer before the call's deadline")
+)
+
+// FrameReader reads whole frames off a byte stream.
+type FrameReader struct {
+	r          *bufio.Reader
+	maxPayload int
+}
+
+// NewFrameReader reads frames from r; a frame whose payload exceeds
+// maxPayload is an error (ErrFrameSize), as are bad magic, version or kind.
+func NewFrameReader(r io.Reader, maxPayload int) *FrameReader {
+	return &FrameReader{r: bufio.NewReaderSize(r, 64<<10), maxPayload: maxPayload}
+}
+
+// Read reads the next frame into buf, growing it when the frame does not
+// fit, and returns the frame, which aliases the returned buffer. It returns
+// io.EOF only when the stream ends between frames; a stream that ends
+// inside a frame is io.ErrUnexpectedEOF.
+func (fr *FrameReader) Read(buf []byte) (Frame, []byte, error) {
+	hdr, err := fr.r.Peek(HeaderSize)
+	if err != nil {
+		if err == io.EOF && len(hdr) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, buf, err
+	}
+	n, err := FrameLen(hdr, fr.maxPayload)
+	if err != nil {
+		return Frame{}, buf, err
+	}
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(fr.r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, buf, err
+	}
+	f, _, err := Decode(buf, fr.maxPayload)
+	return f, buf, err
+}
+
+// Answerer receives the answer to one call of a MuxConn, exactly once: the
+// answering frame (err nil; its buffer belongs to the Answerer), or the
+// reason there is none (the connection closed, the deadline passed). It is
+// called on the connection's reader goroutine, or on whichever goroutine
+// closes or expires, and must not block.
+type Answerer interface {
+	Answer(f Frame, err error)
+}
+
+// MuxOptions configure a MuxConn.
+type MuxOptions struct {
+	// MaxPayload bounds the answers read; a larger one closes the
+	// connection. Default 1 MiB.
+	MaxPayload int
+	// Reader, if set, is the FrameReader already used on the connection (a
+	// handshake), so that bytes it buffered are not lost.
+	Reader *FrameReader
+	// OnClose, if set, is called once when the connection closes, with the
+	// reason, before any waiting call is answered: by the time a caller
+	// hears of the close, its owner has forgotten the connection.
+	OnClose func(err error)
+	// CallerReads starts no reader goroutine: calls are made with
+	// RoundTrip, which reads its own answer on the caller's goroutine. For
+	// a connection that carries one call at a time, it saves a goroutine
+	// hand-off per call (the bench's closed loop).
+	CallerReads bool
+}
+
+// MuxConn is one dialled connection carrying any number of calls at once.
+// A call registers an Answerer under a fresh request id and its frame goes
+// out; a reader goroutine hands each answer to the Answerer of its id. The
+// connection closes once (Close, a failed write, a failed read); every call
+// still waiting is then answered with the reason.
+//
+// Writers share write syscalls: a frame is appended to one buffer, and
+// whoever finds no write under way writes the buffer, taking along what
+// others appended meanwhile.
+type MuxConn struct {
+	nc      net.Conn
+	fr      *FrameReader
+	onClose func(error)
+
+	wmu      sync.Mutex
+	wbuf     []byte
+	spare    []byte
+	flushing bool
+	werr     error // the first write error, or the close reason
+
+	readDeadline bool // RoundTrip set one on nc
+
+	mu      sync.Mutex
+	pending map[uint64]waiting
+	nextID  uint64
+	err     error // why it closed; nil while open
+	done    chan struct{}
+}
+
+type waiting struct {
+	a        Answerer
+	deadline time.Time // zero: none
+}
+
+// NewMuxConn takes over nc and starts its reader goroutine.
+func NewMuxConn(nc net.Conn, opts MuxOptions) *MuxConn {
+	if opts.MaxPayload <= 0 {
+		opts.MaxPayload = 1 << 20 // OpenTP1's default max_message_size
+	}
+	fr := opts.Reader
+	if fr == nil {
+		fr = NewFrameReader(nc, opts.MaxPayload)
+	}
+	fr.maxPayload = opts.MaxPayload
+	m := &MuxConn{nc: nc, fr: fr, onClose: opts.OnClose, pending: map[uint64]waiting{}, done: make(chan struct{})}
+	if !opts.CallerReads {
+		go m.readLoop()
+	}
+	return m
+}
+
+// RoundTrip, on a connection made with CallerReads, sends one call and
+// reads frames until its answer, which it returns in buf (grown when too
+// small); answers to other ids are dropped. A deadline that passes fails
+// it with os.ErrDeadlineExceeded. Any error closes the connection. One
+// RoundTrip at a time.
+func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, deadline time.Time, buf []byte) (Frame, []byte, error) {
+	m.mu.Lock()
+	err := m.err
+	m.nextID++
+	h.ID = m.nextID
+	m.mu.Unlock()
+	if err != nil {
+		return Frame{}, buf, err
+	}
+	if !deadline.IsZero() || m.readDeadline {
+		if err := m.nc.SetReadDeadline(deadline); err != nil {
+			m.Close(err)
+			return Frame{}, buf, err
+		}
+		m.readDeadline = !deadline.IsZero()
+	}
+	m.wmu.Lock()
+	if m.werr == nil {
+		m.wbuf = AppendFrame(m.wbuf, h, group, service, payload)
+	}
+	if _, err := m.flushLocked(nil); err != nil {
+		m.Close(err)
+		return Frame{}, buf, err
+	}
+	for {
+		var f Frame
+		if f, buf, err = m.fr.Read(buf); err != nil {
+			if err == io.EOF {
+				err = ErrClosedByPeer
+			}
+			m.Close(err)
+			return Frame{}, buf, err
+		}
+		if f.ID == h.ID {
+			return f, buf, nil
+		}
+	}
+}
+
+// NetConn is the underlying connection (for its addresses and socket
+// options; reading or writing it directly breaks the MuxConn).
+func (m *MuxConn) NetConn() net.Conn { return m.nc }
+
+// Expect registers a for the answer to a call under a fresh id, which the
+// caller puts in the call's frame. A non-zero deadline lets Expire answer
+// it ErrCallExpired. It fails with the close reason once the connection
+// closed.
+func (m *MuxConn) Expect(deadline time.Time, a Answerer) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return 0, m.err
+	}
+	m.nextID++
+	m.pending[m.nextID] = waiting{a: a, deadline: deadline}
+	return m.nextID, nil
+}
+
+// Forget withdraws the Answerer of id and reports whether it was still
+// waiting: if so it will never be called; if not, it has been or is being
+// answered.
+func (m *MuxConn) Forget(id uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.pending[id]; !ok {
+		return false
+	}
+	delete(m.pending, id)
+	return true
+}
+
+// Call sends one frame. With a, the answer goes to a under the id Call
+// gives the frame (h.ID is ignored) and returns, for Forget; without (a
+// call nobody waits for), the frame gets a fresh id all the same.
+//
+// sent reports whether the frame may have reached the other side, even
+// when err is set: a writer that flushes other callers' frames after its
+// own must not make its own, already written call look unsent. When sent is
+// false the frame certainly did not go out and a is never called: the call
+// may be tried elsewhere. When sent is true a gets exactly one answer.
+func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline time.Time, a Answerer) (id uint64, sent bool, err error) {
+	if a != nil {
+		if h.ID, err = m.Expect(deadline, a); err != nil {
+			return 0, false, err
+		}
+	} else {
+		m.mu.Lock()
+		m.nextID++
+		h.ID = m.nextID
+		m.mu.Unlock()
+	}
+	m.wmu.Lock()
+	if m.werr == nil {
+		m.wbuf = AppendFrame(m.wbuf, h, group, service, payload)
+	}
+	sent, err = m.flushLocked(nil)
+	if !sent && a != nil && !m.Forget(h.ID) {
+		// The connection closed under us and answered a already.
+		sent = true
+	}
+	if err != nil {
+		m.Close(err) // after Forget: an unsent call is not answered
+	}
+	return h.ID, sent, err
+}
+
+// Write sends frames already encoded (their ids from Expect). sent is as
+// for Call; the Answerers of frames that were not sent are answered by the
+// close that a failed write causes.
+func (m *MuxConn) Write(frames []byte) (sent bool, err error) {
+	m.wmu.Lock()
+	sent, err = m.flushLocked(frames)
+	if err != nil {
+		m.Close(err)
+	}
+	return sent, err
+}
+
+// flushLocked writes direct (if not nil) and then wbuf, unless another
+// writer is at it: then direct joins wbuf for that writer. wmu is held and
+// is released on return. err is the write error this call met, or the
+// connection's if it could not write at all; a close that comes after its
+// writes succeeded is not its error.
+func (m *MuxConn) flushLocked(direct []byte) (sent bool, err error) {
+	if m.werr != nil {
+		err := m.werr
+		m.wmu.Unlock()
+		return false, err
+	}
+	if m.flushing {
+		m.wbuf = append(m.wbuf, direct...)
+		m.wmu.Unlock()
+		return true, nil // the writer under way takes our frame with it
+	}
+	m.flushing = true
+	out, ours := direct, direct != nil
+	if !ours {
+		out, m.wbuf = m.wbuf, m.spare[:0]
+	}
+	first := true // our frame is in the first write
+	for len(out) > 0 {
+		m.wmu.Unlock()
+		n, werr := m.nc.Write(out)
+		m.wmu.Lock()
+		if !ours {
+			m.spare = out
+		}
+		if first {
+			sent, first = werr == nil || n > 0, false
+		}
+		if werr != nil {
+			err = werr
+			if m.werr == nil {
+				m.werr = werr
+			}
+			break
+		}
+		if m.werr != nil || len(m.wbuf) == 0 {
+			break // closed meanwhile (what others appended stays unsent), or all written
+		}
+		// wbuf and spare never share an array: appends during the next
+		// write must not touch the bytes being written.
+		out, m.wbuf, ours = m.wbuf, m.spare[:0], false
+	}
+	m.flushing = false
+	if cap(m.spare) > 1<<20 {
+		m.spare = nil // a huge frame's buffers are not kept
+	}
+	if len(m.wbuf) == 0 && cap(m.wbuf) > 1<<20 {
+		m.wbuf = nil
+	}
+	m.wmu.Unlock()
+	return sent, err
+}
+
+// Expire answers ErrCallExpired to the calls whose deadline is before now
+// and returns how many.
+func (m *MuxConn) Expire(now time.Time) int {
+	var late []Answerer
+	m.mu.Lock()
+	for id, w := range m.pending {
+		if !w.deadline.IsZero() && now.After(w.deadline) {
+			late = append(late, w.a)
+			delete(m.pending, id)
+		}
+	}
+	m.mu.Unlock()
+	for _, a := range late {
+		a.Answer(Frame{}, ErrCallExpired)
+	}
+	return len(late)
+}
+
+// Close closes the connection with reason (nil: net.ErrClosed), calls
+// OnClose, and answers every waiting call with the reason. Only the first
+// Close does anything.
+func (m *MuxConn) Close(reason error) error {
+	if reason == nil {
+		reason = net.ErrClosed
+	}
+	m.mu.Lock()
+	if m.err != nil {
+		m.mu.Unlock()
+		return nil
+	}
+	m.err = reason
+	waiters := m.pending
+	m.pending = nil
+	m.mu.Unlock()
+	m.wmu.Lock()
+	if m.werr == nil {
+		m.werr = reason
+	}
+	m.wmu.Unlock()
+	err := m.nc.Close()
+	close(m.done)
+	if m.onClose != nil {
+		m.onClose(reason)
+	}
+	for _, w := range waiters {
+		w.a.Answer(Frame{}, reason)
+	}
+	return err
+}
+
+// Done is closed when the connection has closed.
+func (m *MuxConn) Done() <-chan struct{} { return m.done }
+
+// Err is why the connection closed; nil while it is open.
+func (m *MuxConn) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+// readLoop hands each answer to the call waiting for its id until the
+// connection fails; an answer nobody waits for (expired, forgotten) is
+// dropped.
+func (m *MuxConn) readLoop() {
+	var err error
+	for {
+		var f Frame
+		if f, _, err = m.fr.Read(nil); err != nil {
+			break
+		}
+		m.mu.Lock()
+		w, ok := m.pending[f.ID]
+		if ok {
+			delete(m.pending, f.ID)
+		}
+		m.mu.Unlock()
+		if ok {
+			w.a.Answer(f, nil)
+		}
+	}
+	if err == io.EOF {
+		err = ErrClosedByPeer
+	}
+	m.Close(err)
+}

@@ -1,0 +1,383 @@
+package netio
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// answers records every answer an Answerer gets.
+type answers struct {
+	ch    chan answer
+	count atomic.Int64
+}
+
+type answer struct {
+	f   Frame
+	err error
+}
+
+func newAnswers() *answers { return &answers{ch: make(chan answer, 1024)} }
+
+func (a *answers) Answer(f Frame, err error) {
+	a.count.Add(1)
+	a.ch <- answer{f, err}
+}
+
+func (a *answers) next(t *testing.T) answer {
+	t.Helper()
+	select {
+	case r := <-a.ch:
+		return r
+	case <-time.After(testDeadline):
+		t.Fatal("no answer")
+		return answer{}
+	}
+}
+
+// frameServer accepts one connection on loopback and hands each frame it
+// reads (a copy) to serve, which writes answers with reply.
+func frameServer(t *testing.T, serve func(f Frame, reply func([]byte), nc net.Conn)) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		var wmu sync.Mutex
+		reply := func(b []byte) {
+			wmu.Lock()
+			defer wmu.Unlock()
+			_, _ = nc.Write(b)
+		}
+		fr := NewFrameReader(nc, 1<<20)
+		for {
+			f, _, err := fr.Read(nil)
+			if err != nil {
+				return
+			}
+			serve(f, reply, nc)
+		}
+	}()
+	return l.Addr().String()
+}
+
+func dialMux(t *testing.T, addr string, opts MuxOptions) *MuxConn {
+	t.Helper()
+	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMuxConn(nc, opts)
+	t.Cleanup(func() { m.Close(nil) })
+	return m
+}
+
+// TestMuxConnMatchesAnswersByID: many calls at once on one connection, the
+// answers coming back in another order than the calls went out, each
+// reaches its own caller.
+func TestMuxConnMatchesAnswersByID(t *testing.T) {
+	addr := frameServer(t, func(f Frame, reply func([]byte), _ net.Conn) {
+		payload := bytes.Clone(f.Payload)
+		go func() { // answers overtake each other
+			time.Sleep(time.Duration(len(payload)%7) * time.Millisecond)
+			reply(AppendReply(nil, f.ID, payload))
+		}()
+	})
+	m := dialMux(t, addr, MuxOptions{})
+	const goroutines, calls = 32, 50
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Go(func() {
+			a := newAnswers()
+			for i := range calls {
+				want := fmt.Sprintf("goroutine %d call %d%s", g, i, bytes.Repeat([]byte{'.'}, i%5))
+				if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", []byte(want), time.Time{}, a); !sent || err != nil {
+					t.Errorf("Call: %v, %v", sent, err)
+					return
+				}
+				if r := a.next(t); r.err != nil || string(r.f.Payload) != want {
+					t.Errorf("%s: answered %q, %v", want, r.f.Payload, r.err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestMuxConnCloseAnswersEveryWaiterOnce: Close answers every call still
+// waiting, once, with its reason, after OnClose; it happens once however
+// often and from wherever it is called; later calls are not sent.
+func TestMuxConnCloseAnswersEveryWaiterOnce(t *testing.T) {
+	addr := frameServer(t, func(Frame, func([]byte), net.Conn) {}) // never answers
+	var onClose atomic.Int64
+	var answeredBeforeOnClose atomic.Int64
+	a := newAnswers()
+	m := dialMux(t, addr, MuxOptions{OnClose: func(err error) {
+		onClose.Add(1)
+		answeredBeforeOnClose.Store(a.count.Load())
+	}})
+	const calls = 100
+	for range calls {
+		if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, a); !sent || err != nil {
+			t.Fatalf("Call: %v, %v", sent, err)
+		}
+	}
+	reason := errors.New("test closes")
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { m.Close(reason) })
+	}
+	wg.Wait()
+	for range calls {
+		if r := a.next(t); !errors.Is(r.err, reason) {
+			t.Errorf("answer %v, want the close reason", r.err)
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // a second answer would show by now
+	if n := a.count.Load(); n != calls {
+		t.Errorf("%d answers to %d calls", n, calls)
+	}
+	if n := onClose.Load(); n != 1 {
+		t.Errorf("OnClose called %d times", n)
+	}
+	if n := answeredBeforeOnClose.Load(); n != 0 {
+		t.Errorf("%d calls answered before OnClose", n)
+	}
+	select {
+	case <-m.Done():
+	default:
+		t.Error("Done not closed")
+	}
+	if !errors.Is(m.Err(), reason) {
+		t.Errorf("Err = %v", m.Err())
+	}
+	if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, a); sent || !errors.Is(err, reason) {
+		t.Errorf("Call after Close: sent %v, %v", sent, err)
+	}
+	if _, err := m.Expect(time.Time{}, a); !errors.Is(err, reason) {
+		t.Errorf("Expect after Close: %v", err)
+	}
+}
+
+// TestMuxConnPeerCloses: when the other side closes, the calls waiting get
+// ErrClosedByPeer; a bad frame from it closes the connection with the
+// decoding error.
+func TestMuxConnPeerCloses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(nc net.Conn)
+		want error
+	}{
+		{"close", func(nc net.Conn) { nc.Close() }, ErrClosedByPeer},
+		{"bad frame", func(nc net.Conn) { _, _ = nc.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n")) }, ErrBadMagic},
+		{"cut frame", func(nc net.Conn) {
+			_, _ = nc.Write(AppendReply(nil, 1, []byte("cut short"))[:HeaderSize+3])
+			nc.Close()
+		}, io.ErrUnexpectedEOF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			arrived := make(chan struct{}, 2)
+			addr := frameServer(t, func(f Frame, _ func([]byte), nc net.Conn) {
+				arrived <- struct{}{}
+				if f.ID == 2 {
+					tc.end(nc)
+				}
+			})
+			a := newAnswers()
+			m := dialMux(t, addr, MuxOptions{})
+			for range 2 {
+				if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, a); !sent || err != nil {
+					t.Fatalf("Call: %v, %v", sent, err)
+				}
+			}
+			for range 2 {
+				if r := a.next(t); !errors.Is(r.err, tc.want) {
+					t.Errorf("answer %v, want %v", r.err, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// TestMuxConnExpireAndForget: Expire answers only calls past their
+// deadline; their late answers, and answers to forgotten calls, are
+// dropped; the others are answered as usual.
+func TestMuxConnExpireAndForget(t *testing.T) {
+	release := make(chan struct{})
+	addr := frameServer(t, func(f Frame, reply func([]byte), _ net.Conn) {
+		go func() {
+			<-release
+			reply(AppendReply(nil, f.ID, []byte("late")))
+		}()
+	})
+	m := dialMux(t, addr, MuxOptions{})
+	now := time.Now()
+	late, forgotten, onTime := newAnswers(), newAnswers(), newAnswers()
+	if _, _, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, now.Add(time.Millisecond), late); err != nil {
+		t.Fatal(err)
+	}
+	id, _, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, forgotten)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, now.Add(time.Hour), onTime); err != nil {
+		t.Fatal(err)
+	}
+	if !m.Forget(id) || m.Forget(id) {
+		t.Error("Forget: want true, then false")
+	}
+	if n := m.Expire(now.Add(time.Second)); n != 1 {
+		t.Errorf("Expire answered %d calls, want 1", n)
+	}
+	if r := late.next(t); !errors.Is(r.err, ErrCallExpired) {
+		t.Errorf("late call: %v", r.err)
+	}
+	close(release)
+	if r := onTime.next(t); r.err != nil || string(r.f.Payload) != "late" {
+		t.Errorf("call on time: %q, %v", r.f.Payload, r.err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if late.count.Load() != 1 || forgotten.count.Load() != 0 {
+		t.Errorf("answers: expired call %d (want 1), forgotten call %d (want 0)", late.count.Load(), forgotten.count.Load())
+	}
+}
+
+// TestMuxConnSharedWrites: frames written while another write is under way
+// go out with the next write, whole and in order; a frame that did not go
+// out because the connection had failed is reported unsent and its caller
+// never answered.
+func TestMuxConnSharedWrites(t *testing.T) {
+	var mu sync.Mutex
+	var got []uint64
+	addr := frameServer(t, func(f Frame, reply func([]byte), _ net.Conn) {
+		mu.Lock()
+		got = append(got, f.ID)
+		mu.Unlock()
+		reply(AppendReply(nil, f.ID, nil))
+	})
+	m := dialMux(t, addr, MuxOptions{})
+	const writers, each = 16, 50
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			a := newAnswers()
+			for range each {
+				if _, _, err := m.Call(Header{Kind: KindCall}, "g", "s", make([]byte, 4096), time.Time{}, a); err != nil {
+					t.Error(err)
+					return
+				}
+				a.next(t)
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	n := len(got)
+	ids := slices.Clone(got)
+	mu.Unlock()
+	slices.Sort(ids)
+	if n != writers*each || len(slices.Compact(ids)) != n {
+		t.Errorf("server read %d frames (%d distinct), want %d", n, len(ids), writers*each)
+	}
+
+	m.NetConn().(*net.TCPConn).CloseWrite() // the next write fails
+	a := newAnswers()
+	if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, a); sent || err == nil {
+		t.Errorf("Call on a connection that cannot write: sent %v, %v", sent, err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if a.count.Load() != 0 {
+		t.Error("an unsent call was answered")
+	}
+}
+
+func TestFrameReader(t *testing.T) {
+	var stream []byte
+	stream = AppendReply(stream, 1, []byte("one"))
+	stream = AppendReply(stream, 2, bytes.Repeat([]byte("x"), 100))
+	stream = AppendError(stream, 3, CodeServerBusy, "full")
+	fr := NewFrameReader(bytes.NewReader(stream), 1000)
+	buf := make([]byte, 0, 40)
+	var ids []uint64
+	for {
+		f, b, err := fr.Read(buf)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("Read: %v", err)
+		}
+		buf = b
+		ids = append(ids, f.ID)
+	}
+	if !slices.Equal(ids, []uint64{1, 2, 3}) || cap(buf) < HeaderSize+100 {
+		t.Errorf("ids %v, buffer capacity %d", ids, cap(buf))
+	}
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		max    int
+		want   error
+	}{
+		{"cut header", stream[:10], 1000, io.ErrUnexpectedEOF},
+		{"cut payload", stream[:HeaderSize+1], 1000, io.ErrUnexpectedEOF},
+		{"over the limit", stream, 2, ErrFrameSize},
+		{"bad magic", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 1000, ErrBadMagic},
+	} {
+		if _, _, err := NewFrameReader(bytes.NewReader(tc.stream), tc.max).Read(nil); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestMuxConnRoundTrip: with CallerReads the caller reads its own answer,
+// into its own buffer; an answer to another id is skipped; a deadline that
+// passes ends the call and the connection.
+func TestMuxConnRoundTrip(t *testing.T) {
+	addr := frameServer(t, func(f Frame, reply func([]byte), _ net.Conn) {
+		switch string(f.Service) {
+		case "stray":
+			reply(AppendReply(nil, f.ID+100, []byte("not yours")))
+			reply(AppendReply(nil, f.ID, []byte("yours")))
+		case "never":
+		default:
+			reply(AppendReply(nil, f.ID, f.Payload))
+		}
+	})
+	m := dialMux(t, addr, MuxOptions{CallerReads: true})
+	buf := make([]byte, 0, 64)
+	for i := range 3 {
+		want := bytes.Repeat([]byte{'a' + byte(i)}, 10*(i+1)*(i+1))
+		f, b, err := m.RoundTrip(Header{Kind: KindCall}, "g", "echo", want, time.Now().Add(testDeadline), buf)
+		if err != nil || !bytes.Equal(f.Payload, want) {
+			t.Fatalf("round trip %d: %q, %v", i, f.Payload, err)
+		}
+		buf = b
+	}
+	if f, _, err := m.RoundTrip(Header{Kind: KindCall}, "g", "stray", nil, time.Time{}, buf); err != nil || string(f.Payload) != "yours" {
+		t.Fatalf("round trip after a stray answer: %q, %v", f.Payload, err)
+	}
+	_, _, err := m.RoundTrip(Header{Kind: KindCall}, "g", "never", nil, time.Now().Add(50*time.Millisecond), buf)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("round trip past its deadline: %v", err)
+	}
+	if m.Err() == nil {
+		t.Error("the connection stays open after a round trip failed")
+	}
+}
