@@ -40,7 +40,8 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		binDir = dir
-		build := exec.Command("go", "build", "-o", dir+"/", "tpsched/cmd/scdd", "tpsched/cmd/scdctl", "tpsched/cmd/uap-echo")
+		build := exec.Command("go", "build", "-o", dir+"/", "tpsched/cmd/scdd", "tpsched/cmd/scdctl", "tpsched/cmd/uap-echo",
+			"tpsched/itest/internal/uap-hostile")
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "itest: building the binaries:", err)

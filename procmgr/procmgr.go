@@ -93,9 +93,11 @@ type Delegate interface {
 	Failing(err error)
 }
 
-// Restart back-off: a process that dies soon after it started waits longer
-// before its replacement, so a UAP that crashes at start-up cannot spin the
-// node; one that lived a while is replaced at once.
+// Restart back-off: a process that dies soon after it started without
+// completing a call waits longer before its replacement, so a UAP that
+// crashes at start-up (or on every call) cannot spin the node; one that
+// lived a while, or served calls, is replaced at once (an operator's kill
+// -9 is no crash loop).
 const (
 	minBackoff   = 20 * time.Millisecond
 	maxBackoff   = 5 * time.Second
@@ -489,13 +491,15 @@ func (s *Server) Attached(slot int) {
 }
 
 // reap waits for the slot's process, tells the delegate, and reports how it
-// ended. The caller takes the process off the slot and then out of the
-// live count (s.live.Done), so Stop never sees a reaped process on a slot.
-func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Duration) {
+// ended and whether it was healthy: it lived stableUptime or served calls.
+// The caller takes the process off the slot and then out of the live count
+// (s.live.Done), so Stop never sees a reaped process on a slot.
+func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, healthy bool) {
 	s.mu.Lock()
 	proc = sl.proc
 	s.mu.Unlock()
 	state, err := proc.Wait()
+	served := s.delegate.Slot(sl.index).Served // before Exited clears it
 	s.usage.forget(proc.Pid)
 	if err != nil {
 		exitErr = err
@@ -505,7 +509,7 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Du
 	s.running.Add(-1)
 	s.delegate.Exited(sl.index, proc.Pid, exitErr)
 	s.mu.Lock()
-	uptime = time.Since(sl.started)
+	healthy = served > 0 || time.Since(sl.started) >= stableUptime
 	early := !sl.attached && !s.stopping && !sl.stopAsked
 	failNow := false
 	if early {
@@ -525,7 +529,7 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Du
 		s.delegate.Failing(fmt.Errorf("%d processes of %s (%s) in a row ended before they attached, the last: %w",
 			failingAfter, s.spec.Server, s.spec.Module, why))
 	}
-	return proc, exitErr, uptime
+	return proc, exitErr, healthy
 }
 
 // supervise waits for a resident slot's process and replaces it until the
@@ -533,7 +537,7 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, uptime time.Du
 func (s *Server) supervise(sl *slot) {
 	backoff := minBackoff
 	for {
-		proc, exitErr, uptime := s.reap(sl)
+		proc, exitErr, healthy := s.reap(sl)
 		s.mu.Lock()
 		stopping := s.stopping
 		sl.proc = nil
@@ -548,7 +552,7 @@ func (s *Server) supervise(sl *slot) {
 		if stopping {
 			return
 		}
-		if uptime >= stableUptime {
+		if healthy {
 			backoff = minBackoff
 		}
 		s.m.log.Warn("uap terminated; restarting", "server", s.spec.Server, "slot", sl.index,
@@ -595,14 +599,14 @@ func (s *Server) startFailed(err error) {
 // server's next non-resident start with the same back-off as a resident
 // restart, so a UAP that dies at once cannot be started in a tight loop.
 func (s *Server) watchNonResident(sl *slot) {
-	proc, exitErr, uptime := s.reap(sl)
+	proc, exitErr, healthy := s.reap(sl)
 	s.mu.Lock()
 	asked := sl.stopAsked
 	sl.state, sl.proc = StateStopped, nil
 	crashed := exitErr != nil && !asked && !s.stopping
 	if crashed {
 		sl.restarts++
-		if uptime >= stableUptime {
+		if healthy {
 			s.crashBackoff = 0
 		}
 		s.crashBackoff = min(max(s.crashBackoff*2, minBackoff), maxBackoff)

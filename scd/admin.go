@@ -30,22 +30,45 @@ type Status struct {
 
 // GroupStatus is one service group's state.
 type GroupStatus struct {
-	Group      string             `json:"group"`
-	Server     string             `json:"server"`
-	Held       bool               `json:"held"`
-	Receive    string             `json:"receive_from"`
-	Priority   int                `json:"schedule_priority"`
-	Resident   int                `json:"resident"`
-	Max        int                `json:"max_processes"`
-	CPUGroup   string             `json:"cpu_group,omitempty"`
-	QueueDepth int                `json:"queue_depth"`
-	QueueSize  int                `json:"queue_size"`
-	InFlight   int                `json:"in_flight"`
-	Queued     uint64             `json:"queued"`
-	Processed  uint64             `json:"processed"`
-	Processes  []procmgr.ProcInfo `json:"processes"`
-	Load       LoadStatus         `json:"load"`
-	Usage      UsageStatus        `json:"cpu"`
+	Group      string          `json:"group"`
+	Server     string          `json:"server"`
+	Held       bool            `json:"held"`
+	Receive    string          `json:"receive_from"`
+	Priority   int             `json:"schedule_priority"`
+	Resident   int             `json:"resident"`
+	Max        int             `json:"max_processes"`
+	CPUGroup   string          `json:"cpu_group,omitempty"`
+	QueueDepth int             `json:"queue_depth"`
+	QueueSize  int             `json:"queue_size"`
+	InFlight   int             `json:"in_flight"`
+	Queued     uint64          `json:"queued"`
+	Processed  uint64          `json:"processed"`
+	Processes  []ProcessStatus `json:"processes"`
+	Load       LoadStatus      `json:"load"`
+	Usage      UsageStatus     `json:"cpu"`
+}
+
+// ProcessStatus is one process of a group: what procmgr knows of it and
+// what the schedule queue does with it.
+type ProcessStatus struct {
+	procmgr.ProcInfo
+	Calls  int    `json:"calls"`  // calls it holds now: its current one, and one handed over ahead
+	Served uint64 `json:"served"` // calls it completed
+}
+
+// processes lists g's processes with their calls.
+func (g *group) processes() []ProcessStatus {
+	infos := g.procs.Processes()
+	out := make([]ProcessStatus, len(infos))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, pi := range infos {
+		out[i] = ProcessStatus{ProcInfo: pi, Calls: g.q.Held(pi.Slot)}
+		if si := &g.slots[pi.Slot]; si.p != nil {
+			out[i].Served = si.served
+		}
+	}
+	return out
 }
 
 // UsageStatus is what the kernel saw of a group's processes, ended ones
@@ -146,7 +169,7 @@ func (n *Node) Status() Status {
 			InFlight:   g.inFlight(),
 			Queued:     s.Queued,
 			Processed:  s.Processed,
-			Processes:  g.procs.Processes(),
+			Processes:  g.processes(),
 			Load:       g.loadStatus(),
 			Usage:      g.usageStatus(st.Probes.Histogram),
 		})

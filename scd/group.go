@@ -305,9 +305,20 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 			}
 			si.events++
 			if err != nil {
+				// Its answer is unusable: the call ends as if the process
+				// had died serving it, and the process is killed. Retired
+				// first, so the queue hands it nothing more.
 				g.misbehaved.Inc()
 				g.log.Error("uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
-				g.q.Retire(slot) // its calls are settled when it is reaped
+				g.q.Retire(slot)
+				g.act()
+				done, _ := g.q.Done(slot)
+				cl := done.Call
+				if !done.Answered && !cl.noReply {
+					batches[cl.conn] = netio.AppendError(batches[cl.conn], cl.id, netio.CodeServerTerminated,
+						"the UAP process serving the call broke the protocol and was killed")
+				}
+				freeCall(cl)
 				g.act()
 				bad = append(bad, slot)
 				break
@@ -493,6 +504,10 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 			// It never left the dead process's mailbox: copy it out
 			// before the area goes.
 			cl := e.Call
+			if i >= len(reqs) { // the transport and the queue disagree: a bug
+				g.log.Error("a call to requeue is not in the dead process's area", "group", g.name, "slot", slot)
+				reqs = append(reqs, nil)
+			}
 			cl.payload = append(cl.payload[:0], reqs[i]...)
 			cl.req, cl.dispatched = cl.payload, false
 		}

@@ -9,6 +9,10 @@
 //	sleep  sleeps the number of milliseconds in the request (decimal text)
 //	burn   spins the CPU for the number of microseconds in the request, of wall-clock time
 //	cpu    spins until its thread has used the number of microseconds of CPU time in the request
+//
+// sleep, burn and cpu reply with the request, in which a space may follow
+// the number with anything after it.
+//
 //	fail   returns an application error
 //	crash  dies in the middle of the call (a panic), as a broken UAP would
 //	pid    replies with the process id (to see which process served a call)
@@ -101,8 +105,11 @@ func main() {
 	}
 }
 
+// parseNumber reads the decimal number a request starts with; what follows
+// a space is a tag the reply carries back (a test's call id).
 func parseNumber(req []byte) (int64, error) {
-	n, err := strconv.ParseInt(strings.TrimSpace(string(req)), 10, 64)
+	text, _, _ := strings.Cut(strings.TrimSpace(string(req)), " ")
+	n, err := strconv.ParseInt(text, 10, 64)
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("want a non-negative decimal number, got %q", req)
 	}

@@ -21,10 +21,12 @@
 //
 // With Config.Prefetch a busy process is also handed its next call, so it
 // goes on without waiting for the node to see its completion; such a call
-// still counts as waiting. When another process becomes ready with nothing
-// to do, the queue asks for the prefetched call back (a Revoke action); if
-// the busy process has not taken it, it goes to the ready one, so a call
-// never waits behind a long one while a process idles.
+// still counts as waiting. The queue asks a prefetched call back (a Revoke
+// action) when another process becomes ready with nothing to do, or when
+// the other processes have completed stuckAfter calls since it was handed
+// over (its process is on a long call, preempted or stopped); if the busy
+// process has not taken it, it goes back to the head of the queue. So a
+// call never waits behind a long one while other processes serve.
 //
 // It does no I/O, keeps no clock, starts no goroutine and allocates nothing
 // once grown: the caller (scd) feeds it events under one lock per group,
@@ -156,6 +158,12 @@ type procSlot[C any] struct {
 	nextTaken bool
 	// revokeAsked: a Revoke of the prefetched call was queued.
 	revokeAsked bool
+	// prefetchedAt is the queue's completion count when the prefetched
+	// call was handed over.
+	prefetchedAt uint64
+	// noPrefetch: a prefetched call was asked back from it; it gets no
+	// other until its current call ends.
+	noPrefetch bool
 }
 
 // Queue is one group's schedule queue. It is not safe for concurrent use:
@@ -245,6 +253,7 @@ func (q *Queue[C]) hold(s int, call C, deadline int64) {
 	} else {
 		q.prefetched++
 		sl.nextTaken, sl.revokeAsked = false, false
+		sl.prefetchedAt = q.st.Processed
 	}
 	sl.calls[sl.n] = heldCall[C]{call: call, deadline: deadline}
 	sl.n++
@@ -281,7 +290,7 @@ func (q *Queue[C]) prefetchable() int {
 		return -1
 	}
 	for s := range q.slots {
-		if sl := &q.slots[s]; sl.state == slotBusy && sl.n == 1 {
+		if sl := &q.slots[s]; sl.state == slotBusy && sl.n == 1 && !sl.noPrefetch {
 			return s
 		}
 	}
@@ -301,9 +310,25 @@ func (q *Queue[C]) stealable() int {
 	return -1
 }
 
+// stuckAfter is how many completions of other processes a prefetched call
+// may see before it is asked back: twice the process slots, so a process
+// serving calls as fast as the others is never robbed, and one stuck on a
+// long call (or stopped) gives its next call up after a few of theirs.
+func (q *Queue[C]) stuckAfter() uint64 { return 2*uint64(len(q.slots)) + 2 }
+
 // balance hands waiting calls to ready processes, prefetches to busy ones,
-// and, when nothing waits but a process is ready, asks a prefetched call back.
+// and asks a prefetched call back when a process is ready with nothing to
+// do, or when the call has waited while the others completed stuckAfter.
 func (q *Queue[C]) balance() {
+	if q.prefetched > 0 {
+		for s := range q.slots {
+			sl := &q.slots[s]
+			if sl.n == 2 && !sl.nextTaken && !sl.revokeAsked && q.st.Processed-sl.prefetchedAt >= q.stuckAfter() {
+				sl.revokeAsked = true
+				q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: s})
+			}
+		}
+	}
 	for q.wait.n > 0 {
 		s := q.popReady()
 		if s < 0 {
@@ -357,6 +382,7 @@ func (q *Queue[C]) Done(slot int) (c Completion[C], ok bool) {
 	sl.calls[0] = sl.calls[1]
 	sl.calls[1] = heldCall[C]{}
 	sl.n--
+	sl.noPrefetch = false
 	if sl.n == 1 {
 		q.prefetched--
 		sl.nextTaken, sl.revokeAsked = false, false
@@ -385,7 +411,7 @@ func (q *Queue[C]) Revoked(slot int) (call C, free bool) {
 	h := sl.calls[1]
 	sl.calls[1] = heldCall[C]{}
 	sl.n = 1
-	sl.nextTaken, sl.revokeAsked = false, false
+	sl.nextTaken, sl.revokeAsked, sl.noPrefetch = false, false, true
 	q.prefetched--
 	if h.answered {
 		q.balance()
