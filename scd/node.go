@@ -207,9 +207,7 @@ func (n *Node) Start() (err error) {
 	}
 	defer func() {
 		if err != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			n.shutdown(ctx)
+			n.shutdown()
 		}
 	}()
 	for _, g := range n.order {
@@ -495,17 +493,25 @@ func (n *Node) Drain(ctx context.Context) error {
 		}
 		break
 	}
-	stopCtx, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel2()
-	err := n.shutdown(stopCtx)
+	err := n.shutdown()
 	if left > 0 {
 		err = errors.Join(err, fmt.Errorf("drain: %d call(s) were still in flight", left))
 	}
 	return err
 }
 
+// How long each part of a shutdown may take: the UAPs to leave (then they
+// are killed), the RPC port to answer what it read and close, the HTTP
+// endpoint. Each part has its own, so UAPs that had to be killed do not
+// leave the port no time to answer their calls.
+const (
+	uapStopTime  = 5 * time.Second
+	rpcStopTime  = 5 * time.Second
+	httpStopTime = 2 * time.Second
+)
+
 // shutdown stops whatever has been started, in the reverse order.
-func (n *Node) shutdown(ctx context.Context) error {
+func (n *Node) shutdown() error {
 	var errs []error
 	for _, g := range n.order {
 		if g.procs != nil {
@@ -516,20 +522,31 @@ func (n *Node) shutdown(ctx context.Context) error {
 			g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
 		}
 	}
+	uapCtx, cancel := context.WithTimeout(context.Background(), uapStopTime)
 	for _, g := range n.order {
 		if g.procs != nil {
-			errs = append(errs, g.procs.Stop(ctx))
+			errs = append(errs, g.procs.Stop(uapCtx))
+		}
+		if g.tr != nil {
+			// A call the last processes were handed and never took went
+			// back to the queue when they were reaped: nobody takes it now.
+			g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
 		}
 	}
+	cancel()
 	n.leaveCluster()
 	if n.rpc != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), rpcStopTime)
 		errs = append(errs, n.rpc.Stop(ctx))
+		cancel()
 	}
 	if n.cluster != nil {
 		n.cluster.fwd.close()
 	}
 	if n.admin != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), httpStopTime)
 		errs = append(errs, n.admin.Shutdown(ctx))
+		cancel()
 	}
 	close(n.stop)
 	n.wg.Wait()
