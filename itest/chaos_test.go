@@ -228,7 +228,7 @@ set watch_time = %d
 // reply with its own payload, or 'server terminated' when its process
 // died), none is refused 'server busy' (at most 16 are outstanding, and
 // queue_size is 16), and a second after the last kill the node serves at
-// least 90% of the rate it served before the first.
+// least 90% of the rate it served before the first (make chaos).
 func TestChaosKilledUAPs(t *testing.T) {
 	skipShort(t)
 	dir := defDir(t, ownControlSocket, map[string]string{"g": fmt.Sprintf(chaosServer, "g", 10)})
@@ -278,8 +278,16 @@ func TestChaosKilledUAPs(t *testing.T) {
 	if terminated := tl.byCode[netio.CodeServerTerminated]; terminated > 2*kills {
 		t.Errorf("%d calls 'server terminated' for %d kills: a process holds at most two", terminated, kills)
 	}
-	if after < 0.9*fresh {
-		t.Errorf("a second after the last kill the node served %.0f calls/s, %.2fx of the %.0f before the kills", after, after/fresh, fresh)
+	// make chaos (TPSCHED_CHAOS_FULL=1) runs alone and holds the node to
+	// 0.9x; under make test other packages' tests share the two cores, so
+	// there the bound only catches a node that stays crippled (the bug
+	// this test was written for ran 1.3k calls/s against 54k).
+	want := 0.5
+	if os.Getenv("TPSCHED_CHAOS_FULL") == "1" {
+		want = 0.9
+	}
+	if after < want*fresh {
+		t.Errorf("a second after the last kill the node served %.0f calls/s, %.2fx of the %.0f before the kills (want %.1fx)", after, after/fresh, fresh, want)
 	}
 }
 
