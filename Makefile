@@ -16,7 +16,7 @@ SYSCONFDIR ?= /etc
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: help build install uninstall test test-short bench bench-quick bench-deps demo cluster-demo generate check-generate bpf-tools lint fuzz clean
+.PHONY: help build install uninstall test test-short bench bench-quick bench-deps demo cluster-demo generate check-generate bpf-tools lint fuzz chaos clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -94,6 +94,9 @@ lint: ## gofmt and go vet
 	$(GO) vet ./...
 
 FUZZTIME ?= 30s
+
+chaos: build ## the fault experiments at full length on real processes, one package at a time; prints the table of docs/RELIABILITY.md (about 4 min, root for all of them)
+	GO=$(GO) bash tools/chaos.sh
 
 fuzz: ## run every fuzz target in the module (found, not listed) for FUZZTIME each (default 30s)
 	GO=$(GO) FUZZTIME=$(FUZZTIME) bash tools/fuzz.sh

@@ -308,10 +308,10 @@ func killUnderLoad(t *testing.T, nodes []*node) ([]failure, time.Time, int64) {
 	return out, forgotten, ok.Load() - okBefore
 }
 
-// TestClusterNodeKilledRetried: with scd_retry_of_comm_error=1 a call sent
+// TestChaosNodeKilledRetried: with scd_retry_of_comm_error=1 a call sent
 // towards the dead node is tried on another, and once the node is known
 // dead nothing fails.
-func TestClusterNodeKilledRetried(t *testing.T) {
+func TestChaosNodeKilledRetried(t *testing.T) {
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{sched: "set scd_retry_of_comm_error = 1\n"})
 	fails, forgotten, after := killUnderLoad(t, nodes)
@@ -326,7 +326,7 @@ func TestClusterNodeKilledRetried(t *testing.T) {
 			t.Errorf("failure %v: want 'network down'", f.err)
 		}
 	}
-	t.Logf("%d calls failed (in flight on n2 when it died), %d succeeded in the second after; %s", len(fails), after, whyFailed(fails))
+	chaosFigures(t, "kill -9 of one node of three, retry 1: %d calls failed (in flight on n2 when it died), %d succeeded in the second after; %s", len(fails), after, whyFailed(fails))
 }
 
 // whyFailed counts failures by their message with the numbers taken out.
@@ -338,14 +338,14 @@ func whyFailed(fails []failure) string {
 	return fmt.Sprint(counts)
 }
 
-// TestClusterNodeKilledNoRetry: with scd_retry_of_comm_error=0 a call
+// TestChaosNodeKilledNoRetry: with scd_retry_of_comm_error=0 a call
 // routed to the dead node fails with a clear 'network down'; once the node
 // is known dead nothing fails. A restarted node rejoins.
-func TestClusterNodeKilledNoRetry(t *testing.T) {
+func TestChaosNodeKilledNoRetry(t *testing.T) {
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	fails, forgotten, _ := killUnderLoad(t, nodes)
-	t.Logf("%d calls failed: %s", len(fails), whyFailed(fails))
+	chaosFigures(t, "kill -9 of one node of three, retry 0: %d calls failed, none after it was known dead: %s", len(fails), whyFailed(fails))
 	if len(fails) == 0 {
 		t.Errorf("no call failed although some were routed to the dead node with retries off")
 	}
@@ -366,12 +366,12 @@ func TestClusterNodeKilledNoRetry(t *testing.T) {
 	}
 }
 
-// TestClusterNodeStoppedUnderLoad: SIGTERM of one node of three while
+// TestChaosNodeStoppedUnderLoad: SIGTERM of one node of three while
 // calls flow through the other two, with scd_retry_of_comm_error=1. The
 // node leaves the cluster before it refuses anything, and a refusal that
 // still reaches a forwarder ('node shutting down': the call never ran) is
 // sent to another node, so no call fails.
-func TestClusterNodeStoppedUnderLoad(t *testing.T) {
+func TestChaosNodeStoppedUnderLoad(t *testing.T) {
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{sched: "set scd_retry_of_comm_error = 1\n"})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -390,7 +390,7 @@ func TestClusterNodeStoppedUnderLoad(t *testing.T) {
 	if err := nodes[2].waitExit(30 * time.Second); err != nil {
 		t.Errorf("n2 exit: %v", err)
 	}
-	t.Logf("n2 stopped in %v", time.Since(stopped).Round(time.Millisecond))
+	stoppedIn := time.Since(stopped).Round(time.Millisecond)
 	okAtExit := ok.Load()
 	time.Sleep(time.Second) // the others go on without it
 	cancel()
@@ -400,14 +400,14 @@ func TestClusterNodeStoppedUnderLoad(t *testing.T) {
 	for _, n := range nodes[:2] {
 		retried += metricSum(n.metrics(), `tpsched_transfer_retries_total{`)
 	}
-	t.Logf("%d calls succeeded (%d after n2 exited), %.0f sent to n2 before the SIGTERM and %.0f after, %.0f sent on to another node",
-		ok.Load(), ok.Load()-okAtExit, before, sentToN2()-before, retried)
 	n := 0
 	for f := range fails {
 		if n++; n <= 10 {
 			t.Errorf("call failed %v after the SIGTERM: %v", f.at.Sub(stopped).Round(time.Millisecond), f.err)
 		}
 	}
+	chaosFigures(t, "SIGTERM of one node of three, retry 1: %d calls failed; %d succeeded (%d after n2 exited in %v), %.0f sent to n2 before the SIGTERM and %.0f after, %.0f sent on to another node",
+		n, ok.Load(), ok.Load()-okAtExit, stoppedIn, before, sentToN2()-before, retried)
 	if n > 0 {
 		t.Errorf("%d calls failed while one node of three stopped", n)
 	}

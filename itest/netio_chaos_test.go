@@ -279,7 +279,7 @@ func TestChaosFDExhaustion(t *testing.T) {
 		t.Fatalf("status after the flood: %v", err)
 	}
 	m := n.metrics()
-	t.Logf("fd limit %d (scdd had %d open), %d connections opened, caller from before answered: %v, "+
+	chaosFigures(t, "fd limit %d (scdd had %d open), %d connections opened, caller from before answered: %v, "+
 		"new caller served %v after the flood; accept errors %v, draining %v",
 		limit, open, len(conns), beforeErr == nil, recovered.Round(time.Millisecond),
 		metricValue(m, "tpsched_accept_errors_total"), st.Draining)
@@ -347,7 +347,7 @@ func TestChaosMaxConnections(t *testing.T) {
 			t.Fatalf("a connection within the limit: %+v, %v", f.Header, err)
 		}
 	}
-	t.Logf("max_connections %d: %d served, %d refused at once and counted", max, len(served), refused)
+	chaosFigures(t, "max_connections %d: %d served, %d refused at once and counted", max, len(served), refused)
 }
 
 // listenerFD finds the descriptor number, in process pid, of a socket
@@ -422,7 +422,7 @@ func TestChaosRPCPortDies(t *testing.T) {
 	if !regexp.MustCompile(`rpc port .*ended`).MatchString(n.stderr.String()) {
 		t.Errorf("no log line says the rpc port ended:\n%s", n.stderr.String())
 	}
-	t.Logf("scdd exited with status 1 %v after its listener was shut down", time.Since(start).Round(time.Millisecond))
+	chaosFigures(t, "scdd exited with status 1 %v after its listener was shut down", time.Since(start).Round(time.Millisecond))
 }
 
 // TestChaosPartialFrames: 32 connections each hold an almost whole 8 MiB
@@ -476,7 +476,7 @@ func TestChaosPartialFrames(t *testing.T) {
 	figs := stopCallers()
 	ok, failed, p50, p99 := figs.summary()
 	m := n.metrics()
-	t.Logf("partial frames: %d attackers x %d MiB; RSS %.0f MiB before, peak %.0f MiB (+%.0f; anon peak %.0f MiB); "+
+	chaosFigures(t, "partial frames: %d attackers x %d MiB; RSS %.0f MiB before, peak %.0f MiB (+%.0f; anon peak %.0f MiB); "+
 		"%d partial frames sent whole, %d attacker connections closed by scdd; other callers: %d answered, %d failed, "+
 		"p50 %v p99 %v (alone: p50 %v p99 %v); budget closes %v, frame timeouts %v",
 		attackers, size>>20, base, peak, peak-base, anon, held.Load(), closes.Load(), ok, failed,
@@ -547,7 +547,7 @@ func TestChaosNonReaders(t *testing.T) {
 	figs := stopCallers()
 	ok, failed, p50, p99 := figs.summary()
 	m := n.metrics()
-	t.Logf("non-readers: %d clients, %d KiB replies; RSS %.0f MiB before, peak %.0f MiB (+%.0f; anon peak %.0f MiB); "+
+	chaosFigures(t, "non-readers: %d clients, %d KiB replies; RSS %.0f MiB before, peak %.0f MiB (+%.0f; anon peak %.0f MiB); "+
 		"%d calls sent unread, %d attacker connections closed by scdd; other callers: %d answered, %d failed, "+
 		"p50 %v p99 %v (alone: p50 %v p99 %v); budget closes %v, slow reader closes %v",
 		attackers, size>>10, base, peak, peak-base, anon, sent.Load(), closes.Load(), ok, failed,
@@ -609,7 +609,7 @@ func TestOversizeFrameAnsweredAndSkipped(t *testing.T) {
 	if err != nil || f.Kind != netio.KindReply || f.ID != 43 || string(f.Payload) != "next" {
 		t.Fatalf("the call after the oversize one: %+v %q, %v", f.Header, f.Payload, err)
 	}
-	t.Logf("%d MiB call answered %q; RSS %.0f MiB before, peak %.0f MiB while its bytes were skipped",
+	chaosFigures(t, "%d MiB call answered %q; RSS %.0f MiB before, peak %.0f MiB while its bytes were skipped",
 		size>>20, tooBig, float64(base)/1024, peak)
 	if grow := peak - float64(base)/1024; grow > 32 {
 		t.Errorf("RSS grew by %.0f MiB while skipping a %d MiB payload", grow, size>>20)

@@ -22,12 +22,12 @@ import (
 // nobody is the unprivileged user the control socket tests call as.
 const nobody = 65534
 
-// TestControlSocketOnlyOwnUserAndRoot: hold, release and pprof are no
+// TestChaosControlFromOtherUser: hold, release and pprof are no
 // longer on the HTTP address, and on the control socket they answer scdd's
 // own user (root here) but not another user: not when the socket's mode
 // keeps them out, and not when an operator opened the mode by mistake (the
 // SO_PEERCRED check).
-func TestControlSocketOnlyOwnUserAndRoot(t *testing.T) {
+func TestChaosControlFromOtherUser(t *testing.T) {
 	skipShort(t)
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the test runs scdctl as another user (nobody) to be refused")
@@ -107,9 +107,12 @@ func TestControlSocketOnlyOwnUserAndRoot(t *testing.T) {
 		if held() {
 			t.Fatal("nobody held the group")
 		}
-		if m := n.metrics(); !strings.Contains(m, "tpsched_control_refused_total 3") {
+		m := n.metrics()
+		if !strings.Contains(m, "tpsched_control_refused_total 3") {
 			t.Errorf("refusals not counted:\n%s", grep(m, "control_refused"))
 		}
+		chaosFigures(t, "control API from another user (nobody): hold, release and pprof refused %.0f of 3, group held %v",
+			metricSum(m, "tpsched_control_refused_total"), held())
 		if !strings.Contains(n.stderr.String(), "control request refused") {
 			t.Error("refusals not logged")
 		}

@@ -12,12 +12,12 @@ import (
 	"tpsched/netio"
 )
 
-// TestForgedPeerFramesKeepNodeServing sends a node every frame a stranger
+// TestChaosForgedPeerFrames sends a node every frame a stranger
 // can send to its RPC port: every kind (the defined ones and some that are
 // not), every flag byte, with payloads shaped like each step of the peer
 // hello and like nothing, with and without a cluster_key. After each kind
 // the node must still be running and answer calls.
-func TestForgedPeerFramesKeepNodeServing(t *testing.T) {
+func TestChaosForgedPeerFrames(t *testing.T) {
 	skipShort(t)
 	for _, key := range []string{"", "the-right-key-0123456789"} {
 		name := "without cluster_key"
@@ -64,6 +64,8 @@ func TestForgedPeerFramesKeepNodeServing(t *testing.T) {
 			}
 			time.Sleep(200 * time.Millisecond) // let the last connections be read
 			serving("the handshake sequences")
+			chaosFigures(t, "forged peer frames (%s): %d kinds x 256 flag bytes x %d payloads and 14 hello sequences; node served after each; refused hellos %.0f, bad frames %.0f",
+				name, len(kinds), len(payloads), metricSum(n.metrics(), "tpsched_peer_hellos_refused_total"), metricSum(n.metrics(), "tpsched_bad_frames_total"))
 			if key != "" {
 				if m := n.metrics(); !strings.Contains(m, "tpsched_peer_hellos_refused_total") {
 					t.Errorf("/metrics does not count refused hellos:\n%s", grep(m, "hello"))
