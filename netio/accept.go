@@ -75,7 +75,7 @@ const (
 // ENFILE, ENOBUFS, ENOMEM, ...) pause the loop and retry: connections wait
 // in the kernel's backlog meanwhile. A listener that can no longer accept
 // (closed, shut down) ends the server.
-func (s *Server) acceptLoop(ln *net.TCPListener, cli *gnet.Client) {
+func (s *Port) acceptLoop(ln *net.TCPListener, cli *gnet.Client) {
 	defer s.acceptWG.Done()
 	var backoff time.Duration
 	pause := func(err error) bool {
@@ -133,7 +133,7 @@ func listenerGone(err error) bool {
 }
 
 // refuse closes a connection accepted while MaxConns were open.
-func (s *Server) refuse(nc *net.TCPConn) {
+func (s *Port) refuse(nc *net.TCPConn) {
 	remote := nc.RemoteAddr().String()
 	s.refused.Add(1) // counted before the caller can see the close
 	inc(s.mRefused)

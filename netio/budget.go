@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The buffer budget: every byte a Server holds for a peer, in the start of
+// The buffer budget: every byte a Port holds for a peer, in the start of
 // an incomplete frame (Conn.part) or in an answer the socket has not taken
 // yet (Conn.out), is charged to one node-wide count, by the capacity of the
 // slices that hold them. When a charge takes the count over Options.BufferBudget, the
@@ -14,7 +14,7 @@ import (
 
 // charge adds delta bytes of partial frame held by c. It reports false when
 // the budget chose c to be closed.
-func (s *Server) charge(c *Conn, delta int64) bool {
+func (s *Port) charge(c *Conn, delta int64) bool {
 	if delta == 0 {
 		return true
 	}
@@ -37,7 +37,7 @@ func (c *Conn) chargeOut(delta int64) {
 
 // enforce closes the connections holding the most until what the others
 // hold fits the budget. Safe from any goroutine; it takes no Conn's lock.
-func (s *Server) enforce() {
+func (s *Port) enforce() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for s.held.Load()-s.doomed.Load() > s.budget {
@@ -71,7 +71,7 @@ func (s *Server) enforce() {
 // runJanitor, every tick: closes connections whose frame has been arriving
 // for longer than FrameTimeout, and counts an event loop whose engine
 // stopped ticking as the server's end.
-func (s *Server) runJanitor() {
+func (s *Port) runJanitor() {
 	defer s.janitor.Done()
 	every := max(min(s.frameTimeout/8, s.loopDeadAfter/8, 250*time.Millisecond), 10*time.Millisecond)
 	t := time.NewTicker(every)

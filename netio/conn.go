@@ -13,11 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Conn is one client connection of a Server. Its methods are safe on the
+// Conn is one client connection of a Port. Its methods are safe on the
 // event loop; Send, ID and RemoteAddr are safe from any goroutine.
 type Conn struct {
 	gc     gnet.Conn
-	srv    *Server
+	srv    *Port
 	id     uint64
 	remote string
 
@@ -50,7 +50,7 @@ type Conn struct {
 	polled bool     // guarded by mu: the outPoller watches the socket
 }
 
-// ID is unique among the connections of one Server.
+// ID is unique among the connections of one Port.
 func (c *Conn) ID() uint64 { return c.id }
 
 // RemoteAddr is the peer's host:port.

@@ -64,7 +64,7 @@ func FuzzConsume(f *testing.F) {
 	f.Add(call[:20], []byte{}, uint16(0))
 	f.Fuzz(func(t *testing.T, stream, cuts []byte, maxPayload uint16) {
 		rec := &frameRecorder{}
-		s := &Server{h: rec, log: slog.New(slog.NewTextHandler(io.Discard, nil)), maxPayload: int(maxPayload),
+		s := &Port{h: rec, log: slog.New(slog.NewTextHandler(io.Discard, nil)), maxPayload: int(maxPayload),
 			budget: 1 << 40, conns: map[*Conn]struct{}{}}
 		c := &Conn{srv: s, inTraffic: true}
 		closed := false

@@ -8,7 +8,7 @@
 // each one to the Handler on the event loop, and writes what the Handler
 // sends back.
 //
-// # Server
+// # Port
 //
 // Listen opens Options.Loops receiving sockets on one port with SO_REUSEPORT
 // (OpenTP1's scdmulti), each with its own accept goroutine and its own gnet
@@ -58,6 +58,6 @@
 // # gnet notes
 //
 // gnet keeps one process-wide logger: the Logger of the most recent Listen
-// also receives gnet's own messages for every Server. gnet's Info messages
+// also receives gnet's own messages for every Port. gnet's Info messages
 // are logged at Debug level here.
 package netio

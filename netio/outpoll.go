@@ -13,7 +13,7 @@ import (
 // the caller handed over: gnet's outbound buffer would copy each into a
 // pooled slice rounded up to a power of two (up to twice the bytes) that
 // the buffer budget could not see. One epoll instance and one goroutine
-// serve every connection of a Server; a connection is registered only
+// serve every connection of a Port; a connection is registered only
 // while its queue is not empty.
 type outPoller struct {
 	epfd, wakefd int

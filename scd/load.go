@@ -13,7 +13,7 @@ import (
 // groupLoad is a group's load level and the check that set it. The load
 // loop writes it; status, metrics, routing and announces read it.
 type groupLoad struct {
-	meter   *loadlevel.Meter // the load loop's alone
+	sampler *loadlevel.Sampler // the load loop's alone
 	changes *metrics.Counter
 
 	mu   sync.Mutex
@@ -51,7 +51,7 @@ func (g *group) thresholds() *loadlevel.Thresholds {
 // startLoad gives g its load meter, based on the queue's counters now, and
 // its metrics.
 func (n *Node) startLoad(g *group) {
-	g.load.meter = loadlevel.NewMeter(g.counters(), g.thresholds())
+	g.load.sampler = loadlevel.NewSampler(g.counters(), g.thresholds())
 	lbl := `{group="` + g.name + `"}`
 	g.load.changes = n.metrics.NewCounter(`tpsched_load_level_changes_total` + lbl)
 	n.metrics.NewGauge(`tpsched_load_level`+lbl, func() float64 { return float64(g.level()) })
@@ -122,7 +122,7 @@ func (n *Node) loadLoop(sched *loadlevel.Schedule) {
 }
 
 func (n *Node) checkLoad(g *group, now time.Time) {
-	r := g.load.meter.Check(g.counters())
+	r := g.load.sampler.Check(g.counters())
 	g.load.mu.Lock()
 	g.load.last, g.load.at = r, now
 	g.load.mu.Unlock()

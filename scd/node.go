@@ -75,7 +75,7 @@ type Node struct {
 	pm       *procmgr.Manager
 	meter    bpf.Meter
 	cluster  *cluster // nil: no all_node, every call is served here
-	rpc      *netio.Server
+	rpc      *netio.Port
 	admin    *http.Server
 	adminLn  net.Listener
 	metrics  *metrics.Set

@@ -29,7 +29,7 @@ const waitLimit = 10 * time.Second // bound on every wait in these tests
 //	other   echoes the payload
 type testNode struct {
 	name string
-	srv  *netio.Server
+	srv  *netio.Port
 	addr string
 
 	mu       sync.Mutex

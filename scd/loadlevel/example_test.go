@@ -15,9 +15,9 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	meters := []*loadlevel.Meter{
-		loadlevel.NewMeter(loadlevel.Counters{}, nil),
-		loadlevel.NewMeter(loadlevel.Counters{}, &loadlevel.Thresholds{U1: 5, U2: 10, D0: 2, D1: 8}),
+	samplers := []*loadlevel.Sampler{
+		loadlevel.NewSampler(loadlevel.Counters{}, nil),
+		loadlevel.NewSampler(loadlevel.Counters{}, &loadlevel.Thresholds{U1: 5, U2: 10, D0: 2, D1: 8}),
 	}
 	// What each queue's counters read at ticks 3, 5 and 6.
 	counters := map[uint64][]loadlevel.Counters{
@@ -27,7 +27,7 @@ func Example() {
 	}
 	fmt.Println("tick", sched.Tick())
 	for n := uint64(1); n <= 6; n++ {
-		for g, m := range meters {
+		for g, m := range samplers {
 			if !sched.Due(g, n) {
 				continue
 			}

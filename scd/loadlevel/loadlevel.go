@@ -40,18 +40,18 @@
 //
 // # Usage
 //
-// At group start the node builds one Meter per group from the queue's
+// At group start the node builds one Sampler per group from the queue's
 // counters then, and one Schedule from every group's loadcheck_interval:
 //
 //	sched, err := loadlevel.NewSchedule(intervals) // one per group, same order
-//	meters[i] = loadlevel.NewMeter(loadlevel.Counters{Queued: st.Queued, Processed: st.Done, Depth: st.Depth}, th)
+//	samplers[i] = loadlevel.NewSampler(loadlevel.Counters{Queued: st.Queued, Processed: st.Done, Depth: st.Depth}, th)
 //
 // If sched.Tick() is 0 no group is ever checked and no timer is needed.
 // Otherwise, on the n-th tick after start (n = 1, 2, ...):
 //
-//	for i := range meters {
+//	for i := range samplers {
 //		if sched.Due(i, n) {
-//			r := meters[i].Check(countersNow(i))
+//			r := samplers[i].Check(countersNow(i))
 //			if r.Changed() { /* loadlevel_message, metrics, ... */ }
 //		}
 //	}
@@ -212,10 +212,10 @@ type Counters struct {
 	Depth     int    // requests in the queue now
 }
 
-// Meter keeps one group's load level between checks: it turns the queue's
+// Sampler keeps one group's load level between checks: it turns the queue's
 // cumulative counters into the per-interval Sample of the tables. It is not
 // safe for concurrent use; the node checks a group from one goroutine.
-type Meter struct {
+type Sampler struct {
 	level         Level
 	last          Counters
 	th            Thresholds
@@ -231,11 +231,11 @@ type Result struct {
 // Changed reports whether the check moved the level.
 func (r Result) Changed() bool { return r.From != r.To }
 
-// NewMeter starts a group at Level0 with start, the queue's counters when
+// NewSampler starts a group at Level0 with start, the queue's counters when
 // the group started, as the baseline of the first interval. th is nil for
 // Table 3-12, or the group's thresholds for Table 3-14; it is copied.
-func NewMeter(start Counters, th *Thresholds) *Meter {
-	m := &Meter{last: start}
+func NewSampler(start Counters, th *Thresholds) *Sampler {
+	m := &Sampler{last: start}
 	if th != nil {
 		m.th, m.hasThresholds = *th, true
 	}
@@ -243,13 +243,13 @@ func NewMeter(start Counters, th *Thresholds) *Meter {
 }
 
 // Level is the group's load level after the last check.
-func (m *Meter) Level() Level { return m.level }
+func (m *Sampler) Level() Level { return m.level }
 
 // Check takes the queue's counters now, measures the interval since the
-// previous check (or since NewMeter) and moves the level. A total lower than
+// previous check (or since NewSampler) and moves the level. A total lower than
 // at the previous check (a queue recreated, a counter reset) counts as
 // nothing done in the interval, and the new value is the next baseline.
-func (m *Meter) Check(now Counters) Result {
+func (m *Sampler) Check(now Counters) Result {
 	s := Sample{
 		Queued:    since(m.last.Queued, now.Queued),
 		Processed: since(m.last.Processed, now.Processed),

@@ -198,14 +198,14 @@ func TestLevelString(t *testing.T) {
 	}
 }
 
-// step is one Meter.Check and the Result it must give.
+// step is one Sampler.Check and the Result it must give.
 type step struct {
 	name string
 	now  Counters
 	want Result
 }
 
-func runMeter(t *testing.T, m *Meter, steps []step) {
+func runSampler(t *testing.T, m *Sampler, steps []step) {
 	t.Helper()
 	for _, st := range steps {
 		got := m.Check(st.now)
@@ -218,13 +218,13 @@ func runMeter(t *testing.T, m *Meter, steps []step) {
 	}
 }
 
-func TestMeterDeltas(t *testing.T) {
+func TestSamplerDeltas(t *testing.T) {
 	// The group starts on a queue that has already seen traffic.
-	m := NewMeter(Counters{Queued: 1000, Processed: 990, Depth: 10}, nil)
+	m := NewSampler(Counters{Queued: 1000, Processed: 990, Depth: 10}, nil)
 	if m.Level() != Level0 {
-		t.Fatalf("new Meter at %v, want LEVEL0", m.Level())
+		t.Fatalf("new Sampler at %v, want LEVEL0", m.Level())
 	}
-	runMeter(t, m, []step{
+	runSampler(t, m, []step{
 		{"Q=10 processed=4 q=16: X=15 -> L1", Counters{1010, 994, 16},
 			Result{Level0, Level1, smp(10, 4, 16)}},
 		{"Q=20 processed=30 q=6: X=115 -> L0", Counters{1030, 1024, 6},
@@ -242,9 +242,9 @@ func TestMeterDeltas(t *testing.T) {
 	})
 }
 
-func TestMeterCountersBackwards(t *testing.T) {
-	m := NewMeter(Counters{Queued: 500, Processed: 500}, nil)
-	runMeter(t, m, []step{
+func TestSamplerCountersBackwards(t *testing.T) {
+	m := NewSampler(Counters{Queued: 500, Processed: 500}, nil)
+	runSampler(t, m, []step{
 		{"Q=4 processed=1 q=3: X=14 -> L1", Counters{504, 501, 3},
 			Result{Level0, Level1, smp(4, 1, 3)}},
 		// The queue was recreated: both totals restart below the baseline.
@@ -262,11 +262,11 @@ func TestMeterCountersBackwards(t *testing.T) {
 	})
 }
 
-func TestMeterThresholds(t *testing.T) {
+func TestSamplerThresholds(t *testing.T) {
 	th := Thresholds{U1: 5, U2: 10, D0: 2, D1: 8}
-	m := NewMeter(Counters{}, &th)
-	th.U1, th.U2 = 100, 200 // the Meter keeps its own copy
-	runMeter(t, m, []step{
+	m := NewSampler(Counters{}, &th)
+	th.U1, th.U2 = 100, 200 // the Sampler keeps its own copy
+	runSampler(t, m, []step{
 		{"q=U1 -> L1 though X=100", Counters{5, 5, 5}, Result{Level0, Level1, smp(5, 5, 5)}},
 		{"q=U2 -> L2", Counters{15, 10, 10}, Result{Level1, Level2, smp(10, 5, 10)}},
 		{"q=D1 -> L1", Counters{15, 12, 8}, Result{Level2, Level1, smp(0, 2, 8)}},

@@ -32,7 +32,7 @@ var (
 	ErrOverBudget = errors.New("netio: connection closed: it held the most of the node's buffer budget")
 )
 
-// Handler receives the frames of a Server.
+// Handler receives the frames of a Port.
 type Handler interface {
 	// OnFrame runs on an event loop for each complete frame and must not block.
 	// f aliases the inbound buffer: valid only during the call.
@@ -42,7 +42,7 @@ type Handler interface {
 	OnClose(c *Conn)
 }
 
-// Options configure a Server.
+// Options configure a Port.
 type Options struct {
 	Addr  string // "host:port"; port 0 picks a free port shared by every receiving socket
 	Loops int    // scdmulti: receiving sockets (event loops) on the one port, SO_REUSEPORT; default 1
@@ -70,7 +70,7 @@ type Options struct {
 	Logger       *slog.Logger // optional; default slog.Default()
 }
 
-// Stats are a Server's counters since Listen.
+// Stats are a Port's counters since Listen.
 type Stats struct {
 	BadFrames        uint64 // connections closed for a bad frame
 	SlowReaderCloses uint64 // connections closed for exceeding MaxOutbound
@@ -87,9 +87,9 @@ type Stats struct {
 // before the server counts it as ended (a variable for tests).
 var loopDeadAfter = 5 * time.Second
 
-// Server is Loops receiving sockets on one port, each with its own accept
-// goroutine and its own gnet event loop.
-type Server struct {
+// Port is the node's RPC port: Loops receiving sockets on one TCP port,
+// each with its own accept goroutine and its own gnet event loop.
+type Port struct {
 	h            Handler
 	log          *slog.Logger
 	addr         string
@@ -142,7 +142,7 @@ type Server struct {
 
 // Listen starts a server and returns once every receiving socket listens.
 // Errors (address in use, bad address) are returned, not logged.
-func Listen(opts Options, h Handler) (*Server, error) {
+func Listen(opts Options, h Handler) (*Port, error) {
 	if h == nil {
 		return nil, errors.New("netio: listen: nil handler")
 	}
@@ -153,7 +153,7 @@ func Listen(opts Options, h Handler) (*Server, error) {
 	if loops > maxLoops {
 		return nil, fmt.Errorf("netio: listen %s: %d loops, at most %d", opts.Addr, loops, maxLoops)
 	}
-	s := &Server{
+	s := &Port{
 		h:             h,
 		log:           opts.Logger,
 		maxPayload:    opts.MaxPayload,
@@ -254,10 +254,10 @@ const fdHeadroom = 256
 
 // Addr returns the host:port every receiving socket listens on; the host is
 // empty for a wildcard address.
-func (s *Server) Addr() string { return s.addr }
+func (s *Port) Addr() string { return s.addr }
 
 // Stats returns the server's counters.
-func (s *Server) Stats() Stats {
+func (s *Port) Stats() Stats {
 	return Stats{
 		BadFrames:        s.badFrames.Load(),
 		SlowReaderCloses: s.slowClose.Load(),
@@ -275,11 +275,11 @@ func (s *Server) Stats() Stats {
 // a receiving socket or an event loop failed (Err says why). After a
 // failure the port takes no new connections; the ones open are still
 // served until Stop.
-func (s *Server) Done() <-chan struct{} { return s.done }
+func (s *Port) Done() <-chan struct{} { return s.done }
 
 // Err says why the server ended on its own; nil while it runs and after a
 // Stop that was not preceded by a failure.
-func (s *Server) Err() error {
+func (s *Port) Err() error {
 	select {
 	case <-s.done:
 		return s.err
@@ -291,7 +291,7 @@ func (s *Server) Err() error {
 // fail records that the server can no longer serve (the first reason
 // wins) and stops every accept loop, so callers are refused at once rather
 // than left waiting in a backlog no one accepts from.
-func (s *Server) fail(err error) {
+func (s *Port) fail(err error) {
 	first := false
 	s.doneOnce.Do(func() {
 		s.err = err
@@ -305,7 +305,7 @@ func (s *Server) fail(err error) {
 	s.closeQuit()
 }
 
-func (s *Server) closeQuit() {
+func (s *Port) closeQuit() {
 	s.quitOnce.Do(func() {
 		close(s.quit)
 		for _, ln := range s.listeners {
@@ -319,7 +319,7 @@ func (s *Server) closeQuit() {
 // (each gets OnClose) and waits for the event loops to end or ctx to
 // expire. It is idempotent and safe from any goroutine but the server's own
 // event loops.
-func (s *Server) Stop(ctx context.Context) error {
+func (s *Port) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() { go s.stop(ctx) })
 	select {
 	case <-s.stopped:
@@ -329,7 +329,7 @@ func (s *Server) Stop(ctx context.Context) error {
 	}
 }
 
-func (s *Server) stop(ctx context.Context) {
+func (s *Port) stop(ctx context.Context) {
 	defer close(s.stopped)
 	s.stopping.Store(true) // from here every frame read is answered by netio, not the Handler
 	s.closeQuit()
@@ -371,7 +371,7 @@ func (s *Server) stop(ctx context.Context) {
 	s.doneOnce.Do(func() { close(s.done) })
 }
 
-func (s *Server) countBad(c *Conn, err error) {
+func (s *Port) countBad(c *Conn, err error) {
 	s.badFrames.Add(1)
 	if s.mBad != nil {
 		s.mBad.Inc()
@@ -379,7 +379,7 @@ func (s *Server) countBad(c *Conn, err error) {
 	s.log.Debug("netio: bad frame, closing connection", "remote", c.remote, "conn", c.id, "err", err)
 }
 
-func (s *Server) countSlow(c *Conn) {
+func (s *Port) countSlow(c *Conn) {
 	s.slowClose.Add(1)
 	if s.mSlow != nil {
 		s.mSlow.Inc()
@@ -393,11 +393,11 @@ func inc(c *metrics.Counter) {
 	}
 }
 
-// engineHandler keeps gnet's callbacks off Server's exported method set.
+// engineHandler keeps gnet's callbacks off Port's exported method set.
 // There is one per event loop.
 type engineHandler struct {
 	gnet.BuiltinEventEngine
-	s    *Server
+	s    *Port
 	loop int
 }
 

@@ -62,7 +62,7 @@ func (h *echoHandler) loopCount() int {
 	return len(h.loops)
 }
 
-func startServer(t *testing.T, opts Options, h Handler) *Server {
+func startServer(t *testing.T, opts Options, h Handler) *Port {
 	t.Helper()
 	if opts.Addr == "" {
 		opts.Addr = "127.0.0.1:0"
