@@ -31,7 +31,7 @@ type group struct {
 	name     string
 	def      def.Server
 	entries  map[string]string // service name -> entry name (interned)
-	procs    *procmgr.Server
+	procs    processes
 	held     atomic.Bool
 	closed   atomic.Bool           // the node is stopping: the processes were told to leave
 	failing  atomic.Pointer[error] // the server's processes die before they attach

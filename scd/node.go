@@ -72,7 +72,7 @@ type Node struct {
 
 	groups   map[string]*group
 	order    []*group // by name, for status output
-	pm       *procmgr.Manager
+	pm       processManager // procmgr, unless a test set it
 	meter    bpf.Meter
 	cluster  *cluster // nil: no all_node, every call is served here
 	rpc      *netio.Port
@@ -195,12 +195,14 @@ func (n *Node) Start() (err error) {
 	n.meter = bpf.Open(bpf.Options{Force: force, Logger: n.log})
 	mech := n.meter.Mechanism()
 	n.log.Info("uap cpu measurement", "mechanism", mech.Name, "histogram", mech.Histogram, "reason", mech.Reason)
-	n.pm = procmgr.New(procmgr.Options{
-		Logger:        n.log,
-		NodeCap:       n.cfg.System.MaxProcesses,
-		MemoryReserve: n.cfg.System.MemoryReserve,
-		Meter:         n.meter,
-	})
+	if n.pm == nil {
+		n.pm = procmgrManager{procmgr.New(procmgr.Options{
+			Logger:        n.log,
+			NodeCap:       n.cfg.System.MaxProcesses,
+			MemoryReserve: n.cfg.System.MemoryReserve,
+			Meter:         n.meter,
+		})}
+	}
 	n.registerNodeMetrics()
 	for _, w := range n.cfg.System.Warnings() {
 		n.log.Warn(w)
@@ -348,8 +350,8 @@ func (n *Node) Failed() <-chan error { return n.failed }
 
 // registerNodeMetrics exposes what the process manager does node-wide.
 func (n *Node) registerNodeMetrics() {
-	cpu := n.pm.CPU()
-	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism())+`"}`,
+	cpu := n.pm.CPUStatus()
+	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism)+`"}`,
 		func() float64 { return 1 })
 	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
 	n.metrics.NewGauge(`tpsched_nonresident_starts_total`, func() float64 { return float64(n.pm.Stats().NonResidentStarts) })
@@ -423,11 +425,11 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 // serveLocal puts a call on this node's schedule queue of g, or says why not.
 func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, string) {
 	if g == nil {
-		return netio.CodeNoSuchGroup, string(f.Group)
+		return netio.CodeNoSuchGroup, n.unknown(string(f.Group), n.groupNames)
 	}
 	entry, ok := g.entries[string(f.Service)]
 	if !ok {
-		return netio.CodeNoSuchService, string(f.Group) + "/" + string(f.Service)
+		return netio.CodeNoSuchService, g.name + "/" + n.unknown(string(f.Service), g.serviceNames)
 	}
 	if g.held.Load() {
 		return netio.CodeServiceClosed, g.name + " is held"
@@ -436,6 +438,32 @@ func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, 
 		return netio.CodeMessageTooBig, fmt.Sprintf("%d bytes, max_message_size %d", len(f.Payload), g.def.MaxMessageSize)
 	}
 	return g.submit(c, f, entry, time.Now())
+}
+
+// unknown names what a call asked for that is not here, with the nearest
+// name that is ("demoo (did you mean demo?)"); names is asked only now,
+// on the error path.
+func (n *Node) unknown(name string, names func() []string) string {
+	if s := def.Suggest(name, names()); s != "" {
+		return name + " (did you mean " + s + "?)"
+	}
+	return name
+}
+
+func (n *Node) groupNames() []string {
+	out := make([]string, 0, len(n.order))
+	for _, g := range n.order {
+		out = append(out, g.name)
+	}
+	return out
+}
+
+func (g *group) serviceNames() []string {
+	out := make([]string, 0, len(g.def.Services))
+	for _, s := range g.def.Services {
+		out = append(out, s.Name)
+	}
+	return out
 }
 
 // OnClose is called when a caller's connection closes. Calls in flight for

@@ -1,5 +1,9 @@
 package scd
 
+// This file is the node's read-only face: Status (what scdctl status shows)
+// and the HTTP endpoint on metrics_address that serves it with /metrics.
+// Control actions are on the control socket (control.go).
+
 import (
 	"encoding/json"
 	"errors"
@@ -151,7 +155,7 @@ func (n *Node) writeUsageMetrics(w io.Writer) {
 // Status reports the node's state now.
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
-		CPU: n.pm.CPU().Status(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
+		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
 	for _, g := range n.order {
 		s := g.stats()
@@ -163,7 +167,7 @@ func (n *Node) Status() Status {
 			Priority:   g.def.SchedulePriority,
 			Resident:   g.def.Resident,
 			Max:        g.def.MaxProcesses,
-			CPUGroup:   g.procs.CPUGroup().Path(),
+			CPUGroup:   g.procs.CPUGroupPath(),
 			QueueDepth: s.Waiting,
 			QueueSize:  g.def.QueueSize,
 			InFlight:   g.inFlight(),

@@ -1,0 +1,171 @@
+package scd
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd/route"
+)
+
+// fuzzNodes are two nodes started once per fuzzing process: one without a
+// cluster_key and one with a key and inter-node state (so hellos and
+// forwarded calls take their real paths).
+var (
+	fuzzOnce  sync.Once
+	fuzzNodes [2]*Node
+)
+
+func startFuzzNodes(f *testing.F) [2]*Node {
+	fuzzOnce.Do(func() {
+		const server = "set service_group = g\nset service = echo, sleep\nset module = MODULE\n" +
+			"set parallel_count = 2\nset queue_size = 4\nset max_message_size = 4096\n"
+		fuzzNodes[0] = inProcNode(f, "", map[string]string{"g": server})
+		key := inProcNode(f, `set cluster_key = "the-right-key-0123456789"`+"\n", map[string]string{"g": server})
+		key.cluster = key.newCluster(route.OpenTP1)
+		f.Cleanup(key.cluster.fwd.close)
+		fuzzNodes[1] = key
+	})
+	return fuzzNodes
+}
+
+// fuzzFrames cuts the input into frames, each from a small header
+// (kind, flags, group, service, payload length) and the bytes after it;
+// an input byte may also ask for raw garbage instead of a frame. It
+// returns the bytes to send and, when every frame is well-formed and none
+// is a hello, the ids of the calls, each of which must be answered. (A
+// malformed frame, or a refused hello, closes its connection at once, with
+// what was in flight on it.)
+func fuzzFrames(in []byte) (wire []byte, mustAnswer map[uint64]bool) {
+	mustAnswer = map[uint64]bool{}
+	groups := []string{"g", "h", "", "n9", string(bytes.Repeat([]byte{'g'}, 300))}
+	services := []string{"echo", "sleep", "nope", ""}
+	broken := false
+	for id := uint64(1); len(in) >= 4; id++ {
+		kind, flags, sel, size := in[0], in[1], in[2], int(in[3])
+		in = in[4:]
+		size = min(size, len(in))
+		payload := in[:size]
+		in = in[size:]
+		if sel == 0xff { // garbage where a frame should start
+			wire = append(wire, payload...)
+			broken = true
+			continue
+		}
+		group, service := groups[int(sel)%len(groups)], services[int(sel>>4)%len(services)]
+		if service == "sleep" {
+			payload = []byte("1ms")
+		}
+		h := netio.Header{Kind: netio.Kind(kind % 9), Flags: netio.Flags(flags), ID: id}
+		if len(group) > netio.MaxNameLen || h.Kind == 0 || h.Kind > netio.KindAnnounce {
+			// A header the codec refuses (an unknown kind), or one whose
+			// group length says more than follows: the stream is broken
+			// from here, and the node closes the connection.
+			fr := netio.AppendFrame(nil, h, "g", service, payload)
+			if len(group) > netio.MaxNameLen {
+				fr[5] = 0xff // the group length byte
+			}
+			wire = append(wire, fr...)
+			broken = true
+			continue
+		}
+		wire = netio.AppendFrame(wire, h, group, service, payload)
+		switch h.Kind {
+		case netio.KindCall:
+			mustAnswer[id] = true
+		case netio.KindAnnounce:
+			broken = true // a hello the node refuses ends the connection too
+		}
+	}
+	if broken {
+		clear(mustAnswer)
+	}
+	return wire, mustAnswer
+}
+
+// FuzzNodeFrames drives a node's frame handling with whatever frames the
+// input makes (every kind and flag byte, calls, lookups, hellos in any
+// step, replies and errors no node asks for, garbage), with and without a
+// cluster_key, over a real connection to a node running in process. When
+// every frame is well-formed each call gets exactly one answer; no id is
+// ever answered twice; and the node still serves a plain call afterwards.
+func FuzzNodeFrames(f *testing.F) {
+	nodes := startFuzzNodes(f)
+	f.Add([]byte{0, 1, 0, 0, 2, 'h', 'i'})
+	f.Add([]byte{1, 6, 0, 3, 3, 1, 2, 3})                                  // a hello on the keyed node
+	f.Add([]byte{0, 1, byte(netio.FlagForwarded), 0, 0, 1, 6, 0x3, 1, 0})  // a forwarded call, a hello
+	f.Add([]byte{0, 5, 0, 0, 0, 4, 0, 0, 0, 1, 0, 0xff, 8, 1, 2, 3, 4, 5}) // a lookup, a reply, garbage
+	f.Add(bytes.Repeat([]byte{1, 1, 0, 0x10, 1, 'x'}, 8))                  // sleeps past the queue
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) == 0 {
+			return
+		}
+		n := nodes[in[0]%2]
+		wire, mustAnswer := fuzzFrames(in[1:])
+		nc, err := net.Dial("tcp", n.RPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := nc.Write(wire); err != nil {
+			return // the node closed a connection that sent garbage: fine
+		}
+		answered := map[uint64]int{}
+		fr := netio.NewFrameReader(nc, 1<<20)
+		var buf []byte
+		for len(answered) < len(mustAnswer) || !allAnswered(answered, mustAnswer) {
+			var fm netio.Frame
+			fm, buf, err = fr.Read(buf)
+			if err != nil {
+				break
+			}
+			if fm.Kind != netio.KindReply && fm.Kind != netio.KindError {
+				continue // a hello step answered by the node
+			}
+			answered[fm.ID]++
+		}
+		for id := range mustAnswer {
+			if answered[id] != 1 {
+				t.Errorf("call %d answered %d times (connection: %v)", id, answered[id], err)
+			}
+		}
+		for id, k := range answered {
+			if k > 1 {
+				t.Errorf("id %d answered %d times", id, k)
+			}
+		}
+		// The node serves a plain call on a fresh connection.
+		ok, err := net.Dial("tcp", n.RPCAddr())
+		if err != nil {
+			t.Fatalf("the node stopped accepting: %v", err)
+		}
+		defer ok.Close()
+		_ = ok.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := ok.Write(netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: 7}, "g", "echo", []byte("alive"))); err != nil {
+			t.Fatal(err)
+		}
+		var fm netio.Frame
+		for {
+			fm, _, err = netio.NewFrameReader(ok, 1<<20).Read(nil)
+			if err != nil || fm.ID == 7 {
+				break
+			}
+		}
+		if err != nil || fm.Kind != netio.KindReply || string(fm.Payload) != "alive" {
+			t.Fatalf("the node stopped serving: %+v %v", fm.Header, err)
+		}
+	})
+}
+
+func allAnswered(answered map[uint64]int, must map[uint64]bool) bool {
+	for id := range must {
+		if answered[id] == 0 {
+			return false
+		}
+	}
+	return true
+}
