@@ -24,10 +24,11 @@ func startFuzzNodes(f *testing.F) [2]*Node {
 		const server = "set service_group = g\nset service = echo, sleep\nset module = MODULE\n" +
 			"set parallel_count = 2\nset queue_size = 4\nset max_message_size = 4096\n"
 		fuzzNodes[0] = inProcNode(f, "", map[string]string{"g": server})
-		key := inProcNode(f, `set cluster_key = "the-right-key-0123456789"`+"\n", map[string]string{"g": server})
-		key.cluster = key.newCluster(route.OpenTP1)
-		f.Cleanup(key.cluster.fwd.close)
-		fuzzNodes[1] = key
+		fuzzNodes[1] = inProcNodeWith(f, `set cluster_key = "the-right-key-0123456789"`+"\n", map[string]string{"g": server},
+			func(n *Node) {
+				n.cluster = n.newCluster(route.OpenTP1) // inter-node state without membership
+				f.Cleanup(n.cluster.fwd.close)
+			})
 	})
 	return fuzzNodes
 }

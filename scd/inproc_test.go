@@ -113,6 +113,12 @@ func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
 // process), on loopback ports of its own; it is drained when the test ends.
 func inProcNode(t testing.TB, sysconf string, servers map[string]string) *Node {
 	t.Helper()
+	return inProcNodeWith(t, sysconf, servers, nil)
+}
+
+// inProcNodeWith is inProcNode with prepare run between New and Start.
+func inProcNodeWith(t testing.TB, sysconf string, servers map[string]string, prepare func(*Node)) *Node {
+	t.Helper()
 	dir := t.TempDir()
 	write := func(name, text string) {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
@@ -136,6 +142,9 @@ func inProcNode(t testing.TB, sysconf string, servers map[string]string) *Node {
 		t.Fatal(err)
 	}
 	n.pm = inProcess{}
+	if prepare != nil {
+		prepare(n)
+	}
 	if err := n.Start(); err != nil {
 		t.Fatal(err)
 	}

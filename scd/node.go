@@ -71,7 +71,7 @@ type Node struct {
 	log  *slog.Logger
 
 	groups   map[string]*group
-	order    []*group // by name, for status output
+	order    []*group       // by name, for status output
 	pm       processManager // procmgr, unless a test set it
 	meter    bpf.Meter
 	cluster  *cluster // nil: no all_node, every call is served here
