@@ -15,7 +15,10 @@ import (
 // send calls to them in turn, marked balanced so the node serves them
 // itself unless it must not.
 
-// levelCache is an LRU of groups and their least loaded nodes.
+// levelCache is an LRU of groups and their least loaded nodes, each kept
+// dccltcachetim. (hashicorp/golang-lru/v2's expirable LRU would do, but it
+// starts a goroutine per cache that nothing can stop (v2.0.7: its Close is
+// commented out), so every client made and closed would leak one.)
 type levelCache struct {
 	mu    sync.Mutex
 	max   int
