@@ -110,8 +110,8 @@ type proc interface {
 	Dispatch(entry string, req []byte, deadline int64) error
 	Wake()
 	Completion() (shm.Completion, bool, error)
-	Holding() bool
-	Taken() (cur, next bool)
+	Holding() int
+	Taken() int
 	Revoke() ([]byte, bool)
 	Requests() [][]byte
 	Rings() uint64
@@ -495,9 +495,8 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 		}
 		freeCall(done.Call)
 	}
-	takenCur, takenNext := p.Taken()
-	reqs := p.Requests()
-	g.exits = g.q.Exited(slot, takenCur, takenNext, g.exits[:0])
+	taken, reqs := p.Taken(), p.Requests()
+	g.exits = g.q.Exited(slot, taken, g.exits[:0])
 	exits := g.exits
 	for i, e := range exits {
 		if e.Outcome == schedq.Requeued {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,4 +254,34 @@ func waitInFlight(t testing.TB, n *Node, group string, want int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestNodeInProcessUnderLoad: 64 callers on two processes for a while:
+// every call answered with its own reply (the queue and the processes'
+// mailboxes never disagree on who holds what).
+func TestNodeInProcessUnderLoad(t *testing.T) {
+	n := inProcNode(t, "", map[string]string{
+		"g": "set service_group = g\nset service = echo\nset module = MODULE\nset parallel_count = 2\nset queue_size = 256\n",
+	})
+	c := inProcClient(t, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var calls, fails atomic.Int64
+	for i := range 64 {
+		wg.Go(func() {
+			for j := 0; ctx.Err() == nil; j++ {
+				want := fmt.Sprintf("caller %d call %d", i, j)
+				out, err := c.Call(context.Background(), "g", "echo", []byte(want))
+				calls.Add(1)
+				if err != nil || string(out) != want {
+					if fails.Add(1) <= 5 {
+						t.Errorf("call %q: %q, %v", want, out, err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d calls, %d failed", calls.Load(), fails.Load())
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -18,7 +19,7 @@ var (
 	ErrTooBig      = errors.New("shm: message larger than max_message_size")
 	ErrNameTooLong = errors.New("shm: entry name longer than 32 bytes")
 	ErrClosed      = errors.New("shm: closed")
-	errBusy        = errors.New("shm: the process holds two calls already")
+	errBusy        = errors.New("shm: every mailbox of the process holds a call")
 )
 
 // Group is the scheduler's side of one service group's shared memory: the
@@ -30,26 +31,31 @@ var (
 // removed area is unmapped only by the reader, between its looks, so a look
 // never touches unmapped memory.
 type Group struct {
-	name   string
-	maxMsg int
-	page   *os.File // the group page memfd, sealed against writes by anyone but us
-	mem    []byte
-	gp     *groupPage
-	epfd   int
-	procs  []atomic.Pointer[Proc] // by slot, for Wait's lock-free look
-	spin   spinner
-	events []unix.EpollEvent
+	name      string
+	maxMsg    int
+	mailboxes int
+	page      *os.File // the group page memfd, sealed against writes by anyone but us
+	mem       []byte
+	gp        *groupPage
+	epfd      int
+	procs     []atomic.Pointer[Proc] // by slot, for Wait's lock-free look
+	spin      spinner
+	events    []unix.EpollEvent
 
 	retiredMu sync.Mutex
 	retired   []*Proc // removed, to be unmapped by the reader
 }
 
 // NewGroup makes the group page of a group whose messages are at most
-// maxMessage bytes, for up to slots processes. Requires Linux 5.1
-// (F_SEAL_FUTURE_WRITE).
-func NewGroup(name string, maxMessage, slots int) (*Group, error) {
+// maxMessage bytes, for up to slots processes, each of which may hold up
+// to mailboxes calls (its current one and those handed over ahead).
+// Requires Linux 5.1 (F_SEAL_FUTURE_WRITE).
+func NewGroup(name string, maxMessage, slots, mailboxes int) (*Group, error) {
 	if err := checkMaxMessage(maxMessage); err != nil {
 		return nil, err
+	}
+	if mailboxes < 1 || mailboxes > MaxMailboxes {
+		return nil, fmt.Errorf("shm: %d mailboxes, want 1..%d", mailboxes, MaxMailboxes)
 	}
 	if slots < 1 || slots > 1<<16 {
 		return nil, fmt.Errorf("shm: %d process slots, want 1..65536", slots)
@@ -58,7 +64,7 @@ func NewGroup(name string, maxMessage, slots int) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Group{name: name, maxMsg: maxMessage, page: f, mem: mem, gp: (*groupPage)(unsafe.Pointer(&mem[0])),
+	g := &Group{name: name, maxMsg: maxMessage, mailboxes: mailboxes, page: f, mem: mem, gp: (*groupPage)(unsafe.Pointer(&mem[0])),
 		procs: make([]atomic.Pointer[Proc], slots), spin: newSpinner(), events: make([]unix.EpollEvent, 64)}
 	g.gp.version, g.gp.maxMessage = Version, uint32(maxMessage)
 	atomic.StoreUint64(&g.gp.magic, groupMagic)
@@ -105,6 +111,9 @@ func createMemfd(name string, size int64) (*os.File, []byte, error) {
 // MaxMessage is the group's max_message_size.
 func (g *Group) MaxMessage() int { return g.maxMsg }
 
+// Mailboxes is how many calls a process may hold.
+func (g *Group) Mailboxes() int { return g.mailboxes }
+
 // Slots is the number of process slots.
 func (g *Group) Slots() int { return len(g.procs) }
 
@@ -124,17 +133,18 @@ func (g *Group) NewProc(slot int) (*Proc, error) {
 	}
 	g.Remove(slot)
 	name := fmt.Sprintf("%s-%d", g.name, slot)
-	f, mem, err := createMemfd(name, areaSize(g.maxMsg))
+	f, mem, err := createMemfd(name, areaSize(g.maxMsg, g.mailboxes))
 	if err != nil {
 		return nil, err
 	}
-	p := &Proc{g: g, slot: slot, area: f, mem: mem, ctl: (*procCtl)(unsafe.Pointer(&mem[0]))}
+	p := &Proc{g: g, slot: slot, area: f, mem: mem, ctl: (*procCtl)(unsafe.Pointer(&mem[0])),
+		bufs: make([][]byte, g.mailboxes), held: make([]handed, 0, g.mailboxes)}
 	stride := bufStride(g.maxMsg)
 	for i := range p.bufs {
 		off := pBuffer + i*stride
 		p.bufs[i] = mem[off : off+g.maxMsg : off+g.maxMsg]
 	}
-	p.ctl.version, p.ctl.maxMessage = Version, uint32(g.maxMsg)
+	p.ctl.version, p.ctl.maxMessage, p.ctl.mailboxes = Version, uint32(g.maxMsg), uint32(g.mailboxes)
 	atomic.StoreUint64(&p.ctl.magic, procMagic)
 	bell, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -271,14 +281,15 @@ type Proc struct {
 	area *os.File
 	mem  []byte
 	ctl  *procCtl
-	bufs [2][]byte
+	bufs [][]byte // one per mailbox
 	bell *os.File
 
-	// Under the group lock: the last number used, and the calls handed over
-	// and not completed, oldest (the current call) first.
+	// Under the group lock: the last number used, the calls handed over
+	// and not completed, oldest (the current call) first, and the mailboxes
+	// they are in (a bit each).
 	no   uint64
-	held [2]handed
-	n    int
+	held []handed
+	busy uint64
 
 	cur      atomic.Uint64 // number of the current call, 0 none: for pending's lock-free look
 	attached atomic.Bool   // seen ready by the reader
@@ -352,35 +363,27 @@ func (p *Proc) Entries() []string {
 
 // Dispatch hands the process a call: entry names its handler, req is
 // copied into a mailbox's buffer, deadline (unix ns, 0 none) is when it
-// must no longer start it. The process may hold one call already (the new
-// one is its next). Wake it afterwards.
+// must no longer start it. The process may hold calls already (the new one
+// goes after them). Wake it afterwards.
 func (p *Proc) Dispatch(entry string, req []byte, deadline int64) error {
 	switch {
 	case len(req) > p.g.maxMsg:
 		return ErrTooBig
 	case len(entry) > maxName:
 		return ErrNameTooLong
-	case p.n == 2:
-		return errBusy
+	case len(p.held) == len(p.bufs):
+		return errBusy // every mailbox holds a call
 	}
-	// A free mailbox, and the next number that belongs to it.
-	mb := int(p.no+1) & 1
-	if p.n == 1 {
-		mb = 1 - p.held[0].mb
-	}
-	no := p.no + 1
-	if int(no&1) != mb {
-		no++
-	}
+	no, mb := p.no+1, bits.TrailingZeros64(^p.busy) // the lowest free mailbox
+	p.busy |= 1 << mb
 	m := &p.ctl.mb[mb]
 	copy(p.bufs[mb], req)
 	m.reqLen, m.entryLen, m.deadline = uint32(len(req)), uint32(len(entry)), deadline
 	copy(m.entry[:], entry)
 	m.claim.Store(no << 2)
 	p.no = no
-	p.held[p.n] = handed{no: no, mb: mb}
-	p.n++
-	if p.n == 1 {
+	p.held = append(p.held, handed{no: no, mb: mb})
+	if len(p.held) == 1 {
 		p.cur.Store(no)
 	}
 	p.ctl.dispatchNo.Store(no) // publishes the mailbox
@@ -389,8 +392,12 @@ func (p *Proc) Dispatch(entry string, req []byte, deadline int64) error {
 }
 
 // Wake rouses the process if it sleeps; call it after Dispatch or Stop.
+// It clears the process's sleeping word as it wakes it: calls handed over
+// in the same burst then cost no further syscall, and none is needed (the
+// process had read wake before it said it sleeps, so its futex wait fails
+// or is woken by this one).
 func (p *Proc) Wake() {
-	if p.ctl.sleeping.Load() != 0 {
+	if s := &p.ctl.sleeping; s.Load() != 0 && s.Swap(0) != 0 {
 		futexWake(&p.ctl.wake, 1)
 	}
 }
@@ -400,14 +407,19 @@ func (p *Proc) Wake() {
 // call Completion again, it may be done too. A *ProtocolError means the
 // answer is unusable (the call fails, the process should be killed).
 func (p *Proc) Completion() (c Completion, ok bool, err error) {
-	if p.n == 0 || p.ctl.doneNo.Load() < p.held[0].no {
+	if len(p.held) == 0 || p.ctl.doneNo.Load() < p.held[0].no {
 		return c, false, nil
 	}
 	h := p.held[0]
-	p.held[0], p.held[1] = p.held[1], handed{}
-	p.n--
-	p.cur.Store(p.held[0].no)
-	st, n := Status(p.ctl.status[h.mb].Load()), p.ctl.replyLen[h.mb].Load()
+	p.busy &^= 1 << h.mb
+	p.held = append(p.held[:0], p.held[1:]...)
+	if len(p.held) > 0 {
+		p.cur.Store(p.held[0].no)
+	} else {
+		p.cur.Store(0)
+	}
+	m := &p.ctl.mb[h.mb]
+	st, n := Status(m.status.Load()), m.replyLen.Load()
 	switch {
 	case st >= statusEnd:
 		return c, true, &ProtocolError{PID: p.PID(), Why: fmt.Sprintf("completion status %d", st)}
@@ -417,43 +429,50 @@ func (p *Proc) Completion() (c Completion, ok bool, err error) {
 	return Completion{Status: st, Reply: p.bufs[h.mb][:n:n]}, true, nil
 }
 
-// Holding reports whether the process holds a call it has not answered.
-func (p *Proc) Holding() bool { return p.n > 0 }
+// Holding reports how many calls the process holds and has not answered.
+func (p *Proc) Holding() int { return len(p.held) }
 
-// Taken reports whether the process took its current and its next call,
-// so may have run part of them; a call not taken never started and can go
-// elsewhere.
-func (p *Proc) Taken() (cur, next bool) {
-	taken := func(h handed) bool { return p.ctl.mb[h.mb].claim.Load() == h.no<<2|claimTaken }
-	return p.n > 0 && taken(p.held[0]), p.n > 1 && taken(p.held[1])
+// Taken is how many of the calls the process holds, from the current one
+// on, it may have started: up to the last one whose claim says taken. The
+// others never started and can go elsewhere. An honest UAP takes its calls
+// in order; counting up to the last taken one keeps a call that a hostile
+// one took out of order from running twice.
+func (p *Proc) Taken() int {
+	n := 0
+	for i, h := range p.held {
+		if p.ctl.mb[h.mb].claim.Load() == h.no<<2|claimTaken {
+			n = i + 1
+		}
+	}
+	return n
 }
 
 // Requests returns the requests of the calls the process holds, current
 // first, as they are in its buffers: for a call to go elsewhere after the
 // process died without taking it. Valid until Remove.
 func (p *Proc) Requests() [][]byte {
-	out := make([][]byte, 0, p.n)
-	for _, h := range p.held[:p.n] {
+	out := make([][]byte, 0, len(p.held))
+	for _, h := range p.held {
 		m := &p.ctl.mb[h.mb]
 		out = append(out, p.bufs[h.mb][:min(m.reqLen, uint32(p.g.maxMsg))])
 	}
 	return out
 }
 
-// Revoke takes back the process's next call if it has not taken it, and
-// returns its request (valid until the next Dispatch); false if the process
-// had taken it (or holds no next call).
+// Revoke takes back the last call handed to the process if it has not
+// taken it, and returns its request (valid until the next Dispatch); false
+// if it had (or holds no call but its current one).
 func (p *Proc) Revoke() ([]byte, bool) {
-	if p.n != 2 {
+	if len(p.held) < 2 {
 		return nil, false
 	}
-	h := p.held[1]
-	if !p.ctl.mb[h.mb].claim.CompareAndSwap(h.no<<2|claimOffered, h.no<<2|claimRevoked) {
-		return nil, false
-	}
-	p.held[1] = handed{}
-	p.n = 1
+	h := p.held[len(p.held)-1]
 	m := &p.ctl.mb[h.mb]
+	if !m.claim.CompareAndSwap(h.no<<2|claimOffered, h.no<<2|claimRevoked) {
+		return nil, false
+	}
+	p.busy &^= 1 << h.mb
+	p.held = p.held[:len(p.held)-1]
 	return p.bufs[h.mb][:min(m.reqLen, uint32(p.g.maxMsg))], true
 }
 

@@ -44,14 +44,16 @@ const (
 // Offsets in a process area (one per process, a fresh memfd at each spawn;
 // the process may write all of it, the scheduler trusts none of it).
 //
-// A process holds at most two calls: its current one and the next,
-// handed over before it finished the current (prefetch), each in a
-// mailbox with a buffer of its own. Calls are numbered 1, 2, ... per
-// process; a call numbered n is in mailbox n&1 (the scheduler skips a
-// number to keep that so). A mailbox's claim word says whether its call is
-// offered (n<<2), taken by the UAP (n<<2|1, before the handler runs) or
-// revoked by the scheduler (n<<2|2): the UAP and the scheduler move it
-// from offered with a compare-and-swap, so exactly one of them wins.
+// A process holds up to Mailboxes calls: its current one and those handed
+// over before it finished it (prefetch), each in a mailbox with a buffer
+// of its own. Calls are numbered 1, 2, ... per process, one after the
+// other, and put in any free mailbox; the claim word of the mailbox that
+// holds call n says n and whether the call is offered (n<<2), taken by the
+// UAP (n<<2|1, before the handler runs) or revoked by the scheduler
+// (n<<2|2): the UAP and the scheduler move it from offered with a
+// compare-and-swap, so exactly one of them wins. The UAP takes calls in
+// number order, finding each by its claim word, and skips a revoked one
+// (its mailbox may already hold a later call).
 const (
 	// Page 0, line 0: written by the scheduler.
 	pMagic      = 0x00 // u64 procMagic
@@ -60,33 +62,38 @@ const (
 	pWake       = 0x10 // u32 futex word: +1 at every call handed over, stop and close; the UAP sleeps on it
 	pStop       = 0x14 // u32 1: leave once you hold no call
 	pDispatchNo = 0x18 // u64 number of the latest call handed over; 0 before the first
+	pMailboxes  = 0x20 // u32 the number of mailboxes, 1..MaxMailboxes
 
-	// Page 0, lines 1 and 2: mailboxes 0 and 1, written by the scheduler
-	// (the claim word by both).
-	pMailbox    = 0x40 // mailbox 0; mailbox 1 at pMailbox + mailboxSize
+	// Page 0, line 1: written by the UAP.
+	pState    = 0x40 // u32 stateNew, stateReady (serving) or stateLeft
+	pSleeping = 0x44 // u32 1: the UAP sleeps (or is about to) on pWake
+	pDoneNo   = 0x48 // u64 number of the last call completed, stored after its status and reply
+	pPID      = 0x50 // u32 the UAP's process id
+	pEntries  = 0x54 // u32 number of entry names registered in page 1
+
+	// Page 0, lines 2 onwards: the mailboxes, one line each. The
+	// scheduler writes the request's fields, the UAP the completion's; the
+	// claim word is moved by both.
+	pMailbox    = 0x80 // mailbox i at pMailbox + i*mailboxSize
 	mailboxSize = 0x40
 	mClaim      = 0x00 // u64 n<<2 | claimOffered, claimTaken or claimRevoked
 	mDeadline   = 0x08 // i64 unix ns after which the UAP must not start the call; 0 none
 	mReqLen     = 0x10 // u32 request length in the mailbox's buffer
 	mEntryLen   = 0x14 // u32 length of the entry name
+	mStatus     = 0x18 // u32 Status of the completion (UAP)
+	mReplyLen   = 0x1C // u32 reply length in the mailbox's buffer (UAP)
 	mEntry      = 0x20 // [32]byte entry name
 
-	// Page 0, line 3: written by the UAP.
-	pState    = 0xC0 // u32 stateNew, stateReady (serving) or stateLeft
-	pSleeping = 0xC4 // u32 1: the UAP sleeps (or is about to) on pWake
-	pDoneNo   = 0xC8 // u64 number of the last call completed, stored after its status and reply
-	pPID      = 0xD0 // u32 the UAP's process id
-	pEntries  = 0xD4 // u32 number of entry names registered in page 1
-	pStatus   = 0xD8 // [2]u32 Status of the last completion in mailbox 0, 1
-	pReplyLen = 0xE0 // [2]u32 reply length in mailbox 0's, 1's buffer
+	// MaxMailboxes is as many as page 0 holds.
+	MaxMailboxes = (pageSize - pMailbox) / mailboxSize
 
 	// Page 1: entry names the UAP registered, maxName bytes each,
 	// NUL-padded; written before pState becomes stateReady.
 	pEntryTable = pageSize
 
-	// Page 2 onwards: the buffers of mailbox 0 and 1, each
-	// max_message_size rounded up to a page: the request in, the reply out,
-	// in place.
+	// Page 2 onwards: the mailboxes' buffers, mailbox i's at pBuffer +
+	// i*stride, stride being max_message_size rounded up to a page: the
+	// request in, the reply out, in place.
 	pBuffer = 2 * pageSize
 )
 
@@ -120,7 +127,8 @@ type mailbox struct {
 	deadline int64
 	reqLen   uint32
 	entryLen uint32
-	_        [mEntry - 0x18]byte
+	status   atomic.Uint32
+	replyLen atomic.Uint32
 	entry    [maxName]byte
 }
 
@@ -132,15 +140,15 @@ type procCtl struct {
 	wake       atomic.Uint32
 	stop       atomic.Uint32
 	dispatchNo atomic.Uint64
-	_          [pMailbox - 0x20]byte
-	mb         [2]mailbox
+	mailboxes  uint32
+	_          [pState - 0x24]byte
 	state      atomic.Uint32
 	sleeping   atomic.Uint32
 	doneNo     atomic.Uint64
 	pid        atomic.Uint32
 	entries    atomic.Uint32
-	status     [2]atomic.Uint32
-	replyLen   [2]atomic.Uint32
+	_          [pMailbox - 0x58]byte
+	mb         [MaxMailboxes]mailbox
 }
 
 // Compile-time checks that the structs are where the offsets say; the test
@@ -155,9 +163,11 @@ var (
 // bufStride is the size of each buffer for max_message_size maxMsg.
 func bufStride(maxMsg int) int { return int(alignUp(uint64(maxMsg), pageSize)) }
 
-// areaSize is the size of a process area for max_message_size maxMsg: two
-// pages and two buffers.
-func areaSize(maxMsg int) int64 { return pBuffer + 2*int64(bufStride(maxMsg)) }
+// areaSize is the size of a process area with mailboxes mailboxes for
+// max_message_size maxMsg: two pages and a buffer per mailbox.
+func areaSize(maxMsg, mailboxes int) int64 {
+	return pBuffer + int64(mailboxes)*int64(bufStride(maxMsg))
+}
 
 func alignUp(v, a uint64) uint64 { return (v + a - 1) &^ (a - 1) }
 

@@ -27,29 +27,34 @@ func TestLayoutOffsets(t *testing.T) {
 		{"proc wake", unsafe.Offsetof(p.wake), pWake},
 		{"proc stop", unsafe.Offsetof(p.stop), pStop},
 		{"proc dispatch no", unsafe.Offsetof(p.dispatchNo), pDispatchNo},
+		{"proc mailboxes", unsafe.Offsetof(p.mailboxes), pMailboxes},
+		{"proc state", unsafe.Offsetof(p.state), pState},
+		{"proc sleeping", unsafe.Offsetof(p.sleeping), pSleeping},
+		{"proc done no", unsafe.Offsetof(p.doneNo), pDoneNo},
+		{"proc pid", unsafe.Offsetof(p.pid), pPID},
+		{"proc entries", unsafe.Offsetof(p.entries), pEntries},
 		{"proc mailbox 0", unsafe.Offsetof(p.mb), pMailbox},
 		{"proc mailbox 1", unsafe.Offsetof(p.mb) + unsafe.Sizeof(p.mb[0]), pMailbox + mailboxSize},
 		{"mailbox claim", unsafe.Offsetof(m.claim), mClaim},
 		{"mailbox deadline", unsafe.Offsetof(m.deadline), mDeadline},
 		{"mailbox request length", unsafe.Offsetof(m.reqLen), mReqLen},
 		{"mailbox entry length", unsafe.Offsetof(m.entryLen), mEntryLen},
+		{"mailbox status", unsafe.Offsetof(m.status), mStatus},
+		{"mailbox reply length", unsafe.Offsetof(m.replyLen), mReplyLen},
 		{"mailbox entry", unsafe.Offsetof(m.entry), mEntry},
-		{"proc state", unsafe.Offsetof(p.state), pState},
-		{"proc sleeping", unsafe.Offsetof(p.sleeping), pSleeping},
-		{"proc done no", unsafe.Offsetof(p.doneNo), pDoneNo},
-		{"proc pid", unsafe.Offsetof(p.pid), pPID},
-		{"proc entries", unsafe.Offsetof(p.entries), pEntries},
-		{"proc status", unsafe.Offsetof(p.status), pStatus},
-		{"proc reply length", unsafe.Offsetof(p.replyLen), pReplyLen},
+		{"mailboxes end at the page", unsafe.Sizeof(p), pageSize},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at offset %#x, the layout says %#x", c.name, c.got, c.want)
 		}
 	}
-	if got := areaSize(1); got != pBuffer+2*pageSize {
-		t.Errorf("area of a 1-byte max message is %d bytes, want %d", got, pBuffer+2*pageSize)
+	if MaxMailboxes != 62 {
+		t.Errorf("page 0 holds %d mailboxes, the layout says 62", MaxMailboxes)
 	}
-	if got := areaSize(pageSize + 1); got != pBuffer+4*pageSize {
-		t.Errorf("area of a %d-byte max message is %d bytes, want %d", pageSize+1, got, pBuffer+4*pageSize)
+	if got := areaSize(1, 8); got != pBuffer+8*pageSize {
+		t.Errorf("area of 8 mailboxes of a 1-byte max message is %d bytes, want %d", got, pBuffer+8*pageSize)
+	}
+	if got := areaSize(pageSize+1, 2); got != pBuffer+4*pageSize {
+		t.Errorf("area of 2 mailboxes of a %d-byte max message is %d bytes, want %d", pageSize+1, got, pBuffer+4*pageSize)
 	}
 }

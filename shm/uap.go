@@ -27,8 +27,8 @@ type HandlerFunc func(req []byte) ([]byte, error)
 type UAP struct {
 	area     []byte
 	ctl      *procCtl
-	bufs     [2][]byte
-	page     []byte // the group page, mapped read-only
+	bufs     [][]byte // one per mailbox
+	page     []byte   // the group page, mapped read-only
 	gp       *groupPage
 	bell     int
 	handlers map[string]HandlerFunc
@@ -102,8 +102,11 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 		return fail(notOurs("group page", group))
 	case ctl.version != Version || gp.version != Version:
 		return fail(fmt.Errorf("shm: attach: layout version %d, this UAP knows %d (rebuild it with the scheduler's shm package)", ctl.version, Version))
-	case ctl.maxMessage != gp.maxMessage || int64(len(amem)) != areaSize(int(ctl.maxMessage)):
-		return fail(fmt.Errorf("shm: attach: area of %d bytes does not fit max_message_size %d", len(amem), ctl.maxMessage))
+	case ctl.mailboxes < 1 || ctl.mailboxes > MaxMailboxes:
+		return fail(fmt.Errorf("shm: attach: %d mailboxes, want 1..%d", ctl.mailboxes, MaxMailboxes))
+	case ctl.maxMessage != gp.maxMessage || int64(len(amem)) != areaSize(int(ctl.maxMessage), int(ctl.mailboxes)):
+		return fail(fmt.Errorf("shm: attach: area of %d bytes does not fit %d mailboxes of max_message_size %d",
+			len(amem), ctl.mailboxes, ctl.maxMessage))
 	case ctl.state.Load() != stateNew:
 		return fail(fmt.Errorf("shm: attach: the process area is in use by pid %d", ctl.pid.Load()))
 	}
@@ -115,7 +118,8 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 	// area through /proc/PID/fd and answer its calls.
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	maxMsg, stride := int(ctl.maxMessage), bufStride(int(ctl.maxMessage))
-	u := &UAP{area: amem, ctl: ctl, page: gmem, gp: gp, bell: bell, handlers: map[string]HandlerFunc{}, spin: newSpinner()}
+	u := &UAP{area: amem, ctl: ctl, page: gmem, gp: gp, bell: bell, handlers: map[string]HandlerFunc{}, spin: newSpinner(),
+		bufs: make([][]byte, ctl.mailboxes)}
 	for i := range u.bufs {
 		off := pBuffer + i*stride
 		u.bufs[i] = amem[off : off+maxMsg : off+maxMsg]
@@ -183,12 +187,12 @@ func (u *UAP) ServeOne() error {
 	if !u.started {
 		u.publish()
 	}
-	no, ok := u.next()
+	no, mb, ok := u.next()
 	if !ok {
 		u.leave()
 		return ErrClosed
 	}
-	u.serve(no)
+	u.serve(no, mb)
 	u.served = true
 	return nil
 }
@@ -221,32 +225,40 @@ func (u *UAP) newCall() bool { return u.ctl.dispatchNo.Load() > u.lastNo }
 
 func (u *UAP) told() bool { return u.ctl.stop.Load() != 0 || u.gp.closed.Load() != 0 }
 
-// take claims the next call handed over, in number order, skipping numbers
-// the scheduler revoked or did not use; 0 when none is left to look at.
-func (u *UAP) take() uint64 {
+// take claims the next call handed over, in number order, skipping
+// numbers the scheduler revoked; 0 when none is left to look at. It
+// returns the call's number and mailbox.
+func (u *UAP) take() (uint64, int) {
 	for d := u.ctl.dispatchNo.Load(); u.lastNo < d; {
 		u.lastNo++
 		n := u.lastNo
-		if u.ctl.mb[n&1].claim.CompareAndSwap(n<<2|claimOffered, n<<2|claimTaken) {
-			return n
+		for i := range u.bufs {
+			c := &u.ctl.mb[i].claim
+			if v := c.Load(); v>>2 == n {
+				if v&3 == claimOffered && c.CompareAndSwap(n<<2|claimOffered, n<<2|claimTaken) {
+					return n, i
+				}
+				break // revoked
+			}
 		}
+		// Not in any mailbox: revoked, and its mailbox holds a later call.
 	}
-	return 0
+	return 0, 0
 }
 
 // next waits for the next call, spinning and then sleeping; false when the
 // process is to leave.
-func (u *UAP) next() (uint64, bool) {
+func (u *UAP) next() (uint64, int, bool) {
 	c := u.ctl
 	start := time.Now()
 	spun := false
 	for {
-		if n := u.take(); n != 0 {
+		if n, mb := u.take(); n != 0 {
 			u.spin.learn(time.Since(start))
-			return n, true
+			return n, mb, true
 		}
 		if u.told() {
-			return 0, false
+			return 0, 0, false
 		}
 		if !spun {
 			spun = true
@@ -266,17 +278,16 @@ func (u *UAP) next() (uint64, bool) {
 	}
 }
 
-// serve runs call no, which take claimed: its mailbox is the UAP's until
-// it stores done.
-func (u *UAP) serve(no uint64) {
-	i := int(no & 1)
+// serve runs call no, which take claimed in mailbox i: the mailbox is the
+// UAP's until it stores done.
+func (u *UAP) serve(no uint64, i int) {
 	m, buf := &u.ctl.mb[i], u.bufs[i]
 	n := min(uint64(m.reqLen), uint64(len(buf)))
 	nl := min(int(m.entryLen), maxName)
 	copy(u.entry[:], m.entry[:nl])
 	st, rl := u.run(buf, n, m.deadline, u.entry[:nl])
-	u.ctl.status[i].Store(uint32(st))
-	u.ctl.replyLen[i].Store(uint32(rl))
+	m.status.Store(uint32(st))
+	m.replyLen.Store(uint32(rl))
 	u.ctl.doneNo.Store(no)
 	if u.gp.sleeping.Load() != 0 {
 		ring(u.bell)

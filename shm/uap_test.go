@@ -65,9 +65,12 @@ type uapProc struct {
 	done chan error
 }
 
+// testMailboxes is how many calls a test process may hold.
+const testMailboxes = 4
+
 func newGroup(tb testing.TB, maxMsg, slots int) *Group {
 	tb.Helper()
-	g, err := NewGroup("test", maxMsg, slots)
+	g, err := NewGroup("test", maxMsg, slots, testMailboxes)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -295,7 +298,7 @@ func TestCrossProcessKill(t *testing.T) {
 	p.Wake()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for cur, _ := p.Taken(); !cur; cur, _ = p.Taken() {
+	for p.Taken() == 0 {
 		if ctx.Err() != nil {
 			t.Fatal("the UAP never took its call")
 		}
@@ -304,8 +307,8 @@ func TestCrossProcessKill(t *testing.T) {
 	p.cmd.Process.Signal(syscall.SIGSTOP) // stopped holding the call: nothing else waits for it
 	p.cmd.Process.Kill()
 	p.wait(t, 10*time.Second)
-	if cur, _ := p.Taken(); !p.Holding() || !cur {
-		t.Fatalf("killed in its handler: holding %v, taken %v", p.Holding(), cur)
+	if p.Holding() != 1 || p.Taken() != 1 {
+		t.Fatalf("killed in its handler: holding %d, taken %d", p.Holding(), p.Taken())
 	}
 
 	// Stopped before it could take the next call, then killed: not taken.
@@ -320,8 +323,8 @@ func TestCrossProcessKill(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	q.cmd.Process.Kill()
 	q.wait(t, 10*time.Second)
-	if cur, _ := q.Taken(); !q.Holding() || cur {
-		t.Fatalf("killed before taking: holding %v, taken %v", q.Holding(), cur)
+	if q.Holding() != 1 || q.Taken() != 0 {
+		t.Fatalf("killed before taking: holding %d, taken %d", q.Holding(), q.Taken())
 	}
 
 	// A fresh process in the slot serves.
@@ -402,7 +405,7 @@ func hostileUAP() {
 	try("pwrite group page", err)
 	try("ftruncate group page", syscall.Ftruncate(group, 0))
 	fmt.Println("probes done")
-	mem, err := syscall.Mmap(area, 0, int(areaSize(64)), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	mem, err := syscall.Mmap(area, 0, int(areaSize(64, testMailboxes)), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		fmt.Println("mmap area:", err)
 		os.Exit(4)
@@ -419,17 +422,25 @@ func hostileUAP() {
 			continue
 		}
 		seen = no
-		i := no & 1
-		ctl.mb[i].claim.Store(no<<2 | claimTaken)
+		var m *mailbox
+		for i := range ctl.mailboxes {
+			if ctl.mb[i].claim.Load()>>2 == no {
+				m = &ctl.mb[i]
+			}
+		}
+		if m == nil {
+			continue // revoked before it looked
+		}
+		m.claim.Store(no<<2 | claimTaken)
 		switch no {
 		case 1:
-			ctl.status[i].Store(99)
+			m.status.Store(99)
 		case 2:
-			ctl.status[i].Store(uint32(StatusOK))
-			ctl.replyLen[i].Store(1 << 30)
+			m.status.Store(uint32(StatusOK))
+			m.replyLen.Store(1 << 30)
 		default:
-			ctl.status[i].Store(uint32(StatusOK))
-			ctl.replyLen[i].Store(ctl.mb[i].reqLen)
+			m.status.Store(uint32(StatusOK))
+			m.replyLen.Store(m.reqLen)
 		}
 		ctl.doneNo.Store(no)
 		ring(bell)
@@ -576,29 +587,29 @@ func waitCompletion(tb testing.TB, g *Group, p *Proc) Completion {
 	return c
 }
 
-// A process handed its next call before it finished the current one runs
-// both, in order, from their own buffers.
+// A process handed calls before it finished the current one runs them
+// all, in order, each from its own buffer.
 func TestCrossProcessPrefetch(t *testing.T) {
 	g := newGroup(t, 64, 1)
 	p := startUAP(t, g, 0)
 	attached(t, g, p)
 	for i := range 200 {
-		a, b := []byte("a"+strconv.Itoa(i)), []byte("b"+strconv.Itoa(i))
-		if err := p.Dispatch("echo", a, 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Dispatch("echo", b, 0); err != nil {
-			t.Fatal(err)
+		var sent []string
+		for j := range testMailboxes {
+			req := fmt.Sprintf("call %d.%d", i, j)
+			if err := p.Dispatch("echo", []byte(req), 0); err != nil {
+				t.Fatal(err)
+			}
+			sent = append(sent, req)
 		}
 		if err := p.Dispatch("echo", nil, 0); err != errBusy {
-			t.Fatalf("a third call: %v, want errBusy", err)
+			t.Fatalf("a call beyond %d mailboxes: %v, want errBusy", testMailboxes, err)
 		}
 		p.Wake()
-		if c := waitCompletion(t, g, p.Proc); string(c.Reply) != string(a) {
-			t.Fatalf("first reply %q, want %q", c.Reply, a)
-		}
-		if c := waitCompletion(t, g, p.Proc); string(c.Reply) != string(b) {
-			t.Fatalf("second reply %q, want %q", c.Reply, b)
+		for _, want := range sent {
+			if c := waitCompletion(t, g, p.Proc); string(c.Reply) != want {
+				t.Fatalf("reply %q, want %q", c.Reply, want)
+			}
 		}
 	}
 }
@@ -636,10 +647,7 @@ func TestCrossProcessRevoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Wake()
-	until(t, g, 10*time.Second, "the process to take its next call", func() bool {
-		_, next := p.Taken()
-		return next
-	})
+	until(t, g, 10*time.Second, "the process to take its next call", func() bool { return p.Taken() == 2 })
 	if _, ok := p.Revoke(); ok {
 		t.Fatal("revoked a call the process had taken")
 	}
@@ -666,4 +674,40 @@ func waitStopped(tb testing.TB, pid int) {
 		time.Sleep(time.Millisecond)
 	}
 	tb.Fatalf("process %d did not stop", pid)
+}
+
+// A call a process took may have run, so it must not run again elsewhere:
+// Taken counts up to the last call taken, even when a hostile process took
+// a later one and left an earlier one offered.
+func TestTakenCountsUpToTheLastTaken(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	p, err := g.NewProc(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := p.Dispatch("echo", []byte("x"), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	take := func(no uint64) {
+		for i := range p.ctl.mailboxes {
+			if m := &p.ctl.mb[i]; m.claim.Load() == no<<2 {
+				m.claim.Store(no<<2 | claimTaken)
+				return
+			}
+		}
+		t.Fatalf("call %d is in no mailbox", no)
+	}
+	if got := p.Taken(); got != 0 {
+		t.Fatalf("none taken: Taken %d, want 0", got)
+	}
+	take(2) // out of order: call 1 is still offered
+	if got := p.Taken(); got != 2 {
+		t.Fatalf("call 2 taken before call 1: Taken %d, want 2", got)
+	}
+	take(1)
+	if got := p.Taken(); got != 2 {
+		t.Fatalf("calls 1 and 2 taken: Taken %d, want 2", got)
+	}
 }

@@ -19,14 +19,15 @@
 //     that became ready last: the others stay idle, so the Multiserver rule
 //     can see idle non-resident processes and stop them.
 //
-// With Config.Prefetch a busy process is also handed its next call, so it
-// goes on without waiting for the node to see its completion; such a call
-// still counts as waiting. The queue asks a prefetched call back (a Revoke
-// action) when another process becomes ready with nothing to do, or when
-// the other processes have completed stuckAfter calls since it was handed
-// over (its process is on a long call, preempted or stopped); if the busy
-// process has not taken it, it goes back to the head of the queue. So a
-// call never waits behind a long one while other processes serve.
+// With Config.Depth above 1 a busy process is also handed its next calls,
+// up to Depth in all, so it goes on without waiting for the node to see
+// its completions; such a (prefetched) call still counts as waiting. The
+// queue asks the last prefetched call of a process back (a Revoke action)
+// when another process becomes ready with nothing to do, and all of them
+// when the other processes have completed stuckAfter calls since the first
+// was handed over (its process is on a long call, preempted or stopped); a
+// call the busy process has not taken goes back to the head of the queue.
+// So a call never waits behind a long one while other processes serve.
 //
 // It does no I/O, keeps no clock, starts no goroutine and allocates nothing
 // once grown: the caller (scd) feeds it events under one lock per group,
@@ -36,7 +37,7 @@
 //
 // # Usage
 //
-//	q := schedq.New[*call](schedq.Config{QueueSize: 256, Slots: 4, Resident: 2, Prefetch: true})
+//	q := schedq.New[*call](schedq.Config{QueueSize: 256, Slots: 4, Resident: 2, Depth: 8})
 //	q.Ready(0)                       // the process in slot 0 attached and waits
 //	err := q.Submit(cl, deadline)    // admitted, or ErrFull / ErrClosed
 //	done, ok := q.Done(0)            // slot 0 completed its oldest call: answer
@@ -44,11 +45,11 @@
 //	for _, a := range q.TakeActions(acts[:0]) {
 //		switch a.Kind {
 //		case schedq.Hand:   // give a.Call to the process in a.Slot
-//		case schedq.Revoke: // take back a.Slot's prefetched call, then
+//		case schedq.Revoke: // take back a.Slot's last call, then
 //			// q.Revoked(a.Slot) or q.NotRevoked(a.Slot)
 //		}
 //	}                                // (until no action is left)
-//	ex := q.Exited(0, takenCur, takenNext)
+//	ex := q.Exited(0, taken, ex[:0]) // taken: how many of its calls it took
 //	late = q.Expire(now, late[:0])   // answer each 'timed out'
 package schedq
 
@@ -66,19 +67,20 @@ type Config struct {
 	Slots     int  // process slots (the most processes of parallel_count); at least 1
 	Resident  int  // slots [0, Resident) serve resident processes; the rest non-resident
 	Refresh   bool // scd_refresh_process: a process serves one call, then leaves
-	// Prefetch lets a busy process be handed its next call. The transport
-	// must be able to take back a call its process has not taken.
-	Prefetch bool
+	// Depth is how many calls a process may hold: its current one and
+	// those handed over ahead (prefetched). 1 (or less): one at a time.
+	// Above 1 the transport must be able to take back a call its process
+	// has not taken.
+	Depth int
 }
 
 // ActionKind says what an Action asks of the caller.
 type ActionKind uint8
 
 const (
-	// Hand: give Call to the process in Slot: its current call if it held
-	// none, else its next (prefetched) call.
+	// Hand: give Call to the process in Slot, after the calls it holds.
 	Hand ActionKind = iota
-	// Revoke: take back the prefetched call of the process in Slot if the
+	// Revoke: take back the last call handed to the process in Slot if the
 	// process has not taken it, and report with Revoked or NotRevoked.
 	Revoke
 )
@@ -147,22 +149,22 @@ type heldCall[C any] struct {
 	call     C
 	deadline int64
 	answered bool
+	at       uint64 // the queue's completion count when it was handed over
 }
 
 type procSlot[C any] struct {
 	state slotState
-	n     int            // calls held: 0, 1 (cur) or 2 (cur and next)
-	calls [2]heldCall[C] // [0] its current call, [1] the one prefetched
-	// nextTaken: the process took its prefetched call (it runs it after
-	// its current one, or already does): it cannot be revoked.
-	nextTaken bool
-	// revokeAsked: a Revoke of the prefetched call was queued.
+	// calls are those handed to the process, in order: calls[0] is its
+	// current call, the others prefetched. Capacity Depth, never grown.
+	calls []heldCall[C]
+	// taken: the process is known to have taken calls[:taken] (it takes
+	// them in order), so they cannot be revoked.
+	taken int
+	// revokeAsked: a Revoke of its last call was queued; it gets no call
+	// until the answer (Revoked or NotRevoked), so "its last" stays that call.
 	revokeAsked bool
-	// prefetchedAt is the queue's completion count when the prefetched
-	// call was handed over.
-	prefetchedAt uint64
-	// noPrefetch: a prefetched call was asked back from it; it gets no
-	// other until its current call ends.
+	// noPrefetch: a call was asked back from it; it gets no other until its
+	// current call ends (its transport's mailbox ring needs that too).
 	noPrefetch bool
 }
 
@@ -173,7 +175,7 @@ type Queue[C any] struct {
 	wait       ring[waitingCall[C]]
 	slots      []procSlot[C]
 	ready      [2][]int // ready slots by kind (0 resident, 1 non-resident); the last is taken first
-	prefetched int      // slots holding a prefetched call
+	prefetched int      // calls handed to busy processes ahead of their current one
 	closed     bool
 	st         Stats
 	actions    []Action[C]
@@ -184,10 +186,14 @@ func New[C any](cfg Config) *Queue[C] {
 	cfg.QueueSize = max(cfg.QueueSize, 1)
 	cfg.Slots = max(cfg.Slots, 1)
 	cfg.Resident = min(max(cfg.Resident, 0), cfg.Slots)
+	cfg.Depth = max(cfg.Depth, 1)
 	if cfg.Refresh {
-		cfg.Prefetch = false // a process serves one call
+		cfg.Depth = 1 // a process serves one call
 	}
 	q := &Queue[C]{cfg: cfg, slots: make([]procSlot[C], cfg.Slots)}
+	for i := range q.slots {
+		q.slots[i].calls = make([]heldCall[C], 0, cfg.Depth)
+	}
 	q.wait.limit = cfg.QueueSize
 	q.ready[0] = make([]int, 0, cfg.Resident)
 	q.ready[1] = make([]int, 0, cfg.Slots-cfg.Resident)
@@ -241,23 +247,27 @@ func (q *Queue[C]) Submit(call C, deadline int64) error {
 	return nil
 }
 
-// hold gives call to slot s (as its current call, or as its next) and
-// queues the Hand.
+// hold gives call to slot s (as its current call, or after the ones it
+// holds) and queues the Hand.
 func (q *Queue[C]) hold(s int, call C, deadline int64) {
 	sl := &q.slots[s]
-	if sl.n == 0 {
+	if len(sl.calls) == 0 {
 		q.st.Busy++
 		if sl.state != slotRetiring {
 			sl.state = slotBusy
 		}
 	} else {
 		q.prefetched++
-		sl.nextTaken, sl.revokeAsked = false, false
-		sl.prefetchedAt = q.st.Processed
 	}
-	sl.calls[sl.n] = heldCall[C]{call: call, deadline: deadline}
-	sl.n++
+	sl.calls = append(sl.calls, heldCall[C]{call: call, deadline: deadline, at: q.st.Processed})
 	q.actions = append(q.actions, Action[C]{Kind: Hand, Slot: s, Call: call})
+}
+
+// reset empties slot s to state st, keeping its calls' storage.
+func (q *Queue[C]) reset(s int, st slotState) {
+	sl := &q.slots[s]
+	clear(sl.calls)
+	*sl = procSlot[C]{state: st, calls: sl.calls[:0]}
 }
 
 // popReady takes a ready process: a resident one first, the last to
@@ -283,49 +293,64 @@ func (q *Queue[C]) unready(slot int) {
 	}
 }
 
-// prefetchable is a busy process that can be handed its next call: a
-// resident one first. -1 if none (or prefetch is off).
+// prefetchable is a busy process that can be handed another call: the one
+// holding the fewest, a resident one first among equals. -1 if none (or
+// Depth is 1).
 func (q *Queue[C]) prefetchable() int {
-	if !q.cfg.Prefetch {
-		return -1
-	}
+	best := -1
 	for s := range q.slots {
-		if sl := &q.slots[s]; sl.state == slotBusy && sl.n == 1 && !sl.noPrefetch {
-			return s
+		sl := &q.slots[s]
+		if sl.state == slotBusy && len(sl.calls) < q.cfg.Depth && !sl.noPrefetch && !sl.revokeAsked &&
+			(best < 0 || len(sl.calls) < len(q.slots[best].calls)) {
+			best = s
 		}
 	}
-	return -1
+	return best
 }
 
-// stealable is a process whose prefetched call can be asked back. -1 if none.
+// revocable reports whether slot s's last call may be asked back.
+func (sl *procSlot[C]) revocable() bool {
+	return len(sl.calls) > 1 && sl.taken < len(sl.calls) && !sl.revokeAsked
+}
+
+// stealable is the process holding the most calls that can be asked
+// back. -1 if none.
 func (q *Queue[C]) stealable() int {
-	if q.prefetched == 0 {
-		return -1
-	}
+	best := -1
 	for s := range q.slots {
-		if sl := &q.slots[s]; sl.n == 2 && !sl.nextTaken && !sl.revokeAsked {
-			return s
+		if sl := &q.slots[s]; sl.revocable() && (best < 0 || len(sl.calls) > len(q.slots[best].calls)) {
+			best = s
 		}
 	}
-	return -1
+	return best
+}
+
+func (q *Queue[C]) revoke(s int) {
+	q.slots[s].revokeAsked = true
+	q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: s})
 }
 
 // stuckAfter is how many completions of other processes a prefetched call
 // may see before it is asked back: twice the process slots, so a process
 // serving calls as fast as the others is never robbed, and one stuck on a
-// long call (or stopped) gives its next call up after a few of theirs.
+// long call (or stopped) gives its calls up after a few of theirs.
 func (q *Queue[C]) stuckAfter() uint64 { return 2*uint64(len(q.slots)) + 2 }
 
-// balance hands waiting calls to ready processes, prefetches to busy ones,
-// and asks a prefetched call back when a process is ready with nothing to
-// do, or when the call has waited while the others completed stuckAfter.
+// stuck reports whether slot s's prefetched calls have waited while the
+// others completed stuckAfter calls. (The first of them waited longest; the
+// process completed nothing meanwhile, or it would be its current call.)
+func (q *Queue[C]) stuck(sl *procSlot[C]) bool {
+	return len(sl.calls) > 1 && q.st.Processed-sl.calls[1].at >= q.stuckAfter()
+}
+
+// balance asks calls back from stuck processes, hands waiting calls to
+// ready processes, prefetches to busy ones, and asks a prefetched call back
+// when a process is ready with nothing to do.
 func (q *Queue[C]) balance() {
 	if q.prefetched > 0 {
 		for s := range q.slots {
-			sl := &q.slots[s]
-			if sl.n == 2 && !sl.nextTaken && !sl.revokeAsked && q.st.Processed-sl.prefetchedAt >= q.stuckAfter() {
-				sl.revokeAsked = true
-				q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: s})
+			if sl := &q.slots[s]; sl.revocable() && (q.stuck(sl) || sl.state == slotRetiring) {
+				q.revoke(s)
 			}
 		}
 	}
@@ -345,10 +370,9 @@ func (q *Queue[C]) balance() {
 		w, _ := q.wait.pop()
 		q.hold(s, w.call, w.deadline)
 	}
-	if q.wait.n == 0 && q.ReadyCount() > 0 {
+	if q.wait.n == 0 && q.ReadyCount() > 0 && q.prefetched > 0 {
 		if s := q.stealable(); s >= 0 {
-			q.slots[s].revokeAsked = true
-			q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: s})
+			q.revoke(s)
 		}
 	}
 }
@@ -364,7 +388,7 @@ func (q *Queue[C]) Ready(slot int) {
 }
 
 func (q *Queue[C]) makeReady(slot int) {
-	q.slots[slot] = procSlot[C]{state: slotReady}
+	q.reset(slot, slotReady)
 	q.ready[q.kind(slot)] = append(q.ready[q.kind(slot)], slot)
 }
 
@@ -373,45 +397,47 @@ func (q *Queue[C]) makeReady(slot int) {
 // the server refreshes its processes. ok is false when the slot held no
 // call (the caller and the queue disagree: nothing happens).
 func (q *Queue[C]) Done(slot int) (c Completion[C], ok bool) {
-	if !q.valid(slot) || q.slots[slot].n == 0 {
+	if !q.valid(slot) || len(q.slots[slot].calls) == 0 {
 		return c, false
 	}
 	sl := &q.slots[slot]
 	c.Call, c.Answered = sl.calls[0].call, sl.calls[0].answered
 	q.st.Processed++
-	sl.calls[0] = sl.calls[1]
-	sl.calls[1] = heldCall[C]{}
-	sl.n--
+	n := copy(sl.calls, sl.calls[1:])
+	sl.calls[n] = heldCall[C]{}
+	sl.calls = sl.calls[:n]
+	sl.taken = max(sl.taken-1, 0)
 	sl.noPrefetch = false
-	if sl.n == 1 {
+	if n > 0 {
 		q.prefetched--
-		sl.nextTaken, sl.revokeAsked = false, false
 	} else {
 		q.st.Busy--
 	}
 	switch {
 	case sl.state == slotRetiring || q.cfg.Refresh:
 		sl.state = slotRetiring // it leaves when it holds nothing
-	case sl.n == 0:
+	case n == 0:
 		q.makeReady(slot)
 	}
 	q.balance()
 	return c, true
 }
 
-// Revoked says the prefetched call of slot was taken back before its
+// Revoked says the last call handed to slot was taken back before its
 // process took it, and returns it: it goes to a ready process (a Hand
 // action) or the head of the queue. If its caller was answered already
 // ('timed out') it goes nowhere: free is true, for the caller to free it.
+// The process gets no other call until its current one ends.
 func (q *Queue[C]) Revoked(slot int) (call C, free bool) {
-	if !q.valid(slot) || q.slots[slot].n != 2 {
-		return call, false
+	if !q.valid(slot) || len(q.slots[slot].calls) < 2 || q.slots[slot].taken == len(q.slots[slot].calls) {
+		return call, false // nothing it could have given back: the caller is wrong
 	}
 	sl := &q.slots[slot]
-	h := sl.calls[1]
-	sl.calls[1] = heldCall[C]{}
-	sl.n = 1
-	sl.nextTaken, sl.revokeAsked, sl.noPrefetch = false, false, true
+	last := len(sl.calls) - 1
+	h := sl.calls[last]
+	sl.calls[last] = heldCall[C]{}
+	sl.calls = sl.calls[:last]
+	sl.revokeAsked, sl.noPrefetch = false, true
 	q.prefetched--
 	if h.answered {
 		q.balance()
@@ -423,23 +449,24 @@ func (q *Queue[C]) Revoked(slot int) (call C, free bool) {
 	return h.call, false
 }
 
-// NotRevoked says the process of slot had taken its prefetched call: it
-// stays, and is not asked for again.
+// NotRevoked says the process of slot had taken the last call handed to
+// it (and so every one before it): none of them is asked for again.
 func (q *Queue[C]) NotRevoked(slot int) {
-	if q.valid(slot) && q.slots[slot].n == 2 {
-		q.slots[slot].nextTaken = true
+	if q.valid(slot) {
+		sl := &q.slots[slot]
+		sl.taken, sl.revokeAsked = len(sl.calls), false
 	}
 	q.balance()
 }
 
 // Exited says the process in slot ended; its slot is empty until a new
-// process is Ready there. takenCur and takenNext say whether it had taken
-// its current and its prefetched call: one it never took goes back to the
-// head of the queue; one it took is answered 'server terminated' unless
-// its caller was answered already. The calls it held are appended to out,
-// its current one first. A requeued call may be handed on at once (a Hand
+// process is Ready there. taken is how many of its calls, from its current
+// one on, it had taken: those are answered 'server terminated' unless their
+// callers were answered already; the others never ran and go back to the
+// head of the queue, in order. The calls it held are appended to out, its
+// current one first. A requeued call may be handed on at once (a Hand
 // action): copy its request out of the dead process's area before acting.
-func (q *Queue[C]) Exited(slot int, takenCur, takenNext bool, out []ExitedCall[C]) []ExitedCall[C] {
+func (q *Queue[C]) Exited(slot int, taken int, out []ExitedCall[C]) []ExitedCall[C] {
 	if !q.valid(slot) {
 		return out
 	}
@@ -447,23 +474,18 @@ func (q *Queue[C]) Exited(slot int, takenCur, takenNext bool, out []ExitedCall[C
 	if sl.state == slotReady {
 		q.unready(slot)
 	}
-	held := sl.calls
-	n := sl.n
+	n := len(sl.calls)
 	if n > 0 {
 		q.st.Busy--
+		q.prefetched -= n - 1
 	}
-	if n == 2 {
-		q.prefetched--
-	}
-	q.slots[slot] = procSlot[C]{}
-	taken := [2]bool{takenCur, takenNext || sl.nextTaken}
+	taken = max(taken, sl.taken)
 	first := len(out)
-	for i := range n {
-		h := held[i]
+	for i, h := range sl.calls {
 		switch {
 		case h.answered:
 			out = append(out, ExitedCall[C]{h.call, Free})
-		case taken[i]:
+		case i < taken:
 			q.st.Terminated++
 			out = append(out, ExitedCall[C]{h.call, Terminated})
 		default:
@@ -471,11 +493,12 @@ func (q *Queue[C]) Exited(slot int, takenCur, takenNext bool, out []ExitedCall[C
 			out = append(out, ExitedCall[C]{h.call, Requeued})
 		}
 	}
-	for i := n - 1; i >= 0; i-- { // in reverse: the current call ahead of the next
+	for i := n - 1; i >= 0; i-- { // in reverse: the oldest ends up at the head
 		if out[first+i].Outcome == Requeued {
-			q.wait.pushFront(waitingCall[C]{held[i].call, held[i].deadline})
+			q.wait.pushFront(waitingCall[C]{sl.calls[i].call, sl.calls[i].deadline})
 		}
 	}
+	q.reset(slot, slotEmpty)
 	q.balance()
 	return out
 }
@@ -493,11 +516,10 @@ func (q *Queue[C]) Retire(slot int) (holds bool) {
 		q.unready(slot)
 	}
 	sl.state = slotRetiring
-	if sl.n == 2 && !sl.nextTaken && !sl.revokeAsked {
-		sl.revokeAsked = true
-		q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: slot})
+	if sl.revocable() {
+		q.revoke(slot) // and the ones before it, as each comes back (balance)
 	}
-	return sl.n > 0
+	return len(sl.calls) > 0
 }
 
 // Expire answers the calls whose deadline is at or before now: those
@@ -511,7 +533,7 @@ func (q *Queue[C]) Expire(now int64, late []C) []C {
 	}, late)
 	for i := range q.slots {
 		sl := &q.slots[i]
-		for j := range sl.n {
+		for j := range sl.calls {
 			h := &sl.calls[j]
 			if !h.answered && h.deadline != 0 && h.deadline <= now {
 				h.answered = true
@@ -537,13 +559,13 @@ func (q *Queue[C]) Flush(out []C) []C {
 	return q.removeWaiting(func(*waitingCall[C]) bool { return true }, out)
 }
 
-// Held reports how many calls slot holds (its current call and maybe a
-// prefetched one).
+// Held reports how many calls slot holds (its current call and the ones
+// handed over ahead).
 func (q *Queue[C]) Held(slot int) (n int) {
 	if !q.valid(slot) {
 		return 0
 	}
-	return q.slots[slot].n
+	return len(q.slots[slot].calls)
 }
 
 // Waiting is the number of calls waiting for a process, prefetched ones

@@ -19,13 +19,14 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 //
 //	waiting: a b      calls in the queue, head first
 //	slots: 0:a+b 1:r  per slot: - empty, r ready, a busy with a, a+b busy
-//	                  with a and b prefetched (b! once its process took
-//	                  it), x* a call whose caller was answered, ~ retiring
+//	                  with a and b prefetched (x! once its process is known
+//	                  to have taken x), x* a call whose caller was answered,
+//	                  ~ retiring
 //
-// Commands: new queue=N slots=N [resident=N] [refresh] [prefetch], submit
-// CALL [deadline=T], ready SLOT, done SLOT, exit SLOT [cur] [next] (the
-// calls it had taken), retire SLOT, revoked SLOT, notrevoked SLOT, expire
-// NOW, close, flush, stats. Run with -rewrite to regenerate the outputs,
+// Commands: new queue=N slots=N [resident=N] [depth=N] [refresh], submit
+// CALL [deadline=T], ready SLOT, done SLOT, exit SLOT [taken=N] (the calls
+// it had taken), retire SLOT, revoked SLOT, notrevoked SLOT, expire NOW,
+// close, flush, stats. Run with -rewrite to regenerate the outputs,
 // then read every change.
 func TestScripts(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
@@ -125,7 +126,7 @@ func step(qp **Queue[string], line string) ([]string, error) {
 	}
 	has := func(word string) bool { return slices.Contains(pos, word) }
 	if cmd == "new" {
-		cfg := Config{Refresh: has("refresh"), Prefetch: has("prefetch")}
+		cfg := Config{Refresh: has("refresh")}
 		for k, v := range args {
 			n, err := strconv.Atoi(v)
 			if err != nil {
@@ -138,6 +139,8 @@ func step(qp **Queue[string], line string) ([]string, error) {
 				cfg.Slots = n
 			case "resident":
 				cfg.Resident = n
+			case "depth":
+				cfg.Depth = n
 			default:
 				return nil, fmt.Errorf("unknown argument %s", k)
 			}
@@ -149,7 +152,13 @@ func step(qp **Queue[string], line string) ([]string, error) {
 	if q == nil {
 		return nil, fmt.Errorf("no queue: start with new")
 	}
-	num := 0
+	num, taken := 0, 0
+	if v, ok := args["taken"]; ok {
+		var err error
+		if taken, err = strconv.Atoi(v); err != nil {
+			return nil, err
+		}
+	}
 	if len(pos) > 0 && cmd != "submit" {
 		var err error
 		if num, err = strconv.Atoi(pos[0]); err != nil {
@@ -185,7 +194,7 @@ func step(qp **Queue[string], line string) ([]string, error) {
 			out = append(out, "answer "+c.Call)
 		}
 	case "exit":
-		for _, e := range q.Exited(num, has("cur"), has("next"), nil) {
+		for _, e := range q.Exited(num, taken, nil) {
 			out = append(out, map[Outcome]string{Free: "free ", Terminated: "terminated ", Requeued: "requeued "}[e.Outcome]+e.Call)
 		}
 		if len(out) == 0 {
@@ -243,15 +252,15 @@ func describe(q *Queue[string]) []string {
 	for i := range q.slots {
 		sl := &q.slots[i]
 		v := map[slotState]string{slotEmpty: "-", slotReady: "r", slotBusy: "", slotRetiring: "~"}[sl.state]
-		for j := range sl.n {
-			if j == 1 {
+		for j, h := range sl.calls {
+			if j > 0 {
 				v += "+"
 			}
-			v += sl.calls[j].call
-			if j == 1 && sl.nextTaken {
+			v += h.call
+			if j < sl.taken {
 				v += "!"
 			}
-			if sl.calls[j].answered {
+			if h.answered {
 				v += "*"
 			}
 		}
@@ -263,7 +272,7 @@ func describe(q *Queue[string]) []string {
 // TestNoAllocsOnceGrown: the hot path (submit, done with its next call,
 // actions) allocates nothing once the queue has held queue_size calls.
 func TestNoAllocsOnceGrown(t *testing.T) {
-	q := New[*int](Config{QueueSize: 64, Slots: 2, Resident: 1, Prefetch: true})
+	q := New[*int](Config{QueueSize: 64, Slots: 2, Resident: 1, Depth: 2})
 	c := new(int)
 	acts := make([]Action[*int], 0, 8)
 	q.Ready(0)
@@ -305,12 +314,12 @@ func FuzzExactlyOnce(f *testing.F) {
 	f.Add([]byte{1, 1, 1, 1, 1, 9, 17, 25, 2, 10, 3, 11, 4, 12, 6, 14, 0, 0, 0, 4, 7})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const slots, size = 3, 4
-		q := New[int](Config{QueueSize: size, Slots: slots, Resident: 1, Prefetch: len(ops)%2 == 0})
+		q := New[int](Config{QueueSize: size, Slots: slots, Resident: 1, Depth: 1 + len(ops)%4})
 		answered := map[int]int{} // call -> answers
 		admitted := map[int]bool{}
-		with := map[int]int{}     // call -> slot it was handed to
-		held := [slots][]int{}    // what each process was handed, oldest first
-		taken := [slots][2]bool{} // the process took its current / next call
+		with := map[int]int{}  // call -> slot it was handed to
+		held := [slots][]int{} // what each process was handed, oldest first
+		taken := [slots]int{}  // how many of them, from the oldest, the process took
 		next, now := 0, int64(0)
 		answer := func(c int) { answered[c]++ }
 		act := func(rng byte) {
@@ -327,19 +336,18 @@ func FuzzExactlyOnce(f *testing.F) {
 						}
 						with[a.Call] = s
 						held[s] = append(held[s], a.Call)
-						taken[s][len(held[s])-1] = false
 						continue
 					}
-					if len(held[s]) != 2 {
+					if len(held[s]) < 2 {
 						t.Fatalf("revoke of slot %d, which holds %v", s, held[s])
 					}
-					if rng%3 == 0 || taken[s][1] { // the process took it first
-						taken[s][1] = true
+					if rng%3 == 0 || taken[s] == len(held[s]) { // the process took it first
+						taken[s] = len(held[s])
 						q.NotRevoked(s)
 						continue
 					}
-					c := held[s][1]
-					held[s] = held[s][:1]
+					c := held[s][len(held[s])-1]
+					held[s] = held[s][:len(held[s])-1]
 					delete(with, c)
 					if got, _ := q.Revoked(s); got != c {
 						t.Fatalf("revoked %d, the queue says %d", c, got)
@@ -365,11 +373,8 @@ func FuzzExactlyOnce(f *testing.F) {
 				}
 			case 2:
 				q.Ready(s)
-			case 3:
-				taken[s][0] = true
-				if op&0x40 != 0 {
-					taken[s][1] = true
-				}
+			case 3: // the process takes one more of its calls
+				taken[s] = min(taken[s]+1+int(op>>6), len(held[s]))
 			case 4:
 				c, ok := q.Done(s)
 				if ok {
@@ -378,19 +383,19 @@ func FuzzExactlyOnce(f *testing.F) {
 					}
 					delete(with, c.Call)
 					held[s] = held[s][1:]
-					taken[s] = [2]bool{taken[s][1], false}
+					taken[s] = max(taken[s]-1, 0)
 					if !c.Answered {
 						answer(c.Call)
 					}
 				}
 			case 5:
-				for _, e := range q.Exited(s, taken[s][0], taken[s][1], nil) {
+				for _, e := range q.Exited(s, taken[s], nil) {
 					delete(with, e.Call)
 					if e.Outcome == Terminated {
 						answer(e.Call)
 					}
 				}
-				held[s], taken[s] = nil, [2]bool{}
+				held[s], taken[s] = nil, 0
 			case 6:
 				now += int64(op >> 4)
 				for _, c := range q.Expire(now, nil) {
@@ -405,7 +410,7 @@ func FuzzExactlyOnce(f *testing.F) {
 			answer(c)
 		}
 		for s := range slots { // the processes end, having taken what they held
-			for _, e := range q.Exited(s, true, true, nil) {
+			for _, e := range q.Exited(s, len(held[s]), nil) {
 				if e.Outcome == Terminated {
 					answer(e.Call)
 				}

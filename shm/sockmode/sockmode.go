@@ -260,19 +260,25 @@ func (p *Proc) Completion() (shm.Completion, bool, error) {
 	return shm.Completion{Status: p.status, Reply: p.reply}, true, nil
 }
 
-// Holding reports whether the process holds a call it has not answered.
-func (p *Proc) Holding() bool {
+// Holding reports how many calls (0 or 1) the process holds.
+func (p *Proc) Holding() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.dispatched != 0
+	if p.dispatched != 0 {
+		return 1
+	}
+	return 0
 }
 
-// Taken reports whether the call it holds was written to the socket (the
-// process may have run it). A socket process is never handed a next call.
-func (p *Proc) Taken() (cur, next bool) {
+// Taken is 1 when the call it holds was written to the socket (the
+// process may have run it), else 0. A socket process holds one call.
+func (p *Proc) Taken() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.dispatched != 0 && p.sent, false
+	if p.dispatched != 0 && p.sent {
+		return 1
+	}
+	return 0
 }
 
 // Requests returns the request of the call the process holds, if any.

@@ -207,11 +207,11 @@ func TestSocketKill(t *testing.T) {
 	if err := u.Dispatch("sleep", []byte("1h"), 0); err != nil {
 		t.Fatal(err)
 	}
-	until(t, tr, "the request written", func() bool { cur, _ := u.Taken(); return cur })
+	until(t, tr, "the request written", func() bool { return u.Taken() == 1 })
 	u.cmd.Process.Kill()
 	u.wait(t)
-	if cur, _ := u.Taken(); !u.Holding() || !cur {
-		t.Fatalf("killed holding a call: holding %v taken %v", u.Holding(), cur)
+	if u.Holding() != 1 || u.Taken() != 1 {
+		t.Fatalf("killed holding a call: holding %d taken %d", u.Holding(), u.Taken())
 	}
 	v := startUAP(t, tr)
 	until(t, tr, "hello", v.Attach)

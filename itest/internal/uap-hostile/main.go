@@ -36,13 +36,14 @@ const (
 	pageSize    = 4096
 	gClosed     = 0x10
 	pDispatchNo = 0x18
-	pMailbox    = 0x40
+	pMailboxes  = 0x20
+	pState      = 0x40
+	pDoneNo     = 0x48
+	pMailbox    = 0x80
 	mailboxSize = 0x40
 	mClaim      = 0x00
-	pState      = 0xC0
-	pDoneNo     = 0xC8
-	pStatus     = 0xD8
-	pReplyLen   = 0xE0
+	mStatus     = 0x18
+	mReplyLen   = 0x1C
 	pBuffer     = 2 * pageSize
 	stateReady  = 1
 )
@@ -130,7 +131,8 @@ func hostile() {
 	base := unsafe.Pointer(&mem[0])
 	u32 := func(off int) *atomic.Uint32 { return (*atomic.Uint32)(unsafe.Add(base, off)) }
 	u64 := func(off int) *atomic.Uint64 { return (*atomic.Uint64)(unsafe.Add(base, off)) }
-	stride := (len(mem) - pBuffer) / 2
+	k := uint64(u32(pMailboxes).Load())
+	stride := (len(mem) - pBuffer) / int(k)
 	ring := func() {
 		var one [8]byte
 		binary.LittleEndian.PutUint64(one[:], 1)
@@ -149,26 +151,26 @@ func hostile() {
 			continue
 		}
 		seen = no
-		i := int(no & 1)
+		i := int(no % k)
 		mb := pMailbox + i*mailboxSize
 		u64(mb + mClaim).Store(no<<2 | 1)
 		switch no % 4 {
 		case 1: // an unknown status
-			u32(pStatus + 4*i).Store(99)
+			u32(mb + mStatus).Store(99)
 			u64(pDoneNo).Store(no)
 		case 2: // a reply longer than its buffer
-			u32(pStatus + 4*i).Store(0)
-			u32(pReplyLen + 4*i).Store(1 << 30)
+			u32(mb + mStatus).Store(0)
+			u32(mb + mReplyLen).Store(1 << 30)
 			u64(pDoneNo).Store(no)
 		case 3: // completed ahead, with its own spoiled reply
 			n := copy(mem[pBuffer+i*stride:], "spoiled by the hostile UAP")
-			u32(pStatus + 4*i).Store(0)
-			u32(pReplyLen + 4*i).Store(uint32(n))
+			u32(mb + mStatus).Store(0)
+			u32(mb + mReplyLen).Store(uint32(n))
 			u64(pDoneNo).Store(no + 1000)
 		default: // what the request said, but spoiled
 			n := copy(mem[pBuffer+i*stride:], "spoiled by the hostile UAP")
-			u32(pStatus + 4*i).Store(0)
-			u32(pReplyLen + 4*i).Store(uint32(n))
+			u32(mb + mStatus).Store(0)
+			u32(mb + mReplyLen).Store(uint32(n))
 			u64(pDoneNo).Store(no)
 		}
 		ring()
