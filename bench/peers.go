@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -67,6 +68,9 @@ func (s *System) Roots() []int {
 // Stop ends the peer's processes (SIGTERM, then SIGKILL to their process
 // groups after 5 s) and removes its directory.
 func (s *System) Stop() {
+	running.Lock()
+	delete(running.set, s)
+	running.Unlock()
 	for i := len(s.procs) - 1; i >= 0; i-- {
 		c := s.procs[i]
 		if c.Process == nil {
@@ -154,7 +158,31 @@ func newSystem(name string) (*System, error) {
 	}
 	// nginx workers and PHP-FPM children may run as another user.
 	os.Chmod(dir, 0o755)
-	return &System{Name: name, dir: dir}, nil
+	s := &System{Name: name, dir: dir}
+	running.Lock()
+	running.set[s] = true
+	running.Unlock()
+	return s, nil
+}
+
+// running holds every system started and not yet stopped, so a run can
+// count what the systems it does not measure spend meanwhile.
+var running = struct {
+	sync.Mutex
+	set map[*System]bool
+}{set: map[*System]bool{}}
+
+// othersRoots are the root pids of every running system but s.
+func othersRoots(s *System) []int {
+	running.Lock()
+	defer running.Unlock()
+	var out []int
+	for o := range running.set {
+		if o != s {
+			out = append(out, o.Roots()...)
+		}
+	}
+	return out
 }
 
 // launch finishes starting s: on error it stops what was started.

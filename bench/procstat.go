@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 )
 
 // ClockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat. It
@@ -19,6 +20,7 @@ const ClockTicks = 100
 type ProcStat struct {
 	PID, PPID                    int
 	Utime, Stime, CUtime, CStime uint64
+	Start                        uint64 // starttime: clock ticks after boot (0 if the line is cut short)
 }
 
 // Ticks is the CPU time of the process and of its ended children.
@@ -61,6 +63,9 @@ func ParseStat(b []byte) (ProcStat, error) {
 			return s, fmt.Errorf("bench: /proc stat: field %d: %w", p.n, err)
 		}
 		*p.dst = v
+	}
+	if len(f) >= 22-2 {
+		s.Start, _ = field(22)
 	}
 	return s, nil
 }
@@ -146,6 +151,94 @@ func SnapshotTree(roots []int) TreeUsage {
 		u.Ticks += stats[p].Ticks()
 	}
 	return u
+}
+
+// cpuSample is the CPU ticks of every process at one time (each its own
+// and its waited-for children's), with the measured server's process tree
+// and the other running systems' trees picked out.
+type cpuSample struct {
+	at     time.Time
+	ticks  map[int]uint64 // own and waited-for children's
+	own    map[int]uint64 // own only
+	start  map[int]uint64 // starttime of each process
+	server []int
+	peers  []int
+}
+
+// sampleCPU reads every process once.
+func sampleCPU(server, peers []int) cpuSample {
+	stats := readStats()
+	parents := make(map[int]int, len(stats))
+	ticks := make(map[int]uint64, len(stats))
+	own := make(map[int]uint64, len(stats))
+	start := make(map[int]uint64, len(stats))
+	for pid, s := range stats {
+		parents[pid] = s.PPID
+		ticks[pid] = s.Ticks()
+		own[pid] = s.Utime + s.Stime
+		start[pid] = s.Start
+	}
+	return cpuSample{at: time.Now(), ticks: ticks, own: own, start: start, server: Tree(parents, server), peers: Tree(parents, peers)}
+}
+
+// cpuSplit is how the processes' CPU between two samples was spent, in
+// ticks: the server's tree, the other systems' (idle) trees, this process
+// (the load generator) and everything else on the machine (other tenants).
+type cpuSplit struct {
+	server, peers, self, foreign uint64
+	elapsed                      time.Duration
+}
+
+// cores is ticks as cores busy over the interval.
+func (c cpuSplit) cores(ticks uint64) float64 {
+	if c.elapsed <= 0 {
+		return 0
+	}
+	return float64(ticks) / ClockTicks / c.elapsed.Seconds()
+}
+
+// splitCPU attributes by the later sample's trees. This process and other
+// tenants count their own CPU only: a parent reaping a long-lived child
+// would add that child's whole life to the interval (and this process's
+// children are the systems, counted apart). A process new since a
+// (its pid unknown to a, or known with another start time) counts whole,
+// as all its CPU falls in the interval; one that a missed although it had
+// started before the newest process a saw (a read race) counts nothing.
+func splitCPU(a, b cpuSample) cpuSplit {
+	var newest uint64
+	for _, st := range a.start {
+		newest = max(newest, st)
+	}
+	out := cpuSplit{elapsed: b.at.Sub(a.at)}
+	mine := make(map[int]*uint64, len(b.server)+len(b.peers)+1)
+	for _, p := range b.server {
+		mine[p] = &out.server
+	}
+	for _, p := range b.peers {
+		mine[p] = &out.peers
+	}
+	mine[os.Getpid()] = &out.self
+	for pid := range b.ticks {
+		dst, isMine := mine[pid]
+		t, t0 := b.own[pid], a.own[pid]
+		if isMine && pid != os.Getpid() {
+			t, t0 = b.ticks[pid], a.ticks[pid]
+		}
+		_, ok := a.ticks[pid]
+		var d uint64
+		switch {
+		case ok && a.start[pid] == b.start[pid] && t0 <= t:
+			d = t - t0
+		case ok || b.start[pid] >= newest:
+			d = t
+		}
+		if isMine {
+			*dst += d
+		} else {
+			out.foreign += d
+		}
+	}
+	return out
 }
 
 // ResetPeakRSS resets VmHWM of each process to its current RSS (writing 5

@@ -14,7 +14,7 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ProcStat{PID: 4242, PPID: 4200, Utime: 150, Stime: 35, CUtime: 7, CStime: 3}
+	want := ProcStat{PID: 4242, PPID: 4200, Utime: 150, Stime: 35, CUtime: 7, CStime: 3, Start: 100}
 	if s != want {
 		t.Errorf("got %+v, want %+v", s, want)
 	}
@@ -77,5 +77,59 @@ func TestFiguresCPUPerCall(t *testing.T) {
 	}
 	if z := figuresOf(Result{}, time.Second, false, 10, 0, 0); z.CPUus != 0 || z.Offered != 0 {
 		t.Errorf("no calls: %+v", z)
+	}
+}
+
+// TestSplitCPU attributes CPU between two samples: the server's tree and
+// the idle peers' with their reaped children, this process and other
+// tenants with their own CPU only, new processes whole, a reused pid as
+// new, and a process the first sample missed (a read race) not at all.
+func TestSplitCPU(t *testing.T) {
+	self := os.Getpid()
+	at := time.Unix(1000, 0)
+	type proc struct{ ticks, own, start uint64 }
+	sample := func(at time.Time, server, peers []int, procs map[int]proc) cpuSample {
+		s := cpuSample{at: at, ticks: map[int]uint64{}, own: map[int]uint64{}, start: map[int]uint64{}, server: server, peers: peers}
+		for pid, p := range procs {
+			s.ticks[pid], s.own[pid], s.start[pid] = p.ticks, p.own, p.start
+		}
+		return s
+	}
+	a := sample(at, []int{100, 101}, []int{200}, map[int]proc{
+		100: {50, 40, 10}, 101: {5, 5, 11}, 200: {7, 7, 12}, self: {900, 300, 5},
+		300: {1000, 100, 1}, // a tenant that will reap a child
+		400: {30, 30, 13},   // a tenant whose pid will be reused
+		600: {10, 10, 20},   // the newest process a saw
+	})
+	b := sample(at.Add(2*time.Second), []int{100, 101}, []int{200}, map[int]proc{
+		100: {80, 60, 10}, 101: {9, 9, 11}, 200: {8, 8, 12}, self: {1500, 340, 5},
+		300: {1900, 110, 1}, // reaped a child: +900 children's ticks, +10 own
+		400: {6, 6, 25},     // a new process with the old pid
+		500: {15, 15, 22},   // new
+		600: {10, 10, 20},
+		700: {70, 70, 3}, // missed by a although it started earlier
+	})
+	got := splitCPU(a, b)
+	want := cpuSplit{server: 30 + 4, peers: 1, self: 40, foreign: 10 + 6 + 15, elapsed: 2 * time.Second}
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if c := got.cores(got.server); c != 0.17 {
+		t.Errorf("server %v cores, want 0.17", c)
+	}
+}
+
+func TestQuietDisturbed(t *testing.T) {
+	q := Quiet{Cores: 0.1}
+	for _, c := range []struct {
+		other, steal float64
+		want         bool
+	}{{0, 0, false}, {0.05, 0.04, false}, {0.08, 0.02, true}, {0.5, 0, true}} {
+		if got := q.disturbed(Figures{OtherCPU: c.other, StealCPU: c.steal}); got != c.want {
+			t.Errorf("other %.2f steal %.2f: disturbed %v, want %v", c.other, c.steal, got, c.want)
+		}
+	}
+	if (Quiet{}).disturbed(Figures{OtherCPU: 2}) {
+		t.Error("a zero Quiet (off) called a run disturbed")
 	}
 }

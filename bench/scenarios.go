@@ -42,6 +42,7 @@ type Config struct {
 	S7Probes int
 	S7Quiet  time.Duration
 	Systems  []string // only these systems (by report name); empty: all
+	Quiet    Quiet    // keeping other tenants out of the figures
 	Log      io.Writer
 }
 
@@ -117,7 +118,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	machine := ThisMachine()
 	machine.Peers = PeerVersions()
-	opts := RunOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Log: cfg.Log}
+	opts := RunOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
 	newReport := func(id, title string, systems []string, skipped map[string]string, o RunOptions) *Report {
 		return &Report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
