@@ -22,7 +22,13 @@
 //     128 members of tpsched's name layer in one process: join time,
 //     announce propagation and traffic),
 //     run interleaved and summarised as medians, and the report: Markdown,
-//     JSON and PNG plots in bench/results/.
+//     JSON and PNG plots in bench/results/;
+//   - the report's check on itself: each run's window accounts for what
+//     other tenants of the machine spent (a run waits for them to go quiet
+//     and a disturbed run is run again), each cell states the run-to-run
+//     noise and flags a system whose runs spread far more than their
+//     neighbours', and the quick and full grids are compared cell by cell,
+//     flagging a system that moved beyond the noise.
 //
 // # Usage
 //

@@ -39,6 +39,8 @@ type Measurement struct {
 	Median Figures    `json:"median"`
 	CDF    []CDFPoint `json:"cdf,omitempty"` // latency distribution of the run with the median throughput
 	Error  string     `json:"error,omitempty"`
+	// Retried counts the runs made again because other tenants disturbed them.
+	Retried int `json:"retried,omitempty"`
 }
 
 // Cell is one point of a scenario's grid.
@@ -86,6 +88,8 @@ type Report struct {
 	ClusterResults []ClusterResult `json:"cluster_results,omitempty"`
 	// S7: announce propagation over many nodes (Cells is empty).
 	Gossip *GossipResult `json:"gossip,omitempty"`
+	// The grids' check on their own figures (S1, S2, S4).
+	Validity *Validity `json:"validity,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -176,6 +180,7 @@ func Measure(ctx context.Context, opts RunOptions, systems []*System, cells []Ce
 				for try := 0; err == nil && try < opts.Quiet.Retries && opts.Quiet.disturbed(last); try++ {
 					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f): again\n",
 						r+1, s.Name, c.Service, c.Payload, c.Conns, last.Throughput, last.OtherCPU, last.StealCPU)
+					m.Retried++
 					f2, res2, err2 := measureOne(ctx, opts, s, c, rt)
 					if err2 != nil {
 						break

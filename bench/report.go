@@ -85,6 +85,7 @@ func (r *Report) Markdown() string {
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "%s\n\n", n)
 	}
+	b.WriteString(r.Validity.markdown())
 	for _, p := range r.Plots {
 		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
 	}

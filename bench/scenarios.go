@@ -43,7 +43,12 @@ type Config struct {
 	S7Quiet  time.Duration
 	Systems  []string // only these systems (by report name); empty: all
 	Quiet    Quiet    // keeping other tenants out of the figures
-	Log      io.Writer
+	// Compare is the other grid's reports (a directory) or one report:
+	// S1, S2 and S4 flag the systems that moved between the two grids
+	// beyond the noise. Empty: the quick grid compares with the full one
+	// in the parent of Out, the full grid with Out/quick.
+	Compare string
+	Log     io.Writer
 }
 
 // Grids of the scenarios.
@@ -348,12 +353,30 @@ func pick(m map[string]string, keep ...string) map[string]string {
 }
 
 func writeReport(cfg Config, r *Report) error {
+	if len(r.Cells) > 0 {
+		checkValidity(r, cfg.Quiet, compareWith(cfg, r.Scenario))
+	}
 	base, err := r.Write(cfg.Out)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(cfg.Log, "wrote %s.md and %s.json\n", base, filepath.Base(base))
 	return nil
+}
+
+// compareWith is the report of the other grid to compare scenario with.
+func compareWith(cfg Config, scenario string) string {
+	dir := cfg.Compare
+	if dir == "" {
+		dir = filepath.Join(cfg.Out, "quick")
+		if cfg.Quick {
+			dir = filepath.Dir(filepath.Clean(cfg.Out))
+		}
+	}
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return dir
+	}
+	return newestReport(dir, scenario)
 }
 
 // S1Targets states the targets at 64 connections, 128 B against
