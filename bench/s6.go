@@ -1,12 +1,10 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -362,63 +360,6 @@ func (c *rrCaller) Close() error {
 	return errors.Join(errs...)
 }
 
-// ParseMetrics reads Prometheus text exposition into series -> value, the
-// series as written ("name{labels}"); comments and unparsable lines are
-// skipped.
-func ParseMetrics(r io.Reader) map[string]float64 {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i <= 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		out[strings.TrimSpace(line[:i])] = v
-	}
-	return out
-}
-
-// SumPrefix adds up the series whose name (with labels) starts with prefix.
-func SumPrefix(m map[string]float64, prefix string) float64 {
-	var s float64
-	for k, v := range m {
-		if strings.HasPrefix(k, prefix) {
-			s += v
-		}
-	}
-	return s
-}
-
-func readMetrics(ctl string) (map[string]float64, error) {
-	resp, err := statusClient.Get("http://" + ctl + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s/metrics: %s", ctl, resp.Status)
-	}
-	return ParseMetrics(resp.Body), nil
-}
-
-// The series S6 reads from each node.
-const (
-	metricProcessed    = `tpsched_requests_processed_total{group="bench"}`
-	metricRefusedBusy  = `tpsched_requests_refused_total{reason="busy",group="bench"}`
-	metricLevel        = `tpsched_load_level{group="bench"}`
-	metricLevelChanges = `tpsched_load_level_changes_total{group="bench"}`
-	metricForwarded    = `tpsched_forwarded_total{`
-)
-
 // LevelSample is every node's own load level at one time (-1: not read).
 type LevelSample struct {
 	At     time.Duration `json:"at_ns"`
@@ -467,8 +408,8 @@ func LevelShares(samples []LevelSample, n int, from, to time.Duration) [][3]floa
 // window's edges and its load level every setup.Poll.
 func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetup) (ClusterFigures, []CDFPoint, error) {
 	n := len(c.Ctl)
-	snap := func() ([]map[string]float64, error) {
-		out := make([]map[string]float64, n)
+	snap := func() ([]nodeMetrics, error) {
+		out := make([]nodeMetrics, n)
 		for i, ctl := range c.Ctl {
 			m, err := readMetrics(ctl)
 			if err != nil {
@@ -484,16 +425,14 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 		for i, ctl := range c.Ctl {
 			levels[i] = -1
 			if m, err := readMetrics(ctl); err == nil {
-				if v, ok := m[metricLevel]; ok {
-					levels[i] = int(v)
-				}
+				levels[i] = m.level
 			}
 		}
 		return levels, true
 	})
 	roots := c.Roots()
 	var (
-		before, after           []map[string]float64
+		before, after           []nodeMetrics
 		snapErr                 error
 		treeBefore, treeAfter   TreeUsage
 		selfBefore, selfAfter   uint64
@@ -550,11 +489,12 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 	}
 	var total float64
 	for i := range n {
-		d := after[i][metricProcessed] - before[i][metricProcessed]
+		a, b := before[i], after[i]
+		d := b.processed - a.processed
 		f.Served = append(f.Served, d/secs)
-		f.NodeRefused = append(f.NodeRefused, after[i][metricRefusedBusy]-before[i][metricRefusedBusy])
-		f.LevelChanges = append(f.LevelChanges, after[i][metricLevelChanges]-before[i][metricLevelChanges])
-		f.Transferred += (SumPrefix(after[i], metricForwarded) - SumPrefix(before[i], metricForwarded)) / secs
+		f.NodeRefused = append(f.NodeRefused, b.refusedBusy-a.refusedBusy)
+		f.LevelChanges = append(f.LevelChanges, b.levelChanges-a.levelChanges)
+		f.Transferred += (b.forwarded - a.forwarded) / secs
 		total += d
 	}
 	for i := range n {

@@ -59,37 +59,45 @@ func equalInts(a, b []int) bool {
 	return true
 }
 
+// TestParseMetrics reads a /metrics page as scdd writes it (VictoriaMetrics'
+// text: labels in its order, vmrange buckets, NaN, metadata or none) with
+// Prometheus' parser, and refuses a page that is not exposition text.
 func TestParseMetrics(t *testing.T) {
-	text := `# HELP ignored
+	text := `# HELP tpsched_requests_processed_total Calls the group's processes took from the queue.
+# TYPE tpsched_requests_processed_total counter
 tpsched_requests_processed_total{group="bench"} 1234
+tpsched_requests_processed_total{group="other"} 99
 tpsched_requests_refused_total{reason="busy",group="bench"} 7
+tpsched_requests_refused_total{reason="stopped",group="bench"} 3
 tpsched_forwarded_total{to="n1"} 5
-tpsched_forwarded_total{to="n2"} 7
+tpsched_load_level{group="bench"} 2
 tpsched_load_processing_rate{group="bench"} NaN
 tpsched_request_duration_seconds_bucket{group="bench",vmrange="1.000e-03...1.136e-03"} 3
 go_goroutines 12
-
-not a metric line
+tpsched_forwarded_total{to="n2"} 7
 `
-	m := ParseMetrics(strings.NewReader(text))
-	for series, want := range map[string]float64{
-		metricProcessed:   1234,
-		metricRefusedBusy: 7,
-		`tpsched_request_duration_seconds_bucket{group="bench",vmrange="1.000e-03...1.136e-03"}`: 3,
-		"go_goroutines": 12,
-	} {
-		if got, ok := m[series]; !ok || got != want {
-			t.Errorf("%s = %v (%v), want %v", series, got, ok, want)
-		}
+	m, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if v, ok := m[`tpsched_load_processing_rate{group="bench"}`]; !ok || v == v {
+	got := benchMetrics(m, "bench")
+	want := nodeMetrics{processed: 1234, refusedBusy: 7, forwarded: 12, level: 2}
+	if got != want {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if v, ok := m.value("tpsched_load_processing_rate", "group", "bench"); !ok || v == v {
 		t.Errorf("NaN series: %v %v, want NaN", v, ok)
 	}
-	if got := SumPrefix(m, metricForwarded); got != 12 {
-		t.Errorf("forwarded sum %v, want 12", got)
+	if _, ok := m.value("tpsched_requests_processed_total", "group", "none"); ok {
+		t.Error("a series with other labels matched")
 	}
-	if _, ok := m["not"]; ok {
-		t.Error("a line without a number was read")
+	if n := benchMetrics(metricFamilies{}, "bench"); n.level != -1 || n.processed != 0 {
+		t.Errorf("empty page: %+v", n)
+	}
+	for _, bad := range []string{"not a metric line\n", "tpsched_load_level{group=\"bench\" 2\n", "x 1 2 3\n"} {
+		if _, err := parseMetrics(strings.NewReader(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
 	}
 }
 
