@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"tpsched/internal/freeport"
 )
 
 // Env is what starting the peers needs from the machine.
@@ -201,7 +203,7 @@ func launch(s *System, probe string, start func() error) (*System, error) {
 // takeAddr picks the free address the system will listen on and how the
 // load generator reaches each of its services there.
 func (s *System) takeAddr(dial func(addr, svc string) Dialer) (string, error) {
-	addr, err := FreeAddr()
+	addr, err := freeport.Addr()
 	if err != nil {
 		return "", err
 	}
@@ -212,16 +214,6 @@ func (s *System) takeAddr(dial func(addr, svc string) Dialer) (string, error) {
 
 // httpDial reaches service svc at path /svc.
 func httpDial(addr, svc string) Dialer { return HTTPDialer(addr, "/"+svc) }
-
-// FreeAddr returns a free 127.0.0.1 port.
-func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
 
 // The peers' names as they appear in reports.
 const (
@@ -272,7 +264,7 @@ func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*Syste
 		if err != nil {
 			return err
 		}
-		ctl, err := FreeAddr()
+		ctl, err := freeport.Addr()
 		if err != nil {
 			return err
 		}
@@ -516,7 +508,7 @@ func StartHAProxy(env Env, sp Spec) (*System, error) {
 			shed = fmt.Sprintf("\thttp-request deny deny_status 503 if { queue(be) ge %d }\n", sp.Queue)
 		}
 		for i := range sp.Workers {
-			w, err := FreeAddr()
+			w, err := freeport.Addr()
 			if err != nil {
 				return err
 			}

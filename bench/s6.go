@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tpsched/internal/freeport"
 	"tpsched/scd/def"
 )
 
@@ -167,7 +168,7 @@ func StartCluster(env Env, name string, ips []string, sched string, slow, slowdo
 		return nil, err
 	}
 	c := &Cluster{System: s}
-	ports, err := commonFreePorts(ips, 3)
+	ports, err := freeport.Common(ips, 3)
 	if err != nil {
 		s.Stop()
 		return nil, err
@@ -281,44 +282,6 @@ func clusterNodesKnown(url, group string) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// commonFreePorts finds n distinct ports free for TCP and UDP on every
-// address of ips (the nodes use the same ports, each on its own address).
-func commonFreePorts(ips []string, n int) ([]int, error) {
-	free := func(p int) bool {
-		for _, ip := range ips {
-			addr := net.JoinHostPort(ip, strconv.Itoa(p))
-			l, err := net.Listen("tcp", addr)
-			if err != nil {
-				return false
-			}
-			l.Close()
-			u, err := net.ListenPacket("udp", addr)
-			if err != nil {
-				return false
-			}
-			u.Close()
-		}
-		return true
-	}
-	var out []int
-	for range 200 {
-		// A port the kernel hands out is free on 127.0.0.1; try it on all.
-		l, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
-		if err != nil {
-			return nil, fmt.Errorf("bench: listen on %s: %w (the cluster needs the loopback addresses 127.0.0.2-4)", ips[0], err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !slices.Contains(out, p) && free(p) {
-			out = append(out, p)
-			if len(out) == n {
-				return out, nil
-			}
-		}
-	}
-	return nil, fmt.Errorf("bench: no %d ports free on all of %v", n, ips)
 }
 
 // rrCaller sends each call to the next node in turn.
