@@ -3,7 +3,10 @@
 //
 // It owns:
 //   - the load generator: one Caller per connection for each protocol the
-//     peers speak (tpsched frames, gRPC unary, HTTP/1.1 keep-alive), driven
+//     peers speak (tpsched frames, gRPC unary over HTTP/2, HTTP/1.1
+//     keep-alive), each written out by hand so that it costs about the same
+//     CPU per call whatever the peer (grpc-go's own client cost as much as
+//     the server it measured, on the same two cores), driven
 //     closed loop (N connections, one call outstanding each) or open loop
 //     (a fixed arrival rate, or a profile of rates; latency counted from the
 //     intended send time, so a slow server cannot hide its queue by slowing

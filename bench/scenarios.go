@@ -135,8 +135,8 @@ func Run(ctx context.Context, cfg Config) error {
 		"HAProxy nbthread=%d, leastconn over %d Go HTTP workers (GOMAXPROCS=1, maxconn 4 each).",
 		cfg.Spec.Workers, cfg.Spec.Front, cfg.Spec.Front, cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers,
 		cfg.Spec.Front, cfg.Spec.Workers, 4*cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers)
-	loadgen := "The load generator (Go, one goroutine per connection, hand-written tpsched-frame and HTTP/1.1 keep-alive clients, " +
-		"grpc-go's client with one ClientConn per connection) runs on the same cores as the servers; its own CPU per call is in the JSON. " +
+	loadgen := "The load generator (Go, one goroutine and one connection per simulated client; hand-written tpsched-frame, HTTP/1.1 keep-alive and " +
+		"gRPC-over-HTTP/2 clients, so it spends about the same CPU per call for every peer) runs on the same cores as the servers; its own CPU per call is in the JSON. " +
 		"CPU/call is utime+stime of the server's whole process tree (children included) over the measured window, divided by the calls answered; " +
 		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run."
 
