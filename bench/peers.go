@@ -554,3 +554,39 @@ func writeFiles(dir string, files map[string]string) error {
 	}
 	return nil
 }
+
+// peerChoices says how each system in names is configured and why: the
+// report prints it, since a comparison is only worth its weakest peer's
+// setup. The choices not taken were measured on the 2-core VM, same
+// server, interleaved runs on a quiet machine.
+func peerChoices(sp Spec, names []string) []string {
+	choices := map[string]string{
+		NameTpsched: fmt.Sprintf("tpsched: scdd with scdmulti=%d event loops and one group of parallel_count=%d resident uap-echo processes (Go), "+
+			"queue_size=%d, every other operand at its default (the CPU guard on). Resident processes are what an OpenTP1 user runs for a steady load.",
+			sp.Front, sp.Workers, sp.Queue),
+		NameGnetEcho: fmt.Sprintf("gnet echo: the ceiling, no queue and no process boundary: %d gnet event loops (SO_REUSEPORT, TCP_NODELAY), "+
+			"GOMAXPROCS=%d, each read's calls answered on the loop in one write.", sp.Front, sp.Front),
+		NameGRPC: fmt.Sprintf("gRPC-go: one process, grpc.NewServer() with its defaults, GOMAXPROCS=%d, unary methods taking and returning a "+
+			"protobuf BytesValue. The load generator speaks gRPC over HTTP/2 by hand (grpc-go's own client spent 20-26 us of CPU per call on the "+
+			"shared cores, the hand-written one 14, and the server gained 15-25%%). Tried and not taken: NumStreamWorkers(%d) (server CPU per call "+
+			"about 10%% lower, calls/s within the noise; an experimental API); GOMAXPROCS=1 (the same median at 64 connections with less spread, "+
+			"about 20%% more calls/s at one connection; kept at %d so that every peer has the same ceiling of receiving threads).",
+			sp.Workers, sp.Workers, sp.Workers),
+		NamePHPStatic: fmt.Sprintf("nginx + PHP-FPM: nginx worker_processes=%d, keep-alive to the clients, access_log off; FastCGI over a unix "+
+			"socket with a connection per request (with fastcgi_keep_conn, an nginx worker holds a child on an idle connection and the other "+
+			"worker's requests wait behind it); PHP-FPM pm=static with %d children (none forked during a run), pm.max_requests=0, OPcache on "+
+			"(Debian's php.ini), listen.backlog=%d.", sp.Front, sp.Workers, sp.Queue),
+		NamePHPDyn: fmt.Sprintf("nginx + PHP-FPM dynamic: as static, but pm=dynamic from %d to %d children (start %d, spare 1 to %d): the pool "+
+			"a PHP user runs when the load varies.", 1, 4*sp.Workers, sp.Workers, 2*sp.Workers),
+		NameHAProxy: fmt.Sprintf("HAProxy + Go workers: HAProxy nbthread=%d, balance leastconn, http-reuse always, over %d Go net/http worker "+
+			"processes (GOMAXPROCS=1 each) with maxconn 4 each, so waiting requests queue in HAProxy, where leastconn can place them.",
+			sp.Front, sp.Workers),
+	}
+	var out []string
+	for _, n := range names {
+		if c, ok := choices[n]; ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}

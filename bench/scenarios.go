@@ -129,12 +129,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return &Report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
 			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
 	}
-	sizing := fmt.Sprintf("Every system gets %d worker processes and %d receiving threads/processes: "+
-		"tpsched scdmulti=%d, parallel_count=%d (resident uap-echo), queue_size=%d; gnet echo %d event loops; gRPC-go one process, GOMAXPROCS=%d; "+
-		"nginx worker_processes=%d, PHP-FPM pm=static %d children or pm=dynamic 1..%d children, listen.backlog=%d; "+
-		"HAProxy nbthread=%d, leastconn over %d Go HTTP workers (GOMAXPROCS=1, maxconn 4 each).",
-		cfg.Spec.Workers, cfg.Spec.Front, cfg.Spec.Front, cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers,
-		cfg.Spec.Front, cfg.Spec.Workers, 4*cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers)
+	sizing := func(names []string) []string {
+		return append([]string{fmt.Sprintf("Every system gets %d worker processes and %d receiving threads or processes.", cfg.Spec.Workers, cfg.Spec.Front)},
+			peerChoices(cfg.Spec, names)...)
+	}
 	loadgen := "The load generator (Go, one goroutine and one connection per simulated client; hand-written tpsched-frame, HTTP/1.1 keep-alive and " +
 		"gRPC-over-HTTP/2 clients, so it spends about the same CPU per call for every peer) runs on the same cores as the servers; its own CPU per call is in the JSON. " +
 		"CPU/call is utime+stime of the server's whole process tree (children included) over the measured window, divided by the calls answered; " +
@@ -175,7 +173,8 @@ func Run(ctx context.Context, cfg Config) error {
 			Measure(ctx, opts, echoers, cells, nil)
 			r := newReport("S1", "echo, closed loop", names(echoers), only(skipped, NameHAProxy), opts)
 			r.Cells = cells
-			r.Setup = []string{"Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each.", sizing, loadgen}
+			r.Setup = append([]string{"Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each."},
+				append(sizing(r.Systems), loadgen)...)
 			r.Notes = append(r.Notes, S1Targets(r))
 			for _, p := range payloads {
 				r.addPlot(PlotThroughput(r, cfg.Out, "echo", p))
@@ -208,7 +207,8 @@ func Run(ctx context.Context, cfg Config) error {
 			r.Setup = []string{fmt.Sprintf("Service: burn; the request is the decimal number %d and each system spins the CPU for that many "+
 				"microseconds of wall time in the worker (uap-echo burn, a PHP loop on hrtime, the Go worker's loop) and answers the request. "+
 				"The ceiling is %d workers / %d us = %.0f calls/s if the workers had the cores to themselves.",
-				BurnMicros, cfg.Spec.Workers, BurnMicros, float64(cfg.Spec.Workers)*1e6/BurnMicros), sizing, loadgen}
+				BurnMicros, cfg.Spec.Workers, BurnMicros, float64(cfg.Spec.Workers)*1e6/BurnMicros)}
+			r.Setup = append(r.Setup, append(sizing(r.Systems), loadgen)...)
 			for _, c := range cells {
 				if c.Conns != 64 {
 					continue
@@ -311,8 +311,8 @@ func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 			"backlog is full); HAProxy answers 503 when %d requests are queued (http-request deny if queue(be) ge %d). Refused = tpsched 'server busy' or HTTP 5xx.",
 			sp.Queue, sp.Queue, sp.Queue, sp.Queue),
 		"Admitted latency is of the calls answered OK; refused, failed and timed out are shares of the calls due in the window.",
-		loadgen,
 	}
+	r.Setup = append(append(r.Setup, peerChoices(sp, r.Systems)...), loadgen)
 	var caps []string
 	for _, n := range names(systems) {
 		caps = append(caps, fmt.Sprintf("%s %.0f/s", n, capacity[n]))
