@@ -177,11 +177,13 @@ func Measure(ctx context.Context, opts RunOptions, systems []*System, cells []Ce
 				}
 				fig, res, err := measureOne(ctx, opts, s, c, rt)
 				last := fig
-				for try := 0; err == nil && try < opts.Quiet.Retries && opts.Quiet.disturbed(last); try++ {
+				for try := 0; err == nil && opts.Quiet.retry(last, try); try++ {
 					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f): again\n",
 						r+1, s.Name, c.Service, c.Payload, c.Conns, last.Throughput, last.OtherCPU, last.StealCPU)
 					m.Retried++
+					t0 := time.Now()
 					f2, res2, err2 := measureOne(ctx, opts, s, c, rt)
+					opts.Quiet.spend(time.Since(t0))
 					if err2 != nil {
 						break
 					}

@@ -118,18 +118,3 @@ func TestSplitCPU(t *testing.T) {
 		t.Errorf("server %v cores, want 0.17", c)
 	}
 }
-
-func TestQuietDisturbed(t *testing.T) {
-	q := Quiet{Cores: 0.1}
-	for _, c := range []struct {
-		other, steal float64
-		want         bool
-	}{{0, 0, false}, {0.05, 0.04, false}, {0.08, 0.02, true}, {0.5, 0, true}} {
-		if got := q.disturbed(Figures{OtherCPU: c.other, StealCPU: c.steal}); got != c.want {
-			t.Errorf("other %.2f steal %.2f: disturbed %v, want %v", c.other, c.steal, got, c.want)
-		}
-	}
-	if (Quiet{}).disturbed(Figures{OtherCPU: 2}) {
-		t.Error("a zero Quiet (off) called a run disturbed")
-	}
-}

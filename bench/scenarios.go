@@ -123,7 +123,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	machine := ThisMachine()
 	machine.Peers = PeerVersions()
-	opts := RunOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
+	opts := RunOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet.withBudget(), Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
 	newReport := func(id, title string, systems []string, skipped map[string]string, o RunOptions) *Report {
 		return &Report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,

@@ -57,6 +57,7 @@ func main() {
 	quietCores := flag.Float64("quiet-cores", bench.DefaultQuiet.Cores, "before each run wait until other tenants use under this many cores; a run over it is disturbed and run again (0: off)")
 	quietWait := flag.Duration("quiet-wait", bench.DefaultQuiet.MaxWait, "the longest wait for other tenants to go quiet before a run")
 	quietRetries := flag.Int("quiet-retries", bench.DefaultQuiet.Retries, "how often a disturbed run is run again (S1, S2, S4)")
+	quietBudget := flag.Duration("quiet-budget", bench.DefaultQuiet.Budget, "the most the session spends waiting for quiet and running disturbed runs again")
 	compare := flag.String("compare", "", "the other grid's reports (a directory) or one report JSON, to flag systems that moved beyond the noise (default: the full grid's for -quick, out/quick for the full grid)")
 	flag.Parse()
 
@@ -134,7 +135,7 @@ func main() {
 		S7Quiet:     *s7quiet,
 		Systems:     splitList(*systems),
 		Compare:     *compare,
-		Quiet:       bench.Quiet{Cores: *quietCores, MaxWait: *quietWait, Retries: *quietRetries},
+		Quiet:       bench.Quiet{Cores: *quietCores, MaxWait: *quietWait, Retries: *quietRetries, Budget: *quietBudget},
 		Log:         os.Stderr,
 	}
 	start := time.Now()
