@@ -218,16 +218,9 @@ func Measure(ctx context.Context, opts RunOptions, systems []*System, cells []Ce
 				figs[i] = s.fig
 			}
 			m.Runs = figs
-			m.Median = MedianFigures(figs)
+			m.Median = medianOf(figs)
 			// The distribution drawn is that of the run whose throughput is the median.
-			order := make([]int, len(ss))
-			for i := range order {
-				order[i] = i
-			}
-			slices.SortFunc(order, func(a, b int) int {
-				return cmpFloat(ss[a].fig.Throughput, ss[b].fig.Throughput)
-			})
-			m.CDF = ss[order[len(order)/2]].cdf
+			m.CDF = ss[medianRun(figs, func(f Figures) float64 { return f.Throughput })].cdf
 		}
 	}
 }
@@ -240,31 +233,6 @@ func cmpFloat(a, b float64) int {
 		return 1
 	}
 	return 0
-}
-
-// MedianFigures takes the median of each figure across runs.
-func MedianFigures(runs []Figures) Figures {
-	pick := func(f func(Figures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		return Median(v)
-	}
-	return Figures{
-		Offered:      pick(func(f Figures) float64 { return f.Offered }),
-		Throughput:   pick(func(f Figures) float64 { return f.Throughput }),
-		P50us:        pick(func(f Figures) float64 { return f.P50us }),
-		P90us:        pick(func(f Figures) float64 { return f.P90us }),
-		P99us:        pick(func(f Figures) float64 { return f.P99us }),
-		P999us:       pick(func(f Figures) float64 { return f.P999us }),
-		CPUus:        pick(func(f Figures) float64 { return f.CPUus }),
-		LoadgenCPUus: pick(func(f Figures) float64 { return f.LoadgenCPUus }),
-		PeakRSSKiB:   pick(func(f Figures) float64 { return f.PeakRSSKiB }),
-		RefusedShare: pick(func(f Figures) float64 { return f.RefusedShare }),
-		FailedShare:  pick(func(f Figures) float64 { return f.FailedShare }),
-		TimeoutShare: pick(func(f Figures) float64 { return f.TimeoutShare }),
-	}
 }
 
 // CellPayload is the request a cell sends: for echo, Payload bytes; for

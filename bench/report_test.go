@@ -93,8 +93,8 @@ func TestFormatting(t *testing.T) {
 	}
 }
 
-func TestMedianFigures(t *testing.T) {
-	m := MedianFigures([]Figures{{Throughput: 3, P99us: 30}, {Throughput: 1, P99us: 50}, {Throughput: 2, P99us: 10}})
+func TestMedianOfFigures(t *testing.T) {
+	m := medianOf([]Figures{{Throughput: 3, P99us: 30}, {Throughput: 1, P99us: 50}, {Throughput: 2, P99us: 10}})
 	if m.Throughput != 2 || m.P99us != 30 {
 		t.Errorf("got %+v", m)
 	}

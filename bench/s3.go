@@ -113,8 +113,8 @@ func runS3(ctx context.Context, cfg Config,
 		if len(res.Runs) == 0 {
 			continue
 		}
-		res.Median = MedianStepFigures(res.Runs)
-		res.Drawn = MedianRun(res.Runs)
+		res.Median = medianOf(res.Runs)
+		res.Drawn = recoveryRun(res.Runs)
 		tr := traces[i][res.Drawn]
 		_, res.Windows = StepFiguresOf(sl, tr.calls, tr.samples)
 		res.Samples = tr.samples

@@ -251,61 +251,6 @@ type GuardFigures struct {
 	TimedOut   float64 `json:"timed_out"`
 }
 
-// MedianGuardFigures takes the median of each figure across runs.
-func MedianGuardFigures(runs []GuardFigures) GuardFigures {
-	figs := make([]Figures, len(runs))
-	for i, r := range runs {
-		figs[i] = r.Figures
-	}
-	pick := func(f func(GuardFigures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		return Median(v)
-	}
-	return GuardFigures{
-		Figures: MedianFigures(figs),
-		ProcFigures: ProcFigures{
-			MeanProcs:     pick(func(f GuardFigures) float64 { return f.MeanProcs }),
-			MaxProcs:      pick(func(f GuardFigures) float64 { return f.MaxProcs }),
-			PeakProcs:     pick(func(f GuardFigures) float64 { return f.PeakProcs }),
-			MeanWaitPct:   pick(func(f GuardFigures) float64 { return f.MeanWaitPct }),
-			MaxWaitPct:    pick(func(f GuardFigures) float64 { return f.MaxWaitPct }),
-			Waiting:       pick(func(f GuardFigures) float64 { return f.Waiting }),
-			WaitShare:     pick(func(f GuardFigures) float64 { return f.WaitShare }),
-			CPUCores:      pick(func(f GuardFigures) float64 { return f.CPUCores }),
-			GuardHolds:    pick(func(f GuardFigures) float64 { return f.GuardHolds }),
-			Starts:        pick(func(f GuardFigures) float64 { return f.Starts }),
-			RunGuardHolds: pick(func(f GuardFigures) float64 { return f.RunGuardHolds }),
-			RunStarts:     pick(func(f GuardFigures) float64 { return f.RunStarts }),
-			MachineCores:  pick(func(f GuardFigures) float64 { return f.MachineCores }),
-			StealCores:    pick(func(f GuardFigures) float64 { return f.StealCores }),
-		},
-		UAPCPUus:   pick(func(f GuardFigures) float64 { return f.UAPCPUus }),
-		OtherCores: pick(func(f GuardFigures) float64 { return f.OtherCores }),
-		Due:        pick(func(f GuardFigures) float64 { return f.Due }),
-		Refused:    pick(func(f GuardFigures) float64 { return f.Refused }),
-		Failed:     pick(func(f GuardFigures) float64 { return f.Failed }),
-		TimedOut:   pick(func(f GuardFigures) float64 { return f.TimedOut }),
-	}
-}
-
-// medianThroughputRun is the index of the run whose throughput is the
-// median (the lower middle of an even count), whose latency distribution
-// is drawn.
-func medianThroughputRun(runs []GuardFigures) int {
-	if len(runs) == 0 {
-		return -1
-	}
-	order := make([]int, len(runs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(runs[a].Throughput, runs[b].Throughput) })
-	return order[(len(order)-1)/2]
-}
-
 // GuardResult is one system's S5 runs.
 type GuardResult struct {
 	System    string           `json:"system"`
@@ -452,8 +397,8 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 		if len(res.Runs) == 0 {
 			continue
 		}
-		res.Median = MedianGuardFigures(res.Runs)
-		res.Drawn = medianThroughputRun(res.Runs)
+		res.Median = medianOf(res.Runs)
+		res.Drawn = throughputRun(res.Runs)
 		res.CDF = traces[i][res.Drawn].cdf
 		for _, t := range traces[i] {
 			res.Samples = append(res.Samples, t.samples)
@@ -656,7 +601,7 @@ func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
 				ratio(f.Throughput, g.Throughput), dur(f.P99us), dur(g.P99us), ratio(f.P99us, g.P99us)))
 		}
 	}
-	mi, mo := MedianGuardFigures(in), MedianGuardFigures(out)
+	mi, mo := medianOf(in), medianOf(out)
 	fmt.Fprintf(&b2, " **By outcome**: in the %d runs where the guard held the group below the maximum (%.1f processes), completed/s %.0f and p99 %s "+
 		"(medians); in the %d where it grew to the maximum (%.1f processes), %.0f/s and p99 %s; without the guard %.0f/s and p99 %s.",
 		len(in), mi.MeanProcs, mi.Throughput, dur(mi.P99us), len(out), mo.MeanProcs, mo.Throughput, dur(mo.P99us), b.Throughput, dur(b.P99us))
@@ -776,4 +721,10 @@ func machineCPU() (busy, steal float64) {
 	}
 	busy, steal, _ = ParseProcStatCPU(b)
 	return busy, steal
+}
+
+// throughputRun is the run with the median throughput: its latency
+// distribution is drawn.
+func throughputRun(runs []GuardFigures) int {
+	return medianRun(runs, func(f GuardFigures) float64 { return f.Throughput })
 }

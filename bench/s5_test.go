@@ -161,19 +161,19 @@ func guardFig(thr, p99, procs float64) GuardFigures {
 		UAPCPUus: 150, Due: 36000, Refused: 1000}
 }
 
-func TestMedianGuardFigures(t *testing.T) {
+func TestMedianOfGuardFigures(t *testing.T) {
 	runs := []GuardFigures{guardFig(5000, 30000, 16), guardFig(7000, 10000, 2), guardFig(6000, 20000, 3)}
-	m := MedianGuardFigures(runs)
+	m := medianOf(runs)
 	if m.Throughput != 6000 || m.P99us != 20000 || m.MeanProcs != 3 || m.Offered != 9000 || m.Refused != 1000 || m.UAPCPUus != 150 {
 		t.Errorf("median = %+v", m)
 	}
-	if i := medianThroughputRun(runs); i != 2 {
+	if i := throughputRun(runs); i != 2 {
 		t.Errorf("median throughput run = %d, want 2", i)
 	}
-	if i := medianThroughputRun(runs[:2]); i != 0 {
+	if i := throughputRun(runs[:2]); i != 0 {
 		t.Errorf("median of two = %d, want the lower (0)", i)
 	}
-	if i := medianThroughputRun(nil); i != -1 {
+	if i := throughputRun(nil); i != -1 {
 		t.Errorf("no runs: %d", i)
 	}
 	// The embedded figures flatten into one JSON object.
@@ -190,8 +190,8 @@ func TestMedianGuardFigures(t *testing.T) {
 
 func guardResults(on, off []GuardFigures) []GuardResult {
 	return []GuardResult{
-		{System: NameTpschedGuard, WaitLimit: 30, Probes: "tp_btf", Runs: on, Median: MedianGuardFigures(on), Drawn: medianThroughputRun(on)},
-		{System: NameTpschedGuardOff, WaitLimit: 0, Probes: "tp_btf", Runs: off, Median: MedianGuardFigures(off), Drawn: medianThroughputRun(off)},
+		{System: NameTpschedGuard, WaitLimit: 30, Probes: "tp_btf", Runs: on, Median: medianOf(on), Drawn: throughputRun(on)},
+		{System: NameTpschedGuardOff, WaitLimit: 0, Probes: "tp_btf", Runs: off, Median: medianOf(off), Drawn: throughputRun(off)},
 	}
 }
 

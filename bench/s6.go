@@ -475,78 +475,6 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 	return f, res.CDF, nil
 }
 
-// MedianClusterFigures takes the median of each figure across runs, each
-// node's figures separately.
-func MedianClusterFigures(runs []ClusterFigures) ClusterFigures {
-	if len(runs) == 0 {
-		return ClusterFigures{}
-	}
-	figs := make([]Figures, len(runs))
-	for i, r := range runs {
-		figs[i] = r.Figures
-	}
-	pick := func(f func(ClusterFigures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		return Median(v)
-	}
-	n := len(runs[0].Served)
-	perNode := func(f func(ClusterFigures) []float64) []float64 {
-		out := make([]float64, n)
-		for k := range n {
-			out[k] = pick(func(r ClusterFigures) float64 {
-				if v := f(r); k < len(v) {
-					return v[k]
-				}
-				return 0
-			})
-		}
-		return out
-	}
-	m := ClusterFigures{
-		Figures:      MedianFigures(figs),
-		Completed:    pick(func(f ClusterFigures) float64 { return f.Completed }),
-		Due:          pick(func(f ClusterFigures) float64 { return f.Due }),
-		Refused:      pick(func(f ClusterFigures) float64 { return f.Refused }),
-		Failed:       pick(func(f ClusterFigures) float64 { return f.Failed }),
-		TimedOut:     pick(func(f ClusterFigures) float64 { return f.TimedOut }),
-		Served:       perNode(func(f ClusterFigures) []float64 { return f.Served }),
-		Share:        perNode(func(f ClusterFigures) []float64 { return f.Share }),
-		NodeRefused:  perNode(func(f ClusterFigures) []float64 { return f.NodeRefused }),
-		LevelChanges: perNode(func(f ClusterFigures) []float64 { return f.LevelChanges }),
-		Transferred:  pick(func(f ClusterFigures) float64 { return f.Transferred }),
-		MachineCores: pick(func(f ClusterFigures) float64 { return f.MachineCores }),
-	}
-	m.LevelTime = make([][3]float64, n)
-	for k := range n {
-		for l := range 3 {
-			m.LevelTime[k][l] = pick(func(f ClusterFigures) float64 {
-				if k < len(f.LevelTime) {
-					return f.LevelTime[k][l]
-				}
-				return 0
-			})
-		}
-	}
-	return m
-}
-
-// medianP99Run is the index of the run whose p99 is the median (the lower
-// middle of an even count).
-func medianP99Run(runs []ClusterFigures) int {
-	if len(runs) == 0 {
-		return -1
-	}
-	order := make([]int, len(runs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(runs[a].P99us, runs[b].P99us) })
-	return order[(len(order)-1)/2]
-}
-
 // S6Target is the target: OpenTP1's rule or P2C with p99 at most
 // this times random's.
 const S6Target = 0.5
@@ -689,8 +617,8 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 		if len(res.Runs) == 0 {
 			continue
 		}
-		res.Median = MedianClusterFigures(res.Runs)
-		res.Drawn = medianP99Run(res.Runs)
+		res.Median = medianOf(res.Runs)
+		res.Drawn = p99Run(res.Runs)
 		res.CDF = cdfs[i][res.Drawn]
 		done = append(done, *res)
 	}
@@ -893,4 +821,9 @@ func (r *Report) clusterMarkdown() string {
 		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
 	}
 	return b.String()
+}
+
+// p99Run is the run with the median p99: its latency distribution is drawn.
+func p99Run(runs []ClusterFigures) int {
+	return medianRun(runs, func(f ClusterFigures) float64 { return f.P99us })
 }

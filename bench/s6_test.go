@@ -140,13 +140,13 @@ func clusterRunFig(p99, refused float64, served []float64, slowL2 float64) Clust
 		LevelTime: [][3]float64{{1, 0, 0}, {1, 0, 0}, {1 - slowL2, 0, slowL2}}, LevelChanges: []float64{0, 0, 2}}
 }
 
-func TestMedianClusterFigures(t *testing.T) {
+func TestMedianOfClusterFigures(t *testing.T) {
 	runs := []ClusterFigures{
 		clusterRunFig(300, 5, []float64{300, 310, 150}, 0.5),
 		clusterRunFig(100, 0, []float64{340, 330, 140}, 0.25),
 		clusterRunFig(200, 1, []float64{320, 290, 160}, 0.75),
 	}
-	m := MedianClusterFigures(runs)
+	m := medianOf(runs)
 	if m.P99us != 200 || m.Refused != 1 {
 		t.Errorf("p99 %v refused %v, want 200 and 1", m.P99us, m.Refused)
 	}
@@ -156,10 +156,10 @@ func TestMedianClusterFigures(t *testing.T) {
 	if !near(m.LevelTime[2][2], 0.5) || !near(m.LevelTime[2][0], 0.5) || m.LevelChanges[2] != 2 {
 		t.Errorf("slow node level time %v changes %v", m.LevelTime[2], m.LevelChanges)
 	}
-	if got := medianP99Run(runs); got != 2 {
+	if got := p99Run(runs); got != 2 {
 		t.Errorf("median p99 run %d, want 2", got)
 	}
-	if MedianClusterFigures(nil).Served != nil {
+	if medianOf[ClusterFigures](nil).Served != nil {
 		t.Error("no runs: want zero figures")
 	}
 }
@@ -170,7 +170,7 @@ func TestClusterVerdict(t *testing.T) {
 		for _, p := range p99s {
 			r.Runs = append(r.Runs, ClusterFigures{Figures: Figures{P99us: p}})
 		}
-		r.Median = MedianClusterFigures(r.Runs)
+		r.Median = medianOf(r.Runs)
 		return r
 	}
 	random := res(NameClusterRandom, 1.6e6, 1.5e6, 1.7e6)

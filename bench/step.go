@@ -190,13 +190,13 @@ type StepFigures struct {
 	StepP99us       float64 `json:"step_p99_us"`               // calls due in the step
 	PostP99us       float64 `json:"post_step_p99_us"`          // calls due after the drop
 	LimitUs         float64 `json:"recovered_below_us"`
-	RecoveryMs      float64 `json:"recovery_ms"`
+	RecoveryMs      float64 `json:"recovery_ms" median:"never"`
 	OverLimit       float64 `json:"windows_over_limit"` // windows of the step phase that were not good
-	FirstExtraMs    float64 `json:"first_extra_worker_ms"`
+	FirstExtraMs    float64 `json:"first_extra_worker_ms" median:"never"`
 	BaselineWorkers float64 `json:"baseline_workers"`
 	PeakWorkers     float64 `json:"peak_workers"`
 	ToPeakMs        float64 `json:"to_peak_ms"`
-	BackMs          float64 `json:"back_to_baseline_ms"` // from the drop
+	BackMs          float64 `json:"back_to_baseline_ms" median:"never"` // from the drop
 	Offered         float64 `json:"offered"`
 	Refused         float64 `json:"refused"`
 	Failed          float64 `json:"failed"`
@@ -268,71 +268,13 @@ func StepFiguresOf(sl StepLoad, calls []CallTrace, samples []WorkerSample) (Step
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// medianNever is the median of times where -1 means "never", which ranks
-// above every time.
-func medianNever(v []float64) float64 {
-	x := make([]float64, len(v))
-	for i, t := range v {
-		x[i] = t
-		if t < 0 {
-			x[i] = math.Inf(1)
-		}
-	}
-	m := Median(x)
-	if math.IsInf(m, 1) {
-		return -1
-	}
-	return m
-}
-
-// MedianStepFigures takes the median of each figure across runs.
-func MedianStepFigures(runs []StepFigures) StepFigures {
-	pick := func(never bool, f func(StepFigures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		if never {
-			return medianNever(v)
-		}
-		return Median(v)
-	}
-	return StepFigures{
-		PreP99us:        pick(false, func(f StepFigures) float64 { return f.PreP99us }),
-		PreLateP99us:    pick(false, func(f StepFigures) float64 { return f.PreLateP99us }),
-		OverLimit:       pick(false, func(f StepFigures) float64 { return f.OverLimit }),
-		StepP99us:       pick(false, func(f StepFigures) float64 { return f.StepP99us }),
-		PostP99us:       pick(false, func(f StepFigures) float64 { return f.PostP99us }),
-		LimitUs:         pick(false, func(f StepFigures) float64 { return f.LimitUs }),
-		RecoveryMs:      pick(true, func(f StepFigures) float64 { return f.RecoveryMs }),
-		FirstExtraMs:    pick(true, func(f StepFigures) float64 { return f.FirstExtraMs }),
-		BaselineWorkers: pick(false, func(f StepFigures) float64 { return f.BaselineWorkers }),
-		PeakWorkers:     pick(false, func(f StepFigures) float64 { return f.PeakWorkers }),
-		ToPeakMs:        pick(false, func(f StepFigures) float64 { return f.ToPeakMs }),
-		BackMs:          pick(true, func(f StepFigures) float64 { return f.BackMs }),
-		Offered:         pick(false, func(f StepFigures) float64 { return f.Offered }),
-		Refused:         pick(false, func(f StepFigures) float64 { return f.Refused }),
-		Failed:          pick(false, func(f StepFigures) float64 { return f.Failed }),
-		TimedOut:        pick(false, func(f StepFigures) float64 { return f.TimedOut }),
-	}
-}
-
-// MedianRun is the index of the run whose recovery time is the median
-// (never recovering ranks last), the run drawn in the plots.
-func MedianRun(runs []StepFigures) int {
-	if len(runs) == 0 {
-		return -1
-	}
-	order := make([]int, len(runs))
-	for i := range order {
-		order[i] = i
-	}
-	key := func(i int) float64 {
-		if runs[i].RecoveryMs < 0 {
+// recoveryRun is the run whose recovery time is the median ("never" above
+// every time): the one drawn.
+func recoveryRun(runs []StepFigures) int {
+	return medianRun(runs, func(f StepFigures) float64 {
+		if f.RecoveryMs < 0 {
 			return math.Inf(1)
 		}
-		return runs[i].RecoveryMs
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(key(a), key(b)) })
-	return order[(len(order)-1)/2]
+		return f.RecoveryMs
+	})
 }

@@ -210,14 +210,14 @@ func TestStepFiguresOf(t *testing.T) {
 
 func TestMedianStepFiguresNever(t *testing.T) {
 	runs := []StepFigures{{RecoveryMs: 200, FirstExtraMs: -1}, {RecoveryMs: -1, FirstExtraMs: -1}, {RecoveryMs: 100, FirstExtraMs: 5}}
-	m := MedianStepFigures(runs)
+	m := medianOf(runs)
 	if m.RecoveryMs != 200 || m.FirstExtraMs != -1 {
 		t.Errorf("median recovery %v, first extra %v; want 200, -1", m.RecoveryMs, m.FirstExtraMs)
 	}
-	if got := MedianRun(runs); got != 0 {
+	if got := recoveryRun(runs); got != 0 {
 		t.Errorf("MedianRun = %d, want 0 (200 ms)", got)
 	}
-	if got := MedianRun([]StepFigures{{RecoveryMs: -1}, {RecoveryMs: 50}}); got != 1 {
+	if got := recoveryRun([]StepFigures{{RecoveryMs: -1}, {RecoveryMs: 50}}); got != 1 {
 		t.Errorf("MedianRun of two = %d, want 1", got)
 	}
 }

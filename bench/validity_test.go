@@ -16,7 +16,7 @@ func runsOf(thr ...float64) []Figures {
 
 func measured(system string, thr ...float64) Measurement {
 	runs := runsOf(thr...)
-	return Measurement{System: system, Runs: runs, Median: MedianFigures(runs)}
+	return Measurement{System: system, Runs: runs, Median: medianOf(runs)}
 }
 
 // TestNoiseFlagsTheUnsteadySystem: in a cell where three systems' runs
