@@ -621,19 +621,8 @@ func countIf(runs []GuardFigures, ok func(GuardFigures) bool) int {
 	return n
 }
 
-// guardMarkdown formats S5: setup, the figures of each system, each run,
-// and the plots.
-func (r *Report) guardMarkdown() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
-	fmt.Fprintf(&b, "%s. Machine: %s.\n\n", r.Date, r.Machine)
-	for _, s := range r.Setup {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	b.WriteString("\n")
-	for _, name := range sortedKeys(r.Skipped) {
-		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
-	}
+// guardFigures writes S5: the figures of each system and each run.
+func (r *Report) guardFigures(b *strings.Builder) {
 	b.WriteString("## Figures\n\n")
 	b.WriteString("| system | cpu_wait_limit | offered/s | completed/s | refused | failed | timed out | p50 | p90 | p99 | p99.9 | " +
 		"processes mean / max / peak | runqueue_wait_percent mean / max | waiting | wait share | group CPU | UAP CPU/completed call | CPU/call | " +
@@ -642,7 +631,7 @@ func (r *Report) guardMarkdown() string {
 	waitsOver := false
 	for _, res := range r.GuardResults {
 		f := res.Median
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f (%s) | %.0f | %.0f (%s) | %s | %s | %s | %s | %.1f / %.0f / %.0f | %s / %s | %.2f | %s | %.2f cores | %.0f us | %.0f us | %.0f / %.0f | %.0f / %.0f | %s |\n",
+		fmt.Fprintf(b, "| %s | %d | %.0f | %.0f | %.0f (%s) | %.0f | %.0f (%s) | %s | %s | %s | %s | %.1f / %.0f / %.0f | %s / %s | %.2f | %s | %.2f cores | %.0f us | %.0f us | %.0f / %.0f | %.0f / %.0f | %s |\n",
 			res.System, res.WaitLimit, f.Offered, f.Throughput, f.Refused, pct(f.RefusedShare), f.Failed, f.TimedOut, pct(f.TimeoutShare),
 			dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.MeanProcs, f.MaxProcs, f.PeakProcs,
 			waitPct(f.MeanWaitPct), waitPct(f.MaxWaitPct), f.Waiting, pct(f.WaitShare), f.CPUCores, f.UAPCPUus, f.CPUus,
@@ -665,7 +654,7 @@ func (r *Report) guardMarkdown() string {
 				if i == res.Drawn {
 					drawn = " (plotted)"
 				}
-				fmt.Fprintf(&b, "| %s | %d%s | %.0f | %s | %s | %.0f / %.0f | %.1f / %.0f | %s / %s | %.2f | %.0f us | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f / %.2f |\n",
+				fmt.Fprintf(b, "| %s | %d%s | %.0f | %s | %s | %.0f / %.0f | %.1f / %.0f | %s / %s | %.2f | %.0f us | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f / %.2f |\n",
 					res.System, i+1, drawn, f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs,
 					waitPct(f.MeanWaitPct), waitPct(f.MaxWaitPct), f.Waiting, f.UAPCPUus, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts,
 					f.MachineCores, f.OtherCores, f.StealCores)
@@ -677,13 +666,6 @@ func (r *Report) guardMarkdown() string {
 		b.WriteString("'Waiting' above the number of processes: the probes count run-queue wait per thread and add it to the thread's process, " +
 			"so a process with several runnable threads (uap-echo is a Go program: its runtime has threads of its own) waits more than once at a time.\n\n")
 	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	for _, p := range r.Plots {
-		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
-	}
-	return b.String()
 }
 
 func waitPct(v float64) string {

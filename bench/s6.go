@@ -745,19 +745,9 @@ func plotClusterCDF(r *Report, dir string) (string, error) {
 	return PlotCDF(&tmp, dir, "sleep", 0, r.Cluster.Carriers)
 }
 
-// clusterMarkdown formats S6: setup, the figures of each rule, each node's
-// share, each run, and the plot.
-func (r *Report) clusterMarkdown() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
-	fmt.Fprintf(&b, "%s. Machine: %s.\n\n", r.Date, r.Machine)
-	for _, s := range r.Setup {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	b.WriteString("\n")
-	for _, name := range sortedKeys(r.Skipped) {
-		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
-	}
+// clusterFigures writes S6: the figures of each rule, each node's share
+// and each run.
+func (r *Report) clusterFigures(b *strings.Builder) {
 	g := r.Cluster
 	nodeHdr := func(what string) string {
 		var h []string
@@ -771,7 +761,7 @@ func (r *Report) clusterMarkdown() string {
 		return what + " " + strings.Join(h, " / ")
 	}
 	b.WriteString("## Figures\n\n")
-	fmt.Fprintf(&b, "| system | offered/s | completed/s | refused | timed out | failed | p50 | p90 | p99 | p99.9 | p99 / random | %s | %s | %s | slow node at LEVEL0 / 1 / 2 | level changes (all nodes) | transferred/s | CPU/call |\n",
+	fmt.Fprintf(b, "| system | offered/s | completed/s | refused | timed out | failed | p50 | p90 | p99 | p99.9 | p99 / random | %s | %s | %s | slow node at LEVEL0 / 1 / 2 | level changes (all nodes) | transferred/s | CPU/call |\n",
 		nodeHdr("served/s"), nodeHdr("share"), nodeHdr("refused"))
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var randomP99 float64
@@ -790,7 +780,7 @@ func (r *Report) clusterMarkdown() string {
 		for _, c := range f.LevelChanges {
 			changes += c
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.0f (%s) | %.0f (%s) | %.0f | %s | %s | %s | %s | %s | %s | %s%% | %s | %s | %.0f | %.0f | %.0f us |\n",
+		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f (%s) | %.0f (%s) | %.0f | %s | %s | %s | %s | %s | %s | %s%% | %s | %s | %.0f | %.0f | %.0f us |\n",
 			res.System, f.Offered, f.Completed, f.Refused, pct(f.RefusedShare), f.TimedOut, pct(f.TimeoutShare), f.Failed,
 			dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), ratio(f.P99us, randomP99),
 			joinFloats(f.Served, "%.0f"), joinFloats(shares, "%.1f"), joinFloats(f.NodeRefused, "%.0f"),
@@ -799,7 +789,7 @@ func (r *Report) clusterMarkdown() string {
 	b.WriteString("\n")
 	if len(r.ClusterResults) > 0 && r.Runs > 1 {
 		b.WriteString("### Each run\n\n")
-		fmt.Fprintf(&b, "| system | run | completed/s | p50 | p99 | p99.9 | refused / timed out | %s | slow node at LEVEL0 / 1 / 2 | transferred/s | machine busy |\n", nodeHdr("served/s"))
+		fmt.Fprintf(b, "| system | run | completed/s | p50 | p99 | p99.9 | refused / timed out | %s | slow node at LEVEL0 / 1 / 2 | transferred/s | machine busy |\n", nodeHdr("served/s"))
 		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, res := range r.ClusterResults {
 			for i, f := range res.Runs {
@@ -807,20 +797,13 @@ func (r *Report) clusterMarkdown() string {
 				if i == res.Drawn {
 					drawn = " (plotted)"
 				}
-				fmt.Fprintf(&b, "| %s | %d%s | %.0f | %s | %s | %s | %.0f / %.0f | %s | %s | %.0f | %.2f cores |\n",
+				fmt.Fprintf(b, "| %s | %d%s | %.0f | %s | %s | %s | %.0f / %.0f | %s | %s | %.0f | %.2f cores |\n",
 					res.System, i+1, drawn, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
 					joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, g.Slow), f.Transferred, f.MachineCores)
 			}
 		}
 		b.WriteString("\n")
 	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	for _, p := range r.Plots {
-		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
-	}
-	return b.String()
 }
 
 // p99Run is the run with the median p99: its latency distribution is drawn.

@@ -606,16 +606,10 @@ func stuckList(s []string) string {
 	return fmt.Sprintf("%d: %s", len(s), strings.Join(s, ", "))
 }
 
-// gossipMarkdown formats S7.
-func (r *Report) gossipMarkdown() string {
-	var b strings.Builder
+// gossipFigures writes S7: the figures, the traffic and each change.
+func (r *Report) gossipFigures(b *strings.Builder) {
 	g := r.Gossip
-	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
-	fmt.Fprintf(&b, "%s. Machine: %s.\n\n", r.Date, r.Machine)
-	for _, s := range r.Setup {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	b.WriteString("\n## Figures\n\n")
+	b.WriteString("## Figures\n\n")
 	join := fmt.Sprintf("%.1f s", g.JoinSeconds)
 	if !g.Joined {
 		join = fmt.Sprintf("not within %.0f s (smallest table %d)", g.JoinSeconds, g.JoinKnownMin)
@@ -633,7 +627,7 @@ func (r *Report) gossipMarkdown() string {
 		{"members stuck after the changes (Stats not returning within " + S7StatsLimit.String() + ")", stuckList(g.Stuck)},
 	}
 	for _, row := range rows {
-		fmt.Fprintf(&b, "| %s | %s |\n", row[0], row[1])
+		fmt.Fprintf(b, "| %s | %s |\n", row[0], row[1])
 	}
 	b.WriteString("\n### Traffic\n\n")
 	b.WriteString("| phase | seconds | announces sent | announce bytes / node / s | loopback bytes / node / s | loopback packets / node / s | " +
@@ -643,7 +637,7 @@ func (r *Report) gossipMarkdown() string {
 		name string
 		t    Traffic
 	}{{"quiet (refresh only)", g.Quiet}, {"changes", g.Changes}} {
-		fmt.Fprintf(&b, "| %s | %.1f | %.0f | %.0f | %.0f | %.1f | %.2f cores | %.2f / %.2f cores | %d | %d | %d |\n", t.name, t.t.Seconds,
+		fmt.Fprintf(b, "| %s | %.1f | %.0f | %.0f | %.0f | %.1f | %.2f cores | %.2f / %.2f cores | %d | %d | %d |\n", t.name, t.t.Seconds,
 			t.t.Announces, t.t.BytesPerNodeS, t.t.LoopbackBytesPerNodeS, t.t.LoopbackPktsPerNodeS, t.t.CPUCores, t.t.MachineCores, t.t.StealCores,
 			t.t.TableDrops, t.t.MinTable, t.t.Stuck)
 	}
@@ -653,11 +647,7 @@ func (r *Report) gossipMarkdown() string {
 		if p.Seen == g.Setup.Nodes-1 {
 			all = fmt.Sprintf("%.0f ms", p.AllMs)
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %d / %d | %.0f ms | %s |\n", i+1, p.Node, p.Level, p.Seen, g.Setup.Nodes-1, p.P50Ms, all)
+		fmt.Fprintf(b, "| %d | %s | %s | %d / %d | %.0f ms | %s |\n", i+1, p.Node, p.Level, p.Seen, g.Setup.Nodes-1, p.P50Ms, all)
 	}
 	b.WriteString("\n")
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	return b.String()
 }
