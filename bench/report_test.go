@@ -64,7 +64,7 @@ func TestMarkdownTables(t *testing.T) {
 }
 
 func TestS1Targets(t *testing.T) {
-	got := S1Targets(sampleReport())
+	got := s1Targets(sampleReport())
 	for _, want := range []string{"vs grpc-go: throughput 2.50x (target 2x: met), p99 3.50 ms vs 12.0 ms (met)",
 		"vs nginx+php-fpm static: throughput 5.00x (target 3x: met)"} {
 		if !strings.Contains(got, want) {
@@ -74,7 +74,7 @@ func TestS1Targets(t *testing.T) {
 	r := sampleReport()
 	r.Cells[0].Results[2].Median.Throughput = 30000
 	r.Cells[0].Results[2].Median.P99us = 11000
-	if got := S1Targets(r); !strings.Contains(got, "1.50x (target 2x: NOT met)") || !strings.Contains(got, "(NOT met)") {
+	if got := s1Targets(r); !strings.Contains(got, "1.50x (target 2x: NOT met)") || !strings.Contains(got, "(NOT met)") {
 		t.Errorf("missed targets not said: %q", got)
 	}
 }

@@ -51,49 +51,114 @@ type Config struct {
 	Log     io.Writer
 }
 
-// Grids of the scenarios.
-var (
-	S1Payloads      = []int{128, 4 << 10, 64 << 10}
-	S1Conns         = []int{1, 16, 64, 256}
-	S1QuickPayloads = []int{128, 4 << 10}
-	S1QuickConns    = []int{1, 64}
-	S2Conns         = []int{1, 16, 64}
-	S2QuickConns    = []int{64}
-)
+// A grid is a closed-loop scenario measured over cells on systems that
+// are started once for all the grids of a session (S1 and S2). Each pair
+// is [full, quick].
+type grid struct {
+	id       string
+	service  string
+	payloads [2][]int
+	conns    [2][]int
+	systems  [2][]string
+	title    func(sp Spec) string
+	about    func(sp Spec) string // the service, first line of the setup
+	finish   func(r *Report, dir string)
+}
+
+var grids = []grid{{
+	id:       "S1",
+	service:  "echo",
+	payloads: [2][]int{{128, 4 << 10, 64 << 10}, {128, 4 << 10}},
+	conns:    [2][]int{{1, 16, 64, 256}, {1, 64}},
+	systems: [2][]string{{NameGnetEcho, NameGRPC, NamePHPStatic, NamePHPDyn, NameTpsched},
+		{NameGnetEcho, NameGRPC, NamePHPStatic, NameTpsched}},
+	title: func(Spec) string { return "echo, closed loop" },
+	about: func(Spec) string {
+		return "Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each."
+	},
+	finish: func(r *Report, dir string) {
+		r.Notes = append(r.Notes, s1Targets(r))
+		for _, p := range r.payloads() {
+			r.addPlot(PlotThroughput(r, dir, "echo", p))
+		}
+		r.addPlot(PlotCDF(r, dir, "echo", 128, 64))
+	},
+}, {
+	id:       "S2",
+	service:  "burn",
+	payloads: [2][]int{{0}, {0}},
+	conns:    [2][]int{{1, 16, 64}, {64}},
+	systems:  [2][]string{{NamePHPStatic, NameTpsched, NameHAProxy}, {NamePHPStatic, NameTpsched, NameHAProxy}},
+	title: func(sp Spec) string {
+		return fmt.Sprintf("a CPU-bound service (%d us) on a pool of %d worker processes", BurnMicros, sp.Workers)
+	},
+	about: func(sp Spec) string {
+		return fmt.Sprintf("Service: burn; the request is the decimal number %d and each system spins the CPU for that many "+
+			"microseconds of wall time in the worker (uap-echo burn, a PHP loop on hrtime, the Go worker's loop) and answers the request. "+
+			"The ceiling is %d workers / %d us = %.0f calls/s if the workers had the cores to themselves.",
+			BurnMicros, sp.Workers, BurnMicros, float64(sp.Workers)*1e6/BurnMicros)
+	},
+	finish: func(r *Report, dir string) {
+		r.addPlot(PlotThroughput(r, dir, "burn", 0))
+		r.addPlot(PlotCDF(r, dir, "burn", 0, r.Cells[len(r.Cells)-1].Conns))
+	},
+}}
+
+// cells is the grid's cells, every payload with every connection count.
+func (g grid) cells(quick bool) []Cell {
+	q := 0
+	if quick {
+		q = 1
+	}
+	var out []Cell
+	for _, p := range g.payloads[q] {
+		for _, c := range g.conns[q] {
+			out = append(out, Cell{Service: g.service, Payload: p, Conns: c})
+		}
+	}
+	return out
+}
+
+// payloads is the payload sizes of the report's cells, in order.
+func (r *Report) payloads() []int {
+	var out []int
+	for _, c := range r.Cells {
+		if !slices.Contains(out, c.Payload) {
+			out = append(out, c.Payload)
+		}
+	}
+	return out
+}
 
 // S4Carriers is how many connections carry the open-loop calls: enough
 // that the generator never runs out while the server answers within the
 // timeout at the admitted rate.
 const S4Carriers = 256
 
-type starter struct {
-	name  string
-	start func(Env, Spec) (*System, error)
+// starters start each system of the grids by its report name.
+var starters = map[string]func(Env, Spec) (*System, error){
+	NameTpsched:   StartTpsched,
+	NameGnetEcho:  StartGnetEcho,
+	NameGRPC:      StartGRPC,
+	NamePHPStatic: func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, false) },
+	NamePHPDyn:    func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, true) },
+	NameHAProxy:   StartHAProxy,
 }
-
-var (
-	startTpsched   = starter{NameTpsched, StartTpsched}
-	startGnet      = starter{NameGnetEcho, StartGnetEcho}
-	startGRPC      = starter{NameGRPC, StartGRPC}
-	startPHPStatic = starter{NamePHPStatic, func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, false) }}
-	startPHPDyn    = starter{NamePHPDyn, func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, true) }}
-	startHAProxy   = starter{NameHAProxy, StartHAProxy}
-)
 
 // startAll starts the systems it can; the others are returned as skipped
 // with the reason.
-func startAll(cfg Config, sp Spec, list []starter) ([]*System, map[string]string) {
+func startAll(cfg Config, sp Spec, list []string) ([]*System, map[string]string) {
 	var systems []*System
 	skipped := map[string]string{}
-	for _, st := range list {
-		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, st.name) {
+	for _, name := range list {
+		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, name) {
 			continue
 		}
-		fmt.Fprintf(cfg.Log, "starting %s\n", st.name)
-		s, err := st.start(cfg.Env, sp)
+		fmt.Fprintf(cfg.Log, "starting %s\n", name)
+		s, err := starters[name](cfg.Env, sp)
 		if err != nil {
-			fmt.Fprintf(cfg.Log, "  %s not started: %v\n", st.name, err)
-			skipped[st.name] = oneLine(err.Error())
+			fmt.Fprintf(cfg.Log, "  %s not started: %v\n", name, err)
+			skipped[name] = oneLine(err.Error())
 			continue
 		}
 		systems = append(systems, s)
@@ -139,88 +204,43 @@ func Run(ctx context.Context, cfg Config) error {
 		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run."
 
 	capacity := map[string]float64{} // S2 closed-loop throughput at 64 conns, for S4
-	if want("S1") || want("S2") {
-		list := []starter{startGnet, startGRPC, startPHPStatic, startPHPDyn, startTpsched}
-		if cfg.Quick {
-			list = slices.DeleteFunc(list, func(s starter) bool { return s.name == NamePHPDyn })
-		}
-		if !want("S1") {
-			list = nil
-		}
-		if want("S2") {
-			list = append(list, startHAProxy)
-			if !want("S1") {
-				list = append(list, startPHPStatic, startTpsched)
+	var run []grid
+	var list []string
+	for _, g := range grids {
+		if want(g.id) {
+			run = append(run, g)
+			for _, n := range g.systems[boolIndex(cfg.Quick)] {
+				if !slices.Contains(list, n) {
+					list = append(list, n)
+				}
 			}
 		}
+	}
+	if len(run) > 0 {
 		systems, skipped := startAll(cfg, cfg.Spec, list)
 		defer func() { stopAll(systems) }()
-		if want("S1") {
-			echoers := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool {
-				return s.Name == NameHAProxy || (cfg.Quick && s.Name == NamePHPDyn)
-			})
-			payloads, conns := S1Payloads, S1Conns
-			if cfg.Quick {
-				payloads, conns = S1QuickPayloads, S1QuickConns
+		for _, g := range run {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			var cells []Cell
-			for _, p := range payloads {
-				for _, c := range conns {
-					cells = append(cells, Cell{Service: "echo", Payload: p, Conns: c})
-				}
-			}
-			fmt.Fprintf(cfg.Log, "S1: echo, closed loop, %d cells x %d systems x %d runs\n", len(cells), len(echoers), opts.Runs)
-			Measure(ctx, opts, echoers, cells, nil)
-			r := newReport("S1", "echo, closed loop", names(echoers), only(skipped, NameHAProxy), opts)
+			in := g.systems[boolIndex(cfg.Quick)]
+			on := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool { return !slices.Contains(in, s.Name) })
+			cells := g.cells(cfg.Quick)
+			fmt.Fprintf(cfg.Log, "%s: %s, %d cells x %d systems x %d runs\n", g.id, g.title(cfg.Spec), len(cells), len(on), opts.Runs)
+			Measure(ctx, opts, on, cells, nil)
+			r := newReport(g.id, g.title(cfg.Spec), names(on), pick(skipped, in...), opts)
 			r.Cells = cells
-			r.Setup = append([]string{"Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each."},
-				append(sizing(r.Systems), loadgen)...)
-			r.Notes = append(r.Notes, S1Targets(r))
-			for _, p := range payloads {
-				r.addPlot(PlotThroughput(r, cfg.Out, "echo", p))
-			}
-			r.addPlot(PlotCDF(r, cfg.Out, "echo", 128, 64))
-			if err := writeReport(cfg, r); err != nil {
-				return err
-			}
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if want("S2") {
-			pool := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool {
-				return s.Name != NameTpsched && s.Name != NamePHPStatic && s.Name != NameHAProxy
-			})
-			conns := S2Conns
-			if cfg.Quick {
-				conns = S2QuickConns
-			}
-			var cells []Cell
-			for _, c := range conns {
-				cells = append(cells, Cell{Service: "burn", Conns: c})
-			}
-			fmt.Fprintf(cfg.Log, "S2: burn %d us, closed loop, %d cells x %d systems x %d runs\n", BurnMicros, len(cells), len(pool), opts.Runs)
-			Measure(ctx, opts, pool, cells, nil)
-			r := newReport("S2", fmt.Sprintf("a CPU-bound service (%d us) on a pool of %d worker processes", BurnMicros, cfg.Spec.Workers),
-				names(pool), pick(skipped, NameTpsched, NamePHPStatic, NameHAProxy), opts)
-			r.Cells = cells
-			r.Setup = []string{fmt.Sprintf("Service: burn; the request is the decimal number %d and each system spins the CPU for that many "+
-				"microseconds of wall time in the worker (uap-echo burn, a PHP loop on hrtime, the Go worker's loop) and answers the request. "+
-				"The ceiling is %d workers / %d us = %.0f calls/s if the workers had the cores to themselves.",
-				BurnMicros, cfg.Spec.Workers, BurnMicros, float64(cfg.Spec.Workers)*1e6/BurnMicros)}
-			r.Setup = append(r.Setup, append(sizing(r.Systems), loadgen)...)
-			for _, c := range cells {
-				if c.Conns != 64 {
-					continue
-				}
-				for _, m := range c.Results {
-					if len(m.Runs) > 0 {
-						capacity[m.System] = m.Median.Throughput
+			r.Setup = append(append([]string{g.about(cfg.Spec)}, sizing(r.Systems)...), loadgen)
+			g.finish(r, cfg.Out)
+			if g.id == "S2" {
+				for _, c := range cells {
+					for _, m := range c.Results {
+						if c.Conns == 64 && len(m.Runs) > 0 {
+							capacity[m.System] = m.Median.Throughput
+						}
 					}
 				}
 			}
-			r.addPlot(PlotThroughput(r, cfg.Out, "burn", 0))
-			r.addPlot(PlotCDF(r, cfg.Out, "burn", 0, conns[len(conns)-1]))
 			if err := writeReport(cfg, r); err != nil {
 				return err
 			}
@@ -273,7 +293,7 @@ func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 	newReport func(string, string, []string, map[string]string, RunOptions) *Report, loadgen string) error {
 	sp := cfg.Spec
 	sp.Queue = cfg.S4Queue
-	systems, skipped := startAll(cfg, sp, []starter{startTpsched, startPHPStatic, startHAProxy})
+	systems, skipped := startAll(cfg, sp, []string{NameTpsched, NamePHPStatic, NameHAProxy})
 	defer stopAll(systems)
 	if len(capacity) == 0 {
 		// S2 was not run: measure capacity now, closed loop with fewer
@@ -332,16 +352,6 @@ func (r *Report) addPlot(name string, err error) {
 	}
 }
 
-func only(m map[string]string, drop ...string) map[string]string {
-	out := map[string]string{}
-	for k, v := range m {
-		if !slices.Contains(drop, k) {
-			out[k] = v
-		}
-	}
-	return out
-}
-
 func pick(m map[string]string, keep ...string) map[string]string {
 	out := map[string]string{}
 	for k, v := range m {
@@ -379,10 +389,10 @@ func compareWith(cfg Config, scenario string) string {
 	return newestReport(dir, scenario)
 }
 
-// S1Targets states the targets at 64 connections, 128 B against
+// s1Targets states the targets at 64 connections, 128 B against
 // what was measured: tpsched >= 2x gRPC-go and >= 3x nginx+PHP-FPM (static)
 // in throughput, with p99 no worse than either.
-func S1Targets(r *Report) string {
+func s1Targets(r *Report) string {
 	var cell *Cell
 	for i := range r.Cells {
 		if c := &r.Cells[i]; c.Service == "echo" && c.Payload == 128 && c.Conns == 64 {
@@ -450,4 +460,12 @@ func given(flag, full, quick time.Duration, isQuick bool) time.Duration {
 		return quick
 	}
 	return full
+}
+
+// boolIndex is 1 for true: the quick half of a [full, quick] pair.
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
