@@ -59,9 +59,9 @@ type headerBuffer struct{ b *[]byte }
 
 func (h headerBuffer) Write(p []byte) (int, error) { *h.b = append(*h.b, p...); return len(p), nil }
 
-// GRPCDialer calls method ("Echo" or "Burn") of bench.Echo at addr.
-func GRPCDialer(addr, method string) Dialer {
-	return func() Caller {
+// grpcDialer calls method ("Echo" or "Burn") of bench.Echo at addr.
+func grpcDialer(addr, method string) dialer {
+	return func() caller {
 		c := &h2Caller{connCaller: connCaller{addr: addr}, path: "/bench.Echo/" + method, authority: addr}
 		c.hblock = headerBuffer{&c.hbuf}
 		return c
@@ -90,13 +90,13 @@ func (c *h2Caller) setup(nc net.Conn, r *bufio.Reader) error {
 	return c.bw.Flush()
 }
 
-func (c *h2Caller) Call(payload []byte, deadline time.Time) (Outcome, error) {
+func (c *h2Caller) Call(payload []byte, deadline time.Time) (outcome, error) {
 	if c.stream >= 1<<31-3 {
 		c.drop() // stream ids used up: a new connection starts from 1
 	}
 	nc, r, err := c.conn()
 	if err != nil {
-		return Failed, nil
+		return callFailed, nil
 	}
 	if nc != c.h2conn {
 		if err := c.setup(nc, r); err != nil {
@@ -137,15 +137,15 @@ func (c *h2Caller) Call(payload []byte, deadline time.Time) (Outcome, error) {
 	if c.goAway {
 		c.drop()
 	}
-	if o == OK && err == nil {
-		return OK, checkEcho(c.reply, payload)
+	if o == callOK && err == nil {
+		return callOK, checkEcho(c.reply, payload)
 	}
 	return o, err
 }
 
 // send writes the message as DATA frames within the server's windows,
 // reading frames (window updates, settings, pings) while it must wait.
-func (c *h2Caller) send() (Outcome, error) {
+func (c *h2Caller) send() (outcome, error) {
 	streamWin := c.sendInit
 	rest := c.msg
 	for {
@@ -159,7 +159,7 @@ func (c *h2Caller) send() (Outcome, error) {
 				if err := c.bw.Flush(); err != nil {
 					return c.ioOutcome(err)
 				}
-				return OK, nil
+				return callOK, nil
 			}
 			continue
 		}
@@ -185,7 +185,7 @@ func (c *h2Caller) send() (Outcome, error) {
 // cancels while the call has a deadline timed out: grpc-go's server resets
 // the stream when the grpc-timeout passes (its client reads that as
 // DeadlineExceeded too).
-func (c *h2Caller) receive(hasDeadline bool) (Outcome, error) {
+func (c *h2Caller) receive(hasDeadline bool) (outcome, error) {
 	c.reply = c.reply[:0]
 	var data []byte
 	for {
@@ -203,7 +203,7 @@ func (c *h2Caller) receive(hasDeadline bool) (Outcome, error) {
 				return c.ioOutcome(err)
 			}
 			if f.StreamEnded() {
-				return Failed, nil // a reply without trailers
+				return callFailed, nil // a reply without trailers
 			}
 		case *http2.MetaHeadersFrame:
 			if f.StreamID != c.stream {
@@ -211,9 +211,9 @@ func (c *h2Caller) receive(hasDeadline bool) (Outcome, error) {
 			}
 			if s := f.PseudoValue("status"); s != "" && s != "200" {
 				if s == "503" || s == "429" {
-					return Refused, nil
+					return callRefused, nil
 				}
-				return Failed, nil
+				return callFailed, nil
 			}
 			if !f.StreamEnded() {
 				continue
@@ -225,11 +225,11 @@ func (c *h2Caller) receive(hasDeadline bool) (Outcome, error) {
 			}
 			switch {
 			case f.ErrCode == http2.ErrCodeRefusedStream:
-				return Refused, nil
+				return callRefused, nil
 			case f.ErrCode == http2.ErrCodeCancel && hasDeadline:
-				return TimedOut, nil
+				return callTimedOut, nil
 			}
-			return Failed, nil
+			return callFailed, nil
 		default:
 			if done, o, err := c.control(f); done {
 				return o, err
@@ -239,7 +239,7 @@ func (c *h2Caller) receive(hasDeadline bool) (Outcome, error) {
 }
 
 // finish reads the trailers' grpc-status and, for OK, the message.
-func (c *h2Caller) finish(trailers []hpack.HeaderField, data []byte) (Outcome, error) {
+func (c *h2Caller) finish(trailers []hpack.HeaderField, data []byte) (outcome, error) {
 	status := ""
 	for _, h := range trailers {
 		if h.Name == "grpc-status" {
@@ -249,30 +249,30 @@ func (c *h2Caller) finish(trailers []hpack.HeaderField, data []byte) (Outcome, e
 	if status != grpcStatusOK {
 		switch code, _ := strconv.Atoi(status); code {
 		case grpcDeadlineExceeded:
-			return TimedOut, nil
+			return callTimedOut, nil
 		case grpcResourceExhausted, grpcUnavailable:
-			return Refused, nil
+			return callRefused, nil
 		}
-		return Failed, nil
+		return callFailed, nil
 	}
 	if len(data) < grpcPrefix || data[0] != 0 {
-		return Failed, fmt.Errorf("bench: grpc reply: %d bytes, compressed flag %v", len(data), len(data) > 0 && data[0] != 0)
+		return callFailed, fmt.Errorf("bench: grpc reply: %d bytes, compressed flag %v", len(data), len(data) > 0 && data[0] != 0)
 	}
 	n := int(data[1])<<24 | int(data[2])<<16 | int(data[3])<<8 | int(data[4])
 	msg := data[grpcPrefix:]
 	if n != len(msg) {
-		return Failed, fmt.Errorf("bench: grpc reply: message of %d bytes, prefix says %d", len(msg), n)
+		return callFailed, fmt.Errorf("bench: grpc reply: message of %d bytes, prefix says %d", len(msg), n)
 	}
 	for len(msg) > 0 {
 		num, typ, tl := protowire.ConsumeTag(msg)
 		if tl < 0 {
-			return Failed, fmt.Errorf("bench: grpc reply: %w", protowire.ParseError(tl))
+			return callFailed, fmt.Errorf("bench: grpc reply: %w", protowire.ParseError(tl))
 		}
 		msg = msg[tl:]
 		if num == 1 && typ == protowire.BytesType {
 			v, vl := protowire.ConsumeBytes(msg)
 			if vl < 0 {
-				return Failed, fmt.Errorf("bench: grpc reply: %w", protowire.ParseError(vl))
+				return callFailed, fmt.Errorf("bench: grpc reply: %w", protowire.ParseError(vl))
 			}
 			c.reply = append(c.reply[:0], v...)
 			msg = msg[vl:]
@@ -280,21 +280,21 @@ func (c *h2Caller) finish(trailers []hpack.HeaderField, data []byte) (Outcome, e
 		}
 		fl := protowire.ConsumeFieldValue(num, typ, msg)
 		if fl < 0 {
-			return Failed, fmt.Errorf("bench: grpc reply: %w", protowire.ParseError(fl))
+			return callFailed, fmt.Errorf("bench: grpc reply: %w", protowire.ParseError(fl))
 		}
 		msg = msg[fl:]
 	}
-	return OK, nil
+	return callOK, nil
 }
 
 // control handles a frame that is not about the call's stream: settings,
 // pings and connection window updates are answered and the read goes on
 // (done false); GOAWAY marks the connection to be dropped after the call.
-func (c *h2Caller) control(f http2.Frame) (done bool, o Outcome, err error) {
+func (c *h2Caller) control(f http2.Frame) (done bool, o outcome, err error) {
 	switch f := f.(type) {
 	case *http2.SettingsFrame:
 		if f.IsAck() {
-			return false, OK, nil
+			return false, callOK, nil
 		}
 		if v, ok := f.Value(http2.SettingInitialWindowSize); ok {
 			c.sendInit = int64(v)
@@ -309,7 +309,7 @@ func (c *h2Caller) control(f http2.Frame) (done bool, o Outcome, err error) {
 		}
 	case *http2.PingFrame:
 		if f.IsAck() {
-			return false, OK, nil
+			return false, callOK, nil
 		}
 		if err := c.fr.WritePing(true, f.Data); err != nil {
 			o, err := c.ioOutcome(err)
@@ -326,10 +326,10 @@ func (c *h2Caller) control(f http2.Frame) (done bool, o Outcome, err error) {
 	case *http2.GoAwayFrame:
 		c.goAway = true
 		if f.LastStreamID < c.stream {
-			return true, Failed, nil
+			return true, callFailed, nil
 		}
 	}
-	return false, OK, nil
+	return false, callOK, nil
 }
 
 // consumed counts n bytes of DATA received and tops the connection window
@@ -349,12 +349,12 @@ func (c *h2Caller) consumed(n uint32) error {
 // readFailed classifies an error reading a frame: a malformed frame is the
 // server's protocol error (the call fails, the connection is dropped), an
 // I/O error as for the other callers.
-func (c *h2Caller) readFailed(err error) (Outcome, error) {
+func (c *h2Caller) readFailed(err error) (outcome, error) {
 	var ce http2.ConnectionError
 	var se http2.StreamError
 	if errors.As(err, &ce) || errors.As(err, &se) || errors.Is(err, io.ErrUnexpectedEOF) {
 		c.drop()
-		return Failed, nil
+		return callFailed, nil
 	}
 	return c.ioOutcome(err)
 }

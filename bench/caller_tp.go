@@ -75,12 +75,12 @@ func (c *connCaller) setDeadline(nc net.Conn, d time.Time) {
 
 // ioOutcome classifies an I/O error: a deadline is a timeout, anything else
 // a failed call. Either way the connection is dropped.
-func (c *connCaller) ioOutcome(err error) (Outcome, error) {
+func (c *connCaller) ioOutcome(err error) (outcome, error) {
 	c.drop()
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return TimedOut, nil
+		return callTimedOut, nil
 	}
-	return Failed, nil
+	return callFailed, nil
 }
 
 // tpCaller speaks the tpsched frame protocol (netio), one call at a time.
@@ -91,19 +91,19 @@ type tpCaller struct {
 	out, reply     []byte
 }
 
-// TpschedDialer calls group/service on a tpsched node (or the gnet echo
+// tpschedDialer calls group/service on a tpsched node (or the gnet echo
 // peer, which answers any call frame) at addr.
-func TpschedDialer(addr, group, service string) Dialer {
-	return func() Caller {
+func tpschedDialer(addr, group, service string) dialer {
+	return func() caller {
 		return &tpCaller{connCaller: connCaller{addr: addr}, group: group, service: service,
 			reply: make([]byte, 64<<10)}
 	}
 }
 
-func (c *tpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
+func (c *tpCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
 	nc, r, err := c.conn()
 	if err != nil {
-		return Failed, nil
+		return callFailed, nil
 	}
 	c.setDeadline(nc, deadline)
 	c.id++
@@ -121,7 +121,7 @@ func (c *tpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
 	}
 	n, err := netio.FrameLen(c.reply[:netio.HeaderSize], 64<<20)
 	if err != nil {
-		return Failed, fmt.Errorf("bench: tpsched reply: %w", err)
+		return callFailed, fmt.Errorf("bench: tpsched reply: %w", err)
 	}
 	if n > len(c.reply) {
 		c.reply = append(c.reply, make([]byte, n-len(c.reply))...)
@@ -131,20 +131,20 @@ func (c *tpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
 	}
 	f, _, err := netio.Decode(c.reply[:n], 64<<20)
 	if err != nil {
-		return Failed, fmt.Errorf("bench: tpsched reply: %w", err)
+		return callFailed, fmt.Errorf("bench: tpsched reply: %w", err)
 	}
 	if f.ID != c.id {
-		return Failed, fmt.Errorf("bench: reply id %d, want %d", f.ID, c.id)
+		return callFailed, fmt.Errorf("bench: reply id %d, want %d", f.ID, c.id)
 	}
 	switch {
 	case f.Kind == netio.KindReply:
-		return OK, checkEcho(f.Payload, payload)
+		return callOK, checkEcho(f.Payload, payload)
 	case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy:
-		return Refused, nil
+		return callRefused, nil
 	case f.Kind == netio.KindError && f.Code == netio.CodeTimedOut:
-		return TimedOut, nil
+		return callTimedOut, nil
 	}
-	return Failed, nil
+	return callFailed, nil
 }
 
 // checkEcho verifies a reply is the request sent back: length and, cheaply,

@@ -24,7 +24,7 @@ var grpcEchoDesc = grpc.ServiceDesc{
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{
 		{MethodName: "Echo", Handler: grpcHandler(func(b []byte) {})},
-		{MethodName: "Burn", Handler: grpcHandler(func(b []byte) { Burn(ParseMicros(b)) })},
+		{MethodName: "Burn", Handler: grpcHandler(func(b []byte) { burn(parseMicros(b)) })},
 	},
 	Metadata: "bench.proto",
 }

@@ -39,7 +39,7 @@ func medianInto(dst reflect.Value, runs []reflect.Value, never bool) {
 		if never {
 			dst.SetFloat(medianNever(v))
 		} else {
-			dst.SetFloat(Median(v))
+			dst.SetFloat(median(v))
 		}
 	case reflect.Struct:
 		t := dst.Type()
@@ -91,7 +91,7 @@ func medianNever(v []float64) float64 {
 			x[i] = math.Inf(1)
 		}
 	}
-	m := Median(x)
+	m := median(x)
 	if math.IsInf(m, 1) {
 		return -1
 	}

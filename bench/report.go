@@ -13,7 +13,7 @@ import (
 // Markdown formats the report: the head every scenario shares (title,
 // machine, setup, systems not measured), the scenario's figures, and the
 // foot (notes, the validity check, plots).
-func (r *Report) Markdown() string {
+func (r *report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
 	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)
@@ -41,15 +41,15 @@ func (r *Report) Markdown() string {
 	}
 	switch {
 	case r.Step != nil:
-		r.stepFigures(&b)
+		r.writeStep(&b)
 	case r.Guard != nil:
-		r.guardFigures(&b)
+		r.writeGuard(&b)
 	case r.Cluster != nil:
-		r.clusterFigures(&b)
+		r.writeCluster(&b)
 	case r.Gossip != nil:
-		r.gossipFigures(&b)
+		r.writeGossip(&b)
 	default:
-		r.gridFigures(&b)
+		r.writeGrid(&b)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "%s\n\n", n)
@@ -61,9 +61,9 @@ func (r *Report) Markdown() string {
 	return b.String()
 }
 
-// gridFigures writes S1, S2 and S4: one table of every cell and system,
+// writeGrid writes S1, S2 and S4: one table of every cell and system,
 // and the ratio of tpsched to each peer.
-func (r *Report) gridFigures(b *strings.Builder) {
+func (r *report) writeGrid(b *strings.Builder) {
 	open := len(r.Cells) > 0 && r.Cells[0].Open
 	b.WriteString("## Figures\n\n")
 	if open {
@@ -102,14 +102,14 @@ func (r *Report) gridFigures(b *strings.Builder) {
 	}
 }
 
-func (r *Report) ratioTable() string {
+func (r *report) ratioTable() string {
 	var peers []string
 	for _, s := range r.Systems {
-		if s != NameTpsched {
+		if s != nameTpsched {
 			peers = append(peers, s)
 		}
 	}
-	if len(peers) == 0 || !slices.Contains(r.Systems, NameTpsched) {
+	if len(peers) == 0 || !slices.Contains(r.Systems, nameTpsched) {
 		return ""
 	}
 	var b strings.Builder
@@ -123,7 +123,7 @@ func (r *Report) ratioTable() string {
 	}
 	b.WriteString("\n")
 	for _, c := range r.Cells {
-		tp := c.Result(NameTpsched)
+		tp := c.Result(nameTpsched)
 		fmt.Fprintf(&b, "| %s | %s | %d |", c.Service, payloadName(c), c.Conns)
 		for _, p := range peers {
 			m := c.Result(p)
@@ -146,12 +146,12 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2fx", a/b)
 }
 
-func payloadName(c Cell) string {
+func payloadName(c gridCell) string {
 	if c.Service == "burn" {
-		return fmt.Sprintf("%d us CPU", BurnMicros)
+		return fmt.Sprintf("%d us CPU", burnMicros)
 	}
 	if c.Service == "sleep" {
-		return fmt.Sprintf("sleep %d ms", S6SleepMs)
+		return fmt.Sprintf("sleep %d ms", s6SleepMs)
 	}
 	switch {
 	case c.Payload >= 1<<10 && c.Payload%(1<<10) == 0:
@@ -193,7 +193,7 @@ func oneLine(s string) string {
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
 
 // Write writes dir/<date>-<scenario>.md and .json and returns the base path.
-func (r *Report) Write(dir string) (string, error) {
+func (r *report) Write(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -208,8 +208,8 @@ func (r *Report) Write(dir string) (string, error) {
 	return base, os.WriteFile(base+".json", append(js, '\n'), 0o644)
 }
 
-// stepFigures writes S3: one table per system and each run.
-func (r *Report) stepFigures(b *strings.Builder) {
+// writeStep writes S3: one table per system and each run.
+func (r *report) writeStep(b *strings.Builder) {
 	b.WriteString("## Figures\n\n")
 	steps := 0
 	if r.Step.Window > 0 {

@@ -62,7 +62,7 @@ type grid struct {
 	systems  [2][]string
 	title    func(sp Spec) string
 	about    func(sp Spec) string // the service, first line of the setup
-	finish   func(r *Report, dir string)
+	finish   func(r *report, dir string)
 }
 
 var grids = []grid{{
@@ -70,57 +70,57 @@ var grids = []grid{{
 	service:  "echo",
 	payloads: [2][]int{{128, 4 << 10, 64 << 10}, {128, 4 << 10}},
 	conns:    [2][]int{{1, 16, 64, 256}, {1, 64}},
-	systems: [2][]string{{NameGnetEcho, NameGRPC, NamePHPStatic, NamePHPDyn, NameTpsched},
-		{NameGnetEcho, NameGRPC, NamePHPStatic, NameTpsched}},
+	systems: [2][]string{{nameGnetEcho, nameGRPC, namePHPStatic, namePHPDyn, nameTpsched},
+		{nameGnetEcho, nameGRPC, namePHPStatic, nameTpsched}},
 	title: func(Spec) string { return "echo, closed loop" },
 	about: func(Spec) string {
 		return "Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each."
 	},
-	finish: func(r *Report, dir string) {
+	finish: func(r *report, dir string) {
 		r.Notes = append(r.Notes, s1Targets(r))
 		for _, p := range r.payloads() {
-			r.addPlot(PlotThroughput(r, dir, "echo", p))
+			r.addPlot(plotThroughput(r, dir, "echo", p))
 		}
-		r.addPlot(PlotCDF(r, dir, "echo", 128, 64))
+		r.addPlot(plotCDF(r, dir, "echo", 128, 64))
 	},
 }, {
 	id:       "S2",
 	service:  "burn",
 	payloads: [2][]int{{0}, {0}},
 	conns:    [2][]int{{1, 16, 64}, {64}},
-	systems:  [2][]string{{NamePHPStatic, NameTpsched, NameHAProxy}, {NamePHPStatic, NameTpsched, NameHAProxy}},
+	systems:  [2][]string{{namePHPStatic, nameTpsched, nameHAProxy}, {namePHPStatic, nameTpsched, nameHAProxy}},
 	title: func(sp Spec) string {
-		return fmt.Sprintf("a CPU-bound service (%d us) on a pool of %d worker processes", BurnMicros, sp.Workers)
+		return fmt.Sprintf("a CPU-bound service (%d us) on a pool of %d worker processes", burnMicros, sp.Workers)
 	},
 	about: func(sp Spec) string {
 		return fmt.Sprintf("Service: burn; the request is the decimal number %d and each system spins the CPU for that many "+
 			"microseconds of wall time in the worker (uap-echo burn, a PHP loop on hrtime, the Go worker's loop) and answers the request. "+
 			"The ceiling is %d workers / %d us = %.0f calls/s if the workers had the cores to themselves.",
-			BurnMicros, sp.Workers, BurnMicros, float64(sp.Workers)*1e6/BurnMicros)
+			burnMicros, sp.Workers, burnMicros, float64(sp.Workers)*1e6/burnMicros)
 	},
-	finish: func(r *Report, dir string) {
-		r.addPlot(PlotThroughput(r, dir, "burn", 0))
-		r.addPlot(PlotCDF(r, dir, "burn", 0, r.Cells[len(r.Cells)-1].Conns))
+	finish: func(r *report, dir string) {
+		r.addPlot(plotThroughput(r, dir, "burn", 0))
+		r.addPlot(plotCDF(r, dir, "burn", 0, r.Cells[len(r.Cells)-1].Conns))
 	},
 }}
 
 // cells is the grid's cells, every payload with every connection count.
-func (g grid) cells(quick bool) []Cell {
+func (g grid) cells(quick bool) []gridCell {
 	q := 0
 	if quick {
 		q = 1
 	}
-	var out []Cell
+	var out []gridCell
 	for _, p := range g.payloads[q] {
 		for _, c := range g.conns[q] {
-			out = append(out, Cell{Service: g.service, Payload: p, Conns: c})
+			out = append(out, gridCell{Service: g.service, Payload: p, Conns: c})
 		}
 	}
 	return out
 }
 
 // payloads is the payload sizes of the report's cells, in order.
-func (r *Report) payloads() []int {
+func (r *report) payloads() []int {
 	var out []int
 	for _, c := range r.Cells {
 		if !slices.Contains(out, c.Payload) {
@@ -130,25 +130,25 @@ func (r *Report) payloads() []int {
 	return out
 }
 
-// S4Carriers is how many connections carry the open-loop calls: enough
+// s4Carriers is how many connections carry the open-loop calls: enough
 // that the generator never runs out while the server answers within the
 // timeout at the admitted rate.
-const S4Carriers = 256
+const s4Carriers = 256
 
 // starters start each system of the grids by its report name.
-var starters = map[string]func(Env, Spec) (*System, error){
-	NameTpsched:   StartTpsched,
-	NameGnetEcho:  StartGnetEcho,
-	NameGRPC:      StartGRPC,
-	NamePHPStatic: func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, false) },
-	NamePHPDyn:    func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, true) },
-	NameHAProxy:   StartHAProxy,
+var starters = map[string]func(Env, Spec) (*system, error){
+	nameTpsched:   startTpsched,
+	nameGnetEcho:  startGnetEcho,
+	nameGRPC:      startGRPC,
+	namePHPStatic: func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
+	namePHPDyn:    func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
+	nameHAProxy:   startHAProxy,
 }
 
 // startAll starts the systems it can; the others are returned as skipped
 // with the reason.
-func startAll(cfg Config, sp Spec, list []string) ([]*System, map[string]string) {
-	var systems []*System
+func startAll(cfg Config, sp Spec, list []string) ([]*system, map[string]string) {
+	var systems []*system
 	skipped := map[string]string{}
 	for _, name := range list {
 		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, name) {
@@ -166,13 +166,13 @@ func startAll(cfg Config, sp Spec, list []string) ([]*System, map[string]string)
 	return systems, skipped
 }
 
-func stopAll(systems []*System) {
+func stopAll(systems []*system) {
 	for _, s := range systems {
 		s.Stop()
 	}
 }
 
-func names(systems []*System) []string {
+func names(systems []*system) []string {
 	var n []string
 	for _, s := range systems {
 		n = append(n, s.Name)
@@ -186,12 +186,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return err
 	}
-	machine := ThisMachine()
-	machine.Peers = PeerVersions()
-	opts := RunOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet.withBudget(), Log: cfg.Log}
+	machine := thisMachine()
+	machine.Peers = peerVersions()
+	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet.withBudget(), Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
-	newReport := func(id, title string, systems []string, skipped map[string]string, o RunOptions) *Report {
-		return &Report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
+	newReport := func(id, title string, systems []string, skipped map[string]string, o runOptions) *report {
+		return &report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
 			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
 	}
 	sizing := func(names []string) []string {
@@ -224,10 +224,10 @@ func Run(ctx context.Context, cfg Config) error {
 				return ctx.Err()
 			}
 			in := g.systems[boolIndex(cfg.Quick)]
-			on := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool { return !slices.Contains(in, s.Name) })
+			on := slices.DeleteFunc(slices.Clone(systems), func(s *system) bool { return !slices.Contains(in, s.Name) })
 			cells := g.cells(cfg.Quick)
 			fmt.Fprintf(cfg.Log, "%s: %s, %d cells x %d systems x %d runs\n", g.id, g.title(cfg.Spec), len(cells), len(on), opts.Runs)
-			Measure(ctx, opts, on, cells, nil)
+			measure(ctx, opts, on, cells, nil)
 			r := newReport(g.id, g.title(cfg.Spec), names(on), pick(skipped, in...), opts)
 			r.Cells = cells
 			r.Setup = append(append([]string{g.about(cfg.Spec)}, sizing(r.Systems)...), loadgen)
@@ -289,25 +289,25 @@ func Run(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string]float64,
-	newReport func(string, string, []string, map[string]string, RunOptions) *Report, loadgen string) error {
+func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
+	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
 	sp := cfg.Spec
 	sp.Queue = cfg.S4Queue
-	systems, skipped := startAll(cfg, sp, []string{NameTpsched, NamePHPStatic, NameHAProxy})
+	systems, skipped := startAll(cfg, sp, []string{nameTpsched, namePHPStatic, nameHAProxy})
 	defer stopAll(systems)
 	if len(capacity) == 0 {
 		// S2 was not run: measure capacity now, closed loop with fewer
 		// connections than the queue holds, so nothing is refused.
-		cells := []Cell{{Service: "burn", Conns: max(sp.Queue/2, 1)}}
+		cells := []gridCell{{Service: "burn", Conns: max(sp.Queue/2, 1)}}
 		fmt.Fprintf(cfg.Log, "S4: measuring capacity (burn, %d conns)\n", cells[0].Conns)
-		Measure(ctx, opts, systems, cells, nil)
+		measure(ctx, opts, systems, cells, nil)
 		for _, m := range cells[0].Results {
 			if len(m.Runs) > 0 {
 				capacity[m.System] = m.Median.Throughput
 			}
 		}
 	}
-	systems = slices.DeleteFunc(systems, func(s *System) bool {
+	systems = slices.DeleteFunc(systems, func(s *system) bool {
 		if capacity[s.Name] == 0 {
 			skipped[s.Name] = "no capacity measured in S2"
 			s.Stop()
@@ -318,15 +318,15 @@ func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 	o := opts
 	o.Warmup = 2 * opts.Warmup
 	o.Duration = 2 * opts.Duration
-	cells := []Cell{{Service: "burn", Conns: S4Carriers, Open: true}}
-	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", BurnMicros, capacity)
-	Measure(ctx, o, systems, cells, func(system string, _ *Cell) float64 { return 2 * capacity[system] })
+	cells := []gridCell{{Service: "burn", Conns: s4Carriers, Open: true}}
+	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", burnMicros, capacity)
+	measure(ctx, o, systems, cells, func(system string, _ *gridCell) float64 { return 2 * capacity[system] })
 	r := newReport("S4", "open-loop overload at 2x measured capacity", names(systems), skipped, o)
 	r.Cells = cells
 	r.Setup = []string{
 		fmt.Sprintf("Service: burn %d us on %d worker processes. Each system is offered twice its own S2 closed-loop throughput at 64 connections, "+
 			"as a fixed arrival rate carried by up to %d connections; a call's latency counts from the time it was due, so waiting for a "+
-			"connection is queueing and is measured. A call not answered %v after it was due times out.", BurnMicros, sp.Workers, S4Carriers, opts.Timeout),
+			"connection is queueing and is measured. A call not answered %v after it was due times out.", burnMicros, sp.Workers, s4Carriers, opts.Timeout),
 		fmt.Sprintf("Bounded queues: tpsched queue_size=%d (it answers 'server busy' when full); PHP-FPM listen.backlog=%d (nginx answers 502 when the "+
 			"backlog is full); HAProxy answers 503 when %d requests are queued (http-request deny if queue(be) ge %d). Refused = tpsched 'server busy' or HTTP 5xx.",
 			sp.Queue, sp.Queue, sp.Queue, sp.Queue),
@@ -338,11 +338,11 @@ func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 		caps = append(caps, fmt.Sprintf("%s %.0f/s", n, capacity[n]))
 	}
 	r.Notes = append(r.Notes, "Capacity used (closed loop, burn): "+strings.Join(caps, ", ")+".")
-	r.addPlot(PlotCDF(r, cfg.Out, "burn", 0, S4Carriers))
+	r.addPlot(plotCDF(r, cfg.Out, "burn", 0, s4Carriers))
 	return writeReport(cfg, r)
 }
 
-func (r *Report) addPlot(name string, err error) {
+func (r *report) addPlot(name string, err error) {
 	if err != nil {
 		r.Notes = append(r.Notes, "Plot failed: "+err.Error())
 		return
@@ -362,7 +362,7 @@ func pick(m map[string]string, keep ...string) map[string]string {
 	return out
 }
 
-func writeReport(cfg Config, r *Report) error {
+func writeReport(cfg Config, r *report) error {
 	if len(r.Cells) > 0 {
 		checkValidity(r, cfg.Quiet, compareWith(cfg, r.Scenario))
 	}
@@ -392,8 +392,8 @@ func compareWith(cfg Config, scenario string) string {
 // s1Targets states the issue's targets at 64 connections, 128 B against
 // what was measured: tpsched >= 2x gRPC-go and >= 3x nginx+PHP-FPM (static)
 // in throughput, with p99 no worse than either.
-func s1Targets(r *Report) string {
-	var cell *Cell
+func s1Targets(r *report) string {
+	var cell *gridCell
 	for i := range r.Cells {
 		if c := &r.Cells[i]; c.Service == "echo" && c.Payload == 128 && c.Conns == 64 {
 			cell = c
@@ -402,7 +402,7 @@ func s1Targets(r *Report) string {
 	if cell == nil {
 		return "Targets (64 conns, 128 B): not measured in this grid."
 	}
-	tp := cell.Result(NameTpsched)
+	tp := cell.Result(nameTpsched)
 	if tp == nil || len(tp.Runs) == 0 {
 		return "Targets (64 conns, 128 B): tpsched not measured."
 	}
@@ -411,7 +411,7 @@ func s1Targets(r *Report) string {
 	for _, t := range []struct {
 		peer string
 		want float64
-	}{{NameGRPC, 2}, {NamePHPStatic, 3}} {
+	}{{nameGRPC, 2}, {namePHPStatic, 3}} {
 		m := cell.Result(t.peer)
 		if m == nil || len(m.Runs) == 0 {
 			fmt.Fprintf(&b, " %s not measured;", t.peer)
@@ -430,8 +430,8 @@ func s1Targets(r *Report) string {
 	return strings.TrimSuffix(b.String(), ";") + "."
 }
 
-// PeerVersions asks each installed peer binary its version.
-func PeerVersions() map[string]string {
+// peerVersions asks each installed peer binary its version.
+func peerVersions() map[string]string {
 	out := map[string]string{}
 	re := regexp.MustCompile(`\d+\.\d+(\.\d+)?`)
 	ask := func(name string, find func() (string, error), args ...string) {

@@ -28,28 +28,28 @@ const (
 	moveFloor = 0.05
 )
 
-// Validity is what the report says about its own figures.
-type Validity struct {
+// validity is what the report says about its own figures.
+type validity struct {
 	QuietCores  float64     `json:"quiet_cores"`         // the bound on other tenants' CPU in a run's window (0: not watched)
 	Retried     int         `json:"runs_retried"`        // runs run again because other tenants disturbed them
 	Disturbed   []string    `json:"disturbed,omitempty"` // runs kept although still disturbed
-	Noise       []CellNoise `json:"noise"`
+	Noise       []cellNoise `json:"noise"`
 	Compared    string      `json:"compared_with,omitempty"` // the other grid's report
 	NotCompared string      `json:"not_compared,omitempty"`  // why no comparison was made
-	Moves       []GridMove  `json:"moves,omitempty"`
+	Moves       []gridMove  `json:"moves,omitempty"`
 }
 
-// CellNoise is the run-to-run spread in one cell.
-type CellNoise struct {
+// cellNoise is the run-to-run spread in one cell.
+type cellNoise struct {
 	Cell     string             `json:"cell"`
 	Noise    float64            `json:"noise"`  // median of the systems' spreads
 	Spread   map[string]float64 `json:"spread"` // per system: (max-min)/median of its runs' throughput
 	Unsteady []string           `json:"unsteady,omitempty"`
 }
 
-// GridMove is one system's median throughput in a cell of this report
+// gridMove is one system's median throughput in a cell of this report
 // against the same cell of the other grid.
-type GridMove struct {
+type gridMove struct {
 	Cell      string  `json:"cell"`
 	System    string  `json:"system"`
 	Ratio     float64 `json:"ratio"`     // this / other
@@ -58,7 +58,7 @@ type GridMove struct {
 	Flagged   bool    `json:"flagged"`
 }
 
-func cellName(c Cell) string {
+func cellName(c gridCell) string {
 	return fmt.Sprintf("%s %s x %d", c.Service, payloadName(c), c.Conns)
 }
 
@@ -72,7 +72,7 @@ func runSpread(runs []Figures) (float64, bool) {
 	for i, r := range runs {
 		v[i] = r.Throughput
 	}
-	med := Median(v)
+	med := median(v)
 	if med <= 0 {
 		return 0, false
 	}
@@ -80,8 +80,8 @@ func runSpread(runs []Figures) (float64, bool) {
 }
 
 // noiseOf measures the cell's noise and flags the unsteady systems.
-func noiseOf(c Cell) CellNoise {
-	n := CellNoise{Cell: cellName(c), Spread: map[string]float64{}}
+func noiseOf(c gridCell) cellNoise {
+	n := cellNoise{Cell: cellName(c), Spread: map[string]float64{}}
 	var all []float64
 	for _, m := range c.Results {
 		if s, ok := runSpread(m.Runs); ok {
@@ -89,7 +89,7 @@ func noiseOf(c Cell) CellNoise {
 			all = append(all, s)
 		}
 	}
-	n.Noise = Median(all)
+	n.Noise = median(all)
 	for _, m := range c.Results {
 		if s, ok := n.Spread[m.System]; ok && s > unsteadyFactor*n.Noise && s > unsteadyFloor {
 			n.Unsteady = append(n.Unsteady, m.System)
@@ -102,10 +102,10 @@ func noiseOf(c Cell) CellNoise {
 // other: its throughput ratio against the cell's common shift (the median
 // ratio of its systems, which the VM's speed moves for every system
 // alike), flagged beyond the larger noise of the two cells.
-func compareGrids(r, other *Report) []GridMove {
-	var out []GridMove
+func compareGrids(r, other *report) []gridMove {
+	var out []gridMove
 	for _, c := range r.Cells {
-		var oc *Cell
+		var oc *gridCell
 		for i := range other.Cells {
 			o := &other.Cells[i]
 			if o.Service == c.Service && o.Payload == c.Payload && o.Conns == c.Conns && o.Open == c.Open {
@@ -116,7 +116,7 @@ func compareGrids(r, other *Report) []GridMove {
 			continue
 		}
 		tol := max(noiseOf(c).Noise, noiseOf(*oc).Noise, moveFloor)
-		var cell []GridMove
+		var cell []gridMove
 		var ratios []float64
 		for _, m := range c.Results {
 			om := oc.Result(m.System)
@@ -125,9 +125,9 @@ func compareGrids(r, other *Report) []GridMove {
 			}
 			q := m.Median.Throughput / om.Median.Throughput
 			ratios = append(ratios, q)
-			cell = append(cell, GridMove{Cell: cellName(c), System: m.System, Ratio: q, Tolerance: tol})
+			cell = append(cell, gridMove{Cell: cellName(c), System: m.System, Ratio: q, Tolerance: tol})
 		}
-		shift := Median(ratios)
+		shift := median(ratios)
 		for i := range cell {
 			cell[i].Shift = shift
 			cell[i].Flagged = shift > 0 && math.Abs(cell[i].Ratio/shift-1) > tol
@@ -140,8 +140,8 @@ func compareGrids(r, other *Report) []GridMove {
 // checkValidity fills r.Validity from its cells and, if ref names a report
 // of the same scenario measured on the same machine, from the comparison
 // with it.
-func checkValidity(r *Report, q Quiet, ref string) {
-	v := &Validity{QuietCores: q.Cores}
+func checkValidity(r *report, q Quiet, ref string) {
+	v := &validity{QuietCores: q.Cores}
 	for _, c := range r.Cells {
 		for _, m := range c.Results {
 			v.Retried += m.Retried
@@ -173,12 +173,12 @@ func checkValidity(r *Report, q Quiet, ref string) {
 	}
 }
 
-func readReport(path string) (*Report, error) {
+func readReport(path string) (*report, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var r Report
+	var r report
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("not a report: %w", err)
 	}
@@ -196,7 +196,7 @@ func newestReport(dir, scenario string) string {
 }
 
 // markdown is the report's section on its own figures.
-func (v *Validity) markdown() string {
+func (v *validity) markdown() string {
 	if v == nil {
 		return ""
 	}

@@ -14,16 +14,16 @@ func runsOf(thr ...float64) []Figures {
 	return out
 }
 
-func measured(system string, thr ...float64) Measurement {
+func measured(system string, thr ...float64) measurement {
 	runs := runsOf(thr...)
-	return Measurement{System: system, Runs: runs, Median: medianOf(runs)}
+	return measurement{System: system, Runs: runs, Median: medianOf(runs)}
 }
 
 // TestNoiseFlagsTheUnsteadySystem: in a cell where three systems' runs
 // spread 4-8%, the one whose runs spread 50% (grpc-go at 44k, 22k, 40k, as
 // the committed full run had it) is unsteady; one at 12% is not.
 func TestNoiseFlagsTheUnsteadySystem(t *testing.T) {
-	c := Cell{Service: "echo", Payload: 128, Conns: 64, Results: []Measurement{
+	c := gridCell{Service: "echo", Payload: 128, Conns: 64, Results: []measurement{
 		measured("gnet-echo", 140e3, 135e3, 145e3),
 		measured("tpsched", 62e3, 64e3, 60e3),
 		measured("grpc-go", 44e3, 22e3, 40e3),
@@ -47,21 +47,21 @@ func TestNoiseFlagsTheUnsteadySystem(t *testing.T) {
 // TestCompareGridsFlagsTheSystemThatMoved: the whole machine 20% slower in
 // the full grid moves no one; grpc-go at half its quick figure is flagged.
 func TestCompareGridsFlagsTheSystemThatMoved(t *testing.T) {
-	cell := func(g, tp, grpc float64) Cell {
-		return Cell{Service: "echo", Payload: 128, Conns: 64, Results: []Measurement{
+	cell := func(g, tp, grpc float64) gridCell {
+		return gridCell{Service: "echo", Payload: 128, Conns: 64, Results: []measurement{
 			measured("gnet-echo", g, 1.03*g, 0.98*g),
 			measured("tpsched", tp, 1.02*tp, 0.97*tp),
 			measured("grpc-go", grpc, 1.04*grpc, 0.99*grpc),
 		}}
 	}
-	quick := &Report{Scenario: "S1", Cells: []Cell{cell(140e3, 62e3, 44e3), {Service: "echo", Payload: 4096, Conns: 1}}}
-	full := &Report{Scenario: "S1", Cells: []Cell{cell(112e3, 50e3, 35e3)}}
+	quick := &report{Scenario: "S1", Cells: []gridCell{cell(140e3, 62e3, 44e3), {Service: "echo", Payload: 4096, Conns: 1}}}
+	full := &report{Scenario: "S1", Cells: []gridCell{cell(112e3, 50e3, 35e3)}}
 	for _, m := range compareGrids(full, quick) {
 		if m.Flagged {
 			t.Errorf("%s flagged after a common shift of %.2f: %+v", m.System, m.Shift, m)
 		}
 	}
-	full.Cells = []Cell{cell(140e3, 62e3, 22e3)}
+	full.Cells = []gridCell{cell(140e3, 62e3, 22e3)}
 	moves := compareGrids(full, quick)
 	if len(moves) != 3 {
 		t.Fatalf("%d moves, want 3 (one shared cell)", len(moves))
@@ -75,9 +75,9 @@ func TestCompareGridsFlagsTheSystemThatMoved(t *testing.T) {
 
 func TestCheckValidityComparesOnlyOnTheSameMachine(t *testing.T) {
 	dir := t.TempDir()
-	mk := func(cpu string, grpc float64) *Report {
-		return &Report{Scenario: "S1", Date: "2026-12-01", Machine: Machine{Cores: 2, CPU: cpu}, Cells: []Cell{{
-			Service: "echo", Payload: 128, Conns: 64, Results: []Measurement{
+	mk := func(cpu string, grpc float64) *report {
+		return &report{Scenario: "S1", Date: "2026-12-01", Machine: machineInfo{Cores: 2, CPU: cpu}, Cells: []gridCell{{
+			Service: "echo", Payload: 128, Conns: 64, Results: []measurement{
 				measured("gnet-echo", 140e3, 141e3, 139e3), measured("grpc-go", grpc, grpc, grpc), measured("tpsched", 60e3, 61e3, 59e3),
 			}}}}
 	}
