@@ -186,9 +186,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return err
 	}
+	cfg.Quiet = cfg.Quiet.withBudget() // one budget for the session, seen by the reports too
 	machine := thisMachine()
 	machine.Peers = peerVersions()
-	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet.withBudget(), Log: cfg.Log}
+	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
 	newReport := func(id, title string, systems []string, skipped map[string]string, o runOptions) *report {
 		return &report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,

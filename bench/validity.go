@@ -30,9 +30,11 @@ const (
 
 // validity is what the report says about its own figures.
 type validity struct {
-	QuietCores  float64     `json:"quiet_cores"`         // the bound on other tenants' CPU in a run's window (0: not watched)
-	Retried     int         `json:"runs_retried"`        // runs run again because other tenants disturbed them
-	Disturbed   []string    `json:"disturbed,omitempty"` // runs kept although still disturbed
+	QuietCores  float64     `json:"quiet_cores"`                  // the bound on other tenants' CPU in a run's window (0: not watched)
+	Retried     int         `json:"runs_retried"`                 // runs run again because other tenants disturbed them
+	Runs        int         `json:"runs"`                         // runs kept in the report
+	Disturbed   []string    `json:"disturbed,omitempty"`          // runs kept although still disturbed, by cell
+	BudgetSpent bool        `json:"quiet_budget_spent,omitempty"` // the session's time for waiting and running again ran out
 	Noise       []cellNoise `json:"noise"`
 	Compared    string      `json:"compared_with,omitempty"` // the other grid's report
 	NotCompared string      `json:"not_compared,omitempty"`  // why no comparison was made
@@ -141,15 +143,20 @@ func compareGrids(r, other *report) []gridMove {
 // of the same scenario measured on the same machine, from the comparison
 // with it.
 func checkValidity(r *report, q Quiet, ref string) {
-	v := &validity{QuietCores: q.Cores}
+	v := &validity{QuietCores: q.Cores, BudgetSpent: q.Cores > 0 && q.left() <= 0}
 	for _, c := range r.Cells {
+		var in []string
 		for _, m := range c.Results {
 			v.Retried += m.Retried
+			v.Runs += len(m.Runs)
 			for i, f := range m.Runs {
 				if f.Disturbed {
-					v.Disturbed = append(v.Disturbed, fmt.Sprintf("%s in %s, run %d (other tenants %.2f cores)", m.System, cellName(c), i+1, f.OtherCPU))
+					in = append(in, fmt.Sprintf("%s run %d (%.2f)", m.System, i+1, f.OtherCPU))
 				}
 			}
+		}
+		if len(in) > 0 {
+			v.Disturbed = append(v.Disturbed, cellName(c)+": "+strings.Join(in, ", "))
 		}
 		if len(c.Results) > 0 {
 			v.Noise = append(v.Noise, noiseOf(c))
@@ -206,8 +213,15 @@ func (v *validity) markdown() string {
 		fmt.Fprintf(&b, "- Other tenants: before each run the harness waited until the processes that are not the benchmark's used under %.2f cores "+
 			"(and the hypervisor stole under that); a run whose window still had more was run again (%d times in this report) and the least "+
 			"disturbed attempt kept.", v.QuietCores, v.Retried)
-		if len(v.Disturbed) > 0 {
-			fmt.Fprintf(&b, " **Kept although disturbed**: %s.", strings.Join(v.Disturbed, "; "))
+		if v.BudgetSpent {
+			b.WriteString(" The session's time for waiting and running again was spent by the end of this report, so later runs went ahead on a busy machine.")
+		}
+		n := 0
+		for _, d := range v.Disturbed {
+			n += strings.Count(d, " run ")
+		}
+		if n > 0 {
+			fmt.Fprintf(&b, " **Kept although disturbed: %d of %d runs** (other tenants' cores in brackets): %s.", n, v.Runs, strings.Join(v.Disturbed, "; "))
 		} else {
 			b.WriteString(" No run kept was disturbed.")
 		}

@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func runsOf(thr ...float64) []Figures {
@@ -102,6 +103,12 @@ func TestCheckValidityComparesOnlyOnTheSameMachine(t *testing.T) {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
+	}
+	spent := Quiet{Cores: 0.1, Budget: time.Second}.withBudget()
+	spent.spend(time.Second)
+	checkValidity(r, spent, "")
+	if !r.Validity.BudgetSpent || !strings.Contains(r.Validity.markdown(), "went ahead on a busy machine") {
+		t.Errorf("a spent budget not reported: %+v", r.Validity)
 	}
 	other := mk("Intel Xeon", 20e3)
 	checkValidity(other, DefaultQuiet, path)
