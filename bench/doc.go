@@ -39,6 +39,7 @@
 //	make bench        # the full run (about 19 minutes)
 //	make bench-quick  # the development run (about 4 minutes), into bench/results/quick/
 //	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
+//	bin/tpbench -quick -scenarios S1 -systems grpc-go,tpsched -quiet-cores 0   # two peers, other tenants not waited for
 //
 // The pure parts (percentiles, the open-loop schedule, /proc parsing, S3's
 // windows and recovery time, S5's status summaries, S6's metrics parsing,
