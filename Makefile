@@ -15,6 +15,10 @@ UNITDIR    ?= $(PREFIX)/lib/systemd/system
 SYSCONFDIR ?= /etc
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
+# The node's module and the benchmark's (bench/go.mod: its peers and plots
+# are not the node's dependencies); test, test-short and lint cover both.
+MODULES := . bench
+ABSBIN   = $(abspath $(BIN))
 
 .PHONY: help build install uninstall test test-short bench bench-quick bench-deps demo cluster-demo generate check-generate bpf-tools lint fuzz chaos clean
 
@@ -46,18 +50,18 @@ uninstall: ## remove what make install put in place, except the definitions in /
 	rm -f $(DESTDIR)$(BINDIR)/scdd $(DESTDIR)$(BINDIR)/scdctl $(DESTDIR)$(BINDIR)/uap-echo $(DESTDIR)$(UNITDIR)/tpsched.service
 	rm -rf $(DESTDIR)$(DOCDIR)
 
-test: ## run every test with the race detector (integration tests start real scdd and UAP processes)
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes)
+	@for m in $(MODULES); do (cd $$m && echo "== $$m" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
 
 test-short: ## unit tests only, no processes started
-	$(GO) test -short -count=1 ./...
+	@for m in $(MODULES); do (cd $$m && $(GO) test -short -count=1 ./...) || exit 1; done
 
 bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation over 128 nodes; report in bench/results/ (about 19 min)
-	$(GO) build $(GOFLAGS) -o $(BIN)/tpbench ./bench/cmd/tpbench
+	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/tpbench ./cmd/tpbench
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
 bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 4.5 min)
-	$(GO) build $(GOFLAGS) -o $(BIN)/tpbench ./bench/cmd/tpbench
+	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/tpbench ./cmd/tpbench
 	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 
 bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; the harness runs its own copies, never the system services)
@@ -89,9 +93,9 @@ generate: bpf-tools ## regenerate bpf/sched_bpfel.{go,o} from bpf/sched.c with b
 check-generate: generate ## fail if regenerating changes the committed eBPF files
 	@test -z "$$(git status --porcelain -- bpf/)" || { git status --short -- bpf/; echo "check-generate: bpf/ differs from what is committed: run make generate and commit"; exit 1; }
 
-lint: ## gofmt and go vet
+lint: ## gofmt and go vet, both modules
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
-	$(GO) vet ./...
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 FUZZTIME ?= 30s
 

@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// Burn keeps the CPU busy for d of wall time, as uap-echo's burn service
+// burn keeps the CPU busy for d of wall time, as uap-echo's burn service
 // does, checking the clock rarely so the loop itself is the work.
-func Burn(d time.Duration) {
+func burn(d time.Duration) {
 	end := time.Now().Add(d)
 	x := uint64(1)
 	for time.Now().Before(end) {
@@ -21,9 +21,9 @@ func Burn(d time.Duration) {
 
 var burnSink uint64
 
-// ParseMicros reads the burn payload: decimal microseconds. Anything else
+// parseMicros reads the burn payload: decimal microseconds. Anything else
 // burns nothing.
-func ParseMicros(b []byte) time.Duration {
+func parseMicros(b []byte) time.Duration {
 	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 	if err != nil || n < 0 {
 		return 0

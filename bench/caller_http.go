@@ -20,17 +20,17 @@ type httpCaller struct {
 	body []byte
 }
 
-// HTTPDialer posts to http://addr/path.
-func HTTPDialer(addr, path string) Dialer {
-	return func() Caller {
+// httpDialer posts to http://addr/path.
+func httpDialer(addr, path string) dialer {
+	return func() caller {
 		return &httpCaller{connCaller: connCaller{addr: addr}, path: path}
 	}
 }
 
-func (c *httpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
+func (c *httpCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
 	nc, r, err := c.conn()
 	if err != nil {
-		return Failed, nil
+		return callFailed, nil
 	}
 	c.setDeadline(nc, deadline)
 	c.out = append(c.out[:0], "POST "...)
@@ -47,7 +47,7 @@ func (c *httpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
 	if err != nil {
 		var pe protocolError
 		if errors.As(err, &pe) {
-			return Failed, err
+			return callFailed, err
 		}
 		return c.ioOutcome(err)
 	}
@@ -56,11 +56,11 @@ func (c *httpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
 	}
 	switch {
 	case status >= 200 && status < 300:
-		return OK, checkEcho(body, payload)
+		return callOK, checkEcho(body, payload)
 	case status >= 500:
-		return Refused, nil
+		return callRefused, nil
 	}
-	return Failed, nil
+	return callFailed, nil
 }
 
 type protocolError string

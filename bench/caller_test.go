@@ -58,7 +58,7 @@ func TestCheckEcho(t *testing.T) {
 }
 
 func TestParseMicros(t *testing.T) {
-	if ParseMicros([]byte(" 200\n")) != 200000 || ParseMicros([]byte("x")) != 0 || ParseMicros([]byte("-5")) != 0 {
+	if parseMicros([]byte(" 200\n")) != 200000 || parseMicros([]byte("x")) != 0 || parseMicros([]byte("-5")) != 0 {
 		t.Error("ParseMicros")
 	}
 }

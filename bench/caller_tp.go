@@ -74,12 +74,12 @@ func (c *connCaller) setDeadline(nc net.Conn, d time.Time) {
 
 // ioOutcome classifies an I/O error: a deadline is a timeout, anything else
 // a failed call. Either way the connection is dropped.
-func (c *connCaller) ioOutcome(err error) (Outcome, error) {
+func (c *connCaller) ioOutcome(err error) (outcome, error) {
 	c.drop()
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return TimedOut, nil
+		return callTimedOut, nil
 	}
-	return Failed, nil
+	return callFailed, nil
 }
 
 // tpCaller speaks the tpsched frame protocol (netio), one call at a time,
@@ -94,10 +94,10 @@ type tpCaller struct {
 	closed bool
 }
 
-// TpschedDialer calls group/service on a tpsched node (or the gnet echo
+// tpschedDialer calls group/service on a tpsched node (or the gnet echo
 // peer, which answers any call frame) at addr.
-func TpschedDialer(addr, group, service string) Dialer {
-	return func() Caller {
+func tpschedDialer(addr, group, service string) dialer {
+	return func() caller {
 		return &tpCaller{addr: addr, group: group, service: service, reply: make([]byte, 64<<10)}
 	}
 }
@@ -131,10 +131,10 @@ func (c *tpCaller) Close() error {
 	return nil
 }
 
-func (c *tpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
+func (c *tpCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
 	mc, err := c.conn()
 	if err != nil {
-		return Failed, nil
+		return callFailed, nil
 	}
 	var timeout uint32
 	if !deadline.IsZero() {
@@ -152,21 +152,21 @@ func (c *tpCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
 		c.mu.Unlock()
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			return TimedOut, nil
+			return callTimedOut, nil
 		case isProtocolError(err):
-			return Failed, fmt.Errorf("bench: tpsched reply: %w", err)
+			return callFailed, fmt.Errorf("bench: tpsched reply: %w", err)
 		}
-		return Failed, nil
+		return callFailed, nil
 	}
 	switch {
 	case f.Kind == netio.KindReply:
-		return OK, checkEcho(f.Payload, payload)
+		return callOK, checkEcho(f.Payload, payload)
 	case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy:
-		return Refused, nil
+		return callRefused, nil
 	case f.Kind == netio.KindError && f.Code == netio.CodeTimedOut:
-		return TimedOut, nil
+		return callTimedOut, nil
 	}
-	return Failed, nil
+	return callFailed, nil
 }
 
 // isProtocolError says the peer sent bytes that are no tpsched frame.

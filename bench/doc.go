@@ -3,7 +3,10 @@
 //
 // It owns:
 //   - the load generator: one Caller per connection for each protocol the
-//     peers speak (tpsched frames, gRPC unary, HTTP/1.1 keep-alive), driven
+//     peers speak (tpsched frames, gRPC unary over HTTP/2, HTTP/1.1
+//     keep-alive), each written out by hand so that it costs about the same
+//     CPU per call whatever the peer (grpc-go's own client cost as much as
+//     the server it measured, on the same two cores), driven
 //     closed loop (N connections, one call outstanding each) or open loop
 //     (a fixed arrival rate, or a profile of rates; latency counted from the
 //     intended send time, so a slow server cannot hide its queue by slowing
@@ -22,7 +25,13 @@
 //     128 members of tpsched's name layer in one process: join time,
 //     announce propagation and traffic),
 //     run interleaved and summarised as medians, and the report: Markdown,
-//     JSON and PNG plots in bench/results/.
+//     JSON and PNG plots in bench/results/;
+//   - the report's check on itself: each run's window accounts for what
+//     other tenants of the machine spent (a run waits for them to go quiet
+//     and a disturbed run is run again), each cell states the run-to-run
+//     noise and flags a system whose runs spread far more than their
+//     neighbours', and the quick and full grids are compared cell by cell,
+//     flagging a system that moved beyond the noise.
 //
 // # Usage
 //
@@ -30,6 +39,7 @@
 //	make bench        # the full run (about 19 minutes)
 //	make bench-quick  # the development run (about 4 minutes), into bench/results/quick/
 //	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
+//	bin/tpbench -quick -scenarios S1 -systems grpc-go,tpsched -quiet-cores 0   # two peers, other tenants not waited for
 //
 // The pure parts (percentiles, the open-loop schedule, /proc parsing, S3's
 // windows and recovery time, S5's status summaries, S6's metrics parsing,

@@ -11,11 +11,11 @@ import (
 	"tpsched/netio"
 )
 
-// EchoServer is the bare peer: a gnet server that answers each call frame
+// echoServer is the bare peer: a gnet server that answers each call frame
 // with its own payload on the event loop. It has no queue, no process
 // boundary and no scheduling, so it is the ceiling tpsched is measured
 // against.
-type EchoServer struct {
+type echoServer struct {
 	gnet.BuiltinEventEngine
 	eng   gnet.Engine
 	ready chan error
@@ -23,7 +23,7 @@ type EchoServer struct {
 
 // ServeEcho runs an echo server on addr with loops event loops until ctx ends.
 func ServeEcho(ctx context.Context, addr string, loops int) error {
-	s := &EchoServer{ready: make(chan error, 1)}
+	s := &echoServer{ready: make(chan error, 1)}
 	errc := make(chan error, 1)
 	go func() {
 		errc <- gnet.Run(s, "tcp://"+addr,
@@ -43,12 +43,12 @@ func ServeEcho(ctx context.Context, addr string, loops int) error {
 	return <-errc
 }
 
-func (s *EchoServer) OnBoot(eng gnet.Engine) gnet.Action {
+func (s *echoServer) OnBoot(eng gnet.Engine) gnet.Action {
 	s.eng = eng
 	return gnet.None
 }
 
-func (s *EchoServer) OnTraffic(c gnet.Conn) gnet.Action {
+func (s *echoServer) OnTraffic(c gnet.Conn) gnet.Action {
 	buf, _ := c.Peek(-1)
 	var out []byte
 	used := 0

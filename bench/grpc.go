@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -28,7 +24,7 @@ var grpcEchoDesc = grpc.ServiceDesc{
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{
 		{MethodName: "Echo", Handler: grpcHandler(func(b []byte) {})},
-		{MethodName: "Burn", Handler: grpcHandler(func(b []byte) { Burn(ParseMicros(b)) })},
+		{MethodName: "Burn", Handler: grpcHandler(func(b []byte) { burn(parseMicros(b)) })},
 	},
 	Metadata: "bench.proto",
 }
@@ -58,62 +54,15 @@ func ServeGRPC(ctx context.Context, addr string) error {
 	}
 	s := grpc.NewServer()
 	s.RegisterService(&grpcEchoDesc, struct{}{})
-	context.AfterFunc(ctx, s.GracefulStop)
+	// Calls in flight finish; a client that keeps an idle connection open
+	// does not hold the stop up beyond a second.
+	context.AfterFunc(ctx, func() {
+		hard := time.AfterFunc(time.Second, s.Stop)
+		s.GracefulStop()
+		hard.Stop()
+	})
 	if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
-	return nil
-}
-
-// grpcCaller makes unary calls on a ClientConn of its own (one HTTP/2
-// connection per load-generator connection, as the other protocols have).
-type grpcCaller struct {
-	method string
-	once   sync.Once
-	cc     *grpc.ClientConn
-	err    error
-	out    wrapperspb.BytesValue
-	in     wrapperspb.BytesValue
-}
-
-// GRPCDialer calls method ("Echo" or "Burn") of bench.Echo at addr.
-func GRPCDialer(addr, method string) Dialer {
-	return func() Caller {
-		c := &grpcCaller{method: "/bench.Echo/" + method}
-		c.cc, c.err = grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		return c
-	}
-}
-
-func (c *grpcCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
-	if c.err != nil {
-		return Failed, c.err
-	}
-	ctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	c.out.Value = payload
-	c.in.Value = c.in.Value[:0]
-	if err := c.cc.Invoke(ctx, c.method, &c.out, &c.in); err != nil {
-		switch status.Code(err) {
-		case codes.DeadlineExceeded:
-			return TimedOut, nil
-		case codes.ResourceExhausted, codes.Unavailable:
-			return Refused, nil
-		}
-		return Failed, nil
-	}
-	return OK, checkEcho(c.in.Value, payload)
-}
-
-func (c *grpcCaller) Close() error {
-	c.once.Do(func() {
-		if c.cc != nil {
-			c.cc.Close()
-		}
-	})
 	return nil
 }

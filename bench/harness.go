@@ -26,28 +26,34 @@ type Figures struct {
 	RefusedShare float64 `json:"refused_share"`           // of the calls made (or due, open loop)
 	FailedShare  float64 `json:"failed_share"`
 	TimeoutShare float64 `json:"timeout_share"`
+	IdlePeersCPU float64 `json:"idle_peers_cores"`    // CPU of the other running systems (not measured now) over the window, in cores
+	OtherCPU     float64 `json:"other_cores"`         // CPU of every other process on the machine (other tenants) over the window, in cores
+	StealCPU     float64 `json:"steal_cores"`         // CPU stolen by the hypervisor over the window, in cores
+	Disturbed    bool    `json:"disturbed,omitempty"` // other tenants and steal over the quiet bound in the window
 }
 
-// Measurement is one system in one cell.
-type Measurement struct {
+// measurement is one system in one cell.
+type measurement struct {
 	System string     `json:"system"`
 	Runs   []Figures  `json:"runs"`
 	Median Figures    `json:"median"`
-	CDF    []CDFPoint `json:"cdf,omitempty"` // latency distribution of the run with the median throughput
+	CDF    []cdfPoint `json:"cdf,omitempty"` // latency distribution of the run with the median throughput
 	Error  string     `json:"error,omitempty"`
+	// Retried counts the runs made again because other tenants disturbed them.
+	Retried int `json:"retried,omitempty"`
 }
 
-// Cell is one point of a scenario's grid.
-type Cell struct {
+// gridCell is one point of a scenario's grid.
+type gridCell struct {
 	Service string        `json:"service"` // echo or burn
 	Payload int           `json:"payload_bytes"`
 	Conns   int           `json:"connections"`
 	Open    bool          `json:"open_loop,omitempty"`
-	Results []Measurement `json:"results"`
+	Results []measurement `json:"results"`
 }
 
 // Result returns the measurement of system in the cell, or nil.
-func (c *Cell) Result(system string) *Measurement {
+func (c *gridCell) Result(system string) *measurement {
 	for i := range c.Results {
 		if c.Results[i].System == system {
 			return &c.Results[i]
@@ -56,36 +62,38 @@ func (c *Cell) Result(system string) *Measurement {
 	return nil
 }
 
-// Report is one scenario's results, written as Markdown and JSON.
-type Report struct {
+// report is one scenario's results, written as Markdown and JSON.
+type report struct {
 	Scenario string            `json:"scenario"`
 	Title    string            `json:"title"`
 	Date     string            `json:"date"`
-	Machine  Machine           `json:"machine"`
+	Machine  machineInfo       `json:"machine"`
 	Setup    []string          `json:"setup"`
 	Runs     int               `json:"runs"`
 	Warmup   float64           `json:"warmup_s"`
 	Duration float64           `json:"duration_s"`
 	Systems  []string          `json:"systems"`
 	Skipped  map[string]string `json:"skipped,omitempty"` // system -> why it is missing
-	Cells    []Cell            `json:"cells"`
+	Cells    []gridCell        `json:"cells"`
 	Notes    []string          `json:"notes,omitempty"`
 	Plots    []string          `json:"plots,omitempty"`
 	// S3: the load step and each system's figures (Cells is empty).
-	Step        *StepLoad    `json:"step,omitempty"`
-	StepResults []StepResult `json:"step_results,omitempty"`
+	Step        *stepLoad    `json:"step,omitempty"`
+	StepResults []stepResult `json:"step_results,omitempty"`
 	// S5: how it was run and each system's figures (Cells is empty).
-	Guard        *GuardSetup   `json:"guard,omitempty"`
-	GuardResults []GuardResult `json:"guard_results,omitempty"`
+	Guard        *guardSetup   `json:"guard,omitempty"`
+	GuardResults []guardResult `json:"guard_results,omitempty"`
 	// S6: the cluster and each balancing rule's figures (Cells is empty).
-	Cluster        *ClusterSetup   `json:"cluster,omitempty"`
-	ClusterResults []ClusterResult `json:"cluster_results,omitempty"`
+	Cluster        *clusterSetup   `json:"cluster,omitempty"`
+	ClusterResults []clusterResult `json:"cluster_results,omitempty"`
 	// S7: announce propagation over many nodes (Cells is empty).
-	Gossip *GossipResult `json:"gossip,omitempty"`
+	Gossip *gossipResult `json:"gossip,omitempty"`
+	// The grids' check on their own figures (S1, S2, S4).
+	Validity *validity `json:"validity,omitempty"`
 }
 
-// Machine describes where the run happened.
-type Machine struct {
+// machineInfo describes where the run happened.
+type machineInfo struct {
 	Cores  int               `json:"cores"`
 	CPU    string            `json:"cpu"`
 	Kernel string            `json:"kernel"`
@@ -93,13 +101,13 @@ type Machine struct {
 	Peers  map[string]string `json:"peer_versions,omitempty"`
 }
 
-func (m Machine) String() string {
+func (m machineInfo) String() string {
 	return fmt.Sprintf("%d cores (%s), Linux %s, %s", m.Cores, m.CPU, m.Kernel, m.Go)
 }
 
-// ThisMachine reads the machine's description.
-func ThisMachine() Machine {
-	m := Machine{Cores: runtime.NumCPU(), Go: runtime.Version(), CPU: "unknown CPU"}
+// thisMachine reads the machine's description.
+func thisMachine() machineInfo {
+	m := machineInfo{Cores: runtime.NumCPU(), Go: runtime.Version(), CPU: "unknown CPU"}
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(b))
 	}
@@ -114,33 +122,34 @@ func ThisMachine() Machine {
 	return m
 }
 
-// RunOptions are the knobs of a measuring session.
-type RunOptions struct {
+// runOptions are the knobs of a measuring session.
+type runOptions struct {
 	Runs     int
 	Warmup   time.Duration
 	Duration time.Duration
 	Timeout  time.Duration // open loop: per call
+	Quiet    Quiet
 	Log      io.Writer
 }
 
-// Measure runs every cell on every system, opts.Runs times, interleaved:
+// measure runs every cell on every system, opts.Runs times, interleaved:
 // in each cell, run r goes through the systems rotated by r (and reversed
 // on odd runs), so no system always goes first or last. The cells go in
 // order, all runs of one before the next, so a figure such as peak RSS is
 // not raised by a larger cell measured in between. rate, if
 // not nil, gives the open-loop rate of a system in a cell (0 = closed loop).
-func Measure(ctx context.Context, opts RunOptions, systems []*System, cells []Cell,
-	rate func(system string, c *Cell) float64) {
+func measure(ctx context.Context, opts runOptions, systems []*system, cells []gridCell,
+	rate func(system string, c *gridCell) float64) {
 	for ci := range cells {
 		c := &cells[ci]
-		c.Results = make([]Measurement, len(systems))
+		c.Results = make([]measurement, len(systems))
 		for i, s := range systems {
 			c.Results[i].System = s.Name
 		}
 	}
 	type sample struct {
 		fig Figures
-		cdf []CDFPoint
+		cdf []cdfPoint
 	}
 	samples := make([][][]sample, len(cells))
 	for ci := range samples {
@@ -167,15 +176,33 @@ func Measure(ctx context.Context, opts RunOptions, systems []*System, cells []Ce
 					rt = rate(s.Name, c)
 				}
 				fig, res, err := measureOne(ctx, opts, s, c, rt)
+				last := fig
+				for try := 0; err == nil && opts.Quiet.retry(last, try); try++ {
+					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f): again\n",
+						r+1, s.Name, c.Service, c.Payload, c.Conns, last.Throughput, last.OtherCPU, last.StealCPU)
+					m.Retried++
+					t0 := time.Now()
+					f2, res2, err2 := measureOne(ctx, opts, s, c, rt)
+					opts.Quiet.spend(time.Since(t0))
+					if err2 != nil {
+						break
+					}
+					if last = f2; f2.OtherCPU+f2.StealCPU < fig.OtherCPU+fig.StealCPU {
+						fig, res = f2, res2
+					}
+				}
+				if err == nil {
+					fig.Disturbed = opts.Quiet.disturbed(fig)
+				}
 				if err != nil {
 					m.Error = err.Error()
 					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: error: %v\n", r+1, s.Name, c.Service, c.Payload, c.Conns, err)
 					continue
 				}
 				samples[ci][si] = append(samples[ci][si], sample{fig, res.CDF})
-				fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s p50 %8.1fus p99 %8.1fus cpu %6.1fus/call rss %6.0f MiB refused %4.1f%%\n",
+				fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s p50 %8.1fus p99 %8.1fus cpu %6.1fus/call lg %5.1fus rss %6.0f MiB refused %4.1f%% idle peers %.2f other %.2f steal %.2f\n",
 					r+1, s.Name, c.Service, c.Payload, c.Conns, fig.Throughput, fig.P50us, fig.P99us, fig.CPUus,
-					fig.PeakRSSKiB/1024, 100*fig.RefusedShare)
+					fig.LoadgenCPUus, fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU)
 			}
 		}
 	}
@@ -191,16 +218,9 @@ func Measure(ctx context.Context, opts RunOptions, systems []*System, cells []Ce
 				figs[i] = s.fig
 			}
 			m.Runs = figs
-			m.Median = MedianFigures(figs)
+			m.Median = medianOf(figs)
 			// The distribution drawn is that of the run whose throughput is the median.
-			order := make([]int, len(ss))
-			for i := range order {
-				order[i] = i
-			}
-			slices.SortFunc(order, func(a, b int) int {
-				return cmpFloat(ss[a].fig.Throughput, ss[b].fig.Throughput)
-			})
-			m.CDF = ss[order[len(order)/2]].cdf
+			m.CDF = ss[medianRun(figs, func(f Figures) float64 { return f.Throughput })].cdf
 		}
 	}
 }
@@ -215,34 +235,9 @@ func cmpFloat(a, b float64) int {
 	return 0
 }
 
-// MedianFigures takes the median of each figure across runs.
-func MedianFigures(runs []Figures) Figures {
-	pick := func(f func(Figures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		return Median(v)
-	}
-	return Figures{
-		Offered:      pick(func(f Figures) float64 { return f.Offered }),
-		Throughput:   pick(func(f Figures) float64 { return f.Throughput }),
-		P50us:        pick(func(f Figures) float64 { return f.P50us }),
-		P90us:        pick(func(f Figures) float64 { return f.P90us }),
-		P99us:        pick(func(f Figures) float64 { return f.P99us }),
-		P999us:       pick(func(f Figures) float64 { return f.P999us }),
-		CPUus:        pick(func(f Figures) float64 { return f.CPUus }),
-		LoadgenCPUus: pick(func(f Figures) float64 { return f.LoadgenCPUus }),
-		PeakRSSKiB:   pick(func(f Figures) float64 { return f.PeakRSSKiB }),
-		RefusedShare: pick(func(f Figures) float64 { return f.RefusedShare }),
-		FailedShare:  pick(func(f Figures) float64 { return f.FailedShare }),
-		TimeoutShare: pick(func(f Figures) float64 { return f.TimeoutShare }),
-	}
-}
-
-// CellPayload is the request a cell sends: for echo, Payload bytes; for
+// cellPayload is the request a cell sends: for echo, Payload bytes; for
 // burn, the decimal microseconds to burn.
-func CellPayload(c *Cell, burnMicros int) []byte {
+func cellPayload(c *gridCell, burnMicros int) []byte {
 	if c.Service == "burn" || c.Service == "cpu" {
 		return []byte(fmt.Sprint(burnMicros))
 	}
@@ -253,17 +248,20 @@ func CellPayload(c *Cell, burnMicros int) []byte {
 	return p
 }
 
-// BurnMicros is the CPU time of the S2 and S4 service.
-const BurnMicros = 200
+// burnMicros is the CPU time of the S2 and S4 service.
+const burnMicros = 200
 
-func measureOne(ctx context.Context, opts RunOptions, s *System, c *Cell, rate float64) (Figures, Result, error) {
-	roots := s.Roots()
-	var before, after TreeUsage
-	var selfBefore, selfAfter uint64
+func measureOne(ctx context.Context, opts runOptions, s *system, c *gridCell, rate float64) (Figures, result, error) {
+	roots, peers := s.Roots(), othersRoots(s)
+	if waited, other := waitQuiet(ctx, opts.Quiet, append(slices.Clone(roots), peers...)); waited > time.Second {
+		fmt.Fprintf(opts.Log, "  waited %v for other tenants to go quiet (%.2f cores now)\n", waited.Round(100*time.Millisecond), other)
+	}
+	var before, after cpuSample
+	var stealBefore, stealAfter float64
 	var rss int64
-	l := Load{
+	l := load{
 		Dial:     s.Dialer(c.Service),
-		Payload:  CellPayload(c, BurnMicros),
+		Payload:  cellPayload(c, burnMicros),
 		Conns:    c.Conns,
 		Warmup:   opts.Warmup,
 		Duration: opts.Duration,
@@ -271,38 +269,42 @@ func measureOne(ctx context.Context, opts RunOptions, s *System, c *Cell, rate f
 		Timeout:  opts.Timeout,
 		Window: func(begin bool) {
 			if begin {
-				before = SnapshotTree(roots)
-				ResetPeakRSS(before.PIDs)
-				selfBefore = selfTicks()
+				before = sampleCPU(roots, peers)
+				resetPeakRSS(before.server)
+				_, stealBefore = machineCPU()
 				return
 			}
-			selfAfter = selfTicks()
-			after = SnapshotTree(roots)
-			rss = PeakRSS(after.PIDs)
+			_, stealAfter = machineCPU()
+			after = sampleCPU(roots, peers)
+			rss = peakRSS(after.server)
 		},
 	}
-	var res Result
+	var res result
 	var err error
 	if rate > 0 {
-		res, err = OpenLoop(ctx, l)
+		res, err = openLoop(ctx, l)
 	} else {
-		res, err = ClosedLoop(ctx, l)
+		res, err = closedLoop(ctx, l)
 	}
 	if err != nil {
 		return Figures{}, res, err
 	}
-	return figuresOf(res, opts.Duration, rate > 0, after.Ticks-before.Ticks, selfAfter-selfBefore, rss), res, nil
+	cpu := splitCPU(before, after)
+	f := figuresOf(res, opts.Duration, rate > 0, cpu.server, cpu.self, rss)
+	f.IdlePeersCPU, f.OtherCPU = cpu.cores(cpu.peers), cpu.cores(cpu.foreign)
+	f.StealCPU = (stealAfter - stealBefore) / cpu.elapsed.Seconds()
+	return f, res, nil
 }
 
 // figuresOf turns a run's result and accounting into figures.
-func figuresOf(res Result, window time.Duration, open bool, serverTicks, loadgenTicks uint64, rssKiB int64) Figures {
+func figuresOf(res result, window time.Duration, open bool, serverTicks, loadgenTicks uint64, rssKiB int64) Figures {
 	answered := res.Calls + res.Refused + res.Failed
 	made := max(res.Offered, 1)
 	perCall := func(ticks uint64) float64 {
 		if answered == 0 {
 			return 0
 		}
-		return float64(ticks) / ClockTicks * 1e6 / float64(answered)
+		return float64(ticks) / clockTicks * 1e6 / float64(answered)
 	}
 	f := Figures{
 		Throughput:   res.Throughput,
@@ -328,7 +330,7 @@ func selfTicks() uint64 {
 	if err != nil {
 		return 0
 	}
-	s, err := ParseStat(b)
+	s, err := parseStat(b)
 	if err != nil {
 		return 0
 	}

@@ -32,7 +32,7 @@ func ServeHTTPWorker(ctx context.Context, addr string) error {
 	})
 	mux.HandleFunc("POST /burn", func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		Burn(ParseMicros(b))
+		burn(parseMicros(b))
 		reply(w, b)
 	})
 	srv := &http.Server{Handler: mux, IdleTimeout: 10 * time.Minute}

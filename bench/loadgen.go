@@ -10,37 +10,37 @@ import (
 	"time"
 )
 
-// Outcome is how one call ended.
-type Outcome uint8
+// outcome is how one call ended.
+type outcome uint8
 
 const (
-	OK       Outcome = iota // answered with the payload sent
-	Refused                 // the server said it is busy (tpsched 'server busy', HTTP 5xx, gRPC ResourceExhausted/Unavailable)
-	Failed                  // any other failure: an error answer, a broken connection
-	TimedOut                // no answer before the call's deadline
+	callOK       outcome = iota // answered with the payload sent
+	callRefused                 // the server said it is busy (tpsched 'server busy', HTTP 5xx, gRPC ResourceExhausted/Unavailable)
+	callFailed                  // any other failure: an error answer, a broken connection
+	callTimedOut                // no answer before the call's deadline
 )
 
-// Caller makes calls on one connection, one at a time. It dials lazily and
+// caller makes calls on one connection, one at a time. It dials lazily and
 // redials after a broken connection or a timeout, so a call's Outcome is
 // never lost to a stale connection. An error return is a fault of the
 // benchmark itself (a reply that does not match the request, a protocol
 // violation) and ends the run.
-type Caller interface {
-	Call(payload []byte, deadline time.Time) (Outcome, error)
+type caller interface {
+	Call(payload []byte, deadline time.Time) (outcome, error)
 	Close() error
 }
 
-// Dialer makes a Caller for one connection of a run.
-type Dialer func() Caller
+// dialer makes a Caller for one connection of a run.
+type dialer func() caller
 
-// Load describes one run. Rate 0 is a closed loop: Conns connections, each
+// load describes one run. Rate 0 is a closed loop: Conns connections, each
 // with one call outstanding at a time. Rate > 0 is an open loop: calls are
 // due at Rate per second whether or not earlier ones were answered, carried
 // by up to Conns connections; a call's latency counts from the time it was
 // due, so time spent waiting for a free connection is queueing the server
 // caused and is measured.
-type Load struct {
-	Dial     Dialer
+type load struct {
+	Dial     dialer
 	Payload  []byte
 	Conns    int
 	Warmup   time.Duration // unmeasured time before the window
@@ -53,70 +53,70 @@ type Load struct {
 	// Profile, if set, makes the open loop's rate change over time: the
 	// phases run one after another from the start, with no warm-up, and the
 	// whole profile is measured (Rate, Warmup and Duration are ignored).
-	Profile []Phase
+	Profile []phase
 	// Trace keeps every call due in the window in Result.Trace.
 	Trace bool
 }
 
-// Phase is one stretch of an open-loop rate profile.
-type Phase struct {
+// phase is one stretch of an open-loop rate profile.
+type phase struct {
 	Rate float64       // calls per second
 	For  time.Duration // how long
 }
 
-// CallTrace is one call of a traced run.
-type CallTrace struct {
+// callTrace is one call of a traced run.
+type callTrace struct {
 	Due     time.Duration // when it was due, from Result.Begin
 	Latency time.Duration // from due to the answer (0 if it timed out before being sent)
 	Late    time.Duration // from due to sending: the generator's own lateness (timer wake-up, waiting for a free connection)
-	Outcome Outcome
+	Outcome outcome
 }
 
-// Result is what one run measured. Only calls in the window count; latency
+// result is what one run measured. Only calls in the window count; latency
 // is of the calls answered OK.
-type Result struct {
+type result struct {
 	Offered    int // open loop: calls due in the window
 	Calls      int // answered OK (of the calls sent, or due, in the window)
 	Refused    int
 	Failed     int
 	TimedOut   int
 	Throughput float64 // calls answered OK within the window, per second
-	Latency    Latency
-	CDF        []CDFPoint
+	Latency    latency
+	CDF        []cdfPoint
 	Begin      time.Time   // when the run began (the profile's time 0)
-	Trace      []CallTrace // Load.Trace: every call due in the window, in no order
+	Trace      []callTrace // Load.Trace: every call due in the window, in no order
 }
 
-// ClosedLoop runs l with Rate 0.
-func ClosedLoop(ctx context.Context, l Load) (Result, error) {
+// closedLoop runs l with Rate 0.
+func closedLoop(ctx context.Context, l load) (result, error) {
 	l.Rate = 0
 	return run(ctx, l)
 }
 
-// OpenLoop runs l at l.Rate calls per second.
-func OpenLoop(ctx context.Context, l Load) (Result, error) {
+// openLoop runs l at l.Rate calls per second.
+func openLoop(ctx context.Context, l load) (result, error) {
 	if len(l.Profile) > 0 {
 		for _, p := range l.Profile {
 			if p.Rate <= 0 || p.For <= 0 {
-				return Result{}, errors.New("bench: every phase of a profile needs a rate and a duration")
+				return result{}, errors.New("bench: every phase of a profile needs a rate and a duration")
 			}
 		}
-		l.Rate, l.Warmup, l.Duration = l.Profile[0].Rate, 0, ProfileDuration(l.Profile)
+		l.Rate, l.Warmup, l.Duration = l.Profile[0].Rate, 0, profileDuration(l.Profile)
 	}
 	if l.Rate <= 0 {
-		return Result{}, errors.New("bench: open loop needs a rate")
+		return result{}, errors.New("bench: open loop needs a rate")
 	}
 	return run(ctx, l)
 }
 
-// Intended is the open-loop schedule: the time call i (from 0) is due when
+// intended is the open-loop schedule: the time call i (from 0) is due when
 // calls start at start and arrive at rate per second.
-func Intended(start time.Time, rate float64, i int64) time.Time {
+func intended(start time.Time, rate float64, i int64) time.Time {
 	return start.Add(time.Duration(float64(i) * float64(time.Second) / rate))
 }
 
-// ProfileDuration is how long the phases last in all.
-func ProfileDuration(phases []Phase) time.Duration {
+// profileDuration is how long the phases last in all.
+func profileDuration(phases []phase) time.Duration {
 	var d time.Duration
 	for _, p := range phases {
 		d += p.For
@@ -124,15 +124,15 @@ func ProfileDuration(phases []Phase) time.Duration {
 	return d
 }
 
-// ProfileIntended is Intended for a rate profile: the time call i (from 0)
+// profileIntended is Intended for a rate profile: the time call i (from 0)
 // is due, counted from start, and whether the profile has a call i. Phase
 // k holds round(rate x duration) calls spaced evenly from its start.
-func ProfileIntended(start time.Time, phases []Phase, i int64) (time.Time, bool) {
+func profileIntended(start time.Time, phases []phase, i int64) (time.Time, bool) {
 	at := start
 	for _, p := range phases {
 		n := int64(math.Round(p.Rate * p.For.Seconds()))
 		if i < n {
-			return Intended(at, p.Rate, i), true
+			return intended(at, p.Rate, i), true
 		}
 		i -= n
 		at = at.Add(p.For)
@@ -145,33 +145,33 @@ type tally struct {
 	lat                              []time.Duration
 	ok, refused, failed, timedOut, n int
 	okInWindow                       int // answered OK within the window
-	trace                            []CallTrace
+	trace                            []callTrace
 	err                              error
 }
 
 // count records a call that was sent (closed loop) or due (open loop) in
 // the window and ended at done.
-func (t *tally) count(o Outcome, lat time.Duration, done time.Time) {
+func (t *tally) count(o outcome, lat time.Duration, done time.Time) {
 	t.n++
 	switch o {
-	case OK:
+	case callOK:
 		t.ok++
 		t.lat = append(t.lat, lat)
 		if !done.Before(t.start) && !done.After(t.end) {
 			t.okInWindow++
 		}
-	case Refused:
+	case callRefused:
 		t.refused++
-	case Failed:
+	case callFailed:
 		t.failed++
-	case TimedOut:
+	case callTimedOut:
 		t.timedOut++
 	}
 }
 
-func run(ctx context.Context, l Load) (Result, error) {
+func run(ctx context.Context, l load) (result, error) {
 	if l.Conns <= 0 || l.Duration <= 0 {
-		return Result{}, errors.New("bench: a run needs connections and a duration")
+		return result{}, errors.New("bench: a run needs connections and a duration")
 	}
 	if l.Timeout <= 0 {
 		l.Timeout = 2 * time.Second
@@ -224,7 +224,7 @@ func run(ctx context.Context, l Load) (Result, error) {
 	}
 	wg.Wait()
 	<-windowDone
-	var r Result
+	var r result
 	var all []time.Duration
 	inWindow := 0
 	for _, t := range tallies {
@@ -247,8 +247,8 @@ func run(ctx context.Context, l Load) (Result, error) {
 	// Throughput counts what was answered in the window, so a server that
 	// falls behind an open loop is not credited with answers it gives later.
 	r.Throughput = float64(inWindow) / l.Duration.Seconds()
-	r.Latency = Summarize(all)
-	r.CDF = CDF(all, 120)
+	r.Latency = summarize(all)
+	r.CDF = cdfOf(all, 120)
 	if r.Calls == 0 && r.Refused == 0 {
 		return r, fmt.Errorf("bench: no call answered (%d failed, %d timed out)", r.Failed, r.TimedOut)
 	}
@@ -257,7 +257,7 @@ func run(ctx context.Context, l Load) (Result, error) {
 
 // closedConn sends a call as soon as the previous one is answered. Calls
 // sent in the window count.
-func closedConn(ctx context.Context, l Load, c Caller, t *tally, start, end time.Time) error {
+func closedConn(ctx context.Context, l load, c caller, t *tally, start, end time.Time) error {
 	for ctx.Err() == nil {
 		t0 := time.Now()
 		if !t0.Before(end) {
@@ -270,7 +270,7 @@ func closedConn(ctx context.Context, l Load, c Caller, t *tally, start, end time
 			}
 			return err
 		}
-		if o == Failed {
+		if o == callFailed {
 			// A broken connection answers at once; do not spin on it.
 			time.Sleep(time.Millisecond)
 		}
@@ -278,7 +278,7 @@ func closedConn(ctx context.Context, l Load, c Caller, t *tally, start, end time
 		switch {
 		case !t0.Before(start):
 			t.count(o, now.Sub(t0), now)
-		case o == OK && !now.Before(start):
+		case o == callOK && !now.Before(start):
 			// Sent in the warm-up, answered in the window: it counts toward
 			// throughput as the calls still out at the end do not.
 			t.okInWindow++
@@ -289,17 +289,17 @@ func closedConn(ctx context.Context, l Load, c Caller, t *tally, start, end time
 
 // openConn takes the next due call, waits for its time, sends it and
 // measures from the time it was due. Calls due in the window count.
-func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int64, begin, start, end time.Time) error {
+func openConn(ctx context.Context, l load, c caller, t *tally, next *atomic.Int64, begin, start, end time.Time) error {
 	for ctx.Err() == nil {
 		var due time.Time
 		if len(l.Profile) > 0 {
-			d, ok := ProfileIntended(begin, l.Profile, next.Add(1)-1)
+			d, ok := profileIntended(begin, l.Profile, next.Add(1)-1)
 			if !ok {
 				return nil
 			}
 			due = d
 		} else {
-			due = Intended(begin, l.Rate, next.Add(1)-1)
+			due = intended(begin, l.Rate, next.Add(1)-1)
 		}
 		if !due.Before(end) {
 			return nil
@@ -313,9 +313,9 @@ func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int6
 			// It waited for a connection past its deadline: it would have
 			// timed out without being sent.
 			if measured {
-				t.count(TimedOut, 0, time.Now())
+				t.count(callTimedOut, 0, time.Now())
 				if l.Trace {
-					t.trace = append(t.trace, CallTrace{Due: due.Sub(begin), Outcome: TimedOut})
+					t.trace = append(t.trace, callTrace{Due: due.Sub(begin), Outcome: callTimedOut})
 				}
 			}
 			continue
@@ -330,13 +330,13 @@ func openConn(ctx context.Context, l Load, c Caller, t *tally, next *atomic.Int6
 		}
 		if measured {
 			now := time.Now()
-			if o == OK && l.Timeout > 0 && now.After(deadline) {
+			if o == callOK && l.Timeout > 0 && now.After(deadline) {
 				// Answered, but after the caller stopped waiting.
-				o = TimedOut
+				o = callTimedOut
 			}
 			t.count(o, now.Sub(due), now)
 			if l.Trace {
-				t.trace = append(t.trace, CallTrace{Due: due.Sub(begin), Latency: now.Sub(due), Late: sent.Sub(due), Outcome: o})
+				t.trace = append(t.trace, callTrace{Due: due.Sub(begin), Latency: now.Sub(due), Late: sent.Sub(due), Outcome: o})
 			}
 		}
 	}

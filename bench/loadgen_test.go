@@ -20,7 +20,7 @@ func TestIntendedSchedule(t *testing.T) {
 		{3, 1, 333333333},
 		{16000, 16000, time.Second},
 	} {
-		if got := Intended(start, tc.rate, tc.i).Sub(start); got != tc.want {
+		if got := intended(start, tc.rate, tc.i).Sub(start); got != tc.want {
 			t.Errorf("rate %v call %d: due at +%v, want +%v", tc.rate, tc.i, got, tc.want)
 		}
 	}
@@ -33,13 +33,13 @@ type fakeCaller struct {
 	n       *atomic.Int64
 }
 
-func (f fakeCaller) Call(p []byte, deadline time.Time) (Outcome, error) {
+func (f fakeCaller) Call(p []byte, deadline time.Time) (outcome, error) {
 	k := f.n.Add(1)
 	if f.refuse > 0 && k%int64(f.refuse) == 0 {
-		return Refused, nil
+		return callRefused, nil
 	}
 	time.Sleep(f.service)
-	return OK, nil
+	return callOK, nil
 }
 
 func (fakeCaller) Close() error { return nil }
@@ -47,8 +47,8 @@ func (fakeCaller) Close() error { return nil }
 func TestClosedLoopCountsTheWindow(t *testing.T) {
 	var n atomic.Int64
 	var windows []bool
-	r, err := ClosedLoop(context.Background(), Load{
-		Dial:     func() Caller { return fakeCaller{service: time.Millisecond, refuse: 4, n: &n} },
+	r, err := closedLoop(context.Background(), load{
+		Dial:     func() caller { return fakeCaller{service: time.Millisecond, refuse: 4, n: &n} },
 		Conns:    4,
 		Warmup:   20 * time.Millisecond,
 		Duration: 200 * time.Millisecond,
@@ -81,8 +81,8 @@ func TestOpenLoopMeasuresFromTheIntendedTime(t *testing.T) {
 		t.Skip("takes half a second")
 	}
 	var n atomic.Int64
-	r, err := OpenLoop(context.Background(), Load{
-		Dial:     func() Caller { return fakeCaller{service: 2 * time.Millisecond, n: &n} },
+	r, err := openLoop(context.Background(), load{
+		Dial:     func() caller { return fakeCaller{service: 2 * time.Millisecond, n: &n} },
 		Conns:    1,
 		Duration: 300 * time.Millisecond,
 		Rate:     1000,
@@ -105,8 +105,8 @@ func TestOpenLoopMeasuresFromTheIntendedTime(t *testing.T) {
 
 func TestOpenLoopTimesOutCallsThatWaitedTooLong(t *testing.T) {
 	var n atomic.Int64
-	r, err := OpenLoop(context.Background(), Load{
-		Dial:     func() Caller { return fakeCaller{service: 5 * time.Millisecond, n: &n} },
+	r, err := openLoop(context.Background(), load{
+		Dial:     func() caller { return fakeCaller{service: 5 * time.Millisecond, n: &n} },
 		Conns:    1,
 		Duration: 200 * time.Millisecond,
 		Rate:     1000,

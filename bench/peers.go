@@ -9,8 +9,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"tpsched/internal/freeport"
 )
 
 // Env is what starting the peers needs from the machine.
@@ -27,11 +30,11 @@ type Spec struct {
 	Queue   int // bound on waiting calls: tpsched queue_size, PHP-FPM listen.backlog, HAProxy maxqueue (all servers)
 }
 
-// System is one running peer.
-type System struct {
+// system is one running peer.
+type system struct {
 	Name  string // as reported
 	Addr  string
-	dial  func(service string) Dialer
+	dial  func(service string) dialer
 	dir   string
 	procs []*exec.Cmd
 	// workers counts the worker processes now (S3); nil where not known.
@@ -43,7 +46,7 @@ type System struct {
 
 // Workers counts the system's worker processes now: tpsched's UAP
 // processes (from /status), PHP-FPM's children of the master.
-func (s *System) Workers() (int, error) {
+func (s *system) Workers() (int, error) {
 	if s.workers == nil {
 		return 0, fmt.Errorf("%s: no worker count", s.Name)
 	}
@@ -51,10 +54,10 @@ func (s *System) Workers() (int, error) {
 }
 
 // Dialer returns a dialer for service "echo" or "burn".
-func (s *System) Dialer(service string) Dialer { return s.dial(service) }
+func (s *system) Dialer(service string) dialer { return s.dial(service) }
 
 // Roots are the pids whose process trees are the server.
-func (s *System) Roots() []int {
+func (s *system) Roots() []int {
 	var out []int
 	for _, c := range s.procs {
 		if c.Process != nil {
@@ -66,7 +69,10 @@ func (s *System) Roots() []int {
 
 // Stop ends the peer's processes (SIGTERM, then SIGKILL to their process
 // groups after 5 s) and removes its directory.
-func (s *System) Stop() {
+func (s *system) Stop() {
+	running.Lock()
+	delete(running.set, s)
+	running.Unlock()
 	for i := len(s.procs) - 1; i >= 0; i-- {
 		c := s.procs[i]
 		if c.Process == nil {
@@ -90,7 +96,7 @@ func (s *System) Stop() {
 }
 
 // Log returns the tail of the peer's log files, for error messages.
-func (s *System) Log() string {
+func (s *system) Log() string {
 	var b strings.Builder
 	logs, _ := filepath.Glob(filepath.Join(s.dir, "*.log"))
 	for _, l := range logs {
@@ -105,7 +111,7 @@ func (s *System) Log() string {
 	return b.String()
 }
 
-func (s *System) start(log string, env []string, name string, args ...string) error {
+func (s *system) start(log string, env []string, name string, args ...string) error {
 	f, err := os.Create(filepath.Join(s.dir, log))
 	if err != nil {
 		return err
@@ -125,14 +131,14 @@ func (s *System) start(log string, env []string, name string, args ...string) er
 
 // ready waits until a call to echo (or burn 0) succeeds, so the whole path
 // (nginx to PHP-FPM, HAProxy to its workers) is up.
-func (s *System) ready(service string) error {
+func (s *system) ready(service string) error {
 	payload := []byte("1")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		c := s.dial(service)()
 		o, err := c.Call(payload, time.Now().Add(2*time.Second))
 		c.Close()
-		if err == nil && o == OK {
+		if err == nil && o == callOK {
 			return nil
 		}
 		for _, p := range s.procs {
@@ -147,18 +153,42 @@ func (s *System) ready(service string) error {
 	}
 }
 
-func newSystem(name string) (*System, error) {
+func newSystem(name string) (*system, error) {
 	dir, err := os.MkdirTemp("", "tpbench-*")
 	if err != nil {
 		return nil, err
 	}
 	// nginx workers and PHP-FPM children may run as another user.
 	os.Chmod(dir, 0o755)
-	return &System{Name: name, dir: dir}, nil
+	s := &system{Name: name, dir: dir}
+	running.Lock()
+	running.set[s] = true
+	running.Unlock()
+	return s, nil
+}
+
+// running holds every system started and not yet stopped, so a run can
+// count what the systems it does not measure spend meanwhile.
+var running = struct {
+	sync.Mutex
+	set map[*system]bool
+}{set: map[*system]bool{}}
+
+// othersRoots are the root pids of every running system but s.
+func othersRoots(s *system) []int {
+	running.Lock()
+	defer running.Unlock()
+	var out []int
+	for o := range running.set {
+		if o != s {
+			out = append(out, o.Roots()...)
+		}
+	}
+	return out
 }
 
 // launch finishes starting s: on error it stops what was started.
-func launch(s *System, probe string, start func() error) (*System, error) {
+func launch(s *system, probe string, start func() error) (*system, error) {
 	err := start()
 	if err == nil {
 		err = s.ready(probe)
@@ -172,79 +202,69 @@ func launch(s *System, probe string, start func() error) (*System, error) {
 
 // takeAddr picks the free address the system will listen on and how the
 // load generator reaches each of its services there.
-func (s *System) takeAddr(dial func(addr, svc string) Dialer) (string, error) {
-	addr, err := FreeAddr()
+func (s *system) takeAddr(dial func(addr, svc string) dialer) (string, error) {
+	addr, err := freeport.Addr()
 	if err != nil {
 		return "", err
 	}
 	s.Addr = addr
-	s.dial = func(svc string) Dialer { return dial(addr, svc) }
+	s.dial = func(svc string) dialer { return dial(addr, svc) }
 	return addr, nil
 }
 
 // httpDial reaches service svc at path /svc.
-func httpDial(addr, svc string) Dialer { return HTTPDialer(addr, "/"+svc) }
-
-// FreeAddr returns a free 127.0.0.1 port.
-func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
+func httpDial(addr, svc string) dialer { return httpDialer(addr, "/"+svc) }
 
 // The peers' names as they appear in reports.
 const (
-	NameTpsched   = "tpsched"
-	NameGnetEcho  = "gnet-echo"
-	NameGRPC      = "grpc-go"
-	NamePHPStatic = "nginx+php-fpm static"
-	NamePHPDyn    = "nginx+php-fpm dynamic"
-	NameHAProxy   = "haproxy+go"
+	nameTpsched   = "tpsched"
+	nameGnetEcho  = "gnet-echo"
+	nameGRPC      = "grpc-go"
+	namePHPStatic = "nginx+php-fpm static"
+	namePHPDyn    = "nginx+php-fpm dynamic"
+	nameHAProxy   = "haproxy+go"
 	// S3's pools that grow with the load.
-	NameTpschedNonRes = "tpsched non-resident"
-	NamePHPOndemand   = "nginx+php-fpm ondemand"
+	nameTpschedNonRes = "tpsched non-resident"
+	namePHPOndemand   = "nginx+php-fpm ondemand"
 	// S5's two tpsched definitions: the CPU guard at its limit, and off.
-	NameTpschedGuard    = "tpsched guard"
-	NameTpschedGuardOff = "tpsched guard off"
+	nameTpschedGuard    = "tpsched guard"
+	nameTpschedGuardOff = "tpsched guard off"
 )
 
-// StartTpsched starts scdd with one group "bench" (services echo and burn)
+// startTpsched starts scdd with one group "bench" (services echo and burn)
 // served by sp.Workers resident uap-echo processes.
-func StartTpsched(env Env, sp Spec) (*System, error) {
-	return startTpschedConf(env, sp, NameTpsched, fmt.Sprint(sp.Workers), "")
+func startTpsched(env Env, sp Spec) (*system, error) {
+	return startTpschedConf(env, sp, nameTpsched, fmt.Sprint(sp.Workers), "")
 }
 
-// StartTpschedNonResident starts scdd with the group "bench" served by
+// startTpschedNonResident starts scdd with the group "bench" served by
 // parallel_count = resident,max uap-echo processes: resident ones always,
 // the others non-resident, started and stopped by the balance_count rule
 // and stopped after idling idle.
-func StartTpschedNonResident(env Env, sp Spec, resident, maxProcs, balance int, idle time.Duration) (*System, error) {
-	return startTpschedConf(env, sp, NameTpschedNonRes, fmt.Sprintf("%d,%d", resident, maxProcs),
+func startTpschedNonResident(env Env, sp Spec, resident, maxProcs, balance int, idle time.Duration) (*system, error) {
+	return startTpschedConf(env, sp, nameTpschedNonRes, fmt.Sprintf("%d,%d", resident, maxProcs),
 		fmt.Sprintf("set balance_count = %d\nset nonresident_idle_time = %d\n", balance, idle.Milliseconds()))
 }
 
-// StartTpschedGuard starts scdd with the group "bench" served by
+// startTpschedGuard starts scdd with the group "bench" served by
 // parallel_count = resident,max uap-echo processes, the balance_count rule
 // and cpu_wait_limit = waitLimit (0: the CPU guard off), as system name.
-func StartTpschedGuard(env Env, sp Spec, name string, resident, maxProcs, balance, waitLimit int) (*System, error) {
+func startTpschedGuard(env Env, sp Spec, name string, resident, maxProcs, balance, waitLimit int) (*system, error) {
 	return startTpschedConf(env, sp, name, fmt.Sprintf("%d,%d", resident, maxProcs),
 		fmt.Sprintf("set balance_count = %d\nset cpu_wait_limit = %d\n", balance, waitLimit))
 }
 
-func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*System, error) {
+func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*system, error) {
 	s, err := newSystem(name)
 	if err != nil {
 		return nil, err
 	}
 	return launch(s, "echo", func() error {
-		rpc, err := s.takeAddr(func(addr, svc string) Dialer { return TpschedDialer(addr, "bench", svc) })
+		rpc, err := s.takeAddr(func(addr, svc string) dialer { return tpschedDialer(addr, "bench", svc) })
 		if err != nil {
 			return err
 		}
-		ctl, err := FreeAddr()
+		ctl, err := freeport.Addr()
 		if err != nil {
 			return err
 		}
@@ -273,23 +293,23 @@ func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*Syste
 	})
 }
 
-// StartGnetEcho starts the bare gnet echo server (the ceiling: no queue, no
+// startGnetEcho starts the bare gnet echo server (the ceiling: no queue, no
 // process boundary) with sp.Front event loops.
-func StartGnetEcho(env Env, sp Spec) (*System, error) {
-	return startSelf(env, NameGnetEcho, "gnet", sp.Front, func(addr, svc string) Dialer {
-		return TpschedDialer(addr, "bench", svc)
+func startGnetEcho(env Env, sp Spec) (*system, error) {
+	return startSelf(env, nameGnetEcho, "gnet", sp.Front, func(addr, svc string) dialer {
+		return tpschedDialer(addr, "bench", svc)
 	})
 }
 
-// StartGRPC starts the gRPC-go echo server (one process, GOMAXPROCS =
+// startGRPC starts the gRPC-go echo server (one process, GOMAXPROCS =
 // sp.Workers).
-func StartGRPC(env Env, sp Spec) (*System, error) {
-	return startSelf(env, NameGRPC, "grpc", sp.Workers, func(addr, svc string) Dialer {
-		return GRPCDialer(addr, strings.ToUpper(svc[:1])+svc[1:])
+func startGRPC(env Env, sp Spec) (*system, error) {
+	return startSelf(env, nameGRPC, "grpc", sp.Workers, func(addr, svc string) dialer {
+		return grpcDialer(addr, strings.ToUpper(svc[:1])+svc[1:])
 	})
 }
 
-func startSelf(env Env, name, kind string, procs int, dial func(addr, svc string) Dialer) (*System, error) {
+func startSelf(env Env, name, kind string, procs int, dial func(addr, svc string) dialer) (*system, error) {
 	s, err := newSystem(name)
 	if err != nil {
 		return nil, err
@@ -326,7 +346,7 @@ echo $b;
 `
 )
 
-// PHPFPMBinary and the other peer binaries are looked up on $PATH and in
+// findBinary looks the peer binaries up on $PATH and in
 // /usr/sbin, where Debian puts them.
 func findBinary(names ...string) (string, error) {
 	for _, n := range names {
@@ -356,24 +376,24 @@ func phpFPMBinary() (string, error) {
 	return "", errors.New("php-fpm not installed (make bench-deps)")
 }
 
-// StartNginxPHP starts nginx (sp.Front workers) passing requests over
+// startNginxPHP starts nginx (sp.Front workers) passing requests over
 // FastCGI (a unix socket, no keep-alive to PHP-FPM, as the stock
 // configuration does) to a PHP-FPM pool: pm=static with sp.Workers
 // children, or pm=dynamic with 1..4x sp.Workers children.
-func StartNginxPHP(env Env, sp Spec, dynamic bool) (*System, error) {
-	name := NamePHPStatic
+func startNginxPHP(env Env, sp Spec, dynamic bool) (*system, error) {
+	name := namePHPStatic
 	pm := fmt.Sprintf("pm = static\npm.max_children = %d\n", sp.Workers)
 	if dynamic {
-		name = NamePHPDyn
+		name = namePHPDyn
 		pm = fmt.Sprintf("pm = dynamic\npm.max_children = %d\npm.start_servers = %d\npm.min_spare_servers = 1\npm.max_spare_servers = %d\n",
 			4*sp.Workers, sp.Workers, 2*sp.Workers)
 	}
-	return StartNginxPHPPool(env, sp, name, pm)
+	return startNginxPHPPool(env, sp, name, pm)
 }
 
-// StartNginxPHPPool is StartNginxPHP with the pool's process manager
+// startNginxPHPPool is StartNginxPHP with the pool's process manager
 // settings (the pm.* lines of php-fpm.conf) given whole.
-func StartNginxPHPPool(env Env, sp Spec, name, pm string) (*System, error) {
+func startNginxPHPPool(env Env, sp Spec, name, pm string) (*system, error) {
 	nginx, err := findBinary("nginx")
 	if err != nil {
 		return nil, err
@@ -455,23 +475,23 @@ http {
 			return err
 		}
 		master := s.procs[len(s.procs)-1].Process.Pid
-		s.workers = func() (int, error) { return len(Children(master)), nil }
+		s.workers = func() (int, error) { return len(childrenOf(master)), nil }
 		return s.start("nginx-out.log", nil, nginx, "-p", s.dir+"/", "-e", filepath.Join(s.dir, "nginx.log"),
 			"-c", filepath.Join(s.dir, "nginx.conf"))
 	})
 }
 
-// StartHAProxy starts sp.Workers Go HTTP worker processes (GOMAXPROCS=1
+// startHAProxy starts sp.Workers Go HTTP worker processes (GOMAXPROCS=1
 // each) and HAProxy (sp.Front threads) balancing over them with leastconn.
 // Each worker takes at most 4 requests at a time; the rest wait in
 // HAProxy's queue. When sp.Queue is under 1024 a request that finds
 // sp.Queue requests queued is answered 503.
-func StartHAProxy(env Env, sp Spec) (*System, error) {
+func startHAProxy(env Env, sp Spec) (*system, error) {
 	haproxy, err := findBinary("haproxy")
 	if err != nil {
 		return nil, err
 	}
-	s, err := newSystem(NameHAProxy)
+	s, err := newSystem(nameHAProxy)
 	if err != nil {
 		return nil, err
 	}
@@ -488,7 +508,7 @@ func StartHAProxy(env Env, sp Spec) (*System, error) {
 			shed = fmt.Sprintf("\thttp-request deny deny_status 503 if { queue(be) ge %d }\n", sp.Queue)
 		}
 		for i := range sp.Workers {
-			w, err := FreeAddr()
+			w, err := freeport.Addr()
 			if err != nil {
 				return err
 			}
@@ -533,4 +553,40 @@ func writeFiles(dir string, files map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// peerChoices says how each system in names is configured and why: the
+// report prints it, since a comparison is only worth its weakest peer's
+// setup. The choices not taken were measured on the 2-core VM, same
+// server, interleaved runs on a quiet machine.
+func peerChoices(sp Spec, names []string) []string {
+	choices := map[string]string{
+		nameTpsched: fmt.Sprintf("tpsched: scdd with scdmulti=%d event loops and one group of parallel_count=%d resident uap-echo processes (Go), "+
+			"queue_size=%d, every other operand at its default (the CPU guard on). Resident processes are what an OpenTP1 user runs for a steady load.",
+			sp.Front, sp.Workers, sp.Queue),
+		nameGnetEcho: fmt.Sprintf("gnet echo: the ceiling, no queue and no process boundary: %d gnet event loops (SO_REUSEPORT, TCP_NODELAY), "+
+			"GOMAXPROCS=%d, each read's calls answered on the loop in one write.", sp.Front, sp.Front),
+		nameGRPC: fmt.Sprintf("gRPC-go: one process, grpc.NewServer() with its defaults, GOMAXPROCS=%d, unary methods taking and returning a "+
+			"protobuf BytesValue. The load generator speaks gRPC over HTTP/2 by hand (grpc-go's own client spent 20-26 us of CPU per call on the "+
+			"shared cores, the hand-written one 14, and the server gained 15-25%%). Tried and not taken: NumStreamWorkers(%d) (server CPU per call "+
+			"about 10%% lower, calls/s within the noise; an experimental API); GOMAXPROCS=1 (the same median at 64 connections with less spread, "+
+			"about 20%% more calls/s at one connection; kept at %d so that every peer has the same ceiling of receiving threads).",
+			sp.Workers, sp.Workers, sp.Workers),
+		namePHPStatic: fmt.Sprintf("nginx + PHP-FPM: nginx worker_processes=%d, keep-alive to the clients, access_log off; FastCGI over a unix "+
+			"socket with a connection per request (with fastcgi_keep_conn, an nginx worker holds a child on an idle connection and the other "+
+			"worker's requests wait behind it); PHP-FPM pm=static with %d children (none forked during a run), pm.max_requests=0, OPcache on "+
+			"(Debian's php.ini), listen.backlog=%d.", sp.Front, sp.Workers, sp.Queue),
+		namePHPDyn: fmt.Sprintf("nginx + PHP-FPM dynamic: as static, but pm=dynamic from %d to %d children (start %d, spare 1 to %d): the pool "+
+			"a PHP user runs when the load varies.", 1, 4*sp.Workers, sp.Workers, 2*sp.Workers),
+		nameHAProxy: fmt.Sprintf("HAProxy + Go workers: HAProxy nbthread=%d, balance leastconn, http-reuse always, over %d Go net/http worker "+
+			"processes (GOMAXPROCS=1 each) with maxconn 4 each, so waiting requests queue in HAProxy, where leastconn can place them.",
+			sp.Front, sp.Workers),
+	}
+	var out []string
+	for _, n := range names {
+		if c, ok := choices[n]; ok {
+			out = append(out, c)
+		}
+	}
+	return out
 }

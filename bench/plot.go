@@ -11,12 +11,12 @@ import (
 	"gonum.org/v1/plot/vg"
 )
 
-// PlotThroughput draws calls/s against connections (log2 scale), one line
+// plotThroughput draws calls/s against connections (log2 scale), one line
 // per system, for the cells of service and payload; it returns the file name
 // written in dir.
-func PlotThroughput(r *Report, dir, service string, payload int) (string, error) {
+func plotThroughput(r *report, dir, service string, payload int) (string, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s %s: throughput against connections", r.Scenario, payloadName(Cell{Service: service, Payload: payload}))
+	p.Title.Text = fmt.Sprintf("%s %s: throughput against connections", r.Scenario, payloadName(gridCell{Service: service, Payload: payload}))
 	p.X.Label.Text = "connections (one call outstanding each)"
 	p.Y.Label.Text = "calls/s"
 	p.X.Scale = plot.LogScale{}
@@ -49,12 +49,12 @@ func PlotThroughput(r *Report, dir, service string, payload int) (string, error)
 	return name, p.Save(16*vg.Centimeter, 10*vg.Centimeter, filepath.Join(dir, name))
 }
 
-// PlotCDF draws the latency distribution of each system in the cell
+// plotCDF draws the latency distribution of each system in the cell
 // (service, payload, conns): latency on a log scale against the fraction
 // answered, on a scale that spreads the tail (50%, 90%, 99%, 99.9% equally
 // spaced).
-func PlotCDF(r *Report, dir, service string, payload, conns int) (string, error) {
-	var cell *Cell
+func plotCDF(r *report, dir, service string, payload, conns int) (string, error) {
+	var cell *gridCell
 	for i := range r.Cells {
 		c := &r.Cells[i]
 		if c.Service == service && c.Payload == payload && c.Conns == conns {
@@ -84,7 +84,7 @@ func PlotCDF(r *Report, dir, service string, payload, conns int) (string, error)
 			if pt.Us <= 0 {
 				continue
 			}
-			xys = append(xys, plotter.XY{X: pt.Us, Y: Nines(pt.Q)})
+			xys = append(xys, plotter.XY{X: pt.Us, Y: nines(pt.Q)})
 		}
 		if len(xys) > 0 {
 			lines = append(lines, m.System, xys)
@@ -101,8 +101,8 @@ func PlotCDF(r *Report, dir, service string, payload, conns int) (string, error)
 	return name, p.Save(16*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
 }
 
-// Nines maps a fraction q to -log10(1-q): 0.9 -> 1, 0.99 -> 2, capped at 6.
-func Nines(q float64) float64 {
+// nines maps a fraction q to -log10(1-q): 0.9 -> 1, 0.99 -> 2, capped at 6.
+func nines(q float64) float64 {
 	if q >= 1-1e-6 {
 		return 6
 	}
@@ -116,7 +116,7 @@ func (ninesTicks) Ticks(lo, hi float64) []plot.Tick {
 	for _, q := range []struct {
 		v     float64
 		label string
-	}{{0, "0%"}, {Nines(0.5), "50%"}, {1, "90%"}, {2, "99%"}, {3, "99.9%"}, {4, "99.99%"}, {5, "99.999%"}, {6, "100%"}} {
+	}{{0, "0%"}, {nines(0.5), "50%"}, {1, "90%"}, {2, "99%"}, {3, "99.9%"}, {4, "99.99%"}, {5, "99.999%"}, {6, "100%"}} {
 		if q.v >= lo-1e-9 && q.v <= hi+1e-9 {
 			t = append(t, plot.Tick{Value: q.v, Label: q.label})
 		}
@@ -160,10 +160,10 @@ func (latencyTicks) Ticks(lo, hi float64) []plot.Tick {
 	return t
 }
 
-// PlotStepP99 draws S3's p99 per window against the time from the step,
+// plotStepP99 draws S3's p99 per window against the time from the step,
 // one line per system (its run with the median recovery time), on a log
 // scale, with the step and the drop marked by the x axis's range.
-func PlotStepP99(r *Report, dir string) (string, error) {
+func plotStepP99(r *report, dir string) (string, error) {
 	if r.Step == nil || len(r.StepResults) == 0 {
 		return "", nil
 	}
@@ -197,9 +197,9 @@ func PlotStepP99(r *Report, dir string) (string, error) {
 	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
 }
 
-// PlotStepWorkers draws S3's worker count against the time from the step,
+// plotStepWorkers draws S3's worker count against the time from the step,
 // every sample of the plotted run, as steps.
-func PlotStepWorkers(r *Report, dir string) (string, error) {
+func plotStepWorkers(r *report, dir string) (string, error) {
 	if r.Step == nil || len(r.StepResults) == 0 {
 		return "", nil
 	}
@@ -233,17 +233,17 @@ func PlotStepWorkers(r *Report, dir string) (string, error) {
 		return "", err
 	}
 	p.Y.Min = 0
-	p.Y.Max = S3MaxWorkers + 1
+	p.Y.Max = s3MaxWorkers + 1
 	name := fmt.Sprintf("%s-%s-workers-over-time.png", r.Date, r.Scenario)
 	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
 }
 
-// PlotGuardSeries draws S5's status readings against the time from the
+// plotGuardSeries draws S5's status readings against the time from the
 // run's start, every run of each system (one colour and dash per system),
 // as steps: what is "processes" (the group's processes) or "wait" (the
 // guard's runqueue_wait_percent, with the limit as a line). The measured
 // window starts at the warm-up's end.
-func PlotGuardSeries(r *Report, dir, what string) (string, error) {
+func plotGuardSeries(r *report, dir, what string) (string, error) {
 	if r.Guard == nil || len(r.GuardResults) == 0 {
 		return "", nil
 	}
@@ -315,7 +315,7 @@ func PlotGuardSeries(r *Report, dir, what string) (string, error) {
 	// Headroom above the lines for the legend.
 	p.Y.Min = 0
 	if what == "processes" {
-		p.Y.Max = S5Max + 4
+		p.Y.Max = s5Max + 4
 	} else {
 		p.Y.Max = 125
 	}
@@ -324,15 +324,15 @@ func PlotGuardSeries(r *Report, dir, what string) (string, error) {
 }
 
 // plotGuardCDF draws S5's latency distributions with PlotCDF.
-func plotGuardCDF(r *Report, dir string) (string, error) {
+func plotGuardCDF(r *report, dir string) (string, error) {
 	if r.Guard == nil {
 		return "", nil
 	}
-	c := Cell{Service: "cpu", Conns: r.Guard.Carriers, Open: true}
+	c := gridCell{Service: "cpu", Conns: r.Guard.Carriers, Open: true}
 	for _, res := range r.GuardResults {
-		c.Results = append(c.Results, Measurement{System: res.System, CDF: res.CDF})
+		c.Results = append(c.Results, measurement{System: res.System, CDF: res.CDF})
 	}
 	tmp := *r
-	tmp.Cells = []Cell{c}
-	return PlotCDF(&tmp, dir, "cpu", 0, r.Guard.Carriers)
+	tmp.Cells = []gridCell{c}
+	return plotCDF(&tmp, dir, "cpu", 0, r.Guard.Carriers)
 }

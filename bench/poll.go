@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// Stamped is one reading of a poller, with when it was taken.
-type Stamped[T any] struct {
+// stamped is one reading of a poller, with when it was taken.
+type stamped[T any] struct {
 	At time.Time
 	V  T
 }
@@ -17,10 +17,10 @@ type Stamped[T any] struct {
 // poll reads every interval, at once and then on each tick, until the
 // returned stop is called; stop returns the readings that succeeded, in
 // order. S3, S5 and S6 watch a system this way while the load runs.
-func poll[T any](ctx context.Context, every time.Duration, read func() (T, bool)) (stop func() []Stamped[T]) {
+func poll[T any](ctx context.Context, every time.Duration, read func() (T, bool)) (stop func() []stamped[T]) {
 	var (
 		mu   sync.Mutex
-		seen []Stamped[T]
+		seen []stamped[T]
 		wg   sync.WaitGroup
 	)
 	pctx, cancel := context.WithCancel(ctx)
@@ -33,7 +33,7 @@ func poll[T any](ctx context.Context, every time.Duration, read func() (T, bool)
 			at := time.Now()
 			if v, ok := read(); ok {
 				mu.Lock()
-				seen = append(seen, Stamped[T]{at, v})
+				seen = append(seen, stamped[T]{at, v})
 				mu.Unlock()
 			}
 			select {
@@ -43,7 +43,7 @@ func poll[T any](ctx context.Context, every time.Duration, read func() (T, bool)
 			}
 		}
 	}()
-	return func() []Stamped[T] {
+	return func() []stamped[T] {
 		cancel()
 		wg.Wait()
 		return seen

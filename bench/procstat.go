@@ -7,33 +7,35 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 )
 
-// ClockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat. It
+// clockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat. It
 // is 100 on every Linux architecture Go supports (getconf CLK_TCK).
-const ClockTicks = 100
+const clockTicks = 100
 
-// ProcStat is the part of /proc/<pid>/stat the benchmark uses. Times are
+// procStat is the part of /proc/<pid>/stat the benchmark uses. Times are
 // in clock ticks; CUtime and CStime are of children that ended and were
 // waited for.
-type ProcStat struct {
+type procStat struct {
 	PID, PPID                    int
 	Utime, Stime, CUtime, CStime uint64
+	Start                        uint64 // starttime: clock ticks after boot (0 if the line is cut short)
 }
 
 // Ticks is the CPU time of the process and of its ended children.
-func (s ProcStat) Ticks() uint64 { return s.Utime + s.Stime + s.CUtime + s.CStime }
+func (s procStat) Ticks() uint64 { return s.Utime + s.Stime + s.CUtime + s.CStime }
 
-// ParseStat parses one /proc/<pid>/stat line. The command name, in
+// parseStat parses one /proc/<pid>/stat line. The command name, in
 // parentheses, may hold spaces and parentheses, so fields are counted from
 // the last ')'.
-func ParseStat(b []byte) (ProcStat, error) {
+func parseStat(b []byte) (procStat, error) {
 	open := bytes.IndexByte(b, '(')
 	end := bytes.LastIndexByte(b, ')')
 	if open < 1 || end < open {
-		return ProcStat{}, errors.New("bench: /proc stat: no command name")
+		return procStat{}, errors.New("bench: /proc stat: no command name")
 	}
-	var s ProcStat
+	var s procStat
 	pid, err := strconv.Atoi(string(bytes.TrimSpace(b[:open])))
 	if err != nil {
 		return s, fmt.Errorf("bench: /proc stat: pid: %w", err)
@@ -62,12 +64,15 @@ func ParseStat(b []byte) (ProcStat, error) {
 		}
 		*p.dst = v
 	}
+	if len(f) >= 22-2 {
+		s.Start, _ = field(22)
+	}
 	return s, nil
 }
 
-// ParseVmHWM returns the VmHWM line of /proc/<pid>/status (peak resident
+// parseVmHWM returns the VmHWM line of /proc/<pid>/status (peak resident
 // set size) in KiB.
-func ParseVmHWM(status []byte) (int64, error) {
+func parseVmHWM(status []byte) (int64, error) {
 	for line := range bytes.Lines(status) {
 		rest, ok := bytes.CutPrefix(line, []byte("VmHWM:"))
 		if !ok {
@@ -82,9 +87,9 @@ func ParseVmHWM(status []byte) (int64, error) {
 	return 0, errors.New("bench: no VmHWM in status (a kernel thread or a zombie)")
 }
 
-// Tree returns roots and every live descendant of them, from a snapshot of
+// processTree returns roots and every live descendant of them, from a snapshot of
 // parent links (pid -> ppid).
-func Tree(parents map[int]int, roots []int) []int {
+func processTree(parents map[int]int, roots []int) []int {
 	children := make(map[int][]int, len(parents))
 	for pid, ppid := range parents {
 		children[ppid] = append(children[ppid], pid)
@@ -111,70 +116,136 @@ func Tree(parents map[int]int, roots []int) []int {
 }
 
 // readStats reads /proc/*/stat of every process.
-func readStats() map[int]ProcStat {
+func readStats() map[int]procStat {
 	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	out := make(map[int]ProcStat, len(dirs))
+	out := make(map[int]procStat, len(dirs))
 	for _, d := range dirs {
 		b, err := os.ReadFile(d)
 		if err != nil {
 			continue // ended meanwhile
 		}
-		if s, err := ParseStat(b); err == nil {
+		if s, err := parseStat(b); err == nil {
 			out[s.PID] = s
 		}
 	}
 	return out
 }
 
-// TreeUsage is a snapshot of a process tree: its pids and their CPU ticks.
-type TreeUsage struct {
-	PIDs  []int
-	Ticks uint64
+// cpuSample is the CPU ticks of every process at one time (each its own
+// and its waited-for children's), with the measured server's process tree
+// and the other running systems' trees picked out.
+type cpuSample struct {
+	at     time.Time
+	ticks  map[int]uint64 // own and waited-for children's
+	own    map[int]uint64 // own only
+	start  map[int]uint64 // starttime of each process
+	server []int
+	peers  []int
 }
 
-// SnapshotTree sums the CPU time of roots and all their descendants
-// (including children they already waited for).
-func SnapshotTree(roots []int) TreeUsage {
+// sampleCPU reads every process once.
+func sampleCPU(server, peers []int) cpuSample {
 	stats := readStats()
 	parents := make(map[int]int, len(stats))
+	ticks := make(map[int]uint64, len(stats))
+	own := make(map[int]uint64, len(stats))
+	start := make(map[int]uint64, len(stats))
 	for pid, s := range stats {
 		parents[pid] = s.PPID
+		ticks[pid] = s.Ticks()
+		own[pid] = s.Utime + s.Stime
+		start[pid] = s.Start
 	}
-	var u TreeUsage
-	u.PIDs = Tree(parents, roots)
-	for _, p := range u.PIDs {
-		u.Ticks += stats[p].Ticks()
-	}
-	return u
+	return cpuSample{at: time.Now(), ticks: ticks, own: own, start: start, server: processTree(parents, server), peers: processTree(parents, peers)}
 }
 
-// ResetPeakRSS resets VmHWM of each process to its current RSS (writing 5
+// cpuSplit is how the processes' CPU between two samples was spent, in
+// ticks: the server's tree, the other systems' (idle) trees, this process
+// (the load generator) and everything else on the machine (other tenants).
+type cpuSplit struct {
+	server, peers, self, foreign uint64
+	elapsed                      time.Duration
+}
+
+// cores is ticks as cores busy over the interval.
+func (c cpuSplit) cores(ticks uint64) float64 {
+	if c.elapsed <= 0 {
+		return 0
+	}
+	return float64(ticks) / clockTicks / c.elapsed.Seconds()
+}
+
+// splitCPU attributes by the later sample's trees. This process and other
+// tenants count their own CPU only: a parent reaping a long-lived child
+// would add that child's whole life to the interval (and this process's
+// children are the systems, counted apart). A process new since a
+// (its pid unknown to a, or known with another start time) counts whole,
+// as all its CPU falls in the interval; one that a missed although it had
+// started before the newest process a saw (a read race) counts nothing.
+func splitCPU(a, b cpuSample) cpuSplit {
+	var newest uint64
+	for _, st := range a.start {
+		newest = max(newest, st)
+	}
+	out := cpuSplit{elapsed: b.at.Sub(a.at)}
+	mine := make(map[int]*uint64, len(b.server)+len(b.peers)+1)
+	for _, p := range b.server {
+		mine[p] = &out.server
+	}
+	for _, p := range b.peers {
+		mine[p] = &out.peers
+	}
+	mine[os.Getpid()] = &out.self
+	for pid := range b.ticks {
+		dst, isMine := mine[pid]
+		t, t0 := b.own[pid], a.own[pid]
+		if isMine && pid != os.Getpid() {
+			t, t0 = b.ticks[pid], a.ticks[pid]
+		}
+		_, ok := a.ticks[pid]
+		var d uint64
+		switch {
+		case ok && a.start[pid] == b.start[pid] && t0 <= t:
+			d = t - t0
+		case ok || b.start[pid] >= newest:
+			d = t
+		}
+		if isMine {
+			*dst += d
+		} else {
+			out.foreign += d
+		}
+	}
+	return out
+}
+
+// resetPeakRSS resets VmHWM of each process to its current RSS (writing 5
 // to clear_refs, Linux 4.0+), so the next PeakRSS covers one run only.
-func ResetPeakRSS(pids []int) {
+func resetPeakRSS(pids []int) {
 	for _, p := range pids {
 		os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p), []byte("5"), 0)
 	}
 }
 
-// PeakRSS sums VmHWM over pids, in KiB.
-func PeakRSS(pids []int) int64 {
+// peakRSS sums VmHWM over pids, in KiB.
+func peakRSS(pids []int) int64 {
 	var sum int64
 	for _, p := range pids {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
 		if err != nil {
 			continue
 		}
-		if kb, err := ParseVmHWM(b); err == nil {
+		if kb, err := parseVmHWM(b); err == nil {
 			sum += kb
 		}
 	}
 	return sum
 }
 
-// Children returns the pids of pid's live children: from
+// childrenOf returns the pids of pid's live children: from
 // /proc/<pid>/task/*/children where the kernel has it, else by reading
 // every /proc/<n>/stat.
-func Children(pid int) []int {
+func childrenOf(pid int) []int {
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	var out []int
 	found := false
@@ -184,7 +255,7 @@ func Children(pid int) []int {
 			continue
 		}
 		found = true
-		out = append(out, ParseChildren(b)...)
+		out = append(out, parseChildren(b)...)
 	}
 	if found {
 		return out
@@ -197,9 +268,9 @@ func Children(pid int) []int {
 	return out
 }
 
-// ParseChildren parses a /proc/<pid>/task/<tid>/children file: pids
+// parseChildren parses a /proc/<pid>/task/<tid>/children file: pids
 // separated by spaces.
-func ParseChildren(b []byte) []int {
+func parseChildren(b []byte) []int {
 	var out []int
 	for _, f := range bytes.Fields(b) {
 		if n, err := strconv.Atoi(string(f)); err == nil {

@@ -10,33 +10,26 @@ import (
 	"strings"
 )
 
-// Markdown formats the report: setup, one table per payload (or service),
-// the ratio of tpsched to each peer, and the plots.
-func (r *Report) Markdown() string {
-	if r.Step != nil {
-		return r.stepMarkdown()
-	}
-	if r.Guard != nil {
-		return r.guardMarkdown()
-	}
-	if r.Cluster != nil {
-		return r.clusterMarkdown()
-	}
-	if r.Gossip != nil {
-		return r.gossipMarkdown()
-	}
+// Markdown formats the report: the head every scenario shares (title,
+// machine, setup, systems not measured), the scenario's figures, and the
+// foot (notes, the validity check, plots).
+func (r *report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
 	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)
-	if len(r.Machine.Peers) > 0 {
+	// The peers' versions matter where peers run: the grids and S3.
+	if len(r.Machine.Peers) > 0 && (len(r.Cells) > 0 || r.Step != nil) {
 		var v []string
 		for _, k := range sortedKeys(r.Machine.Peers) {
 			v = append(v, k+" "+r.Machine.Peers[k])
 		}
 		fmt.Fprintf(&b, " Peers: %s.", strings.Join(v, ", "))
 	}
-	fmt.Fprintf(&b, "\n\nEach figure is the median of %d interleaved runs (in each cell the order of systems rotates, and reverses, between runs) "+
-		"of %.1f s measured after %.1f s of warm-up.\n\n", r.Runs, r.Duration, r.Warmup)
+	b.WriteString("\n\n")
+	if len(r.Cells) > 0 {
+		fmt.Fprintf(&b, "Each figure is the median of %d interleaved runs (in each cell the order of systems rotates, and reverses, between runs) "+
+			"of %.1f s measured after %.1f s of warm-up.\n\n", r.Runs, r.Duration, r.Warmup)
+	}
 	for _, s := range r.Setup {
 		fmt.Fprintf(&b, "- %s\n", s)
 	}
@@ -46,6 +39,31 @@ func (r *Report) Markdown() string {
 	for _, name := range sortedKeys(r.Skipped) {
 		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
 	}
+	switch {
+	case r.Step != nil:
+		r.writeStep(&b)
+	case r.Guard != nil:
+		r.writeGuard(&b)
+	case r.Cluster != nil:
+		r.writeCluster(&b)
+	case r.Gossip != nil:
+		r.writeGossip(&b)
+	default:
+		r.writeGrid(&b)
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "%s\n\n", n)
+	}
+	b.WriteString(r.Validity.markdown())
+	for _, p := range r.Plots {
+		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
+	}
+	return b.String()
+}
+
+// writeGrid writes S1, S2 and S4: one table of every cell and system,
+// and the ratio of tpsched to each peer.
+func (r *report) writeGrid(b *strings.Builder) {
 	open := len(r.Cells) > 0 && r.Cells[0].Open
 	b.WriteString("## Figures\n\n")
 	if open {
@@ -58,17 +76,17 @@ func (r *Report) Markdown() string {
 	for _, c := range r.Cells {
 		for _, m := range c.Results {
 			if m.Error != "" && len(m.Runs) == 0 {
-				fmt.Fprintf(&b, "| %s | %s | %d | %s | failed: %s |\n", c.Service, payloadName(c), c.Conns, m.System, oneLine(m.Error))
+				fmt.Fprintf(b, "| %s | %s | %d | %s | failed: %s |\n", c.Service, payloadName(c), c.Conns, m.System, oneLine(m.Error))
 				continue
 			}
 			f := m.Median
 			if open {
-				fmt.Fprintf(&b, "| %s | %d | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %.1f us | %s |\n",
+				fmt.Fprintf(b, "| %s | %d | %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %.1f us | %s |\n",
 					c.Service, c.Conns, m.System, f.Offered, f.Throughput, pct(f.RefusedShare), pct(f.FailedShare), pct(f.TimeoutShare),
 					dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.CPUus, mib(f.PeakRSSKiB))
 			} else {
 				errs := f.RefusedShare + f.FailedShare + f.TimeoutShare
-				fmt.Fprintf(&b, "| %s | %s | %d | %s | %.0f | %s | %s | %s | %s | %.1f us | %s | %s |\n",
+				fmt.Fprintf(b, "| %s | %s | %d | %s | %.0f | %s | %s | %s | %s | %.1f us | %s | %s |\n",
 					c.Service, payloadName(c), c.Conns, m.System, f.Throughput,
 					dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.CPUus, mib(f.PeakRSSKiB), pct(errs))
 			}
@@ -82,23 +100,16 @@ func (r *Report) Markdown() string {
 		b.WriteString(ratios)
 		b.WriteString("\n")
 	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	for _, p := range r.Plots {
-		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
-	}
-	return b.String()
 }
 
-func (r *Report) ratioTable() string {
+func (r *report) ratioTable() string {
 	var peers []string
 	for _, s := range r.Systems {
-		if s != NameTpsched {
+		if s != nameTpsched {
 			peers = append(peers, s)
 		}
 	}
-	if len(peers) == 0 || !slices.Contains(r.Systems, NameTpsched) {
+	if len(peers) == 0 || !slices.Contains(r.Systems, nameTpsched) {
 		return ""
 	}
 	var b strings.Builder
@@ -112,7 +123,7 @@ func (r *Report) ratioTable() string {
 	}
 	b.WriteString("\n")
 	for _, c := range r.Cells {
-		tp := c.Result(NameTpsched)
+		tp := c.Result(nameTpsched)
 		fmt.Fprintf(&b, "| %s | %s | %d |", c.Service, payloadName(c), c.Conns)
 		for _, p := range peers {
 			m := c.Result(p)
@@ -135,12 +146,12 @@ func ratio(a, b float64) string {
 	return fmt.Sprintf("%.2fx", a/b)
 }
 
-func payloadName(c Cell) string {
+func payloadName(c gridCell) string {
 	if c.Service == "burn" {
-		return fmt.Sprintf("%d us CPU", BurnMicros)
+		return fmt.Sprintf("%d us CPU", burnMicros)
 	}
 	if c.Service == "sleep" {
-		return fmt.Sprintf("sleep %d ms", S6SleepMs)
+		return fmt.Sprintf("sleep %d ms", s6SleepMs)
 	}
 	switch {
 	case c.Payload >= 1<<10 && c.Payload%(1<<10) == 0:
@@ -182,7 +193,7 @@ func oneLine(s string) string {
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
 
 // Write writes dir/<date>-<scenario>.md and .json and returns the base path.
-func (r *Report) Write(dir string) (string, error) {
+func (r *report) Write(dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -197,26 +208,8 @@ func (r *Report) Write(dir string) (string, error) {
 	return base, os.WriteFile(base+".json", append(js, '\n'), 0o644)
 }
 
-// stepMarkdown formats S3: setup, one table per system, and the plots.
-func (r *Report) stepMarkdown() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
-	fmt.Fprintf(&b, "%s. Machine: %s.", r.Date, r.Machine)
-	if len(r.Machine.Peers) > 0 {
-		var v []string
-		for _, k := range sortedKeys(r.Machine.Peers) {
-			v = append(v, k+" "+r.Machine.Peers[k])
-		}
-		fmt.Fprintf(&b, " Peers: %s.", strings.Join(v, ", "))
-	}
-	b.WriteString("\n\n")
-	for _, s := range r.Setup {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	b.WriteString("\n")
-	for _, name := range sortedKeys(r.Skipped) {
-		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
-	}
+// writeStep writes S3: one table per system and each run.
+func (r *report) writeStep(b *strings.Builder) {
 	b.WriteString("## Figures\n\n")
 	steps := 0
 	if r.Step.Window > 0 {
@@ -227,7 +220,7 @@ func (r *Report) stepMarkdown() string {
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, res := range r.StepResults {
 		f := res.Median
-		fmt.Fprintf(&b, "| %s | %s | %.0f of %d | %s | %.0f | %.0f (%s) | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %.0f | %.0f |\n",
+		fmt.Fprintf(b, "| %s | %s | %.0f of %d | %s | %.0f | %.0f (%s) | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %.0f | %.0f |\n",
 			res.System, msOrNever(f.RecoveryMs), f.OverLimit, steps, msOrNever(f.FirstExtraMs), f.BaselineWorkers, f.PeakWorkers, msOrNever(f.ToPeakMs),
 			msOrNever(f.BackMs), dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), dur(f.LimitUs), dur(f.PreLateP99us),
 			f.Refused, f.Failed, f.TimedOut, f.Offered)
@@ -243,18 +236,11 @@ func (r *Report) stepMarkdown() string {
 				if i == res.Drawn {
 					drawn = " (plotted)"
 				}
-				fmt.Fprintf(&b, "| %s | %d%s | %s | %.0f | %s | %.0f -> %.0f (%s) | %s | %s / %s / %s | %.0f / %.0f / %.0f |\n",
+				fmt.Fprintf(b, "| %s | %d%s | %s | %.0f | %s | %.0f -> %.0f (%s) | %s | %s / %s / %s | %.0f / %.0f / %.0f |\n",
 					res.System, i+1, drawn, msOrNever(f.RecoveryMs), f.OverLimit, msOrNever(f.FirstExtraMs), f.BaselineWorkers, f.PeakWorkers,
 					msOrNever(f.ToPeakMs), msOrNever(f.BackMs), dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), f.Refused, f.Failed, f.TimedOut)
 			}
 		}
 		b.WriteString("\n")
 	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	for _, p := range r.Plots {
-		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
-	}
-	return b.String()
 }

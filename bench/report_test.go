@@ -6,25 +6,25 @@ import (
 	"testing"
 )
 
-func sampleReport() *Report {
-	m := func(sys string, thr, p99, cpu float64) Measurement {
+func sampleReport() *report {
+	m := func(sys string, thr, p99, cpu float64) measurement {
 		f := Figures{Throughput: thr, P50us: p99 / 3, P90us: p99 / 2, P99us: p99, P999us: 2 * p99, CPUus: cpu, PeakRSSKiB: 20480}
-		return Measurement{System: sys, Runs: []Figures{f, f, f}, Median: f}
+		return measurement{System: sys, Runs: []Figures{f, f, f}, Median: f}
 	}
-	return &Report{
+	return &report{
 		Scenario: "S1", Title: "echo, closed loop", Date: "2026-01-02",
-		Machine: Machine{Cores: 2, CPU: "test CPU", Kernel: "6.1", Go: "go1.26"},
+		Machine: machineInfo{Cores: 2, CPU: "test CPU", Kernel: "6.1", Go: "go1.26"},
 		Runs:    3, Duration: 2, Warmup: 0.5,
-		Systems: []string{NameGRPC, NamePHPStatic, NameTpsched},
-		Skipped: map[string]string{NameGnetEcho: "not built"},
-		Cells: []Cell{{Service: "echo", Payload: 128, Conns: 64, Results: []Measurement{
-			m(NameGRPC, 20000, 12000, 50),
-			m(NamePHPStatic, 10000, 10000, 125),
-			m(NameTpsched, 50000, 3500, 20),
-		}}, {Service: "echo", Payload: 4096, Conns: 1, Results: []Measurement{
-			{System: NameGRPC, Error: "connection refused\nmore"},
-			m(NamePHPStatic, 3000, 600, 200),
-			m(NameTpsched, 4000, 500, 190),
+		Systems: []string{nameGRPC, namePHPStatic, nameTpsched},
+		Skipped: map[string]string{nameGnetEcho: "not built"},
+		Cells: []gridCell{{Service: "echo", Payload: 128, Conns: 64, Results: []measurement{
+			m(nameGRPC, 20000, 12000, 50),
+			m(namePHPStatic, 10000, 10000, 125),
+			m(nameTpsched, 50000, 3500, 20),
+		}}, {Service: "echo", Payload: 4096, Conns: 1, Results: []measurement{
+			{System: nameGRPC, Error: "connection refused\nmore"},
+			m(namePHPStatic, 3000, 600, 200),
+			m(nameTpsched, 4000, 500, 190),
 		}}},
 	}
 }
@@ -64,7 +64,7 @@ func TestMarkdownTables(t *testing.T) {
 }
 
 func TestS1Targets(t *testing.T) {
-	got := S1Targets(sampleReport())
+	got := s1Targets(sampleReport())
 	for _, want := range []string{"vs grpc-go: throughput 2.50x (target 2x: met), p99 3.50 ms vs 12.0 ms (met)",
 		"vs nginx+php-fpm static: throughput 5.00x (target 3x: met)"} {
 		if !strings.Contains(got, want) {
@@ -74,7 +74,7 @@ func TestS1Targets(t *testing.T) {
 	r := sampleReport()
 	r.Cells[0].Results[2].Median.Throughput = 30000
 	r.Cells[0].Results[2].Median.P99us = 11000
-	if got := S1Targets(r); !strings.Contains(got, "1.50x (target 2x: NOT met)") || !strings.Contains(got, "(NOT met)") {
+	if got := s1Targets(r); !strings.Contains(got, "1.50x (target 2x: NOT met)") || !strings.Contains(got, "(NOT met)") {
 		t.Errorf("missed targets not said: %q", got)
 	}
 }
@@ -83,8 +83,8 @@ func TestFormatting(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{
 		{dur(12.4), "12 us"}, {dur(1234), "1.23 ms"}, {dur(12345), "12.3 ms"}, {dur(2.5e6), "2.50 s"},
 		{pct(0), "0"}, {pct(0.5), "50.0%"}, {pct(0.0001), "0.010%"},
-		{payloadName(Cell{Service: "echo", Payload: 65536}), "64 KiB"}, {payloadName(Cell{Service: "echo", Payload: 128}), "128 B"},
-		{payloadName(Cell{Service: "burn"}), "200 us CPU"},
+		{payloadName(gridCell{Service: "echo", Payload: 65536}), "64 KiB"}, {payloadName(gridCell{Service: "echo", Payload: 128}), "128 B"},
+		{payloadName(gridCell{Service: "burn"}), "200 us CPU"},
 		{ratio(3, 0), "-"}, {ratio(3, 2), "1.50x"},
 	} {
 		if tc.got != tc.want {
@@ -93,8 +93,8 @@ func TestFormatting(t *testing.T) {
 	}
 }
 
-func TestMedianFigures(t *testing.T) {
-	m := MedianFigures([]Figures{{Throughput: 3, P99us: 30}, {Throughput: 1, P99us: 50}, {Throughput: 2, P99us: 10}})
+func TestMedianOfFigures(t *testing.T) {
+	m := medianOf([]Figures{{Throughput: 3, P99us: 30}, {Throughput: 1, P99us: 50}, {Throughput: 2, P99us: 10}})
 	if m.Throughput != 2 || m.P99us != 30 {
 		t.Errorf("got %+v", m)
 	}
@@ -102,7 +102,7 @@ func TestMedianFigures(t *testing.T) {
 
 func TestNines(t *testing.T) {
 	for _, tc := range []struct{ q, want float64 }{{0, 0}, {0.9, 1}, {0.99, 2}, {1, 6}} {
-		if got := Nines(tc.q); got < tc.want-1e-9 || got > tc.want+1e-9 {
+		if got := nines(tc.q); got < tc.want-1e-9 || got > tc.want+1e-9 {
 			t.Errorf("Nines(%v) = %v, want %v", tc.q, got, tc.want)
 		}
 	}

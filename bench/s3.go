@@ -15,51 +15,51 @@ import (
 
 // S3 sizing.
 const (
-	S3MaxWorkers = 4
-	S3Balance    = 1
-	S3Idle       = 500 * time.Millisecond
-	S3BaseRate   = 300
+	s3MaxWorkers = 4
+	s3Balance    = 1
+	s3Idle       = 500 * time.Millisecond
+	s3BaseRate   = 300
 )
 
-// S3Load is the full S3 profile; S3QuickLoad the development one.
+// s3Load is the full S3 profile; s3QuickLoad the development one.
 var (
-	S3Load = StepLoad{Base: S3BaseRate, Peak: 10 * S3BaseRate, Before: 4 * time.Second, During: 8 * time.Second,
+	s3Load = stepLoad{Base: s3BaseRate, Peak: 10 * s3BaseRate, Before: 4 * time.Second, During: 8 * time.Second,
 		After: 5 * time.Second, Settle: time.Second, Window: 100 * time.Millisecond, Poll: 50 * time.Millisecond,
 		Carriers: 256, Timeout: 2 * time.Second, Limit: 2}
-	S3QuickLoad = StepLoad{Base: S3BaseRate, Peak: 10 * S3BaseRate, Before: 2 * time.Second, During: 3 * time.Second,
+	s3QuickLoad = stepLoad{Base: s3BaseRate, Peak: 10 * s3BaseRate, Before: 2 * time.Second, During: 3 * time.Second,
 		After: 2 * time.Second, Settle: time.Second, Window: 100 * time.Millisecond, Poll: 50 * time.Millisecond,
 		Carriers: 256, Timeout: 2 * time.Second, Limit: 2}
 )
 
-// StepResult is one system's S3 runs.
-type StepResult struct {
+// stepResult is one system's S3 runs.
+type stepResult struct {
 	System  string         `json:"system"`
 	Config  string         `json:"config"`
-	Runs    []StepFigures  `json:"runs"`
-	Median  StepFigures    `json:"median"`
+	Runs    []stepFigures  `json:"runs"`
+	Median  stepFigures    `json:"median"`
 	Drawn   int            `json:"drawn_run"` // the run in the plots and in Windows (median recovery)
-	Windows []Window       `json:"windows,omitempty"`
-	Samples []WorkerSample `json:"worker_samples,omitempty"`
+	Windows []stepWindow   `json:"windows,omitempty"`
+	Samples []workerSample `json:"worker_samples,omitempty"`
 	Error   string         `json:"error,omitempty"`
 }
 
 type s3System struct {
 	name, config string
-	start        func() (*System, error)
+	start        func() (*system, error)
 }
 
 func s3Systems(env Env, sp Spec) []s3System {
-	sp.Workers = S3MaxWorkers
-	dyn := fmt.Sprintf("pm = dynamic\npm.max_children = %d\npm.start_servers = 1\npm.min_spare_servers = 1\npm.max_spare_servers = 2\n", S3MaxWorkers)
-	ond := fmt.Sprintf("pm = ondemand\npm.max_children = %d\npm.process_idle_timeout = 1s\n", S3MaxWorkers)
+	sp.Workers = s3MaxWorkers
+	dyn := fmt.Sprintf("pm = dynamic\npm.max_children = %d\npm.start_servers = 1\npm.min_spare_servers = 1\npm.max_spare_servers = 2\n", s3MaxWorkers)
+	ond := fmt.Sprintf("pm = ondemand\npm.max_children = %d\npm.process_idle_timeout = 1s\n", s3MaxWorkers)
 	return []s3System{
-		{NameTpschedNonRes, fmt.Sprintf("parallel_count = 1,%d, balance_count = %d, nonresident_idle_time = %d",
-			S3MaxWorkers, S3Balance, S3Idle.Milliseconds()),
-			func() (*System, error) { return StartTpschedNonResident(env, sp, 1, S3MaxWorkers, S3Balance, S3Idle) }},
-		{NamePHPDyn, fmt.Sprintf("pm = dynamic, max_children %d, start_servers 1, min_spare_servers 1, max_spare_servers 2", S3MaxWorkers),
-			func() (*System, error) { return StartNginxPHPPool(env, sp, NamePHPDyn, dyn) }},
-		{NamePHPOndemand, fmt.Sprintf("pm = ondemand, max_children %d, process_idle_timeout 1s", S3MaxWorkers),
-			func() (*System, error) { return StartNginxPHPPool(env, sp, NamePHPOndemand, ond) }},
+		{nameTpschedNonRes, fmt.Sprintf("parallel_count = 1,%d, balance_count = %d, nonresident_idle_time = %d",
+			s3MaxWorkers, s3Balance, s3Idle.Milliseconds()),
+			func() (*system, error) { return startTpschedNonResident(env, sp, 1, s3MaxWorkers, s3Balance, s3Idle) }},
+		{namePHPDyn, fmt.Sprintf("pm = dynamic, max_children %d, start_servers 1, min_spare_servers 1, max_spare_servers 2", s3MaxWorkers),
+			func() (*system, error) { return startNginxPHPPool(env, sp, namePHPDyn, dyn) }},
+		{namePHPOndemand, fmt.Sprintf("pm = ondemand, max_children %d, process_idle_timeout 1s", s3MaxWorkers),
+			func() (*system, error) { return startNginxPHPPool(env, sp, namePHPOndemand, ond) }},
 	}
 }
 
@@ -67,19 +67,19 @@ func s3Systems(env Env, sp Spec) []s3System {
 // rotates, and reverses, between runs), each run on a freshly started
 // system so every one begins from the same idle pool.
 func runS3(ctx context.Context, cfg Config,
-	newReport func(string, string, []string, map[string]string, RunOptions) *Report) error {
-	sl, runs := S3Load, cfg.Runs
+	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+	sl, runs := s3Load, cfg.Runs
 	if cfg.Quick {
-		sl, runs = S3QuickLoad, 1
+		sl, runs = s3QuickLoad, 1
 	}
 	systems := slices.DeleteFunc(s3Systems(cfg.Env, cfg.Spec), func(s s3System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
 	})
-	results := make([]StepResult, len(systems))
+	results := make([]stepResult, len(systems))
 	traces := make([][]stepTrace, len(systems))
 	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S3: burn %d us, open loop %.0f/s for %v, %.0f/s for %v, %.0f/s for %v; %d systems x %d runs\n",
-		BurnMicros, sl.Base, sl.Before, sl.Peak, sl.During, sl.Base, sl.After, len(systems), runs)
+		burnMicros, sl.Base, sl.Before, sl.Peak, sl.During, sl.Base, sl.After, len(systems), runs)
 	names := make([]string, len(systems))
 	for i, sys := range systems {
 		names[i] = sys.name
@@ -95,7 +95,7 @@ func runS3(ctx context.Context, cfg Config,
 		if err != nil {
 			return nil, err
 		}
-		f, _ := StepFiguresOf(sl, tr.calls, tr.samples)
+		f, _ := stepFiguresOf(sl, tr.calls, tr.samples)
 		results[si].Runs = append(results[si].Runs, f)
 		traces[si] = append(traces[si], tr)
 		fmt.Fprintf(cfg.Log, "  run %d %-24s p99 %s / %s / %s, recovered %s, first extra worker %s, workers %.0f -> %.0f (at %s), back %s, refused %.0f failed %.0f timed out %.0f\n",
@@ -106,17 +106,17 @@ func runS3(ctx context.Context, cfg Config,
 	if err != nil {
 		return err
 	}
-	var done []StepResult
+	var done []stepResult
 	for i := range results {
 		res := &results[i]
 		res.Error = errs[i]
 		if len(res.Runs) == 0 {
 			continue
 		}
-		res.Median = MedianStepFigures(res.Runs)
-		res.Drawn = MedianRun(res.Runs)
+		res.Median = medianOf(res.Runs)
+		res.Drawn = recoveryRun(res.Runs)
 		tr := traces[i][res.Drawn]
-		_, res.Windows = StepFiguresOf(sl, tr.calls, tr.samples)
+		_, res.Windows = stepFiguresOf(sl, tr.calls, tr.samples)
 		res.Samples = tr.samples
 		done = append(done, *res)
 	}
@@ -124,18 +124,18 @@ func runS3(ctx context.Context, cfg Config,
 	for _, d := range done {
 		reported = append(reported, d.System)
 	}
-	o := RunOptions{Runs: runs, Duration: sl.End()}
-	r := newReport("S3", fmt.Sprintf("a load step from %.0f/s to %.0f/s on pools of 1 to %d workers that grow with the load", sl.Base, sl.Peak, S3MaxWorkers),
+	o := runOptions{Runs: runs, Duration: sl.End()}
+	r := newReport("S3", fmt.Sprintf("a load step from %.0f/s to %.0f/s on pools of 1 to %d workers that grow with the load", sl.Base, sl.Peak, s3MaxWorkers),
 		reported, skipped, o)
 	r.Step = &sl
 	r.StepResults = done
 	r.Setup = s3Setup(sl, runs, cfg.Quick, systems)
-	r.addPlot(PlotStepP99(r, cfg.Out))
-	r.addPlot(PlotStepWorkers(r, cfg.Out))
+	r.addPlot(plotStepP99(r, cfg.Out))
+	r.addPlot(plotStepWorkers(r, cfg.Out))
 	return writeReport(cfg, r)
 }
 
-func s3Setup(sl StepLoad, runs int, quick bool, systems []s3System) []string {
+func s3Setup(sl stepLoad, runs int, quick bool, systems []s3System) []string {
 	runsNote := fmt.Sprintf("Figures are medians of %d interleaved runs (the order of systems rotates, and reverses, between runs); "+
 		"each run starts its system afresh, so every run steps up from the same idle pool.", runs)
 	if quick {
@@ -146,7 +146,7 @@ func s3Setup(sl StepLoad, runs int, quick bool, systems []s3System) []string {
 			"%.0f/s for %v, then %.0f/s (10x) for %v, then %.0f/s for %v; carried by up to %d connections, latency counted from the time a "+
 			"call was due, a call not answered %v after it was due times out. The rate is the same for every system: 300/s is under 10%% of what "+
 			"2 workers served in S2, and 3000/s is more than one PHP-FPM worker serves, so a pool that stays at one worker falls behind.",
-			BurnMicros, sl.Base, sl.Before, sl.Peak, sl.During, sl.Base, sl.After, sl.Carriers, sl.Timeout),
+			burnMicros, sl.Base, sl.Before, sl.Peak, sl.During, sl.Base, sl.After, sl.Carriers, sl.Timeout),
 		runsNote,
 	}
 	for _, s := range systems {
@@ -156,7 +156,7 @@ func s3Setup(sl StepLoad, runs int, quick bool, systems []s3System) []string {
 		fmt.Sprintf("balance_count %d: tpsched starts a non-resident process while the waiting calls exceed balance_count x running processes. "+
 			"1 is the smallest setting that still asks for a backlog (two calls waiting behind one busy process) before paying for a process, "+
 			"so a single coincident arrival at the base rate does not start one (balance_count 0 would, as pm=ondemand forks whenever no child is idle); "+
-			"the default 3 would let three calls per process wait before growing.", S3Balance),
+			"the default 3 would let three calls per process wait before growing.", s3Balance),
 		"Every pool has at most 4 workers on 2 cores. nginx has 2 workers and PHP-FPM listen.backlog 1024; tpsched scdmulti 2 and queue_size 1024.",
 		fmt.Sprintf("Workers are counted every %v: tpsched's processes of the group from GET /status (resident and non-resident, any state), "+
 			"PHP-FPM's children of its master from /proc/<pid>/task/*/children. A count is stamped when it was read, so worker times are "+
@@ -181,12 +181,12 @@ func s3Setup(sl StepLoad, runs int, quick bool, systems []s3System) []string {
 
 // stepTrace is one run's raw material.
 type stepTrace struct {
-	calls   []CallTrace
-	samples []WorkerSample
+	calls   []callTrace
+	samples []workerSample
 }
 
 // stepRun runs the profile on s, counting its workers every sl.Poll.
-func stepRun(ctx context.Context, s *System, sl StepLoad) (stepTrace, error) {
+func stepRun(ctx context.Context, s *system, sl stepLoad) (stepTrace, error) {
 	if _, err := s.Workers(); err != nil {
 		return stepTrace{}, err
 	}
@@ -194,9 +194,9 @@ func stepRun(ctx context.Context, s *System, sl StepLoad) (stepTrace, error) {
 		n, err := s.Workers()
 		return n, err == nil
 	})
-	res, err := OpenLoop(ctx, Load{
+	res, err := openLoop(ctx, load{
 		Dial:     s.Dialer("burn"),
-		Payload:  []byte(fmt.Sprint(BurnMicros)),
+		Payload:  []byte(fmt.Sprint(burnMicros)),
 		Conns:    sl.Carriers,
 		Profile:  sl.Profile(),
 		Timeout:  sl.Timeout,
@@ -209,15 +209,15 @@ func stepRun(ctx context.Context, s *System, sl StepLoad) (stepTrace, error) {
 	}
 	tr := stepTrace{calls: res.Trace}
 	for _, x := range seen {
-		tr.samples = append(tr.samples, WorkerSample{At: x.At.Sub(res.Begin), N: x.V})
+		tr.samples = append(tr.samples, workerSample{At: x.At.Sub(res.Begin), N: x.V})
 	}
 	return tr, nil
 }
 
 var statusClient = &http.Client{Timeout: time.Second}
 
-// StatusGroup is the part of a group in tpsched's /status that S3 reads.
-type StatusGroup struct {
+// statusGroup is the part of a group in tpsched's /status that S3 reads.
+type statusGroup struct {
 	Group     string `json:"group"`
 	Processes []struct {
 		PID  int    `json:"pid"`
@@ -236,17 +236,17 @@ func tpschedWorkers(url, group string) (int, error) {
 		return 0, fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	var st struct {
-		Groups []StatusGroup `json:"groups"`
+		Groups []statusGroup `json:"groups"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return 0, err
 	}
-	return CountWorkers(st.Groups, group), nil
+	return countWorkers(st.Groups, group), nil
 }
 
-// CountWorkers counts the processes (those with a pid: resident and
+// countWorkers counts the processes (those with a pid: resident and
 // non-resident, starting, running or stopping) of group.
-func CountWorkers(groups []StatusGroup, group string) int {
+func countWorkers(groups []statusGroup, group string) int {
 	n := 0
 	for _, g := range groups {
 		if g.Group != group {

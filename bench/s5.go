@@ -22,22 +22,22 @@ import (
 
 // S5 sizing.
 const (
-	S5Resident  = 1
-	S5Max       = 16
-	S5Balance   = 1
+	s5Resident  = 1
+	s5Max       = 16
+	s5Balance   = 1
 	S5WaitLimit = def.DefaultCPUWaitLimit
 	S5Load      = 1.4
 	S5Queue     = 32 // as S4: a full queue refuses ('server busy'), so latency stays bounded
-	S5Poll      = 50 * time.Millisecond
-	S5Runs      = 5 // at least, in the full run
+	s5Poll      = 50 * time.Millisecond
+	s5Runs      = 5 // at least, in the full run
 	// Each run: warm-up (the group grows) and measured time.
-	S5Warmup        = time.Second
-	S5Duration      = 4 * time.Second
-	S5QuickDuration = 2 * time.Second
+	s5Warmup        = time.Second
+	s5Duration      = 4 * time.Second
+	s5QuickDuration = 2 * time.Second
 )
 
-// GuardSetup is how S5 was run.
-type GuardSetup struct {
+// guardSetup is how S5 was run.
+type guardSetup struct {
 	Capacity     float64       `json:"capacity_per_s"`    // closed-loop throughput of tpsched with as many resident processes as cores
 	CapacityFrom string        `json:"capacity_measured"` // where Capacity was measured
 	Factor       float64       `json:"load_factor"`       // Rate / Capacity
@@ -49,9 +49,9 @@ type GuardSetup struct {
 	Cores        int           `json:"cores"`
 }
 
-// StatusSample is one reading of tpsched's /status during an S5 run: the
+// statusSample is one reading of tpsched's /status during an S5 run: the
 // group's processes and CPU figures and the node's scaling counters.
-type StatusSample struct {
+type statusSample struct {
 	At          time.Duration `json:"at_ns"` // from the run's start
 	Procs       int           `json:"processes"`
 	QueueDepth  int           `json:"queue_depth"`
@@ -67,8 +67,8 @@ type StatusSample struct {
 	MachineSteal float64 `json:"machine_steal_seconds"`
 }
 
-// NodeStatus is the part of tpsched's /status that S5 reads.
-type NodeStatus struct {
+// nodeStatus is the part of tpsched's /status that S5 reads.
+type nodeStatus struct {
 	Probes struct {
 		Name      string `json:"name"`
 		Histogram bool   `json:"histogram"`
@@ -80,7 +80,7 @@ type NodeStatus struct {
 		CPUGuardHolds     uint64 `json:"cpu_guard_holds"`
 	} `json:"scaling"`
 	Groups []struct {
-		StatusGroup
+		statusGroup
 		QueueDepth int `json:"queue_depth"`
 		Usage      struct {
 			Seconds     float64 `json:"cpu_seconds"`
@@ -93,13 +93,13 @@ type NodeStatus struct {
 
 // Sample takes group's figures out of a status (At is left 0). A group
 // that is not there reads as no processes and an unknown wait.
-func (st *NodeStatus) Sample(group string) StatusSample {
-	s := StatusSample{WaitPct: -1, GuardHolds: st.Scaling.CPUGuardHolds, Starts: st.Scaling.NonResidentStarts}
+func (st *nodeStatus) Sample(group string) statusSample {
+	s := statusSample{WaitPct: -1, GuardHolds: st.Scaling.CPUGuardHolds, Starts: st.Scaling.NonResidentStarts}
 	for _, g := range st.Groups {
 		if g.Group != group {
 			continue
 		}
-		s.Procs = CountWorkers([]StatusGroup{g.StatusGroup}, group)
+		s.Procs = countWorkers([]statusGroup{g.statusGroup}, group)
 		s.QueueDepth = g.QueueDepth
 		s.WaitPct = g.Usage.WaitPercent
 		s.CPUSeconds = g.Usage.Seconds
@@ -108,7 +108,7 @@ func (st *NodeStatus) Sample(group string) StatusSample {
 	return s
 }
 
-func readStatus(url string) (*NodeStatus, error) {
+func readStatus(url string) (*nodeStatus, error) {
 	resp, err := statusClient.Get(url)
 	if err != nil {
 		return nil, err
@@ -117,7 +117,7 @@ func readStatus(url string) (*NodeStatus, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	var st NodeStatus
+	var st nodeStatus
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		return nil, err
 	}
@@ -156,15 +156,15 @@ type ProcFigures struct {
 	StealCores   float64 `json:"machine_steal_cores"`
 }
 
-// SummarizeSamples derives ProcFigures from a run's samples for the window
+// summarizeSamples derives ProcFigures from a run's samples for the window
 // [from, to). A count holds from its sample to the next; the one in force
 // at from is the last sample at or before it (or, if none, the first one).
 // Counter increases are from the value in force at from to the last value
 // at or before to; the Run counters are the last sample's values.
-func SummarizeSamples(samples []StatusSample, from, to time.Duration) ProcFigures {
+func summarizeSamples(samples []statusSample, from, to time.Duration) ProcFigures {
 	f := ProcFigures{MeanWaitPct: -1, MaxWaitPct: -1}
 	s := slices.Clone(samples)
-	slices.SortStableFunc(s, func(a, b StatusSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
+	slices.SortStableFunc(s, func(a, b statusSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
 	if len(s) == 0 || to <= from {
 		return f
 	}
@@ -232,131 +232,72 @@ func SummarizeSamples(samples []StatusSample, from, to time.Duration) ProcFigure
 	return f
 }
 
-// GuardFigures are one S5 run's figures, or the median of the runs (each
+// guardFigures are one S5 run's figures, or the median of the runs (each
 // figure its own median).
-type GuardFigures struct {
+type guardFigures struct {
 	Figures
 	ProcFigures
 	// UAPCPUus is the group's CPU seconds over the window per call
 	// answered OK: the cpu service spins for BurnMicros of its thread's CPU
 	// time, so this is that plus the UAP's own overhead per call.
 	UAPCPUus float64 `json:"uap_cpu_us_per_completed_call"`
-	// OtherCores is the machine's busy CPU over the window less the
-	// server's and the generator's: other tenants (and the kernel's
-	// work not charged to a process), in cores.
-	OtherCores float64 `json:"other_cpu_cores"`
-	Due        float64 `json:"due"` // calls due in the window
-	Refused    float64 `json:"refused"`
-	Failed     float64 `json:"failed"`
-	TimedOut   float64 `json:"timed_out"`
+	Due      float64 `json:"due"` // calls due in the window
+	Refused  float64 `json:"refused"`
+	Failed   float64 `json:"failed"`
+	TimedOut float64 `json:"timed_out"`
 }
 
-// MedianGuardFigures takes the median of each figure across runs.
-func MedianGuardFigures(runs []GuardFigures) GuardFigures {
-	figs := make([]Figures, len(runs))
-	for i, r := range runs {
-		figs[i] = r.Figures
-	}
-	pick := func(f func(GuardFigures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		return Median(v)
-	}
-	return GuardFigures{
-		Figures: MedianFigures(figs),
-		ProcFigures: ProcFigures{
-			MeanProcs:     pick(func(f GuardFigures) float64 { return f.MeanProcs }),
-			MaxProcs:      pick(func(f GuardFigures) float64 { return f.MaxProcs }),
-			PeakProcs:     pick(func(f GuardFigures) float64 { return f.PeakProcs }),
-			MeanWaitPct:   pick(func(f GuardFigures) float64 { return f.MeanWaitPct }),
-			MaxWaitPct:    pick(func(f GuardFigures) float64 { return f.MaxWaitPct }),
-			Waiting:       pick(func(f GuardFigures) float64 { return f.Waiting }),
-			WaitShare:     pick(func(f GuardFigures) float64 { return f.WaitShare }),
-			CPUCores:      pick(func(f GuardFigures) float64 { return f.CPUCores }),
-			GuardHolds:    pick(func(f GuardFigures) float64 { return f.GuardHolds }),
-			Starts:        pick(func(f GuardFigures) float64 { return f.Starts }),
-			RunGuardHolds: pick(func(f GuardFigures) float64 { return f.RunGuardHolds }),
-			RunStarts:     pick(func(f GuardFigures) float64 { return f.RunStarts }),
-			MachineCores:  pick(func(f GuardFigures) float64 { return f.MachineCores }),
-			StealCores:    pick(func(f GuardFigures) float64 { return f.StealCores }),
-		},
-		UAPCPUus:   pick(func(f GuardFigures) float64 { return f.UAPCPUus }),
-		OtherCores: pick(func(f GuardFigures) float64 { return f.OtherCores }),
-		Due:        pick(func(f GuardFigures) float64 { return f.Due }),
-		Refused:    pick(func(f GuardFigures) float64 { return f.Refused }),
-		Failed:     pick(func(f GuardFigures) float64 { return f.Failed }),
-		TimedOut:   pick(func(f GuardFigures) float64 { return f.TimedOut }),
-	}
-}
-
-// medianThroughputRun is the index of the run whose throughput is the
-// median (the lower middle of an even count), whose latency distribution
-// is drawn.
-func medianThroughputRun(runs []GuardFigures) int {
-	if len(runs) == 0 {
-		return -1
-	}
-	order := make([]int, len(runs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(runs[a].Throughput, runs[b].Throughput) })
-	return order[(len(order)-1)/2]
-}
-
-// GuardResult is one system's S5 runs.
-type GuardResult struct {
+// guardResult is one system's S5 runs.
+type guardResult struct {
 	System    string           `json:"system"`
 	Config    string           `json:"config"`
 	WaitLimit int              `json:"cpu_wait_limit"`
 	Probes    string           `json:"cpu_measurement"` // how scdd measured run-queue wait
-	Runs      []GuardFigures   `json:"runs"`
-	Median    GuardFigures     `json:"median"`
+	Runs      []guardFigures   `json:"runs"`
+	Median    guardFigures     `json:"median"`
 	Drawn     int              `json:"drawn_run"` // the run with the median throughput: its CDF is drawn
-	CDF       []CDFPoint       `json:"cdf,omitempty"`
-	Samples   [][]StatusSample `json:"status_samples,omitempty"` // every run's, in the order of Runs
+	CDF       []cdfPoint       `json:"cdf,omitempty"`
+	Samples   [][]statusSample `json:"status_samples,omitempty"` // every run's, in the order of Runs
 	Error     string           `json:"error,omitempty"`
 }
 
 type s5System struct {
 	name, config string
 	limit        int
-	start        func() (*System, error)
+	start        func() (*system, error)
 }
 
 func s5Systems(env Env, sp Spec, limit int) []s5System {
 	mk := func(name string, limit int) s5System {
 		return s5System{name, fmt.Sprintf("parallel_count = %d,%d, balance_count = %d, cpu_wait_limit = %d, queue_size = %d",
-			S5Resident, S5Max, S5Balance, limit, sp.Queue), limit,
-			func() (*System, error) {
-				return StartTpschedGuard(env, sp, name, S5Resident, S5Max, S5Balance, limit)
+			s5Resident, s5Max, s5Balance, limit, sp.Queue), limit,
+			func() (*system, error) {
+				return startTpschedGuard(env, sp, name, s5Resident, s5Max, s5Balance, limit)
 			}}
 	}
-	on := NameTpschedGuard
+	on := nameTpschedGuard
 	if limit != S5WaitLimit {
-		on = fmt.Sprintf("%s %d", NameTpschedGuard, limit)
+		on = fmt.Sprintf("%s %d", nameTpschedGuard, limit)
 	}
-	return []s5System{mk(on, limit), mk(NameTpschedGuardOff, 0)}
+	return []s5System{mk(on, limit), mk(nameTpschedGuardOff, 0)}
 }
 
 // s5Capacity is the closed-loop throughput of tpsched's cpu service with
 // as many resident processes as cores, measured now (S2 and S4 measure the
 // wall-clock burn, a different service).
-func s5Capacity(ctx context.Context, cfg Config, opts RunOptions, capacity map[string]float64, cores, queue int) (float64, string, error) {
+func s5Capacity(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64, cores, queue int) (float64, string, error) {
 	sp := Spec{Workers: cores, Front: cfg.Spec.Front, Queue: queue}
 	// As S4: closed loop with fewer connections than the queue holds, so
 	// nothing is refused.
 	conns := max(queue/2, 1)
 	fmt.Fprintf(cfg.Log, "S5: measuring capacity (tpsched, %d resident, cpu service, %d conns)\n", cores, conns)
-	s, err := StartTpsched(cfg.Env, sp)
+	s, err := startTpsched(cfg.Env, sp)
 	if err != nil {
 		return 0, "", err
 	}
 	defer s.Stop()
-	cells := []Cell{{Service: "cpu", Conns: conns}}
-	Measure(ctx, opts, []*System{s}, cells, nil)
+	cells := []gridCell{{Service: "cpu", Conns: conns}}
+	measure(ctx, opts, []*system{s}, cells, nil)
 	m := cells[0].Results[0]
 	if len(m.Runs) == 0 {
 		return 0, "", fmt.Errorf("capacity run: %s", m.Error)
@@ -369,9 +310,9 @@ func s5Capacity(ctx context.Context, cfg Config, opts RunOptions, capacity map[s
 // CPU guard and without, cfg.Runs times each (at least S5Runs in the full
 // run), alternating which goes first, each run on a freshly started node
 // (one resident process, as after a quiet spell).
-func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string]float64,
-	newReport func(string, string, []string, map[string]string, RunOptions) *Report, loadgen string) error {
-	cores := ThisMachine().Cores
+func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
+	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
+	cores := thisMachine().Cores
 	limit, factor, queue := cfg.S5WaitLimit, cfg.S5Load, cfg.S5Queue
 	if limit <= 0 {
 		limit = S5WaitLimit
@@ -383,16 +324,16 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 		queue = S5Queue
 	}
 	o := opts
-	o.Warmup = given(cfg.S5Warmup, S5Warmup, S5Warmup, cfg.Quick)
-	o.Duration = given(cfg.S5Duration, S5Duration, S5QuickDuration, cfg.Quick)
+	o.Warmup = given(cfg.S5Warmup, s5Warmup, s5Warmup, cfg.Quick)
+	o.Duration = given(cfg.S5Duration, s5Duration, s5QuickDuration, cfg.Quick)
 	// The group's runs vary more from one to the next than a fixed pool's
 	// (16 processes time-sharing 2 cores), so the full run takes at least
 	// S5Runs of them.
 	runs := cfg.Runs
 	if !cfg.Quick {
-		runs = max(runs, S5Runs)
+		runs = max(runs, s5Runs)
 	}
-	sp := Spec{Workers: S5Max, Front: cfg.Spec.Front, Queue: queue}
+	sp := Spec{Workers: s5Max, Front: cfg.Spec.Front, Queue: queue}
 	systems := slices.DeleteFunc(s5Systems(cfg.Env, sp, limit), func(s s5System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
 	})
@@ -406,17 +347,17 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 	if err != nil {
 		return fmt.Errorf("S5: %w", err)
 	}
-	setup := GuardSetup{Capacity: capRate, CapacityFrom: capFrom, Factor: factor, Rate: factor * capRate,
-		Carriers: S4Carriers, Queue: queue, Poll: S5Poll, WaitLimit: limit, Cores: cores}
-	results := make([]GuardResult, len(systems))
+	setup := guardSetup{Capacity: capRate, CapacityFrom: capFrom, Factor: factor, Rate: factor * capRate,
+		Carriers: s4Carriers, Queue: queue, Poll: s5Poll, WaitLimit: limit, Cores: cores}
+	results := make([]guardResult, len(systems))
 	type drawn struct {
-		cdf     []CDFPoint
-		samples []StatusSample
+		cdf     []cdfPoint
+		samples []statusSample
 	}
 	traces := make([][]drawn, len(systems))
 	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S5: cpu %d us, open loop %.0f/s (%.2fx capacity %.0f/s), %v + %v per run, %d systems x %d runs\n",
-		BurnMicros, setup.Rate, factor, capRate, o.Warmup, o.Duration, len(systems), runs)
+		burnMicros, setup.Rate, factor, capRate, o.Warmup, o.Duration, len(systems), runs)
 	names := make([]string, len(systems))
 	for i, sys := range systems {
 		names[i] = sys.name
@@ -439,21 +380,21 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 		fmt.Fprintf(cfg.Log, "  run %d %-20s %6.0f/s p50 %s p99 %s refused %.0f timed out %.0f; processes mean %.1f max %.0f peak %.0f; wait%% mean %.0f max %.0f, waiting %.2f; holds %.0f (run %.0f), starts %.0f (run %.0f); UAP cpu %.0fus/completed call; machine busy %.2f cores, other %.2f, steal %.2f\n",
 			r+1, names[si], f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs, f.PeakProcs,
 			f.MeanWaitPct, f.MaxWaitPct, f.Waiting, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts, f.UAPCPUus,
-			f.MachineCores, f.OtherCores, f.StealCores)
+			f.MachineCores, f.OtherCPU, f.StealCores)
 		return nil, nil
 	}, func(i int) bool { return len(results[i].Runs) > 0 })
 	if err != nil {
 		return err
 	}
-	var done []GuardResult
+	var done []guardResult
 	for i := range results {
 		res := &results[i]
 		res.Error = errs[i]
 		if len(res.Runs) == 0 {
 			continue
 		}
-		res.Median = MedianGuardFigures(res.Runs)
-		res.Drawn = medianThroughputRun(res.Runs)
+		res.Median = medianOf(res.Runs)
+		res.Drawn = throughputRun(res.Runs)
 		res.CDF = traces[i][res.Drawn].cdf
 		for _, t := range traces[i] {
 			res.Samples = append(res.Samples, t.samples)
@@ -465,73 +406,71 @@ func runS5(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 		reported = append(reported, d.System)
 	}
 	o.Runs = runs
-	title := fmt.Sprintf("the CPU guard: a CPU-bound service offered %.1fx capacity on a group of %d to %d processes", factor, S5Resident, S5Max)
+	title := fmt.Sprintf("the CPU guard: a CPU-bound service offered %.1fx capacity on a group of %d to %d processes", factor, s5Resident, s5Max)
 	rep := newReport("S5", title, reported, skipped, o)
 	rep.Guard = &setup
 	rep.GuardResults = done
 	rep.Setup = s5Setup(setup, o, cfg.Quick, systems, loadgen)
-	if v := GuardVerdict(done, cores, S5Max); v != "" {
+	if v := guardVerdict(done, cores, s5Max); v != "" {
 		rep.Notes = append(rep.Notes, v)
 	}
-	rep.addPlot(PlotGuardSeries(rep, cfg.Out, "processes"))
-	rep.addPlot(PlotGuardSeries(rep, cfg.Out, "wait"))
+	rep.addPlot(plotGuardSeries(rep, cfg.Out, "processes"))
+	rep.addPlot(plotGuardSeries(rep, cfg.Out, "wait"))
 	rep.addPlot(plotGuardCDF(rep, cfg.Out))
 	return writeReport(cfg, rep)
 }
 
 type guardTrace struct {
-	CDF     []CDFPoint
-	samples []StatusSample
+	CDF     []cdfPoint
+	samples []statusSample
 }
 
 // guardRun runs the open loop on s, reading its /status every setup.Poll.
-func guardRun(ctx context.Context, s *System, o RunOptions, setup GuardSetup) (GuardFigures, guardTrace, string, error) {
+func guardRun(ctx context.Context, s *system, o runOptions, setup guardSetup) (guardFigures, guardTrace, string, error) {
 	if s.status == "" {
-		return GuardFigures{}, guardTrace{}, "", fmt.Errorf("%s: no /status", s.Name)
+		return guardFigures{}, guardTrace{}, "", fmt.Errorf("%s: no /status", s.Name)
 	}
 	st, err := readStatus(s.status)
 	if err != nil {
-		return GuardFigures{}, guardTrace{}, "", err
+		return guardFigures{}, guardTrace{}, "", err
 	}
 	probes := st.Probes.Name
 	if st.Probes.Reason != "" {
 		probes += " (" + st.Probes.Reason + ")"
 	}
-	stop := poll(ctx, setup.Poll, func() (StatusSample, bool) {
+	stop := poll(ctx, setup.Poll, func() (statusSample, bool) {
 		st, err := readStatus(s.status)
 		if err != nil {
-			return StatusSample{}, false
+			return statusSample{}, false
 		}
 		x := st.Sample("bench")
 		x.MachineBusy, x.MachineSteal = machineCPU()
 		return x, true
 	})
-	cell := Cell{Service: "cpu", Conns: setup.Carriers, Open: true}
+	cell := gridCell{Service: "cpu", Conns: setup.Carriers, Open: true}
 	fig, res, err := measureOne(ctx, o, s, &cell, setup.Rate)
 	seen := stop()
 	if err != nil {
-		return GuardFigures{}, guardTrace{}, probes, err
+		return guardFigures{}, guardTrace{}, probes, err
 	}
-	var samples []StatusSample
+	var samples []statusSample
 	for _, x := range seen {
 		x.V.At = x.At.Sub(res.Begin)
 		samples = append(samples, x.V)
 	}
-	f := GuardFigures{Figures: fig, ProcFigures: SummarizeSamples(samples, o.Warmup, o.Warmup+o.Duration),
+	f := guardFigures{Figures: fig, ProcFigures: summarizeSamples(samples, o.Warmup, o.Warmup+o.Duration),
 		Due: float64(res.Offered), Refused: float64(res.Refused), Failed: float64(res.Failed), TimedOut: float64(res.TimedOut)}
 	if f.Throughput > 0 {
 		f.UAPCPUus = f.CPUCores * 1e6 / f.Throughput
 	}
-	answered := float64(res.Calls + res.Refused + res.Failed)
-	f.OtherCores = f.MachineCores - (fig.CPUus+fig.LoadgenCPUus)*answered/1e6/o.Duration.Seconds()
 	return f, guardTrace{res.CDF, samples}, probes, nil
 }
 
-func s5Setup(g GuardSetup, o RunOptions, quick bool, systems []s5System, loadgen string) []string {
+func s5Setup(g guardSetup, o runOptions, quick bool, systems []s5System, loadgen string) []string {
 	out := []string{
 		fmt.Sprintf("Service: uap-echo's cpu, %d us of its thread's CPU time per call. Open loop: both systems are offered the same %.0f calls/s, %.2fx the capacity (%.0f/s: %s), "+
 			"evenly spaced from the first moment of the run (a step from nothing), carried by up to %d connections; latency counts from the time a "+
-			"call was due, a call not answered %v after it was due times out.", BurnMicros, g.Rate, g.Factor, g.Capacity, g.CapacityFrom, g.Carriers, o.Timeout),
+			"call was due, a call not answered %v after it was due times out.", burnMicros, g.Rate, g.Factor, g.Capacity, g.CapacityFrom, g.Carriers, o.Timeout),
 		fmt.Sprintf("Each figure is the median of %d runs per system, alternating which system goes first; every run starts its node afresh "+
 			"(one resident process, as after a quiet spell) and lasts %v of warm-up, in which the group grows, and %v measured.", o.Runs, o.Warmup, o.Duration),
 	}
@@ -546,7 +485,7 @@ func s5Setup(g GuardSetup, o RunOptions, quick bool, systems []s5System, loadgen
 			"overloaded queue asks for all %d processes. cpu_wait_limit (default %d): procmgr starts none while the group's processes, on "+
 			"average, spent that percent or more of the guard's last window (20 ms or more) runnable but waiting for a CPU (eBPF sched_switch/"+
 			"sched_wakeup); 0 turns the guard off. Non-resident processes idle 500 ms (the default) before they stop, which under this load they never do.",
-			S5Balance, S5Max, S5WaitLimit),
+			s5Balance, s5Max, S5WaitLimit),
 		fmt.Sprintf("Bounded queue: queue_size %d, as in S4: a call that finds it full is refused ('server busy'), so latency stays bounded and "+
 			"the excess shows as refusals. Completed/s counts calls answered OK within the window; refused, failed and timed out are counts "+
 			"(and shares) of the calls due in the window.", g.Queue),
@@ -559,23 +498,23 @@ func s5Setup(g GuardSetup, o RunOptions, quick bool, systems []s5System, loadgen
 		fmt.Sprintf("The cpu service spins until its thread has used %d us of CPU time, so a call preempted mid-way still costs what it says "+
 			"(uap-echo's burn, used by S2 and S4, spins for wall time instead and lets more processes than cores finish calls having done "+
 			"less work). 'UAP CPU/completed call' is the group's cpu_seconds over the window per call answered OK: %d us plus the UAP's "+
-			"own overhead. CPU/call is the server's whole process tree (scdd too) per call answered, refused ones included.", BurnMicros, BurnMicros),
-		"Machine busy / other / steal (each run, in cores): the whole machine's busy CPU over the window from /proc/stat; 'other' is that less "+
-			"the server's process tree and the load generator, i.e. what else ran (the kernel's unattributed work, other tenants); steal is "+
-			"time the hypervisor gave elsewhere. A run with 'other' well above its neighbours was disturbed.",
+			"own overhead. CPU/call is the server's whole process tree (scdd too) per call answered, refused ones included.", burnMicros, burnMicros),
+		"Machine busy / other / steal (each run, in cores): the whole machine's busy CPU over the window from /proc/stat (tick-sampled, "+
+			"so under short wake-ups it reads below the processes' own CPU); 'other' is the CPU of every process that is not the benchmark's "+
+			"(other tenants), from /proc/<pid>/stat; steal is time the hypervisor gave elsewhere. A run with 'other' above 0.1 cores was disturbed.",
 		loadgen,
 	)
 	return out
 }
 
-// GuardVerdict states the issue's expectation against what was measured:
+// guardVerdict states the issue's expectation against what was measured:
 // with the guard the processes stay near the core count (mean at most 2x
 // cores), completed calls/s no lower and p99 lower than with it off; with
 // the run-to-run ranges, how many runs the guard held the group near the
 // cores, and, when only some runs stayed below maxProcs, the figures of
 // each kind of run.
-func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
-	var on, off *GuardResult
+func guardVerdict(results []guardResult, cores, maxProcs int) string {
+	var on, off *guardResult
 	for i := range results {
 		r := &results[i]
 		if r.WaitLimit > 0 && on == nil {
@@ -602,15 +541,15 @@ func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
 			held++
 		}
 	}
-	span := func(runs []GuardFigures, f func(GuardFigures) float64) (float64, float64) {
+	span := func(runs []guardFigures, f func(guardFigures) float64) (float64, float64) {
 		lo, hi := f(runs[0]), f(runs[0])
 		for _, r := range runs[1:] {
 			lo, hi = min(lo, f(r)), max(hi, f(r))
 		}
 		return lo, hi
 	}
-	thr := func(f GuardFigures) float64 { return f.Throughput }
-	p99 := func(f GuardFigures) float64 { return f.P99us }
+	thr := func(f guardFigures) float64 { return f.Throughput }
+	p99 := func(f guardFigures) float64 { return f.P99us }
 	aLo, aHi := span(on.Runs, thr)
 	bLo, bHi := span(off.Runs, thr)
 	pLo, pHi := span(on.Runs, p99)
@@ -623,7 +562,7 @@ func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
 		a.Throughput, b.Throughput, ratio(a.Throughput, b.Throughput), verdict(a.Throughput >= b.Throughput),
 		dur(a.P99us), dur(b.P99us), ratio(a.P99us, b.P99us), verdict(a.P99us < b.P99us))
 	fmt.Fprintf(&b2, " The guard kept the group near the cores in %d of %d runs; it held starts back (cpu_guard_holds above 0 over the run) in %d.",
-		held, len(on.Runs), countIf(on.Runs, func(f GuardFigures) bool { return f.RunGuardHolds > 0 }))
+		held, len(on.Runs), countIf(on.Runs, func(f guardFigures) bool { return f.RunGuardHolds > 0 }))
 	fmt.Fprintf(&b2, " Run to run, completed/s ranged %.0f-%.0f with the guard and %.0f-%.0f without; p99 %s-%s and %s-%s",
 		aLo, aHi, bLo, bHi, dur(pLo), dur(pHi), dur(qLo), dur(qHi))
 	if aLo <= bHi && bLo <= aHi || pLo <= qHi && qLo <= pHi {
@@ -633,7 +572,7 @@ func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
 	// The guard's runs fall in two kinds: held below the maximum, or grown
 	// to it as without the guard. Each kind's medians, and each held run
 	// against the run without the guard of the same round.
-	below := countIf(on.Runs, func(f GuardFigures) bool { return f.PeakProcs < float64(maxProcs) })
+	below := countIf(on.Runs, func(f guardFigures) bool { return f.PeakProcs < float64(maxProcs) })
 	if below == 0 {
 		fmt.Fprintf(&b2, " In every run the guard's group grew to the %d processes it grows to without the guard, so the differences above are "+
 			"not the guard's doing.", maxProcs)
@@ -642,7 +581,7 @@ func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
 	if below == len(on.Runs) {
 		return b2.String()
 	}
-	var in, out []GuardFigures
+	var in, out []guardFigures
 	var pairs []string
 	for i, f := range on.Runs {
 		if f.PeakProcs >= float64(maxProcs) {
@@ -656,7 +595,7 @@ func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
 				ratio(f.Throughput, g.Throughput), dur(f.P99us), dur(g.P99us), ratio(f.P99us, g.P99us)))
 		}
 	}
-	mi, mo := MedianGuardFigures(in), MedianGuardFigures(out)
+	mi, mo := medianOf(in), medianOf(out)
 	fmt.Fprintf(&b2, " **By outcome**: in the %d runs where the guard held the group below the maximum (%.1f processes), completed/s %.0f and p99 %s "+
 		"(medians); in the %d where it grew to the maximum (%.1f processes), %.0f/s and p99 %s; without the guard %.0f/s and p99 %s.",
 		len(in), mi.MeanProcs, mi.Throughput, dur(mi.P99us), len(out), mo.MeanProcs, mo.Throughput, dur(mo.P99us), b.Throughput, dur(b.P99us))
@@ -666,7 +605,7 @@ func GuardVerdict(results []GuardResult, cores, maxProcs int) string {
 	return b2.String()
 }
 
-func countIf(runs []GuardFigures, ok func(GuardFigures) bool) int {
+func countIf(runs []guardFigures, ok func(guardFigures) bool) int {
 	n := 0
 	for _, r := range runs {
 		if ok(r) {
@@ -676,19 +615,8 @@ func countIf(runs []GuardFigures, ok func(GuardFigures) bool) int {
 	return n
 }
 
-// guardMarkdown formats S5: setup, the figures of each system, each run,
-// and the plots.
-func (r *Report) guardMarkdown() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
-	fmt.Fprintf(&b, "%s. Machine: %s.\n\n", r.Date, r.Machine)
-	for _, s := range r.Setup {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	b.WriteString("\n")
-	for _, name := range sortedKeys(r.Skipped) {
-		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
-	}
+// writeGuard writes S5: the figures of each system and each run.
+func (r *report) writeGuard(b *strings.Builder) {
 	b.WriteString("## Figures\n\n")
 	b.WriteString("| system | cpu_wait_limit | offered/s | completed/s | refused | failed | timed out | p50 | p90 | p99 | p99.9 | " +
 		"processes mean / max / peak | runqueue_wait_percent mean / max | waiting | wait share | group CPU | UAP CPU/completed call | CPU/call | " +
@@ -697,7 +625,7 @@ func (r *Report) guardMarkdown() string {
 	waitsOver := false
 	for _, res := range r.GuardResults {
 		f := res.Median
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f (%s) | %.0f | %.0f (%s) | %s | %s | %s | %s | %.1f / %.0f / %.0f | %s / %s | %.2f | %s | %.2f cores | %.0f us | %.0f us | %.0f / %.0f | %.0f / %.0f | %s |\n",
+		fmt.Fprintf(b, "| %s | %d | %.0f | %.0f | %.0f (%s) | %.0f | %.0f (%s) | %s | %s | %s | %s | %.1f / %.0f / %.0f | %s / %s | %.2f | %s | %.2f cores | %.0f us | %.0f us | %.0f / %.0f | %.0f / %.0f | %s |\n",
 			res.System, res.WaitLimit, f.Offered, f.Throughput, f.Refused, pct(f.RefusedShare), f.Failed, f.TimedOut, pct(f.TimeoutShare),
 			dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.MeanProcs, f.MaxProcs, f.PeakProcs,
 			waitPct(f.MeanWaitPct), waitPct(f.MaxWaitPct), f.Waiting, pct(f.WaitShare), f.CPUCores, f.UAPCPUus, f.CPUus,
@@ -720,10 +648,10 @@ func (r *Report) guardMarkdown() string {
 				if i == res.Drawn {
 					drawn = " (plotted)"
 				}
-				fmt.Fprintf(&b, "| %s | %d%s | %.0f | %s | %s | %.0f / %.0f | %.1f / %.0f | %s / %s | %.2f | %.0f us | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f / %.2f |\n",
+				fmt.Fprintf(b, "| %s | %d%s | %.0f | %s | %s | %.0f / %.0f | %.1f / %.0f | %s / %s | %.2f | %.0f us | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f / %.2f |\n",
 					res.System, i+1, drawn, f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs,
 					waitPct(f.MeanWaitPct), waitPct(f.MaxWaitPct), f.Waiting, f.UAPCPUus, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts,
-					f.MachineCores, f.OtherCores, f.StealCores)
+					f.MachineCores, f.OtherCPU, f.StealCores)
 			}
 		}
 		b.WriteString("\n")
@@ -732,13 +660,6 @@ func (r *Report) guardMarkdown() string {
 		b.WriteString("'Waiting' above the number of processes: the probes count run-queue wait per thread and add it to the thread's process, " +
 			"so a process with several runnable threads (uap-echo is a Go program: its runtime has threads of its own) waits more than once at a time.\n\n")
 	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	for _, p := range r.Plots {
-		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
-	}
-	return b.String()
 }
 
 func waitPct(v float64) string {
@@ -748,10 +669,10 @@ func waitPct(v float64) string {
 	return fmt.Sprintf("%.0f%%", v)
 }
 
-// ParseProcStatCPU reads the first line of /proc/stat (all CPUs) and
+// parseProcStatCPU reads the first line of /proc/stat (all CPUs) and
 // returns the busy seconds (user, nice, system, irq, softirq) and the
 // stolen ones.
-func ParseProcStatCPU(b []byte) (busy, steal float64, err error) {
+func parseProcStatCPU(b []byte) (busy, steal float64, err error) {
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)
 	if len(f) < 9 || f[0] != "cpu" {
@@ -763,7 +684,7 @@ func ParseProcStatCPU(b []byte) (busy, steal float64, err error) {
 		if err != nil {
 			return 0, 0, fmt.Errorf("bench: /proc/stat: %w", err)
 		}
-		v[i] = float64(n) / ClockTicks
+		v[i] = float64(n) / clockTicks
 	}
 	// user nice system idle iowait irq softirq steal
 	return v[0] + v[1] + v[2] + v[5] + v[6], v[7], nil
@@ -774,6 +695,12 @@ func machineCPU() (busy, steal float64) {
 	if err != nil {
 		return 0, 0
 	}
-	busy, steal, _ = ParseProcStatCPU(b)
+	busy, steal, _ = parseProcStatCPU(b)
 	return busy, steal
+}
+
+// throughputRun is the run with the median throughput: its latency
+// distribution is drawn.
+func throughputRun(runs []guardFigures) int {
+	return medianRun(runs, func(f guardFigures) float64 { return f.Throughput })
 }

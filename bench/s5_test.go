@@ -11,14 +11,14 @@ import (
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 
-func sample(atMs int, procs, waitPct int, cpu, wait float64, holds, starts uint64) StatusSample {
-	return StatusSample{At: time.Duration(atMs) * time.Millisecond, Procs: procs, WaitPct: waitPct,
+func sample(atMs int, procs, waitPct int, cpu, wait float64, holds, starts uint64) statusSample {
+	return statusSample{At: time.Duration(atMs) * time.Millisecond, Procs: procs, WaitPct: waitPct,
 		CPUSeconds: cpu, WaitSeconds: wait, GuardHolds: holds, Starts: starts}
 }
 
 func TestSummarizeSamples(t *testing.T) {
 	// Out of order on purpose: they are sorted by time.
-	samples := []StatusSample{
+	samples := []statusSample{
 		sample(200, 2, 40, 0.4, 0.9, 9, 15),
 		sample(-50, 1, -1, 0, 0, 0, 0),
 		sample(50, 4, 20, 0.1, 0.1, 0, 3),
@@ -26,7 +26,7 @@ func TestSummarizeSamples(t *testing.T) {
 		sample(250, 3, -1, 0.5, 1.0, 9, 16),  // wait not known: left out of the percent
 		sample(400, 17, 100, 1, 2, 20, 20),   // after the window
 	}
-	f := SummarizeSamples(samples, 100*time.Millisecond, 300*time.Millisecond)
+	f := summarizeSamples(samples, 100*time.Millisecond, 300*time.Millisecond)
 	// 16 for 100 ms, 2 for 50 ms, 3 for 50 ms, over 200 ms.
 	want := ProcFigures{
 		MeanProcs: (16*100 + 2*50 + 3*50) / 200.0, MaxProcs: 16, PeakProcs: 17,
@@ -58,12 +58,12 @@ func TestSummarizeSamples(t *testing.T) {
 
 	// The sample in force at the start counts toward max even if read
 	// before it; a window with no sample before it starts at the first.
-	f = SummarizeSamples([]StatusSample{sample(0, 5, 10, 0, 0, 0, 0), sample(150, 1, 20, 1, 1, 0, 0)},
+	f = summarizeSamples([]statusSample{sample(0, 5, 10, 0, 0, 0, 0), sample(150, 1, 20, 1, 1, 0, 0)},
 		100*time.Millisecond, 200*time.Millisecond)
 	if !near(f.MeanProcs, 3) || f.MaxProcs != 5 || f.MeanWaitPct != 20 {
 		t.Errorf("in force at the start: %+v", f)
 	}
-	f = SummarizeSamples([]StatusSample{sample(150, 4, 10, 0, 0, 0, 0), sample(190, 2, 10, 0, 0, 0, 0)},
+	f = summarizeSamples([]statusSample{sample(150, 4, 10, 0, 0, 0, 0), sample(190, 2, 10, 0, 0, 0, 0)},
 		100*time.Millisecond, 200*time.Millisecond)
 	if !near(f.MeanProcs, (4*40+2*10)/50.0) || f.MaxProcs != 4 {
 		t.Errorf("no sample before the window: %+v", f)
@@ -75,7 +75,7 @@ func TestSummarizeSamplesMachine(t *testing.T) {
 	a.MachineBusy, a.MachineSteal = 100, 5
 	b := sample(500, 2, 10, 0, 0, 0, 0)
 	b.MachineBusy, b.MachineSteal = 100.9, 5.05
-	f := SummarizeSamples([]StatusSample{a, b}, 0, time.Second)
+	f := summarizeSamples([]statusSample{a, b}, 0, time.Second)
 	if !near(f.MachineCores, 1.8) || !near(f.StealCores, 0.1) {
 		t.Errorf("machine %v cores, steal %v, want 1.8, 0.1", f.MachineCores, f.StealCores)
 	}
@@ -83,7 +83,7 @@ func TestSummarizeSamplesMachine(t *testing.T) {
 
 func TestParseProcStatCPU(t *testing.T) {
 	stat := []byte("cpu  1000 50 300 9000 20 10 40 7 0 0\ncpu0 500 25 150 4500 10 5 20 3 0 0\nintr 1\n")
-	busy, steal, err := ParseProcStatCPU(stat)
+	busy, steal, err := parseProcStatCPU(stat)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestParseProcStatCPU(t *testing.T) {
 		t.Errorf("busy %v steal %v", busy, steal)
 	}
 	for _, bad := range []string{"", "cpu0 1 2 3 4 5 6 7 8", "cpu 1 2 3", "cpu 1 2 3 x 5 6 7 8"} {
-		if _, _, err := ParseProcStatCPU([]byte(bad)); err == nil {
+		if _, _, err := parseProcStatCPU([]byte(bad)); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
 	}
@@ -100,20 +100,20 @@ func TestParseProcStatCPU(t *testing.T) {
 func TestSummarizeSamplesEmpty(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		s        []StatusSample
+		s        []statusSample
 		from, to time.Duration
 	}{
 		{"no samples", nil, 0, time.Second},
-		{"empty window", []StatusSample{sample(0, 3, 10, 0, 0, 0, 0)}, time.Second, time.Second},
-		{"all after the window", []StatusSample{sample(2000, 3, 10, 0, 0, 0, 0)}, 0, time.Second},
+		{"empty window", []statusSample{sample(0, 3, 10, 0, 0, 0, 0)}, time.Second, time.Second},
+		{"all after the window", []statusSample{sample(2000, 3, 10, 0, 0, 0, 0)}, 0, time.Second},
 	} {
-		f := SummarizeSamples(tc.s, tc.from, tc.to)
+		f := summarizeSamples(tc.s, tc.from, tc.to)
 		if f.MeanProcs != 0 || f.MaxProcs != 0 || f.MeanWaitPct != -1 || f.MaxWaitPct != -1 || f.Waiting != 0 {
 			t.Errorf("%s: %+v", tc.name, f)
 		}
 	}
 	// Wait never known: -1, not 0.
-	f := SummarizeSamples([]StatusSample{sample(0, 2, -1, 0, 0, 0, 0), sample(500, 2, -1, 0, 0, 0, 0)}, 0, time.Second)
+	f := summarizeSamples([]statusSample{sample(0, 2, -1, 0, 0, 0, 0), sample(500, 2, -1, 0, 0, 0, 0)}, 0, time.Second)
 	if f.MeanWaitPct != -1 || f.MaxWaitPct != -1 || !near(f.MeanProcs, 2) {
 		t.Errorf("unknown wait: %+v", f)
 	}
@@ -137,7 +137,7 @@ const statusJSON = `{
 }`
 
 func TestNodeStatusSample(t *testing.T) {
-	var st NodeStatus
+	var st nodeStatus
 	if err := json.Unmarshal([]byte(statusJSON), &st); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestNodeStatusSample(t *testing.T) {
 		t.Errorf("probes %q", st.Probes.Name)
 	}
 	got := st.Sample("bench")
-	want := StatusSample{Procs: 2, QueueDepth: 31, WaitPct: 37, CPUSeconds: 1.5, WaitSeconds: 0.25, GuardHolds: 42, Starts: 15}
+	want := statusSample{Procs: 2, QueueDepth: 31, WaitPct: 37, CPUSeconds: 1.5, WaitSeconds: 0.25, GuardHolds: 42, Starts: 15}
 	if got != want {
 		t.Errorf("sample = %+v, want %+v", got, want)
 	}
@@ -154,26 +154,26 @@ func TestNodeStatusSample(t *testing.T) {
 	}
 }
 
-func guardFig(thr, p99, procs float64) GuardFigures {
-	return GuardFigures{Figures: Figures{Offered: 9000, Throughput: thr, P50us: p99 / 4, P90us: p99 / 2, P99us: p99, P999us: 2 * p99, CPUus: 140},
+func guardFig(thr, p99, procs float64) guardFigures {
+	return guardFigures{Figures: Figures{Offered: 9000, Throughput: thr, P50us: p99 / 4, P90us: p99 / 2, P99us: p99, P999us: 2 * p99, CPUus: 140},
 		ProcFigures: ProcFigures{MeanProcs: procs, MaxProcs: math.Ceil(procs), PeakProcs: math.Ceil(procs), MeanWaitPct: 80, MaxWaitPct: 100,
 			Waiting: procs, WaitShare: 0.9, CPUCores: 0.8, GuardHolds: 3, RunGuardHolds: 10},
 		UAPCPUus: 150, Due: 36000, Refused: 1000}
 }
 
-func TestMedianGuardFigures(t *testing.T) {
-	runs := []GuardFigures{guardFig(5000, 30000, 16), guardFig(7000, 10000, 2), guardFig(6000, 20000, 3)}
-	m := MedianGuardFigures(runs)
+func TestMedianOfGuardFigures(t *testing.T) {
+	runs := []guardFigures{guardFig(5000, 30000, 16), guardFig(7000, 10000, 2), guardFig(6000, 20000, 3)}
+	m := medianOf(runs)
 	if m.Throughput != 6000 || m.P99us != 20000 || m.MeanProcs != 3 || m.Offered != 9000 || m.Refused != 1000 || m.UAPCPUus != 150 {
 		t.Errorf("median = %+v", m)
 	}
-	if i := medianThroughputRun(runs); i != 2 {
+	if i := throughputRun(runs); i != 2 {
 		t.Errorf("median throughput run = %d, want 2", i)
 	}
-	if i := medianThroughputRun(runs[:2]); i != 0 {
+	if i := throughputRun(runs[:2]); i != 0 {
 		t.Errorf("median of two = %d, want the lower (0)", i)
 	}
-	if i := medianThroughputRun(nil); i != -1 {
+	if i := throughputRun(nil); i != -1 {
 		t.Errorf("no runs: %d", i)
 	}
 	// The embedded figures flatten into one JSON object.
@@ -188,17 +188,17 @@ func TestMedianGuardFigures(t *testing.T) {
 	}
 }
 
-func guardResults(on, off []GuardFigures) []GuardResult {
-	return []GuardResult{
-		{System: NameTpschedGuard, WaitLimit: 30, Probes: "tp_btf", Runs: on, Median: MedianGuardFigures(on), Drawn: medianThroughputRun(on)},
-		{System: NameTpschedGuardOff, WaitLimit: 0, Probes: "tp_btf", Runs: off, Median: MedianGuardFigures(off), Drawn: medianThroughputRun(off)},
+func guardResults(on, off []guardFigures) []guardResult {
+	return []guardResult{
+		{System: nameTpschedGuard, WaitLimit: 30, Probes: "tp_btf", Runs: on, Median: medianOf(on), Drawn: throughputRun(on)},
+		{System: nameTpschedGuardOff, WaitLimit: 0, Probes: "tp_btf", Runs: off, Median: medianOf(off), Drawn: throughputRun(off)},
 	}
 }
 
 func TestGuardVerdict(t *testing.T) {
-	good := GuardVerdict(guardResults(
-		[]GuardFigures{guardFig(7000, 10000, 2.5), guardFig(7100, 11000, 3), guardFig(7200, 9000, 2)},
-		[]GuardFigures{guardFig(6000, 30000, 16), guardFig(6100, 40000, 16), guardFig(5900, 35000, 16)}), 2, 16)
+	good := guardVerdict(guardResults(
+		[]guardFigures{guardFig(7000, 10000, 2.5), guardFig(7100, 11000, 3), guardFig(7200, 9000, 2)},
+		[]guardFigures{guardFig(6000, 30000, 16), guardFig(6100, 40000, 16), guardFig(5900, 35000, 16)}), 2, 16)
 	for _, want := range []string{
 		"processes with the guard 2.5 on average, 3 at most (near the 2 cores, mean at most 4: met; without: 16.0, 16 at most)",
 		"completed calls/s 7100 vs 6000 (1.18x; no lower: met)",
@@ -213,9 +213,9 @@ func TestGuardVerdict(t *testing.T) {
 	if strings.Contains(good, "overlap") || strings.Contains(good, "By outcome") {
 		t.Errorf("separate ranges called overlapping:\n%s", good)
 	}
-	bad := GuardVerdict(guardResults(
-		[]GuardFigures{guardFig(5000, 30000, 16), guardFig(7000, 10000, 2), guardFig(6000, 50000, 16)},
-		[]GuardFigures{guardFig(6500, 30000, 16), guardFig(5500, 40000, 16), guardFig(6200, 35000, 16)}), 2, 16)
+	bad := guardVerdict(guardResults(
+		[]guardFigures{guardFig(5000, 30000, 16), guardFig(7000, 10000, 2), guardFig(6000, 50000, 16)},
+		[]guardFigures{guardFig(6500, 30000, 16), guardFig(5500, 40000, 16), guardFig(6200, 35000, 16)}), 2, 16)
 	for _, want := range []string{"mean at most 4: NOT met", "no lower: NOT met", "lower: met", "near the cores in 1 of 3 runs",
 		"the ranges overlap",
 		"**By outcome**: in the 1 runs where the guard held the group below the maximum (2.0 processes), completed/s 7000 and p99 10.0 ms (medians); " +
@@ -225,25 +225,25 @@ func TestGuardVerdict(t *testing.T) {
 			t.Errorf("verdict lacks %q:\n%s", want, bad)
 		}
 	}
-	grown := GuardVerdict(guardResults(
-		[]GuardFigures{guardFig(7000, 10000, 16), guardFig(7100, 11000, 16), guardFig(7200, 9000, 16)},
-		[]GuardFigures{guardFig(6000, 30000, 16), guardFig(6100, 40000, 16), guardFig(5900, 35000, 16)}), 2, 16)
+	grown := guardVerdict(guardResults(
+		[]guardFigures{guardFig(7000, 10000, 16), guardFig(7100, 11000, 16), guardFig(7200, 9000, 16)},
+		[]guardFigures{guardFig(6000, 30000, 16), guardFig(6100, 40000, 16), guardFig(5900, 35000, 16)}), 2, 16)
 	if !strings.Contains(grown, "In every run the guard's group grew to the 16 processes it grows to without the guard") ||
 		strings.Contains(grown, "By outcome") {
 		t.Errorf("grown everywhere:\n%s", grown)
 	}
-	if v := GuardVerdict(guardResults(nil, nil)[:1], 2, 16); !strings.Contains(v, "not checked") {
+	if v := guardVerdict(guardResults(nil, nil)[:1], 2, 16); !strings.Contains(v, "not checked") {
 		t.Errorf("one system: %s", v)
 	}
 }
 
 func TestGuardMarkdown(t *testing.T) {
-	on := []GuardFigures{guardFig(7000, 10000, 2), guardFig(7100, 11000, 3), guardFig(7200, 9000, 2)}
-	off := []GuardFigures{guardFig(6000, 30000, 16), guardFig(6100, 40000, 16), guardFig(5900, 35000, 16)}
+	on := []guardFigures{guardFig(7000, 10000, 2), guardFig(7100, 11000, 3), guardFig(7200, 9000, 2)}
+	off := []guardFigures{guardFig(6000, 30000, 16), guardFig(6100, 40000, 16), guardFig(5900, 35000, 16)}
 	off[0].Waiting = 20 // more than its 16 processes
-	r := &Report{Scenario: "S5", Title: "the CPU guard", Date: "2026-01-02",
-		Machine: Machine{Cores: 2, CPU: "test CPU", Kernel: "6.1", Go: "go1.26"}, Runs: 3,
-		Guard:        &GuardSetup{Capacity: 6500, Factor: 1.4, Rate: 9100, Carriers: 256, Queue: 32, Poll: S5Poll, WaitLimit: 30, Cores: 2},
+	r := &report{Scenario: "S5", Title: "the CPU guard", Date: "2026-01-02",
+		Machine: machineInfo{Cores: 2, CPU: "test CPU", Kernel: "6.1", Go: "go1.26"}, Runs: 3,
+		Guard:        &guardSetup{Capacity: 6500, Factor: 1.4, Rate: 9100, Carriers: 256, Queue: 32, Poll: s5Poll, WaitLimit: 30, Cores: 2},
 		GuardResults: guardResults(on, off), Setup: []string{"setup line"}, Notes: []string{"a note"},
 		Skipped: map[string]string{"x": "why"}}
 	md := r.Markdown()
@@ -278,24 +278,24 @@ func TestGuardMarkdown(t *testing.T) {
 }
 
 func TestPlotGuardSeries(t *testing.T) {
-	on := []GuardFigures{guardFig(7000, 10000, 2)}
-	off := []GuardFigures{guardFig(6000, 30000, 16)}
-	r := &Report{Scenario: "S5", Date: "2026-01-02", Warmup: 1,
-		Guard:        &GuardSetup{Rate: 9100, Carriers: 256, Poll: S5Poll, WaitLimit: 30},
+	on := []guardFigures{guardFig(7000, 10000, 2)}
+	off := []guardFigures{guardFig(6000, 30000, 16)}
+	r := &report{Scenario: "S5", Date: "2026-01-02", Warmup: 1,
+		Guard:        &guardSetup{Rate: 9100, Carriers: 256, Poll: s5Poll, WaitLimit: 30},
 		GuardResults: guardResults(on, off)}
-	r.GuardResults[0].Samples = [][]StatusSample{{sample(0, 1, -1, 0, 0, 0, 0), sample(50, 2, 40, 0, 0, 0, 0), sample(100, 2, 90, 0, 0, 0, 0)}}
-	r.GuardResults[1].Samples = [][]StatusSample{{sample(0, 1, -1, 0, 0, 0, 0), sample(50, 16, 100, 0, 0, 0, 0)}}
+	r.GuardResults[0].Samples = [][]statusSample{{sample(0, 1, -1, 0, 0, 0, 0), sample(50, 2, 40, 0, 0, 0, 0), sample(100, 2, 90, 0, 0, 0, 0)}}
+	r.GuardResults[1].Samples = [][]statusSample{{sample(0, 1, -1, 0, 0, 0, 0), sample(50, 16, 100, 0, 0, 0, 0)}}
 	dir := t.TempDir()
 	for _, what := range []string{"processes", "wait"} {
-		name, err := PlotGuardSeries(r, dir, what)
+		name, err := plotGuardSeries(r, dir, what)
 		if err != nil || name != "2026-01-02-S5-"+what+"-over-time.png" {
 			t.Errorf("%s: %q, %v", what, name, err)
 		}
 	}
-	if _, err := PlotGuardSeries(r, dir, "nonsense"); err == nil {
+	if _, err := plotGuardSeries(r, dir, "nonsense"); err == nil {
 		t.Error("an unknown series: no error")
 	}
-	if name, err := PlotGuardSeries(&Report{}, dir, "processes"); name != "" || err != nil {
+	if name, err := plotGuardSeries(&report{}, dir, "processes"); name != "" || err != nil {
 		t.Errorf("no S5: %q, %v", name, err)
 	}
 }

@@ -1,12 +1,10 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"tpsched/internal/freeport"
 	"tpsched/scd/def"
 )
 
@@ -30,44 +29,44 @@ import (
 
 // S6 sizing.
 const (
-	S6SleepMs  = 2 // the sleep service's request: milliseconds (I/O-like, so the 2 cores do not blur the 3x)
-	S6Slowdown = 3 // TPSCHED_ECHO_SLOWDOWN of the slow node's uap-echo
-	S6Slow     = 2 // index of the slow node in S6IPs
+	s6SleepMs  = 2 // the sleep service's request: milliseconds (I/O-like, so the 2 cores do not blur the 3x)
+	s6Slowdown = 3 // TPSCHED_ECHO_SLOWDOWN of the slow node's uap-echo
+	s6Slow     = 2 // index of the slow node in S6IPs
 	S6Load     = 0.7
 	S6Queue    = def.DefaultQueueSize
-	S6Carriers = 1024 // the random rule holds ~400 calls at the slow node's full queue
-	S6Runs     = 5    // at least, in the full run: OpenTP1's rule varies from run to run
-	S6Poll     = 100 * time.Millisecond
+	s6Carriers = 1024 // the random rule holds ~400 calls at the slow node's full queue
+	s6Runs     = 5    // at least, in the full run: OpenTP1's rule varies from run to run
+	s6Poll     = 100 * time.Millisecond
 	// Each run: warm-up (the random rule fills the slow node's queue:
 	// 256 calls at ~100/s more than it serves) and measured time (several
 	// of OpenTP1's level cycles, one load check a second).
-	S6Warmup        = 3 * time.Second
-	S6Duration      = 10 * time.Second
-	S6QuickWarmup   = 2 * time.Second
-	S6QuickDuration = 4 * time.Second
-	S6LoadCheck     = 1 // loadcheck_interval, seconds
+	s6Warmup        = 3 * time.Second
+	s6Duration      = 10 * time.Second
+	s6QuickWarmup   = 2 * time.Second
+	s6QuickDuration = 4 * time.Second
+	s6LoadCheck     = 1 // loadcheck_interval, seconds
 )
 
 var (
-	// S6IPs are the nodes' addresses: one host each, as on three machines.
-	S6IPs = []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+	// s6IPs are the nodes' addresses: one host each, as on three machines.
+	s6IPs = []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"}
 	// Table 3-14 thresholds on the queue length q of one process: a fast
 	// node at 80% (when the slow one is avoided: 400/s of 500/s) rarely
 	// holds 8 and almost never 16; the slow node, offered 100/s more than
 	// it serves, passes 16 within 0.2 s.
 	S6LevelUp   = [2]int{8, 16}
-	S6LevelDown = [2]int{2, 8}
+	s6LevelDown = [2]int{2, 8}
 )
 
 // S6's systems: the same three nodes, three routing rules.
 const (
-	NameClusterRandom  = "random (announce N)"
-	NameClusterOpenTP1 = "OpenTP1 rule"
-	NameClusterP2C     = "P2C"
+	nameClusterRandom  = "random (announce N)"
+	nameClusterOpenTP1 = "OpenTP1 rule"
+	nameClusterP2C     = "P2C"
 )
 
-// ClusterSetup is how S6 was run.
-type ClusterSetup struct {
+// clusterSetup is how S6 was run.
+type clusterSetup struct {
 	IPs          []string      `json:"ips"`
 	Slow         int           `json:"slow_node"` // index into IPs
 	Slowdown     int           `json:"slowdown"`
@@ -84,9 +83,9 @@ type ClusterSetup struct {
 	Poll         time.Duration `json:"poll_ns"`
 }
 
-// ClusterFigures are one S6 run's figures, or the median of the runs (each
+// clusterFigures are one S6 run's figures, or the median of the runs (each
 // figure, and each node's, its own median).
-type ClusterFigures struct {
+type clusterFigures struct {
 	Figures
 	// Completed is the calls due in the window that were answered OK,
 	// whenever they were, per second of the window. (Figures.Throughput
@@ -115,14 +114,14 @@ type ClusterFigures struct {
 	MachineCores float64      `json:"machine_busy_cores"` // the whole machine's busy CPU over the window
 }
 
-// ClusterResult is one system's S6 runs.
-type ClusterResult struct {
+// clusterResult is one system's S6 runs.
+type clusterResult struct {
 	System string           `json:"system"`
 	Config string           `json:"config"` // the scdsvcdef lines that differ
-	Runs   []ClusterFigures `json:"runs"`
-	Median ClusterFigures   `json:"median"`
+	Runs   []clusterFigures `json:"runs"`
+	Median clusterFigures   `json:"median"`
 	Drawn  int              `json:"drawn_run"` // the run with the median p99: its CDF is drawn
-	CDF    []CDFPoint       `json:"cdf,omitempty"`
+	CDF    []cdfPoint       `json:"cdf,omitempty"`
 	Error  string           `json:"error,omitempty"`
 }
 
@@ -130,9 +129,9 @@ type s6System struct{ name, sched string }
 
 func s6Systems() []s6System {
 	return []s6System{
-		{NameClusterRandom, "scd_announce_server_status = N"},
-		{NameClusterOpenTP1, "scd_announce_server_status = Y, scd_balance_rule = opentp1"},
-		{NameClusterP2C, "scd_announce_server_status = Y, scd_balance_rule = p2c"},
+		{nameClusterRandom, "scd_announce_server_status = N"},
+		{nameClusterOpenTP1, "scd_announce_server_status = Y, scd_balance_rule = opentp1"},
+		{nameClusterP2C, "scd_announce_server_status = Y, scd_balance_rule = p2c"},
 	}
 }
 
@@ -145,31 +144,31 @@ func (s s6System) schedLines() string {
 	return b.String()
 }
 
-// NominalCapacity is what one resident process serves per second when each
+// nominalCapacity is what one resident process serves per second when each
 // call sleeps sleepMs x slowdown.
-func NominalCapacity(sleepMs, slowdown int) float64 {
+func nominalCapacity(sleepMs, slowdown int) float64 {
 	return 1000 / float64(sleepMs*slowdown)
 }
 
-// Cluster is three (or more) scdd nodes started as one system: the load
+// cluster is three (or more) scdd nodes started as one system: the load
 // enters each node in turn.
-type Cluster struct {
-	*System
+type cluster struct {
+	*system
 	RPC []string // each node's RPC address
 	Ctl []string // each node's control address (/status, /metrics)
 }
 
-// StartCluster starts one scdd per address of ips with the group "bench"
+// startCluster starts one scdd per address of ips with the group "bench"
 // (one resident uap-echo, the S6 load-check thresholds), the nodes'
 // scdsvcdef lines sched, and TPSCHED_ECHO_SLOWDOWN=slowdown on node slow;
 // it returns once every node knows all of them and a call goes through.
-func StartCluster(env Env, name string, ips []string, sched string, slow, slowdown, queue int) (*Cluster, error) {
+func startCluster(env Env, name string, ips []string, sched string, slow, slowdown, queue int) (*cluster, error) {
 	s, err := newSystem(name)
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{System: s}
-	ports, err := commonFreePorts(ips, 3)
+	c := &cluster{system: s}
+	ports, err := freeport.Common(ips, 3)
 	if err != nil {
 		s.Stop()
 		return nil, err
@@ -192,7 +191,7 @@ func StartCluster(env Env, name string, ips []string, sched string, slow, slowdo
 		c.Ctl = append(c.Ctl, net.JoinHostPort(ip, strconv.Itoa(ctlPort)))
 	}
 	s.Addr = strings.Join(c.RPC, ",")
-	s.dial = func(svc string) Dialer { return RoundRobinDialer(c.RPC, "bench", svc) }
+	s.dial = func(svc string) dialer { return roundRobinDialer(c.RPC, "bench", svc) }
 	s.status = "http://" + c.Ctl[0] + "/status"
 	_, err = launch(s, "echo", func() error {
 		for i, ip := range ips {
@@ -208,7 +207,7 @@ func StartCluster(env Env, name string, ips []string, sched string, slow, slowdo
 				dir + "/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"sleep=sleep\", \"pid=pid\"\n"+
 					"set module = %q\nset parallel_count = 1\nset queue_size = %d\nset loadcheck_interval = %d\n"+
 					"set levelup_queue_count = %d,%d\nset leveldown_queue_count = %d,%d\n%s",
-					uap, queue, S6LoadCheck, S6LevelUp[0], S6LevelUp[1], S6LevelDown[0], S6LevelDown[1], putenv),
+					uap, queue, s6LoadCheck, S6LevelUp[0], S6LevelUp[1], s6LevelDown[0], s6LevelDown[1], putenv),
 			}
 			if err := writeFiles(s.dir, files); err != nil {
 				return err
@@ -227,7 +226,7 @@ func StartCluster(env Env, name string, ips []string, sched string, slow, slowdo
 
 // waitJoined waits until every node's name table holds n nodes with the
 // group "bench".
-func (c *Cluster) waitJoined(n int, limit time.Duration) error {
+func (c *cluster) waitJoined(n int, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for i, ctl := range c.Ctl {
 		for {
@@ -285,70 +284,32 @@ func clusterNodesKnown(url, group string) (int, error) {
 	return n, nil
 }
 
-// commonFreePorts finds n distinct ports free for TCP and UDP on every
-// address of ips (the nodes use the same ports, each on its own address).
-func commonFreePorts(ips []string, n int) ([]int, error) {
-	free := func(p int) bool {
-		for _, ip := range ips {
-			addr := net.JoinHostPort(ip, strconv.Itoa(p))
-			l, err := net.Listen("tcp", addr)
-			if err != nil {
-				return false
-			}
-			l.Close()
-			u, err := net.ListenPacket("udp", addr)
-			if err != nil {
-				return false
-			}
-			u.Close()
-		}
-		return true
-	}
-	var out []int
-	for range 200 {
-		// A port the kernel hands out is free on 127.0.0.1; try it on all.
-		l, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
-		if err != nil {
-			return nil, fmt.Errorf("bench: listen on %s: %w (the cluster needs the loopback addresses 127.0.0.2-4)", ips[0], err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !slices.Contains(out, p) && free(p) {
-			out = append(out, p)
-			if len(out) == n {
-				return out, nil
-			}
-		}
-	}
-	return nil, fmt.Errorf("bench: no %d ports free on all of %v", n, ips)
-}
-
 // rrCaller sends each call to the next node in turn.
 type rrCaller struct {
-	callers []Caller
+	callers []caller
 	next    int
 }
 
-// RoundRobinDialer makes callers that hold one connection to each of addrs
+// roundRobinDialer makes callers that hold one connection to each of addrs
 // and send call i to addrs[(k+i) mod n], k counting the callers made, so
 // the calls enter every node equally whichever connections are busy.
-func RoundRobinDialer(addrs []string, group, service string) Dialer {
+func roundRobinDialer(addrs []string, group, service string) dialer {
 	var made atomic.Int64
-	return func() Caller {
-		var cs []Caller
+	return func() caller {
+		var cs []caller
 		for _, a := range addrs {
-			cs = append(cs, TpschedDialer(a, group, service)())
+			cs = append(cs, tpschedDialer(a, group, service)())
 		}
-		return RoundRobin(cs, int(made.Add(1)-1))
+		return roundRobin(cs, int(made.Add(1)-1))
 	}
 }
 
-// RoundRobin is a Caller that sends call i to callers[(start+i) mod n].
-func RoundRobin(callers []Caller, start int) Caller {
+// roundRobin is a Caller that sends call i to callers[(start+i) mod n].
+func roundRobin(callers []caller, start int) caller {
 	return &rrCaller{callers: callers, next: start % len(callers)}
 }
 
-func (c *rrCaller) Call(payload []byte, deadline time.Time) (Outcome, error) {
+func (c *rrCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
 	i := c.next
 	c.next = (c.next + 1) % len(c.callers)
 	return c.callers[i].Call(payload, deadline)
@@ -362,77 +323,20 @@ func (c *rrCaller) Close() error {
 	return errors.Join(errs...)
 }
 
-// ParseMetrics reads Prometheus text exposition into series -> value, the
-// series as written ("name{labels}"); comments and unparsable lines are
-// skipped.
-func ParseMetrics(r io.Reader) map[string]float64 {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i <= 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		out[strings.TrimSpace(line[:i])] = v
-	}
-	return out
-}
-
-// SumPrefix adds up the series whose name (with labels) starts with prefix.
-func SumPrefix(m map[string]float64, prefix string) float64 {
-	var s float64
-	for k, v := range m {
-		if strings.HasPrefix(k, prefix) {
-			s += v
-		}
-	}
-	return s
-}
-
-func readMetrics(ctl string) (map[string]float64, error) {
-	resp, err := statusClient.Get("http://" + ctl + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s/metrics: %s", ctl, resp.Status)
-	}
-	return ParseMetrics(resp.Body), nil
-}
-
-// The series S6 reads from each node.
-const (
-	metricProcessed    = `tpsched_requests_processed_total{group="bench"}`
-	metricRefusedBusy  = `tpsched_requests_refused_total{reason="busy",group="bench"}`
-	metricLevel        = `tpsched_load_level{group="bench"}`
-	metricLevelChanges = `tpsched_load_level_changes_total{group="bench"}`
-	metricForwarded    = `tpsched_forwarded_total{`
-)
-
-// LevelSample is every node's own load level at one time (-1: not read).
-type LevelSample struct {
+// levelSample is every node's own load level at one time (-1: not read).
+type levelSample struct {
 	At     time.Duration `json:"at_ns"`
 	Levels []int         `json:"levels"`
 }
 
-// LevelShares is the share of [from, to) each of n nodes spent at LEVEL0,
+// levelShares is the share of [from, to) each of n nodes spent at LEVEL0,
 // 1 and 2. A reading holds from its time to the next; the one in force at
 // from is the last at or before it (or, if none, the first). Time with the
 // level not read counts toward no level.
-func LevelShares(samples []LevelSample, n int, from, to time.Duration) [][3]float64 {
+func levelShares(samples []levelSample, n int, from, to time.Duration) [][3]float64 {
 	out := make([][3]float64, n)
 	s := slices.Clone(samples)
-	slices.SortStableFunc(s, func(a, b LevelSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
+	slices.SortStableFunc(s, func(a, b levelSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
 	if len(s) == 0 || to <= from {
 		return out
 	}
@@ -465,10 +369,10 @@ func LevelShares(samples []LevelSample, n int, from, to time.Duration) [][3]floa
 
 // clusterRun runs the open loop on c, reading every node's /metrics at the
 // window's edges and its load level every setup.Poll.
-func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetup) (ClusterFigures, []CDFPoint, error) {
+func clusterRun(ctx context.Context, c *cluster, o runOptions, setup clusterSetup) (clusterFigures, []cdfPoint, error) {
 	n := len(c.Ctl)
-	snap := func() ([]map[string]float64, error) {
-		out := make([]map[string]float64, n)
+	snap := func() ([]nodeMetrics, error) {
+		out := make([]nodeMetrics, n)
 		for i, ctl := range c.Ctl {
 			m, err := readMetrics(ctl)
 			if err != nil {
@@ -484,23 +388,20 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 		for i, ctl := range c.Ctl {
 			levels[i] = -1
 			if m, err := readMetrics(ctl); err == nil {
-				if v, ok := m[metricLevel]; ok {
-					levels[i] = int(v)
-				}
+				levels[i] = m.level
 			}
 		}
 		return levels, true
 	})
-	roots := c.Roots()
+	roots, peers := c.Roots(), othersRoots(c.system)
 	var (
-		before, after           []map[string]float64
+		before, after           []nodeMetrics
 		snapErr                 error
-		treeBefore, treeAfter   TreeUsage
-		selfBefore, selfAfter   uint64
+		cpuBefore, cpuAfter     cpuSample
 		busyBefore, busyAfter   float64
 		windowBegin, windowEnds time.Time
 	)
-	l := Load{
+	l := load{
 		Dial:     c.Dialer("sleep"),
 		Payload:  []byte(strconv.Itoa(setup.SleepMs)),
 		Conns:    setup.Carriers,
@@ -516,45 +417,46 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 			if begin {
 				windowBegin = time.Now()
 				before = m
-				treeBefore = SnapshotTree(roots)
-				selfBefore = selfTicks()
+				cpuBefore = sampleCPU(roots, peers)
 				busyBefore, _ = machineCPU()
 				return
 			}
 			windowEnds = time.Now()
 			after = m
-			treeAfter = SnapshotTree(roots)
-			selfAfter = selfTicks()
+			cpuAfter = sampleCPU(roots, peers)
 			busyAfter, _ = machineCPU()
 		},
 	}
-	res, err := OpenLoop(ctx, l)
+	res, err := openLoop(ctx, l)
 	seen := stop()
 	if err != nil {
-		return ClusterFigures{}, nil, err
+		return clusterFigures{}, nil, err
 	}
 	if snapErr != nil {
-		return ClusterFigures{}, nil, fmt.Errorf("reading /metrics: %w", snapErr)
+		return clusterFigures{}, nil, fmt.Errorf("reading /metrics: %w", snapErr)
 	}
 	if before == nil || after == nil {
-		return ClusterFigures{}, nil, errors.New("the window's /metrics were not read")
+		return clusterFigures{}, nil, errors.New("the window's /metrics were not read")
 	}
 	secs := o.Duration.Seconds()
-	f := ClusterFigures{
-		Figures:   figuresOf(res, o.Duration, true, treeAfter.Ticks-treeBefore.Ticks, selfAfter-selfBefore, 0),
+	cpu := splitCPU(cpuBefore, cpuAfter)
+	f := clusterFigures{
+		Figures:   figuresOf(res, o.Duration, true, cpu.server, cpu.self, 0),
 		Completed: float64(res.Calls) / o.Duration.Seconds(),
 		Due:       float64(res.Offered), Refused: float64(res.Refused), Failed: float64(res.Failed), TimedOut: float64(res.TimedOut),
 	}
 	if el := windowEnds.Sub(windowBegin).Seconds(); el > 0 {
 		f.MachineCores = (busyAfter - busyBefore) / el
 	}
+	f.IdlePeersCPU, f.OtherCPU = cpu.cores(cpu.peers), cpu.cores(cpu.foreign)
 	var total float64
 	for i := range n {
-		d := after[i][metricProcessed] - before[i][metricProcessed]
+		a, b := before[i], after[i]
+		d := b.processed - a.processed
 		f.Served = append(f.Served, d/secs)
-		f.NodeRefused = append(f.NodeRefused, after[i][metricRefusedBusy]-before[i][metricRefusedBusy])
-		f.LevelChanges = append(f.LevelChanges, after[i][metricLevelChanges]-before[i][metricLevelChanges])
-		f.Transferred += (SumPrefix(after[i], metricForwarded) - SumPrefix(before[i], metricForwarded)) / secs
+		f.NodeRefused = append(f.NodeRefused, b.refusedBusy-a.refusedBusy)
+		f.LevelChanges = append(f.LevelChanges, b.levelChanges-a.levelChanges)
+		f.Transferred += (b.forwarded - a.forwarded) / secs
 		total += d
 	}
 	for i := range n {
@@ -564,105 +466,33 @@ func clusterRun(ctx context.Context, c *Cluster, o RunOptions, setup ClusterSetu
 		}
 		f.Share = append(f.Share, share)
 	}
-	var samples []LevelSample
+	var samples []levelSample
 	for _, x := range seen {
-		samples = append(samples, LevelSample{At: x.At.Sub(res.Begin), Levels: x.V})
+		samples = append(samples, levelSample{At: x.At.Sub(res.Begin), Levels: x.V})
 	}
-	f.LevelTime = LevelShares(samples, n, o.Warmup, o.Warmup+o.Duration)
+	f.LevelTime = levelShares(samples, n, o.Warmup, o.Warmup+o.Duration)
 	return f, res.CDF, nil
 }
 
-// MedianClusterFigures takes the median of each figure across runs, each
-// node's figures separately.
-func MedianClusterFigures(runs []ClusterFigures) ClusterFigures {
-	if len(runs) == 0 {
-		return ClusterFigures{}
-	}
-	figs := make([]Figures, len(runs))
-	for i, r := range runs {
-		figs[i] = r.Figures
-	}
-	pick := func(f func(ClusterFigures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		return Median(v)
-	}
-	n := len(runs[0].Served)
-	perNode := func(f func(ClusterFigures) []float64) []float64 {
-		out := make([]float64, n)
-		for k := range n {
-			out[k] = pick(func(r ClusterFigures) float64 {
-				if v := f(r); k < len(v) {
-					return v[k]
-				}
-				return 0
-			})
-		}
-		return out
-	}
-	m := ClusterFigures{
-		Figures:      MedianFigures(figs),
-		Completed:    pick(func(f ClusterFigures) float64 { return f.Completed }),
-		Due:          pick(func(f ClusterFigures) float64 { return f.Due }),
-		Refused:      pick(func(f ClusterFigures) float64 { return f.Refused }),
-		Failed:       pick(func(f ClusterFigures) float64 { return f.Failed }),
-		TimedOut:     pick(func(f ClusterFigures) float64 { return f.TimedOut }),
-		Served:       perNode(func(f ClusterFigures) []float64 { return f.Served }),
-		Share:        perNode(func(f ClusterFigures) []float64 { return f.Share }),
-		NodeRefused:  perNode(func(f ClusterFigures) []float64 { return f.NodeRefused }),
-		LevelChanges: perNode(func(f ClusterFigures) []float64 { return f.LevelChanges }),
-		Transferred:  pick(func(f ClusterFigures) float64 { return f.Transferred }),
-		MachineCores: pick(func(f ClusterFigures) float64 { return f.MachineCores }),
-	}
-	m.LevelTime = make([][3]float64, n)
-	for k := range n {
-		for l := range 3 {
-			m.LevelTime[k][l] = pick(func(f ClusterFigures) float64 {
-				if k < len(f.LevelTime) {
-					return f.LevelTime[k][l]
-				}
-				return 0
-			})
-		}
-	}
-	return m
-}
-
-// medianP99Run is the index of the run whose p99 is the median (the lower
-// middle of an even count).
-func medianP99Run(runs []ClusterFigures) int {
-	if len(runs) == 0 {
-		return -1
-	}
-	order := make([]int, len(runs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(runs[a].P99us, runs[b].P99us) })
-	return order[(len(order)-1)/2]
-}
-
-// S6Target is the issue's target: OpenTP1's rule or P2C with p99 at most
+// s6Target is the issue's target: OpenTP1's rule or P2C with p99 at most
 // this times random's.
-const S6Target = 0.5
+const s6Target = 0.5
 
-// ClusterVerdict states the target against what was measured: each
+// clusterVerdict states the target against what was measured: each
 // balancing rule's median p99 over random's, met if at most target; with
 // the runs' ranges, and a warning when a rule refused or timed out more
 // calls than random (p99 is of the calls answered).
-func ClusterVerdict(results []ClusterResult, target float64) string {
-	var random *ClusterResult
+func clusterVerdict(results []clusterResult, target float64) string {
+	var random *clusterResult
 	for i := range results {
-		if results[i].System == NameClusterRandom && len(results[i].Runs) > 0 {
+		if results[i].System == nameClusterRandom && len(results[i].Runs) > 0 {
 			random = &results[i]
 		}
 	}
 	if random == nil {
 		return "Target: not checked (the random system was not measured)."
 	}
-	span := func(runs []ClusterFigures) (float64, float64) {
+	span := func(runs []clusterFigures) (float64, float64) {
 		lo, hi := runs[0].P99us, runs[0].P99us
 		for _, r := range runs[1:] {
 			lo, hi = min(lo, r.P99us), max(hi, r.P99us)
@@ -675,7 +505,7 @@ func ClusterVerdict(results []ClusterResult, target float64) string {
 		dur(random.Median.P99us), dur(rLo), dur(rHi))
 	anyMet, checked := false, 0
 	for _, r := range results {
-		if r.System == NameClusterRandom || len(r.Runs) == 0 || random.Median.P99us == 0 {
+		if r.System == nameClusterRandom || len(r.Runs) == 0 || random.Median.P99us == 0 {
 			continue
 		}
 		checked++
@@ -691,7 +521,7 @@ func ClusterVerdict(results []ClusterResult, target float64) string {
 		if hi/rLo > target && q <= target {
 			fmt.Fprintf(&b, " (but its worst run is %.2fx random's best)", hi/rLo)
 		}
-		lost := func(f ClusterFigures) float64 { return f.Refused + f.TimedOut + f.Failed }
+		lost := func(f clusterFigures) float64 { return f.Refused + f.TimedOut + f.Failed }
 		if lost(r.Median) > lost(random.Median) {
 			fmt.Fprintf(&b, " (it lost more calls than random: %.0f refused, failed or timed out against %.0f, outside its p99)",
 				lost(r.Median), lost(random.Median))
@@ -710,27 +540,27 @@ func ClusterVerdict(results []ClusterResult, target float64) string {
 
 // runS6 offers the same open-loop rate to the three rules, cfg.Runs times
 // each, rotating which goes first, each run on three freshly started nodes.
-func runS6(ctx context.Context, cfg Config, opts RunOptions,
-	newReport func(string, string, []string, map[string]string, RunOptions) *Report, loadgen string) error {
+func runS6(ctx context.Context, cfg Config, opts runOptions,
+	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
 	factor := cfg.S6Load
 	if factor <= 0 {
 		factor = S6Load
 	}
 	o := opts
-	o.Warmup = given(cfg.S6Warmup, S6Warmup, S6QuickWarmup, cfg.Quick)
-	o.Duration = given(cfg.S6Duration, S6Duration, S6QuickDuration, cfg.Quick)
+	o.Warmup = given(cfg.S6Warmup, s6Warmup, s6QuickWarmup, cfg.Quick)
+	o.Duration = given(cfg.S6Duration, s6Duration, s6QuickDuration, cfg.Quick)
 	queue := cfg.S6Queue
 	if queue <= 0 {
 		queue = S6Queue
 	}
-	setup := ClusterSetup{IPs: S6IPs, Slow: S6Slow, Slowdown: S6Slowdown, SleepMs: S6SleepMs, Carriers: S6Carriers,
-		Queue: queue, LevelUp: S6LevelUp, LevelDown: S6LevelDown, LoadCheck: S6LoadCheck, Poll: S6Poll, Factor: factor}
-	for i := range S6IPs {
+	setup := clusterSetup{IPs: s6IPs, Slow: s6Slow, Slowdown: s6Slowdown, SleepMs: s6SleepMs, Carriers: s6Carriers,
+		Queue: queue, LevelUp: S6LevelUp, LevelDown: s6LevelDown, LoadCheck: s6LoadCheck, Poll: s6Poll, Factor: factor}
+	for i := range s6IPs {
 		k := 1
-		if i == S6Slow {
-			k = S6Slowdown
+		if i == s6Slow {
+			k = s6Slowdown
 		}
-		c := NominalCapacity(S6SleepMs, k)
+		c := nominalCapacity(s6SleepMs, k)
 		setup.NodeCapacity = append(setup.NodeCapacity, c)
 		setup.Capacity += c
 	}
@@ -739,7 +569,7 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 	// level flips now and then), so the full run takes at least S6Runs.
 	o.Runs = cfg.Runs
 	if !cfg.Quick {
-		o.Runs = max(o.Runs, S6Runs)
+		o.Runs = max(o.Runs, s6Runs)
 	}
 	systems := slices.DeleteFunc(s6Systems(), func(s s6System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
@@ -748,11 +578,11 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 		fmt.Fprintf(cfg.Log, "S6: none of its systems selected\n")
 		return nil
 	}
-	results := make([]ClusterResult, len(systems))
-	cdfs := make([][][]CDFPoint, len(systems))
+	results := make([]clusterResult, len(systems))
+	cdfs := make([][][]cdfPoint, len(systems))
 	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S6: sleep %d ms (x%d on n%d), open loop %.0f/s (%.2fx capacity %.0f/s), %v + %v per run, %d systems x %d runs\n",
-		S6SleepMs, S6Slowdown, S6Slow, setup.Rate, factor, setup.Capacity, o.Warmup, o.Duration, len(systems), o.Runs)
+		s6SleepMs, s6Slowdown, s6Slow, setup.Rate, factor, setup.Capacity, o.Warmup, o.Duration, len(systems), o.Runs)
 	names := make([]string, len(systems))
 	for i, sys := range systems {
 		names[i] = sys.name
@@ -760,7 +590,7 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 	}
 	errs, err := interleaved(ctx, cfg.Log, names, o.Runs, false, skipped, func(r, si int) (error, error) {
 		sys := systems[si]
-		c, err := StartCluster(cfg.Env, sys.name, S6IPs, sys.schedLines(), S6Slow, S6Slowdown, queue)
+		c, err := startCluster(cfg.Env, sys.name, s6IPs, sys.schedLines(), s6Slow, s6Slowdown, queue)
 		if err != nil {
 			return err, nil
 		}
@@ -773,21 +603,21 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 		cdfs[si] = append(cdfs[si], cdf)
 		fmt.Fprintf(cfg.Log, "  run %d %-20s %5.0f/s p50 %s p99 %s p99.9 %s refused %.0f timed out %.0f; served/s %s; slow node at LEVEL0/1/2 %s; transferred %.0f/s; machine %.2f cores\n",
 			r+1, sys.name, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
-			joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, S6Slow), f.Transferred, f.MachineCores)
+			joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, s6Slow), f.Transferred, f.MachineCores)
 		return nil, nil
 	}, func(i int) bool { return len(results[i].Runs) > 0 })
 	if err != nil {
 		return err
 	}
-	var done []ClusterResult
+	var done []clusterResult
 	for i := range results {
 		res := &results[i]
 		res.Error = errs[i]
 		if len(res.Runs) == 0 {
 			continue
 		}
-		res.Median = MedianClusterFigures(res.Runs)
-		res.Drawn = medianP99Run(res.Runs)
+		res.Median = medianOf(res.Runs)
+		res.Drawn = p99Run(res.Runs)
 		res.CDF = cdfs[i][res.Drawn]
 		done = append(done, *res)
 	}
@@ -796,11 +626,11 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 		reported = append(reported, d.System)
 	}
 	rep := newReport("S6", fmt.Sprintf("three nodes, one %d times slower: random, OpenTP1's rule and P2C at %.0f%% of capacity",
-		S6Slowdown, 100*factor), reported, skipped, o)
+		s6Slowdown, 100*factor), reported, skipped, o)
 	rep.Cluster = &setup
 	rep.ClusterResults = done
 	rep.Setup = s6Setup(setup, o, cfg.Quick, systems, loadgen)
-	rep.Notes = append(rep.Notes, ClusterVerdict(done, S6Target))
+	rep.Notes = append(rep.Notes, clusterVerdict(done, s6Target))
 	if n := slowNotSlow(done, setup); n != "" {
 		rep.Notes = append(rep.Notes, n)
 	}
@@ -811,9 +641,9 @@ func runS6(ctx context.Context, cfg Config, opts RunOptions,
 // slowNotSlow warns when, under the random rule (which offers the slow
 // node a third of the load, more than it can serve), the slow node served
 // well above its nominal capacity: the slowdown did not take.
-func slowNotSlow(results []ClusterResult, setup ClusterSetup) string {
+func slowNotSlow(results []clusterResult, setup clusterSetup) string {
 	for _, r := range results {
-		if r.System != NameClusterRandom || setup.Slow >= len(r.Median.Served) {
+		if r.System != nameClusterRandom || setup.Slow >= len(r.Median.Served) {
 			continue
 		}
 		got, want := r.Median.Served[setup.Slow], setup.NodeCapacity[setup.Slow]
@@ -849,7 +679,7 @@ func levelTimes(lt [][3]float64, node int) string {
 	return fmt.Sprintf("%.0f/%.0f/%.0f%%", 100*lt[node][0], 100*lt[node][1], 100*lt[node][2])
 }
 
-func s6Setup(g ClusterSetup, o RunOptions, quick bool, systems []s6System, loadgen string) []string {
+func s6Setup(g clusterSetup, o runOptions, quick bool, systems []s6System, loadgen string) []string {
 	var nodes []string
 	for i, ip := range g.IPs {
 		what := "fast"
@@ -901,32 +731,22 @@ func s6Setup(g ClusterSetup, o RunOptions, quick bool, systems []s6System, loadg
 }
 
 // plotClusterCDF draws S6's latency distributions with PlotCDF.
-func plotClusterCDF(r *Report, dir string) (string, error) {
+func plotClusterCDF(r *report, dir string) (string, error) {
 	if r.Cluster == nil {
 		return "", nil
 	}
-	c := Cell{Service: "sleep", Conns: r.Cluster.Carriers, Open: true}
+	c := gridCell{Service: "sleep", Conns: r.Cluster.Carriers, Open: true}
 	for _, res := range r.ClusterResults {
-		c.Results = append(c.Results, Measurement{System: res.System, CDF: res.CDF})
+		c.Results = append(c.Results, measurement{System: res.System, CDF: res.CDF})
 	}
 	tmp := *r
-	tmp.Cells = []Cell{c}
-	return PlotCDF(&tmp, dir, "sleep", 0, r.Cluster.Carriers)
+	tmp.Cells = []gridCell{c}
+	return plotCDF(&tmp, dir, "sleep", 0, r.Cluster.Carriers)
 }
 
-// clusterMarkdown formats S6: setup, the figures of each rule, each node's
-// share, each run, and the plot.
-func (r *Report) clusterMarkdown() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
-	fmt.Fprintf(&b, "%s. Machine: %s.\n\n", r.Date, r.Machine)
-	for _, s := range r.Setup {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	b.WriteString("\n")
-	for _, name := range sortedKeys(r.Skipped) {
-		fmt.Fprintf(&b, "**Not measured: %s**: %s\n\n", name, r.Skipped[name])
-	}
+// writeCluster writes S6: the figures of each rule, each node's share
+// and each run.
+func (r *report) writeCluster(b *strings.Builder) {
 	g := r.Cluster
 	nodeHdr := func(what string) string {
 		var h []string
@@ -940,12 +760,12 @@ func (r *Report) clusterMarkdown() string {
 		return what + " " + strings.Join(h, " / ")
 	}
 	b.WriteString("## Figures\n\n")
-	fmt.Fprintf(&b, "| system | offered/s | completed/s | refused | timed out | failed | p50 | p90 | p99 | p99.9 | p99 / random | %s | %s | %s | slow node at LEVEL0 / 1 / 2 | level changes (all nodes) | transferred/s | CPU/call |\n",
+	fmt.Fprintf(b, "| system | offered/s | completed/s | refused | timed out | failed | p50 | p90 | p99 | p99.9 | p99 / random | %s | %s | %s | slow node at LEVEL0 / 1 / 2 | level changes (all nodes) | transferred/s | CPU/call |\n",
 		nodeHdr("served/s"), nodeHdr("share"), nodeHdr("refused"))
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var randomP99 float64
 	for _, res := range r.ClusterResults {
-		if res.System == NameClusterRandom {
+		if res.System == nameClusterRandom {
 			randomP99 = res.Median.P99us
 		}
 	}
@@ -959,7 +779,7 @@ func (r *Report) clusterMarkdown() string {
 		for _, c := range f.LevelChanges {
 			changes += c
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.0f (%s) | %.0f (%s) | %.0f | %s | %s | %s | %s | %s | %s | %s%% | %s | %s | %.0f | %.0f | %.0f us |\n",
+		fmt.Fprintf(b, "| %s | %.0f | %.0f | %.0f (%s) | %.0f (%s) | %.0f | %s | %s | %s | %s | %s | %s | %s%% | %s | %s | %.0f | %.0f | %.0f us |\n",
 			res.System, f.Offered, f.Completed, f.Refused, pct(f.RefusedShare), f.TimedOut, pct(f.TimeoutShare), f.Failed,
 			dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), ratio(f.P99us, randomP99),
 			joinFloats(f.Served, "%.0f"), joinFloats(shares, "%.1f"), joinFloats(f.NodeRefused, "%.0f"),
@@ -968,7 +788,7 @@ func (r *Report) clusterMarkdown() string {
 	b.WriteString("\n")
 	if len(r.ClusterResults) > 0 && r.Runs > 1 {
 		b.WriteString("### Each run\n\n")
-		fmt.Fprintf(&b, "| system | run | completed/s | p50 | p99 | p99.9 | refused / timed out | %s | slow node at LEVEL0 / 1 / 2 | transferred/s | machine busy |\n", nodeHdr("served/s"))
+		fmt.Fprintf(b, "| system | run | completed/s | p50 | p99 | p99.9 | refused / timed out | %s | slow node at LEVEL0 / 1 / 2 | transferred/s | machine busy |\n", nodeHdr("served/s"))
 		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, res := range r.ClusterResults {
 			for i, f := range res.Runs {
@@ -976,18 +796,16 @@ func (r *Report) clusterMarkdown() string {
 				if i == res.Drawn {
 					drawn = " (plotted)"
 				}
-				fmt.Fprintf(&b, "| %s | %d%s | %.0f | %s | %s | %s | %.0f / %.0f | %s | %s | %.0f | %.2f cores |\n",
+				fmt.Fprintf(b, "| %s | %d%s | %.0f | %s | %s | %s | %.0f / %.0f | %s | %s | %.0f | %.2f cores |\n",
 					res.System, i+1, drawn, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
 					joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, g.Slow), f.Transferred, f.MachineCores)
 			}
 		}
 		b.WriteString("\n")
 	}
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	for _, p := range r.Plots {
-		fmt.Fprintf(&b, "![%s](%s)\n\n", strings.TrimSuffix(p, ".png"), p)
-	}
-	return b.String()
+}
+
+// p99Run is the run with the median p99: its latency distribution is drawn.
+func p99Run(runs []clusterFigures) int {
+	return medianRun(runs, func(f clusterFigures) float64 { return f.P99us })
 }

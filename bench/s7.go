@@ -30,25 +30,25 @@ import (
 // S7 sizing.
 const (
 	S7Nodes        = scdnames.MaxNodes
-	S7Seeds        = 3 // each member is seeded with the first and up to two other earlier members
-	S7Probes       = 30
-	S7QuickProbes  = 10
-	S7Quiet        = 20 * time.Second // one refresh period: every member re-announces once
-	S7QuickQuiet   = 5 * time.Second
-	S7JoinLimit    = 60 * time.Second
-	S7ProbeLimit   = 10 * time.Second // a change not everywhere by then is reported as not converged
-	S7Gap          = 300 * time.Millisecond
-	S7Refresh      = 20 * time.Second // names.ClusterConfig's default Refresh
+	s7Seeds        = 3 // each member is seeded with the first and up to two other earlier members
+	s7Probes       = 30
+	s7QuickProbes  = 10
+	s7Quiet        = 20 * time.Second // one refresh period: every member re-announces once
+	s7QuickQuiet   = 5 * time.Second
+	s7JoinLimit    = 60 * time.Second
+	s7ProbeLimit   = 10 * time.Second // a change not everywhere by then is reported as not converged
+	s7Gap          = 300 * time.Millisecond
+	s7Refresh      = 20 * time.Second // names.ClusterConfig's default Refresh
 	s7Group        = "bench"
 	s7JoinInterval = 50 * time.Millisecond
 	// A member whose Stats or Leave takes longer is stuck; S7 reports it
 	// and goes on without it rather than hanging.
-	S7StatsLimit = 5 * time.Second
-	S7LeaveLimit = 5 * time.Second
+	s7StatsLimit = 5 * time.Second
+	s7LeaveLimit = 5 * time.Second
 )
 
-// GossipSetup is how S7 was run.
-type GossipSetup struct {
+// gossipSetup is how S7 was run.
+type gossipSetup struct {
 	Nodes      int           `json:"nodes"`
 	Seeds      int           `json:"seeds_per_node"`
 	Probes     int           `json:"probes"`
@@ -60,9 +60,9 @@ type GossipSetup struct {
 	Cores      int           `json:"cores"` // the machine's, which all members share
 }
 
-// ProbeResult is one announced change: who, and when the others' tables
+// probeResult is one announced change: who, and when the others' tables
 // held it.
-type ProbeResult struct {
+type probeResult struct {
 	Node  string  `json:"node"`
 	Level string  `json:"level"`
 	Seen  int     `json:"tables_seen"` // of Nodes - 1
@@ -72,16 +72,16 @@ type ProbeResult struct {
 	DelaysMs []float64 `json:"delays_ms"`
 }
 
-// GossipResult is S7's measurement.
-type GossipResult struct {
-	Setup GossipSetup `json:"setup"`
+// gossipResult is S7's measurement.
+type gossipResult struct {
+	Setup gossipSetup `json:"setup"`
 	// Join: from the first Join call until every table held every node.
 	Joined       bool          `json:"joined"`
 	JoinSeconds  float64       `json:"join_s"`
 	JoinKnownMin int           `json:"join_known_min"` // the smallest table at the end of the join wait
 	MembersMin   int           `json:"members_min"`    // memberlist members, over the nodes, after the probes
 	MembersMax   int           `json:"members_max"`
-	Probes       []ProbeResult `json:"probes"`
+	Probes       []probeResult `json:"probes"`
 	NotConverged int           `json:"not_converged"`
 	AllP50Ms     float64       `json:"all_p50_ms"` // of the converged probes' AllMs
 	AllP99Ms     float64       `json:"all_p99_ms"`
@@ -89,8 +89,8 @@ type GossipResult struct {
 	TableP50Ms   float64       `json:"table_p50_ms"` // of every table's delay, pooled
 	TableP99Ms   float64       `json:"table_p99_ms"`
 	TableMaxMs   float64       `json:"table_max_ms"`
-	Quiet        Traffic       `json:"quiet"`
-	Changes      Traffic       `json:"changes"`
+	Quiet        traffic       `json:"quiet"`
+	Changes      traffic       `json:"changes"`
 	DroppedTotal uint64        `json:"announces_dropped"` // over every node, any reason, at the end
 	JoinCPUCores float64       `json:"join_cpu_cores"`    // this process's CPU while joining
 	// Members whose names.Cluster.Stats did not return within
@@ -102,8 +102,8 @@ type GossipResult struct {
 	GoroutinesPeak int      `json:"goroutines"`
 }
 
-// Traffic is what the members sent over one phase.
-type Traffic struct {
+// traffic is what the members sent over one phase.
+type traffic struct {
 	Seconds float64 `json:"seconds"`
 	// Announce bytes handed to gossip (names.ClusterStats.BytesSent,
 	// relays included) per node per second, and own announces queued.
@@ -128,9 +128,9 @@ type Traffic struct {
 	Stuck int `json:"stuck_members"`
 }
 
-// ParseNetDev reads an interface's transmitted bytes and packets from
+// parseNetDev reads an interface's transmitted bytes and packets from
 // /proc/net/dev.
-func ParseNetDev(b []byte, iface string) (txBytes, txPackets uint64, err error) {
+func parseNetDev(b []byte, iface string) (txBytes, txPackets uint64, err error) {
 	for line := range strings.Lines(string(b)) {
 		name, rest, ok := strings.Cut(line, ":")
 		if !ok || strings.TrimSpace(name) != iface {
@@ -156,13 +156,13 @@ func loopback() (bytes, pkts uint64) {
 	if err != nil {
 		return 0, 0
 	}
-	bytes, pkts, _ = ParseNetDev(b, "lo")
+	bytes, pkts, _ = parseNetDev(b, "lo")
 	return bytes, pkts
 }
 
-// S7SeedsOf picks member i's seeds among the earlier members: the first,
+// s7SeedsOf picks member i's seeds among the earlier members: the first,
 // and up to n-1 others drawn at random.
-func S7SeedsOf(i, n int, rnd *rand.Rand) []int {
+func s7SeedsOf(i, n int, rnd *rand.Rand) []int {
 	if i == 0 || n <= 0 {
 		return nil
 	}
@@ -181,14 +181,14 @@ func S7SeedsOf(i, n int, rnd *rand.Rand) []int {
 	return out
 }
 
-// PercentileMs is the nearest-rank percentile of v (ms), 0 for none.
-func PercentileMs(v []float64, p float64) float64 {
+// percentileMs is the nearest-rank percentile of v (ms), 0 for none.
+func percentileMs(v []float64, p float64) float64 {
 	d := make([]time.Duration, len(v))
 	for i, x := range v {
 		d[i] = time.Duration(x * float64(time.Millisecond))
 	}
 	slices.Sort(d)
-	return ms(Percentile(d, p))
+	return ms(percentile(d, p))
 }
 
 // s7Probe is one change being watched for.
@@ -276,22 +276,22 @@ type s7Member struct {
 
 // runS7 runs the 128 members, measures, and writes the report.
 func runS7(ctx context.Context, cfg Config,
-	newReport func(string, string, []string, map[string]string, RunOptions) *Report) error {
-	setup := GossipSetup{Nodes: cfg.S7Nodes, Seeds: S7Seeds, Probes: cfg.S7Probes, Quiet: cfg.S7Quiet,
-		Refresh: S7Refresh, ProbeLimit: S7ProbeLimit, Gap: S7Gap, Fast: false, Cores: runtime.NumCPU()}
+	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+	setup := gossipSetup{Nodes: cfg.S7Nodes, Seeds: s7Seeds, Probes: cfg.S7Probes, Quiet: cfg.S7Quiet,
+		Refresh: s7Refresh, ProbeLimit: s7ProbeLimit, Gap: s7Gap, Fast: false, Cores: runtime.NumCPU()}
 	if setup.Nodes <= 0 {
 		setup.Nodes = S7Nodes
 	}
 	if setup.Probes <= 0 {
-		setup.Probes = S7Probes
+		setup.Probes = s7Probes
 		if cfg.Quick {
-			setup.Probes = S7QuickProbes
+			setup.Probes = s7QuickProbes
 		}
 	}
 	if setup.Quiet <= 0 {
-		setup.Quiet = S7Quiet
+		setup.Quiet = s7Quiet
 		if cfg.Quick {
-			setup.Quiet = S7QuickQuiet
+			setup.Quiet = s7QuickQuiet
 		}
 	}
 	fmt.Fprintf(cfg.Log, "S7: %d members in this process, quiet %v, %d changes\n", setup.Nodes, setup.Quiet, setup.Probes)
@@ -300,16 +300,16 @@ func runS7(ctx context.Context, cfg Config,
 		return fmt.Errorf("S7: %w", err)
 	}
 	rep := newReport("S7", fmt.Sprintf("%d nodes: announce propagation and traffic", setup.Nodes), []string{"tpsched names (memberlist)"},
-		nil, RunOptions{Runs: 1})
+		nil, runOptions{Runs: 1})
 	rep.Gossip = res
 	rep.Setup = s7Setup(setup, cfg.Quick)
-	rep.Notes = append(rep.Notes, GossipVerdict(res, time.Second))
+	rep.Notes = append(rep.Notes, gossipVerdict(res, time.Second))
 	return writeReport(cfg, rep)
 }
 
 // gossipRun starts the members, waits for the join, measures the quiet
 // spell and the changes, and makes every member leave.
-func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipResult, error) {
+func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipResult, error) {
 	n := setup.Nodes
 	nodeName := func(i int) string { return fmt.Sprintf("m%03d", i) }
 	tables := make([]*scdnames.Table, n)
@@ -319,7 +319,7 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 	var cur atomic.Pointer[s7Probe]
 	health := &s7Health{last: make([]atomic.Int64, n)}
 	members := make([]*s7Member, 0, n)
-	res := &GossipResult{Setup: setup}
+	res := &gossipResult{Setup: setup}
 	defer func() {
 		// A stuck member's Leave never returns: wait S7LeaveLimit, then
 		// count and abandon those still leaving.
@@ -333,9 +333,9 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 		go func() { wg.Wait(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(S7LeaveLimit):
+		case <-time.After(s7LeaveLimit):
 			res.LeaveStuck = len(members) - int(left.Load())
-			fmt.Fprintf(log, "  %d members had not left after %v; abandoned\n", res.LeaveStuck, S7LeaveLimit)
+			fmt.Fprintf(log, "  %d members had not left after %v; abandoned\n", res.LeaveStuck, s7LeaveLimit)
 		}
 	}()
 	rnd := rand.New(rand.NewPCG(7, 128))
@@ -343,7 +343,7 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 	cpu0, t0 := selfTicks(), time.Now()
 	for i := range n {
 		var seeds []string
-		for _, k := range S7SeedsOf(i, setup.Seeds, rnd) {
+		for _, k := range s7SeedsOf(i, setup.Seeds, rnd) {
 			seeds = append(seeds, addrs[k])
 		}
 		j := i
@@ -374,13 +374,13 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 			res.Joined = true
 			break
 		}
-		if time.Since(t0) > S7JoinLimit || ctx.Err() != nil {
+		if time.Since(t0) > s7JoinLimit || ctx.Err() != nil {
 			break
 		}
 		time.Sleep(s7JoinInterval)
 	}
 	res.JoinSeconds = time.Since(t0).Seconds()
-	res.JoinCPUCores = float64(selfTicks()-cpu0) / ClockTicks / res.JoinSeconds
+	res.JoinCPUCores = float64(selfTicks()-cpu0) / clockTicks / res.JoinSeconds
 	fmt.Fprintf(log, "  join: %d members, smallest table %d, after %.1f s (%.2f cores)\n", n, res.JoinKnownMin, res.JoinSeconds, res.JoinCPUCores)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
@@ -388,11 +388,11 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 	if !res.Joined {
 		// Reported as it is; the changes are still measured among those
 		// that do know each other, which is what the report says.
-		fmt.Fprintf(log, "  join did not converge within %v\n", S7JoinLimit)
+		fmt.Fprintf(log, "  join did not converge within %v\n", s7JoinLimit)
 	}
 
-	traffic := func(run func()) Traffic {
-		st0, _ := s7Stats(members, S7StatsLimit)
+	traffic := func(run func()) traffic {
+		st0, _ := s7Stats(members, s7StatsLimit)
 		lb0, lp0 := loopback()
 		mb0, ms0 := machineCPU()
 		drops0 := health.drops.Load()
@@ -403,7 +403,7 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 		c1 := selfTicks()
 		mb1, ms1 := machineCPU()
 		lb1, lp1 := loopback()
-		st1, stuck := s7Stats(members, S7StatsLimit)
+		st1, stuck := s7Stats(members, s7StatsLimit)
 		var bytes, sent uint64
 		for i, b := range st1 {
 			if a, ok := st0[i]; ok {
@@ -411,9 +411,9 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 			}
 		}
 		per := float64(n) * secs
-		return Traffic{Seconds: secs, BytesPerNodeS: float64(bytes) / per, Announces: float64(sent),
+		return traffic{Seconds: secs, BytesPerNodeS: float64(bytes) / per, Announces: float64(sent),
 			LoopbackBytesPerNodeS: float64(lb1-lb0) / per, LoopbackPktsPerNodeS: float64(lp1-lp0) / per,
-			CPUCores: float64(c1-c0) / ClockTicks / secs, MachineCores: (mb1 - mb0) / secs, StealCores: (ms1 - ms0) / secs,
+			CPUCores: float64(c1-c0) / clockTicks / secs, MachineCores: (mb1 - mb0) / secs, StealCores: (ms1 - ms0) / secs,
 			TableDrops: int(health.drops.Load() - drops0), MinTable: int(health.least.Load()), Stuck: len(stuck)}
 	}
 	res.Quiet = traffic(func() { sleepCtx(ctx, setup.Quiet) })
@@ -446,7 +446,7 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 			case <-ctx.Done():
 			}
 			cur.Store(nil)
-			pr := ProbeResult{Node: nodeName(i), Level: m.level.String()}
+			pr := probeResult{Node: nodeName(i), Level: m.level.String()}
 			var delays []float64
 			for j := range p.seen {
 				if j == i {
@@ -462,7 +462,7 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 				delays = append(delays, v)
 			}
 			pr.Seen = len(delays)
-			pr.P50Ms = PercentileMs(delays, 50)
+			pr.P50Ms = percentileMs(delays, 50)
 			if pr.Seen == n-1 {
 				pr.AllMs = slices.Max(delays)
 			}
@@ -484,14 +484,14 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 		}
 	}
 	if len(all) > 0 {
-		res.AllP50Ms, res.AllP99Ms, res.AllMaxMs = PercentileMs(all, 50), PercentileMs(all, 99), slices.Max(all)
+		res.AllP50Ms, res.AllP99Ms, res.AllMaxMs = percentileMs(all, 50), percentileMs(all, 99), slices.Max(all)
 	}
 	if len(pooled) > 0 {
-		res.TableP50Ms, res.TableP99Ms, res.TableMaxMs = PercentileMs(pooled, 50), PercentileMs(pooled, 99), slices.Max(pooled)
+		res.TableP50Ms, res.TableP99Ms, res.TableMaxMs = percentileMs(pooled, 50), percentileMs(pooled, 99), slices.Max(pooled)
 	}
 	logTraffic(log, "changes", res.Changes)
 	res.MembersMin = n
-	stats, stuck := s7Stats(members, S7StatsLimit)
+	stats, stuck := s7Stats(members, s7StatsLimit)
 	for _, st := range stats {
 		res.MembersMin, res.MembersMax = min(res.MembersMin, st.Members), max(res.MembersMax, st.Members)
 		for _, v := range st.Dropped {
@@ -502,12 +502,12 @@ func gossipRun(ctx context.Context, setup GossipSetup, log io.Writer) (*GossipRe
 		res.Stuck = append(res.Stuck, nodeName(i))
 	}
 	if len(stuck) > 0 {
-		fmt.Fprintf(log, "  stuck (Stats did not return within %v): %v\n", S7StatsLimit, res.Stuck)
+		fmt.Fprintf(log, "  stuck (Stats did not return within %v): %v\n", s7StatsLimit, res.Stuck)
 	}
 	return res, nil
 }
 
-func logTraffic(log io.Writer, phase string, t Traffic) {
+func logTraffic(log io.Writer, phase string, t traffic) {
 	fmt.Fprintf(log, "  %s %.1f s: %.0f announce B/node/s, %.0f announces, loopback %.0f B/node/s; %.2f cores (machine %.2f, steal %.2f); "+
 		"tables lost a member %d times, smallest %d; stuck %d\n", phase, t.Seconds, t.BytesPerNodeS, t.Announces, t.LoopbackBytesPerNodeS,
 		t.CPUCores, t.MachineCores, t.StealCores, t.TableDrops, t.MinTable, t.Stuck)
@@ -522,9 +522,9 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
-// GossipVerdict states the target, p99 of the time until every table
+// gossipVerdict states the target, p99 of the time until every table
 // holds a change at most limit, against what was measured.
-func GossipVerdict(r *GossipResult, limit time.Duration) string {
+func gossipVerdict(r *gossipResult, limit time.Duration) string {
 	if r == nil || len(r.Probes) == 0 {
 		return "Target: not checked (no change measured)."
 	}
@@ -548,7 +548,7 @@ func GossipVerdict(r *GossipResult, limit time.Duration) string {
 	if len(r.Stuck) > 0 || r.LeaveStuck > 0 {
 		fmt.Fprintf(&b, ". **%d members were stuck** after the changes (names.Cluster.Stats did not return within %v: it waits for memberlist's "+
 			"node lock), %d did not finish Leave within %v; a stuck member neither relays nor applies announces",
-			len(r.Stuck), S7StatsLimit, r.LeaveStuck, S7LeaveLimit)
+			len(r.Stuck), s7StatsLimit, r.LeaveStuck, s7LeaveLimit)
 	}
 	if drops := r.Quiet.TableDrops + r.Changes.TableDrops; drops > 0 {
 		fmt.Fprintf(&b, ". Tables lost a member %s (quiet %d, changes %d; smallest table %d): memberlist declared live members dead, "+
@@ -562,7 +562,7 @@ func GossipVerdict(r *GossipResult, limit time.Duration) string {
 	return b.String() + "."
 }
 
-func s7Setup(g GossipSetup, quick bool) []string {
+func s7Setup(g gossipSetup, quick bool) []string {
 	out := []string{
 		fmt.Sprintf("%d members of tpsched's name layer (scd/names: names.Join, one names.Table each, one service group \"%s\" each) in the "+
 			"tpbench process, on 127.0.0.1, memberlist choosing each port; member i is seeded with member 0 and up to %d other earlier "+
@@ -582,7 +582,7 @@ func s7Setup(g GossipSetup, quick bool) []string {
 			"else that used loopback meanwhile, so an upper bound. CPU is this process's, all members together, on the machine's cores.",
 		"Health: 'tables lost a member' counts each time a table dropped a member (memberlist declared it dead; nobody leaves in " +
 			"these phases, so each is a false death, usually a probe that timed out for want of CPU); 'stuck' members are those whose " +
-			"names.Cluster.Stats did not return within " + S7StatsLimit.String() + " at the phase's end (it waits for memberlist's node lock). " +
+			"names.Cluster.Stats did not return within " + s7StatsLimit.String() + " at the phase's end (it waits for memberlist's node lock). " +
 			"With all members on a few cores a run can tip into a state where probes time out for want of CPU, members are declared dead " +
 			"and rejoin, and CPU and traffic rise; these columns show whether this run did.",
 	}
@@ -606,16 +606,10 @@ func stuckList(s []string) string {
 	return fmt.Sprintf("%d: %s", len(s), strings.Join(s, ", "))
 }
 
-// gossipMarkdown formats S7.
-func (r *Report) gossipMarkdown() string {
-	var b strings.Builder
+// writeGossip writes S7: the figures, the traffic and each change.
+func (r *report) writeGossip(b *strings.Builder) {
 	g := r.Gossip
-	fmt.Fprintf(&b, "# %s: %s\n\n", r.Scenario, r.Title)
-	fmt.Fprintf(&b, "%s. Machine: %s.\n\n", r.Date, r.Machine)
-	for _, s := range r.Setup {
-		fmt.Fprintf(&b, "- %s\n", s)
-	}
-	b.WriteString("\n## Figures\n\n")
+	b.WriteString("## Figures\n\n")
 	join := fmt.Sprintf("%.1f s", g.JoinSeconds)
 	if !g.Joined {
 		join = fmt.Sprintf("not within %.0f s (smallest table %d)", g.JoinSeconds, g.JoinKnownMin)
@@ -630,10 +624,10 @@ func (r *Report) gossipMarkdown() string {
 		{"until every other table holds a change: p50 / p99 / max", fmt.Sprintf("%.0f / %.0f / %.0f ms", g.AllP50Ms, g.AllP99Ms, g.AllMaxMs)},
 		{"until one table holds it (pooled over tables and changes): p50 / p99 / max", fmt.Sprintf("%.0f / %.0f / %.0f ms", g.TableP50Ms, g.TableP99Ms, g.TableMaxMs)},
 		{"announces dropped (all nodes, any reason)", fmt.Sprint(g.DroppedTotal)},
-		{"members stuck after the changes (Stats not returning within " + S7StatsLimit.String() + ")", stuckList(g.Stuck)},
+		{"members stuck after the changes (Stats not returning within " + s7StatsLimit.String() + ")", stuckList(g.Stuck)},
 	}
 	for _, row := range rows {
-		fmt.Fprintf(&b, "| %s | %s |\n", row[0], row[1])
+		fmt.Fprintf(b, "| %s | %s |\n", row[0], row[1])
 	}
 	b.WriteString("\n### Traffic\n\n")
 	b.WriteString("| phase | seconds | announces sent | announce bytes / node / s | loopback bytes / node / s | loopback packets / node / s | " +
@@ -641,9 +635,9 @@ func (r *Report) gossipMarkdown() string {
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range []struct {
 		name string
-		t    Traffic
+		t    traffic
 	}{{"quiet (refresh only)", g.Quiet}, {"changes", g.Changes}} {
-		fmt.Fprintf(&b, "| %s | %.1f | %.0f | %.0f | %.0f | %.1f | %.2f cores | %.2f / %.2f cores | %d | %d | %d |\n", t.name, t.t.Seconds,
+		fmt.Fprintf(b, "| %s | %.1f | %.0f | %.0f | %.0f | %.1f | %.2f cores | %.2f / %.2f cores | %d | %d | %d |\n", t.name, t.t.Seconds,
 			t.t.Announces, t.t.BytesPerNodeS, t.t.LoopbackBytesPerNodeS, t.t.LoopbackPktsPerNodeS, t.t.CPUCores, t.t.MachineCores, t.t.StealCores,
 			t.t.TableDrops, t.t.MinTable, t.t.Stuck)
 	}
@@ -653,11 +647,7 @@ func (r *Report) gossipMarkdown() string {
 		if p.Seen == g.Setup.Nodes-1 {
 			all = fmt.Sprintf("%.0f ms", p.AllMs)
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %d / %d | %.0f ms | %s |\n", i+1, p.Node, p.Level, p.Seen, g.Setup.Nodes-1, p.P50Ms, all)
+		fmt.Fprintf(b, "| %d | %s | %s | %d / %d | %.0f ms | %s |\n", i+1, p.Node, p.Level, p.Seen, g.Setup.Nodes-1, p.P50Ms, all)
 	}
 	b.WriteString("\n")
-	for _, n := range r.Notes {
-		fmt.Fprintf(&b, "%s\n\n", n)
-	}
-	return b.String()
 }

@@ -17,31 +17,31 @@ func TestParseNetDev(t *testing.T) {
     lo: 5680 146    0    0    0     0          0         0 9999 321    0    0    0     0       0          0
   eth0:  100 2 0 0 0 0 0 0 200 4 0 0 0 0 0 0
 `
-	b, p, err := ParseNetDev([]byte(dev), "lo")
+	b, p, err := parseNetDev([]byte(dev), "lo")
 	if err != nil || b != 9999 || p != 321 {
 		t.Errorf("lo: %d bytes %d packets %v, want 9999 and 321", b, p, err)
 	}
-	if _, _, err := ParseNetDev([]byte(dev), "wlan0"); err == nil {
+	if _, _, err := parseNetDev([]byte(dev), "wlan0"); err == nil {
 		t.Error("a missing interface read without error")
 	}
-	if _, _, err := ParseNetDev([]byte("    lo: 1 2 3\n"), "lo"); err == nil {
+	if _, _, err := parseNetDev([]byte("    lo: 1 2 3\n"), "lo"); err == nil {
 		t.Error("a short line read without error")
 	}
 }
 
 func TestS7SeedsOf(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(1, 2))
-	if s := S7SeedsOf(0, 3, rnd); s != nil {
+	if s := s7SeedsOf(0, 3, rnd); s != nil {
 		t.Errorf("member 0 has seeds %v", s)
 	}
-	if s := S7SeedsOf(1, 3, rnd); !slices.Equal(s, []int{0}) {
+	if s := s7SeedsOf(1, 3, rnd); !slices.Equal(s, []int{0}) {
 		t.Errorf("member 1: %v, want [0]", s)
 	}
-	if s := S7SeedsOf(2, 3, rnd); !slices.Equal(s, []int{0, 1}) {
+	if s := s7SeedsOf(2, 3, rnd); !slices.Equal(s, []int{0, 1}) {
 		t.Errorf("member 2: %v, want [0 1]", s)
 	}
 	for i := 3; i < 128; i++ {
-		s := S7SeedsOf(i, 3, rnd)
+		s := s7SeedsOf(i, 3, rnd)
 		if len(s) != 3 || s[0] != 0 || s[1] == s[2] || s[1] == 0 || s[2] == 0 || s[1] >= i || s[2] >= i {
 			t.Fatalf("member %d: seeds %v, want 0 and two distinct earlier members", i, s)
 		}
@@ -50,52 +50,52 @@ func TestS7SeedsOf(t *testing.T) {
 
 func TestPercentileMs(t *testing.T) {
 	v := []float64{30, 10, 20, 40}
-	if got := PercentileMs(v, 50); got != 20 {
+	if got := percentileMs(v, 50); got != 20 {
 		t.Errorf("p50 %v, want 20", got)
 	}
-	if got := PercentileMs(v, 99); got != 40 {
+	if got := percentileMs(v, 99); got != 40 {
 		t.Errorf("p99 %v, want 40", got)
 	}
-	if got := PercentileMs(nil, 99); got != 0 {
+	if got := percentileMs(nil, 99); got != 0 {
 		t.Errorf("empty: %v", got)
 	}
 }
 
 func TestGossipVerdict(t *testing.T) {
-	base := func() *GossipResult {
-		return &GossipResult{Setup: GossipSetup{Nodes: 128, ProbeLimit: 10 * time.Second}, Joined: true,
-			Probes: make([]ProbeResult, 30), AllP99Ms: 700, AllMaxMs: 700}
+	base := func() *gossipResult {
+		return &gossipResult{Setup: gossipSetup{Nodes: 128, ProbeLimit: 10 * time.Second}, Joined: true,
+			Probes: make([]probeResult, 30), AllP99Ms: 700, AllMaxMs: 700}
 	}
 	r := base()
-	if got := GossipVerdict(r, time.Second); !strings.Contains(got, "p99 700 ms over 30 changes (max 700 ms): **met**") ||
+	if got := gossipVerdict(r, time.Second); !strings.Contains(got, "p99 700 ms over 30 changes (max 700 ms): **met**") ||
 		!strings.Contains(got, "nearest-rank p99 is the maximum") {
 		t.Errorf("met: %q", got)
 	}
 	r.AllP99Ms, r.AllMaxMs = 1200, 1200
-	if got := GossipVerdict(r, time.Second); !strings.Contains(got, "**NOT met**") {
+	if got := gossipVerdict(r, time.Second); !strings.Contains(got, "**NOT met**") {
 		t.Errorf("slow: %q", got)
 	}
 	r = base()
 	r.NotConverged = 2
-	if got := GossipVerdict(r, time.Second); !strings.Contains(got, "2 of 30 changes did not reach every table") || !strings.Contains(got, "NOT met") {
+	if got := gossipVerdict(r, time.Second); !strings.Contains(got, "2 of 30 changes did not reach every table") || !strings.Contains(got, "NOT met") {
 		t.Errorf("not converged: %q", got)
 	}
 	r = base()
 	r.Joined, r.JoinKnownMin, r.JoinSeconds = false, 120, 60
-	if got := GossipVerdict(r, time.Second); !strings.Contains(got, "join did not converge (smallest table 120 of 128") {
+	if got := gossipVerdict(r, time.Second); !strings.Contains(got, "join did not converge (smallest table 120 of 128") {
 		t.Errorf("not joined: %q", got)
 	}
-	if got := GossipVerdict(nil, time.Second); !strings.Contains(got, "not checked") {
+	if got := gossipVerdict(nil, time.Second); !strings.Contains(got, "not checked") {
 		t.Errorf("nothing: %q", got)
 	}
 }
 
 func TestGossipMarkdown(t *testing.T) {
-	g := &GossipResult{Setup: GossipSetup{Nodes: 3, Probes: 2, Quiet: time.Second, ProbeLimit: time.Second}, Joined: true, JoinSeconds: 2.5,
+	g := &gossipResult{Setup: gossipSetup{Nodes: 3, Probes: 2, Quiet: time.Second, ProbeLimit: time.Second}, Joined: true, JoinSeconds: 2.5,
 		MembersMin: 3, MembersMax: 3, AllP50Ms: 100, AllP99Ms: 200, AllMaxMs: 200,
-		Quiet:  Traffic{Seconds: 1, BytesPerNodeS: 1234, Announces: 3},
-		Probes: []ProbeResult{{Node: "m001", Level: "LEVEL1", Seen: 2, AllMs: 100, P50Ms: 80}, {Node: "m002", Level: "LEVEL1", Seen: 1, P50Ms: 90}}}
-	r := &Report{Scenario: "S7", Title: "t", Date: "2026-01-01", Gossip: g, Setup: s7Setup(g.Setup, true)}
+		Quiet:  traffic{Seconds: 1, BytesPerNodeS: 1234, Announces: 3},
+		Probes: []probeResult{{Node: "m001", Level: "LEVEL1", Seen: 2, AllMs: 100, P50Ms: 80}, {Node: "m002", Level: "LEVEL1", Seen: 1, P50Ms: 90}}}
+	r := &report{Scenario: "S7", Title: "t", Date: "2026-01-01", Gossip: g, Setup: s7Setup(g.Setup, true)}
 	md := r.Markdown()
 	for _, w := range []string{"# S7: t", "| join: every table holds every member | 2.5 s |", "| quiet (refresh only) | 1.0 | 3 | 1234 |",
 		"| 1 | m001 | LEVEL1 | 2 / 2 | 80 ms | 100 ms |", "| 2 | m002 | LEVEL1 | 1 / 2 | 90 ms | - |", "ClusterConfig{Fast: false}", "Quick mode"} {
@@ -132,11 +132,11 @@ func TestS7Health(t *testing.T) {
 }
 
 func TestGossipVerdictHealth(t *testing.T) {
-	r := &GossipResult{Setup: GossipSetup{Nodes: 128, ProbeLimit: 10 * time.Second, Cores: 2}, Joined: true,
-		Probes: make([]ProbeResult, 30), AllP99Ms: 4000, AllMaxMs: 7700, Stuck: []string{"m001", "m002"}, LeaveStuck: 2,
-		Quiet:   Traffic{TableDrops: 3, MinTable: 127, CPUCores: 1.95},
-		Changes: Traffic{TableDrops: 5, MinTable: 126, CPUCores: 1.6}}
-	got := GossipVerdict(r, time.Second)
+	r := &gossipResult{Setup: gossipSetup{Nodes: 128, ProbeLimit: 10 * time.Second, Cores: 2}, Joined: true,
+		Probes: make([]probeResult, 30), AllP99Ms: 4000, AllMaxMs: 7700, Stuck: []string{"m001", "m002"}, LeaveStuck: 2,
+		Quiet:   traffic{TableDrops: 3, MinTable: 127, CPUCores: 1.95},
+		Changes: traffic{TableDrops: 5, MinTable: 126, CPUCores: 1.6}}
+	got := gossipVerdict(r, time.Second)
 	for _, w := range []string{"**NOT met**", "**2 members were stuck**", "2 did not finish Leave", "Tables lost a member 8 times (quiet 3, changes 5; smallest table 126)",
 		"used 1.95 (quiet) and 1.60 (changes) of the machine's 2 cores"} {
 		if !strings.Contains(got, w) {

@@ -42,52 +42,123 @@ type Config struct {
 	S7Probes int
 	S7Quiet  time.Duration
 	Systems  []string // only these systems (by report name); empty: all
-	Log      io.Writer
+	Quiet    Quiet    // keeping other tenants out of the figures
+	// Compare is the other grid's reports (a directory) or one report:
+	// S1, S2 and S4 flag the systems that moved between the two grids
+	// beyond the noise. Empty: the quick grid compares with the full one
+	// in the parent of Out, the full grid with Out/quick.
+	Compare string
+	Log     io.Writer
 }
 
-// Grids of the scenarios.
-var (
-	S1Payloads      = []int{128, 4 << 10, 64 << 10}
-	S1Conns         = []int{1, 16, 64, 256}
-	S1QuickPayloads = []int{128, 4 << 10}
-	S1QuickConns    = []int{1, 64}
-	S2Conns         = []int{1, 16, 64}
-	S2QuickConns    = []int{64}
-)
+// A grid is a closed-loop scenario measured over cells on systems that
+// are started once for all the grids of a session (S1 and S2). Each pair
+// is [full, quick].
+type grid struct {
+	id       string
+	service  string
+	payloads [2][]int
+	conns    [2][]int
+	systems  [2][]string
+	title    func(sp Spec) string
+	about    func(sp Spec) string // the service, first line of the setup
+	finish   func(r *report, dir string)
+}
 
-// S4Carriers is how many connections carry the open-loop calls: enough
+var grids = []grid{{
+	id:       "S1",
+	service:  "echo",
+	payloads: [2][]int{{128, 4 << 10, 64 << 10}, {128, 4 << 10}},
+	conns:    [2][]int{{1, 16, 64, 256}, {1, 64}},
+	systems: [2][]string{{nameGnetEcho, nameGRPC, namePHPStatic, namePHPDyn, nameTpsched},
+		{nameGnetEcho, nameGRPC, namePHPStatic, nameTpsched}},
+	title: func(Spec) string { return "echo, closed loop" },
+	about: func(Spec) string {
+		return "Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each."
+	},
+	finish: func(r *report, dir string) {
+		r.Notes = append(r.Notes, s1Targets(r))
+		for _, p := range r.payloads() {
+			r.addPlot(plotThroughput(r, dir, "echo", p))
+		}
+		r.addPlot(plotCDF(r, dir, "echo", 128, 64))
+	},
+}, {
+	id:       "S2",
+	service:  "burn",
+	payloads: [2][]int{{0}, {0}},
+	conns:    [2][]int{{1, 16, 64}, {64}},
+	systems:  [2][]string{{namePHPStatic, nameTpsched, nameHAProxy}, {namePHPStatic, nameTpsched, nameHAProxy}},
+	title: func(sp Spec) string {
+		return fmt.Sprintf("a CPU-bound service (%d us) on a pool of %d worker processes", burnMicros, sp.Workers)
+	},
+	about: func(sp Spec) string {
+		return fmt.Sprintf("Service: burn; the request is the decimal number %d and each system spins the CPU for that many "+
+			"microseconds of wall time in the worker (uap-echo burn, a PHP loop on hrtime, the Go worker's loop) and answers the request. "+
+			"The ceiling is %d workers / %d us = %.0f calls/s if the workers had the cores to themselves.",
+			burnMicros, sp.Workers, burnMicros, float64(sp.Workers)*1e6/burnMicros)
+	},
+	finish: func(r *report, dir string) {
+		r.addPlot(plotThroughput(r, dir, "burn", 0))
+		r.addPlot(plotCDF(r, dir, "burn", 0, r.Cells[len(r.Cells)-1].Conns))
+	},
+}}
+
+// cells is the grid's cells, every payload with every connection count.
+func (g grid) cells(quick bool) []gridCell {
+	q := 0
+	if quick {
+		q = 1
+	}
+	var out []gridCell
+	for _, p := range g.payloads[q] {
+		for _, c := range g.conns[q] {
+			out = append(out, gridCell{Service: g.service, Payload: p, Conns: c})
+		}
+	}
+	return out
+}
+
+// payloads is the payload sizes of the report's cells, in order.
+func (r *report) payloads() []int {
+	var out []int
+	for _, c := range r.Cells {
+		if !slices.Contains(out, c.Payload) {
+			out = append(out, c.Payload)
+		}
+	}
+	return out
+}
+
+// s4Carriers is how many connections carry the open-loop calls: enough
 // that the generator never runs out while the server answers within the
 // timeout at the admitted rate.
-const S4Carriers = 256
+const s4Carriers = 256
 
-type starter struct {
-	name  string
-	start func(Env, Spec) (*System, error)
+// starters start each system of the grids by its report name.
+var starters = map[string]func(Env, Spec) (*system, error){
+	nameTpsched:   startTpsched,
+	nameGnetEcho:  startGnetEcho,
+	nameGRPC:      startGRPC,
+	namePHPStatic: func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
+	namePHPDyn:    func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
+	nameHAProxy:   startHAProxy,
 }
-
-var (
-	startTpsched   = starter{NameTpsched, StartTpsched}
-	startGnet      = starter{NameGnetEcho, StartGnetEcho}
-	startGRPC      = starter{NameGRPC, StartGRPC}
-	startPHPStatic = starter{NamePHPStatic, func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, false) }}
-	startPHPDyn    = starter{NamePHPDyn, func(e Env, s Spec) (*System, error) { return StartNginxPHP(e, s, true) }}
-	startHAProxy   = starter{NameHAProxy, StartHAProxy}
-)
 
 // startAll starts the systems it can; the others are returned as skipped
 // with the reason.
-func startAll(cfg Config, sp Spec, list []starter) ([]*System, map[string]string) {
-	var systems []*System
+func startAll(cfg Config, sp Spec, list []string) ([]*system, map[string]string) {
+	var systems []*system
 	skipped := map[string]string{}
-	for _, st := range list {
-		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, st.name) {
+	for _, name := range list {
+		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, name) {
 			continue
 		}
-		fmt.Fprintf(cfg.Log, "starting %s\n", st.name)
-		s, err := st.start(cfg.Env, sp)
+		fmt.Fprintf(cfg.Log, "starting %s\n", name)
+		s, err := starters[name](cfg.Env, sp)
 		if err != nil {
-			fmt.Fprintf(cfg.Log, "  %s not started: %v\n", st.name, err)
-			skipped[st.name] = oneLine(err.Error())
+			fmt.Fprintf(cfg.Log, "  %s not started: %v\n", name, err)
+			skipped[name] = oneLine(err.Error())
 			continue
 		}
 		systems = append(systems, s)
@@ -95,13 +166,13 @@ func startAll(cfg Config, sp Spec, list []starter) ([]*System, map[string]string
 	return systems, skipped
 }
 
-func stopAll(systems []*System) {
+func stopAll(systems []*system) {
 	for _, s := range systems {
 		s.Stop()
 	}
 }
 
-func names(systems []*System) []string {
+func names(systems []*system) []string {
 	var n []string
 	for _, s := range systems {
 		n = append(n, s.Name)
@@ -115,106 +186,62 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return err
 	}
-	machine := ThisMachine()
-	machine.Peers = PeerVersions()
-	opts := RunOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Log: cfg.Log}
+	cfg.Quiet = cfg.Quiet.withBudget() // one budget for the session, seen by the reports too
+	machine := thisMachine()
+	machine.Peers = peerVersions()
+	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
-	newReport := func(id, title string, systems []string, skipped map[string]string, o RunOptions) *Report {
-		return &Report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
+	newReport := func(id, title string, systems []string, skipped map[string]string, o runOptions) *report {
+		return &report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
 			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
 	}
-	sizing := fmt.Sprintf("Every system gets %d worker processes and %d receiving threads/processes: "+
-		"tpsched scdmulti=%d, parallel_count=%d (resident uap-echo), queue_size=%d; gnet echo %d event loops; gRPC-go one process, GOMAXPROCS=%d; "+
-		"nginx worker_processes=%d, PHP-FPM pm=static %d children or pm=dynamic 1..%d children, listen.backlog=%d; "+
-		"HAProxy nbthread=%d, leastconn over %d Go HTTP workers (GOMAXPROCS=1, maxconn 4 each).",
-		cfg.Spec.Workers, cfg.Spec.Front, cfg.Spec.Front, cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers,
-		cfg.Spec.Front, cfg.Spec.Workers, 4*cfg.Spec.Workers, cfg.Spec.Queue, cfg.Spec.Front, cfg.Spec.Workers)
-	loadgen := "The load generator (Go, one goroutine per connection, hand-written tpsched-frame and HTTP/1.1 keep-alive clients, " +
-		"grpc-go's client with one ClientConn per connection) runs on the same cores as the servers; its own CPU per call is in the JSON. " +
+	sizing := func(names []string) []string {
+		return append([]string{fmt.Sprintf("Every system gets %d worker processes and %d receiving threads or processes.", cfg.Spec.Workers, cfg.Spec.Front)},
+			peerChoices(cfg.Spec, names)...)
+	}
+	loadgen := "The load generator (Go, one goroutine and one connection per simulated client; hand-written tpsched-frame, HTTP/1.1 keep-alive and " +
+		"gRPC-over-HTTP/2 clients, so it spends about the same CPU per call for every peer) runs on the same cores as the servers; its own CPU per call is in the JSON. " +
 		"CPU/call is utime+stime of the server's whole process tree (children included) over the measured window, divided by the calls answered; " +
 		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run."
 
 	capacity := map[string]float64{} // S2 closed-loop throughput at 64 conns, for S4
-	if want("S1") || want("S2") {
-		list := []starter{startGnet, startGRPC, startPHPStatic, startPHPDyn, startTpsched}
-		if cfg.Quick {
-			list = slices.DeleteFunc(list, func(s starter) bool { return s.name == NamePHPDyn })
-		}
-		if !want("S1") {
-			list = nil
-		}
-		if want("S2") {
-			list = append(list, startHAProxy)
-			if !want("S1") {
-				list = append(list, startPHPStatic, startTpsched)
+	var run []grid
+	var list []string
+	for _, g := range grids {
+		if want(g.id) {
+			run = append(run, g)
+			for _, n := range g.systems[boolIndex(cfg.Quick)] {
+				if !slices.Contains(list, n) {
+					list = append(list, n)
+				}
 			}
 		}
+	}
+	if len(run) > 0 {
 		systems, skipped := startAll(cfg, cfg.Spec, list)
 		defer func() { stopAll(systems) }()
-		if want("S1") {
-			echoers := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool {
-				return s.Name == NameHAProxy || (cfg.Quick && s.Name == NamePHPDyn)
-			})
-			payloads, conns := S1Payloads, S1Conns
-			if cfg.Quick {
-				payloads, conns = S1QuickPayloads, S1QuickConns
+		for _, g := range run {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			var cells []Cell
-			for _, p := range payloads {
-				for _, c := range conns {
-					cells = append(cells, Cell{Service: "echo", Payload: p, Conns: c})
-				}
-			}
-			fmt.Fprintf(cfg.Log, "S1: echo, closed loop, %d cells x %d systems x %d runs\n", len(cells), len(echoers), opts.Runs)
-			Measure(ctx, opts, echoers, cells, nil)
-			r := newReport("S1", "echo, closed loop", names(echoers), only(skipped, NameHAProxy), opts)
+			in := g.systems[boolIndex(cfg.Quick)]
+			on := slices.DeleteFunc(slices.Clone(systems), func(s *system) bool { return !slices.Contains(in, s.Name) })
+			cells := g.cells(cfg.Quick)
+			fmt.Fprintf(cfg.Log, "%s: %s, %d cells x %d systems x %d runs\n", g.id, g.title(cfg.Spec), len(cells), len(on), opts.Runs)
+			measure(ctx, opts, on, cells, nil)
+			r := newReport(g.id, g.title(cfg.Spec), names(on), pick(skipped, in...), opts)
 			r.Cells = cells
-			r.Setup = []string{"Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each.", sizing, loadgen}
-			r.Notes = append(r.Notes, S1Targets(r))
-			for _, p := range payloads {
-				r.addPlot(PlotThroughput(r, cfg.Out, "echo", p))
-			}
-			r.addPlot(PlotCDF(r, cfg.Out, "echo", 128, 64))
-			if err := writeReport(cfg, r); err != nil {
-				return err
-			}
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if want("S2") {
-			pool := slices.DeleteFunc(slices.Clone(systems), func(s *System) bool {
-				return s.Name != NameTpsched && s.Name != NamePHPStatic && s.Name != NameHAProxy
-			})
-			conns := S2Conns
-			if cfg.Quick {
-				conns = S2QuickConns
-			}
-			var cells []Cell
-			for _, c := range conns {
-				cells = append(cells, Cell{Service: "burn", Conns: c})
-			}
-			fmt.Fprintf(cfg.Log, "S2: burn %d us, closed loop, %d cells x %d systems x %d runs\n", BurnMicros, len(cells), len(pool), opts.Runs)
-			Measure(ctx, opts, pool, cells, nil)
-			r := newReport("S2", fmt.Sprintf("a CPU-bound service (%d us) on a pool of %d worker processes", BurnMicros, cfg.Spec.Workers),
-				names(pool), pick(skipped, NameTpsched, NamePHPStatic, NameHAProxy), opts)
-			r.Cells = cells
-			r.Setup = []string{fmt.Sprintf("Service: burn; the request is the decimal number %d and each system spins the CPU for that many "+
-				"microseconds of wall time in the worker (uap-echo burn, a PHP loop on hrtime, the Go worker's loop) and answers the request. "+
-				"The ceiling is %d workers / %d us = %.0f calls/s if the workers had the cores to themselves.",
-				BurnMicros, cfg.Spec.Workers, BurnMicros, float64(cfg.Spec.Workers)*1e6/BurnMicros), sizing, loadgen}
-			for _, c := range cells {
-				if c.Conns != 64 {
-					continue
-				}
-				for _, m := range c.Results {
-					if len(m.Runs) > 0 {
-						capacity[m.System] = m.Median.Throughput
+			r.Setup = append(append([]string{g.about(cfg.Spec)}, sizing(r.Systems)...), loadgen)
+			g.finish(r, cfg.Out)
+			if g.id == "S2" {
+				for _, c := range cells {
+					for _, m := range c.Results {
+						if c.Conns == 64 && len(m.Runs) > 0 {
+							capacity[m.System] = m.Median.Throughput
+						}
 					}
 				}
 			}
-			r.addPlot(PlotThroughput(r, cfg.Out, "burn", 0))
-			r.addPlot(PlotCDF(r, cfg.Out, "burn", 0, conns[len(conns)-1]))
 			if err := writeReport(cfg, r); err != nil {
 				return err
 			}
@@ -263,25 +290,25 @@ func Run(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string]float64,
-	newReport func(string, string, []string, map[string]string, RunOptions) *Report, loadgen string) error {
+func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
+	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
 	sp := cfg.Spec
 	sp.Queue = cfg.S4Queue
-	systems, skipped := startAll(cfg, sp, []starter{startTpsched, startPHPStatic, startHAProxy})
+	systems, skipped := startAll(cfg, sp, []string{nameTpsched, namePHPStatic, nameHAProxy})
 	defer stopAll(systems)
 	if len(capacity) == 0 {
 		// S2 was not run: measure capacity now, closed loop with fewer
 		// connections than the queue holds, so nothing is refused.
-		cells := []Cell{{Service: "burn", Conns: max(sp.Queue/2, 1)}}
+		cells := []gridCell{{Service: "burn", Conns: max(sp.Queue/2, 1)}}
 		fmt.Fprintf(cfg.Log, "S4: measuring capacity (burn, %d conns)\n", cells[0].Conns)
-		Measure(ctx, opts, systems, cells, nil)
+		measure(ctx, opts, systems, cells, nil)
 		for _, m := range cells[0].Results {
 			if len(m.Runs) > 0 {
 				capacity[m.System] = m.Median.Throughput
 			}
 		}
 	}
-	systems = slices.DeleteFunc(systems, func(s *System) bool {
+	systems = slices.DeleteFunc(systems, func(s *system) bool {
 		if capacity[s.Name] == 0 {
 			skipped[s.Name] = "no capacity measured in S2"
 			s.Stop()
@@ -292,31 +319,31 @@ func runS4(ctx context.Context, cfg Config, opts RunOptions, capacity map[string
 	o := opts
 	o.Warmup = 2 * opts.Warmup
 	o.Duration = 2 * opts.Duration
-	cells := []Cell{{Service: "burn", Conns: S4Carriers, Open: true}}
-	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", BurnMicros, capacity)
-	Measure(ctx, o, systems, cells, func(system string, _ *Cell) float64 { return 2 * capacity[system] })
+	cells := []gridCell{{Service: "burn", Conns: s4Carriers, Open: true}}
+	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", burnMicros, capacity)
+	measure(ctx, o, systems, cells, func(system string, _ *gridCell) float64 { return 2 * capacity[system] })
 	r := newReport("S4", "open-loop overload at 2x measured capacity", names(systems), skipped, o)
 	r.Cells = cells
 	r.Setup = []string{
 		fmt.Sprintf("Service: burn %d us on %d worker processes. Each system is offered twice its own S2 closed-loop throughput at 64 connections, "+
 			"as a fixed arrival rate carried by up to %d connections; a call's latency counts from the time it was due, so waiting for a "+
-			"connection is queueing and is measured. A call not answered %v after it was due times out.", BurnMicros, sp.Workers, S4Carriers, opts.Timeout),
+			"connection is queueing and is measured. A call not answered %v after it was due times out.", burnMicros, sp.Workers, s4Carriers, opts.Timeout),
 		fmt.Sprintf("Bounded queues: tpsched queue_size=%d (it answers 'server busy' when full); PHP-FPM listen.backlog=%d (nginx answers 502 when the "+
 			"backlog is full); HAProxy answers 503 when %d requests are queued (http-request deny if queue(be) ge %d). Refused = tpsched 'server busy' or HTTP 5xx.",
 			sp.Queue, sp.Queue, sp.Queue, sp.Queue),
 		"Admitted latency is of the calls answered OK; refused, failed and timed out are shares of the calls due in the window.",
-		loadgen,
 	}
+	r.Setup = append(append(r.Setup, peerChoices(sp, r.Systems)...), loadgen)
 	var caps []string
 	for _, n := range names(systems) {
 		caps = append(caps, fmt.Sprintf("%s %.0f/s", n, capacity[n]))
 	}
 	r.Notes = append(r.Notes, "Capacity used (closed loop, burn): "+strings.Join(caps, ", ")+".")
-	r.addPlot(PlotCDF(r, cfg.Out, "burn", 0, S4Carriers))
+	r.addPlot(plotCDF(r, cfg.Out, "burn", 0, s4Carriers))
 	return writeReport(cfg, r)
 }
 
-func (r *Report) addPlot(name string, err error) {
+func (r *report) addPlot(name string, err error) {
 	if err != nil {
 		r.Notes = append(r.Notes, "Plot failed: "+err.Error())
 		return
@@ -324,16 +351,6 @@ func (r *Report) addPlot(name string, err error) {
 	if name != "" {
 		r.Plots = append(r.Plots, name)
 	}
-}
-
-func only(m map[string]string, drop ...string) map[string]string {
-	out := map[string]string{}
-	for k, v := range m {
-		if !slices.Contains(drop, k) {
-			out[k] = v
-		}
-	}
-	return out
 }
 
 func pick(m map[string]string, keep ...string) map[string]string {
@@ -346,7 +363,10 @@ func pick(m map[string]string, keep ...string) map[string]string {
 	return out
 }
 
-func writeReport(cfg Config, r *Report) error {
+func writeReport(cfg Config, r *report) error {
+	if len(r.Cells) > 0 {
+		checkValidity(r, cfg.Quiet, compareWith(cfg, r.Scenario))
+	}
 	base, err := r.Write(cfg.Out)
 	if err != nil {
 		return err
@@ -355,11 +375,26 @@ func writeReport(cfg Config, r *Report) error {
 	return nil
 }
 
-// S1Targets states the issue's targets at 64 connections, 128 B against
+// compareWith is the report of the other grid to compare scenario with.
+func compareWith(cfg Config, scenario string) string {
+	dir := cfg.Compare
+	if dir == "" {
+		dir = filepath.Join(cfg.Out, "quick")
+		if cfg.Quick {
+			dir = filepath.Dir(filepath.Clean(cfg.Out))
+		}
+	}
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return dir
+	}
+	return newestReport(dir, scenario)
+}
+
+// s1Targets states the issue's targets at 64 connections, 128 B against
 // what was measured: tpsched >= 2x gRPC-go and >= 3x nginx+PHP-FPM (static)
 // in throughput, with p99 no worse than either.
-func S1Targets(r *Report) string {
-	var cell *Cell
+func s1Targets(r *report) string {
+	var cell *gridCell
 	for i := range r.Cells {
 		if c := &r.Cells[i]; c.Service == "echo" && c.Payload == 128 && c.Conns == 64 {
 			cell = c
@@ -368,7 +403,7 @@ func S1Targets(r *Report) string {
 	if cell == nil {
 		return "Targets (64 conns, 128 B): not measured in this grid."
 	}
-	tp := cell.Result(NameTpsched)
+	tp := cell.Result(nameTpsched)
 	if tp == nil || len(tp.Runs) == 0 {
 		return "Targets (64 conns, 128 B): tpsched not measured."
 	}
@@ -377,7 +412,7 @@ func S1Targets(r *Report) string {
 	for _, t := range []struct {
 		peer string
 		want float64
-	}{{NameGRPC, 2}, {NamePHPStatic, 3}} {
+	}{{nameGRPC, 2}, {namePHPStatic, 3}} {
 		m := cell.Result(t.peer)
 		if m == nil || len(m.Runs) == 0 {
 			fmt.Fprintf(&b, " %s not measured;", t.peer)
@@ -396,8 +431,8 @@ func S1Targets(r *Report) string {
 	return strings.TrimSuffix(b.String(), ";") + "."
 }
 
-// PeerVersions asks each installed peer binary its version.
-func PeerVersions() map[string]string {
+// peerVersions asks each installed peer binary its version.
+func peerVersions() map[string]string {
 	out := map[string]string{}
 	re := regexp.MustCompile(`\d+\.\d+(\.\d+)?`)
 	ask := func(name string, find func() (string, error), args ...string) {
@@ -426,4 +461,12 @@ func given(flag, full, quick time.Duration, isQuick bool) time.Duration {
 		return quick
 	}
 	return full
+}
+
+// boolIndex is 1 for true: the quick half of a [full, quick] pair.
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

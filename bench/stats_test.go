@@ -21,29 +21,29 @@ func TestPercentileNearestRank(t *testing.T) {
 		{100, 1000 * time.Microsecond},
 		{0.01, 1 * time.Microsecond},
 	} {
-		if got := Percentile(d, tc.p); got != tc.want {
+		if got := percentile(d, tc.p); got != tc.want {
 			t.Errorf("p%v = %v, want %v", tc.p, got, tc.want)
 		}
 	}
-	if got := Percentile(nil, 50); got != 0 {
+	if got := percentile(nil, 50); got != 0 {
 		t.Errorf("empty: %v", got)
 	}
-	if got := Percentile([]time.Duration{7}, 99.9); got != 7 {
+	if got := percentile([]time.Duration{7}, 99.9); got != 7 {
 		t.Errorf("one value: %v", got)
 	}
 	// Three values: p50 is the second, p99 the third.
 	three := []time.Duration{1, 2, 3}
-	if Percentile(three, 50) != 2 || Percentile(three, 99) != 3 {
-		t.Errorf("three values: p50 %v p99 %v", Percentile(three, 50), Percentile(three, 99))
+	if percentile(three, 50) != 2 || percentile(three, 99) != 3 {
+		t.Errorf("three values: p50 %v p99 %v", percentile(three, 50), percentile(three, 99))
 	}
 }
 
 func TestSummarizeSortsAndAverages(t *testing.T) {
-	l := Summarize([]time.Duration{30, 10, 20, 40})
+	l := summarize([]time.Duration{30, 10, 20, 40})
 	if l.N != 4 || l.Mean != 25 || l.P50 != 20 || l.Max != 40 || l.P99 != 40 {
 		t.Errorf("got %+v", l)
 	}
-	if (Summarize(nil) != Latency{}) {
+	if (summarize(nil) != latency{}) {
 		t.Error("empty summary not zero")
 	}
 }
@@ -53,8 +53,8 @@ func TestCDFIsMonotonicAndEndsAtMax(t *testing.T) {
 	for i := range 100000 {
 		d = append(d, time.Duration(i%997)*time.Microsecond)
 	}
-	l := Summarize(d)
-	c := CDF(d, 50)
+	l := summarize(d)
+	c := cdfOf(d, 50)
 	if len(c) < 10 {
 		t.Fatalf("%d points", len(c))
 	}
@@ -84,7 +84,7 @@ func TestMedian(t *testing.T) {
 		want float64
 	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
 		orig := append([]float64(nil), tc.v...)
-		if got := Median(tc.v); got != tc.want {
+		if got := median(tc.v); got != tc.want {
 			t.Errorf("Median(%v) = %v, want %v", tc.v, got, tc.want)
 		}
 		for i := range orig {

@@ -9,8 +9,8 @@ import (
 // This file is S3's arithmetic, apart from any server: the load step, the
 // windows of a traced run, and the figures derived from them.
 
-// StepLoad is S3's open-loop profile and how it is observed.
-type StepLoad struct {
+// stepLoad is S3's open-loop profile and how it is observed.
+type stepLoad struct {
 	Base     float64       `json:"base_per_s"`   // calls/s before and after the step
 	Peak     float64       `json:"peak_per_s"`   // calls/s during the step
 	Before   time.Duration `json:"before_ns"`    // at Base, then
@@ -25,23 +25,23 @@ type StepLoad struct {
 }
 
 // Profile is the open loop's rate over time.
-func (s StepLoad) Profile() []Phase {
-	return []Phase{{s.Base, s.Before}, {s.Peak, s.During}, {s.Base, s.After}}
+func (s stepLoad) Profile() []phase {
+	return []phase{{s.Base, s.Before}, {s.Peak, s.During}, {s.Base, s.After}}
 }
 
 // Step and Drop are when the rate goes up and back down, from the run's start.
-func (s StepLoad) Step() time.Duration { return s.Before }
-func (s StepLoad) Drop() time.Duration { return s.Before + s.During }
-func (s StepLoad) End() time.Duration  { return s.Before + s.During + s.After }
+func (s stepLoad) Step() time.Duration { return s.Before }
+func (s stepLoad) Drop() time.Duration { return s.Before + s.During }
+func (s stepLoad) End() time.Duration  { return s.Before + s.During + s.After }
 
-// WorkerSample is a count of worker processes, At from the run's start.
-type WorkerSample struct {
+// workerSample is a count of worker processes, At from the run's start.
+type workerSample struct {
 	At time.Duration `json:"at_ns"`
 	N  int           `json:"n"`
 }
 
-// Window is what happened to the calls due in one window of a run.
-type Window struct {
+// stepWindow is what happened to the calls due in one window of a run.
+type stepWindow struct {
 	FromStepMs float64 `json:"t_ms"` // the window's start, from the step (negative before it)
 	Calls      int     `json:"calls"`
 	OK         int     `json:"ok"`
@@ -58,19 +58,19 @@ type Window struct {
 }
 
 // good reports whether the window counts as recovered at limit.
-func (w Window) good(limitUs float64) bool {
+func (w stepWindow) good(limitUs float64) bool {
 	return w.OK+w.TimedOut > 0 && w.Refused+w.Failed == 0 && w.P99us < limitUs
 }
 
-// Windows cuts a traced run into windows of width from its start to end:
+// stepWindows cuts a traced run into windows of width from its start to end:
 // window k holds the calls due in [k x width, (k+1) x width). step is
 // where the windows' times start from.
-func Windows(calls []CallTrace, samples []WorkerSample, step, end, width, timeout time.Duration) []Window {
+func stepWindows(calls []callTrace, samples []workerSample, step, end, width, timeout time.Duration) []stepWindow {
 	if width <= 0 || end <= 0 {
 		return nil
 	}
 	n := int((end + width - 1) / width)
-	ws := make([]Window, n)
+	ws := make([]stepWindow, n)
 	lat := make([][]time.Duration, n)
 	for k := range ws {
 		ws[k].FromStepMs = float64(time.Duration(k)*width-step) / float64(time.Millisecond)
@@ -84,13 +84,13 @@ func Windows(calls []CallTrace, samples []WorkerSample, step, end, width, timeou
 		w := &ws[k]
 		w.Calls++
 		switch c.Outcome {
-		case OK:
+		case callOK:
 			w.OK++
 			lat[k] = append(lat[k], c.Latency)
-		case TimedOut:
+		case callTimedOut:
 			w.TimedOut++
 			lat[k] = append(lat[k], max(c.Latency, timeout))
-		case Refused:
+		case callRefused:
 			w.Refused++
 		default:
 			w.Failed++
@@ -99,11 +99,11 @@ func Windows(calls []CallTrace, samples []WorkerSample, step, end, width, timeou
 	for k := range ws {
 		if len(lat[k]) > 0 {
 			slices.Sort(lat[k])
-			ws[k].P99us = us(Percentile(lat[k], 99))
+			ws[k].P99us = us(percentile(lat[k], 99))
 		}
 	}
 	s := slices.Clone(samples)
-	slices.SortFunc(s, func(a, b WorkerSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
+	slices.SortFunc(s, func(a, b workerSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
 	last, i := -1, 0
 	for k := range ws {
 		hi := time.Duration(k+1) * width
@@ -120,12 +120,12 @@ func Windows(calls []CallTrace, samples []WorkerSample, step, end, width, timeou
 	return ws
 }
 
-// RecoveryTime is how long after the step the p99 recovered: the start
+// recoveryTime is how long after the step the p99 recovered: the start
 // (from the step) of the earliest window of the step phase, ws[from:to],
 // such that it and every later window of the phase are good (p99 below
 // limitUs, some call answered, none refused or failed). It is 0 if the
 // step never hurt, and false if the last window of the phase is not good.
-func RecoveryTime(ws []Window, from, to int, limitUs float64, width time.Duration) (time.Duration, bool) {
+func recoveryTime(ws []stepWindow, from, to int, limitUs float64, width time.Duration) (time.Duration, bool) {
 	if from < 0 || to > len(ws) || from >= to {
 		return 0, false
 	}
@@ -139,8 +139,8 @@ func RecoveryTime(ws []Window, from, to int, limitUs float64, width time.Duratio
 	return time.Duration(k-from) * width, true
 }
 
-// WorkerFigures are the worker-count figures of one run.
-type WorkerFigures struct {
+// workerFigures are the worker-count figures of one run.
+type workerFigures struct {
 	Baseline   int           // the last count before the step
 	FirstExtra time.Duration // from the step to the first count above Baseline
 	HasExtra   bool
@@ -150,12 +150,12 @@ type WorkerFigures struct {
 	IsBack     bool
 }
 
-// WorkerTimes derives the worker figures from the samples of a run whose
+// workerTimes derives the worker figures from the samples of a run whose
 // load stepped up at step and back down at drop.
-func WorkerTimes(samples []WorkerSample, step, drop time.Duration) WorkerFigures {
+func workerTimes(samples []workerSample, step, drop time.Duration) workerFigures {
 	s := slices.Clone(samples)
-	slices.SortFunc(s, func(a, b WorkerSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
-	var f WorkerFigures
+	slices.SortFunc(s, func(a, b workerSample) int { return cmpFloat(float64(a.At), float64(b.At)) })
+	var f workerFigures
 	for _, x := range s {
 		if x.At < step {
 			f.Baseline = x.N
@@ -182,52 +182,52 @@ func WorkerTimes(samples []WorkerSample, step, drop time.Duration) WorkerFigures
 	return f
 }
 
-// StepFigures are one run's figures, or the median of the runs (each
+// stepFigures are one run's figures, or the median of the runs (each
 // figure its own median). A time that did not happen is -1.
-type StepFigures struct {
+type stepFigures struct {
 	PreP99us        float64 `json:"pre_step_p99_us"`           // calls due from Settle to the step
 	PreLateP99us    float64 `json:"pre_step_send_late_p99_us"` // of those calls, the p99 of the generator's lateness in sending
 	StepP99us       float64 `json:"step_p99_us"`               // calls due in the step
 	PostP99us       float64 `json:"post_step_p99_us"`          // calls due after the drop
 	LimitUs         float64 `json:"recovered_below_us"`
-	RecoveryMs      float64 `json:"recovery_ms"`
+	RecoveryMs      float64 `json:"recovery_ms" median:"never"`
 	OverLimit       float64 `json:"windows_over_limit"` // windows of the step phase that were not good
-	FirstExtraMs    float64 `json:"first_extra_worker_ms"`
+	FirstExtraMs    float64 `json:"first_extra_worker_ms" median:"never"`
 	BaselineWorkers float64 `json:"baseline_workers"`
 	PeakWorkers     float64 `json:"peak_workers"`
 	ToPeakMs        float64 `json:"to_peak_ms"`
-	BackMs          float64 `json:"back_to_baseline_ms"` // from the drop
+	BackMs          float64 `json:"back_to_baseline_ms" median:"never"` // from the drop
 	Offered         float64 `json:"offered"`
 	Refused         float64 `json:"refused"`
 	Failed          float64 `json:"failed"`
 	TimedOut        float64 `json:"timed_out"`
 }
 
-// StepFiguresOf derives a run's figures from its trace and worker samples.
-func StepFiguresOf(sl StepLoad, calls []CallTrace, samples []WorkerSample) (StepFigures, []Window) {
+// stepFiguresOf derives a run's figures from its trace and worker samples.
+func stepFiguresOf(sl stepLoad, calls []callTrace, samples []workerSample) (stepFigures, []stepWindow) {
 	var pre, during, post, late []time.Duration
-	var f StepFigures
+	var f stepFigures
 	for _, c := range calls {
 		f.Offered++
 		switch c.Outcome {
-		case Refused:
+		case callRefused:
 			f.Refused++
 			continue
-		case Failed:
+		case callFailed:
 			f.Failed++
 			continue
-		case TimedOut:
+		case callTimedOut:
 			f.TimedOut++
 		}
 		l := c.Latency
-		if c.Outcome == TimedOut {
+		if c.Outcome == callTimedOut {
 			l = max(l, sl.Timeout)
 		}
 		switch {
 		case c.Due < sl.Settle:
 		case c.Due < sl.Step():
 			pre = append(pre, l)
-			if c.Outcome != TimedOut {
+			if c.Outcome != callTimedOut {
 				late = append(late, c.Late)
 			}
 		case c.Due < sl.Drop():
@@ -238,15 +238,15 @@ func StepFiguresOf(sl StepLoad, calls []CallTrace, samples []WorkerSample) (Step
 	}
 	p99 := func(v []time.Duration) float64 {
 		slices.Sort(v)
-		return us(Percentile(v, 99))
+		return us(percentile(v, 99))
 	}
 	f.PreP99us, f.StepP99us, f.PostP99us, f.PreLateP99us = p99(pre), p99(during), p99(post), p99(late)
 	f.LimitUs = sl.Limit * f.PreP99us
-	ws := Windows(calls, samples, sl.Step(), sl.End(), sl.Window, sl.Timeout)
+	ws := stepWindows(calls, samples, sl.Step(), sl.End(), sl.Window, sl.Timeout)
 	from := int(sl.Step() / sl.Window)
 	to := int((sl.Drop() + sl.Window - 1) / sl.Window)
 	f.RecoveryMs = -1
-	if r, ok := RecoveryTime(ws, from, to, f.LimitUs, sl.Window); ok && f.PreP99us > 0 {
+	if r, ok := recoveryTime(ws, from, to, f.LimitUs, sl.Window); ok && f.PreP99us > 0 {
 		f.RecoveryMs = ms(r)
 	}
 	for k := from; k < min(to, len(ws)); k++ {
@@ -254,7 +254,7 @@ func StepFiguresOf(sl StepLoad, calls []CallTrace, samples []WorkerSample) (Step
 			f.OverLimit++
 		}
 	}
-	wf := WorkerTimes(samples, sl.Step(), sl.Drop())
+	wf := workerTimes(samples, sl.Step(), sl.Drop())
 	f.BaselineWorkers, f.PeakWorkers, f.ToPeakMs = float64(wf.Baseline), float64(wf.Peak), ms(wf.ToPeak)
 	f.FirstExtraMs, f.BackMs = -1, -1
 	if wf.HasExtra {
@@ -268,71 +268,13 @@ func StepFiguresOf(sl StepLoad, calls []CallTrace, samples []WorkerSample) (Step
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// medianNever is the median of times where -1 means "never", which ranks
-// above every time.
-func medianNever(v []float64) float64 {
-	x := make([]float64, len(v))
-	for i, t := range v {
-		x[i] = t
-		if t < 0 {
-			x[i] = math.Inf(1)
-		}
-	}
-	m := Median(x)
-	if math.IsInf(m, 1) {
-		return -1
-	}
-	return m
-}
-
-// MedianStepFigures takes the median of each figure across runs.
-func MedianStepFigures(runs []StepFigures) StepFigures {
-	pick := func(never bool, f func(StepFigures) float64) float64 {
-		v := make([]float64, len(runs))
-		for i, r := range runs {
-			v[i] = f(r)
-		}
-		if never {
-			return medianNever(v)
-		}
-		return Median(v)
-	}
-	return StepFigures{
-		PreP99us:        pick(false, func(f StepFigures) float64 { return f.PreP99us }),
-		PreLateP99us:    pick(false, func(f StepFigures) float64 { return f.PreLateP99us }),
-		OverLimit:       pick(false, func(f StepFigures) float64 { return f.OverLimit }),
-		StepP99us:       pick(false, func(f StepFigures) float64 { return f.StepP99us }),
-		PostP99us:       pick(false, func(f StepFigures) float64 { return f.PostP99us }),
-		LimitUs:         pick(false, func(f StepFigures) float64 { return f.LimitUs }),
-		RecoveryMs:      pick(true, func(f StepFigures) float64 { return f.RecoveryMs }),
-		FirstExtraMs:    pick(true, func(f StepFigures) float64 { return f.FirstExtraMs }),
-		BaselineWorkers: pick(false, func(f StepFigures) float64 { return f.BaselineWorkers }),
-		PeakWorkers:     pick(false, func(f StepFigures) float64 { return f.PeakWorkers }),
-		ToPeakMs:        pick(false, func(f StepFigures) float64 { return f.ToPeakMs }),
-		BackMs:          pick(true, func(f StepFigures) float64 { return f.BackMs }),
-		Offered:         pick(false, func(f StepFigures) float64 { return f.Offered }),
-		Refused:         pick(false, func(f StepFigures) float64 { return f.Refused }),
-		Failed:          pick(false, func(f StepFigures) float64 { return f.Failed }),
-		TimedOut:        pick(false, func(f StepFigures) float64 { return f.TimedOut }),
-	}
-}
-
-// MedianRun is the index of the run whose recovery time is the median
-// (never recovering ranks last), the run drawn in the plots.
-func MedianRun(runs []StepFigures) int {
-	if len(runs) == 0 {
-		return -1
-	}
-	order := make([]int, len(runs))
-	for i := range order {
-		order[i] = i
-	}
-	key := func(i int) float64 {
-		if runs[i].RecoveryMs < 0 {
+// recoveryRun is the run whose recovery time is the median ("never" above
+// every time): the one drawn.
+func recoveryRun(runs []stepFigures) int {
+	return medianRun(runs, func(f stepFigures) float64 {
+		if f.RecoveryMs < 0 {
 			return math.Inf(1)
 		}
-		return runs[i].RecoveryMs
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpFloat(key(a), key(b)) })
-	return order[(len(order)-1)/2]
+		return f.RecoveryMs
+	})
 }

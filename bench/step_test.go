@@ -10,7 +10,7 @@ import (
 
 func TestProfileIntended(t *testing.T) {
 	start := time.Unix(1000, 0)
-	phases := []Phase{{1000, time.Second}, {100, time.Second}, {10, 500 * time.Millisecond}}
+	phases := []phase{{1000, time.Second}, {100, time.Second}, {10, 500 * time.Millisecond}}
 	for _, tc := range []struct {
 		i    int64
 		want time.Duration
@@ -25,22 +25,22 @@ func TestProfileIntended(t *testing.T) {
 		{1104, 2400 * time.Millisecond, true},
 		{1105, 0, false},
 	} {
-		got, ok := ProfileIntended(start, phases, tc.i)
+		got, ok := profileIntended(start, phases, tc.i)
 		if ok != tc.ok || (ok && got.Sub(start) != tc.want) {
 			t.Errorf("call %d: +%v %v, want +%v %v", tc.i, got.Sub(start), ok, tc.want, tc.ok)
 		}
 	}
-	if d := ProfileDuration(phases); d != 2500*time.Millisecond {
+	if d := profileDuration(phases); d != 2500*time.Millisecond {
 		t.Errorf("ProfileDuration = %v", d)
 	}
 }
 
 func TestOpenLoopProfileTraces(t *testing.T) {
 	var n atomic.Int64
-	r, err := OpenLoop(t.Context(), Load{
-		Dial:    func() Caller { return fakeCaller{service: 100 * time.Microsecond, refuse: 10, n: &n} },
+	r, err := openLoop(t.Context(), load{
+		Dial:    func() caller { return fakeCaller{service: 100 * time.Microsecond, refuse: 10, n: &n} },
 		Conns:   4,
-		Profile: []Phase{{200, 100 * time.Millisecond}, {1000, 100 * time.Millisecond}},
+		Profile: []phase{{200, 100 * time.Millisecond}, {1000, 100 * time.Millisecond}},
 		Trace:   true,
 	})
 	if err != nil {
@@ -51,10 +51,10 @@ func TestOpenLoopProfileTraces(t *testing.T) {
 	}
 	refused := 0
 	for _, c := range r.Trace {
-		if c.Due < 0 || c.Due >= 200*time.Millisecond || c.Late < 0 || (c.Outcome == OK && c.Latency < c.Late) {
+		if c.Due < 0 || c.Due >= 200*time.Millisecond || c.Late < 0 || (c.Outcome == callOK && c.Latency < c.Late) {
 			t.Fatalf("bad trace entry %+v", c)
 		}
-		if c.Outcome == Refused {
+		if c.Outcome == callRefused {
 			refused++
 		}
 	}
@@ -68,27 +68,27 @@ func TestOpenLoopProfileTraces(t *testing.T) {
 
 const ms100 = 100 * time.Millisecond
 
-func call(due, lat time.Duration, o Outcome) CallTrace {
-	return CallTrace{Due: due, Latency: lat, Outcome: o}
+func call(due, lat time.Duration, o outcome) callTrace {
+	return callTrace{Due: due, Latency: lat, Outcome: o}
 }
 
 func TestWindows(t *testing.T) {
-	calls := []CallTrace{
-		call(10*time.Millisecond, time.Millisecond, OK),
-		call(20*time.Millisecond, 3*time.Millisecond, OK),
-		call(150*time.Millisecond, 0, TimedOut),
-		call(160*time.Millisecond, time.Millisecond, OK),
-		call(170*time.Millisecond, 0, Refused),
-		call(250*time.Millisecond, 0, Failed),
-		call(-time.Millisecond, time.Millisecond, OK), // outside: ignored
-		call(400*time.Millisecond, time.Millisecond, OK),
+	calls := []callTrace{
+		call(10*time.Millisecond, time.Millisecond, callOK),
+		call(20*time.Millisecond, 3*time.Millisecond, callOK),
+		call(150*time.Millisecond, 0, callTimedOut),
+		call(160*time.Millisecond, time.Millisecond, callOK),
+		call(170*time.Millisecond, 0, callRefused),
+		call(250*time.Millisecond, 0, callFailed),
+		call(-time.Millisecond, time.Millisecond, callOK), // outside: ignored
+		call(400*time.Millisecond, time.Millisecond, callOK),
 	}
-	samples := []WorkerSample{{40 * time.Millisecond, 1}, {90 * time.Millisecond, 2}, {140 * time.Millisecond, 1}}
-	ws := Windows(calls, samples, 200*time.Millisecond, 300*time.Millisecond, ms100, 2*time.Second)
+	samples := []workerSample{{40 * time.Millisecond, 1}, {90 * time.Millisecond, 2}, {140 * time.Millisecond, 1}}
+	ws := stepWindows(calls, samples, 200*time.Millisecond, 300*time.Millisecond, ms100, 2*time.Second)
 	if len(ws) != 3 {
 		t.Fatalf("%d windows, want 3", len(ws))
 	}
-	want := []Window{
+	want := []stepWindow{
 		{FromStepMs: -200, Calls: 2, OK: 2, P99us: 3000, Workers: 2},
 		{FromStepMs: -100, Calls: 3, OK: 1, Refused: 1, TimedOut: 1, P99us: 2e6, Workers: 1},
 		{FromStepMs: 0, Calls: 1, Failed: 1, P99us: 0, Workers: 1}, // no sample: the last count
@@ -98,75 +98,75 @@ func TestWindows(t *testing.T) {
 			t.Errorf("window %d = %+v, want %+v", i, ws[i], want[i])
 		}
 	}
-	if ws := Windows(nil, nil, 0, 250*time.Millisecond, ms100, time.Second); len(ws) != 3 || ws[0].Workers != -1 {
+	if ws := stepWindows(nil, nil, 0, 250*time.Millisecond, ms100, time.Second); len(ws) != 3 || ws[0].Workers != -1 {
 		t.Errorf("empty run: %+v", ws)
 	}
 }
 
 func TestRecoveryTime(t *testing.T) {
-	w := func(p99 float64) Window { return Window{OK: 10, Calls: 10, P99us: p99} }
-	refused := Window{OK: 9, Refused: 1, Calls: 10, P99us: 100}
-	empty := Window{}
+	w := func(p99 float64) stepWindow { return stepWindow{OK: 10, Calls: 10, P99us: p99} }
+	refused := stepWindow{OK: 9, Refused: 1, Calls: 10, P99us: 100}
+	empty := stepWindow{}
 	for _, tc := range []struct {
 		name string
-		ws   []Window
+		ws   []stepWindow
 		want time.Duration
 		ok   bool
 	}{
-		{"never hurt", []Window{w(100), w(100), w(100)}, 0, true},
-		{"hurt then recovered", []Window{w(900), w(800), w(100), w(100)}, 200 * time.Millisecond, true},
-		{"a late spike resets it", []Window{w(900), w(100), w(900), w(100), w(100)}, 300 * time.Millisecond, true},
-		{"still over at the end", []Window{w(100), w(100), w(900)}, 0, false},
-		{"at the limit is over", []Window{w(500), w(100)}, 100 * time.Millisecond, true},
-		{"a refusal is not recovered", []Window{w(100), refused, w(100)}, 200 * time.Millisecond, true},
-		{"an empty window is not recovered", []Window{w(100), empty, w(100)}, 200 * time.Millisecond, true},
+		{"never hurt", []stepWindow{w(100), w(100), w(100)}, 0, true},
+		{"hurt then recovered", []stepWindow{w(900), w(800), w(100), w(100)}, 200 * time.Millisecond, true},
+		{"a late spike resets it", []stepWindow{w(900), w(100), w(900), w(100), w(100)}, 300 * time.Millisecond, true},
+		{"still over at the end", []stepWindow{w(100), w(100), w(900)}, 0, false},
+		{"at the limit is over", []stepWindow{w(500), w(100)}, 100 * time.Millisecond, true},
+		{"a refusal is not recovered", []stepWindow{w(100), refused, w(100)}, 200 * time.Millisecond, true},
+		{"an empty window is not recovered", []stepWindow{w(100), empty, w(100)}, 200 * time.Millisecond, true},
 	} {
-		got, ok := RecoveryTime(tc.ws, 0, len(tc.ws), 500, ms100)
+		got, ok := recoveryTime(tc.ws, 0, len(tc.ws), 500, ms100)
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("%s: %v %v, want %v %v", tc.name, got, ok, tc.want, tc.ok)
 		}
 	}
 	// Only the step's windows count: a bad window before from or after to does not.
-	ws := []Window{w(900), w(100), w(100), w(900)}
-	if got, ok := RecoveryTime(ws, 1, 3, 500, ms100); got != 0 || !ok {
+	ws := []stepWindow{w(900), w(100), w(100), w(900)}
+	if got, ok := recoveryTime(ws, 1, 3, 500, ms100); got != 0 || !ok {
 		t.Errorf("sub-range: %v %v", got, ok)
 	}
-	if _, ok := RecoveryTime(ws, 2, 2, 500, ms100); ok {
+	if _, ok := recoveryTime(ws, 2, 2, 500, ms100); ok {
 		t.Error("empty range recovered")
 	}
 }
 
 func TestWorkerTimes(t *testing.T) {
-	s := []WorkerSample{
+	s := []workerSample{
 		{0, 1}, {50 * time.Millisecond, 2}, {100 * time.Millisecond, 1}, // before the step at 150 ms
 		{160 * time.Millisecond, 1}, {210 * time.Millisecond, 3}, {260 * time.Millisecond, 4}, {310 * time.Millisecond, 4},
 		{410 * time.Millisecond, 3}, // the drop is at 400 ms
 		{460 * time.Millisecond, 2}, {510 * time.Millisecond, 1},
 	}
-	f := WorkerTimes(s, 150*time.Millisecond, 400*time.Millisecond)
-	want := WorkerFigures{Baseline: 1, FirstExtra: 60 * time.Millisecond, HasExtra: true, Peak: 4, ToPeak: 110 * time.Millisecond,
+	f := workerTimes(s, 150*time.Millisecond, 400*time.Millisecond)
+	want := workerFigures{Baseline: 1, FirstExtra: 60 * time.Millisecond, HasExtra: true, Peak: 4, ToPeak: 110 * time.Millisecond,
 		Back: 110 * time.Millisecond, IsBack: true}
 	if f != want {
 		t.Errorf("got %+v\nwant %+v", f, want)
 	}
 	// Already at the most before the step: no extra worker, never back below.
-	f = WorkerTimes([]WorkerSample{{0, 4}, {200 * time.Millisecond, 4}, {500 * time.Millisecond, 4}}, 150*time.Millisecond, 400*time.Millisecond)
+	f = workerTimes([]workerSample{{0, 4}, {200 * time.Millisecond, 4}, {500 * time.Millisecond, 4}}, 150*time.Millisecond, 400*time.Millisecond)
 	if f.HasExtra || f.Peak != 4 || !f.IsBack || f.Back != 100*time.Millisecond {
 		t.Errorf("at max: %+v", f)
 	}
-	f = WorkerTimes([]WorkerSample{{0, 1}, {200 * time.Millisecond, 2}, {500 * time.Millisecond, 2}}, 150*time.Millisecond, 400*time.Millisecond)
+	f = workerTimes([]workerSample{{0, 1}, {200 * time.Millisecond, 2}, {500 * time.Millisecond, 2}}, 150*time.Millisecond, 400*time.Millisecond)
 	if f.IsBack {
 		t.Errorf("came back without a count at the baseline: %+v", f)
 	}
 }
 
 func TestStepFiguresOf(t *testing.T) {
-	sl := StepLoad{Base: 100, Peak: 1000, Before: time.Second, During: time.Second, After: 500 * time.Millisecond,
+	sl := stepLoad{Base: 100, Peak: 1000, Before: time.Second, During: time.Second, After: 500 * time.Millisecond,
 		Settle: 200 * time.Millisecond, Window: ms100, Timeout: time.Second, Limit: 2}
-	var calls []CallTrace
+	var calls []callTrace
 	add := func(from, to time.Duration, every time.Duration, lat func(time.Duration) time.Duration) {
 		for d := from; d < to; d += every {
-			calls = append(calls, CallTrace{Due: d, Latency: lat(d), Late: 100 * time.Microsecond, Outcome: OK})
+			calls = append(calls, callTrace{Due: d, Latency: lat(d), Late: 100 * time.Microsecond, Outcome: callOK})
 		}
 	}
 	add(0, sl.Settle, 10*time.Millisecond, func(time.Duration) time.Duration { return 50 * time.Millisecond }) // left out
@@ -179,10 +179,10 @@ func TestStepFiguresOf(t *testing.T) {
 		return time.Millisecond
 	})
 	add(sl.Drop(), sl.End(), 10*time.Millisecond, func(time.Duration) time.Duration { return time.Millisecond })
-	calls = append(calls, CallTrace{Due: sl.Drop() + time.Millisecond, Outcome: Refused})
-	samples := []WorkerSample{{500 * time.Millisecond, 1}, {sl.Step() + 40*time.Millisecond, 1}, {sl.Step() + 90*time.Millisecond, 2},
+	calls = append(calls, callTrace{Due: sl.Drop() + time.Millisecond, Outcome: callRefused})
+	samples := []workerSample{{500 * time.Millisecond, 1}, {sl.Step() + 40*time.Millisecond, 1}, {sl.Step() + 90*time.Millisecond, 2},
 		{sl.Step() + 140*time.Millisecond, 3}, {sl.Drop() + 50*time.Millisecond, 3}, {sl.Drop() + 300*time.Millisecond, 1}}
-	f, ws := StepFiguresOf(sl, calls, samples)
+	f, ws := stepFiguresOf(sl, calls, samples)
 	if len(ws) != 25 {
 		t.Fatalf("%d windows", len(ws))
 	}
@@ -209,22 +209,22 @@ func TestStepFiguresOf(t *testing.T) {
 }
 
 func TestMedianStepFiguresNever(t *testing.T) {
-	runs := []StepFigures{{RecoveryMs: 200, FirstExtraMs: -1}, {RecoveryMs: -1, FirstExtraMs: -1}, {RecoveryMs: 100, FirstExtraMs: 5}}
-	m := MedianStepFigures(runs)
+	runs := []stepFigures{{RecoveryMs: 200, FirstExtraMs: -1}, {RecoveryMs: -1, FirstExtraMs: -1}, {RecoveryMs: 100, FirstExtraMs: 5}}
+	m := medianOf(runs)
 	if m.RecoveryMs != 200 || m.FirstExtraMs != -1 {
 		t.Errorf("median recovery %v, first extra %v; want 200, -1", m.RecoveryMs, m.FirstExtraMs)
 	}
-	if got := MedianRun(runs); got != 0 {
+	if got := recoveryRun(runs); got != 0 {
 		t.Errorf("MedianRun = %d, want 0 (200 ms)", got)
 	}
-	if got := MedianRun([]StepFigures{{RecoveryMs: -1}, {RecoveryMs: 50}}); got != 1 {
+	if got := recoveryRun([]stepFigures{{RecoveryMs: -1}, {RecoveryMs: 50}}); got != 1 {
 		t.Errorf("MedianRun of two = %d, want 1", got)
 	}
 }
 
 func TestCountWorkers(t *testing.T) {
 	var st struct {
-		Groups []StatusGroup `json:"groups"`
+		Groups []statusGroup `json:"groups"`
 	}
 	js := `{"groups":[{"group":"other","processes":[{"pid":5,"kind":"resident"}]},
 		{"group":"bench","processes":[{"pid":10,"kind":"resident","state":"running"},{"pid":11,"kind":"nonresident"},
@@ -232,27 +232,27 @@ func TestCountWorkers(t *testing.T) {
 	if err := json.Unmarshal([]byte(js), &st); err != nil {
 		t.Fatal(err)
 	}
-	if n := CountWorkers(st.Groups, "bench"); n != 2 {
+	if n := countWorkers(st.Groups, "bench"); n != 2 {
 		t.Errorf("CountWorkers = %d, want 2", n)
 	}
 }
 
 func TestParseChildren(t *testing.T) {
-	got := ParseChildren([]byte("12 345 6789 \n"))
+	got := parseChildren([]byte("12 345 6789 \n"))
 	if len(got) != 3 || got[0] != 12 || got[2] != 6789 {
 		t.Errorf("ParseChildren = %v", got)
 	}
-	if got := ParseChildren(nil); len(got) != 0 {
+	if got := parseChildren(nil); len(got) != 0 {
 		t.Errorf("empty: %v", got)
 	}
 }
 
 func TestStepMarkdown(t *testing.T) {
-	sl := S3QuickLoad
-	r := &Report{Scenario: "S3", Title: "step", Date: "2026-01-01", Runs: 3, Step: &sl,
-		StepResults: []StepResult{{System: NameTpschedNonRes, Drawn: 1,
-			Runs:   []StepFigures{{RecoveryMs: 100}, {RecoveryMs: -1}, {RecoveryMs: 300}},
-			Median: StepFigures{RecoveryMs: 300, FirstExtraMs: -1, PeakWorkers: 4, PreP99us: 1500}}}}
+	sl := s3QuickLoad
+	r := &report{Scenario: "S3", Title: "step", Date: "2026-01-01", Runs: 3, Step: &sl,
+		StepResults: []stepResult{{System: nameTpschedNonRes, Drawn: 1,
+			Runs:   []stepFigures{{RecoveryMs: 100}, {RecoveryMs: -1}, {RecoveryMs: 300}},
+			Median: stepFigures{RecoveryMs: 300, FirstExtraMs: -1, PeakWorkers: 4, PreP99us: 1500}}}}
 	md := r.Markdown()
 	for _, want := range []string{"| tpsched non-resident | 300 ms |", "never", "### Each run", "| 2 (plotted) | never |", "1.50 ms"} {
 		if !strings.Contains(md, want) {

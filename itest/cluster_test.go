@@ -3,8 +3,6 @@ package itest
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/freeport"
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
@@ -42,30 +41,11 @@ set leveldown_queue_count = 0,1
 // clusterPorts finds an RPC port and a name port free on every address.
 func clusterPorts(t *testing.T) (rpc, name int) {
 	t.Helper()
-	free := func(p int) bool {
-		for _, ip := range clusterIPs {
-			addr := net.JoinHostPort(ip, strconv.Itoa(p))
-			l, err := net.Listen("tcp", addr)
-			if err != nil {
-				return false
-			}
-			l.Close()
-			u, err := net.ListenPacket("udp", addr)
-			if err != nil {
-				return false
-			}
-			u.Close()
-		}
-		return true
+	p, err := freeport.Common(clusterIPs, 2)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for range 100 {
-		p := 20000 + rand.IntN(20000)
-		if free(p) && free(p+1) {
-			return p, p + 1
-		}
-	}
-	t.Fatal("no free ports on 127.0.0.2-4")
-	return 0, 0
+	return p[0], p[1]
 }
 
 type clusterOpts struct {

@@ -54,6 +54,11 @@ func main() {
 	s7nodes := flag.Int("s7-nodes", bench.S7Nodes, "S7's members (at most 128)")
 	s7probes := flag.Int("s7-changes", 0, "S7's announced changes measured (default 30, quick 10)")
 	s7quiet := flag.Duration("s7-quiet", 0, "S7's quiet spell for the refresh traffic (default 20s, one refresh period; quick 5s)")
+	quietCores := flag.Float64("quiet-cores", bench.DefaultQuiet.Cores, "before each run wait until other tenants use under this many cores; a run over it is disturbed and run again (0: off)")
+	quietWait := flag.Duration("quiet-wait", bench.DefaultQuiet.MaxWait, "the longest wait for other tenants to go quiet before a run")
+	quietRetries := flag.Int("quiet-retries", bench.DefaultQuiet.Retries, "how often a disturbed run is run again (S1, S2, S4)")
+	quietBudget := flag.Duration("quiet-budget", bench.DefaultQuiet.Budget, "the most the session spends waiting for quiet and running disturbed runs again")
+	compare := flag.String("compare", "", "the other grid's reports (a directory) or one report JSON, to flag systems that moved beyond the noise (default: the full grid's for -quick, out/quick for the full grid)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -129,6 +134,8 @@ func main() {
 		S7Probes:    *s7probes,
 		S7Quiet:     *s7quiet,
 		Systems:     splitList(*systems),
+		Compare:     *compare,
+		Quiet:       bench.Quiet{Cores: *quietCores, MaxWait: *quietWait, Retries: *quietRetries, Budget: *quietBudget},
 		Log:         os.Stderr,
 	}
 	start := time.Now()

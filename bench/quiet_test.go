@@ -1,0 +1,42 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+// TestQuietBudget: retries stop when the session's budget is spent, and
+// copies of a Quiet share one budget.
+func TestQuietBudget(t *testing.T) {
+	q := Quiet{Cores: 0.1, Retries: 2, Budget: time.Minute}.withBudget()
+	busy := Figures{OtherCPU: 0.5}
+	if !q.retry(busy, 0) || !q.retry(busy, 1) || q.retry(busy, 2) {
+		t.Error("retries not bounded by Retries")
+	}
+	if q.retry(Figures{}, 0) {
+		t.Error("a quiet run retried")
+	}
+	copied := q
+	copied.spend(time.Minute)
+	if q.left() > 0 || q.retry(busy, 0) {
+		t.Errorf("budget left %v after a copy spent it all", q.left())
+	}
+	if w, _ := waitQuiet(t.Context(), q, nil); w != 0 {
+		t.Errorf("waited %v with no budget left", w)
+	}
+}
+
+func TestQuietDisturbed(t *testing.T) {
+	q := Quiet{Cores: 0.1}
+	for _, c := range []struct {
+		other, steal float64
+		want         bool
+	}{{0, 0, false}, {0.05, 0.04, false}, {0.08, 0.02, true}, {0.5, 0, true}} {
+		if got := q.disturbed(Figures{OtherCPU: c.other, StealCPU: c.steal}); got != c.want {
+			t.Errorf("other %.2f steal %.2f: disturbed %v, want %v", c.other, c.steal, got, c.want)
+		}
+	}
+	if (Quiet{}).disturbed(Figures{OtherCPU: 2}) {
+		t.Error("a zero Quiet (off) called a run disturbed")
+	}
+}
