@@ -65,8 +65,8 @@ tpsched_requests_processed_total{group="bench"} 1234
 tpsched_requests_refused_total{reason="busy",group="bench"} 7
 tpsched_forwarded_total{to="n1"} 5
 tpsched_forwarded_total{to="n2"} 7
-tpsched_load_processing_rate{group="bench"} NaN
-tpsched_request_duration_seconds_bucket{group="bench",vmrange="1.000e-03...1.136e-03"} 3
+tpsched_load_processing_ratio{group="bench"} NaN
+tpsched_request_duration_seconds_bucket{group="bench",le="0.001"} 3
 go_goroutines 12
 
 not a metric line
@@ -75,14 +75,14 @@ not a metric line
 	for series, want := range map[string]float64{
 		metricProcessed:   1234,
 		metricRefusedBusy: 7,
-		`tpsched_request_duration_seconds_bucket{group="bench",vmrange="1.000e-03...1.136e-03"}`: 3,
+		`tpsched_request_duration_seconds_bucket{group="bench",le="0.001"}`: 3,
 		"go_goroutines": 12,
 	} {
 		if got, ok := m[series]; !ok || got != want {
 			t.Errorf("%s = %v (%v), want %v", series, got, ok, want)
 		}
 	}
-	if v, ok := m[`tpsched_load_processing_rate{group="bench"}`]; !ok || v == v {
+	if v, ok := m[`tpsched_load_processing_ratio{group="bench"}`]; !ok || v == v {
 		t.Errorf("NaN series: %v %v, want NaN", v, ok)
 	}
 	if got := SumPrefix(m, metricForwarded); got != 12 {

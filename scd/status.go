@@ -1,19 +1,17 @@
 package scd
 
 // This file is the node's read-only face: Status (what scdctl status shows)
-// and the HTTP endpoint on metrics_address that serves it with /metrics.
+// and the HTTP endpoint on metrics_address that serves it with /metrics
+// (metrics.go).
 // Control actions are on the control socket (control.go).
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
-
-	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/bpf"
 	"tpsched/procmgr"
@@ -125,33 +123,6 @@ func (g *group) usageStatus(hist bool) UsageStatus {
 	return us
 }
 
-// writeUsageMetrics writes each group's CPU seconds and run-queue wait,
-// read once per scrape: a Meter read is a syscall per process.
-func (n *Node) writeUsageMetrics(w io.Writer) {
-	mech := n.meter.Mechanism()
-	fmt.Fprintf(w, "tpsched_cpu_measurement{mechanism=%q} 1\n", mech.Name)
-	for _, g := range n.order {
-		u := g.procs.Usage()
-		lbl := fmt.Sprintf("group=%q", g.name)
-		fmt.Fprintf(w, "tpsched_group_cpu_seconds_total{%s} %g\n", lbl, u.OnCPU.Seconds())
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_seconds_total{%s} %g\n", lbl, u.Wait.Seconds())
-		cpu := g.procs.CPUSample()
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_percent{%s} %d\n", lbl, cpu.Wait)
-		fmt.Fprintf(w, "tpsched_group_runnable_percent{%s} %d\n", lbl, cpu.Busy)
-		if !mech.Histogram {
-			continue
-		}
-		var cum uint64
-		for i, c := range u.Hist[:len(u.Hist)-1] {
-			cum += c
-			fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_bucket{%s,le=\"%g\"} %d\n", lbl, bpf.HistBound(i).Seconds(), cum)
-		}
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_bucket{%s,le=\"+Inf\"} %d\n", lbl, u.Waits)
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_sum{%s} %g\n", lbl, u.Wait.Seconds())
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_count{%s} %d\n", lbl, u.Waits)
-	}
-}
-
 // Status reports the node's state now.
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
@@ -194,11 +165,7 @@ func (n *Node) startAdmin() error {
 	}
 	n.adminLn = ln
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		n.metrics.WritePrometheus(w)
-		n.writeUsageMetrics(w)
-		metrics.WriteProcessMetrics(w)
-	})
+	mux.HandleFunc("GET /metrics", n.serveMetrics)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status())
