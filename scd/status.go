@@ -2,7 +2,7 @@ package scd
 
 // This file is the node's read-only face: Status (what scdctl status shows)
 // and the HTTP endpoint on metrics_address that serves it with /metrics
-// (metrics.go).
+// (metrics.go) and the status page (statuspage.go).
 // Control actions are on the control socket (control.go).
 
 import (
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"tpsched/bpf"
+	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
 )
@@ -28,6 +29,10 @@ type Status struct {
 	Scaling  procmgr.Stats     `json:"scaling"`
 	Groups   []GroupStatus     `json:"groups"`
 	Cluster  *ClusterStatus    `json:"cluster,omitempty"` // absent without all_node
+	// ErrorAnswers are the calls answered with an error, by code, since
+	// the node started (tpsched_error_answers_total); codes never used are
+	// left out.
+	ErrorAnswers map[string]uint64 `json:"error_answers"`
 }
 
 // GroupStatus is one service group's state.
@@ -46,8 +51,26 @@ type GroupStatus struct {
 	Queued     uint64          `json:"queued"`
 	Processed  uint64          `json:"processed"`
 	Processes  []ProcessStatus `json:"processes"`
+	Running    Running         `json:"running"`
+	Errors     GroupErrors     `json:"errors"`
 	Load       LoadStatus      `json:"load"`
 	Usage      UsageStatus     `json:"cpu"`
+}
+
+// Running counts a group's processes running now, by kind
+// (tpsched_processes).
+type Running struct {
+	Resident    int `json:"resident"`
+	NonResident int `json:"nonresident"`
+}
+
+// GroupErrors count a group's calls that failed here, by why, since the
+// node started.
+type GroupErrors struct {
+	Busy               uint64 `json:"server_busy"`       // refused: the queue was full
+	TimedOut           uint64 `json:"timed_out"`         // watch_time or the caller's deadline passed
+	ServerTerminated   uint64 `json:"server_terminated"` // the UAP died during the call
+	ProtocolViolations uint64 `json:"protocol_violations"`
 }
 
 // ProcessStatus is one process of a group: what procmgr knows of it and
@@ -123,11 +146,22 @@ func (g *group) usageStatus(hist bool) UsageStatus {
 	return us
 }
 
+func (g *group) running() Running {
+	res, nonres := g.procs.Running()
+	return Running{Resident: res, NonResident: nonres}
+}
+
 // Status reports the node's state now.
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
+	st.ErrorAnswers = map[string]uint64{}
+	for _, c := range netio.Codes() {
+		if v := netio.ErrorAnswers(c); v > 0 {
+			st.ErrorAnswers[c.String()] = v
+		}
+	}
 	for _, g := range n.order {
 		s := g.stats()
 		st.Groups = append(st.Groups, GroupStatus{
@@ -145,16 +179,19 @@ func (n *Node) Status() Status {
 			Queued:     s.Queued,
 			Processed:  s.Processed,
 			Processes:  g.processes(),
-			Load:       g.loadStatus(),
-			Usage:      g.usageStatus(st.Probes.Histogram),
+			Running:    g.running(),
+			Errors: GroupErrors{Busy: g.refused.Get(), TimedOut: g.timedOut.Get(),
+				ServerTerminated: g.terminated.Get(), ProtocolViolations: g.misbehaved.Get()},
+			Load:  g.loadStatus(),
+			Usage: g.usageStatus(st.Probes.Histogram),
 		})
 	}
 	return st
 }
 
-// startAdmin serves the read-only /metrics and /status on the sysconf
-// metrics address (127.0.0.1 by default), and the control actions on the
-// control socket (control.go).
+// startAdmin serves the read-only status page (/), /metrics and /status
+// on the sysconf metrics address (127.0.0.1 by default), and the control
+// actions on the control socket (control.go).
 func (n *Node) startAdmin() error {
 	if err := n.startControl(); err != nil {
 		return err
@@ -165,6 +202,7 @@ func (n *Node) startAdmin() error {
 	}
 	n.adminLn = ln
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", serveStatusPage)
 	mux.HandleFunc("GET /metrics", n.serveMetrics)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
