@@ -22,6 +22,7 @@ import (
 // Status is what `scdctl status` shows: the node and each service group.
 type Status struct {
 	Node     string            `json:"node"`
+	At       time.Time         `json:"at"` // when the figures were read: rates are differences over it
 	RPC      string            `json:"rpc"`
 	Draining bool              `json:"draining"`
 	CPU      procmgr.CPUStatus `json:"cpu_priority"`
@@ -153,7 +154,7 @@ func (g *group) running() Running {
 
 // Status reports the node's state now.
 func (n *Node) Status() Status {
-	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
+	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
 	st.ErrorAnswers = map[string]uint64{}
