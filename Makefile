@@ -20,7 +20,7 @@ TEST_TIMEOUT ?= 30m
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build install uninstall test test-short bench bench-quick bench-deps demo cluster-demo generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build install uninstall test test-short bench bench-quick bench-deps demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -74,6 +74,9 @@ demo: build ## start a node on the embedded default, call demo/echo, show status
 
 cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them
 	@bash tools/cluster.sh $(BIN)
+
+screenshots: build ## docs/img/dashboard.png and status-page.png from one real run: three nodes, Debian's prometheus and chromium (about 2.5 min)
+	bash tools/screenshots.sh $(BIN)
 
 # The eBPF objects are built with this clang, from Debian bookworm's
 # packages, so that `make check-generate` can compare byte for byte.

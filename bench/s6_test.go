@@ -60,7 +60,7 @@ func equalInts(a, b []int) bool {
 }
 
 // TestParseMetrics reads a /metrics page as scdd writes it (VictoriaMetrics'
-// text: labels in its order, vmrange buckets, NaN, metadata or none) with
+// text: labels in its order, le buckets, NaN, metadata or none) with
 // Prometheus' parser, and refuses a page that is not exposition text.
 func TestParseMetrics(t *testing.T) {
 	text := `# HELP tpsched_requests_processed_total Calls the group's processes took from the queue.
@@ -71,8 +71,8 @@ tpsched_requests_refused_total{reason="busy",group="bench"} 7
 tpsched_requests_refused_total{reason="stopped",group="bench"} 3
 tpsched_forwarded_total{to="n1"} 5
 tpsched_load_level{group="bench"} 2
-tpsched_load_processing_rate{group="bench"} NaN
-tpsched_request_duration_seconds_bucket{group="bench",vmrange="1.000e-03...1.136e-03"} 3
+tpsched_load_processing_ratio{group="bench"} NaN
+tpsched_request_duration_seconds_bucket{group="bench",le="0.001"} 3
 go_goroutines 12
 tpsched_forwarded_total{to="n2"} 7
 `
@@ -85,7 +85,7 @@ tpsched_forwarded_total{to="n2"} 7
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
-	if v, ok := m.value("tpsched_load_processing_rate", "group", "bench"); !ok || v == v {
+	if v, ok := m.value("tpsched_load_processing_ratio", "group", "bench"); !ok || v == v {
 		t.Errorf("NaN series: %v %v, want NaN", v, ok)
 	}
 	if _, ok := m.value("tpsched_requests_processed_total", "group", "none"); ok {

@@ -101,7 +101,7 @@ func TestLoadLevelsFollowTheQueue(t *testing.T) {
 	}
 	m := n.metrics()
 	for _, want := range []string{`tpsched_load_level{group="rate"} 0`, `tpsched_load_level_changes_total{group="rate"} `,
-		`tpsched_load_remaining{group="thr"} 0`, `tpsched_load_processing_rate{group="rate"} `} {
+		`tpsched_load_remaining{group="thr"} 0`, `tpsched_load_processing_ratio{group="rate"} `} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

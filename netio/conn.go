@@ -436,8 +436,9 @@ func AppendReply(dst []byte, id uint64, payload []byte) []byte {
 }
 
 // AppendError appends a KindError frame answering request id with code and
-// msg as the payload.
+// msg as the payload, and counts it in tpsched_error_answers_total.
 func AppendError(dst []byte, id uint64, code Code, msg string) []byte {
+	countErrorAnswer(code)
 	dst = AppendFrame(dst, Header{Kind: KindError, Code: code, ID: id}, "", "", nil)
 	// Patch the payload length rather than convert msg to []byte.
 	binary.BigEndian.PutUint32(dst[len(dst)-HeaderSize+20:], uint32(len(msg)))

@@ -41,7 +41,9 @@
 // tpsched_accept_errors_total,
 // tpsched_connections_refused_total{reason="max_connections"},
 // tpsched_oversized_frames_total, tpsched_frame_timeouts_total,
-// tpsched_buffer_budget_closes_total, tpsched_buffered_bytes.
+// tpsched_buffer_budget_closes_total, tpsched_buffered_bytes, and
+// tpsched_error_answers_total{code=...}, the error frames AppendError made
+// in this process. MetricHelp has their HELP text.
 //
 // # Usage
 //

@@ -187,16 +187,7 @@ func Listen(opts Options, h Handler) (*Port, error) {
 	}
 	s.refuseLog.every, s.acceptLog.every, s.budgetLog.every, s.timeoutLog.every = 10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second
 	if m := opts.Metrics; m != nil {
-		// GetOrCreate: servers sharing a Set share the series.
-		s.mBad = m.GetOrCreateCounter("tpsched_bad_frames_total")
-		s.mSlow = m.GetOrCreateCounter("tpsched_slow_reader_closes_total")
-		s.mConns = m.GetOrCreateGauge("tpsched_connections", nil)
-		s.mAcceptErr = m.GetOrCreateCounter("tpsched_accept_errors_total")
-		s.mRefused = m.GetOrCreateCounter(`tpsched_connections_refused_total{reason="max_connections"}`)
-		s.mOversized = m.GetOrCreateCounter("tpsched_oversized_frames_total")
-		s.mTimeout = m.GetOrCreateCounter("tpsched_frame_timeouts_total")
-		s.mBudget = m.GetOrCreateCounter("tpsched_buffer_budget_closes_total")
-		m.GetOrCreateGauge("tpsched_buffered_bytes", func() float64 { return float64(s.held.Load()) })
+		s.registerMetrics(m)
 	}
 
 	var err error

@@ -414,12 +414,12 @@ func (n *Node) registerClusterMetrics() {
 	g := n.cluster.gossip
 	n.metrics.NewGauge(`tpsched_cluster_members`, func() float64 { return float64(g.Stats().Members) })
 	n.metrics.NewGauge(`tpsched_cluster_nodes_known`, func() float64 { return float64(n.cluster.names.Len()) })
-	n.metrics.NewGauge(`tpsched_announces_sent_total`, func() float64 { return float64(g.Stats().Sent) })
-	n.metrics.NewGauge(`tpsched_announces_received_total`, func() float64 { return float64(g.Stats().Received) })
-	n.metrics.NewGauge(`tpsched_announce_bytes_sent_total`, func() float64 { return float64(g.Stats().BytesSent) })
+	n.counterFunc(`tpsched_announces_sent_total`, func() uint64 { return g.Stats().Sent })
+	n.counterFunc(`tpsched_announces_received_total`, func() uint64 { return g.Stats().Received })
+	n.counterFunc(`tpsched_announce_bytes_sent_total`, func() uint64 { return g.Stats().BytesSent })
 	for _, reason := range []string{names.DropAuth, names.DropMalformed, names.DropFull, names.DropInvalid} {
-		n.metrics.NewGauge(fmt.Sprintf(`tpsched_announces_dropped_total{reason=%q}`, reason), func() float64 {
-			return float64(g.Stats().Dropped[reason])
+		n.counterFunc(fmt.Sprintf(`tpsched_announces_dropped_total{reason=%q}`, reason), func() uint64 {
+			return g.Stats().Dropped[reason]
 		})
 	}
 }

@@ -53,7 +53,7 @@ type group struct {
 	timedOut   *metrics.Counter
 	terminated *metrics.Counter
 	misbehaved *metrics.Counter // processes killed for breaking the protocol
-	latency    *metrics.Histogram
+	latency    *metrics.PrometheusHistogram
 }
 
 // logger is what a group logs through (the node's slog.Logger).

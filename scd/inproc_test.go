@@ -111,7 +111,8 @@ func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
 
 // inProcNode starts a node on a definition directory made of sysconf and
 // usr files (a usr body's "MODULE" is any executable: the UAPs run in
-// process), on loopback ports of its own; it is drained when the test ends.
+// process), on loopback ports of its own unless sysconf sets them; it is
+// drained when the test ends.
 func inProcNode(t testing.TB, sysconf string, servers map[string]string) *Node {
 	t.Helper()
 	return inProcNodeWith(t, sysconf, servers, nil)
@@ -129,8 +130,13 @@ func inProcNodeWith(t testing.TB, sysconf string, servers map[string]string, pre
 			t.Fatal(err)
 		}
 	}
-	write("sysconf", "set node_id = \"inproc\"\nset rpc_port = 0\nset metrics_address = \"127.0.0.1:0\"\n"+
-		"set control_socket = \"ctl.sock\"\n"+sysconf)
+	// Defaults for what sysconf does not set itself.
+	for _, d := range []string{`node_id = "inproc"`, `rpc_port = 0`, `metrics_address = "127.0.0.1:0"`, `control_socket = "ctl.sock"`} {
+		if operand, _, _ := strings.Cut(d, " "); !strings.Contains(sysconf, "set "+operand+" ") {
+			sysconf = "set " + d + "\n" + sysconf
+		}
+	}
+	write("sysconf", sysconf)
 	for name, body := range servers {
 		write("usr/"+name, strings.ReplaceAll(body, "MODULE", fmt.Sprintf("%q", os.Args[0])))
 	}

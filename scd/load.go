@@ -61,9 +61,9 @@ func (n *Node) startLoad(g *group) {
 	n.metrics.NewGauge(`tpsched_load_remaining`+lbl, func() float64 {
 		return float64(g.lastCheck().Sample.Remaining)
 	})
-	n.metrics.NewGauge(`tpsched_load_processing_rate`+lbl, func() float64 {
+	n.metrics.NewGauge(`tpsched_load_processing_ratio`+lbl, func() float64 {
 		if x, ok := g.lastCheck().Sample.ProcessingRate(); ok {
-			return x
+			return x / 100
 		}
 		return math.NaN() // Q + q = 0: nothing was asked of the group
 	})

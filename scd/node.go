@@ -79,6 +79,7 @@ type Node struct {
 	admin    *http.Server
 	adminLn  net.Listener
 	metrics  *metrics.Set
+	scraped  scrapedSeries // series of n.metrics read at scrape time (metrics.go)
 	draining atomic.Bool
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -112,6 +113,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("cpu probes %q (scdd -cpu-probes or TPSCHED_BPF): want off, proc, %s, %s or %s (empty: the best that loads)",
 			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
+	n.exposeMetrics()
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
 	for _, s := range cfg.Servers {
@@ -288,10 +290,10 @@ func (n *Node) startGroup(g *group) error {
 	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
 	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
 	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
-	g.latency = n.metrics.NewHistogram(`tpsched_request_duration_seconds` + lbl)
+	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
 	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
-	n.metrics.NewGauge(`tpsched_requests_queued_total`+lbl, func() float64 { return float64(g.stats().Queued) })
-	n.metrics.NewGauge(`tpsched_requests_processed_total`+lbl, func() float64 { return float64(g.stats().Processed) })
+	n.counterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
+	n.counterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
 	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
 	n.startLoad(g)
 	uid, gid := n.uapCredentials(s)
@@ -368,9 +370,9 @@ func (n *Node) registerNodeMetrics() {
 	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism)+`"}`,
 		func() float64 { return 1 })
 	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
-	n.metrics.NewGauge(`tpsched_nonresident_starts_total`, func() float64 { return float64(n.pm.Stats().NonResidentStarts) })
-	n.metrics.NewGauge(`tpsched_nonresident_stops_total`, func() float64 { return float64(n.pm.Stats().NonResidentStops) })
-	n.metrics.NewGauge(`tpsched_cpu_guard_holds_total`, func() float64 { return float64(n.pm.Stats().CPUGuardHolds) })
+	n.counterFunc(`tpsched_nonresident_starts_total`, func() uint64 { return n.pm.Stats().NonResidentStarts })
+	n.counterFunc(`tpsched_nonresident_stops_total`, func() uint64 { return n.pm.Stats().NonResidentStops })
+	n.counterFunc(`tpsched_cpu_guard_holds_total`, func() uint64 { return n.pm.Stats().CPUGuardHolds })
 }
 
 func b2f(b bool) float64 {

@@ -1,21 +1,20 @@
 package scd
 
 // This file is the node's read-only face: Status (what scdctl status shows)
-// and the HTTP endpoint on metrics_address that serves it with /metrics.
+// and the HTTP endpoint on metrics_address that serves it with /metrics
+// (metrics.go) and the status page (statuspage.go).
 // Control actions are on the control socket (control.go).
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
-
 	"tpsched/bpf"
+	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
 )
@@ -23,6 +22,7 @@ import (
 // Status is what `scdctl status` shows: the node and each service group.
 type Status struct {
 	Node     string            `json:"node"`
+	At       time.Time         `json:"at"` // when the figures were read: rates are differences over it
 	RPC      string            `json:"rpc"`
 	Draining bool              `json:"draining"`
 	CPU      procmgr.CPUStatus `json:"cpu_priority"`
@@ -30,6 +30,10 @@ type Status struct {
 	Scaling  procmgr.Stats     `json:"scaling"`
 	Groups   []GroupStatus     `json:"groups"`
 	Cluster  *ClusterStatus    `json:"cluster,omitempty"` // absent without all_node
+	// ErrorAnswers are the calls answered with an error, by code, since
+	// the node started (tpsched_error_answers_total); codes never used are
+	// left out.
+	ErrorAnswers map[string]uint64 `json:"error_answers"`
 }
 
 // GroupStatus is one service group's state.
@@ -48,8 +52,26 @@ type GroupStatus struct {
 	Queued     uint64          `json:"queued"`
 	Processed  uint64          `json:"processed"`
 	Processes  []ProcessStatus `json:"processes"`
+	Running    Running         `json:"running"`
+	Errors     GroupErrors     `json:"errors"`
 	Load       LoadStatus      `json:"load"`
 	Usage      UsageStatus     `json:"cpu"`
+}
+
+// Running counts a group's processes running now, by kind
+// (tpsched_processes).
+type Running struct {
+	Resident    int `json:"resident"`
+	NonResident int `json:"nonresident"`
+}
+
+// GroupErrors count a group's calls that failed here, by why, since the
+// node started.
+type GroupErrors struct {
+	Busy               uint64 `json:"server_busy"`       // refused: the queue was full
+	TimedOut           uint64 `json:"timed_out"`         // watch_time or the caller's deadline passed
+	ServerTerminated   uint64 `json:"server_terminated"` // the UAP died during the call
+	ProtocolViolations uint64 `json:"protocol_violations"`
 }
 
 // ProcessStatus is one process of a group: what procmgr knows of it and
@@ -125,38 +147,22 @@ func (g *group) usageStatus(hist bool) UsageStatus {
 	return us
 }
 
-// writeUsageMetrics writes each group's CPU seconds and run-queue wait,
-// read once per scrape: a Meter read is a syscall per process.
-func (n *Node) writeUsageMetrics(w io.Writer) {
-	mech := n.meter.Mechanism()
-	fmt.Fprintf(w, "tpsched_cpu_measurement{mechanism=%q} 1\n", mech.Name)
-	for _, g := range n.order {
-		u := g.procs.Usage()
-		lbl := fmt.Sprintf("group=%q", g.name)
-		fmt.Fprintf(w, "tpsched_group_cpu_seconds_total{%s} %g\n", lbl, u.OnCPU.Seconds())
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_seconds_total{%s} %g\n", lbl, u.Wait.Seconds())
-		cpu := g.procs.CPUSample()
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_percent{%s} %d\n", lbl, cpu.Wait)
-		fmt.Fprintf(w, "tpsched_group_runnable_percent{%s} %d\n", lbl, cpu.Busy)
-		if !mech.Histogram {
-			continue
-		}
-		var cum uint64
-		for i, c := range u.Hist[:len(u.Hist)-1] {
-			cum += c
-			fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_bucket{%s,le=\"%g\"} %d\n", lbl, bpf.HistBound(i).Seconds(), cum)
-		}
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_bucket{%s,le=\"+Inf\"} %d\n", lbl, u.Waits)
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_sum{%s} %g\n", lbl, u.Wait.Seconds())
-		fmt.Fprintf(w, "tpsched_group_runqueue_wait_duration_seconds_count{%s} %d\n", lbl, u.Waits)
-	}
+func (g *group) running() Running {
+	res, nonres := g.procs.Running()
+	return Running{Resident: res, NonResident: nonres}
 }
 
 // Status reports the node's state now.
 func (n *Node) Status() Status {
-	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
+	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
+	st.ErrorAnswers = map[string]uint64{}
+	for _, c := range netio.Codes() {
+		if v := netio.ErrorAnswers(c); v > 0 {
+			st.ErrorAnswers[c.String()] = v
+		}
+	}
 	for _, g := range n.order {
 		s := g.stats()
 		st.Groups = append(st.Groups, GroupStatus{
@@ -174,16 +180,19 @@ func (n *Node) Status() Status {
 			Queued:     s.Queued,
 			Processed:  s.Processed,
 			Processes:  g.processes(),
-			Load:       g.loadStatus(),
-			Usage:      g.usageStatus(st.Probes.Histogram),
+			Running:    g.running(),
+			Errors: GroupErrors{Busy: g.refused.Get(), TimedOut: g.timedOut.Get(),
+				ServerTerminated: g.terminated.Get(), ProtocolViolations: g.misbehaved.Get()},
+			Load:  g.loadStatus(),
+			Usage: g.usageStatus(st.Probes.Histogram),
 		})
 	}
 	return st
 }
 
-// startAdmin serves the read-only /metrics and /status on the sysconf
-// metrics address (127.0.0.1 by default), and the control actions on the
-// control socket (control.go).
+// startAdmin serves the read-only status page (/), /metrics and /status
+// on the sysconf metrics address (127.0.0.1 by default), and the control
+// actions on the control socket (control.go).
 func (n *Node) startAdmin() error {
 	if err := n.startControl(); err != nil {
 		return err
@@ -194,11 +203,8 @@ func (n *Node) startAdmin() error {
 	}
 	n.adminLn = ln
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		n.metrics.WritePrometheus(w)
-		n.writeUsageMetrics(w)
-		metrics.WriteProcessMetrics(w)
-	})
+	mux.HandleFunc("GET /{$}", serveStatusPage)
+	mux.HandleFunc("GET /metrics", n.serveMetrics)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status())

@@ -1,0 +1,84 @@
+package netio
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// MetricHelp is the HELP text of every series a Port puts in
+// Options.Metrics, by family name: the library writes HELP lines without
+// text, and the daemon that serves the Set fills them in from this table.
+var MetricHelp = map[string]string{
+	"tpsched_bad_frames_total":           "Connections closed because a frame had a bad magic, version or kind.",
+	"tpsched_slow_reader_closes_total":   "Connections closed because their unsent answers passed the outbound cap (a caller that does not read).",
+	"tpsched_connections":                "RPC connections open now.",
+	"tpsched_accept_errors_total":        "Failed accepts on the RPC port (EMFILE and the like); the port pauses and retries.",
+	"tpsched_connections_refused_total":  "Connections closed at once because max_connections were open.",
+	"tpsched_oversized_frames_total":     "Frames answered 'message too big' and skipped unkept: their payload passed the largest max_message_size.",
+	"tpsched_frame_timeouts_total":       "Connections closed because a frame did not arrive whole within frame_timeout.",
+	"tpsched_buffer_budget_closes_total": "Connections closed to keep the bytes held in partial frames and unsent answers under rpc_buffer_budget.",
+	"tpsched_buffered_bytes":             "Bytes held now in partial frames and unsent answers, all connections together.",
+	"tpsched_error_answers_total":        "Calls answered with an error, by code (OpenTP1's error names), counted by the node that made the answer: a transferred call that failed on another node counts there.",
+}
+
+// errorAnswers counts the error frames AppendError makes, by code. The
+// count is the process's, not a Port's: AppendError is a plain function
+// that scd calls wherever it answers. scdd runs one node per process, so
+// for it the two are the same.
+var errorAnswers = func() (s struct {
+	set *metrics.Set
+	by  [codeMax + 1]*metrics.Counter
+}) {
+	s.set = metrics.NewSet()
+	for c := CodeOK + 1; c <= codeMax; c++ {
+		s.by[c] = s.set.NewCounter(`tpsched_error_answers_total{code=` + strconv.Quote(c.String()) + `}`)
+	}
+	return s
+}()
+
+// errorAnswerSets are the Sets the error counters are written to already:
+// Ports that share a Set must not write the family twice.
+var errorAnswerSets sync.Map // *metrics.Set -> struct{}
+
+func countErrorAnswer(code Code) {
+	if code > CodeOK && code <= codeMax {
+		errorAnswers.by[code].Inc()
+	}
+}
+
+// registerMetrics puts the Port's series in m.
+func (s *Port) registerMetrics(m *metrics.Set) {
+	// GetOrCreate: servers sharing a Set share the series.
+	s.mBad = m.GetOrCreateCounter("tpsched_bad_frames_total")
+	s.mSlow = m.GetOrCreateCounter("tpsched_slow_reader_closes_total")
+	s.mConns = m.GetOrCreateGauge("tpsched_connections", nil)
+	s.mAcceptErr = m.GetOrCreateCounter("tpsched_accept_errors_total")
+	s.mRefused = m.GetOrCreateCounter(`tpsched_connections_refused_total{reason="max_connections"}`)
+	s.mOversized = m.GetOrCreateCounter("tpsched_oversized_frames_total")
+	s.mTimeout = m.GetOrCreateCounter("tpsched_frame_timeouts_total")
+	s.mBudget = m.GetOrCreateCounter("tpsched_buffer_budget_closes_total")
+	m.GetOrCreateGauge("tpsched_buffered_bytes", func() float64 { return float64(s.held.Load()) })
+	if _, dup := errorAnswerSets.LoadOrStore(m, struct{}{}); !dup {
+		m.RegisterMetricsWriter(errorAnswers.set.WritePrometheus)
+	}
+}
+
+// ErrorAnswers is how many error frames with code AppendError has made in
+// this process (tpsched_error_answers_total).
+func ErrorAnswers(code Code) uint64 {
+	if code > CodeOK && code <= codeMax {
+		return errorAnswers.by[code].Get()
+	}
+	return 0
+}
+
+// Codes are the codes an error frame can carry, in order.
+func Codes() []Code {
+	out := make([]Code, 0, codeMax)
+	for c := CodeOK + 1; c <= codeMax; c++ {
+		out = append(out, c)
+	}
+	return out
+}

@@ -1,0 +1,184 @@
+package scd
+
+// This file is /metrics: the node's series as Prometheus text, every
+// family with HELP and TYPE, histograms with le buckets. The series live
+// in n.metrics (VictoriaMetrics/metrics); the ones whose values are kept
+// elsewhere (the queue's counters, procmgr's, the gossip's, the kernel's)
+// are read at each scrape by writeScraped, a metrics writer of n.metrics.
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/bpf"
+	"tpsched/internal/exposition"
+	"tpsched/netio"
+)
+
+// metricHelp is the HELP text of every family scd registers, by name.
+var metricHelp = map[string]string{
+	// Per service group: the schedule queue and the calls.
+	"tpsched_queue_depth":                      "Calls waiting in the group's schedule queue now (q).",
+	"tpsched_requests_queued_total":            "Calls put on the group's schedule queue.",
+	"tpsched_requests_processed_total":         "Calls the group's UAP processes completed (a reply or an application error).",
+	"tpsched_request_duration_seconds":         "Time from a call's arrival to its completion by a UAP process, by group.",
+	"tpsched_requests_refused_total":           "Calls refused before queueing: reason busy (the group's queue was full: 'server busy') or protocol (a frame the node does not take).",
+	"tpsched_requests_timed_out_total":         "Calls answered 'timed out': their watch_time or the caller's deadline passed.",
+	"tpsched_requests_server_terminated_total": "Calls answered 'server terminated': the UAP process serving them died.",
+	"tpsched_uap_protocol_violations_total":    "UAP processes killed for breaking the shared-memory protocol.",
+	"tpsched_group_held":                       "1 while the group is held (scdctl hold: new calls get 'service closed'), else 0.",
+	"tpsched_processes":                        "UAP processes of the group running now, by kind (resident, nonresident).",
+	// Load levels (Table 3-12 and 3-14).
+	"tpsched_load_level":               "The group's load level after its last load check: 0, 1 or 2 (LEVEL0-2).",
+	"tpsched_load_queued_in_interval":  "Q of the group's last load check: calls queued during the interval.",
+	"tpsched_load_remaining":           "q of the group's last load check: calls waiting in the queue at the check.",
+	"tpsched_load_processing_ratio":    "X of the group's last load check (the processing rate) as a ratio: processed / (Q + q); NaN when Q + q = 0.",
+	"tpsched_load_level_changes_total": "Changes of the group's load level.",
+	// Processes node-wide.
+	"tpsched_cpu_priority_mechanism":   "How schedule_priority becomes CPU priority (cgroup v2, cgroup v1 or nice): 1 for the mechanism in use.",
+	"tpsched_memory_gate_closed":       "1 while memory is short (MemAvailable under memory_reserve) and non-resident processes are held back, else 0.",
+	"tpsched_nonresident_starts_total": "Non-resident UAP processes started.",
+	"tpsched_nonresident_stops_total":  "Non-resident UAP processes stopped after their idle time.",
+	"tpsched_cpu_guard_holds_total":    "Non-resident starts the CPU guard held back (cpu_wait_limit): the group's processes were waiting for a CPU.",
+	// CPU use of the UAP processes, as the kernel saw it.
+	"tpsched_cpu_measurement":                      "How UAP CPU time and run-queue wait are measured (tp_btf, raw_tp, tracepoint: eBPF; proc: /proc): 1 for the mechanism in use.",
+	"tpsched_group_cpu_seconds_total":              "CPU time the group's UAP processes ran, ended processes included.",
+	"tpsched_group_runqueue_wait_seconds_total":    "Time the group's UAP processes waited for a CPU while runnable, ended processes included.",
+	"tpsched_group_runqueue_wait_ratio":            "Share of the group's processes' runnable time spent waiting for a CPU over the CPU guard's last window (absent when the mechanism cannot see waits).",
+	"tpsched_group_runnable_ratio":                 "Runnable time per process of the group over the CPU guard's last window, as a ratio of the window (above 1 for several busy threads).",
+	"tpsched_group_runqueue_wait_duration_seconds": "Run-queue waits of the group's UAP processes by length (eBPF only).",
+	// Control socket.
+	"tpsched_control_refused_total": "Requests on the control socket refused: the peer was neither scdd's user nor root.",
+	// Cluster.
+	"tpsched_forwarded_total":           "Calls this node transferred to another node, by node.",
+	"tpsched_requests_received_total":   "Calls other nodes transferred here, by node (unknown: not a proved member of the name table).",
+	"tpsched_transfer_retries_total":    "Calls sent on to another node: reason unreachable (the node could not be reached) or refused (it refused the call before running it).",
+	"tpsched_peer_hellos_refused_total": "Peer hellos refused (bad key, replay, malformed, out of order); the connection is closed.",
+	"tpsched_cluster_members":           "Nodes memberlist counts alive, this one included.",
+	"tpsched_cluster_nodes_known":       "Nodes in the name table (their groups and levels are known here).",
+	"tpsched_announces_sent_total":      "This node's own announces handed to the gossip.",
+	"tpsched_announces_received_total":  "Announces applied to the name table, relays included.",
+	"tpsched_announce_bytes_sent_total": "Bytes of announces handed to the gossip.",
+	"tpsched_announces_dropped_total":   "Announces dropped, by reason (unauthenticated, malformed, full: the 128-node table is full, invalid).",
+}
+
+// requestDurationBuckets are the le bounds of tpsched_request_duration_seconds:
+// from an echo through shared memory (tens of µs) to watch_time's default
+// (180 s).
+var requestDurationBuckets = []float64{
+	50e-6, 100e-6, 250e-6, 500e-6,
+	.001, .0025, .005, .01, .025, .05, .1, .25, .5,
+	1, 2.5, 5, 10, 30, 60, 180,
+}
+
+// scrapedCounter is a counter whose value is kept elsewhere and read at
+// each scrape.
+type scrapedCounter struct {
+	name string
+	get  func() uint64
+}
+
+// scrapedSeries are the node's series read at scrape time.
+type scrapedSeries struct {
+	mu       sync.Mutex
+	counters []scrapedCounter
+}
+
+// counterFunc registers the counter name, read from get at each scrape.
+// (The library's callback series are gauges; a _total is a counter.)
+func (n *Node) counterFunc(name string, get func() uint64) {
+	n.scraped.mu.Lock()
+	defer n.scraped.mu.Unlock()
+	n.scraped.counters = append(n.scraped.counters, scrapedCounter{name, get})
+}
+
+// exposeMetrics turns on HELP and TYPE lines (a library-wide switch) and
+// makes writeScraped part of n.metrics.
+func (n *Node) exposeMetrics() {
+	metrics.ExposeMetadata(true)
+	n.metrics.RegisterMetricsWriter(n.writeScraped)
+}
+
+// writeScraped writes the series read at scrape time, through a Set of
+// their own so that the library groups each family under one HELP and
+// TYPE.
+func (n *Node) writeScraped(w io.Writer) {
+	s := metrics.NewSet()
+	n.scraped.mu.Lock()
+	counters := n.scraped.counters
+	n.scraped.mu.Unlock()
+	for _, c := range counters {
+		s.NewCounter(c.name).Set(c.get())
+	}
+	if n.meter == nil {
+		s.WritePrometheus(w)
+		return
+	}
+	// Usage is a read per process: once per group and scrape.
+	mech := n.meter.Mechanism()
+	s.NewGauge(`tpsched_cpu_measurement{mechanism=`+strconv.Quote(mech.Name)+`}`, nil).Set(1)
+	type hist struct {
+		lbl string
+		u   bpf.Usage
+	}
+	var hists []hist
+	for _, g := range n.order {
+		lbl := `{group="` + g.name + `"}`
+		u, cpu := g.procs.Usage(), g.procs.CPUSample()
+		s.NewFloatCounter(`tpsched_group_cpu_seconds_total` + lbl).Set(u.OnCPU.Seconds())
+		s.NewFloatCounter(`tpsched_group_runqueue_wait_seconds_total` + lbl).Set(u.Wait.Seconds())
+		if cpu.Wait >= 0 {
+			s.NewGauge(`tpsched_group_runqueue_wait_ratio`+lbl, nil).Set(float64(cpu.Wait) / 100)
+		}
+		s.NewGauge(`tpsched_group_runnable_ratio`+lbl, nil).Set(float64(cpu.Busy) / 100)
+		if mech.Histogram {
+			hists = append(hists, hist{`group="` + g.name + `"`, u})
+		}
+	}
+	s.WritePrometheus(w)
+	if len(hists) > 0 {
+		const family = "tpsched_group_runqueue_wait_duration_seconds"
+		metrics.WriteMetadataIfNeeded(w, family, "histogram")
+		for _, h := range hists {
+			writeWaitHistogram(w, family, h.lbl, h.u)
+		}
+	}
+}
+
+// writeWaitHistogram writes the eBPF run-queue wait histogram of u, whose
+// log2 slots the kernel counts: the library's histograms count their own
+// observations and cannot be given counts, so these lines are written here.
+func writeWaitHistogram(w io.Writer, family, lbl string, u bpf.Usage) {
+	var b []byte
+	var cum uint64
+	for i, c := range u.Hist[:len(u.Hist)-1] {
+		cum += c
+		b = append(b, family+"_bucket{"+lbl+`,le="`...)
+		b = strconv.AppendFloat(b, bpf.HistBound(i).Seconds(), 'g', -1, 64)
+		b = append(b, `"} `...)
+		b = strconv.AppendUint(b, cum, 10)
+		b = append(b, '\n')
+	}
+	b = append(b, family+"_bucket{"+lbl+`,le="+Inf"} `...)
+	b = strconv.AppendUint(b, u.Waits, 10)
+	b = append(b, "\n"+family+"_sum{"+lbl+"} "...)
+	b = strconv.AppendFloat(b, u.Wait.Seconds(), 'g', -1, 64)
+	b = append(b, "\n"+family+"_count{"+lbl+"} "...)
+	b = strconv.AppendUint(b, u.Waits, 10)
+	b = append(b, '\n')
+	_, _ = w.Write(b)
+}
+
+// serveMetrics is GET /metrics.
+func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	var b bytes.Buffer
+	n.metrics.WritePrometheus(&b)
+	metrics.WriteProcessMetrics(&b)
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_ = exposition.Write(w, b.Bytes(), metricHelp, netio.MetricHelp, exposition.Runtime)
+}
