@@ -26,9 +26,11 @@ import (
 
 // cluster is the inter-node state of a node that has peers.
 type cluster struct {
-	self   string
-	names  *names.Table
-	gossip *names.Cluster
+	self  string
+	names *names.Table
+	// gossip is set once the node has joined; the RPC port, the control
+	// endpoint and the load checks already run by then.
+	gossip atomic.Pointer[names.Cluster]
 	fwd    *forwarder
 	policy route.Policy
 
@@ -61,33 +63,51 @@ func (n *Node) clusterKey() []byte {
 	return []byte(n.cfg.System.ClusterKey)
 }
 
-// startCluster joins the other nodes of all_node, if it names any.
-func (n *Node) startCluster() error {
+// seeds are the name ports of the other nodes of all_node.
+func (n *Node) seeds() ([]string, error) {
 	sys := n.cfg.System
 	var seeds []string
 	for _, a := range sys.AllNodes {
 		host, port, err := def.SplitHostPort(a, sys.RPCPort)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if host == sys.RPCAddress && port == sys.RPCPort {
 			continue // this node
 		}
 		seeds = append(seeds, net.JoinHostPort(host, strconv.Itoa(sys.NamePort)))
 	}
-	if len(seeds) == 0 {
-		return nil // all_node names no other node: nothing to balance over
+	return seeds, nil
+}
+
+// prepareCluster sets up the inter-node state, if all_node names another
+// node, before the RPC port opens: every frame read looks at n.cluster,
+// which is then never written again.
+func (n *Node) prepareCluster() error {
+	seeds, err := n.seeds()
+	if err != nil || len(seeds) == 0 {
+		return err // all_node names no other node: nothing to balance over
 	}
 	rule, err := route.ParseRule(n.cfg.Sched.BalanceRule)
 	if err != nil {
 		return fmt.Errorf("scdsvcdef: scd_balance_rule: %w", err)
 	}
-	cl := n.newCluster(rule)
+	n.cluster = n.newCluster(rule)
+	return nil
+}
+
+// joinCluster joins the other nodes of all_node, if it names any.
+func (n *Node) joinCluster() error {
+	cl := n.cluster
+	if cl == nil {
+		return nil
+	}
+	sys := n.cfg.System
+	seeds, _ := n.seeds()
 	if n.clusterKey() == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
-	n.cluster = cl // before Join: memberlist calls back at once
-	cl.gossip, err = names.Join(names.ClusterConfig{
+	g, err := names.Join(names.ClusterConfig{
 		Self:     sys.NodeID,
 		BindAddr: sys.RPCAddress,
 		Port:     sys.NamePort,
@@ -97,11 +117,11 @@ func (n *Node) startCluster() error {
 		Logger:   n.log,
 	}, cl.names, n.localInfo())
 	if err != nil {
-		n.cluster = nil
 		return err
 	}
+	cl.gossip.Store(g)
 	n.registerClusterMetrics()
-	n.log.Info("cluster joined", "name_port", cl.gossip.Port(), "seeds", seeds, "rule", rule.String(),
+	n.log.Info("cluster joined", "name_port", g.Port(), "seeds", seeds, "rule", cl.policy.Rule.String(),
 		"announce", cl.policy.Announce, "this_node_first", cl.policy.ThisNodeFirst)
 	return nil
 }
@@ -157,11 +177,11 @@ func (n *Node) advertisedRPC() string {
 
 // leaveCluster tells the other nodes this node is going, once.
 func (n *Node) leaveCluster() {
-	if n.cluster == nil || n.cluster.gossip == nil {
+	if n.cluster == nil || n.cluster.gossip.Load() == nil {
 		return
 	}
 	n.cluster.leave.Do(func() {
-		if err := n.cluster.gossip.Leave(time.Second); err != nil {
+		if err := n.cluster.gossip.Load().Leave(time.Second); err != nil {
 			n.log.Warn("leaving the cluster", "err", err)
 		}
 	})
@@ -181,7 +201,7 @@ const (
 // leaveBeforeDrain takes this node out of the cluster while it still
 // serves, and returns once the others have stopped sending to it.
 func (n *Node) leaveBeforeDrain(ctx context.Context) {
-	if n.cluster == nil || n.cluster.gossip == nil {
+	if n.cluster == nil || n.cluster.gossip.Load() == nil {
 		return
 	}
 	start := time.Now()
@@ -221,8 +241,11 @@ func (n *Node) transfersInFlight() int {
 
 // announce tells the other nodes this node's state now.
 func (n *Node) announce() {
-	if n.cluster != nil && n.cluster.gossip != nil {
-		n.cluster.gossip.Announce(n.localInfo())
+	if n.cluster == nil {
+		return
+	}
+	if g := n.cluster.gossip.Load(); g != nil {
+		g.Announce(n.localInfo())
 	}
 }
 
@@ -411,7 +434,7 @@ func (cl *cluster) countReceived(h *peerHello, set *metrics.Set) {
 }
 
 func (n *Node) registerClusterMetrics() {
-	g := n.cluster.gossip
+	g := n.cluster.gossip.Load()
 	n.metrics.NewGauge(`tpsched_cluster_members`, func() float64 { return float64(g.Stats().Members) })
 	n.metrics.NewGauge(`tpsched_cluster_nodes_known`, func() float64 { return float64(n.cluster.names.Len()) })
 	n.counterFunc(`tpsched_announces_sent_total`, func() uint64 { return g.Stats().Sent })
@@ -458,7 +481,10 @@ func (n *Node) clusterStatus() *ClusterStatus {
 		return nil
 	}
 	st := &ClusterStatus{Rule: cl.policy.Rule.String(), Announce: cl.policy.Announce,
-		ThisNodeFirst: cl.policy.ThisNodeFirst, Gossip: cl.gossip.Stats()}
+		ThisNodeFirst: cl.policy.ThisNodeFirst}
+	if g := cl.gossip.Load(); g != nil {
+		st.Gossip = g.Stats()
+	}
 	for _, info := range cl.names.Nodes() {
 		ns := NodeStatus{Node: info.Node, Addr: info.Addr, Local: info.Node == n.cfg.System.NodeID, Announces: info.Announce}
 		for _, gi := range info.Groups {

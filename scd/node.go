@@ -233,6 +233,9 @@ func (n *Node) Start() (err error) {
 			return err
 		}
 	}
+	if err := n.prepareCluster(); err != nil {
+		return err
+	}
 	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
 	n.rpc, err = netio.Listen(netio.Options{
 		Addr:  rpcAddr,
@@ -258,7 +261,7 @@ func (n *Node) Start() (err error) {
 	if err := n.startLoadChecks(); err != nil {
 		return err
 	}
-	if err := n.startCluster(); err != nil {
+	if err := n.joinCluster(); err != nil {
 		return err
 	}
 	n.wg.Add(1)
