@@ -34,7 +34,8 @@ import (
 const usage = `usage: scdctl [flags] COMMAND [ARGS] [flags]
 
 Commands:
-  call GROUP SERVICE [DATA]   call a service and print its reply (DATA "-" reads stdin)
+  call GROUP SERVICE [DATA]   call a service and print its reply (DATA "-" reads stdin;
+                              -node NODE: on that node only, never balanced or transferred)
   status [-json]              service groups, queue depths, processes and restarts
   hold GROUP                  refuse new calls to GROUP ('service closed'); queued calls finish
   release GROUP               let GROUP take calls again
@@ -80,6 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&co.noReply, "no-reply", false, "call: send the call without waiting for an answer (call-no-reply)")
 	fs.BoolVar(&co.balanced, "balanced", false, "call: mark the call as already balanced: the node serves it unless the group is held there, or LEVEL2 while another node is lower")
 	fs.BoolVar(&co.loadBalance, "loadbalance", false, "call: ask the node which nodes run the group and send the call to a least loaded one (dccltloadbalance)")
+	fs.StringVar(&co.node, "node", "", "call: send the call to this node only (a node id of the cluster, or host:port): an explicit destination, never balanced or transferred")
 	printUsage := func(w io.Writer) {
 		fmt.Fprint(w, usage)
 		fs.SetOutput(w)
@@ -111,7 +113,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd, rest := words[0], words[1:]
 	switch cmd {
 	case "call":
-		err = call(ctx, nd.rpc, co, rest, stdout)
+		err = call(ctx, nd, co, rest, stdout)
 	case "status":
 		err = status(ctx, nd.http, *asJSON, rest, stdout)
 	case "hold", "release":
@@ -201,11 +203,26 @@ func resolve(dir string, nd *node) error {
 }
 
 // callOptions are the flags that shape a call.
-type callOptions struct{ noReply, balanced, loadBalance bool }
+type callOptions struct {
+	noReply, balanced, loadBalance bool
+	node                           string // explicit destination: node id or host:port
+}
 
-func call(ctx context.Context, rpc string, co callOptions, args []string, stdout io.Writer) error {
+func call(ctx context.Context, nd node, co callOptions, args []string, stdout io.Writer) error {
 	if len(args) < 2 || len(args) > 3 {
 		return usageError("call GROUP SERVICE [DATA]")
+	}
+	rpc := nd.rpc
+	dest := ""
+	if co.node != "" {
+		if co.balanced || co.loadBalance {
+			return usageError("call -node NODE: an explicit destination is never balanced (no -balanced, -loadbalance)")
+		}
+		var err error
+		if dest, err = destination(ctx, nd, co.node); err != nil {
+			return err
+		}
+		rpc = dest
 	}
 	var data []byte
 	if len(args) == 3 {
@@ -224,9 +241,14 @@ func call(ctx context.Context, rpc string, co callOptions, args []string, stdout
 	}
 	defer c.Close()
 	var reply []byte
-	if co.noReply {
+	switch {
+	case dest != "" && co.noReply:
+		err = c.CallNoReplyTo(ctx, dest, args[0], args[1], data)
+	case dest != "":
+		reply, err = c.CallTo(ctx, dest, args[0], args[1], data)
+	case co.noReply:
 		err = c.CallNoReply(ctx, args[0], args[1], data)
-	} else {
+	default:
 		reply, err = c.Call(ctx, args[0], args[1], data)
 	}
 	if err != nil {
@@ -241,6 +263,43 @@ func call(ctx context.Context, rpc string, co callOptions, args []string, stdout
 		io.WriteString(stdout, "\n")
 	}
 	return nil
+}
+
+// destination is the RPC address of -node: host:port or an IP address as
+// given, else a node id the local node's cluster table (its /status) knows.
+func destination(ctx context.Context, nd node, name string) (string, error) {
+	if _, _, err := net.SplitHostPort(name); err == nil {
+		return name, nil
+	}
+	if net.ParseIP(name) != nil {
+		return name, nil
+	}
+	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+nd.http+"/status",
+		"-node "+name+" names a node id, looked up in the local node's status; give host:port to call an address")
+	if err != nil {
+		return "", err
+	}
+	var st scd.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		return "", fmt.Errorf("status from %s: %w", nd.http, err)
+	}
+	if st.Node == name {
+		return st.RPC, nil
+	}
+	var known []string
+	if st.Cluster != nil {
+		for _, ns := range st.Cluster.Nodes {
+			if ns.Node == name {
+				return ns.Addr, nil
+			}
+			known = append(known, ns.Node)
+		}
+	}
+	if len(known) == 0 {
+		known = []string{st.Node}
+	}
+	return "", fmt.Errorf("-node %s: node %s knows no node of that id (it knows %s); give host:port to call an address",
+		name, st.Node, strings.Join(known, ", "))
 }
 
 func status(ctx context.Context, addr string, asJSON bool, args []string, stdout io.Writer) error {
