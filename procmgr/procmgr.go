@@ -148,7 +148,8 @@ type Manager struct {
 	gateHolds atomic.Uint64 // checks in which the memory gate held a start back
 	cpuHolds  atomic.Uint64 // checks in which the CPU guard held a start back
 
-	chprc sync.Mutex // one SetParallelCount at a time, for the node-wide resident count
+	chprc    sync.Mutex // one SetParallelCount at a time, for the node-wide resident count
+	checking sync.Mutex // one scaler check at a time (see check)
 }
 
 type spawnReq struct {

@@ -29,6 +29,10 @@ func (m *Manager) scaleLoop() {
 
 // check is one pass of the rule over every server of the node.
 func (m *Manager) check(now time.Time) {
+	// One check at a time: a second one must not decide on the memory
+	// permits and counts the first is still acting on.
+	m.checking.Lock()
+	defer m.checking.Unlock()
 	m.mu.Lock()
 	servers := append([]*Server(nil), m.servers...)
 	m.mu.Unlock()
