@@ -37,13 +37,18 @@ Commands:
   call GROUP SERVICE [DATA]   call a service and print its reply (DATA "-" reads stdin;
                               -node NODE: on that node only, never balanced or transferred)
   status [-json]              service groups, queue depths, processes and restarts
+  prc [GROUP] [-json]         processes: pid, kind, state, calls held and served, CPU time, since
+  chprc GROUP RESIDENT[,MAX] [-json]
+                              change GROUP's parallel_count while it runs (until the node stops):
+                              extra residents start, surplus ones stop after their current call;
+                              within the definition's maximum and the node's max_processes
   hold GROUP                  refuse new calls to GROUP ('service closed'); queued calls finish
   release GROUP               let GROUP take calls again
   pprof PROFILE [SECONDS]     write a profile of scdd to stdout: heap, goroutine, allocs,
                               block, mutex, threadcreate; profile (CPU) or trace for SECONDS
 
 call uses the node's RPC port, status its HTTP address (metrics_address);
-hold, release and pprof go over its control socket, which admits only
+prc, chprc, hold, release and pprof go over its control socket, which admits only
 scdd's own user and root. Flags may come before or after the command; "--"
 ends them (for DATA that starts with "-").
 
@@ -73,7 +78,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&nd.http, "a", os.Getenv("TPSCHED_HTTP"), "HTTP address host:port of the node's /status and /metrics (default $TPSCHED_HTTP, else sysconf's metrics_address, else "+def.DefaultMetricsAddress+")")
 	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for hold, release and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it by default)")
 	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
-	asJSON := fs.Bool("json", false, "status: print the node's status as JSON")
+	asJSON := fs.Bool("json", false, "status, prc, chprc: print the node's answer as JSON")
 	showVersion := fs.Bool("version", false, "print scdctl's version and exit")
 	help := fs.Bool("h", false, "print this help and exit")
 	fs.BoolVar(help, "help", false, "print this help and exit")
@@ -118,6 +123,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = status(ctx, nd.http, *asJSON, rest, stdout)
 	case "hold", "release":
 		err = hold(ctx, nd, cmd, rest, stdout)
+	case "prc":
+		err = prc(ctx, nd, *asJSON, rest, stdout)
+	case "chprc":
+		err = chprc(ctx, nd, *asJSON, rest, stdout)
 	case "pprof":
 		err = profile(nd, *timeout, rest, stdout)
 	default:
@@ -491,6 +500,110 @@ func hold(ctx context.Context, nd node, verb string, args []string, stdout io.Wr
 	default:
 		fmt.Fprintf(stdout, "service group %s was not held; nothing changed\n", res.Group)
 	}
+	return nil
+}
+
+// prc lists the processes of one group or all (OpenTP1's prcls).
+func prc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.Writer) error {
+	if len(args) > 1 {
+		return usageError("prc [GROUP] [-json]")
+	}
+	u := "http://scdd/prc"
+	if len(args) == 1 {
+		u += "?group=" + url.QueryEscape(args[0])
+	}
+	body, err := httpDo(ctx, controlClient(nd), http.MethodGet, u, "")
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	var groups []scd.GroupProcesses
+	if err := json.Unmarshal(body, &groups); err != nil {
+		return fmt.Errorf("prc: answer from %s: %w", nd.sock, err)
+	}
+	printProcesses(stdout, groups, time.Now())
+	return nil
+}
+
+// printProcesses shows each group's parallel_count and a line per process.
+func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time) {
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tSLOT\tPID\tKIND\tSTATE\tCALLS\tSERVED\tCPU-S\tRESTARTS\tSINCE")
+	for _, g := range groups {
+		for _, p := range g.Processes {
+			pid, since := "-", "-"
+			if p.PID != 0 {
+				pid = strconv.Itoa(p.PID)
+			}
+			if !p.Started.IsZero() {
+				since = p.Started.Local().Format("2006-01-02 15:04:05") + " (" + now.Sub(p.Started).Round(time.Second).String() + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, p.State,
+				p.Calls, p.Served, p.CPUSeconds, p.Restarts, since)
+		}
+	}
+	tw.Flush()
+	for _, g := range groups {
+		def := ""
+		if g.Count != g.Def {
+			def = " (defined " + g.Def.String() + ", changed by chprc)"
+		}
+		fmt.Fprintf(stdout, "%s: server %s, parallel_count %s%s\n", g.Group, g.Server, g.Count, def)
+	}
+	fmt.Fprintln(stdout, "CALLS: calls a process holds now (its current one and one handed over ahead); SERVED: calls it completed.")
+}
+
+// chprc changes a group's process counts while it runs (OpenTP1's scdchprc).
+func chprc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.Writer) error {
+	const use = "chprc GROUP RESIDENT[,MAX] [-json]"
+	if len(args) != 2 {
+		return usageError(use)
+	}
+	resident, maxProcs, hasMax := args[1], "", false
+	if r, m, ok := strings.Cut(args[1], ","); ok {
+		resident, maxProcs, hasMax = strings.TrimSpace(r), strings.TrimSpace(m), true
+	}
+	if _, err := strconv.Atoi(resident); err != nil {
+		return usageError(use + ": RESIDENT is a whole number")
+	}
+	q := url.Values{"group": {args[0]}, "resident": {resident}}
+	if hasMax {
+		if _, err := strconv.Atoi(maxProcs); err != nil {
+			return usageError(use + ": MAX is a whole number")
+		}
+		q.Set("max", maxProcs)
+	}
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/chprc?"+q.Encode(), "")
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	var res scd.ChprcResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return fmt.Errorf("chprc: answer from %s: %w", nd.sock, err)
+	}
+	if res.Before == res.Count {
+		fmt.Fprintf(stdout, "service group %s: parallel_count was %s already; nothing changed\n", res.Group, res.Count)
+	} else {
+		fmt.Fprintf(stdout, "service group %s: parallel_count %s -> %s (defined %s; until the node stops)", res.Group, res.Before, res.Count, res.Def)
+		if res.Count.Resident > res.Before.Resident {
+			fmt.Fprintf(stdout, "; %d more resident process(es) start", res.Count.Resident-res.Before.Resident)
+		}
+		if res.Count.Resident < res.Before.Resident {
+			fmt.Fprintf(stdout, "; %d resident process(es) stop after their current call", res.Before.Resident-res.Count.Resident)
+		}
+		if res.Count.Max < res.Before.Max {
+			fmt.Fprint(stdout, "; non-resident processes above the maximum stop after their current call")
+		}
+		fmt.Fprintln(stdout)
+	}
+	printProcesses(stdout, []scd.GroupProcesses{res.GroupProcesses}, time.Now())
 	return nil
 }
 
