@@ -67,6 +67,10 @@ const (
 	// FlagForwarded marks a call another node transferred here: the hop
 	// mark. It is served here or refused, never transferred again.
 	FlagForwarded
+	// FlagDestination marks a call to an explicit destination: the caller
+	// named this node (OpenTP1's RPC with a destination), so it is served
+	// here or refused, never balanced or transferred.
+	FlagDestination
 )
 
 // Header is the fixed part of a frame.

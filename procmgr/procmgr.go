@@ -19,6 +19,7 @@
 //	srv, err := m.Start(procmgr.Spec{Server: "echo", Module: "/usr/bin/uap-echo",
 //		Resident: 2, Max: 8, BalanceCount: 3, UID: -1, GID: -1}, delegate)
 //	srv.Kick(depth) // after an enqueue: wakes the scaler if the rule may want a process
+//	kinds, err := srv.SetParallelCount(3, 8) // scdctl chprc: three resident processes now
 //	...
 //	srv.Stop(ctx) // after the queue was closed: waits, then kills
 package procmgr
@@ -146,6 +147,9 @@ type Manager struct {
 	stops     atomic.Uint64 // non-resident stops asked by the rule
 	gateHolds atomic.Uint64 // checks in which the memory gate held a start back
 	cpuHolds  atomic.Uint64 // checks in which the CPU guard held a start back
+
+	chprc    sync.Mutex // one SetParallelCount at a time, for the node-wide resident count
+	checking sync.Mutex // one scaler check at a time (see check)
 }
 
 type spawnReq struct {
@@ -270,6 +274,9 @@ type ProcInfo struct {
 	Kind     string    `json:"kind"` // "resident" or "nonresident"
 	Restarts int       `json:"restarts"`
 	Started  time.Time `json:"started"`
+	// CPUSeconds is the on-CPU time of the process in the slot now, as the
+	// node's meter sees it (eBPF or /proc; 0 when nothing is measured).
+	CPUSeconds float64 `json:"cpu_seconds"`
 }
 
 // Server is one user server's set of processes.
@@ -283,10 +290,16 @@ type Server struct {
 	stopOnce sync.Once
 	running  atomic.Int32 // processes up or starting, for Kick's cheap test
 	usage    *usageBook
+	// parallel_count now: the definition's, or what SetParallelCount made
+	// it. maxProcs is read by Kick without mu, residents by other servers'
+	// SetParallelCount; both are written under mu, with resident.
+	maxProcs  atomic.Int32
+	residents atomic.Int32
 
 	mu           sync.Mutex
 	stopping     bool
-	slots        []*slot
+	resident     int           // slots that serve resident processes now
+	slots        []*slot       // as many as the definition's maximum: the schedule queue's process slots
 	crashBackoff time.Duration // non-resident crash loop: wait this long before the next start
 	crashUntil   time.Time
 	lastStart    time.Time // of the last non-resident process, for the CPU guard
@@ -308,6 +321,9 @@ type slot struct {
 	started   time.Time
 	attached  bool // the process attached to its queue (see Attached)
 	stopAsked bool
+	// watched: a goroutine starts, watches or restarts this slot's
+	// process; the slot is not free for another start.
+	watched bool
 	// idle tracking for non-resident processes
 	lastServed uint64
 	idleSince  time.Time
@@ -335,18 +351,21 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
 	}
-	s := &Server{m: m, spec: spec, delegate: d, cpu: cpu, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter)}
+	s := &Server{m: m, spec: spec, delegate: d, cpu: cpu, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter),
+		resident: spec.Resident}
+	s.maxProcs.Store(int32(spec.Max))
+	s.residents.Store(int32(spec.Resident))
 	for i := range spec.Max {
-		s.slots = append(s.slots, &slot{index: i, resident: i < spec.Resident, state: StateStopped})
+		s.slots = append(s.slots, &slot{index: i, resident: i < spec.Resident, state: StateStopped, watched: i < spec.Resident})
 	}
 	for _, sl := range s.slots[:spec.Resident] {
-		if err := s.spawn(sl); err != nil {
+		if err := s.spawn(sl, false); err != nil {
 			s.kill()
 			s.live.Wait()
 			_ = cpu.Remove()
 			return nil, err
 		}
-		go s.supervise(sl)
+		go s.watch(sl)
 	}
 	m.mu.Lock()
 	m.servers = append(m.servers, s)
@@ -354,14 +373,29 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	return s, nil
 }
 
-// errStopping keeps a replacement from starting once Stop has begun.
-var errStopping = errors.New("procmgr: server stopping")
+// errStopping keeps a replacement from starting once Stop has begun;
+// errNotResident keeps one from starting in a slot that stopped being
+// resident while it waited (SetParallelCount).
+var (
+	errStopping    = errors.New("procmgr: server stopping")
+	errNotResident = errors.New("procmgr: slot no longer resident")
+)
 
 // afterStart, when set by a test, runs between a process's start and the
 // release of the server's lock: the window in which Stop must still see it.
 var afterStart atomic.Pointer[func()]
 
-func (s *Server) spawn(sl *slot) error {
+// spawn starts a process in sl. With residentOnly (a restart) it starts
+// none if sl stopped being resident meanwhile, and then, as when the server
+// stops, gives the slot up (not watched).
+func (s *Server) spawn(sl *slot, residentOnly bool) error {
+	s.mu.Lock()
+	if residentOnly && !sl.resident && !s.stopping {
+		sl.state, sl.watched = StateStopped, false
+		s.mu.Unlock()
+		return errNotResident
+	}
+	s.mu.Unlock()
 	files, err := s.delegate.Prepare(sl.index)
 	if err != nil {
 		return fmt.Errorf("procmgr: %s: prepare slot %d: %w", s.spec.Server, sl.index, err)
@@ -384,9 +418,14 @@ func (s *Server) spawn(sl *slot) error {
 		// sees this process or keeps it from starting.
 		s.mu.Lock()
 		if s.stopping {
-			sl.state = StateStopped
+			sl.state, sl.watched = StateStopped, false
 			s.mu.Unlock()
 			return errStopping
+		}
+		if residentOnly && !sl.resident {
+			sl.state, sl.watched = StateStopped, false
+			s.mu.Unlock()
+			return errNotResident
 		}
 		if err := s.m.start(cmd); err != nil {
 			s.mu.Unlock()
@@ -532,50 +571,54 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, healthy bool) 
 	return proc, exitErr, healthy
 }
 
-// supervise waits for a resident slot's process and replaces it until the
-// server stops.
-func (s *Server) supervise(sl *slot) {
+// watch waits for the process in sl and, while sl is resident and the
+// server runs, starts it again after a back-off. A non-resident process is
+// not replaced: the scaler starts another when the rule wants one. A slot
+// can change kind while its process runs (SetParallelCount): what it is
+// when the process ends decides.
+func (s *Server) watch(sl *slot) {
 	backoff := minBackoff
 	for {
 		proc, exitErr, healthy := s.reap(sl)
 		s.mu.Lock()
-		stopping := s.stopping
 		sl.proc = nil
-		if stopping {
-			sl.state = StateStopped
-		} else {
-			sl.state = StateRestarting
-			sl.restarts++
-		}
-		s.mu.Unlock()
-		s.live.Done()
-		if stopping {
+		if !sl.resident || s.stopping {
+			s.ended(sl, proc, exitErr, healthy) // unlocks
 			return
 		}
+		sl.state = StateRestarting
+		sl.restarts++
+		s.mu.Unlock()
+		s.live.Done()
 		if healthy {
 			backoff = minBackoff
 		}
 		s.m.log.Warn("uap terminated; restarting", "server", s.spec.Server, "slot", sl.index,
 			"pid", proc.Pid, "status", fmt.Sprint(exitErr), "after", backoff)
-		if !s.sleep(backoff) {
+		if !s.restart(sl, &backoff) {
 			return
 		}
-		backoff = min(backoff*2, maxBackoff)
-		for {
-			err := s.spawn(sl)
-			if err == nil {
-				break
-			}
-			if errors.Is(err, errStopping) {
-				return
-			}
-			s.m.log.Error("uap restart failed", "server", s.spec.Server, "slot", sl.index, "err", err)
-			s.startFailed(err)
-			if !s.sleep(backoff) {
-				return
-			}
-			backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// restart starts sl's process again after backoff, and again with longer
+// back-offs while starts fail. It reports false when the slot is not to be
+// restarted any more: the server stops, or the slot stopped being resident.
+func (s *Server) restart(sl *slot, backoff *time.Duration) bool {
+	for {
+		if !s.sleep(*backoff) {
+			return false
 		}
+		*backoff = min(*backoff*2, maxBackoff)
+		err := s.spawn(sl, true)
+		if err == nil {
+			return true
+		}
+		if errors.Is(err, errStopping) || errors.Is(err, errNotResident) {
+			return false
+		}
+		s.m.log.Error("uap restart failed", "server", s.spec.Server, "slot", sl.index, "err", err)
+		s.startFailed(err)
 	}
 }
 
@@ -594,16 +637,15 @@ func (s *Server) startFailed(err error) {
 	}
 }
 
-// watchNonResident waits for a non-resident process. It is not replaced:
-// the scaler starts another when the rule wants one. A crash delays the
-// server's next non-resident start with the same back-off as a resident
-// restart, so a UAP that dies at once cannot be started in a tight loop.
-func (s *Server) watchNonResident(sl *slot) {
-	proc, exitErr, healthy := s.reap(sl)
-	s.mu.Lock()
-	asked := sl.stopAsked
-	sl.state, sl.proc = StateStopped, nil
-	crashed := exitErr != nil && !asked && !s.stopping
+// ended settles a slot whose process ended and is not replaced: it was
+// non-resident (or stopped being resident), or the server stops. Called with
+// mu held; it unlocks. A non-resident crash delays the server's next
+// non-resident start with the same back-off as a resident restart, so a
+// UAP that dies at once cannot be started in a tight loop.
+func (s *Server) ended(sl *slot, proc *os.Process, exitErr error, healthy bool) {
+	asked, resident := sl.stopAsked, sl.resident
+	sl.state, sl.watched = StateStopped, false
+	crashed := !resident && exitErr != nil && !asked && !s.stopping
 	if crashed {
 		sl.restarts++
 		if healthy {
@@ -611,7 +653,7 @@ func (s *Server) watchNonResident(sl *slot) {
 		}
 		s.crashBackoff = min(max(s.crashBackoff*2, minBackoff), maxBackoff)
 		s.crashUntil = time.Now().Add(s.crashBackoff)
-	} else if exitErr == nil {
+	} else if exitErr == nil && !resident {
 		s.crashBackoff = 0
 	}
 	s.mu.Unlock()
@@ -620,7 +662,9 @@ func (s *Server) watchNonResident(sl *slot) {
 		s.m.log.Warn("non-resident uap terminated", "server", s.spec.Server, "slot", sl.index,
 			"pid", proc.Pid, "status", fmt.Sprint(exitErr))
 	}
-	s.m.nonResidentEnded()
+	if !resident {
+		s.m.nonResidentEnded()
+	}
 }
 
 // sleep waits d unless the server stops first; it reports whether to go on.
@@ -648,7 +692,7 @@ func (s *Server) sleep(d time.Duration) bool {
 // rule may want a process.
 func (s *Server) Kick(depth int) {
 	run := int(s.running.Load())
-	if run >= s.spec.Max || depth <= s.spec.BalanceCount*run {
+	if run >= int(s.maxProcs.Load()) || depth <= s.spec.BalanceCount*run {
 		return
 	}
 	select {
@@ -657,8 +701,21 @@ func (s *Server) Kick(depth int) {
 	}
 }
 
-// Processes lists the server's process slots.
+// Processes lists the server's process slots: the resident ones, and the
+// non-resident ones that have a process. CPU time is read after the list
+// is made (a syscall per process with the /proc meter, not under the
+// server's lock); a process that ended meanwhile shows 0.
 func (s *Server) Processes() []ProcInfo {
+	out := s.processes()
+	for i := range out {
+		if out[i].PID > 0 {
+			out[i].CPUSeconds = s.usage.read(out[i].PID).OnCPU.Seconds()
+		}
+	}
+	return out
+}
+
+func (s *Server) processes() []ProcInfo {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]ProcInfo, 0, len(s.slots))

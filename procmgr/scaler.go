@@ -29,6 +29,10 @@ func (m *Manager) scaleLoop() {
 
 // check is one pass of the rule over every server of the node.
 func (m *Manager) check(now time.Time) {
+	// One check at a time: a second one must not decide on the memory
+	// permits and counts the first is still acting on.
+	m.checking.Lock()
+	defer m.checking.Unlock()
 	m.mu.Lock()
 	servers := append([]*Server(nil), m.servers...)
 	m.mu.Unlock()
@@ -101,8 +105,7 @@ func (m *Manager) nonResidentEnded() {
 func (s *Server) observe(now time.Time) ServerLoad {
 	ld := ServerLoad{
 		Priority:     s.spec.Priority,
-		Resident:     s.spec.Resident,
-		Max:          s.spec.Max,
+		Max:          int(s.maxProcs.Load()),
 		BalanceCount: s.spec.BalanceCount,
 		IdleStop:     s.spec.IdleStop,
 		CPUWaitLimit: s.spec.CPUWaitLimit,
@@ -121,6 +124,7 @@ func (s *Server) observe(now time.Time) ServerLoad {
 		view SlotView
 	}
 	s.mu.Lock()
+	ld.Resident = s.resident
 	if s.stopping {
 		s.mu.Unlock()
 		ld.Max = 0
@@ -172,13 +176,16 @@ func (s *Server) observe(now time.Time) ServerLoad {
 	return ld
 }
 
-// startNonResident starts a process in a free non-resident slot.
+// startNonResident starts a process in a free non-resident slot. Which
+// slots are resident can change (SetParallelCount), so it looks at all;
+// the rule's Max bounds how many run.
 func (s *Server) startNonResident() bool {
 	s.mu.Lock()
 	var free *slot
-	for _, sl := range s.slots[s.spec.Resident:] {
-		if sl.proc == nil {
+	for _, sl := range s.slots {
+		if !sl.resident && !sl.watched && sl.proc == nil {
 			free = sl
+			free.watched = true // claimed: no one else starts a process here
 			break
 		}
 	}
@@ -186,9 +193,10 @@ func (s *Server) startNonResident() bool {
 	if free == nil {
 		return false
 	}
-	if err := s.spawn(free); err != nil {
+	if err := s.spawn(free, false); err != nil {
 		s.m.log.Error("non-resident uap start failed", "server", s.spec.Server, "slot", free.index, "err", err)
 		s.mu.Lock()
+		free.watched = false
 		s.crashBackoff = min(max(s.crashBackoff*2, minBackoff), maxBackoff)
 		s.crashUntil = time.Now().Add(s.crashBackoff)
 		s.mu.Unlock()
@@ -198,7 +206,7 @@ func (s *Server) startNonResident() bool {
 	s.mu.Lock()
 	s.lastStart = time.Now()
 	s.mu.Unlock()
-	go s.watchNonResident(free)
+	go s.watch(free)
 	return true
 }
 

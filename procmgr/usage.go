@@ -93,6 +93,20 @@ func (b *usageBook) totalLocked() bpf.Usage {
 	return u
 }
 
+// read is pid's usage so far, if it is one of the server's running
+// processes; zero otherwise.
+func (b *usageBook) read(pid int) bpf.Usage {
+	if b.meter == nil {
+		return bpf.Usage{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.live[pid]; !ok {
+		return bpf.Usage{}
+	}
+	return b.meter.Read(pid)
+}
+
 // lastSample is the reading of the last full window.
 func (b *usageBook) lastSample() CPUSample {
 	if b.meter == nil {

@@ -53,7 +53,12 @@ func TestUsageCountsRunningAndEndedProcesses(t *testing.T) {
 			if u := srv.Usage(); u.OnCPU < burnFor-10*time.Millisecond {
 				t.Fatalf("usage %v after the process burned %v", u.OnCPU, burnFor)
 			}
-			victim := srv.Processes()[0].PID
+			// Per process too, for scdctl prc.
+			p := srv.Processes()[0]
+			if cpu := time.Duration(p.CPUSeconds * float64(time.Second)); cpu < burnFor-10*time.Millisecond {
+				t.Fatalf("process %d shows %v of CPU after it burned %v", p.PID, cpu, burnFor)
+			}
+			victim := p.PID
 			if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}

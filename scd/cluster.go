@@ -292,6 +292,9 @@ func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool,
 		cl.countReceived(from, n.metrics)
 		return false, 0, "" // the hop mark: served here or refused, never transferred again
 	}
+	if f.Flags&netio.FlagDestination != 0 {
+		return false, 0, "" // the caller named this node: served here or refused
+	}
 	group := string(f.Group)
 	socket := cl.socketGroup(group, g)
 	buf := cl.candPool.Get().(*[]route.Candidate)

@@ -1,7 +1,7 @@
 package scd
 
 // The control socket: every action that changes the node or reads its
-// insides (hold, release, pprof) is served over HTTP on a unix socket, and
+// insides (hold, release, prc, chprc, pprof) is served over HTTP on a unix socket, and
 // only to scdd's own user and root. The kernel tells who connected
 // (SO_PEERCRED, read once per connection in ConnContext); controlAllowed
 // checks it before any handler runs, so a new action is one line in
@@ -46,6 +46,8 @@ type HoldResult struct {
 func (n *Node) controlActions(mux *http.ServeMux) {
 	mux.HandleFunc("POST /hold", func(w http.ResponseWriter, r *http.Request) { n.answerHold(w, r, true) })
 	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) { n.answerHold(w, r, false) })
+	mux.HandleFunc("GET /prc", n.answerPrc)
+	mux.HandleFunc("POST /chprc", n.answerChprc)
 	// Profiles for performance engineers: they show the node's insides.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -87,15 +87,19 @@ func (s *inProcServer) run(slot int) error {
 	return nil
 }
 
-func (s *inProcServer) Kick(int)                             {}
-func (s *inProcServer) Attached(int)                         {}
-func (s *inProcServer) Kill(int)                             {}
-func (s *inProcServer) Running() (int, int)                  { return s.spec.Resident, 0 }
-func (s *inProcServer) Processes() []procmgr.ProcInfo        { return nil }
-func (s *inProcServer) Usage() bpf.Usage                     { return bpf.Usage{} }
-func (s *inProcServer) CPUSample() procmgr.CPUSample         { return procmgr.CPUSample{} }
-func (s *inProcServer) CPUGroupPath() string                 { return "" }
-func (s *inProcServer) Stopping()                            {}
+func (s *inProcServer) Kick(int)                      {}
+func (s *inProcServer) Attached(int)                  {}
+func (s *inProcServer) Kill(int)                      {}
+func (s *inProcServer) Running() (int, int)           { return s.spec.Resident, 0 }
+func (s *inProcServer) Processes() []procmgr.ProcInfo { return nil }
+func (s *inProcServer) Usage() bpf.Usage              { return bpf.Usage{} }
+func (s *inProcServer) CPUSample() procmgr.CPUSample  { return procmgr.CPUSample{} }
+func (s *inProcServer) CPUGroupPath() string          { return "" }
+func (s *inProcServer) Stopping()                     {}
+func (s *inProcServer) ParallelCount() (int, int)     { return s.spec.Resident, s.spec.Max }
+func (s *inProcServer) SetParallelCount(int, int) ([]bool, error) {
+	return nil, errors.New("in-process test UAPs keep their counts")
+}
 func (s *inProcServer) Stop(ctx context.Context) (err error) { return waitGroup(ctx, &s.wg) }
 
 func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {

@@ -31,6 +31,10 @@ type processes interface {
 	CPUGroupPath() string
 	Stopping()
 	Stop(ctx context.Context) error
+	// ParallelCount is resident,max now; SetParallelCount changes it while
+	// the server runs (chprc) and returns, by slot, which are resident.
+	ParallelCount() (resident, maxProcs int)
+	SetParallelCount(resident, maxProcs int) ([]bool, error)
 }
 
 // procmgrManager is procmgr.Manager as a processManager.

@@ -43,8 +43,8 @@ type GroupStatus struct {
 	Held       bool            `json:"held"`
 	Receive    string          `json:"receive_from"`
 	Priority   int             `json:"schedule_priority"`
-	Resident   int             `json:"resident"`
-	Max        int             `json:"max_processes"`
+	Resident   int             `json:"resident"`      // parallel_count now (chprc may have changed it)
+	Max        int             `json:"max_processes"` // likewise
 	CPUGroup   string          `json:"cpu_group,omitempty"`
 	QueueDepth int             `json:"queue_depth"`
 	QueueSize  int             `json:"queue_size"`
@@ -164,15 +164,15 @@ func (n *Node) Status() Status {
 		}
 	}
 	for _, g := range n.order {
-		s := g.stats()
+		s, count := g.stats(), g.parallelCount()
 		st.Groups = append(st.Groups, GroupStatus{
 			Group:      g.name,
 			Server:     g.def.Name,
 			Held:       g.held.Load(),
 			Receive:    map[def.ReceiveFrom]string{def.ReceiveQueue: "queue", def.ReceiveSocket: "socket"}[g.def.ReceiveFrom],
 			Priority:   g.def.SchedulePriority,
-			Resident:   g.def.Resident,
-			Max:        g.def.MaxProcesses,
+			Resident:   count.Resident,
+			Max:        count.Max,
 			CPUGroup:   g.procs.CPUGroupPath(),
 			QueueDepth: s.Waiting,
 			QueueSize:  g.def.QueueSize,

@@ -34,15 +34,21 @@ import (
 const usage = `usage: scdctl [flags] COMMAND [ARGS] [flags]
 
 Commands:
-  call GROUP SERVICE [DATA]   call a service and print its reply (DATA "-" reads stdin)
+  call GROUP SERVICE [DATA]   call a service and print its reply (DATA "-" reads stdin;
+                              -node NODE: on that node only, never balanced or transferred)
   status [-json]              service groups, queue depths, processes and restarts
+  prc [GROUP] [-json]         processes: pid, kind, state, calls held and served, CPU time, since
+  chprc GROUP RESIDENT[,MAX] [-json]
+                              change GROUP's parallel_count while it runs (until the node stops):
+                              extra residents start, surplus ones stop after their current call;
+                              within the definition's maximum and the node's max_processes
   hold GROUP                  refuse new calls to GROUP ('service closed'); queued calls finish
   release GROUP               let GROUP take calls again
   pprof PROFILE [SECONDS]     write a profile of scdd to stdout: heap, goroutine, allocs,
                               block, mutex, threadcreate; profile (CPU) or trace for SECONDS
 
 call uses the node's RPC port, status its HTTP address (metrics_address);
-hold, release and pprof go over its control socket, which admits only
+prc, chprc, hold, release and pprof go over its control socket, which admits only
 scdd's own user and root. Flags may come before or after the command; "--"
 ends them (for DATA that starts with "-").
 
@@ -72,7 +78,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&nd.http, "a", os.Getenv("TPSCHED_HTTP"), "HTTP address host:port of the node's /status and /metrics (default $TPSCHED_HTTP, else sysconf's metrics_address, else "+def.DefaultMetricsAddress+")")
 	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for hold, release and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it by default)")
 	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
-	asJSON := fs.Bool("json", false, "status: print the node's status as JSON")
+	asJSON := fs.Bool("json", false, "status, prc, chprc: print the node's answer as JSON")
 	showVersion := fs.Bool("version", false, "print scdctl's version and exit")
 	help := fs.Bool("h", false, "print this help and exit")
 	fs.BoolVar(help, "help", false, "print this help and exit")
@@ -80,6 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&co.noReply, "no-reply", false, "call: send the call without waiting for an answer (call-no-reply)")
 	fs.BoolVar(&co.balanced, "balanced", false, "call: mark the call as already balanced: the node serves it unless the group is held there, or LEVEL2 while another node is lower")
 	fs.BoolVar(&co.loadBalance, "loadbalance", false, "call: ask the node which nodes run the group and send the call to a least loaded one (dccltloadbalance)")
+	fs.StringVar(&co.node, "node", "", "call: send the call to this node only (a node id of the cluster, or host:port): an explicit destination, never balanced or transferred")
 	printUsage := func(w io.Writer) {
 		fmt.Fprint(w, usage)
 		fs.SetOutput(w)
@@ -111,11 +118,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd, rest := words[0], words[1:]
 	switch cmd {
 	case "call":
-		err = call(ctx, nd.rpc, co, rest, stdout)
+		err = call(ctx, nd, co, rest, stdout)
 	case "status":
 		err = status(ctx, nd.http, *asJSON, rest, stdout)
 	case "hold", "release":
 		err = hold(ctx, nd, cmd, rest, stdout)
+	case "prc":
+		err = prc(ctx, nd, *asJSON, rest, stdout)
+	case "chprc":
+		err = chprc(ctx, nd, *asJSON, rest, stdout)
 	case "pprof":
 		err = profile(nd, *timeout, rest, stdout)
 	default:
@@ -201,11 +212,26 @@ func resolve(dir string, nd *node) error {
 }
 
 // callOptions are the flags that shape a call.
-type callOptions struct{ noReply, balanced, loadBalance bool }
+type callOptions struct {
+	noReply, balanced, loadBalance bool
+	node                           string // explicit destination: node id or host:port
+}
 
-func call(ctx context.Context, rpc string, co callOptions, args []string, stdout io.Writer) error {
+func call(ctx context.Context, nd node, co callOptions, args []string, stdout io.Writer) error {
 	if len(args) < 2 || len(args) > 3 {
 		return usageError("call GROUP SERVICE [DATA]")
+	}
+	rpc := nd.rpc
+	dest := ""
+	if co.node != "" {
+		if co.balanced || co.loadBalance {
+			return usageError("call -node NODE: an explicit destination is never balanced (no -balanced, -loadbalance)")
+		}
+		var err error
+		if dest, err = destination(ctx, nd, co.node); err != nil {
+			return err
+		}
+		rpc = dest
 	}
 	var data []byte
 	if len(args) == 3 {
@@ -224,9 +250,14 @@ func call(ctx context.Context, rpc string, co callOptions, args []string, stdout
 	}
 	defer c.Close()
 	var reply []byte
-	if co.noReply {
+	switch {
+	case dest != "" && co.noReply:
+		err = c.CallNoReplyTo(ctx, dest, args[0], args[1], data)
+	case dest != "":
+		reply, err = c.CallTo(ctx, dest, args[0], args[1], data)
+	case co.noReply:
 		err = c.CallNoReply(ctx, args[0], args[1], data)
-	} else {
+	default:
 		reply, err = c.Call(ctx, args[0], args[1], data)
 	}
 	if err != nil {
@@ -241,6 +272,43 @@ func call(ctx context.Context, rpc string, co callOptions, args []string, stdout
 		io.WriteString(stdout, "\n")
 	}
 	return nil
+}
+
+// destination is the RPC address of -node: host:port or an IP address as
+// given, else a node id the local node's cluster table (its /status) knows.
+func destination(ctx context.Context, nd node, name string) (string, error) {
+	if _, _, err := net.SplitHostPort(name); err == nil {
+		return name, nil
+	}
+	if net.ParseIP(name) != nil {
+		return name, nil
+	}
+	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+nd.http+"/status",
+		"-node "+name+" names a node id, looked up in the local node's status; give host:port to call an address")
+	if err != nil {
+		return "", err
+	}
+	var st scd.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		return "", fmt.Errorf("status from %s: %w", nd.http, err)
+	}
+	if st.Node == name {
+		return st.RPC, nil
+	}
+	var known []string
+	if st.Cluster != nil {
+		for _, ns := range st.Cluster.Nodes {
+			if ns.Node == name {
+				return ns.Addr, nil
+			}
+			known = append(known, ns.Node)
+		}
+	}
+	if len(known) == 0 {
+		known = []string{st.Node}
+	}
+	return "", fmt.Errorf("-node %s: node %s knows no node of that id (it knows %s); give host:port to call an address",
+		name, st.Node, strings.Join(known, ", "))
 }
 
 func status(ctx context.Context, addr string, asJSON bool, args []string, stdout io.Writer) error {
@@ -432,6 +500,110 @@ func hold(ctx context.Context, nd node, verb string, args []string, stdout io.Wr
 	default:
 		fmt.Fprintf(stdout, "service group %s was not held; nothing changed\n", res.Group)
 	}
+	return nil
+}
+
+// prc lists the processes of one group or all (OpenTP1's prcls).
+func prc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.Writer) error {
+	if len(args) > 1 {
+		return usageError("prc [GROUP] [-json]")
+	}
+	u := "http://scdd/prc"
+	if len(args) == 1 {
+		u += "?group=" + url.QueryEscape(args[0])
+	}
+	body, err := httpDo(ctx, controlClient(nd), http.MethodGet, u, "")
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	var groups []scd.GroupProcesses
+	if err := json.Unmarshal(body, &groups); err != nil {
+		return fmt.Errorf("prc: answer from %s: %w", nd.sock, err)
+	}
+	printProcesses(stdout, groups, time.Now())
+	return nil
+}
+
+// printProcesses shows each group's parallel_count and a line per process.
+func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time) {
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tSLOT\tPID\tKIND\tSTATE\tCALLS\tSERVED\tCPU-S\tRESTARTS\tSINCE")
+	for _, g := range groups {
+		for _, p := range g.Processes {
+			pid, since := "-", "-"
+			if p.PID != 0 {
+				pid = strconv.Itoa(p.PID)
+			}
+			if !p.Started.IsZero() {
+				since = p.Started.Local().Format("2006-01-02 15:04:05") + " (" + now.Sub(p.Started).Round(time.Second).String() + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, p.State,
+				p.Calls, p.Served, p.CPUSeconds, p.Restarts, since)
+		}
+	}
+	tw.Flush()
+	for _, g := range groups {
+		def := ""
+		if g.Count != g.Def {
+			def = " (defined " + g.Def.String() + ", changed by chprc)"
+		}
+		fmt.Fprintf(stdout, "%s: server %s, parallel_count %s%s\n", g.Group, g.Server, g.Count, def)
+	}
+	fmt.Fprintln(stdout, "CALLS: calls a process holds now (its current one and one handed over ahead); SERVED: calls it completed.")
+}
+
+// chprc changes a group's process counts while it runs (OpenTP1's scdchprc).
+func chprc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.Writer) error {
+	const use = "chprc GROUP RESIDENT[,MAX] [-json]"
+	if len(args) != 2 {
+		return usageError(use)
+	}
+	resident, maxProcs, hasMax := args[1], "", false
+	if r, m, ok := strings.Cut(args[1], ","); ok {
+		resident, maxProcs, hasMax = strings.TrimSpace(r), strings.TrimSpace(m), true
+	}
+	if _, err := strconv.Atoi(resident); err != nil {
+		return usageError(use + ": RESIDENT is a whole number")
+	}
+	q := url.Values{"group": {args[0]}, "resident": {resident}}
+	if hasMax {
+		if _, err := strconv.Atoi(maxProcs); err != nil {
+			return usageError(use + ": MAX is a whole number")
+		}
+		q.Set("max", maxProcs)
+	}
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/chprc?"+q.Encode(), "")
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	var res scd.ChprcResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return fmt.Errorf("chprc: answer from %s: %w", nd.sock, err)
+	}
+	if res.Before == res.Count {
+		fmt.Fprintf(stdout, "service group %s: parallel_count was %s already; nothing changed\n", res.Group, res.Count)
+	} else {
+		fmt.Fprintf(stdout, "service group %s: parallel_count %s -> %s (defined %s; until the node stops)", res.Group, res.Before, res.Count, res.Def)
+		if res.Count.Resident > res.Before.Resident {
+			fmt.Fprintf(stdout, "; %d more resident process(es) start", res.Count.Resident-res.Before.Resident)
+		}
+		if res.Count.Resident < res.Before.Resident {
+			fmt.Fprintf(stdout, "; %d resident process(es) stop after their current call", res.Before.Resident-res.Count.Resident)
+		}
+		if res.Count.Max < res.Before.Max {
+			fmt.Fprint(stdout, "; non-resident processes above the maximum stop after their current call")
+		}
+		fmt.Fprintln(stdout)
+	}
+	printProcesses(stdout, []scd.GroupProcesses{res.GroupProcesses}, time.Now())
 	return nil
 }
 

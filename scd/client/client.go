@@ -145,27 +145,77 @@ func (c *Client) CallNoReply(ctx context.Context, group, service string, payload
 	return err
 }
 
-func (c *Client) call(ctx context.Context, kind netio.Kind, group, service string, payload []byte) ([]byte, error) {
+// CallTo runs service of group on the node at host (host:port; the port
+// defaults to 12000) and nowhere else: OpenTP1's RPC to an explicit
+// destination. It is never balanced: the client asks no name lookup and
+// tries no other host, and the node serves the call itself or refuses it
+// ('no such service group' when the group is not defined there, 'service
+// closed' when it is held there), never transferring it to another node.
+// host need not be among Options.Hosts.
+func (c *Client) CallTo(ctx context.Context, host, group, service string, payload []byte) ([]byte, error) {
+	return c.callTo(ctx, netio.KindCall, host, group, service, payload)
+}
+
+// CallNoReplyTo is CallNoReply to an explicit destination, as CallTo.
+func (c *Client) CallNoReplyTo(ctx context.Context, host, group, service string, payload []byte) error {
+	_, err := c.callTo(ctx, netio.KindCallNoReply, host, group, service, payload)
+	return err
+}
+
+func (c *Client) callTo(ctx context.Context, kind netio.Kind, host, group, service string, payload []byte) ([]byte, error) {
+	h, timeout, err := c.header(ctx, kind, group, service, payload)
+	if err != nil {
+		return nil, err
+	}
+	h.Flags = netio.FlagDestination
+	hostName, port, err := def.SplitHostPort(host, def.DefaultRPCPort)
+	if err != nil {
+		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %q: %v", host, err)}
+	}
+	addr := net.JoinHostPort(hostName, strconv.Itoa(port))
+	idx := c.hostIndex(addr)
+	mc, err := c.connFor(idx)
+	if err != nil {
+		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
+	}
+	id, w, sent, err := c.start(idx, mc, h, group, service, payload)
+	if !sent {
+		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
+	}
+	return finish(ctx, mc, id, w, err, timeout)
+}
+
+// header checks a call and makes its frame header; timeout is how long the
+// caller waits (0: for ever).
+func (c *Client) header(ctx context.Context, kind netio.Kind, group, service string, payload []byte) (netio.Header, time.Duration, error) {
 	if len(payload) > c.opts.MaxMessageSize {
-		return nil, &netio.Error{Code: netio.CodeMessageTooBig,
+		return netio.Header{}, 0, &netio.Error{Code: netio.CodeMessageTooBig,
 			Message: fmt.Sprintf("%d bytes, limit %d", len(payload), c.opts.MaxMessageSize)}
 	}
 	if len(group) > netio.MaxNameLen || len(service) > netio.MaxNameLen {
-		return nil, &netio.Error{Code: netio.CodeProtocol, Message: "group or service name longer than 255 bytes"}
+		return netio.Header{}, 0, &netio.Error{Code: netio.CodeProtocol, Message: "group or service name longer than 255 bytes"}
 	}
 	timeout := c.opts.WatchTime
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 		if timeout <= 0 {
-			return nil, &netio.Error{Code: netio.CodeTimedOut, Message: "the caller's deadline passed before the call was sent"}
+			return netio.Header{}, 0, &netio.Error{Code: netio.CodeTimedOut, Message: "the caller's deadline passed before the call was sent"}
 		}
 	}
 	h := netio.Header{Kind: kind}
-	if c.opts.Balanced {
-		h.Flags = netio.FlagBalanced
-	}
 	if timeout > 0 {
 		h.TimeoutMs = uint32(min(timeout.Milliseconds()+1, 1<<32-1))
+	}
+	return h, timeout, nil
+}
+
+func (c *Client) call(ctx context.Context, kind netio.Kind, group, service string, payload []byte) ([]byte, error) {
+	h, timeout, err := c.header(ctx, kind, group, service, payload)
+	if err != nil {
+		return nil, err
+	}
+	if c.opts.Balanced {
+		h.Flags = netio.FlagBalanced
 	}
 	if c.opts.LoadBalance {
 		if reply, err, done := c.callBalanced(ctx, h, group, service, payload, timeout); done {

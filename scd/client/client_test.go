@@ -36,6 +36,7 @@ type testNode struct {
 	conns    map[uint64]bool // connections that carried a frame
 	frames   map[string]int  // frames received per group
 	timeouts map[string]uint32
+	flags    map[string]netio.Flags // of the last frame per group
 	closed   atomic.Int64
 	noReply  chan []byte
 }
@@ -47,6 +48,7 @@ func startNode(t *testing.T, name string) *testNode {
 		conns:    map[uint64]bool{},
 		frames:   map[string]int{},
 		timeouts: map[string]uint32{},
+		flags:    map[string]netio.Flags{},
 		noReply:  make(chan []byte, 16),
 	}
 	srv, err := netio.Listen(netio.Options{Addr: "127.0.0.1:0", MaxPayload: 32 << 20}, n)
@@ -70,6 +72,7 @@ func (n *testNode) OnFrame(c *netio.Conn, f netio.Frame) {
 	n.conns[c.ID()] = true
 	n.frames[group]++
 	n.timeouts[group] = f.TimeoutMs
+	n.flags[group] = f.Flags
 	n.mu.Unlock()
 	switch f.Kind {
 	case netio.KindCallNoReply:
@@ -598,5 +601,71 @@ func TestWatchTimeWithoutDeadline(t *testing.T) {
 	defer n.mu.Unlock()
 	if ms := n.timeouts["slow"]; ms != 101 {
 		t.Errorf("frame carried timeout %d ms, want 101", ms)
+	}
+}
+
+func (n *testNode) flagsOf(group string) netio.Flags {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.flags[group]
+}
+
+// TestCallToExplicitDestination: CallTo goes to the named node only, marked
+// as an explicit destination (never balanced), whatever the dchost list and
+// the client's balancing options say, and a destination that cannot be
+// reached fails the call: no other host is tried.
+func TestCallToExplicitDestination(t *testing.T) {
+	t.Parallel()
+	dchost, dest := startNode(t, "dchost"), startNode(t, "dest")
+	c := newClient(t, Options{Hosts: []string{dchost.addr}, Balanced: true, LoadBalance: true})
+	for range 3 {
+		got, err := c.CallTo(testCtx(t), dest.addr, "who", "x", nil)
+		if err != nil || string(got) != "dest" {
+			t.Fatalf("CallTo(dest) = %q, %v; want the answer of dest", got, err)
+		}
+	}
+	if f := dest.flagsOf("who"); f != netio.FlagDestination {
+		t.Errorf("flags at the destination %v, want FlagDestination only (not balanced)", f)
+	}
+	if got := dchost.framesOf("who"); got != 0 {
+		t.Errorf("the dchost node got %d frames (a name lookup or a call); an explicit destination asks nobody else", got)
+	}
+	if err := c.CallNoReplyTo(testCtx(t), dest.addr, "quiet", "x", []byte("q")); err != nil {
+		t.Fatalf("CallNoReplyTo: %v", err)
+	}
+	select {
+	case got := <-dest.noReply:
+		if string(got) != "q" {
+			t.Errorf("no-reply payload %q", got)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("the no-reply call did not reach the destination")
+	}
+
+	// A plain Call still goes the dchost way (the test node answers no
+	// name lookup, so this client does not balance).
+	plain := newClient(t, Options{Hosts: []string{dchost.addr}, Balanced: true})
+	if _, err := plain.CallTo(testCtx(t), dest.addr, "who", "x", nil); err != nil {
+		t.Fatalf("CallTo: %v", err)
+	}
+	if _, err := plain.Call(testCtx(t), "plain", "x", nil); err != nil {
+		t.Fatalf("Call: %v", err)
+	}
+	if dest.framesOf("plain") != 0 || dchost.flagsOf("plain")&netio.FlagDestination != 0 {
+		t.Error("a plain call went to the destination, or was marked as one")
+	}
+
+	dead := deadAddr(t)
+	before := dchost.framesOf("who")
+	_, err := c.CallTo(testCtx(t), dead, "who", "x", nil)
+	te := wantCode(t, err, netio.CodeNetworkDown)
+	if !strings.Contains(te.Message, dead) {
+		t.Errorf("error %q does not name the destination %s", te.Message, dead)
+	}
+	if dchost.framesOf("who") != before {
+		t.Error("a call to an unreachable destination went to the dchost node")
+	}
+	if _, err := c.CallTo(testCtx(t), "127.0.0.1:notaport", "who", "x", nil); err == nil {
+		t.Error("CallTo a malformed address succeeded")
 	}
 }

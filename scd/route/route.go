@@ -17,14 +17,19 @@
 // LEVEL0. With scd_announce_server_status = Y the levels are used:
 //
 //	request      eligible candidates                  draw
-//	normal       LEVEL0, LEVEL1 (all if all LEVEL2)   uniform
+//	normal       this_node_first N: the lowest level present (Table 3-7:
+//	             "the node of the least-loaded schedulable server")
+//	             this_node_first Y: LEVEL0, LEVEL1    uniform
+//	             (all if all LEVEL2)
 //	re-schedule  the lowest level present             uniform
-//	direct       as normal                            LEVEL0 weighs schedule_rate, LEVEL1 100 - schedule_rate
+//	direct       LEVEL0, LEVEL1 (all if all LEVEL2)   LEVEL0 weighs schedule_rate, LEVEL1 100 - schedule_rate
 //
-// schedule_rate 80 with three LEVEL0 and two LEVEL1 nodes weighs the sets
-// 240:40, about 85.7:14.3. With scd_announce_server_status = N every
-// candidate is eligible and the draw is uniform. A socket-receiving group
-// is never status-checked: uniform among all.
+// A normal request is one that is not scheduler-direct: a call that came
+// balanced and must move on (Transfer). schedule_rate 80 with three LEVEL0
+// and two LEVEL1 nodes weighs the sets 240:40, about 85.7:14.3. With
+// scd_announce_server_status = N every candidate is eligible and the draw
+// is uniform. A socket-receiving group is never status-checked: uniform
+// among all.
 //
 // scd_this_node_first = Y sends to this node when it is a candidate and
 // eligible and not LEVEL2 (a node knows its own level even when levels are
@@ -180,19 +185,23 @@ func chooseOpenTP1(cands []Candidate, p Policy, r Request, rnd Rand) int {
 			return local
 		}
 		// This node is LEVEL2 or not eligible: choose among the others only.
-		return pickOpenTP1(cands, local, p, r, rnd)
+		return pickOpenTP1(cands, local, p, r, r.Retry, rnd)
 	}
-	return pickOpenTP1(cands, noSkip, p, r, rnd)
+	// Table 3-7, announce Y and this_node_first N: the least-loaded node,
+	// unless schedule_rate weighs LEVEL0 against LEVEL1 (direct). The
+	// this_node_first Y cell keeps LEVEL0 and LEVEL1 alike.
+	return pickOpenTP1(cands, noSkip, p, r, r.Retry || (!p.ThisNodeFirst && !r.Direct), rnd)
 }
 
 // pickOpenTP1 draws among cands except skip: uniform without levels, else
-// among the eligible ones, weighted by schedule_rate for a direct request.
-func pickOpenTP1(cands []Candidate, skip int, p Policy, r Request, rnd Rand) int {
+// among the eligible ones (with lowest, only those at the lowest level
+// present), weighted by schedule_rate for a direct request.
+func pickOpenTP1(cands []Candidate, skip int, p Policy, r Request, lowest bool, rnd Rand) int {
 	if !p.Announce {
 		return pickUniform(cands, skip, rnd)
 	}
 	n := tally(cands, skip)
-	top := n.ceiling(r.Retry)
+	top := n.ceiling(lowest)
 	// weight[l] is what a candidate at level l weighs in the draw.
 	weight := [3]int{1, 1, 1}
 	if r.Direct && top != loadlevel.Level2 {
@@ -231,11 +240,12 @@ func tally(cands []Candidate, skip int) levels {
 	return n
 }
 
-// ceiling is the highest eligible level: on a normal request LEVEL1 unless
-// every candidate is LEVEL2; on a re-schedule the lowest level present.
-func (n levels) ceiling(retry bool) loadlevel.Level {
+// ceiling is the highest eligible level: LEVEL1 unless every candidate is
+// LEVEL2; with lowest (a re-schedule, or the least-loaded rule) the lowest
+// level present.
+func (n levels) ceiling(lowest bool) loadlevel.Level {
 	switch {
-	case retry && n[0] > 0:
+	case lowest && n[0] > 0:
 		return loadlevel.Level0
 	case n[0]+n[1] > 0:
 		return loadlevel.Level1

@@ -161,20 +161,29 @@ func TestChooseEdges(t *testing.T) {
 	}
 }
 
-// Table 3-7, announce Y and this_node_first N: random among the nodes,
-// LEVEL2 avoided unless all are LEVEL2; a re-schedule avoids LEVEL1 too
-// unless only LEVEL1/2 remain.
+// Table 3-7, announce Y and this_node_first N: "the request is scheduled
+// to the node of the least-loaded schedulable server". A request that is
+// not scheduler-direct (a balanced call that must move on) goes to the
+// lowest level present, uniform among the nodes at it; a scheduler-direct
+// one keeps schedule_rate (LEVEL0 against LEVEL1, LEVEL2 avoided unless
+// all are LEVEL2; TestChooseScheduleRate); a re-schedule goes to the lowest
+// level present either way.
 func TestChooseAnnounceYThisNodeFirstN(t *testing.T) {
 	runChooseCases(t, []chooseCase{
-		{"LEVEL2 avoided", "L2 L0 L1 L2", announceY, Request{}, uni(1, 2)},
-		{"LEVEL0 and LEVEL1 alike", "L0 L1 L1 L0", announceY, Request{}, uni(0, 1, 2, 3)},
+		{"lowest level: LEVEL0 over LEVEL1 and LEVEL2", "L2 L0 L1 L2", announceY, Request{}, uni(1)},
+		{"lowest level: uniform among the LEVEL0 nodes", "L0 L1 L1 L0", announceY, Request{}, uni(0, 3)},
+		{"no LEVEL0: uniform among LEVEL1", "L1 L2 L1 L2", announceY, Request{}, uni(0, 2)},
 		{"all LEVEL2: any", "L2 L2 L2", announceY, Request{}, uni(0, 1, 2)},
-		{"this node not preferred", "L1* L0 L0", announceY, Request{}, uni(0, 1, 2)},
+		{"this node not preferred", "L1* L0 L0", announceY, Request{}, uni(1, 2)},
+		{"this node one of the lowest: uniform", "L0* L0 L1", announceY, Request{}, uni(0, 1)},
 		{"this node LEVEL2 avoided too", "L2* L0 L2", announceY, Request{}, uni(1)},
 		{"level above LEVEL2 counts as LEVEL2", "L7 L1", announceY, Request{}, uni(1)},
+		{"direct: schedule_rate 50 weighs LEVEL0 and LEVEL1 alike", "L0 L1 L1 L0 L2", announceY, direct, uni(0, 1, 2, 3)},
+		{"direct: LEVEL2 avoided", "L2 L0 L1 L2", announceY, direct, uni(1, 2)},
 		{"retry: LEVEL1 avoided", "L1 L0 L2 L0", announceY, retry, uni(1, 3)},
 		{"retry: only LEVEL1/2: LEVEL2 still avoided", "L1 L2 L1", announceY, retry, uni(0, 2)},
 		{"retry: all LEVEL2: any", "L2 L2", announceY, retry, uni(0, 1)},
+		{"direct retry: LEVEL0 only", "L1 L0 L2 L0", announceY, Request{Direct: true, Retry: true}, uni(1, 3)},
 	})
 }
 
@@ -188,7 +197,9 @@ func TestChooseAnnounceYThisNodeFirstY(t *testing.T) {
 		{"this node LEVEL1 beats others at LEVEL0", "L0 L1* L0", p, Request{}, uni(1)},
 		{"this node LEVEL2: others, LEVEL2 avoided", "L0 L2* L1 L2", p, Request{}, uni(0, 2)},
 		{"this node LEVEL2, all LEVEL2: the others", "L2 L2* L2", p, Request{}, uni(0, 2)},
-		{"this node not a candidate", "L0 L1 L2", p, Request{}, uni(0, 1)},
+		{"this node not a candidate: LEVEL0 and LEVEL1 alike", "L0 L1 L2", p, Request{}, uni(0, 1)},
+		{"this node LEVEL2: LEVEL0 and LEVEL1 alike", "L1 L2* L0", p, Request{}, uni(0, 2)},
+		{"direct: this node LEVEL1", "L0 L1* L0", p, direct, uni(1)},
 		{"retry: this node LEVEL0", "L0* L0", p, retry, uni(0)},
 		{"retry: this node LEVEL1, another LEVEL0", "L1* L0 L2 L1", p, retry, uni(1)},
 		{"retry: this node LEVEL1, others LEVEL1/2", "L1* L1 L2", p, retry, uni(0)},
@@ -203,6 +214,7 @@ func TestChooseAnnounceNThisNodeFirstN(t *testing.T) {
 		{"levels ignored", "L2 L0 L1* L2", announceN, Request{}, uni(0, 1, 2, 3)},
 		{"retry: levels ignored", "L2 L0 L1", announceN, retry, uni(0, 1, 2)},
 		{"direct: no schedule_rate without levels", "L0 L1 L2", rate(announceN, 80), direct, uni(0, 1, 2)},
+		{"direct retry: levels ignored", "L2 L0 L1", announceN, Request{Direct: true, Retry: true}, uni(0, 1, 2)},
 	})
 }
 
@@ -215,6 +227,8 @@ func TestChooseAnnounceNThisNodeFirstY(t *testing.T) {
 		{"this node LEVEL2: others, levels ignored", "L2 L2* L0", p, Request{}, uni(0, 2)},
 		{"this node not a candidate", "L2 L1 L0", p, Request{}, uni(0, 1, 2)},
 		{"retry: this node LEVEL1, another LEVEL0", "L1* L0", p, retry, uni(0)},
+		{"direct: this node LEVEL1", "L0 L1* L0", p, direct, uni(1)},
+		{"direct: this node LEVEL2: others, levels ignored", "L1 L2* L0", p, direct, uni(0, 2)},
 	})
 }
 
@@ -253,7 +267,7 @@ func TestChooseScheduleRate(t *testing.T) {
 		{"retry: LEVEL0 only", "L0 L1 L0", rate(announceY, 80), Request{Direct: true, Retry: true}, uni(0, 2)},
 		{"this node first wins", "L1 L1* L0", rate(tnf(announceY), 80), direct, uni(1)},
 		{"this node LEVEL2: weighted among others", "L0 L2* L1", rate(tnf(announceY), 80), direct, w(80, 0, 20)},
-		{"not direct: rate ignored", "L0 L1", rate(announceY, 100), Request{}, uni(0, 1)},
+		{"not direct: rate ignored, lowest level", "L0 L1 L0", rate(announceY, 80), Request{}, uni(0, 2)},
 	})
 }
 

@@ -17,7 +17,9 @@
 //     queue, or to another ready process.
 //   - Resident processes are served first, and among each kind the process
 //     that became ready last: the others stay idle, so the Multiserver rule
-//     can see idle non-resident processes and stop them.
+//     can see idle non-resident processes and stop them. Which slots serve
+//     resident processes is Config.Resident at first; SetResident changes a
+//     slot's kind while the queue runs (scdctl chprc).
 //
 // With Config.Depth above 1 a busy process is also handed its next calls,
 // up to Depth in all, so it goes on without waiting for the node to see
@@ -171,9 +173,11 @@ type procSlot[C any] struct {
 // Queue is one group's schedule queue. It is not safe for concurrent use:
 // the caller holds its group's lock around every method.
 type Queue[C any] struct {
-	cfg        Config
-	wait       ring[waitingCall[C]]
-	slots      []procSlot[C]
+	cfg      Config
+	wait     ring[waitingCall[C]]
+	slots    []procSlot[C]
+	resident []bool // by slot: it serves a resident process
+
 	ready      [2][]int // ready slots by kind (0 resident, 1 non-resident); the last is taken first
 	prefetched int      // calls handed to busy processes ahead of their current one
 	closed     bool
@@ -190,25 +194,53 @@ func New[C any](cfg Config) *Queue[C] {
 	if cfg.Refresh {
 		cfg.Depth = 1 // a process serves one call
 	}
-	q := &Queue[C]{cfg: cfg, slots: make([]procSlot[C], cfg.Slots)}
+	q := &Queue[C]{cfg: cfg, slots: make([]procSlot[C], cfg.Slots), resident: make([]bool, cfg.Slots)}
 	for i := range q.slots {
 		q.slots[i].calls = make([]heldCall[C], 0, cfg.Depth)
 	}
+	for s := range cfg.Resident {
+		q.resident[s] = true
+	}
 	q.wait.limit = cfg.QueueSize
-	q.ready[0] = make([]int, 0, cfg.Resident)
-	q.ready[1] = make([]int, 0, cfg.Slots-cfg.Resident)
+	// Capacity for every slot in either stack: SetResident may move any
+	// slot to either kind, and the stacks must not grow after New.
+	q.ready[0] = make([]int, 0, cfg.Slots)
+	q.ready[1] = make([]int, 0, cfg.Slots)
 	return q
 }
 
-// Config is the configuration the queue was made with.
+// Config is the configuration the queue was made with (SetResident does
+// not change its Resident).
 func (q *Queue[C]) Config() Config { return q.cfg }
 
 func (q *Queue[C]) kind(slot int) int {
-	if slot < q.cfg.Resident {
+	if q.resident[slot] {
 		return 0
 	}
 	return 1
 }
+
+// SetResident says whether slot serves a resident process from now on:
+// the server's resident count changed while it runs. A ready process in it
+// moves to the ready stack of its new kind, as the last to become ready;
+// calls it holds stay with it. Nothing else changes: the caller starts and
+// stops the processes.
+func (q *Queue[C]) SetResident(slot int, resident bool) {
+	if !q.valid(slot) || q.resident[slot] == resident {
+		return
+	}
+	ready := q.slots[slot].state == slotReady
+	if ready {
+		q.unready(slot)
+	}
+	q.resident[slot] = resident
+	if ready {
+		q.ready[q.kind(slot)] = append(q.ready[q.kind(slot)], slot)
+	}
+}
+
+// Resident reports whether slot serves a resident process.
+func (q *Queue[C]) Resident(slot int) bool { return q.valid(slot) && q.resident[slot] }
 
 func (q *Queue[C]) valid(slot int) bool { return slot >= 0 && slot < len(q.slots) }
 

@@ -25,7 +25,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 //
 // Commands: new queue=N slots=N [resident=N] [depth=N] [refresh], submit
 // CALL [deadline=T], ready SLOT, done SLOT, exit SLOT [taken=N] (the calls
-// it had taken), retire SLOT, revoked SLOT, notrevoked SLOT, expire NOW,
+// it had taken), retire SLOT, revoked SLOT, notrevoked SLOT, resident
+// SLOT, nonresident SLOT (chprc changed its kind), expire NOW,
 // close, flush, stats. Run with -rewrite to regenerate the outputs,
 // then read every change.
 func TestScripts(t *testing.T) {
@@ -212,6 +213,8 @@ func step(qp **Queue[string], line string) ([]string, error) {
 		}
 	case "notrevoked":
 		q.NotRevoked(num)
+	case "resident", "nonresident":
+		q.SetResident(num, cmd == "resident")
 	case "expire":
 		late := q.Expire(int64(num), nil)
 		if len(late) == 0 {
@@ -402,7 +405,11 @@ func FuzzExactlyOnce(f *testing.F) {
 					answer(c)
 				}
 			case 7:
-				q.Retire(s)
+				if op&0x80 != 0 { // chprc: the slot changes kind
+					q.SetResident(s, op&0x40 != 0)
+				} else {
+					q.Retire(s)
+				}
 			}
 			act(op)
 		}
