@@ -1,0 +1,265 @@
+package netio
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/panjf2000/gnet/v2"
+)
+
+// Receiver groups (OpenTP1's multi-scheduler groups): a Port runs one or
+// more groups of receiving sockets. The default group is Options.Addr with
+// Options.Loops sockets; Options.Receivers adds named groups, each on a port
+// of its own. Every socket of a group shares its port through SO_REUSEPORT
+// and has its own accept goroutine and gnet event loop; the Handler learns
+// on which group a connection arrived from Conn.ReceiverGroup and decides
+// what that group may take. Connections, the buffer budget and
+// max_connections are the Port's, over every group.
+
+// ReceiverGroup is one named group of receiving sockets.
+type ReceiverGroup struct {
+	Name  string // not empty; the default group has the empty name
+	Addr  string // host:port; port 0 picks a free port shared by the group's sockets
+	Count int    // receiving sockets (event loops), 1..256 in all groups together
+}
+
+// Steerer places a receiver group's new connections among its sockets, in
+// place of the kernel's 4-tuple hash (bpf.ReuseportSteering is one, an
+// SK_REUSEPORT program). netio calls it once per group with two or more
+// sockets, before any connection is accepted.
+type Steerer interface {
+	// Steer takes over choosing among fds, the group's listening sockets
+	// in receiver order, and returns the load cells the event loops keep
+	// up to date. An error leaves the kernel's hash in place; its text says
+	// why (status and a metric show it).
+	Steer(group string, fds []int) (Steered, error)
+}
+
+// Steered is a group under a Steerer.
+type Steered interface {
+	// Load returns receiver i's cells: calls in flight (read, not yet
+	// answered) and connections open. netio only adds to them.
+	Load(i int) (inFlight, conns *atomic.Int64)
+	// Close stops the steering and releases what it holds; the sockets
+	// are left to the kernel's hash (or to a newer Steerer).
+	Close() error
+	// Mechanism names what steers ("bpf").
+	Mechanism() string
+}
+
+// Steering mechanisms as status shows them.
+const (
+	SteerHash = "hash" // the kernel's 4-tuple hash (SO_REUSEPORT without a program)
+	SteerNone = "none" // a group of one socket: nothing to choose
+)
+
+// receiverGroup is a group of receiving sockets as the Port runs it.
+type receiverGroup struct {
+	name      string
+	addr      string // host:port every socket listens on
+	receivers []*receiver
+	steered   Steered // nil: the kernel's hash
+	mechanism string
+	reason    string // why not a better mechanism; "" when the best is live
+}
+
+// receiver is one receiving socket with its accept goroutine and event loop.
+type receiver struct {
+	group *receiverGroup
+	index int // within its group
+	pos   int // within the Port (s.listeners, s.loops, s.lastTick)
+
+	// inFlight and conns point at the Steerer's cells when one steers the
+	// group, else at own*: the loops keep them either way.
+	inFlight, conns       *atomic.Int64
+	ownInFlight, ownConns atomic.Int64
+	accepted, calls       atomic.Uint64
+}
+
+func newReceiver(g *receiverGroup, index, pos int) *receiver {
+	r := &receiver{group: g, index: index, pos: pos}
+	r.inFlight, r.conns = &r.ownInFlight, &r.ownConns
+	return r
+}
+
+// ReceiverGroup is the name of the receiver group the connection arrived
+// on; "" for the default group.
+func (c *Conn) ReceiverGroup() string { return c.rcv.group.name }
+
+// Receiver is the index of the receiving socket (event loop) the
+// connection arrived on, within its group.
+func (c *Conn) Receiver() int { return c.rcv.index }
+
+// ReceiverStats are one receiving socket's figures.
+type ReceiverStats struct {
+	Group    string `json:"receiver_group"` // "" for the default group
+	Index    int    `json:"receiver"`
+	Addr     string `json:"addr"`
+	Conns    int64  `json:"connections"`
+	Accepted uint64 `json:"accepted"`  // connections handed to it since Listen
+	Calls    uint64 `json:"calls"`     // calls and name lookups read
+	InFlight int64  `json:"in_flight"` // of them, not yet answered
+}
+
+// SteeringStatus says how one receiver group's new connections are
+// placed, and why not better.
+type SteeringStatus struct {
+	Group     string `json:"receiver_group"`
+	Addr      string `json:"addr"`
+	Receivers int    `json:"receivers"`
+	Mechanism string `json:"mechanism"`        // "bpf", "hash" or "none"
+	Reason    string `json:"reason,omitempty"` // why the better mechanism is not live
+}
+
+// Receivers returns every receiving socket's figures, group by group.
+func (s *Port) Receivers() []ReceiverStats {
+	out := make([]ReceiverStats, 0, len(s.rcv))
+	for _, r := range s.rcv {
+		out = append(out, ReceiverStats{
+			Group: r.group.name, Index: r.index, Addr: r.group.addr,
+			Conns: r.conns.Load(), Accepted: r.accepted.Load(), Calls: r.calls.Load(), InFlight: max(r.inFlight.Load(), 0),
+		})
+	}
+	return out
+}
+
+// Steering says, per receiver group, how new connections are placed.
+func (s *Port) Steering() []SteeringStatus {
+	out := make([]SteeringStatus, 0, len(s.groups))
+	for _, g := range s.groups {
+		out = append(out, SteeringStatus{Group: g.name, Addr: g.addr, Receivers: len(g.receivers), Mechanism: g.mechanism, Reason: g.reason})
+	}
+	return out
+}
+
+// GroupAddr is the host:port of the named receiver group ("" is the
+// default group); false when the Port has no such group.
+func (s *Port) GroupAddr(name string) (string, bool) {
+	for _, g := range s.groups {
+		if g.name == name {
+			return g.addr, true
+		}
+	}
+	return "", false
+}
+
+// GroupSize is how many receiving sockets the named group has (0: none).
+func (s *Port) GroupSize(name string) int {
+	for _, g := range s.groups {
+		if g.name == name {
+			return len(g.receivers)
+		}
+	}
+	return 0
+}
+
+// groupSpecs is every receiver group the options ask for, the default first.
+func groupSpecs(opts Options) ([]ReceiverGroup, error) {
+	loops := opts.Loops
+	if loops <= 0 {
+		loops = 1
+	}
+	specs := []ReceiverGroup{{Name: "", Addr: opts.Addr, Count: loops}}
+	total := loops
+	seen := map[string]bool{"": true}
+	for _, g := range opts.Receivers {
+		if g.Name == "" {
+			return nil, fmt.Errorf("netio: listen: a receiver group on %s has no name", g.Addr)
+		}
+		if seen[g.Name] {
+			return nil, fmt.Errorf("netio: listen: receiver group %q given twice", g.Name)
+		}
+		seen[g.Name] = true
+		if g.Count <= 0 {
+			return nil, fmt.Errorf("netio: listen: receiver group %q: %d receivers", g.Name, g.Count)
+		}
+		total += g.Count
+		specs = append(specs, g)
+	}
+	if total > maxLoops {
+		return nil, fmt.Errorf("netio: listen %s: %d receiving sockets in all, at most %d", opts.Addr, total, maxLoops)
+	}
+	return specs, nil
+}
+
+// steer puts the group under s's Steerer, or says why the hash stays.
+func (s *Port) steer(g *receiverGroup, st Steerer) {
+	if len(g.receivers) < 2 {
+		g.mechanism = SteerNone
+		return
+	}
+	g.mechanism = SteerHash
+	if st == nil {
+		g.reason = "no steering program was asked for"
+		return
+	}
+	fds := make([]int, len(g.receivers))
+	for i, r := range g.receivers {
+		raw, err := s.listeners[r.pos].SyscallConn()
+		if err == nil {
+			err = raw.Control(func(fd uintptr) { fds[i] = int(fd) })
+		}
+		if err != nil {
+			g.reason = fmt.Sprintf("listening socket %d: %v", i, err)
+			return
+		}
+	}
+	steered, err := st.Steer(g.name, fds)
+	if err != nil {
+		g.reason = err.Error()
+		s.log.Warn("netio: new connections are placed by the kernel's hash", "receiver_group", groupLabel(g.name), "addr", g.addr, "why", err)
+		return
+	}
+	g.steered, g.mechanism, g.reason = steered, steered.Mechanism(), ""
+	for i, r := range g.receivers {
+		// Before any accept these are 0; after a Resume they carry the
+		// connections already open over to the new cells.
+		inFlight, conns := r.inFlight.Load(), r.conns.Load()
+		r.inFlight, r.conns = steered.Load(i)
+		r.inFlight.Store(inFlight)
+		r.conns.Store(conns)
+	}
+}
+
+// groupLabel is a receiver group's name in logs and metric labels.
+func groupLabel(name string) string {
+	if name == "" {
+		return "default"
+	}
+	return name
+}
+
+// registerReceiverMetrics adds the per-receiver series to set.
+func (s *Port) registerReceiverMetrics(set *metrics.Set) {
+	for _, r := range s.rcv {
+		lbl := `{receiver_group="` + groupLabel(r.group.name) + `",receiver="` + strconv.Itoa(r.index) + `"}`
+		set.GetOrCreateGauge(`tpsched_receiver_connections`+lbl, func() float64 { return float64(r.conns.Load()) })
+		set.GetOrCreateGauge(`tpsched_receiver_in_flight`+lbl, func() float64 { return float64(max(r.inFlight.Load(), 0)) })
+		set.GetOrCreateGauge(`tpsched_receiver_accepted_total`+lbl, func() float64 { return float64(r.accepted.Load()) })
+		set.GetOrCreateGauge(`tpsched_receiver_calls_total`+lbl, func() float64 { return float64(r.calls.Load()) })
+	}
+	for _, g := range s.groups {
+		set.GetOrCreateGauge(`tpsched_receiver_steering{receiver_group="`+groupLabel(g.name)+`",mechanism="`+g.mechanism+`"}`,
+			func() float64 { return 1 })
+	}
+}
+
+// engineOf makes the gnet client of receiver r.
+func (s *Port) engineOf(r *receiver) (*gnet.Client, error) {
+	cli, err := gnet.NewClient(&engineHandler{s: s, r: r},
+		gnet.WithNumEventLoop(1),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithTicker(true), // the heartbeat that says the loop's engine still runs
+		gnet.WithLogger(gnetLogger{s.log}),
+	)
+	if err == nil {
+		err = cli.Start()
+	}
+	return cli, err
+}
+
+// listenerPort is the port a listener is bound to.
+func listenerPort(ln *net.TCPListener) int { return ln.Addr().(*net.TCPAddr).Port }
