@@ -23,17 +23,23 @@ import (
 
 // reusePortConfig makes listening sockets with SO_REUSEPORT set before
 // bind, so that every socket of a receiver group (and of a process that
-// takes the port over) shares the port.
-var reusePortConfig = net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-	var serr error
-	err := rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
-	})
-	if serr != nil {
-		return fmt.Errorf("setsockopt SO_REUSEPORT: %w", serr)
-	}
-	return err
-}}
+// takes the port over) shares the port. They are plain TCP: Go listens
+// with MPTCP by default (since 1.24), and an SK_REUSEPORT program's socket
+// array takes TCP and UDP sockets only.
+var reusePortConfig = func() net.ListenConfig {
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+		})
+		if serr != nil {
+			return fmt.Errorf("setsockopt SO_REUSEPORT: %w", serr)
+		}
+		return err
+	}}
+	lc.SetMultipathTCP(false)
+	return lc
+}()
 
 // listenGroup opens the listening sockets of one receiver group: first
 // those inherited for it (same group name, same address; port 0 matches

@@ -100,12 +100,20 @@ func (s *Port) HandOff() ([]Listener, error) {
 		_ = ln.Close() // the duplicate keeps the socket; the accept loop ends quietly
 	}
 	s.acceptWG.Wait() // the loops take no lock of ours
+	for _, g := range s.groups {
+		if g.steered != nil {
+			if err := g.steered.Release(); err != nil {
+				s.log.Warn("netio: steering did not let the sockets go; the new process will place connections by hash",
+					"receiver_group", groupLabel(g.name), "err", err)
+			}
+		}
+	}
 	return out, nil
 }
 
 // Resume takes back what HandOff gave (a takeover failed) and accepts
 // again. It takes ownership of the files. Steering, which the other
-// process may have replaced with its own, is set up anew.
+// process may have replaced with its own, is attached again.
 func (s *Port) Resume(ls []Listener) error {
 	if !s.handedOff.Load() {
 		closeInherited(ls)
@@ -142,10 +150,15 @@ func (s *Port) Resume(ls []Listener) error {
 		s.listeners[pos] = ln
 	}
 	for _, g := range s.groups {
-		if g.steered != nil {
-			old := g.steered
-			s.steer(g, s.steerer)
-			_ = old.Close()
+		if g.steered == nil {
+			continue
+		}
+		fds, err := s.groupFDs(g)
+		if err == nil {
+			err = g.steered.Reattach(fds)
+		}
+		if err != nil {
+			s.log.Warn("netio: steering not attached again after a hand-off was taken back", "receiver_group", groupLabel(g.name), "err", err)
 		}
 	}
 	s.handedOff.Store(false)

@@ -118,7 +118,6 @@ type Port struct {
 	loops     []*gnet.Client
 	outPoll   *outPoller
 	lastTick  []atomic.Int64 // per loop: when its engine last ticked (unix ns)
-	steerer   Steerer
 	handedOff atomic.Bool // the listeners went to another process: their close is no failure
 	lnMu      sync.Mutex  // guards the elements of listeners once accept loops run (Resume replaces them)
 	// loopDeadAfter is how long a loop's engine may go without a tick
@@ -177,7 +176,6 @@ func Listen(opts Options, h Handler) (*Port, error) {
 		frameTimeout:  opts.FrameTimeout,
 		budget:        opts.BufferBudget,
 		loopDeadAfter: loopDeadAfter,
-		steerer:       opts.Steer,
 		conns:         make(map[*Conn]struct{}),
 		quit:          make(chan struct{}),
 		stopped:       make(chan struct{}),

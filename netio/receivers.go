@@ -43,8 +43,15 @@ type Steered interface {
 	// Load returns receiver i's cells: calls in flight (read, not yet
 	// answered) and connections open. netio only adds to them.
 	Load(i int) (inFlight, conns *atomic.Int64)
-	// Close stops the steering and releases what it holds; the sockets
-	// are left to the kernel's hash (or to a newer Steerer).
+	// Release lets the sockets go, for another process's Steerer to take
+	// (HandOff); until one does, the kernel's hash places connections.
+	Release() error
+	// Reattach steers the sockets again after another process had them (a
+	// hand-off that was taken back: Resume).
+	Reattach(fds []int) error
+	// Close releases what the steering holds. netio touches no Load cell
+	// after it. The sockets keep whatever program is attached until they
+	// close (another process's, after a hand-off).
 	Close() error
 	// Mechanism names what steers ("bpf").
 	Mechanism() string
@@ -196,16 +203,10 @@ func (s *Port) steer(g *receiverGroup, st Steerer) {
 		g.reason = "no steering program was asked for"
 		return
 	}
-	fds := make([]int, len(g.receivers))
-	for i, r := range g.receivers {
-		raw, err := s.listeners[r.pos].SyscallConn()
-		if err == nil {
-			err = raw.Control(func(fd uintptr) { fds[i] = int(fd) })
-		}
-		if err != nil {
-			g.reason = fmt.Sprintf("listening socket %d: %v", i, err)
-			return
-		}
+	fds, err := s.groupFDs(g)
+	if err != nil {
+		g.reason = err.Error()
+		return
 	}
 	steered, err := st.Steer(g.name, fds)
 	if err != nil {
@@ -213,15 +214,25 @@ func (s *Port) steer(g *receiverGroup, st Steerer) {
 		s.log.Warn("netio: new connections are placed by the kernel's hash", "receiver_group", groupLabel(g.name), "addr", g.addr, "why", err)
 		return
 	}
-	g.steered, g.mechanism, g.reason = steered, steered.Mechanism(), ""
+	g.steered, g.mechanism = steered, steered.Mechanism()
 	for i, r := range g.receivers {
-		// Before any accept these are 0; after a Resume they carry the
-		// connections already open over to the new cells.
-		inFlight, conns := r.inFlight.Load(), r.conns.Load()
-		r.inFlight, r.conns = steered.Load(i)
-		r.inFlight.Store(inFlight)
-		r.conns.Store(conns)
+		r.inFlight, r.conns = steered.Load(i) // before any accept: both 0 on either side
 	}
+}
+
+// groupFDs are the descriptors of g's listening sockets, in receiver order.
+func (s *Port) groupFDs(g *receiverGroup) ([]int, error) {
+	fds := make([]int, len(g.receivers))
+	for i, r := range g.receivers {
+		raw, err := s.listeners[r.pos].SyscallConn()
+		if err == nil {
+			err = raw.Control(func(fd uintptr) { fds[i] = int(fd) })
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listening socket %d: %w", i, err)
+		}
+	}
+	return fds, nil
 }
 
 // groupLabel is a receiver group's name in logs and metric labels.
