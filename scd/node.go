@@ -62,6 +62,10 @@ type Options struct {
 	// a dead node leaves the tables within about a second: for tests and
 	// single-host clusters.
 	FastFailureDetection bool
+	// Steering places each receiver group's new connections: "" the
+	// SK_REUSEPORT program where it loads (else the kernel's hash, saying
+	// why), SteeringOff the hash. scdd takes it from TPSCHED_STEERING.
+	Steering string
 }
 
 // Node is one running schedule service.
@@ -230,6 +234,8 @@ func (n *Node) Start() (err error) {
 		BufferBudget: n.cfg.System.BufferBudget,
 		Metrics:      n.metrics,
 		Logger:       n.log,
+		Receivers:    n.receiverGroups(),
+		Steer:        steerer{off: n.opts.Steering == SteeringOff},
 	}, n)
 	if err != nil {
 		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
@@ -414,6 +420,11 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 		return netio.CodeShuttingDown, ""
 	}
 	g := n.groups[string(f.Group)]
+	if len(n.cfg.Sched.ReceiverGroups) > 0 {
+		if msg, wrong := n.wrongReceiver(c, g, f); wrong {
+			return netio.CodeWrongReceiver, msg
+		}
+	}
 	if n.cluster != nil {
 		if transferred, code, msg := n.routeCall(c, f, g); transferred {
 			return code, msg

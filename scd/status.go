@@ -16,6 +16,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/bpf"
+	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
 )
@@ -30,12 +31,17 @@ type Status struct {
 	Scaling  procmgr.Stats     `json:"scaling"`
 	Groups   []GroupStatus     `json:"groups"`
 	Cluster  *ClusterStatus    `json:"cluster,omitempty"` // absent without all_node
+	// Receivers are the receiving sockets of every receiver group, and
+	// Steering how each group's new connections are placed.
+	Receivers []netio.ReceiverStats  `json:"receivers"`
+	Steering  []netio.SteeringStatus `json:"steering"`
 }
 
 // GroupStatus is one service group's state.
 type GroupStatus struct {
 	Group      string          `json:"group"`
 	Server     string          `json:"server"`
+	Receivers  string          `json:"receiver_group,omitempty"` // scdmulti -g: the receiver group that takes its calls
 	Held       bool            `json:"held"`
 	Receive    string          `json:"receive_from"`
 	Priority   int             `json:"schedule_priority"`
@@ -157,11 +163,13 @@ func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
+	st.Receivers, st.Steering = n.rpc.Receivers(), n.rpc.Steering()
 	for _, g := range n.order {
 		s := g.stats()
 		st.Groups = append(st.Groups, GroupStatus{
 			Group:      g.name,
 			Server:     g.def.Name,
+			Receivers:  g.def.ReceiverGroup,
 			Held:       g.held.Load(),
 			Receive:    map[def.ReceiveFrom]string{def.ReceiveQueue: "queue", def.ReceiveSocket: "socket"}[g.def.ReceiveFrom],
 			Priority:   g.def.SchedulePriority,

@@ -327,11 +327,51 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	}
 	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
 	fmt.Fprintln(stdout, "WAIT%: share of the group's processes' runnable time lately spent waiting for a CPU; GUARD%: cpu_wait_limit.")
+	if err := printReceivers(stdout, tw, st); err != nil {
+		return err
+	}
 	if cl := st.Cluster; cl != nil {
 		printCluster(stdout, tw, cl)
 		return tw.Flush()
 	}
 	return nil
+}
+
+// printReceivers shows each receiver group (scdmulti), how its new
+// connections are placed, and each receiving socket's figures.
+func printReceivers(stdout io.Writer, tw *tabwriter.Writer, st scd.Status) error {
+	fmt.Fprintln(stdout)
+	bound := map[string][]string{}
+	for _, g := range st.Groups {
+		bound[g.Receivers] = append(bound[g.Receivers], g.Group)
+	}
+	for _, s := range st.Steering {
+		name, takes := s.Group, strings.Join(bound[s.Group], ",")
+		if name == "" {
+			name, takes = "default", "every group not bound elsewhere"
+		}
+		fmt.Fprintf(stdout, "receiver group %s on %s: %d receivers, new connections placed by %s", name, s.Addr, s.Receivers, s.Mechanism)
+		if s.Reason != "" {
+			fmt.Fprintf(stdout, " (%s)", s.Reason)
+		}
+		fmt.Fprintf(stdout, "; takes %s\n", orNone(takes))
+	}
+	fmt.Fprintln(tw, "RECEIVER-GROUP\tRECEIVER\tCONNECTIONS\tACCEPTED\tCALLS\tIN-FLIGHT")
+	for _, r := range st.Receivers {
+		name := r.Group
+		if name == "" {
+			name = "default"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", name, r.Index, r.Conns, r.Accepted, r.Calls, r.InFlight)
+	}
+	return tw.Flush()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no group"
+	}
+	return s
 }
 
 // printCluster shows every node this one knows, with its groups' levels

@@ -38,6 +38,8 @@ func run() int {
 	check := flag.Bool("check", false, "read and validate the definitions (modules too), print warnings, then exit")
 	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
+	steering := flag.String("steering", os.Getenv("TPSCHED_STEERING"),
+		"how receiver groups' new connections are placed: empty = the SK_REUSEPORT program (least work) if it loads, else the kernel's hash; off = the hash (default $TPSCHED_STEERING)")
 	fastDetect := flag.Bool("fast-failure-detection", false,
 		"probe peer nodes every 200 ms instead of 1 s, so a dead node leaves the tables within about a second (tests, one-host clusters)")
 	showVersion := flag.Bool("version", false, "print scdd's version and exit")
@@ -50,6 +52,10 @@ func run() int {
 	flag.Parse()
 	if flag.NArg() > 0 {
 		flag.Usage()
+		return 2
+	}
+	if *steering != "" && *steering != scd.SteeringOff {
+		fmt.Fprintf(os.Stderr, "scdd: -steering %q: want off, or nothing for the steering program where it loads\n", *steering)
 		return 2
 	}
 	if *showVersion {
@@ -88,7 +94,7 @@ func run() int {
 	// executable) without starting anything, so -check refuses exactly what
 	// start-up would.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
-		FastFailureDetection: *fastDetect})
+		FastFailureDetection: *fastDetect, Steering: *steering})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
