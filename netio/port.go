@@ -118,8 +118,8 @@ type Port struct {
 	loops     []*gnet.Client
 	outPoll   *outPoller
 	lastTick  []atomic.Int64 // per loop: when its engine last ticked (unix ns)
-	handedOff atomic.Bool // the listeners went to another process: their close is no failure
-	lnMu      sync.Mutex  // guards the elements of listeners once accept loops run (Resume replaces them)
+	handedOff atomic.Bool    // the listeners went to another process: their close is no failure
+	lnMu      sync.Mutex     // guards the elements of listeners once accept loops run (Resume replaces them)
 	// loopDeadAfter is how long a loop's engine may go without a tick
 	// before the server counts it as ended.
 	loopDeadAfter time.Duration

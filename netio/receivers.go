@@ -19,6 +19,10 @@ import (
 // what that group may take. Connections, the buffer budget and
 // max_connections are the Port's, over every group.
 
+// MaxReceivingSockets is the most receiving sockets a Port runs, all
+// groups together (gnet's limit on event loops).
+const MaxReceivingSockets = maxLoops
+
 // ReceiverGroup is one named group of receiving sockets.
 type ReceiverGroup struct {
 	Name  string // not empty; the default group has the empty name

@@ -66,6 +66,12 @@ type Options struct {
 	// SK_REUSEPORT program where it loads (else the kernel's hash, saying
 	// why), SteeringOff the hash. scdd takes it from TPSCHED_STEERING.
 	Steering string
+	// RestartArgs is the command line (after the program) that starts this
+	// daemon again, for Restart; scdd passes its own.
+	RestartArgs []string
+	// Takeover is the hand-over socket from an old scdd whose sockets this
+	// node takes over (restart.go); nil for a plain start.
+	Takeover *net.UnixConn
 }
 
 // Node is one running schedule service.
@@ -90,6 +96,8 @@ type Node struct {
 
 	badRequests  *metrics.Counter
 	helloRefused *metrics.Counter
+
+	restart restartState // restart.go: handing the sockets to a new process, or taking them over
 
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 }
@@ -211,8 +219,10 @@ func (n *Node) Start() (err error) {
 	for _, w := range n.cfg.System.Warnings() {
 		n.log.Warn(w)
 	}
+	n.restart.peer = n.opts.Takeover
 	defer func() {
 		if err != nil {
+			n.takeoverFailed(err)
 			n.shutdown()
 		}
 	}()
@@ -220,6 +230,9 @@ func (n *Node) Start() (err error) {
 		if err := n.startGroup(g); err != nil {
 			return err
 		}
+	}
+	if err := n.takeOver(); err != nil {
+		return err
 	}
 	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
 	n.rpc, err = netio.Listen(netio.Options{
@@ -236,6 +249,7 @@ func (n *Node) Start() (err error) {
 		Logger:       n.log,
 		Receivers:    n.receiverGroups(),
 		Steer:        steerer{off: n.opts.Steering == SteeringOff},
+		Inherit:      n.restart.inheritRPC,
 	}, n)
 	if err != nil {
 		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
@@ -246,6 +260,9 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	if err := n.startLoadChecks(); err != nil {
+		return err
+	}
+	if err := n.takeoverServing(); err != nil {
 		return err
 	}
 	if err := n.startCluster(); err != nil {
@@ -507,7 +524,15 @@ func (n *Node) ControlAddr() string { return n.adminLn.Addr().String() }
 
 // Drain refuses new calls, waits until every queued call is answered (or
 // ctx or DrainTimeout ends), then stops the UAPs and closes the ports.
+// After a Restart handed the sockets over it waits for that drain instead.
 func (n *Node) Drain(ctx context.Context) error {
+	if handed, err := n.drainedByRestart(); handed {
+		return err
+	}
+	return n.drain(ctx)
+}
+
+func (n *Node) drain(ctx context.Context) error {
 	n.leaveBeforeDrain(ctx) // the other nodes stop sending here first
 	n.draining.Store(true)
 	n.log.Info("draining: new calls are refused")

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -24,6 +25,7 @@ import (
 // Status is what `scdctl status` shows: the node and each service group.
 type Status struct {
 	Node     string            `json:"node"`
+	PID      int               `json:"pid"` // scdd's; a restart changes it
 	RPC      string            `json:"rpc"`
 	Draining bool              `json:"draining"`
 	CPU      procmgr.CPUStatus `json:"cpu_priority"`
@@ -160,7 +162,7 @@ func (n *Node) writeUsageMetrics(w io.Writer) {
 
 // Status reports the node's state now.
 func (n *Node) Status() Status {
-	st := Status{Node: n.cfg.System.NodeID, RPC: n.rpc.Addr(), Draining: n.draining.Load(),
+	st := Status{Node: n.cfg.System.NodeID, PID: os.Getpid(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
 	st.Receivers, st.Steering = n.rpc.Receivers(), n.rpc.Steering()
@@ -196,7 +198,10 @@ func (n *Node) startAdmin() error {
 	if err := n.startControl(); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", n.cfg.System.MetricsAddress)
+	ln, err := n.restart.inheritMetrics, error(nil) // the old process's, on a restart
+	if ln == nil {
+		ln, err = net.Listen("tcp", n.cfg.System.MetricsAddress)
+	}
 	if err != nil {
 		return fmt.Errorf("metrics_address %s: %w", n.cfg.System.MetricsAddress, err)
 	}
@@ -213,7 +218,7 @@ func (n *Node) startAdmin() error {
 	})
 	n.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
-		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
 			n.log.Error("metrics and status endpoint stopped", "err", err)
 		}
 	}()

@@ -38,11 +38,13 @@ Commands:
   status [-json]              service groups, queue depths, processes and restarts
   hold GROUP                  refuse new calls to GROUP ('service closed'); queued calls finish
   release GROUP               let GROUP take calls again
+  restart                     start a new scdd that takes the node's sockets over; this one
+                              lets its callers go and drains (no call is dropped)
   pprof PROFILE [SECONDS]     write a profile of scdd to stdout: heap, goroutine, allocs,
                               block, mutex, threadcreate; profile (CPU) or trace for SECONDS
 
 call uses the node's RPC port, status its HTTP address (metrics_address);
-hold, release and pprof go over its control socket, which admits only
+hold, release, restart and pprof go over its control socket, which admits only
 scdd's own user and root. Flags may come before or after the command; "--"
 ends them (for DATA that starts with "-").
 
@@ -118,6 +120,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = hold(ctx, nd, cmd, rest, stdout)
 	case "pprof":
 		err = profile(nd, *timeout, rest, stdout)
+	case "restart":
+		err = restart(ctx, nd, rest, stdout)
 	default:
 		fmt.Fprintf(stderr, "scdctl: unknown command %q\n", cmd)
 		fs.Usage()
@@ -472,6 +476,24 @@ func hold(ctx context.Context, nd node, verb string, args []string, stdout io.Wr
 	default:
 		fmt.Fprintf(stdout, "service group %s was not held; nothing changed\n", res.Group)
 	}
+	return nil
+}
+
+// restart asks the node to hand its sockets to a new scdd.
+func restart(ctx context.Context, nd node, args []string, stdout io.Writer) error {
+	if len(args) != 0 {
+		return usageError("restart")
+	}
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/restart", "")
+	if err != nil {
+		return err
+	}
+	var res scd.RestartResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return fmt.Errorf("restart: answer from %s: %w", nd.sock, err)
+	}
+	fmt.Fprintf(stdout, "restarted: pid %d serves the node (it took %s); pid %d lets its %d connection(s) go and drains\n",
+		res.NewPID, res.Took, res.OldPID, res.Conns)
 	return nil
 }
 
