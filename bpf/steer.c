@@ -6,7 +6,9 @@
  * group's listening sockets share a port with SO_REUSEPORT; the kernel runs
  * this program for each new connection (at the SYN) and it picks the
  * receiver with the least work: the fewest calls in flight plus
- * connections open, which the receivers' event loops keep in `load`, an
+ * connections open plus one per 4 KiB read per second lately (a receiver
+ * reading large calls is busy even when it holds few of them), which the
+ * receivers' event loops keep in `load`, an
  * array the Go side maps into its memory and updates with plain atomic
  * adds (no syscall per call). Ties go to the first from a place the
  * connection's hash chooses, so idle receivers share new connections.
@@ -25,6 +27,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 struct receiver_load {
 	__s64 in_flight; /* calls read and not yet answered */
 	__s64 conns;     /* connections open */
+	__s64 read_rate; /* bytes read per second, lately */
 };
 
 struct {
@@ -74,7 +77,7 @@ int steer(struct sk_reuseport_md *ctx)
 	best = start;
 	for (i = 0; i < MAX_RECEIVERS; i++) {
 		__u32 k;
-		__s64 in_flight, conns, work;
+		__s64 in_flight, conns, rate, work;
 		struct receiver_load *l;
 
 		if (i >= n)
@@ -87,7 +90,8 @@ int steer(struct sk_reuseport_md *ctx)
 			continue;
 		in_flight = l->in_flight;
 		conns = l->conns;
-		work = (in_flight > 0 ? in_flight : 0) + (conns > 0 ? conns : 0);
+		rate = l->read_rate;
+		work = (in_flight > 0 ? in_flight : 0) + (conns > 0 ? conns : 0) + (rate > 0 ? rate >> 12 : 0);
 		if (work < best_work) {
 			best_work = work;
 			best = k;

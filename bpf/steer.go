@@ -22,10 +22,10 @@ const SteerMechanism = "bpf"
 
 // Steering is one receiver group's listening sockets under steer.c, an
 // SK_REUSEPORT program that gives each new connection to the receiver with
-// the least work: calls in flight plus connections open, two counters per
-// receiver that the receivers' event loops keep in an array map mapped into
-// this process (Load), so that keeping them costs an atomic add, not a
-// syscall. It implements netio's Steered (through scd, which wires the
+// the least work: calls in flight plus connections open plus one per 4 KiB
+// read per second lately, counters per receiver that the receivers' event
+// loops keep in an array map mapped into this process (Load), so that
+// keeping them costs an atomic add, not a syscall. It implements netio's Steered (through scd, which wires the
 // two).
 //
 // Requires Linux 5.5 (mmapable array maps; SK_REUSEPORT programs 4.19),
@@ -122,14 +122,15 @@ func (s *Steering) Reattach(fds []int) error {
 	return s.attach(fds)
 }
 
-// Load returns receiver i's counters: calls in flight and connections
-// open. They live in the map the program reads.
-func (s *Steering) Load(i int) (inFlight, conns *atomic.Int64) {
+// Load returns receiver i's counters: calls in flight, connections open
+// and bytes read per second lately. They live in the map the program reads.
+func (s *Steering) Load(i int) (inFlight, conns, readRate *atomic.Int64) {
 	if i < 0 || i >= s.n {
 		panic(fmt.Sprintf("bpf: steering load %d of %d receivers", i, s.n)) // a programming error, not input
 	}
 	off := i * receiverLoadSize
-	return (*atomic.Int64)(unsafe.Pointer(&s.mem[off])), (*atomic.Int64)(unsafe.Pointer(&s.mem[off+8]))
+	return (*atomic.Int64)(unsafe.Pointer(&s.mem[off])), (*atomic.Int64)(unsafe.Pointer(&s.mem[off+8])),
+		(*atomic.Int64)(unsafe.Pointer(&s.mem[off+16]))
 }
 
 // Decisions are the connections the program placed, and those it left to

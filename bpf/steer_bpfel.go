@@ -17,6 +17,7 @@ type steerReceiverLoad struct {
 	_        structs.HostLayout
 	InFlight int64
 	Conns    int64
+	ReadRate int64
 }
 
 // Names of all BPF objects in the ELF.

@@ -82,8 +82,9 @@ func landing(t *testing.T, lns []*net.TCPListener, addr string) int {
 
 // TestSteeringPicksTheLeastBusy loads steer.c for real, attaches it to
 // three sockets of one port, and shows each new connection landing on the
-// receiver whose counters say it has the least work: every one of 20
-// connections while the counters hold still (the kernel's hash would
+// receiver whose counters say it has the least work (calls in flight,
+// connections, bytes read per second): every one of 20 connections while
+// the counters hold still (the kernel's hash would
 // spread them about a third each), and another receiver as soon as the
 // counters change.
 func TestSteeringPicksTheLeastBusy(t *testing.T) {
@@ -97,22 +98,23 @@ func TestSteeringPicksTheLeastBusy(t *testing.T) {
 		t.Skipf("the steering program does not load here: %v", err)
 	}
 	defer s.Close()
-	set := func(i int, inFlight, conns int64) {
-		a, b := s.Load(i)
+	set := func(i int, inFlight, conns, rate int64) {
+		a, b, c := s.Load(i)
 		a.Store(inFlight)
 		b.Store(conns)
+		c.Store(rate)
 	}
-	set(0, 5, 1)
-	set(1, 0, 2) // work 2: the least
-	set(2, 3, 0)
+	set(0, 5, 1, 0)
+	set(1, 0, 2, 4096) // work 3: the least
+	set(2, 3, 0, 4096)
 	for k := range 20 {
 		if got := landing(t, lns, addr); got != 1 {
-			t.Fatalf("connection %d landed on receiver %d, want 1 (work 6, 2, 3)", k, got)
+			t.Fatalf("connection %d landed on receiver %d, want 1 (work 6, 3, 4)", k, got)
 		}
 	}
-	set(1, 4, 2) // now receiver 2 (work 3) has the least
+	set(1, 0, 2, 1<<20) // reading 1 MiB/s: now receiver 2 (work 4) has the least
 	if got := landing(t, lns, addr); got != 2 {
-		t.Fatalf("after the change the connection landed on receiver %d, want 2 (work 6, 6, 3)", got)
+		t.Fatalf("after the change the connection landed on receiver %d, want 2 (work 6, 258, 4)", got)
 	}
 	if steered, hashed := s.Decisions(); steered != 21 || hashed != 0 {
 		t.Fatalf("decisions: %d steered, %d left to the hash; want 21, 0", steered, hashed)
@@ -120,7 +122,7 @@ func TestSteeringPicksTheLeastBusy(t *testing.T) {
 
 	// Ties spread: with every receiver idle, connections go to each.
 	for i := range 3 {
-		set(i, 0, 0)
+		set(i, 0, 0, 0)
 	}
 	seen := map[int]bool{}
 	for range 60 {
@@ -146,7 +148,7 @@ func TestSteeringTakenOver(t *testing.T) {
 		t.Skipf("the steering program does not load here: %v", err)
 	}
 	defer first.Close()
-	busy, _ := first.Load(0)
+	busy, _, _ := first.Load(0)
 	busy.Store(10) // the first program sends everything to receiver 1
 	if got := landing(t, lns, addr); got != 1 {
 		t.Fatalf("first program: receiver %d, want 1", got)
@@ -158,7 +160,7 @@ func TestSteeringTakenOver(t *testing.T) {
 	second, err := Steer(fds)
 	must(t, err)
 	defer second.Close()
-	busy2, _ := second.Load(1)
+	busy2, _, _ := second.Load(1)
 	busy2.Store(10) // the second sends everything to receiver 0
 	if got := landing(t, lns, addr); got != 0 {
 		t.Fatalf("after the takeover: receiver %d, want 0", got)

@@ -513,6 +513,7 @@ func (e *engineHandler) OnTraffic(gc gnet.Conn) gnet.Action {
 	// gnet's buffer, the start of an incomplete one copied into c.part, so
 	// gnet never keeps bytes of ours between reads.
 	buf, _ := gc.Peek(-1)
+	e.r.bytesRead.Add(uint64(len(buf)))
 	c.inTraffic = true
 	action := c.consume(buf)
 	c.inTraffic = false

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/panjf2000/gnet/v2"
@@ -45,8 +46,9 @@ type Steerer interface {
 // Steered is a group under a Steerer.
 type Steered interface {
 	// Load returns receiver i's cells: calls in flight (read, not yet
-	// answered) and connections open. netio only adds to them.
-	Load(i int) (inFlight, conns *atomic.Int64)
+	// answered), connections open, and bytes read per second lately.
+	// netio keeps them.
+	Load(i int) (inFlight, conns, readRate *atomic.Int64)
 	// Release lets the sockets go, for another process's Steerer to take
 	// (HandOff); until one does, the kernel's hash places connections.
 	Release() error
@@ -83,17 +85,34 @@ type receiver struct {
 	index int // within its group
 	pos   int // within the Port (s.listeners, s.loops, s.lastTick)
 
-	// inFlight and conns point at the Steerer's cells when one steers the
-	// group, else at own*: the loops keep them either way.
-	inFlight, conns       *atomic.Int64
-	ownInFlight, ownConns atomic.Int64
-	accepted, calls       atomic.Uint64
+	// inFlight, conns and readRate point at the Steerer's cells when one
+	// steers the group, else at own*: the loops (and, for readRate, the
+	// janitor) keep them either way.
+	inFlight, conns, readRate          *atomic.Int64
+	ownInFlight, ownConns, ownReadRate atomic.Int64
+	accepted, calls, bytesRead         atomic.Uint64
+	lastRead                           uint64 // janitor only: bytesRead at its last tick
 }
 
 func newReceiver(g *receiverGroup, index, pos int) *receiver {
 	r := &receiver{group: g, index: index, pos: pos}
-	r.inFlight, r.conns = &r.ownInFlight, &r.ownConns
+	r.inFlight, r.conns, r.readRate = &r.ownInFlight, &r.ownConns, &r.ownReadRate
 	return r
+}
+
+// updateReadRates sets each receiver's read rate to the mean of what it was
+// and what was read since the last call, dt ago: a rate that follows the
+// load within a few janitor ticks. Janitor only.
+func (s *Port) updateReadRates(dt time.Duration) {
+	if dt <= 0 {
+		return
+	}
+	for _, r := range s.rcv {
+		total := r.bytesRead.Load()
+		now := int64(float64(total-r.lastRead) / dt.Seconds())
+		r.lastRead = total
+		r.readRate.Store((r.readRate.Load() + now) / 2)
+	}
 }
 
 // ReceiverGroup is the name of the receiver group the connection arrived
@@ -113,6 +132,7 @@ type ReceiverStats struct {
 	Accepted uint64 `json:"accepted"`  // connections handed to it since Listen
 	Calls    uint64 `json:"calls"`     // calls and name lookups read
 	InFlight int64  `json:"in_flight"` // of them, not yet answered
+	ReadRate int64  `json:"read_bytes_per_second"`
 }
 
 // SteeringStatus says how one receiver group's new connections are
@@ -132,6 +152,7 @@ func (s *Port) Receivers() []ReceiverStats {
 		out = append(out, ReceiverStats{
 			Group: r.group.name, Index: r.index, Addr: r.group.addr,
 			Conns: r.conns.Load(), Accepted: r.accepted.Load(), Calls: r.calls.Load(), InFlight: max(r.inFlight.Load(), 0),
+			ReadRate: r.readRate.Load(),
 		})
 	}
 	return out
@@ -220,7 +241,7 @@ func (s *Port) steer(g *receiverGroup, st Steerer) {
 	}
 	g.steered, g.mechanism = steered, steered.Mechanism()
 	for i, r := range g.receivers {
-		r.inFlight, r.conns = steered.Load(i) // before any accept: both 0 on either side
+		r.inFlight, r.conns, r.readRate = steered.Load(i) // before any accept: all 0 on either side
 	}
 }
 
@@ -255,6 +276,7 @@ func (s *Port) registerReceiverMetrics(set *metrics.Set) {
 		set.GetOrCreateGauge(`tpsched_receiver_in_flight`+lbl, func() float64 { return float64(max(r.inFlight.Load(), 0)) })
 		set.GetOrCreateGauge(`tpsched_receiver_accepted_total`+lbl, func() float64 { return float64(r.accepted.Load()) })
 		set.GetOrCreateGauge(`tpsched_receiver_calls_total`+lbl, func() float64 { return float64(r.calls.Load()) })
+		set.GetOrCreateGauge(`tpsched_receiver_read_bytes_per_second`+lbl, func() float64 { return float64(r.readRate.Load()) })
 	}
 	for _, g := range s.groups {
 		set.GetOrCreateGauge(`tpsched_receiver_steering{receiver_group="`+groupLabel(g.name)+`",mechanism="`+g.mechanism+`"}`,
