@@ -225,12 +225,19 @@ func TestMultiScheduleSpreadsOverReceivers(t *testing.T) {
 	}
 }
 
-// TestMultiScheduleForwarding: a node that transfers a group's calls with
-// multi_schedule (usrrc's, for a group it does not define) sends them to
-// the receiver group that takes them on the other node, spread over all
-// its sockets.
+// TestMultiScheduleForwarding: a node that transfers a group's calls sends
+// them to the receiver group that takes them on the other node (it learns
+// where from the first 'wrong receiver'); with multi_schedule (usrrc's, for
+// a group it does not define) spread over all that group's sockets,
+// without it through one.
 func TestMultiScheduleForwarding(t *testing.T) {
 	skipShort(t)
+	for _, multi := range []bool{true, false} {
+		t.Run(fmt.Sprintf("multi_schedule %v", multi), func(t *testing.T) { testForwarding(t, multi) })
+	}
+}
+
+func testForwarding(t *testing.T, multi bool) {
 	rpc, name := clusterPorts(t)
 	heavyPort := rpc + 2
 	if l, err := net.Listen("tcp", net.JoinHostPort(clusterIPs[1], strconv.Itoa(heavyPort))); err != nil {
@@ -249,7 +256,8 @@ func TestMultiScheduleForwarding(t *testing.T) {
 		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
 		servers := map[string]string{"light": lightServer}
 		if i == 0 {
-			must(t, os.WriteFile(filepath.Join(dir, "usrrc"), []byte("set multi_schedule = Y\n"), 0o644))
+			yn := map[bool]string{true: "Y", false: "N"}[multi]
+			must(t, os.WriteFile(filepath.Join(dir, "usrrc"), []byte("set multi_schedule = "+yn+"\n"), 0o644))
 		} else {
 			servers["heavy"] = heavyServer
 			must(t, os.WriteFile(filepath.Join(dir, "scdsvcdef"),
@@ -292,10 +300,17 @@ func TestMultiScheduleForwarding(t *testing.T) {
 	wg.Wait()
 	calls := receiverCalls(t, nodes[1], "heavy")
 	t.Logf("n1's heavy receivers read %v of 320 transferred calls", calls)
+	busy := 0
 	for i, k := range calls {
-		if k < 30 {
+		if k > 0 {
+			busy++
+		}
+		if multi && k < 30 {
 			t.Errorf("n1's heavy receiver %d read %d calls (%v): the transfers were not spread", i, k, calls)
 		}
+	}
+	if !multi && busy != 1 {
+		t.Errorf("without multi_schedule the transfers went over %d receivers (%v), want 1", busy, calls)
 	}
 	if p := groupStatus(t, nodes[1], "heavy").Processed; p != 320 {
 		t.Errorf("n1 served %d heavy calls, want 320", p)
