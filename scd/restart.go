@@ -9,8 +9,9 @@ package scd
 //	     group, metrics_address, the control socket) and stops accepting;
 //	     connections that arrive meanwhile wait in the backlogs  -> "listeners" + the descriptors (SCM_RIGHTS)
 //	new: serves on them (its steering program replaces the old one)  -> "serving"
-//	old: leaves the cluster, freeing the name port  -> "left"
-//	new: joins the cluster
+//	old: stops its cluster membership without leaving (the others keep
+//	     sending to the node's address), freeing the name port  -> "left"
+//	new: joins the cluster under the same node id and address
 //	old: tells every connection's caller to go away (KindGoAway): no new
 //	     call on it, the answers of the calls sent still come; serves until
 //	     the callers have closed them (at most DrainTimeout), then drains as
@@ -266,8 +267,16 @@ func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
 	closeFiles(files)
 	n.restart.handedOver.Store(true)
 	res.Took = time.Since(start).Round(time.Millisecond).String()
-	if n.cluster != nil {
-		n.leaveCluster() // frees the name port for the new process
+	if cl := n.cluster; cl != nil && cl.gossip != nil {
+		// Stop without leaving: the other nodes keep sending to this
+		// node's address, where the new process now accepts, and take the
+		// new process's announces (a newer boot) when it has joined on the
+		// name port this frees.
+		cl.leave.Do(func() {
+			if err := cl.gossip.Stop(); err != nil {
+				n.log.Warn("restart: stopping the cluster membership", "err", err)
+			}
+		})
 	}
 	if err := sendMsg(conn, takeoverMsg{Step: "left"}, nil); err != nil {
 		n.log.Warn("restart: telling the new process the cluster was left", "err", err)
