@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -112,14 +113,27 @@ func (s *Steering) Release() error {
 	return nil
 }
 
-// Reattach puts the sockets back in the program's array and attaches it to
-// them again, after another process had them (a hand-off that was taken
-// back). It fails with EBUSY while that process's array still holds them.
+// Reattach attaches the program to the sockets again and puts them back in
+// its array, after another process had them (a hand-off that was taken
+// back). The other process's program, once replaced, frees its array (and
+// with it the sockets) only after an RCU grace period, so a socket still
+// held there (EBUSY) is tried again for a while; meanwhile this program
+// finds no socket and leaves connections to the kernel's hash.
 func (s *Steering) Reattach(fds []int) error {
 	if len(fds) != s.n {
 		return fmt.Errorf("steer: reattach %d sockets, loaded for %d", len(fds), s.n)
 	}
-	return s.attach(fds)
+	if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, s.objs.Steer.FD()); err != nil {
+		return fmt.Errorf("steer: %w", os.NewSyscallError("setsockopt SO_ATTACH_REUSEPORT_EBPF", err))
+	}
+	var err error
+	for try := 0; try < 50; try++ {
+		if err = s.attach(fds); !errors.Is(err, unix.EBUSY) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return err
 }
 
 // Load returns receiver i's counters: calls in flight, connections open

@@ -136,7 +136,8 @@ func TestSteeringPicksTheLeastBusy(t *testing.T) {
 // TestSteeringTakenOver: a socket is in one program's array at a time; once
 // the first releases them, a second program attached to the same sockets (a
 // new process after a hand-off) steers from then on; Reattach gives the
-// sockets back to the first once the second released them.
+// sockets back to the first even when the second's owner went away
+// without releasing them.
 func TestSteeringTakenOver(t *testing.T) {
 	needProbes(t)
 	lns, fds, addr := reuseListeners(t, 2)
@@ -159,13 +160,14 @@ func TestSteeringTakenOver(t *testing.T) {
 	must(t, first.Release())
 	second, err := Steer(fds)
 	must(t, err)
-	defer second.Close()
 	busy2, _, _ := second.Load(1)
 	busy2.Store(10) // the second sends everything to receiver 0
 	if got := landing(t, lns, addr); got != 0 {
 		t.Fatalf("after the takeover: receiver %d, want 0", got)
 	}
-	must(t, second.Release())
+	// The second process dies holding the sockets (a hand-off taken
+	// back): its program stays attached, with its array, until replaced.
+	must(t, second.Close())
 	must(t, first.Reattach(fds))
 	if got := landing(t, lns, addr); got != 1 {
 		t.Fatalf("after reattaching the first: receiver %d, want 1", got)

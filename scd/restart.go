@@ -251,11 +251,14 @@ func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
 		files, msg.Control = append(files, controlF), ControlSocketPath(n.cfg)
 	}
 	undo := func(err error) (RestartResult, error) {
+		// The new process ends first: its steering program, if attached,
+		// lets the sockets go only once it is replaced and freed.
+		res, err = fail(err)
 		if rerr := n.rpc.Resume(rpc); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 		n.resumeAdmin(metricsF, controlF)
-		return fail(err)
+		return res, err
 	}
 	if err := sendMsg(conn, msg, files); err != nil {
 		return undo(fmt.Errorf("restart: send the sockets: %w", err))
