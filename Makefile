@@ -90,7 +90,7 @@ bpf-tools: ## apt-get install the pinned clang-16, llvm-strip-16 and libbpf head
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(BPF_CLANG_PKGS); \
 	fi
 
-generate: bpf-tools ## regenerate bpf/sched_bpfel.{go,o} from bpf/sched.c with bpf2go (the results are committed)
+generate: bpf-tools ## regenerate bpf/{sched,steer}_bpfel.{go,o} from bpf/sched.c and bpf/steer.c with bpf2go, and docs/OPERANDS.md (the results are committed)
 	$(GO) generate ./...
 
 check-generate: generate ## fail if regenerating changes the committed eBPF files

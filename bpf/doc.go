@@ -10,5 +10,3 @@
 // sched.c is compiled by bpf2go with a pinned clang (`make generate`); the
 // generated Go and .o files are committed so `go build` needs no clang.
 package bpf
-
-//go:generate go tool bpf2go -cc clang-16 -strip llvm-strip-16 -cflags "-O2 -g -Wall -Werror -I/usr/include" -target bpfel -type proc_stats sched sched.c

@@ -18,7 +18,36 @@ typedef _Bool bool;
 
 enum {
 	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_REUSEPORT_SOCKARRAY = 20,
+};
+
+enum {
+	BPF_F_MMAPABLE = (1U << 10),
+};
+
+enum sk_action {
+	SK_DROP = 0,
+	SK_PASS = 1,
+};
+
+/* The SK_REUSEPORT program's context, as far as steer.c reads it: UAPI
+ * (include/uapi/linux/bpf.h), fixed offsets, no CO-RE. */
+struct sk_reuseport_md {
+	union {
+		void *data;
+		__u64 data_u64;
+	};
+	union {
+		void *data_end;
+		__u64 data_end_u64;
+	};
+	__u32 len;
+	__u32 eth_protocol;
+	__u32 ip_protocol;
+	__u32 bind_inany;
+	__u32 hash;
 };
 
 enum {

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,22 +21,12 @@ import (
 // polling and shuts the whole engine down. One EMFILE (a full fd table)
 // would so close the port for good while the process lived on.
 
-// listenReusePort opens n listening sockets with SO_REUSEPORT on one
-// address. With port 0 the first socket picks the port and the others
-// bind to it. It returns the sockets and host:port (host empty for a
-// wildcard address).
-func listenReusePort(addr string, n int) ([]*net.TCPListener, string, error) {
-	ta, err := net.ResolveTCPAddr("tcp", addr)
-	if err != nil {
-		return nil, "", err
-	}
-	host := ""
-	if ta.IP != nil {
-		host = ta.IP.String()
-		if ta.Zone != "" {
-			host += "%" + ta.Zone
-		}
-	}
+// reusePortConfig makes listening sockets with SO_REUSEPORT set before
+// bind, so that every socket of a receiver group (and of a process that
+// takes the port over) shares the port. They are plain TCP: Go listens
+// with MPTCP by default (since 1.24), and an SK_REUSEPORT program's socket
+// array takes TCP and UDP sockets only.
+var reusePortConfig = func() net.ListenConfig {
 	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		err := rc.Control(func(fd uintptr) {
@@ -47,20 +37,61 @@ func listenReusePort(addr string, n int) ([]*net.TCPListener, string, error) {
 		}
 		return err
 	}}
-	lns := make([]*net.TCPListener, 0, n)
-	bind := net.JoinHostPort(host, strconv.Itoa(ta.Port))
-	for range n {
-		ln, err := lc.Listen(context.Background(), "tcp", bind)
+	lc.SetMultipathTCP(false)
+	return lc
+}()
+
+// listenGroup opens the listening sockets of one receiver group: first
+// those inherited for it (same group name, same address; port 0 matches
+// any), then new ones with SO_REUSEPORT on the same port. With port 0 the
+// first socket picks the port. It returns the sockets, host:port (host
+// empty for a wildcard address) and the inherited listeners it did not
+// take.
+func listenGroup(spec ReceiverGroup, inherited []Listener, log *slog.Logger) ([]*net.TCPListener, string, []Listener, error) {
+	ta, err := net.ResolveTCPAddr("tcp", spec.Addr)
+	if err != nil {
+		return nil, "", inherited, err
+	}
+	host := ""
+	if ta.IP != nil {
+		host = ta.IP.String()
+		if ta.Zone != "" {
+			host += "%" + ta.Zone
+		}
+	}
+	lns := make([]*net.TCPListener, 0, spec.Count)
+	fail := func(err error) ([]*net.TCPListener, string, []Listener, error) {
+		for _, l := range lns {
+			_ = l.Close()
+		}
+		return nil, "", inherited, err
+	}
+	port := ta.Port
+	rest := inherited[:0:0]
+	for _, h := range inherited {
+		if h.Group != spec.Name || len(lns) == spec.Count || !h.matches(ta, port) {
+			rest = append(rest, h)
+			continue
+		}
+		ln, err := h.listener()
 		if err != nil {
-			for _, l := range lns {
-				_ = l.Close()
-			}
-			return nil, "", err
+			log.Warn("netio: an inherited listening socket cannot be used; binding a new one", "receiver_group", groupLabel(spec.Name),
+				"addr", h.Addr, "err", err)
+			continue
+		}
+		lns = append(lns, ln)
+		port = listenerPort(ln)
+	}
+	inherited = rest
+	for len(lns) < spec.Count {
+		ln, err := reusePortConfig.Listen(context.Background(), "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return fail(err)
 		}
 		lns = append(lns, ln.(*net.TCPListener))
-		bind = net.JoinHostPort(host, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+		port = listenerPort(lns[0])
 	}
-	return lns, bind, nil
+	return lns, net.JoinHostPort(host, strconv.Itoa(port)), inherited, nil
 }
 
 // Accept back-off: the first retry after a failed accept waits
@@ -75,8 +106,9 @@ const (
 // ENFILE, ENOBUFS, ENOMEM, ...) pause the loop and retry: connections wait
 // in the kernel's backlog meanwhile. A listener that can no longer accept
 // (closed, shut down) ends the server.
-func (s *Port) acceptLoop(ln *net.TCPListener, cli *gnet.Client) {
+func (s *Port) acceptLoop(ln *net.TCPListener, r *receiver) {
 	defer s.acceptWG.Done()
+	cli := s.loops[r.pos]
 	var backoff time.Duration
 	pause := func(err error) bool {
 		s.acceptErrs.Add(1)
@@ -101,6 +133,9 @@ func (s *Port) acceptLoop(ln *net.TCPListener, cli *gnet.Client) {
 				return
 			default:
 			}
+			if s.handedOff.Load() && errors.Is(err, net.ErrClosed) {
+				return // another process accepts on the socket now
+			}
 			if listenerGone(err) {
 				s.fail(fmt.Errorf("accept on %s: %w", ln.Addr(), err))
 				return
@@ -121,7 +156,9 @@ func (s *Port) acceptLoop(ln *net.TCPListener, cli *gnet.Client) {
 			if !pause(fmt.Errorf("register with the event loop: %w", err)) {
 				return
 			}
+			continue
 		}
+		r.accepted.Add(1)
 	}
 }
 

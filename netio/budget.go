@@ -93,6 +93,7 @@ func (s *Port) runJanitor() {
 				s.lastTick[i].Store(now.UnixNano())
 			}
 		}
+		s.updateReadRates(now.Sub(last))
 		last = now
 		for i := range s.lastTick {
 			if since := now.Sub(time.Unix(0, s.lastTick[i].Load())); since > s.loopDeadAfter {

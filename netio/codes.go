@@ -19,7 +19,11 @@ const (
 	CodeProtocol         Code = 9  // DCRPCER_PROTO: the peer sent something we cannot read
 	CodeApplication      Code = 10 // the service returned an error; the payload is its message
 	CodeShuttingDown     Code = 11 // the node is draining and takes no new work
-	codeMax                   = CodeShuttingDown
+	// CodeWrongReceiver: the call came to a receiver group that does not
+	// take its service group's calls (scdmulti -g); it did not run. A
+	// receivers lookup (LookupReceivers) says where to send it.
+	CodeWrongReceiver Code = 12
+	codeMax                = CodeWrongReceiver
 )
 
 var codeNames = [...]string{
@@ -35,6 +39,7 @@ var codeNames = [...]string{
 	CodeProtocol:         "protocol error",
 	CodeApplication:      "application error",
 	CodeShuttingDown:     "node shutting down",
+	CodeWrongReceiver:    "wrong receiver",
 }
 
 func (c Code) String() string {

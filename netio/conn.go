@@ -18,8 +18,14 @@ import (
 type Conn struct {
 	gc     gnet.Conn
 	srv    *Port
+	rcv    *receiver // the receiving socket it arrived on
 	id     uint64
 	remote string
+
+	// inFlight is the calls and name lookups read and not yet answered; it
+	// is added to on the loop and taken from under mu, as the answers are
+	// written, so that its receiver's count (the steering load) stays true.
+	inFlight atomic.Int64
 
 	// Loop-only state.
 	user      any
@@ -164,6 +170,7 @@ func (c *Conn) header(h []byte) (n int, ok bool, action gnet.Action) {
 	inc(s.mOversized)
 	switch Kind(h[3]) {
 	case KindCall, KindNameLookup:
+		c.expectAnswer()
 		c.SendNow(AppendError(nil, binary.BigEndian.Uint64(h[8:16]), CodeMessageTooBig,
 			fmt.Sprintf("%d bytes, this node takes at most %d", payload, s.maxPayload)))
 	}
@@ -221,6 +228,9 @@ func (c *Conn) dispatch(b []byte) gnet.Action {
 	if err != nil { // cannot happen after header(); never trust it
 		s.countBad(c, err)
 		return gnet.Close
+	}
+	if f.Kind == KindCall || f.Kind == KindNameLookup {
+		c.expectAnswer()
 	}
 	if s.stopping.Load() {
 		switch f.Kind {
@@ -294,6 +304,7 @@ func (c *Conn) sendLocked(b []byte, reuse bool) error {
 	case c.doomed.Load():
 		return ErrOverBudget
 	}
+	c.answered(b)
 	off := 0
 	if len(c.out) == 0 {
 		n, err := writeSome(c.fd, b)
@@ -310,6 +321,40 @@ func (c *Conn) sendLocked(b []byte, reuse bool) error {
 		b, off = bytes.Clone(b[off:]), 0
 	}
 	return c.queueLocked(b, off)
+}
+
+// expectAnswer counts a call (or name lookup) just read as in flight on c
+// and its receiver. On the loop.
+func (c *Conn) expectAnswer() {
+	c.inFlight.Add(1)
+	c.rcv.inFlight.Add(1)
+	c.rcv.calls.Add(1)
+}
+
+// answered takes the answers among the frames of b (replies and errors)
+// off c's calls in flight and its receiver's. b holds whole frames, as
+// every Send does; a count that would go below zero (an answer to no call
+// of ours, a peer's hello refused) stops at zero. c.mu is held.
+func (c *Conn) answered(b []byte) {
+	var k int64
+	for off := 0; off+HeaderSize <= len(b); {
+		h := b[off:]
+		if kind := Kind(h[3]); kind == KindReply || kind == KindError {
+			k++
+		}
+		off += HeaderSize + int(h[5]) + int(h[6]) + int(binary.BigEndian.Uint32(h[20:24]))
+	}
+	for k > 0 {
+		have := c.inFlight.Load()
+		take := min(have, k)
+		if take <= 0 {
+			return
+		}
+		if c.inFlight.CompareAndSwap(have, have-take) {
+			c.rcv.inFlight.Add(-take)
+			return
+		}
+	}
 }
 
 // writeSome writes what the non-blocking socket takes now.

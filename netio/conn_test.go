@@ -66,7 +66,7 @@ func FuzzConsume(f *testing.F) {
 		rec := &frameRecorder{}
 		s := &Port{h: rec, log: slog.New(slog.NewTextHandler(io.Discard, nil)), maxPayload: int(maxPayload),
 			budget: 1 << 40, conns: map[*Conn]struct{}{}}
-		c := &Conn{srv: s, inTraffic: true}
+		c := &Conn{srv: s, inTraffic: true, rcv: newReceiver(&receiverGroup{}, 0, 0)}
 		closed := false
 		for rest, i := stream, 0; len(rest) > 0 && !closed; i++ {
 			k := len(rest)

@@ -12,10 +12,20 @@
 //
 // Listen opens Options.Loops receiving sockets on one port with SO_REUSEPORT
 // (OpenTP1's scdmulti), each with its own accept goroutine and its own gnet
-// event loop; the kernel's 4-tuple hash picks the socket for each new
-// connection. netio accepts itself and hands each connection to gnet
+// event loop, and the same for every named group of Options.Receivers (the
+// multi-scheduler groups), each on a port of its own; Conn.ReceiverGroup
+// tells the Handler where a connection arrived. The kernel's 4-tuple hash
+// picks the socket for each new connection unless Options.Steer places
+// them (an SK_REUSEPORT program choosing the receiver with the least
+// work); the loops keep each receiver's calls in flight and connections for
+// it (receivers.go). netio accepts itself and hands each connection to gnet
 // (accept.go says why). Accept failures such as EMFILE pause and retry;
 // connections beyond Options.MaxConns are closed at once and counted.
+//
+// HandOff, Options.Inherit, GoAway and Resume let another process take the
+// port over without dropping a connection or a call (handoff.go); a
+// MuxConn told to go away (KindGoAway) sends no new call on the connection
+// and closes it after its last answer.
 //
 // Each event loop calls Handler.OnFrame for every complete frame it has read,
 // with a Frame that aliases a read buffer: copy what must outlive the call.
@@ -41,9 +51,13 @@
 // tpsched_accept_errors_total,
 // tpsched_connections_refused_total{reason="max_connections"},
 // tpsched_oversized_frames_total, tpsched_frame_timeouts_total,
-// tpsched_buffer_budget_closes_total, tpsched_buffered_bytes, and
+// tpsched_buffer_budget_closes_total, tpsched_buffered_bytes,
 // tpsched_error_answers_total{code=...}, the error frames AppendError made
-// in this process. MetricHelp has their HELP text.
+// in this process; per receiving socket tpsched_receiver_connections,
+// tpsched_receiver_in_flight, tpsched_receiver_accepted_total,
+// tpsched_receiver_calls_total {receiver_group, receiver}; per group
+// tpsched_receiver_steering{receiver_group, mechanism}. MetricHelp has
+// their HELP text.
 //
 // # Usage
 //

@@ -35,7 +35,11 @@ const (
 	KindError       Kind = 4 // failed answer; Code says why, payload is a message
 	KindNameLookup  Kind = 5 // reserved for the name service
 	KindAnnounce    Kind = 6 // reserved for load-level announcements
-	kindMax              = KindAnnounce
+	// KindGoAway (id 0, from a node) tells the caller to send no new call
+	// on this connection and to close it once every answer it waits for
+	// has come: the node is handing its port to a new process.
+	KindGoAway = 7
+	kindMax    = KindGoAway
 )
 
 func (k Kind) String() string {
@@ -52,6 +56,8 @@ func (k Kind) String() string {
 		return "name-lookup"
 	case KindAnnounce:
 		return "announce"
+	case KindGoAway:
+		return "go-away"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }

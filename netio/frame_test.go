@@ -68,7 +68,7 @@ func TestFrameErrors(t *testing.T) {
 		{"magic", mod(0, 'x'), 100, ErrBadMagic},
 		{"version", mod(2, 2), 100, ErrBadVersion},
 		{"kind-0", mod(3, 0), 100, ErrBadKind},
-		{"kind-7", mod(3, 7), 100, ErrBadKind},
+		{"kind-8", mod(3, 8), 100, ErrBadKind},
 		{"too-big", good, 4, ErrFrameSize},
 		{"at-limit", good, 5, nil},
 	}

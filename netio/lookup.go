@@ -64,3 +64,73 @@ func ParseLookupAnswer(b []byte) ([]NodeLevel, error) {
 	}
 	return out, nil
 }
+
+// LookupReceivers, as the service of a KindNameLookup, asks the node
+// itself (not its cluster) where a service group's calls are received:
+// which receiver group takes them, at which address, with how many
+// receiving sockets, and on which of them the asking connection is. A
+// sender that spreads its calls over the receivers (multi_schedule) keeps
+// one connection per socket. The answer's payload is:
+//
+//	uvarint length and the receiver group's name ("" the default group),
+//	uvarint length and its address (host:port), uvarint its sockets,
+//	uvarint 1 + the socket the asking connection is on (0: not on it)
+//
+// A group the node does not define is answered 'no such service group'.
+const LookupReceivers = "receivers"
+
+// Receivers is the answer to a receivers lookup.
+type Receivers struct {
+	Group string // the receiver group; "" the default
+	Addr  string // host:port of its sockets
+	Count int    // its receiving sockets
+	Here  int    // the socket the asking connection is on; -1: not on this group
+}
+
+// maxReceiverCount bounds an answer: netio's limit on sockets.
+const maxReceiverCount = maxLoops
+
+// AppendReceivers appends the payload of a receivers lookup answer.
+func AppendReceivers(dst []byte, r Receivers) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(r.Group)))
+	dst = append(dst, r.Group...)
+	dst = binary.AppendUvarint(dst, uint64(len(r.Addr)))
+	dst = append(dst, r.Addr...)
+	dst = binary.AppendUvarint(dst, uint64(r.Count))
+	return binary.AppendUvarint(dst, uint64(r.Here+1))
+}
+
+// ParseReceivers reads a receivers lookup answer's payload.
+func ParseReceivers(b []byte) (Receivers, error) {
+	var r Receivers
+	str := func(what string) (string, bool) {
+		n, k := binary.Uvarint(b)
+		if k <= 0 || n > MaxNameLen || uint64(len(b)-k) < n {
+			return "", false
+		}
+		s := string(b[k : k+int(n)])
+		b = b[k+int(n):]
+		return s, true
+	}
+	var ok bool
+	if r.Group, ok = str("group"); !ok {
+		return r, fmt.Errorf("%w: receiver group", ErrBadLookupAnswer)
+	}
+	if r.Addr, ok = str("addr"); !ok || r.Addr == "" {
+		return r, fmt.Errorf("%w: address", ErrBadLookupAnswer)
+	}
+	count, k := binary.Uvarint(b)
+	if k <= 0 || count == 0 || count > maxReceiverCount {
+		return r, fmt.Errorf("%w: receiver count", ErrBadLookupAnswer)
+	}
+	b = b[k:]
+	here, k := binary.Uvarint(b)
+	if k <= 0 || here > count {
+		return r, fmt.Errorf("%w: receiver of the connection", ErrBadLookupAnswer)
+	}
+	if len(b) != k {
+		return r, fmt.Errorf("%w: %d bytes after the answer", ErrBadLookupAnswer, len(b)-k)
+	}
+	r.Count, r.Here = int(count), int(here)-1
+	return r, nil
+}

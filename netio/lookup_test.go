@@ -34,3 +34,24 @@ func TestLookupAnswerBad(t *testing.T) {
 		}
 	}
 }
+
+func TestReceiversAnswer(t *testing.T) {
+	for _, r := range []Receivers{{Group: "", Addr: "127.0.0.1:12000", Count: 4, Here: 2}, {Group: "heavy", Addr: "h:1", Count: 1, Here: -1}} {
+		got, err := ParseReceivers(AppendReceivers(nil, r))
+		if err != nil || got != r {
+			t.Fatalf("%+v came back as %+v, %v", r, got, err)
+		}
+	}
+	good := AppendReceivers(nil, Receivers{Group: "g", Addr: "a:1", Count: 2, Here: 1})
+	for i := range len(good) {
+		if _, err := ParseReceivers(good[:i]); err == nil {
+			t.Fatalf("cut at %d: no error", i)
+		}
+	}
+	if _, err := ParseReceivers(append(good, 0)); err == nil {
+		t.Fatal("a trailing byte: no error")
+	}
+	if _, err := ParseReceivers(AppendReceivers(nil, Receivers{Addr: "a:1", Count: 2, Here: 2})); err == nil {
+		t.Fatal("here beyond count: no error")
+	}
+}

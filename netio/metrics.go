@@ -21,6 +21,13 @@ var MetricHelp = map[string]string{
 	"tpsched_buffer_budget_closes_total": "Connections closed to keep the bytes held in partial frames and unsent answers under rpc_buffer_budget.",
 	"tpsched_buffered_bytes":             "Bytes held now in partial frames and unsent answers, all connections together.",
 	"tpsched_error_answers_total":        "Calls answered with an error, by code (OpenTP1's error names), counted by the node that made the answer: a transferred call that failed on another node counts there.",
+
+	"tpsched_receiver_connections":           "Connections open now on one receiving socket of a receiver group.",
+	"tpsched_receiver_in_flight":             "Calls one receiving socket has read and not yet answered.",
+	"tpsched_receiver_accepted_total":        "Connections one receiving socket accepted.",
+	"tpsched_receiver_calls_total":           "Calls one receiving socket read.",
+	"tpsched_receiver_read_bytes_per_second": "Bytes per second one receiving socket read lately (what steering weighs).",
+	"tpsched_receiver_steering":              "1 for each receiver group, labelled with how its new connections are placed: bpf (the SK_REUSEPORT program), hash (the kernel's) or none (one socket).",
 }
 
 // errorAnswers counts the error frames AppendError makes, by code. The

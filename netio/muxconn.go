@@ -22,6 +22,10 @@ var (
 	ErrClosedByPeer = errors.New("netio: connection closed by the peer")
 	// ErrCallExpired answers a call whose deadline passed (MuxConn.Expire).
 	ErrCallExpired = errors.New("netio: no answer before the call's deadline")
+	// ErrGoingAway refuses a call on a connection the node asked to go
+	// away from (KindGoAway): the call was not sent and may go on a new
+	// connection. It is also the close reason once the last answer came.
+	ErrGoingAway = errors.New("netio: the node asked for a new connection (it is handing its port over)")
 )
 
 // FrameReader reads whole frames off a byte stream.
@@ -87,6 +91,12 @@ type MuxOptions struct {
 	// reason, before any waiting call is answered: by the time a caller
 	// hears of the close, its owner has forgotten the connection.
 	OnClose func(err error)
+	// OnGoAway, if set, is called once when the node asks the caller to
+	// leave the connection (KindGoAway), before the connection closes:
+	// its owner should stop handing it calls (they would get ErrGoingAway)
+	// and open another. Calls already sent are answered as usual, and
+	// the connection closes itself once none waits.
+	OnGoAway func()
 	// CallerReads starts no reader goroutine: calls are made with
 	// RoundTrip, which reads its own answer on the caller's goroutine. For
 	// a connection that carries one call at a time, it saves a goroutine
@@ -104,9 +114,10 @@ type MuxOptions struct {
 // whoever finds no write under way writes the buffer, taking along what
 // others appended meanwhile.
 type MuxConn struct {
-	nc      net.Conn
-	fr      *FrameReader
-	onClose func(error)
+	nc       net.Conn
+	fr       *FrameReader
+	onClose  func(error)
+	onGoAway func()
 
 	wmu      sync.Mutex
 	wbuf     []byte
@@ -116,11 +127,12 @@ type MuxConn struct {
 
 	readDeadline bool // RoundTrip set one on nc
 
-	mu      sync.Mutex
-	pending map[uint64]waiting
-	nextID  uint64
-	err     error // why it closed; nil while open
-	done    chan struct{}
+	mu        sync.Mutex
+	pending   map[uint64]waiting
+	nextID    uint64
+	err       error // why it closed; nil while open
+	goingAway bool  // the node sent KindGoAway: no new call, close when pending is empty
+	done      chan struct{}
 }
 
 type waiting struct {
@@ -138,7 +150,7 @@ func NewMuxConn(nc net.Conn, opts MuxOptions) *MuxConn {
 		fr = NewFrameReader(nc, opts.MaxPayload)
 	}
 	fr.maxPayload = opts.MaxPayload
-	m := &MuxConn{nc: nc, fr: fr, onClose: opts.OnClose, pending: map[uint64]waiting{}, done: make(chan struct{})}
+	m := &MuxConn{nc: nc, fr: fr, onClose: opts.OnClose, onGoAway: opts.OnGoAway, pending: map[uint64]waiting{}, done: make(chan struct{})}
 	if !opts.CallerReads {
 		go m.readLoop()
 	}
@@ -153,6 +165,9 @@ func NewMuxConn(nc net.Conn, opts MuxOptions) *MuxConn {
 func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, deadline time.Time, buf []byte) (Frame, []byte, error) {
 	m.mu.Lock()
 	err := m.err
+	if err == nil && m.goingAway {
+		err = ErrGoingAway
+	}
 	m.nextID++
 	h.ID = m.nextID
 	m.mu.Unlock()
@@ -186,6 +201,11 @@ func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, dea
 		if f.ID == h.ID {
 			return f, buf, nil
 		}
+		if f.Kind == KindGoAway {
+			m.mu.Lock()
+			m.goingAway = true // the next RoundTrip is refused; this one's answer still comes
+			m.mu.Unlock()
+		}
 	}
 }
 
@@ -203,9 +223,43 @@ func (m *MuxConn) Expect(deadline time.Time, a Answerer) (uint64, error) {
 	if m.err != nil {
 		return 0, m.err
 	}
+	if m.goingAway {
+		return 0, ErrGoingAway
+	}
 	m.nextID++
 	m.pending[m.nextID] = waiting{a: a, deadline: deadline}
 	return m.nextID, nil
+}
+
+// GoingAway reports whether the node asked the caller to leave this
+// connection (KindGoAway): it takes no new call.
+func (m *MuxConn) GoingAway() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.goingAway
+}
+
+// closeIfLeft closes a connection the node asked to leave once no call
+// waits on it. m.mu is not held.
+func (m *MuxConn) closeIfLeft() {
+	m.mu.Lock()
+	left := m.goingAway && m.err == nil && len(m.pending) == 0
+	m.mu.Unlock()
+	if left {
+		m.Close(ErrGoingAway)
+	}
+}
+
+// goAway marks the connection as left by the node's wish.
+func (m *MuxConn) goAway() {
+	m.mu.Lock()
+	first := !m.goingAway && m.err == nil
+	m.goingAway = true
+	m.mu.Unlock()
+	if first && m.onGoAway != nil {
+		m.onGoAway()
+	}
+	m.closeIfLeft()
 }
 
 // Forget withdraws the Answerer of id and reports whether it was still
@@ -213,11 +267,13 @@ func (m *MuxConn) Expect(deadline time.Time, a Answerer) (uint64, error) {
 // answered.
 func (m *MuxConn) Forget(id uint64) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	if _, ok := m.pending[id]; !ok {
+		m.mu.Unlock()
 		return false
 	}
 	delete(m.pending, id)
+	m.mu.Unlock()
+	m.closeIfLeft()
 	return true
 }
 
@@ -237,9 +293,15 @@ func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline
 		}
 	} else {
 		m.mu.Lock()
+		if err = m.err; err == nil && m.goingAway {
+			err = ErrGoingAway
+		}
 		m.nextID++
 		h.ID = m.nextID
 		m.mu.Unlock()
+		if err != nil {
+			return 0, false, err
+		}
 	}
 	m.wmu.Lock()
 	if m.werr == nil {
@@ -340,6 +402,9 @@ func (m *MuxConn) Expire(now time.Time) int {
 	for _, a := range late {
 		a.Answer(Frame{}, ErrCallExpired)
 	}
+	if len(late) > 0 {
+		m.closeIfLeft()
+	}
 	return len(late)
 }
 
@@ -395,6 +460,10 @@ func (m *MuxConn) readLoop() {
 		if f, _, err = m.fr.Read(nil); err != nil {
 			break
 		}
+		if f.Kind == KindGoAway && f.ID == 0 {
+			m.goAway()
+			continue
+		}
 		m.mu.Lock()
 		w, ok := m.pending[f.ID]
 		if ok {
@@ -403,6 +472,7 @@ func (m *MuxConn) readLoop() {
 		m.mu.Unlock()
 		if ok {
 			w.a.Answer(f, nil)
+			m.closeIfLeft()
 		}
 	}
 	if err == io.EOF {

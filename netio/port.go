@@ -45,7 +45,19 @@ type Handler interface {
 // Options configure a Port.
 type Options struct {
 	Addr  string // "host:port"; port 0 picks a free port shared by every receiving socket
-	Loops int    // scdmulti: receiving sockets (event loops) on the one port, SO_REUSEPORT; default 1
+	Loops int    // scdmulti: receiving sockets (event loops) of the default group on Addr, SO_REUSEPORT; default 1
+	// Receivers are named receiver groups beside the default one, each
+	// on its own port (OpenTP1's multi-scheduler groups).
+	Receivers []ReceiverGroup
+	// Steer, if set, places each group's new connections among its
+	// sockets (an SK_REUSEPORT program); without it, or when it fails, the
+	// kernel's hash does.
+	Steer Steerer
+	// Inherit are listening sockets a previous process handed over
+	// (Port.HandOff there): a group takes those of its name and address
+	// instead of binding new ones, so no connection waiting in their
+	// backlog is lost. Those it does not take are closed.
+	Inherit []Listener
 	// MaxPayload is the frame cap. A frame whose header announces a larger
 	// payload is answered 'message too big' (a call or name lookup) and
 	// its bytes are skipped as they arrive, never kept; the connection
@@ -87,8 +99,9 @@ type Stats struct {
 // before the server counts it as ended (a variable for tests).
 var loopDeadAfter = 5 * time.Second
 
-// Port is the node's RPC port: Loops receiving sockets on one TCP port,
-// each with its own accept goroutine and its own gnet event loop.
+// Port is the node's RPC port: receiver groups of receiving sockets, each
+// group on one TCP port, each socket with its own accept goroutine and its
+// own gnet event loop.
 type Port struct {
 	h            Handler
 	log          *slog.Logger
@@ -99,10 +112,14 @@ type Port struct {
 	frameTimeout time.Duration
 	budget       int64
 
+	groups    []*receiverGroup // the default group first
+	rcv       []*receiver      // every group's, in order; rcv[i] owns listeners[i], loops[i], lastTick[i]
 	listeners []*net.TCPListener
 	loops     []*gnet.Client
 	outPoll   *outPoller
 	lastTick  []atomic.Int64 // per loop: when its engine last ticked (unix ns)
+	handedOff atomic.Bool    // the listeners went to another process: their close is no failure
+	lnMu      sync.Mutex     // guards the elements of listeners once accept loops run (Resume replaces them)
 	// loopDeadAfter is how long a loop's engine may go without a tick
 	// before the server counts it as ended.
 	loopDeadAfter time.Duration
@@ -146,12 +163,9 @@ func Listen(opts Options, h Handler) (*Port, error) {
 	if h == nil {
 		return nil, errors.New("netio: listen: nil handler")
 	}
-	loops := opts.Loops
-	if loops <= 0 {
-		loops = 1
-	}
-	if loops > maxLoops {
-		return nil, fmt.Errorf("netio: listen %s: %d loops, at most %d", opts.Addr, loops, maxLoops)
+	specs, err := groupSpecs(opts)
+	if err != nil {
+		return nil, err
 	}
 	s := &Port{
 		h:             h,
@@ -186,48 +200,54 @@ func Listen(opts Options, h Handler) (*Port, error) {
 		s.budget = DefaultBufferBudget
 	}
 	s.refuseLog.every, s.acceptLog.every, s.budgetLog.every, s.timeoutLog.every = 10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second
-	if m := opts.Metrics; m != nil {
-		s.registerMetrics(m)
-	}
 
-	var err error
 	if s.outPoll, err = newOutPoller(); err != nil {
 		return nil, fmt.Errorf("netio: listen %s: %w", opts.Addr, err)
 	}
-	lns, addr, err := listenReusePort(opts.Addr, loops)
-	if err != nil {
-		s.outPoll.close()
-		return nil, fmt.Errorf("netio: listen %s: %w", opts.Addr, err)
-	}
-	s.addr, s.listeners = addr, lns
-	s.lastTick = make([]atomic.Int64, loops)
-	now := time.Now().UnixNano()
-	for i := range loops {
-		s.lastTick[i].Store(now)
-		cli, err := gnet.NewClient(&engineHandler{s: s, loop: i},
-			gnet.WithNumEventLoop(1),
-			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
-			gnet.WithTicker(true), // the heartbeat that says the loop's engine still runs
-			gnet.WithLogger(gnetLogger{s.log}),
-		)
-		if err == nil {
-			err = cli.Start()
-		}
+	inherited := opts.Inherit
+	for _, spec := range specs {
+		lns, addr, rest, err := listenGroup(spec, inherited, s.log)
+		inherited = rest
 		if err != nil {
-			for _, ln := range lns {
-				_ = ln.Close()
+			s.closeAll()
+			closeInherited(inherited)
+			if spec.Name != "" {
+				return nil, fmt.Errorf("netio: listen %s (receiver group %s): %w", spec.Addr, spec.Name, err)
 			}
-			for _, c := range s.loops {
-				_ = c.Stop()
-			}
-			s.outPoll.close()
-			return nil, fmt.Errorf("netio: listen %s: event loop: %w", addr, err)
+			return nil, fmt.Errorf("netio: listen %s: %w", spec.Addr, err)
+		}
+		g := &receiverGroup{name: spec.Name, addr: addr}
+		for i, ln := range lns {
+			r := newReceiver(g, i, len(s.rcv))
+			g.receivers = append(g.receivers, r)
+			s.rcv = append(s.rcv, r)
+			s.listeners = append(s.listeners, ln)
+		}
+		s.groups = append(s.groups, g)
+	}
+	closeInherited(inherited) // listeners of groups this Port no longer has
+	s.addr = s.groups[0].addr
+	s.lastTick = make([]atomic.Int64, len(s.rcv))
+	now := time.Now().UnixNano()
+	for _, r := range s.rcv {
+		s.lastTick[r.pos].Store(now)
+		cli, err := s.engineOf(r)
+		if err != nil {
+			s.closeAll()
+			return nil, fmt.Errorf("netio: listen %s: event loop: %w", r.group.addr, err)
 		}
 		s.loops = append(s.loops, cli)
 	}
-	for i, ln := range lns {
+	for _, g := range s.groups {
+		s.steer(g, opts.Steer)
+	}
+	if m := opts.Metrics; m != nil {
+		s.registerMetrics(m)
+		s.registerReceiverMetrics(m)
+	}
+	for _, r := range s.rcv {
 		s.acceptWG.Add(1)
-		go s.acceptLoop(ln, s.loops[i])
+		go s.acceptLoop(s.listeners[r.pos], r)
 	}
 	s.janitor.Add(1)
 	go s.runJanitor()
@@ -237,6 +257,22 @@ func Listen(opts Options, h Handler) (*Port, error) {
 			"max_connections", s.maxConns, "rlimit_nofile", lim.Cur)
 	}
 	return s, nil
+}
+
+// closeAll undoes a Listen that failed half way.
+func (s *Port) closeAll() {
+	for _, ln := range s.listeners {
+		_ = ln.Close()
+	}
+	for _, c := range s.loops {
+		_ = c.Stop()
+	}
+	for _, g := range s.groups {
+		if g.steered != nil {
+			_ = g.steered.Close()
+		}
+	}
+	s.outPoll.close()
 }
 
 // fdHeadroom is what a node needs besides its RPC connections: listeners,
@@ -299,9 +335,11 @@ func (s *Port) fail(err error) {
 func (s *Port) closeQuit() {
 	s.quitOnce.Do(func() {
 		close(s.quit)
+		s.lnMu.Lock()
 		for _, ln := range s.listeners {
 			_ = ln.Close()
 		}
+		s.lnMu.Unlock()
 	})
 }
 
@@ -359,6 +397,11 @@ func (s *Port) stop(ctx context.Context) {
 	wait(&loops)
 	s.outPoll.close() // after every OnClose: no connection is watched any more
 	s.janitor.Wait()
+	for _, g := range s.groups {
+		if g.steered != nil {
+			_ = g.steered.Close()
+		}
+	}
 	s.doneOnce.Do(func() { close(s.done) })
 }
 
@@ -388,20 +431,20 @@ func inc(c *metrics.Counter) {
 // There is one per event loop.
 type engineHandler struct {
 	gnet.BuiltinEventEngine
-	s    *Port
-	loop int
+	s *Port
+	r *receiver
 }
 
 // OnTick runs on gnet's ticker goroutine, which ends when the loop's engine
 // ends for any reason: the janitor counts a loop whose ticks stop as ended.
 func (e *engineHandler) OnTick() (time.Duration, gnet.Action) {
-	e.s.lastTick[e.loop].Store(time.Now().UnixNano())
+	e.s.lastTick[e.r.pos].Store(time.Now().UnixNano())
 	return 250 * time.Millisecond, gnet.None
 }
 
 func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	s := e.s
-	c := &Conn{gc: gc, srv: s, id: s.nextID.Add(1), fd: gc.Fd()}
+	c := &Conn{gc: gc, srv: s, rcv: e.r, id: s.nextID.Add(1), fd: gc.Fd()}
 	if ra := gc.RemoteAddr(); ra != nil {
 		c.remote = ra.String()
 	}
@@ -409,6 +452,7 @@ func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
+	e.r.conns.Add(1)
 	if s.mConns != nil {
 		s.mConns.Inc()
 	}
@@ -423,6 +467,7 @@ func (e *engineHandler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s := e.s
 	c.mu.Lock()
 	c.closed = true
+	c.rcv.inFlight.Add(-c.inFlight.Swap(0)) // their answers, if any come, are not written
 	if c.polled {
 		s.outPoll.del(c) // before gnet closes the descriptor
 		c.polled = false
@@ -442,6 +487,7 @@ func (e *engineHandler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s.held.Add(-(out + part))
 	s.mu.Unlock()
 	s.open.Add(-1)
+	e.r.conns.Add(-1)
 	if s.mConns != nil {
 		s.mConns.Dec()
 	}
@@ -458,6 +504,7 @@ func (e *engineHandler) OnTraffic(gc gnet.Conn) gnet.Action {
 	// gnet's buffer, the start of an incomplete one copied into c.part, so
 	// gnet never keeps bytes of ours between reads.
 	buf, _ := gc.Peek(-1)
+	e.r.bytesRead.Add(uint64(len(buf)))
 	c.inTraffic = true
 	action := c.consume(buf)
 	c.inTraffic = false

@@ -146,6 +146,7 @@ func (n *Node) newCluster(rule route.Rule) *cluster {
 	}
 	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
 	cl.fwd.reroute = n.reroute
+	cl.fwd.multi = n.multiSchedule
 	return cl
 }
 
@@ -338,6 +339,10 @@ func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool,
 // answerLookup tells a balancing client which nodes run a group, with
 // their levels: the cluster's table, or this node alone.
 func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
+	if string(f.Service) == netio.LookupReceivers {
+		n.answerReceivers(c, f)
+		return
+	}
 	group := string(f.Group)
 	var nodes []netio.NodeLevel
 	if n.cluster != nil {

@@ -48,6 +48,7 @@ func (n *Node) controlActions(mux *http.ServeMux) {
 	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) { n.answerHold(w, r, false) })
 	mux.HandleFunc("GET /prc", n.answerPrc)
 	mux.HandleFunc("POST /chprc", n.answerChprc)
+	mux.HandleFunc("POST /restart", n.answerRestart)
 	// Profiles for performance engineers: they show the node's insides.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -107,7 +108,10 @@ func (n *Node) ControlSocket() string { return ControlSocketPath(n.cfg) }
 // stops.
 func (n *Node) startControl() error {
 	path := ControlSocketPath(n.cfg)
-	ln, err := listenControl(path)
+	ln, err := n.restart.inheritControl, error(nil) // the old process's, on a restart
+	if ln == nil {
+		ln, err = listenControl(path)
+	}
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
@@ -119,6 +123,7 @@ func (n *Node) startControl() error {
 		ConnContext:       withControlPeer,
 		ReadHeaderTimeout: 5 * time.Second,
 	}
+	n.restart.controlLn, n.restart.controlSrv = ln, srv
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -126,7 +131,7 @@ func (n *Node) startControl() error {
 		_ = srv.Close() // a profile being taken is cut short, not waited for
 	}()
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
 			n.log.Error("control socket stopped", "path", path, "err", err)
 		}
 	}()
@@ -270,6 +275,18 @@ func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 		return
 	}
 	res.InFlight = g.inFlight()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(res)
+}
+
+// answerRestart hands the node's sockets to a new scdd (restart.go) and
+// says how it went.
+func (n *Node) answerRestart(w http.ResponseWriter, r *http.Request) {
+	res, err := n.Restart(r.Context())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusConflict)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
 }

@@ -14,19 +14,32 @@ import (
 	"tpsched/scd/def"
 )
 
-// This file transfers calls to other nodes: one peer per node, each with
-// one connection to the node's RPC port (a netio.MuxConn) that it dials
-// when the first call comes and again after a failure, opening it with the
-// peer hello (hello.go). A call is handed to the peer's queue from the event
-// loop (never blocking it); the peer's writer goroutine sends it under a
-// fresh id, and the connection's reader answers the original caller under
-// the caller's id when the reply comes back.
+// This file transfers calls to other nodes: one peer per node. A peer
+// sends a call to a target, an address of the node: its RPC port, or the
+// port of the receiver group that takes the call's service group there
+// (scdmulti -g), learned when the node answers 'wrong receiver' or, for a
+// group with multi_schedule, asked beforehand (a receivers lookup). Each
+// target has a queue and one or more lanes: a lane is a goroutine with one
+// connection (a netio.MuxConn) that it dials when the first call comes and
+// again after a failure, opening it with the peer hello (hello.go). With
+// multi_schedule a target has one lane per receiving socket of the group
+// there, each on a different socket as far as reconnecting can make it, and
+// the lanes take calls from the target's queue as they are free: the calls
+// are spread over the receivers. A call is handed to a queue from the
+// event loop (never blocking it); a lane sends it under a fresh id, and
+// the connection's reader answers the original caller under the caller's
+// id when the reply comes back.
 //
 // A call is counted in its peer's in-flight count (P2C's second key) from
 // before it is queued until it is answered, and a stopped peer takes no
 // call: the check and the queueing happen under the peer's lock, and the
-// writer empties the queue only after the stop, so no call is left in a
+// lanes empty the queues only after the stop, so no call is left in a
 // queue nobody reads.
+//
+// A connection the node asks to leave (KindGoAway: it hands its port to a
+// new process) takes no new call; its lane dials a new one, which the new
+// process accepts, while the answers of the calls sent on the old one
+// still come.
 
 // fwdCall is one call on its way to another node.
 type fwdCall struct {
@@ -42,6 +55,8 @@ type fwdCall struct {
 	tried     []string // nodes tried, for a retry after a communication error
 	retries   int      // retries left
 	via       *peer    // the peer it was last handed to
+	lookup    bool     // ask the node where the group is received before sending it
+	redirects int      // 'wrong receiver' answers met
 }
 
 // errCommunication is a failure to reach a node, or a refusal from a node
@@ -74,29 +89,52 @@ func refusedBeforeRunning(code netio.Code) bool {
 	return false
 }
 
-// peerQueue bounds the calls waiting for one peer's writer: beyond it a
+// peerQueue bounds the calls waiting for one target's lanes: beyond it a
 // call is refused server busy rather than buffered without limit.
 const peerQueue = 4096
 
-// writeBatch is how many bytes of queued calls the writer gathers into one
+// writeBatch is how many bytes of queued calls a lane gathers into one
 // write.
 const writeBatch = 64 << 10
+
+// maxRedirects bounds the 'wrong receiver' answers one call may meet.
+const maxRedirects = 2
+
+// lookupTimeout bounds a receivers lookup.
+const lookupTimeout = 2 * time.Second
 
 // peer is the way to one other node.
 type peer struct {
 	f    *forwarder
 	node string
-	addr string
+	addr string // its RPC port
 
-	queue    chan *fwdCall
 	inFlight atomic.Int64 // calls queued or sent, not yet answered: P2C's second key
 	sentTo   *metrics.Counter
 
 	mu       sync.Mutex
-	stopped  bool           // guarded by mu: no call is queued any more
-	replaced bool           // guarded by mu: stopped because the node moved; queued calls go to its new peer
-	conn     *netio.MuxConn // guarded by mu: the live connection, nil between connections
+	stopped  bool                    // guarded by mu: no call is queued any more
+	replaced bool                    // guarded by mu: stopped because the node moved; queued calls go to its new peer
+	targets  map[string]*target      // guarded by mu: by address
+	routes   map[string]recvRoute    // guarded by mu: by service group, where its calls go, once learned
+	conns    map[*netio.MuxConn]bool // guarded by mu: every connection with calls on it, for expire
 	stop     chan struct{}
+}
+
+// recvRoute is where a service group's calls are received on the node.
+type recvRoute struct {
+	addr  string
+	count int // receiving sockets there
+}
+
+// target is one address of a peer's node, with its queue and lanes.
+type target struct {
+	p     *peer
+	addr  string
+	group string // a service group received here, for its lanes' receivers lookups
+	queue chan *fwdCall
+	lanes int         // guarded by p.mu: lanes started
+	taken map[int]int // guarded by p.mu: receiving socket -> lanes connected to it
 }
 
 // forwarder owns the peers.
@@ -109,6 +147,10 @@ type forwarder struct {
 	// refused before running it: it tries another node or answers the
 	// caller.
 	reroute func(*fwdCall, error)
+	// multi reports whether a service group's transfers are spread over
+	// the receivers of its receiver group on the other node
+	// (multi_schedule); nil: none is.
+	multi func(group string) bool
 
 	mu    sync.Mutex
 	peers map[string]*peer // by node id
@@ -137,13 +179,13 @@ func (f *forwarder) peerFor(node, addr string) *peer {
 	}
 	p = &peer{
 		f: f, node: node, addr: addr,
-		queue:  make(chan *fwdCall, peerQueue),
-		stop:   make(chan struct{}),
-		sentTo: f.metrics.GetOrCreateCounter(fmt.Sprintf(`tpsched_forwarded_total{to=%q}`, node)),
+		targets: map[string]*target{},
+		routes:  map[string]recvRoute{},
+		conns:   map[*netio.MuxConn]bool{},
+		stop:    make(chan struct{}),
+		sentTo:  f.metrics.GetOrCreateCounter(fmt.Sprintf(`tpsched_forwarded_total{to=%q}`, node)),
 	}
 	f.peers[node] = p
-	f.wg.Add(1)
-	go p.run()
 	return p
 }
 
@@ -197,18 +239,22 @@ const (
 	peerStopped
 )
 
-// enqueue counts cl in flight and queues it for the writer, unless the
-// queue is full or the peer stopped.
+func (f *forwarder) multiSchedule(group string) bool { return f.multi != nil && f.multi(group) }
+
+// enqueue counts cl in flight and queues it for the target its group is
+// received on, unless the queue is full or the peer stopped.
 func (p *peer) enqueue(cl *fwdCall) enqueueResult {
+	multi := p.f.multiSchedule(cl.group)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
 		return peerStopped
 	}
+	t := p.targetLocked(cl, multi)
 	p.inFlight.Add(1)
 	cl.via = p
 	select {
-	case p.queue <- cl:
+	case t.queue <- cl:
 		return enqueued
 	default:
 		p.inFlight.Add(-1)
@@ -216,8 +262,60 @@ func (p *peer) enqueue(cl *fwdCall) enqueueResult {
 	}
 }
 
-// halt stops the peer: it takes no more calls, its writer answers (or,
-// when replaced, hands on) what is queued, and its connection closes.
+// targetLocked is the target cl goes to: where its group is received, once
+// known; else the node's RPC port, with a lookup first when the group
+// spreads its calls (multi_schedule) or was sent to the wrong receiver.
+// p.mu is held.
+func (p *peer) targetLocked(cl *fwdCall, multi bool) *target {
+	r, known := p.routes[cl.group]
+	if !known || cl.lookup {
+		cl.lookup = cl.lookup || multi
+		return p.targetAtLocked(p.addr, cl.group, 1)
+	}
+	lanes := 1
+	if multi {
+		lanes = r.count
+	}
+	return p.targetAtLocked(r.addr, cl.group, lanes)
+}
+
+// targetAtLocked returns the target at addr with at least lanes lanes,
+// starting what is missing. p.mu is held.
+func (p *peer) targetAtLocked(addr, group string, lanes int) *target {
+	t := p.targets[addr]
+	if t == nil {
+		t = &target{p: p, addr: addr, group: group, queue: make(chan *fwdCall, peerQueue), taken: map[int]int{}}
+		p.targets[addr] = t
+	}
+	for t.lanes < lanes {
+		t.lanes++
+		p.f.wg.Add(1)
+		go t.runLane()
+	}
+	return t
+}
+
+// learned records where group is received on the node.
+func (p *peer) learned(group string, r recvRoute) {
+	p.mu.Lock()
+	p.routes[group] = r
+	p.mu.Unlock()
+}
+
+// forgetAddr drops the routes to addr, after it could not be reached: the
+// node may have moved the group.
+func (p *peer) forgetAddr(addr string) {
+	p.mu.Lock()
+	for g, r := range p.routes {
+		if r.addr == addr {
+			delete(p.routes, g)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// halt stops the peer: it takes no more calls, its lanes answer (or, when
+// replaced, hand on) what is queued, and its connections close.
 func (p *peer) halt(replaced bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -238,16 +336,27 @@ func (f *forwarder) close() {
 	}
 	f.mu.Unlock()
 	f.wg.Wait()
+	f.mu.Lock()
+	peers := f.peers
+	f.mu.Unlock()
+	for _, p := range peers {
+		p.mu.Lock()
+		conns := p.conns
+		p.mu.Unlock()
+		for mc := range conns {
+			mc.Close(fmt.Errorf("connection to node %s closed: this node is stopping", p.node))
+		}
+	}
 }
 
 // expire answers forwarded calls whose deadline passed without a reply.
 func (f *forwarder) expire(now time.Time) {
+	var conns []*netio.MuxConn
 	f.mu.Lock()
-	conns := make([]*netio.MuxConn, 0, len(f.peers))
 	for _, p := range f.peers {
 		p.mu.Lock()
-		if p.conn != nil {
-			conns = append(conns, p.conn)
+		for mc := range p.conns {
+			conns = append(conns, mc)
 		}
 		p.mu.Unlock()
 	}
@@ -276,7 +385,8 @@ func answerUnsent(cl *fwdCall, err error, more string) {
 
 // Answer takes the answer to a sent call from its connection (it is the
 // call's netio.Answerer) and passes it to the caller under the caller's
-// id; a refusal before running goes to reroute instead.
+// id; a refusal before running goes to reroute instead, and a 'wrong
+// receiver' back to the peer, which asks where the group is received.
 func (cl *fwdCall) Answer(f netio.Frame, err error) {
 	p := cl.via
 	p.inFlight.Add(-1)
@@ -286,6 +396,13 @@ func (cl *fwdCall) Answer(f netio.Frame, err error) {
 	case err != nil:
 		// Not retried: the other node may have run it.
 		answerErr(cl, netio.CodeNetworkDown, "connection to node "+p.node+" lost")
+	case f.Kind == netio.KindError && f.Code == netio.CodeWrongReceiver && cl.redirects < maxRedirects:
+		// It did not run: ask where the group is received, then send it there.
+		cl.redirects++
+		cl.lookup = true
+		if p.enqueue(cl) != enqueued {
+			p.f.reroute(cl, &refusal{node: p.node, code: f.Code, msg: string(f.Payload)})
+		}
 	case f.Kind == netio.KindError && refusedBeforeRunning(f.Code):
 		p.f.reroute(cl, &refusal{node: p.node, code: f.Code, msg: string(f.Payload)})
 	default:
@@ -294,16 +411,18 @@ func (cl *fwdCall) Answer(f netio.Frame, err error) {
 	}
 }
 
-// run keeps a connection to the peer while calls come.
-func (p *peer) run() {
+// runLane keeps one connection to the target while calls come.
+func (t *target) runLane() {
+	p := t.p
 	defer p.f.wg.Done()
 	var carried []*fwdCall // taken off the queue, not sent: they go first on the next connection
+	here := -1             // the receiving socket of the lane's connection, when known
 	for {
 		if len(carried) == 0 {
 			var first *fwdCall
 			select {
 			case <-p.stop:
-			case first = <-p.queue:
+			case first = <-t.queue:
 				carried = append(carried, first)
 			}
 		}
@@ -312,39 +431,137 @@ func (p *peer) run() {
 			for _, cl := range carried {
 				p.handOn(cl)
 			}
-			p.emptyQueue()
+			t.emptyQueue()
 			return
 		default:
 		}
-		nc, fr, err := dialPeer(p.addr, p.f.self, p.node, p.f.key)
+		mc, err := t.dial(&here)
 		if err != nil {
 			if errors.Is(err, errHelloRefused) {
-				p.f.log.Warn("peer hello failed", "node", p.node, "addr", p.addr, "err", err)
+				p.f.log.Warn("peer hello failed", "node", p.node, "addr", t.addr, "err", err)
 			} else {
-				p.f.log.Debug("peer unreachable", "node", p.node, "addr", p.addr, "err", err)
+				p.f.log.Debug("peer unreachable", "node", p.node, "addr", t.addr, "err", err)
+			}
+			if t.addr != p.addr {
+				p.forgetAddr(t.addr)
 			}
 			for _, cl := range carried {
 				p.retry(cl, err)
 			}
 			carried = carried[:0]
-			p.retryQueued(err)
+			t.retryQueued(err)
 			continue
 		}
-		mc := netio.NewMuxConn(nc, netio.MuxOptions{MaxPayload: def.MaxMaxMessageSize, Reader: fr})
-		carried = p.serve(mc, carried)
+		carried = t.serve(mc, carried)
+		t.release(&here)
 	}
 }
 
-// serve writes calls to mc until it fails or the peer stops; mc's reader
-// answers the callers. It returns the calls it took but could not send
-// because mc had closed.
-func (p *peer) serve(mc *netio.MuxConn, calls []*fwdCall) (unsent []*fwdCall) {
+// dial connects a lane: the hello, then, when the target has several
+// lanes, a receivers lookup that says which receiving socket the
+// connection landed on. A connection on a socket another lane of the
+// target has already is dialled again, a few times (the kernel's hash
+// places connections; the steering program gives each new one to the
+// socket with the least work, so it rarely needs to).
+func (t *target) dial(here *int) (*netio.MuxConn, error) {
+	p := t.p
+	for attempt := 0; ; attempt++ {
+		nc, fr, err := dialPeer(t.addr, p.f.self, p.node, p.f.key)
+		if err != nil {
+			return nil, err
+		}
+		mc := netio.NewMuxConn(nc, netio.MuxOptions{MaxPayload: def.MaxMaxMessageSize, Reader: fr})
+		p.mu.Lock()
+		lanes := t.lanes
+		p.mu.Unlock()
+		if lanes < 2 {
+			return mc, nil
+		}
+		r, err := lookupReceivers(mc, t.group)
+		if err != nil || r.Here < 0 {
+			return mc, nil // served all the same; the node answers what it cannot take
+		}
+		p.mu.Lock()
+		busy := t.taken[r.Here] > 0 && attempt < 3*lanes
+		if !busy {
+			t.taken[r.Here]++
+			*here = r.Here
+		}
+		p.mu.Unlock()
+		if !busy {
+			return mc, nil
+		}
+		mc.Close(errors.New("another lane has this receiving socket"))
+	}
+}
+
+// release forgets the receiving socket of a lane's connection that ended.
+func (t *target) release(here *int) {
+	if *here < 0 {
+		return
+	}
+	t.p.mu.Lock()
+	if t.taken[*here]--; t.taken[*here] <= 0 {
+		delete(t.taken, *here)
+	}
+	t.p.mu.Unlock()
+	*here = -1
+}
+
+// lookupReceivers asks the node on mc where group is received.
+func lookupReceivers(mc *netio.MuxConn, group string) (netio.Receivers, error) {
+	w := &lookupWaiter{ch: make(chan lookupResult, 1)}
+	_, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, group, netio.LookupReceivers, nil,
+		time.Now().Add(lookupTimeout), w)
+	if !sent {
+		return netio.Receivers{}, err
+	}
+	select {
+	case r := <-w.ch:
+		if r.err != nil {
+			return netio.Receivers{}, r.err
+		}
+		if r.f.Kind != netio.KindReply {
+			return netio.Receivers{}, &netio.Error{Code: r.f.Code, Message: string(r.f.Payload)}
+		}
+		return netio.ParseReceivers(r.f.Payload)
+	case <-time.After(lookupTimeout):
+		return netio.Receivers{}, fmt.Errorf("receivers lookup: no answer within %v", lookupTimeout)
+	}
+}
+
+type lookupResult struct {
+	f   netio.Frame
+	err error
+}
+
+type lookupWaiter struct{ ch chan lookupResult }
+
+func (w *lookupWaiter) Answer(f netio.Frame, err error) { w.ch <- lookupResult{f, err} }
+
+// serve writes calls to mc until it fails, the node asks the lane to go
+// away or the peer stops; mc's reader answers the callers. It returns the
+// calls it took but could not send because mc had closed or was going
+// away.
+func (t *target) serve(mc *netio.MuxConn, calls []*fwdCall) (unsent []*fwdCall) {
+	p := t.p
 	p.mu.Lock()
-	p.conn = mc
+	p.conns[mc] = true
 	p.mu.Unlock()
 	defer func() {
+		if mc.GoingAway() {
+			// The calls on it are answered by the node that asked; the
+			// connection closes itself after the last.
+			go func() {
+				<-mc.Done()
+				p.mu.Lock()
+				delete(p.conns, mc)
+				p.mu.Unlock()
+			}()
+			return
+		}
 		p.mu.Lock()
-		p.conn = nil
+		delete(p.conns, mc)
 		p.mu.Unlock()
 		mc.Close(fmt.Errorf("connection to node %s closed", p.node)) // answers what was sent
 	}()
@@ -352,6 +569,9 @@ func (p *peer) serve(mc *netio.MuxConn, calls []*fwdCall) (unsent []*fwdCall) {
 	add := func(cl *fwdCall) {
 		if len(unsent) > 0 {
 			unsent = append(unsent, cl) // keep their order
+			return
+		}
+		if cl.lookup && t.redirect(mc, cl) {
 			return
 		}
 		var ok bool
@@ -366,7 +586,7 @@ func (p *peer) serve(mc *netio.MuxConn, calls []*fwdCall) (unsent []*fwdCall) {
 	gather:
 		for len(buf) < writeBatch && len(unsent) == 0 {
 			select {
-			case cl := <-p.queue:
+			case cl := <-t.queue:
 				add(cl)
 			default:
 				break gather
@@ -389,14 +609,45 @@ func (p *peer) serve(mc *netio.MuxConn, calls []*fwdCall) (unsent []*fwdCall) {
 			return nil
 		case <-mc.Done():
 			return nil
-		case cl := <-p.queue:
+		case cl := <-t.queue:
 			add(cl)
 		}
 	}
 }
 
+// redirect asks the node on mc where cl's group is received and, when that
+// is another target (or more lanes), hands cl there; it reports whether it
+// did. A failed lookup leaves cl to be sent here: the node answers what it
+// cannot take.
+func (t *target) redirect(mc *netio.MuxConn, cl *fwdCall) bool {
+	p := t.p
+	cl.lookup = false
+	r, err := lookupReceivers(mc, cl.group)
+	if err != nil {
+		return false
+	}
+	p.learned(cl.group, recvRoute{addr: r.Addr, count: r.Count})
+	multi := p.f.multiSchedule(cl.group)
+	p.mu.Lock()
+	lanes := t.lanes
+	p.mu.Unlock()
+	if r.Addr == t.addr && (!multi || lanes >= r.Count) {
+		return false
+	}
+	p.inFlight.Add(-1) // enqueue counts it again
+	switch p.enqueue(cl) {
+	case enqueued:
+	case queueFull:
+		answerErr(cl, netio.CodeServerBusy, "too many calls waiting for node "+p.node)
+	default:
+		p.inFlight.Add(1) // handOn takes it off again
+		p.handOn(cl)
+	}
+	return true
+}
+
 // frame appends cl's frame under a fresh id of mc, which answers it; false
-// if mc has closed.
+// if mc has closed or is going away.
 func (p *peer) frame(dst []byte, mc *netio.MuxConn, cl *fwdCall) ([]byte, bool) {
 	timeout := cl.timeoutMs
 	if !cl.deadline.IsZero() {
@@ -411,7 +662,7 @@ func (p *peer) frame(dst []byte, mc *netio.MuxConn, cl *fwdCall) ([]byte, bool) 
 		}
 		h.ID = id
 	} else {
-		if mc.Err() != nil {
+		if mc.Err() != nil || mc.GoingAway() {
 			return dst, false
 		}
 		p.inFlight.Add(-1) // nobody waits for an answer
@@ -426,11 +677,11 @@ func (p *peer) retry(cl *fwdCall, err error) {
 	p.f.reroute(cl, fmt.Errorf("node %s (%s): %w: %v", p.node, p.addr, errCommunication, err))
 }
 
-func (p *peer) retryQueued(err error) {
+func (t *target) retryQueued(err error) {
 	for {
 		select {
-		case cl := <-p.queue:
-			p.retry(cl, err)
+		case cl := <-t.queue:
+			t.p.retry(cl, err)
 		default:
 			return
 		}
@@ -438,11 +689,11 @@ func (p *peer) retryQueued(err error) {
 }
 
 // emptyQueue deals with the calls still queued when the peer stopped.
-func (p *peer) emptyQueue() {
+func (t *target) emptyQueue() {
 	for {
 		select {
-		case cl := <-p.queue:
-			p.handOn(cl)
+		case cl := <-t.queue:
+			t.p.handOn(cl)
 		default:
 			return
 		}

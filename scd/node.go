@@ -62,6 +62,16 @@ type Options struct {
 	// a dead node leaves the tables within about a second: for tests and
 	// single-host clusters.
 	FastFailureDetection bool
+	// Steering places each receiver group's new connections: "" the
+	// SK_REUSEPORT program where it loads (else the kernel's hash, saying
+	// why), SteeringOff the hash. scdd takes it from TPSCHED_STEERING.
+	Steering string
+	// RestartArgs is the command line (after the program) that starts this
+	// daemon again, for Restart; scdd passes its own.
+	RestartArgs []string
+	// Takeover is the hand-over socket from an old scdd whose sockets this
+	// node takes over (restart.go); nil for a plain start.
+	Takeover *net.UnixConn
 }
 
 // Node is one running schedule service.
@@ -87,6 +97,8 @@ type Node struct {
 
 	badRequests  *metrics.Counter
 	helloRefused *metrics.Counter
+
+	restart restartState // restart.go: handing the sockets to a new process, or taking them over
 
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 }
@@ -223,8 +235,10 @@ func (n *Node) Start() (err error) {
 	for _, w := range n.cfg.System.Warnings() {
 		n.log.Warn(w)
 	}
+	n.restart.peer = n.opts.Takeover
 	defer func() {
 		if err != nil {
+			n.takeoverFailed(err)
 			n.shutdown()
 		}
 	}()
@@ -232,6 +246,9 @@ func (n *Node) Start() (err error) {
 		if err := n.startGroup(g); err != nil {
 			return err
 		}
+	}
+	if err := n.takeOver(); err != nil {
+		return err
 	}
 	if err := n.prepareCluster(); err != nil {
 		return err
@@ -249,6 +266,9 @@ func (n *Node) Start() (err error) {
 		BufferBudget: n.cfg.System.BufferBudget,
 		Metrics:      n.metrics,
 		Logger:       n.log,
+		Receivers:    n.receiverGroups(),
+		Steer:        steerer{off: n.opts.Steering == SteeringOff},
+		Inherit:      n.restart.inheritRPC,
 	}, n)
 	if err != nil {
 		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
@@ -259,6 +279,9 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	if err := n.startLoadChecks(); err != nil {
+		return err
+	}
+	if err := n.takeoverServing(); err != nil {
 		return err
 	}
 	if err := n.joinCluster(); err != nil {
@@ -433,6 +456,11 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 		return netio.CodeShuttingDown, ""
 	}
 	g := n.groups[string(f.Group)]
+	if len(n.cfg.Sched.ReceiverGroups) > 0 {
+		if msg, wrong := n.wrongReceiver(c, g, f); wrong {
+			return netio.CodeWrongReceiver, msg
+		}
+	}
 	if n.cluster != nil {
 		if transferred, code, msg := n.routeCall(c, f, g); transferred {
 			return code, msg
@@ -515,7 +543,15 @@ func (n *Node) ControlAddr() string { return n.adminLn.Addr().String() }
 
 // Drain refuses new calls, waits until every queued call is answered (or
 // ctx or DrainTimeout ends), then stops the UAPs and closes the ports.
+// After a Restart handed the sockets over it waits for that drain instead.
 func (n *Node) Drain(ctx context.Context) error {
+	if handed, err := n.drainedByRestart(); handed {
+		return err
+	}
+	return n.drain(ctx)
+}
+
+func (n *Node) drain(ctx context.Context) error {
 	n.leaveBeforeDrain(ctx) // the other nodes stop sending here first
 	n.draining.Store(true)
 	n.log.Info("draining: new calls are refused")

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"tpsched/bpf"
@@ -22,7 +23,8 @@ import (
 // Status is what `scdctl status` shows: the node and each service group.
 type Status struct {
 	Node     string            `json:"node"`
-	At       time.Time         `json:"at"` // when the figures were read: rates are differences over it
+	At       time.Time         `json:"at"`  // when the figures were read: rates are differences over it
+	PID      int               `json:"pid"` // scdd's; a restart changes it
 	RPC      string            `json:"rpc"`
 	Draining bool              `json:"draining"`
 	CPU      procmgr.CPUStatus `json:"cpu_priority"`
@@ -34,12 +36,17 @@ type Status struct {
 	// the node started (tpsched_error_answers_total); codes never used are
 	// left out.
 	ErrorAnswers map[string]uint64 `json:"error_answers"`
+	// Receivers are the receiving sockets of every receiver group, and
+	// Steering how each group's new connections are placed.
+	Receivers []netio.ReceiverStats  `json:"receivers"`
+	Steering  []netio.SteeringStatus `json:"steering"`
 }
 
 // GroupStatus is one service group's state.
 type GroupStatus struct {
 	Group      string          `json:"group"`
 	Server     string          `json:"server"`
+	Receivers  string          `json:"receiver_group,omitempty"` // scdmulti -g: the receiver group that takes its calls
 	Held       bool            `json:"held"`
 	Receive    string          `json:"receive_from"`
 	Priority   int             `json:"schedule_priority"`
@@ -154,9 +161,10 @@ func (g *group) running() Running {
 
 // Status reports the node's state now.
 func (n *Node) Status() Status {
-	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
+	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), PID: os.Getpid(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
+	st.Receivers, st.Steering = n.rpc.Receivers(), n.rpc.Steering()
 	st.ErrorAnswers = map[string]uint64{}
 	for _, c := range netio.Codes() {
 		if v := netio.ErrorAnswers(c); v > 0 {
@@ -168,6 +176,7 @@ func (n *Node) Status() Status {
 		st.Groups = append(st.Groups, GroupStatus{
 			Group:      g.name,
 			Server:     g.def.Name,
+			Receivers:  g.def.ReceiverGroup,
 			Held:       g.held.Load(),
 			Receive:    map[def.ReceiveFrom]string{def.ReceiveQueue: "queue", def.ReceiveSocket: "socket"}[g.def.ReceiveFrom],
 			Priority:   g.def.SchedulePriority,
@@ -197,7 +206,10 @@ func (n *Node) startAdmin() error {
 	if err := n.startControl(); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", n.cfg.System.MetricsAddress)
+	ln, err := n.restart.inheritMetrics, error(nil) // the old process's, on a restart
+	if ln == nil {
+		ln, err = net.Listen("tcp", n.cfg.System.MetricsAddress)
+	}
 	if err != nil {
 		return fmt.Errorf("metrics_address %s: %w", n.cfg.System.MetricsAddress, err)
 	}
@@ -211,7 +223,7 @@ func (n *Node) startAdmin() error {
 	})
 	n.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
-		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
 			n.log.Error("metrics and status endpoint stopped", "err", err)
 		}
 	}()

@@ -44,11 +44,13 @@ Commands:
                               within the definition's maximum and the node's max_processes
   hold GROUP                  refuse new calls to GROUP ('service closed'); queued calls finish
   release GROUP               let GROUP take calls again
+  restart                     start a new scdd that takes the node's sockets over; this one
+                              lets its callers go and drains (no call is dropped)
   pprof PROFILE [SECONDS]     write a profile of scdd to stdout: heap, goroutine, allocs,
                               block, mutex, threadcreate; profile (CPU) or trace for SECONDS
 
 call uses the node's RPC port, status its HTTP address (metrics_address);
-prc, chprc, hold, release and pprof go over its control socket, which admits only
+prc, chprc, hold, release, restart and pprof go over its control socket, which admits only
 scdd's own user and root. Flags may come before or after the command; "--"
 ends them (for DATA that starts with "-").
 
@@ -129,6 +131,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = chprc(ctx, nd, *asJSON, rest, stdout)
 	case "pprof":
 		err = profile(nd, *timeout, rest, stdout)
+	case "restart":
+		err = restart(ctx, nd, rest, stdout)
 	default:
 		fmt.Fprintf(stderr, "scdctl: unknown command %q\n", cmd)
 		fs.Usage()
@@ -395,11 +399,51 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	}
 	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
 	fmt.Fprintln(stdout, "WAIT%: share of the group's processes' runnable time lately spent waiting for a CPU; GUARD%: cpu_wait_limit.")
+	if err := printReceivers(stdout, tw, st); err != nil {
+		return err
+	}
 	if cl := st.Cluster; cl != nil {
 		printCluster(stdout, tw, cl)
 		return tw.Flush()
 	}
 	return nil
+}
+
+// printReceivers shows each receiver group (scdmulti), how its new
+// connections are placed, and each receiving socket's figures.
+func printReceivers(stdout io.Writer, tw *tabwriter.Writer, st scd.Status) error {
+	fmt.Fprintln(stdout)
+	bound := map[string][]string{}
+	for _, g := range st.Groups {
+		bound[g.Receivers] = append(bound[g.Receivers], g.Group)
+	}
+	for _, s := range st.Steering {
+		name, takes := s.Group, strings.Join(bound[s.Group], ",")
+		if name == "" {
+			name, takes = "default", "every group not bound elsewhere"
+		}
+		fmt.Fprintf(stdout, "receiver group %s on %s: %d receivers, new connections placed by %s", name, s.Addr, s.Receivers, s.Mechanism)
+		if s.Reason != "" {
+			fmt.Fprintf(stdout, " (%s)", s.Reason)
+		}
+		fmt.Fprintf(stdout, "; takes %s\n", orNone(takes))
+	}
+	fmt.Fprintln(tw, "RECEIVER-GROUP\tRECEIVER\tCONNECTIONS\tACCEPTED\tCALLS\tIN-FLIGHT")
+	for _, r := range st.Receivers {
+		name := r.Group
+		if name == "" {
+			name = "default"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\n", name, r.Index, r.Conns, r.Accepted, r.Calls, r.InFlight)
+	}
+	return tw.Flush()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no group"
+	}
+	return s
 }
 
 // printCluster shows every node this one knows, with its groups' levels
@@ -553,7 +597,7 @@ func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time
 		}
 		fmt.Fprintf(stdout, "%s: server %s, parallel_count %s%s\n", g.Group, g.Server, g.Count, def)
 	}
-	fmt.Fprintln(stdout, "CALLS: calls a process holds now (its current one and one handed over ahead); SERVED: calls it completed.")
+	fmt.Fprintln(stdout, "CALLS: calls a process holds now (its current one and those handed over ahead, up to 8); SERVED: calls it completed.")
 }
 
 // chprc changes a group's process counts while it runs (OpenTP1's scdchprc).
@@ -604,6 +648,24 @@ func chprc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.W
 		fmt.Fprintln(stdout)
 	}
 	printProcesses(stdout, []scd.GroupProcesses{res.GroupProcesses}, time.Now())
+	return nil
+}
+
+// restart asks the node to hand its sockets to a new scdd.
+func restart(ctx context.Context, nd node, args []string, stdout io.Writer) error {
+	if len(args) != 0 {
+		return usageError("restart")
+	}
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/restart", "")
+	if err != nil {
+		return err
+	}
+	var res scd.RestartResult
+	if err := json.Unmarshal(body, &res); err != nil {
+		return fmt.Errorf("restart: answer from %s: %w", nd.sock, err)
+	}
+	fmt.Fprintf(stdout, "restarted: pid %d serves the node (it took %s); pid %d lets its %d connection(s) go and drains\n",
+		res.NewPID, res.Took, res.OldPID, res.Conns)
 	return nil
 }
 

@@ -2,7 +2,9 @@
 // (or runs the embedded one-node demo), starts the UAP processes of every
 // user server, and schedules the calls that arrive on its RPC port onto
 // their shared-memory queues. SIGTERM or SIGINT drains: new calls are
-// refused, queued ones finish, the UAPs stop.
+// refused, queued ones finish, the UAPs stop. SIGUSR2 (or scdctl restart)
+// starts a new scdd with the same command line that takes the listening
+// sockets over, while this one lets its callers go and drains.
 package main
 
 import (
@@ -38,6 +40,8 @@ func run() int {
 	check := flag.Bool("check", false, "read and validate the definitions (modules too), print warnings, then exit")
 	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
+	steering := flag.String("steering", os.Getenv("TPSCHED_STEERING"),
+		"how receiver groups' new connections are placed: empty = the SK_REUSEPORT program (least work) if it loads, else the kernel's hash; off = the hash (default $TPSCHED_STEERING)")
 	fastDetect := flag.Bool("fast-failure-detection", false,
 		"probe peer nodes every 200 ms instead of 1 s, so a dead node leaves the tables within about a second (tests, one-host clusters)")
 	showVersion := flag.Bool("version", false, "print scdd's version and exit")
@@ -52,6 +56,10 @@ func run() int {
 		flag.Usage()
 		return 2
 	}
+	if *steering != "" && *steering != scd.SteeringOff {
+		fmt.Fprintf(os.Stderr, "scdd: -steering %q: want off, or nothing for the steering program where it loads\n", *steering)
+		return 2
+	}
 	if *showVersion {
 		fmt.Println(version.Line("scdd"))
 		return 0
@@ -63,14 +71,19 @@ func run() int {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
+	takeover, err := scd.TakeoverConn() // set when an old scdd started this one to take its sockets over
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "scdd:", err)
+		return 1
+	}
 	var cfg *def.Config
-	var err error
 	if *dir == "" {
 		cfg, err = def.LoadDefault()
 	} else {
 		cfg, err = def.Load(*dir)
 	}
 	if err != nil {
+		scd.RefuseTakeover(takeover, err)
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
@@ -88,8 +101,9 @@ func run() int {
 	// executable) without starting anything, so -check refuses exactly what
 	// start-up would.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
-		FastFailureDetection: *fastDetect})
+		FastFailureDetection: *fastDetect, Steering: *steering, RestartArgs: os.Args[1:], Takeover: takeover})
 	if err != nil {
+		scd.RefuseTakeover(takeover, err)
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
@@ -102,12 +116,27 @@ func run() int {
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	restarts := make(chan os.Signal, 1)
+	signal.Notify(restarts, syscall.SIGUSR2)
 	if err := node.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
+	sdNotify(log, fmt.Sprintf("READY=1\nMAINPID=%d", os.Getpid())) // a new process after a restart becomes systemd's main one
+	go func() {
+		for range restarts {
+			log.Info("SIGUSR2: restarting")
+			if res, err := node.Restart(context.Background()); err == nil {
+				log.Info("restart: handed over", "new_pid", res.NewPID, "took", res.Took)
+			}
+		}
+	}()
 	var sig os.Signal
 	select {
+	case <-node.Retired():
+		signal.Stop(restarts)
+		log.Info("scdd stopped: a new process serves the node")
+		return 0
 	case sig = <-sigs:
 	case err := <-node.Failed():
 		// The port takes no calls: exit non-zero so that a supervisor

@@ -3,6 +3,7 @@ package client
 import (
 	"container/list"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -97,14 +98,14 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 		return nil, nil, false
 	}
 	h.Flags |= netio.FlagBalanced
-	id, w, sent, err := c.start(idx, mc, h, group, service, payload)
-	if err != nil {
+	reply, err, sent := c.deliver(ctx, idx, mc, h, group, service, payload, timeout)
+	var te *netio.Error
+	if !sent || (errors.As(err, &te) && te.Code == netio.CodeNetworkDown) {
 		c.cache.forget(group)
-		if !sent {
-			return nil, nil, false
-		}
 	}
-	reply, err = finish(ctx, mc, id, w, err, timeout)
+	if !sent {
+		return nil, nil, false
+	}
 	return reply, err, true
 }
 

@@ -52,6 +52,13 @@ type Options struct {
 	LoadBalance  bool
 	CacheEntries int           // default 64
 	CacheTime    time.Duration // default 30 s; below 0: ask before every call
+	// MultiSchedule (OpenTP1's multi_schedule on the sending side) asks a
+	// node where a group is received before its first call there, keeps
+	// one connection per receiving socket of that receiver group, and
+	// spreads the group's calls over them. Without it the client still
+	// follows a 'wrong receiver' answer to the group's receivers, on one
+	// connection.
+	MultiSchedule bool
 }
 
 // FromDefinition turns a client environment definition into Options.
@@ -86,6 +93,8 @@ type Client struct {
 	cur     int                    // index of the dchost host calls go to
 	conns   map[int]*netio.MuxConn // live connection per host index
 	dialing map[int]*dialing       // dial under way per host index
+	routes  map[routeKey]receiverRoute
+	spreads map[string]*spread // MultiSchedule: by receiver group address
 	closed  bool
 }
 
@@ -125,7 +134,7 @@ func New(opts Options) (*Client, error) {
 		opts.CacheTime = def.DefaultCacheTime
 	}
 	c := &Client{opts: opts, nDC: len(hosts), hosts: hosts, conns: make(map[int]*netio.MuxConn), dialing: make(map[int]*dialing),
-		cache: newLevelCache(opts.CacheEntries)}
+		cache: newLevelCache(opts.CacheEntries), routes: map[routeKey]receiverRoute{}, spreads: map[string]*spread{}}
 	if opts.HostSelect {
 		c.cur = rand.IntN(len(hosts))
 	}
@@ -229,14 +238,45 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 			lastErr = err
 			continue
 		}
-		id, w, sent, err := c.start(idx, mc, h, group, service, payload)
+		reply, err, sent := c.deliver(ctx, idx, mc, h, group, service, payload, timeout)
 		if !sent {
 			lastErr = err
 			continue
 		}
-		return finish(ctx, mc, id, w, err, timeout)
+		return reply, err
 	}
 	return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: lastErr.Error()}
+}
+
+// deliver sends a call to the node of host idx, whose own port's
+// connection is mc, and waits for its answer: on the connection of the
+// group's receivers when they are known (multi.go), following a 'wrong
+// receiver' answer there, and on a new connection when the node asks the
+// client to leave the one it used (it hands its port over). sent is false
+// when the call certainly did not leave, as for start.
+func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h netio.Header, group, service string,
+	payload []byte, timeout time.Duration) (reply []byte, err error, sent bool) {
+	for attempt := 0; ; attempt++ {
+		sidx, smc := c.routed(ctx, idx, mc, group)
+		id, w, sent, err := c.start(sidx, smc, h, group, service, payload)
+		if !sent {
+			if errors.Is(err, netio.ErrGoingAway) && attempt < 3 {
+				if mc, err = c.connFor(idx); err == nil {
+					continue
+				}
+			}
+			return nil, err, false
+		}
+		reply, err := finish(ctx, smc, id, w, err, timeout)
+		var te *netio.Error
+		if errors.As(err, &te) && te.Code == netio.CodeWrongReceiver && attempt < 3 {
+			// It did not run: ask where the group is received, send it there.
+			if _, lerr := c.learnRoute(ctx, idx, mc, group); lerr == nil {
+				continue
+			}
+		}
+		return reply, err, true
+	}
 }
 
 // start sends a call on mc, the connection to host idx; w waits for its
@@ -256,7 +296,11 @@ func (c *Client) start(idx int, mc *netio.MuxConn, h netio.Header, group, servic
 		if w != nil {
 			waiterPool.Put(w) // never answered: reusable
 		}
-		c.drop(idx, mc, err)
+		if errors.Is(err, netio.ErrGoingAway) {
+			c.retire(idx, mc) // its calls still get their answers
+		} else {
+			c.drop(idx, mc, err)
+		}
 		return 0, nil, false, err
 	}
 	return id, w, true, err
@@ -344,6 +388,7 @@ func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
 		// Error messages ride in the payload too, so allow a little slack.
 		MaxPayload: c.opts.MaxMessageSize + 64<<10,
 		OnClose:    func(err error) { c.forget(idx, mc) },
+		OnGoAway:   func() { c.retire(idx, mc) },
 	})
 	c.conns[idx] = mc
 	return mc, nil
@@ -369,6 +414,17 @@ func (c *Client) forget(idx int, mc *netio.MuxConn) {
 	c.advance(idx)
 }
 
+// retire forgets a connection the node asked the client to leave (it
+// hands its port to a new process), without moving off the host: the next
+// call dials a new connection, which the new process accepts.
+func (c *Client) retire(idx int, mc *netio.MuxConn) {
+	c.mu.Lock()
+	if c.conns[idx] == mc {
+		delete(c.conns, idx)
+	}
+	c.mu.Unlock()
+}
+
 // drop forgets a broken connection and fails the calls waiting on it.
 func (c *Client) drop(idx int, mc *netio.MuxConn, err error) {
 	c.forget(idx, mc)
@@ -381,9 +437,14 @@ func (c *Client) Close() error {
 	c.closed = true
 	conns := c.conns
 	c.conns = map[int]*netio.MuxConn{}
+	spreads := c.spreads
+	c.spreads = map[string]*spread{}
 	c.mu.Unlock()
 	for _, mc := range conns {
 		mc.Close(errClientClosed)
+	}
+	for _, s := range spreads {
+		s.close(errClientClosed)
 	}
 	return nil
 }

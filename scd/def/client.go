@@ -55,7 +55,7 @@ func LoadClient(path string) (*Client, error) {
 			}
 			given[canon] = st
 		}
-		if _, err := apply(path, stmts, table, &c, nil); err != nil {
+		if _, err := apply(path, stmts, table, nil, &c, nil); err != nil {
 			return nil, err
 		}
 		for _, st := range stmts {

@@ -27,6 +27,10 @@ type Config struct {
 	System  System
 	Sched   Sched
 	Servers []Server // one per file in usr/, sorted by name
+	// Usrrc is the user service default definition applied to the
+	// defaults: what holds for a service group this node transfers calls
+	// for but does not define (its multi_schedule).
+	Usrrc Server
 }
 
 // System is the system common definition (sysconf).
@@ -56,6 +60,19 @@ type Sched struct {
 	RetryOfCommError     int    // scd_retry_of_comm_error, 0..128; default 0
 	Multi                int    // scdmulti: receiving sockets (event loops) on the RPC port, 1..64; default 1
 	BalanceRule          string // scd_balance_rule: "opentp1" (random, LEVEL2 avoided; the default) or "p2c" (power of two choices on level, then this node's in-flight count) (tpsched)
+	// ReceiverGroups are the named multi-scheduler groups (the command
+	// scdmulti -g NAME -m COUNT -p PORT, once per group), in the order given.
+	ReceiverGroups []ReceiverGroup
+}
+
+// ReceiverGroup is one named group of receiving sockets (multi-scheduler
+// daemons): Count sockets sharing Port on rpc_address. Only the user
+// servers bound to it (usr scdmulti -g NAME) take calls there, and only
+// there.
+type ReceiverGroup struct {
+	Name  string // -g: 1..31 bytes of [A-Za-z0-9_.-]
+	Count int    // -m: receiving sockets, 1..64; default 1
+	Port  int    // -p: 0..65535, not rpc_port or name_port, no two groups alike; 0 picks a free one (tests)
 }
 
 // ReceiveFrom says how a user server takes its requests.
@@ -100,7 +117,10 @@ type Server struct {
 	UID               int           // uid: the user the server's processes run as, resolved to its number; -1 when not given; 0 only with sysconf uap_allow_root = Y
 	GID               int           // gid: the group the server's processes run as, resolved to its number; -1 when not given; 0 only with uap_allow_root = Y
 
-	multi bool           // scdmulti, checked against scdsvcdef's; every receiving socket takes every group's calls, so nothing reads it
+	ReceiverGroup string // scdmulti -g NAME: the receiver group whose sockets alone take the server's calls; "" the default group (the RPC port)
+	MultiSchedule bool   // multi_schedule: calls this node transfers for the group are spread over the receiving node's receivers of the group; default N
+
+	multi bool           // set scdmulti = Y|N, checked against scdsvcdef's; every socket of the default group takes every unbound group's calls, so nothing reads it
 	given map[string]pos // where each operand given was set, for Errorf
 }
 

@@ -69,7 +69,7 @@ func load(fsys fs.FS, label string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	sysLines, err := apply("sysconf", stmts, systemOperands, &cfg.System, nil)
+	sysLines, err := apply("sysconf", stmts, systemOperands, nil, &cfg.System, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,10 @@ func load(fsys fs.FS, label string) (*Config, error) {
 	if stmts, _, err = readOptional(fsys, "scdsvcdef"); err != nil {
 		return nil, err
 	}
-	if _, err := apply("scdsvcdef", stmts, schedOperands, &cfg.Sched, nil); err != nil {
+	if _, err := apply("scdsvcdef", stmts, schedOperands, schedCommands, &cfg.Sched, nil); err != nil {
+		return nil, err
+	}
+	if err := checkReceiverGroups(cfg, stmts); err != nil {
 		return nil, err
 	}
 
@@ -135,6 +138,7 @@ func load(fsys fs.FS, label string) (*Config, error) {
 	if err := checkServers(cfg, users, sysLines); err != nil {
 		return nil, err
 	}
+	cfg.Usrrc = rc.srv
 	for _, u := range users {
 		u.srv.given = make(map[string]pos, len(u.set))
 		for op, p := range u.set {
@@ -166,12 +170,32 @@ func countLines(src []byte) int {
 	return n
 }
 
-// apply runs the set statements of one file through table. putenv is
-// handed to env, or is an error when env is nil. It returns the line of
-// every operand given.
-func apply[T any](file string, stmts []Stmt, table map[string]operand[T], dst *T, env func(Stmt) error) (map[string]int, error) {
+// apply runs the set statements of one file through table and its
+// commands through cmds. putenv is handed to env, or is an error when env
+// is nil. It returns the line of every operand given, and of every command
+// as "name command" (the last, when given more than once).
+func apply[T any](file string, stmts []Stmt, table map[string]operand[T], cmds map[string]command[T], dst *T, env func(Stmt) error) (map[string]int, error) {
 	lines := map[string]int{}
 	for _, st := range stmts {
+		if st.Kind == StmtCommand {
+			cmd, ok := cmds[st.Name]
+			if !ok {
+				why := "unknown command"
+				if len(cmds) == 0 {
+					why += " (this file takes set statements only)"
+				}
+				return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: why}
+			}
+			flags, err := flagsOf(st, cmd.options())
+			if err == nil {
+				err = cmd.set(dst, flags)
+			}
+			if err != nil {
+				return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()}
+			}
+			lines[st.Name+" command"] = st.Line
+			continue
+		}
 		if st.Kind == StmtPutenv {
 			if env == nil {
 				return nil, &Error{File: file, Line: st.Line, Operand: "putenv", Reason: "only allowed in usrrc and usr files"}
@@ -251,6 +275,9 @@ func (s *System) Warnings() []string {
 func (s *Server) Errorf(operand, format string, args ...any) error {
 	p, ok := s.given[operand]
 	if !ok {
+		p, ok = s.given[operand+" command"]
+	}
+	if !ok {
 		p = pos{file: s.File}
 	}
 	return &Error{File: p.file, Line: p.line, Operand: operand, Reason: fmt.Sprintf(format, args...)}
@@ -287,7 +314,16 @@ func (u *userDef) apply(file string, stmts []Stmt) error {
 		u.srv.Env = append(u.srv.Env, kv)
 		return nil
 	}
-	lines, err := apply(file, stmts, serverOperands, &u.srv, putenv)
+	cmdLine := 0
+	for _, st := range stmts {
+		if st.Kind == StmtCommand && st.Name == "scdmulti" {
+			if cmdLine != 0 {
+				return &Error{File: file, Line: st.Line, Operand: st.Name, Reason: fmt.Sprintf("given twice (first at line %d): a server is bound to one receiver group", cmdLine)}
+			}
+			cmdLine = st.Line
+		}
+	}
+	lines, err := apply(file, stmts, serverOperands, serverCommands, &u.srv, putenv)
 	for op, l := range lines {
 		u.set[op] = pos{file, l}
 	}
@@ -317,6 +353,7 @@ func (u *userDef) blame(ops ...string) (pos, string) {
 // fail returns an error at the latest of ops.
 func (u *userDef) fail(ops []string, format string, args ...any) error {
 	p, op := u.blame(ops...)
+	op = strings.TrimSuffix(op, " command") // a command is named like an operand
 	why := fmt.Sprintf(format, args...)
 	if p.file != u.file {
 		why += " (for " + u.file + ")"
@@ -392,7 +429,30 @@ func (u *userDef) check(cfg *Config) error {
 			return u.fail(ops("gid"), "group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it")
 		}
 	}
-	if _, given := u.set["scdmulti"]; given {
+	if _, bound := u.set["scdmulti command"]; bound {
+		found := false
+		for _, g := range cfg.Sched.ReceiverGroups {
+			found = found || g.Name == s.ReceiverGroup
+		}
+		if !found {
+			var names []string
+			for _, g := range cfg.Sched.ReceiverGroups {
+				names = append(names, g.Name)
+			}
+			why := fmt.Sprintf("receiver group %q is not defined in scdsvcdef (scdmulti -g %s -m COUNT -p PORT)", s.ReceiverGroup, s.ReceiverGroup)
+			if sug := Suggest(s.ReceiverGroup, names); sug != "" {
+				why += " (did you mean " + sug + "?)"
+			}
+			return u.fail(ops("scdmulti command"), "%s", why)
+		}
+		if s.ReceiveFrom == ReceiveSocket {
+			return u.fail(ops("scdmulti command", "receive_from"), "receiver groups are for servers that receive from a queue (000: multi-scheduler daemons are grouped by queue-receiving servers); this one has receive_from = socket")
+		}
+		if _, given := u.set["scdmulti"]; given && !s.multi {
+			return u.fail(ops("scdmulti", "scdmulti command"), "set scdmulti = N contradicts scdmulti -g %s, which binds the server to a receiver group: remove one",
+				s.ReceiverGroup)
+		}
+	} else if _, given := u.set["scdmulti"]; given {
 		if s.multi && cfg.Sched.Multi < 2 {
 			return u.fail(ops("scdmulti"), "needs scdmulti of 2 or more in scdsvcdef, which has %d", cfg.Sched.Multi)
 		}
@@ -403,6 +463,44 @@ func (u *userDef) check(cfg *Config) error {
 	}
 	return nil
 }
+
+// checkReceiverGroups checks the named receiver groups against sysconf's
+// ports and netio's limit on receiving sockets.
+func checkReceiverGroups(cfg *Config, stmts []Stmt) error {
+	line := func(name string) int {
+		for _, st := range stmts {
+			if st.Kind == StmtCommand && st.Name == "scdmulti" {
+				for _, f := range st.Flags {
+					if f.Name == "g" && f.Value == name {
+						return st.Line
+					}
+				}
+			}
+		}
+		return 0
+	}
+	total := cfg.Sched.Multi
+	for _, g := range cfg.Sched.ReceiverGroups {
+		fail := func(format string, args ...any) error {
+			return &Error{File: "scdsvcdef", Line: line(g.Name), Operand: "scdmulti", Reason: fmt.Sprintf(format, args...)}
+		}
+		switch {
+		case g.Port != 0 && g.Port == cfg.System.RPCPort:
+			return fail("receiver group %s: port %d is rpc_port, the default group's", g.Name, g.Port)
+		case g.Port != 0 && g.Port == cfg.System.NamePort:
+			return fail("receiver group %s: port %d is name_port", g.Name, g.Port)
+		}
+		total += g.Count
+		if total > maxReceivingSockets {
+			return fail("receiver group %s: %d receiving sockets in all, at most %d", g.Name, total, maxReceivingSockets)
+		}
+	}
+	return nil
+}
+
+// maxReceivingSockets is the most receiving sockets of all groups together
+// (an event loop each; netio's and the steering program's limit).
+const maxReceivingSockets = 256
 
 // checkServers applies the rules between servers.
 func checkServers(cfg *Config, users []*userDef, sysLines map[string]int) error {

@@ -1,6 +1,7 @@
 package def
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -29,6 +30,47 @@ type operand[T any] struct {
 	opentp1 string // what the source documents say it means; "" when they do not describe it
 	tpsched string // what tpsched adds to that meaning, or the whole meaning
 	own     bool   // tpsched's own operand: OpenTP1 has none of this name
+}
+
+// command is one definition command of one kind of file: OpenTP1 writes
+// some definitions as a command with options (scdmulti -g NAME -m COUNT
+// -p PORT) rather than as set statements, and a file may give a command
+// more than once.
+type command[T any] struct {
+	set      func(dst *T, flags map[string]string) error
+	synopsis string // how it is written, options in upper case
+	dflt     string // what holds without it
+	values   string
+	opentp1  string
+	tpsched  string
+}
+
+// options are the letters of the options the command's synopsis names.
+func (c command[T]) options() string {
+	var out []byte
+	for _, w := range strings.Fields(c.synopsis) {
+		if isOption(w) {
+			out = append(out, w[1])
+		}
+	}
+	return string(out)
+}
+
+// flagsOf checks a command's options against the allowed letters and
+// returns them by letter.
+func flagsOf(st Stmt, allowed string) (map[string]string, error) {
+	out := make(map[string]string, len(st.Flags))
+	for _, f := range st.Flags {
+		if !strings.Contains(allowed, f.Name) {
+			opts := make([]string, len(allowed))
+			for i := range allowed {
+				opts[i] = "-" + allowed[i:i+1]
+			}
+			return nil, fmt.Errorf("unknown option -%s (it takes %s)", f.Name, strings.Join(opts, ", "))
+		}
+		out[f.Name] = f.Value
+	}
+	return out, nil
 }
 
 func defaultSystem(hostname string) System {
@@ -297,14 +339,16 @@ var schedOperands = map[string]operand[Sched]{
 	},
 	"scdmulti": {
 		set: func(s *Sched, v []string) (err error) {
-			s.Multi, err = intIn(v, 1, 64)
+			s.Multi, err = intIn(v, 1, maxMulti)
 			return err
 		},
 		value:  "1",
 		values: "1..64",
 		opentp1: "The multi-scheduler facility: besides the master scheduler daemon, start daemons that only receive service requests, " +
 			"so that requests are not delayed by contention on receiving (000).",
-		tpsched: "The number of receiving sockets (event loops) sharing the RPC port through SO_REUSEPORT, the first included.",
+		tpsched: "The number of receiving sockets (event loops) sharing the RPC port through SO_REUSEPORT, the first included: " +
+			"the default receiver group, which takes the calls of every user server not bound to a named group (the command scdmulti -g). " +
+			"A new connection goes to the socket with the least work (calls in flight plus connections) where the steering program loads, else by the kernel's hash.",
 	},
 	"scd_balance_rule": {
 		set: func(s *Sched, v []string) (err error) {
@@ -321,6 +365,75 @@ var schedOperands = map[string]operand[Sched]{
 		tpsched: "How a node is chosen among those that run a group: opentp1 is the documents' rule (random, LEVEL2 avoided unless all are LEVEL2); " +
 			"p2c takes two nodes at random and keeps the one with the lower level, then the fewer calls in flight from this node.",
 		own: true,
+	},
+}
+
+var schedCommands = map[string]command[Sched]{
+	"scdmulti": {
+		set: func(s *Sched, flags map[string]string) error {
+			g := ReceiverGroup{Name: flags["g"], Count: 1}
+			if _, ok := flags["g"]; !ok {
+				return errors.New("-g GROUP is required (the default group is set scdmulti = N and rpc_port)")
+			}
+			if err := checkIdent("receiver group", g.Name); err != nil {
+				return fmt.Errorf("-g: %w", err)
+			}
+			var err error
+			if v, ok := flags["m"]; ok {
+				if g.Count, err = parseUint(v, 1, maxMulti); err != nil {
+					return fmt.Errorf("-m: %w", err)
+				}
+			}
+			v, ok := flags["p"]
+			if !ok {
+				return errors.New("-p PORT is required (each receiver group listens on a port of its own)")
+			}
+			if g.Port, err = parseUint(v, 0, 65535); err != nil {
+				return fmt.Errorf("-p: %w", err)
+			}
+			for _, o := range s.ReceiverGroups {
+				if o.Name == g.Name {
+					return fmt.Errorf("receiver group %q defined twice", g.Name)
+				}
+				if o.Port == g.Port && g.Port != 0 {
+					return fmt.Errorf("port %d is receiver group %s's already", g.Port, o.Name)
+				}
+			}
+			s.ReceiverGroups = append(s.ReceiverGroups, g)
+			return nil
+		},
+		synopsis: "scdmulti -g GROUP -m COUNT -p PORT",
+		dflt:     "none: one receiver group, the default, on rpc_port (set scdmulti)",
+		values: "once per group: -g a name of 1..31 bytes of letters, digits, '_', '-' and '.', no group twice; -m 1..64 (default 1); " +
+			"-p 0..65535, not rpc_port, not name_port, no two groups alike (0 picks a free one: tests)",
+		opentp1: "Multi-scheduler daemons can be grouped by the servers that receive requests from a queue, so that servers do not contend for receiving " +
+			"service request messages; a grouped server names its group with scdmulti in its user service definition (000, 002).",
+		tpsched: "A named receiver group: COUNT receiving sockets (event loops) sharing PORT on rpc_address through SO_REUSEPORT. " +
+			"Only the user servers bound to it (usr scdmulti -g GROUP) take calls there, and their calls are taken only there: " +
+			"a call on another group's sockets is answered 'wrong receiver' naming the right address, which tpsched's Go client follows by itself. " +
+			"The documents name the operand but not its shape; the options are those of OpenTP1's own scdmulti command.",
+	},
+}
+
+var serverCommands = map[string]command[Server]{
+	"scdmulti": {
+		set: func(s *Server, flags map[string]string) error {
+			name, ok := flags["g"]
+			if !ok {
+				return errors.New("-g GROUP is required (a receiver group of scdsvcdef)")
+			}
+			if err := checkIdent("receiver group", name); err != nil {
+				return fmt.Errorf("-g: %w", err)
+			}
+			s.ReceiverGroup = name
+			return nil
+		},
+		synopsis: "scdmulti -g GROUP",
+		dflt:     "none: the server's calls are taken by the default receiver group (rpc_port)",
+		values:   "-g a receiver group defined in scdsvcdef (scdmulti -g GROUP -m COUNT -p PORT); once per file; in usrrc it binds every server that does not say otherwise; only for receive_from = queue",
+		opentp1:  "When multi-scheduler daemons are grouped, the server side names the group in its user service definition with scdmulti (000, 002).",
+		tpsched: "Binds the server to the receiver group: its service group's calls are taken on that group's port only, and that port takes no other server's. " +
+			"Contradicts set scdmulti = N.",
 	},
 }
 
@@ -567,8 +680,21 @@ var serverOperands = map[string]operand[Server]{
 		dflt:    "as Y when scdsvcdef's scdmulti is 2 or more",
 		values:  "Y or N; Y needs scdmulti of 2 or more in scdsvcdef, N needs scdmulti 1 there",
 		opentp1: "On the receiving side of the multi-scheduler facility: the server's requests are received by the multi-scheduler daemons (000).",
-		tpsched: "Every receiving socket takes every group's calls, so a server cannot be kept off them: " +
-			"N is refused while scdsvcdef's scdmulti is 2 or more, and Y says what happens anyway.",
+		tpsched: "Every socket of the default receiver group (rpc_port) takes the calls of every server not bound to a named group, so such a server cannot be kept off them: " +
+			"N is refused while scdsvcdef's scdmulti is 2 or more, and Y says what happens anyway. " +
+			"To give a server receivers of its own, bind it to a named group with the command scdmulti -g GROUP.",
+	},
+	"multi_schedule": {
+		set: func(s *Server, v []string) (err error) {
+			s.MultiSchedule, err = boolYN(v)
+			return err
+		},
+		value:   "N",
+		values:  "Y or N",
+		opentp1: "On the sending side of the multi-scheduler facility: the server's RPCs are spread over the receiving node's multi-scheduler daemons (000).",
+		tpsched: "The sending side in tpsched is the node transferring a call to another node: with Y it keeps one connection per receiver of the group's " +
+			"receiver group there (learned from that node) and spreads the calls over them, instead of sending all on one. " +
+			"A group this node transfers but does not define takes usrrc's value. Go callers set client.Options.MultiSchedule.",
 	},
 	"max_message_size": {
 		set: func(s *Server, v []string) (err error) {
@@ -751,11 +877,7 @@ var refusedOperands = map[string]struct {
 	file    string // where OpenTP1 puts it
 	opentp1 string
 	why     string
-}{
-	"multi_schedule": {file: FileUsr,
-		opentp1: "On the sending side of the multi-scheduler facility: the server's RPCs are spread over the receiving node's multi-scheduler daemons (000).",
-		why:     "not supported yet (the sending side of the multi-scheduler facility); remove it"},
-}
+}{}
 
 // unknownOperand is the reason for an operand that table does not know:
 // where it belongs instead, or the operand it was likely meant to be.

@@ -29,15 +29,19 @@ type OperandDoc struct {
 	Tpsched     string   // what tpsched adds to that meaning, or the whole meaning
 	Own         bool     // tpsched's own operand: OpenTP1 has none of this name
 	Refused     string   // not "": tpsched refuses the operand in any file, for this reason
+	Command     string   // not "": a definition command, written as this synopsis (scdmulti -g GROUP ...)
 }
 
 // Operands lists every operand: sysconf's, scdsvcdef's, the user
-// servers' and betranrc's, each file's by name, then the refused ones.
+// servers' and betranrc's, each file's by name (its commands after its set
+// operands), then the refused ones.
 func Operands() []OperandDoc {
 	var out []OperandDoc
 	out = appendDocs(out, FileSysconf, systemOperands)
 	out = appendDocs(out, FileScdsvcdef, schedOperands)
+	out = appendCommandDocs(out, FileScdsvcdef, schedCommands)
 	out = appendDocs(out, FileUsr, serverOperands)
+	out = appendCommandDocs(out, FileUsr, serverCommands)
 	start := len(out)
 	out = appendDocs(out, FileBetranrc, clientOperands)
 	for i := start; i < len(out); i++ {
@@ -64,6 +68,17 @@ func appendDocs[T any](out []OperandDoc, file string, table map[string]operand[T
 	for name, op := range table {
 		out = append(out, OperandDoc{Name: name, File: file, Default: op.value, DefaultNote: op.dflt,
 			Values: op.values, OpenTP1: op.opentp1, Tpsched: op.tpsched, Own: op.own})
+	}
+	docs := out[start:]
+	sort.Slice(docs, func(i, j int) bool { return docs[i].Name < docs[j].Name })
+	return out
+}
+
+func appendCommandDocs[T any](out []OperandDoc, file string, cmds map[string]command[T]) []OperandDoc {
+	start := len(out)
+	for name, c := range cmds {
+		out = append(out, OperandDoc{Name: name, File: file, Command: c.synopsis, DefaultNote: c.dflt,
+			Values: c.values, OpenTP1: c.opentp1, Tpsched: c.tpsched})
 	}
 	docs := out[start:]
 	sort.Slice(docs, func(i, j int) bool { return docs[i].Name < docs[j].Name })

@@ -46,16 +46,18 @@ func TestDocumentedDefaults(t *testing.T) {
 
 func TestOperandsListsEveryOperand(t *testing.T) {
 	docs := Operands()
-	n := len(systemOperands) + len(schedOperands) + len(serverOperands) + len(clientOperands) + len(refusedOperands)
+	n := len(systemOperands) + len(schedOperands) + len(serverOperands) + len(clientOperands) + len(refusedOperands) +
+		len(schedCommands) + len(serverCommands)
 	if len(docs) != n {
 		t.Fatalf("%d operands listed, want %d", len(docs), n)
 	}
 	seen := map[string]bool{}
 	for _, d := range docs {
-		if seen[d.File+" "+d.Name] {
+		key := d.File + " " + d.Name + " " + d.Command
+		if seen[key] {
 			t.Errorf("%s %s listed twice", d.File, d.Name)
 		}
-		seen[d.File+" "+d.Name] = true
+		seen[key] = true
 	}
 	var w, ms OperandDoc
 	for _, d := range docs {
@@ -64,9 +66,13 @@ func TestOperandsListsEveryOperand(t *testing.T) {
 			w = d
 		case "multi_schedule":
 			ms = d
+		case "scdmulti":
+			if d.Command != "" && d.File == FileScdsvcdef && (d.Values == "" || d.OpenTP1 == "" || d.DefaultNote == "") {
+				t.Errorf("the scdmulti command = %+v", d)
+			}
 		}
 	}
-	if ms.File != FileUsr || ms.Refused == "" || ms.OpenTP1 == "" {
+	if ms.File != FileUsr || ms.Refused != "" || ms.OpenTP1 == "" || ms.Default != "N" {
 		t.Errorf("multi_schedule = %+v", ms)
 	}
 	if w.File != FileBetranrc || w.Env != "DCWATCHTIM" || !reflect.DeepEqual(w.Aliases, []string{"watch_time"}) || w.Default != "180" {

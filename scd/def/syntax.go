@@ -25,16 +25,24 @@ func (e *Error) Error() string {
 
 // Stmt kinds.
 const (
-	StmtSet    = "set"
-	StmtPutenv = "putenv"
+	StmtSet     = "set"
+	StmtPutenv  = "putenv"
+	StmtCommand = "command" // a definition command: name -option value ...
 )
 
 // Stmt is one statement of a definition file.
 type Stmt struct {
 	Line   int      // the line the statement starts on
-	Kind   string   // StmtSet or StmtPutenv
-	Name   string   // the operand (lower case) or the environment variable
+	Kind   string   // StmtSet, StmtPutenv or StmtCommand
+	Name   string   // the operand or command (lower case) or the environment variable
 	Values []string // set: one per comma-separated value, quotes removed; putenv: exactly one
+	Flags  []Flag   // command: its options, in order
+}
+
+// Flag is one option of a definition command: -name value.
+type Flag struct {
+	Name  string // without the '-'
+	Value string // quotes removed
 }
 
 // Parse splits the text of one definition file into statements. file is the
@@ -46,8 +54,12 @@ type Stmt struct {
 //	              v2               # a trailing \ continues the statement
 //	putenv NAME value              # value may be quoted
 //
+//	scdmulti -g heavy -m 2 -p 12010  # a definition command, as OpenTP1 writes some
+//
 // Operand names and the keywords are case-insensitive; operand names come
-// back in lower case. The same operand set twice, or the same variable
+// back in lower case. A command is a name followed by options, each a
+// '-' and a letter then a value; the same option twice is an error, the
+// same command twice is not. The same operand set twice, or the same variable
 // given to putenv twice, is an error. Parse knows no operand: Load checks
 // names and values.
 func Parse(file string, src []byte) ([]Stmt, error) {
@@ -62,6 +74,10 @@ func Parse(file string, src []byte) ([]Stmt, error) {
 		st, err := parseStatement(file, r)
 		if err != nil {
 			return nil, err
+		}
+		if st.Kind == StmtCommand {
+			out = append(out, st) // a command may be given more than once (one receiver group each)
+			continue
 		}
 		seen := seenSet
 		if st.Kind == StmtPutenv {
@@ -301,7 +317,60 @@ func parseStatement(file string, r rawStmt) (Stmt, error) {
 		}
 		return Stmt{Line: r.line, Kind: StmtPutenv, Name: name, Values: []string{v}}, nil
 	}
-	return fail("syntax", "unknown statement %q, want set or putenv", kw)
+	if st, ok, err := parseCommand(sc, kw, r.line); ok {
+		if err != nil {
+			return fail(st.Name, "%v", err)
+		}
+		return st, nil
+	}
+	return fail("syntax", "unknown statement %q, want set, putenv or a command (name -option value ...)", kw)
+}
+
+// parseCommand reads a definition command whose name kw the scanner has
+// just read. ok is false when the statement is not command-shaped (a name
+// then nothing, or an option).
+func parseCommand(sc *scanner, kw string, line int) (st Stmt, ok bool, err error) {
+	if !isName(kw) {
+		return Stmt{}, false, nil
+	}
+	st = Stmt{Line: line, Kind: StmtCommand, Name: strings.ToLower(kw)}
+	save := sc.pos
+	k, t, terr := sc.next(true)
+	sc.pos = save
+	if terr == nil && k == tokWord && !isOption(t) {
+		return Stmt{}, false, nil // "foo a = 1": no command
+	}
+	seen := map[string]bool{}
+	for {
+		k, opt, err := sc.next(true)
+		if err != nil {
+			return st, true, err
+		}
+		if k == tokEOF {
+			return st, true, nil
+		}
+		if k != tokWord || !isOption(opt) {
+			return st, true, fmt.Errorf("want an option (-letter value), got %q", opt)
+		}
+		name := opt[1:]
+		if seen[name] {
+			return st, true, fmt.Errorf("option %s given twice", opt)
+		}
+		seen[name] = true
+		k, v, err := sc.next(true)
+		if err != nil {
+			return st, true, err
+		}
+		if k != tokWord && k != tokString {
+			return st, true, fmt.Errorf("option %s: missing value", opt)
+		}
+		st.Flags = append(st.Flags, Flag{Name: name, Value: v})
+	}
+}
+
+// isOption reports whether s is a command option: '-' and one letter.
+func isOption(s string) bool {
+	return len(s) == 2 && s[0] == '-' && (('a' <= s[1] && s[1] <= 'z') || ('A' <= s[1] && s[1] <= 'Z'))
 }
 
 // isName reports whether s is an operand name: a letter or '_', then

@@ -17,6 +17,7 @@ const (
 	maxModuleLen  = 4095 // module: a path
 	maxParallel   = 1024 // parallel_count max
 	maxBalance    = 4096 // balance_count
+	maxMulti      = 64   // receiving sockets of one receiver group (scdmulti)
 	maxQueueSize  = 65536
 	maxQueueCount = 32767 // levelup/leveldown_queue_count values
 	maxSeconds    = 65535 // watch_time, loadcheck_interval, dccltcachetim

@@ -235,6 +235,20 @@ func (c *Cluster) Stats() ClusterStats {
 	return st
 }
 
+// Stop stops without telling the others: they keep this node in their
+// tables until a new process with the same node id and address takes its
+// place (a restart that hands the node over) or failure detection drops
+// it. Calls after the first, or after Leave, do nothing.
+func (c *Cluster) Stop() error {
+	err := errors.New("names: cluster already left")
+	c.leaveOnce.Do(func() {
+		close(c.stop)
+		err = c.ml.Shutdown()
+		c.wg.Wait()
+	})
+	return err
+}
+
 // Leave tells the others this node is going and stops. Calls after the
 // first do nothing.
 func (c *Cluster) Leave(timeout time.Duration) error {

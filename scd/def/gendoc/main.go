@@ -54,7 +54,8 @@ func render(docs []def.OperandDoc) []byte {
 	p("A node reads a definition directory (`scdd -c DIR`, or `$DCCONFPATH`): `sysconf`, `scdsvcdef` and `usrrc` (each optional) ")
 	p("and one file per user server in `usr/`. Every file uses OpenTP1's syntax:\n\n")
 	p("```\nset operand = value            # a comment\nset operand = v1, \"v 2\", v3    # a list; quote values with blanks, commas or #\n")
-	p("set operand = v1, \\\n              v2               # a trailing \\ continues the statement\nputenv NAME value              # usrrc and usr files only\n```\n\n")
+	p("set operand = v1, \\\n              v2               # a trailing \\ continues the statement\nputenv NAME value              # usrrc and usr files only\n")
+	p("scdmulti -g heavy -m 2 -p 12010  # a definition command: scdsvcdef, usrrc and usr files\n```\n\n")
 	p("Operand names are case-insensitive; Y and N too. An unknown operand, a value out of range, an operand set twice or a contradiction ")
 	p("between operands stops start-up (and `scdd -check`) with `file:line: operand: why`, and a misspelt operand gets a \"did you mean\".\n\n")
 	p("For each operand: its default, what may be written, what OpenTP1's documents say it means (the numbers name the source documents: ")
@@ -75,7 +76,7 @@ func render(docs []def.OperandDoc) []byte {
 			p("| operand | default | values |\n| --- | --- | --- |\n")
 		}
 		for _, d := range mine {
-			link := fmt.Sprintf("[%s](#%s-%s)", d.Name, f.key, d.Name)
+			link := fmt.Sprintf("[%s](#%s)", title(d), anchor(f.key, d))
 			if f.file == def.FileBetranrc {
 				p("| %s | %s | %s | %s |\n", link, d.Env, cell(dflt(d)), cell(d.Values))
 			} else {
@@ -83,7 +84,7 @@ func render(docs []def.OperandDoc) []byte {
 			}
 		}
 		for _, d := range mine {
-			p("\n### %s: %s\n\n", f.key, d.Name)
+			p("\n### %s: %s\n\n", f.key, title(d))
 			p("Default: %s. Values: %s.", dflt(d), d.Values)
 			if len(d.Aliases) > 0 {
 				p(" Also written %s.", "`"+strings.Join(d.Aliases, "`, `")+"`")
@@ -104,6 +105,13 @@ func render(docs []def.OperandDoc) []byte {
 			}
 		}
 	}
+	refused := false
+	for _, d := range docs {
+		refused = refused || d.Refused != ""
+	}
+	if !refused {
+		return b.Bytes()
+	}
 	p("\n## Refused operands\n\n")
 	p("OpenTP1 operands that tpsched refuses wherever they are written, rather than accept and ignore.\n")
 	for _, d := range docs {
@@ -114,6 +122,30 @@ func render(docs []def.OperandDoc) []byte {
 		p("OpenTP1 puts it in %s. Refused: %s.\n\n- OpenTP1: %s\n", d.File, d.Refused, d.OpenTP1)
 	}
 	return b.Bytes()
+}
+
+// title is how an operand is named in the reference: its name, or a
+// command's synopsis.
+func title(d def.OperandDoc) string {
+	if d.Command != "" {
+		return d.Command
+	}
+	return d.Name
+}
+
+// anchor is the id GitHub gives the heading "key: title" of d.
+func anchor(key string, d def.OperandDoc) string {
+	a := strings.ToLower(key + "-" + title(d))
+	var out []byte
+	for i := 0; i < len(a); i++ {
+		switch c := a[i]; {
+		case c == ' ':
+			out = append(out, '-')
+		case c == '-' || c == '_' || ('a' <= c && c <= 'z') || ('0' <= c && c <= '9'):
+			out = append(out, c)
+		}
+	}
+	return string(out)
 }
 
 func dflt(d def.OperandDoc) string {

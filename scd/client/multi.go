@@ -1,0 +1,267 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	"tpsched/netio"
+)
+
+// This file is the client's side of receiver groups (OpenTP1's grouped
+// multi-scheduler daemons) and of multi_schedule. A node answers a call
+// that came to a receiver group that does not take its service group
+// 'wrong receiver'; the call did not run, so the client asks the node
+// where the group is received (a receivers lookup), remembers it, and
+// sends the call there. (A call without an answer is served where it
+// comes: a refusal would not be heard.) With MultiSchedule the client asks before the first call of every group
+// and keeps one connection per receiving socket of the group's receivers
+// (each on a different socket, as far as reconnecting a few times can
+// make it), sending each call on the next of them: the calls are spread
+// over the receivers instead of all going through one event loop.
+
+// routeKey is a service group on a node (by the node's host index).
+type routeKey struct {
+	host  int
+	group string
+}
+
+// receiverRoute is where a group's calls are received on a node.
+type receiverRoute struct {
+	addr  string // host:port of the receiver group's sockets
+	count int    // its receiving sockets
+}
+
+// spread is the connections to one receiver group's sockets, one per
+// socket where the client could manage it.
+type spread struct {
+	c     *Client
+	addr  string
+	group string // a service group received there, for the receivers lookups
+	count int
+
+	mu      sync.Mutex
+	conns   []*netio.MuxConn // live ones
+	here    map[*netio.MuxConn]int
+	next    int
+	filling bool
+	filled  time.Time // when the last fill ended: refills are at most once a second
+}
+
+// routeFor is the route learned for group on host idx, if any.
+func (c *Client) routeFor(idx int, group string) (receiverRoute, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.routes[routeKey{idx, group}]
+	return r, ok
+}
+
+func (c *Client) setRoute(idx int, group string, r receiverRoute) {
+	c.mu.Lock()
+	c.routes[routeKey{idx, group}] = r
+	c.mu.Unlock()
+}
+
+func (c *Client) forgetRoute(idx int, group string) {
+	c.mu.Lock()
+	delete(c.routes, routeKey{idx, group})
+	c.mu.Unlock()
+}
+
+// learnRoute asks the node on mc (host idx) where group is received. A
+// node that does not define the group is remembered as receiving it on
+// its own port: it answers such calls itself.
+func (c *Client) learnRoute(ctx context.Context, idx int, mc *netio.MuxConn, group string) (receiverRoute, error) {
+	r, err := askReceivers(ctx, mc, group)
+	var te *netio.Error
+	switch {
+	case err == nil:
+		rr := receiverRoute{addr: r.Addr, count: r.Count}
+		c.setRoute(idx, group, rr)
+		return rr, nil
+	case errors.As(err, &te) && te.Code != netio.CodeNetworkDown:
+		rr := receiverRoute{addr: c.hostAddr(idx), count: 1}
+		c.setRoute(idx, group, rr)
+		return rr, nil
+	}
+	return receiverRoute{}, err
+}
+
+// askReceivers sends a receivers lookup for group on mc.
+func askReceivers(ctx context.Context, mc *netio.MuxConn, group string) (netio.Receivers, error) {
+	w := waiterPool.Get().(*waiter)
+	id, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, group, netio.LookupReceivers, nil, time.Time{}, w)
+	if !sent {
+		waiterPool.Put(w)
+		return netio.Receivers{}, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+	}
+	answer, err := wait(ctx, mc, id, w, 5*time.Second)
+	if err != nil {
+		return netio.Receivers{}, err
+	}
+	return netio.ParseReceivers(answer)
+}
+
+func (c *Client) hostAddr(idx int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hosts[idx]
+}
+
+// routed is the connection a call for group to host idx goes on, given
+// the connection to the node's own port (mc): a receiver group's
+// connection when one is known (or, with MultiSchedule, learned now), else
+// mc. Errors reaching the receivers leave mc.
+func (c *Client) routed(ctx context.Context, idx int, mc *netio.MuxConn, group string) (int, *netio.MuxConn) {
+	r, known := c.routeFor(idx, group)
+	if !known && c.opts.MultiSchedule {
+		var err error
+		if r, err = c.learnRoute(ctx, idx, mc, group); err != nil {
+			return idx, mc
+		}
+		known = true
+	}
+	if !known {
+		return idx, mc
+	}
+	if c.opts.MultiSchedule && r.count > 1 {
+		if smc := c.spreadFor(r, group).pick(); smc != nil {
+			return -1, smc
+		}
+	}
+	if r.addr == c.hostAddr(idx) {
+		return idx, mc
+	}
+	ridx := c.hostIndex(r.addr)
+	rmc, err := c.connFor(ridx)
+	if err != nil {
+		c.forgetRoute(idx, group)
+		return idx, mc
+	}
+	return ridx, rmc
+}
+
+// spreadFor is the spread of the receiver group at r, which receives group.
+func (c *Client) spreadFor(r receiverRoute, group string) *spread {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.spreads[r.addr]
+	if s == nil || s.count != r.count {
+		if s != nil {
+			go s.close(errors.New("the receiver group changed its number of sockets"))
+		}
+		s = &spread{c: c, addr: r.addr, group: group, count: r.count, here: map[*netio.MuxConn]int{}}
+		c.spreads[r.addr] = s
+	}
+	return s
+}
+
+// pick is the next connection of the spread, filling it first when it
+// has fewer than one per socket (at most once a second after a fill).
+func (s *spread) pick() *netio.MuxConn {
+	s.mu.Lock()
+	fill := len(s.conns) < s.count && !s.filling && time.Since(s.filled) > time.Second
+	if fill {
+		s.filling = true
+	}
+	s.mu.Unlock()
+	if fill {
+		s.fill()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.conns) == 0 {
+		return nil
+	}
+	s.next++
+	return s.conns[s.next%len(s.conns)]
+}
+
+// fill dials until the spread has a connection on every socket or has
+// tried three times as often as there are sockets; a connection on a
+// socket it has already is closed.
+func (s *spread) fill() {
+	defer func() {
+		s.mu.Lock()
+		s.filling, s.filled = false, time.Now()
+		s.mu.Unlock()
+	}()
+	for attempt := 0; attempt < 3*s.count; attempt++ {
+		s.mu.Lock()
+		full := len(s.conns) >= s.count
+		s.mu.Unlock()
+		if full {
+			return
+		}
+		mc, here, err := s.dial()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		dup := false
+		for _, h := range s.here {
+			dup = dup || (h == here && here >= 0)
+		}
+		if !dup && s.c.isOpen() {
+			s.conns = append(s.conns, mc)
+			s.here[mc] = here
+			s.mu.Unlock()
+			continue
+		}
+		s.mu.Unlock()
+		mc.Close(errors.New("another connection of the client is on this receiving socket"))
+	}
+}
+
+// dial opens one connection to the spread's address and asks which
+// receiving socket it landed on.
+func (s *spread) dial() (*netio.MuxConn, int, error) {
+	nc, err := net.DialTimeout("tcp", s.addr, s.c.opts.DialTimeout)
+	if err != nil {
+		return nil, -1, err
+	}
+	var mc *netio.MuxConn
+	mc = netio.NewMuxConn(nc, netio.MuxOptions{
+		MaxPayload: s.c.opts.MaxMessageSize + 64<<10,
+		OnClose:    func(error) { s.drop(mc) },
+		OnGoAway:   func() { s.drop(mc) },
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	here := -1
+	if r, err := askReceivers(ctx, mc, s.group); err == nil {
+		here = r.Here
+	}
+	return mc, here, nil
+}
+
+// drop takes a connection that closed or goes away out of the spread.
+func (s *spread) drop(mc *netio.MuxConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, x := range s.conns {
+		if x == mc {
+			s.conns = append(s.conns[:i], s.conns[i+1:]...)
+			break
+		}
+	}
+	delete(s.here, mc)
+}
+
+// close closes the spread's connections.
+func (s *spread) close(reason error) {
+	s.mu.Lock()
+	conns := append([]*netio.MuxConn(nil), s.conns...)
+	s.mu.Unlock()
+	for _, mc := range conns {
+		mc.Close(reason)
+	}
+}
+
+func (c *Client) isOpen() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.closed
+}

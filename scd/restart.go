@@ -1,0 +1,553 @@
+package scd
+
+// Restart without dropping a call. The running scdd (the old process)
+// starts a new one with the same command line and a unix socket of its own
+// (SOCK_SEQPACKET, fd 3, TPSCHED_TAKEOVER_FD=3), and they hand over:
+//
+//	new: starts its groups (its own shared memory and UAPs)  -> "ready"
+//	old: duplicates its listening sockets (RPC port and every receiver
+//	     group, metrics_address, the control socket) and stops accepting;
+//	     connections that arrive meanwhile wait in the backlogs  -> "listeners" + the descriptors (SCM_RIGHTS)
+//	new: serves on them (its steering program replaces the old one)  -> "serving"
+//	old: stops its cluster membership without leaving (the others keep
+//	     sending to the node's address), freeing the name port  -> "left"
+//	new: joins the cluster under the same node id and address
+//	old: tells every connection's caller to go away (KindGoAway): no new
+//	     call on it, the answers of the calls sent still come; serves until
+//	     the callers have closed them (at most DrainTimeout), then drains as
+//	     on SIGTERM: queued calls finish, its UAPs stop; exits 0.
+//
+// The listening sockets are never closed on the way, so no connection is
+// refused or reset; a caller that obeys the go-away (tpsched's client, the
+// forwarder, scdctl) loses no call. If the new process fails before
+// "serving" (bad definitions, a crash, 60 s without an answer), the old one
+// takes its sockets back and goes on serving, and the restart reports why.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tpsched/netio"
+)
+
+// TakeoverEnv names the descriptor of the hand-over socket a new scdd
+// inherits from the old one.
+const TakeoverEnv = "TPSCHED_TAKEOVER_FD"
+
+// How long each side waits for the other during a hand-over.
+const (
+	takeoverReadyTime   = 60 * time.Second // the new process to start its groups
+	takeoverServingTime = 30 * time.Second // the new process to serve on the sockets
+	takeoverLeftTime    = 10 * time.Second // the old process to leave the cluster
+)
+
+// RestartResult answers a restart on the control socket.
+type RestartResult struct {
+	OldPID int    `json:"old_pid"`
+	NewPID int    `json:"new_pid"`
+	Took   string `json:"took"`  // from the request to the new process serving
+	Conns  int    `json:"conns"` // connections the old process tells to go away
+}
+
+// restartState is a node's part in a hand-over, as the old or the new
+// process.
+type restartState struct {
+	mu         sync.Mutex  // held by Restart until the hand-over is done or undone
+	running    atomic.Bool // a Restart is under way
+	handedOver atomic.Bool // this (old) process gave its sockets away
+	retiredOne sync.Once
+	retired    chan struct{} // made by retiredCh
+	retireErr  error         // set before retired closes
+
+	// The admin listeners, to hand over; the control server is
+	// controlSrv.
+	controlLn  *net.UnixListener
+	controlSrv *http.Server
+
+	// The new process's side: the socket to the old one and what came
+	// over it.
+	peer           *net.UnixConn
+	inheritRPC     []netio.Listener
+	inheritMetrics net.Listener
+	inheritControl *net.UnixListener
+}
+
+// takeoverMsg is one message of the hand-over.
+type takeoverMsg struct {
+	Step    string           `json:"step"` // ready, listeners, serving, left, failed
+	PID     int              `json:"pid,omitempty"`
+	Error   string           `json:"error,omitempty"`
+	RPC     []netio.Listener `json:"rpc,omitempty"`     // the descriptors follow in this order...
+	Metrics bool             `json:"metrics,omitempty"` // ...then metrics_address's...
+	Control string           `json:"control,omitempty"` // ...then the control socket's (its path)
+}
+
+func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	_, _, err = c.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
+// recvMsg reads one message and the descriptors that came with it.
+func recvMsg(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, error) {
+	var m takeoverMsg
+	_ = c.SetReadDeadline(deadline)
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*(netio.MaxReceivingSockets+2)))
+	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return m, nil, err
+	}
+	if n == 0 {
+		return m, nil, errors.New("the other process closed the hand-over socket")
+	}
+	var files []*os.File
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return m, nil, fmt.Errorf("hand-over: %w", err)
+		}
+		for i := range msgs {
+			fds, err := unix.ParseUnixRights(&msgs[i])
+			if err != nil {
+				return m, nil, fmt.Errorf("hand-over: %w", err)
+			}
+			for _, fd := range fds {
+				unix.CloseOnExec(fd)
+				files = append(files, os.NewFile(uintptr(fd), "inherited socket"))
+			}
+		}
+	}
+	if err := json.Unmarshal(buf[:n], &m); err != nil {
+		closeFiles(files)
+		return m, nil, fmt.Errorf("hand-over: %w", err)
+	}
+	return m, files, nil
+}
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		_ = f.Close()
+	}
+}
+
+// Restart starts a new scdd that takes this node's sockets over, and
+// returns once it serves; this node then lets its callers go, drains and
+// ends (Retired). On any failure before the new process serves, this node
+// keeps its sockets and serves on, and the error says why.
+func (n *Node) Restart(ctx context.Context) (RestartResult, error) {
+	rs := &n.restart
+	if !rs.running.CompareAndSwap(false, true) {
+		return RestartResult{}, errors.New("restart: one is under way already")
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	res, err := n.restart1(ctx)
+	if err != nil {
+		rs.running.Store(false)
+		n.log.Error("restart failed; this process serves on", "err", err)
+		return res, err
+	}
+	return res, nil
+}
+
+func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
+	start := time.Now()
+	res := RestartResult{OldPID: os.Getpid()}
+	if n.draining.Load() || n.restart.handedOver.Load() {
+		return res, errors.New("restart: the node is draining")
+	}
+	if n.rpc == nil {
+		return res, errors.New("restart: the node has not started")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return res, fmt.Errorf("restart: %w", err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return res, fmt.Errorf("restart: %w", os.NewSyscallError("socketpair", err))
+	}
+	ours, theirs := os.NewFile(uintptr(fds[0]), "hand-over"), os.NewFile(uintptr(fds[1]), "hand-over")
+	fc, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		theirs.Close()
+		return res, fmt.Errorf("restart: %w", err)
+	}
+	conn := fc.(*net.UnixConn)
+	defer conn.Close()
+	cmd := exec.Command(exe, n.opts.RestartArgs...)
+	cmd.Env = append(os.Environ(), TakeoverEnv+"=3")
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	err = cmd.Start()
+	theirs.Close()
+	if err != nil {
+		return res, fmt.Errorf("restart: start %s: %w", exe, err)
+	}
+	res.NewPID = cmd.Process.Pid
+	exit := &exitWatch{done: make(chan struct{})}
+	go func() { exit.err = cmd.Wait(); close(exit.done) }()
+	fail := func(err error) (RestartResult, error) {
+		// Whatever the new process got, it gets no further: it exits when
+		// the socket closes (or is killed, if it does not).
+		conn.Close()
+		select {
+		case <-exit.done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+		return res, err
+	}
+	n.log.Info("restart: new process started; waiting for it to start its groups", "pid", res.NewPID)
+
+	m, _, err := n.waitStep(ctx, conn, exit, "ready", takeoverReadyTime)
+	if err != nil {
+		return fail(err)
+	}
+
+	// Hand the sockets over; take them back if anything goes wrong.
+	rpc, err := n.rpc.HandOff()
+	if err != nil {
+		return fail(fmt.Errorf("restart: %w", err))
+	}
+	files := make([]*os.File, 0, len(rpc)+2)
+	for _, l := range rpc {
+		files = append(files, l.File)
+	}
+	msg := takeoverMsg{Step: "listeners", RPC: rpc}
+	metricsF, controlF, err := n.handOffAdmin()
+	if err != nil {
+		_ = n.rpc.Resume(rpc)
+		return fail(fmt.Errorf("restart: %w", err))
+	}
+	if metricsF != nil {
+		files, msg.Metrics = append(files, metricsF), true
+	}
+	if controlF != nil {
+		files, msg.Control = append(files, controlF), ControlSocketPath(n.cfg)
+	}
+	undo := func(err error) (RestartResult, error) {
+		// The new process ends first: its steering program, if attached,
+		// lets the sockets go only once it is replaced and freed.
+		res, err = fail(err)
+		if rerr := n.rpc.Resume(rpc); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		n.resumeAdmin(metricsF, controlF)
+		return res, err
+	}
+	if err := sendMsg(conn, msg, files); err != nil {
+		return undo(fmt.Errorf("restart: send the sockets: %w", err))
+	}
+	if m, _, err = n.waitStep(ctx, conn, exit, "serving", takeoverServingTime); err != nil {
+		return undo(err)
+	}
+	// The new process serves: the sockets are its own now.
+	closeFiles(files)
+	n.restart.handedOver.Store(true)
+	res.Took = time.Since(start).Round(time.Millisecond).String()
+	if cl := n.cluster; cl != nil && cl.gossip.Load() != nil {
+		// Stop without leaving: the other nodes keep sending to this
+		// node's address, where the new process now accepts, and take the
+		// new process's announces (a newer boot) when it has joined on the
+		// name port this frees.
+		cl.leave.Do(func() {
+			if err := cl.gossip.Load().Stop(); err != nil {
+				n.log.Warn("restart: stopping the cluster membership", "err", err)
+			}
+		})
+	}
+	if err := sendMsg(conn, takeoverMsg{Step: "left"}, nil); err != nil {
+		n.log.Warn("restart: telling the new process the cluster was left", "err", err)
+	}
+	res.Conns = n.rpc.Stats().Conns
+	n.log.Info("restart: the new process serves; letting callers go and draining", "new_pid", m.PID, "took", res.Took,
+		"connections", res.Conns)
+	go n.retire()
+	return res, nil
+}
+
+// exitWatch is the new process's end: done closes when it exited, with
+// err its status.
+type exitWatch struct {
+	done chan struct{}
+	err  error
+}
+
+// waitStep waits for the new process's message step; an exit, a failure
+// message, ctx or the time limit end the wait with an error.
+func (n *Node) waitStep(ctx context.Context, conn *net.UnixConn, exit *exitWatch, step string, limit time.Duration) (takeoverMsg, []*os.File, error) {
+	type got struct {
+		m     takeoverMsg
+		files []*os.File
+		err   error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		m, files, err := recvMsg(conn, time.Now().Add(limit))
+		ch <- got{m, files, err}
+	}()
+	select {
+	case g := <-ch:
+		closeFiles(g.files) // the new process sends none
+		switch {
+		case g.err != nil:
+			select {
+			case <-exit.done:
+				return g.m, nil, fmt.Errorf("restart: the new process exited (%v) before %q", exit.err, step)
+			case <-time.After(100 * time.Millisecond):
+			}
+			return g.m, nil, fmt.Errorf("restart: waiting for %q from the new process: %w", step, g.err)
+		case g.m.Step == "failed":
+			return g.m, nil, fmt.Errorf("restart: the new process failed: %s", g.m.Error)
+		case g.m.Step != step:
+			return g.m, nil, fmt.Errorf("restart: the new process said %q, want %q", g.m.Step, step)
+		}
+		return g.m, nil, nil
+	case <-exit.done:
+		// It may have said why first.
+		select {
+		case g := <-ch:
+			closeFiles(g.files)
+			if g.m.Step == "failed" {
+				return g.m, nil, fmt.Errorf("restart: the new process failed: %s", g.m.Error)
+			}
+		case <-time.After(100 * time.Millisecond):
+		}
+		return takeoverMsg{}, nil, fmt.Errorf("restart: the new process exited (%v) before %q", exit.err, step)
+	case <-ctx.Done():
+		return takeoverMsg{}, nil, fmt.Errorf("restart: %w", ctx.Err())
+	}
+}
+
+// handOffAdmin duplicates the metrics and control listeners and stops
+// serving on them (connections open stay served).
+func (n *Node) handOffAdmin() (metricsF, controlF *os.File, err error) {
+	if tl, ok := n.adminLn.(*net.TCPListener); ok {
+		if metricsF, err = tl.File(); err != nil {
+			return nil, nil, fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	if ln := n.restart.controlLn; ln != nil {
+		if controlF, err = ln.File(); err != nil {
+			if metricsF != nil {
+				metricsF.Close()
+			}
+			return nil, nil, fmt.Errorf("control socket: %w", err)
+		}
+		ln.SetUnlinkOnClose(false) // the path is the new process's now
+		_ = ln.Close()
+	}
+	if metricsF != nil {
+		_ = n.adminLn.Close()
+	}
+	return metricsF, controlF, nil
+}
+
+// resumeAdmin serves the metrics and control listeners again after a
+// failed hand-over.
+func (n *Node) resumeAdmin(metricsF, controlF *os.File) {
+	if metricsF != nil {
+		if ln, err := net.FileListener(metricsF); err == nil {
+			n.adminLn = ln
+			go func() { _ = n.admin.Serve(ln) }()
+		} else {
+			n.log.Error("restart: the metrics endpoint could not be taken back", "err", err)
+		}
+	}
+	if controlF != nil {
+		ln, err := net.FileListener(controlF)
+		if ul, ok := ln.(*net.UnixListener); err == nil && ok {
+			ul.SetUnlinkOnClose(true)
+			n.restart.controlLn = ul
+			go func() { _ = n.restart.controlSrv.Serve(ul) }()
+		} else {
+			n.log.Error("restart: the control socket could not be taken back", "err", err)
+		}
+	}
+}
+
+// retire lets the callers of the old process go and drains it.
+func (n *Node) retire() {
+	rs := &n.restart
+	told := n.rpc.GoAway("this node hands its port to a new process: send new calls on a new connection")
+	start := time.Now()
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for n.rpc.Stats().Conns > 0 && time.Since(start) < n.opts.DrainTimeout {
+		<-t.C
+	}
+	left := n.rpc.Stats().Conns
+	n.log.Info("restart: callers gone; draining", "told", told, "still_open", left, "took", time.Since(start).Round(time.Millisecond))
+	rs.retireErr = n.drain(context.Background())
+	close(rs.retiredCh())
+}
+
+func (rs *restartState) retiredCh() chan struct{} {
+	rs.retiredOne.Do(func() { rs.retired = make(chan struct{}) })
+	return rs.retired
+}
+
+// Retired is closed when this process has handed its sockets to a new
+// one (Restart) and finished draining.
+func (n *Node) Retired() <-chan struct{} { return n.restart.retiredCh() }
+
+// drainedByRestart is Drain's way around a restart: it waits for one under
+// way to settle, and when this process handed its sockets over, waits for
+// its own drain instead of starting another.
+func (n *Node) drainedByRestart() (bool, error) {
+	rs := &n.restart
+	rs.mu.Lock()
+	handed := rs.handedOver.Load()
+	rs.mu.Unlock()
+	if !handed {
+		return false, nil
+	}
+	<-rs.retiredCh()
+	return true, rs.retireErr
+}
+
+// The new process's side.
+
+// TakeoverConn is the hand-over socket a new scdd inherited, from
+// TakeoverEnv; nil when there is none.
+func TakeoverConn() (*net.UnixConn, error) {
+	v := os.Getenv(TakeoverEnv)
+	if v == "" {
+		return nil, nil
+	}
+	os.Unsetenv(TakeoverEnv) // not for the UAPs, nor a later restart
+	fd, err := strconv.Atoi(v)
+	if err != nil || fd < 3 {
+		return nil, fmt.Errorf("%s=%q: want a descriptor number", TakeoverEnv, v)
+	}
+	f := os.NewFile(uintptr(fd), "hand-over")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", TakeoverEnv, err)
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("%s: not a unix socket", TakeoverEnv)
+	}
+	return uc, nil
+}
+
+// takeOver asks the old process for its sockets, once this one's groups
+// have started.
+func (n *Node) takeOver() error {
+	rs := &n.restart
+	if rs.peer == nil {
+		return nil
+	}
+	if err := sendMsg(rs.peer, takeoverMsg{Step: "ready", PID: os.Getpid()}, nil); err != nil {
+		return fmt.Errorf("take over: %w", err)
+	}
+	m, files, err := recvMsg(rs.peer, time.Now().Add(takeoverReadyTime))
+	if err != nil {
+		return fmt.Errorf("take over: waiting for the sockets: %w", err)
+	}
+	want := len(m.RPC)
+	if m.Metrics {
+		want++
+	}
+	if m.Control != "" {
+		want++
+	}
+	if m.Step != "listeners" || len(files) != want {
+		closeFiles(files)
+		return fmt.Errorf("take over: got %q with %d descriptors, want the listeners and %d", m.Step, len(files), want)
+	}
+	for i := range m.RPC {
+		m.RPC[i].File = files[i]
+	}
+	rs.inheritRPC = m.RPC
+	files = files[len(m.RPC):]
+	if m.Metrics {
+		ln, err := net.FileListener(files[0])
+		files[0].Close()
+		files = files[1:]
+		if err != nil {
+			return fmt.Errorf("take over: metrics listener: %w", err)
+		}
+		rs.inheritMetrics = ln
+	}
+	if m.Control != "" {
+		ln, err := net.FileListener(files[0])
+		files[0].Close()
+		if err != nil {
+			return fmt.Errorf("take over: control socket: %w", err)
+		}
+		ul, ok := ln.(*net.UnixListener)
+		if !ok || m.Control != ControlSocketPath(n.cfg) {
+			ln.Close()
+			return fmt.Errorf("take over: the control socket %s is not this node's (%s)", m.Control, ControlSocketPath(n.cfg))
+		}
+		ul.SetUnlinkOnClose(true)
+		rs.inheritControl = ul
+	}
+	n.log.Info("take over: got the listening sockets of the old process", "rpc", len(m.RPC))
+	return nil
+}
+
+// takeoverServing tells the old process this one serves, and waits until
+// it has left the cluster (so that this one may join on the name port).
+func (n *Node) takeoverServing() error {
+	rs := &n.restart
+	if rs.peer == nil {
+		return nil
+	}
+	defer func() { rs.peer.Close(); rs.peer = nil }()
+	if err := sendMsg(rs.peer, takeoverMsg{Step: "serving", PID: os.Getpid()}, nil); err != nil {
+		return fmt.Errorf("take over: %w", err)
+	}
+	if m, _, err := recvMsg(rs.peer, time.Now().Add(takeoverLeftTime)); err != nil || m.Step != "left" {
+		n.log.Warn("take over: the old process did not say it left the cluster; joining all the same", "err", err, "step", m.Step)
+	}
+	return nil
+}
+
+// RefuseTakeover tells the old process that this one cannot take over
+// (its definitions did not load, say), so the restart reports why; conn
+// is TakeoverConn's and may be nil.
+func RefuseTakeover(conn *net.UnixConn, err error) {
+	if conn != nil {
+		_ = sendMsg(conn, takeoverMsg{Step: "failed", Error: err.Error()}, nil)
+		conn.Close()
+	}
+}
+
+// takeoverFailed tells the old process this one cannot take over.
+func (n *Node) takeoverFailed(err error) {
+	if rs := &n.restart; rs.peer != nil {
+		_ = sendMsg(rs.peer, takeoverMsg{Step: "failed", Error: err.Error()}, nil)
+		rs.peer.Close()
+		rs.peer = nil
+	}
+}
