@@ -380,6 +380,8 @@ static int run(tpsched_uap *u, unsigned char *buf, size_t n, int64_t deadline, s
 		*reply_len = reply_msg(buf, u->max_msg, "reply too big");
 		return TPSCHED_APP_ERROR;
 	}
+	if (call.buf != buf && call.len > 0)
+		memmove(buf, call.buf, call.len); /* a reply of the handler's own, maybe inside buf */
 	*reply_len = (uint32_t)call.len;
 	return st;
 }

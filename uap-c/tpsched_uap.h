@@ -79,7 +79,9 @@ typedef struct tpsched_call {
 	const char *entry;
 	/* The request in, the reply out: the handler writes its reply (or
 	 * its error message) over the request, in place. buf is shared
-	 * memory, valid only until the handler returns. */
+	 * memory, valid only until the handler returns. A handler may
+	 * instead point buf at a reply of its own (valid until it returns,
+	 * inside the request or elsewhere): the library copies it. */
 	unsigned char *buf;
 	/* In: the request's length. Out: the reply's (or the message's);
 	 * leave it as it is to answer with the request. */
@@ -144,9 +146,10 @@ int tpsched_serve_one(tpsched_uap *u);
  * max_message_size. */
 size_t tpsched_max_message(const tpsched_uap *u);
 
-/* tpsched_app_error writes a printf-style message into call's buffer as
- * its reply (cut to cap) and returns TPSCHED_APP_ERROR, so that a handler
- * can `return tpsched_app_error(call, "no stock for %s", item);`. */
+/* tpsched_app_error writes a printf-style message into call->buf as its
+ * reply (cut to 1023 bytes and to cap) and returns TPSCHED_APP_ERROR, so
+ * that a handler can `return tpsched_app_error(call, "no stock: %s", id);`.
+ * Call it with buf as the library gave it. */
 int tpsched_app_error(tpsched_call *call, const char *fmt, ...)
 #if defined(__GNUC__)
 	__attribute__((format(printf, 2, 3)))
