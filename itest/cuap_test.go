@@ -282,16 +282,19 @@ func revokedPrefetch(ctx context.Context, t *testing.T, n *node, c *client.Clien
 	}
 	otherSlot := 1 - firstSlot
 	// The lower slot is to be stuck: the first call if it went there, else
-	// a longer second one.
-	second := "300 second"
+	// a longer second one (the usual case: the process ready last, slot 1,
+	// takes the first call).
+	second := "400 second"
 	stuckSlot, freeSlot := firstSlot, otherSlot
 	if firstSlot > otherSlot {
-		second = "3000 second"
+		second = "2500 second"
 		stuckSlot, freeSlot = otherSlot, firstSlot
 	}
 	secondCh := call("sleep", second)
 	busy(func(ps []scd.ProcessStatus) bool { return ps[0].Calls == 1 && ps[1].Calls == 1 })
 	stuck, free := procOf(t, n, "two", stuckSlot), procOf(t, n, "two", freeSlot)
+	t.Logf("sleep 1000 in slot %d, sleep %s in slot %d: stuck pid %d (slot %d), free pid %d (slot %d)",
+		firstSlot, second, otherSlot, stuck.PID, stuckSlot, free.PID, freeSlot)
 
 	prefetched := call("pid", "")
 	waitFor(t, 5*time.Second, "the third call to be handed to the stuck process ahead", func() bool {
