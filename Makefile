@@ -20,13 +20,38 @@ TEST_TIMEOUT ?= 30m
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build install uninstall test test-short bench bench-quick bench-deps demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## build scdd, scdctl and uap-echo into bin/
+build: ## build scdd, scdctl and uap-echo into bin/, and with a C compiler the C UAP library and uap-echo-c (make uap-c)
 	$(GO) build $(GOFLAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	@if command -v $(CC) >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory uap-c; \
+	else \
+		echo "build: no C compiler ($(CC)): the C UAP library is not built (make uap-c needs one)"; \
+	fi
+
+# The C UAP library (uap-c/, docs/SHM.md): C11 and libc only.
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+AR         ?= ar
+UAP_CFLAGS ?= -O2 -Wall -Wextra -Werror -std=c11
+
+uap-c: $(BIN)/libtpsched_uap.a $(BIN)/uap-echo-c ## build the C UAP library bin/libtpsched_uap.a (header uap-c/tpsched_uap.h) and the example C UAP bin/uap-echo-c
+
+$(BIN)/tpsched_uap.o: uap-c/tpsched_uap.c uap-c/tpsched_uap.h
+	@mkdir -p $(BIN)
+	$(CC) $(UAP_CFLAGS) -c -o $@ uap-c/tpsched_uap.c
+
+$(BIN)/libtpsched_uap.a: $(BIN)/tpsched_uap.o
+	rm -f $@
+	$(AR) rcs $@ $<
+
+$(BIN)/uap-echo-c: examples/uap-c/uap_echo.c uap-c/tpsched_uap.h $(BIN)/libtpsched_uap.a
+	$(CC) $(UAP_CFLAGS) -DUAP_VERSION='"$(VERSION)"' -Iuap-c -o $@ examples/uap-c/uap_echo.c $(BIN)/libtpsched_uap.a
 
 install: build ## install the binaries, the systemd unit, the docs and (if absent) /etc/tpsched; PREFIX=/usr/local, DESTDIR
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)/examples

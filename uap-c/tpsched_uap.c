@@ -1,0 +1,803 @@
+/*
+ * tpsched_uap.c: the UAP side of tpsched's shared-memory protocol (docs/SHM.md,
+ * layout version 4) and of its socket mode (shm/internal/sockwire), in C11
+ * with libc only. The rules it keeps are the spec's, in the order the spec
+ * gives them: attach, start serving, take a call, wait, serve, complete,
+ * leave. The Go package tpsched/shm is the reference implementation.
+ */
+#define _GNU_SOURCE /* syscall(), MAP_SHARED details, MSG_NOSIGNAL */
+
+#include "tpsched_uap.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+_Static_assert(sizeof(struct tpsched_group_page) <= TPSCHED_PAGE_SIZE, "group page fits its page");
+_Static_assert(sizeof(struct tpsched_mailbox) == 0x40, "a mailbox is one cache line");
+_Static_assert(sizeof(struct tpsched_proc_ctl) <= TPSCHED_PAGE_SIZE, "page 0 fits its page");
+_Static_assert(TPSCHED_MAX_ENTRIES * TPSCHED_MAX_NAME == TPSCHED_PAGE_SIZE, "the entry table is page 1");
+_Static_assert(sizeof(_Atomic uint64_t) == 8 && _Alignof(_Atomic uint64_t) == 8, "8-byte atomics");
+
+/* futex(2) operations, without FUTEX_PRIVATE_FLAG: the word is in a
+ * MAP_SHARED memfd mapping and waited on and woken from two processes. */
+#define FUTEX_WAIT_OP 0
+
+/* Every sleep is bounded (100 ms), so that a flag is seen even if a wake-up
+ * is lost. A test builds the library with a longer bound, so that a lost
+ * wake-up shows as a stall. */
+#ifndef TPSCHED_MAX_SLEEP_NS
+#define TPSCHED_MAX_SLEEP_NS 100000000LL
+#endif
+
+/* Socket mode (shm/internal/sockwire): a 24-byte header, then the entry
+ * name (request only), then the payload. */
+enum {
+	SW_HEADER = 24,
+	SW_VERSION = 2,
+	SW_HELLO = 1,
+	SW_WELCOME = 2,
+	SW_REQUEST = 3,
+	SW_REPLY = 4,
+	SW_STOP = 5,
+	SW_CLOSE = 6,
+	SW_BYE = 7,
+	SW_HELLO_REFRESH = 1,
+	STATUS_END = 4
+};
+
+struct entry {
+	char name[TPSCHED_MAX_NAME + 1];
+	size_t len;
+	tpsched_handler h;
+	void *arg;
+};
+
+struct tpsched_uap {
+	/* Shared-memory mode. */
+	unsigned char *area;
+	size_t area_len;
+	struct tpsched_proc_ctl *ctl;
+	const unsigned char *page;
+	size_t page_len;
+	const struct tpsched_group_page *gp;
+	unsigned char *bufs[TPSCHED_MAX_MAILBOXES];
+	unsigned mailboxes;
+	int bell;
+	uint64_t last_no; /* the number of the last call taken or skipped */
+	int64_t spin_budget, spin_max;
+
+	/* Socket mode: socket_mode, and sock >= 0 until the UAP left. */
+	bool socket_mode;
+	int sock;
+	unsigned char *sock_buf;
+
+	size_t max_msg;
+	bool refresh, served, started;
+	struct entry entries[TPSCHED_MAX_ENTRIES];
+	size_t n_entries;
+	char entry[TPSCHED_MAX_NAME + 1];
+	char err[256];
+};
+
+#if defined(__GNUC__)
+static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#endif
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	if (err == NULL || errlen == 0)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static int64_t clock_ns(clockid_t clk)
+{
+	struct timespec ts;
+	clock_gettime(clk, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void ring(int bell)
+{
+	uint64_t one = 1;
+	ssize_t r;
+	do {
+		r = write(bell, &one, sizeof one);
+	} while (r < 0 && errno == EINTR);
+}
+
+/* env_int parses a non-negative decimal environment variable; def if unset. */
+static int env_int(const char *name, int def, int max, int *out)
+{
+	const char *v = getenv(name);
+	if (v == NULL || *v == '\0') {
+		*out = def;
+		return 0;
+	}
+	char *end;
+	errno = 0;
+	long n = strtol(v, &end, 10);
+	if (errno != 0 || *end != '\0' || n < 0 || n > max)
+		return -1;
+	*out = (int)n;
+	return 0;
+}
+
+static tpsched_uap *new_uap(void)
+{
+	tpsched_uap *u = calloc(1, sizeof *u);
+	if (u == NULL)
+		return NULL;
+	u->bell = -1;
+	u->sock = -1;
+	/* The adaptive spin of shm/futex.go: TPSCHED_SPIN_US bounds it
+	 * (default 10 us, 0 never spins, at most 1000). */
+	int us;
+	if (env_int("TPSCHED_SPIN_US", 10, INT_MAX, &us) != 0)
+		us = 10;
+	if (us > 1000)
+		us = 1000;
+	u->spin_max = (int64_t)us * 1000;
+	u->spin_budget = u->spin_max / 4;
+	return u;
+}
+
+static tpsched_uap *attach_socket(int fd, bool refresh, char *err, size_t errlen);
+
+tpsched_uap *tpsched_attach(char *err, size_t errlen)
+{
+	int base;
+	if (env_int("TPSCHED_SHM_FD", 3, INT_MAX - 2, &base) != 0) {
+		set_err(err, errlen, "tpsched: TPSCHED_SHM_FD=\"%s\": not a file descriptor", getenv("TPSCHED_SHM_FD"));
+		return NULL;
+	}
+	const char *r = getenv("TPSCHED_REFRESH");
+	bool refresh = r != NULL && strcmp(r, "1") == 0;
+	const char *recv = getenv("TPSCHED_RECEIVE");
+	if (recv != NULL && strcmp(recv, "socket") == 0)
+		return attach_socket(base, refresh, err, errlen);
+	if (recv != NULL && *recv != '\0' && strcmp(recv, "queue") != 0) {
+		set_err(err, errlen, "tpsched: TPSCHED_RECEIVE=\"%s\": want queue or socket", recv);
+		return NULL;
+	}
+	tpsched_uap *u = tpsched_attach_fds(base, base + 1, base + 2, err, errlen);
+	if (u != NULL)
+		u->refresh = refresh;
+	return u;
+}
+
+/* map_fd maps the whole of a regular file (a memfd). */
+static void *map_fd(int fd, int prot, size_t *len, char *why, size_t whylen)
+{
+	struct stat st;
+	if (fstat(fd, &st) != 0) {
+		snprintf(why, whylen, "fstat: %s", strerror(errno));
+		return NULL;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_size < TPSCHED_PAGE_SIZE) {
+		snprintf(why, whylen, "not a shared memory file");
+		return NULL;
+	}
+	void *m = mmap(NULL, (size_t)st.st_size, prot, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		snprintf(why, whylen, "mmap: %s", strerror(errno));
+		return NULL;
+	}
+	*len = (size_t)st.st_size;
+	return m;
+}
+
+tpsched_uap *tpsched_attach_fds(int area, int group, int bell, char *err, size_t errlen)
+{
+#define NOT_OURS_FMT "tpsched: attach: fd %d is not a tpsched %s (a UAP must be started by scdd, which passes its area, the group page and its doorbell as fds %d, %d and %d)"
+	char why[128];
+	size_t alen, glen;
+	unsigned char *amem = map_fd(area, PROT_READ | PROT_WRITE, &alen, why, sizeof why);
+	if (amem == NULL) {
+		set_err(err, errlen, NOT_OURS_FMT ": %s", area, "process area", area, area + 1, area + 2, why);
+		return NULL;
+	}
+	unsigned char *gmem = map_fd(group, PROT_READ, &glen, why, sizeof why);
+	if (gmem == NULL) {
+		munmap(amem, alen);
+		set_err(err, errlen, NOT_OURS_FMT ": %s", group, "group page", area, area + 1, area + 2, why);
+		return NULL;
+	}
+	struct tpsched_proc_ctl *ctl = (struct tpsched_proc_ctl *)amem;
+	const struct tpsched_group_page *gp = (const struct tpsched_group_page *)gmem;
+	struct stat st;
+	if (ctl->magic != TPSCHED_PROC_MAGIC) {
+		set_err(err, errlen, NOT_OURS_FMT, area, "process area", area, area + 1, area + 2);
+	} else if (gp->magic != TPSCHED_GROUP_MAGIC) {
+		set_err(err, errlen, NOT_OURS_FMT, group, "group page", area, area + 1, area + 2);
+	} else if (ctl->version != TPSCHED_LAYOUT_VERSION || gp->version != TPSCHED_LAYOUT_VERSION) {
+		set_err(err, errlen, "tpsched: attach: layout version %u, this library knows %d (rebuild it from the node's uap-c/)",
+			ctl->version, TPSCHED_LAYOUT_VERSION);
+	} else if (ctl->max_message < 1 || ctl->max_message > TPSCHED_MAX_MESSAGE || ctl->max_message != gp->max_message ||
+		   ctl->mailboxes < 1 || ctl->mailboxes > TPSCHED_MAX_MAILBOXES ||
+		   alen != TPSCHED_AREA_SIZE(ctl->max_message, ctl->mailboxes)) {
+		set_err(err, errlen, "tpsched: attach: area of %zu bytes does not fit max_message_size %u and %u mailboxes", alen,
+			ctl->max_message, ctl->mailboxes);
+	} else if (atomic_load(&ctl->state) != TPSCHED_STATE_NEW) {
+		set_err(err, errlen, "tpsched: attach: the process area is in use by pid %u", atomic_load(&ctl->pid));
+	} else if (fstat(bell, &st) != 0) {
+		set_err(err, errlen, NOT_OURS_FMT ": fstat: %s", bell, "doorbell", area, area + 1, area + 2, strerror(errno));
+	} else {
+		tpsched_uap *u = new_uap();
+		if (u == NULL) {
+			set_err(err, errlen, "tpsched: attach: %s", strerror(errno));
+		} else {
+			/* Another process of the same user could otherwise open this
+			 * one's area through /proc/PID/fd and answer its calls. */
+			prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+			u->area = amem;
+			u->area_len = alen;
+			u->ctl = ctl;
+			u->page = gmem;
+			u->page_len = glen;
+			u->gp = gp;
+			u->bell = bell;
+			u->max_msg = ctl->max_message;
+			u->mailboxes = ctl->mailboxes; /* read once: scdd's count, not what may be written later */
+			for (unsigned i = 0; i < u->mailboxes; i++)
+				u->bufs[i] = amem + TPSCHED_BUFFERS + i * TPSCHED_BUF_STRIDE(ctl->max_message);
+			close(area); /* mapped: the descriptors are no longer needed */
+			close(group);
+			atomic_store(&ctl->pid, (uint32_t)getpid());
+			return u;
+		}
+	}
+	munmap(amem, alen);
+	munmap(gmem, glen);
+	return NULL;
+#undef NOT_OURS_FMT
+}
+
+int tpsched_handle(tpsched_uap *u, const char *entry, tpsched_handler h, void *arg)
+{
+	if (entry == NULL || *entry == '\0' || h == NULL) {
+		errno = EINVAL;
+		return -1;
+	}
+	size_t len = strlen(entry);
+	if (len > TPSCHED_MAX_NAME) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	if (u->started) {
+		errno = EBUSY;
+		return -1;
+	}
+	for (size_t i = 0; i < u->n_entries; i++) {
+		if (u->entries[i].len == len && memcmp(u->entries[i].name, entry, len) == 0) {
+			u->entries[i].h = h;
+			u->entries[i].arg = arg;
+			return 0;
+		}
+	}
+	if (u->n_entries == TPSCHED_MAX_ENTRIES) {
+		errno = ENOSPC;
+		return -1;
+	}
+	struct entry *e = &u->entries[u->n_entries++];
+	memcpy(e->name, entry, len + 1);
+	e->len = len;
+	e->h = h;
+	e->arg = arg;
+	return 0;
+}
+
+size_t tpsched_max_message(const tpsched_uap *u) { return u->max_msg; }
+
+const char *tpsched_error(const tpsched_uap *u) { return u->err; }
+
+const char *tpsched_status_name(int status)
+{
+	switch (status) {
+	case TPSCHED_OK:
+		return "ok";
+	case TPSCHED_APP_ERROR:
+		return "application error";
+	case TPSCHED_NO_SUCH_SERVICE:
+		return "no such service";
+	case TPSCHED_TIMED_OUT:
+		return "timed out";
+	}
+	return "unknown status";
+}
+
+int tpsched_app_error(tpsched_call *call, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		n = 0;
+	size_t len = (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1;
+	if (len > call->cap)
+		len = call->cap;
+	memcpy(call->buf, msg, len);
+	call->len = len;
+	return TPSCHED_APP_ERROR;
+}
+
+/* reply_msg writes a message of the library's into buf as the reply. */
+static uint32_t reply_msg(unsigned char *buf, size_t cap, const char *msg)
+{
+	size_t n = strlen(msg);
+	if (n > cap)
+		n = cap;
+	memcpy(buf, msg, n);
+	return (uint32_t)n;
+}
+
+/* run serves one call whose request is buf[0:n]: the spec's "Serve". The
+ * entry name is in u->entry, entry_len bytes. */
+static int run(tpsched_uap *u, unsigned char *buf, size_t n, int64_t deadline, size_t entry_len, uint32_t *reply_len)
+{
+	if (deadline != 0 && clock_ns(CLOCK_REALTIME) > deadline) {
+		*reply_len = 0;
+		return TPSCHED_TIMED_OUT;
+	}
+	struct entry *e = NULL;
+	for (size_t i = 0; i < u->n_entries; i++) {
+		if (u->entries[i].len == entry_len && memcmp(u->entries[i].name, u->entry, entry_len) == 0) {
+			e = &u->entries[i];
+			break;
+		}
+	}
+	if (e == NULL) {
+		size_t rl = entry_len < u->max_msg ? entry_len : u->max_msg;
+		memcpy(buf, u->entry, rl);
+		*reply_len = (uint32_t)rl;
+		return TPSCHED_NO_SUCH_SERVICE;
+	}
+	tpsched_call call = {
+		.entry = u->entry, .buf = buf, .len = n, .cap = u->max_msg, .deadline = deadline, .arg = e->arg,
+	};
+	int st = e->h(&call);
+	if (st != TPSCHED_OK && st != TPSCHED_APP_ERROR) {
+		char msg[64];
+		snprintf(msg, sizeof msg, "handler returned status %d", st);
+		*reply_len = reply_msg(buf, u->max_msg, msg);
+		return TPSCHED_APP_ERROR;
+	}
+	if (call.len > u->max_msg) {
+		*reply_len = reply_msg(buf, u->max_msg, "reply too big");
+		return TPSCHED_APP_ERROR;
+	}
+	if (call.buf != buf && call.len > 0)
+		memmove(buf, call.buf, call.len); /* a reply of the handler's own, maybe inside buf */
+	*reply_len = (uint32_t)call.len;
+	return st;
+}
+
+/* publish registers the entries in page 1 and says the process is ready:
+ * the spec's "Start serving". */
+static void publish(tpsched_uap *u)
+{
+	unsigned char *table = u->area + TPSCHED_ENTRY_TABLE;
+	for (size_t i = 0; i < u->n_entries; i++) {
+		unsigned char *slot = table + i * TPSCHED_MAX_NAME;
+		memset(slot, 0, TPSCHED_MAX_NAME);
+		memcpy(slot, u->entries[i].name, u->entries[i].len);
+	}
+	atomic_store(&u->ctl->entries, (uint32_t)u->n_entries);
+	atomic_store(&u->ctl->state, (uint32_t)TPSCHED_STATE_READY);
+	u->started = true;
+	ring(u->bell); /* the node hands calls only to a ready process */
+}
+
+static void leave(tpsched_uap *u)
+{
+	if (atomic_load(&u->ctl->state) != TPSCHED_STATE_LEFT) {
+		atomic_store(&u->ctl->state, (uint32_t)TPSCHED_STATE_LEFT);
+		ring(u->bell);
+	}
+}
+
+static bool new_call(const tpsched_uap *u) { return atomic_load(&u->ctl->dispatch_no) > u->last_no; }
+
+static bool told(const tpsched_uap *u)
+{
+	return atomic_load(&u->ctl->stop) != 0 || atomic_load(&u->gp->closed) != 0;
+}
+
+/* take claims the next call handed over, in number order, finding each by
+ * its mailbox's claim word and skipping those the node revoked: the spec's
+ * "Take a call". 0 if none; else the call's number, its mailbox in *mb. */
+static uint64_t take(tpsched_uap *u, unsigned *mb)
+{
+	uint64_t d = atomic_load(&u->ctl->dispatch_no);
+	while (u->last_no < d) {
+		uint64_t n = ++u->last_no;
+		for (unsigned i = 0; i < u->mailboxes; i++) {
+			_Atomic uint64_t *c = &u->ctl->mailbox[i].claim;
+			uint64_t v = atomic_load(c);
+			if (v >> 2 != n)
+				continue;
+			uint64_t offered = n << 2 | TPSCHED_CLAIM_OFFERED;
+			if ((v & 3) == TPSCHED_CLAIM_OFFERED &&
+			    atomic_compare_exchange_strong(c, &offered, n << 2 | TPSCHED_CLAIM_TAKEN)) {
+				*mb = i;
+				return n;
+			}
+			break; /* revoked */
+		}
+		/* In no mailbox: revoked, and its mailbox holds a later call. */
+	}
+	return 0;
+}
+
+/* learn adapts the spin budget as shm's spinner does: it doubles when
+ * spinning found work and halves when work came only after a sleep. */
+static void learn(tpsched_uap *u, int64_t waited)
+{
+	if (waited >= 0 && waited <= u->spin_budget) {
+		int64_t b = 2 * u->spin_budget + 250;
+		u->spin_budget = b < u->spin_max ? b : u->spin_max;
+	} else {
+		int64_t b = u->spin_budget / 2;
+		u->spin_budget = b > u->spin_max / 16 ? b : u->spin_max / 16;
+	}
+}
+
+static bool spin(const tpsched_uap *u, int64_t start)
+{
+	if (u->spin_budget <= 0)
+		return false;
+	for (unsigned i = 1;; i++) {
+		if (new_call(u))
+			return true;
+		if (i % 16 == 0 && clock_ns(CLOCK_MONOTONIC) - start >= u->spin_budget)
+			return false;
+	}
+}
+
+/* next waits for the next call, spinning and then sleeping on the futex
+ * word: the spec's "Wait". 0 when the process is to leave. */
+static uint64_t next(tpsched_uap *u, unsigned *mb)
+{
+	struct tpsched_proc_ctl *c = u->ctl;
+	int64_t start = clock_ns(CLOCK_MONOTONIC);
+	bool spun = false;
+	for (;;) {
+		uint64_t n = take(u, mb);
+		if (n != 0) {
+			learn(u, clock_ns(CLOCK_MONOTONIC) - start);
+			return n;
+		}
+		if (told(u))
+			return 0;
+		if (!spun) {
+			spun = true;
+			if (spin(u, start))
+				continue;
+			learn(u, -1);
+		}
+		uint32_t w = atomic_load(&c->wake);
+		atomic_store(&c->sleeping, 1);
+		if (new_call(u) || told(u)) {
+			atomic_store(&c->sleeping, 0);
+			continue;
+		}
+		struct timespec ts = {.tv_sec = TPSCHED_MAX_SLEEP_NS / 1000000000LL,
+				      .tv_nsec = TPSCHED_MAX_SLEEP_NS % 1000000000LL};
+		syscall(SYS_futex, (void *)&c->wake, FUTEX_WAIT_OP, w, &ts, NULL, 0);
+		atomic_store(&c->sleeping, 0);
+	}
+}
+
+/* serve runs call no, which take claimed, and completes it: the spec's
+ * "Serve" and "Complete". The mailbox is the UAP's until done_no says so. */
+static void serve(tpsched_uap *u, uint64_t no, unsigned i)
+{
+	struct tpsched_mailbox *m = &u->ctl->mailbox[i];
+	unsigned char *buf = u->bufs[i];
+	size_t n = m->req_len < u->max_msg ? m->req_len : u->max_msg;
+	size_t nl = m->entry_len < TPSCHED_MAX_NAME ? m->entry_len : TPSCHED_MAX_NAME;
+	memcpy(u->entry, m->entry, nl);
+	u->entry[nl] = '\0';
+	uint32_t rl;
+	int st = run(u, buf, n, m->deadline, nl, &rl);
+	atomic_store(&m->status, (uint32_t)st);
+	atomic_store(&m->reply_len, rl);
+	atomic_store(&u->ctl->done_no, no);
+	if (atomic_load(&u->gp->reader_sleeping) != 0)
+		ring(u->bell);
+}
+
+static int sock_serve_one(tpsched_uap *u);
+
+int tpsched_serve_one(tpsched_uap *u)
+{
+	if (u->socket_mode)
+		return sock_serve_one(u);
+	if (u->area == NULL)
+		return 0;
+	if (u->refresh && u->served) {
+		leave(u);
+		return 0;
+	}
+	if (!u->started)
+		publish(u);
+	unsigned mb;
+	uint64_t no = next(u, &mb);
+	if (no == 0) {
+		leave(u);
+		return 0;
+	}
+	serve(u, no, mb);
+	u->served = true;
+	return 1;
+}
+
+int tpsched_serve(tpsched_uap *u)
+{
+	for (;;) {
+		int r = tpsched_serve_one(u);
+		if (r <= 0)
+			return r;
+	}
+}
+
+/* ---- socket mode (receive_from = socket; shm/internal/sockwire) ---- */
+
+struct sw_msg {
+	uint8_t kind, status;
+	uint16_t name_len;
+	uint32_t pay_len;
+	uint64_t a, b;
+};
+
+static void sw_put(unsigned char *h, const struct sw_msg *m)
+{
+	memset(h, 0, SW_HEADER);
+	h[0] = m->kind;
+	h[1] = m->status;
+	for (int i = 0; i < 2; i++)
+		h[2 + i] = (unsigned char)(m->name_len >> (8 * i));
+	for (int i = 0; i < 4; i++)
+		h[4 + i] = (unsigned char)(m->pay_len >> (8 * i));
+	for (int i = 0; i < 8; i++) {
+		h[8 + i] = (unsigned char)(m->a >> (8 * i));
+		h[16 + i] = (unsigned char)(m->b >> (8 * i));
+	}
+}
+
+static uint64_t le(const unsigned char *p, int n)
+{
+	uint64_t v = 0;
+	for (int i = n - 1; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/* read_full reads exactly n bytes: 0, or -1 with errno (0 at end of file). */
+static int read_full(int fd, unsigned char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t r = read(fd, p, n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			if (r == 0)
+				errno = 0;
+			return -1;
+		}
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+/* write_all writes the iovecs whole, without SIGPIPE if the node is gone. */
+static int write_all(int fd, struct iovec *iov, int cnt)
+{
+	while (cnt > 0) {
+		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+		ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -1;
+		while (cnt > 0 && (size_t)w >= iov->iov_len) {
+			w -= (ssize_t)iov->iov_len;
+			iov++;
+			cnt--;
+		}
+		if (cnt > 0) {
+			iov->iov_base = (unsigned char *)iov->iov_base + w;
+			iov->iov_len -= (size_t)w;
+		}
+	}
+	return 0;
+}
+
+/* sw_read reads one header and checks the limits every kind shares, as
+ * sockwire.Read does. Returns 0, or -1 with a message in why. */
+static int sw_read(int fd, struct sw_msg *m, uint64_t max_msg, char *why, size_t whylen)
+{
+	unsigned char h[SW_HEADER];
+	if (read_full(fd, h, sizeof h) != 0) {
+		if (errno == 0)
+			snprintf(why, whylen, "the scheduler closed the connection");
+		else
+			snprintf(why, whylen, "read: %s", strerror(errno));
+		return -1;
+	}
+	m->kind = h[0];
+	m->status = h[1];
+	m->name_len = (uint16_t)le(h + 2, 2);
+	m->pay_len = (uint32_t)le(h + 4, 4);
+	m->a = le(h + 8, 8);
+	m->b = le(h + 16, 8);
+	if (m->kind < SW_HELLO || m->kind > SW_BYE)
+		snprintf(why, whylen, "socket protocol error: unknown message kind %u", m->kind);
+	else if (m->name_len > TPSCHED_MAX_NAME || (m->name_len != 0 && m->kind != SW_REQUEST))
+		snprintf(why, whylen, "socket protocol error: entry name of %u bytes in a message of kind %u", m->name_len, m->kind);
+	else if (m->pay_len > max_msg)
+		snprintf(why, whylen, "socket protocol error: message of %u bytes, max_message_size is %llu", m->pay_len,
+			 (unsigned long long)max_msg);
+	else if (m->pay_len != 0 && m->kind != SW_REQUEST && m->kind != SW_REPLY)
+		snprintf(why, whylen, "socket protocol error: payload in a message of kind %u", m->kind);
+	else if (m->kind == SW_REPLY && m->status >= STATUS_END)
+		snprintf(why, whylen, "socket protocol error: reply status %u", m->status);
+	else if (m->status != 0 && m->kind != SW_REPLY && !(m->kind == SW_HELLO && m->status == SW_HELLO_REFRESH))
+		snprintf(why, whylen, "socket protocol error: status in a message of kind %u", m->kind);
+	else
+		return 0;
+	return -1;
+}
+
+/* attach_socket is tpsched_attach in socket mode: fd is the UAP's end of
+ * the socketpair. It says hello and waits for the welcome that tells
+ * max_message_size. */
+static tpsched_uap *attach_socket(int fd, bool refresh, char *err, size_t errlen)
+{
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+		set_err(err, errlen,
+			"tpsched: TPSCHED_RECEIVE=socket but fd %d is not a socket (a UAP must be started by scdd, which passes its socket as fd %d)",
+			fd, fd);
+		return NULL;
+	}
+	unsigned char h[SW_HEADER];
+	struct sw_msg hello = {.kind = SW_HELLO, .status = refresh ? SW_HELLO_REFRESH : 0, .a = (uint64_t)getpid(), .b = SW_VERSION};
+	sw_put(h, &hello);
+	struct iovec iov = {.iov_base = h, .iov_len = sizeof h};
+	if (write_all(fd, &iov, 1) != 0) {
+		set_err(err, errlen, "tpsched: attach socket: hello: %s", strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	struct sw_msg m;
+	char why[160];
+	if (sw_read(fd, &m, 0, why, sizeof why) != 0) {
+		set_err(err, errlen, "tpsched: attach socket: %s", why);
+		close(fd);
+		return NULL;
+	}
+	if (m.kind != SW_WELCOME || m.b != SW_VERSION || m.a < 1 || m.a > TPSCHED_MAX_MESSAGE) {
+		set_err(err, errlen,
+			"tpsched: attach socket: socket protocol error: expected welcome, got kind %u (version %llu, max message %llu)",
+			m.kind, (unsigned long long)m.b, (unsigned long long)m.a);
+		close(fd);
+		return NULL;
+	}
+	tpsched_uap *u = new_uap();
+	if (u == NULL) {
+		set_err(err, errlen, "tpsched: attach socket: %s", strerror(errno));
+		close(fd);
+		return NULL;
+	}
+	u->socket_mode = true;
+	u->sock = fd;
+	u->max_msg = (size_t)m.a;
+	u->refresh = refresh;
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	return u;
+}
+
+/* sock_leave says bye and closes the socket. */
+static void sock_leave(tpsched_uap *u)
+{
+	unsigned char h[SW_HEADER];
+	struct sw_msg bye = {.kind = SW_BYE};
+	sw_put(h, &bye);
+	struct iovec iov = {.iov_base = h, .iov_len = sizeof h};
+	(void)write_all(u->sock, &iov, 1);
+	close(u->sock);
+	u->sock = -1;
+}
+
+static int sock_fail(tpsched_uap *u, const char *why)
+{
+	snprintf(u->err, sizeof u->err, "tpsched: socket: %s", why);
+	close(u->sock);
+	u->sock = -1;
+	return -1;
+}
+
+/* sock_serve_one is tpsched_serve_one in socket mode. */
+static int sock_serve_one(tpsched_uap *u)
+{
+	if (u->sock < 0)
+		return 0;
+	if (u->refresh && u->served) {
+		sock_leave(u);
+		return 0;
+	}
+	struct sw_msg m;
+	char why[160];
+	if (sw_read(u->sock, &m, u->max_msg, why, sizeof why) != 0)
+		return sock_fail(u, why);
+	if (m.kind == SW_STOP || m.kind == SW_CLOSE) {
+		sock_leave(u);
+		return 0;
+	}
+	if (m.kind != SW_REQUEST) {
+		snprintf(why, sizeof why, "socket protocol error: message of kind %u from the scheduler", m.kind);
+		return sock_fail(u, why);
+	}
+	if (u->sock_buf == NULL) {
+		u->sock_buf = malloc(u->max_msg);
+		if (u->sock_buf == NULL)
+			return sock_fail(u, "no memory for the request buffer");
+	}
+	if (read_full(u->sock, (unsigned char *)u->entry, m.name_len) != 0 ||
+	    read_full(u->sock, u->sock_buf, m.pay_len) != 0)
+		return sock_fail(u, errno == 0 ? "the scheduler closed the connection" : strerror(errno));
+	u->entry[m.name_len] = '\0';
+	uint32_t rl;
+	int st = run(u, u->sock_buf, m.pay_len, (int64_t)m.b, m.name_len, &rl);
+	unsigned char h[SW_HEADER];
+	struct sw_msg reply = {.kind = SW_REPLY, .status = (uint8_t)st, .pay_len = rl, .a = m.a};
+	sw_put(h, &reply);
+	struct iovec iov[2] = {{.iov_base = h, .iov_len = sizeof h}, {.iov_base = u->sock_buf, .iov_len = rl}};
+	if (write_all(u->sock, iov, rl > 0 ? 2 : 1) != 0)
+		return sock_fail(u, strerror(errno));
+	u->served = true;
+	return 1;
+}
+
+int tpsched_close(tpsched_uap *u)
+{
+	if (u == NULL)
+		return 0;
+	int rc = 0, saved = 0;
+	if (u->area != NULL) {
+		leave(u);
+		if (munmap(u->area, u->area_len) != 0 || munmap((void *)u->page, u->page_len) != 0 || close(u->bell) != 0) {
+			rc = -1;
+			saved = errno;
+		}
+	}
+	if (u->sock >= 0 && close(u->sock) != 0) {
+		rc = -1;
+		saved = errno;
+	}
+	free(u->sock_buf);
+	free(u);
+	if (rc != 0)
+		errno = saved;
+	return rc;
+}
