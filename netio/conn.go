@@ -56,6 +56,10 @@ type Conn struct {
 	polled bool     // guarded by mu: the outPoller watches the socket
 }
 
+// Port is the port the connection came in on. A frame's handler uses it,
+// not the value Listen returns: the loops serve before Listen returns.
+func (c *Conn) Port() *Port { return c.srv }
+
 // ID is unique among the connections of one Port.
 func (c *Conn) ID() uint64 { return c.id }
 

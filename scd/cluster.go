@@ -165,11 +165,15 @@ func (n *Node) localInfo() names.NodeInfo {
 }
 
 // advertisedRPC is the RPC address other nodes send to.
-func (n *Node) advertisedRPC() string {
-	if n.rpc == nil {
+func (n *Node) advertisedRPC() string { return n.advertisedAddr(n.rpc) }
+
+// advertisedAddr is advertisedRPC for port p: a frame's handler passes its
+// connection's port, since frames are served before n.rpc is set.
+func (n *Node) advertisedAddr(p *netio.Port) string {
+	if p == nil {
 		return ""
 	}
-	host, port, _ := net.SplitHostPort(n.rpc.Addr())
+	host, port, _ := net.SplitHostPort(p.Addr())
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = n.cfg.System.NodeID // listening everywhere: the node id is the best name we have
 	}
@@ -352,7 +356,7 @@ func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
 			}
 		}
 	} else if g := n.groups[group]; g != nil && !g.held.Load() {
-		nodes = append(nodes, netio.NodeLevel{Addr: n.advertisedRPC(), Level: uint8(g.level())})
+		nodes = append(nodes, netio.NodeLevel{Addr: n.advertisedAddr(c.Port()), Level: uint8(g.level())})
 	}
 	if len(nodes) == 0 {
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, group+": no node serves it now"))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,15 +14,20 @@ import (
 	"time"
 
 	"tpsched/internal/freeport"
-	"tpsched/scd/client"
+	"tpsched/netio"
 	"tpsched/scd/def"
 )
 
-// A node in a cluster answers calls and /status while it is still joining
-// the others: the inter-node state exists before the RPC port opens, and
-// the race detector sees no write to it afterwards. (It used to be set
-// after the port opened, and /status read a gossip handle not yet made.)
-func TestClusterNodeServesWhileJoining(t *testing.T) {
+// A node answers calls and /status from the moment its port opens, while
+// Start still runs: the inter-node state exists before the port opens, and
+// a frame's handler reaches the port through its connection, not through
+// n.rpc, which Start sets after the loops serve. The race detector sees no
+// write to either afterwards. (The cluster state used to be set after the
+// port opened, /status read a gossip handle not yet made, and a call on
+// the wrong receiver group read n.rpc while it was nil.) The group is
+// bound to a receiver group of its own, so every call on the RPC port is
+// answered 'wrong receiver' by that path until the client follows it.
+func TestNodeServesWhileStarting(t *testing.T) {
 	ips := []string{"127.0.0.1", "127.0.0.2"}
 	ports, err := freeport.Common(ips, 2)
 	if err != nil {
@@ -36,11 +42,11 @@ func TestClusterNodeServesWhileJoining(t *testing.T) {
 	sysconf := fmt.Sprintf("set node_id = \"joining\"\nset rpc_address = \"127.0.0.1\"\nset rpc_port = %d\nset name_port = %d\n"+
 		"set metrics_address = %q\nset control_socket = \"ctl.sock\"\nset all_node = \"127.0.0.1\", \"127.0.0.2\"\n",
 		ports[0], ports[1], metricsAddr)
-	usr := "set service_group = g\nset service = echo\nset module = " + fmt.Sprintf("%q", os.Args[0]) + "\nset parallel_count = 1\n"
+	usr := "set service_group = g\nset service = echo\nset module = " + fmt.Sprintf("%q", os.Args[0]) + "\nset parallel_count = 1\nscdmulti -g rg\n"
 	if err := os.MkdirAll(filepath.Join(dir, "usr"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for name, text := range map[string]string{"sysconf": sysconf, "usr/g": usr} {
+	for name, text := range map[string]string{"sysconf": sysconf, "scdsvcdef": "scdmulti -g rg -m 1 -p 0\n", "usr/g": usr} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -62,22 +68,33 @@ func TestClusterNodeServesWhileJoining(t *testing.T) {
 	wg.Add(2)
 	go func() { // calls, from before the port opens until after Start
 		defer wg.Done()
-		c, err := client.New(client.Options{Hosts: []string{rpcAddr}})
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer c.Close()
+		// Raw connections, each dialled and written at once: the first
+		// lands in the listen backlog with its call before the loops run,
+		// so the call is served while Start still runs.
+		frame := netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: 1}, "g", "echo", []byte("x"))
 		for ctx.Err() == nil {
-			out, err := c.Call(ctx, "g", "echo", []byte("x"))
-			if err == nil && string(out) != "x" {
-				t.Errorf("echo answered %q", out)
+			nc, err := net.Dial("tcp", rpcAddr)
+			if err != nil {
+				continue
+			}
+			nc.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = nc.Write(frame)
+			var f netio.Frame
+			if err == nil {
+				f, _, err = netio.NewFrameReader(nc, 1<<20).Read(nil)
+			}
+			nc.Close()
+			if err != nil {
+				t.Errorf("a call on the RPC port: %v", err)
+				return
+			}
+			if f.Kind != netio.KindError || f.Code != netio.CodeWrongReceiver {
+				t.Errorf("a call on the RPC port for a group bound to another receiver group: %+v, want 'wrong receiver'", f)
+				return
 			}
 			select {
 			case <-started:
-				if err == nil {
-					return
-				}
+				return
 			default:
 			}
 		}
@@ -107,7 +124,7 @@ func TestClusterNodeServesWhileJoining(t *testing.T) {
 	close(started)
 	wg.Wait()
 	if ctx.Err() != nil {
-		t.Error("no successful call or /status after the node started")
+		t.Error("no answered call or /status after the node started")
 	}
 	if err := n.Drain(context.Background()); err != nil {
 		t.Errorf("drain: %v", err)

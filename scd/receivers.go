@@ -73,11 +73,11 @@ func (n *Node) wrongReceiver(c *netio.Conn, g *group, f *netio.Frame) (string, b
 		return "", false
 	}
 	n.metrics.GetOrCreateCounter(`tpsched_requests_refused_total{reason="wrong_receiver"}`).Inc()
-	msg := string(f.Group) + " is received on " + n.receiverAddr(want)
+	msg := string(f.Group) + " is received on " + n.receiverAddr(c.Port(), want)
 	if want != "" {
 		msg += " (receiver group " + want + ")"
 	}
-	return msg + ", not on receiver group " + labelOf(here) + " (" + n.receiverAddr(here) + ")", true
+	return msg + ", not on receiver group " + labelOf(here) + " (" + n.receiverAddr(c.Port(), here) + ")", true
 }
 
 func labelOf(receiverGroup string) string {
@@ -88,14 +88,14 @@ func labelOf(receiverGroup string) string {
 }
 
 // receiverAddr is the address a sender reaches the named receiver group
-// on: the advertised RPC host with the group's port.
-func (n *Node) receiverAddr(name string) string {
-	addr, ok := n.rpc.GroupAddr(name)
+// of port p on: the advertised RPC host with the group's port.
+func (n *Node) receiverAddr(p *netio.Port, name string) string {
+	addr, ok := p.GroupAddr(name)
 	if !ok {
 		return "?"
 	}
 	_, port, _ := net.SplitHostPort(addr)
-	host, _, _ := net.SplitHostPort(n.advertisedRPC())
+	host, _, _ := net.SplitHostPort(n.advertisedAddr(p))
 	return net.JoinHostPort(host, port)
 }
 
@@ -109,7 +109,8 @@ func (n *Node) answerReceivers(c *netio.Conn, f *netio.Frame) {
 		return
 	}
 	name := receiverOf(g)
-	r := netio.Receivers{Group: name, Addr: n.receiverAddr(name), Count: n.rpc.GroupSize(name), Here: -1}
+	p := c.Port()
+	r := netio.Receivers{Group: name, Addr: n.receiverAddr(p, name), Count: p.GroupSize(name), Here: -1}
 	if c.ReceiverGroup() == name {
 		r.Here = c.Receiver()
 	}
