@@ -217,7 +217,10 @@ func httpDial(addr, svc string) dialer { return httpDialer(addr, "/"+svc) }
 
 // The peers' names as they appear in reports.
 const (
-	nameTpsched   = "tpsched"
+	nameTpsched = "tpsched"
+	// The same node with the C UAP (uap-c/, examples/uap-c) in place of
+	// the Go one: what a UAP's language costs.
+	nameTpschedC  = "tpsched C UAP"
 	nameGnetEcho  = "gnet-echo"
 	nameGRPC      = "grpc-go"
 	namePHPStatic = "nginx+php-fpm static"
@@ -234,7 +237,13 @@ const (
 // startTpsched starts scdd with one group "bench" (services echo and burn)
 // served by sp.Workers resident uap-echo processes.
 func startTpsched(env Env, sp Spec) (*system, error) {
-	return startTpschedConf(env, sp, nameTpsched, fmt.Sprint(sp.Workers), "")
+	return startTpschedConf(env, sp, nameTpsched, "uap-echo", fmt.Sprint(sp.Workers), "")
+}
+
+// startTpschedC is startTpsched with the C example UAP, uap-echo-c (make
+// build makes it when there is a C compiler).
+func startTpschedC(env Env, sp Spec) (*system, error) {
+	return startTpschedConf(env, sp, nameTpschedC, "uap-echo-c", fmt.Sprint(sp.Workers), "")
 }
 
 // startTpschedNonResident starts scdd with the group "bench" served by
@@ -242,7 +251,7 @@ func startTpsched(env Env, sp Spec) (*system, error) {
 // the others non-resident, started and stopped by the balance_count rule
 // and stopped after idling idle.
 func startTpschedNonResident(env Env, sp Spec, resident, maxProcs, balance int, idle time.Duration) (*system, error) {
-	return startTpschedConf(env, sp, nameTpschedNonRes, fmt.Sprintf("%d,%d", resident, maxProcs),
+	return startTpschedConf(env, sp, nameTpschedNonRes, "uap-echo", fmt.Sprintf("%d,%d", resident, maxProcs),
 		fmt.Sprintf("set balance_count = %d\nset nonresident_idle_time = %d\n", balance, idle.Milliseconds()))
 }
 
@@ -250,11 +259,11 @@ func startTpschedNonResident(env Env, sp Spec, resident, maxProcs, balance int, 
 // parallel_count = resident,max uap-echo processes, the balance_count rule
 // and cpu_wait_limit = waitLimit (0: the CPU guard off), as system name.
 func startTpschedGuard(env Env, sp Spec, name string, resident, maxProcs, balance, waitLimit int) (*system, error) {
-	return startTpschedConf(env, sp, name, fmt.Sprintf("%d,%d", resident, maxProcs),
+	return startTpschedConf(env, sp, name, "uap-echo", fmt.Sprintf("%d,%d", resident, maxProcs),
 		fmt.Sprintf("set balance_count = %d\nset cpu_wait_limit = %d\n", balance, waitLimit))
 }
 
-func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*system, error) {
+func startTpschedConf(env Env, sp Spec, name, module, parallel, usrExtra string) (*system, error) {
 	s, err := newSystem(name)
 	if err != nil {
 		return nil, err
@@ -269,9 +278,12 @@ func startTpschedConf(env Env, sp Spec, name, parallel, usrExtra string) (*syste
 			return err
 		}
 		host, port, _ := net.SplitHostPort(rpc)
-		uap, err := filepath.Abs(filepath.Join(env.Bin, "uap-echo"))
+		uap, err := filepath.Abs(filepath.Join(env.Bin, module))
 		if err != nil {
 			return err
+		}
+		if _, err := os.Stat(uap); err != nil {
+			return fmt.Errorf("the UAP %s: %w (make build makes it)", module, err)
 		}
 		scdd, err := filepath.Abs(filepath.Join(env.Bin, "scdd"))
 		if err != nil {
@@ -564,6 +576,8 @@ func peerChoices(sp Spec, names []string) []string {
 		nameTpsched: fmt.Sprintf("tpsched: scdd with scdmulti=%d event loops and one group of parallel_count=%d resident uap-echo processes (Go), "+
 			"queue_size=%d, every other operand at its default (the CPU guard on). Resident processes are what an OpenTP1 user runs for a steady load.",
 			sp.Front, sp.Workers, sp.Queue),
+		nameTpschedC: fmt.Sprintf("tpsched C UAP: as tpsched, with the example C UAP uap-echo-c (uap-c/, gcc -O2) in place of the Go one: "+
+			"the same node, %d resident processes.", sp.Workers),
 		nameGnetEcho: fmt.Sprintf("gnet echo: the ceiling, no queue and no process boundary: %d gnet event loops (SO_REUSEPORT, TCP_NODELAY), "+
 			"GOMAXPROCS=%d, each read's calls answered on the loop in one write.", sp.Front, sp.Front),
 		nameGRPC: fmt.Sprintf("gRPC-go: one process, grpc.NewServer() with its defaults, GOMAXPROCS=%d, unary methods taking and returning a "+

@@ -105,7 +105,7 @@ func (r *report) writeGrid(b *strings.Builder) {
 func (r *report) ratioTable() string {
 	var peers []string
 	for _, s := range r.Systems {
-		if s != nameTpsched {
+		if s != nameTpsched && s != nameTpschedC { // the C UAP is tpsched too, not a peer
 			peers = append(peers, s)
 		}
 	}

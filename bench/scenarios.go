@@ -70,8 +70,8 @@ var grids = []grid{{
 	service:  "echo",
 	payloads: [2][]int{{128, 4 << 10, 64 << 10}, {128, 4 << 10}},
 	conns:    [2][]int{{1, 16, 64, 256}, {1, 64}},
-	systems: [2][]string{{nameGnetEcho, nameGRPC, namePHPStatic, namePHPDyn, nameTpsched},
-		{nameGnetEcho, nameGRPC, namePHPStatic, nameTpsched}},
+	systems: [2][]string{{nameGnetEcho, nameGRPC, namePHPStatic, namePHPDyn, nameTpsched, nameTpschedC},
+		{nameGnetEcho, nameGRPC, namePHPStatic, nameTpsched, nameTpschedC}},
 	title: func(Spec) string { return "echo, closed loop" },
 	about: func(Spec) string {
 		return "Service: echo (the reply is the request). Closed loop: N connections, one call outstanding on each."
@@ -138,6 +138,7 @@ const s4Carriers = 256
 // starters start each system of the grids by its report name.
 var starters = map[string]func(Env, Spec) (*system, error){
 	nameTpsched:   startTpsched,
+	nameTpschedC:  startTpschedC,
 	nameGnetEcho:  startGnetEcho,
 	nameGRPC:      startGRPC,
 	namePHPStatic: func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
