@@ -461,9 +461,17 @@ func (g *CPUGroup) writeProcs(pid int) error {
 // setNice sets the nice value of every thread of pid: setpriority with
 // PRIO_PROCESS acts on one thread, and a UAP may have started more by now.
 func (g *CPUGroup) setNice(pid int) error {
-	if g.nice == 0 {
+	g.mu.Lock()
+	nice := g.nice // SetWeight may change it
+	g.mu.Unlock()
+	if nice == 0 {
 		return nil
 	}
+	return g.applyNice(pid, nice)
+}
+
+// applyNice sets nice on every thread of pid.
+func (g *CPUGroup) applyNice(pid, nice int) error {
 	tids := []int{pid}
 	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
 		tids = tids[:0]
@@ -475,16 +483,16 @@ func (g *CPUGroup) setNice(pid int) error {
 	}
 	var errs []error
 	for _, tid := range tids {
-		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, g.nice); err != nil && !errors.Is(err, unix.ESRCH) {
+		if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, fmt.Errorf("thread %d: %w", tid, os.NewSyscallError("setpriority", err)))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		hint := ""
-		if g.nice < 0 {
+		if nice < 0 {
 			hint = " (a negative nice needs CAP_SYS_NICE or RLIMIT_NICE)"
 		}
-		return fmt.Errorf("procmgr: cpu group %s: nice %d for pid %d: %w%s", g.server, g.nice, pid, err, hint)
+		return fmt.Errorf("procmgr: cpu group %s: nice %d for pid %d: %w%s", g.server, nice, pid, err, hint)
 	}
 	return nil
 }

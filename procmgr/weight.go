@@ -1,0 +1,84 @@
+package procmgr
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strconv"
+)
+
+// This file changes a server's CPU weight while it runs: the routing
+// manager (scd/wlm.go) gives the servers of a class that misses its goal
+// more weight, and those of less important classes less.
+
+// WeightBounds are the CPU weights SetCPUWeight takes (cgroup v2's range).
+const (
+	MinWeight = 1
+	MaxWeight = 10000
+)
+
+// NiceOf is the nice value that gives about weight's share under CFS,
+// whose weight grows about 1.25x per nice step down (100 -> 0).
+func NiceOf(weight int) int {
+	weight = min(max(weight, MinWeight), MaxWeight)
+	return min(max(int(math.Round(math.Log(100/float64(weight))/math.Log(1.25))), -20), 19)
+}
+
+// SetCPUWeight gives the server's processes, running and to come, the CPU
+// weight weight (cgroup v2 scale, 1..10000; 100 is the default, what
+// schedule_priority 8 gives): cpu.weight on cgroup v2, cpu.shares =
+// Shares(weight) on v1, the nice value NiceOf(weight) of every thread
+// without a cgroup.
+func (s *Server) SetCPUWeight(weight int) error {
+	if weight < MinWeight || weight > MaxWeight {
+		return fmt.Errorf("procmgr: %s: cpu weight %d: want %d..%d", s.spec.Server, weight, MinWeight, MaxWeight)
+	}
+	s.mu.Lock()
+	var pids []int
+	for _, sl := range s.slots {
+		if sl.proc != nil {
+			pids = append(pids, sl.proc.Pid)
+		}
+	}
+	s.mu.Unlock()
+	return s.cpu.SetWeight(weight, pids)
+}
+
+// CPUWeight is the server's CPU weight now (cgroup v2 scale).
+func (s *Server) CPUWeight() int { return s.cpu.Weight() }
+
+// SetWeight changes the group's weight; with nice, pids are the processes
+// whose threads get the new nice value (new processes get it at start).
+func (g *CPUGroup) SetWeight(weight int, pids []int) error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return fmt.Errorf("procmgr: cpu group %s: removed", g.server)
+	}
+	g.weight, g.nice = weight, NiceOf(weight)
+	g.mu.Unlock()
+	switch g.c.mech {
+	case MechanismCgroup1:
+		return writeCgroupFile(filepath.Join(g.dir, "cpu.shares"), strconv.Itoa(Shares(weight)))
+	case MechanismCgroup2:
+		if !g.c.weight {
+			return nil
+		}
+		return writeCgroupFile(filepath.Join(g.dir, "cpu.weight"), strconv.Itoa(weight))
+	}
+	var errs []error
+	for _, pid := range pids {
+		if err := g.applyNice(pid, NiceOf(weight)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Weight is the group's CPU weight now.
+func (g *CPUGroup) Weight() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.weight
+}

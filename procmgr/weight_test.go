@@ -1,0 +1,123 @@
+package procmgr
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestNiceOf(t *testing.T) {
+	cases := map[int]int{100: 0, 125: -1, 80: 1, 10000: -20, 1: 19, 0: 19, 200: -3, 50: 3, 20000: -20}
+	for w, want := range cases {
+		if got := NiceOf(w); got != want {
+			t.Errorf("NiceOf(%d) = %d, want %d", w, got, want)
+		}
+	}
+}
+
+// TestSetWeightCgroup1 changes a live group's weight: cpu.shares follows.
+func TestSetWeightCgroup1(t *testing.T) {
+	c := v1Control(t)
+	g, err := c.NewGroup("w", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := startIn(t, g)
+	for _, w := range []int{400, 25, 100} {
+		if err := g.SetWeight(w, []int{cmd.Process.Pid}); err != nil {
+			t.Fatal(err)
+		}
+		if got := readInt(t, filepath.Join(g.Path(), "cpu.shares")); got != Shares(w) {
+			t.Errorf("weight %d: cpu.shares %d, want %d", w, got, Shares(w))
+		}
+		if g.Weight() != w {
+			t.Errorf("Weight() = %d, want %d", g.Weight(), w)
+		}
+	}
+	stopAndRemove(t, cmd, g)
+	if err := g.SetWeight(100, nil); err == nil {
+		t.Error("SetWeight after Remove succeeded")
+	}
+	_ = c.Close()
+}
+
+func TestSetWeightCgroup2(t *testing.T) {
+	c := v2Control(t)
+	if !c.weight {
+		t.Skip("no cpu controller on the test's cgroup2 mount")
+	}
+	g, err := c.NewGroup("w", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetWeight(2500, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := readInt(t, filepath.Join(g.Path(), "cpu.weight")); got != 2500 {
+		t.Errorf("cpu.weight %d, want 2500", got)
+	}
+	_ = g.Remove()
+	_ = c.Close()
+}
+
+// TestSetWeightNice: without a cgroup the running process's nice follows
+// the weight, back to 0 as well.
+func TestSetWeightNice(t *testing.T) {
+	c := niceControl("test")
+	g, err := c.NewGroup("w", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := startIn(t, g)
+	for _, w := range []int{50, 100} { // nice 3, then back to 0 (raising priority again needs root)
+		err := g.SetWeight(w, []int{cmd.Process.Pid})
+		if w == 100 && err != nil {
+			t.Skipf("lowering nice needs CAP_SYS_NICE: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := statNice(t, cmd.Process.Pid); got != NiceOf(w) {
+			t.Errorf("weight %d: nice %d, want %d", w, got, NiceOf(w))
+		}
+	}
+	_ = g.Remove()
+}
+
+// TestSetWeightNiceLaterProcess: a process that starts after the weight
+// changed gets the new nice value, not schedule_priority's.
+func TestSetWeightNiceLaterProcess(t *testing.T) {
+	c := niceControl("test")
+	g, err := c.NewGroup("w", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Remove()
+	if err := g.SetWeight(25, nil); err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := startIn(t, g)
+	if got, want := statNice(t, cmd.Process.Pid), NiceOf(25); got != want || want == 0 {
+		t.Errorf("process started after SetWeight(25): nice %d, want %d", got, want)
+	}
+}
+
+// TestSetWeightBounds: a weight outside cgroup v2's range is refused with
+// the range in the message, and the group keeps its weight.
+func TestSetWeightBounds(t *testing.T) {
+	c := niceControl("test")
+	g, err := c.NewGroup("w", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Remove()
+	s := &Server{spec: Spec{Server: "w"}, cpu: g}
+	for _, w := range []int{0, -1, MaxWeight + 1} {
+		if err := s.SetCPUWeight(w); err == nil || !strings.Contains(err.Error(), "want 1..10000") {
+			t.Errorf("SetCPUWeight(%d) = %v, want a range error", w, err)
+		}
+	}
+	if s.CPUWeight() != Weight(8) {
+		t.Errorf("weight %d after refused changes, want %d", s.CPUWeight(), Weight(8))
+	}
+}
