@@ -20,6 +20,7 @@ const (
 	tagSize    = sha256.Size
 
 	flagTagged = 1 << 0 // in flags: a tag follows
+	flagWLM    = 1 << 1 // in flags: the routing manager's part follows the groups (wlm.go)
 
 	nodeAnnounce = 1 << 0 // in the node bits: scd_announce_server_status=Y
 
@@ -79,11 +80,15 @@ func (c *Codec) Authenticated() bool { return c.macs != nil }
 // level is sent as LEVEL0, whatever info holds.
 func (c *Codec) Encode(dst []byte, info NodeInfo) []byte {
 	start := len(dst)
+	var flags byte
+	if info.WLM != nil {
+		flags |= flagWLM
+	}
 	if c.macs == nil {
-		dst = append(dst, msgVersion, 0)
+		dst = append(dst, msgVersion, flags)
 		return appendBody(dst, &info)
 	}
-	dst = append(dst, msgVersion, flagTagged)
+	dst = append(dst, msgVersion, flags|flagTagged)
 	dst = append(dst, make([]byte, tagSize)...)
 	dst = appendBody(dst, &info)
 	var tag [tagSize]byte
@@ -130,6 +135,9 @@ func appendBody(dst []byte, info *NodeInfo) []byte {
 		}
 		dst = append(dst, state)
 	}
+	if info.WLM != nil {
+		dst = appendWLM(dst, info)
+	}
 	return dst
 }
 
@@ -150,7 +158,7 @@ func (c *Codec) Decode(b []byte) (NodeInfo, error) {
 	if b[0] != msgVersion {
 		return NodeInfo{}, fmt.Errorf("%w: version %d (this node reads version %d)", ErrMalformed, b[0], msgVersion)
 	}
-	if flags := b[1]; flags&^flagTagged != 0 {
+	if flags := b[1]; flags&^(flagTagged|flagWLM) != 0 {
 		return NodeInfo{}, fmt.Errorf("%w: unknown flags %#x", ErrMalformed, flags)
 	}
 	body := b[headerSize:]
@@ -172,11 +180,12 @@ func (c *Codec) Decode(b []byte) (NodeInfo, error) {
 	case c.macs != nil:
 		return NodeInfo{}, fmt.Errorf("%w: no tag (the sender has no announce key?)", ErrUnauthenticated)
 	}
-	return decodeBody(body, len(b)-len(body))
+	return decodeBody(body, len(b)-len(body), b[1]&flagWLM != 0)
 }
 
-// decodeBody reads a message body, which starts at byte base of the message.
-func decodeBody(body []byte, base int) (NodeInfo, error) {
+// decodeBody reads a message body, which starts at byte base of the
+// message; withWLM says the routing manager's part follows the groups.
+func decodeBody(body []byte, base int, withWLM bool) (NodeInfo, error) {
 	r := reader{s: string(body), base: base}
 	var info NodeInfo
 	info.Node = r.readString("node id")
@@ -216,6 +225,9 @@ func decodeBody(body []byte, base int) (NodeInfo, error) {
 		case g.Level != loadlevel.Level0 && !info.Announce:
 			r.fail("service group state", "%v from a node that announces no load", g.Level)
 		}
+	}
+	if withWLM && r.err == nil {
+		info.WLM = readWLM(&r, info.Groups)
 	}
 	if r.err == nil && r.off != len(r.s) {
 		r.fail("end", "%d bytes after the last service group", len(r.s)-r.off)

@@ -32,6 +32,19 @@ func typical() NodeInfo {
 	}
 }
 
+// withWLM is info from a node with a service policy: performance indexes,
+// spare CPU and two application environments, one of them served.
+func withWLM(info NodeInfo) NodeInfo {
+	info.Groups = slices.Clone(info.Groups)
+	info.Groups[0].PI = 85
+	info.Groups[2].PI = 230
+	info.WLM = &WLMInfo{
+		Spare: [Importances]uint32{1950, 1950, 700, 50, 0},
+		Envs:  []EnvInfo{{Env: "accounts", Epoch: 2, HWM: 3}, {Env: "reports", Epoch: 1, Quiesced: true}},
+	}
+	return info
+}
+
 func TestCodecRoundTrip(t *testing.T) {
 	longest := strings.Repeat("\xff", maxNameLen)
 	many := make([]GroupInfo, maxGroups)
@@ -58,6 +71,10 @@ func TestCodecRoundTrip(t *testing.T) {
 			{Group: "\x00"}, {Group: "é"}, {Group: longest, Level: loadlevel.Level2, Held: true, Socket: true},
 		}}, NodeInfo{}},
 		{"4096 groups", NodeInfo{Node: "a", Announce: true, Groups: many}, NodeInfo{}},
+		{"with a service policy", withWLM(typical()), NodeInfo{}},
+		{"a service policy, nothing else", NodeInfo{Node: "a", WLM: &WLMInfo{}}, NodeInfo{}},
+		{"a service policy, largest numbers", NodeInfo{Node: "a", Groups: []GroupInfo{{Group: "g", PI: maxPI}},
+			WLM: &WLMInfo{Spare: [Importances]uint32{1<<32 - 1}, Envs: []EnvInfo{{Env: longest, Epoch: 1<<32 - 1, HWM: 1<<32 - 1, Quiesced: true}}}}, NodeInfo{}},
 	}
 	for _, tc := range cases {
 		want := tc.want
@@ -189,6 +206,13 @@ func TestCodecMalformed(t *testing.T) {
 		t.Fatalf("layout changed: % x", good)
 	}
 	upToCount := good[:18]
+	// The same with a service policy: 22 pi, 23-27 spare, 28 env count,
+	// 29 env len, 30 "e", 31 state, 32 epoch, 33 hwm.
+	gw := plain.Encode(nil, NodeInfo{Node: "a", Addr: "h:1", Announce: true, Boot: 1, Seq: 2,
+		Groups: []GroupInfo{{Group: "g", Level: loadlevel.Level1}}, WLM: &WLMInfo{Envs: []EnvInfo{{Env: "e", Epoch: 1, HWM: 2}}}})
+	if len(gw) != 34 || gw[1] != flagWLM || gw[30] != 'e' || gw[33] != 2 {
+		t.Fatalf("layout with a service policy changed: % x", gw)
+	}
 	cases := []struct {
 		name string
 		b    []byte
@@ -197,7 +221,8 @@ func TestCodecMalformed(t *testing.T) {
 		{"empty", nil, "0 bytes, shorter than the header"},
 		{"version only", good[:1], "shorter than the header"},
 		{"version 2", splice(good, 0, 1, 2), "version 2"},
-		{"unknown flags", splice(good, 1, 1, 2), "unknown flags 0x2"},
+		{"unknown flags", splice(good, 1, 1, 4), "unknown flags 0x4"},
+		{"wlm flag without its part", splice(good, 1, 1, flagWLM), "performance index at byte"},
 		{"tag cut short", append([]byte{1, flagTagged}, make([]byte, 31)...), "tag cut short at 31 of 32"},
 		{"node longer than the message", splice(good, 2, 1, 50), "node id at byte 2: 50 bytes but the message ends after 19"},
 		{"node length over 255", splice(good, 2, 1, 0x80, 0x02), "node id at byte 2: 256 bytes (at most 255)"},
@@ -214,6 +239,14 @@ func TestCodecMalformed(t *testing.T) {
 		{"level from a node that announces no load", splice(good, 17, 1, 0), "LEVEL1 from a node that announces no load"},
 		{"trailing byte", append(bytes.Clone(good), 0), "1 bytes after the last service group"},
 		{"unsorted groups", plain.Encode(nil, node("a", 1, 1, GroupInfo{Group: "b"}, GroupInfo{Group: "a"})), `"a" after "b"`},
+		{"performance index over 16 bits", splice(gw, 22, 1, 0x80, 0x80, 0x04), "performance index at byte 22: 65536 (at most 65535)"},
+		{"environment state bits", splice(gw, 31, 1, 2), "application environment state at byte 31: unknown bits 0x2"},
+		{"environments over the bytes", splice(gw, 28, 1, 5), "5 application environments cannot fit in 5 bytes"},
+		{"epoch over 32 bits", splice(gw, 32, 1, 0x80, 0x80, 0x80, 0x80, 0x10), "overflow 32 bits"},
+		{"wlm part cut short", gw[:33], "high-water mark at byte 33: message ends"},
+		{"unsorted environments", plain.Encode(nil, NodeInfo{Node: "a", WLM: &WLMInfo{Envs: []EnvInfo{{Env: "b"}, {Env: "a"}}}}), `application environment "a" after "b"`},
+		{"empty environment name", plain.Encode(nil, NodeInfo{Node: "a", WLM: &WLMInfo{Envs: []EnvInfo{{Env: ""}}}}), "application environment 0 has an empty name"},
+		{"trailing byte after the wlm part", append(bytes.Clone(gw), 0), "1 bytes after"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -40,7 +40,8 @@
 //
 //	size    field
 //	1       version   1
-//	1       flags     bit 0: tagged; other bits 0
+//	1       flags     bit 0: tagged; bit 1: the routing manager's part
+//	                  (wlm.go) follows the groups; other bits 0
 //	32      tag       only when tagged: HMAC-SHA256 over the version, the
 //	                  flags and the body, that is every byte but the tag
 //	body:
@@ -54,6 +55,10 @@
 //	string  group     service group name, strictly increasing
 //	1       state     bits 0-1: load level (0..2), bit 2: held,
 //	                  bit 3: socket (receive_from=socket); other bits 0
+//	then, with flags bit 1, what a node with a service policy adds: each
+//	group's performance index, its spare CPU by importance, and the
+//	application environments it can serve with their high-water marks
+//	(wlm.go draws it).
 //
 // Decode accepts exactly what Encode writes: a second encoding of one
 // NodeInfo (an overlong uvarint, a level sent by a node that does not

@@ -32,6 +32,11 @@ type GroupInfo struct {
 	Level  loadlevel.Level
 	Held   bool
 	Socket bool // receive_from=socket
+	// PI is the performance index of the group's calls here x 100 (the
+	// worst of their service classes lately), for routing towards nodes
+	// that meet their goals; 0 unknown. Only a node with a service policy
+	// sends it (see WLMInfo).
+	PI uint16
 }
 
 // NodeInfo is one node's announce: everything the other nodes know of it.
@@ -42,6 +47,10 @@ type NodeInfo struct {
 	Boot     uint64      // incarnation: the node's start time in ns; a restarted node has a higher one
 	Seq      uint64      // announce sequence within the incarnation; (Boot, Seq) orders announces
 	Groups   []GroupInfo // sorted by Group
+	// WLM is the routing manager's part of the announce (004); nil when the
+	// node has no service policy. The table never modifies it: readers
+	// share it.
+	WLM *WLMInfo
 }
 
 // newer reports whether a's (Boot, Seq) is after b's.
@@ -56,7 +65,7 @@ func (a *NodeInfo) newer(b *NodeInfo) bool {
 // re-announce, which changes nothing a reader of the table sees.
 func (a *NodeInfo) sameButSeq(b *NodeInfo) bool {
 	return a.Node == b.Node && a.Addr == b.Addr && a.Announce == b.Announce &&
-		a.Boot == b.Boot && slices.Equal(a.Groups, b.Groups)
+		a.Boot == b.Boot && slices.Equal(a.Groups, b.Groups) && a.WLM.equal(b.WLM)
 }
 
 // validate checks the limits the package comment lists. Its errors carry no
@@ -84,9 +93,11 @@ func (a *NodeInfo) validate() error {
 			return fmt.Errorf("node %q: service group %q: %v is no load level", a.Node, g.Group, g.Level)
 		case i > 0 && g.Group <= a.Groups[i-1].Group:
 			return fmt.Errorf("node %q: service group %q after %q (groups must be sorted by name, each once)", a.Node, g.Group, a.Groups[i-1].Group)
+		case g.PI != 0 && a.WLM == nil:
+			return fmt.Errorf("node %q: service group %q: a performance index from a node without a service policy", a.Node, g.Group)
 		}
 	}
-	return nil
+	return a.WLM.validate(a.Node)
 }
 
 // Entry is one node that runs a service group, as Lookup returns it.
@@ -94,9 +105,10 @@ type Entry struct {
 	Node, Addr string
 	Level      loadlevel.Level
 	Held       bool
-	Socket     bool // receive_from=socket
-	Local      bool // the node is this one
-	Announce   bool // the node announces its load; false: Level is LEVEL0 and means nothing
+	Socket     bool   // receive_from=socket
+	Local      bool   // the node is this one
+	Announce   bool   // the node announces its load; false: Level is LEVEL0 and means nothing
+	PI         uint16 // performance index x 100 of the group's calls there; 0 unknown
 }
 
 // Table is a node's view of every node's announce, its own included. It is
@@ -155,6 +167,7 @@ func (t *Table) Apply(info NodeInfo) (changed bool, err error) {
 		return false, fmt.Errorf("%w: node %q not added", ErrFull, info.Node)
 	}
 	info.Groups = slices.Clone(info.Groups)
+	info.WLM = info.WLM.clone()
 	t.nodes[info.Node] = info
 	t.publish(info.Node, old.Groups, &info) // old is the zero NodeInfo when !known
 	return true, nil
@@ -206,7 +219,7 @@ func (t *Table) publish(node string, was []GroupInfo, now *NodeInfo) {
 			g = gi.Group
 			entry = &Entry{
 				Node: node, Addr: now.Addr, Level: gi.Level, Held: gi.Held, Socket: gi.Socket,
-				Local: node == t.self, Announce: now.Announce,
+				Local: node == t.self, Announce: now.Announce, PI: gi.PI,
 			}
 		}
 		if list := withEntry(next.groups[g], node, entry); len(list) > 0 {

@@ -404,3 +404,56 @@ func BenchmarkApplyLevelChange(b *testing.B) {
 		}
 	}
 }
+
+// TestApplyWLM: the routing manager's part is part of what a node
+// announces: a change of spare CPU or of an environment's state is a
+// change, a performance index reaches Lookup, and a node without a service
+// policy cannot send an index.
+func TestApplyWLM(t *testing.T) {
+	tb := NewTable("self")
+	w := func(spare uint32, envs ...EnvInfo) *WLMInfo {
+		return &WLMInfo{Spare: [Importances]uint32{spare, spare, spare, spare, spare}, Envs: envs}
+	}
+	a := node("a", 1, 1, GroupInfo{Group: "g", PI: 120})
+	a.WLM = w(1000, EnvInfo{Env: "e", Epoch: 1, HWM: 1})
+	if changed, err := tb.Apply(a); !changed || err != nil {
+		t.Fatalf("Apply = %v, %v", changed, err)
+	}
+	if e := tb.Lookup("g"); len(e) != 1 || e[0].PI != 120 {
+		t.Errorf("Lookup = %+v, want PI 120", e)
+	}
+	steps := []struct {
+		name    string
+		wlm     *WLMInfo
+		changed bool
+	}{
+		{"same again", w(1000, EnvInfo{Env: "e", Epoch: 1, HWM: 1}), false},
+		{"spare CPU", w(500, EnvInfo{Env: "e", Epoch: 1, HWM: 1}), true},
+		{"high-water mark", w(500, EnvInfo{Env: "e", Epoch: 1, HWM: 2}), true},
+		{"quiesced", w(500, EnvInfo{Env: "e", Epoch: 2, Quiesced: true}), true},
+		{"the policy gone", nil, true},
+	}
+	for i, st := range steps {
+		next := node("a", 1, uint64(i+2), GroupInfo{Group: "g", PI: 120})
+		if st.wlm == nil {
+			next.Groups[0].PI = 0
+		}
+		next.WLM = st.wlm
+		changed, err := tb.Apply(next)
+		if err != nil || changed != st.changed {
+			t.Errorf("%s: Apply = %v, %v; want changed %v", st.name, changed, err, st.changed)
+		}
+	}
+	// The table keeps its own copy.
+	b := node("b", 1, 1)
+	b.WLM = w(7, EnvInfo{Env: "e"})
+	_, _ = tb.Apply(b)
+	b.WLM.Envs[0].Env = "changed"
+	if got, _ := tb.Get("b"); got.WLM.Envs[0].Env != "e" {
+		t.Error("Apply kept the caller's environments")
+	}
+	bad := node("c", 1, 1, GroupInfo{Group: "g", PI: 100})
+	if _, err := tb.Apply(bad); err == nil || !strings.Contains(err.Error(), "without a service policy") {
+		t.Errorf("a PI without a policy: %v", err)
+	}
+}
