@@ -317,6 +317,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte("garbage garbage garbage"))
 	f.Add([]byte{})
+	f.Add(NewCodec(nil).Encode(nil, withWLM(typical())))
+	f.Add(NewCodec(testKey).Encode(nil, withWLM(typical())))
 	plain, keyed := NewCodec(nil), NewCodec(testKey)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		info, err := plain.Decode(b)
@@ -335,7 +337,7 @@ func FuzzDecode(f *testing.F) {
 			}
 			want := b
 			if b[1]&flagTagged != 0 {
-				want = slices.Concat([]byte{b[0], 0}, b[headerSize+tagSize:])
+				want = slices.Concat([]byte{b[0], b[1] &^ flagTagged}, b[headerSize+tagSize:])
 			}
 			if enc := plain.Encode(nil, info); !bytes.Equal(enc, want) {
 				t.Fatalf("re-encode differs:\n% x\n% x", enc, want)
