@@ -31,6 +31,9 @@ type Config struct {
 	// defaults: what holds for a service group this node transfers calls
 	// for but does not define (its multi_schedule).
 	Usrrc Server
+	// Policy is the service policy definition (svcpolicy: service classes,
+	// classification, application environments); nil without the file.
+	Policy *Policy
 }
 
 // System is the system common definition (sysconf).

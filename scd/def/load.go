@@ -17,8 +17,8 @@ import (
 //go:embed default
 var defaultFS embed.FS
 
-// Load reads the definition directory dir: sysconf, scdsvcdef and usrrc
-// (each optional), and every regular file in usr/ (one user server each;
+// Load reads the definition directory dir: sysconf, scdsvcdef, usrrc and
+// svcpolicy (each optional), and every regular file in usr/ (one user server each;
 // names starting with '.' or ending with '~' are skipped). At least one user
 // server is required.
 func Load(dir string) (*Config, error) {
@@ -139,6 +139,9 @@ func load(fsys fs.FS, label string) (*Config, error) {
 		return nil, err
 	}
 	cfg.Usrrc = rc.srv
+	if cfg.Policy, err = loadPolicy(fsys); err != nil {
+		return nil, err
+	}
 	for _, u := range users {
 		u.srv.given = make(map[string]pos, len(u.set))
 		for op, p := range u.set {

@@ -15,11 +15,13 @@ const (
 	FileBetranrc  = "betranrc"            // client environment definition (and its environment variables)
 )
 
+// FilePolicy (svcpolicy, the service policy definition) is in policy.go.
+
 // OperandDoc is one operand as the operand reference (docs/OPERANDS.md)
 // shows it.
 type OperandDoc struct {
 	Name        string   // as written in the file
-	File        string   // FileSysconf, FileScdsvcdef, FileUsr or FileBetranrc
+	File        string   // FileSysconf, FileScdsvcdef, FileUsr, FilePolicy or FileBetranrc
 	Env         string   // betranrc operands: the environment variable that overrides the file
 	Aliases     []string // other names the file accepts
 	Default     string   // the default as written in a file; "" when it cannot be written
@@ -42,6 +44,8 @@ func Operands() []OperandDoc {
 	out = appendCommandDocs(out, FileScdsvcdef, schedCommands)
 	out = appendDocs(out, FileUsr, serverOperands)
 	out = appendCommandDocs(out, FileUsr, serverCommands)
+	out = appendDocs(out, FilePolicy, policyOperands)
+	out = appendCommandDocs(out, FilePolicy, policyCommands)
 	start := len(out)
 	out = appendDocs(out, FileBetranrc, clientOperands)
 	for i := start; i < len(out); i++ {

@@ -42,12 +42,13 @@ func TestDocumentedDefaults(t *testing.T) {
 	checkDefaults(t, "scdsvcdef", schedOperands, defaultSched())
 	checkDefaults(t, "usr/x", serverOperands, defaultServer())
 	checkDefaults(t, "betranrc", clientOperands, defaultClient())
+	checkDefaults(t, "svcpolicy", policyOperands, defaultPolicy())
 }
 
 func TestOperandsListsEveryOperand(t *testing.T) {
 	docs := Operands()
 	n := len(systemOperands) + len(schedOperands) + len(serverOperands) + len(clientOperands) + len(refusedOperands) +
-		len(schedCommands) + len(serverCommands)
+		len(schedCommands) + len(serverCommands) + len(policyOperands) + len(policyCommands)
 	if len(docs) != n {
 		t.Fatalf("%d operands listed, want %d", len(docs), n)
 	}

@@ -40,7 +40,7 @@ func TestReferenceInSync(t *testing.T) {
 func TestReferenceNamesEveryOperand(t *testing.T) {
 	text := string(render(def.Operands()))
 	for _, d := range def.Operands() {
-		key := map[string]string{def.FileSysconf: "sysconf", def.FileScdsvcdef: "scdsvcdef", def.FileUsr: "usr", def.FileBetranrc: "betranrc"}[d.File]
+		key := map[string]string{def.FileSysconf: "sysconf", def.FileScdsvcdef: "scdsvcdef", def.FileUsr: "usr", def.FileBetranrc: "betranrc", def.FilePolicy: "svcpolicy"}[d.File]
 		if key == "" {
 			t.Fatalf("%s: file %q has no section", d.Name, d.File)
 		}
@@ -50,7 +50,7 @@ func TestReferenceNamesEveryOperand(t *testing.T) {
 			}
 			continue
 		}
-		if !strings.Contains(text, "\n### "+key+": "+d.Name+"\n") || !strings.Contains(text, "| ["+d.Name+"](#"+key+"-"+d.Name+") |") {
+		if !strings.Contains(text, "\n### "+key+": "+title(d)+"\n") || !strings.Contains(text, "| ["+title(d)+"](#"+anchor(key, d)+") |") {
 			t.Errorf("%s %s: no section or no row", d.File, d.Name)
 		}
 	}

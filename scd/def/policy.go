@@ -1,0 +1,263 @@
+package def
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"time"
+)
+
+// This file is the service policy definition (svcpolicy): tpsched's
+// counterpart of the workload manager's service definition (004), in
+// OpenTP1's syntax. It names the service classes (a response-time goal and
+// an importance), the rules that classify calls into them, the default
+// class, the application environments (service groups the cluster starts
+// on demand) and the interval at which goals are judged:
+//
+//	set policy_interval = 10
+//	set default_class = BATCH
+//	class -n ONLINE -i 1 -t 200 -p 90      # 90% of calls within 200 ms
+//	class -n BATCH -i 3 -t 5000            # an average of 5 s
+//	classify -g orders -s "add*" -c ONLINE
+//	classify -g "report*" -c BATCH
+//	environment -g orders
+//
+// The file is optional: without it the node manages no goals and starts
+// no server on demand. Every node of a cluster should have the same one.
+
+// FilePolicy is the service policy definition, as OperandDoc.File names it.
+const FilePolicy = "svcpolicy"
+
+// Policy is the service policy definition (svcpolicy).
+type Policy struct {
+	File         string         // where it was read, for messages
+	Interval     time.Duration  // policy_interval (seconds, 1..3600): how often each class's performance index is judged; default 10 s
+	DefaultClass string         // default_class (required): the class of calls no rule classifies
+	Classes      []ServiceClass // the class command, in the order given
+	Rules        []ClassRule    // the classify command, in the order given: the first that matches classifies
+	Environments []string       // the environment command: service groups started on demand, in the order given
+}
+
+// ServiceClass is one service class: class -n NAME -i IMPORTANCE -t MS [-p PERCENT].
+type ServiceClass struct {
+	Name         string
+	Importance   int           // 1 (most) .. 5
+	ResponseTime time.Duration // the goal's response time
+	Percent      int           // 1..99: a percentile goal (Percent of calls within ResponseTime); 0: an average goal
+}
+
+// ClassRule is one classification rule: classify [-g GROUP] [-s SERVICE] -c CLASS.
+type ClassRule struct {
+	Group   string // a pattern ('*', '?', '[...]'); "" every group
+	Service string // a pattern; "" every service
+	Class   string
+}
+
+// Policy limits.
+const (
+	DefaultPolicyInterval = 10 * time.Second
+	maxGoalMillis         = 3600000
+	maxPolicyEntries      = 1024 // classes, rules or environments in one file
+)
+
+func defaultPolicy() Policy { return Policy{Interval: DefaultPolicyInterval} }
+
+var policyOperands = map[string]operand[Policy]{
+	"policy_interval": {
+		set: func(p *Policy, v []string) (err error) {
+			p.Interval, err = secondsIn(v, 1, 3600)
+			return err
+		},
+		value:  "10",
+		values: "1..3600 (seconds)",
+		opentp1: "The workload manager judges each service class's goal against its actual response times and acts when a goal is " +
+			"missed (004).",
+		tpsched: "How often each class's performance index is computed and acted on: CPU weights, one more server, routing. " +
+			"Indexes are judged over the last three intervals. Every node announces its spare CPU at this interval.",
+		own: true,
+	},
+	"default_class": {
+		set: func(p *Policy, v []string) (err error) {
+			if p.DefaultClass, err = one(v); err != nil {
+				return err
+			}
+			return checkIdent("class", p.DefaultClass)
+		},
+		dflt:    "none: required",
+		values:  "the name of a class of this file",
+		opentp1: "Work that no classification rule assigns goes to a default service class (004).",
+		tpsched: "The class of every call that no classify rule matches.",
+		own:     true,
+	},
+}
+
+var policyCommands = map[string]command[Policy]{
+	"class": {
+		set: func(p *Policy, flags map[string]string) error {
+			c := ServiceClass{Name: flags["n"]}
+			if _, ok := flags["n"]; !ok {
+				return errors.New("-n NAME is required")
+			}
+			if err := checkIdent("class", c.Name); err != nil {
+				return fmt.Errorf("-n: %w", err)
+			}
+			for _, o := range p.Classes {
+				if o.Name == c.Name {
+					return fmt.Errorf("class %s defined twice", c.Name)
+				}
+			}
+			var err error
+			v, ok := flags["i"]
+			if !ok {
+				return errors.New("-i IMPORTANCE is required (1 most important .. 5)")
+			}
+			if c.Importance, err = parseUint(v, 1, 5); err != nil {
+				return fmt.Errorf("-i: %w", err)
+			}
+			if v, ok = flags["t"]; !ok {
+				return errors.New("-t MILLISECONDS is required (the goal's response time)")
+			}
+			ms, err := parseUint(v, 1, maxGoalMillis)
+			if err != nil {
+				return fmt.Errorf("-t: %w", err)
+			}
+			c.ResponseTime = time.Duration(ms) * time.Millisecond
+			if v, ok = flags["p"]; ok {
+				if c.Percent, err = parseUint(v, 1, 99); err != nil {
+					return fmt.Errorf("-p: %w", err)
+				}
+			}
+			if len(p.Classes) >= maxPolicyEntries {
+				return fmt.Errorf("more than %d classes", maxPolicyEntries)
+			}
+			p.Classes = append(p.Classes, c)
+			return nil
+		},
+		synopsis: "class -n NAME -i IMPORTANCE -t MILLISECONDS -p PERCENT",
+		dflt:     "none: at least one is required",
+		values: "once per class: -n a name of 1..31 bytes of letters, digits, '_', '-' and '.'; -i 1 (most important) .. 5; " +
+			"-t 1..3600000 (ms); -p 1..99 (optional: without it the goal is an average)",
+		opentp1: "A service class has a goal (an average response time, or a percentile of calls within a response time) and an " +
+			"importance; the workload manager manages each request to its class's goal (004).",
+		tpsched: "With -p the goal is PERCENT of the calls within MILLISECONDS (performance index: the bucket of the response-time " +
+			"distribution where PERCENT is reached, as a fraction of the goal); without it, an average of MILLISECONDS (index: the average " +
+			"over the goal). Calls are timed from their arrival at the serving node to their answer.",
+	},
+	"classify": {
+		set: func(p *Policy, flags map[string]string) error {
+			r := ClassRule{Group: flags["g"], Service: flags["s"], Class: flags["c"]}
+			if _, ok := flags["c"]; !ok {
+				return errors.New("-c CLASS is required")
+			}
+			for _, pat := range []struct{ opt, v string }{{"g", r.Group}, {"s", r.Service}} {
+				if _, err := path.Match(pat.v, ""); err != nil || len(pat.v) > maxNameLen {
+					return fmt.Errorf("-%s: %q is not a pattern (letters, digits, '*', '?', [...])", pat.opt, pat.v)
+				}
+			}
+			if len(p.Rules) >= maxPolicyEntries {
+				return fmt.Errorf("more than %d rules", maxPolicyEntries)
+			}
+			p.Rules = append(p.Rules, r)
+			return nil
+		},
+		synopsis: "classify -g GROUP -s SERVICE -c CLASS",
+		dflt:     "none: every call is of default_class",
+		values: "any number: -g and -s patterns ('*' any characters, '?' one, [...] a set; each optional, meaning every group " +
+			"or service), -c a class of this file",
+		opentp1: "Classification rules assign incoming work to a service class by its attributes (004).",
+		tpsched: "A call is of the class of the first rule, in the order written, whose patterns match its service group and service. " +
+			"Quote a pattern with '*' at its start.",
+	},
+	"environment": {
+		set: func(p *Policy, flags map[string]string) error {
+			g, ok := flags["g"]
+			if !ok {
+				return errors.New("-g GROUP is required")
+			}
+			if err := checkIdent("service group", g); err != nil {
+				return fmt.Errorf("-g: %w", err)
+			}
+			for _, e := range p.Environments {
+				if e == g {
+					return fmt.Errorf("environment %s named twice", g)
+				}
+			}
+			if len(p.Environments) >= maxPolicyEntries {
+				return fmt.Errorf("more than %d environments", maxPolicyEntries)
+			}
+			p.Environments = append(p.Environments, g)
+			return nil
+		},
+		synopsis: "environment -g GROUP",
+		dflt:     "none: every user server starts with its node",
+		values:   "once per service group: -g a service group name",
+		opentp1: "An application environment is a set of servers the workload manager starts when work for it comes and no " +
+			"server is there: at most one per system, the first on the system with the most capacity at the work's importance, " +
+			"more on other systems when the goal is missed; it never stops them for lack of work (004).",
+		tpsched: "The service group becomes an application environment: a node whose usr files define it starts no process for it " +
+			"until the cluster chooses that node to serve it (find server, a call, or a missed goal). Each node has at most one server " +
+			"of it (the user server with its parallel_count, at least one resident process). Dropping it from the policy quiesces its servers.",
+	},
+}
+
+// LoadPolicy reads dir/svcpolicy; nil, nil when there is none. scdd reads
+// it at start and again on `scdctl policy`.
+func LoadPolicy(dir string) (*Policy, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	return loadPolicy(os.DirFS(dir))
+}
+
+func loadPolicy(fsys fs.FS) (*Policy, error) {
+	if _, err := fs.Stat(fsys, FilePolicy); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	stmts, lines, err := readOptional(fsys, FilePolicy)
+	if err != nil {
+		return nil, err
+	}
+	p := defaultPolicy()
+	p.File = FilePolicy
+	given, err := apply(FilePolicy, stmts, policyOperands, policyCommands, &p, nil)
+	if err != nil {
+		return nil, err
+	}
+	end := max(lines, 1)
+	if len(p.Classes) == 0 {
+		return nil, &Error{File: FilePolicy, Line: end, Operand: "class", Reason: "at least one service class is required (class -n NAME -i IMPORTANCE -t MILLISECONDS)"}
+	}
+	known := func(name string) error {
+		var names []string
+		for _, c := range p.Classes {
+			if c.Name == name {
+				return nil
+			}
+			names = append(names, c.Name)
+		}
+		why := fmt.Sprintf("class %q is not defined in this file", name)
+		if s := Suggest(name, names); s != "" {
+			why += " (did you mean " + s + "?)"
+		}
+		return errors.New(why)
+	}
+	if _, ok := given["default_class"]; !ok {
+		return nil, &Error{File: FilePolicy, Line: end, Operand: "default_class", Reason: "required: the class of calls no classify rule matches"}
+	}
+	if err := known(p.DefaultClass); err != nil {
+		return nil, &Error{File: FilePolicy, Line: given["default_class"], Operand: "default_class", Reason: err.Error()}
+	}
+	rule := 0
+	for _, st := range stmts {
+		if st.Kind != StmtCommand || st.Name != "classify" {
+			continue
+		}
+		if err := known(p.Rules[rule].Class); err != nil {
+			return nil, &Error{File: FilePolicy, Line: st.Line, Operand: "classify", Reason: "-c: " + err.Error()}
+		}
+		rule++
+	}
+	return &p, nil
+}

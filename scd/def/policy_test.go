@@ -1,0 +1,113 @@
+package def
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+)
+
+// policyFS is a definition directory with one user server and svcpolicy.
+func policyFS(policy string) fstest.MapFS {
+	return fstest.MapFS{
+		"usr/orders": {Data: []byte("set service_group = orders\nset service = add\nset module = /bin/true\n")},
+		"svcpolicy":  {Data: []byte(policy)},
+	}
+}
+
+func TestPolicyLoads(t *testing.T) {
+	cfg, err := LoadFS(policyFS(`# the worked example of the README
+set policy_interval = 2
+set default_class = BATCH
+class -n ONLINE -i 1 -t 200 -p 90
+class -n BATCH -i 3 -t 5000
+classify -g orders -s add* -c ONLINE
+classify -g "report*" -c BATCH
+classify -s "*" -c BATCH
+environment -g orders
+environment -g reports
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Policy{
+		File: "svcpolicy", Interval: 2 * time.Second, DefaultClass: "BATCH",
+		Classes: []ServiceClass{
+			{Name: "ONLINE", Importance: 1, ResponseTime: 200 * time.Millisecond, Percent: 90},
+			{Name: "BATCH", Importance: 3, ResponseTime: 5 * time.Second},
+		},
+		Rules:        []ClassRule{{Group: "orders", Service: "add*", Class: "ONLINE"}, {Group: "report*", Class: "BATCH"}, {Service: "*", Class: "BATCH"}},
+		Environments: []string{"orders", "reports"},
+	}
+	if !reflect.DeepEqual(cfg.Policy, want) {
+		t.Errorf("policy\n got %+v\nwant %+v", cfg.Policy, want)
+	}
+	cfg, err = LoadFS(fstest.MapFS{"usr/orders": policyFS("")["usr/orders"]})
+	if err != nil || cfg.Policy != nil {
+		t.Errorf("no svcpolicy: %+v, %v; want no policy", cfg.Policy, err)
+	}
+	if p, err := LoadPolicy(""); p != nil || err != nil {
+		t.Errorf("LoadPolicy of the embedded default: %v, %v", p, err)
+	}
+}
+
+func TestPolicyErrors(t *testing.T) {
+	const base = "set default_class = A\nclass -n A -i 1 -t 100\n"
+	cases := []struct{ name, src, want string }{
+		{"empty file", "", "svcpolicy:1: class: at least one service class is required"},
+		{"no default", "class -n A -i 1 -t 100\n", "svcpolicy:1: default_class: required"},
+		{"unknown default", "set default_class = B\nclass -n A -i 1 -t 100\n", `svcpolicy:1: default_class: class "B" is not defined in this file`},
+		{"misspelt default", "set default_class = ONLNE\nclass -n ONLINE -i 1 -t 100\n", "(did you mean ONLINE?)"},
+		{"importance 0", base + "class -n B -i 0 -t 100\n", "svcpolicy:3: class: -i: 0 out of range 1..5"},
+		{"importance 6", base + "class -n B -i 6 -t 100\n", "svcpolicy:3: class: -i: 6 out of range 1..5"},
+		{"no importance", base + "class -n B -t 100\n", "svcpolicy:3: class: -i IMPORTANCE is required"},
+		{"no time", base + "class -n B -i 2\n", "svcpolicy:3: class: -t MILLISECONDS is required"},
+		{"time 0", base + "class -n B -i 2 -t 0\n", "svcpolicy:3: class: -t: 0 out of range"},
+		{"percent 100", base + "class -n B -i 2 -t 10 -p 100\n", "svcpolicy:3: class: -p: 100 out of range 1..99"},
+		{"class twice", base + "class -n A -i 2 -t 10\n", "svcpolicy:3: class: class A defined twice"},
+		{"no name", base + "class -i 2 -t 10\n", "svcpolicy:3: class: -n NAME is required"},
+		{"bad name", base + "class -n a/b -i 2 -t 10\n", "svcpolicy:3: class: -n: class \"a/b\""},
+		{"unknown option", base + "class -n B -i 2 -t 10 -x 1\n", "svcpolicy:3: class: unknown option -x"},
+		{"rule to unknown class", base + "classify -g g -c B\n", `svcpolicy:3: classify: -c: class "B" is not defined`},
+		{"rule without class", base + "classify -g g\n", "svcpolicy:3: classify: -c CLASS is required"},
+		{"bad pattern", base + "classify -g \"[\" -c A\n", `svcpolicy:3: classify: -g: "[" is not a pattern`},
+		{"environment twice", base + "environment -g e\nenvironment -g e\n", "svcpolicy:4: environment: environment e named twice"},
+		{"environment without group", base + "environment\n", "svcpolicy:3: environment: -g GROUP is required"},
+		{"interval 0", base + "set policy_interval = 0\n", "svcpolicy:3: policy_interval: 0 out of range 1..3600"},
+		{"unknown operand", base + "set policy_intervall = 3\n", "svcpolicy:3: policy_intervall: unknown operand"},
+		{"putenv", base + "putenv A b\n", "svcpolicy:3: putenv: only allowed in usrrc and usr files"},
+	}
+	for _, tc := range cases {
+		_, err := LoadFS(policyFS(tc.src))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestLoadPolicyDir reads svcpolicy from a directory as `scdctl policy`
+// does: none is no policy, a bad one is an error with its line, and the
+// rest of the directory is not read.
+func TestLoadPolicyDir(t *testing.T) {
+	dir := t.TempDir()
+	if p, err := LoadPolicy(dir); p != nil || err != nil {
+		t.Fatalf("no svcpolicy: %v, %v; want nil, nil", p, err)
+	}
+	write := func(src string) {
+		if err := os.WriteFile(filepath.Join(dir, FilePolicy), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("set default_class = A\nclass -n A -i 2 -t 50 -p 95\nenvironment -g orders\n")
+	p, err := LoadPolicy(dir)
+	if err != nil || p == nil || len(p.Classes) != 1 || p.Classes[0].Percent != 95 || p.Environments[0] != "orders" {
+		t.Fatalf("LoadPolicy = %+v, %v", p, err)
+	}
+	write("set default_class = A\nclass -n A -i 2 -t 50\n\nclassify -s x -c Z\n")
+	if _, err := LoadPolicy(dir); err == nil || !strings.Contains(err.Error(), "svcpolicy:4: classify") {
+		t.Errorf("bad rule: %v, want svcpolicy:4", err)
+	}
+}
