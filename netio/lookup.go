@@ -65,6 +65,14 @@ func ParseLookupAnswer(b []byte) ([]NodeLevel, error) {
 	return out, nil
 }
 
+// LookupFind, as the service of a KindNameLookup, is the routing
+// manager's "find server" (source document 004): its answer is a lookup
+// answer listing the nodes that serve the group (an application
+// environment), those where its calls meet their goals first. When no
+// node serves it, the cluster starts one server and the answer comes when
+// that server is ready, within the frame's timeout.
+const LookupFind = "find"
+
 // LookupReceivers, as the service of a KindNameLookup, asks the node
 // itself (not its cluster) where a service group's calls are received:
 // which receiver group takes them, at which address, with how many

@@ -155,11 +155,20 @@ func (n *Node) newCluster(rule route.Rule) *cluster {
 func (n *Node) localInfo() names.NodeInfo {
 	info := names.NodeInfo{Addr: n.advertisedRPC(), Announce: n.cfg.Sched.AnnounceServerStatus}
 	for _, g := range n.order { // sorted by name, as names wants
+		if !g.servable() {
+			continue // no server here (an application environment, wlm_env.go)
+		}
 		gi := names.GroupInfo{Group: g.name, Held: g.held.Load(), Socket: g.def.ReceiveFrom == def.ReceiveSocket}
 		if info.Announce {
 			gi.Level = g.level()
 		}
+		if n.wlm != nil {
+			gi.PI = n.wlm.groupPI(g.name)
+		}
 		info.Groups = append(info.Groups, gi)
+	}
+	if n.wlm != nil {
+		info.WLM = n.wlm.announced()
 	}
 	return info
 }
@@ -263,7 +272,7 @@ func (cl *cluster) candidates(dst []route.Candidate, group string, local *group,
 		}
 		dst = append(dst, route.Candidate{Node: e.Node, Level: e.Level, InFlight: cl.fwd.inFlight(e.Node)})
 	}
-	if local != nil && !local.held.Load() && !contains(tried, cl.self) {
+	if local != nil && !local.held.Load() && local.servable() && !contains(tried, cl.self) {
 		dst = append(dst, route.Candidate{Node: cl.self, Local: true, Level: local.level(), InFlight: local.inFlight()})
 	}
 	return dst
@@ -316,6 +325,9 @@ func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool,
 	} else {
 		cands = cl.candidates((*buf)[:0], group, g, nil)
 	}
+	if n.wlm != nil {
+		cands = n.wlm.steer(group, cands)
+	}
 	*buf = cands
 	// schedule_rate is for scheduler-direct calls, not for a balanced one
 	// that must move on.
@@ -347,6 +359,14 @@ func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
 		n.answerReceivers(c, f)
 		return
 	}
+	if n.wlm != nil && string(f.Service) == netio.LookupFind {
+		n.wlm.envs.answerFind(c, f)
+		return
+	}
+	if n.wlm != nil && isWLMRequest(f.Service) {
+		n.wlm.envs.serveRequest(c, f)
+		return
+	}
 	group := string(f.Group)
 	var nodes []netio.NodeLevel
 	if n.cluster != nil {
@@ -355,7 +375,7 @@ func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
 				nodes = append(nodes, netio.NodeLevel{Addr: e.Addr, Level: uint8(e.Level)})
 			}
 		}
-	} else if g := n.groups[group]; g != nil && !g.held.Load() {
+	} else if g := n.groups[group]; g != nil && !g.held.Load() && g.servable() {
 		nodes = append(nodes, netio.NodeLevel{Addr: n.advertisedAddr(c.Port()), Level: uint8(g.level())})
 	}
 	if len(nodes) == 0 {

@@ -49,6 +49,7 @@ func (n *Node) controlActions(mux *http.ServeMux) {
 	mux.HandleFunc("GET /prc", n.answerPrc)
 	mux.HandleFunc("POST /chprc", n.answerChprc)
 	mux.HandleFunc("POST /restart", n.answerRestart)
+	n.wlmControl(mux) // wlm_control.go: quiesce, resume, refresh, policy
 	// Profiles for performance engineers: they show the node's insides.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

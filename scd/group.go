@@ -48,6 +48,9 @@ type group struct {
 	exits   []schedq.ExitedCall[*call]
 
 	load groupLoad
+	// classes are the service policy's classes of the group's calls and
+	// their figures (wlm.go); nil without a policy.
+	classes atomic.Pointer[groupClasses]
 
 	refused    *metrics.Counter // calls refused server busy: the queue was full
 	timedOut   *metrics.Counter
@@ -69,6 +72,10 @@ type slotState struct {
 	served   uint64 // calls it completed
 	events   uint64 // attaches and completions: what may ring its doorbell
 	warned   bool   // its missing entries were logged
+
+	// since is its last attach or completion: when its next call's
+	// service began (wlm.go).
+	since time.Time
 }
 
 // call is one call from its admission to its answer and the end of its
@@ -83,6 +90,7 @@ type call struct {
 	req        []byte // the request until a process has it: the frame's during submit, else payload
 	payload    []byte // the call's own copy of its request, made when it has to wait
 	dispatched bool   // handed to a process (the queue holds it until its completion or exit)
+	class      uint16 // its service class (wlm.go), when the node has a service policy
 }
 
 var callPool = sync.Pool{New: func() any { return new(call) }}
@@ -177,6 +185,9 @@ func (g *group) submit(c *netio.Conn, f *netio.Frame, entry string, now time.Tim
 	}
 	cl := callPool.Get().(*call)
 	cl.conn, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
+	if gc := g.classes.Load(); gc != nil {
+		cl.class = gc.classOf(f.Service)
+	}
 	timeout := g.watch
 	if f.TimeoutMs > 0 {
 		timeout = time.Duration(f.TimeoutMs) * time.Millisecond
@@ -292,6 +303,7 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 		}
 		if p.Attach() {
 			si.attached = true
+			si.since = now
 			si.events++
 			attached = append(attached, slot)
 			g.checkEntries(slot, si)
@@ -330,6 +342,10 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 				batches[cl.conn] = appendAnswer(batches[cl.conn], cl.id, &c)
 			}
 			g.latency.Update(now.Sub(cl.start).Seconds())
+			if gc := g.classes.Load(); gc != nil {
+				gc.record(cl.class, cl.start, si.since, now)
+			}
+			si.since = now
 			freeCall(cl)
 			g.act() // after the reply was copied out of the mailbox
 		}
@@ -400,8 +416,16 @@ func (g *group) expire(now time.Time) {
 		limit   time.Duration
 	}
 	out := make([]answer, 0, len(late))
+	gc := g.classes.Load()
 	for _, cl := range late {
 		out = append(out, answer{cl.conn, cl.id, cl.noReply, time.Duration(cl.deadline - cl.start.UnixNano())})
+		if gc != nil {
+			since := now // it never reached a process: all of it was queue time
+			if cl.dispatched {
+				since = cl.start
+			}
+			gc.record(cl.class, cl.start, since, now)
+		}
 		if !cl.dispatched {
 			freeCall(cl) // it left the queue; nothing refers to it now
 		}

@@ -180,5 +180,5 @@ func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	n.metrics.WritePrometheus(&b)
 	metrics.WriteProcessMetrics(&b)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_ = exposition.Write(w, b.Bytes(), metricHelp, netio.MetricHelp, exposition.Runtime)
+	_ = exposition.Write(w, b.Bytes(), metricHelp, wlmMetricHelp, netio.MetricHelp, exposition.Runtime)
 }

@@ -99,6 +99,7 @@ type Node struct {
 	helloRefused *metrics.Counter
 
 	restart restartState // restart.go: handing the sockets to a new process, or taking them over
+	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
 
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 }
@@ -151,6 +152,12 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		n.order = append(n.order, g)
 	}
 	sort.Slice(n.order, func(i, j int) bool { return n.order[i].name < n.order[j].name })
+	if cfg.Policy != nil {
+		var err error
+		if n.wlm, err = newWLM(n); err != nil {
+			return nil, err
+		}
+	}
 	return n, nil
 }
 
@@ -281,6 +288,9 @@ func (n *Node) Start() (err error) {
 	if err := n.startLoadChecks(); err != nil {
 		return err
 	}
+	if n.wlm != nil {
+		n.wlm.start()
+	}
 	if err := n.takeoverServing(); err != nil {
 		return err
 	}
@@ -324,7 +334,7 @@ func (n *Node) startGroup(g *group) error {
 	n.startLoad(g)
 	uid, gid := n.uapCredentials(s)
 	var err error
-	g.procs, err = n.pm.Start(procmgr.Spec{
+	g.procs, err = n.startProcesses(g, procmgr.Spec{
 		Server:       s.Name,
 		Group:        g.name,
 		Module:       s.Module,
@@ -338,7 +348,7 @@ func (n *Node) startGroup(g *group) error {
 		Refresh:      s.RefreshProcess,
 		IdleStop:     s.NonResidentIdle,
 		CPUWaitLimit: s.CPUWaitLimit,
-	}, g)
+	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.File, err)
 	}
@@ -461,6 +471,11 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 			return netio.CodeWrongReceiver, msg
 		}
 	}
+	if n.wlm != nil {
+		if handled, code, msg := n.wlm.envs.schedule(c, f, &g); handled {
+			return code, msg
+		}
+	}
 	if n.cluster != nil {
 		if transferred, code, msg := n.routeCall(c, f, g); transferred {
 			return code, msg
@@ -480,6 +495,9 @@ func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, 
 	}
 	if g.held.Load() {
 		return netio.CodeServiceClosed, g.name + " is held"
+	}
+	if !g.servable() {
+		return netio.CodeServiceClosed, g.name + " has no server on node " + n.cfg.System.NodeID
 	}
 	if len(f.Payload) > g.def.MaxMessageSize {
 		return netio.CodeMessageTooBig, fmt.Sprintf("%d bytes, max_message_size %d", len(f.Payload), g.def.MaxMessageSize)

@@ -217,6 +217,7 @@ func (n *Node) startAdmin() error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", serveStatusPage)
 	mux.HandleFunc("GET /metrics", n.serveMetrics)
+	mux.HandleFunc("GET /report", n.serveReport) // wlm_report.go: goals against actuals
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status())
