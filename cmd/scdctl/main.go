@@ -46,12 +46,24 @@ Commands:
   release GROUP               let GROUP take calls again
   restart                     start a new scdd that takes the node's sockets over; this one
                               lets its callers go and drains (no call is dropped)
+  find ENV                    where to send calls for application environment ENV (svcpolicy):
+                              the nodes that serve it, those meeting their goals first; when none
+                              does, one server starts on the node with the most spare CPU first
+  quiesce ENV                 stop every server of ENV in the cluster after the calls they hold;
+                              none starts again until resume
+  resume ENV                  let ENV have servers again (from none)
+  refresh ENV                 replace the processes of every server of ENV, one at a time
+  policy                      make every node read svcpolicy again (an environment it drops
+                              is quiesced)
+  report [-json]              goals against actuals per service class (performance index,
+                              response-time distribution, queue and service time, CPU per call);
+                              servers and high-water mark per application environment
   pprof PROFILE [SECONDS]     write a profile of scdd to stdout: heap, goroutine, allocs,
                               block, mutex, threadcreate; profile (CPU) or trace for SECONDS
 
-call uses the node's RPC port, status its HTTP address (metrics_address);
-prc, chprc, hold, release, restart and pprof go over its control socket, which admits only
-scdd's own user and root. Flags may come before or after the command; "--"
+call and find use the node's RPC port, status and report its HTTP address (metrics_address);
+prc, chprc, hold, release, restart, quiesce, resume, refresh, policy and pprof go over its
+control socket, which admits only scdd's own user and root. Flags may come before or after the command; "--"
 ends them (for DATA that starts with "-").
 
 Flags:
@@ -80,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&nd.http, "a", os.Getenv("TPSCHED_HTTP"), "HTTP address host:port of the node's /status and /metrics (default $TPSCHED_HTTP, else sysconf's metrics_address, else "+def.DefaultMetricsAddress+")")
 	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for hold, release and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it by default)")
 	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
-	asJSON := fs.Bool("json", false, "status, prc, chprc: print the node's answer as JSON")
+	asJSON := fs.Bool("json", false, "status, prc, chprc, report, quiesce, resume, refresh, policy: print the node's answer as JSON")
 	showVersion := fs.Bool("version", false, "print scdctl's version and exit")
 	help := fs.Bool("h", false, "print this help and exit")
 	fs.BoolVar(help, "help", false, "print this help and exit")
@@ -133,6 +145,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = profile(nd, *timeout, rest, stdout)
 	case "restart":
 		err = restart(ctx, nd, rest, stdout)
+	case "find":
+		err = find(ctx, nd, rest, stdout)
+	case "quiesce", "resume", "refresh", "policy":
+		err = envAction(ctx, nd, *asJSON, cmd, rest, stdout)
+	case "report":
+		err = report(ctx, nd, *asJSON, rest, stdout)
 	default:
 		fmt.Fprintf(stderr, "scdctl: unknown command %q\n", cmd)
 		fs.Usage()

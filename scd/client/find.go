@@ -1,0 +1,44 @@
+package client
+
+import (
+	"context"
+
+	"tpsched/netio"
+)
+
+// FindServer is the routing manager's "find server" (source document 004)
+// for an application environment env (a service group its nodes' svcpolicy
+// names with environment -g): the nodes that serve it, those where its
+// calls meet their goals first. When no node serves it, the cluster starts
+// one server, on the node with the most spare CPU at its importance, and
+// the answer comes when that server is ready; the wait is bounded by ctx's
+// deadline (else WatchTime, else the node's own limit of 30 s). A node
+// without a service policy answers as a plain name lookup.
+func (c *Client) FindServer(ctx context.Context, env string) ([]netio.NodeLevel, error) {
+	h, timeout, err := c.header(ctx, netio.KindNameLookup, env, netio.LookupFind, nil)
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range c.nDC {
+		idx, mc, err := c.pick()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		id, w, sent, err := c.start(idx, mc, h, env, netio.LookupFind, nil)
+		if !sent {
+			lastErr = err
+			continue
+		}
+		if err != nil {
+			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+		}
+		answer, err := wait(ctx, mc, id, w, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return netio.ParseLookupAnswer(answer)
+	}
+	return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: lastErr.Error()}
+}
