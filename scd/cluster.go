@@ -115,6 +115,7 @@ func (n *Node) joinCluster() error {
 		Key:      n.clusterKey(),
 		Fast:     n.opts.FastFailureDetection,
 		Logger:   n.log,
+		OnChange: n.namesChanged,
 	}, cl.names, n.localInfo())
 	if err != nil {
 		return err

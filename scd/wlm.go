@@ -284,10 +284,7 @@ func (w *wlmNode) interval(now time.Time) {
 			gf.windows[c].Push(cur[c])
 			node[c].Add(cur[c])
 		}
-		gf.delay = -1
-		if waits && dCPU+dWait > 0 {
-			gf.delay = float64(dWait) / float64(dCPU+dWait)
-		}
+		gf.delay = cpuDelay(waits, dCPU, dWait, service)
 		gs := wlm.GroupState{Name: g.name, Env: w.envs.isEnv(g.name), Calls: make([]uint64, nc), Weight: gf.weight, CPUDelay: gf.delay}
 		var worst float64
 		served := false
@@ -332,6 +329,26 @@ func (w *wlmNode) interval(now time.Time) {
 	w.act(classStates, states, stateGroups)
 	w.envs.interval()
 	w.announceIfChanged()
+}
+
+// cpuDelay is how much of its calls' time a group's processes spent
+// waiting for a CPU over an interval: the wait over the service time of the
+// calls that ended in it, or, when none ended, over the time the processes
+// were runnable; 0 when they never ran; -1 when waits are not measured. The
+// service time is the better base: a process that mostly sleeps (it waits
+// for a database, another server) waits for a CPU at every wake-up, which
+// is much of its little runnable time but nothing of its calls' time, and
+// more CPU weight would not help it.
+func cpuDelay(waits bool, onCPU, wait, service time.Duration) float64 {
+	switch {
+	case !waits:
+		return -1
+	case service > 0:
+		return min(float64(wait)/float64(service), 1)
+	case onCPU+wait > 0:
+		return float64(wait) / float64(onCPU+wait)
+	}
+	return 0
 }
 
 // announcedPI is a performance index as announced: x 100, 0 for none.
@@ -419,4 +436,12 @@ func (w *wlmNode) steer(group string, cands []route.Candidate) []route.Candidate
 		}
 	}
 	return out
+}
+
+// namesChanged is called when a peer changed the name table: the routing
+// manager counts the servers it shows at once (wlm_env.go's observe).
+func (n *Node) namesChanged() {
+	if n.wlm != nil {
+		n.wlm.envs.poke()
+	}
 }

@@ -127,6 +127,8 @@ type envManager struct {
 	growAsked map[string]time.Time    // the last time this node asked for one
 	parked    map[string][]*fwdCall   // calls waiting for a server
 
+	changed chan struct{} // poke: the name table changed
+
 	waiters atomic.Int32
 	started *metrics.Counter
 	stopped map[string]*metrics.Counter
@@ -139,6 +141,7 @@ func newEnvManager(w *wlmNode) *envManager {
 		w: w, n: n, peers: newWLMPeers(n.cfg.System.NodeID, n.clusterKey()),
 		local: map[string]*envLocal{}, states: map[string]wlm.EnvState{},
 		finds: map[string]*flight{}, decides: map[string]*flight{}, hints: map[string][]hint{},
+		changed:  make(chan struct{}, 1),
 		lastGrow: map[string]time.Time{}, growAsked: map[string]time.Time{}, parked: map[string][]*fwdCall{},
 		started: n.metrics.NewCounter(`tpsched_wlm_servers_started_total`),
 		stopped: map[string]*metrics.Counter{}, finds0: map[string]*metrics.Counter{},
@@ -201,6 +204,8 @@ func (m *envManager) start() {
 				return
 			case now := <-t.C:
 				m.expireParked(now)
+			case <-m.changed:
+				m.observe()
 			}
 		}
 	}()
@@ -639,6 +644,7 @@ func (m *envManager) place(env string, purpose byte, servers []serverAt, deadlin
 				"spare_cpus", fmt.Sprintf("%.2f", h.Spare), "importance", imp)
 			m.mu.Lock()
 			m.hints[env] = append(m.hints[env], hint{node: h.Node, addr: addrs[i], at: time.Now()})
+			m.states[env] = m.states[env].Saw(len(servers) + 1)
 			m.mu.Unlock()
 			return append(servers, serverAt{node: h.Node, addr: addrs[i]}), nil
 		}
@@ -756,10 +762,21 @@ func (m *envManager) activate(env string, deadline time.Time) error {
 		_ = l.procs.stop(ctx)
 		cancel()
 	}
+	servers := 1 // this one, which the name table may not show yet
+	if err == nil {
+		for _, s := range m.servers(env, false) {
+			if s.node != m.n.cfg.System.NodeID {
+				servers++
+			}
+		}
+	}
 	m.mu.Lock()
 	if err == nil {
 		l.state = envServing
 		l.procs.serving.Store(true)
+		// Announced with the server: it counts everywhere even if it dies
+		// before the next interval.
+		m.states[env] = m.states[env].Saw(servers)
 	} else {
 		l.state = envDormant
 	}
@@ -897,11 +914,12 @@ func (m *envManager) grow(env string) {
 	}()
 }
 
-// interval merges what the other nodes announced of every environment,
-// raises the high-water marks to the servers seen, withdraws a server
-// whose processes keep dying, and, on the deciding node, starts servers
-// that bring an environment back to its high-water mark.
-func (m *envManager) interval() {
+// observe merges what the other nodes announced of every environment and
+// raises the high-water marks to the servers seen; it returns the servers
+// counted. It runs at every interval and whenever the name table changed
+// (poke), so that a server seen for a moment counts even if it dies before
+// the next interval.
+func (m *envManager) observe() map[string]int {
 	p := m.policy()
 	if cl := m.n.cluster; cl != nil {
 		nodes := cl.names.Nodes()
@@ -924,6 +942,26 @@ func (m *envManager) interval() {
 	for env, c := range counts {
 		m.states[env] = m.states[env].Saw(c)
 	}
+	m.mu.Unlock()
+	return counts
+}
+
+// poke asks the manager to observe the name table soon; it never blocks
+// (the name table's receive loop calls it).
+func (m *envManager) poke() {
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
+}
+
+// interval observes the cluster, withdraws a server whose processes keep
+// dying, and, on the deciding node, starts servers that bring an
+// environment back to its high-water mark.
+func (m *envManager) interval() {
+	p := m.policy()
+	counts := m.observe()
+	m.mu.Lock()
 	var failing []string
 	for env, l := range m.local {
 		if l.state == envServing && m.isEnv(env) && l.g.failing.Load() != nil {

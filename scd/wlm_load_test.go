@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseProcStat(t *testing.T) {
@@ -63,5 +64,27 @@ func TestCPUSampler(t *testing.T) {
 	write("gone\n")
 	if _, _, err := s.sample(); err == nil || !strings.Contains(err.Error(), "cpu load") {
 		t.Errorf("unreadable stat: %v", err)
+	}
+}
+
+func TestCPUDelay(t *testing.T) {
+	ms := time.Millisecond
+	cases := []struct {
+		name                 string
+		waits                bool
+		onCPU, wait, service time.Duration
+		want                 float64
+	}{
+		{"not measured", false, 10 * ms, 10 * ms, 100 * ms, -1},
+		{"sleeping calls: waits at wake-up are nothing of the calls' time", true, 1 * ms, 1 * ms, 1000 * ms, 0.001},
+		{"CPU-bound calls that wait half the time", true, 500 * ms, 500 * ms, 1000 * ms, 0.5},
+		{"no call ended: the runnable time", true, 30 * ms, 10 * ms, 0, 0.25},
+		{"never ran", true, 0, 0, 0, 0},
+		{"wait longer than the calls that ended", true, 0, 900 * ms, 100 * ms, 1},
+	}
+	for _, tc := range cases {
+		if got := cpuDelay(tc.waits, tc.onCPU, tc.wait, tc.service); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: cpuDelay = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -19,8 +19,9 @@ type GroupState struct {
 	// Weight is the CPU weight of its processes now (cgroup v2 scale,
 	// 1..10000, 100 the default).
 	Weight int
-	// CPUDelay is the share of its processes' runnable time spent waiting
-	// for a CPU over the last interval (0..1); below 0 when it cannot be
+	// CPUDelay is the share of its calls' service time its processes spent
+	// waiting for a CPU over the last interval (0..1; the share of their
+	// runnable time when no call ended); below 0 when it cannot be
 	// measured.
 	CPUDelay float64
 }
