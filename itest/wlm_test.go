@@ -1,0 +1,572 @@
+package itest
+
+// The routing manager (source document 004) on three real nodes
+// (127.0.0.2-4): find server, where the first server starts, one start for
+// concurrent first calls, quiesce, a dead server, a policy that drops an
+// environment, a missed goal and the high-water mark.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd"
+)
+
+// ordersServer is the application environment's user server: one process,
+// so that calls queue and a goal can be missed.
+const ordersServer = `set service_group = "orders"
+set service = "echo=echo", "sleep=sleep", "pid=pid", "burn=burn"
+set module = MODULE
+set parallel_count = 1
+set queue_size = 512
+`
+
+// ordersPolicy: the orders calls are ONLINE, 90% within 100 ms, judged
+// every second; orders is an application environment.
+const ordersPolicy = `set policy_interval = 1
+set default_class = BATCH
+class -n ONLINE -i 1 -t 100 -p 90
+class -n BATCH -i 3 -t 5000
+classify -g orders -c ONLINE
+environment -g orders
+`
+
+type wlmOpts struct {
+	policy string
+	goal   string             // replaces "-t 100" of ONLINE, e.g. "-t 30"
+	pin    func(i int) string // CPU list node i runs on (taskset -c); nil: anywhere
+	extra  func(i int) string // more sysconf lines
+}
+
+// wlmCluster is three nodes with the orders environment and a policy.
+type wlmCluster struct {
+	nodes []*node
+	dirs  []string
+}
+
+// startWLMCluster starts the three nodes and waits until each knows that
+// all three can serve orders.
+func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
+	t.Helper()
+	if o.policy == "" {
+		o.policy = ordersPolicy
+	}
+	if o.goal != "" {
+		o.policy = strings.Replace(o.policy, "-t 100", o.goal, 1)
+	}
+	rpc, name := clusterPorts(t)
+	var all []string
+	for _, ip := range clusterIPs {
+		all = append(all, strconv.Quote(ip))
+	}
+	wc := &wlmCluster{}
+	for i, ip := range clusterIPs {
+		dir := t.TempDir()
+		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
+			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", ")) + ownControlSocket
+		if o.extra != nil {
+			sys += o.extra(i)
+		}
+		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
+		must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(o.policy), 0o644))
+		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
+		body := strings.ReplaceAll(ordersServer, "MODULE", strconv.Quote(bin("uap-echo")))
+		must(t, os.WriteFile(filepath.Join(dir, "usr", "orders"), []byte(body), 0o644))
+		args := []string{"-c", dir, "-fast-failure-detection"}
+		if o.pin != nil {
+			wc.nodes = append(wc.nodes, startCommand(t, "taskset", append([]string{"-c", o.pin(i), bin("scdd")}, args...)...))
+		} else {
+			wc.nodes = append(wc.nodes, startNode(t, args...))
+		}
+		wc.dirs = append(wc.dirs, dir)
+	}
+	for i, n := range wc.nodes {
+		waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know that three nodes can serve orders", i), func() bool {
+			e, ok := envOf(t, n, "orders")
+			return ok && len(e.CanServe) == 3
+		}, n.stderr.String)
+	}
+	return wc
+}
+
+// report is n's GET /report.
+func (n *node) report(t *testing.T) scd.Report {
+	t.Helper()
+	resp, err := http.Get("http://" + n.ctl + "/report")
+	must(t, err)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("report: %s", resp.Status)
+	}
+	var r scd.Report
+	must(t, json.NewDecoder(resp.Body).Decode(&r))
+	return r
+}
+
+func envOf(t *testing.T, n *node, env string) (scd.EnvReport, bool) {
+	for _, e := range n.report(t).Environments {
+		if e.Env == env {
+			return e, true
+		}
+	}
+	return scd.EnvReport{}, false
+}
+
+// serversSeen is the nodes n's table says serve env, sorted.
+func serversSeen(t *testing.T, n *node, env string) []string {
+	e, _ := envOf(t, n, env)
+	var out []string
+	for _, s := range e.Servers {
+		out = append(out, s.Node)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// serving is the nodes that say they serve env themselves.
+func (wc *wlmCluster) serving(t *testing.T, env string) []string {
+	var out []string
+	for i, n := range wc.nodes {
+		if n.done != nil && isDone(n) {
+			continue
+		}
+		if e, _ := envOf(t, n, env); e.Here == "serving" {
+			out = append(out, fmt.Sprintf("n%d", i))
+		}
+	}
+	return out
+}
+
+func isDone(n *node) bool {
+	select {
+	case <-n.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// started sums tpsched_wlm_servers_started_total over the live nodes.
+func (wc *wlmCluster) started(t *testing.T) float64 {
+	var sum float64
+	for _, n := range wc.nodes {
+		if !isDone(n) {
+			sum += metricSum(n.metrics(), "tpsched_wlm_servers_started_total")
+		}
+	}
+	return sum
+}
+
+// agree waits until every live node's table says env is served by want
+// (node ids) and the nodes of want say so themselves.
+func (wc *wlmCluster) agree(t *testing.T, d time.Duration, env string, want func([]string) bool, what string) []string {
+	t.Helper()
+	var last []string
+	waitFor(t, d, what, func() bool {
+		var first []string
+		for i, n := range wc.nodes {
+			if isDone(n) {
+				continue
+			}
+			seen := serversSeen(t, n, env)
+			if first == nil && i >= 0 {
+				first = seen
+				if first == nil {
+					first = []string{}
+				}
+			}
+			if !slices.Equal(seen, first) {
+				last = nil
+				return false
+			}
+		}
+		last = first
+		return want(first) && slices.Equal(wc.serving(t, env), first)
+	}, func() string {
+		var b strings.Builder
+		for i, n := range wc.nodes {
+			if !isDone(n) {
+				fmt.Fprintf(&b, "n%d sees %v; ", i, serversSeen(t, n, env))
+			}
+		}
+		fmt.Fprintf(&b, "serving themselves: %v", wc.serving(t, env))
+		return b.String()
+	})
+	return last
+}
+
+func one(s []string) bool { return len(s) == 1 }
+
+// nodeOfAddr is the index of the node whose RPC address is addr.
+func (wc *wlmCluster) nodeOfAddr(t *testing.T, addr string) int {
+	for i, n := range wc.nodes {
+		if n.rpc == addr {
+			return i
+		}
+	}
+	t.Fatalf("no node has RPC address %s", addr)
+	return -1
+}
+
+// find runs scdctl find through node i and returns the nodes it names.
+func (wc *wlmCluster) find(t *testing.T, i int, env string) ([]int, error) {
+	out, err := wc.nodes[i].scdctl("-t", "20s", "find", env)
+	if err != nil {
+		return nil, fmt.Errorf("%v: %s", err, out)
+	}
+	var idx []int
+	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+		addr, _, _ := strings.Cut(line, "\t")
+		idx = append(idx, wc.nodeOfAddr(t, addr))
+	}
+	return idx, nil
+}
+
+// cpuHog spins on the CPUs of list until the test ends.
+func cpuHog(t *testing.T, list string) {
+	cmd := exec.Command("taskset", "-c", list, "sh", "-c", "while :; do :; done")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	must(t, cmd.Start())
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+}
+
+// TestWLMFindStartsOneWhereCapacityIs: find on an environment no node
+// serves starts exactly one server, on the node with the most spare CPU:
+// n0 and its CPU are made busy by a hog, so the server starts on n1 or
+// n2 although n0 decides and would win a tie (lowest node id).
+func TestWLMFindStartsOneWhereCapacityIs(t *testing.T) {
+	skipShort(t)
+	if n := len(cpuList(t)); n < 2 {
+		t.Skipf("needs 2 CPUs to give a node a busy CPU of its own, have %d", n)
+	}
+	cpus := cpuList(t)
+	wc := startWLMCluster(t, wlmOpts{pin: func(i int) string {
+		if i == 0 {
+			return cpus[0]
+		}
+		return cpus[1]
+	}})
+	cpuHog(t, cpus[0])
+	spare := func(i int) float64 { return wc.nodes[i].report(t).SpareCPUs[0] }
+	waitFor(t, 15*time.Second, "n0 to measure its CPU busy and the others to have more spare", func() bool {
+		s0 := spare(0)
+		return s0 < 0.3 && max(spare(1), spare(2)) > s0+0.2
+	}, func() string {
+		return fmt.Sprintf("spare CPUs at importance 1: n0 %.2f, n1 %.2f, n2 %.2f", spare(0), spare(1), spare(2))
+	})
+	time.Sleep(1500 * time.Millisecond) // the next announce reaches the decider
+	t.Logf("spare CPUs at importance 1 before the find: n0 %.2f, n1 %.2f, n2 %.2f", spare(0), spare(1), spare(2))
+	if s := wc.serving(t, "orders"); len(s) != 0 {
+		t.Fatalf("orders served before any find: %v", s)
+	}
+	got, err := wc.find(t, 2, "orders")
+	if err != nil {
+		t.Fatalf("find orders through n2: %v", err)
+	}
+	if len(got) != 1 || got[0] == 0 {
+		t.Fatalf("find answered nodes %v: want one, not the busy n0", got)
+	}
+	where := fmt.Sprintf("n%d", got[0])
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return slices.Equal(s, []string{where}) },
+		"every node to see orders served on "+where+" only")
+	if s := wc.started(t); s != 1 {
+		t.Errorf("%v servers started in the cluster, want 1", s)
+	}
+	// A second find starts nothing more.
+	if again, err := wc.find(t, 1, "orders"); err != nil || !slices.Equal(again, got) {
+		t.Errorf("second find through n1: %v, %v; want %v", again, err, got)
+	}
+	if s := wc.started(t); s != 1 {
+		t.Errorf("%v servers started after a second find, want 1", s)
+	}
+	// Calls through the busy node are served there.
+	out, err := wc.nodes[0].client().Call(ctxT(t, 10*time.Second), "orders", "echo", []byte("x"))
+	if err != nil || string(out) != "x" {
+		t.Errorf("call through n0: %q, %v", out, err)
+	}
+}
+
+// cpuList is the CPUs this test may use (its affinity mask), as taskset
+// names them.
+func cpuList(t *testing.T) []string {
+	out, err := exec.Command("taskset", "-pc", strconv.Itoa(os.Getpid())).Output()
+	must(t, err)
+	_, list, _ := strings.Cut(strings.TrimSpace(string(out)), ": ")
+	var cpus []string
+	for part := range strings.SplitSeq(list, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, _ := strconv.Atoi(lo)
+		b := a
+		if isRange {
+			b, _ = strconv.Atoi(hi)
+		}
+		for c := a; c <= b; c++ {
+			cpus = append(cpus, strconv.Itoa(c))
+		}
+	}
+	return cpus
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestWLMConcurrentFirstCallsStartOne: calls for an environment no node
+// serves, sent at once through all three nodes, wait for one server and
+// are all served by it: one start in the cluster, not three.
+func TestWLMConcurrentFirstCallsStartOne(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{})
+	const perNode = 5
+	var wg sync.WaitGroup
+	pids := make(chan string, 3*perNode)
+	start := make(chan struct{})
+	for i, n := range wc.nodes {
+		c := n.client()
+		for range perNode {
+			wg.Go(func() {
+				<-start
+				out, err := c.Call(ctxT(t, 25*time.Second), "orders", "pid", nil)
+				if err != nil {
+					t.Errorf("first call through n%d: %v", i, err)
+					return
+				}
+				pids <- string(out)
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	close(pids)
+	distinct := map[string]bool{}
+	for p := range pids {
+		distinct[p] = true
+	}
+	if len(distinct) != 1 {
+		t.Errorf("calls answered by %d processes %v, want 1 (one server of one process)", len(distinct), distinct)
+	}
+	wc.agree(t, 10*time.Second, "orders", one, "every node to see one server of orders")
+	if s := wc.started(t); s != 1 {
+		t.Errorf("%v servers started in the cluster, want 1", s)
+	}
+}
+
+// TestWLMQuiesceDrainsAndStops: quiesce lets the server finish the calls
+// it holds, then stops it on every node; finds are refused until resume,
+// after which a find starts one again.
+func TestWLMQuiesceDrainsAndStops(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{})
+	got, err := wc.find(t, 1, "orders")
+	if err != nil || len(got) != 1 {
+		t.Fatalf("find: %v, %v", got, err)
+	}
+	srv := wc.nodes[got[0]]
+	pids := uapPIDs(t, srv, "orders")
+	if len(pids) != 1 {
+		t.Fatalf("server n%d has processes %v, want 1", got[0], pids)
+	}
+	// Six calls of 300 ms queue on the server's one process: 1.8 s of work.
+	c := wc.nodes[1].client()
+	errs := make(chan error, 6)
+	for range 6 {
+		go func() {
+			_, err := c.Call(ctxT(t, 20*time.Second), "orders", "sleep", []byte("300"))
+			errs <- err
+		}()
+	}
+	waitFor(t, 5*time.Second, "the calls to reach the server", func() bool {
+		return groupStatus(t, srv, "orders").InFlight >= 4
+	})
+	began := time.Now()
+	out, err := wc.nodes[2].scdctl("quiesce", "orders")
+	if err != nil {
+		t.Fatalf("scdctl quiesce: %v\n%s", err, out)
+	}
+	t.Logf("scdctl quiesce orders (%v):\n%s", time.Since(began).Round(time.Millisecond), out)
+	for range 6 {
+		if err := <-errs; err != nil {
+			t.Errorf("a call held by the server when it was quiesced: %v (want it served)", err)
+		}
+	}
+	waitFor(t, 5*time.Second, "the server's process to leave", func() bool { return !pidAlive(pids[0]) })
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return len(s) == 0 }, "no node to serve orders")
+	for i, n := range wc.nodes {
+		if e, _ := envOf(t, n, "orders"); !e.Quiesced || e.HighWaterMark != 0 {
+			t.Errorf("n%d: orders %+v, want quiesced with high-water mark 0", i, e)
+		}
+	}
+	_, err = wc.nodes[0].client().Call(ctxT(t, 5*time.Second), "orders", "echo", nil)
+	if codeOf(err) != netio.CodeServiceClosed {
+		t.Errorf("call after quiesce: %v, want 'service closed'", err)
+	}
+	if _, err := wc.find(t, 0, "orders"); err == nil || !strings.Contains(err.Error(), "quiesced") {
+		t.Errorf("find after quiesce: %v, want refused as quiesced", err)
+	}
+	if out, err := wc.nodes[0].scdctl("resume", "orders"); err != nil {
+		t.Fatalf("scdctl resume: %v\n%s", err, out)
+	}
+	if got, err := wc.find(t, 2, "orders"); err != nil || len(got) != 1 {
+		t.Errorf("find after resume: %v, %v; want one server", got, err)
+	}
+}
+
+// TestWLMKilledServerRemovedEverywhere: the node of the server is killed
+// (scdd and its UAPs, SIGKILL: nothing disconnects); every other node
+// drops it from its table, and, the high-water mark being 1, a new server
+// starts on another node.
+func TestWLMKilledServerRemovedEverywhere(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{})
+	got, err := wc.find(t, 0, "orders")
+	if err != nil || len(got) != 1 {
+		t.Fatalf("find: %v, %v", got, err)
+	}
+	dead := fmt.Sprintf("n%d", got[0])
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return slices.Equal(s, []string{dead}) }, "every node to see orders on "+dead)
+	killed := time.Now()
+	victim := wc.nodes[got[0]]
+	_ = syscall.Kill(-victim.cmd.Process.Pid, syscall.SIGKILL)
+	<-victim.done
+	for i, n := range wc.nodes {
+		if i == got[0] {
+			continue
+		}
+		waitFor(t, 20*time.Second, fmt.Sprintf("n%d to drop %s's server", i, dead), func() bool {
+			return !slices.Contains(serversSeen(t, n, "orders"), dead)
+		}, n.stderr.String)
+	}
+	t.Logf("%s's server gone from every table after %v", dead, time.Since(killed).Round(time.Millisecond))
+	now := wc.agree(t, 20*time.Second, "orders", func(s []string) bool { return len(s) == 1 && s[0] != dead },
+		"a new server of orders on a live node (high-water mark 1)")
+	t.Logf("replaced on %v %v after the kill", now, time.Since(killed).Round(time.Millisecond))
+	for i, n := range wc.nodes {
+		if i == got[0] {
+			continue
+		}
+		if _, err := n.client().Call(ctxT(t, 10*time.Second), "orders", "echo", []byte("y")); err != nil {
+			t.Errorf("call through n%d after the replacement: %v", i, err)
+		}
+	}
+}
+
+// TestWLMPolicyDropQuiesces: svcpolicy read again without the environment
+// quiesces its server; its calls are refused, not lost.
+func TestWLMPolicyDropQuiesces(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{})
+	got, err := wc.find(t, 2, "orders")
+	if err != nil || len(got) != 1 {
+		t.Fatalf("find: %v, %v", got, err)
+	}
+	pids := uapPIDs(t, wc.nodes[got[0]], "orders")
+	dropped := strings.Replace(ordersPolicy, "environment -g orders\n", "", 1)
+	for _, dir := range wc.dirs {
+		must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(dropped), 0o644))
+	}
+	out, err := wc.nodes[0].scdctl("policy")
+	if err != nil {
+		t.Fatalf("scdctl policy: %v\n%s", err, out)
+	}
+	t.Logf("scdctl policy:\n%s", out)
+	if !strings.Contains(out, "quiesced orders") {
+		t.Errorf("scdctl policy does not say orders was quiesced:\n%s", out)
+	}
+	waitFor(t, 10*time.Second, "the server's process to leave", func() bool { return !pidAlive(pids[0]) })
+	for i, n := range wc.nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("n%d to see no server of orders", i), func() bool {
+			st, err := n.status()
+			must(t, err)
+			for _, ns := range st.Cluster.Nodes {
+				for _, g := range ns.Groups {
+					if g.Group == "orders" {
+						return false
+					}
+				}
+			}
+			return true
+		})
+		if r := n.report(t); len(r.Environments) != 0 {
+			t.Errorf("n%d still reports environments %+v", i, r.Environments)
+		}
+	}
+	_, err = wc.nodes[1].client().Call(ctxT(t, 5*time.Second), "orders", "echo", nil)
+	if codeOf(err) != netio.CodeServiceClosed {
+		t.Errorf("call after the policy dropped orders: %v, want 'service closed'", err)
+	}
+}
+
+// TestWLMMissedGoalGrowsAndKeepsHighWater: calls that queue on the one
+// server miss their goal (90% within 30 ms); within a few intervals a
+// second server starts on another node (more may follow while the goal is
+// still missed, at most one per node). When the load stops, the count
+// stays at its high-water mark.
+func TestWLMMissedGoalGrowsAndKeepsHighWater(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{goal: "-t 30"})
+	got, err := wc.find(t, 1, "orders")
+	if err != nil || len(got) != 1 {
+		t.Fatalf("find: %v, %v", got, err)
+	}
+	first := fmt.Sprintf("n%d", got[0])
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var failures sync.Map
+	for i, n := range wc.nodes {
+		c := n.client()
+		for range 3 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					_, err := c.Call(cctx, "orders", "sleep", []byte("20"))
+					cancel()
+					if err != nil && ctx.Err() == nil {
+						failures.Store(fmt.Sprintf("n%d: %v", i, err), true)
+					}
+				}
+			})
+		}
+	}
+	began := time.Now()
+	now := wc.agree(t, 20*time.Second, "orders", func(s []string) bool { return len(s) >= 2 },
+		"a second server of orders (the goal is missed)")
+	t.Logf("servers %v %v after the load began (first on %s)", now, time.Since(began).Round(time.Millisecond), first)
+	if !slices.Contains(now, first) {
+		t.Errorf("servers %v: the first, on %s, is gone", now, first)
+	}
+	r := wc.nodes[got[0]].report(t)
+	t.Logf("on %s: class %s misses its goal: %s", first, r.Missing, r.Action)
+	stop()
+	wg.Wait()
+	failures.Range(func(k, _ any) bool { t.Errorf("call failed under load: %v", k); return true })
+	time.Sleep(1500 * time.Millisecond) // a start asked for just before the load stopped ends
+	peak := wc.agree(t, 5*time.Second, "orders", func(s []string) bool { return len(s) >= 2 }, "the servers when the load stopped")
+	time.Sleep(4 * time.Second) // four intervals without load
+	after := wc.agree(t, 5*time.Second, "orders", func(s []string) bool { return len(s) >= 2 }, "the servers after four idle intervals")
+	t.Logf("servers when the load stopped %v, four idle intervals later %v", peak, after)
+	if !slices.Equal(peak, after) {
+		t.Errorf("servers %v after the load stopped, want %v (the high-water mark)", after, peak)
+	}
+	for i, n := range wc.nodes {
+		if e, _ := envOf(t, n, "orders"); e.HighWaterMark != len(peak) {
+			t.Errorf("n%d: high-water mark %d, want %d", i, e.HighWaterMark, len(peak))
+		}
+	}
+}
