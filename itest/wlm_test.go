@@ -570,3 +570,91 @@ func TestWLMMissedGoalGrowsAndKeepsHighWater(t *testing.T) {
 		}
 	}
 }
+
+// TestWLMReportMetricsRefresh: one node (no cluster) with a policy. A call
+// starts the environment's server; scdctl report shows the calls against
+// the class's goal, as text and as JSON; /metrics has the class's series
+// and its distribution against the goal; scdctl refresh replaces the
+// server's process and calls go on.
+func TestWLMReportMetricsRefresh(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"orders": ordersServer})
+	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
+	n := startNode(t, "-c", dir)
+	if out, err := n.scdctl("prc", "orders"); err != nil || strings.Contains(out, "resident") {
+		t.Errorf("before any call, orders has processes or prc failed: %v\n%s", err, out)
+	}
+	c := n.client()
+	for i := range 20 {
+		arg := "1"
+		if i%10 == 9 {
+			arg = "250" // 2.5 times the goal's 100 ms
+		}
+		if _, err := c.Call(ctxT(t, 20*time.Second), "orders", "sleep", []byte(arg)); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	var r scd.Report
+	waitFor(t, 5*time.Second, "an interval to count the calls", func() bool {
+		out, err := n.scdctl("report", "--json")
+		must(t, err)
+		must(t, json.Unmarshal([]byte(out), &r))
+		return len(r.Classes) > 0 && r.Classes[0].Calls == 20 && r.Classes[0].PI != nil
+	})
+	online := r.Classes[0]
+	if online.Class != "ONLINE" || online.Importance != 1 || online.Goal != "90% within 100ms" {
+		t.Errorf("class %+v, want ONLINE, importance 1, 90%% within 100ms", online)
+	}
+	if online.WithinGoal != 0.9 {
+		t.Errorf("within goal %v, want 0.9 (2 of 20 calls took 250 ms)", online.WithinGoal)
+	}
+	var beyond uint64
+	for _, b := range online.Distribution {
+		if b.UpToPercent == 400 { // 250 ms is 250% of the goal
+			beyond = b.Calls
+		}
+	}
+	if beyond != 2 {
+		t.Errorf("distribution %+v: want the 2 slow calls in the bucket up to 400%%", online.Distribution)
+	}
+	if len(r.Environments) != 1 || r.Environments[0].Here != "serving" || r.Environments[0].HighWaterMark != 1 {
+		t.Errorf("environments %+v, want orders serving here, high-water mark 1", r.Environments)
+	}
+	out, err := n.scdctl("report")
+	must(t, err)
+	t.Logf("scdctl report:\n%s", out)
+	for _, want := range []string{"CLASS", "ONLINE", "90% within 100ms", "90.0%", "orders", "serving", "spare CPUs by importance"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("scdctl report lacks %q", want)
+		}
+	}
+	m := n.metrics()
+	for _, want := range []string{
+		`tpsched_wlm_calls_total{class="ONLINE"} 20`,
+		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="1"} 18`,
+		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="+Inf"} 20`,
+		`tpsched_wlm_goal_seconds{class="ONLINE"} 0.1`,
+		`tpsched_wlm_environment_high_water_mark{environment="orders"} 1`,
+		`# HELP tpsched_wlm_performance_index `,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, grep(m, "tpsched_wlm"))
+		}
+	}
+	before := uapPIDs(t, n, "orders")
+	out, err = n.scdctl("refresh", "orders")
+	if err != nil {
+		t.Fatalf("scdctl refresh: %v\n%s", err, out)
+	}
+	t.Logf("scdctl refresh orders:\n%s", out)
+	after := uapPIDs(t, n, "orders")
+	if len(before) != 1 || len(after) != 1 || before[0] == after[0] {
+		t.Errorf("processes %v before refresh, %v after: want one, replaced", before, after)
+	}
+	if _, err := c.Call(ctxT(t, 10*time.Second), "orders", "echo", nil); err != nil {
+		t.Errorf("call after refresh: %v", err)
+	}
+	if out, err := n.scdctl("quiesce", "nosuch"); err == nil || !strings.Contains(out, "not an application environment") {
+		t.Errorf("quiesce of an unknown environment: %v\n%s", err, out)
+	}
+}
