@@ -581,8 +581,8 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 	dir := defDir(t, "", map[string]string{"orders": ordersServer})
 	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
 	n := startNode(t, "-c", dir)
-	if out, err := n.scdctl("prc", "orders"); err != nil || strings.Contains(out, "resident") {
-		t.Errorf("before any call, orders has processes or prc failed: %v\n%s", err, out)
+	if out, err := n.scdctl("prc", "orders"); err != nil || strings.Contains(out, "resident") || strings.Contains(out, "changed by chprc") {
+		t.Errorf("before any call, orders has processes, prc failed or says its counts changed: %v\n%s", err, out)
 	}
 	c := n.client()
 	for i := range 20 {

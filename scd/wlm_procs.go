@@ -191,11 +191,14 @@ func (e *envProcs) Stop(ctx context.Context) error {
 	return nil
 }
 
+// ParallelCount without a server here is what the next one starts with:
+// the definition's counts, at least one resident.
 func (e *envProcs) ParallelCount() (resident, maxProcs int) {
 	if p := e.cur(); p != nil {
 		return p.ParallelCount()
 	}
-	return 0, 0
+	r := max(e.spec.Resident, 1)
+	return r, max(e.spec.Max, r)
 }
 
 func (e *envProcs) SetParallelCount(resident, maxProcs int) ([]bool, error) {
