@@ -326,9 +326,10 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// TestWLMConcurrentFirstCallsStartOne: calls for an environment no node
-// serves, sent at once through all three nodes, wait for one server and
-// are all served by it: one start in the cluster, not three.
+// TestWLMConcurrentFirstCallsStartOne: calls and finds for an environment
+// no node serves, sent at once through all three nodes, wait for one server
+// and are all served by it (the finds name it): one start in the cluster,
+// not three.
 func TestWLMConcurrentFirstCallsStartOne(t *testing.T) {
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{})
@@ -336,6 +337,7 @@ func TestWLMConcurrentFirstCallsStartOne(t *testing.T) {
 	var wg sync.WaitGroup
 	pids := make(chan string, 3*perNode)
 	start := make(chan struct{})
+	found := make(chan string, 3)
 	for i, n := range wc.nodes {
 		c := n.client()
 		for range perNode {
@@ -349,10 +351,27 @@ func TestWLMConcurrentFirstCallsStartOne(t *testing.T) {
 				pids <- string(out)
 			})
 		}
+		wg.Go(func() {
+			<-start
+			nodes, err := c.FindServer(ctxT(t, 25*time.Second), "orders")
+			if err != nil || len(nodes) != 1 {
+				t.Errorf("find through n%d: %v, %v; want one server", i, nodes, err)
+				return
+			}
+			found <- nodes[0].Addr
+		})
 	}
 	close(start)
 	wg.Wait()
 	close(pids)
+	close(found)
+	addrs := map[string]bool{}
+	for a := range found {
+		addrs[a] = true
+	}
+	if len(addrs) != 1 {
+		t.Errorf("the finds named servers %v, want one", addrs)
+	}
 	distinct := map[string]bool{}
 	for p := range pids {
 		distinct[p] = true
