@@ -544,9 +544,8 @@ func TestWLMMissedGoalGrowsAndKeepsHighWater(t *testing.T) {
 	}
 	first := fmt.Sprintf("n%d", got[0])
 	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() { stop(); wg.Wait() }() // also when the test fails
 	var failures sync.Map
 	for i, n := range wc.nodes {
 		c := n.client()
@@ -676,4 +675,122 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 	if out, err := n.scdctl("quiesce", "nosuch"); err == nil || !strings.Contains(out, "not an application environment") {
 		t.Errorf("quiesce of an unknown environment: %v\n%s", err, out)
 	}
+}
+
+// TestWLMWeightsForMissedGoal: one node on one CPU; batch work of
+// importance 3 burns it; an importance-1 class with a tight goal (90% of
+// 4 ms CPU calls within 10 ms) misses while the CPU is shared at equal
+// weights. Goal management gives the online group's cgroup more CPU
+// shares and the batch group's fewer (read back from cgroup v1's
+// cpu.shares of their processes), and the online class's performance
+// index falls.
+func TestWLMWeightsForMissedGoal(t *testing.T) {
+	skipShort(t)
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.shares"); err != nil {
+		t.Skip("needs the cgroup v1 cpu controller at /sys/fs/cgroup/cpu (this test reads cpu.shares back)")
+	}
+	cpus := cpuList(t)
+	online := strings.ReplaceAll(`set service_group = "online"
+set service = "cpu=cpu"
+set module = MODULE
+set parallel_count = 1
+`, "MODULE", strconv.Quote(bin("uap-echo")))
+	batch := strings.ReplaceAll(`set service_group = "batch"
+set service = "cpu=cpu"
+set module = MODULE
+set parallel_count = 2
+set queue_size = 64
+`, "MODULE", strconv.Quote(bin("uap-echo")))
+	dir := defDir(t, "", map[string]string{"online": online, "batch": batch})
+	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(`set policy_interval = 1
+set default_class = BATCH
+class -n ONLINE -i 1 -t 10 -p 90
+class -n BATCH -i 3 -t 60000
+classify -g online -c ONLINE
+`), 0o644))
+	n := startCommand(t, "taskset", "-c", cpus[len(cpus)-1], bin("scdd"), "-c", dir)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }() // also when the test fails
+	c := n.client()
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				_, _ = c.Call(cctx, "batch", "cpu", []byte("50000"))
+				cancel()
+			}
+		})
+	}
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			_, _ = c.Call(cctx, "online", "cpu", []byte("4000"))
+			cancel()
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	weights := func(r scd.Report) (on, ba int) {
+		for _, g := range r.Groups {
+			switch g.Group {
+			case "online":
+				on = g.Weight
+			case "batch":
+				ba = g.Weight
+			}
+		}
+		return on, ba
+	}
+	var missed scd.Report
+	waitFor(t, 15*time.Second, "ONLINE to miss its goal at equal weights", func() bool {
+		missed = n.report(t)
+		return missed.Missing == "ONLINE" && missed.Classes[0].PI != nil
+	}, func() string { b, _ := json.Marshal(n.report(t)); return string(b) })
+	before := *missed.Classes[0].PI
+	t.Logf("ONLINE misses: PI %.2f; %s", before, missed.Action)
+	var last scd.Report
+	waitFor(t, 30*time.Second, "online's weight to rise to the bound and batch's to fall to it", func() bool {
+		last = n.report(t)
+		on, ba := weights(last)
+		return on == 10000 && ba == 1 || last.Classes[0].PI != nil && *last.Classes[0].PI <= 1 && on > 100 && ba < 100
+	}, func() string {
+		on, ba := weights(n.report(t))
+		return fmt.Sprintf("weights online %d, batch %d", on, ba)
+	})
+	on, ba := weights(last)
+	for group, want := range map[string]int{"online": on, "batch": ba} {
+		pid := uapPIDs(t, n, group)[0]
+		cg := cpuCgroupOf(t, pid)
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", cg, "cpu.shares"))
+		must(t, err)
+		shares, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		must(t, err)
+		if wantShares := min(max(want*1024/100, 2), 262144); shares != wantShares {
+			t.Errorf("%s: cpu.shares %d, want %d (weight %d)", group, shares, wantShares, want)
+		}
+	}
+	// Three intervals at the new weights make the whole window.
+	time.Sleep(3500 * time.Millisecond)
+	after := n.report(t)
+	if after.Classes[0].PI == nil {
+		t.Fatal("ONLINE has no performance index after the weights changed")
+	}
+	t.Logf("ONLINE PI %.2f at weights 100/100, %.2f at online %d, batch %d", before, *after.Classes[0].PI, on, ba)
+	if *after.Classes[0].PI >= before {
+		t.Errorf("ONLINE's PI %.2f did not fall from %.2f when its weight rose", *after.Classes[0].PI, before)
+	}
+}
+
+// cpuCgroupOf is pid's cgroup on the v1 cpu hierarchy.
+func cpuCgroupOf(t *testing.T, pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	must(t, err)
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 && slices.Contains(strings.Split(f[1], ","), "cpu") {
+			return f[2]
+		}
+	}
+	t.Fatalf("pid %d has no cpu cgroup: %s", pid, b)
+	return ""
 }
