@@ -227,6 +227,7 @@ func (n *Node) Start() (err error) {
 		n.pm = procmgrManager{procmgr.New(procmgr.Options{
 			Logger:        n.log,
 			NodeCap:       n.cfg.System.MaxProcesses,
+			SchedBatch:    n.cfg.System.UAPSchedBatch,
 			MemoryReserve: n.cfg.System.MemoryReserve,
 			Meter:         n.meter,
 		})}
