@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -38,6 +39,11 @@ type Group struct {
 	mem       []byte
 	gp        *groupPage
 	epfd      int
+	// doorbells is epfd as a file in Go's netpoller: the reader sleeps
+	// there, holding no P in a blocking syscall (one that does makes
+	// sysmon take the P back every 10 ms and poll again every 20 us).
+	doorbells *os.File
+	bellsConn syscall.RawConn
 	procs     []atomic.Pointer[Proc] // by slot, for Wait's lock-free look
 	spin      spinner
 	events    []unix.EpollEvent
@@ -79,6 +85,19 @@ func NewGroup(name string, maxMessage, slots, mailboxes int) (*Group, error) {
 		g.epfd = -1
 		g.unmap()
 		return nil, fmt.Errorf("shm: group %s: %w", name, os.NewSyscallError("epoll_create1", err))
+	}
+	// An epoll fd is readable while events wait in it, so the netpoller
+	// can watch it like a socket.
+	if err := unix.SetNonblock(g.epfd, true); err != nil {
+		unix.Close(g.epfd)
+		g.epfd = -1
+		g.unmap()
+		return nil, fmt.Errorf("shm: group %s: %w", name, os.NewSyscallError("fcntl O_NONBLOCK", err))
+	}
+	g.doorbells = os.NewFile(uintptr(g.epfd), "epoll:tpsched-"+name+"-doorbells")
+	if g.bellsConn, err = g.doorbells.SyscallConn(); err != nil {
+		g.unmap()
+		return nil, fmt.Errorf("shm: group %s: doorbells: %w", name, err)
 	}
 	return g, nil
 }
@@ -215,8 +234,7 @@ func (g *Group) Wait(timeout time.Duration) {
 		g.spin.learn(time.Since(start))
 		return
 	}
-	ms := int(min(timeout, maxSleep).Milliseconds())
-	n, err := unix.EpollWait(g.epfd, g.events, max(ms, 1))
+	n, err := g.sleep(min(timeout, maxSleep))
 	g.gp.sleeping.Store(0)
 	if err == nil {
 		for _, ev := range g.events[:n] {
@@ -230,6 +248,28 @@ func (g *Group) Wait(timeout time.Duration) {
 	} else {
 		g.spin.learn(-1)
 	}
+}
+
+// sleep waits up to d for a doorbell and returns the events, through the
+// netpoller (see doorbells).
+func (g *Group) sleep(d time.Duration) (int, error) {
+	if err := g.doorbells.SetReadDeadline(time.Now().Add(d)); err != nil {
+		// Not in the netpoller (it refused the fd): block in epoll_wait.
+		return unix.EpollWait(g.epfd, g.events, max(int(d.Milliseconds()), 1))
+	}
+	var n int
+	var werr error
+	err := g.bellsConn.Read(func(fd uintptr) bool {
+		n, werr = unix.EpollWait(int(fd), g.events, 0)
+		return n > 0 || (werr != nil && werr != unix.EINTR)
+	})
+	if werr != nil {
+		return 0, werr
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, err
+	}
+	return n, nil
 }
 
 // Close tells every process that the node is stopping: each leaves once it
@@ -264,7 +304,10 @@ func (g *Group) unmap() error {
 		err = errors.Join(err, g.page.Close())
 		g.page = nil
 	}
-	if g.epfd >= 0 {
+	if g.doorbells != nil {
+		err = errors.Join(err, g.doorbells.Close()) // closes epfd
+		g.doorbells, g.epfd = nil, -1
+	} else if g.epfd >= 0 {
 		err = errors.Join(err, unix.Close(g.epfd))
 		g.epfd = -1
 	}
