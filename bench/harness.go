@@ -130,7 +130,11 @@ type runOptions struct {
 	Timeout  time.Duration // open loop: per call
 	Quiet    Quiet
 	Log      io.Writer
+	progress *progress // the session's, for its progress lines
 }
+
+// stepTime is one run's plan: its warm-up, measured time and slack.
+func (o runOptions) stepTime() time.Duration { return o.Warmup + o.Duration + stepSlack }
 
 // measure runs every cell on every system, opts.Runs times, interleaved:
 // in each cell, run r goes through the systems rotated by r (and reversed
@@ -205,6 +209,12 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 					fig.LoadgenCPUus, fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU)
 			}
 		}
+		// Each system's runs of the cell are steps of the plan, also those
+		// that failed (their time is spent either way).
+		for range opts.Runs * len(systems) {
+			opts.progress.step(opts.stepTime())
+		}
+		opts.progress.report(fmt.Sprintf("cell %d/%d (%s %s x %d) done", ci+1, len(cells), c.Service, payloadName(*c), c.Conns))
 	}
 	for ci := range cells {
 		for si := range systems {

@@ -58,7 +58,8 @@ func poll[T any](ctx context.Context, every time.Duration, read func() (T, bool)
 // on, the reason in skipped) and runErr if the run failed (no more runs of
 // it; the error ends up in skipped too, unless some run succeeded, and is
 // returned per system). ok(i) says whether system i has a run to report.
-func interleaved(ctx context.Context, log io.Writer, names []string, runs int, alternate bool,
+// Each run is a step of pr's plan, planned to take per.
+func interleaved(ctx context.Context, log io.Writer, pr *progress, per time.Duration, names []string, runs int, alternate bool,
 	skipped map[string]string, once func(r, i int) (startErr, runErr error), ok func(i int) bool) ([]string, error) {
 	errs := make([]string, len(names))
 	for r := range runs {
@@ -74,14 +75,18 @@ func interleaved(ctx context.Context, log io.Writer, names []string, runs int, a
 				continue
 			}
 			startErr, runErr := once(r, si)
+			pr.step(per)
 			switch {
 			case startErr != nil:
 				fmt.Fprintf(log, "  %s not started: %v\n", names[si], startErr)
 				skipped[names[si]] = oneLine(startErr.Error())
+				pr.drop(runs-r-1, per)
 			case runErr != nil:
 				errs[si] = runErr.Error()
 				fmt.Fprintf(log, "  run %d %-24s error: %v\n", r+1, names[si], runErr)
+				pr.drop(runs-r-1, per)
 			}
+			pr.report(fmt.Sprintf("run %d/%d of %s done", r+1, runs, names[si]))
 		}
 	}
 	for i, e := range errs {

@@ -63,18 +63,27 @@ func s3Systems(env Env, sp Spec) []s3System {
 	}
 }
 
+// s3Sizing is the step profile and the runs per system of the session.
+func s3Sizing(cfg Config) (stepLoad, int) {
+	if cfg.Quick {
+		return s3QuickLoad, 1
+	}
+	return s3Load, cfg.Runs
+}
+
+// s3RunTime is one S3 run's plan: the profile, and starting the system.
+func s3RunTime(sl stepLoad) time.Duration { return sl.End() + startSlack }
+
 // runS3 runs the step on each system, runs times interleaved (the order
 // rotates, and reverses, between runs), each run on a freshly started
 // system so every one begins from the same idle pool.
 func runS3(ctx context.Context, cfg Config,
 	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
-	sl, runs := s3Load, cfg.Runs
-	if cfg.Quick {
-		sl, runs = s3QuickLoad, 1
-	}
+	sl, runs := s3Sizing(cfg)
 	systems := slices.DeleteFunc(s3Systems(cfg.Env, cfg.Spec), func(s s3System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
 	})
+	cfg.progress.begin(plan("S3", len(systems)*runs, s3RunTime(sl)))
 	results := make([]stepResult, len(systems))
 	traces := make([][]stepTrace, len(systems))
 	skipped := map[string]string{}
@@ -85,7 +94,7 @@ func runS3(ctx context.Context, cfg Config,
 		names[i] = sys.name
 		results[i].System, results[i].Config = sys.name, sys.config
 	}
-	errs, err := interleaved(ctx, cfg.Log, names, runs, true, skipped, func(r, si int) (error, error) {
+	errs, err := interleaved(ctx, cfg.Log, cfg.progress, s3RunTime(sl), names, runs, true, skipped, func(r, si int) (error, error) {
 		s, err := systems[si].start()
 		if err != nil {
 			return err, nil

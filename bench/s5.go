@@ -306,6 +306,28 @@ func s5Capacity(ctx context.Context, cfg Config, opts runOptions, capacity map[s
 		cores, queue, conns, len(m.Runs)), nil
 }
 
+// s5Timing is each S5 run's warm-up and measured time, and the runs per
+// system.
+func s5Timing(cfg Config, opts runOptions) (runOptions, int) {
+	o := opts
+	o.Warmup = given(cfg.S5Warmup, s5Warmup, s5Warmup, cfg.Quick)
+	o.Duration = given(cfg.S5Duration, s5Duration, s5QuickDuration, cfg.Quick)
+	// The group's runs vary more from one to the next than a fixed pool's
+	// (16 processes time-sharing 2 cores), so the full run takes at least
+	// S5Runs of them.
+	runs := cfg.Runs
+	if !cfg.Quick {
+		runs = max(runs, s5Runs)
+	}
+	return o, runs
+}
+
+// s5Plan is S5 on n systems: the capacity runs (capOpts), then runs of o
+// per system, each on a node started afresh.
+func s5Plan(n int, capOpts, o runOptions, runs int) scenarioPlan {
+	return plan("S5", capOpts.Runs, capOpts.stepTime()).and(n*runs, o.stepTime()+startSlack)
+}
+
 // runS5 offers the same open-loop rate, above capacity, to tpsched with the
 // CPU guard and without, cfg.Runs times each (at least S5Runs in the full
 // run), alternating which goes first, each run on a freshly started node
@@ -323,16 +345,7 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 	if queue <= 0 {
 		queue = S5Queue
 	}
-	o := opts
-	o.Warmup = given(cfg.S5Warmup, s5Warmup, s5Warmup, cfg.Quick)
-	o.Duration = given(cfg.S5Duration, s5Duration, s5QuickDuration, cfg.Quick)
-	// The group's runs vary more from one to the next than a fixed pool's
-	// (16 processes time-sharing 2 cores), so the full run takes at least
-	// S5Runs of them.
-	runs := cfg.Runs
-	if !cfg.Quick {
-		runs = max(runs, s5Runs)
-	}
+	o, runs := s5Timing(cfg, opts)
 	sp := Spec{Workers: s5Max, Front: cfg.Spec.Front, Queue: queue}
 	systems := slices.DeleteFunc(s5Systems(cfg.Env, sp, limit), func(s s5System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
@@ -343,6 +356,7 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 	}
 	capOpts := opts
 	capOpts.Runs = cfg.Runs
+	cfg.progress.begin(s5Plan(len(systems), capOpts, o, runs))
 	capRate, capFrom, err := s5Capacity(ctx, cfg, capOpts, capacity, cores, queue)
 	if err != nil {
 		return fmt.Errorf("S5: %w", err)
@@ -363,7 +377,7 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 		names[i] = sys.name
 		results[i].System, results[i].Config, results[i].WaitLimit = sys.name, sys.config, sys.limit
 	}
-	errs, err := interleaved(ctx, cfg.Log, names, runs, false, skipped, func(r, si int) (error, error) {
+	errs, err := interleaved(ctx, cfg.Log, cfg.progress, o.stepTime()+startSlack, names, runs, false, skipped, func(r, si int) (error, error) {
 		s, err := systems[si].start()
 		if err != nil {
 			return err, nil

@@ -538,6 +538,25 @@ func clusterVerdict(results []clusterResult, target float64) string {
 	return b.String()
 }
 
+// s6Timing is each S6 run's warm-up and measured time, and the runs per
+// system.
+func s6Timing(cfg Config, opts runOptions) runOptions {
+	o := opts
+	o.Warmup = given(cfg.S6Warmup, s6Warmup, s6QuickWarmup, cfg.Quick)
+	o.Duration = given(cfg.S6Duration, s6Duration, s6QuickDuration, cfg.Quick)
+	// OpenTP1's rule varies more from one run to the next (a fast node's
+	// level flips now and then), so the full run takes at least S6Runs.
+	o.Runs = cfg.Runs
+	if !cfg.Quick {
+		o.Runs = max(o.Runs, s6Runs)
+	}
+	return o
+}
+
+// s6RunTime is one S6 run's plan: three nodes started and joined, then
+// the run.
+func s6RunTime(o runOptions) time.Duration { return o.stepTime() + 3*startSlack }
+
 // runS6 offers the same open-loop rate to the three rules, cfg.Runs times
 // each, rotating which goes first, each run on three freshly started nodes.
 func runS6(ctx context.Context, cfg Config, opts runOptions,
@@ -546,9 +565,7 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 	if factor <= 0 {
 		factor = S6Load
 	}
-	o := opts
-	o.Warmup = given(cfg.S6Warmup, s6Warmup, s6QuickWarmup, cfg.Quick)
-	o.Duration = given(cfg.S6Duration, s6Duration, s6QuickDuration, cfg.Quick)
+	o := s6Timing(cfg, opts)
 	queue := cfg.S6Queue
 	if queue <= 0 {
 		queue = S6Queue
@@ -565,12 +582,6 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 		setup.Capacity += c
 	}
 	setup.Rate = factor * setup.Capacity
-	// OpenTP1's rule varies more from one run to the next (a fast node's
-	// level flips now and then), so the full run takes at least S6Runs.
-	o.Runs = cfg.Runs
-	if !cfg.Quick {
-		o.Runs = max(o.Runs, s6Runs)
-	}
 	systems := slices.DeleteFunc(s6Systems(), func(s s6System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
 	})
@@ -578,6 +589,7 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 		fmt.Fprintf(cfg.Log, "S6: none of its systems selected\n")
 		return nil
 	}
+	cfg.progress.begin(plan("S6", len(systems)*o.Runs, s6RunTime(o)))
 	results := make([]clusterResult, len(systems))
 	cdfs := make([][][]cdfPoint, len(systems))
 	skipped := map[string]string{}
@@ -588,7 +600,7 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 		names[i] = sys.name
 		results[i].System, results[i].Config = sys.name, sys.sched
 	}
-	errs, err := interleaved(ctx, cfg.Log, names, o.Runs, false, skipped, func(r, si int) (error, error) {
+	errs, err := interleaved(ctx, cfg.Log, cfg.progress, s6RunTime(o), names, o.Runs, false, skipped, func(r, si int) (error, error) {
 		sys := systems[si]
 		c, err := startCluster(cfg.Env, sys.name, s6IPs, sys.schedLines(), s6Slow, s6Slowdown, queue)
 		if err != nil {

@@ -49,6 +49,22 @@ type Config struct {
 	// in the parent of Out, the full grid with Out/quick.
 	Compare string
 	Log     io.Writer
+	// progress is the session's, made by Run.
+	progress *progress
+}
+
+// selected is those of list the session measures (Systems, or all).
+func (cfg Config) selected(list []string) []string {
+	if len(cfg.Systems) == 0 {
+		return list
+	}
+	var out []string
+	for _, n := range list {
+		if slices.Contains(cfg.Systems, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // A grid is a closed-loop scenario measured over cells on systems that
@@ -151,10 +167,7 @@ var starters = map[string]func(Env, Spec) (*system, error){
 func startAll(cfg Config, sp Spec, list []string) ([]*system, map[string]string) {
 	var systems []*system
 	skipped := map[string]string{}
-	for _, name := range list {
-		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, name) {
-			continue
-		}
+	for _, name := range cfg.selected(list) {
 		fmt.Fprintf(cfg.Log, "starting %s\n", name)
 		s, err := starters[name](cfg.Env, sp)
 		if err != nil {
@@ -192,6 +205,9 @@ func Run(ctx context.Context, cfg Config) error {
 	machine.Peers = peerVersions()
 	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
+	cfg.progress = newProgress(cfg.Log, nil, sessionPlan(cfg, opts))
+	opts.progress = cfg.progress
+	cfg.progress.announce()
 	newReport := func(id, title string, systems []string, skipped map[string]string, o runOptions) *report {
 		return &report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
 			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
@@ -229,6 +245,7 @@ func Run(ctx context.Context, cfg Config) error {
 			on := slices.DeleteFunc(slices.Clone(systems), func(s *system) bool { return !slices.Contains(in, s.Name) })
 			cells := g.cells(cfg.Quick)
 			fmt.Fprintf(cfg.Log, "%s: %s, %d cells x %d systems x %d runs\n", g.id, g.title(cfg.Spec), len(cells), len(on), opts.Runs)
+			cfg.progress.begin(plan(g.id, len(cells)*len(on)*opts.Runs, opts.stepTime()))
 			measure(ctx, opts, on, cells, nil)
 			r := newReport(g.id, g.title(cfg.Spec), names(on), pick(skipped, in...), opts)
 			r.Cells = cells
@@ -291,12 +308,33 @@ func Run(ctx context.Context, cfg Config) error {
 	return nil
 }
 
+// S4's systems, and its options: warm-up and measured time twice the
+// grids'.
+var s4Systems = []string{nameTpsched, namePHPStatic, nameHAProxy}
+
+func s4Options(opts runOptions) runOptions {
+	o := opts
+	o.Warmup = 2 * opts.Warmup
+	o.Duration = 2 * opts.Duration
+	return o
+}
+
+// s4Plan is S4 on n systems, measuring their capacity first unless S2 did.
+func s4Plan(n int, opts runOptions, needCapacity bool) scenarioPlan {
+	p := plan("S4", n*opts.Runs, s4Options(opts).stepTime())
+	if needCapacity {
+		p = p.and(n*opts.Runs, opts.stepTime())
+	}
+	return p
+}
+
 func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
 	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
 	sp := cfg.Spec
 	sp.Queue = cfg.S4Queue
-	systems, skipped := startAll(cfg, sp, []string{nameTpsched, namePHPStatic, nameHAProxy})
+	systems, skipped := startAll(cfg, sp, s4Systems)
 	defer stopAll(systems)
+	cfg.progress.begin(s4Plan(len(systems), opts, len(capacity) == 0))
 	if len(capacity) == 0 {
 		// S2 was not run: measure capacity now, closed loop with fewer
 		// connections than the queue holds, so nothing is refused.
@@ -317,9 +355,7 @@ func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 		}
 		return false
 	})
-	o := opts
-	o.Warmup = 2 * opts.Warmup
-	o.Duration = 2 * opts.Duration
+	o := s4Options(opts)
 	cells := []gridCell{{Service: "burn", Conns: s4Carriers, Open: true}}
 	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", burnMicros, capacity)
 	measure(ctx, o, systems, cells, func(system string, _ *gridCell) float64 { return 2 * capacity[system] })
