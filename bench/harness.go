@@ -88,6 +88,12 @@ type report struct {
 	ClusterResults []clusterResult `json:"cluster_results,omitempty"`
 	// S7: announce propagation over many nodes (Cells is empty).
 	Gossip *gossipResult `json:"gossip,omitempty"`
+	// S8: skewed connections, hash against steering (Cells is empty).
+	Skew        *skewSetup   `json:"skew,omitempty"`
+	SkewResults []skewResult `json:"skew_results,omitempty"`
+	// S9: a node restarted under load (Cells is empty).
+	Restart        *restartSetup   `json:"restart,omitempty"`
+	RestartResults []restartResult `json:"restart_results,omitempty"`
 	// The grids' check on their own figures (S1, S2, S4).
 	Validity *validity `json:"validity,omitempty"`
 }

@@ -264,7 +264,20 @@ func startTpschedGuard(env Env, sp Spec, name string, resident, maxProcs, balanc
 }
 
 func startTpschedConf(env Env, sp Spec, name, module, parallel, usrExtra string) (*system, error) {
-	s, err := newSystem(name)
+	return startTpschedWith(env, sp, tpschedConf{name: name, module: module, parallel: parallel, usrExtra: usrExtra})
+}
+
+// tpschedConf is what a tpsched system's definitions and process have
+// beyond Spec.
+type tpschedConf struct {
+	name, module, parallel string
+	usrExtra               string   // more lines of usr/bench
+	sysExtra               string   // more lines of sysconf
+	environ                []string // more of scdd's environment
+}
+
+func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
+	s, err := newSystem(tc.name)
 	if err != nil {
 		return nil, err
 	}
@@ -278,30 +291,30 @@ func startTpschedConf(env Env, sp Spec, name, module, parallel, usrExtra string)
 			return err
 		}
 		host, port, _ := net.SplitHostPort(rpc)
-		uap, err := filepath.Abs(filepath.Join(env.Bin, module))
+		uap, err := filepath.Abs(filepath.Join(env.Bin, tc.module))
 		if err != nil {
 			return err
 		}
 		if _, err := os.Stat(uap); err != nil {
-			return fmt.Errorf("the UAP %s: %w (make build makes it)", module, err)
+			return fmt.Errorf("the UAP %s: %w (make build makes it)", tc.module, err)
 		}
 		scdd, err := filepath.Abs(filepath.Join(env.Bin, "scdd"))
 		if err != nil {
 			return err
 		}
 		files := map[string]string{
-			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n", host, port, ctl),
+			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n%s", host, port, ctl, tc.sysExtra),
 			"conf/scdsvcdef": fmt.Sprintf("set scdmulti = %d\n", sp.Front),
 			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\", \"cpu=cpu\"\n"+
 				"set module = %q\nset parallel_count = %s\nset queue_size = %d\nset max_message_size = 1048576\n%s",
-				uap, parallel, sp.Queue, usrExtra),
+				uap, tc.parallel, sp.Queue, tc.usrExtra),
 		}
 		if err := writeFiles(s.dir, files); err != nil {
 			return err
 		}
 		s.status = "http://" + ctl + "/status"
 		s.workers = func() (int, error) { return tpschedWorkers(s.status, "bench") }
-		return s.start("scdd.log", nil, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
+		return s.start("scdd.log", tc.environ, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
 	})
 }
 

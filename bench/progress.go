@@ -201,5 +201,21 @@ func sessionPlan(cfg Config, opts runOptions) []scenarioPlan {
 	if want("S7") {
 		out = append(out, s7Plan(s7Sizing(cfg)))
 	}
+	if want("S8") {
+		var names []string
+		for _, sys := range s8Systems() {
+			names = append(names, sys.name)
+		}
+		o := s8Timing(cfg, opts)
+		out = append(out, plan("S8", len(cfg.selected(names))*o.Runs, s8RunTime(o)))
+	}
+	if want("S9") {
+		var names []string
+		for _, sys := range s9Systems() {
+			names = append(names, sys.name)
+		}
+		setup, runs := s9Sizing(cfg)
+		out = append(out, plan("S9", len(cfg.selected(names))*runs, s9RunTime(setup)))
+	}
 	return out
 }

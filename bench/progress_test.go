@@ -84,15 +84,15 @@ func TestRoughly(t *testing.T) {
 // selected systems x runs for the grids, runs per system for the others.
 func TestSessionPlan(t *testing.T) {
 	opts := runOptions{Runs: 3, Warmup: 250 * time.Millisecond, Duration: 750 * time.Millisecond}
-	cfg := Config{Quick: true, Runs: 3, Scenarios: []string{"S1", "S3", "S4", "S6"}, Systems: []string{nameTpsched, namePHPStatic, nameClusterP2C}}
+	cfg := Config{Quick: true, Runs: 3, Scenarios: []string{"S1", "S3", "S4", "S6", "S9"}, Systems: []string{nameTpsched, namePHPStatic, nameClusterP2C}}
 	got := map[string]scenarioPlan{}
 	var order []string
 	for _, p := range sessionPlan(cfg, opts) {
 		got[p.id] = p
 		order = append(order, p.id)
 	}
-	if strings.Join(order, ",") != "S1,S3,S4,S6" {
-		t.Fatalf("order %v, want S1,S3,S4,S6", order)
+	if strings.Join(order, ",") != "S1,S3,S4,S6,S9" {
+		t.Fatalf("order %v, want S1,S3,S4,S6,S9", order)
 	}
 	step := opts.stepTime()
 	// S1 quick: 2 payloads x 2 connection counts, 2 of its systems selected.
@@ -110,5 +110,8 @@ func TestSessionPlan(t *testing.T) {
 	}
 	if p := got["S6"]; p.steps != 3 || p.planned != 3*s6RunTime(s6Timing(cfg, opts)) {
 		t.Errorf("S6: %+v, want the P2C system's 3 runs", p)
+	}
+	if p := got["S9"]; p.steps != 0 {
+		t.Errorf("S9: %+v, want no step (none of its systems selected)", p)
 	}
 }

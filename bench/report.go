@@ -48,6 +48,10 @@ func (r *report) Markdown() string {
 		r.writeCluster(&b)
 	case r.Gossip != nil:
 		r.writeGossip(&b)
+	case r.Skew != nil:
+		r.writeSkew(&b)
+	case r.Restart != nil:
+		r.writeRestart(&b)
 	default:
 		r.writeGrid(&b)
 	}

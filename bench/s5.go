@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"tpsched/netio"
 	"tpsched/scd/def"
 )
 
@@ -67,7 +68,7 @@ type statusSample struct {
 	MachineSteal float64 `json:"machine_steal_seconds"`
 }
 
-// nodeStatus is the part of tpsched's /status that S5 reads.
+// nodeStatus is the part of tpsched's /status that S5 and S8 read.
 type nodeStatus struct {
 	Probes struct {
 		Name      string `json:"name"`
@@ -79,7 +80,9 @@ type nodeStatus struct {
 		NonResidentStops  uint64 `json:"nonresident_stops"`
 		CPUGuardHolds     uint64 `json:"cpu_guard_holds"`
 	} `json:"scaling"`
-	Groups []struct {
+	// Steering: how each receiver group's new connections are placed (S8).
+	Steering []netio.SteeringStatus `json:"steering"`
+	Groups   []struct {
 		statusGroup
 		QueueDepth int `json:"queue_depth"`
 		Usage      struct {

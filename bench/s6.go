@@ -742,7 +742,7 @@ func s6Setup(g clusterSetup, o runOptions, quick bool, systems []s6System, loadg
 	return out
 }
 
-// plotClusterCDF draws S6's latency distributions with PlotCDF.
+// plotClusterCDF draws S6's latency distributions.
 func plotClusterCDF(r *report, dir string) (string, error) {
 	if r.Cluster == nil {
 		return "", nil
@@ -751,9 +751,7 @@ func plotClusterCDF(r *report, dir string) (string, error) {
 	for _, res := range r.ClusterResults {
 		c.Results = append(c.Results, measurement{System: res.System, CDF: res.CDF})
 	}
-	tmp := *r
-	tmp.Cells = []gridCell{c}
-	return plotCDF(&tmp, dir, "sleep", 0, r.Cluster.Carriers)
+	return plotRunCDFs(r, dir, c)
 }
 
 // writeCluster writes S6: the figures of each rule, each node's share

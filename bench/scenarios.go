@@ -18,7 +18,7 @@ type Config struct {
 	Env       Env
 	Out       string   // directory for the reports
 	Quick     bool     // the development grid
-	Scenarios []string // of S1 to S7
+	Scenarios []string // of S1 to S9
 	Runs      int
 	Warmup    time.Duration
 	Duration  time.Duration
@@ -41,8 +41,11 @@ type Config struct {
 	S7Nodes  int
 	S7Probes int
 	S7Quiet  time.Duration
-	Systems  []string // only these systems (by report name); empty: all
-	Quiet    Quiet    // keeping other tenants out of the figures
+	// S8: receiving sockets and heavy connections (0: the defaults).
+	S8Receivers int
+	S8Heavy     int
+	Systems     []string // only these systems (by report name); empty: all
+	Quiet       Quiet    // keeping other tenants out of the figures
 	// Compare is the other grid's reports (a directory) or one report:
 	// S1, S2 and S4 flag the systems that moved between the two grids
 	// beyond the noise. Empty: the quick grid compares with the full one
@@ -303,7 +306,23 @@ func Run(ctx context.Context, cfg Config) error {
 		return ctx.Err()
 	}
 	if want("S7") {
-		return runS7(ctx, cfg, newReport)
+		if err := runS7(ctx, cfg, newReport); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S8") {
+		if err := runS8(ctx, cfg, opts, newReport); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S9") {
+		return runS9(ctx, cfg, newReport)
 	}
 	return nil
 }
