@@ -187,6 +187,24 @@ func othersRoots(s *system) []int {
 	return out
 }
 
+// startSystem makes the system name, picks the address it will listen on
+// (reached by the load generator with dial) and starts it with start; it
+// returns once the system answers an echo call, and stops what was
+// started if it does not.
+func startSystem(name string, dial func(addr, svc string) dialer, start func(s *system, addr string) error) (*system, error) {
+	s, err := newSystem(name)
+	if err != nil {
+		return nil, err
+	}
+	return launch(s, "echo", func() error {
+		addr, err := s.takeAddr(dial)
+		if err != nil {
+			return err
+		}
+		return start(s, addr)
+	})
+}
+
 // launch finishes starting s: on error it stops what was started.
 func launch(s *system, probe string, start func() error) (*system, error) {
 	err := start()
@@ -277,15 +295,8 @@ type tpschedConf struct {
 }
 
 func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
-	s, err := newSystem(tc.name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		rpc, err := s.takeAddr(func(addr, svc string) dialer { return tpschedDialer(addr, "bench", svc) })
-		if err != nil {
-			return err
-		}
+	dial := func(addr, svc string) dialer { return tpschedDialer(addr, "bench", svc) }
+	return startSystem(tc.name, dial, func(s *system, rpc string) error {
 		ctl, err := freeport.Addr()
 		if err != nil {
 			return err
@@ -335,15 +346,7 @@ func startGRPC(env Env, sp Spec) (*system, error) {
 }
 
 func startSelf(env Env, name, kind string, procs int, dial func(addr, svc string) dialer) (*system, error) {
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(dial)
-		if err != nil {
-			return err
-		}
+	return startSystem(name, dial, func(s *system, addr string) error {
 		return s.start(kind+".log", []string{fmt.Sprintf("GOMAXPROCS=%d", procs)},
 			env.Self, "-serve", kind, "-addr", addr, "-loops", fmt.Sprint(procs))
 	})
@@ -427,15 +430,7 @@ func startNginxPHPPool(env Env, sp Spec, name, pm string) (*system, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(httpDial)
-		if err != nil {
-			return err
-		}
+	return startSystem(name, httpDial, func(s *system, addr string) error {
 		sock := filepath.Join(s.dir, "php.sock")
 		files := map[string]string{
 			"www/echo.php": phpEcho,
@@ -516,15 +511,7 @@ func startHAProxy(env Env, sp Spec) (*system, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := newSystem(nameHAProxy)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(httpDial)
-		if err != nil {
-			return err
-		}
+	return startSystem(nameHAProxy, httpDial, func(s *system, addr string) error {
 		var servers strings.Builder
 		shed := ""
 		if sp.Queue < 1024 {

@@ -351,10 +351,23 @@ func plotGuardSeries(r *report, dir, what string) (string, error) {
 	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
 }
 
-// plotRunCDFs draws, with plotCDF, the distributions of a scenario that
-// keeps one per system (its drawn run's) outside the grid: cell is where
-// they were measured, its Results the systems and their CDFs.
-func plotRunCDFs(r *report, dir string, cell gridCell) (string, error) {
+// drawnCDF is what a scenario that keeps one latency distribution per
+// system (its drawn run's) outside the grid gives plotRunCDFs.
+type drawnCDF interface {
+	cdf() (system string, points []cdfPoint)
+}
+
+func (r guardResult) cdf() (string, []cdfPoint)   { return r.System, r.CDF }
+func (r clusterResult) cdf() (string, []cdfPoint) { return r.System, r.CDF }
+func (r skewResult) cdf() (string, []cdfPoint)    { return r.System, r.CDF }
+
+// plotRunCDFs draws, with plotCDF, the distributions of results, measured
+// in cell.
+func plotRunCDFs[R drawnCDF](r *report, dir string, cell gridCell, results []R) (string, error) {
+	for _, res := range results {
+		system, points := res.cdf()
+		cell.Results = append(cell.Results, measurement{System: system, CDF: points})
+	}
 	if len(cell.Results) == 0 {
 		return "", nil
 	}
@@ -368,9 +381,5 @@ func plotGuardCDF(r *report, dir string) (string, error) {
 	if r.Guard == nil {
 		return "", nil
 	}
-	c := gridCell{Service: "cpu", Conns: r.Guard.Carriers, Open: true}
-	for _, res := range r.GuardResults {
-		c.Results = append(c.Results, measurement{System: res.System, CDF: res.CDF})
-	}
-	return plotRunCDFs(r, dir, c)
+	return plotRunCDFs(r, dir, gridCell{Service: "cpu", Conns: r.Guard.Carriers, Open: true}, r.GuardResults)
 }

@@ -2,9 +2,7 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -112,16 +110,8 @@ func (st *nodeStatus) Sample(group string) statusSample {
 }
 
 func readStatus(url string) (*nodeStatus, error) {
-	resp, err := statusClient.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
-	}
 	var st nodeStatus
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if err := getJSON(url, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil
@@ -252,16 +242,13 @@ type guardFigures struct {
 
 // guardResult is one system's S5 runs.
 type guardResult struct {
-	System    string           `json:"system"`
-	Config    string           `json:"config"`
-	WaitLimit int              `json:"cpu_wait_limit"`
-	Probes    string           `json:"cpu_measurement"` // how scdd measured run-queue wait
-	Runs      []guardFigures   `json:"runs"`
-	Median    guardFigures     `json:"median"`
-	Drawn     int              `json:"drawn_run"` // the run with the median throughput: its CDF is drawn
-	CDF       []cdfPoint       `json:"cdf,omitempty"`
-	Samples   [][]statusSample `json:"status_samples,omitempty"` // every run's, in the order of Runs
-	Error     string           `json:"error,omitempty"`
+	System    string `json:"system"`
+	Config    string `json:"config"`
+	WaitLimit int    `json:"cpu_wait_limit"`
+	Probes    string `json:"cpu_measurement"` // how scdd measured run-queue wait
+	runSet[guardFigures]
+	CDF     []cdfPoint       `json:"cdf,omitempty"`            // of the drawn run (median throughput)
+	Samples [][]statusSample `json:"status_samples,omitempty"` // every run's, in the order of Runs
 }
 
 type s5System struct {
@@ -380,47 +367,41 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 		names[i] = sys.name
 		results[i].System, results[i].Config, results[i].WaitLimit = sys.name, sys.config, sys.limit
 	}
-	errs, err := interleaved(ctx, cfg.Log, cfg.progress, o.stepTime()+startSlack, names, runs, false, skipped, func(r, si int) (error, error) {
+	sets := make([]*runSet[guardFigures], len(systems))
+	for i := range results {
+		sets[i] = &results[i].runSet
+	}
+	err = runEach(ctx, cfg, o.stepTime()+startSlack, names, runs, false, skipped, sets, throughputRun, func(r, si int) (guardFigures, error, error) {
 		s, err := systems[si].start()
 		if err != nil {
-			return err, nil
+			return guardFigures{}, err, nil
 		}
 		f, d, probes, err := guardRun(ctx, s, o, setup)
 		s.Stop()
 		if err != nil {
-			return nil, err
+			return guardFigures{}, nil, err
 		}
-		res := &results[si]
-		res.Probes = probes
-		res.Runs = append(res.Runs, f)
+		results[si].Probes = probes
 		traces[si] = append(traces[si], drawn{d.CDF, d.samples})
 		fmt.Fprintf(cfg.Log, "  run %d %-20s %6.0f/s p50 %s p99 %s refused %.0f timed out %.0f; processes mean %.1f max %.0f peak %.0f; wait%% mean %.0f max %.0f, waiting %.2f; holds %.0f (run %.0f), starts %.0f (run %.0f); UAP cpu %.0fus/completed call; machine busy %.2f cores, other %.2f, steal %.2f\n",
 			r+1, names[si], f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs, f.PeakProcs,
 			f.MeanWaitPct, f.MaxWaitPct, f.Waiting, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts, f.UAPCPUus,
 			f.MachineCores, f.OtherCPU, f.StealCores)
-		return nil, nil
-	}, func(i int) bool { return len(results[i].Runs) > 0 })
+		return f, nil, nil
+	})
 	if err != nil {
 		return err
 	}
 	var done []guardResult
-	for i := range results {
-		res := &results[i]
-		res.Error = errs[i]
-		if len(res.Runs) == 0 {
-			continue
-		}
-		res.Median = medianOf(res.Runs)
-		res.Drawn = throughputRun(res.Runs)
-		res.CDF = traces[i][res.Drawn].cdf
-		for _, t := range traces[i] {
-			res.Samples = append(res.Samples, t.samples)
-		}
-		done = append(done, *res)
-	}
 	var reported []string
-	for _, d := range done {
-		reported = append(reported, d.System)
+	for i, res := range results {
+		if len(res.Runs) > 0 {
+			res.CDF = traces[i][res.Drawn].cdf
+			for _, t := range traces[i] {
+				res.Samples = append(res.Samples, t.samples)
+			}
+			done, reported = append(done, res), append(reported, res.System)
+		}
 	}
 	o.Runs = runs
 	title := fmt.Sprintf("the CPU guard: a CPU-bound service offered %.1fx capacity on a group of %d to %d processes", factor, s5Resident, s5Max)

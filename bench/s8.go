@@ -82,13 +82,10 @@ type skewFigures struct {
 
 // skewResult is one system's S8 runs.
 type skewResult struct {
-	System    string        `json:"system"`
-	Mechanism string        `json:"mechanism"` // what the node's status said: bpf or hash, and why
-	Runs      []skewFigures `json:"runs"`
-	Median    skewFigures   `json:"median"`
-	Drawn     int           `json:"drawn_run"` // the run with the median light p99: its CDF is drawn
-	CDF       []cdfPoint    `json:"cdf,omitempty"`
-	Error     string        `json:"error,omitempty"`
+	System    string `json:"system"`
+	Mechanism string `json:"mechanism"` // what the node's status said: bpf or hash, and why
+	runSet[skewFigures]
+	CDF []cdfPoint `json:"cdf,omitempty"` // of the light calls of the drawn run (median light p99)
 }
 
 type s8System struct {
@@ -154,48 +151,48 @@ func runS8(ctx context.Context, cfg Config, opts runOptions,
 	}
 	skipped := map[string]string{}
 	sp := Spec{Workers: setup.Workers, Front: setup.Receivers, Queue: s8Queue}
-	errs, err := interleaved(ctx, cfg.Log, cfg.progress, s8RunTime(o), names, o.Runs, true, skipped, func(r, si int) (error, error) {
+	sets := make([]*runSet[skewFigures], len(systems))
+	for i := range results {
+		sets[i] = &results[i].runSet
+	}
+	lightP99 := func(runs []skewFigures) int {
+		return medianRun(runs, func(f skewFigures) float64 { return f.LightP99us })
+	}
+	err := runEach(ctx, cfg, s8RunTime(o), names, o.Runs, true, skipped, sets, lightP99, func(r, si int) (skewFigures, error, error) {
 		sys := systems[si]
-		s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(s8Workers), environ: sys.environ})
+		s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers), environ: sys.environ})
 		if err != nil {
-			return err, nil
+			return skewFigures{}, err, nil
 		}
 		defer s.Stop()
 		mech, err := steeringOf(s)
 		if err != nil {
-			return nil, err
+			return skewFigures{}, nil, err
 		}
 		if !strings.HasPrefix(mech, sys.want) {
-			return fmt.Errorf("the node places connections by %s, not %s", mech, sys.want), nil
+			return skewFigures{}, fmt.Errorf("the node places connections by %s, not %s", mech, sys.want), nil
 		}
 		results[si].Mechanism = mech
 		f, lat, err := skewRun(ctx, s, setup, o)
 		if err != nil {
-			return nil, err
+			return skewFigures{}, nil, err
 		}
-		results[si].Runs = append(results[si].Runs, f)
 		cdfs[si] = append(cdfs[si], cdfOf(lat, 120))
 		fmt.Fprintf(cfg.Log, "  run %d %-24s light %5.0f/s p50 %s p99 %s (with heavy %s, apart %s), on the heavy socket %.0f/%d; heavy %5.0f/s; light per socket %s; errors %.0f\n",
 			r+1, sys.name, f.LightPerS, dur(f.LightP50us), dur(f.LightP99us), durOrNone(f.P99WithHeavyUs), durOrNone(f.P99ApartUs),
 			f.LightOnHeavy, setup.Light, f.HeavyPerS, joinFloats(f.Placement, "%.0f"), f.Errors)
-		return nil, nil
-	}, func(i int) bool { return len(results[i].Runs) > 0 })
+		return f, nil, nil
+	})
 	if err != nil {
 		return err
 	}
 	var done []skewResult
 	var reported []string
-	for i := range results {
-		res := &results[i]
-		res.Error = errs[i]
-		if len(res.Runs) == 0 {
-			continue
+	for i, res := range results {
+		if len(res.Runs) > 0 {
+			res.CDF = cdfs[i][res.Drawn]
+			done, reported = append(done, res), append(reported, res.System)
 		}
-		res.Median = medianOf(res.Runs)
-		res.Drawn = medianRun(res.Runs, func(f skewFigures) float64 { return f.LightP99us })
-		res.CDF = cdfs[i][res.Drawn]
-		done = append(done, *res)
-		reported = append(reported, res.System)
 	}
 	rep := newReport("S8", fmt.Sprintf("skewed connections on %d receiving sockets: the kernel's hash against steering", setup.Receivers),
 		reported, skipped, o)
@@ -203,11 +200,7 @@ func runS8(ctx context.Context, cfg Config, opts runOptions,
 	rep.SkewResults = done
 	rep.Setup = s8Setup(setup, o, cfg.Quick)
 	rep.Notes = append(rep.Notes, skewVerdict(done, setup))
-	var m []measurement
-	for _, res := range done {
-		m = append(m, measurement{System: res.System, CDF: res.CDF})
-	}
-	rep.addPlot(plotRunCDFs(rep, cfg.Out, gridCell{Service: "echo", Payload: setup.LightBytes, Conns: setup.Light, Results: m}))
+	rep.addPlot(plotRunCDFs(rep, cfg.Out, gridCell{Service: "echo", Payload: setup.LightBytes, Conns: setup.Light}, done))
 	return writeReport(cfg, rep)
 }
 

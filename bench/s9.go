@@ -89,13 +89,10 @@ type restartFigures struct {
 
 // restartResult is one system's S9 runs.
 type restartResult struct {
-	System  string           `json:"system"`
-	Config  string           `json:"config"`
-	Runs    []restartFigures `json:"runs"`
-	Median  restartFigures   `json:"median"`
-	Drawn   int              `json:"drawn_run"` // the run with the median count of calls not answered OK: its windows are drawn
-	Windows []stepWindow     `json:"windows,omitempty"`
-	Error   string           `json:"error,omitempty"`
+	System string `json:"system"`
+	Config string `json:"config"`
+	runSet[restartFigures]
+	Windows []stepWindow `json:"windows,omitempty"` // of the drawn run (the median count of calls not answered OK)
 }
 
 type s9System struct {
@@ -149,40 +146,40 @@ func runS9(ctx context.Context, cfg Config, newReport func(string, string, []str
 	}
 	skipped := map[string]string{}
 	sp := Spec{Workers: setup.Workers, Front: cfg.Spec.Front, Queue: 1024}
-	errs, err := interleaved(ctx, cfg.Log, cfg.progress, s9RunTime(setup), names, runs, true, skipped, func(r, si int) (error, error) {
+	sets := make([]*runSet[restartFigures], len(systems))
+	for i := range results {
+		sets[i] = &results[i].runSet
+	}
+	notOK := func(runs []restartFigures) int {
+		return medianRun(runs, func(f restartFigures) float64 { return f.Refused + f.Failed + f.TimedOut })
+	}
+	err := runEach(ctx, cfg, s9RunTime(setup), names, runs, true, skipped, sets, notOK, func(r, si int) (restartFigures, error, error) {
 		sys := systems[si]
 		s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers),
 			sysExtra: fmt.Sprintf("set control_socket = %q\n", s9ControlSock)})
 		if err != nil {
-			return err, nil
+			return restartFigures{}, err, nil
 		}
 		defer s.Stop()
 		f, trace, err := restartRun(ctx, cfg.Env, s, setup, sys.restart)
 		if err != nil {
-			return nil, err
+			return restartFigures{}, nil, err
 		}
-		results[si].Runs = append(results[si].Runs, f)
 		traces[si] = append(traces[si], trace)
 		fmt.Fprintf(cfg.Log, "  run %d %-20s %.0f due: %.0f ok, %.0f refused, %.0f failed, %.0f timed out; p99 %s / %s / %s; back after %.0f ms, disrupted %.0f ms\n",
 			r+1, sys.name, f.Due, f.OK, f.Refused, f.Failed, f.TimedOut, dur(f.P99BeforeUs), dur(f.P99AroundUs), dur(f.P99AfterUs), f.BackMs, f.DisruptedMs)
-		return nil, nil
-	}, func(i int) bool { return len(results[i].Runs) > 0 })
+		return f, nil, nil
+	})
 	if err != nil {
 		return err
 	}
 	var done []restartResult
 	var reported []string
-	for i := range results {
-		res := &results[i]
-		res.Error = errs[i]
-		if len(res.Runs) == 0 {
-			continue
+	for i, res := range results {
+		if len(res.Runs) > 0 {
+			res.Windows = restartWindows(traces[i][res.Drawn], setup)
+			done, reported = append(done, res), append(reported, res.System)
 		}
-		res.Median = medianOf(res.Runs)
-		res.Drawn = medianRun(res.Runs, func(f restartFigures) float64 { return f.Refused + f.Failed + f.TimedOut })
-		res.Windows = restartWindows(traces[i][res.Drawn], setup)
-		done = append(done, *res)
-		reported = append(reported, res.System)
 	}
 	rep := newReport("S9", fmt.Sprintf("a node restarted under an open loop of %d calls/s: hand-off against stop and start", s9Rate),
 		reported, skipped, runOptions{Runs: runs, Duration: setup.Before + setup.After})

@@ -59,8 +59,8 @@ func TestSkewAndRestartMarkdown(t *testing.T) {
 		Placement: []float64{10, 10}, HeavyAt: []float64{1, 0}}
 	steer := skewFigures{LightPerS: 820, LightP99us: 12000, P99ApartUs: 12000, Placement: []float64{0, 20}, HeavyAt: []float64{1, 0}}
 	skew.SkewResults = []skewResult{
-		{System: nameSkewHash, Mechanism: "hash", Runs: []skewFigures{hash, hash}, Median: hash},
-		{System: nameSkewSteer, Mechanism: "bpf", Runs: []skewFigures{steer, steer}, Median: steer},
+		{System: nameSkewHash, Mechanism: "hash", runSet: runSet[skewFigures]{Runs: []skewFigures{hash, hash}, Median: hash}},
+		{System: nameSkewSteer, Mechanism: "bpf", runSet: runSet[skewFigures]{Runs: []skewFigures{steer, steer}, Median: steer}},
 	}
 	skew.Notes = []string{skewVerdict(skew.SkewResults, *skew.Skew)}
 	md := skew.Markdown()
@@ -85,8 +85,8 @@ func TestSkewAndRestartMarkdown(t *testing.T) {
 	handOff := restartFigures{Due: 8000, OK: 8000, P99AroundUs: 15000, P99BeforeUs: 2000, BackMs: 50}
 	stopStart := restartFigures{Due: 8000, OK: 7880, Failed: 120, P99AroundUs: 7000, P99BeforeUs: 2000, BackMs: 90, DisruptedMs: 100}
 	rs.RestartResults = []restartResult{
-		{System: nameRestartHandOff, Runs: []restartFigures{handOff, handOff}, Median: handOff},
-		{System: nameRestartStopStart, Runs: []restartFigures{stopStart, stopStart}, Median: stopStart},
+		{System: nameRestartHandOff, runSet: runSet[restartFigures]{Runs: []restartFigures{handOff, handOff}, Median: handOff}},
+		{System: nameRestartStopStart, runSet: runSet[restartFigures]{Runs: []restartFigures{stopStart, stopStart}, Median: stopStart}},
 	}
 	rs.Notes = []string{restartVerdict(rs.RestartResults)}
 	md = rs.Markdown()
