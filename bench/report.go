@@ -154,6 +154,9 @@ func payloadName(c gridCell) string {
 	if c.Service == "burn" {
 		return fmt.Sprintf("%d us CPU", burnMicros)
 	}
+	if c.Service == "cpu" {
+		return fmt.Sprintf("%d us thread CPU", burnMicros)
+	}
 	if c.Service == "sleep" {
 		return fmt.Sprintf("sleep %d ms", s6SleepMs)
 	}
