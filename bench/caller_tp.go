@@ -132,41 +132,50 @@ func (c *tpCaller) Close() error {
 }
 
 func (c *tpCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
-	mc, err := c.conn()
-	if err != nil {
-		return callFailed, nil
-	}
 	var timeout uint32
 	if !deadline.IsZero() {
 		timeout = uint32(max(time.Until(deadline)/time.Millisecond, 1))
 	}
-	f, reply, err := mc.RoundTrip(netio.Header{Kind: netio.KindCall, TimeoutMs: timeout}, c.group, c.service, payload, deadline, c.reply)
-	c.reply = reply
-	if err != nil {
-		// A broken or timed-out connection is dropped (RoundTrip closed
-		// it); the next call redials.
-		c.mu.Lock()
-		if c.mc == mc {
-			c.mc = nil
+	for try := 0; ; try++ {
+		mc, err := c.conn()
+		if err != nil {
+			return callFailed, nil
 		}
-		c.mu.Unlock()
+		f, reply, err := mc.RoundTrip(netio.Header{Kind: netio.KindCall, TimeoutMs: timeout}, c.group, c.service, payload, deadline, c.reply)
+		c.reply = reply
+		if err != nil {
+			// A broken or timed-out connection is dropped (RoundTrip closed
+			// it), and so is one the node asked to go away from; the next
+			// call redials.
+			c.mu.Lock()
+			if c.mc == mc {
+				c.mc = nil
+			}
+			c.mu.Unlock()
+			switch {
+			case errors.Is(err, netio.ErrGoingAway) && try == 0:
+				// The node is handing its port to a new process (a
+				// restart) and the call was not sent: send it on a new
+				// connection, as tpsched's client does.
+				mc.Close(err)
+				continue
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				return callTimedOut, nil
+			case isProtocolError(err):
+				return callFailed, fmt.Errorf("bench: tpsched reply: %w", err)
+			}
+			return callFailed, nil
+		}
 		switch {
-		case errors.Is(err, os.ErrDeadlineExceeded):
+		case f.Kind == netio.KindReply:
+			return callOK, checkEcho(f.Payload, payload)
+		case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy:
+			return callRefused, nil
+		case f.Kind == netio.KindError && f.Code == netio.CodeTimedOut:
 			return callTimedOut, nil
-		case isProtocolError(err):
-			return callFailed, fmt.Errorf("bench: tpsched reply: %w", err)
 		}
 		return callFailed, nil
 	}
-	switch {
-	case f.Kind == netio.KindReply:
-		return callOK, checkEcho(f.Payload, payload)
-	case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy:
-		return callRefused, nil
-	case f.Kind == netio.KindError && f.Code == netio.CodeTimedOut:
-		return callTimedOut, nil
-	}
-	return callFailed, nil
 }
 
 // isProtocolError says the peer sent bytes that are no tpsched frame.

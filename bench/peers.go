@@ -187,6 +187,24 @@ func othersRoots(s *system) []int {
 	return out
 }
 
+// startSystem makes the system name, picks the address it will listen on
+// (reached by the load generator with dial) and starts it with start; it
+// returns once the system answers an echo call, and stops what was
+// started if it does not.
+func startSystem(name string, dial func(addr, svc string) dialer, start func(s *system, addr string) error) (*system, error) {
+	s, err := newSystem(name)
+	if err != nil {
+		return nil, err
+	}
+	return launch(s, "echo", func() error {
+		addr, err := s.takeAddr(dial)
+		if err != nil {
+			return err
+		}
+		return start(s, addr)
+	})
+}
+
 // launch finishes starting s: on error it stops what was started.
 func launch(s *system, probe string, start func() error) (*system, error) {
 	err := start()
@@ -264,44 +282,50 @@ func startTpschedGuard(env Env, sp Spec, name string, resident, maxProcs, balanc
 }
 
 func startTpschedConf(env Env, sp Spec, name, module, parallel, usrExtra string) (*system, error) {
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		rpc, err := s.takeAddr(func(addr, svc string) dialer { return tpschedDialer(addr, "bench", svc) })
-		if err != nil {
-			return err
-		}
+	return startTpschedWith(env, sp, tpschedConf{name: name, module: module, parallel: parallel, usrExtra: usrExtra})
+}
+
+// tpschedConf is what a tpsched system's definitions and process have
+// beyond Spec.
+type tpschedConf struct {
+	name, module, parallel string
+	usrExtra               string   // more lines of usr/bench
+	sysExtra               string   // more lines of sysconf
+	environ                []string // more of scdd's environment
+}
+
+func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
+	dial := func(addr, svc string) dialer { return tpschedDialer(addr, "bench", svc) }
+	return startSystem(tc.name, dial, func(s *system, rpc string) error {
 		ctl, err := freeport.Addr()
 		if err != nil {
 			return err
 		}
 		host, port, _ := net.SplitHostPort(rpc)
-		uap, err := filepath.Abs(filepath.Join(env.Bin, module))
+		uap, err := filepath.Abs(filepath.Join(env.Bin, tc.module))
 		if err != nil {
 			return err
 		}
 		if _, err := os.Stat(uap); err != nil {
-			return fmt.Errorf("the UAP %s: %w (make build makes it)", module, err)
+			return fmt.Errorf("the UAP %s: %w (make build makes it)", tc.module, err)
 		}
 		scdd, err := filepath.Abs(filepath.Join(env.Bin, "scdd"))
 		if err != nil {
 			return err
 		}
 		files := map[string]string{
-			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n", host, port, ctl),
+			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n%s", host, port, ctl, tc.sysExtra),
 			"conf/scdsvcdef": fmt.Sprintf("set scdmulti = %d\n", sp.Front),
 			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\", \"cpu=cpu\"\n"+
 				"set module = %q\nset parallel_count = %s\nset queue_size = %d\nset max_message_size = 1048576\n%s",
-				uap, parallel, sp.Queue, usrExtra),
+				uap, tc.parallel, sp.Queue, tc.usrExtra),
 		}
 		if err := writeFiles(s.dir, files); err != nil {
 			return err
 		}
 		s.status = "http://" + ctl + "/status"
 		s.workers = func() (int, error) { return tpschedWorkers(s.status, "bench") }
-		return s.start("scdd.log", nil, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
+		return s.start("scdd.log", tc.environ, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
 	})
 }
 
@@ -322,15 +346,7 @@ func startGRPC(env Env, sp Spec) (*system, error) {
 }
 
 func startSelf(env Env, name, kind string, procs int, dial func(addr, svc string) dialer) (*system, error) {
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(dial)
-		if err != nil {
-			return err
-		}
+	return startSystem(name, dial, func(s *system, addr string) error {
 		return s.start(kind+".log", []string{fmt.Sprintf("GOMAXPROCS=%d", procs)},
 			env.Self, "-serve", kind, "-addr", addr, "-loops", fmt.Sprint(procs))
 	})
@@ -414,15 +430,7 @@ func startNginxPHPPool(env Env, sp Spec, name, pm string) (*system, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(httpDial)
-		if err != nil {
-			return err
-		}
+	return startSystem(name, httpDial, func(s *system, addr string) error {
 		sock := filepath.Join(s.dir, "php.sock")
 		files := map[string]string{
 			"www/echo.php": phpEcho,
@@ -503,15 +511,7 @@ func startHAProxy(env Env, sp Spec) (*system, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := newSystem(nameHAProxy)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(httpDial)
-		if err != nil {
-			return err
-		}
+	return startSystem(nameHAProxy, httpDial, func(s *system, addr string) error {
 		var servers strings.Builder
 		shed := ""
 		if sp.Queue < 1024 {

@@ -18,7 +18,7 @@ type Config struct {
 	Env       Env
 	Out       string   // directory for the reports
 	Quick     bool     // the development grid
-	Scenarios []string // of S1 to S7
+	Scenarios []string // of S1 to S9
 	Runs      int
 	Warmup    time.Duration
 	Duration  time.Duration
@@ -41,14 +41,33 @@ type Config struct {
 	S7Nodes  int
 	S7Probes int
 	S7Quiet  time.Duration
-	Systems  []string // only these systems (by report name); empty: all
-	Quiet    Quiet    // keeping other tenants out of the figures
+	// S8: receiving sockets and heavy connections (0: the defaults).
+	S8Receivers int
+	S8Heavy     int
+	Systems     []string // only these systems (by report name); empty: all
+	Quiet       Quiet    // keeping other tenants out of the figures
 	// Compare is the other grid's reports (a directory) or one report:
 	// S1, S2 and S4 flag the systems that moved between the two grids
 	// beyond the noise. Empty: the quick grid compares with the full one
 	// in the parent of Out, the full grid with Out/quick.
 	Compare string
 	Log     io.Writer
+	// progress is the session's, made by Run.
+	progress *progress
+}
+
+// selected is those of list the session measures (Systems, or all).
+func (cfg Config) selected(list []string) []string {
+	if len(cfg.Systems) == 0 {
+		return list
+	}
+	var out []string
+	for _, n := range list {
+		if slices.Contains(cfg.Systems, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // A grid is a closed-loop scenario measured over cells on systems that
@@ -151,10 +170,7 @@ var starters = map[string]func(Env, Spec) (*system, error){
 func startAll(cfg Config, sp Spec, list []string) ([]*system, map[string]string) {
 	var systems []*system
 	skipped := map[string]string{}
-	for _, name := range list {
-		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, name) {
-			continue
-		}
+	for _, name := range cfg.selected(list) {
 		fmt.Fprintf(cfg.Log, "starting %s\n", name)
 		s, err := starters[name](cfg.Env, sp)
 		if err != nil {
@@ -192,6 +208,9 @@ func Run(ctx context.Context, cfg Config) error {
 	machine.Peers = peerVersions()
 	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
+	cfg.progress = newProgress(cfg.Log, nil, sessionPlan(cfg, opts))
+	opts.progress = cfg.progress
+	cfg.progress.announce()
 	newReport := func(id, title string, systems []string, skipped map[string]string, o runOptions) *report {
 		return &report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
 			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
@@ -229,6 +248,7 @@ func Run(ctx context.Context, cfg Config) error {
 			on := slices.DeleteFunc(slices.Clone(systems), func(s *system) bool { return !slices.Contains(in, s.Name) })
 			cells := g.cells(cfg.Quick)
 			fmt.Fprintf(cfg.Log, "%s: %s, %d cells x %d systems x %d runs\n", g.id, g.title(cfg.Spec), len(cells), len(on), opts.Runs)
+			cfg.progress.begin(plan(g.id, len(cells)*len(on)*opts.Runs, opts.stepTime()))
 			measure(ctx, opts, on, cells, nil)
 			r := newReport(g.id, g.title(cfg.Spec), names(on), pick(skipped, in...), opts)
 			r.Cells = cells
@@ -286,17 +306,54 @@ func Run(ctx context.Context, cfg Config) error {
 		return ctx.Err()
 	}
 	if want("S7") {
-		return runS7(ctx, cfg, newReport)
+		if err := runS7(ctx, cfg, newReport); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S8") {
+		if err := runS8(ctx, cfg, opts, newReport); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S9") {
+		return runS9(ctx, cfg, newReport)
 	}
 	return nil
+}
+
+// S4's systems, and its options: warm-up and measured time twice the
+// grids'.
+var s4Systems = []string{nameTpsched, namePHPStatic, nameHAProxy}
+
+func s4Options(opts runOptions) runOptions {
+	o := opts
+	o.Warmup = 2 * opts.Warmup
+	o.Duration = 2 * opts.Duration
+	return o
+}
+
+// s4Plan is S4 on n systems, measuring their capacity first unless S2 did.
+func s4Plan(n int, opts runOptions, needCapacity bool) scenarioPlan {
+	p := plan("S4", n*opts.Runs, s4Options(opts).stepTime())
+	if needCapacity {
+		p = p.and(n*opts.Runs, opts.stepTime())
+	}
+	return p
 }
 
 func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
 	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
 	sp := cfg.Spec
 	sp.Queue = cfg.S4Queue
-	systems, skipped := startAll(cfg, sp, []string{nameTpsched, namePHPStatic, nameHAProxy})
+	systems, skipped := startAll(cfg, sp, s4Systems)
 	defer stopAll(systems)
+	cfg.progress.begin(s4Plan(len(systems), opts, len(capacity) == 0))
 	if len(capacity) == 0 {
 		// S2 was not run: measure capacity now, closed loop with fewer
 		// connections than the queue holds, so nothing is refused.
@@ -317,9 +374,7 @@ func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 		}
 		return false
 	})
-	o := opts
-	o.Warmup = 2 * opts.Warmup
-	o.Duration = 2 * opts.Duration
+	o := s4Options(opts)
 	cells := []gridCell{{Service: "burn", Conns: s4Carriers, Open: true}}
 	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", burnMicros, capacity)
 	measure(ctx, o, systems, cells, func(system string, _ *gridCell) float64 { return 2 * capacity[system] })

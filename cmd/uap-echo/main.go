@@ -36,6 +36,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/spin"
 	"tpsched/internal/version"
 	"tpsched/shm"
 )
@@ -79,7 +80,7 @@ func main() {
 		if err != nil {
 			return nil, err
 		}
-		burn(time.Duration(us) * time.Microsecond)
+		spin.Wall(time.Duration(us) * time.Microsecond)
 		return req, nil
 	})
 	srv.Handle("cpu", func(req []byte) ([]byte, error) {
@@ -116,20 +117,8 @@ func parseNumber(req []byte) (int64, error) {
 	return n, nil
 }
 
-// burn keeps the CPU busy for d of wall time, checking the clock rarely so
-// the loop itself is the work.
-func burn(d time.Duration) {
-	end := time.Now().Add(d)
-	x := uint64(1)
-	for time.Now().Before(end) {
-		for range 1000 {
-			x = x*6364136223846793005 + 1442695040888963407
-		}
-	}
-	sink = x
-}
-
-// burnCPU spins until this thread has used d of CPU time: unlike burn, a
+// burnCPU spins until this thread has used d of CPU time: unlike burn
+// (spin.Wall), a
 // call preempted by other work still costs what it says, which is what a
 // benchmark of CPU contention needs.
 func burnCPU(d time.Duration) {

@@ -887,11 +887,13 @@ var clientAliases = map[string]string{
 
 // refusedOperands are operands of OpenTP1's that tpsched refuses in any
 // file, with the reason; the reference lists them too.
-var refusedOperands = map[string]struct {
+var refusedOperands = map[string]refusedOperand{}
+
+type refusedOperand struct {
 	file    string // where OpenTP1 puts it
 	opentp1 string
 	why     string
-}{}
+}
 
 // unknownOperand is the reason for an operand that table does not know:
 // where it belongs instead, or the operand it was likely meant to be.
