@@ -181,7 +181,7 @@ const char *tpsched_status_name(int status);
 #ifndef __cplusplus
 #include <stdatomic.h>
 
-#define TPSCHED_LAYOUT_VERSION 4
+#define TPSCHED_LAYOUT_VERSION 5
 #define TPSCHED_PAGE_SIZE 4096
 #define TPSCHED_GROUP_MAGIC UINT64_C(0x5052474843535054) /* "TPSCHGRP" little-endian */
 #define TPSCHED_PROC_MAGIC UINT64_C(0x4352504843535054)  /* "TPSCHPRC" */
@@ -205,8 +205,10 @@ struct tpsched_group_page {
 	_Atomic uint32_t reader_sleeping;
 };
 
-/* The most mailboxes page 0 holds. */
-#define TPSCHED_MAX_MAILBOXES 62
+/* The most mailboxes page 0 holds before the out-call lines. */
+#define TPSCHED_MAX_MAILBOXES 60
+#define TPSCHED_OUT_CALL 0xF80 /* page 0's last two lines */
+#define TPSCHED_OUT_NAMES 64   /* room the out buffer keeps for the names */
 
 /* A mailbox: one call handed to a process (page 0, line 2 + i). scdd
  * writes the call's fields, the UAP the completion's. */
@@ -220,8 +222,26 @@ struct tpsched_mailbox {
 	unsigned char entry[TPSCHED_MAX_NAME];
 };
 
+/* The process's own call to another service (page 0, lines 62 and 63):
+ * the first line the UAP writes, the second scdd. The C library makes no
+ * such calls yet; the struct is here so that the layout is whole. */
+struct tpsched_out_call {
+	_Atomic uint64_t no;
+	uint32_t timeout_ms;
+	uint32_t group_len;
+	uint32_t service_len;
+	uint32_t req_len;
+	_Atomic uint32_t sleeping;
+	unsigned char pad0[0x40 - 0x1C];
+	_Atomic uint64_t done;
+	_Atomic uint32_t code;
+	_Atomic uint32_t reply_len;
+	_Atomic uint32_t wake;
+	unsigned char pad1[0x40 - 0x14];
+};
+
 /* Page 0 of a process area: line 0 written by scdd, line 1 by the UAP,
- * then the mailboxes. */
+ * then the mailboxes, then the out-call lines. */
 struct tpsched_proc_ctl {
 	uint64_t magic;
 	uint32_t version;
@@ -238,12 +258,14 @@ struct tpsched_proc_ctl {
 	_Atomic uint32_t entries;
 	unsigned char pad1[0x80 - 0x58];
 	struct tpsched_mailbox mailbox[TPSCHED_MAX_MAILBOXES];
+	struct tpsched_out_call out;
 };
 
-/* The size of each buffer for max_message_size m, and of a process area
- * with k mailboxes. */
+/* The size of each buffer for max_message_size m, of the out buffer, and
+ * of a process area with k mailboxes. */
 #define TPSCHED_BUF_STRIDE(m) (((uint64_t)(m) + TPSCHED_PAGE_SIZE - 1) / TPSCHED_PAGE_SIZE * TPSCHED_PAGE_SIZE)
-#define TPSCHED_AREA_SIZE(m, k) (TPSCHED_BUFFERS + (uint64_t)(k) * TPSCHED_BUF_STRIDE(m))
+#define TPSCHED_OUT_STRIDE(m) TPSCHED_BUF_STRIDE((uint64_t)(m) + TPSCHED_OUT_NAMES)
+#define TPSCHED_AREA_SIZE(m, k) (TPSCHED_BUFFERS + (uint64_t)(k) * TPSCHED_BUF_STRIDE(m) + TPSCHED_OUT_STRIDE(m))
 #endif /* !__cplusplus */
 
 #endif /* TPSCHED_UAP_H */
