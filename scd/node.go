@@ -317,6 +317,8 @@ func (n *Node) startGroup(g *group) error {
 	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
 	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
 	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
+	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
+	g.place = n.placeLocal
 	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
 	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
 	n.counterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
@@ -463,7 +465,7 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 		}
 	}
 	if n.cluster != nil {
-		if transferred, code, msg := n.routeCall(c, f, g); transferred {
+		if transferred, code, msg := n.routeCall(c, forwardedBy(c, f), f, g); transferred {
 			return code, msg
 		}
 	}
@@ -471,7 +473,7 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 }
 
 // serveLocal puts a call on this node's schedule queue of g, or says why not.
-func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, string) {
+func (n *Node) serveLocal(c caller, f *netio.Frame, g *group) (netio.Code, string) {
 	if g == nil {
 		return netio.CodeNoSuchGroup, n.unknown(string(f.Group), n.groupNames)
 	}

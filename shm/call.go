@@ -17,7 +17,7 @@ import (
 // the scheduler stays the one that admits, counts and checks every call.
 
 // CallError is an error answer to a Call: Code is the error code of the
-// tpsched frame protocol (netio.Code: 3 server busy, 4 timed out, ...),
+// tpsched frame protocol (netio.Code: 4 server busy, 5 timed out, ...),
 // Message the node's text for it.
 type CallError struct {
 	Code    uint32

@@ -16,6 +16,9 @@
 //	fail   returns an application error
 //	crash  dies in the middle of the call (a panic), as a broken UAP would
 //	pid    replies with the process id (to see which process served a call)
+//	call   calls another service through the node (shm.UAP.Call): the
+//	       request is "group/service/request"; it replies with that
+//	       call's reply, or fails with its error
 //
 // TPSCHED_ECHO_SLOWDOWN=k (an integer, default 1) makes sleep, burn and cpu
 // take k times as long: a benchmark's way to make one node of a cluster
@@ -25,6 +28,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -96,6 +101,18 @@ func main() {
 	})
 	srv.Handle("pid", func(req []byte) ([]byte, error) {
 		return strconv.AppendInt(req[:0], int64(os.Getpid()), 10), nil
+	})
+	srv.Handle("call", func(req []byte) ([]byte, error) {
+		group, rest, ok1 := bytes.Cut(req, []byte("/"))
+		service, inner, ok2 := bytes.Cut(rest, []byte("/"))
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("want group/service/request, got %.40q", req)
+		}
+		reply, err := srv.Call(context.Background(), string(group), string(service), inner)
+		if err != nil {
+			return nil, fmt.Errorf("call %s/%s: %w", group, service, err)
+		}
+		return reply, nil
 	})
 	srv.Handle("crash", func(req []byte) ([]byte, error) {
 		panic("uap-echo: crash requested")
