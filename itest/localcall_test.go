@@ -140,16 +140,21 @@ func TestLocalCallFaults(t *testing.T) {
 	waitFor(t, 5*time.Second, "the inner call to end", func() bool { return groupStatus(t, n, "back").InFlight == 0 })
 	serves("after the caller died")
 
-	// front's one process calls front: the inner call can only wait.
+	// front's one process calls front: the inner call can only wait,
+	// and the node says so after a second.
 	start := time.Now()
-	cctx, ccancel := context.WithTimeout(ctx, time.Second)
+	cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
 	_, err := c.Call(cctx, "front", "call", []byte("front/echo/me"))
 	ccancel()
 	if codeOf(err) != netio.CodeTimedOut && !(codeOf(err) == netio.CodeApplication && strings.Contains(err.Error(), "timed out")) {
 		t.Errorf("a call to its own busy group: %v; want timed out", err)
 	}
-	if d := time.Since(start); d > 3*time.Second {
-		t.Errorf("a call to its own busy group took %v to end; its deadline was 1 s", d)
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("a call to its own busy group took %v to end; its deadline was 2 s", d)
+	}
+	if m := n.metrics(); !strings.Contains(m, `tpsched_local_call_stalls_total{group="front"} 1`) ||
+		!strings.Contains(n.stderr.String(), "every process of the group waits for a call of its own") {
+		t.Errorf("the stall was not reported: %s%s", grepLines(m, "stalls"), grepLines(n.stderr.String(), "front"))
 	}
 	serves("after the cycle")
 	if v := groupStatus(t, n, "front").Errors.ProtocolViolations; v != 0 {

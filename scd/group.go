@@ -57,6 +57,11 @@ type group struct {
 	terminated *metrics.Counter
 	misbehaved *metrics.Counter // processes killed for breaking the protocol
 	localCalls *metrics.Counter // calls its processes made through shared memory
+	stalls     *metrics.Counter // checkStall's warnings
+
+	// checkStall's episode, on the expiry loop only.
+	stallSince  time.Time
+	stallWarned bool
 	latency    *metrics.PrometheusHistogram
 }
 

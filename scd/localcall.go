@@ -3,6 +3,7 @@ package scd
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"tpsched/netio"
 	"tpsched/shm"
@@ -20,6 +21,7 @@ type caller interface {
 type outCaller interface {
 	OutCall() (shm.OutCall, bool, error)
 	AnswerOutCall(no uint64, code uint32, data []byte) bool
+	OutOpen() bool
 }
 
 // localCall is a call a process of the group made, as the reply reader
@@ -72,6 +74,46 @@ func (g *group) placeLocalCalls(calls []localCall) {
 		if code, msg := g.place(to, &f); code != netio.CodeOK {
 			_ = to.Send(netio.AppendError(nil, f.ID, code, msg))
 		}
+	}
+}
+
+// stallAfter is how long every process of a group may wait for calls of
+// its own while calls wait for it before the node says so.
+const stallAfter = time.Second
+
+// checkStall warns when calls wait for the group while every one of its
+// processes waits for a call of its own: a cycle (A calls B calls A, or A
+// calls A) with too few processes, which holds until the calls' deadlines.
+// Once per episode, counted. On the expiry loop.
+func (g *group) checkStall(now time.Time) {
+	g.mu.Lock()
+	waiting, procs, calling := g.q.Waiting(), 0, 0
+	if waiting > 0 {
+		for i := range g.slots {
+			si := &g.slots[i]
+			if si.p == nil || !si.attached {
+				continue
+			}
+			procs++
+			if oc, ok := si.p.(outCaller); ok && oc.OutOpen() {
+				calling++
+			}
+		}
+	}
+	g.mu.Unlock()
+	if waiting == 0 || procs == 0 || calling < procs {
+		g.stallSince, g.stallWarned = time.Time{}, false
+		return
+	}
+	if g.stallSince.IsZero() {
+		g.stallSince = now
+		return
+	}
+	if now.Sub(g.stallSince) >= stallAfter && !g.stallWarned {
+		g.stallWarned = true
+		g.stalls.Inc()
+		g.log.Warn("every process of the group waits for a call of its own while calls wait for it: a call cycle with too few processes; they end at their deadlines",
+			"group", g.name, "processes", procs, "waiting", waiting)
 	}
 }
 

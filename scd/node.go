@@ -318,6 +318,7 @@ func (n *Node) startGroup(g *group) error {
 	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
 	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
 	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
+	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
 	g.place = n.placeLocal
 	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
 	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
@@ -423,6 +424,7 @@ func (n *Node) expireLoop() {
 		case now := <-t.C:
 			for _, g := range n.order {
 				g.expire(now)
+				g.checkStall(now)
 			}
 			if n.cluster != nil {
 				n.cluster.fwd.expire(now)
