@@ -62,7 +62,7 @@ type group struct {
 	// checkStall's episode, on the expiry loop only.
 	stallSince  time.Time
 	stallWarned bool
-	latency    *metrics.PrometheusHistogram
+	latency     *metrics.PrometheusHistogram
 }
 
 // logger is what a group logs through (the node's slog.Logger).
