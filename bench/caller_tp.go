@@ -88,6 +88,11 @@ func (c *connCaller) ioOutcome(err error) (outcome, error) {
 type tpCaller struct {
 	addr, group, service string
 	reply                []byte // the last answer's buffer, reused
+	// prefix goes before every request (S10's "bench/echo/", which
+	// uap-echo's call service reads as the call to make); the reply must
+	// echo what follows it.
+	prefix []byte
+	req    []byte // prefix and payload, reused
 
 	mu     sync.Mutex
 	mc     *netio.MuxConn
@@ -131,7 +136,19 @@ func (c *tpCaller) Close() error {
 	return nil
 }
 
+// tpschedCallDialer is tpschedDialer with prefix before every request.
+func tpschedCallDialer(addr, group, service, prefix string) dialer {
+	return func() caller {
+		return &tpCaller{addr: addr, group: group, service: service, reply: make([]byte, 64<<10), prefix: []byte(prefix)}
+	}
+}
+
 func (c *tpCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
+	req := payload
+	if c.prefix != nil {
+		c.req = append(append(c.req[:0], c.prefix...), payload...)
+		req = c.req
+	}
 	var timeout uint32
 	if !deadline.IsZero() {
 		timeout = uint32(max(time.Until(deadline)/time.Millisecond, 1))
@@ -141,7 +158,7 @@ func (c *tpCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
 		if err != nil {
 			return callFailed, nil
 		}
-		f, reply, err := mc.RoundTrip(netio.Header{Kind: netio.KindCall, TimeoutMs: timeout}, c.group, c.service, payload, deadline, c.reply)
+		f, reply, err := mc.RoundTrip(netio.Header{Kind: netio.KindCall, TimeoutMs: timeout}, c.group, c.service, req, deadline, c.reply)
 		c.reply = reply
 		if err != nil {
 			// A broken or timed-out connection is dropped (RoundTrip closed

@@ -25,7 +25,8 @@
 //     128 members of tpsched's name layer in one process: join time,
 //     announce propagation and traffic, S8 skewed connections on a node's
 //     receiving sockets placed by the kernel's hash and by steering, S9 a
-//     node restarted under load by hand-off and by stop and start),
+//     node restarted under load by hand-off and by stop and start, S10 a
+//     UAP's local call to another UAP against the direct call),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/;
 //   - the report's check on itself: each run's window accounts for what

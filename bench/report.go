@@ -109,7 +109,7 @@ func (r *report) writeGrid(b *strings.Builder) {
 func (r *report) ratioTable() string {
 	var peers []string
 	for _, s := range r.Systems {
-		if s != nameTpsched && s != nameTpschedC { // the C UAP is tpsched too, not a peer
+		if s != nameTpsched && s != nameTpschedC && s != nameTpschedLocal { // tpsched too, not peers
 			peers = append(peers, s)
 		}
 	}

@@ -18,7 +18,7 @@ type Config struct {
 	Env       Env
 	Out       string   // directory for the reports
 	Quick     bool     // the development grid
-	Scenarios []string // of S1 to S9
+	Scenarios []string // of S1 to S10
 	Runs      int
 	Warmup    time.Duration
 	Duration  time.Duration
@@ -121,6 +121,22 @@ var grids = []grid{{
 		r.addPlot(plotThroughput(r, dir, "burn", 0))
 		r.addPlot(plotCDF(r, dir, "burn", 0, r.Cells[len(r.Cells)-1].Conns))
 	},
+}, {
+	id:       "S10",
+	service:  "echo",
+	payloads: [2][]int{{128}, {128}},
+	conns:    [2][]int{{1, 5, 64}, {1, 5}},
+	systems:  [2][]string{{nameTpsched, nameTpschedLocal}, {nameTpsched, nameTpschedLocal}},
+	title:    func(Spec) string { return "a UAP calling another UAP on the same node (local call)" },
+	about: func(Spec) string {
+		return "Service: echo, reached directly (tpsched: client -> scdd -> UAP) and through a local call (tpsched local call: " +
+			"client -> scdd -> front UAP, whose handler calls bench/echo with shm.UAP.Call -> scdd -> bench UAP, and back). Closed loop: " +
+			"N connections, one call outstanding on each; N = 1 and 5 are the callers of Enduro/X's published local figures."
+	},
+	finish: func(r *report, dir string) {
+		r.Notes = append(r.Notes, s10Notes(r))
+		r.addPlot(plotThroughput(r, dir, "echo", 128))
+	},
 }}
 
 // cells is the grid's cells, every payload with every connection count.
@@ -156,13 +172,14 @@ const s4Carriers = 256
 
 // starters start each system of the grids by its report name.
 var starters = map[string]func(Env, Spec) (*system, error){
-	nameTpsched:   startTpsched,
-	nameTpschedC:  startTpschedC,
-	nameGnetEcho:  startGnetEcho,
-	nameGRPC:      startGRPC,
-	namePHPStatic: func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
-	namePHPDyn:    func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
-	nameHAProxy:   startHAProxy,
+	nameTpsched:      startTpsched,
+	nameTpschedC:     startTpschedC,
+	nameTpschedLocal: startTpschedLocal,
+	nameGnetEcho:     startGnetEcho,
+	nameGRPC:         startGRPC,
+	namePHPStatic:    func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
+	namePHPDyn:       func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
+	nameHAProxy:      startHAProxy,
 }
 
 // startAll starts the systems it can; the others are returned as skipped
@@ -485,6 +502,26 @@ func s1Targets(r *report) string {
 			verdict(thr >= t.want), dur(tp.Median.P99us), dur(m.Median.P99us), verdict(tp.Median.P99us <= m.Median.P99us))
 	}
 	return strings.TrimSuffix(b.String(), ";") + "."
+}
+
+// s10Notes sets the local call beside the direct call of the same run and
+// beside Enduro/X's published local figures (not measured here).
+func s10Notes(r *report) string {
+	var b strings.Builder
+	b.WriteString("**Local calls.** Each tpsched local call is one outer call that carries one local call, so its calls/s is the local " +
+		"calls' rate and its p50 an upper bound of a local call's. Enduro/X 8.0.12's own exbenchcl/exbenchsv over POSIX queues " +
+		"(quoted from issue 12, not run here): 20.1-20.6k calls/s and about 49 us mean with one caller, 43-63k with five. Issue 12's " +
+		"targets: one caller >= 20k calls/s and p50 <= 50 us, five >= 60k.")
+	for _, c := range r.Cells {
+		direct, local := c.Result(nameTpsched), c.Result(nameTpschedLocal)
+		if direct == nil || local == nil || len(direct.Runs) == 0 || len(local.Runs) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, " %d conns: %.1fk calls/s (direct %.1fk), p50 %s (direct %s, so the local hop adds %s).", c.Conns,
+			local.Median.Throughput/1e3, direct.Median.Throughput/1e3, dur(local.Median.P50us), dur(direct.Median.P50us),
+			dur(max(local.Median.P50us-direct.Median.P50us, 0)))
+	}
+	return b.String()
 }
 
 // peerVersions asks each installed peer binary its version.
