@@ -94,6 +94,8 @@ typedef struct tpsched_call {
 	int64_t deadline;
 	/* The arg given to tpsched_handle for this entry. */
 	void *arg;
+	/* The process's side of its queue, for tpsched_call_service. */
+	struct tpsched_uap *uap;
 } tpsched_call;
 
 /* A handler runs one call and returns TPSCHED_OK (the reply is buf[0:len])
@@ -145,6 +147,26 @@ int tpsched_serve_one(tpsched_uap *u);
 /* tpsched_max_message is the largest request or reply: the group's
  * max_message_size. */
 size_t tpsched_max_message(const tpsched_uap *u);
+
+/* tpsched_call_service calls service of group through the node, from
+ * inside a handler, as a client would: through the process's shared
+ * memory (no socket), routed by the node to its own queue of the group or
+ * to another node. req[0:req_len] is the request. The answer is copied
+ * into out[0:*out_len]: the reply, or the node's message for an error.
+ *
+ * It returns 0 for a reply, or the frame protocol's error code (4 server
+ * busy, 5 timed out, 7 server terminated, 10 application error, ...; see
+ * docs/SHM.md) with its message; or -1 with errno: EINVAL (a name empty
+ * or of 32 bytes or more, a request over max_message), ENOTSUP (socket
+ * mode), ETIMEDOUT (the served call's deadline has passed), EMSGSIZE (the
+ * answer did not fit out_cap: out holds its start).
+ *
+ * timeout_ms bounds the wait; 0: the deadline of the call being served,
+ * else the target group's watch_time. One call at a time per process. A
+ * process waiting for its call serves nothing: a service that calls its
+ * own group needs processes to spare. */
+int tpsched_call_service(tpsched_uap *u, const char *group, const char *service, const void *req, size_t req_len, void *out,
+			 size_t out_cap, size_t *out_len, uint32_t timeout_ms);
 
 /* tpsched_app_error writes a printf-style message into call->buf as its
  * reply (cut to 1023 bytes and to cap) and returns TPSCHED_APP_ERROR, so
@@ -223,8 +245,7 @@ struct tpsched_mailbox {
 };
 
 /* The process's own call to another service (page 0, lines 62 and 63):
- * the first line the UAP writes, the second scdd. The C library makes no
- * such calls yet; the struct is here so that the layout is whole. */
+ * the first line the UAP writes, the second scdd (tpsched_call_service). */
 struct tpsched_out_call {
 	_Atomic uint64_t no;
 	uint32_t timeout_ms;
