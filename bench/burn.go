@@ -4,22 +4,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"tpsched/internal/spin"
 )
 
-// burn keeps the CPU busy for d of wall time, as uap-echo's burn service
-// does, checking the clock rarely so the loop itself is the work.
-func burn(d time.Duration) {
-	end := time.Now().Add(d)
-	x := uint64(1)
-	for time.Now().Before(end) {
-		for range 1000 {
-			x = x*6364136223846793005 + 1442695040888963407
-		}
-	}
-	burnSink = x
-}
-
-var burnSink uint64
+// burn keeps the CPU busy for d of wall time with the loop of uap-echo's
+// burn service, so the Go peers do the same work as tpsched's UAP.
+func burn(d time.Duration) { spin.Wall(d) }
 
 // parseMicros reads the burn payload: decimal microseconds. Anything else
 // burns nothing.

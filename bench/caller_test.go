@@ -2,8 +2,12 @@ package bench
 
 import (
 	"bufio"
+	"net"
 	"strings"
 	"testing"
+	"time"
+
+	"tpsched/netio"
 )
 
 func TestReadResponse(t *testing.T) {
@@ -60,5 +64,56 @@ func TestCheckEcho(t *testing.T) {
 func TestParseMicros(t *testing.T) {
 	if parseMicros([]byte(" 200\n")) != 200000 || parseMicros([]byte("x")) != 0 || parseMicros([]byte("-5")) != 0 {
 		t.Error("ParseMicros")
+	}
+}
+
+// A node handing its port to a new process (a restart) tells each caller
+// to go away: the tpsched caller sends its next call on a new connection,
+// as tpsched's client does, instead of counting it failed.
+func TestTpCallerFollowsGoAway(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan int, 4)
+	go func() {
+		for n := 1; ; n++ {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- n
+			go func(nc net.Conn, first bool) {
+				defer nc.Close()
+				fr := netio.NewFrameReader(nc, 1<<20)
+				for {
+					f, _, err := fr.Read(nil)
+					if err != nil {
+						return
+					}
+					out := netio.AppendReply(nil, f.ID, f.Payload)
+					if first {
+						// The answer, then go-away: the old process still
+						// answers what it read, and takes nothing new.
+						out = netio.AppendFrame(out, netio.Header{Kind: netio.KindGoAway}, "", "", []byte("restart"))
+					}
+					if _, err := nc.Write(out); err != nil {
+						return
+					}
+				}
+			}(nc, n == 1)
+		}
+	}()
+	c := tpschedDialer(ln.Addr().String(), "bench", "echo")()
+	defer c.Close()
+	for i := range 3 {
+		o, err := c.Call([]byte("hello"), time.Now().Add(5*time.Second))
+		if err != nil || o != callOK {
+			t.Fatalf("call %d: outcome %d, %v; want OK", i+1, o, err)
+		}
+	}
+	if n := len(accepted); n != 2 {
+		t.Errorf("%d connections, want 2 (the second after the go-away)", n)
 	}
 }

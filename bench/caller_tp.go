@@ -88,6 +88,11 @@ func (c *connCaller) ioOutcome(err error) (outcome, error) {
 type tpCaller struct {
 	addr, group, service string
 	reply                []byte // the last answer's buffer, reused
+	// prefix goes before every request (S10's "bench/echo/", which
+	// uap-echo's call service reads as the call to make); the reply must
+	// echo what follows it.
+	prefix []byte
+	req    []byte // prefix and payload, reused
 
 	mu     sync.Mutex
 	mc     *netio.MuxConn
@@ -131,42 +136,63 @@ func (c *tpCaller) Close() error {
 	return nil
 }
 
+// tpschedCallDialer is tpschedDialer with prefix before every request.
+func tpschedCallDialer(addr, group, service, prefix string) dialer {
+	return func() caller {
+		return &tpCaller{addr: addr, group: group, service: service, reply: make([]byte, 64<<10), prefix: []byte(prefix)}
+	}
+}
+
 func (c *tpCaller) Call(payload []byte, deadline time.Time) (outcome, error) {
-	mc, err := c.conn()
-	if err != nil {
-		return callFailed, nil
+	req := payload
+	if c.prefix != nil {
+		c.req = append(append(c.req[:0], c.prefix...), payload...)
+		req = c.req
 	}
 	var timeout uint32
 	if !deadline.IsZero() {
 		timeout = uint32(max(time.Until(deadline)/time.Millisecond, 1))
 	}
-	f, reply, err := mc.RoundTrip(netio.Header{Kind: netio.KindCall, TimeoutMs: timeout}, c.group, c.service, payload, deadline, c.reply)
-	c.reply = reply
-	if err != nil {
-		// A broken or timed-out connection is dropped (RoundTrip closed
-		// it); the next call redials.
-		c.mu.Lock()
-		if c.mc == mc {
-			c.mc = nil
+	for try := 0; ; try++ {
+		mc, err := c.conn()
+		if err != nil {
+			return callFailed, nil
 		}
-		c.mu.Unlock()
+		f, reply, err := mc.RoundTrip(netio.Header{Kind: netio.KindCall, TimeoutMs: timeout}, c.group, c.service, req, deadline, c.reply)
+		c.reply = reply
+		if err != nil {
+			// A broken or timed-out connection is dropped (RoundTrip closed
+			// it), and so is one the node asked to go away from; the next
+			// call redials.
+			c.mu.Lock()
+			if c.mc == mc {
+				c.mc = nil
+			}
+			c.mu.Unlock()
+			switch {
+			case errors.Is(err, netio.ErrGoingAway) && try == 0:
+				// The node is handing its port to a new process (a
+				// restart) and the call was not sent: send it on a new
+				// connection, as tpsched's client does.
+				mc.Close(err)
+				continue
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				return callTimedOut, nil
+			case isProtocolError(err):
+				return callFailed, fmt.Errorf("bench: tpsched reply: %w", err)
+			}
+			return callFailed, nil
+		}
 		switch {
-		case errors.Is(err, os.ErrDeadlineExceeded):
+		case f.Kind == netio.KindReply:
+			return callOK, checkEcho(f.Payload, payload)
+		case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy:
+			return callRefused, nil
+		case f.Kind == netio.KindError && f.Code == netio.CodeTimedOut:
 			return callTimedOut, nil
-		case isProtocolError(err):
-			return callFailed, fmt.Errorf("bench: tpsched reply: %w", err)
 		}
 		return callFailed, nil
 	}
-	switch {
-	case f.Kind == netio.KindReply:
-		return callOK, checkEcho(f.Payload, payload)
-	case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy:
-		return callRefused, nil
-	case f.Kind == netio.KindError && f.Code == netio.CodeTimedOut:
-		return callTimedOut, nil
-	}
-	return callFailed, nil
 }
 
 // isProtocolError says the peer sent bytes that are no tpsched frame.

@@ -23,7 +23,10 @@
 //     under overload, S6 three tpsched nodes on 127.0.0.2-4 with one three
 //     times slower under the random, OpenTP1 and P2C balancing rules, S7
 //     128 members of tpsched's name layer in one process: join time,
-//     announce propagation and traffic),
+//     announce propagation and traffic, S8 skewed connections on a node's
+//     receiving sockets placed by the kernel's hash and by steering, S9 a
+//     node restarted under load by hand-off and by stop and start, S10 a
+//     UAP's local call to another UAP against the direct call),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/;
 //   - the report's check on itself: each run's window accounts for what

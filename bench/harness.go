@@ -88,6 +88,12 @@ type report struct {
 	ClusterResults []clusterResult `json:"cluster_results,omitempty"`
 	// S7: announce propagation over many nodes (Cells is empty).
 	Gossip *gossipResult `json:"gossip,omitempty"`
+	// S8: skewed connections, hash against steering (Cells is empty).
+	Skew        *skewSetup   `json:"skew,omitempty"`
+	SkewResults []skewResult `json:"skew_results,omitempty"`
+	// S9: a node restarted under load (Cells is empty).
+	Restart        *restartSetup   `json:"restart,omitempty"`
+	RestartResults []restartResult `json:"restart_results,omitempty"`
 	// The grids' check on their own figures (S1, S2, S4).
 	Validity *validity `json:"validity,omitempty"`
 }
@@ -130,7 +136,11 @@ type runOptions struct {
 	Timeout  time.Duration // open loop: per call
 	Quiet    Quiet
 	Log      io.Writer
+	progress *progress // the session's, for its progress lines
 }
+
+// stepTime is one run's plan: its warm-up, measured time and slack.
+func (o runOptions) stepTime() time.Duration { return o.Warmup + o.Duration + stepSlack }
 
 // measure runs every cell on every system, opts.Runs times, interleaved:
 // in each cell, run r goes through the systems rotated by r (and reversed
@@ -205,6 +215,12 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 					fig.LoadgenCPUus, fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU)
 			}
 		}
+		// Each system's runs of the cell are steps of the plan, also those
+		// that failed (their time is spent either way).
+		for range opts.Runs * len(systems) {
+			opts.progress.step(opts.stepTime())
+		}
+		opts.progress.report(fmt.Sprintf("cell %d/%d (%s %s x %d) done", ci+1, len(cells), c.Service, payloadName(*c), c.Conns))
 	}
 	for ci := range cells {
 		for si := range systems {

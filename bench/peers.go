@@ -187,6 +187,24 @@ func othersRoots(s *system) []int {
 	return out
 }
 
+// startSystem makes the system name, picks the address it will listen on
+// (reached by the load generator with dial) and starts it with start; it
+// returns once the system answers an echo call, and stops what was
+// started if it does not.
+func startSystem(name string, dial func(addr, svc string) dialer, start func(s *system, addr string) error) (*system, error) {
+	s, err := newSystem(name)
+	if err != nil {
+		return nil, err
+	}
+	return launch(s, "echo", func() error {
+		addr, err := s.takeAddr(dial)
+		if err != nil {
+			return err
+		}
+		return start(s, addr)
+	})
+}
+
 // launch finishes starting s: on error it stops what was started.
 func launch(s *system, probe string, start func() error) (*system, error) {
 	err := start()
@@ -220,12 +238,15 @@ const (
 	nameTpsched = "tpsched"
 	// The same node with the C UAP (uap-c/, examples/uap-c) in place of
 	// the Go one: what a UAP's language costs.
-	nameTpschedC  = "tpsched C UAP"
-	nameGnetEcho  = "gnet-echo"
-	nameGRPC      = "grpc-go"
-	namePHPStatic = "nginx+php-fpm static"
-	namePHPDyn    = "nginx+php-fpm dynamic"
-	nameHAProxy   = "haproxy+go"
+	nameTpschedC = "tpsched C UAP"
+	// S10: the echo reached through a second UAP's local call
+	// (shm.UAP.Call): client -> scdd -> front UAP -> scdd -> bench UAP.
+	nameTpschedLocal = "tpsched local call"
+	nameGnetEcho     = "gnet-echo"
+	nameGRPC         = "grpc-go"
+	namePHPStatic    = "nginx+php-fpm static"
+	namePHPDyn       = "nginx+php-fpm dynamic"
+	nameHAProxy      = "haproxy+go"
 	// S3's pools that grow with the load.
 	nameTpschedNonRes = "tpsched non-resident"
 	namePHPOndemand   = "nginx+php-fpm ondemand"
@@ -264,45 +285,73 @@ func startTpschedGuard(env Env, sp Spec, name string, resident, maxProcs, balanc
 }
 
 func startTpschedConf(env Env, sp Spec, name, module, parallel, usrExtra string) (*system, error) {
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
+	return startTpschedWith(env, sp, tpschedConf{name: name, module: module, parallel: parallel, usrExtra: usrExtra})
+}
+
+// tpschedConf is what a tpsched system's definitions and process have
+// beyond Spec.
+type tpschedConf struct {
+	name, module, parallel string
+	front                  bool     // a second group, front, whose call service calls bench/echo; the calls go to it
+	usrExtra               string   // more lines of usr/bench
+	sysExtra               string   // more lines of sysconf
+	environ                []string // more of scdd's environment
+}
+
+func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
+	dial := func(addr, svc string) dialer { return tpschedDialer(addr, "bench", svc) }
+	if tc.front {
+		dial = func(addr, svc string) dialer { return tpschedCallDialer(addr, "front", "call", "bench/"+svc+"/") }
 	}
-	return launch(s, "echo", func() error {
-		rpc, err := s.takeAddr(func(addr, svc string) dialer { return tpschedDialer(addr, "bench", svc) })
-		if err != nil {
-			return err
-		}
+	return startSystem(tc.name, dial, func(s *system, rpc string) error {
 		ctl, err := freeport.Addr()
 		if err != nil {
 			return err
 		}
 		host, port, _ := net.SplitHostPort(rpc)
-		uap, err := filepath.Abs(filepath.Join(env.Bin, module))
+		uap, err := filepath.Abs(filepath.Join(env.Bin, tc.module))
 		if err != nil {
 			return err
 		}
 		if _, err := os.Stat(uap); err != nil {
-			return fmt.Errorf("the UAP %s: %w (make build makes it)", module, err)
+			return fmt.Errorf("the UAP %s: %w (make build makes it)", tc.module, err)
 		}
 		scdd, err := filepath.Abs(filepath.Join(env.Bin, "scdd"))
 		if err != nil {
 			return err
 		}
 		files := map[string]string{
-			"conf/sysconf":   fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\n", host, port, ctl),
+			// A control socket of its own: two tpsched systems run side by
+			// side, and the default path is per node id.
+			"conf/sysconf": fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\nset control_socket = %q\n%s",
+				host, port, ctl, filepath.Join(s.dir, "ctl.sock"), tc.sysExtra),
 			"conf/scdsvcdef": fmt.Sprintf("set scdmulti = %d\n", sp.Front),
 			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\", \"cpu=cpu\"\n"+
 				"set module = %q\nset parallel_count = %s\nset queue_size = %d\nset max_message_size = 1048576\n%s",
-				uap, parallel, sp.Queue, usrExtra),
+				uap, tc.parallel, sp.Queue, tc.usrExtra),
+		}
+		if tc.front {
+			files["conf/usr/front"] = fmt.Sprintf("set service_group = \"front\"\nset service = \"call=call\"\n"+
+				"set module = %q\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n", uap, s10Callers, sp.Queue)
 		}
 		if err := writeFiles(s.dir, files); err != nil {
 			return err
 		}
 		s.status = "http://" + ctl + "/status"
 		s.workers = func() (int, error) { return tpschedWorkers(s.status, "bench") }
-		return s.start("scdd.log", nil, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
+		return s.start("scdd.log", tc.environ, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
 	})
+}
+
+// s10Callers is the processes of S10's calling group, front: a process
+// waits for its local call, so it is as many callers as Enduro/X's 5x5
+// figure has client processes.
+const s10Callers = 5
+
+// startTpschedLocal is startTpsched with the calls made by a second
+// group's UAPs (front, s10Callers processes) through their shared memory.
+func startTpschedLocal(env Env, sp Spec) (*system, error) {
+	return startTpschedWith(env, sp, tpschedConf{name: nameTpschedLocal, module: "uap-echo", parallel: fmt.Sprint(sp.Workers), front: true})
 }
 
 // startGnetEcho starts the bare gnet echo server (the ceiling: no queue, no
@@ -322,15 +371,7 @@ func startGRPC(env Env, sp Spec) (*system, error) {
 }
 
 func startSelf(env Env, name, kind string, procs int, dial func(addr, svc string) dialer) (*system, error) {
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(dial)
-		if err != nil {
-			return err
-		}
+	return startSystem(name, dial, func(s *system, addr string) error {
 		return s.start(kind+".log", []string{fmt.Sprintf("GOMAXPROCS=%d", procs)},
 			env.Self, "-serve", kind, "-addr", addr, "-loops", fmt.Sprint(procs))
 	})
@@ -414,15 +455,7 @@ func startNginxPHPPool(env Env, sp Spec, name, pm string) (*system, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := newSystem(name)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(httpDial)
-		if err != nil {
-			return err
-		}
+	return startSystem(name, httpDial, func(s *system, addr string) error {
 		sock := filepath.Join(s.dir, "php.sock")
 		files := map[string]string{
 			"www/echo.php": phpEcho,
@@ -503,15 +536,7 @@ func startHAProxy(env Env, sp Spec) (*system, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := newSystem(nameHAProxy)
-	if err != nil {
-		return nil, err
-	}
-	return launch(s, "echo", func() error {
-		addr, err := s.takeAddr(httpDial)
-		if err != nil {
-			return err
-		}
+	return startSystem(nameHAProxy, httpDial, func(s *system, addr string) error {
 		var servers strings.Builder
 		shed := ""
 		if sp.Queue < 1024 {
@@ -576,6 +601,9 @@ func peerChoices(sp Spec, names []string) []string {
 		nameTpsched: fmt.Sprintf("tpsched: scdd with scdmulti=%d event loops and one group of parallel_count=%d resident uap-echo processes (Go), "+
 			"queue_size=%d, every other operand at its default (the CPU guard on). Resident processes are what an OpenTP1 user runs for a steady load.",
 			sp.Front, sp.Workers, sp.Queue),
+		nameTpschedLocal: fmt.Sprintf("tpsched local call: as tpsched, plus a group front of %d resident uap-echo processes (callers: each waits for its own local call) whose call "+
+			"service calls bench/echo through the node from its handler (shm.UAP.Call: the process's shared memory, no socket); the client "+
+			"calls front/call, so each call is two scheduled calls, one of them a local call.", s10Callers),
 		nameTpschedC: fmt.Sprintf("tpsched C UAP: as tpsched, with the example C UAP uap-echo-c (uap-c/, gcc -O2) in place of the Go one: "+
 			"the same node, %d resident processes.", sp.Workers),
 		nameGnetEcho: fmt.Sprintf("gnet echo: the ceiling, no queue and no process boundary: %d gnet event loops (SO_REUSEPORT, TCP_NODELAY), "+

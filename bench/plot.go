@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -167,24 +168,49 @@ func plotStepP99(r *report, dir string) (string, error) {
 	if r.Step == nil || len(r.StepResults) == 0 {
 		return "", nil
 	}
-	p := plot.New()
-	p.Title.Text = fmt.Sprintf("%s: p99 per %v window of calls due in it (%.0f/s -> %.0f/s at 0, back at %.0f s)",
-		r.Scenario, r.Step.Window, r.Step.Base, r.Step.Peak, r.Step.During.Seconds())
-	p.X.Label.Text = "time from the step (s)"
-	p.Y.Label.Text = "p99 latency"
-	p.Y.Scale = plot.LogScale{}
-	p.Y.Tick.Marker = latencyTicks{}
-	p.Legend.Top = true
-	var lines []any
+	var series []windowSeries
 	for _, res := range r.StepResults {
+		series = append(series, windowSeries{res.System, res.Windows})
+	}
+	return plotWindows(dir, fmt.Sprintf("%s-%s-p99-over-time.png", r.Date, r.Scenario),
+		fmt.Sprintf("%s: p99 per %v window of calls due in it (%.0f/s -> %.0f/s at 0, back at %.0f s)",
+			r.Scenario, r.Step.Window, r.Step.Base, r.Step.Peak, r.Step.During.Seconds()),
+		"time from the step (s)", "p99 latency", true, r.Step.Window, series, windowP99)
+}
+
+// windowP99 is a window's p99, where it has one.
+func windowP99(w stepWindow) (float64, bool) { return w.P99us, w.P99us > 0 }
+
+// windowSeries is one line of a plot over a run's windows.
+type windowSeries struct {
+	name    string
+	windows []stepWindow
+}
+
+// plotWindows draws y of every series' windows against the time of each
+// window's middle from the event they are timed from (their FromStepMs),
+// as dir/name; a window y has no value for is left out of the line.
+func plotWindows(dir, name, title, xLabel, yLabel string, logY bool, width time.Duration, series []windowSeries,
+	y func(stepWindow) (float64, bool)) (string, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = yLabel
+	if logY {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = latencyTicks{}
+	}
+	p.Legend.Top = logY // a count's lines run along the top
+	var lines []any
+	for _, sr := range series {
 		var xys plotter.XYs
-		for _, w := range res.Windows {
-			if w.P99us > 0 {
-				xys = append(xys, plotter.XY{X: (w.FromStepMs + ms(r.Step.Window)/2) / 1e3, Y: w.P99us})
+		for _, w := range sr.windows {
+			if v, ok := y(w); ok {
+				xys = append(xys, plotter.XY{X: (w.FromStepMs + ms(width)/2) / 1e3, Y: v})
 			}
 		}
 		if len(xys) > 0 {
-			lines = append(lines, res.System, xys)
+			lines = append(lines, sr.name, xys)
 		}
 	}
 	if len(lines) == 0 {
@@ -193,7 +219,9 @@ func plotStepP99(r *report, dir string) (string, error) {
 	if err := plotutil.AddLines(p, lines...); err != nil {
 		return "", err
 	}
-	name := fmt.Sprintf("%s-%s-p99-over-time.png", r.Date, r.Scenario)
+	if !logY {
+		p.Y.Min = 0
+	}
 	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
 }
 
@@ -323,16 +351,35 @@ func plotGuardSeries(r *report, dir, what string) (string, error) {
 	return name, p.Save(20*vg.Centimeter, 11*vg.Centimeter, filepath.Join(dir, name))
 }
 
-// plotGuardCDF draws S5's latency distributions with PlotCDF.
+// drawnCDF is what a scenario that keeps one latency distribution per
+// system (its drawn run's) outside the grid gives plotRunCDFs.
+type drawnCDF interface {
+	cdf() (system string, points []cdfPoint)
+}
+
+func (r guardResult) cdf() (string, []cdfPoint)   { return r.System, r.CDF }
+func (r clusterResult) cdf() (string, []cdfPoint) { return r.System, r.CDF }
+func (r skewResult) cdf() (string, []cdfPoint)    { return r.System, r.CDF }
+
+// plotRunCDFs draws, with plotCDF, the distributions of results, measured
+// in cell.
+func plotRunCDFs[R drawnCDF](r *report, dir string, cell gridCell, results []R) (string, error) {
+	for _, res := range results {
+		system, points := res.cdf()
+		cell.Results = append(cell.Results, measurement{System: system, CDF: points})
+	}
+	if len(cell.Results) == 0 {
+		return "", nil
+	}
+	tmp := *r
+	tmp.Cells = []gridCell{cell}
+	return plotCDF(&tmp, dir, cell.Service, cell.Payload, cell.Conns)
+}
+
+// plotGuardCDF draws S5's latency distributions.
 func plotGuardCDF(r *report, dir string) (string, error) {
 	if r.Guard == nil {
 		return "", nil
 	}
-	c := gridCell{Service: "cpu", Conns: r.Guard.Carriers, Open: true}
-	for _, res := range r.GuardResults {
-		c.Results = append(c.Results, measurement{System: res.System, CDF: res.CDF})
-	}
-	tmp := *r
-	tmp.Cells = []gridCell{c}
-	return plotCDF(&tmp, dir, "cpu", 0, r.Guard.Carriers)
+	return plotRunCDFs(r, dir, gridCell{Service: "cpu", Conns: r.Guard.Carriers, Open: true}, r.GuardResults)
 }

@@ -58,7 +58,8 @@ func poll[T any](ctx context.Context, every time.Duration, read func() (T, bool)
 // on, the reason in skipped) and runErr if the run failed (no more runs of
 // it; the error ends up in skipped too, unless some run succeeded, and is
 // returned per system). ok(i) says whether system i has a run to report.
-func interleaved(ctx context.Context, log io.Writer, names []string, runs int, alternate bool,
+// Each run is a step of pr's plan, planned to take per.
+func interleaved(ctx context.Context, log io.Writer, pr *progress, per time.Duration, names []string, runs int, alternate bool,
 	skipped map[string]string, once func(r, i int) (startErr, runErr error), ok func(i int) bool) ([]string, error) {
 	errs := make([]string, len(names))
 	for r := range runs {
@@ -74,14 +75,18 @@ func interleaved(ctx context.Context, log io.Writer, names []string, runs int, a
 				continue
 			}
 			startErr, runErr := once(r, si)
+			pr.step(per)
 			switch {
 			case startErr != nil:
 				fmt.Fprintf(log, "  %s not started: %v\n", names[si], startErr)
 				skipped[names[si]] = oneLine(startErr.Error())
+				pr.drop(runs-r-1, per)
 			case runErr != nil:
 				errs[si] = runErr.Error()
 				fmt.Fprintf(log, "  run %d %-24s error: %v\n", r+1, names[si], runErr)
+				pr.drop(runs-r-1, per)
 			}
+			pr.report(fmt.Sprintf("run %d/%d of %s done", r+1, runs, names[si]))
 		}
 	}
 	for i, e := range errs {
@@ -90,4 +95,41 @@ func interleaved(ctx context.Context, log io.Writer, names []string, runs int, a
 		}
 	}
 	return errs, nil
+}
+
+// runSet is one system's runs in a scenario that starts its systems afresh
+// for every run (S3, S5, S6, S8, S9): each run's figures, each figure's
+// median, the run the plots draw, and the error that ended its runs.
+type runSet[F any] struct {
+	Runs   []F    `json:"runs"`
+	Median F      `json:"median"`
+	Drawn  int    `json:"drawn_run"` // the run whose key figure is the median (see the scenario): the one drawn
+	Error  string `json:"error,omitempty"`
+}
+
+// runEach runs every system runs times with interleaved, each run a step
+// of the session's progress planned to take per. once(r, i) measures run
+// r of system i and returns its figures (or startErr and runErr, as
+// interleaved's once does); sets[i] collects system i's, and then has
+// their medians and the run drawn picks.
+func runEach[F any](ctx context.Context, cfg Config, per time.Duration, names []string, runs int, alternate bool,
+	skipped map[string]string, sets []*runSet[F], drawn func([]F) int, once func(r, i int) (f F, startErr, runErr error)) error {
+	errs, err := interleaved(ctx, cfg.Log, cfg.progress, per, names, runs, alternate, skipped, func(r, i int) (error, error) {
+		f, startErr, runErr := once(r, i)
+		if startErr == nil && runErr == nil {
+			sets[i].Runs = append(sets[i].Runs, f)
+		}
+		return startErr, runErr
+	}, func(i int) bool { return len(sets[i].Runs) > 0 })
+	if err != nil {
+		return err
+	}
+	for i, s := range sets {
+		s.Error = errs[i]
+		if len(s.Runs) > 0 {
+			s.Median = medianOf(s.Runs)
+			s.Drawn = drawn(s.Runs)
+		}
+	}
+	return nil
 }

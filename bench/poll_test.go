@@ -50,7 +50,7 @@ func TestInterleaved(t *testing.T) {
 	var order []string
 	ran := map[int]int{}
 	skipped := map[string]string{}
-	errs, err := interleaved(context.Background(), io.Discard, names, 3, true, skipped, func(r, i int) (error, error) {
+	errs, err := interleaved(context.Background(), io.Discard, nil, 0, names, 3, true, skipped, func(r, i int) (error, error) {
 		order = append(order, names[i])
 		switch {
 		case names[i] == "b":

@@ -48,6 +48,10 @@ func (r *report) Markdown() string {
 		r.writeCluster(&b)
 	case r.Gossip != nil:
 		r.writeGossip(&b)
+	case r.Skew != nil:
+		r.writeSkew(&b)
+	case r.Restart != nil:
+		r.writeRestart(&b)
 	default:
 		r.writeGrid(&b)
 	}
@@ -105,7 +109,7 @@ func (r *report) writeGrid(b *strings.Builder) {
 func (r *report) ratioTable() string {
 	var peers []string
 	for _, s := range r.Systems {
-		if s != nameTpsched && s != nameTpschedC { // the C UAP is tpsched too, not a peer
+		if s != nameTpsched && s != nameTpschedC && s != nameTpschedLocal { // tpsched too, not peers
 			peers = append(peers, s)
 		}
 	}
@@ -149,6 +153,9 @@ func ratio(a, b float64) string {
 func payloadName(c gridCell) string {
 	if c.Service == "burn" {
 		return fmt.Sprintf("%d us CPU", burnMicros)
+	}
+	if c.Service == "cpu" {
+		return fmt.Sprintf("%d us thread CPU", burnMicros)
 	}
 	if c.Service == "sleep" {
 		return fmt.Sprintf("sleep %d ms", s6SleepMs)

@@ -84,7 +84,7 @@ func TestFormatting(t *testing.T) {
 		{dur(12.4), "12 us"}, {dur(1234), "1.23 ms"}, {dur(12345), "12.3 ms"}, {dur(2.5e6), "2.50 s"},
 		{pct(0), "0"}, {pct(0.5), "50.0%"}, {pct(0.0001), "0.010%"},
 		{payloadName(gridCell{Service: "echo", Payload: 65536}), "64 KiB"}, {payloadName(gridCell{Service: "echo", Payload: 128}), "128 B"},
-		{payloadName(gridCell{Service: "burn"}), "200 us CPU"},
+		{payloadName(gridCell{Service: "burn"}), "200 us CPU"}, {payloadName(gridCell{Service: "cpu"}), "200 us thread CPU"},
 		{ratio(3, 0), "-"}, {ratio(3, 2), "1.50x"},
 	} {
 		if tc.got != tc.want {

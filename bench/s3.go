@@ -33,14 +33,11 @@ var (
 
 // stepResult is one system's S3 runs.
 type stepResult struct {
-	System  string         `json:"system"`
-	Config  string         `json:"config"`
-	Runs    []stepFigures  `json:"runs"`
-	Median  stepFigures    `json:"median"`
-	Drawn   int            `json:"drawn_run"` // the run in the plots and in Windows (median recovery)
-	Windows []stepWindow   `json:"windows,omitempty"`
+	System string `json:"system"`
+	Config string `json:"config"`
+	runSet[stepFigures]
+	Windows []stepWindow   `json:"windows,omitempty"` // of the drawn run (median recovery)
 	Samples []workerSample `json:"worker_samples,omitempty"`
-	Error   string         `json:"error,omitempty"`
 }
 
 type s3System struct {
@@ -63,18 +60,27 @@ func s3Systems(env Env, sp Spec) []s3System {
 	}
 }
 
+// s3Sizing is the step profile and the runs per system of the session.
+func s3Sizing(cfg Config) (stepLoad, int) {
+	if cfg.Quick {
+		return s3QuickLoad, 1
+	}
+	return s3Load, cfg.Runs
+}
+
+// s3RunTime is one S3 run's plan: the profile, and starting the system.
+func s3RunTime(sl stepLoad) time.Duration { return sl.End() + startSlack }
+
 // runS3 runs the step on each system, runs times interleaved (the order
 // rotates, and reverses, between runs), each run on a freshly started
 // system so every one begins from the same idle pool.
 func runS3(ctx context.Context, cfg Config,
 	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
-	sl, runs := s3Load, cfg.Runs
-	if cfg.Quick {
-		sl, runs = s3QuickLoad, 1
-	}
+	sl, runs := s3Sizing(cfg)
 	systems := slices.DeleteFunc(s3Systems(cfg.Env, cfg.Spec), func(s s3System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
 	})
+	cfg.progress.begin(plan("S3", len(systems)*runs, s3RunTime(sl)))
 	results := make([]stepResult, len(systems))
 	traces := make([][]stepTrace, len(systems))
 	skipped := map[string]string{}
@@ -85,44 +91,39 @@ func runS3(ctx context.Context, cfg Config,
 		names[i] = sys.name
 		results[i].System, results[i].Config = sys.name, sys.config
 	}
-	errs, err := interleaved(ctx, cfg.Log, names, runs, true, skipped, func(r, si int) (error, error) {
+	sets := make([]*runSet[stepFigures], len(systems))
+	for i := range results {
+		sets[i] = &results[i].runSet
+	}
+	err := runEach(ctx, cfg, s3RunTime(sl), names, runs, true, skipped, sets, recoveryRun, func(r, si int) (stepFigures, error, error) {
 		s, err := systems[si].start()
 		if err != nil {
-			return err, nil
+			return stepFigures{}, err, nil
 		}
 		tr, err := stepRun(ctx, s, sl)
 		s.Stop()
 		if err != nil {
-			return nil, err
+			return stepFigures{}, nil, err
 		}
 		f, _ := stepFiguresOf(sl, tr.calls, tr.samples)
-		results[si].Runs = append(results[si].Runs, f)
 		traces[si] = append(traces[si], tr)
 		fmt.Fprintf(cfg.Log, "  run %d %-24s p99 %s / %s / %s, recovered %s, first extra worker %s, workers %.0f -> %.0f (at %s), back %s, refused %.0f failed %.0f timed out %.0f\n",
 			r+1, names[si], dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), msOrNever(f.RecoveryMs), msOrNever(f.FirstExtraMs),
 			f.BaselineWorkers, f.PeakWorkers, msOrNever(f.ToPeakMs), msOrNever(f.BackMs), f.Refused, f.Failed, f.TimedOut)
-		return nil, nil
-	}, func(i int) bool { return len(results[i].Runs) > 0 })
+		return f, nil, nil
+	})
 	if err != nil {
 		return err
 	}
 	var done []stepResult
-	for i := range results {
-		res := &results[i]
-		res.Error = errs[i]
-		if len(res.Runs) == 0 {
-			continue
-		}
-		res.Median = medianOf(res.Runs)
-		res.Drawn = recoveryRun(res.Runs)
-		tr := traces[i][res.Drawn]
-		_, res.Windows = stepFiguresOf(sl, tr.calls, tr.samples)
-		res.Samples = tr.samples
-		done = append(done, *res)
-	}
 	var reported []string
-	for _, d := range done {
-		reported = append(reported, d.System)
+	for i, res := range results {
+		if len(res.Runs) > 0 {
+			tr := traces[i][res.Drawn]
+			_, res.Windows = stepFiguresOf(sl, tr.calls, tr.samples)
+			res.Samples = tr.samples
+			done, reported = append(done, res), append(reported, res.System)
+		}
 	}
 	o := runOptions{Runs: runs, Duration: sl.End()}
 	r := newReport("S3", fmt.Sprintf("a load step from %.0f/s to %.0f/s on pools of 1 to %d workers that grow with the load", sl.Base, sl.Peak, s3MaxWorkers),
@@ -227,21 +228,26 @@ type statusGroup struct {
 
 // tpschedWorkers counts the processes of group in a node's /status.
 func tpschedWorkers(url, group string) (int, error) {
-	resp, err := statusClient.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("%s: %s", url, resp.Status)
-	}
 	var st struct {
 		Groups []statusGroup `json:"groups"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if err := getJSON(url, &st); err != nil {
 		return 0, err
 	}
 	return countWorkers(st.Groups, group), nil
+}
+
+// getJSON decodes the answer to a GET of url (a node's /status) into v.
+func getJSON(url string, v any) error {
+	resp, err := statusClient.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // countWorkers counts the processes (those with a pid: resident and

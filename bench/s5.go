@@ -2,15 +2,14 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"tpsched/netio"
 	"tpsched/scd/def"
 )
 
@@ -67,7 +66,7 @@ type statusSample struct {
 	MachineSteal float64 `json:"machine_steal_seconds"`
 }
 
-// nodeStatus is the part of tpsched's /status that S5 reads.
+// nodeStatus is the part of tpsched's /status that S5 and S8 read.
 type nodeStatus struct {
 	Probes struct {
 		Name      string `json:"name"`
@@ -79,7 +78,9 @@ type nodeStatus struct {
 		NonResidentStops  uint64 `json:"nonresident_stops"`
 		CPUGuardHolds     uint64 `json:"cpu_guard_holds"`
 	} `json:"scaling"`
-	Groups []struct {
+	// Steering: how each receiver group's new connections are placed (S8).
+	Steering []netio.SteeringStatus `json:"steering"`
+	Groups   []struct {
 		statusGroup
 		QueueDepth int `json:"queue_depth"`
 		Usage      struct {
@@ -109,16 +110,8 @@ func (st *nodeStatus) Sample(group string) statusSample {
 }
 
 func readStatus(url string) (*nodeStatus, error) {
-	resp, err := statusClient.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
-	}
 	var st nodeStatus
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if err := getJSON(url, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil
@@ -249,16 +242,13 @@ type guardFigures struct {
 
 // guardResult is one system's S5 runs.
 type guardResult struct {
-	System    string           `json:"system"`
-	Config    string           `json:"config"`
-	WaitLimit int              `json:"cpu_wait_limit"`
-	Probes    string           `json:"cpu_measurement"` // how scdd measured run-queue wait
-	Runs      []guardFigures   `json:"runs"`
-	Median    guardFigures     `json:"median"`
-	Drawn     int              `json:"drawn_run"` // the run with the median throughput: its CDF is drawn
-	CDF       []cdfPoint       `json:"cdf,omitempty"`
-	Samples   [][]statusSample `json:"status_samples,omitempty"` // every run's, in the order of Runs
-	Error     string           `json:"error,omitempty"`
+	System    string `json:"system"`
+	Config    string `json:"config"`
+	WaitLimit int    `json:"cpu_wait_limit"`
+	Probes    string `json:"cpu_measurement"` // how scdd measured run-queue wait
+	runSet[guardFigures]
+	CDF     []cdfPoint       `json:"cdf,omitempty"`            // of the drawn run (median throughput)
+	Samples [][]statusSample `json:"status_samples,omitempty"` // every run's, in the order of Runs
 }
 
 type s5System struct {
@@ -306,6 +296,28 @@ func s5Capacity(ctx context.Context, cfg Config, opts runOptions, capacity map[s
 		cores, queue, conns, len(m.Runs)), nil
 }
 
+// s5Timing is each S5 run's warm-up and measured time, and the runs per
+// system.
+func s5Timing(cfg Config, opts runOptions) (runOptions, int) {
+	o := opts
+	o.Warmup = given(cfg.S5Warmup, s5Warmup, s5Warmup, cfg.Quick)
+	o.Duration = given(cfg.S5Duration, s5Duration, s5QuickDuration, cfg.Quick)
+	// The group's runs vary more from one to the next than a fixed pool's
+	// (16 processes time-sharing 2 cores), so the full run takes at least
+	// S5Runs of them.
+	runs := cfg.Runs
+	if !cfg.Quick {
+		runs = max(runs, s5Runs)
+	}
+	return o, runs
+}
+
+// s5Plan is S5 on n systems: the capacity runs (capOpts), then runs of o
+// per system, each on a node started afresh.
+func s5Plan(n int, capOpts, o runOptions, runs int) scenarioPlan {
+	return plan("S5", capOpts.Runs, capOpts.stepTime()).and(n*runs, o.stepTime()+startSlack)
+}
+
 // runS5 offers the same open-loop rate, above capacity, to tpsched with the
 // CPU guard and without, cfg.Runs times each (at least S5Runs in the full
 // run), alternating which goes first, each run on a freshly started node
@@ -323,16 +335,7 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 	if queue <= 0 {
 		queue = S5Queue
 	}
-	o := opts
-	o.Warmup = given(cfg.S5Warmup, s5Warmup, s5Warmup, cfg.Quick)
-	o.Duration = given(cfg.S5Duration, s5Duration, s5QuickDuration, cfg.Quick)
-	// The group's runs vary more from one to the next than a fixed pool's
-	// (16 processes time-sharing 2 cores), so the full run takes at least
-	// S5Runs of them.
-	runs := cfg.Runs
-	if !cfg.Quick {
-		runs = max(runs, s5Runs)
-	}
+	o, runs := s5Timing(cfg, opts)
 	sp := Spec{Workers: s5Max, Front: cfg.Spec.Front, Queue: queue}
 	systems := slices.DeleteFunc(s5Systems(cfg.Env, sp, limit), func(s s5System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
@@ -343,6 +346,7 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 	}
 	capOpts := opts
 	capOpts.Runs = cfg.Runs
+	cfg.progress.begin(s5Plan(len(systems), capOpts, o, runs))
 	capRate, capFrom, err := s5Capacity(ctx, cfg, capOpts, capacity, cores, queue)
 	if err != nil {
 		return fmt.Errorf("S5: %w", err)
@@ -363,47 +367,41 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 		names[i] = sys.name
 		results[i].System, results[i].Config, results[i].WaitLimit = sys.name, sys.config, sys.limit
 	}
-	errs, err := interleaved(ctx, cfg.Log, names, runs, false, skipped, func(r, si int) (error, error) {
+	sets := make([]*runSet[guardFigures], len(systems))
+	for i := range results {
+		sets[i] = &results[i].runSet
+	}
+	err = runEach(ctx, cfg, o.stepTime()+startSlack, names, runs, false, skipped, sets, throughputRun, func(r, si int) (guardFigures, error, error) {
 		s, err := systems[si].start()
 		if err != nil {
-			return err, nil
+			return guardFigures{}, err, nil
 		}
 		f, d, probes, err := guardRun(ctx, s, o, setup)
 		s.Stop()
 		if err != nil {
-			return nil, err
+			return guardFigures{}, nil, err
 		}
-		res := &results[si]
-		res.Probes = probes
-		res.Runs = append(res.Runs, f)
+		results[si].Probes = probes
 		traces[si] = append(traces[si], drawn{d.CDF, d.samples})
 		fmt.Fprintf(cfg.Log, "  run %d %-20s %6.0f/s p50 %s p99 %s refused %.0f timed out %.0f; processes mean %.1f max %.0f peak %.0f; wait%% mean %.0f max %.0f, waiting %.2f; holds %.0f (run %.0f), starts %.0f (run %.0f); UAP cpu %.0fus/completed call; machine busy %.2f cores, other %.2f, steal %.2f\n",
 			r+1, names[si], f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs, f.PeakProcs,
 			f.MeanWaitPct, f.MaxWaitPct, f.Waiting, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts, f.UAPCPUus,
 			f.MachineCores, f.OtherCPU, f.StealCores)
-		return nil, nil
-	}, func(i int) bool { return len(results[i].Runs) > 0 })
+		return f, nil, nil
+	})
 	if err != nil {
 		return err
 	}
 	var done []guardResult
-	for i := range results {
-		res := &results[i]
-		res.Error = errs[i]
-		if len(res.Runs) == 0 {
-			continue
-		}
-		res.Median = medianOf(res.Runs)
-		res.Drawn = throughputRun(res.Runs)
-		res.CDF = traces[i][res.Drawn].cdf
-		for _, t := range traces[i] {
-			res.Samples = append(res.Samples, t.samples)
-		}
-		done = append(done, *res)
-	}
 	var reported []string
-	for _, d := range done {
-		reported = append(reported, d.System)
+	for i, res := range results {
+		if len(res.Runs) > 0 {
+			res.CDF = traces[i][res.Drawn].cdf
+			for _, t := range traces[i] {
+				res.Samples = append(res.Samples, t.samples)
+			}
+			done, reported = append(done, res), append(reported, res.System)
+		}
 	}
 	o.Runs = runs
 	title := fmt.Sprintf("the CPU guard: a CPU-bound service offered %.1fx capacity on a group of %d to %d processes", factor, s5Resident, s5Max)

@@ -190,8 +190,8 @@ func TestMedianOfGuardFigures(t *testing.T) {
 
 func guardResults(on, off []guardFigures) []guardResult {
 	return []guardResult{
-		{System: nameTpschedGuard, WaitLimit: 30, Probes: "tp_btf", Runs: on, Median: medianOf(on), Drawn: throughputRun(on)},
-		{System: nameTpschedGuardOff, WaitLimit: 0, Probes: "tp_btf", Runs: off, Median: medianOf(off), Drawn: throughputRun(off)},
+		{System: nameTpschedGuard, WaitLimit: 30, Probes: "tp_btf", runSet: runSet[guardFigures]{Runs: on, Median: medianOf(on), Drawn: throughputRun(on)}},
+		{System: nameTpschedGuardOff, WaitLimit: 0, Probes: "tp_btf", runSet: runSet[guardFigures]{Runs: off, Median: medianOf(off), Drawn: throughputRun(off)}},
 	}
 }
 

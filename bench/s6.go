@@ -2,11 +2,9 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -116,13 +114,10 @@ type clusterFigures struct {
 
 // clusterResult is one system's S6 runs.
 type clusterResult struct {
-	System string           `json:"system"`
-	Config string           `json:"config"` // the scdsvcdef lines that differ
-	Runs   []clusterFigures `json:"runs"`
-	Median clusterFigures   `json:"median"`
-	Drawn  int              `json:"drawn_run"` // the run with the median p99: its CDF is drawn
-	CDF    []cdfPoint       `json:"cdf,omitempty"`
-	Error  string           `json:"error,omitempty"`
+	System string `json:"system"`
+	Config string `json:"config"` // the scdsvcdef lines that differ
+	runSet[clusterFigures]
+	CDF []cdfPoint `json:"cdf,omitempty"` // of the drawn run (median p99)
 }
 
 type s6System struct{ name, sched string }
@@ -250,14 +245,6 @@ func (c *cluster) waitJoined(n int, limit time.Duration) error {
 
 // clusterNodesKnown counts the nodes a node's /status lists with group.
 func clusterNodesKnown(url, group string) (int, error) {
-	resp, err := statusClient.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("%s: %s", url, resp.Status)
-	}
 	var st struct {
 		Cluster *struct {
 			Nodes []struct {
@@ -267,7 +254,7 @@ func clusterNodesKnown(url, group string) (int, error) {
 			} `json:"nodes"`
 		} `json:"cluster"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if err := getJSON(url, &st); err != nil {
 		return 0, err
 	}
 	if st.Cluster == nil {
@@ -538,6 +525,25 @@ func clusterVerdict(results []clusterResult, target float64) string {
 	return b.String()
 }
 
+// s6Timing is each S6 run's warm-up and measured time, and the runs per
+// system.
+func s6Timing(cfg Config, opts runOptions) runOptions {
+	o := opts
+	o.Warmup = given(cfg.S6Warmup, s6Warmup, s6QuickWarmup, cfg.Quick)
+	o.Duration = given(cfg.S6Duration, s6Duration, s6QuickDuration, cfg.Quick)
+	// OpenTP1's rule varies more from one run to the next (a fast node's
+	// level flips now and then), so the full run takes at least S6Runs.
+	o.Runs = cfg.Runs
+	if !cfg.Quick {
+		o.Runs = max(o.Runs, s6Runs)
+	}
+	return o
+}
+
+// s6RunTime is one S6 run's plan: three nodes started and joined, then
+// the run.
+func s6RunTime(o runOptions) time.Duration { return o.stepTime() + 3*startSlack }
+
 // runS6 offers the same open-loop rate to the three rules, cfg.Runs times
 // each, rotating which goes first, each run on three freshly started nodes.
 func runS6(ctx context.Context, cfg Config, opts runOptions,
@@ -546,9 +552,7 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 	if factor <= 0 {
 		factor = S6Load
 	}
-	o := opts
-	o.Warmup = given(cfg.S6Warmup, s6Warmup, s6QuickWarmup, cfg.Quick)
-	o.Duration = given(cfg.S6Duration, s6Duration, s6QuickDuration, cfg.Quick)
+	o := s6Timing(cfg, opts)
 	queue := cfg.S6Queue
 	if queue <= 0 {
 		queue = S6Queue
@@ -565,12 +569,6 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 		setup.Capacity += c
 	}
 	setup.Rate = factor * setup.Capacity
-	// OpenTP1's rule varies more from one run to the next (a fast node's
-	// level flips now and then), so the full run takes at least S6Runs.
-	o.Runs = cfg.Runs
-	if !cfg.Quick {
-		o.Runs = max(o.Runs, s6Runs)
-	}
 	systems := slices.DeleteFunc(s6Systems(), func(s s6System) bool {
 		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
 	})
@@ -578,6 +576,7 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 		fmt.Fprintf(cfg.Log, "S6: none of its systems selected\n")
 		return nil
 	}
+	cfg.progress.begin(plan("S6", len(systems)*o.Runs, s6RunTime(o)))
 	results := make([]clusterResult, len(systems))
 	cdfs := make([][][]cdfPoint, len(systems))
 	skipped := map[string]string{}
@@ -588,42 +587,37 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 		names[i] = sys.name
 		results[i].System, results[i].Config = sys.name, sys.sched
 	}
-	errs, err := interleaved(ctx, cfg.Log, names, o.Runs, false, skipped, func(r, si int) (error, error) {
+	sets := make([]*runSet[clusterFigures], len(systems))
+	for i := range results {
+		sets[i] = &results[i].runSet
+	}
+	err := runEach(ctx, cfg, s6RunTime(o), names, o.Runs, false, skipped, sets, p99Run, func(r, si int) (clusterFigures, error, error) {
 		sys := systems[si]
 		c, err := startCluster(cfg.Env, sys.name, s6IPs, sys.schedLines(), s6Slow, s6Slowdown, queue)
 		if err != nil {
-			return err, nil
+			return clusterFigures{}, err, nil
 		}
 		f, cdf, err := clusterRun(ctx, c, o, setup)
 		c.Stop()
 		if err != nil {
-			return nil, err
+			return clusterFigures{}, nil, err
 		}
-		results[si].Runs = append(results[si].Runs, f)
 		cdfs[si] = append(cdfs[si], cdf)
 		fmt.Fprintf(cfg.Log, "  run %d %-20s %5.0f/s p50 %s p99 %s p99.9 %s refused %.0f timed out %.0f; served/s %s; slow node at LEVEL0/1/2 %s; transferred %.0f/s; machine %.2f cores\n",
 			r+1, sys.name, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
 			joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, s6Slow), f.Transferred, f.MachineCores)
-		return nil, nil
-	}, func(i int) bool { return len(results[i].Runs) > 0 })
+		return f, nil, nil
+	})
 	if err != nil {
 		return err
 	}
 	var done []clusterResult
-	for i := range results {
-		res := &results[i]
-		res.Error = errs[i]
-		if len(res.Runs) == 0 {
-			continue
-		}
-		res.Median = medianOf(res.Runs)
-		res.Drawn = p99Run(res.Runs)
-		res.CDF = cdfs[i][res.Drawn]
-		done = append(done, *res)
-	}
 	var reported []string
-	for _, d := range done {
-		reported = append(reported, d.System)
+	for i, res := range results {
+		if len(res.Runs) > 0 {
+			res.CDF = cdfs[i][res.Drawn]
+			done, reported = append(done, res), append(reported, res.System)
+		}
 	}
 	rep := newReport("S6", fmt.Sprintf("three nodes, one %d times slower: random, OpenTP1's rule and P2C at %.0f%% of capacity",
 		s6Slowdown, 100*factor), reported, skipped, o)
@@ -730,18 +724,12 @@ func s6Setup(g clusterSetup, o runOptions, quick bool, systems []s6System, loadg
 	return out
 }
 
-// plotClusterCDF draws S6's latency distributions with PlotCDF.
+// plotClusterCDF draws S6's latency distributions.
 func plotClusterCDF(r *report, dir string) (string, error) {
 	if r.Cluster == nil {
 		return "", nil
 	}
-	c := gridCell{Service: "sleep", Conns: r.Cluster.Carriers, Open: true}
-	for _, res := range r.ClusterResults {
-		c.Results = append(c.Results, measurement{System: res.System, CDF: res.CDF})
-	}
-	tmp := *r
-	tmp.Cells = []gridCell{c}
-	return plotCDF(&tmp, dir, "sleep", 0, r.Cluster.Carriers)
+	return plotRunCDFs(r, dir, gridCell{Service: "sleep", Conns: r.Cluster.Carriers, Open: true}, r.ClusterResults)
 }
 
 // writeCluster writes S6: the figures of each rule, each node's share

@@ -229,7 +229,7 @@ func TestClusterMarkdown(t *testing.T) {
 	f.Share = []float64{0.4, 0.38, 0.22}
 	f.NodeRefused = []float64{0, 0, 400}
 	r := &report{Scenario: "S6", Title: "t", Date: "2026-01-01", Runs: 2, Cluster: &setup,
-		ClusterResults: []clusterResult{{System: nameClusterRandom, Runs: []clusterFigures{f, f}, Median: f}},
+		ClusterResults: []clusterResult{{System: nameClusterRandom, runSet: runSet[clusterFigures]{Runs: []clusterFigures{f, f}, Median: f}}},
 		Setup:          s6Setup(setup, runOptions{Runs: 2, Warmup: time.Second, Duration: time.Second, Timeout: time.Second}, false, s6Systems(), "loadgen")}
 	r.Notes = append(r.Notes, slowNotSlow(r.ClusterResults, setup))
 	md := r.Markdown()
@@ -241,7 +241,7 @@ func TestClusterMarkdown(t *testing.T) {
 		}
 	}
 	f.Served[2] = 270
-	if n := slowNotSlow([]clusterResult{{System: nameClusterRandom, Median: f}}, setup); !strings.Contains(n, "not 3 times slower") {
+	if n := slowNotSlow([]clusterResult{{System: nameClusterRandom, runSet: runSet[clusterFigures]{Median: f}}}, setup); !strings.Contains(n, "not 3 times slower") {
 		t.Errorf("a slow node serving 270/s is not called out: %q", n)
 	}
 }

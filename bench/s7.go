@@ -275,8 +275,8 @@ type s7Member struct {
 }
 
 // runS7 runs the 128 members, measures, and writes the report.
-func runS7(ctx context.Context, cfg Config,
-	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+// s7Sizing is S7's setup for the session.
+func s7Sizing(cfg Config) gossipSetup {
 	setup := gossipSetup{Nodes: cfg.S7Nodes, Seeds: s7Seeds, Probes: cfg.S7Probes, Quiet: cfg.S7Quiet,
 		Refresh: s7Refresh, ProbeLimit: s7ProbeLimit, Gap: s7Gap, Fast: false, Cores: runtime.NumCPU()}
 	if setup.Nodes <= 0 {
@@ -294,11 +294,28 @@ func runS7(ctx context.Context, cfg Config,
 			setup.Quiet = s7QuickQuiet
 		}
 	}
+	return setup
+}
+
+// s7Plan is S7 as one step: the members join one by one, the quiet
+// spell, each change and the gap after it (a change takes well under a
+// second to reach every member), and the members leave.
+func s7Plan(setup gossipSetup) scenarioPlan {
+	return plan("S7", 1, time.Duration(setup.Nodes)*s7JoinInterval+setup.Quiet+
+		time.Duration(setup.Probes)*(setup.Gap+time.Second)+s7LeaveLimit)
+}
+
+func runS7(ctx context.Context, cfg Config,
+	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+	setup := s7Sizing(cfg)
+	cfg.progress.begin(s7Plan(setup))
 	fmt.Fprintf(cfg.Log, "S7: %d members in this process, quiet %v, %d changes\n", setup.Nodes, setup.Quiet, setup.Probes)
 	res, err := gossipRun(ctx, setup, cfg.Log)
 	if err != nil {
 		return fmt.Errorf("S7: %w", err)
 	}
+	cfg.progress.step(s7Plan(setup).planned)
+	cfg.progress.report("the members' run done")
 	rep := newReport("S7", fmt.Sprintf("%d nodes: announce propagation and traffic", setup.Nodes), []string{"tpsched names (memberlist)"},
 		nil, runOptions{Runs: 1})
 	rep.Gossip = res

@@ -18,7 +18,7 @@ type Config struct {
 	Env       Env
 	Out       string   // directory for the reports
 	Quick     bool     // the development grid
-	Scenarios []string // of S1 to S7
+	Scenarios []string // of S1 to S10
 	Runs      int
 	Warmup    time.Duration
 	Duration  time.Duration
@@ -41,14 +41,33 @@ type Config struct {
 	S7Nodes  int
 	S7Probes int
 	S7Quiet  time.Duration
-	Systems  []string // only these systems (by report name); empty: all
-	Quiet    Quiet    // keeping other tenants out of the figures
+	// S8: receiving sockets and heavy connections (0: the defaults).
+	S8Receivers int
+	S8Heavy     int
+	Systems     []string // only these systems (by report name); empty: all
+	Quiet       Quiet    // keeping other tenants out of the figures
 	// Compare is the other grid's reports (a directory) or one report:
 	// S1, S2 and S4 flag the systems that moved between the two grids
 	// beyond the noise. Empty: the quick grid compares with the full one
 	// in the parent of Out, the full grid with Out/quick.
 	Compare string
 	Log     io.Writer
+	// progress is the session's, made by Run.
+	progress *progress
+}
+
+// selected is those of list the session measures (Systems, or all).
+func (cfg Config) selected(list []string) []string {
+	if len(cfg.Systems) == 0 {
+		return list
+	}
+	var out []string
+	for _, n := range list {
+		if slices.Contains(cfg.Systems, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // A grid is a closed-loop scenario measured over cells on systems that
@@ -102,6 +121,22 @@ var grids = []grid{{
 		r.addPlot(plotThroughput(r, dir, "burn", 0))
 		r.addPlot(plotCDF(r, dir, "burn", 0, r.Cells[len(r.Cells)-1].Conns))
 	},
+}, {
+	id:       "S10",
+	service:  "echo",
+	payloads: [2][]int{{128}, {128}},
+	conns:    [2][]int{{1, 5, 64}, {1, 5}},
+	systems:  [2][]string{{nameTpsched, nameTpschedLocal}, {nameTpsched, nameTpschedLocal}},
+	title:    func(Spec) string { return "a UAP calling another UAP on the same node (local call)" },
+	about: func(Spec) string {
+		return "Service: echo, reached directly (tpsched: client -> scdd -> UAP) and through a local call (tpsched local call: " +
+			"client -> scdd -> front UAP, whose handler calls bench/echo with shm.UAP.Call -> scdd -> bench UAP, and back). Closed loop: " +
+			"N connections, one call outstanding on each; N = 1 and 5 are the callers of Enduro/X's published local figures."
+	},
+	finish: func(r *report, dir string) {
+		r.Notes = append(r.Notes, s10Notes(r))
+		r.addPlot(plotThroughput(r, dir, "echo", 128))
+	},
 }}
 
 // cells is the grid's cells, every payload with every connection count.
@@ -137,13 +172,14 @@ const s4Carriers = 256
 
 // starters start each system of the grids by its report name.
 var starters = map[string]func(Env, Spec) (*system, error){
-	nameTpsched:   startTpsched,
-	nameTpschedC:  startTpschedC,
-	nameGnetEcho:  startGnetEcho,
-	nameGRPC:      startGRPC,
-	namePHPStatic: func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
-	namePHPDyn:    func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
-	nameHAProxy:   startHAProxy,
+	nameTpsched:      startTpsched,
+	nameTpschedC:     startTpschedC,
+	nameTpschedLocal: startTpschedLocal,
+	nameGnetEcho:     startGnetEcho,
+	nameGRPC:         startGRPC,
+	namePHPStatic:    func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
+	namePHPDyn:       func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
+	nameHAProxy:      startHAProxy,
 }
 
 // startAll starts the systems it can; the others are returned as skipped
@@ -151,10 +187,7 @@ var starters = map[string]func(Env, Spec) (*system, error){
 func startAll(cfg Config, sp Spec, list []string) ([]*system, map[string]string) {
 	var systems []*system
 	skipped := map[string]string{}
-	for _, name := range list {
-		if len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, name) {
-			continue
-		}
+	for _, name := range cfg.selected(list) {
 		fmt.Fprintf(cfg.Log, "starting %s\n", name)
 		s, err := starters[name](cfg.Env, sp)
 		if err != nil {
@@ -192,6 +225,9 @@ func Run(ctx context.Context, cfg Config) error {
 	machine.Peers = peerVersions()
 	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
+	cfg.progress = newProgress(cfg.Log, nil, sessionPlan(cfg, opts))
+	opts.progress = cfg.progress
+	cfg.progress.announce()
 	newReport := func(id, title string, systems []string, skipped map[string]string, o runOptions) *report {
 		return &report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
 			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
@@ -229,6 +265,7 @@ func Run(ctx context.Context, cfg Config) error {
 			on := slices.DeleteFunc(slices.Clone(systems), func(s *system) bool { return !slices.Contains(in, s.Name) })
 			cells := g.cells(cfg.Quick)
 			fmt.Fprintf(cfg.Log, "%s: %s, %d cells x %d systems x %d runs\n", g.id, g.title(cfg.Spec), len(cells), len(on), opts.Runs)
+			cfg.progress.begin(plan(g.id, len(cells)*len(on)*opts.Runs, opts.stepTime()))
 			measure(ctx, opts, on, cells, nil)
 			r := newReport(g.id, g.title(cfg.Spec), names(on), pick(skipped, in...), opts)
 			r.Cells = cells
@@ -286,17 +323,54 @@ func Run(ctx context.Context, cfg Config) error {
 		return ctx.Err()
 	}
 	if want("S7") {
-		return runS7(ctx, cfg, newReport)
+		if err := runS7(ctx, cfg, newReport); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S8") {
+		if err := runS8(ctx, cfg, opts, newReport); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if want("S9") {
+		return runS9(ctx, cfg, newReport)
 	}
 	return nil
+}
+
+// S4's systems, and its options: warm-up and measured time twice the
+// grids'.
+var s4Systems = []string{nameTpsched, namePHPStatic, nameHAProxy}
+
+func s4Options(opts runOptions) runOptions {
+	o := opts
+	o.Warmup = 2 * opts.Warmup
+	o.Duration = 2 * opts.Duration
+	return o
+}
+
+// s4Plan is S4 on n systems, measuring their capacity first unless S2 did.
+func s4Plan(n int, opts runOptions, needCapacity bool) scenarioPlan {
+	p := plan("S4", n*opts.Runs, s4Options(opts).stepTime())
+	if needCapacity {
+		p = p.and(n*opts.Runs, opts.stepTime())
+	}
+	return p
 }
 
 func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
 	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
 	sp := cfg.Spec
 	sp.Queue = cfg.S4Queue
-	systems, skipped := startAll(cfg, sp, []string{nameTpsched, namePHPStatic, nameHAProxy})
+	systems, skipped := startAll(cfg, sp, s4Systems)
 	defer stopAll(systems)
+	cfg.progress.begin(s4Plan(len(systems), opts, len(capacity) == 0))
 	if len(capacity) == 0 {
 		// S2 was not run: measure capacity now, closed loop with fewer
 		// connections than the queue holds, so nothing is refused.
@@ -317,9 +391,7 @@ func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 		}
 		return false
 	})
-	o := opts
-	o.Warmup = 2 * opts.Warmup
-	o.Duration = 2 * opts.Duration
+	o := s4Options(opts)
 	cells := []gridCell{{Service: "burn", Conns: s4Carriers, Open: true}}
 	fmt.Fprintf(cfg.Log, "S4: burn %d us, open loop at 2x capacity %v\n", burnMicros, capacity)
 	measure(ctx, o, systems, cells, func(system string, _ *gridCell) float64 { return 2 * capacity[system] })
@@ -430,6 +502,26 @@ func s1Targets(r *report) string {
 			verdict(thr >= t.want), dur(tp.Median.P99us), dur(m.Median.P99us), verdict(tp.Median.P99us <= m.Median.P99us))
 	}
 	return strings.TrimSuffix(b.String(), ";") + "."
+}
+
+// s10Notes sets the local call beside the direct call of the same run and
+// beside Enduro/X's published local figures (not measured here).
+func s10Notes(r *report) string {
+	var b strings.Builder
+	b.WriteString("**Local calls.** Each tpsched local call is one outer call that carries one local call, so its calls/s is the local " +
+		"calls' rate and its p50 an upper bound of a local call's. Enduro/X 8.0.12's own exbenchcl/exbenchsv over POSIX queues " +
+		"(quoted from issue 12, not run here): 20.1-20.6k calls/s and about 49 us mean with one caller, 43-63k with five. Issue 12's " +
+		"targets: one caller >= 20k calls/s and p50 <= 50 us, five >= 60k.")
+	for _, c := range r.Cells {
+		direct, local := c.Result(nameTpsched), c.Result(nameTpschedLocal)
+		if direct == nil || local == nil || len(direct.Runs) == 0 || len(local.Runs) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, " %d conns: %.1fk calls/s (direct %.1fk), p50 %s (direct %s, so the local hop adds %s).", c.Conns,
+			local.Median.Throughput/1e3, direct.Median.Throughput/1e3, dur(local.Median.P50us), dur(direct.Median.P50us),
+			dur(max(local.Median.P50us-direct.Median.P50us, 0)))
+	}
+	return b.String()
 }
 
 // peerVersions asks each installed peer binary its version.

@@ -250,9 +250,9 @@ func TestParseChildren(t *testing.T) {
 func TestStepMarkdown(t *testing.T) {
 	sl := s3QuickLoad
 	r := &report{Scenario: "S3", Title: "step", Date: "2026-01-01", Runs: 3, Step: &sl,
-		StepResults: []stepResult{{System: nameTpschedNonRes, Drawn: 1,
+		StepResults: []stepResult{{System: nameTpschedNonRes, runSet: runSet[stepFigures]{Drawn: 1,
 			Runs:   []stepFigures{{RecoveryMs: 100}, {RecoveryMs: -1}, {RecoveryMs: 300}},
-			Median: stepFigures{RecoveryMs: 300, FirstExtraMs: -1, PeakWorkers: 4, PreP99us: 1500}}}}
+			Median: stepFigures{RecoveryMs: 300, FirstExtraMs: -1, PeakWorkers: 4, PreP99us: 1500}}}}}
 	md := r.Markdown()
 	for _, want := range []string{"| tpsched non-resident | 300 ms |", "never", "### Each run", "| 2 (plotted) | never |", "1.50 ms"} {
 		if !strings.Contains(md, want) {

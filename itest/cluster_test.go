@@ -49,8 +49,9 @@ func clusterPorts(t *testing.T) (rpc, name int) {
 }
 
 type clusterOpts struct {
-	sched string             // scdsvcdef lines
-	key   func(i int) string // cluster_key of node i; nil: none
+	sched string                        // scdsvcdef lines
+	key   func(i int) string            // cluster_key of node i; nil: none
+	extra func(i int) map[string]string // more usr files of node i (name -> body, as defDir's)
 }
 
 // startCluster starts three nodes that know each other and waits until
@@ -75,6 +76,12 @@ func startCluster(t *testing.T, o clusterOpts) []*node {
 		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
 		body := strings.ReplaceAll(workServer, "MODULE", strconv.Quote(bin("uap-echo")))
 		must(t, os.WriteFile(filepath.Join(dir, "usr", "work"), []byte(body), 0o644))
+		if o.extra != nil {
+			for file, body := range o.extra(i) {
+				body = strings.ReplaceAll(body, "MODULE", strconv.Quote(bin("uap-echo")))
+				must(t, os.WriteFile(filepath.Join(dir, "usr", file), []byte(body), 0o644))
+			}
+		}
 		nodes[i] = startNode(t, "-c", dir, "-fast-failure-detection")
 	}
 	if o.key == nil || o.key(0) == o.key(1) && o.key(1) == o.key(2) {

@@ -69,7 +69,7 @@ func cuapModule(t *testing.T) string {
 // the definition but not registered by the UAP.
 func cuapServer(module, group string, procs int, extra string) string {
 	return fmt.Sprintf(`set service_group = %q
-set service = "echo=echo", "sleep=sleep", "fail=fail", "crash=crash", "pid=pid", "calls=calls", "ghost=ghost"
+set service = "echo=echo", "sleep=sleep", "fail=fail", "crash=crash", "pid=pid", "calls=calls", "ghost=ghost", "call=call"
 set module = %q
 set parallel_count = %d
 set queue_size = 64
@@ -141,7 +141,7 @@ func TestCUAPUnderScdd(t *testing.T) {
 		}
 		// scdd read the C UAP's entry table (page 1) for its warning.
 		if log := n.stderr.String(); !strings.Contains(log, `entry \"ghost\" of service ghost is not registered`) ||
-			!strings.Contains(log, "it registers [echo sleep burn cpu fail pid calls crash]") {
+			!strings.Contains(log, "it registers [echo sleep burn cpu fail pid calls crash call]") {
 			t.Errorf("no warning naming the entries the C UAP registers:\n%s", log)
 		}
 	})
@@ -206,6 +206,26 @@ func TestCUAPUnderScdd(t *testing.T) {
 
 	t.Run("revoked prefetched call", func(t *testing.T) {
 		revokedPrefetch(ctx, t, n, c)
+	})
+
+	t.Run("local call", func(t *testing.T) {
+		// one's C process calls two's (C) and back, and an error comes
+		// back as one.
+		for _, size := range []int{0, 1, 4096, 64 << 10} {
+			want := bytes.Repeat([]byte{'c'}, size)
+			got, err := c.Call(ctx, "one", "call", append([]byte("two/echo/"), want...))
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("one/call two/echo of %d B: %d B back, %v", size, len(got), err)
+			}
+		}
+		if _, err := c.Call(ctx, "one", "call", []byte("two/fail/x")); codeOf(err) != netio.CodeApplication ||
+			!strings.Contains(err.Error(), "call two/fail: tpsched: application error: failure requested") {
+			t.Fatalf("one/call two/fail: %v", err)
+		}
+		if _, err := c.Call(ctx, "sock", "call", []byte("two/echo/x")); codeOf(err) != netio.CodeApplication ||
+			!strings.Contains(err.Error(), "not supported") {
+			t.Fatalf("a call from socket mode: %v; want ENOTSUP as an application error", err)
+		}
 	})
 
 	t.Run("socket mode", func(t *testing.T) {

@@ -39,6 +39,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tpsched/bpf"
 )
 
@@ -125,6 +127,10 @@ type Options struct {
 	// Meter measures each process's CPU time and run-queue wait (eBPF or
 	// /proc); nil measures nothing and so disables the CPU guard.
 	Meter bpf.Meter
+	// SchedBatch starts every process under SCHED_BATCH (sysconf
+	// uap_sched_batch): a process woken for a call does not preempt the
+	// thread that woke it, so a burst of calls is served in one go.
+	SchedBatch bool
 }
 
 // Manager starts processes for any number of servers.
@@ -193,9 +199,18 @@ func (m *Manager) CPU() *CPUControl { return m.cpu }
 
 // spawnLoop starts every process from one locked thread so that Pdeathsig
 // refers to a thread that lives as long as the daemon.
+//
+// The thread's scheduling policy is what every process starts with (a
+// child inherits its parent thread's), so SchedBatch is set here, once,
+// and no process runs a moment under another policy.
 func (m *Manager) spawnLoop() {
 	defer m.wg.Done()
 	runtime.LockOSThread()
+	if m.opts.SchedBatch {
+		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_BATCH}, 0); err != nil {
+			m.log.Warn("uap_sched_batch: processes start under the default policy", "err", err)
+		}
+	}
 	for {
 		select {
 		case r := <-m.spawns:

@@ -853,3 +853,32 @@ func TestProcessesRunAsTheSpecUser(t *testing.T) {
 		}
 	}
 }
+
+// With SchedBatch every process starts under SCHED_BATCH (it inherits the
+// spawning thread's policy, so it never runs a moment under another);
+// without it, under the default policy.
+func TestSchedBatch(t *testing.T) {
+	for _, batch := range []bool{true, false} {
+		m := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CPUParent: uniqueParent(), SchedBatch: batch})
+		t.Cleanup(m.Close)
+		srv := startServer(t, m, uapSpec("sleep", t.TempDir(), 1), &hooks{})
+		var pid int
+		waitUntil(t, "the process to start", func() bool {
+			for _, p := range srv.Processes() {
+				pid = p.PID
+			}
+			return pid != 0
+		})
+		attr, err := unix.SchedGetAttr(pid, 0)
+		if err != nil {
+			t.Fatalf("sched_getattr(%d): %v", pid, err)
+		}
+		want := uint32(unix.SCHED_NORMAL)
+		if batch {
+			want = unix.SCHED_BATCH
+		}
+		if attr.Policy != want {
+			t.Errorf("SchedBatch %v: the process runs under policy %d, want %d", batch, attr.Policy, want)
+		}
+	}
+}

@@ -298,12 +298,13 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// routeCall decides whether a call is served here. It returns handled =
+// routeCall decides whether a call is served here; from is the node that
+// transferred it (nil: a caller's own). It returns handled =
 // true when the call was transferred (or refused on the way); otherwise
 // the caller serves it locally, or refuses it as the local rules say.
-func (n *Node) routeCall(c *netio.Conn, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
+func (n *Node) routeCall(c caller, from *peerHello, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
 	cl := n.cluster
-	if from := forwardedBy(c, f); from != nil {
+	if from != nil {
 		cl.countReceived(from, n.metrics)
 		return false, 0, "" // the hop mark: served here or refused, never transferred again
 	}

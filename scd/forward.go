@@ -43,7 +43,7 @@ import (
 
 // fwdCall is one call on its way to another node.
 type fwdCall struct {
-	caller    *netio.Conn
+	caller    caller
 	callerID  uint64
 	kind      netio.Kind
 	group     string

@@ -52,11 +52,20 @@ type group struct {
 	// their figures (wlm.go); nil without a policy.
 	classes atomic.Pointer[groupClasses]
 
+	// place routes a call a process of the group made (Node.placeLocal).
+	place func(c caller, f *netio.Frame) (netio.Code, string)
+
 	refused    *metrics.Counter // calls refused server busy: the queue was full
 	timedOut   *metrics.Counter
 	terminated *metrics.Counter
 	misbehaved *metrics.Counter // processes killed for breaking the protocol
-	latency    *metrics.PrometheusHistogram
+	localCalls *metrics.Counter // calls its processes made through shared memory
+	stalls     *metrics.Counter // checkStall's warnings
+
+	// checkStall's episode, on the expiry loop only.
+	stallSince  time.Time
+	stallWarned bool
+	latency     *metrics.PrometheusHistogram
 }
 
 // logger is what a group logs through (the node's slog.Logger).
@@ -81,7 +90,7 @@ type slotState struct {
 // call is one call from its admission to its answer and the end of its
 // process's work on it.
 type call struct {
-	conn       *netio.Conn
+	to         caller
 	id         uint64
 	start      time.Time
 	deadline   int64 // unix ns; 0: wait for ever
@@ -179,12 +188,12 @@ const maxIdleRings = 256
 
 // submit admits a call: handed to a ready process at once, or waiting in
 // the queue, or refused. It runs on an event loop and never blocks.
-func (g *group) submit(c *netio.Conn, f *netio.Frame, entry string, now time.Time) (netio.Code, string) {
+func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (netio.Code, string) {
 	if err := g.failing.Load(); err != nil {
 		return netio.CodeServerTerminated, (*err).Error()
 	}
 	cl := callPool.Get().(*call)
-	cl.conn, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
+	cl.to, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
 	if gc := g.classes.Load(); gc != nil {
 		cl.class = gc.classOf(f.Service)
 	}
@@ -265,8 +274,9 @@ func (g *group) act() {
 func (g *group) readReplies(stop <-chan struct{}) {
 	g.readerOn.Store(true)
 	defer g.readerOn.Store(false)
-	batches := make(map[*netio.Conn][]byte)
+	batches := make(map[caller][]byte)
 	var attached, bad []int
+	var calls []localCall
 	for {
 		select {
 		case <-stop:
@@ -274,11 +284,13 @@ func (g *group) readReplies(stop <-chan struct{}) {
 		default:
 		}
 		g.tr.Wait(100 * time.Millisecond)
-		attached, bad = g.collect(batches, attached[:0], bad[:0])
+		attached, bad, calls = g.collect(batches, attached[:0], bad[:0], calls[:0])
 		for c, b := range batches {
 			_ = c.Send(b)
 			delete(batches, c)
 		}
+		g.placeLocalCalls(calls)
+		clear(calls)
 		for _, slot := range attached {
 			g.procs.Attached(slot)
 		}
@@ -288,10 +300,11 @@ func (g *group) readReplies(stop <-chan struct{}) {
 	}
 }
 
-// collect looks at every process once: attaches, completions, doorbells
-// rung without cause. It appends the answers to batches and returns the
-// slots that attached and those whose processes must be killed.
-func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]int, []int) {
+// collect looks at every process once: attaches, completions, calls of
+// its own, doorbells rung without cause. It appends the answers to
+// batches and returns the slots that attached, those whose processes must
+// be killed and the calls the processes made.
+func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []localCall) ([]int, []int, []localCall) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := time.Now() // under mu: every call seen here was admitted before
@@ -327,7 +340,7 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 				done, _ := g.q.Done(slot)
 				cl := done.Call
 				if !done.Answered && !cl.noReply {
-					batches[cl.conn] = netio.AppendError(batches[cl.conn], cl.id, netio.CodeServerTerminated,
+					batches[cl.to] = netio.AppendError(batches[cl.to], cl.id, netio.CodeServerTerminated,
 						"the UAP process serving the call broke the protocol and was killed")
 				}
 				freeCall(cl)
@@ -339,7 +352,7 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 			cl := done.Call
 			si.served++
 			if !done.Answered && !cl.noReply {
-				batches[cl.conn] = appendAnswer(batches[cl.conn], cl.id, &c)
+				batches[cl.to] = appendAnswer(batches[cl.to], cl.id, &c)
 			}
 			g.latency.Update(now.Sub(cl.start).Seconds())
 			if gc := g.classes.Load(); gc != nil {
@@ -348,6 +361,19 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 			si.since = now
 			freeCall(cl)
 			g.act() // after the reply was copied out of the mailbox
+		}
+		if oc, ok := p.(outCaller); ok {
+			if c, made, err := oc.OutCall(); err != nil {
+				g.misbehaved.Inc()
+				g.log.Error("uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
+				si.events++
+				g.q.Retire(slot)
+				g.act()
+				bad = append(bad, slot)
+			} else if made {
+				si.events++
+				calls = append(calls, localCall{oc, c})
+			}
 		}
 		if p.Rings() > si.events+maxIdleRings {
 			g.misbehaved.Inc()
@@ -359,7 +385,7 @@ func (g *group) collect(batches map[*netio.Conn][]byte, attached, bad []int) ([]
 			bad = append(bad, slot)
 		}
 	}
-	return attached, bad
+	return attached, bad, calls
 }
 
 // checkEntries warns once per process when it does not offer an entry its
@@ -399,7 +425,7 @@ func appendAnswer(dst []byte, id uint64, c *shm.Completion) []byte {
 // fail sends an error answer to the call's caller unless it asked for none.
 func (cl *call) fail(code netio.Code, msg string) {
 	if !cl.noReply {
-		_ = cl.conn.Send(netio.AppendError(nil, cl.id, code, msg))
+		_ = cl.to.Send(netio.AppendError(nil, cl.id, code, msg))
 	}
 }
 
@@ -410,7 +436,7 @@ func (g *group) expire(now time.Time) {
 	g.mu.Lock()
 	late := g.q.Expire(now.UnixNano(), g.late[:0])
 	type answer struct {
-		conn    *netio.Conn
+		to      caller
 		id      uint64
 		noReply bool
 		limit   time.Duration
@@ -418,7 +444,7 @@ func (g *group) expire(now time.Time) {
 	out := make([]answer, 0, len(late))
 	gc := g.classes.Load()
 	for _, cl := range late {
-		out = append(out, answer{cl.conn, cl.id, cl.noReply, time.Duration(cl.deadline - cl.start.UnixNano())})
+		out = append(out, answer{cl.to, cl.id, cl.noReply, time.Duration(cl.deadline - cl.start.UnixNano())})
 		if gc != nil {
 			since := now // it never reached a process: all of it was queue time
 			if cl.dispatched {
@@ -436,7 +462,7 @@ func (g *group) expire(now time.Time) {
 	for _, a := range out {
 		g.timedOut.Inc()
 		if !a.noReply {
-			_ = a.conn.Send(netio.AppendError(nil, a.id, netio.CodeTimedOut, timedOutMessage(a.limit, g.watch)))
+			_ = a.to.Send(netio.AppendError(nil, a.id, netio.CodeTimedOut, timedOutMessage(a.limit, g.watch)))
 		}
 	}
 }
@@ -503,7 +529,7 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 	g.q.Retire(slot) // no new call for it; its prefetched one is asked back
 	g.act()
 	type answer struct {
-		to *netio.Conn
+		to caller
 		b  []byte
 	}
 	var answers []answer
@@ -515,7 +541,7 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 		done, _ := g.q.Done(slot)
 		si.served++
 		if !done.Answered && !done.Call.noReply {
-			answers = append(answers, answer{done.Call.conn, appendAnswer(nil, done.Call.id, &c)})
+			answers = append(answers, answer{done.Call.to, appendAnswer(nil, done.Call.id, &c)})
 		}
 		freeCall(done.Call)
 	}

@@ -31,6 +31,8 @@ var metricHelp = map[string]string{
 	"tpsched_requests_timed_out_total":         "Calls answered 'timed out': their watch_time or the caller's deadline passed.",
 	"tpsched_requests_server_terminated_total": "Calls answered 'server terminated': the UAP process serving them died.",
 	"tpsched_uap_protocol_violations_total":    "UAP processes killed for breaking the shared-memory protocol.",
+	"tpsched_local_calls_total":                "Calls the group's UAPs made to services through their shared memory (UAP.Call), by calling group.",
+	"tpsched_local_call_stalls_total":          "Times every process of the group waited for a call of its own for a second while calls waited for it (a call cycle with too few processes).",
 	"tpsched_group_held":                       "1 while the group is held (scdctl hold: new calls get 'service closed'), else 0.",
 	"tpsched_processes":                        "UAP processes of the group running now, by kind (resident, nonresident).",
 	// Load levels (Table 3-12 and 3-14).

@@ -234,6 +234,7 @@ func (n *Node) Start() (err error) {
 		n.pm = procmgrManager{procmgr.New(procmgr.Options{
 			Logger:        n.log,
 			NodeCap:       n.cfg.System.MaxProcesses,
+			SchedBatch:    n.cfg.System.UAPSchedBatch,
 			MemoryReserve: n.cfg.System.MemoryReserve,
 			Meter:         n.meter,
 		})}
@@ -326,6 +327,9 @@ func (n *Node) startGroup(g *group) error {
 	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
 	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
 	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
+	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
+	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
+	g.place = n.placeLocal
 	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
 	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
 	n.counterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
@@ -430,6 +434,7 @@ func (n *Node) expireLoop() {
 		case now := <-t.C:
 			for _, g := range n.order {
 				g.expire(now)
+				g.checkStall(now)
 			}
 			if n.cluster != nil {
 				n.cluster.fwd.expire(now)
@@ -477,7 +482,7 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 		}
 	}
 	if n.cluster != nil {
-		if transferred, code, msg := n.routeCall(c, f, g); transferred {
+		if transferred, code, msg := n.routeCall(c, forwardedBy(c, f), f, g); transferred {
 			return code, msg
 		}
 	}
@@ -485,7 +490,7 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 }
 
 // serveLocal puts a call on this node's schedule queue of g, or says why not.
-func (n *Node) serveLocal(c *netio.Conn, f *netio.Frame, g *group) (netio.Code, string) {
+func (n *Node) serveLocal(c caller, f *netio.Frame, g *group) (netio.Code, string) {
 	if g == nil {
 		return netio.CodeNoSuchGroup, n.unknown(string(f.Group), n.groupNames)
 	}

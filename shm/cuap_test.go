@@ -160,7 +160,7 @@ func TestCUAPStatuses(t *testing.T) {
 	g := newGroup(t, 64, 1)
 	p := startCUAP(t, prog, g, 0)
 	attached(t, g, p)
-	if got, want := strings.Join(p.Entries(), " "), "echo sleep burn cpu fail pid calls crash"; got != want {
+	if got, want := strings.Join(p.Entries(), " "), "echo sleep burn cpu fail pid calls crash call"; got != want {
 		t.Errorf("registered entries %q, want %q", got, want)
 	}
 	if p.PID() != p.cmd.Process.Pid {

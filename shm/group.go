@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -38,6 +39,11 @@ type Group struct {
 	mem       []byte
 	gp        *groupPage
 	epfd      int
+	// doorbells is epfd as a file in Go's netpoller: the reader sleeps
+	// there, holding no P in a blocking syscall (one that does makes
+	// sysmon take the P back every 10 ms and poll again every 20 us).
+	doorbells *os.File
+	bellsConn syscall.RawConn
 	procs     []atomic.Pointer[Proc] // by slot, for Wait's lock-free look
 	spin      spinner
 	events    []unix.EpollEvent
@@ -79,6 +85,19 @@ func NewGroup(name string, maxMessage, slots, mailboxes int) (*Group, error) {
 		g.epfd = -1
 		g.unmap()
 		return nil, fmt.Errorf("shm: group %s: %w", name, os.NewSyscallError("epoll_create1", err))
+	}
+	// An epoll fd is readable while events wait in it, so the netpoller
+	// can watch it like a socket.
+	if err := unix.SetNonblock(g.epfd, true); err != nil {
+		unix.Close(g.epfd)
+		g.epfd = -1
+		g.unmap()
+		return nil, fmt.Errorf("shm: group %s: %w", name, os.NewSyscallError("fcntl O_NONBLOCK", err))
+	}
+	g.doorbells = os.NewFile(uintptr(g.epfd), "epoll:tpsched-"+name+"-doorbells")
+	if g.bellsConn, err = g.doorbells.SyscallConn(); err != nil {
+		g.unmap()
+		return nil, fmt.Errorf("shm: group %s: doorbells: %w", name, err)
 	}
 	return g, nil
 }
@@ -144,6 +163,8 @@ func (g *Group) NewProc(slot int) (*Proc, error) {
 		off := pBuffer + i*stride
 		p.bufs[i] = mem[off : off+g.maxMsg : off+g.maxMsg]
 	}
+	off := pBuffer + g.mailboxes*stride
+	p.outBuf = mem[off : off+g.maxMsg+outNames : off+g.maxMsg+outNames]
 	p.ctl.version, p.ctl.maxMessage, p.ctl.mailboxes = Version, uint32(g.maxMsg), uint32(g.mailboxes)
 	atomic.StoreUint64(&p.ctl.magic, procMagic)
 	bell, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -215,8 +236,7 @@ func (g *Group) Wait(timeout time.Duration) {
 		g.spin.learn(time.Since(start))
 		return
 	}
-	ms := int(min(timeout, maxSleep).Milliseconds())
-	n, err := unix.EpollWait(g.epfd, g.events, max(ms, 1))
+	n, err := g.sleep(min(timeout, maxSleep))
 	g.gp.sleeping.Store(0)
 	if err == nil {
 		for _, ev := range g.events[:n] {
@@ -230,6 +250,28 @@ func (g *Group) Wait(timeout time.Duration) {
 	} else {
 		g.spin.learn(-1)
 	}
+}
+
+// sleep waits up to d for a doorbell and returns the events, through the
+// netpoller (see doorbells).
+func (g *Group) sleep(d time.Duration) (int, error) {
+	if err := g.doorbells.SetReadDeadline(time.Now().Add(d)); err != nil {
+		// Not in the netpoller (it refused the fd): block in epoll_wait.
+		return unix.EpollWait(g.epfd, g.events, max(int(d.Milliseconds()), 1))
+	}
+	var n int
+	var werr error
+	err := g.bellsConn.Read(func(fd uintptr) bool {
+		n, werr = unix.EpollWait(int(fd), g.events, 0)
+		return n > 0 || (werr != nil && werr != unix.EINTR)
+	})
+	if werr != nil {
+		return 0, werr
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return 0, err
+	}
+	return n, nil
 }
 
 // Close tells every process that the node is stopping: each leaves once it
@@ -264,7 +306,10 @@ func (g *Group) unmap() error {
 		err = errors.Join(err, g.page.Close())
 		g.page = nil
 	}
-	if g.epfd >= 0 {
+	if g.doorbells != nil {
+		err = errors.Join(err, g.doorbells.Close()) // closes epfd
+		g.doorbells, g.epfd = nil, -1
+	} else if g.epfd >= 0 {
 		err = errors.Join(err, unix.Close(g.epfd))
 		g.epfd = -1
 	}
@@ -294,6 +339,16 @@ type Proc struct {
 	cur      atomic.Uint64 // number of the current call, 0 none: for pending's lock-free look
 	attached atomic.Bool   // seen ready by the reader
 	rings    atomic.Uint64 // doorbell events seen (see Rings)
+
+	// The process's own call (UAP.Call): the number of the last one the
+	// reader took (for pending's look), and, under outMu, whether it waits
+	// for its answer and whether the area is gone. AnswerOutCall runs on
+	// any goroutine, so it may not write an area the reader unmapped.
+	outSeen atomic.Uint64
+	outMu   sync.Mutex
+	outOpen bool
+	outGone bool
+	outBuf  []byte
 }
 
 type handed struct {
@@ -329,6 +384,9 @@ func (p *Proc) Slot() int { return p.slot }
 func (p *Proc) PID() int { return int(p.ctl.pid.Load()) }
 
 func (p *Proc) pending() bool {
+	if p.ctl.out.no.Load() != p.outSeen.Load() {
+		return true // it made a call
+	}
 	if c := p.cur.Load(); c != 0 {
 		return p.ctl.doneNo.Load() >= c
 	}
@@ -491,6 +549,9 @@ func (p *Proc) Stop() {
 func (p *Proc) Left() bool { return p.ctl.state.Load() == stateLeft }
 
 func (p *Proc) unmap() {
+	p.outMu.Lock()
+	p.outGone = true // an answer that comes later is dropped
+	p.outMu.Unlock()
 	if p.mem != nil {
 		_ = unix.Munmap(p.mem)
 		p.mem = nil
@@ -501,6 +562,90 @@ func (p *Proc) unmap() {
 	if p.bell != nil {
 		p.bell.Close()
 	}
+}
+
+// OutCall is a call a process made to a service (UAP.Call), as the
+// scheduler copied it out of the process's area.
+type OutCall struct {
+	No        uint64
+	Group     string
+	Service   string
+	Request   []byte // the scheduler's own copy
+	TimeoutMs uint32 // 0: the target group's watch_time
+}
+
+// OutCall returns the call the process made, once; ok is false when it
+// made none since the last. The request is copied, so the process cannot
+// change it afterwards. A call that breaks the protocol (a second one
+// before the first was answered, a number that skips, a name or a request
+// out of bounds) is a *ProtocolError. Under the group lock, on the reader.
+func (p *Proc) OutCall() (OutCall, bool, error) {
+	no, seen := p.ctl.out.no.Load(), p.outSeen.Load()
+	if no == seen {
+		return OutCall{}, false, nil
+	}
+	violation := func(why string, args ...any) (OutCall, bool, error) {
+		p.outSeen.Store(no) // once
+		return OutCall{}, true, &ProtocolError{PID: p.PID(), Why: fmt.Sprintf(why, args...)}
+	}
+	p.outMu.Lock()
+	open := p.outOpen
+	p.outMu.Unlock()
+	o := &p.ctl.out
+	gl, sl, rl := o.groupLen, o.serviceLen, o.reqLen
+	switch {
+	case open:
+		return violation("call %d made before call %d was answered", no, seen)
+	case no != seen+1:
+		return violation("call %d made after call %d", no, seen)
+	case gl < 1 || gl >= maxName || sl < 1 || sl >= maxName:
+		return violation("call with a group name of %d bytes and a service name of %d (1..%d each)", gl, sl, maxName-1)
+	case uint64(rl) > uint64(p.g.maxMsg):
+		return violation("call with a request of %d bytes, max_message_size %d", rl, p.g.maxMsg)
+	}
+	b := p.outBuf
+	c := OutCall{No: no, Group: string(b[:gl]), Service: string(b[gl : gl+sl]),
+		Request: append([]byte(nil), b[gl+sl:gl+sl+rl]...), TimeoutMs: o.timeoutMs}
+	p.outMu.Lock()
+	p.outOpen = true
+	p.outSeen.Store(no)
+	p.outMu.Unlock()
+	return c, true, nil
+}
+
+// AnswerOutCall answers the process's call no: code 0 with the reply, or an
+// error code (netio's) with its message. It returns false, answering
+// nothing, when data is longer than the process's max_message_size (the
+// caller answers with an error instead). An answer for a call the process
+// no longer waits for, or after its area is gone, is dropped. Safe on any
+// goroutine.
+func (p *Proc) AnswerOutCall(no uint64, code uint32, data []byte) bool {
+	if len(data) > p.g.maxMsg {
+		return false
+	}
+	p.outMu.Lock()
+	defer p.outMu.Unlock()
+	if p.outGone || !p.outOpen || no != p.outSeen.Load() {
+		return true
+	}
+	o := &p.ctl.out
+	o.code.Store(code)
+	o.replyLen.Store(uint32(copy(p.outBuf, data)))
+	o.done.Store(no) // publishes them
+	p.outOpen = false
+	o.wake.Add(1)
+	if s := &o.sleeping; s.Load() != 0 && s.Swap(0) != 0 {
+		futexWake(&o.wake, 1)
+	}
+	return true
+}
+
+// OutOpen reports whether the process waits for the answer to a call it
+// made.
+func (p *Proc) OutOpen() bool {
+	p.outMu.Lock()
+	defer p.outMu.Unlock()
+	return p.outOpen
 }
 
 // ring writes 1 to an eventfd.

@@ -14,7 +14,7 @@ import (
 // publishes.
 const (
 	// Version of the layout; a UAP refuses a segment of another version.
-	Version = 4
+	Version = 5
 
 	pageSize = 4096
 	// maxName is the longest entry name (OpenTP1 service names have at most
@@ -84,8 +84,25 @@ const (
 	mReplyLen   = 0x1C // u32 reply length in the mailbox's buffer (UAP)
 	mEntry      = 0x20 // [32]byte entry name
 
-	// MaxMailboxes is as many as page 0 holds.
-	MaxMailboxes = (pageSize - pMailbox) / mailboxSize
+	// MaxMailboxes is as many as page 0 holds before the out-call lines.
+	MaxMailboxes = (pOut - pMailbox) / mailboxSize
+
+	// Page 0, the last two lines: the process's own call to another
+	// service (a local call, UAP.Call), one at a time. Line 62 is written
+	// by the UAP, line 63 by the scheduler. The call's group name, service
+	// name and request lie one after the other in the out buffer, and the
+	// answer is written over them.
+	pOut           = pageSize - 2*0x40
+	pOutNo         = pOut + 0x00 // u64 number of the UAP's latest call, stored after its fields (UAP)
+	pOutTimeout    = pOut + 0x08 // u32 ms the UAP waits at most; 0 the group's watch_time (UAP)
+	pOutGroupLen   = pOut + 0x0C // u32 bytes of the group name, 1..31 (UAP)
+	pOutServiceLen = pOut + 0x10 // u32 bytes of the service name, 1..31 (UAP)
+	pOutReqLen     = pOut + 0x14 // u32 bytes of the request, up to max_message_size (UAP)
+	pOutSleeping   = pOut + 0x18 // u32 1: the UAP sleeps (or is about to) on pOutWake (UAP)
+	pOutDone       = pOut + 0x40 // u64 number of the last call answered, stored after the answer (scheduler)
+	pOutCode       = pOut + 0x48 // u32 0: the buffer holds the reply; else an error code (netio's), the buffer its message (scheduler)
+	pOutReplyLen   = pOut + 0x4C // u32 bytes of the reply or message (scheduler)
+	pOutWake       = pOut + 0x50 // u32 futex word: +1 at every answer (scheduler)
 
 	// Page 1: entry names the UAP registered, maxName bytes each,
 	// NUL-padded; written before pState becomes stateReady.
@@ -93,8 +110,12 @@ const (
 
 	// Page 2 onwards: the mailboxes' buffers, mailbox i's at pBuffer +
 	// i*stride, stride being max_message_size rounded up to a page: the
-	// request in, the reply out, in place.
+	// request in, the reply out, in place. Then the out buffer, of
+	// max_message_size plus room for the two names, rounded up to a page.
 	pBuffer = 2 * pageSize
+
+	// outNames is the room the out buffer keeps for the names.
+	outNames = 2 * maxName
 )
 
 // Claim states, in the low two bits of a mailbox's claim word.
@@ -149,6 +170,24 @@ type procCtl struct {
 	entries    atomic.Uint32
 	_          [pMailbox - 0x58]byte
 	mb         [MaxMailboxes]mailbox
+	out        outCall
+}
+
+// outCall is the process's call to another service (the last two lines
+// of page 0).
+type outCall struct {
+	no         atomic.Uint64
+	timeoutMs  uint32
+	groupLen   uint32
+	serviceLen uint32
+	reqLen     uint32
+	sleeping   atomic.Uint32
+	_          [0x40 - 0x1C]byte
+	done       atomic.Uint64
+	code       atomic.Uint32
+	replyLen   atomic.Uint32
+	wake       atomic.Uint32
+	_          [0x40 - 0x14]byte
 }
 
 // Compile-time checks that the structs are where the offsets say; the test
@@ -158,15 +197,21 @@ var (
 	_ [mailboxSize - unsafe.Sizeof(mailbox{})]byte
 	_ [unsafe.Sizeof(mailbox{}) - mailboxSize]byte
 	_ [pageSize - unsafe.Sizeof(procCtl{})]byte
+	_ [unsafe.Sizeof(procCtl{}) - pageSize]byte
+	_ [2*0x40 - unsafe.Sizeof(outCall{})]byte
 )
 
 // bufStride is the size of each buffer for max_message_size maxMsg.
 func bufStride(maxMsg int) int { return int(alignUp(uint64(maxMsg), pageSize)) }
 
+// outStride is the size of the out buffer for max_message_size maxMsg.
+func outStride(maxMsg int) int { return int(alignUp(uint64(maxMsg+outNames), pageSize)) }
+
 // areaSize is the size of a process area with mailboxes mailboxes for
-// max_message_size maxMsg: two pages and a buffer per mailbox.
+// max_message_size maxMsg: two pages, a buffer per mailbox and the out
+// buffer.
 func areaSize(maxMsg, mailboxes int) int64 {
-	return pBuffer + int64(mailboxes)*int64(bufStride(maxMsg))
+	return pBuffer + int64(mailboxes)*int64(bufStride(maxMsg)) + int64(outStride(maxMsg))
 }
 
 func alignUp(v, a uint64) uint64 { return (v + a - 1) &^ (a - 1) }

@@ -42,19 +42,34 @@ func TestLayoutOffsets(t *testing.T) {
 		{"mailbox status", unsafe.Offsetof(m.status), mStatus},
 		{"mailbox reply length", unsafe.Offsetof(m.replyLen), mReplyLen},
 		{"mailbox entry", unsafe.Offsetof(m.entry), mEntry},
-		{"mailboxes end at the page", unsafe.Sizeof(p), pageSize},
+		{"mailboxes end at the out-call lines", unsafe.Offsetof(p.out), pOut},
+		{"out no", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.no), pOutNo},
+		{"out timeout", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.timeoutMs), pOutTimeout},
+		{"out group length", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.groupLen), pOutGroupLen},
+		{"out service length", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.serviceLen), pOutServiceLen},
+		{"out request length", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.reqLen), pOutReqLen},
+		{"out sleeping", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.sleeping), pOutSleeping},
+		{"out done", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.done), pOutDone},
+		{"out code", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.code), pOutCode},
+		{"out reply length", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.replyLen), pOutReplyLen},
+		{"out wake", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.wake), pOutWake},
+		{"page 0 ends at the page", unsafe.Sizeof(p), pageSize},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at offset %#x, the layout says %#x", c.name, c.got, c.want)
 		}
 	}
-	if MaxMailboxes != 62 {
-		t.Errorf("page 0 holds %d mailboxes, the layout says 62", MaxMailboxes)
+	if MaxMailboxes != 60 {
+		t.Errorf("page 0 holds %d mailboxes, the layout says 60", MaxMailboxes)
 	}
-	if got := areaSize(1, 8); got != pBuffer+8*pageSize {
-		t.Errorf("area of 8 mailboxes of a 1-byte max message is %d bytes, want %d", got, pBuffer+8*pageSize)
+	// The out buffer holds max_message_size and the two names.
+	if got := areaSize(1, 8); got != pBuffer+9*pageSize {
+		t.Errorf("area of 8 mailboxes of a 1-byte max message is %d bytes, want %d", got, pBuffer+9*pageSize)
 	}
-	if got := areaSize(pageSize+1, 2); got != pBuffer+4*pageSize {
-		t.Errorf("area of 2 mailboxes of a %d-byte max message is %d bytes, want %d", pageSize+1, got, pBuffer+4*pageSize)
+	if got := areaSize(pageSize+1, 2); got != pBuffer+6*pageSize {
+		t.Errorf("area of 2 mailboxes of a %d-byte max message is %d bytes, want %d", pageSize+1, got, pBuffer+6*pageSize)
+	}
+	if got := areaSize(pageSize-outNames, 1); got != pBuffer+2*pageSize {
+		t.Errorf("area of 1 mailbox of a %d-byte max message is %d bytes, want %d", pageSize-outNames, got, pBuffer+2*pageSize)
 	}
 }

@@ -23,7 +23,7 @@ import (
 
 // specField is one row of an offset table of docs/SHM.md.
 type specField struct {
-	area   string // "group", "proc" or "mailbox"
+	area   string // "group", "proc", "mailbox" or "out"
 	name   string // as the document spells it, e.g. "done_no", "status" (of status[2])
 	off    int
 	size   int // of the whole field
@@ -39,6 +39,8 @@ type spec struct {
 	procMagic     uint64
 	fields        []specField
 	mailbox       int // offset of mailbox 0 in page 0
+	outCall       int // offset of the out-call lines in page 0
+	outNames      int // room for the names in the out buffer
 	mailboxStride int // and of mailbox i+1 from mailbox i
 	maxMailboxes  int
 	entryTable    int
@@ -83,6 +85,8 @@ func parseSpec(t *testing.T) spec {
 	m := find("the mailboxes' offsets", `(?m)^### Page 0, lines 2 to K\+1 \((0x[0-9A-Fa-f]+) \+ i \* (0x[0-9A-Fa-f]+)\): mailbox i`)
 	s.mailbox, s.mailboxStride = num("mailbox 0", m[1]), num("mailbox stride", m[2])
 	s.maxMailboxes = num("mailboxes", find("the most mailboxes", `\| mailboxes \| K, the number of mailboxes \(1 to (\d+)\)`)[1])
+	s.outCall = num("the out-call lines", find("the out-call lines' offset", `(?m)^### Page 0, lines 62 and 63 \((0x[0-9A-Fa-f]+)\): the process's own call`)[1])
+	s.outNames = num("the out buffer's room for names", find("the out buffer's size", `max_message \+ (\d+) bytes rounded up to a multiple of 4096`)[1])
 	s.entryTable = num("page 1", find("the entry table's offset", `(?m)^### Page 1 \((0x[0-9A-Fa-f]+)\)`)[1])
 	m = find("the entry table's size", `Up to (\d+) entry names of (\d+) bytes each`)
 	s.maxEntries, s.maxName = num("entries", m[1]), num("name", m[2])
@@ -108,6 +112,8 @@ func parseSpec(t *testing.T) spec {
 			area = "proc"
 		case strings.HasPrefix(line, "### Page 0, lines 2 to K+1"):
 			area = "mailbox"
+		case strings.HasPrefix(line, "### Page 0, lines 62 and 63"):
+			area = "out"
 		case strings.HasPrefix(line, "#"):
 			area = ""
 		}
@@ -143,8 +149,8 @@ func parseSpec(t *testing.T) spec {
 		}
 		s.fields = append(s.fields, f)
 	}
-	if len(s.fields) != 24 {
-		t.Fatalf("docs/SHM.md: %d fields in the offset tables, want the 24 this test knows (add a new one to both sides and here)", len(s.fields))
+	if len(s.fields) != 34 {
+		t.Fatalf("docs/SHM.md: %d fields in the offset tables, want the 34 this test knows (add a new one to both sides and here)", len(s.fields))
 	}
 	return s
 }
@@ -169,6 +175,12 @@ func TestSpecGo(t *testing.T) {
 		t.Errorf("docs/SHM.md says version %d, page %d, magics %#x %#x; layout.go has %d, %d, %#x %#x",
 			s.version, s.pageSize, s.groupMagic, s.procMagic, Version, pageSize, uint64(groupMagic), uint64(procMagic))
 	}
+	if s.outCall != pOut || s.outNames != outNames {
+		t.Errorf("docs/SHM.md puts the out-call lines at %#x and %d bytes for names in the out buffer; layout.go %#x and %d", s.outCall, s.outNames, pOut, outNames)
+	}
+	if f, ok := reflect.TypeFor[procCtl]().FieldByName("out"); !ok || int(f.Offset) != s.outCall {
+		t.Errorf("Go: the out-call lines are not at %#x", s.outCall)
+	}
 	if s.mailbox != pMailbox || s.mailboxStride != mailboxSize || s.maxMailboxes != MaxMailboxes ||
 		s.entryTable != pEntryTable || s.buffers != pBuffer || s.maxEntries != maxEntries || s.maxName != maxName {
 		t.Errorf("docs/SHM.md says %d mailboxes at %#x + i * %#x, entry table at %#x (%d names of %d bytes), buffers at %#x; layout.go: %d at %#x + i * %#x, %#x (%d of %d), %#x",
@@ -177,6 +189,7 @@ func TestSpecGo(t *testing.T) {
 	}
 	types := map[string]reflect.Type{
 		"group": reflect.TypeFor[groupPage](), "proc": reflect.TypeFor[procCtl](), "mailbox": reflect.TypeFor[mailbox](),
+		"out": reflect.TypeFor[outCall](),
 	}
 	for _, f := range s.fields {
 		sf, ok := types[f.area].FieldByName(goField(f))
@@ -234,13 +247,15 @@ func cSpecProgram(s spec) string {
 	assert := func(cond, msg string, args ...any) {
 		fmt.Fprintf(&b, "_Static_assert(%s, %q);\n", cond, fmt.Sprintf(msg, args...))
 	}
-	structs := map[string]string{"group": "struct tpsched_group_page", "proc": "struct tpsched_proc_ctl", "mailbox": "struct tpsched_mailbox"}
+	structs := map[string]string{"group": "struct tpsched_group_page", "proc": "struct tpsched_proc_ctl", "mailbox": "struct tpsched_mailbox", "out": "struct tpsched_out_call"}
 	assert(fmt.Sprintf("TPSCHED_LAYOUT_VERSION == %d", s.version), "layout version %d", s.version)
 	assert(fmt.Sprintf("TPSCHED_PAGE_SIZE == %d", s.pageSize), "page size %d", s.pageSize)
 	assert(fmt.Sprintf("TPSCHED_GROUP_MAGIC == UINT64_C(%#x)", s.groupMagic), "group magic %#x", s.groupMagic)
 	assert(fmt.Sprintf("TPSCHED_PROC_MAGIC == UINT64_C(%#x)", s.procMagic), "process magic %#x", s.procMagic)
 	assert(fmt.Sprintf("offsetof(struct tpsched_proc_ctl, mailbox[0]) == %#x", s.mailbox), "mailbox 0 at %#x", s.mailbox)
 	assert(fmt.Sprintf("offsetof(struct tpsched_proc_ctl, mailbox[1]) == %#x", s.mailbox+s.mailboxStride), "mailbox 1 at %#x", s.mailbox+s.mailboxStride)
+	assert(fmt.Sprintf("offsetof(struct tpsched_proc_ctl, out) == %#x && TPSCHED_OUT_CALL == %#x", s.outCall, s.outCall), "out-call lines at %#x", s.outCall)
+	assert(fmt.Sprintf("TPSCHED_OUT_NAMES == %d", s.outNames), "%d bytes for names in the out buffer", s.outNames)
 	assert(fmt.Sprintf("TPSCHED_MAX_MAILBOXES == %d", s.maxMailboxes), "%d mailboxes at most", s.maxMailboxes)
 	assert(fmt.Sprintf("TPSCHED_ENTRY_TABLE == %#x", s.entryTable), "entry table at %#x", s.entryTable)
 	assert(fmt.Sprintf("TPSCHED_MAX_ENTRIES == %d && TPSCHED_MAX_NAME == %d", s.maxEntries, s.maxName), "%d entry names of %d bytes", s.maxEntries, s.maxName)
@@ -281,7 +296,8 @@ func cSpecProgram(s spec) string {
 	}
 	for _, m := range []int{1, s.pageSize, s.pageSize + 1} {
 		for _, k := range []int{1, 8, s.maxMailboxes} {
-			want := s.buffers + k*((m+s.pageSize-1)/s.pageSize*s.pageSize)
+			round := func(n int) int { return (n + s.pageSize - 1) / s.pageSize * s.pageSize }
+			want := s.buffers + k*round(m) + round(m+s.outNames)
 			fmt.Fprintf(&b, "\tif (TPSCHED_AREA_SIZE(%d, %d) != %d) {\n\t\tprintf(\"area for max_message %d, %d mailboxes: %%llu bytes, want %d\\n\", (unsigned long long)TPSCHED_AREA_SIZE(%d, %d));\n\t\tbad = 1;\n\t}\n",
 				m, k, want, m, k, want, m, k)
 		}

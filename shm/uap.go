@@ -39,6 +39,12 @@ type UAP struct {
 	lastNo   uint64 // the number of the last call taken or skipped
 	entry    [maxName]byte
 	sock     *sockUAP // socket mode (receive_from = socket); nil for shared memory
+
+	// The process's own calls (Call): the out buffer, the number of the
+	// last call made, and the deadline of the call being served, which a
+	// call made without one of its own inherits.
+	out         outState
+	curDeadline int64
 }
 
 // Attach attaches the calling process, started by scdd, to its schedule
@@ -124,6 +130,9 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 		off := pBuffer + i*stride
 		u.bufs[i] = amem[off : off+maxMsg : off+maxMsg]
 	}
+	off := pBuffer + len(u.bufs)*stride
+	u.out.buf = amem[off : off+maxMsg+outNames : off+maxMsg+outNames]
+	u.out.spin = newSpinner()
 	_ = unix.Close(area) // mapped: the descriptors are no longer needed
 	_ = unix.Close(group)
 	ctl.pid.Store(uint32(os.Getpid()))
@@ -285,7 +294,9 @@ func (u *UAP) serve(no uint64, i int) {
 	n := min(uint64(m.reqLen), uint64(len(buf)))
 	nl := min(int(m.entryLen), maxName)
 	copy(u.entry[:], m.entry[:nl])
+	u.curDeadline = m.deadline
 	st, rl := u.run(buf, n, m.deadline, u.entry[:nl])
+	u.curDeadline = 0
 	m.status.Store(uint32(st))
 	m.replyLen.Store(uint32(rl))
 	u.ctl.doneNo.Store(no)

@@ -43,6 +43,23 @@ func TestHelperUAP(t *testing.T) {
 	u.Handle("fail", func(req []byte) ([]byte, error) { return nil, errors.New("failed: " + string(req)) })
 	u.Handle("huge", func(req []byte) ([]byte, error) { return make([]byte, u.MaxMessage()+1), nil })
 	u.Handle("pid", func(req []byte) ([]byte, error) { return strconv.AppendInt(req[:0], int64(os.Getpid()), 10), nil })
+	// relay calls the service its request names ("group/service/request")
+	// through the node and returns the answer, or the error's code and text.
+	u.Handle("relay", func(req []byte) ([]byte, error) {
+		parts := bytes.SplitN(req, []byte("/"), 3)
+		if len(parts) != 3 {
+			return nil, errors.New("relay wants group/service/request")
+		}
+		reply, err := u.Call(context.Background(), string(parts[0]), string(parts[1]), parts[2])
+		var ce *CallError
+		switch {
+		case errors.As(err, &ce):
+			return fmt.Appendf(nil, "error %d: %s", ce.Code, ce.Message), nil
+		case err != nil:
+			return nil, err
+		}
+		return reply, nil
+	})
 	u.Handle("sleep", func(req []byte) ([]byte, error) {
 		d, err := time.ParseDuration(string(req))
 		if err != nil {
@@ -202,8 +219,8 @@ func TestCrossProcessStatuses(t *testing.T) {
 	g := newGroup(t, 64, 1)
 	p := startUAP(t, g, 0)
 	attached(t, g, p)
-	if got := p.Entries(); len(got) != 5 {
-		t.Errorf("registered entries %q, want the helper's 5", got)
+	if got := p.Entries(); len(got) != 6 {
+		t.Errorf("registered entries %q, want the helper's 6", got)
 	}
 	for _, c := range []struct {
 		entry, req string
@@ -709,5 +726,22 @@ func TestTakenCountsUpToTheLastTaken(t *testing.T) {
 	take(1)
 	if got := p.Taken(); got != 2 {
 		t.Fatalf("calls 1 and 2 taken: Taken %d, want 2", got)
+	}
+}
+
+// The reader sleeps in the netpoller, not in a blocking epoll_wait that
+// holds a P (see Group.doorbells): the doorbells' epoll fd takes a
+// deadline only if the netpoller watches it.
+func TestDoorbellsInTheNetpoller(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	if err := g.doorbells.SetReadDeadline(time.Now().Add(time.Millisecond)); err != nil {
+		t.Fatalf("the doorbells' epoll fd is not in the netpoller: %v", err)
+	}
+	start := time.Now()
+	if n, err := g.sleep(20 * time.Millisecond); n != 0 || err != nil {
+		t.Fatalf("sleep with no doorbell rung: %d events, %v", n, err)
+	}
+	if d := time.Since(start); d < 15*time.Millisecond {
+		t.Errorf("sleep returned after %v, want about 20ms", d)
 	}
 }

@@ -6,14 +6,7 @@
 # (every 127.x address is local) and the ports 12100-12102 on those.
 set -euo pipefail
 bin=$(cd "${1:-bin}" && pwd)
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/nodes.sh" # $dir, $pids, stopped on exit
 for i in 2 3 4; do
 	d="$dir/n$i"
 	mkdir -p "$d/usr"

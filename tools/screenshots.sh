@@ -18,14 +18,7 @@ for tool in prometheus chromium; do
 	command -v "$tool" >/dev/null || { echo "screenshots: needs $tool (apt-get install prometheus chromium)"; exit 1; }
 done
 mkdir -p "$out"
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$dir"
-}
-trap cleanup EXIT
+. tools/nodes.sh # $dir, $pids, stopped on exit (the working directory is the repository now)
 rpc=12300 name=12302 http=12301 prom=127.0.0.1:19090
 targets=()
 for i in 2 3 4; do

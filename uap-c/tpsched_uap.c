@@ -77,6 +77,9 @@ struct tpsched_uap {
 	unsigned mailboxes;
 	int bell;
 	uint64_t last_no; /* the number of the last call taken or skipped */
+	unsigned char *out_buf; /* tpsched_call_service's names, request and answer */
+	uint64_t out_no;        /* the number of the last call made */
+	int64_t cur_deadline;   /* of the call being served, which a call made inherits */
 	int64_t spin_budget, spin_max;
 
 	/* Socket mode: socket_mode, and sock >= 0 until the UAP left. */
@@ -257,6 +260,7 @@ tpsched_uap *tpsched_attach_fds(int area, int group, int bell, char *err, size_t
 			u->mailboxes = ctl->mailboxes; /* read once: scdd's count, not what may be written later */
 			for (unsigned i = 0; i < u->mailboxes; i++)
 				u->bufs[i] = amem + TPSCHED_BUFFERS + i * TPSCHED_BUF_STRIDE(ctl->max_message);
+			u->out_buf = amem + TPSCHED_BUFFERS + u->mailboxes * TPSCHED_BUF_STRIDE(ctl->max_message);
 			close(area); /* mapped: the descriptors are no longer needed */
 			close(group);
 			atomic_store(&ctl->pid, (uint32_t)getpid());
@@ -371,9 +375,11 @@ static int run(tpsched_uap *u, unsigned char *buf, size_t n, int64_t deadline, s
 		return TPSCHED_NO_SUCH_SERVICE;
 	}
 	tpsched_call call = {
-		.entry = u->entry, .buf = buf, .len = n, .cap = u->max_msg, .deadline = deadline, .arg = e->arg,
+		.entry = u->entry, .buf = buf, .len = n, .cap = u->max_msg, .deadline = deadline, .arg = e->arg, .uap = u,
 	};
+	u->cur_deadline = deadline;
 	int st = e->h(&call);
+	u->cur_deadline = 0;
 	if (st != TPSCHED_OK && st != TPSCHED_APP_ERROR) {
 		char msg[64];
 		snprintf(msg, sizeof msg, "handler returned status %d", st);
@@ -504,6 +510,68 @@ static uint64_t next(tpsched_uap *u, unsigned *mb)
 		syscall(SYS_futex, (void *)&c->wake, FUTEX_WAIT_OP, w, &ts, NULL, 0);
 		atomic_store(&c->sleeping, 0);
 	}
+}
+
+int tpsched_call_service(tpsched_uap *u, const char *group, const char *service, const void *req, size_t req_len, void *out,
+			 size_t out_cap, size_t *out_len, uint32_t timeout_ms)
+{
+	*out_len = 0;
+	if (u->socket_mode) {
+		errno = ENOTSUP;
+		return -1;
+	}
+	size_t gl = strlen(group), sl = strlen(service);
+	if (gl < 1 || gl >= TPSCHED_MAX_NAME || sl < 1 || sl >= TPSCHED_MAX_NAME || req_len > u->max_msg) {
+		errno = EINVAL;
+		return -1;
+	}
+	if (timeout_ms == 0 && u->cur_deadline != 0) {
+		int64_t left = u->cur_deadline - clock_ns(CLOCK_REALTIME);
+		if (left <= 0) {
+			errno = ETIMEDOUT;
+			return -1;
+		}
+		left /= 1000000;
+		timeout_ms = left < 1 ? 1 : left > INT32_MAX ? INT32_MAX : (uint32_t)left;
+	}
+	/* The spec's "Call another service". */
+	struct tpsched_out_call *c = &u->ctl->out;
+	memcpy(u->out_buf, group, gl);
+	memcpy(u->out_buf + gl, service, sl);
+	if (req_len > 0)
+		memcpy(u->out_buf + gl + sl, req, req_len);
+	c->timeout_ms = timeout_ms;
+	c->group_len = (uint32_t)gl;
+	c->service_len = (uint32_t)sl;
+	c->req_len = (uint32_t)req_len;
+	uint64_t no = ++u->out_no;
+	atomic_store(&c->no, no);
+	if (atomic_load(&u->gp->reader_sleeping) != 0)
+		ring(u->bell);
+	while (atomic_load(&c->done) < no) {
+		uint32_t w = atomic_load(&c->wake);
+		atomic_store(&c->sleeping, 1);
+		if (atomic_load(&c->done) >= no) {
+			atomic_store(&c->sleeping, 0);
+			break;
+		}
+		struct timespec ts = {.tv_sec = TPSCHED_MAX_SLEEP_NS / 1000000000LL,
+				      .tv_nsec = TPSCHED_MAX_SLEEP_NS % 1000000000LL};
+		syscall(SYS_futex, (void *)&c->wake, FUTEX_WAIT_OP, w, &ts, NULL, 0);
+		atomic_store(&c->sleeping, 0);
+	}
+	uint32_t code = atomic_load(&c->code);
+	size_t n = atomic_load(&c->reply_len);
+	if (n > u->max_msg)
+		n = u->max_msg;
+	size_t cp = n < out_cap ? n : out_cap;
+	memcpy(out, u->out_buf, cp);
+	*out_len = cp;
+	if (cp < n) {
+		errno = EMSGSIZE;
+		return -1;
+	}
+	return (int)code;
 }
 
 /* serve runs call no, which take claimed, and completes it: the spec's

@@ -94,6 +94,8 @@ typedef struct tpsched_call {
 	int64_t deadline;
 	/* The arg given to tpsched_handle for this entry. */
 	void *arg;
+	/* The process's side of its queue, for tpsched_call_service. */
+	struct tpsched_uap *uap;
 } tpsched_call;
 
 /* A handler runs one call and returns TPSCHED_OK (the reply is buf[0:len])
@@ -146,6 +148,26 @@ int tpsched_serve_one(tpsched_uap *u);
  * max_message_size. */
 size_t tpsched_max_message(const tpsched_uap *u);
 
+/* tpsched_call_service calls service of group through the node, from
+ * inside a handler, as a client would: through the process's shared
+ * memory (no socket), routed by the node to its own queue of the group or
+ * to another node. req[0:req_len] is the request. The answer is copied
+ * into out[0:*out_len]: the reply, or the node's message for an error.
+ *
+ * It returns 0 for a reply, or the frame protocol's error code (4 server
+ * busy, 5 timed out, 7 server terminated, 10 application error, ...; see
+ * docs/SHM.md) with its message; or -1 with errno: EINVAL (a name empty
+ * or of 32 bytes or more, a request over max_message), ENOTSUP (socket
+ * mode), ETIMEDOUT (the served call's deadline has passed), EMSGSIZE (the
+ * answer did not fit out_cap: out holds its start).
+ *
+ * timeout_ms bounds the wait; 0: the deadline of the call being served,
+ * else the target group's watch_time. One call at a time per process. A
+ * process waiting for its call serves nothing: a service that calls its
+ * own group needs processes to spare. */
+int tpsched_call_service(tpsched_uap *u, const char *group, const char *service, const void *req, size_t req_len, void *out,
+			 size_t out_cap, size_t *out_len, uint32_t timeout_ms);
+
 /* tpsched_app_error writes a printf-style message into call->buf as its
  * reply (cut to 1023 bytes and to cap) and returns TPSCHED_APP_ERROR, so
  * that a handler can `return tpsched_app_error(call, "no stock: %s", id);`.
@@ -181,7 +203,7 @@ const char *tpsched_status_name(int status);
 #ifndef __cplusplus
 #include <stdatomic.h>
 
-#define TPSCHED_LAYOUT_VERSION 4
+#define TPSCHED_LAYOUT_VERSION 5
 #define TPSCHED_PAGE_SIZE 4096
 #define TPSCHED_GROUP_MAGIC UINT64_C(0x5052474843535054) /* "TPSCHGRP" little-endian */
 #define TPSCHED_PROC_MAGIC UINT64_C(0x4352504843535054)  /* "TPSCHPRC" */
@@ -205,8 +227,10 @@ struct tpsched_group_page {
 	_Atomic uint32_t reader_sleeping;
 };
 
-/* The most mailboxes page 0 holds. */
-#define TPSCHED_MAX_MAILBOXES 62
+/* The most mailboxes page 0 holds before the out-call lines. */
+#define TPSCHED_MAX_MAILBOXES 60
+#define TPSCHED_OUT_CALL 0xF80 /* page 0's last two lines */
+#define TPSCHED_OUT_NAMES 64   /* room the out buffer keeps for the names */
 
 /* A mailbox: one call handed to a process (page 0, line 2 + i). scdd
  * writes the call's fields, the UAP the completion's. */
@@ -220,8 +244,25 @@ struct tpsched_mailbox {
 	unsigned char entry[TPSCHED_MAX_NAME];
 };
 
+/* The process's own call to another service (page 0, lines 62 and 63):
+ * the first line the UAP writes, the second scdd (tpsched_call_service). */
+struct tpsched_out_call {
+	_Atomic uint64_t no;
+	uint32_t timeout_ms;
+	uint32_t group_len;
+	uint32_t service_len;
+	uint32_t req_len;
+	_Atomic uint32_t sleeping;
+	unsigned char pad0[0x40 - 0x1C];
+	_Atomic uint64_t done;
+	_Atomic uint32_t code;
+	_Atomic uint32_t reply_len;
+	_Atomic uint32_t wake;
+	unsigned char pad1[0x40 - 0x14];
+};
+
 /* Page 0 of a process area: line 0 written by scdd, line 1 by the UAP,
- * then the mailboxes. */
+ * then the mailboxes, then the out-call lines. */
 struct tpsched_proc_ctl {
 	uint64_t magic;
 	uint32_t version;
@@ -238,12 +279,14 @@ struct tpsched_proc_ctl {
 	_Atomic uint32_t entries;
 	unsigned char pad1[0x80 - 0x58];
 	struct tpsched_mailbox mailbox[TPSCHED_MAX_MAILBOXES];
+	struct tpsched_out_call out;
 };
 
-/* The size of each buffer for max_message_size m, and of a process area
- * with k mailboxes. */
+/* The size of each buffer for max_message_size m, of the out buffer, and
+ * of a process area with k mailboxes. */
 #define TPSCHED_BUF_STRIDE(m) (((uint64_t)(m) + TPSCHED_PAGE_SIZE - 1) / TPSCHED_PAGE_SIZE * TPSCHED_PAGE_SIZE)
-#define TPSCHED_AREA_SIZE(m, k) (TPSCHED_BUFFERS + (uint64_t)(k) * TPSCHED_BUF_STRIDE(m))
+#define TPSCHED_OUT_STRIDE(m) TPSCHED_BUF_STRIDE((uint64_t)(m) + TPSCHED_OUT_NAMES)
+#define TPSCHED_AREA_SIZE(m, k) (TPSCHED_BUFFERS + (uint64_t)(k) * TPSCHED_BUF_STRIDE(m) + TPSCHED_OUT_STRIDE(m))
 #endif /* !__cplusplus */
 
 #endif /* TPSCHED_UAP_H */

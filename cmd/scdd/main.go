@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -93,6 +94,9 @@ func run() int {
 		// with their buffers) from growing the heap to twice that.
 		debug.SetMemoryLimit(cfg.System.BufferBudget + memoryHeadroom)
 	}
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + receivingLoops(cfg))
+	}
 	var moduleDirs []string
 	if exe, err := os.Executable(); err == nil {
 		moduleDirs = append(moduleDirs, filepath.Dir(exe))
@@ -162,4 +166,21 @@ func run() int {
 	}
 	log.Info("scdd stopped")
 	return 0
+}
+
+// receivingLoops is how many gnet event loops the node runs: scdmulti's on
+// the RPC port and every receiver group's. Each blocks in epoll_wait
+// holding a P (gnet makes the syscall itself, outside the netpoller), so
+// scdd adds as many Ps to the CPUs' count: otherwise an idle node's loops
+// hold every P, a goroutine woken by the netpoller (the reply reader, a
+// timer) waits until sysmon takes a P back (up to 10 ms), and sysmon, taking
+// Ps back from syscalls again and again, polls every 20 us. Measured on 2
+// CPUs with 2 loops, 4 Ps against 2: scdd's CPU at 300 calls/s a third,
+// p99 0.3 ms against 16 ms, S1 at 64 connections the same or better.
+func receivingLoops(cfg *def.Config) int {
+	n := cfg.Sched.Multi
+	for _, rg := range cfg.Sched.ReceiverGroups {
+		n += rg.Count
+	}
+	return n
 }

@@ -16,6 +16,9 @@
 //	fail   returns an application error
 //	crash  dies in the middle of the call (a panic), as a broken UAP would
 //	pid    replies with the process id (to see which process served a call)
+//	call   calls another service through the node (shm.UAP.Call): the
+//	       request is "group/service/request"; it replies with that
+//	       call's reply, or fails with its error
 //
 // TPSCHED_ECHO_SLOWDOWN=k (an integer, default 1) makes sleep, burn and cpu
 // take k times as long: a benchmark's way to make one node of a cluster
@@ -25,6 +28,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,6 +41,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/spin"
 	"tpsched/internal/version"
 	"tpsched/shm"
 )
@@ -79,7 +85,7 @@ func main() {
 		if err != nil {
 			return nil, err
 		}
-		burn(time.Duration(us) * time.Microsecond)
+		spin.Wall(time.Duration(us) * time.Microsecond)
 		return req, nil
 	})
 	srv.Handle("cpu", func(req []byte) ([]byte, error) {
@@ -95,6 +101,18 @@ func main() {
 	})
 	srv.Handle("pid", func(req []byte) ([]byte, error) {
 		return strconv.AppendInt(req[:0], int64(os.Getpid()), 10), nil
+	})
+	srv.Handle("call", func(req []byte) ([]byte, error) {
+		group, rest, ok1 := bytes.Cut(req, []byte("/"))
+		service, inner, ok2 := bytes.Cut(rest, []byte("/"))
+		if !ok1 || !ok2 {
+			return nil, fmt.Errorf("want group/service/request, got %.40q", req)
+		}
+		reply, err := srv.Call(context.Background(), string(group), string(service), inner)
+		if err != nil {
+			return nil, fmt.Errorf("call %s/%s: %w", group, service, err)
+		}
+		return reply, nil
 	})
 	srv.Handle("crash", func(req []byte) ([]byte, error) {
 		panic("uap-echo: crash requested")
@@ -116,20 +134,8 @@ func parseNumber(req []byte) (int64, error) {
 	return n, nil
 }
 
-// burn keeps the CPU busy for d of wall time, checking the clock rarely so
-// the loop itself is the work.
-func burn(d time.Duration) {
-	end := time.Now().Add(d)
-	x := uint64(1)
-	for time.Now().Before(end) {
-		for range 1000 {
-			x = x*6364136223846793005 + 1442695040888963407
-		}
-	}
-	sink = x
-}
-
-// burnCPU spins until this thread has used d of CPU time: unlike burn, a
+// burnCPU spins until this thread has used d of CPU time: unlike burn
+// (spin.Wall), a
 // call preempted by other work still costs what it says, which is what a
 // benchmark of CPU contention needs.
 func burnCPU(d time.Duration) {

@@ -19,6 +19,9 @@
  *   pid    replies with the process id (to see which process served a call)
  *   calls  replies with the number of calls this process's handlers ran,
  *          this one included (to see that no call ran twice or in vain)
+ *   call   calls another service through the node (tpsched_call_service):
+ *          the request is "group/service/request"; it replies with that
+ *          call's reply, or fails with its error
  *
  * TPSCHED_ECHO_SLOWDOWN=k (an integer, default 1) makes sleep, burn and cpu
  * take k times as long, as it does for uap-echo.
@@ -142,6 +145,37 @@ static int calls(tpsched_call *call)
 	return TPSCHED_OK;
 }
 
+static int call_other(tpsched_call *call)
+{
+	char group[TPSCHED_MAX_NAME], service[TPSCHED_MAX_NAME];
+	const unsigned char *p = call->buf, *end = call->buf + call->len;
+	const unsigned char *s1 = memchr(p, '/', call->len);
+	const unsigned char *s2 = s1 ? memchr(s1 + 1, '/', (size_t)(end - s1 - 1)) : NULL;
+	if (s2 == NULL || s1 - p >= TPSCHED_MAX_NAME || s2 - s1 - 1 >= TPSCHED_MAX_NAME)
+		return tpsched_app_error(call, "want group/service/request");
+	memcpy(group, p, (size_t)(s1 - p));
+	group[s1 - p] = '\0';
+	memcpy(service, s1 + 1, (size_t)(s2 - s1 - 1));
+	service[s2 - s1 - 1] = '\0';
+	/* The answer goes over the request, in the call's own buffer. */
+	static unsigned char req[1 << 20];
+	size_t rl = (size_t)(end - s2 - 1);
+	if (rl > sizeof req)
+		return tpsched_app_error(call, "request too big for the example");
+	memcpy(req, s2 + 1, rl);
+	size_t n;
+	int code = tpsched_call_service(call->uap, group, service, req, rl, call->buf, call->cap, &n, 0);
+	if (code < 0)
+		return tpsched_app_error(call, "call %s/%s: %s", group, service, strerror(errno));
+	if (code != 0) {
+		char msg[256];
+		snprintf(msg, sizeof msg, "%.*s", (int)n, (const char *)call->buf);
+		return tpsched_app_error(call, "call %s/%s: %s", group, service, msg);
+	}
+	call->len = n;
+	return TPSCHED_OK;
+}
+
 static int crash(tpsched_call *call)
 {
 	/* Half a reply written, then the process dies: the node must not
@@ -192,7 +226,7 @@ int main(int argc, char **argv)
 		tpsched_handler h;
 	} services[] = {
 		{"echo", echo}, {"sleep", sleep_ms}, {"burn", burn}, {"cpu", cpu},
-		{"fail", fail}, {"pid", pid},        {"calls", calls}, {"crash", crash},
+		{"fail", fail}, {"pid", pid},        {"calls", calls}, {"crash", crash}, {"call", call_other},
 	};
 	for (size_t i = 0; i < sizeof services / sizeof services[0]; i++) {
 		if (tpsched_handle(u, services[i].entry, counted, (void *)&services[i].h) != 0) {

@@ -53,6 +53,7 @@ type System struct {
 	MaxConnections int           // max_connections: RPC connections open at once, 1..1048576; one beyond is closed at once, counted and logged; default 10000 (tpsched)
 	FrameTimeout   time.Duration // frame_timeout (seconds, 1..3600): how long a frame may take to arrive whole once its first bytes came; default 30 s (tpsched)
 	BufferBudget   int64         // rpc_buffer_budget (MiB in the file, bytes here), 1..1048576: bytes the RPC port holds in partial frames and unsent answers, node-wide; past it the connection holding the most is closed; default 64 MiB (tpsched)
+	UAPSchedBatch  bool          // uap_sched_batch: Y starts UAPs as SCHED_BATCH, so a woken UAP does not preempt the scheduler thread that woke it; default Y (tpsched)
 }
 
 // Sched is the schedule service definition (scdsvcdef).

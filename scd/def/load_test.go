@@ -503,7 +503,7 @@ func TestLoadDefault(t *testing.T) {
 		names = append(names, sv.Name)
 	}
 	if s.Name != "demo" || s.File != "usr/demo" || s.ServiceGroup != "demo" || s.Module != "uap-echo" ||
-		strings.Join(names, ",") != "echo,sleep,burn,cpu,fail,crash,pid" ||
+		strings.Join(names, ",") != "echo,sleep,burn,cpu,fail,crash,pid,call" ||
 		s.Resident != 2 || s.MaxProcesses != 4 || s.BalanceCount != 3 || s.QueueSize != 256 ||
 		s.ReceiveFrom != ReceiveQueue || s.WatchTime != DefaultWatchTime {
 		t.Errorf("demo = %+v", s)

@@ -84,6 +84,7 @@ func defaultSystem(hostname string) System {
 		MaxConnections: DefaultMaxConnections,
 		FrameTimeout:   DefaultFrameTimeout,
 		BufferBudget:   DefaultBufferBudget,
+		UAPSchedBatch:  true,
 	}
 }
 
@@ -266,6 +267,19 @@ var systemOperands = map[string]operand[System]{
 		values:  "1..1048576",
 		tpsched: "RPC connections open at once: one beyond is closed at once, counted (tpsched_connections_refused_total) and logged. scdd warns at start when the open-file limit cannot hold this many.",
 		own:     true,
+	},
+	"uap_sched_batch": {
+		set: func(s *System, v []string) (err error) {
+			s.UAPSchedBatch, err = boolYN(v)
+			return err
+		},
+		value:  "Y",
+		values: "Y or N",
+		tpsched: "Y starts UAP processes under the SCHED_BATCH policy (same weight, nice and cgroup as before): a UAP woken for a call " +
+			"does not preempt the scheduler thread that woke it, but runs on an idle CPU or when that thread blocks, so the calls handed over " +
+			"in one burst are served in one go. On the 2-core machine S1 at 64 connections serves about 25% more calls/s with it and " +
+			"1 connection the same. N keeps the kernel's default policy (a woken UAP preempts).",
+		own: true,
 	},
 	"frame_timeout": {
 		set: func(s *System, v []string) (err error) {
@@ -873,11 +887,13 @@ var clientAliases = map[string]string{
 
 // refusedOperands are operands of OpenTP1's that tpsched refuses in any
 // file, with the reason; the reference lists them too.
-var refusedOperands = map[string]struct {
+var refusedOperands = map[string]refusedOperand{}
+
+type refusedOperand struct {
 	file    string // where OpenTP1 puts it
 	opentp1 string
 	why     string
-}{}
+}
 
 // unknownOperand is the reason for an operand that table does not know:
 // where it belongs instead, or the operand it was likely meant to be.

@@ -1,6 +1,8 @@
 package def
 
 import (
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -58,33 +60,29 @@ func Operands() []OperandDoc {
 		}
 		sort.Strings(d.Aliases)
 	}
-	start = len(out)
-	for name, r := range refusedOperands {
-		out = append(out, OperandDoc{Name: name, File: r.file, OpenTP1: r.opentp1, Refused: r.why})
-	}
-	refused := out[start:]
-	sort.Slice(refused, func(i, j int) bool { return refused[i].Name < refused[j].Name })
-	return out
+	return appendByName(out, refusedOperands, func(name string, r refusedOperand) OperandDoc {
+		return OperandDoc{Name: name, File: r.file, OpenTP1: r.opentp1, Refused: r.why}
+	})
 }
 
 func appendDocs[T any](out []OperandDoc, file string, table map[string]operand[T]) []OperandDoc {
-	start := len(out)
-	for name, op := range table {
-		out = append(out, OperandDoc{Name: name, File: file, Default: op.value, DefaultNote: op.dflt,
-			Values: op.values, OpenTP1: op.opentp1, Tpsched: op.tpsched, Own: op.own})
-	}
-	docs := out[start:]
-	sort.Slice(docs, func(i, j int) bool { return docs[i].Name < docs[j].Name })
-	return out
+	return appendByName(out, table, func(name string, op operand[T]) OperandDoc {
+		return OperandDoc{Name: name, File: file, Default: op.value, DefaultNote: op.dflt,
+			Values: op.values, OpenTP1: op.opentp1, Tpsched: op.tpsched, Own: op.own}
+	})
 }
 
 func appendCommandDocs[T any](out []OperandDoc, file string, cmds map[string]command[T]) []OperandDoc {
-	start := len(out)
-	for name, c := range cmds {
-		out = append(out, OperandDoc{Name: name, File: file, Command: c.synopsis, DefaultNote: c.dflt,
-			Values: c.values, OpenTP1: c.opentp1, Tpsched: c.tpsched})
+	return appendByName(out, cmds, func(name string, c command[T]) OperandDoc {
+		return OperandDoc{Name: name, File: file, Command: c.synopsis, DefaultNote: c.dflt,
+			Values: c.values, OpenTP1: c.opentp1, Tpsched: c.tpsched}
+	})
+}
+
+// appendByName appends doc(name, v) for every entry of table, by name.
+func appendByName[V any](out []OperandDoc, table map[string]V, doc func(string, V) OperandDoc) []OperandDoc {
+	for _, name := range slices.Sorted(maps.Keys(table)) {
+		out = append(out, doc(name, table[name]))
 	}
-	docs := out[start:]
-	sort.Slice(docs, func(i, j int) bool { return docs[i].Name < docs[j].Name })
 	return out
 }

@@ -5,9 +5,12 @@
 // figures as JSON and the plots as PNG beside it. S6 runs three tpsched
 // nodes on 127.0.0.2-4 (one of them three times slower) under each
 // balancing rule; S7 runs 128 members of tpsched's name layer in this
-// process and times how fast an announce reaches all of them.
+// process and times how fast an announce reaches all of them. S8 puts
+// skewed connections on a node's receiving sockets, placed by the kernel's
+// hash and by steering; S9 restarts a node under load, by hand-off and by
+// stopping and starting it.
 //
-//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5,S6,S7] [-out bench/results] [-bin bin]
+//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5,S6,S7,S8,S9] [-out bench/results] [-bin bin]
 //
 // It also serves the Go peers when run with -serve (gnet, grpc, http): the
 // harness starts itself that way so each peer is a process of its own.
@@ -34,8 +37,8 @@ func main() {
 	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build)")
 	out := flag.String("out", "bench/results", "directory for the reports")
 	quick := flag.Bool("quick", false, "the development grid (about four minutes; S3 shorter and one run, S5 and S6 shorter, S7 fewer changes)")
-	scen := flag.String("scenarios", "S1,S2,S3,S4,S5,S6,S7", "scenarios to run")
-	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick; S5 and S6: per system, at least 5 but in -quick); figures are their medians (3 or more)")
+	scen := flag.String("scenarios", "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10", "scenarios to run")
+	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick; S5 and S6: per system, at least 5 but in -quick; S8 and S9: per system); figures are their medians (3 or more)")
 	dur := flag.Duration("duration", 0, "measured time per run (default 2s, quick 0.75s; S4 twice that)")
 	warm := flag.Duration("warmup", 0, "unmeasured time before each run (default 0.5s, quick 0.25s; S4 twice that)")
 	workers := flag.Int("workers", 2, "worker processes per system")
@@ -54,6 +57,8 @@ func main() {
 	s7nodes := flag.Int("s7-nodes", bench.S7Nodes, "S7's members (at most 128)")
 	s7probes := flag.Int("s7-changes", 0, "S7's announced changes measured (default 30, quick 10)")
 	s7quiet := flag.Duration("s7-quiet", 0, "S7's quiet spell for the refresh traffic (default 20s, one refresh period; quick 5s)")
+	s8receivers := flag.Int("s8-receivers", bench.S8Receivers, "S8's receiving sockets (scdmulti); keep it at or below the cores")
+	s8heavy := flag.Int("s8-heavy", bench.S8Heavy, "S8's heavy connections")
 	quietCores := flag.Float64("quiet-cores", bench.DefaultQuiet.Cores, "before each run wait until other tenants use under this many cores; a run over it is disturbed and run again (0: off)")
 	quietWait := flag.Duration("quiet-wait", bench.DefaultQuiet.MaxWait, "the longest wait for other tenants to go quiet before a run")
 	quietRetries := flag.Int("quiet-retries", bench.DefaultQuiet.Retries, "how often a disturbed run is run again (S1, S2, S4)")
@@ -105,6 +110,10 @@ func main() {
 		fmt.Fprintf(os.Stderr, "tpbench: -s7-nodes must be 2..%d (a cluster holds at most %d nodes)\n", bench.S7Nodes, bench.S7Nodes)
 		os.Exit(2)
 	}
+	if *s8receivers < 2 || *s8heavy < 1 {
+		fmt.Fprintln(os.Stderr, "tpbench: -s8-receivers must be 2 or more (steering places connections among sockets) and -s8-heavy 1 or more")
+		os.Exit(2)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "tpbench:", err)
@@ -133,6 +142,8 @@ func main() {
 		S7Nodes:     *s7nodes,
 		S7Probes:    *s7probes,
 		S7Quiet:     *s7quiet,
+		S8Receivers: *s8receivers,
+		S8Heavy:     *s8heavy,
 		Systems:     splitList(*systems),
 		Compare:     *compare,
 		Quiet:       bench.Quiet{Cores: *quietCores, MaxWait: *quietWait, Retries: *quietRetries, Budget: *quietBudget},

@@ -1,0 +1,221 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+)
+
+// progress tells the operator of a session how far it has come and about
+// how long the rest will take. Every scenario has a plan, the time its
+// steps (one system's run in a cell, or one run of a scenario that starts
+// its systems afresh) should take by their warm-up and measured time; what
+// is left is the plan of the steps still to come, scaled by how long the
+// steps done so far took against theirs (starting systems, waiting for
+// other tenants to go quiet and runs made again all show up in that
+// ratio).
+type progress struct {
+	log   io.Writer
+	now   func() time.Time
+	start time.Time
+	// plans of the scenarios not begun yet, in the order they run
+	ahead []scenarioPlan
+	// the scenario running now
+	cur        string
+	curPlanned time.Duration
+	curDone    time.Duration
+	curSteps   int
+	curStep    int
+	// plan of every step done in the session
+	done time.Duration
+}
+
+// scenarioPlan is what a scenario is expected to take: its steps, and
+// their planned time together.
+type scenarioPlan struct {
+	id      string
+	steps   int
+	planned time.Duration
+}
+
+// plan is steps steps of per each.
+func plan(id string, steps int, per time.Duration) scenarioPlan {
+	return scenarioPlan{id, steps, time.Duration(steps) * per}
+}
+
+// and is p followed by steps more of per each.
+func (p scenarioPlan) and(steps int, per time.Duration) scenarioPlan {
+	p.steps += steps
+	p.planned += time.Duration(steps) * per
+	return p
+}
+
+// stepSlack is what a step costs beyond its warm-up and measured time when
+// nothing goes wrong (reading /proc, closing connections): a first guess
+// the measured ratio corrects.
+const stepSlack = 300 * time.Millisecond
+
+func newProgress(log io.Writer, now func() time.Time, plans []scenarioPlan) *progress {
+	if now == nil {
+		now = time.Now
+	}
+	return &progress{log: log, now: now, start: now(), ahead: plans}
+}
+
+// announce prints the session's plan before it starts.
+func (p *progress) announce() {
+	if p == nil || p.log == nil || len(p.ahead) == 0 {
+		return
+	}
+	var ids []string
+	var all time.Duration
+	for _, a := range p.ahead {
+		ids = append(ids, fmt.Sprintf("%s %d steps", a.id, a.steps))
+		all += a.planned
+	}
+	fmt.Fprintf(p.log, "session: %s; planned about %s (starting systems and waiting for a quiet machine add to that; each cell and run says what is left)\n",
+		strings.Join(ids, ", "), roughly(all))
+}
+
+// begin starts a scenario with its plan, made now that it knows which of
+// its systems run.
+func (p *progress) begin(sp scenarioPlan) {
+	if p == nil {
+		return
+	}
+	for i, a := range p.ahead {
+		if a.id == sp.id {
+			p.ahead = append(p.ahead[:i:i], p.ahead[i+1:]...)
+			break
+		}
+	}
+	p.cur, p.curPlanned, p.curDone, p.curSteps, p.curStep = sp.id, sp.planned, 0, sp.steps, 0
+}
+
+// step counts one step done that was planned to take planned.
+func (p *progress) step(planned time.Duration) {
+	if p == nil {
+		return
+	}
+	p.curStep++
+	p.curDone += planned
+	p.done += planned
+}
+
+// drop takes steps of per each out of the current scenario's plan: a
+// system that did not start or failed has no more runs.
+func (p *progress) drop(steps int, per time.Duration) {
+	if p == nil || steps <= 0 {
+		return
+	}
+	p.curSteps -= steps
+	p.curPlanned -= time.Duration(steps) * per
+}
+
+// report prints where the session is after what (a cell or a run) and
+// what is left of the scenario and of the session.
+func (p *progress) report(what string) {
+	if p == nil || p.log == nil {
+		return
+	}
+	scen, session := p.left()
+	fmt.Fprintf(p.log, "  [%s %d/%d] %s; %s so far, about %s left in %s, %s in the session\n",
+		p.cur, p.curStep, p.curSteps, what, roughly(p.now().Sub(p.start)), roughly(scen), p.cur, roughly(session))
+}
+
+// left is the estimate of what remains of the current scenario and of the
+// whole session.
+func (p *progress) left() (scenario, session time.Duration) {
+	rest := max(p.curPlanned-p.curDone, 0)
+	all := rest
+	for _, a := range p.ahead {
+		all += a.planned
+	}
+	scale := 1.0
+	if p.done > 0 {
+		scale = float64(p.now().Sub(p.start)) / float64(p.done)
+	}
+	return time.Duration(float64(rest) * scale), time.Duration(float64(all) * scale)
+}
+
+// roughly rounds d as people say it: to seconds under ten minutes, else
+// to ten seconds.
+func roughly(d time.Duration) time.Duration {
+	if d >= 10*time.Minute {
+		return d.Round(10 * time.Second)
+	}
+	return d.Round(time.Second)
+}
+
+// startSlack is what starting a system afresh for a run costs, a first
+// guess.
+const startSlack = time.Second
+
+// sessionPlan is the plan of every scenario cfg selects, in the order Run
+// runs them, from the same sizing the scenarios use. Systems that do not
+// start are taken out of the plan when their scenario begins.
+func sessionPlan(cfg Config, opts runOptions) []scenarioPlan {
+	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
+	var out []scenarioPlan
+	for _, g := range grids {
+		if want(g.id) {
+			n := len(cfg.selected(g.systems[boolIndex(cfg.Quick)]))
+			out = append(out, plan(g.id, len(g.cells(cfg.Quick))*n*opts.Runs, opts.stepTime()))
+		}
+	}
+	if want("S3") {
+		sl, runs := s3Sizing(cfg)
+		var names []string
+		for _, sys := range s3Systems(cfg.Env, cfg.Spec) {
+			names = append(names, sys.name)
+		}
+		out = append(out, plan("S3", len(cfg.selected(names))*runs, s3RunTime(sl)))
+	}
+	if want("S4") {
+		out = append(out, s4Plan(len(cfg.selected(s4Systems)), opts, !want("S2")))
+	}
+	if want("S5") {
+		o, runs := s5Timing(cfg, opts)
+		capOpts := opts
+		capOpts.Runs = cfg.Runs
+		limit := cfg.S5WaitLimit
+		if limit <= 0 {
+			limit = S5WaitLimit
+		}
+		var names []string
+		for _, sys := range s5Systems(cfg.Env, cfg.Spec, limit) {
+			names = append(names, sys.name)
+		}
+		out = append(out, s5Plan(len(cfg.selected(names)), capOpts, o, runs))
+	}
+	if want("S6") {
+		o := s6Timing(cfg, opts)
+		var names []string
+		for _, sys := range s6Systems() {
+			names = append(names, sys.name)
+		}
+		out = append(out, plan("S6", len(cfg.selected(names))*o.Runs, s6RunTime(o)))
+	}
+	if want("S7") {
+		out = append(out, s7Plan(s7Sizing(cfg)))
+	}
+	if want("S8") {
+		var names []string
+		for _, sys := range s8Systems() {
+			names = append(names, sys.name)
+		}
+		o := s8Timing(cfg, opts)
+		out = append(out, plan("S8", len(cfg.selected(names))*o.Runs, s8RunTime(o)))
+	}
+	if want("S9") {
+		var names []string
+		for _, sys := range s9Systems() {
+			names = append(names, sys.name)
+		}
+		setup, runs := s9Sizing(cfg)
+		out = append(out, plan("S9", len(cfg.selected(names))*runs, s9RunTime(setup)))
+	}
+	return out
+}

@@ -1,0 +1,213 @@
+package itest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"tpsched/netio"
+)
+
+// callerServer's "call" service calls group/service/request through the
+// node from inside its handler (shm.UAP.Call).
+const callerServer = `set service_group = %q
+set service = "call=call", "echo=echo", "sleep=sleep"
+set module = MODULE
+set parallel_count = %d
+set queue_size = 64
+`
+
+// TestUAPCallsAnotherService: a service calls another group's service
+// from its handler, through its shared memory and the node. Every outer
+// call gets the inner call's reply, its own; errors come back as errors;
+// the node counts the calls.
+func TestUAPCallsAnotherService(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{
+		"front": fmt.Sprintf(callerServer, "front", 2),
+		"back":  echoDef("back", 2, 64, 1<<20),
+	})
+	n := startNode(t, "-c", dir)
+	c := n.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				want := fmt.Sprintf("caller %d call %d %s", w, i, strings.Repeat("x", i*97))
+				got, err := c.Call(ctx, "front", "call", []byte("back/echo/"+want))
+				if err != nil || string(got) != want {
+					errs <- fmt.Errorf("caller %d call %d: %.60q, %v", w, i, got, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	for _, tc := range []struct{ req, want string }{
+		{"back/fail/x", "application error: failure requested"},
+		{"nosuch/echo/x", "no such service group: nosuch"},
+		{"back/ehco/x", "no such service: back/ehco (did you mean echo?)"},
+	} {
+		_, err := c.Call(ctx, "front", "call", []byte(tc.req))
+		if codeOf(err) != netio.CodeApplication || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("front/call %q: %v; want an application error with %q", tc.req, err, tc.want)
+		}
+	}
+	if m := n.metrics(); !strings.Contains(m, `tpsched_local_calls_total{group="front"} 403`) {
+		t.Errorf("/metrics does not count the 403 local calls:\n%s", grepLines(m, "local_calls"))
+	}
+}
+
+// TestLocalCallFaults: a callee killed under a local call fails it
+// 'server terminated'; a caller killed while its call waits is answered
+// 'server terminated' and the late answer to its call is dropped; a
+// service that calls its own group, all of whose processes wait the same
+// way, ends at its deadline. The node serves on after each.
+func TestLocalCallFaults(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{
+		"front": fmt.Sprintf(callerServer, "front", 1),
+		"back":  echoDef("back", 1, 64, 1<<20),
+	})
+	n := startNode(t, "-c", dir)
+	c := n.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	serves := func(when string) {
+		t.Helper()
+		for _, g := range []string{"front", "back"} {
+			if got, err := c.Call(ctx, g, "echo", []byte(when)); err != nil || string(got) != when {
+				t.Fatalf("%s: %s/echo: %q, %v", when, g, got, err)
+			}
+		}
+	}
+	serves("first")
+
+	// The callee dies.
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Call(ctx, "front", "call", []byte("back/sleep/10000"))
+		done <- err
+	}()
+	waitFor(t, 5*time.Second, "back to serve the inner call", func() bool { return groupStatus(t, n, "back").InFlight == 1 })
+	time.Sleep(50 * time.Millisecond)
+	must(t, syscall.Kill(groupStatus(t, n, "back").Processes[0].PID, syscall.SIGKILL))
+	select {
+	case err := <-done:
+		if codeOf(err) != netio.CodeApplication || !strings.Contains(err.Error(), "server terminated") {
+			t.Errorf("callee killed: %v; want the caller's application error carrying 'server terminated'", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("callee killed: no answer within 5 s")
+	}
+	waitFor(t, 10*time.Second, "back's replacement", func() bool {
+		p := groupStatus(t, n, "back").Processes[0]
+		return p.PID != 0 && p.Restarts == 1
+	})
+	serves("after the callee died")
+
+	// The caller dies while its call waits in back.
+	go func() {
+		_, err := c.Call(ctx, "front", "call", []byte("back/sleep/1000"))
+		done <- err
+	}()
+	waitFor(t, 5*time.Second, "back to serve the inner call", func() bool { return groupStatus(t, n, "back").InFlight == 1 })
+	must(t, syscall.Kill(groupStatus(t, n, "front").Processes[0].PID, syscall.SIGKILL))
+	select {
+	case err := <-done:
+		if codeOf(err) != netio.CodeServerTerminated {
+			t.Errorf("caller killed: %v; want server terminated", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("caller killed: no answer within 5 s")
+	}
+	waitFor(t, 5*time.Second, "the inner call to end", func() bool { return groupStatus(t, n, "back").InFlight == 0 })
+	serves("after the caller died")
+
+	// front's one process calls front: the inner call can only wait,
+	// and the node says so after a second.
+	start := time.Now()
+	cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+	_, err := c.Call(cctx, "front", "call", []byte("front/echo/me"))
+	ccancel()
+	if codeOf(err) != netio.CodeTimedOut && !(codeOf(err) == netio.CodeApplication && strings.Contains(err.Error(), "timed out")) {
+		t.Errorf("a call to its own busy group: %v; want timed out", err)
+	}
+	if d := time.Since(start); d > 4*time.Second {
+		t.Errorf("a call to its own busy group took %v to end; its deadline was 2 s", d)
+	}
+	if m := n.metrics(); !strings.Contains(m, `tpsched_local_call_stalls_total{group="front"} 1`) ||
+		!strings.Contains(n.stderr.String(), "every process of the group waits for a call of its own") {
+		t.Errorf("the stall was not reported: %s%s", grepLines(m, "stalls"), grepLines(n.stderr.String(), "front"))
+	}
+	serves("after the cycle")
+	if v := groupStatus(t, n, "front").Errors.ProtocolViolations; v != 0 {
+		t.Errorf("%d protocol violations", v)
+	}
+}
+
+// TestLocalCallToAnotherNode: a UAP's call to a group this node does not
+// serve goes to the node that does, and its answer comes back to the UAP.
+func TestLocalCallToAnotherNode(t *testing.T) {
+	skipShort(t)
+	nodes := startCluster(t, clusterOpts{extra: func(i int) map[string]string {
+		switch i {
+		case 0:
+			return map[string]string{"front": fmt.Sprintf(callerServer, "front", 1)}
+		case 1:
+			return map[string]string{"far": echoDef("far", 1, 64, 1<<20)}
+		}
+		return nil
+	}})
+	waitFor(t, 15*time.Second, "n0 to learn that n1 serves far", func() bool {
+		st, err := nodes[0].status()
+		must(t, err)
+		for _, ns := range st.Cluster.Nodes {
+			for _, g := range ns.Groups {
+				if ns.Node == "n1" && g.Group == "far" {
+					return true
+				}
+			}
+		}
+		return false
+	}, nodes[0].stderr.String)
+	c := nodes[0].client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 20 {
+		want := fmt.Sprintf("across %d", i)
+		got, err := c.Call(ctx, "front", "call", []byte("far/echo/"+want))
+		if err != nil || string(got) != want {
+			t.Fatalf("call %d: %q, %v", i, got, err)
+		}
+	}
+	if st := groupStatus(t, nodes[1], "far"); st.Processed < 20 {
+		t.Errorf("n1 served %d calls of far; want the 20 n0's UAP made", st.Processed)
+	}
+}
+
+func grepLines(text, sub string) string {
+	var b bytes.Buffer
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,136 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// A UAP calls another service through its own area, not through a socket:
+// it writes the call into the out buffer and the out-call line of page 0,
+// rings its doorbell if the scheduler's reader sleeps, and waits on the
+// out-call futex word. The scheduler copies the call out, routes it as it
+// routes a client's (this node's queue, or another node) and writes the
+// answer back. The call never reaches another process's memory directly:
+// the scheduler stays the one that admits, counts and checks every call.
+
+// CallError is an error answer to a Call: Code is the error code of the
+// tpsched frame protocol (netio.Code: 4 server busy, 5 timed out, ...),
+// Message the node's text for it.
+type CallError struct {
+	Code    uint32
+	Message string
+}
+
+func (e *CallError) Error() string { return e.Message }
+
+// outState is the UAP's side of its calls.
+type outState struct {
+	mu        sync.Mutex // one call at a time, whatever the goroutines
+	buf       []byte
+	no        uint64 // the last call made
+	abandoned bool   // the last call's context ended before its answer came
+	spin      spinner
+}
+
+// ErrCallFromSocket is Call's error in socket mode (receive_from = socket).
+var ErrCallFromSocket = errors.New("shm: a UAP receiving from a socket cannot make calls through shared memory")
+
+// Call calls service of group through the node, as a client would, and
+// returns the reply (a copy, the caller's to keep). Inside a handler it is
+// how one service calls another: the node routes the call like any other
+// (its own queue for a group served here, another node's otherwise) and
+// answers it once, with a reply or a *CallError.
+//
+// ctx's deadline is the call's timeout; without one, the deadline of the
+// call being served, then the target group's watch_time. If ctx ends
+// first, Call returns ctx.Err(); the process's next Call then waits for
+// the abandoned call's answer, which the node sends by its deadline. One
+// call at a time per process: concurrent Calls wait for each other.
+func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]byte, error) {
+	if u.sock != nil {
+		return nil, ErrCallFromSocket
+	}
+	o := &u.out
+	switch {
+	case u.area == nil:
+		return nil, ErrClosed
+	case len(group) < 1 || len(group) >= maxName || len(service) < 1 || len(service) >= maxName:
+		return nil, fmt.Errorf("shm: call %s/%s: group and service names are 1..%d bytes", group, service, maxName-1)
+	case len(req) > len(o.buf)-outNames:
+		return nil, fmt.Errorf("shm: call %s/%s: a request of %d bytes, max_message_size %d", group, service, len(req), len(o.buf)-outNames)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.abandoned {
+		if err := u.awaitOut(ctx); err != nil {
+			return nil, err
+		}
+		o.abandoned = false
+	}
+	var timeoutMs uint32
+	deadline, ok := ctx.Deadline()
+	if !ok && u.curDeadline != 0 {
+		deadline, ok = time.Unix(0, u.curDeadline), true
+	}
+	if ok {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+		timeoutMs = uint32(min(max(left.Milliseconds(), 1), 1<<31))
+	}
+	c := &u.ctl.out
+	gl := copy(o.buf, group)
+	sl := copy(o.buf[gl:], service)
+	copy(o.buf[gl+sl:], req)
+	c.timeoutMs, c.groupLen, c.serviceLen, c.reqLen = timeoutMs, uint32(gl), uint32(sl), uint32(len(req))
+	o.no++
+	c.no.Store(o.no) // publishes the call
+	if u.gp.sleeping.Load() != 0 {
+		ring(u.bell)
+	}
+	if err := u.awaitOut(ctx); err != nil {
+		o.abandoned = true
+		return nil, err
+	}
+	n := min(int(c.replyLen.Load()), len(o.buf))
+	if code := c.code.Load(); code != 0 {
+		return nil, &CallError{Code: code, Message: string(o.buf[:n])}
+	}
+	return append([]byte(nil), o.buf[:n]...), nil
+}
+
+// awaitOut waits until the node answered the last call made, spinning
+// briefly and then sleeping on the out-call futex word; ctx.Err() if ctx
+// ends first.
+func (u *UAP) awaitOut(ctx context.Context) error {
+	o, c := &u.out, &u.ctl.out
+	answered := func() bool { return c.done.Load() >= o.no }
+	start := time.Now()
+	if o.spin.spin(start, answered) {
+		o.spin.learn(time.Since(start))
+		return nil
+	}
+	o.spin.learn(-1)
+	for !answered() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		w := c.wake.Load()
+		c.sleeping.Store(1)
+		if answered() {
+			c.sleeping.Store(0)
+			break
+		}
+		sleep := maxSleep
+		if d, ok := ctx.Deadline(); ok {
+			sleep = min(sleep, time.Until(d))
+		}
+		futexWait(&c.wake, w, sleep)
+		c.sleeping.Store(0)
+	}
+	return nil
+}

@@ -1,0 +1,126 @@
+package shm
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// outCall waits on g's doorbells for the call p's process makes.
+func awaitOutCall(tb testing.TB, g *Group, p *Proc) OutCall {
+	tb.Helper()
+	var c OutCall
+	until(tb, g, 10*time.Second, "a call from the UAP", func() bool {
+		var ok bool
+		var err error
+		c, ok, err = p.OutCall()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return ok
+	})
+	return c
+}
+
+// awaitCompletion waits on g's doorbells for p's next completion.
+func awaitCompletion(tb testing.TB, g *Group, p *Proc) Completion {
+	tb.Helper()
+	var c Completion
+	until(tb, g, 10*time.Second, "a completion", func() bool {
+		var ok bool
+		var err error
+		c, ok, err = p.Completion()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return ok
+	})
+	return c
+}
+
+// TestCallThroughTheArea has a handler call another service: the call
+// reaches the scheduler's side with its names, request and the deadline
+// of the call being served, and the answer (a reply, an error) reaches
+// the handler, call after call.
+func TestCallThroughTheArea(t *testing.T) {
+	g := newGroup(t, 64<<10, 1)
+	p := startUAP(t, g, 0)
+	attached(t, g, p)
+	for i, tc := range []struct {
+		code  uint32
+		reply string
+		want  string
+	}{
+		{0, "pong", "pong"},
+		{4, "timed out", "error 4: timed out"},
+		{0, "", ""},
+		{0, string(bytes.Repeat([]byte("x"), 64<<10)), string(bytes.Repeat([]byte("x"), 64<<10))},
+	} {
+		if err := p.Dispatch("relay", []byte("other/svc/ping"), time.Now().Add(5*time.Second).UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+		p.Wake()
+		oc := awaitOutCall(t, g, p.Proc)
+		if oc.No != uint64(i+1) || oc.Group != "other" || oc.Service != "svc" || string(oc.Request) != "ping" {
+			t.Fatalf("call %d: %+v", i, oc)
+		}
+		if oc.TimeoutMs == 0 || oc.TimeoutMs > 5000 {
+			t.Errorf("call %d: timeout %d ms; want the served call's remaining 5 s or less", i, oc.TimeoutMs)
+		}
+		if !p.OutOpen() {
+			t.Errorf("call %d: not open while unanswered", i)
+		}
+		if p.AnswerOutCall(oc.No, 0, make([]byte, g.MaxMessage()+1)) {
+			t.Fatalf("call %d: an answer over max_message_size was accepted", i)
+		}
+		if !p.AnswerOutCall(oc.No, tc.code, []byte(tc.reply)) {
+			t.Fatalf("call %d: answer refused", i)
+		}
+		c := awaitCompletion(t, g, p.Proc)
+		if c.Status != StatusOK || string(c.Reply) != tc.want {
+			t.Fatalf("call %d: status %v, reply %.40q; want %.40q", i, c.Status, c.Reply, tc.want)
+		}
+		if p.OutOpen() {
+			t.Errorf("call %d: still open after its answer", i)
+		}
+		// A second answer for the same call changes nothing.
+		p.AnswerOutCall(oc.No, 1, []byte("late"))
+	}
+}
+
+// TestCallOutOfBounds: a call whose fields break the protocol is a
+// violation, reported once, and opens nothing.
+func TestCallOutOfBounds(t *testing.T) {
+	g := newGroup(t, 4096, 1)
+	p, err := g.NewProc(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &p.ctl.out
+	o.groupLen, o.serviceLen, o.reqLen = 40, 3, 1 // a group name past maxName
+	o.no.Store(1)
+	if _, ok, err := p.OutCall(); !ok || err == nil {
+		t.Fatalf("got ok %v, err %v; want a protocol error", ok, err)
+	}
+	if _, ok, _ := p.OutCall(); ok || p.OutOpen() {
+		t.Fatal("a refused call was reported twice or left open")
+	}
+	o.groupLen, o.reqLen = 3, 4097
+	o.no.Store(2)
+	if _, _, err := p.OutCall(); err == nil {
+		t.Fatal("a request over max_message_size was accepted")
+	}
+	o.reqLen = 1
+	o.no.Store(5)
+	if _, _, err := p.OutCall(); err == nil {
+		t.Fatal("a call number that skips was accepted")
+	}
+	o.no.Store(6)
+	if _, ok, err := p.OutCall(); !ok || err != nil {
+		t.Fatalf("a good call after bad ones: ok %v, err %v", ok, err)
+	}
+	o.no.Store(7)
+	if _, _, err := p.OutCall(); err == nil {
+		t.Fatal("a second call before the first was answered was accepted")
+	}
+}
