@@ -794,3 +794,28 @@ func cpuCgroupOf(t *testing.T, pid int) string {
 	t.Fatalf("pid %d has no cpu cgroup: %s", pid, b)
 	return ""
 }
+
+// TestWLMUAPCallStartsEnvironment: a UAP's own call (shm.UAP.Call) for an
+// application environment with no server waits for one to start, as a
+// client's call does, and gets its reply.
+func TestWLMUAPCallStartsEnvironment(t *testing.T) {
+	skipShort(t)
+	front := strings.ReplaceAll(`set service_group = "front"
+set service = "call=call"
+set module = MODULE
+set parallel_count = 1
+`, "MODULE", strconv.Quote(bin("uap-echo")))
+	dir := defDir(t, "", map[string]string{"orders": ordersServer, "front": front})
+	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
+	n := startNode(t, "-c", dir)
+	if pids := uapPIDs(t, n, "orders"); len(pids) != 0 {
+		t.Fatalf("orders has processes %v before any call", pids)
+	}
+	out, err := n.client().Call(ctxT(t, 20*time.Second), "front", "call", []byte("orders/echo/from a UAP"))
+	if err != nil || string(out) != "from a UAP" {
+		t.Fatalf("front's call of orders: %q, %v; want the echo", out, err)
+	}
+	if pids := uapPIDs(t, n, "orders"); len(pids) != 1 {
+		t.Errorf("orders has processes %v after the call, want 1", pids)
+	}
+}

@@ -120,6 +120,11 @@ func (g *group) checkStall(now time.Time) {
 // placeLocal is a group's place function: where a UAP's own call goes.
 func (n *Node) placeLocal(c caller, f *netio.Frame) (netio.Code, string) {
 	g := n.groups[string(f.Group)]
+	if n.wlm != nil { // an application environment without a server here (wlm_env.go)
+		if handled, code, msg := n.wlm.envs.schedule(c, nil, f, &g); handled {
+			return code, msg
+		}
+	}
 	if n.cluster != nil {
 		if transferred, code, msg := n.routeCall(c, nil, f, g); transferred {
 			return code, msg

@@ -477,7 +477,7 @@ func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
 		}
 	}
 	if n.wlm != nil {
-		if handled, code, msg := n.wlm.envs.schedule(c, f, &g); handled {
+		if handled, code, msg := n.wlm.envs.schedule(c, forwardedBy(c, f), f, &g); handled {
 			return code, msg
 		}
 	}

@@ -229,7 +229,10 @@ func (m *envManager) close() {
 // reports handled when it answered or parked the call. *gp is set to nil
 // for a group defined here without a server, so the usual path treats it
 // as one only other nodes run.
-func (m *envManager) schedule(c *netio.Conn, f *netio.Frame, gp **group) (bool, netio.Code, string) {
+//
+// from is the peer that transferred the call (nil: a client's call, or a
+// UAP's own, which is parked like a client's).
+func (m *envManager) schedule(c caller, from *peerHello, f *netio.Frame, gp **group) (bool, netio.Code, string) {
 	g := *gp
 	if g != nil && g.servable() {
 		return false, 0, ""
@@ -239,7 +242,7 @@ func (m *envManager) schedule(c *netio.Conn, f *netio.Frame, gp **group) (bool, 
 	if g != nil {
 		*gp = nil
 	}
-	refused := forwardedBy(c, f) != nil || f.Flags&netio.FlagDestination != 0
+	refused := from != nil || f.Flags&netio.FlagDestination != 0
 	if !m.isEnv(name) {
 		if g == nil {
 			return false, 0, "" // not ours to judge: the usual path
