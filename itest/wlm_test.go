@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/exposition/promcheck"
 	"tpsched/netio"
 	"tpsched/scd"
 )
@@ -647,6 +648,9 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 		}
 	}
 	m := n.metrics()
+	if _, errs := promcheck.Check(m); len(errs) > 0 {
+		t.Errorf("/metrics with a service policy does not pass Prometheus' parser and promcheck: %v", errs)
+	}
 	for _, want := range []string{
 		`tpsched_wlm_calls_total{class="ONLINE"} 20`,
 		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="1"} 18`,

@@ -669,7 +669,10 @@ func (m *envManager) hosts(env string, imp int, servers []serverAt) ([]wlm.Host,
 	self := m.n.cfg.System.NodeID
 	cl := m.n.cluster
 	if cl == nil {
-		if _, ok := m.local[env]; !ok {
+		m.mu.Lock()
+		_, ok := m.local[env]
+		m.mu.Unlock()
+		if !ok {
 			return nil, nil
 		}
 		m.w.mu.Lock()
