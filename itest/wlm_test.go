@@ -529,6 +529,23 @@ func TestWLMPolicyDropQuiesces(t *testing.T) {
 	if codeOf(err) != netio.CodeServiceClosed {
 		t.Errorf("call after the policy dropped orders: %v, want 'service closed'", err)
 	}
+	// A policy that names orders again starts it from none: the dropped
+	// policy's high-water mark does not bring a server back by itself.
+	for _, dir := range wc.dirs {
+		must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
+	}
+	if out, err := wc.nodes[1].scdctl("policy"); err != nil {
+		t.Fatalf("scdctl policy (orders again): %v\n%s", err, out)
+	}
+	time.Sleep(3 * time.Second) // three intervals: the decider would have replenished by now
+	for i, n := range wc.nodes {
+		if e, ok := envOf(t, n, "orders"); !ok || e.HighWaterMark != 0 || len(e.Servers) != 0 || e.Quiesced {
+			t.Errorf("n%d: orders named again: %+v, want no server, high-water mark 0, not quiesced", i, e)
+		}
+	}
+	if got, err := wc.find(t, 0, "orders"); err != nil || len(got) != 1 {
+		t.Errorf("find after orders was named again: %v, %v; want one server", got, err)
+	}
 }
 
 // TestWLMMissedGoalGrowsAndKeepsHighWater: calls that queue on the one

@@ -1395,6 +1395,12 @@ func (w *wlmNode) reloadLocal() (string, error) {
 	for _, env := range dropped {
 		m.answerParked(env, netio.CodeServiceClosed, env+" was dropped from the policy")
 		errs = append(errs, m.quiesceLocal(env, "policy"))
+		// A policy that names it again starts it from none, on demand: the
+		// high-water mark belongs to the policy that dropped it. Every node
+		// reads the policy, so every node moves to the same new epoch.
+		m.mu.Lock()
+		m.states[env] = m.states[env].Resume()
+		m.mu.Unlock()
 	}
 	w.n.announce()
 	w.log.Info("service policy read again", "classes", len(p.Classes), "environments", p.Environments, "dropped", dropped)
