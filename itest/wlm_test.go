@@ -50,6 +50,7 @@ type wlmOpts struct {
 	goal   string             // replaces "-t 100" of ONLINE, e.g. "-t 30"
 	pin    func(i int) string // CPU list node i runs on (taskset -c); nil: anywhere
 	extra  func(i int) string // more sysconf lines
+	module func(i int) string // node i's orders module; nil: uap-echo
 }
 
 // wlmCluster is three nodes with the orders environment and a policy.
@@ -84,7 +85,11 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
 		must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(o.policy), 0o644))
 		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
-		body := strings.ReplaceAll(ordersServer, "MODULE", strconv.Quote(bin("uap-echo")))
+		module := bin("uap-echo")
+		if o.module != nil {
+			module = o.module(i)
+		}
+		body := strings.ReplaceAll(ordersServer, "MODULE", strconv.Quote(module))
 		must(t, os.WriteFile(filepath.Join(dir, "usr", "orders"), []byte(body), 0o644))
 		args := []string{"-c", dir, "-fast-failure-detection"}
 		if o.pin != nil {
@@ -236,9 +241,11 @@ func (wc *wlmCluster) find(t *testing.T, i int, env string) ([]int, error) {
 	return idx, nil
 }
 
-// cpuHog spins on the CPUs of list until the test ends.
+// cpuHog spins on the CPUs of list, at nice 19, until the test ends. The
+// CPU counts as busy (/proc/stat counts nice time), but a UAP started there
+// still gets it when it needs it.
 func cpuHog(t *testing.T, list string) {
-	cmd := exec.Command("taskset", "-c", list, "sh", "-c", "while :; do :; done")
+	cmd := exec.Command("nice", "-n", "19", "taskset", "-c", list, "sh", "-c", "while :; do :; done")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	must(t, cmd.Start())
 	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
@@ -838,5 +845,57 @@ set parallel_count = 1
 	}
 	if pids := uapPIDs(t, n, "orders"); len(pids) != 1 {
 		t.Errorf("orders has processes %v after the call, want 1", pids)
+	}
+}
+
+// TestWLMStartFailsElsewhere: n0 is placed first (n1 and n2 share a CPU
+// with a hog; n0 has the most spare CPU or ties and wins by its id) but has
+// a module that exits at once, so its server never
+// gets a process attached. The find still answers with a server, started
+// on another node after n0's start failed, and n0 does not serve.
+func TestWLMStartFailsElsewhere(t *testing.T) {
+	skipShort(t)
+	cpus := cpuList(t)
+	if len(cpus) < 2 {
+		t.Skipf("needs 2 CPUs to give n0 the most spare CPU, have %d", len(cpus))
+	}
+	wc := startWLMCluster(t, wlmOpts{
+		module: func(i int) string {
+			if i == 0 {
+				return "/bin/false"
+			}
+			return bin("uap-echo")
+		},
+		pin: func(i int) string {
+			if i == 0 {
+				return cpus[1]
+			}
+			return cpus[0]
+		},
+	})
+	cpuHog(t, cpus[0])
+	spare := func(i int) float64 { return wc.nodes[i].report(t).SpareCPUs[0] }
+	// n1 and n2 with no spare CPU (as announced, in steps of 0.05) leave
+	// n0 the most, or a tie, which the lowest node id wins.
+	waitFor(t, 15*time.Second, "n1 and n2 to have no spare CPU", func() bool {
+		return max(spare(1), spare(2)) < 0.05
+	}, func() string {
+		return fmt.Sprintf("spare CPUs: n0 %.2f, n1 %.2f, n2 %.2f", spare(0), spare(1), spare(2))
+	})
+	time.Sleep(1500 * time.Millisecond) // the next announce reaches the decider
+	began := time.Now()
+	got, err := wc.find(t, 1, "orders")
+	if err != nil || len(got) != 1 || got[0] == 0 {
+		t.Fatalf("find: nodes %v, %v; want one server, not on n0 whose module fails", got, err)
+	}
+	t.Logf("server on n%d after %v", got[0], time.Since(began).Round(time.Millisecond))
+	if log := wc.nodes[0].stderr.String(); !strings.Contains(log, "a server did not start; trying another node") {
+		t.Errorf("the decider (n0) did not try n0 first and fall back:\n%s", log)
+	}
+	where := fmt.Sprintf("n%d", got[0])
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return slices.Equal(s, []string{where}) },
+		"every node to see orders on "+where+" only")
+	if out, err := wc.nodes[2].client().Call(ctxT(t, 10*time.Second), "orders", "echo", []byte("z")); err != nil || string(out) != "z" {
+		t.Errorf("call: %q, %v", out, err)
 	}
 }

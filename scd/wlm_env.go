@@ -757,6 +757,7 @@ func (m *envManager) activate(env string, deadline time.Time) error {
 	l.state, l.done, l.dropped = envStarting, make(chan struct{}), false
 	m.mu.Unlock()
 	g := l.g
+	m.n.log.Info("application environment: starting the server here", "env", env)
 	g.Failing(nil) // an earlier server's failure is not this one's
 	err := l.procs.start()
 	if err == nil {
