@@ -269,12 +269,19 @@ func TestWLMFindStartsOneWhereCapacityIs(t *testing.T) {
 	}})
 	cpuHog(t, cpus[0])
 	spare := func(i int) float64 { return wc.nodes[i].report(t).SpareCPUs[0] }
-	waitFor(t, 15*time.Second, "n0 to measure its CPU busy and the others to have more spare", func() bool {
-		s0 := spare(0)
-		return s0 < 0.3 && max(spare(1), spare(2)) > s0+0.2
-	}, func() string {
+	figures := func() string {
 		return fmt.Sprintf("spare CPUs at importance 1: n0 %.2f, n1 %.2f, n2 %.2f", spare(0), spare(1), spare(2))
-	})
+	}
+	waitFor(t, 15*time.Second, "n0 to measure its CPU busy with the hog", func() bool { return spare(0) < 0.3 }, figures)
+	// The other CPU is shared with whatever else runs on the machine: the
+	// test needs it not to be busy too.
+	deadline := time.Now().Add(15 * time.Second)
+	for max(spare(1), spare(2)) <= spare(0)+0.2 {
+		if time.Now().After(deadline) {
+			t.Skipf("the machine's other CPU stayed busy with other work for 15 s (%s): no node has more spare CPU than n0", figures())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	time.Sleep(1500 * time.Millisecond) // the next announce reaches the decider
 	t.Logf("spare CPUs at importance 1 before the find: n0 %.2f, n1 %.2f, n2 %.2f", spare(0), spare(1), spare(2))
 	if s := wc.serving(t, "orders"); len(s) != 0 {
