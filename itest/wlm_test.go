@@ -51,6 +51,7 @@ type wlmOpts struct {
 	pin    func(i int) string // CPU list node i runs on (taskset -c); nil: anywhere
 	extra  func(i int) string // more sysconf lines
 	module func(i int) string // node i's orders module; nil: uap-echo
+	server func(i int) string // more lines for node i's usr/orders
 }
 
 // wlmCluster is three nodes with the orders environment and a policy.
@@ -90,6 +91,9 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 			module = o.module(i)
 		}
 		body := strings.ReplaceAll(ordersServer, "MODULE", strconv.Quote(module))
+		if o.server != nil {
+			body += o.server(i)
+		}
 		must(t, os.WriteFile(filepath.Join(dir, "usr", "orders"), []byte(body), 0o644))
 		args := []string{"-c", dir, "-fast-failure-detection"}
 		if o.pin != nil {
@@ -99,13 +103,34 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 		}
 		wc.dirs = append(wc.dirs, dir)
 	}
+	isEnv := strings.Contains(o.policy, "environment -g orders")
 	for i, n := range wc.nodes {
 		waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know that three nodes can serve orders", i), func() bool {
+			if !isEnv { // orders runs everywhere from the start
+				return len(knownWith(t, n, "orders")) == 3
+			}
 			e, ok := envOf(t, n, "orders")
 			return ok && len(e.CanServe) == 3
 		}, n.stderr.String)
 	}
 	return wc
+}
+
+// knownWith is the nodes n's name table holds with group.
+func knownWith(t *testing.T, n *node, group string) []string {
+	st, err := n.status()
+	must(t, err)
+	var out []string
+	if st.Cluster != nil {
+		for _, ns := range st.Cluster.Nodes {
+			for _, g := range ns.Groups {
+				if g.Group == group {
+					out = append(out, ns.Node)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // report is n's GET /report.
@@ -904,5 +929,81 @@ func TestWLMStartFailsElsewhere(t *testing.T) {
 		"every node to see orders on "+where+" only")
 	if out, err := wc.nodes[2].client().Call(ctxT(t, 10*time.Second), "orders", "echo", []byte("z")); err != nil || string(out) != "z" {
 		t.Errorf("call: %q, %v", out, err)
+	}
+}
+
+// TestWLMSteersToNodesMeetingTheGoal: orders runs on every node (no
+// environment); n2's process is ten times slower, so orders' calls miss
+// their goal there (20 ms sleeps take 200 ms; 90% within 80 ms) and meet it
+// on n0 and n1. Once the nodes have announced their performance indexes,
+// calls through n0 go to n0 and n1 (OpenTP1's rule alone would send a third
+// of them to n2).
+func TestWLMSteersToNodesMeetingTheGoal(t *testing.T) {
+	skipShort(t)
+	policy := strings.Replace(ordersPolicy, "environment -g orders\n", "", 1)
+	wc := startWLMCluster(t, wlmOpts{policy: policy, goal: "-t 80", server: func(i int) string {
+		if i == 2 {
+			return "putenv TPSCHED_ECHO_SLOWDOWN 10\n"
+		}
+		return ""
+	}})
+	calls := func(through *node, n int) {
+		cl := through.client()
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				for range n / 3 {
+					if _, err := cl.Call(ctxT(t, 10*time.Second), "orders", "sleep", []byte("20")); err != nil {
+						t.Errorf("call: %v", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	servedHere := func() [3]uint64 {
+		var out [3]uint64
+		for i, n := range wc.nodes {
+			out[i] = n.report(t).Classes[0].Calls
+		}
+		return out
+	}
+	pi := func(i int) float64 {
+		for _, g := range wc.nodes[i].report(t).Groups {
+			if g.Group == "orders" && g.PI != nil {
+				return *g.PI
+			}
+		}
+		return 0
+	}
+	// Calls through every node, each at random, until every node has
+	// figures: n2 misses, n0 and n1 meet.
+	waitFor(t, 20*time.Second, "n2 to miss the goal and n0 and n1 to meet it", func() bool {
+		for _, n := range wc.nodes {
+			calls(n, 12)
+		}
+		return pi(2) > 1 && pi(0) > 0 && pi(0) <= 1 && pi(1) > 0 && pi(1) <= 1
+	}, func() string { return fmt.Sprintf("PI n0 %.2f, n1 %.2f, n2 %.2f", pi(0), pi(1), pi(2)) })
+	time.Sleep(300 * time.Millisecond) // the announces of that interval reach n0
+	before := servedHere()
+	calls(wc.nodes[0], 90)
+	time.Sleep(1200 * time.Millisecond) // the figures count at the end of an interval
+	after := servedHere()
+	var got [3]uint64
+	var total uint64
+	for i := range got {
+		got[i] = after[i] - before[i]
+		total += got[i]
+	}
+	t.Logf("90 calls through n0 with PI n0 %.2f, n1 %.2f, n2 %.2f: served on n0, n1, n2: %v", pi(0), pi(1), pi(2), got)
+	if total < 90 {
+		t.Fatalf("the nodes count %d calls, want at least 90", total)
+	}
+	if got[2] > total/10 {
+		t.Errorf("n2, which misses the goal, served %d of %d calls through n0; want at most a tenth", got[2], total)
+	}
+	if got[0] == 0 || got[1] == 0 {
+		t.Errorf("served %v: want calls on both n0 and n1, which meet the goal", got)
 	}
 }
