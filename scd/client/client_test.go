@@ -82,6 +82,19 @@ func (n *testNode) OnFrame(c *netio.Conn, f netio.Frame) {
 		}
 		return
 	case netio.KindCall:
+	case netio.KindNameLookup:
+		if service != netio.LookupFind {
+			return // this node answers no plain name lookup
+		}
+		// find: "none" has no server; any other group is served at
+		// findAddr.
+		answer := netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "",
+			netio.AppendLookupAnswer(nil, []netio.NodeLevel{{Addr: findAddr, Level: 1}}))
+		if group == "none" {
+			answer = netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, "no node defines none")
+		}
+		go func() { _ = c.Send(answer) }()
+		return
 	default:
 		return
 	}
@@ -105,6 +118,9 @@ func (n *testNode) OnFrame(c *netio.Conn, f netio.Frame) {
 	}
 	go func() { _ = c.Send(answer) }()
 }
+
+// findAddr is where the test node's find answers say a group is served.
+const findAddr = "127.0.0.9:12000"
 
 func (n *testNode) OnClose(*netio.Conn) { n.closed.Add(1) }
 
