@@ -363,14 +363,18 @@ func announcedPI(pi float64) uint16 {
 // one more server of an environment elsewhere (wlm_env.go).
 func (w *wlmNode) act(classes []wlm.ClassState, states []wlm.GroupState, groups []*group) {
 	d := wlm.Decide(classes, states, wlm.DefaultLimits)
-	p := w.policy.Load().p
+	ap := w.policy.Load()
+	p := ap.p
 	w.mu.Lock()
 	prev := w.decision
 	w.decision = d
 	w.mu.Unlock()
 	if d.Receiver >= 0 && (prev.Receiver != d.Receiver || prev.Why != d.Why) {
 		w.log.Info("service class misses its goal", "class", p.Classes[d.Receiver].Name,
-			"pi", fmt.Sprintf("%.2f", classes[d.Receiver].PI), "action", d.Why)
+			"pi", fmt.Sprintf("%.2f", classes[d.Receiver].PI), "action", d.Why, "goal_management", ap.def.Manage)
+	}
+	if !ap.def.Manage {
+		return // goal_management = N: measured and reported, not acted on
 	}
 	for i, g := range groups {
 		if d.Weights[i] != states[i].Weight {
@@ -393,6 +397,20 @@ func (w *wlmNode) setWeight(g *group, weight int) {
 	w.mu.Unlock()
 }
 
+// resetWeights gives every group the weight of its schedule_priority
+// again: goal management was turned off (goal_management = N).
+func (w *wlmNode) resetWeights() {
+	for _, g := range w.n.order {
+		w.mu.Lock()
+		gf := w.groups[g.name]
+		changed := gf != nil && gf.weight != gf.base
+		w.mu.Unlock()
+		if changed && g.servable() {
+			w.setWeight(g, gf.base)
+		}
+	}
+}
+
 // resetWeight forgets what goal management did to g's weight: its server
 // (re)started with the weight of its schedule_priority.
 func (w *wlmNode) resetWeight(g *group) {
@@ -408,7 +426,7 @@ func (w *wlmNode) resetWeight(g *group) {
 // so calls go towards the nodes that meet the goal. It keeps the order and
 // works in place; with one candidate or none it does nothing.
 func (w *wlmNode) steer(group string, cands []route.Candidate) []route.Candidate {
-	if len(cands) < 2 || len(cands) > 64 || w.n.cluster == nil {
+	if len(cands) < 2 || len(cands) > 64 || w.n.cluster == nil || !w.policy.Load().def.Manage {
 		return cands
 	}
 	entries := w.n.cluster.names.Lookup(group)

@@ -1373,6 +1373,9 @@ func (w *wlmNode) reloadLocal() (string, error) {
 	}
 	old := w.policy.Load().p
 	w.install(&activePolicy{def: d, p: p, since: time.Now()})
+	if !d.Manage {
+		w.resetWeights()
+	}
 	var dropped, added []string
 	for _, env := range old.Environments {
 		if !p.IsEnvironment(env) {

@@ -30,6 +30,9 @@ type Report struct {
 	Interval float64   `json:"interval_seconds"`
 	// Intervals counts the policy intervals ended since the node started.
 	Intervals uint64 `json:"intervals"`
+	// Managed is goal_management: false when the node only measures and
+	// reports (Action is then what it would have done).
+	Managed bool `json:"goal_management"`
 	// SpareCPUs is the CPU available to work of importance 1..5 (index
 	// 0..4) over the last interval, in CPUs.
 	SpareCPUs []float64 `json:"spare_cpus"`
@@ -117,7 +120,8 @@ func (n *Node) Report() (Report, bool) {
 	}
 	ap := w.policy.Load()
 	p := ap.p
-	r := Report{Node: n.cfg.System.NodeID, At: time.Now(), Policy: ap.def.File, Since: ap.since, Interval: p.Interval.Seconds()}
+	r := Report{Node: n.cfg.System.NodeID, At: time.Now(), Policy: ap.def.File, Since: ap.since, Interval: p.Interval.Seconds(),
+		Managed: ap.def.Manage}
 	w.mu.Lock()
 	r.Intervals = w.intervals
 	for i := wlm.MostImportant; i <= wlm.LeastImportant; i++ {

@@ -168,8 +168,13 @@ func printReport(w io.Writer, r scd.Report) {
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
-	if r.Missing != "" {
+	switch {
+	case r.Missing != "" && r.Managed:
 		fmt.Fprintf(w, "\nclass %s misses its goal: %s\n", r.Missing, r.Action)
+	case r.Missing != "":
+		fmt.Fprintf(w, "\nclass %s misses its goal; goal_management = N, so nothing is done (it would be: %s)\n", r.Missing, r.Action)
+	case !r.Managed:
+		fmt.Fprintln(w, "\ngoal_management = N: goals are measured and reported, not acted on")
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

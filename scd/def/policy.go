@@ -38,6 +38,9 @@ type Policy struct {
 	Classes      []ServiceClass // the class command, in the order given
 	Rules        []ClassRule    // the classify command, in the order given: the first that matches classifies
 	Environments []string       // the environment command: service groups started on demand, in the order given
+	// Manage is goal_management: Y (default) acts on missed goals (CPU
+	// weights, one more server, steering); N only measures and reports.
+	Manage bool
 }
 
 // ServiceClass is one service class: class -n NAME -i IMPORTANCE -t MS [-p PERCENT].
@@ -62,7 +65,7 @@ const (
 	maxPolicyEntries      = 1024 // classes, rules or environments in one file
 )
 
-func defaultPolicy() Policy { return Policy{Interval: DefaultPolicyInterval} }
+func defaultPolicy() Policy { return Policy{Interval: DefaultPolicyInterval, Manage: true} }
 
 var policyOperands = map[string]operand[Policy]{
 	"policy_interval": {
@@ -76,6 +79,20 @@ var policyOperands = map[string]operand[Policy]{
 			"missed (004).",
 		tpsched: "How often each class's performance index is computed and acted on: CPU weights, one more server, routing. " +
 			"Indexes are judged over the last three intervals. Every node announces its spare CPU at this interval.",
+		own: true,
+	},
+	"goal_management": {
+		set: func(p *Policy, v []string) (err error) {
+			p.Manage, err = boolYN(v)
+			return err
+		},
+		value:   "Y",
+		values:  "Y or N",
+		opentp1: "The workload manager manages work to its goals; without goal management a system runs its work by its own fixed rules (004).",
+		tpsched: "Y: a missed goal moves CPU weight, starts one more server of an application environment elsewhere, and steers calls to the nodes " +
+			"that meet it. N: classes, performance indexes and reports as with Y, application environments still start on demand and " +
+			"keep their high-water mark, but nothing is done about a missed goal: the node schedules by OpenTP1's rules alone " +
+			"(for comparing the two, and for watching a policy before it acts).",
 		own: true,
 	},
 	"default_class": {

@@ -40,10 +40,14 @@ environment -g reports
 			{Name: "BATCH", Importance: 3, ResponseTime: 5 * time.Second},
 		},
 		Rules:        []ClassRule{{Group: "orders", Service: "add*", Class: "ONLINE"}, {Group: "report*", Class: "BATCH"}, {Service: "*", Class: "BATCH"}},
-		Environments: []string{"orders", "reports"},
+		Environments: []string{"orders", "reports"}, Manage: true,
 	}
 	if !reflect.DeepEqual(cfg.Policy, want) {
 		t.Errorf("policy\n got %+v\nwant %+v", cfg.Policy, want)
+	}
+	off, err := LoadFS(policyFS("set goal_management = N\nset default_class = A\nclass -n A -i 1 -t 100\n"))
+	if err != nil || off.Policy.Manage {
+		t.Errorf("goal_management = N: %+v, %v; want Manage false", off.Policy, err)
 	}
 	cfg, err = LoadFS(fstest.MapFS{"usr/orders": policyFS("")["usr/orders"]})
 	if err != nil || cfg.Policy != nil {
@@ -79,6 +83,7 @@ func TestPolicyErrors(t *testing.T) {
 		{"interval 0", base + "set policy_interval = 0\n", "svcpolicy:3: policy_interval: 0 out of range 1..3600"},
 		{"unknown operand", base + "set policy_intervall = 3\n", "svcpolicy:3: policy_intervall: unknown operand"},
 		{"putenv", base + "putenv A b\n", "svcpolicy:3: putenv: only allowed in usrrc and usr files"},
+		{"goal_management not Y or N", base + "set goal_management = off\n", "svcpolicy:3: goal_management:"},
 	}
 	for _, tc := range cases {
 		_, err := LoadFS(policyFS(tc.src))
