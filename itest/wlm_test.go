@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"tpsched/internal/exposition/promcheck"
 	"tpsched/netio"
 	"tpsched/scd"
+	"tpsched/scd/client"
 )
 
 // ordersServer is the application environment's user server: one process,
@@ -1031,5 +1033,55 @@ func TestWLMSteersToNodesMeetingTheGoal(t *testing.T) {
 	}
 	if got[0] == 0 || got[1] == 0 {
 		t.Errorf("served %v: want calls on both n0 and n1, which meet the goal", got)
+	}
+}
+
+// TestWLMRestartStartsEnvironmentAgain: a node restarted by hand-off
+// (scdctl restart) with an application environment serving: the new scdd
+// starts with the environment dormant, and the next call starts its server
+// again and is served; calls made during the restart are all answered.
+func TestWLMRestartStartsEnvironmentAgain(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"orders": ordersServer})
+	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
+	n := startRestartingNode(t, dir)
+	c, err := client.New(client.Options{Hosts: []string{n.rpc}, MaxMessageSize: 8 << 20})
+	must(t, err)
+	defer c.Close()
+	if _, err := c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte("a")); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	var answered, failed atomic.Int64
+	for range 3 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				_, err := c.Call(ctxT(t, 20*time.Second), "orders", "sleep", []byte("5"))
+				if err != nil {
+					failed.Add(1)
+					t.Logf("call during the restart: %v", err)
+				} else {
+					answered.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	out, err := n.scdctl("restart")
+	if err != nil {
+		t.Fatalf("scdctl restart: %v\n%s", err, out)
+	}
+	t.Logf("%s", strings.TrimSpace(out))
+	time.Sleep(time.Second)
+	stop()
+	wg.Wait()
+	t.Logf("calls during the restart: %d answered, %d failed", answered.Load(), failed.Load())
+	if failed.Load() > 0 {
+		t.Errorf("%d calls failed during the restart", failed.Load())
+	}
+	if out, err := c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte("b")); err != nil || string(out) != "b" {
+		t.Errorf("call after the restart: %q, %v", out, err)
 	}
 }
