@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/scd/def"
 )
 
@@ -79,7 +79,7 @@ type nodeStatus struct {
 		CPUGuardHolds     uint64 `json:"cpu_guard_holds"`
 	} `json:"scaling"`
 	// Steering: how each receiver group's new connections are placed (S8).
-	Steering []netio.SteeringStatus `json:"steering"`
+	Steering []rpcport.SteeringStatus `json:"steering"`
 	Groups   []struct {
 		statusGroup
 		QueueDepth int `json:"queue_depth"`

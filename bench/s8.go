@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 )
 
 // S8: where new connections land on a receiver group with skewed
@@ -96,7 +97,7 @@ type s8System struct {
 
 func s8Systems() []s8System {
 	return []s8System{
-		{nameSkewHash, []string{"TPSCHED_STEERING=off"}, netio.SteerHash},
+		{nameSkewHash, []string{"TPSCHED_STEERING=off"}, rpcport.SteerHash},
 		{nameSkewSteer, nil, "bpf"},
 	}
 }

@@ -112,6 +112,22 @@ func knownNodes(t *testing.T, n *node) map[string]scd.NodeStatus {
 	return out
 }
 
+// knowsGroup reports whether n's name table says that node serves group.
+func knowsGroup(t *testing.T, n *node, node, group string) bool {
+	st, err := n.status()
+	if err != nil || st.Cluster == nil {
+		return false
+	}
+	for _, ns := range st.Cluster.Nodes {
+		for _, g := range ns.Groups {
+			if ns.Node == node && g.Group == group {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // uapOwners maps each node's uap-echo pids to the node's index.
 func uapOwners(t *testing.T, nodes []*node) map[string]int {
 	owners := map[string]int{}

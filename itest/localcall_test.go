@@ -175,18 +175,8 @@ func TestLocalCallToAnotherNode(t *testing.T) {
 		}
 		return nil
 	}})
-	waitFor(t, 15*time.Second, "n0 to learn that n1 serves far", func() bool {
-		st, err := nodes[0].status()
-		must(t, err)
-		for _, ns := range st.Cluster.Nodes {
-			for _, g := range ns.Groups {
-				if ns.Node == "n1" && g.Group == "far" {
-					return true
-				}
-			}
-		}
-		return false
-	}, nodes[0].stderr.String)
+	waitFor(t, 15*time.Second, "n0 to learn that n1 serves far", func() bool { return knowsGroup(t, nodes[0], "n1", "far") },
+		nodes[0].stderr.String)
 	c := nodes[0].client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

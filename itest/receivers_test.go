@@ -268,20 +268,8 @@ func testForwarding(t *testing.T, multi bool) {
 		}
 		nodes = append(nodes, startNode(t, "-c", dir, "-fast-failure-detection"))
 	}
-	waitFor(t, 15*time.Second, "n0 to know that n1 runs heavy", func() bool {
-		st, err := nodes[0].status()
-		if err != nil || st.Cluster == nil {
-			return false
-		}
-		for _, ns := range st.Cluster.Nodes {
-			for _, g := range ns.Groups {
-				if ns.Node == "n1" && g.Group == "heavy" {
-					return true
-				}
-			}
-		}
-		return false
-	}, nodes[0].stderr.String)
+	waitFor(t, 15*time.Second, "n0 to know that n1 runs heavy", func() bool { return knowsGroup(t, nodes[0], "n1", "heavy") },
+		nodes[0].stderr.String)
 	c := nodes[0].client()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

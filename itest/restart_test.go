@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/scd"
 	"tpsched/scd/client"
 )
@@ -268,7 +268,7 @@ func TestRestartUnderLoadDropsNoCall(t *testing.T) {
 		t.Errorf("no call was served by a UAP the restarts started: before %v, after %v", before, after)
 	}
 	for _, s := range st.Steering {
-		if s.Receivers > 1 && s.Mechanism == netio.SteerHash && os.Geteuid() == 0 && os.Getenv("TPSCHED_STEERING") != "off" {
+		if s.Receivers > 1 && s.Mechanism == rpcport.SteerHash && os.Geteuid() == 0 && os.Getenv("TPSCHED_STEERING") != "off" {
 			t.Logf("note: steering after two restarts is %s (%s)", s.Mechanism, s.Reason)
 		}
 	}

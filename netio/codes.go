@@ -68,3 +68,12 @@ func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
 	return ok && t.Code == e.Code
 }
+
+// Codes are the codes an error frame can carry, in order.
+func Codes() []Code {
+	out := make([]Code, 0, codeMax)
+	for c := CodeOK + 1; c <= codeMax; c++ {
+		out = append(out, c)
+	}
+	return out
+}

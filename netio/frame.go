@@ -110,7 +110,7 @@ var (
 // only the header. It returns ErrShort when b holds less than a header and a
 // protocol error when the header is bad or the frame exceeds maxPayload.
 func FrameLen(b []byte, maxPayload int) (int, error) {
-	n, payload, err := checkHeader(b)
+	n, payload, err := CheckHeader(b)
 	if err != nil {
 		return 0, err
 	}
@@ -120,10 +120,10 @@ func FrameLen(b []byte, maxPayload int) (int, error) {
 	return int(n), nil
 }
 
-// checkHeader checks the magic, version and kind of the header at the start
+// CheckHeader checks the magic, version and kind of the header at the start
 // of b and returns the frame's total length and its payload length,
 // whatever their size.
-func checkHeader(b []byte) (frameLen int64, payload uint32, err error) {
+func CheckHeader(b []byte) (frameLen int64, payload uint32, err error) {
 	if len(b) < HeaderSize {
 		return 0, 0, ErrShort
 	}
@@ -190,4 +190,18 @@ func AppendFrame(dst []byte, h Header, group, service string, payload []byte) []
 	dst = append(dst, group...)
 	dst = append(dst, service...)
 	return append(dst, payload...)
+}
+
+// AppendReply appends a KindReply frame answering request id.
+func AppendReply(dst []byte, id uint64, payload []byte) []byte {
+	return AppendFrame(dst, Header{Kind: KindReply, ID: id}, "", "", payload)
+}
+
+// AppendError appends a KindError frame answering request id with code and
+// msg as the payload.
+func AppendError(dst []byte, id uint64, code Code, msg string) []byte {
+	dst = AppendFrame(dst, Header{Kind: KindError, Code: code, ID: id}, "", "", nil)
+	// Patch the payload length rather than convert msg to []byte.
+	binary.BigEndian.PutUint32(dst[len(dst)-HeaderSize+20:], uint32(len(msg)))
+	return append(dst, msg...)
 }

@@ -96,7 +96,7 @@ type Receivers struct {
 }
 
 // maxReceiverCount bounds an answer: netio's limit on sockets.
-const maxReceiverCount = maxLoops
+const maxReceiverCount = 256 // gnet's limit on event loops, the most receivers a port has
 
 // AppendReceivers appends the payload of a receivers lookup answer.
 func AppendReceivers(dst []byte, r Receivers) []byte {

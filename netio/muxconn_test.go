@@ -14,6 +14,9 @@ import (
 	"time"
 )
 
+// testDeadline bounds every wait of these tests.
+const testDeadline = 20 * time.Second
+
 // answers records every answer an Answerer gets.
 type answers struct {
 	ch    chan answer

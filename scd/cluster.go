@@ -14,6 +14,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
 	"tpsched/scd/route"
@@ -179,7 +180,7 @@ func (n *Node) advertisedRPC() string { return n.advertisedAddr(n.rpc) }
 
 // advertisedAddr is advertisedRPC for port p: a frame's handler passes its
 // connection's port, since frames are served before n.rpc is set.
-func (n *Node) advertisedAddr(p *netio.Port) string {
+func (n *Node) advertisedAddr(p *rpcport.Port) string {
 	if p == nil {
 		return ""
 	}
@@ -356,7 +357,7 @@ func (n *Node) routeCall(c caller, from *peerHello, f *netio.Frame, g *group) (h
 
 // answerLookup tells a balancing client which nodes run a group, with
 // their levels: the cluster's table, or this node alone.
-func (n *Node) answerLookup(c *netio.Conn, f *netio.Frame) {
+func (n *Node) answerLookup(c *rpcport.Conn, f *netio.Frame) {
 	if string(f.Service) == netio.LookupReceivers {
 		n.answerReceivers(c, f)
 		return

@@ -17,6 +17,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/scd/client"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
@@ -38,7 +39,7 @@ func peerNode(t *testing.T, name, key string) (*Node, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := netio.Listen(netio.Options{Addr: "127.0.0.1:0", MaxPayload: def.MaxMaxMessageSize,
+	srv, err := rpcport.Listen(rpcport.Options{Addr: "127.0.0.1:0", MaxPayload: def.MaxMaxMessageSize,
 		Logger: slog.New(slog.DiscardHandler)}, n)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +59,7 @@ type transferSide struct {
 	route func(group string) (node, addr string)
 }
 
-func (s *transferSide) OnFrame(c *netio.Conn, f netio.Frame) {
+func (s *transferSide) OnFrame(c *rpcport.Conn, f netio.Frame) {
 	if f.Kind != netio.KindCall && f.Kind != netio.KindCallNoReply {
 		return
 	}
@@ -71,7 +72,7 @@ func (s *transferSide) OnFrame(c *netio.Conn, f netio.Frame) {
 	}
 }
 
-func (s *transferSide) OnClose(*netio.Conn) {}
+func (s *transferSide) OnClose(*rpcport.Conn) {}
 
 // startTransferSide starts a forwarder named self behind a netio server
 // with loops event loops; a call that cannot be sent, or is refused, is
@@ -81,7 +82,7 @@ func startTransferSide(t *testing.T, self, key string, loops int, route func(str
 	s := &transferSide{route: route}
 	s.fwd = newForwarder(self, []byte(key), slog.New(slog.DiscardHandler), metrics.NewSet())
 	s.fwd.reroute = func(fc *fwdCall, err error) { answerUnsent(fc, err, "") }
-	srv, err := netio.Listen(netio.Options{Addr: "127.0.0.1:0", Loops: loops, Logger: slog.New(slog.DiscardHandler)}, s)
+	srv, err := rpcport.Listen(rpcport.Options{Addr: "127.0.0.1:0", Loops: loops, Logger: slog.New(slog.DiscardHandler)}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func testSend(f *forwarder, node, addr string, fc *fwdCall) (netio.Code, string)
 // with its payload: a node that serves the group.
 type echoNode struct{ *Node }
 
-func (e echoNode) OnFrame(c *netio.Conn, f netio.Frame) {
+func (e echoNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
 	if f.Kind != netio.KindCall {
 		e.Node.OnFrame(c, f)
 		return
@@ -256,7 +257,7 @@ func TestRefusedTransferGoesElsewhere(t *testing.T) {
 			stopping, stoppingAddr := clusterNode(t, "n1", testKey)
 			stopping.draining.Store(true)
 			_, servingAddr := testClusterNode(t, &def.Config{System: def.System{NodeID: "n2", ClusterKey: testKey}},
-				func(n *Node) netio.Handler { return echoNode{n} })
+				func(n *Node) rpcport.Handler { return echoNode{n} })
 			work := []names.GroupInfo{{Group: "work"}}
 			n0, addr := testClusterNode(t, &def.Config{
 				System: def.System{NodeID: "n0", ClusterKey: testKey},

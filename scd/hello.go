@@ -12,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 )
 
 // This file is the peer hello: how a forwarding connection between two
@@ -159,7 +160,7 @@ func readHelloStep(fr *netio.FrameReader, step byte) (body, group []byte, err er
 }
 
 // peerHello is the node's side of the hello on one connection (its
-// netio.Conn context); the event loop alone touches it.
+// rpcport.Conn context); the event loop alone touches it.
 type peerHello struct {
 	dialer      string
 	dialerNonce [helloNonceSize]byte
@@ -172,7 +173,7 @@ type peerHello struct {
 }
 
 // acceptHello takes one hello step on c; see the protocol above.
-func (n *Node) acceptHello(c *netio.Conn, f *netio.Frame) {
+func (n *Node) acceptHello(c *rpcport.Conn, f *netio.Frame) {
 	st, _ := c.Context().(*peerHello)
 	if st != nil && st.refused {
 		return
@@ -212,7 +213,7 @@ func (n *Node) acceptHello(c *netio.Conn, f *netio.Frame) {
 // refuseHello answers a failed hello, counts it and closes c. The log line
 // comes at the 1st, 2nd, 4th, 8th... refusal: loud enough, never a flood
 // an attacker can cause.
-func (n *Node) refuseHello(c *netio.Conn, st *peerHello, claimed, why string) {
+func (n *Node) refuseHello(c *rpcport.Conn, st *peerHello, claimed, why string) {
 	if st == nil {
 		st = &peerHello{}
 		c.SetContext(st)
@@ -230,7 +231,7 @@ func (n *Node) refuseHello(c *netio.Conn, st *peerHello, claimed, why string) {
 // forwardedBy is the hello of the node a call was transferred from; nil if
 // it was not transferred (or its hop mark cannot be trusted: no completed
 // hello on its connection).
-func forwardedBy(c *netio.Conn, f *netio.Frame) *peerHello {
+func forwardedBy(c *rpcport.Conn, f *netio.Frame) *peerHello {
 	if f.Flags&netio.FlagForwarded == 0 {
 		return nil
 	}

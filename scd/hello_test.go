@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/scd/client"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
@@ -39,7 +40,7 @@ func clusterNode(t *testing.T, name, key string, members ...string) (*Node, stri
 // testClusterNode is a Node of cfg with no groups and a name table holding
 // members, serving its RPC port on loopback; wrap, if not nil, stands
 // between the port and the node.
-func testClusterNode(t *testing.T, cfg *def.Config, wrap func(*Node) netio.Handler, members ...names.NodeInfo) (*Node, string) {
+func testClusterNode(t *testing.T, cfg *def.Config, wrap func(*Node) rpcport.Handler, members ...names.NodeInfo) (*Node, string) {
 	t.Helper()
 	n, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -53,11 +54,11 @@ func testClusterNode(t *testing.T, cfg *def.Config, wrap func(*Node) netio.Handl
 			t.Fatal(err)
 		}
 	}
-	var h netio.Handler = n
+	var h rpcport.Handler = n
 	if wrap != nil {
 		h = wrap(n)
 	}
-	srv, err := netio.Listen(netio.Options{Addr: "127.0.0.1:0", MaxPayload: def.MaxMaxMessageSize,
+	srv, err := rpcport.Listen(rpcport.Options{Addr: "127.0.0.1:0", MaxPayload: def.MaxMaxMessageSize,
 		Logger: slog.New(slog.DiscardHandler)}, h)
 	if err != nil {
 		t.Fatal(err)

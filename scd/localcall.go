@@ -10,7 +10,7 @@ import (
 )
 
 // caller is where a call's answer goes: the connection it came on (a
-// client's or a peer's *netio.Conn), or the UAP that made it through its
+// client's or a peer's *rpcport.Conn), or the UAP that made it through its
 // shared memory (*uapCaller). Send takes whole answer frames.
 type caller interface {
 	Send(b []byte) error

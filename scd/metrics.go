@@ -17,7 +17,7 @@ import (
 
 	"tpsched/bpf"
 	"tpsched/internal/exposition"
-	"tpsched/netio"
+	"tpsched/netio/rpcport"
 )
 
 // metricHelp is the HELP text of every family scd registers, by name.
@@ -182,5 +182,5 @@ func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	n.metrics.WritePrometheus(&b)
 	metrics.WriteProcessMetrics(&b)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_ = exposition.Write(w, b.Bytes(), metricHelp, wlmMetricHelp, netio.MetricHelp, exposition.Runtime)
+	_ = exposition.Write(w, b.Bytes(), metricHelp, wlmMetricHelp, rpcport.MetricHelp, exposition.Runtime)
 }

@@ -36,6 +36,7 @@ import (
 
 	"tpsched/bpf"
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
 	"tpsched/scd/schedq"
@@ -85,7 +86,7 @@ type Node struct {
 	pm       processManager // procmgr, unless a test set it
 	meter    bpf.Meter
 	cluster  *cluster // nil: no all_node, every call is served here
-	rpc      *netio.Port
+	rpc      *rpcport.Port
 	admin    *http.Server
 	adminLn  net.Listener
 	metrics  *metrics.Set
@@ -262,7 +263,7 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
-	n.rpc, err = netio.Listen(netio.Options{
+	n.rpc, err = rpcport.Listen(rpcport.Options{
 		Addr:  rpcAddr,
 		Loops: n.cfg.Sched.Multi,
 		// A frame up to the largest max_message_size is read whole, so one
@@ -446,7 +447,7 @@ func (n *Node) expireLoop() {
 // OnFrame takes one frame off a receiving socket. It runs on a gnet event
 // loop and must not block: checks, one enqueue, and an immediate answer
 // when the call is refused.
-func (n *Node) OnFrame(c *netio.Conn, f netio.Frame) {
+func (n *Node) OnFrame(c *rpcport.Conn, f netio.Frame) {
 	switch f.Kind {
 	case netio.KindCall, netio.KindCallNoReply:
 	case netio.KindAnnounce:
@@ -466,7 +467,7 @@ func (n *Node) OnFrame(c *netio.Conn, f netio.Frame) {
 	}
 }
 
-func (n *Node) schedule(c *netio.Conn, f *netio.Frame) (netio.Code, string) {
+func (n *Node) schedule(c *rpcport.Conn, f *netio.Frame) (netio.Code, string) {
 	if n.draining.Load() {
 		return netio.CodeShuttingDown, ""
 	}
@@ -538,7 +539,7 @@ func (g *group) serviceNames() []string {
 
 // OnClose is called when a caller's connection closes. Calls in flight for
 // it still run; their answers are dropped by netio.
-func (n *Node) OnClose(c *netio.Conn) {}
+func (n *Node) OnClose(c *rpcport.Conn) {}
 
 // Hold stops a group from taking new calls ('service closed'); queued calls
 // are still served.

@@ -7,6 +7,7 @@ import (
 
 	"tpsched/bpf"
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 )
 
 // This file is the node's part in receiver groups (OpenTP1's grouped
@@ -26,10 +27,10 @@ const (
 )
 
 // receiverGroups are the named receiver groups for netio.
-func (n *Node) receiverGroups() []netio.ReceiverGroup {
-	var out []netio.ReceiverGroup
+func (n *Node) receiverGroups() []rpcport.ReceiverGroup {
+	var out []rpcport.ReceiverGroup
 	for _, rg := range n.cfg.Sched.ReceiverGroups {
-		out = append(out, netio.ReceiverGroup{Name: rg.Name, Count: rg.Count,
+		out = append(out, rpcport.ReceiverGroup{Name: rg.Name, Count: rg.Count,
 			Addr: net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(rg.Port))})
 	}
 	return out
@@ -39,7 +40,7 @@ func (n *Node) receiverGroups() []netio.ReceiverGroup {
 // program of package bpf, unless Options.Steering turns it off.
 type steerer struct{ off bool }
 
-func (s steerer) Steer(_ string, fds []int) (netio.Steered, error) {
+func (s steerer) Steer(_ string, fds []int) (rpcport.Steered, error) {
 	if s.off {
 		return nil, errors.New("turned off (scdd -steering off, or TPSCHED_STEERING=off)")
 	}
@@ -63,7 +64,7 @@ func receiverOf(g *group) string {
 // not be taken there, or "" when it may. A call without an answer cannot
 // be told where to go: it is taken where it came (its bytes were read
 // there already) and counted as misdirected.
-func (n *Node) wrongReceiver(c *netio.Conn, g *group, f *netio.Frame) (string, bool) {
+func (n *Node) wrongReceiver(c *rpcport.Conn, g *group, f *netio.Frame) (string, bool) {
 	here, want := c.ReceiverGroup(), receiverOf(g)
 	if here == want {
 		return "", false
@@ -89,7 +90,7 @@ func labelOf(receiverGroup string) string {
 
 // receiverAddr is the address a sender reaches the named receiver group
 // of port p on: the advertised RPC host with the group's port.
-func (n *Node) receiverAddr(p *netio.Port, name string) string {
+func (n *Node) receiverAddr(p *rpcport.Port, name string) string {
 	addr, ok := p.GroupAddr(name)
 	if !ok {
 		return "?"
@@ -101,7 +102,7 @@ func (n *Node) receiverAddr(p *netio.Port, name string) string {
 
 // answerReceivers answers a receivers lookup (netio.LookupReceivers) for
 // this node alone.
-func (n *Node) answerReceivers(c *netio.Conn, f *netio.Frame) {
+func (n *Node) answerReceivers(c *rpcport.Conn, f *netio.Frame) {
 	group := string(f.Group)
 	g := n.groups[group]
 	if g == nil {

@@ -39,7 +39,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"tpsched/netio"
+	"tpsched/netio/rpcport"
 )
 
 // TakeoverEnv names the descriptor of the hand-over socket a new scdd
@@ -79,19 +79,19 @@ type restartState struct {
 	// The new process's side: the socket to the old one and what came
 	// over it.
 	peer           *net.UnixConn
-	inheritRPC     []netio.Listener
+	inheritRPC     []rpcport.Listener
 	inheritMetrics net.Listener
 	inheritControl *net.UnixListener
 }
 
 // takeoverMsg is one message of the hand-over.
 type takeoverMsg struct {
-	Step    string           `json:"step"` // ready, listeners, serving, left, failed
-	PID     int              `json:"pid,omitempty"`
-	Error   string           `json:"error,omitempty"`
-	RPC     []netio.Listener `json:"rpc,omitempty"`     // the descriptors follow in this order...
-	Metrics bool             `json:"metrics,omitempty"` // ...then metrics_address's...
-	Control string           `json:"control,omitempty"` // ...then the control socket's (its path)
+	Step    string             `json:"step"` // ready, listeners, serving, left, failed
+	PID     int                `json:"pid,omitempty"`
+	Error   string             `json:"error,omitempty"`
+	RPC     []rpcport.Listener `json:"rpc,omitempty"`     // the descriptors follow in this order...
+	Metrics bool               `json:"metrics,omitempty"` // ...then metrics_address's...
+	Control string             `json:"control,omitempty"` // ...then the control socket's (its path)
 }
 
 func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
@@ -115,7 +115,7 @@ func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
 func recvMsg(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, error) {
 	var m takeoverMsg
 	_ = c.SetReadDeadline(deadline)
-	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*(netio.MaxReceivingSockets+2)))
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*(rpcport.MaxReceivingSockets+2)))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return m, nil, err

@@ -16,6 +16,7 @@ import (
 
 	"tpsched/bpf"
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
 )
@@ -38,8 +39,8 @@ type Status struct {
 	ErrorAnswers map[string]uint64 `json:"error_answers"`
 	// Receivers are the receiving sockets of every receiver group, and
 	// Steering how each group's new connections are placed.
-	Receivers []netio.ReceiverStats  `json:"receivers"`
-	Steering  []netio.SteeringStatus `json:"steering"`
+	Receivers []rpcport.ReceiverStats  `json:"receivers"`
+	Steering  []rpcport.SteeringStatus `json:"steering"`
 }
 
 // GroupStatus is one service group's state.
@@ -167,7 +168,7 @@ func (n *Node) Status() Status {
 	st.Receivers, st.Steering = n.rpc.Receivers(), n.rpc.Steering()
 	st.ErrorAnswers = map[string]uint64{}
 	for _, c := range netio.Codes() {
-		if v := netio.ErrorAnswers(c); v > 0 {
+		if v := rpcport.ErrorAnswers(c); v > 0 {
 			st.ErrorAnswers[c.String()] = v
 		}
 	}

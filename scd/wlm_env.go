@@ -45,6 +45,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
@@ -1019,7 +1020,7 @@ func (m *envManager) announcedEnvs() []names.EnvInfo {
 
 // answerFind answers a find server lookup: the servers of the group, once
 // there is one, within the frame's timeout.
-func (m *envManager) answerFind(c *netio.Conn, f *netio.Frame) {
+func (m *envManager) answerFind(c *rpcport.Conn, f *netio.Frame) {
 	env := string(f.Group)
 	reply := func(id uint64, s []serverAt, send func([]byte) error) {
 		nodes := make([]netio.NodeLevel, len(s))
@@ -1078,7 +1079,7 @@ func (m *envManager) answerFind(c *netio.Conn, f *netio.Frame) {
 
 // serveRequest answers another node's request; it runs on the event loop,
 // so the work is done on a goroutine of its own.
-func (m *envManager) serveRequest(c *netio.Conn, f *netio.Frame) {
+func (m *envManager) serveRequest(c *rpcport.Conn, f *netio.Frame) {
 	if forwardedBy(c, f) == nil {
 		m.n.badRequests.Inc()
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "routing manager requests are taken only from a node that proved the cluster key (peer hello)"))

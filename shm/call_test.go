@@ -22,22 +22,6 @@ func awaitOutCall(tb testing.TB, g *Group, p *Proc) OutCall {
 	return c
 }
 
-// awaitCompletion waits on g's doorbells for p's next completion.
-func awaitCompletion(tb testing.TB, g *Group, p *Proc) Completion {
-	tb.Helper()
-	var c Completion
-	until(tb, g, 10*time.Second, "a completion", func() bool {
-		var ok bool
-		var err error
-		c, ok, err = p.Completion()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		return ok
-	})
-	return c
-}
-
 // TestCallThroughTheArea has a handler call another service: the call
 // reaches the scheduler's side with its names, request and the deadline
 // of the call being served, and the answer (a reply, an error) reaches
@@ -76,7 +60,7 @@ func TestCallThroughTheArea(t *testing.T) {
 		if !p.AnswerOutCall(oc.No, tc.code, []byte(tc.reply)) {
 			t.Fatalf("call %d: answer refused", i)
 		}
-		c := awaitCompletion(t, g, p.Proc)
+		c := waitCompletion(t, g, p.Proc)
 		if c.Status != StatusOK || string(c.Reply) != tc.want {
 			t.Fatalf("call %d: status %v, reply %.40q; want %.40q", i, c.Status, c.Reply, tc.want)
 		}

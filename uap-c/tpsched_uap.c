@@ -1,6 +1,6 @@
 /*
  * tpsched_uap.c: the UAP side of tpsched's shared-memory protocol (docs/SHM.md,
- * layout version 4) and of its socket mode (shm/internal/sockwire), in C11
+ * layout version 5) and of its socket mode (shm/internal/sockwire), in C11
  * with libc only. The rules it keeps are the spec's, in the order the spec
  * gives them: attach, start serving, take a call, wait, serve, complete,
  * leave. The Go package tpsched/shm is the reference implementation.

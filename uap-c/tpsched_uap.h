@@ -5,7 +5,7 @@
  * service group. It receives each call in shared memory from the node, runs
  * the handler registered for the call's entry name on the request, and
  * answers in place. This library speaks the node's shared-memory protocol
- * (docs/SHM.md, layout version 4) exactly as the Go package tpsched/shm
+ * (docs/SHM.md, layout version 5) exactly as the Go package tpsched/shm
  * does; it needs C11 and libc only (Linux 5.1 or later, amd64 or arm64).
  *
  * Usage:

@@ -4,7 +4,7 @@
 // metrics.ExposeMetadata(true) it writes a TYPE line and a HELP line for
 // every family, but the HELP line carries no text (the library has no
 // place to give one). Write fills each one in from tables kept beside the
-// code that registers the families (scd's, netio.MetricHelp, and Runtime
+// code that registers the families (scd's, rpcport.MetricHelp, and Runtime
 // here for the library's own go_* and process_* families). A family no
 // table knows keeps its bare HELP line; the tests of the packages that
 // serve /metrics fail on that.
@@ -17,7 +17,7 @@
 //	var b bytes.Buffer
 //	set.WritePrometheus(&b)
 //	metrics.WriteProcessMetrics(&b)
-//	err := exposition.Write(w, b.Bytes(), myHelp, netio.MetricHelp, exposition.Runtime)
+//	err := exposition.Write(w, b.Bytes(), myHelp, rpcport.MetricHelp, exposition.Runtime)
 package exposition
 
 import (

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 )
 
 const waitLimit = 10 * time.Second // bound on every wait in these tests
@@ -29,7 +30,7 @@ const waitLimit = 10 * time.Second // bound on every wait in these tests
 //	other   echoes the payload
 type testNode struct {
 	name string
-	srv  *netio.Port
+	srv  *rpcport.Port
 	addr string
 
 	mu       sync.Mutex
@@ -51,7 +52,7 @@ func startNode(t *testing.T, name string) *testNode {
 		flags:    map[string]netio.Flags{},
 		noReply:  make(chan []byte, 16),
 	}
-	srv, err := netio.Listen(netio.Options{Addr: "127.0.0.1:0", MaxPayload: 32 << 20}, n)
+	srv, err := rpcport.Listen(rpcport.Options{Addr: "127.0.0.1:0", MaxPayload: 32 << 20}, n)
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
@@ -66,7 +67,7 @@ func startNode(t *testing.T, name string) *testNode {
 	return n
 }
 
-func (n *testNode) OnFrame(c *netio.Conn, f netio.Frame) {
+func (n *testNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
 	group, service, payload := string(f.Group), string(f.Service), bytes.Clone(f.Payload)
 	n.mu.Lock()
 	n.conns[c.ID()] = true
@@ -122,7 +123,7 @@ func (n *testNode) OnFrame(c *netio.Conn, f netio.Frame) {
 // findAddr is where the test node's find answers say a group is served.
 const findAddr = "127.0.0.9:12000"
 
-func (n *testNode) OnClose(*netio.Conn) { n.closed.Add(1) }
+func (n *testNode) OnClose(*rpcport.Conn) { n.closed.Add(1) }
 
 // usedConns counts connections that carried at least one frame.
 func (n *testNode) usedConns() int {

@@ -31,7 +31,7 @@ import (
 	"tpsched/shm"
 )
 
-// Offsets of docs/SHM.md (layout version 4), as an attacker would read them.
+// Offsets of docs/SHM.md (layout version 5), as an attacker would read them.
 const (
 	pageSize    = 4096
 	gClosed     = 0x10

@@ -1,4 +1,4 @@
-package netio
+package rpcport
 
 import (
 	"bufio"
@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"tpsched/netio"
 
 	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
@@ -25,8 +26,8 @@ type groupHandler struct {
 	release chan struct{}
 }
 
-func (h *groupHandler) OnFrame(c *Conn, f Frame) {
-	if f.Kind != KindCall {
+func (h *groupHandler) OnFrame(c *Conn, f netio.Frame) {
+	if f.Kind != netio.KindCall {
 		return
 	}
 	h.mu.Lock()
@@ -35,7 +36,7 @@ func (h *groupHandler) OnFrame(c *Conn, f Frame) {
 	}
 	h.seen[c.ReceiverGroup()]++
 	h.mu.Unlock()
-	reply := AppendReply(nil, f.ID, []byte(c.ReceiverGroup()))
+	reply := netio.AppendReply(nil, f.ID, []byte(c.ReceiverGroup()))
 	if string(f.Payload) == "hold" {
 		go func() { <-h.release; _ = c.Send(reply) }()
 		return
@@ -242,10 +243,10 @@ func TestGoAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	toldCh := make(chan struct{})
-	mc := NewMuxConn(nc, MuxOptions{OnGoAway: func() { close(toldCh) }})
+	mc := netio.NewMuxConn(nc, netio.MuxOptions{OnGoAway: func() { close(toldCh) }})
 	defer mc.Close(nil)
 	held := make(chan result1, 1)
-	if _, sent, err := mc.Call(Header{Kind: KindCall}, "g", "s", []byte("hold"), time.Time{}, answerFunc(func(f Frame, err error) {
+	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindCall}, "g", "s", []byte("hold"), time.Time{}, answerFunc(func(f netio.Frame, err error) {
 		held <- result1{f, err}
 	})); !sent || err != nil {
 		t.Fatal(sent, err)
@@ -262,9 +263,9 @@ func TestGoAway(t *testing.T) {
 	if !mc.GoingAway() {
 		t.Fatal("not going away")
 	}
-	if _, sent, err := mc.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, answerFunc(func(Frame, error) {
+	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindCall}, "g", "s", nil, time.Time{}, answerFunc(func(netio.Frame, error) {
 		t.Error("an unsent call was answered")
-	})); sent || !errors.Is(err, ErrGoingAway) {
+	})); sent || !errors.Is(err, netio.ErrGoingAway) {
 		t.Fatalf("a call after go-away: sent %v err %v", sent, err)
 	}
 	select {
@@ -274,7 +275,7 @@ func TestGoAway(t *testing.T) {
 	}
 	close(h.release)
 	r := <-held
-	if r.err != nil || r.f.Kind != KindReply {
+	if r.err != nil || r.f.Kind != netio.KindReply {
 		t.Fatalf("the call sent before go-away: %+v %v", r.f, r.err)
 	}
 	select {
@@ -286,10 +287,10 @@ func TestGoAway(t *testing.T) {
 }
 
 type result1 struct {
-	f   Frame
+	f   netio.Frame
 	err error
 }
 
-type answerFunc func(Frame, error)
+type answerFunc func(netio.Frame, error)
 
-func (a answerFunc) Answer(f Frame, err error) { a(f, err) }
+func (a answerFunc) Answer(f netio.Frame, err error) { a(f, err) }

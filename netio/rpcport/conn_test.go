@@ -1,4 +1,4 @@
-package netio
+package rpcport
 
 import (
 	"bytes"
@@ -6,14 +6,15 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"tpsched/netio"
 
 	"github.com/panjf2000/gnet/v2"
 )
 
 // frameRecorder keeps a copy of every frame handed to it.
-type frameRecorder struct{ frames []Frame }
+type frameRecorder struct{ frames []netio.Frame }
 
-func (r *frameRecorder) OnFrame(_ *Conn, f Frame) {
+func (r *frameRecorder) OnFrame(_ *Conn, f netio.Frame) {
 	f.Group, f.Service, f.Payload = bytes.Clone(f.Group), bytes.Clone(f.Service), bytes.Clone(f.Payload)
 	r.frames = append(r.frames, f)
 }
@@ -22,17 +23,17 @@ func (r *frameRecorder) OnClose(*Conn) {}
 // cutWhole reads stream as one piece by the rules consume follows: the
 // frames it holds, the ids answered 'message too big', and whether a bad
 // header ends it.
-func cutWhole(stream []byte, maxPayload int) (frames []Frame, tooBig []uint64, bad bool) {
+func cutWhole(stream []byte, maxPayload int) (frames []netio.Frame, tooBig []uint64, bad bool) {
 	for {
-		total, payload, err := checkHeader(stream)
-		if err == ErrShort {
+		total, payload, err := netio.CheckHeader(stream)
+		if err == netio.ErrShort {
 			return
 		}
 		if err != nil {
 			return frames, tooBig, true
 		}
 		if uint64(payload) > uint64(maxPayload) {
-			if k := Kind(stream[3]); k == KindCall || k == KindNameLookup {
+			if k := netio.Kind(stream[3]); k == netio.KindCall || k == netio.KindNameLookup {
 				tooBig = append(tooBig, binary.BigEndian.Uint64(stream[8:16]))
 			}
 			if int64(len(stream)) < total {
@@ -44,7 +45,7 @@ func cutWhole(stream []byte, maxPayload int) (frames []Frame, tooBig []uint64, b
 		if int64(len(stream)) < total {
 			return
 		}
-		f, n, _ := Decode(stream, maxPayload)
+		f, n, _ := netio.Decode(stream, maxPayload)
 		frames = append(frames, f)
 		stream = stream[n:]
 	}
@@ -55,9 +56,9 @@ func cutWhole(stream []byte, maxPayload int) (frames []Frame, tooBig []uint64, b
 // and the verdict on a bad header must be those of reading it whole, and
 // the budget must be charged exactly what the partial frame holds.
 func FuzzConsume(f *testing.F) {
-	call := AppendFrame(nil, Header{Kind: KindCall, ID: 1, Flags: FlagBalanced}, "grp", "svc", []byte("payload"))
-	big := AppendFrame(nil, Header{Kind: KindCall, ID: 2}, "g", "s", make([]byte, 300))
-	lookup := AppendFrame(nil, Header{Kind: KindNameLookup, ID: 3}, "g", "", make([]byte, 200))
+	call := netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: 1, Flags: netio.FlagBalanced}, "grp", "svc", []byte("payload"))
+	big := netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: 2}, "g", "s", make([]byte, 300))
+	lookup := netio.AppendFrame(nil, netio.Header{Kind: netio.KindNameLookup, ID: 3}, "g", "", make([]byte, 200))
 	f.Add(append(append(bytes.Clone(call), big...), call...), []byte{1, 5, 24, 3, 200}, uint16(100))
 	f.Add(append(bytes.Clone(lookup), call...), []byte{7}, uint16(10))
 	f.Add(append(bytes.Clone(call), "XXgarbage"...), []byte{30, 1}, uint16(1000))
@@ -95,8 +96,8 @@ func FuzzConsume(f *testing.F) {
 		}
 		var answered []uint64
 		for b := c.batch; len(b) > 0; {
-			ans, n, err := Decode(b, 1<<20)
-			if err != nil || ans.Kind != KindError || ans.Code != CodeMessageTooBig {
+			ans, n, err := netio.Decode(b, 1<<20)
+			if err != nil || ans.Kind != netio.KindError || ans.Code != netio.CodeMessageTooBig {
 				t.Fatalf("answer %+v, %v: want 'message too big'", ans.Header, err)
 			}
 			answered = append(answered, ans.ID)

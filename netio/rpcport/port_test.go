@@ -1,4 +1,4 @@
-package netio
+package rpcport
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"tpsched/netio"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/panjf2000/gnet/v2"
@@ -33,7 +34,7 @@ type echoHandler struct {
 	closed atomic.Int64
 }
 
-func (h *echoHandler) OnFrame(c *Conn, f Frame) {
+func (h *echoHandler) OnFrame(c *Conn, f netio.Frame) {
 	if c.Context() == nil {
 		c.SetContext(true)
 		h.mu.Lock()
@@ -43,14 +44,14 @@ func (h *echoHandler) OnFrame(c *Conn, f Frame) {
 		h.loops[c.gc.EventLoop()]++
 		h.mu.Unlock()
 	}
-	if f.Kind != KindCall {
+	if f.Kind != netio.KindCall {
 		return
 	}
 	if !h.async {
-		c.SendNow(AppendReply(nil, f.ID, f.Payload))
+		c.SendNow(netio.AppendReply(nil, f.ID, f.Payload))
 		return
 	}
-	reply := AppendReply(nil, f.ID, f.Payload) // copies f.Payload
+	reply := netio.AppendReply(nil, f.ID, f.Payload) // copies f.Payload
 	go func() { _ = c.Send(reply) }()
 }
 
@@ -93,24 +94,24 @@ func dial(t *testing.T, addr string) net.Conn {
 }
 
 func callFrame(id uint64, payload []byte) []byte {
-	return AppendFrame(nil, Header{Kind: KindCall, ID: id}, "grp", "svc", payload)
+	return netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: id}, "grp", "svc", payload)
 }
 
 // readFrame reads one frame and returns a copy of it.
-func readFrame(r io.Reader) (Frame, error) {
-	hdr := make([]byte, HeaderSize)
+func readFrame(r io.Reader) (netio.Frame, error) {
+	hdr := make([]byte, netio.HeaderSize)
 	if _, err := io.ReadFull(r, hdr); err != nil {
-		return Frame{}, err
+		return netio.Frame{}, err
 	}
-	n, err := FrameLen(hdr, 1<<30)
+	n, err := netio.FrameLen(hdr, 1<<30)
 	if err != nil {
-		return Frame{}, err
+		return netio.Frame{}, err
 	}
-	buf := append(hdr, make([]byte, n-HeaderSize)...)
-	if _, err := io.ReadFull(r, buf[HeaderSize:]); err != nil {
-		return Frame{}, err
+	buf := append(hdr, make([]byte, n-netio.HeaderSize)...)
+	if _, err := io.ReadFull(r, buf[netio.HeaderSize:]); err != nil {
+		return netio.Frame{}, err
 	}
-	f, _, err := Decode(buf, 1<<30)
+	f, _, err := netio.Decode(buf, 1<<30)
 	return f, err
 }
 
@@ -122,7 +123,7 @@ func call(c net.Conn, r io.Reader, id uint64, payload []byte) error {
 	if err != nil {
 		return err
 	}
-	if f.Kind != KindReply || f.ID != id || !bytes.Equal(f.Payload, payload) {
+	if f.Kind != netio.KindReply || f.ID != id || !bytes.Equal(f.Payload, payload) {
 		return fmt.Errorf("call %d: got kind %v id %d payload %d bytes", id, f.Kind, f.ID, len(f.Payload))
 	}
 	return nil
@@ -426,14 +427,14 @@ type floodHandler struct {
 	closed  chan struct{}
 }
 
-func (h *floodHandler) OnFrame(c *Conn, f Frame) {
-	if f.Kind != KindCall {
+func (h *floodHandler) OnFrame(c *Conn, f netio.Frame) {
+	if f.Kind != netio.KindCall {
 		return
 	}
 	go func() {
 		chunk := 64 << 10
 		for i := range 100000 {
-			if err := c.Send(AppendReply(nil, uint64(i), make([]byte, chunk))); err != nil {
+			if err := c.Send(netio.AppendReply(nil, uint64(i), make([]byte, chunk))); err != nil {
 				h.sendErr <- err
 				return
 			}
@@ -545,7 +546,7 @@ func TestStop(t *testing.T) {
 // A Send racing with Stop never fails in a way other than the sentinel errors.
 func TestSendDuringStop(t *testing.T) {
 	var got atomic.Pointer[Conn]
-	h := &hookHandler{onFrame: func(c *Conn, _ Frame) { got.Store(c) }}
+	h := &hookHandler{onFrame: func(c *Conn, _ netio.Frame) { got.Store(c) }}
 	s, err := Listen(Options{Addr: "127.0.0.1:0"}, h)
 	if err != nil {
 		t.Fatal(err)
@@ -574,11 +575,11 @@ func TestSendDuringStop(t *testing.T) {
 }
 
 type hookHandler struct {
-	onFrame func(*Conn, Frame)
+	onFrame func(*Conn, netio.Frame)
 }
 
-func (h *hookHandler) OnFrame(c *Conn, f Frame) { h.onFrame(c, f) }
-func (h *hookHandler) OnClose(*Conn)            {}
+func (h *hookHandler) OnFrame(c *Conn, f netio.Frame) { h.onFrame(c, f) }
+func (h *hookHandler) OnClose(*Conn)                  {}
 
 // BenchmarkEchoServer measures pipelined calls answered with SendNow over
 // 16 connections to a 2-loop server; one op is one call and its reply.
@@ -628,8 +629,8 @@ func BenchmarkEchoServer(b *testing.B) {
 // nothing is queued and queues behind the loop once the socket is full).
 type mixedHandler struct{}
 
-func (mixedHandler) OnFrame(c *Conn, f Frame) {
-	reply := AppendReply(nil, f.ID, f.Payload)
+func (mixedHandler) OnFrame(c *Conn, f netio.Frame) {
+	reply := netio.AppendReply(nil, f.ID, f.Payload)
 	if f.ID%2 == 0 {
 		c.SendNow(reply)
 		return
@@ -670,7 +671,7 @@ func TestMixedAnswerPathsKeepFramesWhole(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %d answers: %v", len(seen), err)
 		}
-		if f.Kind != KindReply || seen[f.ID] || !bytes.Equal(f.Payload, payload(f.ID)) {
+		if f.Kind != netio.KindReply || seen[f.ID] || !bytes.Equal(f.Payload, payload(f.ID)) {
 			t.Fatalf("answer %d: kind %v, %d bytes, seen before %v", f.ID, f.Kind, len(f.Payload), seen[f.ID])
 		}
 		seen[f.ID] = true
@@ -689,11 +690,11 @@ func (s slowReader) Read(p []byte) (int, error) {
 // connection inside Write when the write fails; the loop must not then
 // wait on a lock it holds itself.
 func TestResetWhileAnswering(t *testing.T) {
-	h := &hookHandler{onFrame: func(c *Conn, f Frame) {
+	h := &hookHandler{onFrame: func(c *Conn, f netio.Frame) {
 		if string(f.Payload) == "slow" {
 			time.Sleep(200 * time.Millisecond) // the caller resets meanwhile
 		}
-		c.SendNow(AppendReply(nil, f.ID, f.Payload))
+		c.SendNow(netio.AppendReply(nil, f.ID, f.Payload))
 	}}
 	s := startServer(t, Options{}, h) // one loop: a stuck loop stops everyone
 	bad := dial(t, s.Addr())
@@ -719,7 +720,9 @@ type closeBlocker struct {
 	release chan struct{}
 }
 
-func (h *closeBlocker) OnFrame(c *Conn, f Frame) { c.SendNow(AppendReply(nil, f.ID, f.Payload)) }
+func (h *closeBlocker) OnFrame(c *Conn, f netio.Frame) {
+	c.SendNow(netio.AppendReply(nil, f.ID, f.Payload))
+}
 func (h *closeBlocker) OnClose(c *Conn) {
 	h.once.Do(func() {
 		h.first <- c.RemoteAddr()
@@ -786,7 +789,7 @@ func TestStopAnswersWhatArrived(t *testing.T) {
 		if cl.sent == 0 {
 			continue
 		}
-		got := map[uint64]Frame{}
+		got := map[uint64]netio.Frame{}
 		for {
 			f, err := readFrame(cl.r)
 			if err != nil {
@@ -806,7 +809,7 @@ func TestStopAnswersWhatArrived(t *testing.T) {
 			switch {
 			case !ok:
 				missing++
-			case f.Kind != KindError || f.Code != CodeShuttingDown:
+			case f.Kind != netio.KindError || f.Code != netio.CodeShuttingDown:
 				t.Errorf("caller %d call %d: %+v, want 'node shutting down'", i, 100+id, f.Header)
 			}
 		}
@@ -822,7 +825,7 @@ func TestStopAnswersWhatArrived(t *testing.T) {
 // answer's write fails inside the event loop.
 type resetHandler struct{ echoHandler }
 
-func (h *resetHandler) OnFrame(c *Conn, f Frame) {
+func (h *resetHandler) OnFrame(c *Conn, f netio.Frame) {
 	if string(f.Service) == "slow" {
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -837,7 +840,7 @@ func TestAnswerToResetConnection(t *testing.T) {
 	s := startServer(t, Options{Loops: 1}, &resetHandler{})
 	for i := range 3 {
 		rc := dial(t, s.Addr())
-		if _, err := rc.Write(AppendFrame(nil, Header{Kind: KindCall, ID: 1}, "grp", "slow", []byte("x"))); err != nil {
+		if _, err := rc.Write(netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: 1}, "grp", "slow", []byte("x"))); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond) // the loop has read the frame and sleeps

@@ -1,4 +1,4 @@
-package netio
+package rpcport
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"tpsched/netio"
 
 	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
@@ -20,7 +21,7 @@ import (
 // oversizeHeader is the header alone of a call to grp/svc announcing
 // payload bytes; the names and payload follow it on the wire.
 func oversizeHeader(id uint64, payload uint32) []byte {
-	h := AppendFrame(nil, Header{Kind: KindCall, ID: id}, "grp", "svc", nil)[:HeaderSize]
+	h := netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: id}, "grp", "svc", nil)[:netio.HeaderSize]
 	binary.BigEndian.PutUint32(h[20:], payload)
 	return h
 }
@@ -37,7 +38,7 @@ func TestOversizeFrame(t *testing.T) {
 		var stream []byte
 		stream = append(stream, oversizeHeader(1, 5000)...)
 		stream = append(stream, bytes.Repeat([]byte{0xee}, 5000+len("grpsvc"))...)
-		noReply := AppendFrame(nil, Header{Kind: KindCallNoReply, ID: 2}, "", "", nil)
+		noReply := netio.AppendFrame(nil, netio.Header{Kind: netio.KindCallNoReply, ID: 2}, "", "", nil)
 		binary.BigEndian.PutUint32(noReply[20:], 2000)
 		stream = append(stream, noReply...)
 		stream = append(stream, make([]byte, 2000)...)
@@ -52,11 +53,11 @@ func TestOversizeFrame(t *testing.T) {
 			}
 		}()
 		f, err := readFrame(r)
-		if err != nil || f.Kind != KindError || f.Code != CodeMessageTooBig || f.ID != 1 || !strings.Contains(string(f.Payload), "5000") {
+		if err != nil || f.Kind != netio.KindError || f.Code != netio.CodeMessageTooBig || f.ID != 1 || !strings.Contains(string(f.Payload), "5000") {
 			t.Fatalf("cut %d: answer to the oversize call: %+v %q, %v", cut, f.Header, f.Payload, err)
 		}
 		f, err = readFrame(r)
-		if err != nil || f.Kind != KindReply || f.ID != 3 || string(f.Payload) != "after" {
+		if err != nil || f.Kind != netio.KindReply || f.ID != 3 || string(f.Payload) != "after" {
 			t.Fatalf("cut %d: the call after: %+v %q, %v (stats %+v)", cut, f.Header, f.Payload, err, s.Stats())
 		}
 	}

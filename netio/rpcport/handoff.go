@@ -1,4 +1,4 @@
-package netio
+package rpcport
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"tpsched/netio"
 )
 
 // Taking a port over (a restart without dropping a call): the old process
@@ -189,7 +190,7 @@ func (s *Port) GoAway(reason string) int {
 		conns = append(conns, c)
 	}
 	s.mu.Unlock()
-	frame := AppendFrame(nil, Header{Kind: KindGoAway}, "", "", []byte(reason))
+	frame := netio.AppendFrame(nil, netio.Header{Kind: netio.KindGoAway}, "", "", []byte(reason))
 	n := 0
 	for _, c := range conns {
 		if c.Send(append([]byte(nil), frame...)) == nil {

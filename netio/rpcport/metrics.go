@@ -1,8 +1,9 @@
-package netio
+package rpcport
 
 import (
 	"strconv"
 	"sync"
+	"tpsched/netio"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -30,16 +31,16 @@ var MetricHelp = map[string]string{
 	"tpsched_receiver_steering":              "1 for each receiver group, labelled with how its new connections are placed: bpf (the SK_REUSEPORT program), hash (the kernel's) or none (one socket).",
 }
 
-// errorAnswers counts the error frames AppendError makes, by code. The
-// count is the process's, not a Port's: AppendError is a plain function
-// that scd calls wherever it answers. scdd runs one node per process, so
-// for it the two are the same.
+// errorAnswers counts the error frames written to callers, by code. The
+// count is the process's, not a Port's: scdd runs one node per process,
+// so for it the two are the same.
 var errorAnswers = func() (s struct {
 	set *metrics.Set
-	by  [codeMax + 1]*metrics.Counter
+	by  map[netio.Code]*metrics.Counter
 }) {
 	s.set = metrics.NewSet()
-	for c := CodeOK + 1; c <= codeMax; c++ {
+	s.by = make(map[netio.Code]*metrics.Counter)
+	for _, c := range netio.Codes() {
 		s.by[c] = s.set.NewCounter(`tpsched_error_answers_total{code=` + strconv.Quote(c.String()) + `}`)
 	}
 	return s
@@ -49,9 +50,9 @@ var errorAnswers = func() (s struct {
 // Ports that share a Set must not write the family twice.
 var errorAnswerSets sync.Map // *metrics.Set -> struct{}
 
-func countErrorAnswer(code Code) {
-	if code > CodeOK && code <= codeMax {
-		errorAnswers.by[code].Inc()
+func countErrorAnswer(code netio.Code) {
+	if c := errorAnswers.by[code]; c != nil {
+		c.Inc()
 	}
 }
 
@@ -72,20 +73,11 @@ func (s *Port) registerMetrics(m *metrics.Set) {
 	}
 }
 
-// ErrorAnswers is how many error frames with code AppendError has made in
-// this process (tpsched_error_answers_total).
-func ErrorAnswers(code Code) uint64 {
-	if code > CodeOK && code <= codeMax {
-		return errorAnswers.by[code].Get()
+// ErrorAnswers is how many error frames with code the ports of this
+// process wrote (tpsched_error_answers_total).
+func ErrorAnswers(code netio.Code) uint64 {
+	if c := errorAnswers.by[code]; c != nil {
+		return c.Get()
 	}
 	return 0
-}
-
-// Codes are the codes an error frame can carry, in order.
-func Codes() []Code {
-	out := make([]Code, 0, codeMax)
-	for c := CodeOK + 1; c <= codeMax; c++ {
-		out = append(out, c)
-	}
-	return out
 }

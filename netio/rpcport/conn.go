@@ -1,4 +1,4 @@
-package netio
+package rpcport
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"tpsched/netio"
 
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
@@ -91,11 +92,11 @@ func (c *Conn) consume(b []byte) gnet.Action {
 			continue
 		}
 		if c.part != nil {
-			if len(c.part) < HeaderSize {
-				k := min(HeaderSize-len(c.part), len(b))
+			if len(c.part) < netio.HeaderSize {
+				k := min(netio.HeaderSize-len(c.part), len(b))
 				c.part = append(c.part, b[:k]...)
 				b = b[k:]
-				if len(c.part) < HeaderSize {
+				if len(c.part) < netio.HeaderSize {
 					return gnet.None
 				}
 				n, ok, action := c.header(c.part)
@@ -124,7 +125,7 @@ func (c *Conn) consume(b []byte) gnet.Action {
 			}
 			continue
 		}
-		if len(b) < HeaderSize {
+		if len(b) < netio.HeaderSize {
 			c.startPart(0)
 			if !c.growPart(len(b)) {
 				return gnet.Close
@@ -137,7 +138,7 @@ func (c *Conn) consume(b []byte) gnet.Action {
 			if action != gnet.None {
 				return action
 			}
-			b = b[HeaderSize:] // the rest is skipped above
+			b = b[netio.HeaderSize:] // the rest is skipped above
 			continue
 		}
 		if len(b) < n {
@@ -162,7 +163,7 @@ func (c *Conn) consume(b []byte) gnet.Action {
 // header is counted and closes the connection.
 func (c *Conn) header(h []byte) (n int, ok bool, action gnet.Action) {
 	s := c.srv
-	total, payload, err := checkHeader(h)
+	total, payload, err := netio.CheckHeader(h)
 	if err != nil {
 		s.countBad(c, err)
 		return 0, false, gnet.Close
@@ -172,13 +173,13 @@ func (c *Conn) header(h []byte) (n int, ok bool, action gnet.Action) {
 	}
 	s.oversized.Add(1)
 	inc(s.mOversized)
-	switch Kind(h[3]) {
-	case KindCall, KindNameLookup:
+	switch netio.Kind(h[3]) {
+	case netio.KindCall, netio.KindNameLookup:
 		c.expectAnswer()
-		c.SendNow(AppendError(nil, binary.BigEndian.Uint64(h[8:16]), CodeMessageTooBig,
+		c.SendNow(netio.AppendError(nil, binary.BigEndian.Uint64(h[8:16]), netio.CodeMessageTooBig,
 			fmt.Sprintf("%d bytes, this node takes at most %d", payload, s.maxPayload)))
 	}
-	c.skip = total - HeaderSize
+	c.skip = total - netio.HeaderSize
 	if c.partialSince.Load() == 0 {
 		c.partialSince.Store(time.Now().UnixNano())
 	}
@@ -202,7 +203,7 @@ func (c *Conn) growPart(want int) bool {
 	}
 	limit := c.need
 	if limit == 0 {
-		limit = HeaderSize
+		limit = netio.HeaderSize
 	}
 	size := min(max(want, 2*have, 512), limit)
 	if !c.srv.charge(c, int64(size-have)) {
@@ -228,18 +229,18 @@ func (c *Conn) dropPart(keepTimer bool) {
 // answers it 'node shutting down' itself.
 func (c *Conn) dispatch(b []byte) gnet.Action {
 	s := c.srv
-	f, _, err := Decode(b, s.maxPayload)
+	f, _, err := netio.Decode(b, s.maxPayload)
 	if err != nil { // cannot happen after header(); never trust it
 		s.countBad(c, err)
 		return gnet.Close
 	}
-	if f.Kind == KindCall || f.Kind == KindNameLookup {
+	if f.Kind == netio.KindCall || f.Kind == netio.KindNameLookup {
 		c.expectAnswer()
 	}
 	if s.stopping.Load() {
 		switch f.Kind {
-		case KindCall, KindNameLookup:
-			c.SendNow(AppendError(nil, f.ID, CodeShuttingDown, ""))
+		case netio.KindCall, netio.KindNameLookup:
+			c.SendNow(netio.AppendError(nil, f.ID, netio.CodeShuttingDown, ""))
 		}
 		return gnet.None
 	}
@@ -341,12 +342,16 @@ func (c *Conn) expectAnswer() {
 // of ours, a peer's hello refused) stops at zero. c.mu is held.
 func (c *Conn) answered(b []byte) {
 	var k int64
-	for off := 0; off+HeaderSize <= len(b); {
+	for off := 0; off+netio.HeaderSize <= len(b); {
 		h := b[off:]
-		if kind := Kind(h[3]); kind == KindReply || kind == KindError {
+		switch netio.Kind(h[3]) {
+		case netio.KindReply:
 			k++
+		case netio.KindError:
+			k++
+			countErrorAnswer(netio.Code(h[7]))
 		}
-		off += HeaderSize + int(h[5]) + int(h[6]) + int(binary.BigEndian.Uint32(h[20:24]))
+		off += netio.HeaderSize + int(h[5]) + int(h[6]) + int(binary.BigEndian.Uint32(h[20:24]))
 	}
 	for k > 0 {
 		have := c.inFlight.Load()
@@ -477,19 +482,4 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	return c.gc.Close()
-}
-
-// AppendReply appends a KindReply frame answering request id.
-func AppendReply(dst []byte, id uint64, payload []byte) []byte {
-	return AppendFrame(dst, Header{Kind: KindReply, ID: id}, "", "", payload)
-}
-
-// AppendError appends a KindError frame answering request id with code and
-// msg as the payload, and counts it in tpsched_error_answers_total.
-func AppendError(dst []byte, id uint64, code Code, msg string) []byte {
-	countErrorAnswer(code)
-	dst = AppendFrame(dst, Header{Kind: KindError, Code: code, ID: id}, "", "", nil)
-	// Patch the payload length rather than convert msg to []byte.
-	binary.BigEndian.PutUint32(dst[len(dst)-HeaderSize+20:], uint32(len(msg)))
-	return append(dst, msg...)
 }

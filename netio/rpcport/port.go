@@ -1,4 +1,4 @@
-package netio
+package rpcport
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"tpsched/netio"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/panjf2000/gnet/v2"
@@ -36,7 +37,7 @@ var (
 type Handler interface {
 	// OnFrame runs on an event loop for each complete frame and must not block.
 	// f aliases the inbound buffer: valid only during the call.
-	OnFrame(c *Conn, f Frame)
+	OnFrame(c *Conn, f netio.Frame)
 	// OnClose runs on the event loop once per connection, after its last
 	// OnFrame. Send on c fails from then on.
 	OnClose(c *Conn)
