@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -1083,5 +1084,55 @@ func TestWLMRestartStartsEnvironmentAgain(t *testing.T) {
 	}
 	if out, err := c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte("b")); err != nil || string(out) != "b" {
 		t.Errorf("call after the restart: %q, %v", out, err)
+	}
+}
+
+// answerCh is a netio.Answerer that hands the answer to a channel.
+type answerCh chan netio.Frame
+
+func (a answerCh) Answer(f netio.Frame, err error) {
+	if err != nil {
+		f = netio.Frame{Header: netio.Header{Kind: netio.KindError, Code: netio.CodeNetworkDown}, Payload: []byte(err.Error())}
+	}
+	a <- f
+}
+
+// TestWLMPeerRequestsNeedThePeerHello: the routing manager's requests
+// between nodes (start a server, quiesce, read the policy) are taken only
+// on a connection that proved the cluster key; a client that sends one,
+// even marked as transferred, is refused, counted, and starts nothing.
+func TestWLMPeerRequestsNeedThePeerHello(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"orders": ordersServer})
+	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
+	n := startNode(t, "-c", dir)
+	nc, err := net.DialTimeout("tcp", n.rpc, 5*time.Second)
+	must(t, err)
+	mc := netio.NewMuxConn(nc, netio.MuxOptions{})
+	defer mc.Close(nil)
+	for _, service := range []string{"wlm-start", "wlm-decide", "wlm-quiesce", "wlm-policy"} {
+		a := make(answerCh, 1)
+		_, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup, Flags: netio.FlagForwarded, TimeoutMs: 5000},
+			"orders", service, []byte{1}, time.Now().Add(5*time.Second), a)
+		if !sent || err != nil {
+			t.Fatalf("%s: not sent: %v", service, err)
+		}
+		select {
+		case f := <-a:
+			if f.Kind != netio.KindError || f.Code != netio.CodeProtocol || !strings.Contains(string(f.Payload), "proved the cluster key") {
+				t.Errorf("%s from a client: %v %v %q; want a protocol error naming the peer hello", service, f.Kind, f.Code, f.Payload)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no answer", service)
+		}
+	}
+	if pids := uapPIDs(t, n, "orders"); len(pids) != 0 {
+		t.Errorf("orders has processes %v after a client's wlm-start", pids)
+	}
+	if got := metricSum(n.metrics(), `tpsched_requests_refused_total{reason="protocol"}`); got != 4 {
+		t.Errorf("tpsched_requests_refused_total{reason=\"protocol\"} = %v, want 4", got)
+	}
+	if e, _ := envOf(t, n, "orders"); e.Quiesced {
+		t.Error("a client's wlm-quiesce quiesced orders")
 	}
 }
