@@ -1136,3 +1136,22 @@ func TestWLMPeerRequestsNeedThePeerHello(t *testing.T) {
 		t.Error("a client's wlm-quiesce quiesced orders")
 	}
 }
+
+// TestWLMWithClusterKey: with cluster_key the routing manager's requests
+// between nodes go over connections that proved it: a find through a node
+// that does not decide, and a quiesce that reaches every node.
+func TestWLMWithClusterKey(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{extra: func(int) string { return "set cluster_key = \"a shared secret of some length\"\n" }})
+	got, err := wc.find(t, 2, "orders")
+	if err != nil || len(got) != 1 {
+		t.Fatalf("find through n2: %v, %v", got, err)
+	}
+	where := fmt.Sprintf("n%d", got[0])
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return slices.Equal(s, []string{where}) }, "every node to see orders on "+where)
+	out, err := wc.nodes[1].scdctl("quiesce", "orders")
+	if err != nil || strings.Contains(out, "error") {
+		t.Fatalf("scdctl quiesce: %v\n%s", err, out)
+	}
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return len(s) == 0 }, "no node to serve orders")
+}
