@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -319,8 +320,15 @@ func TestWLMFindStartsOneWhereCapacityIs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("find orders through n2: %v", err)
 	}
-	if len(got) != 1 || got[0] == 0 {
-		t.Fatalf("find answered nodes %v: want one, not the busy n0", got)
+	placed, seen := firstPlacement(t, wc.nodes[0])
+	t.Logf("placed on %s; spare CPUs as the decider saw them: %v", placed, seen)
+	if len(got) != 1 || got[0] == 0 || fmt.Sprintf("n%d", got[0]) != placed {
+		t.Fatalf("find answered nodes %v: want one, not the busy n0, the one the decider placed (%s)", got, placed)
+	}
+	for name, v := range seen {
+		if v > seen[placed] {
+			t.Errorf("placed on %s with %.2f spare CPUs, but %s had %.2f", placed, seen[placed], name, v)
+		}
 	}
 	where := fmt.Sprintf("n%d", got[0])
 	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return slices.Equal(s, []string{where}) },
@@ -340,6 +348,37 @@ func TestWLMFindStartsOneWhereCapacityIs(t *testing.T) {
 	if err != nil || string(out) != "x" {
 		t.Errorf("call through n0: %q, %v", out, err)
 	}
+}
+
+// placedLine is the deciding node's log line of a first start.
+var placedLine = regexp.MustCompile(`msg="routing manager: server started" env=orders node=(\S+) why=first .*hosts="([^"]*)"`)
+
+// firstPlacement reads, from the deciding node's log, where the first
+// server of orders went and the spare CPU each host had as the decider saw
+// it. It skips the test when no host had clearly more spare CPU than n0:
+// the machine's other work left nothing to tell the nodes apart by.
+func firstPlacement(t *testing.T, decider *node) (string, map[string]float64) {
+	t.Helper()
+	m := placedLine.FindStringSubmatch(decider.stderr.String())
+	if m == nil {
+		t.Fatalf("the deciding node logged no first start of orders:\n%s", decider.stderr.String())
+	}
+	spare := map[string]float64{}
+	for _, h := range strings.Fields(m[2]) {
+		name, v, _ := strings.Cut(h, "=")
+		f, _ := strconv.ParseFloat(strings.TrimSuffix(v, "(excluded)"), 64)
+		spare[name] = f
+	}
+	best := 0.0
+	for name, v := range spare {
+		if name != "n0" {
+			best = max(best, v)
+		}
+	}
+	if best <= spare["n0"]+0.1 {
+		t.Skipf("as the decider saw it, no node had more spare CPU than n0 (%s): the machine's other work left nothing to place by", m[2])
+	}
+	return m[1], spare
 }
 
 // cpuList is the CPUs this test may use (its affinity mask), as taskset
@@ -1154,4 +1193,61 @@ func TestWLMWithClusterKey(t *testing.T) {
 		t.Fatalf("scdctl quiesce: %v\n%s", err, out)
 	}
 	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return len(s) == 0 }, "no node to serve orders")
+}
+
+// TestWLMRestartedDeciderStartsNoSecondServer: orders is served on n1 or
+// n2 (n0's CPU is busy); n0, the deciding node (lowest id), is killed and
+// started again, and a find reaches it at once. It must not decide from
+// its fresh name table, which does not show the server yet: the find
+// names the server that runs, and no second one starts.
+func TestWLMRestartedDeciderStartsNoSecondServer(t *testing.T) {
+	skipShort(t)
+	cpus := cpuList(t)
+	if len(cpus) < 2 {
+		t.Skipf("needs 2 CPUs to give n0 a busy CPU of its own, have %d", len(cpus))
+	}
+	pin := func(i int) string {
+		if i == 0 {
+			return cpus[0]
+		}
+		return cpus[1]
+	}
+	wc := startWLMCluster(t, wlmOpts{pin: pin})
+	cpuHog(t, cpus[0])
+	spare := func(i int) float64 { return wc.nodes[i].report(t).SpareCPUs[0] }
+	waitFor(t, 15*time.Second, "n0 to measure its CPU busy with the hog", func() bool { return spare(0) < 0.3 })
+	deadline := time.Now().Add(15 * time.Second)
+	for max(spare(1), spare(2)) <= spare(0)+0.2 {
+		if time.Now().After(deadline) {
+			t.Skipf("the machine's other CPU stayed busy with other work for 15 s (n0 %.2f, n1 %.2f, n2 %.2f)", spare(0), spare(1), spare(2))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	got, err := wc.find(t, 1, "orders")
+	if err != nil || len(got) != 1 {
+		t.Fatalf("find: %v, %v; want one server", got, err)
+	}
+	firstPlacement(t, wc.nodes[0]) // skips when the machine left n0 no worse than the others
+	if got[0] == 0 {
+		t.Fatalf("find placed orders on the busy n0")
+	}
+	where := fmt.Sprintf("n%d", got[0])
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return slices.Equal(s, []string{where}) }, "every node to see orders on "+where)
+
+	old := wc.nodes[0]
+	_ = syscall.Kill(-old.cmd.Process.Pid, syscall.SIGKILL)
+	<-old.done
+	waitFor(t, 10*time.Second, "n1 to drop n0", func() bool { return !slices.Contains(knownWith(t, wc.nodes[1], "orders"), "n0") })
+	n0 := startCommand(t, "taskset", "-c", pin(0), bin("scdd"), "-c", wc.dirs[0], "-fast-failure-detection")
+	wc.nodes[0] = n0
+	again, err := wc.find(t, 0, "orders")
+	if err != nil || len(again) != 1 || again[0] != got[0] {
+		t.Fatalf("find through the restarted n0: %v, %v; want only %s", again, err, where)
+	}
+	time.Sleep(2 * time.Second)
+	wc.agree(t, 10*time.Second, "orders", func(s []string) bool { return slices.Equal(s, []string{where}) }, "orders still on "+where+" only")
+	if s := metricSum(n0.metrics(), "tpsched_wlm_servers_started_total"); s != 0 {
+		t.Errorf("the restarted n0 started %v servers, want 0", s)
+	}
 }

@@ -645,7 +645,7 @@ func (m *envManager) place(env string, purpose byte, servers []serverAt, deadlin
 		err := m.startOn(h.Node, addrs[i], env, deadline)
 		if err == nil {
 			m.n.log.Info("routing manager: server started", "env", env, "node", h.Node, "why", purposeNames[purpose],
-				"spare_cpus", fmt.Sprintf("%.2f", h.Spare), "importance", imp)
+				"spare_cpus", fmt.Sprintf("%.2f", h.Spare), "importance", imp, "hosts", hostsLine(hosts))
 			m.mu.Lock()
 			m.hints[env] = append(m.hints[env], hint{node: h.Node, addr: addrs[i], at: time.Now()})
 			m.states[env] = m.states[env].Saw(len(servers) + 1)
@@ -659,6 +659,22 @@ func (m *envManager) place(env string, purpose byte, servers []serverAt, deadlin
 			return servers, err
 		}
 	}
+}
+
+// hostsLine is the hosts a placement chose from, for the log: "n0=0.00
+// n1=0.95 n2=0.90(excluded)"; excluded: serving it already, or its start failed.
+func hostsLine(hosts []wlm.Host) string {
+	var b strings.Builder
+	for i, h := range hosts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%.2f", h.Node, h.Spare)
+		if h.Serving {
+			b.WriteString("(excluded)")
+		}
+	}
+	return b.String()
 }
 
 // hosts are the nodes that define env, with their spare CPU at importance
