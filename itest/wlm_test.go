@@ -897,7 +897,11 @@ classify -g online -c ONLINE
 		t.Fatal("ONLINE has no performance index at the end")
 	}
 	on, ba = weights(after)
-	t.Logf("ONLINE PI %.2f at weights 100/100, %.2f at the end, online %d, batch %d", before, *after.Classes[0].PI, on, ba)
+	t.Logf("ONLINE PI %.2f at weights 100/100, %.2f at the end, online %d, batch %d; other programs %.2f CPUs", before, *after.Classes[0].PI, on, ba, after.OtherCPUs)
+	if after.OtherCPUs > 0.2 {
+		// Goal management moves CPU between this node's UAPs only.
+		t.Skipf("other programs used %.2f of the node's CPU at the end (the machine is shared): the index cannot be judged", after.OtherCPUs)
+	}
 	switch pi := *after.Classes[0].PI; {
 	case manage && (pi >= before || pi > 1.1):
 		// Managed to the goal, not beyond it: the weights stop rising once

@@ -123,7 +123,8 @@ type wlmNode struct {
 	classes   []classFigures
 	groups    map[string]*groupFigures
 	spare     [wlm.LeastImportant + 1]float64
-	loadErr   string // why spare CPU is not measured, if it is not
+	other     float64 // CPUs other programs used over the last interval (not the UAPs)
+	loadErr   string  // why spare CPU is not measured, if it is not
 	lastTick  time.Time
 	decision  wlm.Decision
 	intervals uint64
@@ -316,6 +317,11 @@ func (w *wlmNode) interval(now time.Time) {
 		w.loadErr = err.Error()
 	}
 	w.spare = spare
+	w.other = load.Busy
+	for _, d := range load.UAP {
+		w.other -= d.OnCPU
+	}
+	w.other = max(w.other, 0)
 	for c := range nc {
 		f := &w.classes[c]
 		f.total.Add(node[c])

@@ -36,6 +36,10 @@ type Report struct {
 	// SpareCPUs is the CPU available to work of importance 1..5 (index
 	// 0..4) over the last interval, in CPUs.
 	SpareCPUs []float64 `json:"spare_cpus"`
+	// OtherCPUs is the CPU programs other than this node's UAPs used over
+	// the last interval, on the CPUs the node may run on: what goal
+	// management cannot take from.
+	OtherCPUs float64 `json:"other_cpus"`
 	// LoadError says why other programs' CPU use is not measured, if it is not.
 	LoadError string `json:"load_error,omitempty"`
 	// Missing is the class that misses its goal most (the most important
@@ -128,6 +132,7 @@ func (n *Node) Report() (Report, bool) {
 		r.SpareCPUs = append(r.SpareCPUs, w.spare[i])
 	}
 	r.LoadError = w.loadErr
+	r.OtherCPUs = w.other
 	if d := w.decision; d.Receiver >= 0 && d.Receiver < len(p.Classes) {
 		r.Missing, r.Action = p.Classes[d.Receiver].Name, d.Why
 	}

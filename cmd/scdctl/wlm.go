@@ -210,7 +210,7 @@ func printReport(w io.Writer, r scd.Report) {
 	for i, s := range r.SpareCPUs {
 		spare = append(spare, fmt.Sprintf("%d: %.2f", i+1, s))
 	}
-	fmt.Fprintf(w, "\nspare CPUs by importance: %s\n", strings.Join(spare, "  "))
+	fmt.Fprintf(w, "\nspare CPUs by importance: %s  (other programs: %.2f)\n", strings.Join(spare, "  "), r.OtherCPUs)
 	if r.LoadError != "" {
 		fmt.Fprintf(w, "(other programs' CPU use is not measured: %s)\n", r.LoadError)
 	}
