@@ -1255,3 +1255,28 @@ func TestWLMRestartedDeciderStartsNoSecondServer(t *testing.T) {
 		t.Errorf("the restarted n0 started %v servers, want 0", s)
 	}
 }
+
+// TestWLMClientFindServerOption: a client with FindServer, whose dchost is
+// n2, finds orders (which starts its server) and sends its calls straight
+// to the node the find named: that node serves them all and n2 transfers
+// none. Without the option the first call would reach n2, wait there for
+// the start and be transferred.
+func TestWLMClientFindServerOption(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{})
+	c := wc.nodes[2].client(func(o *client.Options) { o.FindServer = true })
+	for i := range 20 {
+		if _, err := c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	served := wc.agree(t, 10*time.Second, "orders", one, "one server of orders")
+	t.Logf("orders served on %v; the client's dchost is n2", served)
+	if sent := metricSum(wc.nodes[2].metrics(), "tpsched_forwarded_total"); sent != 0 {
+		t.Errorf("n2 transferred %v calls: the client did not send them to the server it found", sent)
+	}
+	idx, _ := strconv.Atoi(strings.TrimPrefix(served[0], "n"))
+	if got := metricSum(wc.nodes[idx].metrics(), "tpsched_requests_received_total"); got != 0 {
+		t.Errorf("%s received %v transferred calls, want none (the client sent them there)", served[0], got)
+	}
+}

@@ -120,14 +120,18 @@ func (c *Client) balancedHost(ctx context.Context, group string) (int, bool) {
 	if err != nil || len(nodes) == 0 {
 		return 0, false
 	}
-	low := nodes[0].Level
-	for _, n := range nodes {
-		low = min(low, n.Level)
-	}
 	var hosts []int
-	for _, n := range nodes {
-		if n.Level == low {
-			hosts = append(hosts, c.hostIndex(n.Addr))
+	if c.opts.FindServer {
+		hosts = []int{c.hostIndex(nodes[0].Addr)} // the node ranked them
+	} else {
+		low := nodes[0].Level
+		for _, n := range nodes {
+			low = min(low, n.Level)
+		}
+		for _, n := range nodes {
+			if n.Level == low {
+				hosts = append(hosts, c.hostIndex(n.Addr))
+			}
 		}
 	}
 	start := rand.IntN(len(hosts))
@@ -139,8 +143,13 @@ func (c *Client) balancedHost(ctx context.Context, group string) (int, bool) {
 	return h, true
 }
 
-// lookup asks a dchost node which nodes run group, with their levels.
+// lookup asks a dchost node which nodes run group, with their levels;
+// with FindServer it is a find, which may start a server and so waits as
+// long as the caller does.
 func (c *Client) lookup(ctx context.Context, group string) ([]netio.NodeLevel, error) {
+	if c.opts.FindServer {
+		return c.FindServer(ctx, group)
+	}
 	idx, mc, err := c.pick()
 	if err != nil {
 		return nil, err

@@ -49,7 +49,14 @@ type Options struct {
 	// and sends each call, marked balanced, to the next of them: the first
 	// at random, then round-robin. Calls fall back to dchost when no node
 	// can be learned or reached.
-	LoadBalance  bool
+	LoadBalance bool
+	// FindServer makes LoadBalance's name lookup the routing manager's
+	// find server (source document 004, FindServer): for a group that is an
+	// application environment with no server, the node has one started
+	// before it answers, and the group's calls go to the node the find
+	// names first (the node ranks first those where the calls meet their
+	// goals, then by load). It implies LoadBalance.
+	FindServer   bool
 	CacheEntries int           // default 64
 	CacheTime    time.Duration // default 30 s; below 0: ask before every call
 	// MultiSchedule (OpenTP1's multi_schedule on the sending side) asks a
@@ -129,6 +136,9 @@ func New(opts Options) (*Client, error) {
 	}
 	if opts.CacheEntries == 0 {
 		opts.CacheEntries = def.DefaultCacheEntries
+	}
+	if opts.FindServer {
+		opts.LoadBalance = true
 	}
 	if opts.CacheTime == 0 {
 		opts.CacheTime = def.DefaultCacheTime
