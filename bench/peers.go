@@ -321,10 +321,11 @@ func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
 			return err
 		}
 		files := map[string]string{
-			// A control socket of its own: two tpsched systems run side by
-			// side, and the default path is per node id.
+			// A control socket of its own (in the definition directory):
+			// two tpsched systems run side by side, and the default path
+			// is per node id.
 			"conf/sysconf": fmt.Sprintf("set rpc_address = %q\nset rpc_port = %s\nset metrics_address = %q\nset control_socket = %q\n%s",
-				host, port, ctl, filepath.Join(s.dir, "ctl.sock"), tc.sysExtra),
+				host, port, ctl, tpschedControlSock, tc.sysExtra),
 			"conf/scdsvcdef": fmt.Sprintf("set scdmulti = %d\n", sp.Front),
 			"conf/usr/bench": fmt.Sprintf("set service_group = \"bench\"\nset service = \"echo=echo\", \"burn=burn\", \"cpu=cpu\"\n"+
 				"set module = %q\nset parallel_count = %s\nset queue_size = %d\nset max_message_size = 1048576\n%s",
@@ -353,6 +354,10 @@ const s10Callers = 5
 func startTpschedLocal(env Env, sp Spec) (*system, error) {
 	return startTpschedWith(env, sp, tpschedConf{name: nameTpschedLocal, module: "uap-echo", parallel: fmt.Sprint(sp.Workers), front: true})
 }
+
+// tpschedControlSock is a tpsched system's control socket, relative to its
+// definition directory (conf/).
+const tpschedControlSock = "ctl.sock"
 
 // startGnetEcho starts the bare gnet echo server (the ceiling: no queue, no
 // process boundary) with sp.Front event loops.

@@ -27,15 +27,14 @@ import (
 
 // S9 sizing.
 const (
-	s9Rate        = 2000
-	s9Carriers    = 64
-	s9Payload     = 128
-	s9Workers     = 2
-	s9Window      = 100 * time.Millisecond
-	s9Timeout     = 2 * time.Second
-	s9Around      = time.Second // "around the restart": the first second from it
-	s9BackLimit   = 30 * time.Second
-	s9ControlSock = "ctl.sock" // in the definition directory
+	s9Rate      = 2000
+	s9Carriers  = 64
+	s9Payload   = 128
+	s9Workers   = 2
+	s9Window    = 100 * time.Millisecond
+	s9Timeout   = 2 * time.Second
+	s9Around    = time.Second // "around the restart": the first second from it
+	s9BackLimit = 30 * time.Second
 )
 
 var (
@@ -155,8 +154,7 @@ func runS9(ctx context.Context, cfg Config, newReport func(string, string, []str
 	}
 	err := runEach(ctx, cfg, s9RunTime(setup), names, runs, true, skipped, sets, notOK, func(r, si int) (restartFigures, error, error) {
 		sys := systems[si]
-		s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers),
-			sysExtra: fmt.Sprintf("set control_socket = %q\n", s9ControlSock)})
+		s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers)})
 		if err != nil {
 			return restartFigures{}, err, nil
 		}
@@ -309,7 +307,7 @@ func plotRestart(r *report, dir, what string) (string, error) {
 // restartByHandOff asks the node for a hand-off, as scdctl restart does,
 // and returns how long the node says it took; stop ends the new process.
 func restartByHandOff(_ Env, s *system) (time.Duration, func(), error) {
-	sock := filepath.Join(s.dir, "conf", s9ControlSock)
+	sock := filepath.Join(s.dir, "conf", tpschedControlSock)
 	hc := &http.Client{Timeout: s9BackLimit, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)

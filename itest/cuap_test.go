@@ -123,6 +123,13 @@ func TestCUAPUnderScdd(t *testing.T) {
 
 	t.Run("echo", func(t *testing.T) { echoSizes(ctx, t, c, "one") })
 
+	t.Run("-version", func(t *testing.T) {
+		out, err := exec.CommandContext(ctx, module, "-version").Output()
+		if err != nil || !strings.HasPrefix(string(out), "uap-echo-c ") || !strings.Contains(string(out), "layout 5") {
+			t.Fatalf("uap-echo-c -version: %q, %v", out, err)
+		}
+	})
+
 	t.Run("application error", func(t *testing.T) {
 		_, err := c.Call(ctx, "one", "fail", []byte("x"))
 		var ne *netio.Error

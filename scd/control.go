@@ -129,7 +129,13 @@ func (n *Node) startControl() error {
 	go func() {
 		defer n.wg.Done()
 		<-n.stop
-		_ = srv.Close() // a profile being taken is cut short, not waited for
+		// An answer being written gets a moment (scdctl restart's: the old
+		// process stops as soon as the new one serves); a profile being
+		// taken is cut short, not waited for.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = srv.Shutdown(ctx)
+		cancel()
+		_ = srv.Close()
 	}()
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {

@@ -244,6 +244,14 @@ func (c *Conn) dispatch(b []byte) gnet.Action {
 		}
 		return gnet.None
 	}
+	if f.Kind == netio.KindCall {
+		if unread := c.outCharge.Load(); unread > s.unreadLimit {
+			s.countUnread()
+			c.SendNow(netio.AppendError(nil, f.ID, netio.CodeServerBusy,
+				fmt.Sprintf("%d bytes of answers on this connection are unread", unread)))
+			return gnet.None
+		}
+	}
 	s.h.OnFrame(c, f)
 	return gnet.None
 }

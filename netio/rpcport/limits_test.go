@@ -10,6 +10,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"tpsched/netio"
@@ -191,6 +192,68 @@ func TestBudgetNonReaders(t *testing.T) {
 		t.Fatalf("%d non-readers closed, BudgetCloses %d: want 4", n, s.Stats().BudgetCloses)
 	}
 	waitFor(t, "charges to go back", func() bool { return s.Stats().Buffered == 0 })
+}
+
+// countingHandler is echoHandler that counts the calls it was given.
+type countingHandler struct {
+	echoHandler
+	calls atomic.Int64
+}
+
+func (h *countingHandler) OnFrame(c *Conn, f netio.Frame) {
+	if f.Kind == netio.KindCall {
+		h.calls.Add(1)
+	}
+	h.echoHandler.OnFrame(c, f)
+}
+
+// TestUnreadAnswersRefuseNewCalls: a caller that sends calls and never
+// reads their answers gets no more of them run once its unsent answers
+// pass the unread limit: the port answers 'server busy' itself. A caller
+// that reads is served all along.
+func TestUnreadAnswersRefuseNewCalls(t *testing.T) {
+	const limit, size = 256 << 10, 64 << 10
+	h := &countingHandler{echoHandler: echoHandler{async: true}}
+	s := startServer(t, Options{UnreadLimit: limit, MaxPayload: size, Loops: 1}, h)
+	greedy := dial(t, s.Addr())
+	batch := bytes.Repeat(callFrame(1, make([]byte, size)), 16)
+	sent := 0
+	for s.Stats().UnreadRefusals < 100 && sent < 200_000 {
+		_ = greedy.SetWriteDeadline(time.Now().Add(testDeadline))
+		if _, err := greedy.Write(batch); err != nil {
+			t.Fatalf("after %d calls: %v", sent, err)
+		}
+		sent += 16
+	}
+	ran := h.calls.Load()
+	if s.Stats().UnreadRefusals < 100 {
+		t.Fatalf("%d calls sent unread, %d run, %d refused: want refusals", sent, ran, s.Stats().UnreadRefusals)
+	}
+	// What ran is what fits the socket buffers and the limit, not what was sent.
+	if ran > int64(sent)/2 {
+		t.Errorf("%d of %d calls ran for a caller that reads nothing", ran, sent)
+	}
+	reader := dial(t, s.Addr())
+	for i := range 20 {
+		if err := call(reader, reader, uint64(i), []byte("reader")); err != nil {
+			t.Fatalf("the reading caller: %v", err)
+		}
+	}
+	// The greedy caller's answers: replies first, then 'server busy'.
+	_ = greedy.SetReadDeadline(time.Now().Add(testDeadline))
+	var busy int
+	for busy == 0 {
+		f, err := readFrame(greedy)
+		if err != nil {
+			t.Fatalf("reading the greedy caller's answers: %v", err)
+		}
+		if f.Kind == netio.KindError {
+			if f.Code != netio.CodeServerBusy || !strings.Contains(string(f.Payload), "answers on this connection are unread") {
+				t.Fatalf("answer %v %q; want server busy for unread answers", f.Code, f.Payload)
+			}
+			busy++
+		}
+	}
 }
 
 // TestMaxConns: connections beyond MaxConns are closed at once and counted;

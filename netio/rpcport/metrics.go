@@ -12,16 +12,17 @@ import (
 // Options.Metrics, by family name: the library writes HELP lines without
 // text, and the daemon that serves the Set fills them in from this table.
 var MetricHelp = map[string]string{
-	"tpsched_bad_frames_total":           "Connections closed because a frame had a bad magic, version or kind.",
-	"tpsched_slow_reader_closes_total":   "Connections closed because their unsent answers passed the outbound cap (a caller that does not read).",
-	"tpsched_connections":                "RPC connections open now.",
-	"tpsched_accept_errors_total":        "Failed accepts on the RPC port (EMFILE and the like); the port pauses and retries.",
-	"tpsched_connections_refused_total":  "Connections closed at once because max_connections were open.",
-	"tpsched_oversized_frames_total":     "Frames answered 'message too big' and skipped unkept: their payload passed the largest max_message_size.",
-	"tpsched_frame_timeouts_total":       "Connections closed because a frame did not arrive whole within frame_timeout.",
-	"tpsched_buffer_budget_closes_total": "Connections closed to keep the bytes held in partial frames and unsent answers under rpc_buffer_budget.",
-	"tpsched_buffered_bytes":             "Bytes held now in partial frames and unsent answers, all connections together.",
-	"tpsched_error_answers_total":        "Calls answered with an error, by code (OpenTP1's error names), counted by the node that made the answer: a transferred call that failed on another node counts there.",
+	"tpsched_bad_frames_total":              "Connections closed because a frame had a bad magic, version or kind.",
+	"tpsched_slow_reader_closes_total":      "Connections closed because their unsent answers passed the outbound cap (a caller that does not read).",
+	"tpsched_unread_answers_refusals_total": "Calls answered 'server busy' without running because their connection had more unsent answers than the unread limit (a caller that does not read).",
+	"tpsched_connections":                   "RPC connections open now.",
+	"tpsched_accept_errors_total":           "Failed accepts on the RPC port (EMFILE and the like); the port pauses and retries.",
+	"tpsched_connections_refused_total":     "Connections closed at once because max_connections were open.",
+	"tpsched_oversized_frames_total":        "Frames answered 'message too big' and skipped unkept: their payload passed the largest max_message_size.",
+	"tpsched_frame_timeouts_total":          "Connections closed because a frame did not arrive whole within frame_timeout.",
+	"tpsched_buffer_budget_closes_total":    "Connections closed to keep the bytes held in partial frames and unsent answers under rpc_buffer_budget.",
+	"tpsched_buffered_bytes":                "Bytes held now in partial frames and unsent answers, all connections together.",
+	"tpsched_error_answers_total":           "Error answers the RPC port wrote to callers, by code (OpenTP1's error names): a transferred call that failed on another node counts there and, passed back, here.",
 
 	"tpsched_receiver_connections":           "Connections open now on one receiving socket of a receiver group.",
 	"tpsched_receiver_in_flight":             "Calls one receiving socket has read and not yet answered.",
@@ -61,6 +62,7 @@ func (s *Port) registerMetrics(m *metrics.Set) {
 	// GetOrCreate: servers sharing a Set share the series.
 	s.mBad = m.GetOrCreateCounter("tpsched_bad_frames_total")
 	s.mSlow = m.GetOrCreateCounter("tpsched_slow_reader_closes_total")
+	s.mUnread = m.GetOrCreateCounter("tpsched_unread_answers_refusals_total")
 	s.mConns = m.GetOrCreateGauge("tpsched_connections", nil)
 	s.mAcceptErr = m.GetOrCreateCounter("tpsched_accept_errors_total")
 	s.mRefused = m.GetOrCreateCounter(`tpsched_connections_refused_total{reason="max_connections"}`)

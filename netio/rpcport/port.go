@@ -20,6 +20,7 @@ import (
 const (
 	DefaultMaxPayload   = 1 << 20  // 1 MiB, OpenTP1's default max_message_size
 	DefaultMaxOutbound  = 64 << 20 // 64 MiB
+	DefaultUnreadLimit  = 4 << 20  // 4 MiB
 	DefaultMaxConns     = 10000
 	DefaultFrameTimeout = 30 * time.Second
 	DefaultBufferBudget = 64 << 20 // 64 MiB
@@ -68,6 +69,13 @@ type Options struct {
 	// connection over it is closed and counted (slow reader). Default
 	// DefaultMaxOutbound.
 	MaxOutbound int
+	// UnreadLimit: a call that arrives on a connection whose unsent
+	// answers pass it is answered 'server busy' by the port, without
+	// running: a caller that does not read its answers gets no more work
+	// done (it would take the UAPs from those that read). Default
+	// DefaultUnreadLimit, or MaxPayload if that is larger (so that one
+	// whole answer being written never refuses the next call).
+	UnreadLimit int
 	// MaxConns caps the connections open at once; one accepted beyond it is
 	// closed at once, counted and logged. Default DefaultMaxConns.
 	MaxConns int
@@ -87,6 +95,7 @@ type Options struct {
 type Stats struct {
 	BadFrames        uint64 // connections closed for a bad frame
 	SlowReaderCloses uint64 // connections closed for exceeding MaxOutbound
+	UnreadRefusals   uint64 // calls answered 'server busy' for their connection's unread answers
 	Conns            int    // connections open now
 	AcceptErrors     uint64 // accept or registration failures, retried after a pause
 	Refused          uint64 // connections closed at once: MaxConns were open
@@ -109,6 +118,7 @@ type Port struct {
 	addr         string
 	maxPayload   int
 	maxOutbound  int64
+	unreadLimit  int64
 	maxConns     int64
 	frameTimeout time.Duration
 	budget       int64
@@ -151,11 +161,12 @@ type Port struct {
 	oversized     atomic.Uint64
 	frameTimeouts atomic.Uint64
 	budgetCloses  atomic.Uint64
+	unreadRefused atomic.Uint64
 
 	refuseLog, acceptLog, budgetLog, timeoutLog rateLog
 
-	mBad, mSlow, mAcceptErr, mRefused, mOversized, mTimeout, mBudget *metrics.Counter // nil without Options.Metrics
-	mConns                                                           *metrics.Gauge
+	mBad, mSlow, mAcceptErr, mRefused, mOversized, mTimeout, mBudget, mUnread *metrics.Counter // nil without Options.Metrics
+	mConns                                                                    *metrics.Gauge
 }
 
 // Listen starts a server and returns once every receiving socket listens.
@@ -173,6 +184,7 @@ func Listen(opts Options, h Handler) (*Port, error) {
 		log:           opts.Logger,
 		maxPayload:    opts.MaxPayload,
 		maxOutbound:   int64(opts.MaxOutbound),
+		unreadLimit:   int64(opts.UnreadLimit),
 		maxConns:      int64(opts.MaxConns),
 		frameTimeout:  opts.FrameTimeout,
 		budget:        opts.BufferBudget,
@@ -190,6 +202,9 @@ func Listen(opts Options, h Handler) (*Port, error) {
 	}
 	if s.maxOutbound <= 0 {
 		s.maxOutbound = DefaultMaxOutbound
+	}
+	if s.unreadLimit <= 0 {
+		s.unreadLimit = max(DefaultUnreadLimit, int64(s.maxPayload)+netio.HeaderSize)
 	}
 	if s.maxConns <= 0 {
 		s.maxConns = DefaultMaxConns
@@ -289,6 +304,7 @@ func (s *Port) Stats() Stats {
 	return Stats{
 		BadFrames:        s.badFrames.Load(),
 		SlowReaderCloses: s.slowClose.Load(),
+		UnreadRefusals:   s.unreadRefused.Load(),
 		Conns:            int(s.open.Load()),
 		AcceptErrors:     s.acceptErrs.Load(),
 		Refused:          s.refused.Load(),
@@ -420,6 +436,11 @@ func (s *Port) countSlow(c *Conn) {
 		s.mSlow.Inc()
 	}
 	s.log.Debug("netio: slow reader, closing connection", "remote", c.remote, "conn", c.id, "limit", s.maxOutbound)
+}
+
+func (s *Port) countUnread() {
+	s.unreadRefused.Add(1)
+	inc(s.mUnread)
 }
 
 func inc(c *metrics.Counter) {

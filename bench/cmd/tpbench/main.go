@@ -26,6 +26,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"tpsched/internal/version"
 
 	"tpsched/bench"
 )
@@ -64,7 +65,12 @@ func main() {
 	quietRetries := flag.Int("quiet-retries", bench.DefaultQuiet.Retries, "how often a disturbed run is run again (S1, S2, S4)")
 	quietBudget := flag.Duration("quiet-budget", bench.DefaultQuiet.Budget, "the most the session spends waiting for quiet and running disturbed runs again")
 	compare := flag.String("compare", "", "the other grid's reports (a directory) or one report JSON, to flag systems that moved beyond the noise (default: the full grid's for -quick, out/quick for the full grid)")
+	showVersion := flag.Bool("version", false, "print tpbench's version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.Line("tpbench"))
+		return
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

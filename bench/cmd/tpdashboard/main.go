@@ -24,6 +24,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"tpsched/internal/version"
 )
 
 func main() {
@@ -39,7 +40,12 @@ func main() {
 	pageOut := flag.String("page-out", "docs/img/status-page.png", "the PNG of -page")
 	pageAt := flag.Float64("page-at", 0.5, "with -load: open -page at this share of the run")
 	pageWait := flag.Duration("page-wait", 6*time.Second, "how long -page runs (in real time) before it is taken")
+	showVersion := flag.Bool("version", false, "print tpdashboard's version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.Line("tpdashboard"))
+		return
+	}
 	log.SetFlags(0)
 	log.SetPrefix("tpdashboard: ")
 

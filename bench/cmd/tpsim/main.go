@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"tpsched/internal/version"
 
 	"tpsched/bench/sim"
 	"tpsched/scd/loadlevel"
@@ -40,7 +41,12 @@ func main() {
 	headLoad := flag.Float64("headline-load", 0.9, "load of the headline table")
 	headStale := flag.Float64("headline-staleness", 10, "staleness of the headline table")
 	out := flag.String("out", "", "write the Markdown here instead of stdout")
+	showVersion := flag.Bool("version", false, "print tpsim's version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.Line("tpsim"))
+		return
+	}
 
 	if err := run(*nodes, *loads, *stale, *requests, *warmup, *thresholds, *sensitivity, *seed, *parallel, *headLoad, *headStale, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "tpsim:", err)
