@@ -10,7 +10,7 @@
 // over time as a plot, and a report with both runs' figures, to
 // -out/<date>-goals.{md,json,png}.
 //
-//	tpgoals [-bin bin] [-out bench/results] [-duration 20s] [-warmup 3s]
+//	tpgoals [-bin bin] [-out bench/results] [-duration 20s] [-warmup 3s] [-goal-ms 6] [-version]
 package main
 
 import (
@@ -39,6 +39,7 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
+	"tpsched/internal/version"
 	"tpsched/scd/client"
 )
 
@@ -88,8 +89,13 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the report")
 	duration := flag.Duration("duration", 20*time.Second, "measured time per run")
 	warmup := flag.Duration("warmup", 3*time.Second, "time before the measured time (goal management acts in it)")
+	showVersion := flag.Bool("version", false, "print tpgoals's version and exit")
 	flag.IntVar(&goalMs, "goal-ms", goalMs, "ONLINE's goal: 90% of its calls within this many ms (below 5 it cannot be met: the weights go to their bound)")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.Line("tpgoals"))
+		return
+	}
 	if err := run(*binDir, *out, *warmup, *duration); err != nil {
 		fmt.Fprintln(os.Stderr, "tpgoals:", err)
 		os.Exit(1)
