@@ -226,7 +226,7 @@ func TestCUAPUnderScdd(t *testing.T) {
 			}
 		}
 		if _, err := c.Call(ctx, "one", "call", []byte("two/fail/x")); codeOf(err) != netio.CodeApplication ||
-			!strings.Contains(err.Error(), "call two/fail: tpsched: application error: failure requested") {
+			!strings.Contains(err.Error(), "call two/fail: application error: failure requested") {
 			t.Fatalf("one/call two/fail: %v", err)
 		}
 		if _, err := c.Call(ctx, "sock", "call", []byte("two/echo/x")); codeOf(err) != netio.CodeApplication ||

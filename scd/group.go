@@ -61,11 +61,11 @@ type group struct {
 	misbehaved *metrics.Counter // processes killed for breaking the protocol
 	localCalls *metrics.Counter // calls its processes made through shared memory
 	stalls     *metrics.Counter // checkStall's warnings
+	latency    *metrics.PrometheusHistogram
 
 	// checkStall's episode, on the expiry loop only.
 	stallSince  time.Time
 	stallWarned bool
-	latency     *metrics.PrometheusHistogram
 }
 
 // logger is what a group logs through (the node's slog.Logger).

@@ -51,7 +51,12 @@ func (u *uapCaller) Send(b []byte) error {
 		f.Code = netio.CodeMessageTooBig
 		f.Payload = fmt.Appendf(nil, "a reply of %d bytes, the calling UAP's max_message_size is %d", len(f.Payload), u.maxMsg)
 	}
-	msg := (&netio.Error{Code: f.Code, Message: string(f.Payload)}).Error()
+	// The code's name and the node's detail, as netio.Error says them but
+	// for its "tpsched: ": the UAP puts its own context in front.
+	msg := f.Code.String()
+	if len(f.Payload) > 0 {
+		msg += ": " + string(f.Payload)
+	}
 	u.p.AnswerOutCall(u.no, uint32(f.Code), []byte(msg[:min(len(msg), u.maxMsg)]))
 	return nil
 }

@@ -40,6 +40,7 @@ type Conn struct {
 	partialSince atomic.Int64 // unix ns when the frame now arriving began; 0 when none
 	partCharge   atomic.Int64 // cap(part), charged to the budget
 	outCharge    atomic.Int64 // cap of every slice in out, charged to the budget; written under mu
+	outMoved     atomic.Int64 // unix ns when the socket last took queued bytes, or the queue began; written under mu
 	doomed       atomic.Bool  // being closed for the budget
 	doomedBytes  atomic.Int64 // what it held when doomed
 	timedOut     atomic.Bool
@@ -245,7 +246,7 @@ func (c *Conn) dispatch(b []byte) gnet.Action {
 		return gnet.None
 	}
 	if f.Kind == netio.KindCall {
-		if unread := c.outCharge.Load(); unread > s.unreadLimit {
+		if unread := c.outCharge.Load(); unread > s.unreadLimit && c.unreadFor() > unreadStall {
 			s.countUnread()
 			c.SendNow(netio.AppendError(nil, f.ID, netio.CodeServerBusy,
 				fmt.Sprintf("%d bytes of answers on this connection are unread", unread)))
@@ -402,6 +403,7 @@ func (c *Conn) queueLocked(b []byte, off int) error {
 	}
 	if len(c.out) == 0 {
 		c.outOff = off
+		c.outMoved.Store(time.Now().UnixNano())
 	}
 	c.out = append(c.out, b)
 	c.chargeOut(int64(cap(b)))
@@ -438,6 +440,9 @@ func (c *Conn) writeQueuedLocked() {
 		if err != nil {
 			_ = c.gc.Close()
 			return
+		}
+		if n > 0 {
+			c.outMoved.Store(time.Now().UnixNano())
 		}
 		c.outOff += n
 		if c.outOff < len(head) {
@@ -490,4 +495,18 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	return c.gc.Close()
+}
+
+// unreadStall is how long a caller may take none of its waiting answers
+// before its new calls are refused (with more than the unread limit
+// waiting): a caller that reads, however slowly, keeps being served.
+const unreadStall = 500 * time.Millisecond
+
+// unreadFor is how long the socket has taken none of the answers waiting
+// for it; 0 when none wait.
+func (c *Conn) unreadFor() time.Duration {
+	if c.outCharge.Load() == 0 {
+		return 0
+	}
+	return time.Duration(time.Now().UnixNano() - c.outMoved.Load())
 }

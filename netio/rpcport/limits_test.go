@@ -207,31 +207,29 @@ func (h *countingHandler) OnFrame(c *Conn, f netio.Frame) {
 	h.echoHandler.OnFrame(c, f)
 }
 
-// TestUnreadAnswersRefuseNewCalls: a caller that sends calls and never
-// reads their answers gets no more of them run once its unsent answers
-// pass the unread limit: the port answers 'server busy' itself. A caller
-// that reads is served all along.
+// TestUnreadAnswersRefuseNewCalls: a caller that sends calls and reads
+// none of their answers gets no more of them run once its unsent answers
+// pass the unread limit and have not moved for half a second: the port
+// answers 'server busy' itself. A caller that reads is served all along.
 func TestUnreadAnswersRefuseNewCalls(t *testing.T) {
 	const limit, size = 256 << 10, 64 << 10
 	h := &countingHandler{echoHandler: echoHandler{async: true}}
 	s := startServer(t, Options{UnreadLimit: limit, MaxPayload: size, Loops: 1}, h)
 	greedy := dial(t, s.Addr())
-	batch := bytes.Repeat(callFrame(1, make([]byte, size)), 16)
-	sent := 0
-	for s.Stats().UnreadRefusals < 100 && sent < 200_000 {
+	send := func(n int) {
+		t.Helper()
 		_ = greedy.SetWriteDeadline(time.Now().Add(testDeadline))
-		if _, err := greedy.Write(batch); err != nil {
-			t.Fatalf("after %d calls: %v", sent, err)
+		if _, err := greedy.Write(bytes.Repeat(callFrame(1, make([]byte, size)), n)); err != nil {
+			t.Fatal(err)
 		}
-		sent += 16
 	}
-	ran := h.calls.Load()
-	if s.Stats().UnreadRefusals < 100 {
-		t.Fatalf("%d calls sent unread, %d run, %d refused: want refusals", sent, ran, s.Stats().UnreadRefusals)
-	}
-	// What ran is what fits the socket buffers and the limit, not what was sent.
-	if ran > int64(sent)/2 {
-		t.Errorf("%d of %d calls ran for a caller that reads nothing", ran, sent)
+	send(256) // 16 MiB of answers: more than the socket buffers and the limit
+	waitFor(t, "the first calls to run", func() bool { return h.calls.Load() == 256 })
+	time.Sleep(unreadStall + 200*time.Millisecond)
+	send(16)
+	waitFor(t, "the later calls to be refused", func() bool { return s.Stats().UnreadRefusals == 16 })
+	if ran := h.calls.Load(); ran != 256 {
+		t.Errorf("%d calls ran; want the 256 sent before the caller stalled", ran)
 	}
 	reader := dial(t, s.Addr())
 	for i := range 20 {
@@ -239,20 +237,59 @@ func TestUnreadAnswersRefuseNewCalls(t *testing.T) {
 			t.Fatalf("the reading caller: %v", err)
 		}
 	}
-	// The greedy caller's answers: replies first, then 'server busy'.
+	// The greedy caller's answers: 256 replies, then 16 'server busy'.
 	_ = greedy.SetReadDeadline(time.Now().Add(testDeadline))
-	var busy int
-	for busy == 0 {
+	var replies, busy int
+	for replies+busy < 272 {
 		f, err := readFrame(greedy)
 		if err != nil {
-			t.Fatalf("reading the greedy caller's answers: %v", err)
+			t.Fatalf("reading the greedy caller's answers after %d replies and %d refusals: %v", replies, busy, err)
 		}
-		if f.Kind == netio.KindError {
-			if f.Code != netio.CodeServerBusy || !strings.Contains(string(f.Payload), "answers on this connection are unread") {
-				t.Fatalf("answer %v %q; want server busy for unread answers", f.Code, f.Payload)
-			}
+		switch {
+		case f.Kind == netio.KindReply:
+			replies++
+		case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy && strings.Contains(string(f.Payload), "answers on this connection are unread"):
 			busy++
+		default:
+			t.Fatalf("answer %v %v %q", f.Kind, f.Code, f.Payload)
 		}
+	}
+	if replies != 256 || busy != 16 {
+		t.Errorf("%d replies, %d refusals; want 256 and 16", replies, busy)
+	}
+}
+
+// TestSlowReaderIsServed: a caller that reads its answers slowly, with
+// more than the unread limit waiting, has every call run.
+func TestSlowReaderIsServed(t *testing.T) {
+	const limit, size = 256 << 10, 64 << 10
+	h := &countingHandler{echoHandler: echoHandler{async: true}}
+	s := startServer(t, Options{UnreadLimit: limit, MaxPayload: size, Loops: 1}, h)
+	c := dial(t, s.Addr())
+	const calls = 200
+	go func() {
+		// A burst that leaves more than the limit waiting, then one call
+		// every 5 ms while the answers are read as slowly.
+		frame := callFrame(1, make([]byte, size))
+		_, _ = c.Write(bytes.Repeat(frame, calls/2))
+		for range calls / 2 {
+			time.Sleep(5 * time.Millisecond)
+			_, _ = c.Write(frame)
+		}
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(testDeadline))
+	for i := range calls {
+		f, err := readFrame(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Kind != netio.KindReply {
+			t.Fatalf("answer %d: %v %q", i, f.Code, f.Payload)
+		}
+		time.Sleep(5 * time.Millisecond) // 13 MB/s: slow, never stalled
+	}
+	if s.Stats().UnreadRefusals != 0 {
+		t.Errorf("%d refusals for a caller that reads", s.Stats().UnreadRefusals)
 	}
 }
 

@@ -70,11 +70,12 @@ type Options struct {
 	// DefaultMaxOutbound.
 	MaxOutbound int
 	// UnreadLimit: a call that arrives on a connection whose unsent
-	// answers pass it is answered 'server busy' by the port, without
-	// running: a caller that does not read its answers gets no more work
-	// done (it would take the UAPs from those that read). Default
-	// DefaultUnreadLimit, or MaxPayload if that is larger (so that one
-	// whole answer being written never refuses the next call).
+	// answers pass it, and whose socket has taken none of them for half
+	// a second, is answered 'server busy' by the port, without running: a
+	// caller that does not read its answers gets no more work done (it
+	// would take the UAPs from those that read), while one that reads
+	// slowly is still served. Default DefaultUnreadLimit, or MaxPayload if
+	// that is larger.
 	UnreadLimit int
 	// MaxConns caps the connections open at once; one accepted beyond it is
 	// closed at once, counted and logged. Default DefaultMaxConns.
