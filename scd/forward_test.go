@@ -312,3 +312,20 @@ func metricValue(text, name string) int {
 	}
 	return 0
 }
+
+// TestRefusedBeforeRunning: only an answer that proves the call never ran
+// on the other node lets it go to a third; every code that a call which
+// may have run can get is final (a resent call could run twice).
+func TestRefusedBeforeRunning(t *testing.T) {
+	resend := map[netio.Code]bool{
+		netio.CodeShuttingDown:  true, // the node drains: it took no new call
+		netio.CodeServiceClosed: true, // held there: refused at admission
+		netio.CodeNoSuchGroup:   true, // the table was stale: nothing ran
+		netio.CodeServerBusy:    true, // its queue was full: refused at admission
+	}
+	for _, code := range netio.Codes() {
+		if got := refusedBeforeRunning(code); got != resend[code] {
+			t.Errorf("%v: refusedBeforeRunning %v, want %v", code, got, resend[code])
+		}
+	}
+}

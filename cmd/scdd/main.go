@@ -39,6 +39,7 @@ func run() int {
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	drain := flag.Duration("drain-timeout", 30*time.Second, "how long SIGTERM waits for queued calls before stopping the UAPs")
 	check := flag.Bool("check", false, "read and validate the definitions (modules too), print warnings, then exit")
+	entries := flag.Bool("entries", false, "with -check: also start one process of each server and check that it registers the entry of every service (runs the modules)")
 	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
 	steering := flag.String("steering", os.Getenv("TPSCHED_STEERING"),
@@ -111,9 +112,22 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
+	if *entries && !*check {
+		fmt.Fprintln(os.Stderr, "scdd: -entries goes with -check")
+		return 2
+	}
 	if *check {
 		for _, w := range cfg.System.Warnings() {
 			fmt.Fprintln(os.Stderr, "scdd: warning:", w)
+		}
+		if *entries {
+			if errs := node.CheckEntries(10 * time.Second); len(errs) > 0 {
+				for _, err := range errs {
+					fmt.Fprintln(os.Stderr, "scdd:", err)
+				}
+				return 1
+			}
+			fmt.Printf("scdd: every module registers its services' entries\n")
 		}
 		fmt.Printf("scdd: %d user server(s), definitions OK\n", len(cfg.Servers))
 		return 0
