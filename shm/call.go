@@ -119,18 +119,11 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		w := c.wake.Load()
-		c.sleeping.Store(1)
-		if answered() {
-			c.sleeping.Store(0)
-			break
-		}
 		sleep := maxSleep
 		if d, ok := ctx.Deadline(); ok {
 			sleep = min(sleep, time.Until(d))
 		}
-		futexWait(&c.wake, w, sleep)
-		c.sleeping.Store(0)
+		sleepOn(&c.wake, &c.sleeping, answered, sleep)
 	}
 	return nil
 }

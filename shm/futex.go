@@ -34,6 +34,19 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 		uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
+// sleepOn sleeps on the futex word wake, at most d, unless ready: it says
+// so in sleeping first and looks at ready once more after that, so a
+// wake-up sent between the caller's last look and the announcement is not
+// lost (the waker wakes only those that announced).
+func sleepOn(wake, sleeping *atomic.Uint32, ready func() bool, d time.Duration) {
+	w := wake.Load()
+	sleeping.Store(1)
+	if !ready() {
+		futexWait(wake, w, d)
+	}
+	sleeping.Store(0)
+}
+
 // futexWake wakes up to n sleepers on addr.
 func futexWake(addr *atomic.Uint32, n int) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWakeOp,

@@ -261,6 +261,7 @@ func (u *UAP) next() (uint64, int, bool) {
 	c := u.ctl
 	start := time.Now()
 	spun := false
+	ready := func() bool { return u.newCall() || u.told() }
 	for {
 		if n, mb := u.take(); n != 0 {
 			u.spin.learn(time.Since(start))
@@ -276,14 +277,7 @@ func (u *UAP) next() (uint64, int, bool) {
 			}
 			u.spin.learn(-1)
 		}
-		w := c.wake.Load()
-		c.sleeping.Store(1)
-		if u.newCall() || u.told() {
-			c.sleeping.Store(0)
-			continue
-		}
-		futexWait(&c.wake, w, maxSleep)
-		c.sleeping.Store(0)
+		sleepOn(&c.wake, &c.sleeping, ready, maxSleep)
 	}
 }
 

@@ -478,6 +478,28 @@ static bool spin(const tpsched_uap *u, int64_t start)
 	}
 }
 
+/* sleep_on sleeps on the futex word wake, bounded, unless ready(u): it
+ * says so in sleeping first and looks at ready once more after that, so a
+ * wake-up sent between the caller's last look and the announcement is not
+ * lost (scdd wakes only those that announced). */
+static void sleep_on(_Atomic uint32_t *wake, _Atomic uint32_t *sleeping, bool (*ready)(const tpsched_uap *),
+		     const tpsched_uap *u)
+{
+	uint32_t w = atomic_load(wake);
+	atomic_store(sleeping, 1);
+	if (!ready(u)) {
+		struct timespec ts = {.tv_sec = TPSCHED_MAX_SLEEP_NS / 1000000000LL,
+				      .tv_nsec = TPSCHED_MAX_SLEEP_NS % 1000000000LL};
+		syscall(SYS_futex, (void *)wake, FUTEX_WAIT_OP, w, &ts, NULL, 0);
+	}
+	atomic_store(sleeping, 0);
+}
+
+static bool call_or_told(const tpsched_uap *u) { return new_call(u) || told(u); }
+
+/* out_answered: the node answered the last call the process made. */
+static bool out_answered(const tpsched_uap *u) { return atomic_load(&u->ctl->out.done) >= u->out_no; }
+
 /* next waits for the next call, spinning and then sleeping on the futex
  * word: the spec's "Wait". 0 when the process is to leave. */
 static uint64_t next(tpsched_uap *u, unsigned *mb)
@@ -499,16 +521,7 @@ static uint64_t next(tpsched_uap *u, unsigned *mb)
 				continue;
 			learn(u, -1);
 		}
-		uint32_t w = atomic_load(&c->wake);
-		atomic_store(&c->sleeping, 1);
-		if (new_call(u) || told(u)) {
-			atomic_store(&c->sleeping, 0);
-			continue;
-		}
-		struct timespec ts = {.tv_sec = TPSCHED_MAX_SLEEP_NS / 1000000000LL,
-				      .tv_nsec = TPSCHED_MAX_SLEEP_NS % 1000000000LL};
-		syscall(SYS_futex, (void *)&c->wake, FUTEX_WAIT_OP, w, &ts, NULL, 0);
-		atomic_store(&c->sleeping, 0);
+		sleep_on(&c->wake, &c->sleeping, call_or_told, u);
 	}
 }
 
@@ -548,18 +561,8 @@ int tpsched_call_service(tpsched_uap *u, const char *group, const char *service,
 	atomic_store(&c->no, no);
 	if (atomic_load(&u->gp->reader_sleeping) != 0)
 		ring(u->bell);
-	while (atomic_load(&c->done) < no) {
-		uint32_t w = atomic_load(&c->wake);
-		atomic_store(&c->sleeping, 1);
-		if (atomic_load(&c->done) >= no) {
-			atomic_store(&c->sleeping, 0);
-			break;
-		}
-		struct timespec ts = {.tv_sec = TPSCHED_MAX_SLEEP_NS / 1000000000LL,
-				      .tv_nsec = TPSCHED_MAX_SLEEP_NS % 1000000000LL};
-		syscall(SYS_futex, (void *)&c->wake, FUTEX_WAIT_OP, w, &ts, NULL, 0);
-		atomic_store(&c->sleeping, 0);
-	}
+	while (!out_answered(u))
+		sleep_on(&c->wake, &c->sleeping, out_answered, u);
 	uint32_t code = atomic_load(&c->code);
 	size_t n = atomic_load(&c->reply_len);
 	if (n > u->max_msg)
