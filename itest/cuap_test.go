@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -381,22 +380,7 @@ func TestCUAPDrain(t *testing.T) {
 		g := groupStatus(t, n, "slow")
 		return g.InFlight == inFlight && g.Processes[0].Calls == inFlight
 	})
-	n.signal(syscall.SIGTERM)
-	waitFor(t, 5*time.Second, "status to say draining", func() bool {
-		st, err := n.status()
-		return err == nil && st.Draining
-	})
-	if _, err := c.Call(ctx, "slow", "echo", []byte("late")); codeOf(err) != netio.CodeShuttingDown {
-		t.Errorf("call during drain: got %v, want node shutting down", err)
-	}
-	for range inFlight {
-		if err := <-results; err != nil {
-			t.Errorf("a call in flight at SIGTERM: %v", err)
-		}
-	}
-	if err := n.waitExit(15 * time.Second); err != nil {
-		t.Errorf("scdd exit: %v", err)
-	}
+	drainAndCheck(ctx, t, n, c, "slow", results, inFlight, "a call in flight at SIGTERM")
 	if pidAlive(pid) {
 		t.Errorf("C UAP %d still alive after scdd stopped", pid)
 	}

@@ -20,6 +20,30 @@ import (
 	"tpsched/scd/client"
 )
 
+// drainAndCheck sends the node SIGTERM and checks the drain: status says
+// draining, a new call to group is refused 'node shutting down', each of
+// the n calls whose results come on results (what names them) is
+// answered, and scdd exits.
+func drainAndCheck(ctx context.Context, t *testing.T, n *node, c *client.Client, group string, results <-chan error, calls int, what string) {
+	t.Helper()
+	n.signal(syscall.SIGTERM)
+	waitFor(t, 5*time.Second, "status to say draining", func() bool {
+		st, err := n.status()
+		return err == nil && st.Draining
+	})
+	if _, err := c.Call(ctx, group, "echo", []byte("late")); codeOf(err) != netio.CodeShuttingDown {
+		t.Errorf("call during drain: got %v, want node shutting down", err)
+	}
+	for range calls {
+		if err := <-results; err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	if err := n.waitExit(15 * time.Second); err != nil {
+		t.Errorf("scdd exit: %v\n%s", err, n.stderr.String())
+	}
+}
+
 func skipShort(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real scdd and UAP processes; skipped with -short")
@@ -321,22 +345,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	waitFor(t, 5*time.Second, "all calls to reach the node", func() bool {
 		return groupStatus(t, n, "slow").InFlight == queued
 	})
-	n.signal(syscall.SIGTERM)
-	waitFor(t, 5*time.Second, "status to say draining", func() bool {
-		st, err := n.status()
-		return err == nil && st.Draining
-	})
-	if _, err := c.Call(ctx, "slow", "echo", []byte("late")); codeOf(err) != netio.CodeShuttingDown {
-		t.Errorf("call during drain: got %v, want node shutting down", err)
-	}
-	for range queued {
-		if err := <-results; err != nil {
-			t.Errorf("queued call during drain: %v", err)
-		}
-	}
-	if err := n.waitExit(15 * time.Second); err != nil {
-		t.Errorf("scdd exit: %v\n%s", err, n.stderr.String())
-	}
+	drainAndCheck(ctx, t, n, c, "slow", results, queued, "queued call during drain")
 	if pidAlive(pid) {
 		t.Errorf("UAP %d still alive after scdd stopped", pid)
 	}

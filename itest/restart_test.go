@@ -78,6 +78,20 @@ func startRestartingNode(t *testing.T, dir string, args ...string) *restartingNo
 	return n
 }
 
+// waitExit waits up to 30 s for the first process (the one a restart
+// replaces) to exit, failing with what that is and the log.
+func (n *restartingNode) waitExit(t *testing.T, what string) {
+	t.Helper()
+	waitFor(t, 30*time.Second, what, func() bool {
+		select {
+		case <-n.done:
+			return true
+		default:
+			return false
+		}
+	}, n.logText)
+}
+
 func (n *restartingNode) logText() string {
 	b, _ := os.ReadFile(n.log)
 	return string(b)
@@ -225,14 +239,7 @@ func TestRestartUnderLoadDropsNoCall(t *testing.T) {
 	}
 	second, _ := strconv.Atoi(m[1])
 	t.Logf("scdctl restart: %s(answered after %v)", out, time.Since(start).Round(time.Millisecond))
-	waitFor(t, 30*time.Second, "the first scdd to exit", func() bool {
-		select {
-		case <-n.done:
-			return true
-		default:
-			return false
-		}
-	}, n.logText)
+	n.waitExit(t, "the first scdd to exit")
 	t.Logf("the first scdd exited %v after the restart began; %d calls so far", time.Since(start).Round(time.Millisecond), l.ok.Load())
 	before := l.pidsSeen()
 	time.Sleep(500 * time.Millisecond)
@@ -326,14 +333,7 @@ func TestRestartWithBadDefinitionsServesOn(t *testing.T) {
 	if err != nil || !restartedLine.MatchString(out) {
 		t.Fatalf("restart after the fix: %v\n%s", err, out)
 	}
-	waitFor(t, 30*time.Second, "the old scdd to exit", func() bool {
-		select {
-		case <-n.done:
-			return true
-		default:
-			return false
-		}
-	}, n.logText)
+	n.waitExit(t, "the old scdd to exit")
 	// The new process read the definitions afresh: the hold was the old
 	// process's, and goes with it.
 	if _, err := c.Call(ctx, "light", "echo", []byte("y")); err != nil {
@@ -404,14 +404,7 @@ func TestRestartInAClusterDropsNoCall(t *testing.T) {
 	if err != nil || !restartedLine.MatchString(out) {
 		t.Fatalf("scdctl restart: %v\n%s", err, out)
 	}
-	waitFor(t, 30*time.Second, "the old n1 to exit", func() bool {
-		select {
-		case <-n1.done:
-			return true
-		default:
-			return false
-		}
-	}, n1.logText)
+	n1.waitExit(t, "the old n1 to exit")
 	time.Sleep(time.Second)
 	waitFor(t, 15*time.Second, "n0 to know the new n1", knowsHeavy, n0.stderr.String)
 	ok0, failed0 := via0.finish(t)
