@@ -15,6 +15,7 @@ import (
 
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
+	"tpsched/scd/call"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
 	"tpsched/scd/route"
@@ -42,8 +43,7 @@ type cluster struct {
 	// leaving node serves until the others have stopped sending.
 	lastReceived atomic.Int64
 
-	mu       sync.Mutex
-	received map[string]*metrics.Counter // by member node a call was transferred from
+	received sync.Map // node -> *metrics.Counter: by member node a call was transferred from
 	// receivedOther counts transferred calls from a node that is not a
 	// member of the name table: no name becomes a label value unless the
 	// node has proved it (hello) and is known (announced).
@@ -82,8 +82,8 @@ func (n *Node) seeds() ([]string, error) {
 }
 
 // prepareCluster sets up the inter-node state, if all_node names another
-// node, before the RPC port opens: every frame read looks at n.cluster,
-// which is then never written again.
+// node, when the node is made: every frame read looks at n.cluster, which
+// is then never written again.
 func (n *Node) prepareCluster() error {
 	seeds, err := n.seeds()
 	if err != nil || len(seeds) == 0 {
@@ -141,7 +141,6 @@ func (n *Node) newCluster(rule route.Rule) *cluster {
 			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
 			ScheduleRate:  n.cfg.Sched.ScheduleRate,
 		},
-		received:           map[string]*metrics.Counter{},
 		receivedOther:      n.metrics.NewCounter(`tpsched_requests_received_total{from="unknown"}`),
 		retriedUnreachable: n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="unreachable"}`),
 		retriedRefused:     n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="refused"}`),
@@ -299,14 +298,15 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// routeCall decides whether a call is served here; from is the node that
-// transferred it (nil: a caller's own). It returns handled =
+// routeCall decides whether a call is served here; from.Peer is the node
+// that transferred it ("": a caller's own); g is the group if it takes
+// calls here now (servingGroup). It returns handled =
 // true when the call was transferred (or refused on the way); otherwise
 // the caller serves it locally, or refuses it as the local rules say.
-func (n *Node) routeCall(c caller, from *peerHello, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
+func (n *Node) routeCall(c caller, from call.From, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
 	cl := n.cluster
-	if from != nil {
-		cl.countReceived(from, n.metrics)
+	if from.Peer != "" {
+		cl.countReceived(from.Peer, n.metrics)
 		return false, 0, "" // the hop mark: served here or refused, never transferred again
 	}
 	if f.Flags&netio.FlagDestination != 0 {
@@ -358,18 +358,6 @@ func (n *Node) routeCall(c caller, from *peerHello, f *netio.Frame, g *group) (h
 // answerLookup tells a balancing client which nodes run a group, with
 // their levels: the cluster's table, or this node alone.
 func (n *Node) answerLookup(c *rpcport.Conn, f *netio.Frame) {
-	if string(f.Service) == netio.LookupReceivers {
-		n.answerReceivers(c, f)
-		return
-	}
-	if n.wlm != nil && string(f.Service) == netio.LookupFind {
-		n.wlm.envs.answerFind(c, f)
-		return
-	}
-	if n.wlm != nil && isWLMRequest(f.Service) {
-		n.wlm.envs.serveRequest(c, f)
-		return
-	}
 	group := string(f.Group)
 	var nodes []netio.NodeLevel
 	if n.cluster != nil {
@@ -445,27 +433,21 @@ func (n *Node) reroute(fc *fwdCall, err error) {
 	}
 }
 
-// countReceived counts a call transferred here by the node of hello h: under
-// its name once it is a member of the name table, else under "unknown".
-// The counter is kept on the connection, so the table is asked only until
-// the node is known.
-func (cl *cluster) countReceived(h *peerHello, set *metrics.Set) {
+// countReceived counts a call transferred here by node: under its name
+// once it is a member of the name table, else under "unknown". A node's
+// counter is made once, so the table is asked only until it is known.
+func (cl *cluster) countReceived(node string, set *metrics.Set) {
 	cl.lastReceived.Store(time.Now().UnixNano())
-	if h.received == nil {
-		if _, member := cl.names.Get(h.dialer); !member || h.dialer == cl.self {
-			cl.receivedOther.Inc()
-			return
-		}
-		cl.mu.Lock()
-		c := cl.received[h.dialer]
-		if c == nil {
-			c = set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, h.dialer))
-			cl.received[h.dialer] = c
-		}
-		cl.mu.Unlock()
-		h.received = c
+	if c, ok := cl.received.Load(node); ok {
+		c.(*metrics.Counter).Inc()
+		return
 	}
-	h.received.Inc()
+	if _, member := cl.names.Get(node); !member || node == cl.self {
+		cl.receivedOther.Inc()
+		return
+	}
+	c, _ := cl.received.LoadOrStore(node, set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, node)))
+	c.(*metrics.Counter).Inc()
 }
 
 func (n *Node) registerClusterMetrics() {
@@ -528,11 +510,9 @@ func (n *Node) clusterStatus() *ClusterStatus {
 		if !ns.Local {
 			ns.SentTo = n.metrics.GetOrCreateCounter(fmt.Sprintf(`tpsched_forwarded_total{to=%q}`, info.Node)).Get()
 		}
-		cl.mu.Lock()
-		if c := cl.received[info.Node]; c != nil {
-			ns.Received = c.Get()
+		if c, ok := cl.received.Load(info.Node); ok {
+			ns.Received = c.(*metrics.Counter).Get()
 		}
-		cl.mu.Unlock()
 		ns.InFlight = cl.fwd.inFlight(info.Node)
 		st.Nodes = append(st.Nodes, ns)
 	}

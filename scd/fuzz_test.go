@@ -27,6 +27,7 @@ func startFuzzNodes(f *testing.F) [2]*Node {
 		fuzzNodes[1] = inProcNodeWith(f, `set cluster_key = "the-right-key-0123456789"`+"\n", map[string]string{"g": server},
 			func(n *Node) {
 				n.cluster = n.newCluster(route.OpenTP1) // inter-node state without membership
+				n.buildFrames()
 				f.Cleanup(n.cluster.fwd.close)
 			})
 	})

@@ -41,11 +41,11 @@ type group struct {
 	readerOn atomic.Bool // the reply reader runs
 
 	mu      sync.Mutex
-	q       *schedq.Queue[*call]
+	q       *schedq.Queue[*request]
 	slots   []slotState
-	late    []*call                // Expire's, reused
-	actions []schedq.Action[*call] // the queue's, reused
-	exits   []schedq.ExitedCall[*call]
+	late    []*request                // Expire's, reused
+	actions []schedq.Action[*request] // the queue's, reused
+	exits   []schedq.ExitedCall[*request]
 
 	load groupLoad
 	// classes are the service policy's classes of the group's calls and
@@ -87,9 +87,9 @@ type slotState struct {
 	since time.Time
 }
 
-// call is one call from its admission to its answer and the end of its
+// request is one call from its admission to its answer and the end of its
 // process's work on it.
-type call struct {
+type request struct {
 	to         caller
 	id         uint64
 	start      time.Time
@@ -102,17 +102,17 @@ type call struct {
 	class      uint16 // its service class (wlm.go), when the node has a service policy
 }
 
-var callPool = sync.Pool{New: func() any { return new(call) }}
+var callPool = sync.Pool{New: func() any { return new(request) }}
 
 // maxPooledPayload keeps a huge request's copy from living on in the pool.
 const maxPooledPayload = 64 << 10
 
-func freeCall(cl *call) {
+func freeCall(cl *request) {
 	p := cl.payload[:0]
 	if cap(p) > maxPooledPayload {
 		p = nil
 	}
-	*cl = call{payload: p}
+	*cl = request{payload: p}
 	callPool.Put(cl)
 }
 
@@ -192,7 +192,7 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 	if err := g.failing.Load(); err != nil {
 		return netio.CodeServerTerminated, (*err).Error()
 	}
-	cl := callPool.Get().(*call)
+	cl := callPool.Get().(*request)
 	cl.to, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
 	if gc := g.classes.Load(); gc != nil {
 		cl.class = gc.classOf(f.Service)
@@ -423,7 +423,7 @@ func appendAnswer(dst []byte, id uint64, c *shm.Completion) []byte {
 }
 
 // fail sends an error answer to the call's caller unless it asked for none.
-func (cl *call) fail(code netio.Code, msg string) {
+func (cl *request) fail(code netio.Code, msg string) {
 	if !cl.noReply {
 		_ = cl.to.Send(netio.AppendError(nil, cl.id, code, msg))
 	}
@@ -564,7 +564,7 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 	g.act()
 	g.tr.Remove(slot)
 	*si = slotState{}
-	var settle []*call
+	var settle []*request
 	for _, e := range exits {
 		if e.Outcome != schedq.Requeued {
 			settle = append(settle, e.Call)

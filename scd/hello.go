@@ -9,8 +9,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
-
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 )
@@ -167,9 +165,6 @@ type peerHello struct {
 	nodeNonce   [helloNonceSize]byte
 	trusted     bool // the proof checked out: calls marked forwarded came from dialer
 	refused     bool // the hello failed; the connection is closing
-	// received counts calls received from dialer, once it is known to be
-	// a member of the cluster (nil until then).
-	received *metrics.Counter
 }
 
 // acceptHello takes one hello step on c; see the protocol above.
@@ -228,15 +223,15 @@ func (n *Node) refuseHello(c *rpcport.Conn, st *peerHello, claimed, why string) 
 	_ = c.Close()
 }
 
-// forwardedBy is the hello of the node a call was transferred from; nil if
-// it was not transferred (or its hop mark cannot be trusted: no completed
-// hello on its connection).
-func forwardedBy(c *rpcport.Conn, f *netio.Frame) *peerHello {
+// forwardedBy is the node a call was transferred from; "" if it was not
+// transferred (or its hop mark cannot be trusted: no completed hello on
+// its connection).
+func forwardedBy(c *rpcport.Conn, f *netio.Frame) string {
 	if f.Flags&netio.FlagForwarded == 0 {
-		return nil
+		return ""
 	}
 	if st, ok := c.Context().(*peerHello); ok && st.trusted {
-		return st
+		return st.dialer
 	}
-	return nil
+	return ""
 }

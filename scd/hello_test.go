@@ -47,6 +47,7 @@ func testClusterNode(t *testing.T, cfg *def.Config, wrap func(*Node) rpcport.Han
 		t.Fatal(err)
 	}
 	n.cluster = n.newCluster(route.OpenTP1)
+	n.buildFrames()
 	t.Cleanup(n.cluster.fwd.close)
 	for _, m := range members {
 		m.Boot, m.Seq = 1, 1

@@ -6,15 +6,13 @@ import (
 	"time"
 
 	"tpsched/netio"
+	"tpsched/scd/call"
 	"tpsched/shm"
 )
 
-// caller is where a call's answer goes: the connection it came on (a
-// client's or a peer's *rpcport.Conn), or the UAP that made it through its
-// shared memory (*uapCaller). Send takes whole answer frames.
-type caller interface {
-	Send(b []byte) error
-}
+// caller is where a call's answer goes (call.Caller): the connection it
+// came on, or the UAP that made it through its shared memory (*uapCaller).
+type caller = call.Caller
 
 // outCaller is a process end that can make calls of its own (shm.Proc; a
 // socket-receiving process cannot).
@@ -122,18 +120,8 @@ func (g *group) checkStall(now time.Time) {
 	}
 }
 
-// placeLocal is a group's place function: where a UAP's own call goes.
+// placeLocal is a group's place function: where a UAP's own call goes,
+// along the node's line for UAP calls (frames.go).
 func (n *Node) placeLocal(c caller, f *netio.Frame) (netio.Code, string) {
-	g := n.groups[string(f.Group)]
-	if n.wlm != nil { // an application environment without a server here (wlm_env.go)
-		if handled, code, msg := n.wlm.envs.schedule(c, nil, f, &g); handled {
-			return code, msg
-		}
-	}
-	if n.cluster != nil {
-		if transferred, code, msg := n.routeCall(c, nil, f, g); transferred {
-			return code, msg
-		}
-	}
-	return n.serveLocal(c, f, g)
+	return n.uapLine.Route(c, call.From{}, f)
 }

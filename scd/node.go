@@ -38,6 +38,7 @@ import (
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
+	"tpsched/scd/call"
 	"tpsched/scd/def"
 	"tpsched/scd/schedq"
 	"tpsched/shm"
@@ -102,6 +103,12 @@ type Node struct {
 	restart restartState // restart.go: handing the sockets to a new process, or taking them over
 	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
 
+	// line is the stages a call from a client or a peer passes, uapLine
+	// those of a call a UAP makes (frames.go); control takes every other
+	// frame.
+	line, uapLine call.Line
+	control       controlFrames
+
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 }
 
@@ -142,7 +149,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 			entries: make(map[string]string, len(s.Services)),
 			watch:   s.WatchTime,
 			log:     n.log,
-			q: schedq.New[*call](schedq.Config{QueueSize: s.QueueSize, Slots: s.MaxProcesses,
+			q: schedq.New[*request](schedq.Config{QueueSize: s.QueueSize, Slots: s.MaxProcesses,
 				Resident: s.Resident, Refresh: s.RefreshProcess, Depth: callsPerProcess(&s)}),
 			slots: make([]slotState, s.MaxProcesses),
 		}
@@ -159,6 +166,10 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
+	if err := n.prepareCluster(); err != nil {
+		return nil, err
+	}
+	n.buildFrames()
 	return n, nil
 }
 
@@ -257,9 +268,6 @@ func (n *Node) Start() (err error) {
 		}
 	}
 	if err := n.takeOver(); err != nil {
-		return err
-	}
-	if err := n.prepareCluster(); err != nil {
 		return err
 	}
 	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
@@ -442,52 +450,6 @@ func (n *Node) expireLoop() {
 			}
 		}
 	}
-}
-
-// OnFrame takes one frame off a receiving socket. It runs on a gnet event
-// loop and must not block: checks, one enqueue, and an immediate answer
-// when the call is refused.
-func (n *Node) OnFrame(c *rpcport.Conn, f netio.Frame) {
-	switch f.Kind {
-	case netio.KindCall, netio.KindCallNoReply:
-	case netio.KindAnnounce:
-		n.acceptHello(c, &f) // a peer's forwarding connection introduces itself
-		return
-	case netio.KindNameLookup:
-		n.answerLookup(c, &f)
-		return
-	default:
-		n.badRequests.Inc()
-		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "a node takes calls, not "+f.Kind.String()))
-		return
-	}
-	code, msg := n.schedule(c, &f)
-	if code != netio.CodeOK && f.Kind == netio.KindCall {
-		c.SendNow(netio.AppendError(nil, f.ID, code, msg))
-	}
-}
-
-func (n *Node) schedule(c *rpcport.Conn, f *netio.Frame) (netio.Code, string) {
-	if n.draining.Load() {
-		return netio.CodeShuttingDown, ""
-	}
-	g := n.groups[string(f.Group)]
-	if len(n.cfg.Sched.ReceiverGroups) > 0 {
-		if msg, wrong := n.wrongReceiver(c, g, f); wrong {
-			return netio.CodeWrongReceiver, msg
-		}
-	}
-	if n.wlm != nil {
-		if handled, code, msg := n.wlm.envs.schedule(c, forwardedBy(c, f), f, &g); handled {
-			return code, msg
-		}
-	}
-	if n.cluster != nil {
-		if transferred, code, msg := n.routeCall(c, forwardedBy(c, f), f, g); transferred {
-			return code, msg
-		}
-	}
-	return n.serveLocal(c, f, g)
 }
 
 // serveLocal puts a call on this node's schedule queue of g, or says why not.

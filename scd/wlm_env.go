@@ -47,6 +47,7 @@ import (
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
+	"tpsched/scd/call"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
 	"tpsched/scd/route"
@@ -226,24 +227,22 @@ func (m *envManager) close() {
 	m.peers.close()
 }
 
-// schedule takes the calls for groups that have no server here: it
-// reports handled when it answered or parked the call. *gp is set to nil
-// for a group defined here without a server, so the usual path treats it
-// as one only other nodes run.
+// schedule takes the calls for groups that have no server here (the
+// routing manager's stage, frames.go): it reports handled when it answered
+// or parked the call. A group defined here without a server passes on as
+// one only other nodes run: the later stages see no group here
+// (servingGroup).
 //
-// from is the peer that transferred the call (nil: a client's call, or a
-// UAP's own, which is parked like a client's).
-func (m *envManager) schedule(c caller, from *peerHello, f *netio.Frame, gp **group) (bool, netio.Code, string) {
-	g := *gp
+// from.Peer is the node that transferred the call ("": a client's call,
+// or a UAP's own, which is parked like a client's).
+func (m *envManager) schedule(c caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
+	name := string(f.Group)
+	g := m.n.groups[name]
 	if g != nil && g.servable() {
 		return false, 0, ""
 	}
-	name := string(f.Group)
 	here := n2s(m.n)
-	if g != nil {
-		*gp = nil
-	}
-	refused := from != nil || f.Flags&netio.FlagDestination != 0
+	refused := from.Peer != "" || f.Flags&netio.FlagDestination != 0
 	if !m.isEnv(name) {
 		if g == nil {
 			return false, 0, "" // not ours to judge: the usual path
@@ -1096,7 +1095,7 @@ func (m *envManager) answerFind(c *rpcport.Conn, f *netio.Frame) {
 // serveRequest answers another node's request; it runs on the event loop,
 // so the work is done on a goroutine of its own.
 func (m *envManager) serveRequest(c *rpcport.Conn, f *netio.Frame) {
-	if forwardedBy(c, f) == nil {
+	if forwardedBy(c, f) == "" {
 		m.n.badRequests.Inc()
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "routing manager requests are taken only from a node that proved the cluster key (peer hello)"))
 		return

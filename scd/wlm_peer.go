@@ -29,14 +29,8 @@ const (
 	wlmPolicy  = "wlm-policy"  // no group; answer when the node read svcpolicy again
 )
 
-// isWLMRequest reports whether a lookup's service is one of the above.
-func isWLMRequest(service []byte) bool {
-	switch string(service) {
-	case wlmDecide, wlmStart, wlmQuiesce, wlmResume, wlmRefresh, wlmPolicy:
-		return true
-	}
-	return false
-}
+// wlmRequests are the above, each a lookup's service.
+var wlmRequests = []string{wlmDecide, wlmStart, wlmQuiesce, wlmResume, wlmRefresh, wlmPolicy}
 
 // wlmPeers are this node's connections for the routing manager's requests.
 type wlmPeers struct {

@@ -1,0 +1,145 @@
+package scd
+
+// This file is the node's side of the RPC port: each frame a receiving
+// socket reads goes to OnFrame, on the socket's event loop. A call (kind
+// call or call-no-reply) goes along the node's line of stages (package
+// call); every other frame is a control frame and goes to the handler of
+// its kind, and a name lookup to the handler of its service. Both are
+// built once, in New, from the definitions.
+
+import (
+	"tpsched/netio"
+	"tpsched/netio/rpcport"
+	"tpsched/scd/call"
+)
+
+// frameHandler answers one control frame on the event loop: it must not
+// block.
+type frameHandler func(c *rpcport.Conn, f *netio.Frame)
+
+// controlFrames are the handlers of the frames that are not calls, by kind
+// and, for a name lookup, by service.
+type controlFrames struct {
+	byKind  map[netio.Kind]frameHandler
+	lookups map[string]frameHandler // by the lookup's service
+	lookup  frameHandler            // a lookup of any other service: where a group is served
+	refuse  frameHandler            // any other kind
+}
+
+func (t *controlFrames) serve(c *rpcport.Conn, f *netio.Frame) {
+	h := t.byKind[f.Kind]
+	if f.Kind == netio.KindNameLookup {
+		if h = t.lookups[string(f.Service)]; h == nil {
+			h = t.lookup
+		}
+	}
+	if h == nil {
+		h = t.refuse
+	}
+	h(c, f)
+}
+
+// OnFrame takes one frame off a receiving socket. It runs on a gnet event
+// loop and must not block: checks, one enqueue, and an immediate answer
+// when the call is refused.
+func (n *Node) OnFrame(c *rpcport.Conn, f netio.Frame) {
+	if f.Kind != netio.KindCall && f.Kind != netio.KindCallNoReply {
+		n.control.serve(c, &f)
+		return
+	}
+	code, msg := n.line.Route(c, call.From{Conn: c, Peer: forwardedBy(c, &f)}, &f)
+	if code != netio.CodeOK && f.Kind == netio.KindCall {
+		c.SendNow(netio.AppendError(nil, f.ID, code, msg))
+	}
+}
+
+// buildFrames makes the node's lines and control table from what it has:
+// a stage or a handler of a part the node does not run is not there.
+func (n *Node) buildFrames() {
+	var uap call.Line
+	if n.wlm != nil {
+		uap = append(uap, wlmStage{n.wlm.envs})
+	}
+	if n.cluster != nil {
+		uap = append(uap, clusterStage{n})
+	}
+	uap = append(uap, localStage{n})
+	n.uapLine = uap
+	line := call.Line{drainStage{n}}
+	if len(n.cfg.Sched.ReceiverGroups) > 0 {
+		line = append(line, receiverStage{n})
+	}
+	n.line = append(line, uap...)
+
+	t := controlFrames{
+		byKind:  map[netio.Kind]frameHandler{netio.KindAnnounce: n.acceptHello},
+		lookups: map[string]frameHandler{netio.LookupReceivers: n.answerReceivers},
+		lookup:  n.answerLookup,
+		refuse: func(c *rpcport.Conn, f *netio.Frame) {
+			n.badRequests.Inc()
+			c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "a node takes calls, not "+f.Kind.String()))
+		},
+	}
+	if n.wlm != nil {
+		t.lookups[netio.LookupFind] = n.wlm.envs.answerFind
+		for _, s := range wlmRequests {
+			t.lookups[s] = n.wlm.envs.serveRequest
+		}
+	}
+	n.control = t
+}
+
+// drainStage refuses every call while the node drains.
+type drainStage struct{ n *Node }
+
+func (s drainStage) Route(call.Caller, call.From, *netio.Frame) (bool, netio.Code, string) {
+	if s.n.draining.Load() {
+		return true, netio.CodeShuttingDown, ""
+	}
+	return false, 0, ""
+}
+
+// receiverStage refuses a call that came on another receiver group than
+// the one its service group is bound to.
+type receiverStage struct{ n *Node }
+
+func (s receiverStage) Route(_ call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
+	if msg, wrong := s.n.wrongReceiver(from.Conn, s.n.groups[string(f.Group)], f); wrong {
+		return true, netio.CodeWrongReceiver, msg
+	}
+	return false, 0, ""
+}
+
+// wlmStage takes the calls for groups that have no server here
+// (wlm_env.go).
+type wlmStage struct{ m *envManager }
+
+func (s wlmStage) Route(c call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
+	return s.m.schedule(c, from, f)
+}
+
+// clusterStage sends a call to another node when the node choice says so.
+type clusterStage struct{ n *Node }
+
+func (s clusterStage) Route(c call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
+	return s.n.routeCall(c, from, f, s.n.servingGroup(string(f.Group)))
+}
+
+// localStage puts a call on this node's schedule queue of its group, or
+// refuses it.
+type localStage struct{ n *Node }
+
+func (s localStage) Route(c call.Caller, _ call.From, f *netio.Frame) (bool, netio.Code, string) {
+	code, msg := s.n.serveLocal(c, f, s.n.groups[string(f.Group)])
+	return true, code, msg
+}
+
+// servingGroup is the group named name if it takes calls here now: nil
+// when it is not defined here, or has no server here (an application
+// environment, wlm_env.go).
+func (n *Node) servingGroup(name string) *group {
+	if g := n.groups[name]; g != nil && g.servable() {
+		return g
+	}
+	return nil
+}
