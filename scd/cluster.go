@@ -18,6 +18,7 @@ import (
 	"tpsched/scd/call"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
+	"tpsched/scd/peers"
 	"tpsched/scd/route"
 )
 
@@ -33,7 +34,7 @@ type cluster struct {
 	// gossip is set once the node has joined; the RPC port, the control
 	// endpoint and the load checks already run by then.
 	gossip atomic.Pointer[names.Cluster]
-	fwd    *forwarder
+	pool   *peers.Pool
 	policy route.Policy
 
 	candPool sync.Pool // *[]route.Candidate, one per call being routed
@@ -134,7 +135,7 @@ func (n *Node) newCluster(rule route.Rule) *cluster {
 	cl := &cluster{
 		self:  sys.NodeID,
 		names: names.NewTable(sys.NodeID),
-		fwd:   newForwarder(sys.NodeID, n.clusterKey(), n.log, n.metrics),
+		pool:  n.pool,
 		policy: route.Policy{
 			Rule:          rule,
 			Announce:      n.cfg.Sched.AnnounceServerStatus,
@@ -146,8 +147,7 @@ func (n *Node) newCluster(rule route.Rule) *cluster {
 		retriedRefused:     n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="refused"}`),
 	}
 	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
-	cl.fwd.reroute = n.reroute
-	cl.fwd.multi = n.multiSchedule
+	n.pool.SetDelegate(rerouter{n})
 	return cl
 }
 
@@ -248,10 +248,7 @@ func (n *Node) leaveBeforeDrain(ctx context.Context) {
 // transfersInFlight is the calls this node has handed to other nodes and
 // not yet answered.
 func (n *Node) transfersInFlight() int {
-	if n.cluster == nil {
-		return 0
-	}
-	return n.cluster.fwd.totalInFlight()
+	return n.pool.TotalInFlight()
 }
 
 // announce tells the other nodes this node's state now.
@@ -271,7 +268,7 @@ func (cl *cluster) candidates(dst []route.Candidate, group string, local *group,
 		if e.Local || e.Held || contains(tried, e.Node) {
 			continue
 		}
-		dst = append(dst, route.Candidate{Node: e.Node, Level: e.Level, InFlight: cl.fwd.inFlight(e.Node)})
+		dst = append(dst, route.Candidate{Node: e.Node, Level: e.Level, InFlight: cl.pool.InFlight(e.Node)})
 	}
 	if local != nil && !local.held.Load() && local.servable() && !contains(tried, cl.self) {
 		dst = append(dst, route.Candidate{Node: cl.self, Local: true, Level: local.level(), InFlight: local.inFlight()})
@@ -339,18 +336,18 @@ func (n *Node) routeCall(c caller, from call.From, f *netio.Frame, g *group) (ha
 		return false, 0, ""
 	}
 	entries := cl.names.Lookup(group)
-	fc := &fwdCall{
-		caller: c, callerID: f.ID, kind: f.Kind,
-		group: group, service: string(f.Service), payload: append([]byte(nil), f.Payload...),
-		timeoutMs: f.TimeoutMs, start: time.Now(),
-		retries: route.Retries(n.cfg.Sched.RetryOfCommError, len(entries)),
+	fc := &peers.Call{
+		Caller: c, CallerID: f.ID, Kind: f.Kind,
+		Group: group, Service: string(f.Service), Payload: append([]byte(nil), f.Payload...),
+		TimeoutMs: f.TimeoutMs, Start: time.Now(),
+		Retries: route.Retries(n.cfg.Sched.RetryOfCommError, len(entries)),
 	}
 	if f.TimeoutMs > 0 {
-		fc.deadline = fc.start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
+		fc.Deadline = fc.Start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
 	} else if g != nil && g.watch > 0 {
-		fc.deadline = fc.start.Add(g.watch)
+		fc.Deadline = fc.Start.Add(g.watch)
 	} else if w := n.cfg.System.WatchTime; w > 0 {
-		fc.deadline = fc.start.Add(w)
+		fc.Deadline = fc.Start.Add(w)
 	}
 	return n.transfer(fc, cands[i].Node)
 }
@@ -378,58 +375,64 @@ func (n *Node) answerLookup(c *rpcport.Conn, f *netio.Frame) {
 }
 
 // transfer hands fc to node.
-func (n *Node) transfer(fc *fwdCall, node string) (bool, netio.Code, string) {
+func (n *Node) transfer(fc *peers.Call, node string) (bool, netio.Code, string) {
 	info, ok := n.cluster.names.Get(node)
 	if !ok {
 		// The node left between the choice and now; the call has not left
 		// this node, so it is chosen for again, free of the retry budget.
-		fc.tried = append(fc.tried, node)
-		fc.retries++
-		n.reroute(fc, fmt.Errorf("node %s left: %w", node, errCommunication))
+		fc.Tried = append(fc.Tried, node)
+		fc.Retries++
+		n.reroute(fc, fmt.Errorf("node %s left: %w", node, peers.ErrCommunication))
 		return true, netio.CodeOK, ""
 	}
-	fc.tried = append(fc.tried, node)
-	code, msg := n.cluster.fwd.send(node, info.Addr, fc)
+	fc.Tried = append(fc.Tried, node)
+	code, msg := n.pool.Send(node, info.Addr, fc)
 	return true, code, msg
 }
 
-// reroute is the forwarder's way back after a node could not be reached,
+// rerouter is the node as the pool's Delegate.
+type rerouter struct{ n *Node }
+
+func (r rerouter) Reroute(fc *peers.Call, err error) { r.n.reroute(fc, err) }
+func (r rerouter) MultiSchedule(group string) bool   { return r.n.multiSchedule(group) }
+
+// reroute is the pool's way back after a node could not be reached,
 // or refused a call before running it: up to scd_retry_of_comm_error other
 // nodes, this one included, are tried. When none is left the caller gets
 // the refusal, or 'network down'.
-func (n *Node) reroute(fc *fwdCall, err error) {
-	if fc.retries <= 0 || n.draining.Load() {
-		answerUnsent(fc, err, "")
+func (n *Node) reroute(fc *peers.Call, err error) {
+	if fc.Retries <= 0 || n.draining.Load() {
+		fc.FailUnsent(err, "")
 		return
 	}
-	g := n.groups[fc.group]
-	cands := n.cluster.candidates(nil, fc.group, g, fc.tried)
+	g := n.groups[fc.Group]
+	cands := n.cluster.candidates(nil, fc.Group, g, fc.Tried)
 	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
-		Socket: n.cluster.socketGroup(fc.group, g)}, globalRand{})
+		Socket: n.cluster.socketGroup(fc.Group, g)}, globalRand{})
 	if i < 0 {
-		answerUnsent(fc, err, "; no other node runs "+fc.group)
+		fc.FailUnsent(err, "; no other node runs "+fc.Group)
 		return
 	}
-	fc.retries--
-	if errors.As(err, new(*refusal)) {
+	fc.Retries--
+	if errors.As(err, new(*peers.Refusal)) {
 		n.cluster.retriedRefused.Inc()
 	} else {
 		n.cluster.retriedUnreachable.Inc()
 	}
 	if cands[i].Local {
 		f := netio.Frame{
-			Header:  netio.Header{Kind: fc.kind, ID: fc.callerID, TimeoutMs: fc.timeoutMs},
-			Group:   []byte(fc.group),
-			Service: []byte(fc.service),
-			Payload: fc.payload,
+			Header:  netio.Header{Kind: fc.Kind, ID: fc.CallerID, TimeoutMs: fc.TimeoutMs},
+			Group:   []byte(fc.Group),
+			Service: []byte(fc.Service),
+			Payload: fc.Payload,
 		}
-		if code, msg := n.serveLocal(fc.caller, &f, g); code != netio.CodeOK {
-			answerErr(fc, code, msg)
+		if code, msg := n.serveLocal(fc.Caller, &f, g); code != netio.CodeOK {
+			fc.Fail(code, msg)
 		}
 		return
 	}
 	if _, code, msg := n.transfer(fc, cands[i].Node); code != netio.CodeOK {
-		answerErr(fc, code, msg)
+		fc.Fail(code, msg)
 	}
 }
 
@@ -513,7 +516,7 @@ func (n *Node) clusterStatus() *ClusterStatus {
 		if c, ok := cl.received.Load(info.Node); ok {
 			ns.Received = c.(*metrics.Counter).Get()
 		}
-		ns.InFlight = cl.fwd.inFlight(info.Node)
+		ns.InFlight = cl.pool.InFlight(info.Node)
 		st.Nodes = append(st.Nodes, ns)
 	}
 	return st

@@ -11,6 +11,7 @@ import (
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/scd/call"
+	"tpsched/scd/peers"
 )
 
 // frameHandler answers one control frame on the event loop: it must not
@@ -47,7 +48,7 @@ func (n *Node) OnFrame(c *rpcport.Conn, f netio.Frame) {
 		n.control.serve(c, &f)
 		return
 	}
-	code, msg := n.line.Route(c, call.From{Conn: c, Peer: forwardedBy(c, &f)}, &f)
+	code, msg := n.line.Route(c, call.From{Conn: c, Peer: peers.Hop(c, &f)}, &f)
 	if code != netio.CodeOK && f.Kind == netio.KindCall {
 		c.SendNow(netio.AppendError(nil, f.ID, code, msg))
 	}
@@ -72,7 +73,7 @@ func (n *Node) buildFrames() {
 	n.line = append(line, uap...)
 
 	t := controlFrames{
-		byKind:  map[netio.Kind]frameHandler{netio.KindAnnounce: n.acceptHello},
+		byKind:  map[netio.Kind]frameHandler{netio.KindAnnounce: n.hello.Accept},
 		lookups: map[string]frameHandler{netio.LookupReceivers: n.answerReceivers},
 		lookup:  n.answerLookup,
 		refuse: func(c *rpcport.Conn, f *netio.Frame) {

@@ -28,7 +28,7 @@ func startFuzzNodes(f *testing.F) [2]*Node {
 			func(n *Node) {
 				n.cluster = n.newCluster(route.OpenTP1) // inter-node state without membership
 				n.buildFrames()
-				f.Cleanup(n.cluster.fwd.close)
+				f.Cleanup(n.pool.Close)
 			})
 	})
 	return fuzzNodes

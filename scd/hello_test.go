@@ -1,12 +1,10 @@
 package scd
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -20,6 +18,7 @@ import (
 	"tpsched/scd/client"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
+	"tpsched/scd/peers"
 	"tpsched/scd/route"
 )
 
@@ -48,7 +47,7 @@ func testClusterNode(t *testing.T, cfg *def.Config, wrap func(*Node) rpcport.Han
 	}
 	n.cluster = n.newCluster(route.OpenTP1)
 	n.buildFrames()
-	t.Cleanup(n.cluster.fwd.close)
+	t.Cleanup(n.pool.Close)
 	for _, m := range members {
 		m.Boot, m.Seq = 1, 1
 		if _, err := n.cluster.names.Apply(m); err != nil {
@@ -111,161 +110,6 @@ func forwardedCall(nc net.Conn, r *netio.FrameReader, id uint64) (netio.Code, er
 	}
 }
 
-// TestHelloMutual: the hello succeeds only when both ends have the same
-// key (or neither has one), and the dialer knows it reached the node it
-// meant and that the node has the key.
-func TestHelloMutual(t *testing.T) {
-	cases := []struct {
-		name               string
-		dialerKey, nodeKey string
-		want               string // node id the dialer expects
-		refused            bool
-	}{
-		{name: "same key", dialerKey: testKey, nodeKey: testKey, want: "n1"},
-		{name: "no key on either", want: "n1"},
-		{name: "another key", dialerKey: testKey, nodeKey: "another-key-0123456789", want: "n1", refused: true},
-		{name: "node without key", dialerKey: testKey, want: "n1", refused: true},
-		{name: "dialer without key", nodeKey: testKey, want: "n1", refused: true},
-		{name: "another node", dialerKey: testKey, nodeKey: testKey, want: "n2", refused: true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			n, addr := clusterNode(t, "n1", tc.nodeKey, "n0")
-			var key []byte
-			if tc.dialerKey != "" {
-				key = []byte(tc.dialerKey)
-			}
-			nc, fr, err := dialPeer(addr, "n0", tc.want, key)
-			if tc.refused {
-				if !errors.Is(err, errHelloRefused) {
-					t.Fatalf("dialPeer = %v, want a refused hello", err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("dialPeer: %v", err)
-			}
-			defer nc.Close()
-			if code, err := forwardedCall(nc, fr, 7); err != nil || code != netio.CodeNoSuchGroup {
-				t.Fatalf("forwarded call: %v, %v", code, err)
-			}
-			if from, _ := received(t, n); from["n0"] != 1 {
-				t.Errorf("received %v, want one call from n0", from)
-			}
-		})
-	}
-}
-
-// recordingProxy passes one connection through to addr and keeps what the
-// dialer sent.
-type recordingProxy struct {
-	addr string
-	mu   sync.Mutex
-	sent bytes.Buffer
-}
-
-func startRecordingProxy(t *testing.T, to string) *recordingProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	p := &recordingProxy{addr: l.Addr().String()}
-	go func() {
-		in, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer in.Close()
-		out, err := net.Dial("tcp", to)
-		if err != nil {
-			return
-		}
-		defer out.Close()
-		go func() { _, _ = io.Copy(in, out) }()
-		buf := make([]byte, 64<<10)
-		for {
-			k, err := in.Read(buf)
-			if k > 0 {
-				p.mu.Lock()
-				p.sent.Write(buf[:k])
-				p.mu.Unlock()
-				if _, err := out.Write(buf[:k]); err != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return p
-}
-
-func (p *recordingProxy) recorded() []byte {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return bytes.Clone(p.sent.Bytes())
-}
-
-// TestChaosReplayedHello records what a real forwarder sends on its
-// connection to a node (the hello, then a forwarded call) and replays it
-// byte for byte on a new connection. The replayed call must not be taken
-// as forwarded: the node's nonce is new, the recorded proof does not fit
-// it, the hello is refused and counted, and the call is not counted as
-// received from the node the recording names.
-func TestChaosReplayedHello(t *testing.T) {
-	for _, key := range []string{testKey} {
-		n1, addr1 := clusterNode(t, "n1", key, "n0")
-		proxy := startRecordingProxy(t, addr1)
-		_, viaN0 := startTransferSide(t, "n0", key, 1, func(string) (string, string) { return "n1", proxy.addr })
-		c, err := client.New(client.Options{Hosts: []string{viaN0}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), testWait)
-		defer cancel()
-		if _, err := c.Call(ctx, "work", "echo", nil); codeOf(err) != netio.CodeNoSuchGroup {
-			t.Fatalf("call through n0 to n1: %v", err)
-		}
-		if from, _ := received(t, n1); from["n0"] != 1 {
-			t.Fatalf("n1 received %v, want the one forwarded call from n0", from)
-		}
-		recording := proxy.recorded()
-
-		replay, err := net.Dial("tcp", addr1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer replay.Close()
-		_ = replay.SetDeadline(time.Now().Add(testWait))
-		if _, err := replay.Write(recording); err != nil {
-			t.Fatal(err)
-		}
-		// Read until the node closes the connection.
-		var answers []string
-		fr := netio.NewFrameReader(bufio.NewReader(replay), 1<<20)
-		for {
-			f, _, err := fr.Read(nil)
-			if err != nil {
-				break
-			}
-			answers = append(answers, fmt.Sprintf("%v/%v %q", f.Kind, f.Code, f.Payload))
-		}
-		from, refused := received(t, n1)
-		if from["n0"] != 1 || len(from) > 2 || from["unknown"] != 0 {
-			t.Errorf("after the replay n1 counts %v received: the replayed call was taken as forwarded", from)
-		}
-		if refused != 1 {
-			t.Errorf("refused hellos %d, want 1 (answers to the replay: %v)", refused, answers)
-		}
-		t.Logf("chaos figures: replayed hello: %d bytes of a real forwarder's connection replayed; calls trusted as forwarded %d, hellos refused %d",
-			len(recording), from["n0"]-1, refused)
-	}
-}
-
 // TestChaosFakePeerNames: 2,000 connections each naming another node
 // make no new series. With the key (the dialers prove it, so their names
 // are authenticated) and without one (names trusted blindly), a name that
@@ -296,7 +140,7 @@ func TestChaosFakePeerNames(t *testing.T) {
 							return
 						}
 						name := fmt.Sprintf("fake-%d", i)
-						fr, err := helloAsDialer(nc, name, "n1", key)
+						fr, err := peers.Handshake(nc, name, "n1", key)
 						if refusedWanted {
 							if err == nil {
 								t.Errorf("%s: hello with a wrong key accepted", name)
@@ -343,22 +187,112 @@ func TestChaosFakePeerNames(t *testing.T) {
 	}
 }
 
-// forgeProof says hello as name on nc and answers the challenge with a
-// proof made without the key; the node must refuse it.
+// forgeProof says hello as name on nc (the steps as scd/peers' hello.go
+// writes them) and answers the challenge with a proof made without the
+// key; the node must refuse it.
 func forgeProof(t *testing.T, nc net.Conn, name string) {
 	_ = nc.SetDeadline(time.Now().Add(testWait))
-	var nonce [helloNonceSize]byte
-	if _, err := nc.Write(helloFrame(nil, name, helloStepHello, nonce[:])); err != nil {
+	step := func(n byte, group string, body []byte) []byte {
+		return netio.AppendFrame(nil, netio.Header{Kind: netio.KindAnnounce}, group, "", append([]byte{n}, body...))
+	}
+	if _, err := nc.Write(step(1, name, make([]byte, 32))); err != nil {
 		t.Error(err)
 		return
 	}
 	fr := netio.NewFrameReader(nc, 4<<10)
-	if _, _, err := readHelloStep(fr, helloStepChallenge); err != nil {
-		t.Error(err)
+	if f, _, err := fr.Read(nil); err != nil || f.Kind != netio.KindAnnounce || len(f.Payload) == 0 || f.Payload[0] != 2 {
+		t.Errorf("no challenge: %+v, %v", f.Header, err)
 		return
 	}
-	_, _ = nc.Write(helloFrame(nil, "", helloStepProof, bytes.Repeat([]byte{1}, helloMACSize)))
-	if _, _, err := readHelloStep(fr, helloStepWelcome); !errors.Is(err, errHelloRefused) {
-		t.Errorf("forged proof: %v, want refused", err)
+	_, _ = nc.Write(step(3, "", bytes.Repeat([]byte{1}, 32)))
+	if f, _, err := fr.Read(nil); err == nil && (f.Kind != netio.KindError || f.Code != netio.CodeProtocol) {
+		t.Errorf("forged proof answered %+v, want refused", f.Header)
 	}
+}
+
+const testWait = 10 * time.Second // bound on every wait in these tests
+// echoNode is a node that says hello as nodes do and answers every call
+// with its payload: a node that serves the group.
+type echoNode struct{ *Node }
+
+func (e echoNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
+	if f.Kind != netio.KindCall {
+		e.Node.OnFrame(c, f)
+		return
+	}
+	c.SendNow(netio.AppendReply(nil, f.ID, f.Payload))
+}
+
+// TestRefusedTransferGoesElsewhere: a node that refuses a transferred call
+// before running it ('node shutting down': it drains) makes the forwarder
+// send the call to another node, with scd_retry_of_comm_error; without
+// retries the caller gets the refusal itself.
+func TestRefusedTransferGoesElsewhere(t *testing.T) {
+	for _, retries := range []int{1, 0} {
+		t.Run(fmt.Sprintf("retries %d", retries), func(t *testing.T) {
+			stopping, stoppingAddr := clusterNode(t, "n1", testKey)
+			stopping.draining.Store(true)
+			_, servingAddr := testClusterNode(t, &def.Config{System: def.System{NodeID: "n2", ClusterKey: testKey}},
+				func(n *Node) rpcport.Handler { return echoNode{n} })
+			work := []names.GroupInfo{{Group: "work"}}
+			n0, addr := testClusterNode(t, &def.Config{
+				System: def.System{NodeID: "n0", ClusterKey: testKey},
+				Sched:  def.Sched{RetryOfCommError: retries, AnnounceServerStatus: true},
+			}, nil, names.NodeInfo{Node: "n1", Addr: stoppingAddr, Groups: work},
+				names.NodeInfo{Node: "n2", Addr: servingAddr, Groups: work})
+			c, err := client.New(client.Options{Hosts: []string{addr}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), testWait)
+			defer cancel()
+			var served, refused int
+			for i := range 200 { // about half go to n1 first
+				want := strconv.Itoa(i)
+				out, err := c.Call(ctx, "work", "echo", []byte(want))
+				switch {
+				case err == nil && string(out) == want:
+					served++
+				case retries == 0 && codeOf(err) == netio.CodeShuttingDown:
+					refused++
+				default:
+					t.Fatalf("call %d: %q, %v", i, out, err)
+				}
+			}
+			var b bytes.Buffer
+			n0.metrics.WritePrometheus(&b)
+			toN1 := metricValue(b.String(), `tpsched_forwarded_total{to="n1"}`)
+			retried := metricValue(b.String(), `tpsched_transfer_retries_total{reason="refused"}`)
+			t.Logf("served %d, refused %d; %d sent to the stopping node, %d sent on", served, refused, toN1, retried)
+			switch {
+			case retries == 1 && served != 200:
+				t.Errorf("%d of 200 calls served with a retry", served)
+			case retries == 1 && (toN1 == 0 || retried != toN1):
+				t.Errorf("%d calls sent to the stopping node, %d sent on:\n%s", toN1, retried, b.String())
+			case retries == 0 && (refused < 50 || served < 50):
+				t.Errorf("without retries: %d refused, %d served; want about half each", refused, served)
+			}
+		})
+	}
+}
+
+// metricValue is the value of the series named exactly name in a
+// Prometheus text exposition, 0 if absent.
+func metricValue(text, name string) int {
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
+func codeOf(err error) netio.Code {
+	var te *netio.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 255
 }

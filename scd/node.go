@@ -40,6 +40,7 @@ import (
 	"tpsched/procmgr"
 	"tpsched/scd/call"
 	"tpsched/scd/def"
+	"tpsched/scd/peers"
 	"tpsched/scd/schedq"
 	"tpsched/shm"
 	"tpsched/shm/sockmode"
@@ -97,8 +98,12 @@ type Node struct {
 	wg       sync.WaitGroup
 	failed   chan error // the RPC port ended while the node was not draining
 
-	badRequests  *metrics.Counter
-	helloRefused *metrics.Counter
+	badRequests *metrics.Counter
+	// pool is the node's connections to the other nodes (calls it
+	// transfers, the routing manager's requests); hello the node's side of
+	// the peer hello on its RPC port.
+	pool  *peers.Pool
+	hello *peers.Acceptor
 
 	restart restartState // restart.go: handing the sockets to a new process, or taking them over
 	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
@@ -136,7 +141,8 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	}
 	n.exposeMetrics()
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
-	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
+	n.hello = peers.NewAcceptor(cfg.System.NodeID, n.clusterKey(), n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`), n.log)
+	n.pool = peers.New(peers.Options{Self: cfg.System.NodeID, Key: n.clusterKey(), Log: n.log, Metrics: n.metrics})
 	for _, s := range cfg.Servers {
 		module, err := n.resolveModule(s.Module)
 		if err != nil {
@@ -445,9 +451,7 @@ func (n *Node) expireLoop() {
 				g.expire(now)
 				g.checkStall(now)
 			}
-			if n.cluster != nil {
-				n.cluster.fwd.expire(now)
-			}
+			n.pool.Expire(now)
 		}
 	}
 }
@@ -609,9 +613,7 @@ func (n *Node) shutdown() error {
 		errs = append(errs, n.rpc.Stop(ctx))
 		cancel()
 	}
-	if n.cluster != nil {
-		n.cluster.fwd.close()
-	}
+	n.pool.Close()
 	if n.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), httpStopTime)
 		errs = append(errs, n.admin.Shutdown(ctx))

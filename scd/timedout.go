@@ -3,6 +3,8 @@ package scd
 import (
 	"fmt"
 	"time"
+
+	"tpsched/scd/call"
 )
 
 // timedOutMessage says after how long a call was given up and whose limit
@@ -12,14 +14,5 @@ func timedOutMessage(limit, watch time.Duration) string {
 	if limit == watch {
 		whose = "watch_time"
 	}
-	return fmt.Sprintf("no answer within %v (%s)", roundLimit(limit), whose)
-}
-
-// roundLimit shows a limit as people set it: a client adds 1 ms to the time its
-// caller has left, so 250 ms arrive as 251.
-func roundLimit(d time.Duration) time.Duration {
-	if d >= 50*time.Millisecond {
-		return d.Round(10 * time.Millisecond)
-	}
-	return d.Round(time.Millisecond)
+	return fmt.Sprintf("no answer within %v (%s)", call.RoundLimit(limit), whose)
 }

@@ -50,6 +50,7 @@ import (
 	"tpsched/scd/call"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
+	"tpsched/scd/peers"
 	"tpsched/scd/route"
 	"tpsched/scd/wlm"
 )
@@ -115,19 +116,18 @@ type hint struct {
 
 // envManager keeps the environments of a node with a service policy.
 type envManager struct {
-	w     *wlmNode
-	n     *Node
-	peers *wlmPeers
+	w *wlmNode
+	n *Node
 
 	mu        sync.Mutex
 	local     map[string]*envLocal
-	states    map[string]wlm.EnvState // what this node knows of every environment
-	finds     map[string]*flight      // finds from this node in progress
-	decides   map[string]*flight      // as the decider: starts in progress
-	hints     map[string][]hint       // as the decider: servers started, perhaps not announced yet
-	lastGrow  map[string]time.Time    // as the decider: the last server started for a missed goal
-	growAsked map[string]time.Time    // the last time this node asked for one
-	parked    map[string][]*fwdCall   // calls waiting for a server
+	states    map[string]wlm.EnvState  // what this node knows of every environment
+	finds     map[string]*flight       // finds from this node in progress
+	decides   map[string]*flight       // as the decider: starts in progress
+	hints     map[string][]hint        // as the decider: servers started, perhaps not announced yet
+	lastGrow  map[string]time.Time     // as the decider: the last server started for a missed goal
+	growAsked map[string]time.Time     // the last time this node asked for one
+	parked    map[string][]*peers.Call // calls waiting for a server
 
 	changed chan struct{} // poke: the name table changed
 
@@ -140,11 +140,11 @@ type envManager struct {
 func newEnvManager(w *wlmNode) *envManager {
 	n := w.n
 	m := &envManager{
-		w: w, n: n, peers: newWLMPeers(n.cfg.System.NodeID, n.clusterKey()),
+		w: w, n: n,
 		local: map[string]*envLocal{}, states: map[string]wlm.EnvState{},
 		finds: map[string]*flight{}, decides: map[string]*flight{}, hints: map[string][]hint{},
 		changed:  make(chan struct{}, 1),
-		lastGrow: map[string]time.Time{}, growAsked: map[string]time.Time{}, parked: map[string][]*fwdCall{},
+		lastGrow: map[string]time.Time{}, growAsked: map[string]time.Time{}, parked: map[string][]*peers.Call{},
 		started: n.metrics.NewCounter(`tpsched_wlm_servers_started_total`),
 		stopped: map[string]*metrics.Counter{}, finds0: map[string]*metrics.Counter{},
 	}
@@ -217,14 +217,13 @@ func (m *envManager) start() {
 func (m *envManager) close() {
 	m.mu.Lock()
 	parked := m.parked
-	m.parked = map[string][]*fwdCall{}
+	m.parked = map[string][]*peers.Call{}
 	m.mu.Unlock()
 	for _, list := range parked {
 		for _, fc := range list {
-			answerErr(fc, netio.CodeShuttingDown, "the node stopped before a server of "+fc.group+" was ready")
+			fc.Fail(netio.CodeShuttingDown, "the node stopped before a server of "+fc.Group+" was ready")
 		}
 	}
-	m.peers.close()
 }
 
 // schedule takes the calls for groups that have no server here (the
@@ -261,18 +260,18 @@ func (m *envManager) schedule(c caller, from call.From, f *netio.Frame) (bool, n
 	if g == nil && !m.knownEnv(name) {
 		return false, 0, "" // no node can serve it: 'no such service group'
 	}
-	fc := &fwdCall{
-		caller: c, callerID: f.ID, kind: f.Kind,
-		group: name, service: string(f.Service), payload: append([]byte(nil), f.Payload...),
-		timeoutMs: f.TimeoutMs, start: time.Now(),
+	fc := &peers.Call{
+		Caller: c, CallerID: f.ID, Kind: f.Kind,
+		Group: name, Service: string(f.Service), Payload: append([]byte(nil), f.Payload...),
+		TimeoutMs: f.TimeoutMs, Start: time.Now(),
 	}
 	switch {
 	case f.TimeoutMs > 0:
-		fc.deadline = fc.start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
+		fc.Deadline = fc.Start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
 	case g != nil && g.watch > 0:
-		fc.deadline = fc.start.Add(g.watch)
+		fc.Deadline = fc.Start.Add(g.watch)
 	case m.n.cfg.System.WatchTime > 0:
-		fc.deadline = fc.start.Add(m.n.cfg.System.WatchTime)
+		fc.Deadline = fc.Start.Add(m.n.cfg.System.WatchTime)
 	}
 	m.mu.Lock()
 	if len(m.parked[name]) >= maxParked {
@@ -417,7 +416,7 @@ func (m *envManager) find(env string, deadline time.Time) ([]serverAt, error) {
 			s, err = m.decide(env, purposeFirst, deadline)
 		} else {
 			var b []byte
-			if b, err = m.peers.request(node, addr, wlmDecide, env, []byte{purposeFirst}, deadline); err == nil {
+			if b, err = m.n.pool.Request(node, addr, wlmDecide, env, []byte{purposeFirst}, deadline); err == nil {
 				s, err = parseServers(b)
 			}
 		}
@@ -446,11 +445,9 @@ func (m *envManager) find(env string, deadline time.Time) ([]serverAt, error) {
 }
 
 // retryable reports whether a failed request may succeed if sent again,
-// perhaps to another decider: the node could not be reached or is going.
+// perhaps to another decider: the node could not be reached ('network
+// down': the pool could not send it) or is going.
 func retryable(err error) bool {
-	if errors.Is(err, errPeerUnreachable) {
-		return true
-	}
 	var ne *netio.Error
 	if errors.As(err, &ne) {
 		switch ne.Code {
@@ -463,7 +460,7 @@ func retryable(err error) bool {
 }
 
 // dispatch serves, sends on or answers the calls that waited for a find.
-func (m *envManager) dispatch(parked []*fwdCall, fl *flight) {
+func (m *envManager) dispatch(parked []*peers.Call, fl *flight) {
 	if fl.err != nil {
 		code, msg := netio.CodeNoSuchGroup, fl.err.Error()
 		var ne *netio.Error
@@ -471,53 +468,53 @@ func (m *envManager) dispatch(parked []*fwdCall, fl *flight) {
 			code, msg = ne.Code, ne.Message
 		}
 		for _, fc := range parked {
-			answerErr(fc, code, msg)
+			fc.Fail(code, msg)
 		}
 		return
 	}
 	self := m.n.cfg.System.NodeID
 	for i, fc := range parked {
 		s := fl.servers[i%len(fl.servers)]
-		fc.retries = route.Retries(m.n.cfg.Sched.RetryOfCommError, len(fl.servers))
+		fc.Retries = route.Retries(m.n.cfg.Sched.RetryOfCommError, len(fl.servers))
 		if s.node == self {
 			f := netio.Frame{
-				Header:  netio.Header{Kind: fc.kind, ID: fc.callerID, TimeoutMs: remainingMs(fc)},
-				Group:   []byte(fc.group),
-				Service: []byte(fc.service),
-				Payload: fc.payload,
+				Header:  netio.Header{Kind: fc.Kind, ID: fc.CallerID, TimeoutMs: remainingMs(fc)},
+				Group:   []byte(fc.Group),
+				Service: []byte(fc.Service),
+				Payload: fc.Payload,
 			}
-			if code, msg := m.n.serveLocal(fc.caller, &f, m.n.groups[fc.group]); code != netio.CodeOK {
-				answerErr(fc, code, msg)
+			if code, msg := m.n.serveLocal(fc.Caller, &f, m.n.groups[fc.Group]); code != netio.CodeOK {
+				fc.Fail(code, msg)
 			}
 			continue
 		}
 		if m.n.cluster == nil {
-			answerErr(fc, netio.CodeNoSuchGroup, fc.group+": its server is on "+s.node+", which this node cannot reach")
+			fc.Fail(netio.CodeNoSuchGroup, fc.Group+": its server is on "+s.node+", which this node cannot reach")
 			continue
 		}
-		fc.tried = append(fc.tried, s.node)
-		if code, msg := m.n.cluster.fwd.send(s.node, s.addr, fc); code != netio.CodeOK {
-			answerErr(fc, code, msg)
+		fc.Tried = append(fc.Tried, s.node)
+		if code, msg := m.n.pool.Send(s.node, s.addr, fc); code != netio.CodeOK {
+			fc.Fail(code, msg)
 		}
 	}
 }
 
 // remainingMs is the time a parked call's caller still waits, for a frame.
-func remainingMs(fc *fwdCall) uint32 {
-	if fc.deadline.IsZero() {
-		return fc.timeoutMs
+func remainingMs(fc *peers.Call) uint32 {
+	if fc.Deadline.IsZero() {
+		return fc.TimeoutMs
 	}
-	return uint32(max(time.Until(fc.deadline).Milliseconds(), 1))
+	return uint32(max(time.Until(fc.Deadline).Milliseconds(), 1))
 }
 
 // expireParked answers 'timed out' to the parked calls whose deadline passed.
 func (m *envManager) expireParked(now time.Time) {
-	var late []*fwdCall
+	var late []*peers.Call
 	m.mu.Lock()
 	for env, list := range m.parked {
 		kept := list[:0]
 		for _, fc := range list {
-			if !fc.deadline.IsZero() && now.After(fc.deadline) {
+			if !fc.Deadline.IsZero() && now.After(fc.Deadline) {
 				late = append(late, fc)
 			} else {
 				kept = append(kept, fc)
@@ -528,7 +525,7 @@ func (m *envManager) expireParked(now time.Time) {
 	}
 	m.mu.Unlock()
 	for _, fc := range late {
-		answerErr(fc, netio.CodeTimedOut, fmt.Sprintf("no server of %s was ready within %v", fc.group, roundLimit(fc.deadline.Sub(fc.start))))
+		fc.Fail(netio.CodeTimedOut, fmt.Sprintf("no server of %s was ready within %v", fc.Group, call.RoundLimit(fc.Deadline.Sub(fc.Start))))
 	}
 }
 
@@ -720,7 +717,7 @@ func (m *envManager) startOn(node, addr, env string, deadline time.Time) error {
 	if node == m.n.cfg.System.NodeID {
 		return m.activate(env, deadline)
 	}
-	_, err := m.peers.request(node, addr, wlmStart, env, nil, deadline)
+	_, err := m.n.pool.Request(node, addr, wlmStart, env, nil, deadline)
 	return err
 }
 
@@ -929,7 +926,7 @@ func (m *envManager) grow(env string) {
 		if node == m.n.cfg.System.NodeID {
 			_, err = m.decide(env, purposeGrow, deadline)
 		} else {
-			_, err = m.peers.request(node, addr, wlmDecide, env, []byte{purposeGrow}, deadline)
+			_, err = m.n.pool.Request(node, addr, wlmDecide, env, []byte{purposeGrow}, deadline)
 		}
 		if err != nil {
 			m.n.log.Info("routing manager: no more servers for a missed goal", "env", env, "decider", node, "err", err)
@@ -1095,7 +1092,7 @@ func (m *envManager) answerFind(c *rpcport.Conn, f *netio.Frame) {
 // serveRequest answers another node's request; it runs on the event loop,
 // so the work is done on a goroutine of its own.
 func (m *envManager) serveRequest(c *rpcport.Conn, f *netio.Frame) {
-	if forwardedBy(c, f) == "" {
+	if peers.Hop(c, f) == "" {
 		m.n.badRequests.Inc()
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "routing manager requests are taken only from a node that proved the cluster key (peer hello)"))
 		return
@@ -1177,7 +1174,7 @@ func (m *envManager) answerParked(env string, code netio.Code, msg string) {
 	delete(m.parked, env)
 	m.mu.Unlock()
 	for _, fc := range parked {
-		answerErr(fc, code, msg)
+		fc.Fail(code, msg)
 	}
 }
 
@@ -1265,7 +1262,7 @@ func (m *envManager) everywhere(env, service string, payload []byte, local func(
 	deadline := time.Now().Add(envQuiesceTimeout + 10*time.Second)
 	for i, info := range others {
 		wg.Go(func() {
-			out, err := m.peers.request(info.Node, info.Addr, service, env, payload, deadline)
+			out, err := m.n.pool.Request(info.Node, info.Addr, service, env, payload, deadline)
 			results[i+1] = NodeResult{Node: info.Node}
 			if err != nil {
 				results[i+1].Error = err.Error()

@@ -25,6 +25,8 @@
 package call
 
 import (
+	"time"
+
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 )
@@ -86,4 +88,14 @@ func (l Line) Route(c Caller, from From, f *netio.Frame) (netio.Code, string) {
 		}
 	}
 	return netio.CodeNoSuchGroup, string(f.Group) // a line without its last stage: nothing took it
+}
+
+// RoundLimit shows a call's time limit as people set it, for the messages
+// of 'timed out' answers: a client adds 1 ms to the time its caller has
+// left, so 250 ms arrive as 251.
+func RoundLimit(d time.Duration) time.Duration {
+	if d >= 50*time.Millisecond {
+		return d.Round(10 * time.Millisecond)
+	}
+	return d.Round(time.Millisecond)
 }

@@ -1,4 +1,4 @@
-package scd
+package peers
 
 import (
 	"crypto/hmac"
@@ -6,17 +6,21 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 )
 
-// This file is the peer hello: how a forwarding connection between two
-// nodes proves, both ways, that each end knows the cluster key, so that
-// the receiving node may trust the hop mark (FlagForwarded) of the calls
-// that follow. All four steps are KindAnnounce frames; the payload's first
+// This file is the peer hello: how a connection between two nodes proves,
+// both ways, that each end knows the cluster key, so that the receiving
+// node may trust the hop mark (FlagForwarded) of the calls and requests
+// that follow. The dialer's side is Handshake (every connection of the
+// Pool opens with it); the node's side is an Acceptor's Accept. All four steps are KindAnnounce frames; the payload's first
 // byte is the step:
 //
 //	dialer -> node  hello      group = dialer's node id; payload: 1, nonce D (32 bytes)
@@ -80,14 +84,14 @@ func helloFrame(dst []byte, name string, step byte, parts ...[]byte) []byte {
 	return netio.AppendFrame(dst, netio.Header{Kind: netio.KindAnnounce}, name, "", payload)
 }
 
-// errHelloRefused is a handshake that failed: the other end does not have
+// ErrHelloRefused is a handshake that failed: the other end does not have
 // our key (or has one we lack), or is not the node we meant.
-var errHelloRefused = errors.New("peer hello refused")
+var ErrHelloRefused = errors.New("peer hello refused")
 
-// dialPeer connects to the RPC port of node at addr as self and runs the
+// dial connects to the RPC port of node at addr as self and runs the
 // hello. It returns the connection and the reader that read the node's
 // side of the handshake, for the calls that follow.
-func dialPeer(addr, self, node string, key []byte) (net.Conn, *netio.FrameReader, error) {
+func dial(addr, self, node string, key []byte) (net.Conn, *netio.FrameReader, error) {
 	nc, err := net.DialTimeout("tcp", addr, helloTimeout)
 	if err != nil {
 		return nil, nil, err
@@ -95,7 +99,7 @@ func dialPeer(addr, self, node string, key []byte) (net.Conn, *netio.FrameReader
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	fr, err := helloAsDialer(nc, self, node, key)
+	fr, err := Handshake(nc, self, node, key)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
@@ -103,9 +107,11 @@ func dialPeer(addr, self, node string, key []byte) (net.Conn, *netio.FrameReader
 	return nc, fr, nil
 }
 
-// helloAsDialer runs the dialer's side of the hello on nc, bounded by
-// helloTimeout.
-func helloAsDialer(nc net.Conn, self, node string, key []byte) (*netio.FrameReader, error) {
+// Handshake runs the dialer's side of the hello on nc, as node self that
+// means to reach node, bounded by helloTimeout. It returns the reader that
+// read the node's side, which the connection's calls go on with (its
+// buffer may hold what followed). A refusal wraps ErrHelloRefused.
+func Handshake(nc net.Conn, self, node string, key []byte) (*netio.FrameReader, error) {
 	_ = nc.SetDeadline(time.Now().Add(helloTimeout))
 	defer nc.SetDeadline(time.Time{})
 	var dn [helloNonceSize]byte
@@ -120,18 +126,18 @@ func helloAsDialer(nc net.Conn, self, node string, key []byte) (*netio.FrameRead
 	}
 	switch macSize := len(body) - helloNonceSize; {
 	case len(key) > 0 && macSize == 0:
-		return nil, fmt.Errorf("%w: node %s has no cluster_key", errHelloRefused, node)
+		return nil, fmt.Errorf("%w: node %s has no cluster_key", ErrHelloRefused, node)
 	case len(key) == 0 && macSize == helloMACSize:
-		return nil, fmt.Errorf("%w: node %s has a cluster_key, this node none", errHelloRefused, node)
+		return nil, fmt.Errorf("%w: node %s has a cluster_key, this node none", ErrHelloRefused, node)
 	case macSize != 0 && macSize != helloMACSize:
-		return nil, fmt.Errorf("%w: challenge of %d bytes", errHelloRefused, len(body))
+		return nil, fmt.Errorf("%w: challenge of %d bytes", ErrHelloRefused, len(body))
 	}
 	if string(group) != node {
-		return nil, fmt.Errorf("%w: reached node %q, not %q", errHelloRefused, group, node)
+		return nil, fmt.Errorf("%w: reached node %q, not %q", ErrHelloRefused, group, node)
 	}
 	nn := body[:helloNonceSize]
 	if !hmac.Equal(body[helloNonceSize:], helloMAC(key, "node", dn[:], nn, self, node)) {
-		return nil, fmt.Errorf("%w: node %s does not prove our cluster_key", errHelloRefused, node)
+		return nil, fmt.Errorf("%w: node %s does not prove our cluster_key", ErrHelloRefused, node)
 	}
 	if _, err := nc.Write(helloFrame(nil, "", helloStepProof, helloMAC(key, "dialer", dn[:], nn, self, node))); err != nil {
 		return nil, fmt.Errorf("hello proof: %w", err)
@@ -150,11 +156,29 @@ func readHelloStep(fr *netio.FrameReader, step byte) (body, group []byte, err er
 	}
 	switch {
 	case f.Kind == netio.KindError:
-		return nil, nil, fmt.Errorf("%w: %v: %s", errHelloRefused, f.Code, f.Payload)
+		return nil, nil, fmt.Errorf("%w: %v: %s", ErrHelloRefused, f.Code, f.Payload)
 	case f.Kind != netio.KindAnnounce || len(f.Payload) == 0 || f.Payload[0] != step:
-		return nil, nil, fmt.Errorf("%w: want hello step %d, got a %v frame", errHelloRefused, step, f.Kind)
+		return nil, nil, fmt.Errorf("%w: want hello step %d, got a %v frame", ErrHelloRefused, step, f.Kind)
 	}
 	return f.Payload[1:], f.Group, nil
+}
+
+// Acceptor is the node's side of the hello, for every connection of its
+// RPC port. Accept runs on the connection's event loop and never blocks;
+// the state of a connection's hello is its rpcport.Conn context, which the
+// event loop alone touches.
+type Acceptor struct {
+	self    string // this node's id
+	key     []byte // cluster_key; nil: none, nothing is authenticated
+	refused *metrics.Counter
+	log     *slog.Logger
+}
+
+// NewAcceptor is the hello of node self with cluster key key (nil for
+// none); refused counts the hellos it refuses
+// (tpsched_peer_hellos_refused_total).
+func NewAcceptor(self string, key []byte, refused *metrics.Counter, log *slog.Logger) *Acceptor {
+	return &Acceptor{self: self, key: key, refused: refused, log: log}
 }
 
 // peerHello is the node's side of the hello on one connection (its
@@ -167,66 +191,65 @@ type peerHello struct {
 	refused     bool // the hello failed; the connection is closing
 }
 
-// acceptHello takes one hello step on c; see the protocol above.
-func (n *Node) acceptHello(c *rpcport.Conn, f *netio.Frame) {
+// Accept takes one hello step on c; see the protocol above.
+func (a *Acceptor) Accept(c *rpcport.Conn, f *netio.Frame) {
 	st, _ := c.Context().(*peerHello)
 	if st != nil && st.refused {
 		return
 	}
 	if len(f.Payload) == 0 {
-		n.refuseHello(c, st, string(f.Group), "empty hello frame")
+		a.refuse(c, st, string(f.Group), "empty hello frame")
 		return
 	}
-	key := n.clusterKey()
 	step, body := f.Payload[0], f.Payload[1:]
 	switch {
 	case step == helloStepHello && st == nil:
 		if len(body) != helloNonceSize || len(f.Group) == 0 {
-			n.refuseHello(c, st, string(f.Group), "malformed hello")
+			a.refuse(c, st, string(f.Group), "malformed hello")
 			return
 		}
 		st = &peerHello{dialer: string(f.Group)}
 		copy(st.dialerNonce[:], body)
 		_, _ = rand.Read(st.nodeNonce[:])
 		c.SetContext(st)
-		self := n.cfg.System.NodeID
-		c.SendNow(helloFrame(nil, self, helloStepChallenge, st.nodeNonce[:],
-			helloMAC(key, "node", st.dialerNonce[:], st.nodeNonce[:], st.dialer, self)))
+		c.SendNow(helloFrame(nil, a.self, helloStepChallenge, st.nodeNonce[:],
+			helloMAC(a.key, "node", st.dialerNonce[:], st.nodeNonce[:], st.dialer, a.self)))
 	case step == helloStepProof && st != nil && !st.trusted:
-		want := helloMAC(key, "dialer", st.dialerNonce[:], st.nodeNonce[:], st.dialer, n.cfg.System.NodeID)
+		want := helloMAC(a.key, "dialer", st.dialerNonce[:], st.nodeNonce[:], st.dialer, a.self)
 		if len(body) != len(want) || !hmac.Equal(body, want) {
-			n.refuseHello(c, st, st.dialer, "wrong proof of the cluster_key")
+			a.refuse(c, st, st.dialer, "wrong proof of the cluster_key")
 			return
 		}
 		st.trusted = true
 		c.SendNow(helloFrame(nil, "", helloStepWelcome))
 	default:
-		n.refuseHello(c, st, string(f.Group), fmt.Sprintf("hello step %d out of order", step))
+		a.refuse(c, st, string(f.Group), fmt.Sprintf("hello step %d out of order", step))
 	}
 }
 
-// refuseHello answers a failed hello, counts it and closes c. The log line
+// refuse answers a failed hello, counts it and closes c. The log line
 // comes at the 1st, 2nd, 4th, 8th... refusal: loud enough, never a flood
 // an attacker can cause.
-func (n *Node) refuseHello(c *rpcport.Conn, st *peerHello, claimed, why string) {
+func (a *Acceptor) refuse(c *rpcport.Conn, st *peerHello, claimed, why string) {
 	if st == nil {
 		st = &peerHello{}
 		c.SetContext(st)
 	}
 	st.refused, st.trusted = true, false
-	n.helloRefused.Inc()
-	if k := n.helloRefused.Get(); k&(k-1) == 0 {
-		n.log.Warn("peer hello refused; its calls are not trusted as forwarded", "why", why,
+	a.refused.Inc()
+	if k := a.refused.Get(); k&(k-1) == 0 {
+		a.log.Warn("peer hello refused; its calls are not trusted as forwarded", "why", why,
 			"claimed_node", claimed, "remote", c.RemoteAddr(), "refused_so_far", k)
 	}
 	c.SendNow(netio.AppendError(nil, 0, netio.CodeProtocol, "peer hello refused: "+why))
 	_ = c.Close()
 }
 
-// forwardedBy is the node a call was transferred from; "" if it was not
-// transferred (or its hop mark cannot be trusted: no completed hello on
-// its connection).
-func forwardedBy(c *rpcport.Conn, f *netio.Frame) string {
+// Hop is the node the call or request f on c was transferred from: the
+// dialer its connection's hello proved, when f bears the hop mark
+// (FlagForwarded). "" when it was not transferred, or its hop mark cannot
+// be trusted (no completed hello on c). It runs on c's event loop.
+func Hop(c *rpcport.Conn, f *netio.Frame) string {
 	if f.Flags&netio.FlagForwarded == 0 {
 		return ""
 	}
