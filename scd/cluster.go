@@ -17,6 +17,7 @@ import (
 	"tpsched/netio/rpcport"
 	"tpsched/scd/call"
 	"tpsched/scd/def"
+	"tpsched/scd/local"
 	"tpsched/scd/names"
 	"tpsched/scd/peers"
 	"tpsched/scd/route"
@@ -155,16 +156,16 @@ func (n *Node) newCluster(rule route.Rule) *cluster {
 // with scd_announce_server_status=N) and whether they are held.
 func (n *Node) localInfo() names.NodeInfo {
 	info := names.NodeInfo{Addr: n.advertisedRPC(), Announce: n.cfg.Sched.AnnounceServerStatus}
-	for _, g := range n.order { // sorted by name, as names wants
-		if !g.servable() {
+	for _, g := range n.local.Groups() { // sorted by name, as names wants
+		if !g.Serving() {
 			continue // no server here (an application environment, wlm_env.go)
 		}
-		gi := names.GroupInfo{Group: g.name, Held: g.held.Load(), Socket: g.def.ReceiveFrom == def.ReceiveSocket}
+		gi := names.GroupInfo{Group: g.Name(), Held: g.Held(), Socket: g.Def().ReceiveFrom == def.ReceiveSocket}
 		if info.Announce {
-			gi.Level = g.level()
+			gi.Level = g.Level()
 		}
 		if n.wlm != nil {
-			gi.PI = n.wlm.groupPI(g.name)
+			gi.PI = n.wlm.groupPI(g.Name())
 		}
 		info.Groups = append(info.Groups, gi)
 	}
@@ -263,24 +264,24 @@ func (n *Node) announce() {
 
 // candidates appends the nodes that can take a call for group: the others
 // that run it and are not held, and this node when local says so.
-func (cl *cluster) candidates(dst []route.Candidate, group string, local *group, tried []string) []route.Candidate {
+func (cl *cluster) candidates(dst []route.Candidate, group string, lg *local.Group, tried []string) []route.Candidate {
 	for _, e := range cl.names.Lookup(group) {
 		if e.Local || e.Held || contains(tried, e.Node) {
 			continue
 		}
 		dst = append(dst, route.Candidate{Node: e.Node, Level: e.Level, InFlight: cl.pool.InFlight(e.Node)})
 	}
-	if local != nil && !local.held.Load() && local.servable() && !contains(tried, cl.self) {
-		dst = append(dst, route.Candidate{Node: cl.self, Local: true, Level: local.level(), InFlight: local.inFlight()})
+	if lg != nil && !lg.Held() && lg.Serving() && !contains(tried, cl.self) {
+		dst = append(dst, route.Candidate{Node: cl.self, Local: true, Level: lg.Level(), InFlight: lg.InFlight()})
 	}
 	return dst
 }
 
 // socketGroup reports whether group receives from a socket (routed at
 // random, no status check): as defined here, or as its nodes announce.
-func (cl *cluster) socketGroup(group string, local *group) bool {
-	if local != nil {
-		return local.def.ReceiveFrom == def.ReceiveSocket
+func (cl *cluster) socketGroup(group string, lg *local.Group) bool {
+	if lg != nil {
+		return lg.Def().ReceiveFrom == def.ReceiveSocket
 	}
 	entries := cl.names.Lookup(group)
 	return len(entries) > 0 && entries[0].Socket
@@ -300,7 +301,7 @@ func contains(list []string, s string) bool {
 // calls here now (servingGroup). It returns handled =
 // true when the call was transferred (or refused on the way); otherwise
 // the caller serves it locally, or refuses it as the local rules say.
-func (n *Node) routeCall(c caller, from call.From, f *netio.Frame, g *group) (handled bool, code netio.Code, msg string) {
+func (n *Node) routeCall(c call.Caller, from call.From, f *netio.Frame, g *local.Group) (handled bool, code netio.Code, msg string) {
 	cl := n.cluster
 	if from.Peer != "" {
 		cl.countReceived(from.Peer, n.metrics)
@@ -319,7 +320,7 @@ func (n *Node) routeCall(c caller, from call.From, f *netio.Frame, g *group) (ha
 		// The sender chose this node: stay unless held, or LEVEL2 while
 		// another node is lower.
 		cands = cl.candidates((*buf)[:0], group, nil, nil)
-		if !route.Transfer(g.held.Load(), g.level(), cands, cl.policy) {
+		if !route.Transfer(g.Held(), g.Level(), cands, cl.policy) {
 			return false, 0, ""
 		}
 	} else {
@@ -344,8 +345,8 @@ func (n *Node) routeCall(c caller, from call.From, f *netio.Frame, g *group) (ha
 	}
 	if f.TimeoutMs > 0 {
 		fc.Deadline = fc.Start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
-	} else if g != nil && g.watch > 0 {
-		fc.Deadline = fc.Start.Add(g.watch)
+	} else if g != nil && g.Def().WatchTime > 0 {
+		fc.Deadline = fc.Start.Add(g.Def().WatchTime)
 	} else if w := n.cfg.System.WatchTime; w > 0 {
 		fc.Deadline = fc.Start.Add(w)
 	}
@@ -363,8 +364,8 @@ func (n *Node) answerLookup(c *rpcport.Conn, f *netio.Frame) {
 				nodes = append(nodes, netio.NodeLevel{Addr: e.Addr, Level: uint8(e.Level)})
 			}
 		}
-	} else if g := n.groups[group]; g != nil && !g.held.Load() && g.servable() {
-		nodes = append(nodes, netio.NodeLevel{Addr: n.advertisedAddr(c.Port()), Level: uint8(g.level())})
+	} else if g, ok := n.local.Group(group); ok && !g.Held() && g.Serving() {
+		nodes = append(nodes, netio.NodeLevel{Addr: n.advertisedAddr(c.Port()), Level: uint8(g.Level())})
 	}
 	if len(nodes) == 0 {
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, group+": no node serves it now"))
@@ -405,7 +406,7 @@ func (n *Node) reroute(fc *peers.Call, err error) {
 		fc.FailUnsent(err, "")
 		return
 	}
-	g := n.groups[fc.Group]
+	g, _ := n.local.Group(fc.Group)
 	cands := n.cluster.candidates(nil, fc.Group, g, fc.Tried)
 	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
 		Socket: n.cluster.socketGroup(fc.Group, g)}, globalRand{})
@@ -426,7 +427,7 @@ func (n *Node) reroute(fc *peers.Call, err error) {
 			Service: []byte(fc.Service),
 			Payload: fc.Payload,
 		}
-		if code, msg := n.serveLocal(fc.Caller, &f, g); code != netio.CodeOK {
+		if code, msg := n.local.Serve(fc.Caller, &f); code != netio.CodeOK {
 			fc.Fail(code, msg)
 		}
 		return

@@ -22,6 +22,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -260,11 +261,11 @@ func (n *Node) controlAllowed(next http.Handler, refused *metrics.Counter) http.
 func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 	name := r.URL.Query().Get("group")
 	res := HoldResult{Group: name, Held: hold}
-	g := n.groups[name]
+	g, _ := n.local.Group(name)
 	if g != nil {
 		// Read before the change: two operators at once may both see a
 		// change, which is what happened from where each stood.
-		res.Changed = g.held.Load() != hold
+		res.Changed = g.Held() != hold
 	}
 	var err error
 	if hold {
@@ -281,7 +282,7 @@ func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	res.InFlight = g.inFlight()
+	res.InFlight = g.InFlight()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
 }
@@ -296,4 +297,47 @@ func (n *Node) answerRestart(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
+}
+
+// answerPrc serves GET /prc?group= on the control socket.
+func (n *Node) answerPrc(w http.ResponseWriter, r *http.Request) {
+	list, err := n.local.Processes(r.URL.Query().Get("group"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	writeJSON(w, list)
+}
+
+// answerChprc serves POST /chprc?group=&resident=[&max=] on the control
+// socket.
+func (n *Node) answerChprc(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	resident, err := strconv.Atoi(q.Get("resident"))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("chprc: resident %q: want a whole number", q.Get("resident")), http.StatusBadRequest)
+		return
+	}
+	maxProcs := -1
+	if v := q.Get("max"); v != "" {
+		if maxProcs, err = strconv.Atoi(v); err != nil || maxProcs < 0 {
+			http.Error(w, fmt.Sprintf("chprc: max %q: want a whole number", v), http.StatusBadRequest)
+			return
+		}
+	}
+	res, err := n.local.ChangeProcesses(q.Get("group"), resident, maxProcs)
+	var te *netio.Error
+	switch {
+	case errors.As(err, &te):
+		http.Error(w, err.Error(), http.StatusNotFound)
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusBadRequest)
+	default:
+		writeJSON(w, res)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
 }

@@ -11,6 +11,8 @@ import (
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/scd/call"
+	"tpsched/scd/def"
+	"tpsched/scd/local"
 	"tpsched/scd/peers"
 )
 
@@ -64,7 +66,7 @@ func (n *Node) buildFrames() {
 	if n.cluster != nil {
 		uap = append(uap, clusterStage{n})
 	}
-	uap = append(uap, localStage{n})
+	uap = append(uap, n.local)
 	n.uapLine = uap
 	line := call.Line{drainStage{n}}
 	if len(n.cfg.Sched.ReceiverGroups) > 0 {
@@ -105,7 +107,8 @@ func (s drainStage) Route(call.Caller, call.From, *netio.Frame) (bool, netio.Cod
 type receiverStage struct{ n *Node }
 
 func (s receiverStage) Route(_ call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
-	if msg, wrong := s.n.wrongReceiver(from.Conn, s.n.groups[string(f.Group)], f); wrong {
+	g, _ := s.n.local.Group(string(f.Group))
+	if msg, wrong := s.n.wrongReceiver(from.Conn, g, f); wrong {
 		return true, netio.CodeWrongReceiver, msg
 	}
 	return false, 0, ""
@@ -126,21 +129,21 @@ func (s clusterStage) Route(c call.Caller, from call.From, f *netio.Frame) (bool
 	return s.n.routeCall(c, from, f, s.n.servingGroup(string(f.Group)))
 }
 
-// localStage puts a call on this node's schedule queue of its group, or
-// refuses it.
-type localStage struct{ n *Node }
-
-func (s localStage) Route(c call.Caller, _ call.From, f *netio.Frame) (bool, netio.Code, string) {
-	code, msg := s.n.serveLocal(c, f, s.n.groups[string(f.Group)])
-	return true, code, msg
-}
-
 // servingGroup is the group named name if it takes calls here now: nil
 // when it is not defined here, or has no server here (an application
 // environment, wlm_env.go).
-func (n *Node) servingGroup(name string) *group {
-	if g := n.groups[name]; g != nil && g.servable() {
+func (n *Node) servingGroup(name string) *local.Group {
+	if g, ok := n.local.Group(name); ok && g.Serving() {
 		return g
 	}
 	return nil
+}
+
+// suggestName names what is not among names, with the nearest that is
+// ("demoo (did you mean demo?)").
+func suggestName(name string, names []string) string {
+	if s := def.Suggest(name, names); s != "" {
+		return name + " (did you mean " + s + "?)"
+	}
+	return name
 }

@@ -69,15 +69,6 @@ var metricHelp = map[string]string{
 	"tpsched_announces_dropped_total":   "Announces dropped, by reason (unauthenticated, malformed, full: the 128-node table is full, invalid).",
 }
 
-// requestDurationBuckets are the le bounds of tpsched_request_duration_seconds:
-// from an echo through shared memory (tens of µs) to watch_time's default
-// (180 s).
-var requestDurationBuckets = []float64{
-	50e-6, 100e-6, 250e-6, 500e-6,
-	.001, .0025, .005, .01, .025, .05, .1, .25, .5,
-	1, 2.5, 5, 10, 30, 60, 180,
-}
-
 // scrapedCounter is a counter whose value is kept elsewhere and read at
 // each scrape.
 type scrapedCounter struct {
@@ -129,9 +120,9 @@ func (n *Node) writeScraped(w io.Writer) {
 		u   bpf.Usage
 	}
 	var hists []hist
-	for _, g := range n.order {
-		lbl := `{group="` + g.name + `"}`
-		u, cpu := g.procs.Usage(), g.procs.CPUSample()
+	for _, g := range n.local.Groups() {
+		lbl := `{group="` + g.Name() + `"}`
+		u, cpu := g.Usage(), g.CPUSample()
 		s.NewFloatCounter(`tpsched_group_cpu_seconds_total` + lbl).Set(u.OnCPU.Seconds())
 		s.NewFloatCounter(`tpsched_group_runqueue_wait_seconds_total` + lbl).Set(u.Wait.Seconds())
 		if cpu.Wait >= 0 {
@@ -139,7 +130,7 @@ func (n *Node) writeScraped(w io.Writer) {
 		}
 		s.NewGauge(`tpsched_group_runnable_ratio`+lbl, nil).Set(float64(cpu.Busy) / 100)
 		if mech.Histogram {
-			hists = append(hists, hist{`group="` + g.name + `"`, u})
+			hists = append(hists, hist{`group="` + g.Name() + `"`, u})
 		}
 	}
 	s.WritePrometheus(w)

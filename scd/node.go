@@ -1,10 +1,15 @@
-// Package scd is the schedule service of a node: it wires the service
-// groups' shared-memory schedule queues, the UAP processes that serve them
-// and the RPC port together. A call arrives as a frame from netio, is
-// checked (group, service, hold, size), put on its group's queue and
-// answered when a UAP completes it, when its watch_time passes, or when the
-// UAP serving it dies. scd never parses bytes off the wire itself; netio
-// hands it frames.
+// Package scd is the schedule service of a node: it wires its parts
+// together and serves the operator's doors. The parts are packages of
+// their own, each behind the contract its package comment states: the
+// local scheduler (scd/local: the service groups, their queues and
+// processes), the other nodes (scd/cluster: the name table, node choice,
+// receiver groups; scd/peers: the connections to them) and the routing
+// manager (scd/wlmnode). A call arrives as a frame from the RPC port
+// (netio/rpcport) and goes along the node's line of stages (scd/call,
+// frames.go) until one takes it; scd never parses bytes off the wire
+// itself. The doors: the control socket (control.go), /status and the
+// status page (status.go), /metrics (metrics.go), restart without dropping
+// a call (restart.go), drain.
 //
 // # Usage
 //
@@ -19,14 +24,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,10 +40,8 @@ import (
 	"tpsched/procmgr"
 	"tpsched/scd/call"
 	"tpsched/scd/def"
+	"tpsched/scd/local"
 	"tpsched/scd/peers"
-	"tpsched/scd/schedq"
-	"tpsched/shm"
-	"tpsched/shm/sockmode"
 )
 
 // Options are the parts of a node that do not come from the definitions.
@@ -83,9 +81,8 @@ type Node struct {
 	opts Options
 	log  *slog.Logger
 
-	groups   map[string]*group
-	order    []*group       // by name, for status output
-	pm       processManager // procmgr, unless a test set it
+	local    *local.Scheduler     // this node's groups, queues and processes
+	pm       local.ProcessManager // procmgr, unless a test set it
 	meter    bpf.Meter
 	cluster  *cluster // nil: no all_node, every call is served here
 	rpc      *rpcport.Port
@@ -113,8 +110,6 @@ type Node struct {
 	// frame.
 	line, uapLine call.Line
 	control       controlFrames
-
-	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 }
 
 // New checks the configuration against the machine (modules exist, groups
@@ -128,7 +123,6 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, opts: opts, log: opts.Logger,
-		groups:  make(map[string]*group),
 		metrics: metrics.NewSet(),
 		stop:    make(chan struct{}),
 		failed:  make(chan error, 1),
@@ -143,31 +137,28 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	n.hello = peers.NewAcceptor(cfg.System.NodeID, n.clusterKey(), n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`), n.log)
 	n.pool = peers.New(peers.Options{Self: cfg.System.NodeID, Key: n.clusterKey(), Log: n.log, Metrics: n.metrics})
-	for _, s := range cfg.Servers {
-		module, err := n.resolveModule(s.Module)
-		if err != nil {
-			return nil, s.Errorf("module", "%v", err)
-		}
-		s.Module = module
-		g := &group{
-			name:    s.ServiceGroup,
-			def:     s,
-			entries: make(map[string]string, len(s.Services)),
-			watch:   s.WatchTime,
-			log:     n.log,
-			q: schedq.New[*request](schedq.Config{QueueSize: s.QueueSize, Slots: s.MaxProcesses,
-				Resident: s.Resident, Refresh: s.RefreshProcess, Depth: callsPerProcess(&s)}),
-			slots: make([]slotState, s.MaxProcesses),
-		}
-		for _, svc := range s.Services {
-			g.entries[svc.Name] = svc.Entry
-		}
-		n.groups[g.name] = g
-		n.order = append(n.order, g)
+	lopts := local.Options{
+		Logger:      n.log,
+		Metrics:     n.metrics,
+		CounterFunc: n.counterFunc,
+		ModuleDirs:  opts.ModuleDirs,
+		Place: func(c call.Caller, f *netio.Frame) (netio.Code, string) {
+			return n.uapLine.Route(c, call.From{}, f) // a UAP's own call: the line without the drain and receivers
+		},
+		LevelChanged: func(*local.Group) {
+			if cfg.Sched.AnnounceServerStatus {
+				n.announce()
+			}
+		},
 	}
-	sort.Slice(n.order, func(i, j int) bool { return n.order[i].name < n.order[j].name })
 	if cfg.Policy != nil {
-		var err error
+		lopts.OnDemand = func(group string) bool { return n.wlm.envs.isEnv(group) }
+	}
+	var err error
+	if n.local, err = local.New(cfg, lopts); err != nil {
+		return nil, err
+	}
+	if cfg.Policy != nil {
 		if n.wlm, err = newWLM(n); err != nil {
 			return nil, err
 		}
@@ -177,64 +168,6 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	}
 	n.buildFrames()
 	return n, nil
-}
-
-// prefetchDepth is how many calls a shared-memory process may hold: its
-// current one and those handed over ahead, so that it goes on without
-// waiting for the reply reader between short calls (a handoff costs a
-// futex wake-up on each side: 28% of scdd's CPU at 64 connections with
-// one call ahead). A stuck process gives back what it has not taken.
-const prefetchDepth = 8
-
-// callsPerProcess is prefetchDepth, or 1 for a socket-receiving server: a
-// call written to a socket cannot be taken back.
-func callsPerProcess(s *def.Server) int {
-	if s.ReceiveFrom == def.ReceiveSocket {
-		return 1
-	}
-	return prefetchDepth
-}
-
-// resolveModule finds a UAP executable: absolute, relative to the
-// definition directory, or by bare name in aplib/, ModuleDirs and $PATH.
-func (n *Node) resolveModule(m string) (string, error) {
-	if filepath.IsAbs(m) {
-		return m, checkExecutable(m)
-	}
-	if filepath.Base(m) != m {
-		p := filepath.Join(n.cfg.Dir, m)
-		return p, checkExecutable(p)
-	}
-	var dirs []string
-	if n.cfg.Dir != "" {
-		dirs = append(dirs, filepath.Join(n.cfg.Dir, "aplib"))
-	}
-	dirs = append(dirs, n.opts.ModuleDirs...)
-	for _, d := range dirs {
-		p := filepath.Join(d, m)
-		if checkExecutable(p) == nil {
-			return p, nil
-		}
-	}
-	p, err := exec.LookPath(m)
-	if err != nil {
-		return "", fmt.Errorf("%q not found in %v or $PATH", m, dirs)
-	}
-	return p, nil
-}
-
-func checkExecutable(p string) error {
-	st, err := os.Stat(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("%s does not exist", p)
-	}
-	if err != nil {
-		return err
-	}
-	if st.IsDir() || st.Mode()&0o111 == 0 {
-		return fmt.Errorf("%s is not an executable file", p)
-	}
-	return nil
 }
 
 // Start creates the schedule queues, starts the UAP processes, then opens
@@ -249,13 +182,13 @@ func (n *Node) Start() (err error) {
 	mech := n.meter.Mechanism()
 	n.log.Info("uap cpu measurement", "mechanism", mech.Name, "histogram", mech.Histogram, "reason", mech.Reason)
 	if n.pm == nil {
-		n.pm = procmgrManager{procmgr.New(procmgr.Options{
+		n.pm = local.Procmgr(procmgr.New(procmgr.Options{
 			Logger:        n.log,
 			NodeCap:       n.cfg.System.MaxProcesses,
 			SchedBatch:    n.cfg.System.UAPSchedBatch,
 			MemoryReserve: n.cfg.System.MemoryReserve,
 			Meter:         n.meter,
-		})}
+		}))
 	}
 	n.registerNodeMetrics()
 	for _, w := range n.cfg.System.Warnings() {
@@ -268,10 +201,8 @@ func (n *Node) Start() (err error) {
 			n.shutdown()
 		}
 	}()
-	for _, g := range n.order {
-		if err := n.startGroup(g); err != nil {
-			return err
-		}
+	if err := n.local.Start(n.pm); err != nil {
+		return err
 	}
 	if err := n.takeOver(); err != nil {
 		return err
@@ -301,9 +232,6 @@ func (n *Node) Start() (err error) {
 	if err := n.startAdmin(); err != nil {
 		return err
 	}
-	if err := n.startLoadChecks(); err != nil {
-		return err
-	}
 	if n.wlm != nil {
 		n.wlm.start()
 	}
@@ -316,72 +244,28 @@ func (n *Node) Start() (err error) {
 	n.wg.Add(1)
 	go n.expireLoop()
 	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "control", n.adminLn.Addr().String(),
-		"groups", len(n.order))
+		"groups", len(n.local.Groups()))
 	return nil
 }
 
-func (n *Node) startGroup(g *group) error {
-	s := &g.def
-	env := s.Env
-	if s.ReceiveFrom == def.ReceiveSocket {
-		tr, err := sockmode.New(g.name, s.MaxMessageSize)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s.File, err)
-		}
-		g.tr = transportOf[*sockmode.Proc]{tr}
-		env = append(env[:len(env):len(env)], "TPSCHED_RECEIVE=socket")
-	} else {
-		sg, err := shm.NewGroup(g.name, s.MaxMessageSize, s.MaxProcesses, callsPerProcess(s))
-		if err != nil {
-			return fmt.Errorf("%s: shared memory: %w", s.File, err)
-		}
-		g.tr = transportOf[*shm.Proc]{sg}
+// CheckEntries is scdd -check -entries: it starts one process of every
+// server that receives from its queue, waits until it registered its
+// entries (or died, or timeout passed), stops it, and returns an error,
+// naming the definition's file and line, for each service whose entry the
+// module does not register and each module that did not start
+// (local.Scheduler.CheckEntries). It runs the modules, as start-up would,
+// so it is asked for: plain -check starts nothing. The node is not
+// started, and cannot be after.
+func (n *Node) CheckEntries(timeout time.Duration) []error {
+	quiet := local.ErrorsOnly(n.log) // what the check finds it returns
+	meter := bpf.Open(bpf.Options{Force: bpf.Proc, Logger: quiet}) // a check measures nothing
+	defer meter.Close()
+	pm := n.pm
+	if pm == nil {
+		pm = local.Procmgr(procmgr.New(procmgr.Options{Logger: quiet, Meter: meter, SchedBatch: n.cfg.System.UAPSchedBatch}))
 	}
-	lbl := `{group="` + g.name + `"}`
-	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
-	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
-	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
-	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
-	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
-	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
-	g.place = n.placeLocal
-	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
-	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
-	n.counterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
-	n.counterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
-	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
-	n.startLoad(g)
-	uid, gid := n.uapCredentials(s)
-	var err error
-	g.procs, err = n.startProcesses(g, procmgr.Spec{
-		Server:       s.Name,
-		Group:        g.name,
-		Module:       s.Module,
-		Env:          env,
-		UID:          uid,
-		GID:          gid,
-		Resident:     s.Resident,
-		Max:          s.MaxProcesses,
-		BalanceCount: s.BalanceCount,
-		Priority:     s.SchedulePriority,
-		Refresh:      s.RefreshProcess,
-		IdleStop:     s.NonResidentIdle,
-		CPUWaitLimit: s.CPUWaitLimit,
-	})
-	if err != nil {
-		return fmt.Errorf("%s: %w", s.File, err)
-	}
-	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
-		res, _ := g.procs.Running()
-		return float64(res)
-	})
-	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="nonresident"}`, func() float64 {
-		_, nonres := g.procs.Running()
-		return float64(nonres)
-	})
-	n.wg.Add(1)
-	go func() { defer n.wg.Done(); g.readReplies(n.stop) }()
-	return nil
+	defer pm.Close()
+	return n.local.CheckEntries(pm, timeout)
 }
 
 // largestMessage is the frame cap of the RPC port: the largest
@@ -393,11 +277,11 @@ func (n *Node) largestMessage() int {
 		return def.MaxMaxMessageSize
 	}
 	m := def.DefaultMaxMessageSize
-	if len(n.order) > 0 {
+	if len(n.cfg.Servers) > 0 {
 		m = 0
 	}
-	for _, g := range n.order {
-		m = max(m, g.def.MaxMessageSize)
+	for _, s := range n.cfg.Servers {
+		m = max(m, s.MaxMessageSize)
 	}
 	return m
 }
@@ -437,7 +321,8 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// expireLoop answers callers whose watch_time has passed.
+// expireLoop answers the transferred calls and requests whose deadline has
+// passed (the local scheduler expires its own).
 func (n *Node) expireLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(50 * time.Millisecond)
@@ -447,60 +332,9 @@ func (n *Node) expireLoop() {
 		case <-n.stop:
 			return
 		case now := <-t.C:
-			for _, g := range n.order {
-				g.expire(now)
-				g.checkStall(now)
-			}
 			n.pool.Expire(now)
 		}
 	}
-}
-
-// serveLocal puts a call on this node's schedule queue of g, or says why not.
-func (n *Node) serveLocal(c caller, f *netio.Frame, g *group) (netio.Code, string) {
-	if g == nil {
-		return netio.CodeNoSuchGroup, n.unknown(string(f.Group), n.groupNames)
-	}
-	entry, ok := g.entries[string(f.Service)]
-	if !ok {
-		return netio.CodeNoSuchService, g.name + "/" + n.unknown(string(f.Service), g.serviceNames)
-	}
-	if g.held.Load() {
-		return netio.CodeServiceClosed, g.name + " is held"
-	}
-	if !g.servable() {
-		return netio.CodeServiceClosed, g.name + " has no server on node " + n.cfg.System.NodeID
-	}
-	if len(f.Payload) > g.def.MaxMessageSize {
-		return netio.CodeMessageTooBig, fmt.Sprintf("%d bytes, max_message_size %d", len(f.Payload), g.def.MaxMessageSize)
-	}
-	return g.submit(c, f, entry, time.Now())
-}
-
-// unknown names what a call asked for that is not here, with the nearest
-// name that is ("demoo (did you mean demo?)"); names is asked only now,
-// on the error path.
-func (n *Node) unknown(name string, names func() []string) string {
-	if s := def.Suggest(name, names()); s != "" {
-		return name + " (did you mean " + s + "?)"
-	}
-	return name
-}
-
-func (n *Node) groupNames() []string {
-	out := make([]string, 0, len(n.order))
-	for _, g := range n.order {
-		out = append(out, g.name)
-	}
-	return out
-}
-
-func (g *group) serviceNames() []string {
-	out := make([]string, 0, len(g.def.Services))
-	for _, s := range g.def.Services {
-		out = append(out, s.Name)
-	}
-	return out
 }
 
 // OnClose is called when a caller's connection closes. Calls in flight for
@@ -515,12 +349,13 @@ func (n *Node) Hold(name string) error { return n.setHeld(name, true) }
 func (n *Node) Release(name string) error { return n.setHeld(name, false) }
 
 func (n *Node) setHeld(name string, held bool) error {
-	g := n.groups[name]
-	if g == nil {
-		return &netio.Error{Code: netio.CodeNoSuchGroup, Message: name}
+	set := n.local.Release
+	if held {
+		set = n.local.Hold
 	}
-	g.held.Store(held)
-	n.log.Info("service group "+map[bool]string{true: "held", false: "released"}[held], "group", name)
+	if _, err := set(name); err != nil {
+		return err
+	}
 	n.announce()
 	return nil
 }
@@ -551,10 +386,7 @@ func (n *Node) drain(ctx context.Context) error {
 	defer t.Stop()
 	var left int
 	for {
-		left = n.transfersInFlight()
-		for _, g := range n.order {
-			left += g.inFlight()
-		}
+		left = n.pool.TotalInFlight() + n.local.InFlight()
 		if left == 0 {
 			break
 		}
@@ -578,7 +410,7 @@ func (n *Node) drain(ctx context.Context) error {
 // endpoint. Each part has its own, so UAPs that had to be killed do not
 // leave the port no time to answer their calls.
 const (
-	uapStopTime  = 5 * time.Second
+	uapStopTime  = local.UAPStopTime
 	rpcStopTime  = 5 * time.Second
 	httpStopTime = 2 * time.Second
 )
@@ -586,26 +418,8 @@ const (
 // shutdown stops whatever has been started, in the reverse order.
 func (n *Node) shutdown() error {
 	var errs []error
-	for _, g := range n.order {
-		if g.procs != nil {
-			g.procs.Stopping() // their exits from here on are not crashes
-		}
-		if g.tr != nil {
-			g.close() // the processes leave once they hold no call
-			g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
-		}
-	}
 	uapCtx, cancel := context.WithTimeout(context.Background(), uapStopTime)
-	for _, g := range n.order {
-		if g.procs != nil {
-			errs = append(errs, g.procs.Stop(uapCtx))
-		}
-		if g.tr != nil {
-			// A call the last processes were handed and never took went
-			// back to the queue when they were reaped: nobody takes it now.
-			g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
-		}
-	}
+	errs = append(errs, n.local.Stop(uapCtx))
 	cancel()
 	n.leaveCluster()
 	if n.rpc != nil {
@@ -621,11 +435,7 @@ func (n *Node) shutdown() error {
 	}
 	close(n.stop)
 	n.wg.Wait()
-	for _, g := range n.order {
-		if g.tr != nil {
-			errs = append(errs, g.tr.Unmap())
-		}
-	}
+	errs = append(errs, n.local.Close())
 	if n.pm != nil {
 		n.pm.Close()
 	}

@@ -8,6 +8,7 @@ import (
 	"tpsched/bpf"
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
+	"tpsched/scd/local"
 )
 
 // This file is the node's part in receiver groups (OpenTP1's grouped
@@ -53,18 +54,18 @@ func (s steerer) Steer(_ string, fds []int) (rpcport.Steered, error) {
 
 // receiverOf is the receiver group that takes g's calls ("" the default
 // group; a group this node does not define is taken there too).
-func receiverOf(g *group) string {
+func receiverOf(g *local.Group) string {
 	if g == nil {
 		return ""
 	}
-	return g.def.ReceiverGroup
+	return g.Def().ReceiverGroup
 }
 
 // wrongReceiver says why a call for g that came on c's receiver group may
 // not be taken there, or "" when it may. A call without an answer cannot
 // be told where to go: it is taken where it came (its bytes were read
 // there already) and counted as misdirected.
-func (n *Node) wrongReceiver(c *rpcport.Conn, g *group, f *netio.Frame) (string, bool) {
+func (n *Node) wrongReceiver(c *rpcport.Conn, g *local.Group, f *netio.Frame) (string, bool) {
 	here, want := c.ReceiverGroup(), receiverOf(g)
 	if here == want {
 		return "", false
@@ -104,9 +105,9 @@ func (n *Node) receiverAddr(p *rpcport.Port, name string) string {
 // this node alone.
 func (n *Node) answerReceivers(c *rpcport.Conn, f *netio.Frame) {
 	group := string(f.Group)
-	g := n.groups[group]
-	if g == nil {
-		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, n.unknown(group, n.groupNames)+": not defined on this node"))
+	g, ok := n.local.Group(group)
+	if !ok {
+		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, n.local.UnknownGroup(group)+": not defined on this node"))
 		return
 	}
 	name := receiverOf(g)
@@ -123,8 +124,8 @@ func (n *Node) answerReceivers(c *rpcport.Conn, f *netio.Frame) {
 // node: the group's multi_schedule here, or usrrc's for a group this node
 // does not define.
 func (n *Node) multiSchedule(group string) bool {
-	if g := n.groups[group]; g != nil {
-		return g.def.MultiSchedule
+	if g, ok := n.local.Group(group); ok {
+		return g.Def().MultiSchedule
 	}
 	return n.cfg.Usrrc.MultiSchedule
 }

@@ -18,7 +18,22 @@ import (
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
-	"tpsched/scd/def"
+	"tpsched/scd/local"
+)
+
+// The status of a group and its processes, as the local scheduler reports
+// them (scd/local), under the names scdctl and the tests know.
+type (
+	GroupStatus    = local.GroupStatus
+	Running        = local.Running
+	GroupErrors    = local.GroupErrors
+	ProcessStatus  = local.ProcessStatus
+	UsageStatus    = local.UsageStatus
+	WaitBucket     = local.WaitBucket
+	LoadStatus     = local.LoadStatus
+	GroupProcesses = local.GroupProcesses
+	ParallelCount  = local.ParallelCount
+	ChprcResult    = local.ChprcResult
 )
 
 // Status is what `scdctl status` shows: the node and each service group.
@@ -43,123 +58,6 @@ type Status struct {
 	Steering  []rpcport.SteeringStatus `json:"steering"`
 }
 
-// GroupStatus is one service group's state.
-type GroupStatus struct {
-	Group      string          `json:"group"`
-	Server     string          `json:"server"`
-	Receivers  string          `json:"receiver_group,omitempty"` // scdmulti -g: the receiver group that takes its calls
-	Held       bool            `json:"held"`
-	Receive    string          `json:"receive_from"`
-	Priority   int             `json:"schedule_priority"`
-	Resident   int             `json:"resident"`      // parallel_count now (chprc may have changed it)
-	Max        int             `json:"max_processes"` // likewise
-	CPUGroup   string          `json:"cpu_group,omitempty"`
-	QueueDepth int             `json:"queue_depth"`
-	QueueSize  int             `json:"queue_size"`
-	InFlight   int             `json:"in_flight"`
-	Queued     uint64          `json:"queued"`
-	Processed  uint64          `json:"processed"`
-	Processes  []ProcessStatus `json:"processes"`
-	Running    Running         `json:"running"`
-	Errors     GroupErrors     `json:"errors"`
-	Load       LoadStatus      `json:"load"`
-	Usage      UsageStatus     `json:"cpu"`
-}
-
-// Running counts a group's processes running now, by kind
-// (tpsched_processes).
-type Running struct {
-	Resident    int `json:"resident"`
-	NonResident int `json:"nonresident"`
-}
-
-// GroupErrors count a group's calls that failed here, by why, since the
-// node started.
-type GroupErrors struct {
-	Busy               uint64 `json:"server_busy"`       // refused: the queue was full
-	TimedOut           uint64 `json:"timed_out"`         // watch_time or the caller's deadline passed
-	ServerTerminated   uint64 `json:"server_terminated"` // the UAP died during the call
-	ProtocolViolations uint64 `json:"protocol_violations"`
-}
-
-// ProcessStatus is one process of a group: what procmgr knows of it and
-// what the schedule queue does with it.
-type ProcessStatus struct {
-	procmgr.ProcInfo
-	Calls  int    `json:"calls"`  // calls it holds now: its current one, and one handed over ahead
-	Served uint64 `json:"served"` // calls it completed
-}
-
-// processes lists g's processes with their calls.
-func (g *group) processes() []ProcessStatus {
-	infos := g.procs.Processes()
-	out := make([]ProcessStatus, len(infos))
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for i, pi := range infos {
-		out[i] = ProcessStatus{ProcInfo: pi, Calls: g.q.Held(pi.Slot)}
-		if si := &g.slots[pi.Slot]; si.p != nil {
-			out[i].Served = si.served
-		}
-	}
-	return out
-}
-
-// UsageStatus is what the kernel saw of a group's processes, ended ones
-// included.
-type UsageStatus struct {
-	Seconds     float64 `json:"cpu_seconds"`
-	WaitSeconds float64 `json:"runqueue_wait_seconds"`
-	// WaitPercent is the share of the processes' runnable time they spent
-	// waiting for a CPU over the CPU guard's last window; -1 when not known.
-	WaitPercent int `json:"runqueue_wait_percent"`
-	// BusyPercent is their runnable time per process over that window.
-	BusyPercent int `json:"runnable_percent"`
-	WaitLimit   int `json:"cpu_wait_limit"` // 0: no guard
-	// Waits are run-queue waits by length, in log2 slots (eBPF only).
-	Waits []WaitBucket `json:"runqueue_waits,omitempty"`
-}
-
-// WaitBucket counts run-queue waits shorter than UpTo (and not counted in
-// a smaller bucket); the last one has no bound.
-type WaitBucket struct {
-	UpToMicros int64  `json:"up_to_us,omitempty"`
-	Count      uint64 `json:"count"`
-}
-
-func (g *group) usageStatus(hist bool) UsageStatus {
-	u, cpu := g.procs.Usage(), g.procs.CPUSample()
-	us := UsageStatus{
-		Seconds:     u.OnCPU.Seconds(),
-		WaitSeconds: u.Wait.Seconds(),
-		WaitPercent: cpu.Wait,
-		BusyPercent: cpu.Busy,
-		WaitLimit:   g.def.CPUWaitLimit,
-	}
-	if !hist {
-		return us
-	}
-	last := 0
-	for i, c := range u.Hist {
-		if c > 0 {
-			last = i
-		}
-	}
-	for i, c := range u.Hist[:last+1] {
-		b := WaitBucket{Count: c}
-		if i < len(u.Hist)-1 {
-			b.UpToMicros = bpf.HistBound(i).Microseconds()
-		}
-		us.Waits = append(us.Waits, b)
-	}
-	return us
-}
-
-func (g *group) running() Running {
-	res, nonres := g.procs.Running()
-	return Running{Resident: res, NonResident: nonres}
-}
-
 // Status reports the node's state now.
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), PID: os.Getpid(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
@@ -172,30 +70,8 @@ func (n *Node) Status() Status {
 			st.ErrorAnswers[c.String()] = v
 		}
 	}
-	for _, g := range n.order {
-		s, count := g.stats(), g.parallelCount()
-		st.Groups = append(st.Groups, GroupStatus{
-			Group:      g.name,
-			Server:     g.def.Name,
-			Receivers:  g.def.ReceiverGroup,
-			Held:       g.held.Load(),
-			Receive:    map[def.ReceiveFrom]string{def.ReceiveQueue: "queue", def.ReceiveSocket: "socket"}[g.def.ReceiveFrom],
-			Priority:   g.def.SchedulePriority,
-			Resident:   count.Resident,
-			Max:        count.Max,
-			CPUGroup:   g.procs.CPUGroupPath(),
-			QueueDepth: s.Waiting,
-			QueueSize:  g.def.QueueSize,
-			InFlight:   g.inFlight(),
-			Queued:     s.Queued,
-			Processed:  s.Processed,
-			Processes:  g.processes(),
-			Running:    g.running(),
-			Errors: GroupErrors{Busy: g.refused.Get(), TimedOut: g.timedOut.Get(),
-				ServerTerminated: g.terminated.Get(), ProtocolViolations: g.misbehaved.Get()},
-			Load:  g.loadStatus(),
-			Usage: g.usageStatus(st.Probes.Histogram),
-		})
+	for _, g := range n.local.Groups() {
+		st.Groups = append(st.Groups, g.Status(st.Probes.Histogram))
 	}
 	return st
 }

@@ -18,13 +18,13 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"tpsched/procmgr"
 	"tpsched/scd/def"
+	"tpsched/scd/local"
 	"tpsched/scd/route"
 	"tpsched/scd/wlm"
 )
@@ -32,38 +32,6 @@ import (
 // piWindow is how many policy intervals a performance index is judged
 // over: one quiet or noisy interval does not decide alone.
 const piWindow = 3
-
-// groupClasses is how one group's calls are classified and measured under
-// one policy: byService is read without a lock (never modified), cur is
-// written under the group's mu.
-type groupClasses struct {
-	byService map[string]uint16 // service -> class index
-	dflt      uint16            // the class of a service not in byService (refused anyway)
-	goals     []wlm.Goal        // by class index
-	cur       []wlm.Sample      // this interval's calls, by class; under the group's mu
-}
-
-func (gc *groupClasses) classOf(service []byte) uint16 {
-	if c, ok := gc.byService[string(service)]; ok {
-		return c
-	}
-	return gc.dflt
-}
-
-// record adds a call of class that arrived at arrived and was answered at
-// now; the process that served it was free from since on (its last attach
-// or completion), so its service began at the later of the two. Under the
-// group's mu.
-func (gc *groupClasses) record(class uint16, arrived, since, now time.Time) {
-	if int(class) >= len(gc.cur) {
-		return // classified under a policy replaced since
-	}
-	started := arrived
-	if since.After(arrived) {
-		started = since
-	}
-	gc.cur[class].Record(now.Sub(arrived), started.Sub(arrived), gc.goals[class])
-}
 
 // activePolicy is the service policy in force.
 type activePolicy struct {
@@ -129,6 +97,9 @@ type wlmNode struct {
 	decision  wlm.Decision
 	intervals uint64
 	last      wlmAnnounced // what the node announced last (wlm_report.go)
+	// installed are the policy's classes of each group, as installed in
+	// it; the interval takes its figures from the group with them.
+	installed map[string]*wlm.Classes
 
 	envs *envManager // wlm_env.go
 }
@@ -147,15 +118,6 @@ func newWLM(n *Node) (*wlmNode, error) {
 	return w, nil
 }
 
-// startProcesses starts g's processes: procmgr's, or with a service policy
-// the routing manager's (none yet for an application environment).
-func (n *Node) startProcesses(g *group, spec procmgr.Spec) (processes, error) {
-	if n.wlm != nil {
-		return n.wlm.envs.startProcesses(g, spec)
-	}
-	return n.pm.Start(spec, g)
-}
-
 // install makes ap the policy in force: new classes for every group,
 // figures from zero.
 func (w *wlmNode) install(ap *activePolicy) {
@@ -164,12 +126,12 @@ func (w *wlmNode) install(ap *activePolicy) {
 	for i := range w.classes {
 		w.classes[i].window = wlm.NewWindow(piWindow)
 	}
-	for _, g := range w.n.order {
-		gf := w.groups[g.name]
+	for _, g := range w.n.local.Groups() {
+		gf := w.groups[g.Name()]
 		if gf == nil {
-			base := procmgr.Weight(g.def.SchedulePriority)
+			base := procmgr.Weight(g.Def().SchedulePriority)
 			gf = &groupFigures{base: base, weight: base, delay: -1}
-			w.groups[g.name] = gf
+			w.groups[g.Name()] = gf
 		}
 		gf.windows = make([]*wlm.Window, len(ap.p.Classes))
 		for i := range gf.windows {
@@ -177,29 +139,33 @@ func (w *wlmNode) install(ap *activePolicy) {
 		}
 		gf.pi = 0
 	}
+	classes := make(map[string]*wlm.Classes, len(w.n.local.Groups()))
+	for _, g := range w.n.local.Groups() {
+		classes[g.Name()] = wlm.NewClasses(ap.p, g.Name(), serviceNames(g))
+	}
+	w.installed = classes
 	w.mu.Unlock()
 	w.policy.Store(ap)
-	for _, g := range w.n.order {
-		gc := &groupClasses{byService: map[string]uint16{}, cur: make([]wlm.Sample, len(ap.p.Classes))}
-		gc.dflt = uint16(ap.p.Classify(g.name, ""))
-		for _, c := range ap.p.Classes {
-			gc.goals = append(gc.goals, c.Goal)
-		}
-		for _, s := range g.def.Services {
-			gc.byService[s.Name] = uint16(ap.p.Classify(g.name, s.Name))
-		}
-		g.mu.Lock()
-		g.classes.Store(gc)
-		g.mu.Unlock()
+	for _, g := range w.n.local.Groups() {
+		g.SetClasses(classes[g.Name()])
 	}
+}
+
+// serviceNames are the services of g's definition.
+func serviceNames(g *local.Group) []string {
+	out := make([]string, 0, len(g.Def().Services))
+	for _, s := range g.Def().Services {
+		out = append(out, s.Name)
+	}
+	return out
 }
 
 // mainClass is the class a group's CPU is charged to when none of its
 // calls ended in an interval: the most important of its services'.
-func mainClass(p *wlm.Policy, g *group) int {
-	best := p.Classify(g.name, "")
-	for _, s := range g.def.Services {
-		if c := p.Classify(g.name, s.Name); p.Classes[c].Importance < p.Classes[best].Importance {
+func mainClass(p *wlm.Policy, g *local.Group) int {
+	best := p.Classify(g.Name(), "")
+	for _, s := range g.Def().Services {
+		if c := p.Classify(g.Name(), s.Name); p.Classes[c].Importance < p.Classes[best].Importance {
 			best = c
 		}
 	}
@@ -249,20 +215,19 @@ func (w *wlmNode) interval(now time.Time) {
 	waits := w.n.meter != nil && w.n.meter.Mechanism().Waits
 	node := make([]wlm.Sample, nc)
 	var load wlm.NodeLoad
-	states := make([]wlm.GroupState, 0, len(w.n.order))
-	var stateGroups []*group
-	for _, g := range w.n.order {
-		gc := g.classes.Load()
-		if gc == nil || len(gc.cur) != nc {
+	states := make([]wlm.GroupState, 0, len(w.n.local.Groups()))
+	var stateGroups []*local.Group
+	for _, g := range w.n.local.Groups() {
+		w.mu.Lock()
+		classes := w.installed[g.Name()]
+		w.mu.Unlock()
+		cur := g.TakeSamples(classes)
+		if len(cur) != nc {
 			continue // the policy is being replaced
 		}
-		g.mu.Lock()
-		cur := slices.Clone(gc.cur)
-		clear(gc.cur)
-		g.mu.Unlock()
-		u := g.procs.Usage()
+		u := g.Usage()
 		w.mu.Lock()
-		gf := w.groups[g.name]
+		gf := w.groups[g.Name()]
 		dCPU, dWait := max(u.OnCPU-gf.lastCPU, 0), max(u.Wait-gf.lastWait, 0)
 		gf.lastCPU, gf.lastWait = u.OnCPU, u.Wait
 		var service time.Duration
@@ -286,7 +251,7 @@ func (w *wlmNode) interval(now time.Time) {
 			node[c].Add(cur[c])
 		}
 		gf.delay = cpuDelay(waits, dCPU, dWait, service)
-		gs := wlm.GroupState{Name: g.name, Env: w.envs.isEnv(g.name), Calls: make([]uint64, nc), Weight: gf.weight, CPUDelay: gf.delay}
+		gs := wlm.GroupState{Name: g.Name(), Env: w.envs.isEnv(g.Name()), Calls: make([]uint64, nc), Weight: gf.weight, CPUDelay: gf.delay}
 		var worst float64
 		served := false
 		for c := range nc {
@@ -302,7 +267,7 @@ func (w *wlmNode) interval(now time.Time) {
 		}
 		gf.pi = announcedPI(worst)
 		w.mu.Unlock()
-		if w.envs.serving(g) {
+		if g.Serving() {
 			states = append(states, gs)
 			stateGroups = append(stateGroups, g)
 		}
@@ -367,7 +332,7 @@ func announcedPI(pi float64) uint16 {
 
 // act carries out what the figures call for: CPU weights on this node,
 // one more server of an environment elsewhere (wlm_env.go).
-func (w *wlmNode) act(classes []wlm.ClassState, states []wlm.GroupState, groups []*group) {
+func (w *wlmNode) act(classes []wlm.ClassState, states []wlm.GroupState, groups []*local.Group) {
 	d := wlm.Decide(classes, states, wlm.DefaultLimits)
 	ap := w.policy.Load()
 	p := ap.p
@@ -393,25 +358,25 @@ func (w *wlmNode) act(classes []wlm.ClassState, states []wlm.GroupState, groups 
 }
 
 // setWeight gives g's processes CPU weight weight (cgroup v2 scale).
-func (w *wlmNode) setWeight(g *group, weight int) {
-	if err := setCPUWeightOf(g.procs, weight); err != nil {
-		w.log.Warn("cpu weight not changed", "group", g.name, "weight", weight, "err", err)
+func (w *wlmNode) setWeight(g *local.Group, weight int) {
+	if err := g.SetCPUWeight(weight); err != nil {
+		w.log.Warn("cpu weight not changed", "group", g.Name(), "weight", weight, "err", err)
 		return
 	}
 	w.mu.Lock()
-	w.groups[g.name].weight = weight
+	w.groups[g.Name()].weight = weight
 	w.mu.Unlock()
 }
 
 // resetWeights gives every group the weight of its schedule_priority
 // again: goal management was turned off (goal_management = N).
 func (w *wlmNode) resetWeights() {
-	for _, g := range w.n.order {
+	for _, g := range w.n.local.Groups() {
 		w.mu.Lock()
-		gf := w.groups[g.name]
+		gf := w.groups[g.Name()]
 		changed := gf != nil && gf.weight != gf.base
 		w.mu.Unlock()
-		if changed && g.servable() {
+		if changed && g.Serving() {
 			w.setWeight(g, gf.base)
 		}
 	}
@@ -419,9 +384,9 @@ func (w *wlmNode) resetWeights() {
 
 // resetWeight forgets what goal management did to g's weight: its server
 // (re)started with the weight of its schedule_priority.
-func (w *wlmNode) resetWeight(g *group) {
+func (w *wlmNode) resetWeight(g *local.Group) {
 	w.mu.Lock()
-	if gf := w.groups[g.name]; gf != nil {
+	if gf := w.groups[g.Name()]; gf != nil {
 		gf.weight = gf.base
 	}
 	w.mu.Unlock()

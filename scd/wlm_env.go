@@ -46,9 +46,9 @@ import (
 
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
-	"tpsched/procmgr"
 	"tpsched/scd/call"
 	"tpsched/scd/def"
+	"tpsched/scd/local"
 	"tpsched/scd/names"
 	"tpsched/scd/peers"
 	"tpsched/scd/route"
@@ -85,8 +85,7 @@ var purposeNames = map[byte]string{purposeFirst: "first", purposeGrow: "goal", p
 
 // envLocal is this node's side of one group under the policy.
 type envLocal struct {
-	g     *group
-	procs *envProcs
+	g     *local.Group
 	state string
 	done  chan struct{} // closed when a start or quiesce ends
 	// dropped: a policy dropped the environment; without a server here it
@@ -154,6 +153,13 @@ func newEnvManager(w *wlmNode) *envManager {
 	for _, r := range []string{"served", "started", "failed"} {
 		m.finds0[r] = n.metrics.NewCounter(`tpsched_wlm_finds_total{result="` + r + `"}`)
 	}
+	for _, g := range n.local.Groups() {
+		l := &envLocal{g: g, state: envServing}
+		if m.isEnv(g.Name()) {
+			l.state = envDormant // no process until the cluster chooses this node
+		}
+		m.local[g.Name()] = l
+	}
 	n.metrics.NewGauge(`tpsched_wlm_calls_waiting_for_server`, func() float64 {
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -170,28 +176,6 @@ func (m *envManager) policy() *wlm.Policy { return m.w.policy.Load().p }
 
 // isEnv reports whether group is an application environment of the policy.
 func (m *envManager) isEnv(group string) bool { return m.policy().IsEnvironment(group) }
-
-// serving reports whether g takes calls here now.
-func (m *envManager) serving(g *group) bool { return g.servable() }
-
-// startProcesses gives g its processes: for an application environment
-// none yet; for any other group its server now, as without a policy.
-func (m *envManager) startProcesses(g *group, spec procmgr.Spec) (processes, error) {
-	e := &envProcs{g: g, pm: m.n.pm, spec: spec}
-	l := &envLocal{g: g, procs: e, state: envDormant}
-	m.mu.Lock()
-	m.local[g.name] = l
-	m.mu.Unlock()
-	if m.isEnv(g.name) {
-		return e, nil
-	}
-	if err := e.start(); err != nil {
-		return nil, err
-	}
-	l.state = envServing
-	e.serving.Store(true)
-	return e, nil
-}
 
 func (m *envManager) start() {
 	m.n.wg.Add(1)
@@ -234,10 +218,10 @@ func (m *envManager) close() {
 //
 // from.Peer is the node that transferred the call ("": a client's call,
 // or a UAP's own, which is parked like a client's).
-func (m *envManager) schedule(c caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
+func (m *envManager) schedule(c call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
 	name := string(f.Group)
-	g := m.n.groups[name]
-	if g != nil && g.servable() {
+	g, _ := m.n.local.Group(name)
+	if g != nil && g.Serving() {
 		return false, 0, ""
 	}
 	here := n2s(m.n)
@@ -268,8 +252,8 @@ func (m *envManager) schedule(c caller, from call.From, f *netio.Frame) (bool, n
 	switch {
 	case f.TimeoutMs > 0:
 		fc.Deadline = fc.Start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
-	case g != nil && g.watch > 0:
-		fc.Deadline = fc.Start.Add(g.watch)
+	case g != nil && g.Def().WatchTime > 0:
+		fc.Deadline = fc.Start.Add(g.Def().WatchTime)
 	case m.n.cfg.System.WatchTime > 0:
 		fc.Deadline = fc.Start.Add(m.n.cfg.System.WatchTime)
 	}
@@ -329,14 +313,14 @@ func (m *envManager) servers(env string, hints bool) []serverAt {
 				continue
 			}
 			if e.Local {
-				if g := m.n.groups[env]; g == nil || !g.servable() {
+				if g, ok := m.n.local.Group(env); !ok || !g.Serving() {
 					continue // the table may lag behind a quiesce here
 				}
 			}
 			out = append(out, serverAt{node: e.Node, addr: e.Addr, level: uint8(e.Level), pi: e.PI})
 		}
-	} else if g := m.n.groups[env]; g != nil && g.servable() && !g.held.Load() {
-		out = append(out, serverAt{node: self, addr: m.n.advertisedRPC(), level: uint8(g.level()), pi: m.w.groupPI(env)})
+	} else if g, ok := m.n.local.Group(env); ok && g.Serving() && !g.Held() {
+		out = append(out, serverAt{node: self, addr: m.n.advertisedRPC(), level: uint8(g.Level()), pi: m.w.groupPI(env)})
 	}
 	if hints {
 		m.mu.Lock()
@@ -483,7 +467,7 @@ func (m *envManager) dispatch(parked []*peers.Call, fl *flight) {
 				Service: []byte(fc.Service),
 				Payload: fc.Payload,
 			}
-			if code, msg := m.n.serveLocal(fc.Caller, &f, m.n.groups[fc.Group]); code != netio.CodeOK {
+			if code, msg := m.n.local.Serve(fc.Caller, &f); code != netio.CodeOK {
 				fc.Fail(code, msg)
 			}
 			continue
@@ -617,8 +601,8 @@ func (m *envManager) growCooldown() time.Duration {
 func (m *envManager) place(env string, purpose byte, servers []serverAt, deadline time.Time) ([]serverAt, error) {
 	p := m.policy()
 	imp := p.Classes[p.Default].Importance
-	if g := m.n.groups[env]; g != nil {
-		imp = p.Importance(env, g.serviceNames())
+	if g, ok := m.n.local.Group(env); ok {
+		imp = p.Importance(env, serviceNames(g))
 	}
 	hosts, addrs := m.hosts(env, imp, servers)
 	minSpare := 0.0
@@ -771,17 +755,8 @@ func (m *envManager) activate(env string, deadline time.Time) error {
 	m.mu.Unlock()
 	g := l.g
 	m.n.log.Info("application environment: starting the server here", "env", env)
-	g.Failing(nil) // an earlier server's failure is not this one's
-	err := l.procs.start()
-	if err == nil {
-		m.w.resetWeight(g)
-		err = l.procs.waitReady(deadline)
-	}
-	if err != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), uapStopTime)
-		_ = l.procs.stop(ctx)
-		cancel()
-	}
+	m.w.resetWeight(g) // a new server has the weight of its schedule_priority
+	err := g.StartServer(context.Background(), deadline)
 	servers := 1 // this one, which the name table may not show yet
 	if err == nil {
 		for _, s := range m.servers(env, false) {
@@ -793,7 +768,7 @@ func (m *envManager) activate(env string, deadline time.Time) error {
 	m.mu.Lock()
 	if err == nil {
 		l.state = envServing
-		l.procs.serving.Store(true)
+		g.SetServing(true)
 		// Announced with the server: it counts everywhere even if it dies
 		// before the next interval.
 		m.states[env] = m.states[env].Saw(servers)
@@ -835,19 +810,11 @@ func (m *envManager) quiesceLocal(env, why string) error {
 		return nil
 	}
 	l.state, l.done = envQuiescing, make(chan struct{})
-	l.procs.serving.Store(false)
+	l.g.SetServing(false)
 	m.mu.Unlock()
 	m.n.log.Info("application environment: quiescing the server here", "env", env, "why", why)
 	m.n.announce()
-	g := l.g
-	deadline := time.Now().Add(envQuiesceTimeout)
-	for g.inFlight() > 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), uapStopTime)
-	err := l.procs.stop(ctx)
-	cancel()
-	g.flush(netio.CodeServiceClosed, env+" was quiesced before the call reached a process")
+	err := l.g.StopServer(context.Background(), envQuiesceTimeout, env+" was quiesced before the call reached a process")
 	m.mu.Lock()
 	l.state = envDormant
 	close(l.done)
@@ -871,41 +838,12 @@ func (m *envManager) refreshLocal(env string, deadline time.Time) (int, error) {
 	if state != envServing {
 		return 0, nil
 	}
-	g := l.g
-	resident := map[int]bool{}
-	for _, pi := range l.procs.Processes() {
-		resident[pi.Slot] = pi.Kind == "resident"
-	}
-	replaced := 0
-	for _, slot := range g.occupied() {
-		old, _ := g.slotProc(slot)
-		g.Stop(slot)
-		if !resident[slot] {
-			replaced++ // a non-resident process is not replaced: the Multiserver rule starts another when calls wait
-			continue
-		}
-		for {
-			p, attached := g.slotProc(slot)
-			if p != nil && p != old && attached {
-				replaced++
-				break
-			}
-			if time.Now().After(deadline) {
-				return replaced, fmt.Errorf("%s: slot %d has no new process attached in time", env, slot)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+	replaced, err := l.g.ReplaceProcesses(context.Background(), deadline)
+	if err != nil {
+		return replaced, err
 	}
 	m.n.log.Info("application environment: processes refreshed here", "env", env, "processes", replaced)
 	return replaced, nil
-}
-
-// slotProc is the process in slot and whether it attached.
-func (g *group) slotProc(slot int) (proc, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	si := &g.slots[slot]
-	return si.p, si.attached
 }
 
 // grow asks the decider for one more server of env elsewhere: a class
@@ -984,7 +922,7 @@ func (m *envManager) interval() {
 	m.mu.Lock()
 	var failing []string
 	for env, l := range m.local {
-		if l.state == envServing && m.isEnv(env) && l.g.failing.Load() != nil {
+		if l.state == envServing && m.isEnv(env) && l.g.Failure() != nil {
 			failing = append(failing, env)
 		}
 	}
@@ -1018,12 +956,12 @@ func (m *envManager) announcedEnvs() []names.EnvInfo {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []names.EnvInfo
-	for _, g := range m.n.order { // sorted by name
-		if _, ok := m.local[g.name]; !ok || !m.isEnv(g.name) {
+	for _, g := range m.n.local.Groups() { // sorted by name
+		if _, ok := m.local[g.Name()]; !ok || !m.isEnv(g.Name()) {
 			continue
 		}
-		st := m.states[g.name]
-		out = append(out, names.EnvInfo{Env: g.name, Epoch: st.Epoch, HWM: uint32(st.HWM), Quiesced: st.Quiesced})
+		st := m.states[g.Name()]
+		out = append(out, names.EnvInfo{Env: g.Name(), Epoch: st.Epoch, HWM: uint32(st.HWM), Quiesced: st.Quiesced})
 	}
 	return out
 }
@@ -1305,7 +1243,7 @@ func (n *Node) Quiesce(env string) (EnvActionResult, error) {
 	m.answerParked(env, netio.CodeServiceClosed, env+" was quiesced")
 	res := EnvActionResult{Env: env, Action: "quiesce"}
 	res.Nodes = m.everywhere(env, wlmQuiesce, binary.AppendUvarint(nil, uint64(st.Epoch)), func() (string, error) {
-		if _, ok := n.groups[env]; !ok {
+		if _, ok := n.local.Group(env); !ok {
 			return "no server here", nil
 		}
 		return "done", m.quiesceLocal(env, "quiesce")
@@ -1363,9 +1301,8 @@ func (n *Node) envFor(env string) (*envManager, error) {
 		return nil, errNoPolicy
 	}
 	if !n.wlm.envs.isEnv(env) {
-		return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: n.unknown(env, func() []string {
-			return n.wlm.policy.Load().p.Environments
-		}) + " is not an application environment of the policy"}
+		return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: suggestName(env, n.wlm.policy.Load().p.Environments) +
+			" is not an application environment of the policy"}
 	}
 	return n.wlm.envs, nil
 }

@@ -160,12 +160,12 @@ func (n *Node) Report() (Report, bool) {
 		}
 		r.Classes = append(r.Classes, cr)
 	}
-	for _, g := range n.order {
-		gf := w.groups[g.name]
+	for _, g := range n.local.Groups() {
+		gf := w.groups[g.Name()]
 		if gf == nil {
 			continue
 		}
-		gr := GroupReport{Group: g.name, Env: p.IsEnvironment(g.name), Weight: gf.weight, Base: gf.base}
+		gr := GroupReport{Group: g.Name(), Env: p.IsEnvironment(g.Name()), Weight: gf.weight, Base: gf.base}
 		if gf.delay >= 0 {
 			gr.CPUDelay = fptr(gf.delay)
 		}
@@ -273,8 +273,8 @@ type wlmAnnounced struct {
 // announceIfChanged announces the node again when its part changed.
 func (w *wlmNode) announceIfChanged() {
 	now := wlmAnnounced{info: w.announced(), pis: map[string]uint16{}}
-	for _, g := range w.n.order {
-		now.pis[g.name] = w.groupPI(g.name)
+	for _, g := range w.n.local.Groups() {
+		now.pis[g.Name()] = w.groupPI(g.Name())
 	}
 	w.mu.Lock()
 	same := reflect.DeepEqual(now, w.last)

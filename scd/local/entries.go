@@ -1,4 +1,4 @@
-package scd
+package local
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"tpsched/bpf"
-	"tpsched/procmgr"
 	"tpsched/scd/def"
 )
 
@@ -20,29 +18,33 @@ import (
 // the modules, as start-up would, so it is asked for: plain -check starts
 // nothing. A socket-receiving server does not say its entries; it is
 // skipped.
-func (n *Node) CheckEntries(timeout time.Duration) []error {
+//
+// pm starts the processes; the scheduler is stopped when the check ends.
+func (s *Scheduler) CheckEntries(pm ProcessManager, timeout time.Duration) []error {
 	// What the check finds it returns; the node's own log would say it
 	// again at warning level.
-	n.log = slog.New(minLevel{slog.LevelError, n.log.Handler()})
-	for _, g := range n.order {
-		g.log = n.log
+	s.log = ErrorsOnly(s.log)
+	for _, g := range s.order {
+		g.log = s.log
 	}
-	n.meter = bpf.Open(bpf.Options{Force: bpf.Proc, Logger: n.log}) // a check measures nothing
-	if n.pm == nil {
-		n.pm = procmgrManager{procmgr.New(procmgr.Options{Logger: n.log, Meter: n.meter, SchedBatch: n.cfg.System.UAPSchedBatch})}
-	}
-	defer n.shutdown()
+	s.pm = pm
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), UAPStopTime)
+		_ = s.Stop(ctx)
+		cancel()
+		_ = s.Close()
+	}()
 	var errs []error
-	for _, g := range n.order {
+	for _, g := range s.order {
 		if g.def.ReceiveFrom == def.ReceiveSocket {
 			continue
 		}
 		g.def.Resident, g.def.MaxProcesses = 1, 1
-		if err := n.startGroup(g); err != nil {
+		if err := s.startGroup(g); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		entries, err := g.firstEntries(timeout)
+		entries, err := firstEntries(g, timeout)
 		if err != nil {
 			errs = append(errs, g.def.Errorf("module", "%s: %v", g.def.Module, err))
 			continue
@@ -59,7 +61,7 @@ func (n *Node) CheckEntries(timeout time.Duration) []error {
 
 // firstEntries waits for the group's first process to attach and returns
 // the entries it registered.
-func (g *group) firstEntries(timeout time.Duration) ([]string, error) {
+func firstEntries(g *Group, timeout time.Duration) ([]string, error) {
 	end := time.Now().Add(timeout)
 	for time.Now().Before(end) {
 		if err := g.failing.Load(); err != nil {
@@ -79,6 +81,29 @@ func (g *group) firstEntries(timeout time.Duration) ([]string, error) {
 	}
 	return nil, fmt.Errorf("no process attached within %v", timeout)
 }
+
+// checkEntries warns once per process when it does not offer an entry its
+// definition names (a typo in `service = "name=entry"`, an old module).
+func (g *Group) checkEntries(slot int, si *slotState) {
+	got := si.p.Entries()
+	if got == nil || si.warned {
+		return // socket mode does not say
+	}
+	have := make(map[string]bool, len(got))
+	for _, e := range got {
+		have[e] = true
+	}
+	for _, svc := range g.def.Services {
+		if !have[svc.Entry] {
+			si.warned = true
+			g.log.Warn(g.def.Errorf("service", "entry %q of service %s is not registered by module %s (it registers %v)",
+				svc.Entry, svc.Name, g.def.Module, got).Error(), "slot", slot, "pid", si.p.PID())
+		}
+	}
+}
+
+// ErrorsOnly is l without its records below error level.
+func ErrorsOnly(l *slog.Logger) *slog.Logger { return slog.New(minLevel{slog.LevelError, l.Handler()}) }
 
 // minLevel is a slog.Handler that drops records below its level.
 type minLevel struct {

@@ -1,4 +1,4 @@
-package scd
+package local
 
 import (
 	"context"
@@ -7,20 +7,23 @@ import (
 	"tpsched/procmgr"
 )
 
-// processManager starts every user server's UAP processes: procmgr in
-// scdd. A node's tests give it in-process UAPs instead (inproc_test.go), so
-// the whole call path runs without root and without processes.
-type processManager interface {
-	// Start starts a server's resident processes; d is the group.
-	Start(spec procmgr.Spec, d procmgr.Delegate) (processes, error)
+// ProcessManager starts every user server's UAP processes: procmgr in
+// scdd (Procmgr). A node's tests give it in-process UAPs instead, so the
+// whole call path runs without root and without processes. The contract is
+// procmgr's: it calls a group's procmgr.Delegate from its own goroutines,
+// without its locks held, and the Delegate never blocks.
+type ProcessManager interface {
+	// Start starts a server's resident processes; d is the group's
+	// Delegate.
+	Start(spec procmgr.Spec, d procmgr.Delegate) (Processes, error)
 	CPUStatus() procmgr.CPUStatus
 	Stats() procmgr.Stats
 	Close()
 }
 
-// processes are one user server's UAP processes. Kick, Attached and Kill
+// Processes are one user server's UAP processes. Kick, Attached and Kill
 // are called without the group's lock: procmgr calls back into the group.
-type processes interface {
+type Processes interface {
 	Kick(waiting int)  // calls wait: the scaler may want another process
 	Attached(slot int) // the process in slot attached to its queue
 	Kill(slot int)     // the process in slot broke the protocol
@@ -37,10 +40,16 @@ type processes interface {
 	SetParallelCount(resident, maxProcs int) ([]bool, error)
 }
 
-// procmgrManager is procmgr.Manager as a processManager.
+// processes is Processes inside the package.
+type processes = Processes
+
+// Procmgr is procmgr.Manager as a ProcessManager.
+func Procmgr(m *procmgr.Manager) ProcessManager { return procmgrManager{m} }
+
+// procmgrManager is procmgr.Manager as a ProcessManager.
 type procmgrManager struct{ *procmgr.Manager }
 
-func (m procmgrManager) Start(spec procmgr.Spec, d procmgr.Delegate) (processes, error) {
+func (m procmgrManager) Start(spec procmgr.Spec, d procmgr.Delegate) (Processes, error) {
 	s, err := m.Manager.Start(spec, d)
 	if err != nil {
 		return nil, err
@@ -50,7 +59,7 @@ func (m procmgrManager) Start(spec procmgr.Spec, d procmgr.Delegate) (processes,
 
 func (m procmgrManager) CPUStatus() procmgr.CPUStatus { return m.CPU().Status() }
 
-// procmgrServer is procmgr.Server as processes.
+// procmgrServer is procmgr.Server as Processes.
 type procmgrServer struct{ *procmgr.Server }
 
 func (s procmgrServer) CPUGroupPath() string { return s.CPUGroup().Path() }

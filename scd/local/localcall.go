@@ -1,4 +1,4 @@
-package scd
+package local
 
 import (
 	"fmt"
@@ -6,13 +6,8 @@ import (
 	"time"
 
 	"tpsched/netio"
-	"tpsched/scd/call"
 	"tpsched/shm"
 )
-
-// caller is where a call's answer goes (call.Caller): the connection it
-// came on, or the UAP that made it through its shared memory (*uapCaller).
-type caller = call.Caller
 
 // outCaller is a process end that can make calls of its own (shm.Proc; a
 // socket-receiving process cannot).
@@ -29,8 +24,9 @@ type localCall struct {
 	call shm.OutCall
 }
 
-// uapCaller answers one local call into the calling process's area. An
-// answer for a process that died meanwhile is dropped there.
+// uapCaller is a call.Caller: it answers one call a UAP made through its
+// shared memory into the calling process's area. An answer for a process
+// that died meanwhile is dropped there.
 type uapCaller struct {
 	p      outCaller
 	no     uint64
@@ -60,11 +56,11 @@ func (u *uapCaller) Send(b []byte) error {
 }
 
 // placeLocalCalls routes the calls the group's processes made, as a
-// client's are routed (this node's queue of the group they name, or
-// another node), and answers at once those refused. A node that drains
-// still takes them: they belong to calls it is finishing. On the reply
-// reader, without mu.
-func (g *group) placeLocalCalls(calls []localCall) {
+// client's are routed (g.place: the node's line for a UAP's calls, which
+// ends at this node's queue of the group they name), and answers at once
+// those refused. A node that drains still takes them: they belong to calls
+// it is finishing. On the reply reader, without mu.
+func (g *Group) placeLocalCalls(calls []localCall) {
 	for _, lc := range calls {
 		g.localCalls.Inc()
 		to := &uapCaller{p: lc.from, no: lc.call.No, maxMsg: g.def.MaxMessageSize}
@@ -88,7 +84,7 @@ const stallAfter = time.Second
 // processes waits for a call of its own: a cycle (A calls B calls A, or A
 // calls A) with too few processes, which holds until the calls' deadlines.
 // Once per episode, counted. On the expiry loop.
-func (g *group) checkStall(now time.Time) {
+func (g *Group) checkStall(now time.Time) {
 	g.mu.Lock()
 	waiting, procs, calling := g.q.Waiting(), 0, 0
 	if waiting > 0 {
@@ -118,10 +114,4 @@ func (g *group) checkStall(now time.Time) {
 		g.log.Warn("every process of the group waits for a call of its own while calls wait for it: a call cycle with too few processes; they end at their deadlines",
 			"group", g.name, "processes", procs, "waiting", waiting)
 	}
-}
-
-// placeLocal is a group's place function: where a UAP's own call goes,
-// along the node's line for UAP calls (frames.go).
-func (n *Node) placeLocal(c caller, f *netio.Frame) (netio.Code, string) {
-	return n.uapLine.Route(c, call.From{}, f)
 }

@@ -1,4 +1,4 @@
-package scd
+package local
 
 import (
 	"testing"

@@ -1,17 +1,14 @@
-package scd
+package local
 
 // This file is the operator's view and change of a group's processes:
 // `scdctl prc` (OpenTP1's prcls: the processes, what each does and has
 // used) and `scdctl chprc GROUP RESIDENT[,MAX]` (OpenTP1's scdchprc: the
 // resident and maximum process counts changed while the server runs), both
-// control actions (control.go).
+// control actions of the node's control socket (scd/control.go).
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -46,31 +43,31 @@ type ChprcResult struct {
 	Before ParallelCount `json:"before"`
 }
 
-func (g *group) parallelCount() ParallelCount {
+func parallelCount(g *Group) ParallelCount {
 	r, m := g.procs.ParallelCount()
 	return ParallelCount{Resident: r, Max: m}
 }
 
-func (g *group) processList() GroupProcesses {
-	return GroupProcesses{Group: g.name, Server: g.def.Name, Count: g.parallelCount(),
-		Def: ParallelCount{Resident: g.def.Resident, Max: g.def.MaxProcesses}, Processes: g.processes()}
+func processList(g *Group) GroupProcesses {
+	return GroupProcesses{Group: g.name, Server: g.def.Name, Count: parallelCount(g),
+		Def: ParallelCount{Resident: g.def.Resident, Max: g.def.MaxProcesses}, Processes: processStatuses(g)}
 }
 
 // Processes lists the processes of group, or of every group when group is
 // empty; a group that is not here is a 'no such service group' error.
-func (n *Node) Processes(group string) ([]GroupProcesses, error) {
+func (s *Scheduler) Processes(group string) ([]GroupProcesses, error) {
 	if group == "" {
-		out := make([]GroupProcesses, 0, len(n.order))
-		for _, g := range n.order {
-			out = append(out, g.processList())
+		out := make([]GroupProcesses, 0, len(s.order))
+		for _, g := range s.order {
+			out = append(out, processList(g))
 		}
 		return out, nil
 	}
-	g := n.groups[group]
+	g := s.groups[group]
 	if g == nil {
-		return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: n.unknown(group, n.groupNames)}
+		return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: s.UnknownGroup(group)}
 	}
-	return []GroupProcesses{g.processList()}, nil
+	return []GroupProcesses{processList(g)}, nil
 }
 
 // chprcMu lets one chprc at a time change counts and then tell the
@@ -79,9 +76,9 @@ func (n *Node) Processes(group string) ([]GroupProcesses, error) {
 // enough.
 var chprcMu sync.Mutex
 
-// errChprc marks a chprc the node refuses: a limit, or a kind of server
+// ErrChprc marks a chprc the node refuses: a limit, or a kind of server
 // whose processes cannot change.
-var errChprc = errors.New("chprc refused")
+var ErrChprc = errors.New("chprc refused")
 
 // ChangeProcesses changes group's parallel_count while it runs (OpenTP1's
 // scdchprc): resident processes now, and the most processes (maxProcs < 0
@@ -92,17 +89,17 @@ var errChprc = errors.New("chprc refused")
 // (exactly one process), a count above the definition's maximum, more
 // residents than the maximum, residents with scd_refresh_process, or
 // residents over the node's max_processes.
-func (n *Node) ChangeProcesses(group string, resident, maxProcs int) (ChprcResult, error) {
-	g := n.groups[group]
+func (s *Scheduler) ChangeProcesses(group string, resident, maxProcs int) (ChprcResult, error) {
+	g := s.groups[group]
 	if g == nil {
-		return ChprcResult{}, &netio.Error{Code: netio.CodeNoSuchGroup, Message: n.unknown(group, n.groupNames)}
+		return ChprcResult{}, &netio.Error{Code: netio.CodeNoSuchGroup, Message: s.UnknownGroup(group)}
 	}
 	if g.def.ReceiveFrom == def.ReceiveSocket {
-		return ChprcResult{}, fmt.Errorf("%w: %s: a socket-receiving server runs exactly one process (receive_from = socket)", errChprc, group)
+		return ChprcResult{}, fmt.Errorf("%w: %s: a socket-receiving server runs exactly one process (receive_from = socket)", ErrChprc, group)
 	}
 	chprcMu.Lock()
 	defer chprcMu.Unlock()
-	before := g.parallelCount()
+	before := parallelCount(g)
 	if maxProcs < 0 {
 		maxProcs = max(before.Max, resident) // "chprc g 4" asks for 4 residents: room for them
 	}
@@ -112,62 +109,19 @@ func (n *Node) ChangeProcesses(group string, resident, maxProcs int) (ChprcResul
 		if err == nil {
 			err = errors.New("no change made")
 		}
-		return ChprcResult{}, fmt.Errorf("%w: %s", errChprc, strings.TrimPrefix(err.Error(), "procmgr: "))
+		return ChprcResult{}, fmt.Errorf("%w: %s", ErrChprc, strings.TrimPrefix(err.Error(), "procmgr: "))
 	}
 	g.mu.Lock()
 	for slot, r := range kinds {
 		g.q.SetResident(slot, r)
 	}
 	g.mu.Unlock()
-	res := ChprcResult{GroupProcesses: g.processList(), Before: before}
-	n.log.Info("chprc: parallel_count changed", "group", group, "server", g.def.Name,
+	res := ChprcResult{GroupProcesses: processList(g), Before: before}
+	s.log.Info("chprc: parallel_count changed", "group", group, "server", g.def.Name,
 		"from", before.String(), "to", res.Count.String())
 	if err != nil {
 		// The change is made; a process did not start and is retried.
-		n.log.Warn("chprc: a new resident process did not start; retrying with back-off", "group", group, "err", err)
+		s.log.Warn("chprc: a new resident process did not start; retrying with back-off", "group", group, "err", err)
 	}
 	return res, nil
-}
-
-// answerPrc serves GET /prc?group= on the control socket.
-func (n *Node) answerPrc(w http.ResponseWriter, r *http.Request) {
-	list, err := n.Processes(r.URL.Query().Get("group"))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusNotFound)
-		return
-	}
-	writeJSON(w, list)
-}
-
-// answerChprc serves POST /chprc?group=&resident=[&max=] on the control
-// socket.
-func (n *Node) answerChprc(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	resident, err := strconv.Atoi(q.Get("resident"))
-	if err != nil {
-		http.Error(w, fmt.Sprintf("chprc: resident %q: want a whole number", q.Get("resident")), http.StatusBadRequest)
-		return
-	}
-	maxProcs := -1
-	if v := q.Get("max"); v != "" {
-		if maxProcs, err = strconv.Atoi(v); err != nil || maxProcs < 0 {
-			http.Error(w, fmt.Sprintf("chprc: max %q: want a whole number", v), http.StatusBadRequest)
-			return
-		}
-	}
-	res, err := n.ChangeProcesses(q.Get("group"), resident, maxProcs)
-	var te *netio.Error
-	switch {
-	case errors.As(err, &te):
-		http.Error(w, err.Error(), http.StatusNotFound)
-	case err != nil:
-		http.Error(w, err.Error(), http.StatusBadRequest)
-	default:
-		writeJSON(w, res)
-	}
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(v)
 }

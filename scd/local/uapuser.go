@@ -1,4 +1,4 @@
-package scd
+package local
 
 import (
 	"hash/fnv"
@@ -27,7 +27,7 @@ const (
 // restarts and distinct from the other servers of this node. A root
 // daemon never runs a UAP as root unless a definition says so (uid = 0
 // with sysconf uap_allow_root = Y).
-func (n *Node) uapCredentials(s *def.Server) (uid, gid int) {
+func (sc *Scheduler) uapCredentials(s *def.Server) (uid, gid int) {
 	uid, gid = s.UID, s.GID
 	if uid >= 0 && gid < 0 {
 		if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
@@ -37,10 +37,10 @@ func (n *Node) uapCredentials(s *def.Server) (uid, gid int) {
 	if uid >= 0 || os.Geteuid() != 0 {
 		return uid, gid
 	}
-	if n.uapIDs == nil {
-		n.uapIDs = derivedUAPIDs(n.cfg.Servers)
+	if sc.uapIDs == nil {
+		sc.uapIDs = derivedUAPIDs(sc.cfg.Servers)
 	}
-	id := n.uapIDs[s.Name]
+	id := sc.uapIDs[s.Name]
 	if gid < 0 {
 		gid = id
 	}
