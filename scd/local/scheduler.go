@@ -54,7 +54,8 @@ type Options struct {
 	// OnDemand reports whether a group's server starts only when asked
 	// (Group.StartServer: an application environment of the routing
 	// manager), and every group's server may be stopped and started again;
-	// nil: every server starts with the node and runs until it stops.
+	// nil: every server starts with the node and runs until it stops. It
+	// is asked in Start.
 	OnDemand func(group string) bool
 }
 
@@ -101,7 +102,7 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 		}
 		g.rd.g = g
 		g.classes.Store(wlm.NoClasses())
-		g.serving.Store(opts.OnDemand == nil || !opts.OnDemand(g.name))
+		g.serving.Store(opts.OnDemand == nil) // else from Start on: startProcesses
 		for _, svc := range srv.Services {
 			g.entries[svc.Name] = svc.Entry
 		}
