@@ -19,7 +19,7 @@ import (
 	scdnames "tpsched/scd/names"
 )
 
-// S7: announce propagation at the cluster's limit. 128 names.Cluster
+// S7: announce propagation at the cluster's limit. 128 names.Gossip
 // members (memberlist with tpsched's production timing) run in this
 // process on 127.0.0.1, each with its own name table and one service
 // group. After every table knows all 128, a quiet spell measures the
@@ -38,7 +38,7 @@ const (
 	s7JoinLimit    = 60 * time.Second
 	s7ProbeLimit   = 10 * time.Second // a change not everywhere by then is reported as not converged
 	s7Gap          = 300 * time.Millisecond
-	s7Refresh      = 20 * time.Second // names.ClusterConfig's default Refresh
+	s7Refresh      = 20 * time.Second // names.GossipConfig's default Refresh
 	s7Group        = "bench"
 	s7JoinInterval = 50 * time.Millisecond
 	// A member whose Stats or Leave takes longer is stuck; S7 reports it
@@ -93,7 +93,7 @@ type gossipResult struct {
 	Changes      traffic       `json:"changes"`
 	DroppedTotal uint64        `json:"announces_dropped"` // over every node, any reason, at the end
 	JoinCPUCores float64       `json:"join_cpu_cores"`    // this process's CPU while joining
-	// Members whose names.Cluster.Stats did not return within
+	// Members whose names.Gossip.Stats did not return within
 	// S7StatsLimit after the changes: their memberlist is stuck (it
 	// takes memberlist's node lock); and members whose Leave had not
 	// returned S7LeaveLimit after the end.
@@ -105,7 +105,7 @@ type gossipResult struct {
 // traffic is what the members sent over one phase.
 type traffic struct {
 	Seconds float64 `json:"seconds"`
-	// Announce bytes handed to gossip (names.ClusterStats.BytesSent,
+	// Announce bytes handed to gossip (names.GossipStats.BytesSent,
 	// relays included) per node per second, and own announces queued.
 	BytesPerNodeS float64 `json:"announce_bytes_per_node_per_s"`
 	Announces     float64 `json:"announces_sent"`
@@ -218,16 +218,16 @@ func (p *s7Probe) mark(j int, tables []*scdnames.Table, nodeName func(int) strin
 // not returned within limit (its memberlist is stuck: Stats takes
 // memberlist's node lock) is left out of the map and listed in stuck; its
 // goroutine is abandoned.
-func s7Stats(members []*s7Member, limit time.Duration) (map[int]scdnames.ClusterStats, []int) {
+func s7Stats(members []*s7Member, limit time.Duration) (map[int]scdnames.GossipStats, []int) {
 	type one struct {
 		i  int
-		st scdnames.ClusterStats
+		st scdnames.GossipStats
 	}
 	ch := make(chan one, len(members))
 	for i, m := range members {
 		go func() { ch <- one{i, m.c.Stats()} }()
 	}
-	got := make(map[int]scdnames.ClusterStats, len(members))
+	got := make(map[int]scdnames.GossipStats, len(members))
 	timeout := time.NewTimer(limit)
 	defer timeout.Stop()
 	for len(got) < len(members) {
@@ -269,7 +269,7 @@ func (h *s7Health) changed(j int, t *scdnames.Table) {
 }
 
 type s7Member struct {
-	c     *scdnames.Cluster
+	c     *scdnames.Gossip
 	table *scdnames.Table
 	level loadlevel.Level
 }
@@ -366,7 +366,7 @@ func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipRe
 		j := i
 		info := scdnames.NodeInfo{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+i)), Announce: true,
 			Groups: []scdnames.GroupInfo{{Group: s7Group}}}
-		c, err := scdnames.Join(scdnames.ClusterConfig{Self: nodeName(i), BindAddr: "127.0.0.1", Port: 0, Seeds: seeds, Fast: setup.Fast,
+		c, err := scdnames.Join(scdnames.GossipConfig{Self: nodeName(i), BindAddr: "127.0.0.1", Port: 0, Seeds: seeds, Fast: setup.Fast,
 			OnChange: func() {
 				health.changed(j, tables[j])
 				if p := cur.Load(); p != nil {
@@ -563,7 +563,7 @@ func gossipVerdict(r *gossipResult, limit time.Duration) string {
 			r.JoinKnownMin, r.Setup.Nodes, r.JoinSeconds)
 	}
 	if len(r.Stuck) > 0 || r.LeaveStuck > 0 {
-		fmt.Fprintf(&b, ". **%d members were stuck** after the changes (names.Cluster.Stats did not return within %v: it waits for memberlist's "+
+		fmt.Fprintf(&b, ". **%d members were stuck** after the changes (names.Gossip.Stats did not return within %v: it waits for memberlist's "+
 			"node lock), %d did not finish Leave within %v; a stuck member neither relays nor applies announces",
 			len(r.Stuck), s7StatsLimit, r.LeaveStuck, s7LeaveLimit)
 	}
@@ -593,13 +593,13 @@ func s7Setup(g gossipSetup, quick bool) []string {
 			"member drawn at random announces its group one level up (LEVEL0 -> 1 -> 2 -> 0); the time is from Announce until each other "+
 			"table holds the new level (ClusterConfig.OnChange reads the table; a table that has not after %v counts as not reached); "+
 			"%v between changes.", g.Quiet, g.Probes, g.ProbeLimit, g.Gap),
-		"Announce bytes are names.ClusterStats.BytesSent (announce messages handed to memberlist's gossip, relays included, without " +
+		"Announce bytes are names.GossipStats.BytesSent (announce messages handed to memberlist's gossip, relays included, without " +
 			"memberlist's own headers), summed over the members, per member per second. Loopback is the machine's /proc/net/dev 'lo' " +
 			"transmit counters over the same time, per member: all of memberlist's traffic (probes, acks, gossip, push/pull) and anything " +
 			"else that used loopback meanwhile, so an upper bound. CPU is this process's, all members together, on the machine's cores.",
 		"Health: 'tables lost a member' counts each time a table dropped a member (memberlist declared it dead; nobody leaves in " +
 			"these phases, so each is a false death, usually a probe that timed out for want of CPU); 'stuck' members are those whose " +
-			"names.Cluster.Stats did not return within " + s7StatsLimit.String() + " at the phase's end (it waits for memberlist's node lock). " +
+			"names.Gossip.Stats did not return within " + s7StatsLimit.String() + " at the phase's end (it waits for memberlist's node lock). " +
 			"With all members on a few cores a run can tip into a state where probes time out for want of CPU, members are declared dead " +
 			"and rejoin, and CPU and traffic rise; these columns show whether this run did.",
 	}

@@ -24,7 +24,7 @@ import (
 )
 
 // This file is the node's part in inter-node load balancing: it announces
-// its groups through names.Cluster, keeps the name table, and decides for
+// its groups through names.Gossip, keeps the name table, and decides for
 // each call whether it is served here or transferred (route), then hands
 // transfers to the forwarder. A node without all_node has none of it.
 
@@ -34,7 +34,7 @@ type cluster struct {
 	names *names.Table
 	// gossip is set once the node has joined; the RPC port, the control
 	// endpoint and the load checks already run by then.
-	gossip atomic.Pointer[names.Cluster]
+	gossip atomic.Pointer[names.Gossip]
 	pool   *peers.Pool
 	policy route.Policy
 
@@ -110,7 +110,7 @@ func (n *Node) joinCluster() error {
 	if n.clusterKey() == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
-	g, err := names.Join(names.ClusterConfig{
+	g, err := names.Join(names.GossipConfig{
 		Self:     sys.NodeID,
 		BindAddr: sys.RPCAddress,
 		Port:     sys.NamePort,
@@ -492,7 +492,7 @@ type ClusterStatus struct {
 	Rule          string             `json:"balance_rule"`
 	Announce      bool               `json:"announce_server_status"`
 	ThisNodeFirst bool               `json:"this_node_first"`
-	Gossip        names.ClusterStats `json:"gossip"`
+	Gossip        names.GossipStats `json:"gossip"`
 	Nodes         []NodeStatus       `json:"nodes"`
 }
 

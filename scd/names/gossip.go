@@ -26,8 +26,8 @@ import (
 // retransmits. An announce is applied only while memberlist counts its
 // node alive: a stale one relayed after the node died cannot bring it back.
 
-// ClusterConfig says how to join the other nodes.
-type ClusterConfig struct {
+// GossipConfig says how to join the other nodes.
+type GossipConfig struct {
 	Self     string   // this node's node_id: its memberlist name
 	BindAddr string   // address for the name port; "0.0.0.0" lets memberlist choose what to advertise
 	Port     int      // name_port; 0 picks a free one
@@ -45,8 +45,8 @@ type ClusterConfig struct {
 	OnChange func()
 }
 
-// ClusterStats are the announce counters for status and /metrics.
-type ClusterStats struct {
+// GossipStats are the announce counters for status and /metrics.
+type GossipStats struct {
 	Members   int               `json:"members"`
 	Sent      uint64            `json:"announces_sent"`      // own announces queued
 	Received  uint64            `json:"announces_received"`  // announces applied, relays included
@@ -55,9 +55,10 @@ type ClusterStats struct {
 	Trusted   bool              `json:"peers_trusted_blindly"`
 }
 
-// Cluster is this node's membership and announcer.
-type Cluster struct {
-	cfg   ClusterConfig
+// Gossip is this node's membership (memberlist) and announcer: the
+// cluster's name information, spread by gossip.
+type Gossip struct {
+	cfg   GossipConfig
 	log   *slog.Logger
 	table *Table
 	codec *Codec
@@ -90,14 +91,14 @@ const (
 
 // Join starts membership on the name port and keeps trying the seeds in
 // the background: nodes may start in any order.
-func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
+func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Refresh == 0 {
 		cfg.Refresh = 20 * time.Second
 	}
-	c := &Cluster{
+	c := &Gossip{
 		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
 		alive: map[string]bool{cfg.Self: true}, latest: map[string][]byte{},
 		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
@@ -143,10 +144,10 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 }
 
 // Port is the name port memberlist listens on.
-func (c *Cluster) Port() int { return int(c.ml.LocalNode().Port) }
+func (c *Gossip) Port() int { return int(c.ml.LocalNode().Port) }
 
 // Trusted reports whether peers are trusted blindly (no cluster_key).
-func (c *Cluster) Trusted() bool { return !c.codec.Authenticated() }
+func (c *Gossip) Trusted() bool { return !c.codec.Authenticated() }
 
 // Announce tells every node this node's groups now. Callers pass the whole
 // state; the cluster numbers it.
@@ -157,7 +158,7 @@ func (c *Cluster) Trusted() bool { return !c.codec.Authenticated() }
 // while calling into memberlist, or the three make a cycle (seen in the
 // 128-node bench); announceMu, which memberlist's callbacks never take,
 // keeps announces queued in the order they are numbered.
-func (c *Cluster) Announce(info NodeInfo) {
+func (c *Gossip) Announce(info NodeInfo) {
 	c.announceMu.Lock()
 	defer c.announceMu.Unlock()
 	c.mu.Lock()
@@ -174,7 +175,7 @@ func (c *Cluster) Announce(info NodeInfo) {
 }
 
 // reannounce sends this node's current state again.
-func (c *Cluster) reannounce() {
+func (c *Gossip) reannounce() {
 	c.mu.Lock()
 	self := c.self
 	c.mu.Unlock()
@@ -182,7 +183,7 @@ func (c *Cluster) reannounce() {
 }
 
 // run re-announces periodically and retries the seeds that are not members.
-func (c *Cluster) run() {
+func (c *Gossip) run() {
 	defer c.wg.Done()
 	c.joinSeeds()
 	refresh := time.NewTicker(c.cfg.Refresh)
@@ -202,7 +203,7 @@ func (c *Cluster) run() {
 }
 
 // joinSeeds asks every seed that is not a member now to let us in.
-func (c *Cluster) joinSeeds() {
+func (c *Gossip) joinSeeds() {
 	members := map[string]bool{}
 	for _, m := range c.ml.Members() {
 		members[m.Address()] = true
@@ -222,8 +223,8 @@ func (c *Cluster) joinSeeds() {
 }
 
 // Stats reports the announce counters.
-func (c *Cluster) Stats() ClusterStats {
-	st := ClusterStats{
+func (c *Gossip) Stats() GossipStats {
+	st := GossipStats{
 		Members: c.ml.NumMembers(), Sent: c.sent.Load(), Received: c.received.Load(),
 		BytesSent: c.bytesSent.Load(), Dropped: map[string]uint64{}, Trusted: c.Trusted(),
 	}
@@ -239,7 +240,7 @@ func (c *Cluster) Stats() ClusterStats {
 // tables until a new process with the same node id and address takes its
 // place (a restart that hands the node over) or failure detection drops
 // it. Calls after the first, or after Leave, do nothing.
-func (c *Cluster) Stop() error {
+func (c *Gossip) Stop() error {
 	err := errors.New("names: cluster already left")
 	c.leaveOnce.Do(func() {
 		close(c.stop)
@@ -251,7 +252,7 @@ func (c *Cluster) Stop() error {
 
 // Leave tells the others this node is going and stops. Calls after the
 // first do nothing.
-func (c *Cluster) Leave(timeout time.Duration) error {
+func (c *Gossip) Leave(timeout time.Duration) error {
 	err := errors.New("names: cluster already left")
 	c.leaveOnce.Do(func() {
 		close(c.stop)
@@ -262,7 +263,7 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	return err
 }
 
-func (c *Cluster) drop(reason string, err error) {
+func (c *Gossip) drop(reason string, err error) {
 	c.dropMu.Lock()
 	c.dropped[reason]++
 	n := c.dropped[reason]
@@ -274,7 +275,7 @@ func (c *Cluster) drop(reason string, err error) {
 
 // receive decodes, authenticates and applies one announce; relay says
 // whether to pass it on.
-func (c *Cluster) receive(msg []byte, relay bool) {
+func (c *Gossip) receive(msg []byte, relay bool) {
 	info, err := c.codec.Decode(msg)
 	switch {
 	case errors.Is(err, ErrUnauthenticated):
@@ -305,7 +306,7 @@ func (c *Cluster) receive(msg []byte, relay bool) {
 	}
 }
 
-func (c *Cluster) apply(info NodeInfo) {
+func (c *Gossip) apply(info NodeInfo) {
 	changed, err := c.table.Apply(info)
 	switch {
 	case errors.Is(err, ErrFull):
@@ -351,12 +352,12 @@ func (a announce) Invalidates(o memberlist.Broadcast) bool {
 	return ok && nb.Name() == a.node
 }
 
-// delegate is the Cluster as memberlist's Delegate.
-type delegate Cluster
+// delegate is the Gossip as memberlist's Delegate.
+type delegate Gossip
 
 func (d *delegate) NodeMeta(limit int) []byte { return nil }
 
-func (d *delegate) NotifyMsg(b []byte) { (*Cluster)(d).receive(b, true) }
+func (d *delegate) NotifyMsg(b []byte) { (*Gossip)(d).receive(b, true) }
 
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	out := d.queue.GetBroadcasts(overhead, limit)
@@ -383,19 +384,19 @@ func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	for len(buf) > 0 {
 		n, k := binary.Uvarint(buf)
 		if k <= 0 || uint64(len(buf)-k) < n {
-			(*Cluster)(d).drop(DropMalformed, errors.New("push/pull state: bad length"))
+			(*Gossip)(d).drop(DropMalformed, errors.New("push/pull state: bad length"))
 			return
 		}
-		(*Cluster)(d).receive(buf[k:k+int(n)], false)
+		(*Gossip)(d).receive(buf[k:k+int(n)], false)
 		buf = buf[k+int(n):]
 	}
 }
 
-// events is the Cluster as memberlist's EventDelegate.
-type events Cluster
+// events is the Gossip as memberlist's EventDelegate.
+type events Gossip
 
 func (e *events) NotifyJoin(n *memberlist.Node) {
-	c := (*Cluster)(e)
+	c := (*Gossip)(e)
 	if n.Name == c.cfg.Self {
 		return // memberlist.Create tells us of ourselves before c is complete
 	}
@@ -424,7 +425,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
-	c := (*Cluster)(e)
+	c := (*Gossip)(e)
 	if n.Name == c.cfg.Self {
 		return
 	}
@@ -445,7 +446,7 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {}
 // level, its warnings and errors at warn. memberlist has no hook for
 // packets that fail to decrypt, only this log line; each counts as a
 // dropped unauthenticated message, beside the announces our codec drops.
-type logAdapter struct{ c *Cluster }
+type logAdapter struct{ c *Gossip }
 
 func (l *logAdapter) Write(p []byte) (int, error) {
 	msg := string(bytes.TrimSpace(p))

@@ -11,7 +11,7 @@ import (
 )
 
 type member struct {
-	c     *Cluster
+	c     *Gossip
 	table *Table
 }
 
@@ -27,7 +27,7 @@ func startMembers(t *testing.T, n int, key func(i int) []byte) []member {
 		if seed != "" {
 			seeds = []string{seed}
 		}
-		c, err := Join(ClusterConfig{Self: name, BindAddr: "127.0.0.1", Port: 0, Seeds: seeds, Key: key(i), Fast: true},
+		c, err := Join(GossipConfig{Self: name, BindAddr: "127.0.0.1", Port: 0, Seeds: seeds, Key: key(i), Fast: true},
 			table, NodeInfo{Addr: "127.0.0.1:1", Announce: true, Groups: []GroupInfo{{Group: "g"}}})
 		if err != nil {
 			t.Fatal(err)
