@@ -585,13 +585,13 @@ func s7Setup(g gossipSetup, quick bool) []string {
 			"tpbench process, on 127.0.0.1, memberlist choosing each port; member i is seeded with member 0 and up to %d other earlier "+
 			"members drawn at random (names.Join retries seeds that are not members every 2 s). No cluster_key.",
 			g.Nodes, s7Group, g.Seeds-1),
-		"Timing: ClusterConfig{Fast: false}, the production timing: memberlist's LAN defaults with gossip every 100 ms to 4 members, " +
+		"Timing: GossipConfig{Fast: false}, the production timing: memberlist's LAN defaults with gossip every 100 ms to 4 members, " +
 			"push/pull every 15 s, probes every 500 ms (timeout 250 ms); every member re-announces every 20 s without a change " +
-			"(ClusterConfig.Refresh default) and relays every announce it had not seen.",
+			"(GossipConfig.Refresh default) and relays every announce it had not seen.",
 		fmt.Sprintf("Join: from the first scdnames.Join until every table holds all %d members (Table.Len, read every %v).", g.Nodes, s7JoinInterval),
 		fmt.Sprintf("Quiet: %v with no change (the refresh period is 20 s: a window of one period sees each member re-announce once). Then %d changes, one at a time: a "+
 			"member drawn at random announces its group one level up (LEVEL0 -> 1 -> 2 -> 0); the time is from Announce until each other "+
-			"table holds the new level (ClusterConfig.OnChange reads the table; a table that has not after %v counts as not reached); "+
+			"table holds the new level (GossipConfig.OnChange reads the table; a table that has not after %v counts as not reached); "+
 			"%v between changes.", g.Quiet, g.Probes, g.ProbeLimit, g.Gap),
 		"Announce bytes are names.GossipStats.BytesSent (announce messages handed to memberlist's gossip, relays included, without " +
 			"memberlist's own headers), summed over the members, per member per second. Loopback is the machine's /proc/net/dev 'lo' " +
