@@ -1,63 +1,24 @@
 package scd
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"strconv"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
-	"tpsched/scd/call"
+	"tpsched/scd/cluster"
 	"tpsched/scd/def"
 	"tpsched/scd/local"
 	"tpsched/scd/names"
-	"tpsched/scd/peers"
 	"tpsched/scd/route"
 )
 
-// This file is the node's part in inter-node load balancing: it announces
-// its groups through names.Gossip, keeps the name table, and decides for
-// each call whether it is served here or transferred (route), then hands
-// transfers to the forwarder. A node without all_node has none of it.
-
-// cluster is the inter-node state of a node that has peers.
-type cluster struct {
-	self  string
-	names *names.Table
-	// gossip is set once the node has joined; the RPC port, the control
-	// endpoint and the load checks already run by then.
-	gossip atomic.Pointer[names.Gossip]
-	pool   *peers.Pool
-	policy route.Policy
-
-	candPool sync.Pool // *[]route.Candidate, one per call being routed
-	leave    sync.Once
-
-	// lastReceived is when (unix ns) the last transferred call came in: a
-	// leaving node serves until the others have stopped sending.
-	lastReceived atomic.Int64
-
-	received sync.Map // node -> *metrics.Counter: by member node a call was transferred from
-	// receivedOther counts transferred calls from a node that is not a
-	// member of the name table: no name becomes a label value unless the
-	// node has proved it (hello) and is known (announced).
-	receivedOther *metrics.Counter
-	// retried counts calls sent on to another node, by why.
-	retriedUnreachable, retriedRefused *metrics.Counter
-}
-
-// globalRand is math/rand/v2's goroutine-safe source as a route.Rand.
-type globalRand struct{}
-
-func (globalRand) IntN(n int) int { return rand.IntN(n) }
+// This file wires the node's part in the cluster (scd/cluster): the
+// router, always made (it is the peer pool's Delegate), and in the node's
+// line only when all_node names another node (inCluster).
 
 func (n *Node) clusterKey() []byte {
 	if n.cfg.System.ClusterKey == "" {
@@ -83,34 +44,71 @@ func (n *Node) seeds() ([]string, error) {
 	return seeds, nil
 }
 
-// prepareCluster sets up the inter-node state, if all_node names another
-// node, when the node is made: every frame read looks at n.cluster, which
-// is then never written again.
-func (n *Node) prepareCluster() error {
-	seeds, err := n.seeds()
-	if err != nil || len(seeds) == 0 {
-		return err // all_node names no other node: nothing to balance over
+// prepareCluster makes the router when the node is made (it needs no
+// I/O), so the node's lines are complete before the RPC port opens. The
+// node is in a cluster when all_node names another node (or a test says
+// so: a node in a cluster without membership); alone, the router is only
+// the peer pool's delegate and shows nothing on /metrics.
+func (n *Node) prepareCluster(inCluster bool) error {
+	rule := route.OpenTP1 // alone, the router only reroutes what comes back
+	if inCluster {
+		var err error
+		if rule, err = route.ParseRule(n.cfg.Sched.BalanceRule); err != nil {
+			return fmt.Errorf("scdsvcdef: scd_balance_rule: %w", err)
+		}
 	}
-	rule, err := route.ParseRule(n.cfg.Sched.BalanceRule)
-	if err != nil {
-		return fmt.Errorf("scdsvcdef: scd_balance_rule: %w", err)
+	opts := cluster.Options{
+		Self:        n.cfg.System.NodeID,
+		Log:         n.log,
+		Metrics:     metrics.NewSet(), // not exposed
+		CounterFunc: func(string, func() uint64) {},
+		Local:       clusterLocal{n.local},
+		Pool:        n.pool,
+		Policy: route.Policy{
+			Rule:          rule,
+			Announce:      n.cfg.Sched.AnnounceServerStatus,
+			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
+			ScheduleRate:  n.cfg.Sched.ScheduleRate,
+		},
+		Retries:       n.cfg.Sched.RetryOfCommError,
+		WatchTime:     n.cfg.System.WatchTime,
+		MultiSchedule: n.cfg.Usrrc.MultiSchedule,
+		Draining:      n.draining.Load,
 	}
-	n.cluster = n.newCluster(rule)
+	if inCluster {
+		opts.Metrics, opts.CounterFunc = n.metrics, n.counterFunc
+	}
+	if n.wlm != nil {
+		opts.Steer = n.wlm.steer
+	}
+	n.router = cluster.New(opts)
+	n.receivers = cluster.NewReceivers(n.cfg.System.NodeID, clusterLocal{n.local}, n.metrics)
+	n.inCluster = inCluster
 	return nil
+}
+
+// clusterLocal is the local scheduler as the cluster sees it.
+type clusterLocal struct{ *local.Scheduler }
+
+func (l clusterLocal) Group(name string) (cluster.Group, bool) {
+	g, ok := l.Scheduler.Group(name)
+	if !ok {
+		return nil, false
+	}
+	return g, true
 }
 
 // joinCluster joins the other nodes of all_node, if it names any.
 func (n *Node) joinCluster() error {
-	cl := n.cluster
 	seeds, _ := n.seeds()
-	if cl == nil || len(seeds) == 0 {
-		return nil // no other node to join (a test may make inter-node state without membership)
+	if len(seeds) == 0 {
+		return nil // no other node to join (a test may put a node in a cluster without membership)
 	}
 	sys := n.cfg.System
 	if n.clusterKey() == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
-	g, err := names.Join(names.GossipConfig{
+	return n.router.Join(names.GossipConfig{
 		Self:     sys.NodeID,
 		BindAddr: sys.RPCAddress,
 		Port:     sys.NamePort,
@@ -119,37 +117,7 @@ func (n *Node) joinCluster() error {
 		Fast:     n.opts.FastFailureDetection,
 		Logger:   n.log,
 		OnChange: n.namesChanged,
-	}, cl.names, n.localInfo())
-	if err != nil {
-		return err
-	}
-	cl.gossip.Store(g)
-	n.registerClusterMetrics()
-	n.log.Info("cluster joined", "name_port", g.Port(), "seeds", seeds, "rule", cl.policy.Rule.String(),
-		"announce", cl.policy.Announce, "this_node_first", cl.policy.ThisNodeFirst)
-	return nil
-}
-
-// newCluster is the inter-node state of this node before it joins.
-func (n *Node) newCluster(rule route.Rule) *cluster {
-	sys := n.cfg.System
-	cl := &cluster{
-		self:  sys.NodeID,
-		names: names.NewTable(sys.NodeID),
-		pool:  n.pool,
-		policy: route.Policy{
-			Rule:          rule,
-			Announce:      n.cfg.Sched.AnnounceServerStatus,
-			ThisNodeFirst: n.cfg.Sched.ThisNodeFirst,
-			ScheduleRate:  n.cfg.Sched.ScheduleRate,
-		},
-		receivedOther:      n.metrics.NewCounter(`tpsched_requests_received_total{from="unknown"}`),
-		retriedUnreachable: n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="unreachable"}`),
-		retriedRefused:     n.metrics.NewCounter(`tpsched_transfer_retries_total{reason="refused"}`),
-	}
-	cl.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
-	n.pool.SetDelegate(rerouter{n})
-	return cl
+	}, n.localInfo())
 }
 
 // localInfo is what this node announces: its groups, their levels (LEVEL0
@@ -176,349 +144,33 @@ func (n *Node) localInfo() names.NodeInfo {
 }
 
 // advertisedRPC is the RPC address other nodes send to.
-func (n *Node) advertisedRPC() string { return n.advertisedAddr(n.rpc) }
-
-// advertisedAddr is advertisedRPC for port p: a frame's handler passes its
-// connection's port, since frames are served before n.rpc is set.
-func (n *Node) advertisedAddr(p *rpcport.Port) string {
-	if p == nil {
-		return ""
-	}
-	host, port, _ := net.SplitHostPort(p.Addr())
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		host = n.cfg.System.NodeID // listening everywhere: the node id is the best name we have
-	}
-	return net.JoinHostPort(host, port)
-}
-
-// leaveCluster tells the other nodes this node is going, once.
-func (n *Node) leaveCluster() {
-	if n.cluster == nil || n.cluster.gossip.Load() == nil {
-		return
-	}
-	n.cluster.leave.Do(func() {
-		if err := n.cluster.gossip.Load().Leave(time.Second); err != nil {
-			n.log.Warn("leaving the cluster", "err", err)
-		}
-	})
-}
-
-// A stopping node leaves the cluster before it refuses anything: it leaves
-// (memberlist tells the others, which drop it from their name tables) and
-// serves on until no transferred call has come for leaveQuiet, at most
-// leaveGrace, so calls the others sent before they knew are served, not
-// refused. A call that still meets the refusal is sent on by the node that
-// transferred it (refusedBeforeRunning).
-const (
-	leaveQuiet = 300 * time.Millisecond
-	leaveGrace = 5 * time.Second
-)
-
-// leaveBeforeDrain takes this node out of the cluster while it still
-// serves, and returns once the others have stopped sending to it.
-func (n *Node) leaveBeforeDrain(ctx context.Context) {
-	if n.cluster == nil || n.cluster.gossip.Load() == nil {
-		return
-	}
-	start := time.Now()
-	n.log.Info("leaving the cluster; serving until the other nodes stop sending here")
-	n.leaveCluster()
-	left := time.Now().UnixNano()
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		now := time.Now()
-		quietSince := time.Unix(0, max(left, n.cluster.lastReceived.Load()))
-		if now.Sub(quietSince) >= leaveQuiet {
-			n.log.Info("left the cluster", "took", now.Sub(start).Round(time.Millisecond))
-			return
-		}
-		if now.Sub(start) >= leaveGrace {
-			n.log.Warn("other nodes still send calls here after leaving; draining all the same",
-				"waited", now.Sub(start).Round(time.Millisecond))
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// transfersInFlight is the calls this node has handed to other nodes and
-// not yet answered.
-func (n *Node) transfersInFlight() int {
-	return n.pool.TotalInFlight()
-}
+func (n *Node) advertisedRPC() string { return cluster.AdvertisedAddr(n.rpc, n.cfg.System.NodeID) }
 
 // announce tells the other nodes this node's state now.
-func (n *Node) announce() {
-	if n.cluster == nil {
-		return
-	}
-	if g := n.cluster.gossip.Load(); g != nil {
-		g.Announce(n.localInfo())
-	}
-}
-
-// candidates appends the nodes that can take a call for group: the others
-// that run it and are not held, and this node when local says so.
-func (cl *cluster) candidates(dst []route.Candidate, group string, lg *local.Group, tried []string) []route.Candidate {
-	for _, e := range cl.names.Lookup(group) {
-		if e.Local || e.Held || contains(tried, e.Node) {
-			continue
-		}
-		dst = append(dst, route.Candidate{Node: e.Node, Level: e.Level, InFlight: cl.pool.InFlight(e.Node)})
-	}
-	if lg != nil && !lg.Held() && lg.Serving() && !contains(tried, cl.self) {
-		dst = append(dst, route.Candidate{Node: cl.self, Local: true, Level: lg.Level(), InFlight: lg.InFlight()})
-	}
-	return dst
-}
-
-// socketGroup reports whether group receives from a socket (routed at
-// random, no status check): as defined here, or as its nodes announce.
-func (cl *cluster) socketGroup(group string, lg *local.Group) bool {
-	if lg != nil {
-		return lg.Def().ReceiveFrom == def.ReceiveSocket
-	}
-	entries := cl.names.Lookup(group)
-	return len(entries) > 0 && entries[0].Socket
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-// routeCall decides whether a call is served here; from.Peer is the node
-// that transferred it ("": a caller's own); g is the group if it takes
-// calls here now (servingGroup). It returns handled =
-// true when the call was transferred (or refused on the way); otherwise
-// the caller serves it locally, or refuses it as the local rules say.
-func (n *Node) routeCall(c call.Caller, from call.From, f *netio.Frame, g *local.Group) (handled bool, code netio.Code, msg string) {
-	cl := n.cluster
-	if from.Peer != "" {
-		cl.countReceived(from.Peer, n.metrics)
-		return false, 0, "" // the hop mark: served here or refused, never transferred again
-	}
-	if f.Flags&netio.FlagDestination != 0 {
-		return false, 0, "" // the caller named this node: served here or refused
-	}
-	group := string(f.Group)
-	socket := cl.socketGroup(group, g)
-	buf := cl.candPool.Get().(*[]route.Candidate)
-	defer cl.candPool.Put(buf)
-	var cands []route.Candidate
-	balanced := g != nil && f.Flags&netio.FlagBalanced != 0
-	if balanced {
-		// The sender chose this node: stay unless held, or LEVEL2 while
-		// another node is lower.
-		cands = cl.candidates((*buf)[:0], group, nil, nil)
-		if !route.Transfer(g.Held(), g.Level(), cands, cl.policy) {
-			return false, 0, ""
-		}
-	} else {
-		cands = cl.candidates((*buf)[:0], group, g, nil)
-	}
-	if n.wlm != nil {
-		cands = n.wlm.steer(group, cands)
-	}
-	*buf = cands
-	// schedule_rate is for scheduler-direct calls, not for a balanced one
-	// that must move on.
-	i := route.Choose(cands, cl.policy, route.Request{Direct: !balanced, Socket: socket}, globalRand{})
-	if i < 0 || cands[i].Local {
-		return false, 0, ""
-	}
-	entries := cl.names.Lookup(group)
-	fc := &peers.Call{
-		Caller: c, CallerID: f.ID, Kind: f.Kind,
-		Group: group, Service: string(f.Service), Payload: append([]byte(nil), f.Payload...),
-		TimeoutMs: f.TimeoutMs, Start: time.Now(),
-		Retries: route.Retries(n.cfg.Sched.RetryOfCommError, len(entries)),
-	}
-	if f.TimeoutMs > 0 {
-		fc.Deadline = fc.Start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
-	} else if g != nil && g.Def().WatchTime > 0 {
-		fc.Deadline = fc.Start.Add(g.Def().WatchTime)
-	} else if w := n.cfg.System.WatchTime; w > 0 {
-		fc.Deadline = fc.Start.Add(w)
-	}
-	return n.transfer(fc, cands[i].Node)
-}
+func (n *Node) announce() { n.router.Announce(n.localInfo()) }
 
 // answerLookup tells a balancing client which nodes run a group, with
-// their levels: the cluster's table, or this node alone.
+// their levels: the cluster's name table, or this node alone.
 func (n *Node) answerLookup(c *rpcport.Conn, f *netio.Frame) {
-	group := string(f.Group)
-	var nodes []netio.NodeLevel
-	if n.cluster != nil {
-		for _, e := range n.cluster.names.Lookup(group) {
-			if !e.Held {
-				nodes = append(nodes, netio.NodeLevel{Addr: e.Addr, Level: uint8(e.Level)})
-			}
-		}
-	} else if g, ok := n.local.Group(group); ok && !g.Held() && g.Serving() {
-		nodes = append(nodes, netio.NodeLevel{Addr: n.advertisedAddr(c.Port()), Level: uint8(g.Level())})
-	}
-	if len(nodes) == 0 {
-		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, group+": no node serves it now"))
+	if n.inCluster {
+		n.router.AnswerLookup(c, f)
 		return
 	}
-	out := netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "", netio.AppendLookupAnswer(nil, nodes))
-	c.SendNow(out)
+	cluster.AnswerLookupAlone(c, f, clusterLocal{n.local}, n.cfg.System.NodeID)
 }
 
-// transfer hands fc to node.
-func (n *Node) transfer(fc *peers.Call, node string) (bool, netio.Code, string) {
-	info, ok := n.cluster.names.Get(node)
-	if !ok {
-		// The node left between the choice and now; the call has not left
-		// this node, so it is chosen for again, free of the retry budget.
-		fc.Tried = append(fc.Tried, node)
-		fc.Retries++
-		n.reroute(fc, fmt.Errorf("node %s left: %w", node, peers.ErrCommunication))
-		return true, netio.CodeOK, ""
-	}
-	fc.Tried = append(fc.Tried, node)
-	code, msg := n.pool.Send(node, info.Addr, fc)
-	return true, code, msg
-}
-
-// rerouter is the node as the pool's Delegate.
-type rerouter struct{ n *Node }
-
-func (r rerouter) Reroute(fc *peers.Call, err error) { r.n.reroute(fc, err) }
-func (r rerouter) MultiSchedule(group string) bool   { return r.n.multiSchedule(group) }
-
-// reroute is the pool's way back after a node could not be reached,
-// or refused a call before running it: up to scd_retry_of_comm_error other
-// nodes, this one included, are tried. When none is left the caller gets
-// the refusal, or 'network down'.
-func (n *Node) reroute(fc *peers.Call, err error) {
-	if fc.Retries <= 0 || n.draining.Load() {
-		fc.FailUnsent(err, "")
-		return
-	}
-	g, _ := n.local.Group(fc.Group)
-	cands := n.cluster.candidates(nil, fc.Group, g, fc.Tried)
-	i := route.Choose(cands, n.cluster.policy, route.Request{Direct: true, Retry: true,
-		Socket: n.cluster.socketGroup(fc.Group, g)}, globalRand{})
-	if i < 0 {
-		fc.FailUnsent(err, "; no other node runs "+fc.Group)
-		return
-	}
-	fc.Retries--
-	if errors.As(err, new(*peers.Refusal)) {
-		n.cluster.retriedRefused.Inc()
-	} else {
-		n.cluster.retriedUnreachable.Inc()
-	}
-	if cands[i].Local {
-		f := netio.Frame{
-			Header:  netio.Header{Kind: fc.Kind, ID: fc.CallerID, TimeoutMs: fc.TimeoutMs},
-			Group:   []byte(fc.Group),
-			Service: []byte(fc.Service),
-			Payload: fc.Payload,
-		}
-		if code, msg := n.local.Serve(fc.Caller, &f); code != netio.CodeOK {
-			fc.Fail(code, msg)
-		}
-		return
-	}
-	if _, code, msg := n.transfer(fc, cands[i].Node); code != netio.CodeOK {
-		fc.Fail(code, msg)
-	}
-}
-
-// countReceived counts a call transferred here by node: under its name
-// once it is a member of the name table, else under "unknown". A node's
-// counter is made once, so the table is asked only until it is known.
-func (cl *cluster) countReceived(node string, set *metrics.Set) {
-	cl.lastReceived.Store(time.Now().UnixNano())
-	if c, ok := cl.received.Load(node); ok {
-		c.(*metrics.Counter).Inc()
-		return
-	}
-	if _, member := cl.names.Get(node); !member || node == cl.self {
-		cl.receivedOther.Inc()
-		return
-	}
-	c, _ := cl.received.LoadOrStore(node, set.GetOrCreateCounter(fmt.Sprintf(`tpsched_requests_received_total{from=%q}`, node)))
-	c.(*metrics.Counter).Inc()
-}
-
-func (n *Node) registerClusterMetrics() {
-	g := n.cluster.gossip.Load()
-	n.metrics.NewGauge(`tpsched_cluster_members`, func() float64 { return float64(g.Stats().Members) })
-	n.metrics.NewGauge(`tpsched_cluster_nodes_known`, func() float64 { return float64(n.cluster.names.Len()) })
-	n.counterFunc(`tpsched_announces_sent_total`, func() uint64 { return g.Stats().Sent })
-	n.counterFunc(`tpsched_announces_received_total`, func() uint64 { return g.Stats().Received })
-	n.counterFunc(`tpsched_announce_bytes_sent_total`, func() uint64 { return g.Stats().BytesSent })
-	for _, reason := range []string{names.DropAuth, names.DropMalformed, names.DropFull, names.DropInvalid} {
-		n.counterFunc(fmt.Sprintf(`tpsched_announces_dropped_total{reason=%q}`, reason), func() uint64 {
-			return g.Stats().Dropped[reason]
-		})
-	}
-}
-
-// NodeStatus is one node of the cluster as this node sees it.
-type NodeStatus struct {
-	Node      string      `json:"node"`
-	Addr      string      `json:"addr"`
-	Local     bool        `json:"local,omitempty"`
-	Announces bool        `json:"announces_load"`
-	Groups    []NodeGroup `json:"groups"`
-	SentTo    uint64      `json:"calls_sent_to"`       // calls this node transferred there
-	Received  uint64      `json:"calls_received_from"` // calls transferred here from there
-	InFlight  int         `json:"in_flight_to"`
-}
-
-// NodeGroup is a group on a node, as announced.
-type NodeGroup struct {
-	Group string `json:"group"`
-	Level string `json:"level"`
-	Held  bool   `json:"held,omitempty"`
-}
-
-// ClusterStatus is the inter-node part of Status.
-type ClusterStatus struct {
-	Rule          string             `json:"balance_rule"`
-	Announce      bool               `json:"announce_server_status"`
-	ThisNodeFirst bool               `json:"this_node_first"`
-	Gossip        names.GossipStats `json:"gossip"`
-	Nodes         []NodeStatus       `json:"nodes"`
-}
-
-func (n *Node) clusterStatus() *ClusterStatus {
-	cl := n.cluster
-	if cl == nil {
+// clusterNames is the cluster's name table; nil when the node is not in
+// a cluster.
+func (n *Node) clusterNames() *names.Table {
+	if !n.inCluster {
 		return nil
 	}
-	st := &ClusterStatus{Rule: cl.policy.Rule.String(), Announce: cl.policy.Announce,
-		ThisNodeFirst: cl.policy.ThisNodeFirst}
-	if g := cl.gossip.Load(); g != nil {
-		st.Gossip = g.Stats()
-	}
-	for _, info := range cl.names.Nodes() {
-		ns := NodeStatus{Node: info.Node, Addr: info.Addr, Local: info.Node == n.cfg.System.NodeID, Announces: info.Announce}
-		for _, gi := range info.Groups {
-			ns.Groups = append(ns.Groups, NodeGroup{Group: gi.Group, Level: gi.Level.String(), Held: gi.Held})
-		}
-		if !ns.Local {
-			ns.SentTo = n.metrics.GetOrCreateCounter(fmt.Sprintf(`tpsched_forwarded_total{to=%q}`, info.Node)).Get()
-		}
-		if c, ok := cl.received.Load(info.Node); ok {
-			ns.Received = c.(*metrics.Counter).Get()
-		}
-		ns.InFlight = cl.pool.InFlight(info.Node)
-		st.Nodes = append(st.Nodes, ns)
-	}
-	return st
+	return n.router.Names()
 }
+
+// ClusterStatus is the inter-node part of Status (scd/cluster).
+type (
+	ClusterStatus = cluster.Status
+	NodeStatus    = cluster.NodeStatus
+	NodeGroup     = cluster.NodeGroup
+)

@@ -12,7 +12,6 @@ import (
 	"tpsched/netio/rpcport"
 	"tpsched/scd/call"
 	"tpsched/scd/def"
-	"tpsched/scd/local"
 	"tpsched/scd/peers"
 )
 
@@ -63,20 +62,20 @@ func (n *Node) buildFrames() {
 	if n.wlm != nil {
 		uap = append(uap, wlmStage{n.wlm.envs})
 	}
-	if n.cluster != nil {
-		uap = append(uap, clusterStage{n})
+	if n.inCluster {
+		uap = append(uap, n.router)
 	}
 	uap = append(uap, n.local)
 	n.uapLine = uap
 	line := call.Line{drainStage{n}}
 	if len(n.cfg.Sched.ReceiverGroups) > 0 {
-		line = append(line, receiverStage{n})
+		line = append(line, n.receivers)
 	}
 	n.line = append(line, uap...)
 
 	t := controlFrames{
 		byKind:  map[netio.Kind]frameHandler{netio.KindAnnounce: n.hello.Accept},
-		lookups: map[string]frameHandler{netio.LookupReceivers: n.answerReceivers},
+		lookups: map[string]frameHandler{netio.LookupReceivers: n.receivers.Answer},
 		lookup:  n.answerLookup,
 		refuse: func(c *rpcport.Conn, f *netio.Frame) {
 			n.badRequests.Inc()
@@ -102,41 +101,12 @@ func (s drainStage) Route(call.Caller, call.From, *netio.Frame) (bool, netio.Cod
 	return false, 0, ""
 }
 
-// receiverStage refuses a call that came on another receiver group than
-// the one its service group is bound to.
-type receiverStage struct{ n *Node }
-
-func (s receiverStage) Route(_ call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
-	g, _ := s.n.local.Group(string(f.Group))
-	if msg, wrong := s.n.wrongReceiver(from.Conn, g, f); wrong {
-		return true, netio.CodeWrongReceiver, msg
-	}
-	return false, 0, ""
-}
-
 // wlmStage takes the calls for groups that have no server here
 // (wlm_env.go).
 type wlmStage struct{ m *envManager }
 
 func (s wlmStage) Route(c call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
 	return s.m.schedule(c, from, f)
-}
-
-// clusterStage sends a call to another node when the node choice says so.
-type clusterStage struct{ n *Node }
-
-func (s clusterStage) Route(c call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
-	return s.n.routeCall(c, from, f, s.n.servingGroup(string(f.Group)))
-}
-
-// servingGroup is the group named name if it takes calls here now: nil
-// when it is not defined here, or has no server here (an application
-// environment, wlm_env.go).
-func (n *Node) servingGroup(name string) *local.Group {
-	if g, ok := n.local.Group(name); ok && g.Serving() {
-		return g
-	}
-	return nil
 }
 
 // suggestName names what is not among names, with the nearest that is

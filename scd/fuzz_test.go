@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"tpsched/netio"
-	"tpsched/scd/route"
 )
 
 // fuzzNodes are two nodes started once per fuzzing process: one without a
@@ -26,7 +25,9 @@ func startFuzzNodes(f *testing.F) [2]*Node {
 		fuzzNodes[0] = inProcNode(f, "", map[string]string{"g": server})
 		fuzzNodes[1] = inProcNodeWith(f, `set cluster_key = "the-right-key-0123456789"`+"\n", map[string]string{"g": server},
 			func(n *Node) {
-				n.cluster = n.newCluster(route.OpenTP1) // inter-node state without membership
+				if err := n.prepareCluster(true); err != nil { // in a cluster, without membership
+					f.Fatal(err)
+				}
 				n.buildFrames()
 				f.Cleanup(n.pool.Close)
 			})

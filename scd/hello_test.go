@@ -19,7 +19,6 @@ import (
 	"tpsched/scd/def"
 	"tpsched/scd/names"
 	"tpsched/scd/peers"
-	"tpsched/scd/route"
 )
 
 const testKey = "the-right-key-0123456789"
@@ -41,16 +40,21 @@ func clusterNode(t *testing.T, name, key string, members ...string) (*Node, stri
 // between the port and the node.
 func testClusterNode(t *testing.T, cfg *def.Config, wrap func(*Node) rpcport.Handler, members ...names.NodeInfo) (*Node, string) {
 	t.Helper()
+	if cfg.Sched.BalanceRule == "" {
+		cfg.Sched.BalanceRule = "opentp1"
+	}
 	n, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.cluster = n.newCluster(route.OpenTP1)
+	if err := n.prepareCluster(true); err != nil { // in a cluster, without membership: the table is filled here
+		t.Fatal(err)
+	}
 	n.buildFrames()
 	t.Cleanup(n.pool.Close)
 	for _, m := range members {
 		m.Boot, m.Seq = 1, 1
-		if _, err := n.cluster.names.Apply(m); err != nil {
+		if _, err := n.router.Names().Apply(m); err != nil {
 			t.Fatal(err)
 		}
 	}

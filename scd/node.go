@@ -39,6 +39,7 @@ import (
 	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
 	"tpsched/scd/call"
+	"tpsched/scd/cluster"
 	"tpsched/scd/def"
 	"tpsched/scd/local"
 	"tpsched/scd/peers"
@@ -81,19 +82,24 @@ type Node struct {
 	opts Options
 	log  *slog.Logger
 
-	local    *local.Scheduler     // this node's groups, queues and processes
-	pm       local.ProcessManager // procmgr, unless a test set it
-	meter    bpf.Meter
-	cluster  *cluster // nil: no all_node, every call is served here
-	rpc      *rpcport.Port
-	admin    *http.Server
-	adminLn  net.Listener
-	metrics  *metrics.Set
-	scraped  scrapedSeries // series of n.metrics read at scrape time (metrics.go)
-	draining atomic.Bool
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	failed   chan error // the RPC port ended while the node was not draining
+	local *local.Scheduler     // this node's groups, queues and processes
+	pm    local.ProcessManager // procmgr, unless a test set it
+	meter bpf.Meter
+	// router is the node's part in the cluster, receivers its receiver
+	// groups (scd/cluster); inCluster says all_node names another node,
+	// which puts the router in the node's lines.
+	router    *cluster.Router
+	receivers *cluster.Receivers
+	inCluster bool
+	rpc       *rpcport.Port
+	admin     *http.Server
+	adminLn   net.Listener
+	metrics   *metrics.Set
+	scraped   scrapedSeries // series of n.metrics read at scrape time (metrics.go)
+	draining  atomic.Bool
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	failed    chan error // the RPC port ended while the node was not draining
 
 	badRequests *metrics.Counter
 	// pool is the node's connections to the other nodes (calls it
@@ -163,7 +169,11 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
-	if err := n.prepareCluster(); err != nil {
+	seeds, err := n.seeds()
+	if err != nil {
+		return nil, err
+	}
+	if err := n.prepareCluster(len(seeds) > 0); err != nil {
 		return nil, err
 	}
 	n.buildFrames()
@@ -257,7 +267,7 @@ func (n *Node) Start() (err error) {
 // so it is asked for: plain -check starts nothing. The node is not
 // started, and cannot be after.
 func (n *Node) CheckEntries(timeout time.Duration) []error {
-	quiet := local.ErrorsOnly(n.log) // what the check finds it returns
+	quiet := local.ErrorsOnly(n.log)                               // what the check finds it returns
 	meter := bpf.Open(bpf.Options{Force: bpf.Proc, Logger: quiet}) // a check measures nothing
 	defer meter.Close()
 	pm := n.pm
@@ -377,7 +387,7 @@ func (n *Node) Drain(ctx context.Context) error {
 }
 
 func (n *Node) drain(ctx context.Context) error {
-	n.leaveBeforeDrain(ctx) // the other nodes stop sending here first
+	n.router.LeaveAndWait(ctx) // the other nodes stop sending here first
 	n.draining.Store(true)
 	n.log.Info("draining: new calls are refused")
 	ctx, cancel := context.WithTimeout(ctx, n.opts.DrainTimeout)
@@ -421,7 +431,7 @@ func (n *Node) shutdown() error {
 	uapCtx, cancel := context.WithTimeout(context.Background(), uapStopTime)
 	errs = append(errs, n.local.Stop(uapCtx))
 	cancel()
-	n.leaveCluster()
+	n.router.Leave()
 	if n.rpc != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), rpcStopTime)
 		errs = append(errs, n.rpc.Stop(ctx))

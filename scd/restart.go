@@ -270,17 +270,11 @@ func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
 	closeFiles(files)
 	n.restart.handedOver.Store(true)
 	res.Took = time.Since(start).Round(time.Millisecond).String()
-	if cl := n.cluster; cl != nil && cl.gossip.Load() != nil {
-		// Stop without leaving: the other nodes keep sending to this
-		// node's address, where the new process now accepts, and take the
-		// new process's announces (a newer boot) when it has joined on the
-		// name port this frees.
-		cl.leave.Do(func() {
-			if err := cl.gossip.Load().Stop(); err != nil {
-				n.log.Warn("restart: stopping the cluster membership", "err", err)
-			}
-		})
-	}
+	// Stop without leaving: the other nodes keep sending to this node's
+	// address, where the new process now accepts, and take the new
+	// process's announces (a newer boot) when it has joined on the name
+	// port this frees.
+	n.router.StopWithoutLeaving()
 	if err := sendMsg(conn, takeoverMsg{Step: "left"}, nil); err != nil {
 		n.log.Warn("restart: telling the new process the cluster was left", "err", err)
 	}

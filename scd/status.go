@@ -62,7 +62,9 @@ type Status struct {
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), PID: os.Getpid(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
-	st.Cluster = n.clusterStatus()
+	if n.inCluster {
+		st.Cluster = n.router.Status()
+	}
 	st.Receivers, st.Steering = n.rpc.Receivers(), n.rpc.Steering()
 	st.ErrorAnswers = map[string]uint64{}
 	for _, c := range netio.Codes() {

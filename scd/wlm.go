@@ -397,10 +397,10 @@ func (w *wlmNode) resetWeight(g *local.Group) {
 // so calls go towards the nodes that meet the goal. It keeps the order and
 // works in place; with one candidate or none it does nothing.
 func (w *wlmNode) steer(group string, cands []route.Candidate) []route.Candidate {
-	if len(cands) < 2 || len(cands) > 64 || w.n.cluster == nil || !w.policy.Load().def.Manage {
+	if len(cands) < 2 || len(cands) > 64 || w.n.clusterNames() == nil || !w.policy.Load().def.Manage {
 		return cands
 	}
-	entries := w.n.cluster.names.Lookup(group)
+	entries := w.n.clusterNames().Lookup(group)
 	var goals [64]wlm.NodeGoal
 	var keep [64]bool
 	anyKnown := false

@@ -272,11 +272,11 @@ func n2s(n *Node) string { return "node " + n.cfg.System.NodeID }
 
 // servedElsewhere reports whether another node serves group.
 func (m *envManager) servedElsewhere(group string) bool {
-	cl := m.n.cluster
+	cl := m.n.clusterNames()
 	if cl == nil {
 		return false
 	}
-	for _, e := range cl.names.Lookup(group) {
+	for _, e := range cl.Lookup(group) {
 		if !e.Local && !e.Held {
 			return true
 		}
@@ -292,8 +292,8 @@ func (m *envManager) knownEnv(env string) bool {
 	if here {
 		return true
 	}
-	if cl := m.n.cluster; cl != nil {
-		for _, info := range cl.names.Nodes() {
+	if cl := m.n.clusterNames(); cl != nil {
+		for _, info := range cl.Nodes() {
 			if info.WLM != nil && slices.ContainsFunc(info.WLM.Envs, func(e names.EnvInfo) bool { return e.Env == env }) {
 				return true
 			}
@@ -307,8 +307,8 @@ func (m *envManager) knownEnv(env string) bool {
 func (m *envManager) servers(env string, hints bool) []serverAt {
 	var out []serverAt
 	self := m.n.cfg.System.NodeID
-	if cl := m.n.cluster; cl != nil {
-		for _, e := range cl.names.Lookup(env) {
+	if cl := m.n.clusterNames(); cl != nil {
+		for _, e := range cl.Lookup(env) {
 			if e.Held {
 				continue
 			}
@@ -472,7 +472,7 @@ func (m *envManager) dispatch(parked []*peers.Call, fl *flight) {
 			}
 			continue
 		}
-		if m.n.cluster == nil {
+		if m.n.clusterNames() == nil {
 			fc.Fail(netio.CodeNoSuchGroup, fc.Group+": its server is on "+s.node+", which this node cannot reach")
 			continue
 		}
@@ -517,12 +517,12 @@ func (m *envManager) expireParked(now time.Time) {
 // id among those with a service policy (this one without a cluster).
 func (m *envManager) decider() (node, addr string) {
 	self := m.n.cfg.System.NodeID
-	cl := m.n.cluster
+	cl := m.n.clusterNames()
 	if cl == nil {
 		return self, ""
 	}
 	node = self
-	for _, info := range cl.names.Nodes() { // sorted by node id
+	for _, info := range cl.Nodes() { // sorted by node id
 		if info.WLM != nil || info.Node == self {
 			if info.Node < node {
 				return info.Node, info.Addr
@@ -664,7 +664,7 @@ func (m *envManager) hosts(env string, imp int, servers []serverAt) ([]wlm.Host,
 		return slices.ContainsFunc(servers, func(s serverAt) bool { return s.node == node })
 	}
 	self := m.n.cfg.System.NodeID
-	cl := m.n.cluster
+	cl := m.n.clusterNames()
 	if cl == nil {
 		m.mu.Lock()
 		_, ok := m.local[env]
@@ -679,7 +679,7 @@ func (m *envManager) hosts(env string, imp int, servers []serverAt) ([]wlm.Host,
 	}
 	var hosts []wlm.Host
 	var addrs []string
-	for _, info := range cl.names.Nodes() {
+	for _, info := range cl.Nodes() {
 		if info.WLM == nil || !slices.ContainsFunc(info.WLM.Envs, func(e names.EnvInfo) bool { return e.Env == env }) {
 			continue
 		}
@@ -879,8 +879,8 @@ func (m *envManager) grow(env string) {
 // the next interval.
 func (m *envManager) observe() map[string]int {
 	p := m.policy()
-	if cl := m.n.cluster; cl != nil {
-		nodes := cl.names.Nodes()
+	if cl := m.n.clusterNames(); cl != nil {
+		nodes := cl.Nodes()
 		m.mu.Lock()
 		for _, info := range nodes {
 			if info.WLM == nil || info.Node == m.n.cfg.System.NodeID {
@@ -1178,12 +1178,12 @@ type EnvActionResult struct {
 
 // others are the other nodes with a service policy.
 func (m *envManager) others() []names.NodeInfo {
-	cl := m.n.cluster
+	cl := m.n.clusterNames()
 	if cl == nil {
 		return nil
 	}
 	var out []names.NodeInfo
-	for _, info := range cl.names.Nodes() {
+	for _, info := range cl.Nodes() {
 		if info.WLM != nil && info.Node != m.n.cfg.System.NodeID {
 			out = append(out, info)
 		}

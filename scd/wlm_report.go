@@ -213,8 +213,8 @@ func (m *envManager) localState(group string) string {
 // definers are the nodes that can serve env, sorted.
 func (m *envManager) definers(env string) []string {
 	var out []string
-	if cl := m.n.cluster; cl != nil {
-		for _, info := range cl.names.Nodes() {
+	if cl := m.n.clusterNames(); cl != nil {
+		for _, info := range cl.Nodes() {
 			if info.WLM == nil {
 				continue
 			}
