@@ -262,7 +262,6 @@ func (g *Group) flush(code netio.Code, msg string) {
 	}
 }
 
-
 // serve puts a call on the group's queue, or says why not: an unknown
 // service, a group held or without a server here, a request too big, a
 // server whose processes cannot start, a full queue.

@@ -30,8 +30,6 @@ import (
 // they are killed.
 const UAPStopTime = 5 * time.Second
 
-
-
 // Options are what a Scheduler needs from its node beyond the
 // definitions.
 type Options struct {

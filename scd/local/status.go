@@ -155,4 +155,3 @@ func (g *Group) Status(hist bool) GroupStatus {
 
 // CPUSample is the CPU guard's last window of the group's processes.
 func (g *Group) CPUSample() procmgr.CPUSample { return g.procs.CPUSample() }
-
