@@ -78,8 +78,9 @@ func (n *Node) prepareCluster(inCluster bool) error {
 	if inCluster {
 		opts.Metrics, opts.CounterFunc = n.metrics, n.counterFunc
 	}
-	if n.wlm != nil {
-		opts.Steer = n.wlm.steer
+	if n.cfg.Policy != nil {
+		// The routing manager is made after the router, with its name table.
+		opts.Steer = func(group string, cands []route.Candidate) []route.Candidate { return n.wlm.Steer(group, cands) }
 	}
 	n.router = cluster.New(opts)
 	n.receivers = cluster.NewReceivers(n.cfg.System.NodeID, clusterLocal{n.local}, n.metrics)
@@ -133,12 +134,12 @@ func (n *Node) localInfo() names.NodeInfo {
 			gi.Level = g.Level()
 		}
 		if n.wlm != nil {
-			gi.PI = n.wlm.groupPI(g.Name())
+			gi.PI = n.wlm.GroupPI(g.Name())
 		}
 		info.Groups = append(info.Groups, gi)
 	}
 	if n.wlm != nil {
-		info.WLM = n.wlm.announced()
+		info.WLM = n.wlm.Announced()
 	}
 	return info
 }

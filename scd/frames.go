@@ -11,8 +11,8 @@ import (
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/scd/call"
-	"tpsched/scd/def"
 	"tpsched/scd/peers"
+	"tpsched/scd/wlmnode"
 )
 
 // frameHandler answers one control frame on the event loop: it must not
@@ -60,7 +60,7 @@ func (n *Node) OnFrame(c *rpcport.Conn, f netio.Frame) {
 func (n *Node) buildFrames() {
 	var uap call.Line
 	if n.wlm != nil {
-		uap = append(uap, wlmStage{n.wlm.envs})
+		uap = append(uap, n.wlm)
 	}
 	if n.inCluster {
 		uap = append(uap, n.router)
@@ -83,9 +83,9 @@ func (n *Node) buildFrames() {
 		},
 	}
 	if n.wlm != nil {
-		t.lookups[netio.LookupFind] = n.wlm.envs.answerFind
-		for _, s := range wlmRequests {
-			t.lookups[s] = n.wlm.envs.serveRequest
+		t.lookups[netio.LookupFind] = n.wlm.AnswerFind
+		for _, s := range wlmnode.Requests {
+			t.lookups[s] = n.wlm.ServeRequest
 		}
 	}
 	n.control = t
@@ -99,21 +99,4 @@ func (s drainStage) Route(call.Caller, call.From, *netio.Frame) (bool, netio.Cod
 		return true, netio.CodeShuttingDown, ""
 	}
 	return false, 0, ""
-}
-
-// wlmStage takes the calls for groups that have no server here
-// (wlm_env.go).
-type wlmStage struct{ m *envManager }
-
-func (s wlmStage) Route(c call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
-	return s.m.schedule(c, from, f)
-}
-
-// suggestName names what is not among names, with the nearest that is
-// ("demoo (did you mean demo?)").
-func suggestName(name string, names []string) string {
-	if s := def.Suggest(name, names); s != "" {
-		return name + " (did you mean " + s + "?)"
-	}
-	return name
 }

@@ -18,6 +18,7 @@ import (
 	"tpsched/bpf"
 	"tpsched/internal/exposition"
 	"tpsched/netio/rpcport"
+	"tpsched/scd/wlmnode"
 )
 
 // metricHelp is the HELP text of every family scd registers, by name.
@@ -173,5 +174,5 @@ func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	n.metrics.WritePrometheus(&b)
 	metrics.WriteProcessMetrics(&b)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_ = exposition.Write(w, b.Bytes(), metricHelp, wlmMetricHelp, rpcport.MetricHelp, exposition.Runtime)
+	_ = exposition.Write(w, b.Bytes(), metricHelp, wlmnode.MetricHelp, rpcport.MetricHelp, exposition.Runtime)
 }

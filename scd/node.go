@@ -43,6 +43,7 @@ import (
 	"tpsched/scd/def"
 	"tpsched/scd/local"
 	"tpsched/scd/peers"
+	"tpsched/scd/wlmnode"
 )
 
 // Options are the parts of a node that do not come from the definitions.
@@ -74,6 +75,11 @@ type Options struct {
 	// Takeover is the hand-over socket from an old scdd whose sockets this
 	// node takes over (restart.go); nil for a plain start.
 	Takeover *net.UnixConn
+	// ProcStat is the file the routing manager reads the CPUs' load from
+	// (its spare CPU): "" /proc/stat. scdd takes it from
+	// TPSCHED_PROC_STAT, which tests use to give each node of one machine
+	// a load of its own.
+	ProcStat string
 }
 
 // Node is one running schedule service.
@@ -108,8 +114,8 @@ type Node struct {
 	pool  *peers.Pool
 	hello *peers.Acceptor
 
-	restart restartState // restart.go: handing the sockets to a new process, or taking them over
-	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
+	restart restartState     // restart.go: handing the sockets to a new process, or taking them over
+	wlm     *wlmnode.Manager // the routing manager (svcpolicy, scd/wlmnode); nil without a service policy
 
 	// line is the stages a call from a client or a peer passes, uapLine
 	// those of a call a UAP makes (frames.go); control takes every other
@@ -158,16 +164,11 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		},
 	}
 	if cfg.Policy != nil {
-		lopts.OnDemand = func(group string) bool { return n.wlm.envs.isEnv(group) }
+		lopts.OnDemand = func(group string) bool { return n.wlm.IsEnvironment(group) }
 	}
 	var err error
 	if n.local, err = local.New(cfg, lopts); err != nil {
 		return nil, err
-	}
-	if cfg.Policy != nil {
-		if n.wlm, err = newWLM(n); err != nil {
-			return nil, err
-		}
 	}
 	seeds, err := n.seeds()
 	if err != nil {
@@ -175,6 +176,11 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	}
 	if err := n.prepareCluster(len(seeds) > 0); err != nil {
 		return nil, err
+	}
+	if cfg.Policy != nil {
+		if err := n.prepareWLM(); err != nil {
+			return nil, err
+		}
 	}
 	n.buildFrames()
 	return n, nil
@@ -243,7 +249,7 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	if n.wlm != nil {
-		n.wlm.start()
+		n.wlm.Start()
 	}
 	if err := n.takeoverServing(); err != nil {
 		return err
@@ -432,6 +438,9 @@ func (n *Node) shutdown() error {
 	errs = append(errs, n.local.Stop(uapCtx))
 	cancel()
 	n.router.Leave()
+	if n.wlm != nil {
+		n.wlm.Close() // its waits end and its goroutines with them; what waits for it is answered
+	}
 	if n.rpc != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), rpcStopTime)
 		errs = append(errs, n.rpc.Stop(ctx))

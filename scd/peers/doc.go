@@ -38,7 +38,7 @@
 //	pool := peers.New(peers.Options{Self: "n0", Key: key, Log: log, Metrics: set})
 //	pool.SetDelegate(router) // before the first Send: reroutes and multi_schedule
 //	code, msg := pool.Send("n1", "10.0.0.2:7000", &peers.Call{Caller: conn, ...})
-//	out, err := pool.Request("n1", "10.0.0.2:7000", "wlm-start", "orders", nil, deadline)
+//	out, err := pool.Request(ctx, "n1", "10.0.0.2:7000", "wlm-start", "orders", nil, deadline)
 //	pool.Expire(now) // on the node's expiry tick
 //	pool.Close()     // at the node's end: every call waiting is answered
 package peers

@@ -311,7 +311,7 @@ func TestRequestsDialOnceAndKeepTheirConnection(t *testing.T) {
 	errs := make(chan error, 2*requests)
 	for range requests {
 		wg.Go(func() {
-			out, err := pool.Request("x", node.addr, "wlm-policy", "", nil, time.Now().Add(testWait))
+			out, err := pool.Request(context.Background(), "x", node.addr, "wlm-policy", "", nil, time.Now().Add(testWait))
 			if err == nil && string(out) != "ok self" {
 				err = errors.New("answer " + string(out))
 			}
@@ -370,12 +370,12 @@ func TestRequestNotReroutedAndAnsweredWhenUnreachable(t *testing.T) {
 	refusing := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, _ string) {
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeShuttingDown, "draining"))
 	})
-	_, err := pool.Request("x", refusing.addr, "wlm-start", "orders", nil, time.Now().Add(testWait))
+	_, err := pool.Request(context.Background(), "x", refusing.addr, "wlm-start", "orders", nil, time.Now().Add(testWait))
 	var ne *netio.Error
 	if !errors.As(err, &ne) || ne.Code != netio.CodeShuttingDown {
 		t.Errorf("a request the node refuses: %v, want its 'node shutting down'", err)
 	}
-	_, err = pool.Request("y", "127.0.0.1:1", "wlm-start", "orders", nil, time.Now().Add(testWait))
+	_, err = pool.Request(context.Background(), "y", "127.0.0.1:1", "wlm-start", "orders", nil, time.Now().Add(testWait))
 	if !errors.As(err, &ne) || ne.Code != netio.CodeNetworkDown || !errors.Is(ErrCommunication, ErrCommunication) {
 		t.Errorf("a request to a node nobody listens for: %v, want 'network down'", err)
 	}

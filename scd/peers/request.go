@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"time"
@@ -16,8 +17,9 @@ import (
 // node's error answer, 'network down' when the node could not be reached
 // (the request certainly did not reach it) or the connection was lost,
 // 'timed out' when no answer came in time. A request is never sent to
-// another node.
-func (p *Pool) Request(node, addr, service, group string, payload []byte, deadline time.Time) ([]byte, error) {
+// another node. When ctx ends first, Request returns 'node shutting down'
+// (the answer, if one comes, is dropped).
+func (p *Pool) Request(ctx context.Context, node, addr, service, group string, payload []byte, deadline time.Time) ([]byte, error) {
 	w := &requestWaiter{ch: make(chan netio.Frame, 1)}
 	now := time.Now()
 	c := &Call{Caller: w, Kind: netio.KindNameLookup, Group: group, Service: service, Payload: payload,
@@ -38,6 +40,8 @@ func (p *Pool) Request(node, addr, service, group string, payload []byte, deadli
 		return f.Payload, nil
 	case <-t.C:
 		return nil, &netio.Error{Code: netio.CodeTimedOut, Message: fmt.Sprintf("node %s did not answer %s in time", node, service)}
+	case <-ctx.Done():
+		return nil, &netio.Error{Code: netio.CodeShuttingDown, Message: fmt.Sprintf("%s to node %s: %v", service, node, ctx.Err())}
 	}
 }
 

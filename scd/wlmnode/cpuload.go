@@ -1,4 +1,4 @@
-package scd
+package wlmnode
 
 import (
 	"bufio"
@@ -26,8 +26,10 @@ type cpuSampler struct {
 // cpuTimes are one CPU's /proc/stat counters (clock ticks).
 type cpuTimes struct{ busy, total uint64 }
 
-func newCPUSampler() *cpuSampler {
-	s := &cpuSampler{path: "/proc/stat"}
+// newCPUSampler samples the per-CPU lines of path (/proc/stat, or a file
+// that stands for it).
+func newCPUSampler(path string) *cpuSampler {
+	s := &cpuSampler{path: path}
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err == nil && set.Count() > 0 {
 		s.cpus = map[int]bool{}

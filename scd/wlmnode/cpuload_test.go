@@ -1,4 +1,4 @@
-package scd
+package wlmnode
 
 import (
 	"math"

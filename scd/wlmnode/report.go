@@ -1,16 +1,7 @@
-package scd
-
-// This file is what the routing manager shows: `scdctl report` (GET
-// /report on the HTTP address: goals against actuals per class, the
-// response-time distribution at fractions and multiples of the goal,
-// queue and service time, CPU per call; servers per node and high-water
-// mark per environment), its /metrics series, and its part of the node's
-// announce.
+package wlmnode
 
 import (
-	"encoding/json"
 	"io"
-	"net/http"
 	"reflect"
 	"strconv"
 	"time"
@@ -115,16 +106,11 @@ type EnvServer struct {
 
 func fptr(v float64) *float64 { return &v }
 
-// Report is the routing manager's report now; ok is false without a
-// service policy.
-func (n *Node) Report() (Report, bool) {
-	w := n.wlm
-	if w == nil {
-		return Report{}, false
-	}
+// Report is the routing manager's report now.
+func (w *Manager) Report() Report {
 	ap := w.policy.Load()
 	p := ap.p
-	r := Report{Node: n.cfg.System.NodeID, At: time.Now(), Policy: ap.def.File, Since: ap.since, Interval: p.Interval.Seconds(),
+	r := Report{Node: w.opts.Self, At: time.Now(), Policy: ap.def.File, Since: ap.since, Interval: p.Interval.Seconds(),
 		Managed: ap.def.Manage}
 	w.mu.Lock()
 	r.Intervals = w.intervals
@@ -160,7 +146,7 @@ func (n *Node) Report() (Report, bool) {
 		}
 		r.Classes = append(r.Classes, cr)
 	}
-	for _, g := range n.local.Groups() {
+	for _, g := range w.local.Groups() {
 		gf := w.groups[g.Name()]
 		if gf == nil {
 			continue
@@ -192,59 +178,11 @@ func (n *Node) Report() (Report, bool) {
 		er.CanServe = m.definers(env)
 		r.Environments = append(r.Environments, er)
 	}
-	return r, true
+	return r
 }
 
-// localState is this node's state of group under the policy; "" when it
-// does not define it.
-func (m *envManager) localState(group string) string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	l := m.local[group]
-	switch {
-	case l == nil:
-		return ""
-	case l.dropped && l.state == envDormant:
-		return "dropped"
-	}
-	return l.state
-}
-
-// definers are the nodes that can serve env, sorted.
-func (m *envManager) definers(env string) []string {
-	var out []string
-	if cl := m.n.clusterNames(); cl != nil {
-		for _, info := range cl.Nodes() {
-			if info.WLM == nil {
-				continue
-			}
-			for _, e := range info.WLM.Envs {
-				if e.Env == env {
-					out = append(out, info.Node)
-				}
-			}
-		}
-		return out
-	}
-	if m.localState(env) != "" {
-		out = append(out, m.n.cfg.System.NodeID)
-	}
-	return out
-}
-
-// serveReport is GET /report.
-func (n *Node) serveReport(w http.ResponseWriter, _ *http.Request) {
-	r, ok := n.Report()
-	if !ok {
-		http.Error(w, errNoPolicy.Error(), http.StatusNotFound)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(r)
-}
-
-// groupPI is the performance index x 100 announced for group; 0 unknown.
-func (w *wlmNode) groupPI(group string) uint16 {
+// GroupPI is the performance index x 100 announced for group; 0 unknown.
+func (w *Manager) GroupPI(group string) uint16 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if gf := w.groups[group]; gf != nil {
@@ -253,8 +191,8 @@ func (w *wlmNode) groupPI(group string) uint16 {
 	return 0
 }
 
-// announced is the routing manager's part of this node's announce.
-func (w *wlmNode) announced() *names.WLMInfo {
+// Announced is the routing manager's part of this node's announce.
+func (w *Manager) Announced() *names.WLMInfo {
 	info := &names.WLMInfo{Envs: w.envs.announcedEnvs()}
 	w.mu.Lock()
 	for i := range info.Spare {
@@ -271,22 +209,22 @@ type wlmAnnounced struct {
 }
 
 // announceIfChanged announces the node again when its part changed.
-func (w *wlmNode) announceIfChanged() {
-	now := wlmAnnounced{info: w.announced(), pis: map[string]uint16{}}
-	for _, g := range w.n.local.Groups() {
-		now.pis[g.Name()] = w.groupPI(g.Name())
+func (w *Manager) announceIfChanged() {
+	now := wlmAnnounced{info: w.Announced(), pis: map[string]uint16{}}
+	for _, g := range w.local.Groups() {
+		now.pis[g.Name()] = w.GroupPI(g.Name())
 	}
 	w.mu.Lock()
 	same := reflect.DeepEqual(now, w.last)
 	w.last = now
 	w.mu.Unlock()
 	if !same {
-		w.n.announce()
+		w.opts.Announce()
 	}
 }
 
-// wlmMetricHelp is the HELP text of the routing manager's families.
-var wlmMetricHelp = map[string]string{
+// MetricHelp is the HELP text of the routing manager's families.
+var MetricHelp = map[string]string{
 	"tpsched_wlm_calls_total":                 "Calls answered here, by service class (svcpolicy), since the policy came into force.",
 	"tpsched_wlm_response_seconds_total":      "Response time (arrival here to answer) of the class's calls, summed.",
 	"tpsched_wlm_queue_seconds_total":         "Time the class's calls waited for a process, summed.",
@@ -307,12 +245,10 @@ var wlmMetricHelp = map[string]string{
 	"tpsched_wlm_calls_waiting_for_server":    "Calls waiting here for a server of an application environment to start.",
 }
 
-// writeMetrics writes the routing manager's series read at scrape time.
-func (w *wlmNode) writeMetrics(out io.Writer) {
-	r, ok := w.n.Report()
-	if !ok {
-		return
-	}
+// WriteMetrics writes the routing manager's series read at scrape time
+// (the node registers it as a metrics writer of its /metrics).
+func (w *Manager) WriteMetrics(out io.Writer) {
+	r := w.Report()
 	s := metrics.NewSet()
 	type hist struct {
 		lbl string
@@ -350,7 +286,7 @@ func (w *wlmNode) writeMetrics(out io.Writer) {
 		lbl := `{environment="` + e.Env + `"}`
 		s.NewGauge(`tpsched_wlm_environment_servers`+lbl, nil).Set(float64(len(e.Servers)))
 		s.NewGauge(`tpsched_wlm_environment_high_water_mark`+lbl, nil).Set(float64(e.HighWaterMark))
-		s.NewGauge(`tpsched_wlm_environment_serving`+lbl, nil).Set(b2f(e.Here == envServing))
+		s.NewGauge(`tpsched_wlm_environment_serving`+lbl, nil).Set(boolFloat(e.Here == envServing))
 	}
 	s.WritePrometheus(out)
 	const family = "tpsched_wlm_response_goal_ratio"
@@ -385,4 +321,11 @@ func writeGoalHistogram(w io.Writer, family, lbl string, t wlm.Sample, g wlm.Goa
 	b = strconv.AppendUint(b, t.Calls, 10)
 	b = append(b, '\n')
 	_, _ = w.Write(b)
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
