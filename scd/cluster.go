@@ -20,16 +20,17 @@ import (
 // router, always made (it is the peer pool's Delegate), and in the node's
 // line only when all_node names another node (inCluster).
 
-func (n *Node) clusterKey() []byte {
-	if n.cfg.System.ClusterKey == "" {
+// clusterKey is sysconf's cluster_key; nil for none.
+func clusterKey(cfg *def.Config) []byte {
+	if cfg.System.ClusterKey == "" {
 		return nil
 	}
-	return []byte(n.cfg.System.ClusterKey)
+	return []byte(cfg.System.ClusterKey)
 }
 
 // seeds are the name ports of the other nodes of all_node.
-func (n *Node) seeds() ([]string, error) {
-	sys := n.cfg.System
+func seeds(cfg *def.Config) ([]string, error) {
+	sys := cfg.System
 	var seeds []string
 	for _, a := range sys.AllNodes {
 		host, port, err := def.SplitHostPort(a, sys.RPCPort)
@@ -76,7 +77,7 @@ func (n *Node) prepareCluster(inCluster bool) error {
 		Draining:      n.draining.Load,
 	}
 	if inCluster {
-		opts.Metrics, opts.CounterFunc = n.metrics, n.counterFunc
+		opts.Metrics, opts.CounterFunc = n.metrics, n.scraped.counter
 	}
 	if n.cfg.Policy != nil {
 		// The routing manager is made after the router, with its name table.
@@ -101,12 +102,12 @@ func (l clusterLocal) Group(name string) (cluster.Group, bool) {
 
 // joinCluster joins the other nodes of all_node, if it names any.
 func (n *Node) joinCluster() error {
-	seeds, _ := n.seeds()
+	seeds, _ := seeds(n.cfg)
 	if len(seeds) == 0 {
 		return nil // no other node to join (a test may put a node in a cluster without membership)
 	}
 	sys := n.cfg.System
-	if n.clusterKey() == nil {
+	if clusterKey(n.cfg) == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
 	return n.router.Join(names.GossipConfig{
@@ -114,7 +115,7 @@ func (n *Node) joinCluster() error {
 		BindAddr: sys.RPCAddress,
 		Port:     sys.NamePort,
 		Seeds:    seeds,
-		Key:      n.clusterKey(),
+		Key:      clusterKey(n.cfg),
 		Fast:     n.opts.FastFailureDetection,
 		Logger:   n.log,
 		OnChange: n.namesChanged,
@@ -158,15 +159,6 @@ func (n *Node) answerLookup(c *rpcport.Conn, f *netio.Frame) {
 		return
 	}
 	cluster.AnswerLookupAlone(c, f, clusterLocal{n.local}, n.cfg.System.NodeID)
-}
-
-// clusterNames is the cluster's name table; nil when the node is not in
-// a cluster.
-func (n *Node) clusterNames() *names.Table {
-	if !n.inCluster {
-		return nil
-	}
-	return n.router.Names()
 }
 
 // ClusterStatus is the inter-node part of Status (scd/cluster).

@@ -42,15 +42,47 @@ type HoldResult struct {
 	InFlight int    `json:"in_flight"` // calls queued or running: a hold lets them finish
 }
 
+// doors are the node's operator doors: the control socket (this file),
+// the read-only HTTP endpoint on metrics_address with the status page,
+// /status (status.go), /metrics (metrics.go) and /report (wlm.go). The
+// restart hands their listeners over (handOff) or takes them back
+// (resume).
+type doors struct {
+	n *Node
+
+	http   *http.Server // on metrics_address
+	httpLn net.Listener
+	ctl    *http.Server // on the control socket
+	ctlLn  *net.UnixListener
+}
+
+// start serves the doors until the node stops: on the listeners a
+// restart handed over (httpLn, ctlLn; nil: listen anew).
+func (d *doors) start(httpLn net.Listener, ctlLn *net.UnixListener) error {
+	if err := d.startControl(ctlLn); err != nil {
+		return err
+	}
+	return d.startHTTP(httpLn)
+}
+
+// serve runs srv on ln until it is shut down or ln closed (both on
+// purpose: the node stops, or a restart hands ln over); anything else is
+// logged.
+func (d *doors) serve(srv *http.Server, ln net.Listener, what string) {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+		d.n.log.Error(what+" stopped", "addr", ln.Addr().String(), "err", err)
+	}
+}
+
 // controlActions are the control socket's routes. Everything here has
 // passed the peer check.
-func (n *Node) controlActions(mux *http.ServeMux) {
-	mux.HandleFunc("POST /hold", func(w http.ResponseWriter, r *http.Request) { n.answerHold(w, r, true) })
-	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) { n.answerHold(w, r, false) })
-	mux.HandleFunc("GET /prc", n.answerPrc)
-	mux.HandleFunc("POST /chprc", n.answerChprc)
-	mux.HandleFunc("POST /restart", n.answerRestart)
-	n.wlmControl(mux) // wlm_control.go: quiesce, resume, refresh, policy
+func (d *doors) controlActions(mux *http.ServeMux) {
+	mux.HandleFunc("POST /hold", func(w http.ResponseWriter, r *http.Request) { d.answerHold(w, r, true) })
+	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) { d.answerHold(w, r, false) })
+	mux.HandleFunc("GET /prc", d.answerPrc)
+	mux.HandleFunc("POST /chprc", d.answerChprc)
+	mux.HandleFunc("POST /restart", d.answerRestart)
+	d.wlmControl(mux) // wlm.go: quiesce, resume, refresh, policy
 	// Profiles for performance engineers: they show the node's insides.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -103,14 +135,12 @@ func controlSocketCandidates(cfg *def.Config, euid int, runtimeDir string) []str
 	return out
 }
 
-// ControlSocket is the path of the node's control socket.
-func (n *Node) ControlSocket() string { return ControlSocketPath(n.cfg) }
-
 // startControl serves controlActions on the control socket until the node
-// stops.
-func (n *Node) startControl() error {
+// stops: on ln, the old process's on a restart, or a socket of its own.
+func (d *doors) startControl(ln *net.UnixListener) error {
+	n := d.n
 	path := ControlSocketPath(n.cfg)
-	ln, err := n.restart.inheritControl, error(nil) // the old process's, on a restart
+	var err error
 	if ln == nil {
 		ln, err = listenControl(path)
 	}
@@ -119,13 +149,13 @@ func (n *Node) startControl() error {
 	}
 	refused := n.metrics.NewCounter("tpsched_control_refused_total")
 	mux := http.NewServeMux()
-	n.controlActions(mux)
+	d.controlActions(mux)
 	srv := &http.Server{
-		Handler:           n.controlAllowed(mux, refused),
+		Handler:           d.controlAllowed(mux, refused),
 		ConnContext:       withControlPeer,
 		ReadHeaderTimeout: 5 * time.Second,
 	}
-	n.restart.controlLn, n.restart.controlSrv = ln, srv
+	d.ctlLn, d.ctl = ln, srv
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -138,11 +168,7 @@ func (n *Node) startControl() error {
 		cancel()
 		_ = srv.Close()
 	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
-			n.log.Error("control socket stopped", "path", path, "err", err)
-		}
-	}()
+	go d.serve(srv, ln, "control socket")
 	n.log.Info("control socket listening", "path", path, "allowed_uids", allowedUIDs())
 	return nil
 }
@@ -232,7 +258,8 @@ func allowedUIDs() []int {
 
 // controlAllowed lets a request through only from scdd's own effective uid
 // or root.
-func (n *Node) controlAllowed(next http.Handler, refused *metrics.Counter) http.Handler {
+func (d *doors) controlAllowed(next http.Handler, refused *metrics.Counter) http.Handler {
+	n := d.n
 	own := uint32(os.Geteuid())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, _ := r.Context().Value(controlPeerKey{}).(controlPeer)
@@ -258,7 +285,8 @@ func (n *Node) controlAllowed(next http.Handler, refused *metrics.Counter) http.
 	})
 }
 
-func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
+func (d *doors) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
+	n := d.n
 	name := r.URL.Query().Get("group")
 	res := HoldResult{Group: name, Held: hold}
 	g, _ := n.local.Group(name)
@@ -289,7 +317,8 @@ func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 
 // answerRestart hands the node's sockets to a new scdd (restart.go) and
 // says how it went.
-func (n *Node) answerRestart(w http.ResponseWriter, r *http.Request) {
+func (d *doors) answerRestart(w http.ResponseWriter, r *http.Request) {
+	n := d.n
 	res, err := n.Restart(r.Context())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusConflict)
@@ -300,7 +329,8 @@ func (n *Node) answerRestart(w http.ResponseWriter, r *http.Request) {
 }
 
 // answerPrc serves GET /prc?group= on the control socket.
-func (n *Node) answerPrc(w http.ResponseWriter, r *http.Request) {
+func (d *doors) answerPrc(w http.ResponseWriter, r *http.Request) {
+	n := d.n
 	list, err := n.local.Processes(r.URL.Query().Get("group"))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusNotFound)
@@ -311,7 +341,8 @@ func (n *Node) answerPrc(w http.ResponseWriter, r *http.Request) {
 
 // answerChprc serves POST /chprc?group=&resident=[&max=] on the control
 // socket.
-func (n *Node) answerChprc(w http.ResponseWriter, r *http.Request) {
+func (d *doors) answerChprc(w http.ResponseWriter, r *http.Request) {
+	n := d.n
 	q := r.URL.Query()
 	resident, err := strconv.Atoi(q.Get("resident"))
 	if err != nil {
@@ -340,4 +371,51 @@ func (n *Node) answerChprc(w http.ResponseWriter, r *http.Request) {
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// handOff duplicates the metrics and control listeners (for a new
+// process) and stops serving on them (connections open stay served).
+func (d *doors) handOff() (metricsF, controlF *os.File, err error) {
+	if tl, ok := d.httpLn.(*net.TCPListener); ok {
+		if metricsF, err = tl.File(); err != nil {
+			return nil, nil, fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	if ln := d.ctlLn; ln != nil {
+		if controlF, err = ln.File(); err != nil {
+			if metricsF != nil {
+				metricsF.Close()
+			}
+			return nil, nil, fmt.Errorf("control socket: %w", err)
+		}
+		ln.SetUnlinkOnClose(false) // the path is the new process's now
+		_ = ln.Close()
+	}
+	if metricsF != nil {
+		_ = d.httpLn.Close()
+	}
+	return metricsF, controlF, nil
+}
+
+// resume serves the metrics and control listeners again after a failed
+// hand-over.
+func (d *doors) resume(metricsF, controlF *os.File) {
+	if metricsF != nil {
+		if ln, err := net.FileListener(metricsF); err == nil {
+			d.httpLn = ln
+			go d.serve(d.http, ln, "metrics and status endpoint")
+		} else {
+			d.n.log.Error("restart: the metrics endpoint could not be taken back", "err", err)
+		}
+	}
+	if controlF != nil {
+		ln, err := net.FileListener(controlF)
+		if ul, ok := ln.(*net.UnixListener); err == nil && ok {
+			ul.SetUnlinkOnClose(true)
+			d.ctlLn = ul
+			go d.serve(d.ctl, ul, "control socket")
+		} else {
+			d.n.log.Error("restart: the control socket could not be taken back", "err", err)
+		}
+	}
 }

@@ -83,25 +83,19 @@ type scrapedSeries struct {
 	counters []scrapedCounter
 }
 
-// counterFunc registers the counter name, read from get at each scrape.
+// counter registers the counter name, read from get at each scrape.
 // (The library's callback series are gauges; a _total is a counter.)
-func (n *Node) counterFunc(name string, get func() uint64) {
-	n.scraped.mu.Lock()
-	defer n.scraped.mu.Unlock()
-	n.scraped.counters = append(n.scraped.counters, scrapedCounter{name, get})
-}
-
-// exposeMetrics turns on HELP and TYPE lines (a library-wide switch) and
-// makes writeScraped part of n.metrics.
-func (n *Node) exposeMetrics() {
-	metrics.ExposeMetadata(true)
-	n.metrics.RegisterMetricsWriter(n.writeScraped)
+func (s *scrapedSeries) counter(name string, get func() uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counters = append(s.counters, scrapedCounter{name, get})
 }
 
 // writeScraped writes the series read at scrape time, through a Set of
 // their own so that the library groups each family under one HELP and
-// TYPE.
-func (n *Node) writeScraped(w io.Writer) {
+// TYPE. It is a metrics writer of n.metrics (New).
+func (d *doors) writeScraped(w io.Writer) {
+	n := d.n
 	s := metrics.NewSet()
 	n.scraped.mu.Lock()
 	counters := n.scraped.counters
@@ -169,7 +163,8 @@ func writeWaitHistogram(w io.Writer, family, lbl string, u bpf.Usage) {
 }
 
 // serveMetrics is GET /metrics.
-func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+func (d *doors) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	n := d.n
 	var b bytes.Buffer
 	n.metrics.WritePrometheus(&b)
 	metrics.WriteProcessMetrics(&b)

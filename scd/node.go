@@ -26,7 +26,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -98,8 +97,7 @@ type Node struct {
 	receivers *cluster.Receivers
 	inCluster bool
 	rpc       *rpcport.Port
-	admin     *http.Server
-	adminLn   net.Listener
+	doors     *doors // control socket, status, /metrics, /report
 	metrics   *metrics.Set
 	scraped   scrapedSeries // series of n.metrics read at scrape time (metrics.go)
 	draining  atomic.Bool
@@ -114,7 +112,7 @@ type Node struct {
 	pool  *peers.Pool
 	hello *peers.Acceptor
 
-	restart restartState     // restart.go: handing the sockets to a new process, or taking them over
+	restart *restarter       // restart.go: handing the sockets to a new process, or taking them over
 	wlm     *wlmnode.Manager // the routing manager (svcpolicy, scd/wlmnode); nil without a service policy
 
 	// line is the stages a call from a client or a peer passes, uapLine
@@ -145,14 +143,17 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("cpu probes %q (scdd -cpu-probes or TPSCHED_BPF): want off, proc, %s, %s or %s (empty: the best that loads)",
 			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
-	n.exposeMetrics()
+	n.doors = &doors{n: n}
+	n.restart = &restarter{n: n}
+	metrics.ExposeMetadata(true) // HELP and TYPE lines, a library-wide switch
+	n.metrics.RegisterMetricsWriter(n.doors.writeScraped)
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
-	n.hello = peers.NewAcceptor(cfg.System.NodeID, n.clusterKey(), n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`), n.log)
-	n.pool = peers.New(peers.Options{Self: cfg.System.NodeID, Key: n.clusterKey(), Log: n.log, Metrics: n.metrics})
+	n.hello = peers.NewAcceptor(cfg.System.NodeID, clusterKey(cfg), n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`), n.log)
+	n.pool = peers.New(peers.Options{Self: cfg.System.NodeID, Key: clusterKey(cfg), Log: n.log, Metrics: n.metrics})
 	lopts := local.Options{
 		Logger:      n.log,
 		Metrics:     n.metrics,
-		CounterFunc: n.counterFunc,
+		CounterFunc: n.scraped.counter,
 		ModuleDirs:  opts.ModuleDirs,
 		Place: func(c call.Caller, f *netio.Frame) (netio.Code, string) {
 			return n.uapLine.Route(c, call.From{}, f) // a UAP's own call: the line without the drain and receivers
@@ -170,11 +171,11 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	if n.local, err = local.New(cfg, lopts); err != nil {
 		return nil, err
 	}
-	seeds, err := n.seeds()
+	others, err := seeds(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := n.prepareCluster(len(seeds) > 0); err != nil {
+	if err := n.prepareCluster(len(others) > 0); err != nil {
 		return nil, err
 	}
 	if cfg.Policy != nil {
@@ -213,14 +214,14 @@ func (n *Node) Start() (err error) {
 	n.restart.peer = n.opts.Takeover
 	defer func() {
 		if err != nil {
-			n.takeoverFailed(err)
+			n.restart.takeoverFailed(err)
 			n.shutdown()
 		}
 	}()
 	if err := n.local.Start(n.pm); err != nil {
 		return err
 	}
-	if err := n.takeOver(); err != nil {
+	if err := n.restart.takeOver(); err != nil {
 		return err
 	}
 	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
@@ -230,13 +231,13 @@ func (n *Node) Start() (err error) {
 		// A frame up to the largest max_message_size is read whole, so one
 		// over its own group's is answered 'message too big' here; netio
 		// answers a larger one itself and skips its bytes unkept.
-		MaxPayload:   n.largestMessage(),
+		MaxPayload:   largestMessage(n.cfg),
 		MaxConns:     n.cfg.System.MaxConnections,
 		FrameTimeout: n.cfg.System.FrameTimeout,
 		BufferBudget: n.cfg.System.BufferBudget,
 		Metrics:      n.metrics,
 		Logger:       n.log,
-		Receivers:    n.receiverGroups(),
+		Receivers:    receiverGroups(n.cfg),
 		Steer:        steerer{off: n.opts.Steering == SteeringOff},
 		Inherit:      n.restart.inheritRPC,
 	}, n)
@@ -245,13 +246,13 @@ func (n *Node) Start() (err error) {
 	}
 	n.wg.Add(1)
 	go n.watchRPC()
-	if err := n.startAdmin(); err != nil {
+	if err := n.doors.start(n.restart.inheritMetrics, n.restart.inheritControl); err != nil {
 		return err
 	}
 	if n.wlm != nil {
 		n.wlm.Start()
 	}
-	if err := n.takeoverServing(); err != nil {
+	if err := n.restart.takeoverServing(); err != nil {
 		return err
 	}
 	if err := n.joinCluster(); err != nil {
@@ -259,7 +260,7 @@ func (n *Node) Start() (err error) {
 	}
 	n.wg.Add(1)
 	go n.expireLoop()
-	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "control", n.adminLn.Addr().String(),
+	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "control", n.doors.httpLn.Addr().String(),
 		"groups", len(n.local.Groups()))
 	return nil
 }
@@ -288,15 +289,15 @@ func (n *Node) CheckEntries(timeout time.Duration) []error {
 // max_message_size of any group here. A node with all_node forwards calls
 // for groups only other nodes define, whose sizes it does not know: it
 // takes the largest any definition may give.
-func (n *Node) largestMessage() int {
-	if len(n.cfg.System.AllNodes) > 0 {
+func largestMessage(cfg *def.Config) int {
+	if len(cfg.System.AllNodes) > 0 {
 		return def.MaxMaxMessageSize
 	}
 	m := def.DefaultMaxMessageSize
-	if len(n.cfg.Servers) > 0 {
+	if len(cfg.Servers) > 0 {
 		m = 0
 	}
-	for _, s := range n.cfg.Servers {
+	for _, s := range cfg.Servers {
 		m = max(m, s.MaxMessageSize)
 	}
 	return m
@@ -325,9 +326,9 @@ func (n *Node) registerNodeMetrics() {
 	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism)+`"}`,
 		func() float64 { return 1 })
 	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
-	n.counterFunc(`tpsched_nonresident_starts_total`, func() uint64 { return n.pm.Stats().NonResidentStarts })
-	n.counterFunc(`tpsched_nonresident_stops_total`, func() uint64 { return n.pm.Stats().NonResidentStops })
-	n.counterFunc(`tpsched_cpu_guard_holds_total`, func() uint64 { return n.pm.Stats().CPUGuardHolds })
+	n.scraped.counter(`tpsched_nonresident_starts_total`, func() uint64 { return n.pm.Stats().NonResidentStarts })
+	n.scraped.counter(`tpsched_nonresident_stops_total`, func() uint64 { return n.pm.Stats().NonResidentStops })
+	n.scraped.counter(`tpsched_cpu_guard_holds_total`, func() uint64 { return n.pm.Stats().CPUGuardHolds })
 }
 
 func b2f(b bool) float64 {
@@ -380,13 +381,13 @@ func (n *Node) setHeld(name string, held bool) error {
 func (n *Node) RPCAddr() string { return n.rpc.Addr() }
 
 // ControlAddr is the address of /metrics and the control API.
-func (n *Node) ControlAddr() string { return n.adminLn.Addr().String() }
+func (n *Node) ControlAddr() string { return n.doors.httpLn.Addr().String() }
 
 // Drain refuses new calls, waits until every queued call is answered (or
 // ctx or DrainTimeout ends), then stops the UAPs and closes the ports.
 // After a Restart handed the sockets over it waits for that drain instead.
 func (n *Node) Drain(ctx context.Context) error {
-	if handed, err := n.drainedByRestart(); handed {
+	if handed, err := n.restart.drainedByRestart(); handed {
 		return err
 	}
 	return n.drain(ctx)
@@ -447,9 +448,9 @@ func (n *Node) shutdown() error {
 		cancel()
 	}
 	n.pool.Close()
-	if n.admin != nil {
+	if n.doors.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), httpStopTime)
-		errs = append(errs, n.admin.Shutdown(ctx))
+		errs = append(errs, n.doors.http.Shutdown(ctx))
 		cancel()
 	}
 	close(n.stop)

@@ -7,6 +7,7 @@ import (
 
 	"tpsched/bpf"
 	"tpsched/netio/rpcport"
+	"tpsched/scd/def"
 )
 
 // This file gives the RPC port the node's receiver groups (scdsvcdef's
@@ -19,11 +20,11 @@ const (
 )
 
 // receiverGroups are the named receiver groups for netio.
-func (n *Node) receiverGroups() []rpcport.ReceiverGroup {
+func receiverGroups(cfg *def.Config) []rpcport.ReceiverGroup {
 	var out []rpcport.ReceiverGroup
-	for _, rg := range n.cfg.Sched.ReceiverGroups {
+	for _, rg := range cfg.Sched.ReceiverGroups {
 		out = append(out, rpcport.ReceiverGroup{Name: rg.Name, Count: rg.Count,
-			Addr: net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(rg.Port))})
+			Addr: net.JoinHostPort(cfg.System.RPCAddress, strconv.Itoa(rg.Port))})
 	}
 	return out
 }

@@ -7,7 +7,6 @@ package scd
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -58,8 +57,9 @@ type Status struct {
 	Steering  []rpcport.SteeringStatus `json:"steering"`
 }
 
-// Status reports the node's state now.
-func (n *Node) Status() Status {
+// status reports the node's state now.
+func (d *doors) status() Status {
+	n := d.n
 	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), PID: os.Getpid(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
 		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	if n.inCluster {
@@ -78,34 +78,28 @@ func (n *Node) Status() Status {
 	return st
 }
 
-// startAdmin serves the read-only status page (/), /metrics and /status
-// on the sysconf metrics address (127.0.0.1 by default), and the control
-// actions on the control socket (control.go).
-func (n *Node) startAdmin() error {
-	if err := n.startControl(); err != nil {
-		return err
-	}
-	ln, err := n.restart.inheritMetrics, error(nil) // the old process's, on a restart
+// startHTTP serves the read-only status page (/), /metrics, /status and
+// /report on the sysconf metrics address (127.0.0.1 by default): on ln,
+// the old process's on a restart, or a listener of its own.
+func (d *doors) startHTTP(ln net.Listener) error {
+	n := d.n
+	var err error
 	if ln == nil {
 		ln, err = net.Listen("tcp", n.cfg.System.MetricsAddress)
 	}
 	if err != nil {
 		return fmt.Errorf("metrics_address %s: %w", n.cfg.System.MetricsAddress, err)
 	}
-	n.adminLn = ln
+	d.httpLn = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", serveStatusPage)
-	mux.HandleFunc("GET /metrics", n.serveMetrics)
-	mux.HandleFunc("GET /report", n.serveReport) // wlm_report.go: goals against actuals
+	mux.HandleFunc("GET /metrics", d.serveMetrics)
+	mux.HandleFunc("GET /report", d.serveReport) // wlm.go: goals against actuals
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(n.Status())
+		_ = json.NewEncoder(w).Encode(d.status())
 	})
-	n.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
-			n.log.Error("metrics and status endpoint stopped", "err", err)
-		}
-	}()
+	d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go d.serve(d.http, ln, "metrics and status endpoint")
 	return nil
 }

@@ -89,7 +89,8 @@ type (
 )
 
 // serveReport is GET /report.
-func (n *Node) serveReport(w http.ResponseWriter, _ *http.Request) {
+func (d *doors) serveReport(w http.ResponseWriter, _ *http.Request) {
+	n := d.n
 	if n.wlm == nil {
 		http.Error(w, wlmnode.ErrNoPolicy.Error(), http.StatusNotFound)
 		return
@@ -102,7 +103,8 @@ func (n *Node) serveReport(w http.ResponseWriter, _ *http.Request) {
 // source document 004) to the control socket: quiesce, resume and refresh
 // an application environment across the cluster, and read svcpolicy again
 // on every node. Each answers an EnvActionResult with one line per node.
-func (n *Node) wlmControl(mux *http.ServeMux) {
+func (d *doors) wlmControl(mux *http.ServeMux) {
+	n := d.n
 	envAction := func(act func(*wlmnode.Manager, string) (EnvActionResult, error)) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			env := r.URL.Query().Get("env")
