@@ -84,7 +84,7 @@ func firstEntries(g *Group, timeout time.Duration) ([]string, error) {
 
 // checkEntries warns once per process when it does not offer an entry its
 // definition names (a typo in `service = "name=entry"`, an old module).
-func (g *Group) checkEntries(slot int, si *slotState) {
+func checkEntries(g *Group, slot int, si *slotState) {
 	got := si.p.Entries()
 	if got == nil || si.warned {
 		return // socket mode does not say

@@ -268,7 +268,7 @@ func (g *Group) flush(code netio.Code, msg string) {
 func (g *Group) serve(c call.Caller, f *netio.Frame, node string) (netio.Code, string) {
 	entry, ok := g.entries[string(f.Service)]
 	if !ok {
-		return netio.CodeNoSuchService, g.name + "/" + unknown(string(f.Service), g.serviceNames)
+		return netio.CodeNoSuchService, g.name + "/" + unknown(string(f.Service), func() []string { return serviceNames(g) })
 	}
 	if g.held.Load() {
 		return netio.CodeServiceClosed, g.name + " is held"
@@ -282,7 +282,7 @@ func (g *Group) serve(c call.Caller, f *netio.Frame, node string) (netio.Code, s
 	return g.submit(c, f, entry, time.Now())
 }
 
-func (g *Group) serviceNames() []string {
+func serviceNames(g *Group) []string {
 	out := make([]string, 0, len(g.def.Services))
 	for _, s := range g.def.Services {
 		out = append(out, s.Name)

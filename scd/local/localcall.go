@@ -60,7 +60,8 @@ func (u *uapCaller) Send(b []byte) error {
 // ends at this node's queue of the group they name), and answers at once
 // those refused. A node that drains still takes them: they belong to calls
 // it is finishing. On the reply reader, without mu.
-func (g *Group) placeLocalCalls(calls []localCall) {
+func (r *reader) placeLocalCalls(calls []localCall) {
+	g := r.g
 	for _, lc := range calls {
 		g.localCalls.Inc()
 		to := &uapCaller{p: lc.from, no: lc.call.No, maxMsg: g.def.MaxMessageSize}

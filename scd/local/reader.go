@@ -60,7 +60,7 @@ func (r *reader) deliver() {
 		_ = c.Send(b)
 		delete(r.batches, c)
 	}
-	g.placeLocalCalls(r.calls)
+	r.placeLocalCalls(r.calls)
 	clear(r.calls)
 	for _, slot := range r.attached {
 		g.procs.Attached(slot)
@@ -92,7 +92,7 @@ func (r *reader) collect() {
 			si.since = now
 			si.events++
 			r.attached = append(r.attached, slot)
-			g.checkEntries(slot, si)
+			checkEntries(g, slot, si)
 			g.q.Ready(slot)
 			g.act()
 		}
