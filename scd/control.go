@@ -65,10 +65,10 @@ func (d *doors) start(httpLn net.Listener, ctlLn *net.UnixListener) error {
 	return d.startHTTP(httpLn)
 }
 
-// serve runs srv on ln until it is shut down or ln closed (both on
+// run serves srv on ln until it is shut down or ln closed (both on
 // purpose: the node stops, or a restart hands ln over); anything else is
 // logged.
-func (d *doors) serve(srv *http.Server, ln net.Listener, what string) {
+func (d *doors) run(srv *http.Server, ln net.Listener, what string) {
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		d.n.log.Error(what+" stopped", "addr", ln.Addr().String(), "err", err)
 	}
@@ -168,7 +168,7 @@ func (d *doors) startControl(ln *net.UnixListener) error {
 		cancel()
 		_ = srv.Close()
 	}()
-	go d.serve(srv, ln, "control socket")
+	go d.run(srv, ln, "control socket")
 	n.log.Info("control socket listening", "path", path, "allowed_uids", allowedUIDs())
 	return nil
 }
@@ -403,7 +403,7 @@ func (d *doors) resume(metricsF, controlF *os.File) {
 	if metricsF != nil {
 		if ln, err := net.FileListener(metricsF); err == nil {
 			d.httpLn = ln
-			go d.serve(d.http, ln, "metrics and status endpoint")
+			go d.run(d.http, ln, "metrics and status endpoint")
 		} else {
 			d.n.log.Error("restart: the metrics endpoint could not be taken back", "err", err)
 		}
@@ -413,7 +413,7 @@ func (d *doors) resume(metricsF, controlF *os.File) {
 		if ul, ok := ln.(*net.UnixListener); err == nil && ok {
 			ul.SetUnlinkOnClose(true)
 			d.ctlLn = ul
-			go d.serve(d.ctl, ul, "control socket")
+			go d.run(d.ctl, ul, "control socket")
 		} else {
 			d.n.log.Error("restart: the control socket could not be taken back", "err", err)
 		}

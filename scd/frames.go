@@ -28,7 +28,7 @@ type controlFrames struct {
 	refuse  frameHandler            // any other kind
 }
 
-func (t *controlFrames) serve(c *rpcport.Conn, f *netio.Frame) {
+func (t *controlFrames) answer(c *rpcport.Conn, f *netio.Frame) {
 	h := t.byKind[f.Kind]
 	if f.Kind == netio.KindNameLookup {
 		if h = t.lookups[string(f.Service)]; h == nil {
@@ -46,7 +46,7 @@ func (t *controlFrames) serve(c *rpcport.Conn, f *netio.Frame) {
 // when the call is refused.
 func (n *Node) OnFrame(c *rpcport.Conn, f netio.Frame) {
 	if f.Kind != netio.KindCall && f.Kind != netio.KindCallNoReply {
-		n.control.serve(c, &f)
+		n.control.answer(c, &f)
 		return
 	}
 	code, msg := n.line.Route(c, call.From{Conn: c, Peer: peers.Hop(c, &f)}, &f)

@@ -100,6 +100,6 @@ func (d *doors) startHTTP(ln net.Listener) error {
 		_ = json.NewEncoder(w).Encode(d.status())
 	})
 	d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go d.serve(d.http, ln, "metrics and status endpoint")
+	go d.run(d.http, ln, "metrics and status endpoint")
 	return nil
 }

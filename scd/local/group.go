@@ -262,10 +262,10 @@ func (g *Group) flush(code netio.Code, msg string) {
 	}
 }
 
-// serve puts a call on the group's queue, or says why not: an unknown
+// admit puts a call on the group's queue, or says why not: an unknown
 // service, a group held or without a server here, a request too big, a
 // server whose processes cannot start, a full queue.
-func (g *Group) serve(c call.Caller, f *netio.Frame, node string) (netio.Code, string) {
+func (g *Group) admit(c call.Caller, f *netio.Frame, node string) (netio.Code, string) {
 	entry, ok := g.entries[string(f.Service)]
 	if !ok {
 		return netio.CodeNoSuchService, g.name + "/" + unknown(string(f.Service), func() []string { return serviceNames(g) })

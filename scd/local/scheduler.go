@@ -322,7 +322,7 @@ func (s *Scheduler) Serve(c call.Caller, f *netio.Frame) (netio.Code, string) {
 	if g == nil {
 		return netio.CodeNoSuchGroup, s.UnknownGroup(string(f.Group))
 	}
-	return g.serve(c, f, s.cfg.System.NodeID)
+	return g.admit(c, f, s.cfg.System.NodeID)
 }
 
 // UnknownGroup names a group that is not here, with the nearest that is

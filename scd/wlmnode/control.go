@@ -36,7 +36,7 @@ func (w *Manager) Quiesce(env string) (EnvActionResult, error) {
 	st := m.states[env].Quiesce()
 	m.states[env] = st
 	m.mu.Unlock()
-	m.park.answer(env, netio.CodeServiceClosed, env+" was quiesced")
+	m.park.answerAll(env, netio.CodeServiceClosed, env+" was quiesced")
 	res := EnvActionResult{Env: env, Action: "quiesce"}
 	res.Nodes = m.everywhere(env, wlmQuiesce, binary.AppendUvarint(nil, uint64(st.Epoch)), func() (string, error) {
 		if _, ok := w.local.Group(env); !ok {
@@ -143,7 +143,7 @@ func (w *Manager) reloadLocal() (string, error) {
 	}
 	var errs []error
 	for _, env := range dropped {
-		m.park.answer(env, netio.CodeServiceClosed, env+" was dropped from the policy")
+		m.park.answerAll(env, netio.CodeServiceClosed, env+" was dropped from the policy")
 		errs = append(errs, m.quiesceLocal(w.ctx, env, "policy"))
 		// A policy that names it again starts it from none, on demand: the
 		// high-water mark belongs to the policy that dropped it. Every node

@@ -168,8 +168,8 @@ func (p *parking) expire(now time.Time) {
 	}
 }
 
-// answer answers every call waiting for a server of env.
-func (p *parking) answer(env string, code netio.Code, msg string) {
+// answerAll answers every call waiting for a server of env.
+func (p *parking) answerAll(env string, code netio.Code, msg string) {
 	m := p.m
 	m.mu.Lock()
 	parked := p.parked[env]

@@ -91,7 +91,7 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 		m.states[env] = m.states[env].Merge(st)
 		m.mu.Unlock()
 		if service == wlmQuiesce {
-			m.park.answer(env, netio.CodeServiceClosed, env+" was quiesced")
+			m.park.answerAll(env, netio.CodeServiceClosed, env+" was quiesced")
 			return nil, m.quiesceLocal(ctx, env, "quiesce")
 		}
 		m.opts.Announce()
