@@ -15,7 +15,6 @@ import (
 
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
-	"tpsched/scd/client"
 	"tpsched/scd/def"
 	"tpsched/scd/names"
 	"tpsched/scd/peers"
@@ -215,72 +214,6 @@ func forgeProof(t *testing.T, nc net.Conn, name string) {
 }
 
 const testWait = 10 * time.Second // bound on every wait in these tests
-// echoNode is a node that says hello as nodes do and answers every call
-// with its payload: a node that serves the group.
-type echoNode struct{ *Node }
-
-func (e echoNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
-	if f.Kind != netio.KindCall {
-		e.Node.OnFrame(c, f)
-		return
-	}
-	c.SendNow(netio.AppendReply(nil, f.ID, f.Payload))
-}
-
-// TestRefusedTransferGoesElsewhere: a node that refuses a transferred call
-// before running it ('node shutting down': it drains) makes the forwarder
-// send the call to another node, with scd_retry_of_comm_error; without
-// retries the caller gets the refusal itself.
-func TestRefusedTransferGoesElsewhere(t *testing.T) {
-	for _, retries := range []int{1, 0} {
-		t.Run(fmt.Sprintf("retries %d", retries), func(t *testing.T) {
-			stopping, stoppingAddr := clusterNode(t, "n1", testKey)
-			stopping.draining.Store(true)
-			_, servingAddr := testClusterNode(t, &def.Config{System: def.System{NodeID: "n2", ClusterKey: testKey}},
-				func(n *Node) rpcport.Handler { return echoNode{n} })
-			work := []names.GroupInfo{{Group: "work"}}
-			n0, addr := testClusterNode(t, &def.Config{
-				System: def.System{NodeID: "n0", ClusterKey: testKey},
-				Sched:  def.Sched{RetryOfCommError: retries, AnnounceServerStatus: true},
-			}, nil, names.NodeInfo{Node: "n1", Addr: stoppingAddr, Groups: work},
-				names.NodeInfo{Node: "n2", Addr: servingAddr, Groups: work})
-			c, err := client.New(client.Options{Hosts: []string{addr}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), testWait)
-			defer cancel()
-			var served, refused int
-			for i := range 200 { // about half go to n1 first
-				want := strconv.Itoa(i)
-				out, err := c.Call(ctx, "work", "echo", []byte(want))
-				switch {
-				case err == nil && string(out) == want:
-					served++
-				case retries == 0 && codeOf(err) == netio.CodeShuttingDown:
-					refused++
-				default:
-					t.Fatalf("call %d: %q, %v", i, out, err)
-				}
-			}
-			var b bytes.Buffer
-			n0.metrics.WritePrometheus(&b)
-			toN1 := metricValue(b.String(), `tpsched_forwarded_total{to="n1"}`)
-			retried := metricValue(b.String(), `tpsched_transfer_retries_total{reason="refused"}`)
-			t.Logf("served %d, refused %d; %d sent to the stopping node, %d sent on", served, refused, toN1, retried)
-			switch {
-			case retries == 1 && served != 200:
-				t.Errorf("%d of 200 calls served with a retry", served)
-			case retries == 1 && (toN1 == 0 || retried != toN1):
-				t.Errorf("%d calls sent to the stopping node, %d sent on:\n%s", toN1, retried, b.String())
-			case retries == 0 && (refused < 50 || served < 50):
-				t.Errorf("without retries: %d refused, %d served; want about half each", refused, served)
-			}
-		})
-	}
-}
-
 // metricValue is the value of the series named exactly name in a
 // Prometheus text exposition, 0 if absent.
 func metricValue(text, name string) int {
