@@ -132,9 +132,16 @@ func startNode(t *testing.T, args ...string) *node {
 // startCommand is startNode for a command that runs scdd (setpriv, say).
 func startCommand(t *testing.T, prog string, args ...string) *node {
 	t.Helper()
+	return startCommandEnv(t, nil, prog, args...)
+}
+
+// startCommandEnv is startCommand with env added to the command's
+// environment.
+func startCommandEnv(t *testing.T, env []string, prog string, args ...string) *node {
+	t.Helper()
 	n := &node{t: t, stderr: &syncBuffer{}, done: make(chan struct{})}
 	n.cmd = exec.Command(prog, args...)
-	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
+	n.cmd.Env = append(append(os.Environ(), "DCCONFPATH="), env...)
 	n.cmd.Stderr = n.stderr
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	must(t, n.cmd.Start())
