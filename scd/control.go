@@ -44,7 +44,7 @@ type HoldResult struct {
 
 // doors are the node's operator doors: the control socket (this file),
 // the read-only HTTP endpoint on metrics_address with the status page,
-// /status (status.go), /metrics (metrics.go) and /report (wlm.go). The
+// /status (status.go), /metrics (metrics.go) and /report (node_wlm.go). The
 // restart hands their listeners over (handOff) or takes them back
 // (resume).
 type doors struct {
@@ -82,7 +82,7 @@ func (d *doors) controlActions(mux *http.ServeMux) {
 	mux.HandleFunc("GET /prc", d.answerPrc)
 	mux.HandleFunc("POST /chprc", d.answerChprc)
 	mux.HandleFunc("POST /restart", d.answerRestart)
-	d.wlmControl(mux) // wlm.go: quiesce, resume, refresh, policy
+	d.wlmControl(mux) // node_wlm.go: quiesce, resume, refresh, policy
 	// Profiles for performance engineers: they show the node's insides.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

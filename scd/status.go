@@ -94,7 +94,7 @@ func (d *doors) startHTTP(ln net.Listener) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", serveStatusPage)
 	mux.HandleFunc("GET /metrics", d.serveMetrics)
-	mux.HandleFunc("GET /report", d.serveReport) // wlm.go: goals against actuals
+	mux.HandleFunc("GET /report", d.serveReport) // node_wlm.go: goals against actuals
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(d.status())
