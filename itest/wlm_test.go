@@ -399,10 +399,12 @@ var placedLine = regexp.MustCompile(`msg="routing manager: server started" env=o
 // n0 (the tests make n0's CPUs busy).
 func firstPlacement(t *testing.T, decider *node) (string, map[string]float64) {
 	t.Helper()
-	m := placedLine.FindStringSubmatch(decider.stderr.String())
-	if m == nil {
-		t.Fatalf("the deciding node logged no first start of orders:\n%s", decider.stderr.String())
-	}
+	var m []string
+	// The find's answer may reach the test before the decider's log line.
+	waitFor(t, 5*time.Second, "the deciding node to log the first start of orders", func() bool {
+		m = placedLine.FindStringSubmatch(decider.stderr.String())
+		return m != nil
+	}, decider.stderr.String)
 	spare := map[string]float64{}
 	for _, h := range strings.Fields(m[2]) {
 		name, v, _ := strings.Cut(h, "=")
