@@ -25,7 +25,7 @@ import (
 // version measured its parent adds the children's calls/s to an
 // uninitialised double and prints garbage about one run in three. The bench
 // never builds or ships it: TPSCHED_ENDUROX names an install prefix built
-// by hand (README, "Benchmark"), and without it the report says "not
+// by hand (README, "Make targets"), and without it the report says "not
 // measured".
 
 const (
@@ -52,7 +52,7 @@ const (
 func enduroxInstall() (string, error) {
 	prefix := os.Getenv(enduroxEnv)
 	if prefix == "" {
-		return "", fmt.Errorf("%s is not set: build Enduro/X by hand (README, Benchmark) and set it to the install prefix", enduroxEnv)
+		return "", fmt.Errorf("%s is not set: build Enduro/X by hand (README, Make targets) and set it to the install prefix", enduroxEnv)
 	}
 	for _, f := range []string{"bin/ndrxd", "bin/xadmin", "bin/exbenchcl", "bin/exbenchsv", "share/endurox/ubftab/Exfields"} {
 		if _, err := os.Stat(filepath.Join(prefix, f)); err != nil {
@@ -219,15 +219,15 @@ func (e *endurox) xadmin(timeout time.Duration, args ...string) ([]byte, error) 
 	return c.CombinedOutput()
 }
 
-// down stops the domain and removes its queues and shared memory.
+// down stops the domain and removes its queues and shared memory, also
+// after a start that failed half way (xadmin down kills what is left).
 func (e *endurox) down() {
-	if len(e.s.pids) == 0 {
-		return
+	if len(e.s.pids) > 0 {
+		e.xadmin(60*time.Second, "stop", "-y")
 	}
-	e.xadmin(60*time.Second, "stop", "-y")
 	e.xadmin(30*time.Second, "down", "-y")
 	for _, p := range e.s.pids {
-		syscall.Kill(p, syscall.SIGKILL) // gone already, unless stop failed
+		syscall.Kill(p, syscall.SIGKILL) // gone already, unless both failed
 	}
 }
 
