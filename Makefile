@@ -81,12 +81,12 @@ test: ## run every test of both modules with the race detector (integration test
 test-short: ## unit tests only, no processes started
 	@for m in $(MODULES); do (cd $$m && $(GO) test -short -count=1 ./...) || exit 1; done
 
-bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation over 128 nodes; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: a UAP's local call beside the direct call; report in bench/results/ (about 21 min)
-	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/tpbench ./cmd/tpbench
+bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation over 128 nodes; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: local calls beside Enduro/X (TPSCHED_ENDUROX=its install prefix; README) and the direct call; report in bench/results/ (about 25 min)
+	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
-bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 5.5 min)
-	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/tpbench ./cmd/tpbench
+bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 6.5 min)
+	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 
 bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; the harness runs its own copies, never the system services)

@@ -13,11 +13,17 @@
 //     the generator down);
 //   - the peers (System): a bare gnet echo server, a gRPC-go echo server,
 //     nginx + PHP-FPM (pm=static, dynamic and ondemand), HAProxy leastconn in front
-//     of Go HTTP worker processes, and tpsched itself (scdd + uap-echo,
-//     resident or with non-resident processes), each
-//     started on 127.0.0.1 in a temporary directory of its own;
-//   - process accounting from /proc (CPU per call, peak RSS of a process
-//     tree);
+//     of Go HTTP worker processes, Enduro/X's exbenchcl/exbenchsv (an
+//     install built by hand, named by TPSCHED_ENDUROX) and tpsched itself
+//     (scdd + uap-echo, resident or with non-resident processes, and caller
+//     UAPs, cmd/uap-caller, for local calls), each
+//     started on 127.0.0.1 in a temporary directory of its own; a system
+//     whose load comes from processes of its own (the caller UAPs,
+//     exbenchcl) drives its runs itself;
+//   - the accounting of each run's window: CPU from /proc (per call, peak
+//     RSS of a process tree), context switches per thread from /proc and
+//     system calls from an eBPF counter, for the server and the load
+//     generator apart (the wake-ups per call of every grid report);
 //   - the scenarios (S1 echo grid, S2 CPU-bound pool, S3 load step on pools
 //     that grow, S4 open-loop overload, S5 tpsched's CPU guard on and off
 //     under overload, S6 three tpsched nodes on 127.0.0.2-4 with one three
@@ -25,8 +31,9 @@
 //     128 members of tpsched's name layer in one process: join time,
 //     announce propagation and traffic, S8 skewed connections on a node's
 //     receiving sockets placed by the kernel's hash and by steering, S9 a
-//     node restarted under load by hand-off and by stop and start, S10 a
-//     UAP's local call to another UAP against the direct call),
+//     node restarted under load by hand-off and by stop and start, S10
+//     local calls alone, caller UAPs against Enduro/X, beside the direct
+//     call and a call whose service makes a local call),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/;
 //   - the report's check on itself: each run's window accounts for what
@@ -39,12 +46,15 @@
 // # Usage
 //
 //	make bench-deps   # once, as root: nginx, php-fpm, haproxy from apt
-//	make bench        # the full run (about 19 minutes)
-//	make bench-quick  # the development run (about 4 minutes), into bench/results/quick/
+//	make bench        # the full run (about 25 minutes)
+//	make bench-quick  # the development run (about 6.5 minutes), into bench/results/quick/
+//	TPSCHED_ENDUROX=/work/peers/endurox/install bin/tpbench -scenarios S10   # S10 with Enduro/X
 //	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
 //	bin/tpbench -quick -scenarios S1 -systems grpc-go,tpsched -quiet-cores 0   # two peers, other tenants not waited for
 //
-// The pure parts (percentiles, the open-loop schedule, /proc parsing, S3's
+// The pure parts (percentiles, the open-loop schedule, /proc parsing, the
+// window's attribution and per-call arithmetic, S10's summaries and
+// exbenchcl's result, S3's
 // windows and recovery time, S5's status summaries, S6's metrics parsing,
 // level shares and verdict, S7's seeds and verdict, report formatting)
 // are tested without starting any server. Figures are medians of

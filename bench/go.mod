@@ -3,6 +3,7 @@ module tpsched/bench
 go 1.26.8
 
 require (
+	github.com/cilium/ebpf v0.22.0
 	github.com/panjf2000/gnet/v2 v2.9.7
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.74.0

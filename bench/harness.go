@@ -20,6 +20,7 @@ type Figures struct {
 	P90us        float64 `json:"p90_us"`
 	P99us        float64 `json:"p99_us"`
 	P999us       float64 `json:"p999_us"`
+	MeanUs       float64 `json:"mean_us"`                 // Enduro/X: from calls/s and callers (Little's law), its tool reports no latency
 	CPUus        float64 `json:"cpu_us_per_call"`         // server CPU (its whole process tree) per answered call
 	LoadgenCPUus float64 `json:"loadgen_cpu_us_per_call"` // the load generator's own CPU per answered call
 	PeakRSSKiB   float64 `json:"peak_rss_kib"`            // VmHWM summed over the server's processes during the run
@@ -30,6 +31,16 @@ type Figures struct {
 	OtherCPU     float64 `json:"other_cores"`         // CPU of every other process on the machine (other tenants) over the window, in cores
 	StealCPU     float64 `json:"steal_cores"`         // CPU stolen by the hypervisor over the window, in cores
 	Disturbed    bool    `json:"disturbed,omitempty"` // other tenants and steal over the quiet bound in the window
+	// Wake-ups per answered call over the window: the context switches of
+	// the server's processes and of the load generator's, voluntary (a
+	// thread slept: a wait for a call, a reply, a lock) and involuntary (it
+	// was preempted), and their system calls (-1: not counted).
+	ServerVolCS     float64 `json:"server_voluntary_cs_per_call"`
+	ServerInvolCS   float64 `json:"server_involuntary_cs_per_call"`
+	ServerSyscalls  float64 `json:"server_syscalls_per_call"`
+	LoadgenVolCS    float64 `json:"loadgen_voluntary_cs_per_call"`
+	LoadgenInvolCS  float64 `json:"loadgen_involuntary_cs_per_call"`
+	LoadgenSyscalls float64 `json:"loadgen_syscalls_per_call"`
 }
 
 // measurement is one system in one cell.
@@ -39,6 +50,9 @@ type measurement struct {
 	Median Figures    `json:"median"`
 	CDF    []cdfPoint `json:"cdf,omitempty"` // latency distribution of the run with the median throughput
 	Error  string     `json:"error,omitempty"`
+	// Skipped says why the system is not measured in this cell (Enduro/X
+	// past five callers).
+	Skipped string `json:"not_measured,omitempty"`
 	// Retried counts the runs made again because other tenants disturbed them.
 	Retried int `json:"retried,omitempty"`
 }
@@ -137,6 +151,10 @@ type runOptions struct {
 	Quiet    Quiet
 	Log      io.Writer
 	progress *progress // the session's, for its progress lines
+	// syscalls counts every process's system calls (nil: not counted,
+	// for the reason in syscallsOff).
+	syscalls    *syscallCounter
+	syscallsOff string
 }
 
 // stepTime is one run's plan: its warm-up, measured time and slack.
@@ -178,8 +196,13 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 					return
 				}
 				m := &c.Results[si]
-				if m.Error != "" {
+				if m.Error != "" || m.Skipped != "" {
 					continue
+				}
+				if s.skip != nil {
+					if m.Skipped = s.skip(*c); m.Skipped != "" {
+						continue
+					}
 				}
 				var rt float64
 				if rate != nil {
@@ -210,9 +233,10 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 					continue
 				}
 				samples[ci][si] = append(samples[ci][si], sample{fig, res.CDF})
-				fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s p50 %8.1fus p99 %8.1fus cpu %6.1fus/call lg %5.1fus rss %6.0f MiB refused %4.1f%% idle peers %.2f other %.2f steal %.2f\n",
-					r+1, s.Name, c.Service, c.Payload, c.Conns, fig.Throughput, fig.P50us, fig.P99us, fig.CPUus,
-					fig.LoadgenCPUus, fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU)
+				fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s p50 %8.1fus mean %8.1fus cpu %6.1fus/call lg %5.1fus cs/call %.2f+%.2f lg %.2f+%.2f sys/call %.1f lg %.1f rss %6.0f MiB refused %4.1f%% idle peers %.2f other %.2f steal %.2f\n",
+					r+1, s.Name, c.Service, c.Payload, c.Conns, fig.Throughput, fig.P50us, fig.MeanUs, fig.CPUus, fig.LoadgenCPUus,
+					fig.ServerVolCS, fig.ServerInvolCS, fig.LoadgenVolCS, fig.LoadgenInvolCS, fig.ServerSyscalls, fig.LoadgenSyscalls,
+					fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU)
 			}
 		}
 		// Each system's runs of the cell are steps of the plan, also those
@@ -272,43 +296,50 @@ func measureOne(ctx context.Context, opts runOptions, s *system, c *gridCell, ra
 	if waited, other := waitQuiet(ctx, opts.Quiet, append(slices.Clone(roots), peers...)); waited > time.Second {
 		fmt.Fprintf(opts.Log, "  waited %v for other tenants to go quiet (%.2f cores now)\n", waited.Round(100*time.Millisecond), other)
 	}
-	var before, after cpuSample
-	var stealBefore, stealAfter float64
-	var rss int64
-	l := load{
-		Dial:     s.Dialer(c.Service),
-		Payload:  cellPayload(c, burnMicros),
-		Conns:    c.Conns,
-		Warmup:   opts.Warmup,
-		Duration: opts.Duration,
-		Rate:     rate,
-		Timeout:  opts.Timeout,
-		Window: func(begin bool) {
-			if begin {
-				before = sampleCPU(roots, peers)
-				resetPeakRSS(before.server)
-				_, stealBefore = machineCPU()
-				return
-			}
-			_, stealAfter = machineCPU()
-			after = sampleCPU(roots, peers)
-			rss = peakRSS(after.server)
-		},
-	}
+	w := &window{server: roots, peers: peers, sys: opts.syscalls}
 	var res result
 	var err error
-	if rate > 0 {
-		res, err = openLoop(ctx, l)
-	} else {
-		res, err = closedLoop(ctx, l)
+	switch {
+	case s.drive != nil:
+		// The load comes from processes of the system's own (S10's caller
+		// UAPs, Enduro/X's exbenchcl): the driver runs them and samples
+		// the window.
+		res, err = s.drive(ctx, opts, c, w)
+	default:
+		l := load{
+			Dial:     s.Dialer(c.Service),
+			Payload:  cellPayload(c, burnMicros),
+			Conns:    c.Conns,
+			Warmup:   opts.Warmup,
+			Duration: opts.Duration,
+			Rate:     rate,
+			Timeout:  opts.Timeout,
+			Window: func(begin bool) {
+				if begin {
+					w.begin()
+				} else {
+					w.end()
+				}
+			},
+		}
+		if rate > 0 {
+			res, err = openLoop(ctx, l)
+		} else {
+			res, err = closedLoop(ctx, l)
+		}
 	}
 	if err != nil {
 		return Figures{}, res, err
 	}
-	cpu := splitCPU(before, after)
-	f := figuresOf(res, opts.Duration, rate > 0, cpu.server, cpu.self, rss)
-	f.IdlePeersCPU, f.OtherCPU = cpu.cores(cpu.peers), cpu.cores(cpu.foreign)
-	f.StealCPU = (stealAfter - stealBefore) / cpu.elapsed.Seconds()
+	acc, err := w.attribute(res.Loadgen, res.Idle)
+	if err != nil {
+		return Figures{}, res, err
+	}
+	f := figuresOf(res, opts.Duration, rate > 0, acc.server.ticks, acc.loadgen.ticks, acc.rssKiB)
+	f.perCall(acc, res.Calls+res.Refused+res.Failed)
+	secs := acc.elapsed.Seconds()
+	f.IdlePeersCPU, f.OtherCPU = float64(acc.peersTicks)/clockTicks/secs, float64(acc.otherTicks)/clockTicks/secs
+	f.StealCPU = acc.stealSeconds / secs
 	return f, res, nil
 }
 
@@ -328,6 +359,7 @@ func figuresOf(res result, window time.Duration, open bool, serverTicks, loadgen
 		P90us:        us(res.Latency.P90),
 		P99us:        us(res.Latency.P99),
 		P999us:       us(res.Latency.P999),
+		MeanUs:       us(res.Latency.Mean),
 		CPUus:        perCall(serverTicks),
 		LoadgenCPUus: perCall(loadgenTicks),
 		PeakRSSKiB:   float64(rssKiB),

@@ -85,6 +85,10 @@ type result struct {
 	CDF        []cdfPoint
 	Begin      time.Time   // when the run began (the profile's time 0)
 	Trace      []callTrace // Load.Trace: every call due in the window, in no order
+	// Loadgen are the processes other than the harness that made the load
+	// (S10's caller UAPs), and Idle those of the system's tree that took
+	// no part in this run (callers not needed in this cell).
+	Loadgen, Idle []int
 }
 
 // closedLoop runs l with Rate 0.

@@ -2,12 +2,14 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,6 +30,11 @@ type Spec struct {
 	Workers int // worker processes: tpsched resident UAPs, PHP-FPM children, HAProxy's Go workers
 	Front   int // receiving threads/processes: scdd event loops, nginx workers, HAProxy threads, gnet loops
 	Queue   int // bound on waiting calls: tpsched queue_size, PHP-FPM listen.backlog, HAProxy maxqueue (all servers)
+	// S10: the caller UAPs of "tpsched local call" (the most callers of a
+	// cell), and Enduro/X's exbenchsv processes in every cell (0: as many
+	// as the cell's callers, the 1x1 and 5x5 of its published figures).
+	Callers        int
+	EnduroXServers int
 }
 
 // system is one running peer.
@@ -42,6 +49,17 @@ type system struct {
 	// status is tpsched's GET /status URL on its control address (S5);
 	// empty for the other systems.
 	status string
+	// drive, if set, runs a cell's load from processes of the system's
+	// own instead of the harness's callers (S10's caller UAPs, Enduro/X's
+	// exbenchcl) and samples the window with w.begin and w.end.
+	drive func(ctx context.Context, o runOptions, c *gridCell, w *window) (result, error)
+	// skip, if set, says why the system is not measured in a cell ("" if it is).
+	skip func(c gridCell) string
+	// pids are root processes not started by procs (Enduro/X's ndrxd,
+	// which xadmin starts as a daemon).
+	pids []int
+	// stop, if set, runs first in Stop (Enduro/X's xadmin stop and down).
+	stop func()
 }
 
 // Workers counts the system's worker processes now: tpsched's UAP
@@ -58,7 +76,7 @@ func (s *system) Dialer(service string) dialer { return s.dial(service) }
 
 // Roots are the pids whose process trees are the server.
 func (s *system) Roots() []int {
-	var out []int
+	out := slices.Clone(s.pids)
 	for _, c := range s.procs {
 		if c.Process != nil {
 			out = append(out, c.Process.Pid)
@@ -73,6 +91,9 @@ func (s *system) Stop() {
 	running.Lock()
 	delete(running.set, s)
 	running.Unlock()
+	if s.stop != nil {
+		s.stop()
+	}
 	for i := len(s.procs) - 1; i >= 0; i-- {
 		c := s.procs[i]
 		if c.Process == nil {
@@ -205,10 +226,11 @@ func startSystem(name string, dial func(addr, svc string) dialer, start func(s *
 	})
 }
 
-// launch finishes starting s: on error it stops what was started.
+// launch finishes starting s and, unless probe is "", waits until a call
+// to probe succeeds; on error it stops what was started.
 func launch(s *system, probe string, start func() error) (*system, error) {
 	err := start()
-	if err == nil {
+	if err == nil && probe != "" {
 		err = s.ready(probe)
 	}
 	if err != nil {
@@ -239,14 +261,18 @@ const (
 	// The same node with the C UAP (uap-c/, examples/uap-c) in place of
 	// the Go one: what a UAP's language costs.
 	nameTpschedC = "tpsched C UAP"
-	// S10: the echo reached through a second UAP's local call
-	// (shm.UAP.Call): client -> scdd -> front UAP -> scdd -> bench UAP.
+	// S10: local calls alone: caller UAPs (cmd/uap-caller) on the node,
+	// each calling bench/echo in a loop through its shared memory
+	// (shm.UAP.Call), as Enduro/X's exbenchcl does.
 	nameTpschedLocal = "tpsched local call"
-	nameGnetEcho     = "gnet-echo"
-	nameGRPC         = "grpc-go"
-	namePHPStatic    = "nginx+php-fpm static"
-	namePHPDyn       = "nginx+php-fpm dynamic"
-	nameHAProxy      = "haproxy+go"
+	// S10: the echo reached through a second UAP's local call: client ->
+	// scdd -> front UAP -> scdd -> bench UAP, and back.
+	nameTpschedNested = "tpsched nested call"
+	nameGnetEcho      = "gnet-echo"
+	nameGRPC          = "grpc-go"
+	namePHPStatic     = "nginx+php-fpm static"
+	namePHPDyn        = "nginx+php-fpm dynamic"
+	nameHAProxy       = "haproxy+go"
 	// S3's pools that grow with the load.
 	nameTpschedNonRes = "tpsched non-resident"
 	namePHPOndemand   = "nginx+php-fpm ondemand"
@@ -293,6 +319,7 @@ func startTpschedConf(env Env, sp Spec, name, module, parallel, usrExtra string)
 type tpschedConf struct {
 	name, module, parallel string
 	front                  bool     // a second group, front, whose call service calls bench/echo; the calls go to it
+	callers                int      // a group callers of that many uap-caller processes (S10's local calls)
 	usrExtra               string   // more lines of usr/bench
 	sysExtra               string   // more lines of sysconf
 	environ                []string // more of scdd's environment
@@ -333,7 +360,19 @@ func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
 		}
 		if tc.front {
 			files["conf/usr/front"] = fmt.Sprintf("set service_group = \"front\"\nset service = \"call=call\"\n"+
-				"set module = %q\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n", uap, s10Callers, sp.Queue)
+				"set module = %q\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n", uap, s10Front, sp.Queue)
+		}
+		if tc.callers > 0 {
+			caller, err := filepath.Abs(filepath.Join(env.Bin, "uap-caller"))
+			if err != nil {
+				return err
+			}
+			if _, err := os.Stat(caller); err != nil {
+				return fmt.Errorf("the caller UAP: %w (make bench builds it)", err)
+			}
+			files["conf/usr/callers"] = fmt.Sprintf("set service_group = %q\nset service = \"run=run\"\n"+
+				"set module = %q\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n",
+				callersGroup, caller, tc.callers, max(sp.Queue, tc.callers))
 		}
 		if err := writeFiles(s.dir, files); err != nil {
 			return err
@@ -342,17 +381,6 @@ func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
 		s.workers = func() (int, error) { return tpschedWorkers(s.status, "bench") }
 		return s.start("scdd.log", tc.environ, scdd, "-c", filepath.Join(s.dir, "conf"), "-log-level", "warn")
 	})
-}
-
-// s10Callers is the processes of S10's calling group, front: a process
-// waits for its local call, so it is as many callers as Enduro/X's 5x5
-// figure has client processes.
-const s10Callers = 5
-
-// startTpschedLocal is startTpsched with the calls made by a second
-// group's UAPs (front, s10Callers processes) through their shared memory.
-func startTpschedLocal(env Env, sp Spec) (*system, error) {
-	return startTpschedWith(env, sp, tpschedConf{name: nameTpschedLocal, module: "uap-echo", parallel: fmt.Sprint(sp.Workers), front: true})
 }
 
 // tpschedControlSock is a tpsched system's control socket, relative to its
@@ -606,9 +634,15 @@ func peerChoices(sp Spec, names []string) []string {
 		nameTpsched: fmt.Sprintf("tpsched: scdd with scdmulti=%d event loops and one group of parallel_count=%d resident uap-echo processes (Go), "+
 			"queue_size=%d, every other operand at its default (the CPU guard on). Resident processes are what an OpenTP1 user runs for a steady load.",
 			sp.Front, sp.Workers, sp.Queue),
-		nameTpschedLocal: fmt.Sprintf("tpsched local call: as tpsched, plus a group front of %d resident uap-echo processes (callers: each waits for its own local call) whose call "+
-			"service calls bench/echo through the node from its handler (shm.UAP.Call: the process's shared memory, no socket); the client "+
-			"calls front/call, so each call is two scheduled calls, one of them a local call.", s10Callers),
+		nameTpschedLocal: fmt.Sprintf("tpsched local call: as tpsched, plus a group callers of %d resident uap-caller processes (bench/cmd/uap-caller, Go, the public "+
+			"UAP API only). For a cell of N callers the harness sends a run call to N of them; each then calls bench/echo in a loop through the node "+
+			"(shm.UAP.Call: its shared memory, no socket) until the run's end, as exbenchcl does, and answers with its counts and a latency "+
+			"histogram (buckets 1/64 wide). The callers are the load generator: their CPU, context switches and system calls are counted as "+
+			"such, the idle ones with the idle systems.", sp.Callers),
+		nameTpschedNested: fmt.Sprintf("tpsched nested call: as tpsched, plus a group front of %d resident uap-echo processes (each waits for its own local call) whose call "+
+			"service calls bench/echo through the node from its handler (shm.UAP.Call); the client calls front/call over TCP, so each call is two "+
+			"scheduled calls, one of them a local call.", s10Front),
+		nameEnduroX: enduroxChoice(sp),
 		nameTpschedC: fmt.Sprintf("tpsched C UAP: as tpsched, with the example C UAP uap-echo-c (uap-c/, gcc -O2) in place of the Go one: "+
 			"the same node, %d resident processes.", sp.Workers),
 		nameGnetEcho: fmt.Sprintf("gnet echo: the ceiling, no queue and no process boundary: %d gnet event loops (SO_REUSEPORT, TCP_NODELAY), "+

@@ -135,12 +135,13 @@ func readStats() map[int]procStat {
 // and its waited-for children's), with the measured server's process tree
 // and the other running systems' trees picked out.
 type cpuSample struct {
-	at     time.Time
-	ticks  map[int]uint64 // own and waited-for children's
-	own    map[int]uint64 // own only
-	start  map[int]uint64 // starttime of each process
-	server []int
-	peers  []int
+	at      time.Time
+	ticks   map[int]uint64 // own and waited-for children's
+	own     map[int]uint64 // own only
+	start   map[int]uint64 // starttime of each process
+	parents map[int]int    // pid -> ppid
+	server  []int
+	peers   []int
 }
 
 // sampleCPU reads every process once.
@@ -156,12 +157,14 @@ func sampleCPU(server, peers []int) cpuSample {
 		own[pid] = s.Utime + s.Stime
 		start[pid] = s.Start
 	}
-	return cpuSample{at: time.Now(), ticks: ticks, own: own, start: start, server: processTree(parents, server), peers: processTree(parents, peers)}
+	return cpuSample{at: time.Now(), ticks: ticks, own: own, start: start, parents: parents,
+		server: processTree(parents, server), peers: processTree(parents, peers)}
 }
 
 // cpuSplit is how the processes' CPU between two samples was spent, in
-// ticks: the server's tree, the other systems' (idle) trees, this process
-// (the load generator) and everything else on the machine (other tenants).
+// ticks: the server's tree, the other systems' (idle) trees, the load
+// generator (self: this process, and the processes that made the load for
+// it) and everything else on the machine (other tenants).
 type cpuSplit struct {
 	server, peers, self, foreign uint64
 	elapsed                      time.Duration
@@ -175,31 +178,42 @@ func (c cpuSplit) cores(ticks uint64) float64 {
 	return float64(ticks) / clockTicks / c.elapsed.Seconds()
 }
 
-// splitCPU attributes by the later sample's trees. This process and other
-// tenants count their own CPU only: a parent reaping a long-lived child
-// would add that child's whole life to the interval (and this process's
-// children are the systems, counted apart). A process new since a
-// (its pid unknown to a, or known with another start time) counts whole,
-// as all its CPU falls in the interval; one that a missed although it had
-// started before the newest process a saw (a read race) counts nothing.
+// splitCPU attributes by the later sample's trees: the server's, the
+// other systems' and this process (the load generator). See splitCPUSets.
 func splitCPU(a, b cpuSample) cpuSplit {
+	return splitCPUSets(a, b, b.server, []int{os.Getpid()}, b.peers)
+}
+
+// splitCPUSets attributes the CPU spent between a and b to the server's
+// processes, the load generator's and the idle systems'; every other
+// process is another tenant. This process and other tenants count their
+// own CPU only: a parent reaping a long-lived child would add that child's
+// whole life to the interval (and this process's children are the
+// systems, counted apart). A process new since a (its pid unknown to a,
+// or known with another start time) counts whole, as all its CPU falls in
+// the interval; one that a missed although it had started before the
+// newest process a saw (a read race) counts nothing. A pid in two sets
+// counts in the first of server, loadgen, peers.
+func splitCPUSets(a, b cpuSample, server, loadgen, peers []int) cpuSplit {
 	var newest uint64
 	for _, st := range a.start {
 		newest = max(newest, st)
 	}
 	out := cpuSplit{elapsed: b.at.Sub(a.at)}
-	mine := make(map[int]*uint64, len(b.server)+len(b.peers)+1)
-	for _, p := range b.server {
-		mine[p] = &out.server
+	mine := make(map[int]*uint64, len(server)+len(loadgen)+len(peers))
+	for _, set := range []struct {
+		pids []int
+		dst  *uint64
+	}{{peers, &out.peers}, {loadgen, &out.self}, {server, &out.server}} {
+		for _, p := range set.pids {
+			mine[p] = set.dst // later sets win: server over loadgen over peers
+		}
 	}
-	for _, p := range b.peers {
-		mine[p] = &out.peers
-	}
-	mine[os.Getpid()] = &out.self
+	self := os.Getpid()
 	for pid := range b.ticks {
 		dst, isMine := mine[pid]
 		t, t0 := b.own[pid], a.own[pid]
-		if isMine && pid != os.Getpid() {
+		if isMine && pid != self {
 			t, t0 = b.ticks[pid], a.ticks[pid]
 		}
 		_, ok := a.ticks[pid]
@@ -225,21 +239,6 @@ func resetPeakRSS(pids []int) {
 	for _, p := range pids {
 		os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p), []byte("5"), 0)
 	}
-}
-
-// peakRSS sums VmHWM over pids, in KiB.
-func peakRSS(pids []int) int64 {
-	var sum int64
-	for _, p := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
-		if err != nil {
-			continue
-		}
-		if kb, err := parseVmHWM(b); err == nil {
-			sum += kb
-		}
-	}
-	return sum
 }
 
 // childrenOf returns the pids of pid's live children: from
@@ -276,6 +275,84 @@ func parseChildren(b []byte) []int {
 		if n, err := strconv.Atoi(string(f)); err == nil {
 			out = append(out, n)
 		}
+	}
+	return out
+}
+
+// taskSwitches is one thread's context switches so far: voluntary (it
+// slept: a wait, a blocking call) and involuntary (it was preempted).
+type taskSwitches struct {
+	pid        int // its process
+	vol, invol uint64
+}
+
+// parseSwitches reads the voluntary_ctxt_switches and
+// nonvoluntary_ctxt_switches lines of a /proc/<pid>/task/<tid>/status.
+func parseSwitches(status []byte) (vol, invol uint64, err error) {
+	found := 0
+	for line := range bytes.Lines(status) {
+		var dst *uint64
+		rest, ok := bytes.CutPrefix(line, []byte("voluntary_ctxt_switches:"))
+		if ok {
+			dst = &vol
+		} else if rest, ok = bytes.CutPrefix(line, []byte("nonvoluntary_ctxt_switches:")); ok {
+			dst = &invol
+		} else {
+			continue
+		}
+		v, err := strconv.ParseUint(string(bytes.TrimSpace(rest)), 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("bench: bad context switch line %q", bytes.TrimSpace(line))
+		}
+		*dst = v
+		found++
+	}
+	if found != 2 {
+		return 0, 0, errors.New("bench: no context switch counts in status")
+	}
+	return vol, invol, nil
+}
+
+// readSwitches reads the context switches of every thread of pids, by
+// thread id. The kernel counts them per thread (/proc/<pid>/status has the
+// main thread's only), so a process's are the sum over its threads.
+func readSwitches(pids []int) map[int]taskSwitches {
+	out := make(map[int]taskSwitches, 8*len(pids))
+	for _, pid := range pids {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/[0-9]*", pid))
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(filepath.Base(t))
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile(t + "/status")
+			if err != nil {
+				continue // ended meanwhile
+			}
+			if vol, invol, err := parseSwitches(b); err == nil {
+				out[tid] = taskSwitches{pid: pid, vol: vol, invol: invol}
+			}
+		}
+	}
+	return out
+}
+
+// switchesBetween sums, per process, the context switches its threads made
+// between samples a and b: a thread in both counts its difference, a
+// thread new in b all of its switches, a thread that ended between the
+// two is lost (the kernel keeps no count of it that /proc shows).
+func switchesBetween(a, b map[int]taskSwitches) map[int]taskSwitches {
+	out := map[int]taskSwitches{}
+	for tid, tb := range b {
+		d := tb
+		if ta, ok := a[tid]; ok && ta.pid == tb.pid && ta.vol <= tb.vol && ta.invol <= tb.invol {
+			d.vol, d.invol = tb.vol-ta.vol, tb.invol-ta.invol
+		}
+		sum := out[tb.pid]
+		sum.pid = tb.pid
+		sum.vol += d.vol
+		sum.invol += d.invol
+		out[tb.pid] = sum
 	}
 	return out
 }

@@ -74,11 +74,16 @@ func (r *report) writeGrid(b *strings.Builder) {
 		b.WriteString("| service | carriers | system | offered/s | admitted/s | refused | failed | timed out | p50 | p90 | p99 | p99.9 | CPU/call | peak RSS |\n")
 		b.WriteString("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	} else {
-		b.WriteString("| service | payload | conns | system | calls/s | p50 | p90 | p99 | p99.9 | CPU/call | peak RSS | errors |\n")
-		b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| service | payload | conns | system | calls/s | p50 | p90 | p99 | p99.9 | mean | CPU/call | peak RSS | errors |\n")
+		b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	}
+	var skipped []string
 	for _, c := range r.Cells {
 		for _, m := range c.Results {
+			if m.Skipped != "" {
+				skipped = append(skipped, fmt.Sprintf("%s in %s (%s)", m.System, cellName(c), m.Skipped))
+				continue
+			}
 			if m.Error != "" && len(m.Runs) == 0 {
 				fmt.Fprintf(b, "| %s | %s | %d | %s | failed: %s |\n", c.Service, payloadName(c), c.Conns, m.System, oneLine(m.Error))
 				continue
@@ -90,30 +95,46 @@ func (r *report) writeGrid(b *strings.Builder) {
 					dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.CPUus, mib(f.PeakRSSKiB))
 			} else {
 				errs := f.RefusedShare + f.FailedShare + f.TimeoutShare
-				fmt.Fprintf(b, "| %s | %s | %d | %s | %.0f | %s | %s | %s | %s | %.1f us | %s | %s |\n",
+				fmt.Fprintf(b, "| %s | %s | %d | %s | %.0f | %s | %s | %s | %s | %s | %.1f us | %s | %s |\n",
 					c.Service, payloadName(c), c.Conns, m.System, f.Throughput,
-					dur(f.P50us), dur(f.P90us), dur(f.P99us), dur(f.P999us), f.CPUus, mib(f.PeakRSSKiB), pct(errs))
+					durOrNone(f.P50us), durOrNone(f.P90us), durOrNone(f.P99us), durOrNone(f.P999us), durOrNone(f.MeanUs),
+					f.CPUus, mib(f.PeakRSSKiB), pct(errs))
 			}
 		}
 	}
 	b.WriteString("\n")
+	if len(skipped) > 0 {
+		fmt.Fprintf(b, "Not measured: %s.\n\n", strings.Join(skipped, "; "))
+	}
+	r.writeWakeups(b)
 	if ratios := r.ratioTable(); ratios != "" {
-		b.WriteString("## tpsched against each peer\n\n")
-		b.WriteString("Throughput ratio is tpsched / peer (above 1: tpsched serves more); p99 ratio is tpsched / peer (below 1: tpsched answers faster); " +
-			"CPU ratio is tpsched / peer CPU per call (below 1: tpsched spends less).\n\n")
+		base := r.ratioBase()
+		fmt.Fprintf(b, "## %s against each peer\n\n", base)
+		fmt.Fprintf(b, "Throughput ratio is %[1]s / peer (above 1: %[1]s serves more); p99 ratio is %[1]s / peer (below 1: %[1]s answers faster; "+
+			"the ratio of the means where the peer measures no percentile); CPU ratio is %[1]s / peer server CPU per call (below 1: %[1]s spends less).\n\n", base)
 		b.WriteString(ratios)
 		b.WriteString("\n")
 	}
 }
 
+// ratioBase is the tpsched system the ratio table sets against each peer:
+// in S10 the local calls, which Enduro/X's calls are like.
+func (r *report) ratioBase() string {
+	if r.Scenario == "S10" {
+		return nameTpschedLocal
+	}
+	return nameTpsched
+}
+
 func (r *report) ratioTable() string {
 	var peers []string
 	for _, s := range r.Systems {
-		if s != nameTpsched && s != nameTpschedC && s != nameTpschedLocal { // tpsched too, not peers
+		if !isTpsched(s) {
 			peers = append(peers, s)
 		}
 	}
-	if len(peers) == 0 || !slices.Contains(r.Systems, nameTpsched) {
+	base := r.ratioBase()
+	if len(peers) == 0 || !slices.Contains(r.Systems, base) {
 		return ""
 	}
 	var b strings.Builder
@@ -127,7 +148,7 @@ func (r *report) ratioTable() string {
 	}
 	b.WriteString("\n")
 	for _, c := range r.Cells {
-		tp := c.Result(nameTpsched)
+		tp := c.Result(base)
 		fmt.Fprintf(&b, "| %s | %s | %d |", c.Service, payloadName(c), c.Conns)
 		for _, p := range peers {
 			m := c.Result(p)
@@ -135,8 +156,13 @@ func (r *report) ratioTable() string {
 				b.WriteString(" - |")
 				continue
 			}
+			// Enduro/X's tool measures no percentile: its mean stands in.
+			lat, peerLat := tp.Median.P99us, m.Median.P99us
+			if peerLat == 0 {
+				lat, peerLat = tp.Median.MeanUs, m.Median.MeanUs
+			}
 			fmt.Fprintf(&b, " %s / %s / %s |", ratio(tp.Median.Throughput, m.Median.Throughput),
-				ratio(tp.Median.P99us, m.Median.P99us), ratio(tp.Median.CPUus, m.Median.CPUus))
+				ratio(lat, peerLat), ratio(tp.Median.CPUus, m.Median.CPUus))
 		}
 		b.WriteString("\n")
 	}
@@ -165,6 +191,42 @@ func payloadName(c gridCell) string {
 		return fmt.Sprintf("%d KiB", c.Payload>>10)
 	}
 	return fmt.Sprintf("%d B", c.Payload)
+}
+
+// isTpsched says whether a system is tpsched itself rather than a peer.
+func isTpsched(s string) bool {
+	switch s {
+	case nameTpsched, nameTpschedC, nameTpschedLocal, nameTpschedNested:
+		return true
+	}
+	return false
+}
+
+// writeWakeups writes the grid's wake-ups: CPU, context switches and
+// system calls per call of the server and of the load generator.
+func (r *report) writeWakeups(b *strings.Builder) {
+	b.WriteString("## Wake-ups per call\n\n")
+	b.WriteString("Per call answered in the window, server and load generator apart: CPU, context switches (voluntary + involuntary) and system calls.\n\n")
+	b.WriteString("| service | payload | conns | system | calls/s | server CPU | server ctx sw | server syscalls | load gen CPU | load gen ctx sw | load gen syscalls |\n")
+	b.WriteString("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	sys := func(v float64) string {
+		if v < 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", v)
+	}
+	for _, c := range r.Cells {
+		for _, m := range c.Results {
+			if len(m.Runs) == 0 {
+				continue
+			}
+			f := m.Median
+			fmt.Fprintf(b, "| %s | %s | %d | %s | %.0f | %.1f us | %.2f + %.2f | %s | %.1f us | %.2f + %.2f | %s |\n",
+				c.Service, payloadName(c), c.Conns, m.System, f.Throughput, f.CPUus, f.ServerVolCS, f.ServerInvolCS, sys(f.ServerSyscalls),
+				f.LoadgenCPUus, f.LoadgenVolCS, f.LoadgenInvolCS, sys(f.LoadgenSyscalls))
+		}
+	}
+	b.WriteString("\n")
 }
 
 // dur formats microseconds with a unit that keeps three figures.

@@ -8,7 +8,8 @@ import (
 
 func sampleReport() *report {
 	m := func(sys string, thr, p99, cpu float64) measurement {
-		f := Figures{Throughput: thr, P50us: p99 / 3, P90us: p99 / 2, P99us: p99, P999us: 2 * p99, CPUus: cpu, PeakRSSKiB: 20480}
+		f := Figures{Throughput: thr, P50us: p99 / 3, P90us: p99 / 2, P99us: p99, P999us: 2 * p99, MeanUs: p99 / 2.5, CPUus: cpu, PeakRSSKiB: 20480,
+			ServerVolCS: 2, ServerInvolCS: 0.25, ServerSyscalls: 7.5, LoadgenCPUus: cpu / 2, LoadgenVolCS: 1, LoadgenInvolCS: 0.125, LoadgenSyscalls: -1}
 		return measurement{System: sys, Runs: []Figures{f, f, f}, Median: f}
 	}
 	return &report{
@@ -36,7 +37,10 @@ func TestMarkdownTables(t *testing.T) {
 		"2 cores (test CPU), Linux 6.1, go1.26",
 		"median of 3 interleaved runs",
 		"**Not measured: gnet-echo**: not built",
-		"| echo | 128 B | 64 | tpsched | 50000 | 1.17 ms | 1.75 ms | 3.50 ms | 7.00 ms | 20.0 us | 20.0 MiB | 0 |",
+		"| echo | 128 B | 64 | tpsched | 50000 | 1.17 ms | 1.75 ms | 3.50 ms | 7.00 ms | 1.40 ms | 20.0 us | 20.0 MiB | 0 |",
+		"## Wake-ups per call",
+		// Context switches voluntary + involuntary; system calls not counted (-1) show as "-".
+		"| echo | 128 B | 64 | tpsched | 50000 | 20.0 us | 2.00 + 0.25 | 7.5 | 10.0 us | 1.00 + 0.12 | - |",
 		"| echo | 4 KiB | 1 | grpc-go | failed: connection refused |",
 		"| echo | 128 B | 64 | 2.50x / 0.29x / 0.40x | 5.00x / 0.35x / 0.16x |",
 		"| echo | 4 KiB | 1 | - | 1.33x / 0.83x / 0.95x |",

@@ -221,8 +221,9 @@ var statusClient = &http.Client{Timeout: time.Second}
 type statusGroup struct {
 	Group     string `json:"group"`
 	Processes []struct {
-		PID  int    `json:"pid"`
-		Kind string `json:"kind"`
+		PID   int    `json:"pid"`
+		Kind  string `json:"kind"`
+		State string `json:"state"`
 	} `json:"processes"`
 }
 

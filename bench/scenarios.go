@@ -46,6 +46,9 @@ type Config struct {
 	S8Heavy     int
 	Systems     []string // only these systems (by report name); empty: all
 	Quiet       Quiet    // keeping other tenants out of the figures
+	// CountSyscalls counts every process's system calls in the kernel (an
+	// eBPF program; root), for the reports' system calls per call.
+	CountSyscalls bool
 	// Compare is the other grid's reports (a directory) or one report:
 	// S1, S2 and S4 flag the systems that moved between the two grids
 	// beyond the noise. Empty: the quick grid compares with the full one
@@ -124,18 +127,22 @@ var grids = []grid{{
 }, {
 	id:       "S10",
 	service:  "echo",
-	payloads: [2][]int{{128}, {128}},
-	conns:    [2][]int{{1, 5, 64}, {1, 5}},
-	systems:  [2][]string{{nameTpsched, nameTpschedLocal}, {nameTpsched, nameTpschedLocal}},
-	title:    func(Spec) string { return "a UAP calling another UAP on the same node (local call)" },
+	payloads: [2][]int{{128, 4 << 10}, {128}},
+	conns:    [2][]int{{1, 5, 64}, {1, 5, 64}},
+	systems: [2][]string{{nameTpsched, nameTpschedLocal, nameTpschedNested, nameEnduroX},
+		{nameTpsched, nameTpschedLocal, nameTpschedNested, nameEnduroX}},
+	title: func(Spec) string { return "local calls: a service calling a service on the same node" },
 	about: func(Spec) string {
-		return "Service: echo, reached directly (tpsched: client -> scdd -> UAP) and through a local call (tpsched local call: " +
-			"client -> scdd -> front UAP, whose handler calls bench/echo with shm.UAP.Call -> scdd -> bench UAP, and back). Closed loop: " +
-			"N connections, one call outstanding on each; N = 1 and 5 are the callers of Enduro/X's published local figures."
+		return "Service: echo. tpsched local call: N caller UAPs on the node, each calling bench/echo in a loop through its shared memory " +
+			"(shm.UAP.Call -> scdd -> bench UAP), as Enduro/X's exbenchcl calls exbenchsv over POSIX queues: local calls alone, no network hop. " +
+			"Beside them, the same echo over TCP (closed loop, N connections, one call outstanding on each): directly (tpsched: client -> scdd -> UAP) " +
+			"and through a front UAP's local call (tpsched nested call: client -> scdd -> front UAP -> local call -> bench UAP, and back)."
 	},
 	finish: func(r *report, dir string) {
 		r.Notes = append(r.Notes, s10Notes(r))
-		r.addPlot(plotThroughput(r, dir, "echo", 128))
+		for _, p := range r.payloads() {
+			r.addPlot(plotThroughput(r, dir, "echo", p))
+		}
 	},
 }}
 
@@ -172,14 +179,16 @@ const s4Carriers = 256
 
 // starters start each system of the grids by its report name.
 var starters = map[string]func(Env, Spec) (*system, error){
-	nameTpsched:      startTpsched,
-	nameTpschedC:     startTpschedC,
-	nameTpschedLocal: startTpschedLocal,
-	nameGnetEcho:     startGnetEcho,
-	nameGRPC:         startGRPC,
-	namePHPStatic:    func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
-	namePHPDyn:       func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
-	nameHAProxy:      startHAProxy,
+	nameTpsched:       startTpsched,
+	nameTpschedC:      startTpschedC,
+	nameTpschedLocal:  startTpschedLocal,
+	nameTpschedNested: startTpschedNested,
+	nameEnduroX:       startEnduroX,
+	nameGnetEcho:      startGnetEcho,
+	nameGRPC:          startGRPC,
+	namePHPStatic:     func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, false) },
+	namePHPDyn:        func(e Env, s Spec) (*system, error) { return startNginxPHP(e, s, true) },
+	nameHAProxy:       startHAProxy,
 }
 
 // startAll starts the systems it can; the others are returned as skipped
@@ -224,6 +233,16 @@ func Run(ctx context.Context, cfg Config) error {
 	machine := thisMachine()
 	machine.Peers = peerVersions()
 	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
+	opts.syscallsOff = "off (-count-syscalls=false)"
+	if cfg.CountSyscalls {
+		if c, err := newSyscallCounter(); err != nil {
+			opts.syscallsOff = oneLine(err.Error())
+			fmt.Fprintf(cfg.Log, "system calls not counted: %v\n", err)
+		} else {
+			opts.syscalls, opts.syscallsOff = c, ""
+			defer c.Close()
+		}
+	}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
 	cfg.progress = newProgress(cfg.Log, nil, sessionPlan(cfg, opts))
 	opts.progress = cfg.progress
@@ -232,14 +251,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return &report{Scenario: id, Title: title, Date: date, Machine: machine, Runs: o.Runs,
 			Warmup: o.Warmup.Seconds(), Duration: o.Duration.Seconds(), Systems: systems, Skipped: skipped}
 	}
-	sizing := func(names []string) []string {
-		return append([]string{fmt.Sprintf("Every system gets %d worker processes and %d receiving threads or processes.", cfg.Spec.Workers, cfg.Spec.Front)},
-			peerChoices(cfg.Spec, names)...)
+	sizing := func(sp Spec, names []string) []string {
+		return append([]string{fmt.Sprintf("Every system gets %d worker processes and %d receiving threads or processes.", sp.Workers, sp.Front)},
+			peerChoices(sp, names)...)
 	}
 	loadgen := "The load generator (Go, one goroutine and one connection per simulated client; hand-written tpsched-frame, HTTP/1.1 keep-alive and " +
-		"gRPC-over-HTTP/2 clients, so it spends about the same CPU per call for every peer) runs on the same cores as the servers; its own CPU per call is in the JSON. " +
+		"gRPC-over-HTTP/2 clients, so it spends about the same CPU per call for every peer) runs on the same cores as the servers; its own CPU per call is in the wake-ups table (with, in S10, the caller UAPs' and exbenchcl's, which make the load there). " +
 		"CPU/call is utime+stime of the server's whole process tree (children included) over the measured window, divided by the calls answered; " +
-		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run."
+		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run. " + wakeupsMethod(opts.syscallsOff)
 
 	capacity := map[string]float64{} // S2 closed-loop throughput at 64 conns, for S4
 	var run []grid
@@ -255,7 +274,15 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if len(run) > 0 {
-		systems, skipped := startAll(cfg, cfg.Spec, list)
+		spec := cfg.Spec
+		for _, g := range run {
+			if g.id == "S10" {
+				for _, c := range g.cells(cfg.Quick) {
+					spec.Callers = max(spec.Callers, c.Conns) // a caller UAP for each caller of the largest cell
+				}
+			}
+		}
+		systems, skipped := startAll(cfg, spec, list)
 		defer func() { stopAll(systems) }()
 		for _, g := range run {
 			if ctx.Err() != nil {
@@ -269,7 +296,7 @@ func Run(ctx context.Context, cfg Config) error {
 			measure(ctx, opts, on, cells, nil)
 			r := newReport(g.id, g.title(cfg.Spec), names(on), pick(skipped, in...), opts)
 			r.Cells = cells
-			r.Setup = append(append([]string{g.about(cfg.Spec)}, sizing(r.Systems)...), loadgen)
+			r.Setup = append(append([]string{g.about(spec)}, sizing(spec, r.Systems)...), loadgen)
 			g.finish(r, cfg.Out)
 			if g.id == "S2" {
 				for _, c := range cells {
@@ -504,26 +531,6 @@ func s1Targets(r *report) string {
 	return strings.TrimSuffix(b.String(), ";") + "."
 }
 
-// s10Notes sets the local call beside the direct call of the same run and
-// beside Enduro/X's published local figures (not measured here).
-func s10Notes(r *report) string {
-	var b strings.Builder
-	b.WriteString("**Local calls.** Each tpsched local call is one outer call that carries one local call, so its calls/s is the local " +
-		"calls' rate and its p50 an upper bound of a local call's. Enduro/X 8.0.12's own exbenchcl/exbenchsv over POSIX queues " +
-		"(quoted from issue 12, not run here): 20.1-20.6k calls/s and about 49 us mean with one caller, 43-63k with five. Issue 12's " +
-		"targets: one caller >= 20k calls/s and p50 <= 50 us, five >= 60k.")
-	for _, c := range r.Cells {
-		direct, local := c.Result(nameTpsched), c.Result(nameTpschedLocal)
-		if direct == nil || local == nil || len(direct.Runs) == 0 || len(local.Runs) == 0 {
-			continue
-		}
-		fmt.Fprintf(&b, " %d conns: %.1fk calls/s (direct %.1fk), p50 %s (direct %s, so the local hop adds %s).", c.Conns,
-			local.Median.Throughput/1e3, direct.Median.Throughput/1e3, dur(local.Median.P50us), dur(direct.Median.P50us),
-			dur(max(local.Median.P50us-direct.Median.P50us, 0)))
-	}
-	return b.String()
-}
-
 // peerVersions asks each installed peer binary its version.
 func peerVersions() map[string]string {
 	out := map[string]string{}
@@ -541,6 +548,9 @@ func peerVersions() map[string]string {
 	ask("nginx", func() (string, error) { return findBinary("nginx") }, "-v")
 	ask("php-fpm", phpFPMBinary, "-v")
 	ask("haproxy", func() (string, error) { return findBinary("haproxy") }, "-v")
+	if v, err := enduroxVersion(); err == nil {
+		out["Enduro/X"] = strings.TrimPrefix(v, "Enduro/X ")
+	}
 	return out
 }
 

@@ -140,8 +140,8 @@ func compareGrids(r, other *report) []gridMove {
 }
 
 // checkValidity fills r.Validity from its cells and, if ref names a report
-// of the same scenario measured on the same machine, from the comparison
-// with it.
+// of the same scenario (and title: the same setup) measured on the same
+// machine, from the comparison with it.
 func checkValidity(r *report, q Quiet, ref string) {
 	v := &validity{QuietCores: q.Cores, BudgetSpent: q.Cores > 0 && q.left() <= 0}
 	for _, c := range r.Cells {
@@ -172,6 +172,9 @@ func checkValidity(r *report, q Quiet, ref string) {
 		v.NotCompared = fmt.Sprintf("%s: %v", ref, err)
 	case other.Scenario != r.Scenario:
 		v.NotCompared = fmt.Sprintf("%s is %s, not %s", ref, other.Scenario, r.Scenario)
+	case other.Title != r.Title:
+		// The scenario was redefined in between (S10's systems were).
+		v.NotCompared = fmt.Sprintf("%s measured another setup (%q)", ref, other.Title)
 	case other.Machine.CPU != r.Machine.CPU || other.Machine.Cores != r.Machine.Cores:
 		v.NotCompared = fmt.Sprintf("%s was measured on another machine (%d cores, %s)", ref, other.Machine.Cores, other.Machine.CPU)
 	default:

@@ -115,4 +115,12 @@ func TestCheckValidityComparesOnlyOnTheSameMachine(t *testing.T) {
 	if other.Validity.Compared != "" || !strings.Contains(other.Validity.NotCompared, "another machine") {
 		t.Errorf("compared across machines: %+v", other.Validity)
 	}
+	// A scenario redefined since (S10's systems were): its systems' names
+	// no longer mean what they measured, so nothing is compared.
+	redefined := mk("AMD EPYC", 20e3)
+	redefined.Title = "local calls"
+	checkValidity(redefined, DefaultQuiet, path)
+	if redefined.Validity.Compared != "" || !strings.Contains(redefined.Validity.NotCompared, "another setup") {
+		t.Errorf("compared across setups: %+v", redefined.Validity)
+	}
 }

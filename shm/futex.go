@@ -2,6 +2,7 @@ package shm
 
 import (
 	"os"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -25,13 +26,45 @@ const (
 var maxSleep = 100 * time.Millisecond
 
 // futexWait sleeps while *addr == val, at most d.
+//
+// Its first few milliseconds keep the goroutine's P (a raw system call, which
+// the Go runtime does not see). Through syscall.Syscall the runtime marks the
+// P as in a system call; in a UAP whose other Ps are idle that wakes sysmon
+// from its deep sleep, sysmon hands the P to another thread, which finds
+// nothing to run and sleeps again: three context switches for one wait where
+// the futex itself costs one (a perf sched trace of a local call showed the
+// pair at every wait of both UAPs). The raw wait is bounded by rawWaitMax so
+// that sysmon, which preempts a goroutine that looks busy for 10 ms with a
+// signal, has no cause to; a signal (that preemption, or a stop-the-world for
+// the garbage collector) ends the wait early with EINTR, and the caller looks
+// again. With GOMAXPROCS 1 the P is the only one, and other goroutines of the
+// UAP would wait for it: then every wait goes through the runtime.
 func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 	if d <= 0 {
 		return
 	}
+	if runtime.GOMAXPROCS(0) > 1 {
+		r := min(d, rawWaitMax)
+		if futexWaitRaw(addr, val, r) != unix.ETIMEDOUT || d == r {
+			return // woken, the word moved, or a signal: the caller looks again
+		}
+		d -= r
+	}
 	ts := unix.NsecToTimespec(int64(d))
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp,
 		uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+// rawWaitMax bounds a wait that keeps its P: well under sysmon's 10 ms
+// forced preemption, and longer than a call's round trip on a busy node.
+const rawWaitMax = 5 * time.Millisecond
+
+// futexWaitRaw is FUTEX_WAIT as a raw system call, returning its errno.
+func futexWaitRaw(addr *atomic.Uint32, val uint32, d time.Duration) unix.Errno {
+	ts := unix.NsecToTimespec(int64(d))
+	_, _, errno := unix.RawSyscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp,
+		uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+	return errno
 }
 
 // sleepOn sleeps on the futex word wake, at most d, unless ready: it says

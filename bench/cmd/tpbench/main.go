@@ -8,9 +8,11 @@
 // process and times how fast an announce reaches all of them. S8 puts
 // skewed connections on a node's receiving sockets, placed by the kernel's
 // hash and by steering; S9 restarts a node under load, by hand-off and by
-// stopping and starting it.
+// stopping and starting it. S10 sets local calls (caller UAPs on the node)
+// beside Enduro/X's exbenchcl/exbenchsv, when TPSCHED_ENDUROX names an
+// Enduro/X install.
 //
-//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5,S6,S7,S8,S9] [-out bench/results] [-bin bin]
+//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5,S6,S7,S8,S9,S10] [-out bench/results] [-bin bin]
 //
 // It also serves the Go peers when run with -serve (gnet, grpc, http): the
 // harness starts itself that way so each peer is a process of its own.
@@ -35,7 +37,7 @@ func main() {
 	serve := flag.String("serve", "", "internal: serve a Go peer (gnet, grpc or http) on -addr")
 	addr := flag.String("addr", "", "internal: the address for -serve")
 	loops := flag.Int("loops", 1, "internal: event loops of the gnet peer")
-	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build)")
+	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build) and uap-caller (make bench)")
 	out := flag.String("out", "bench/results", "directory for the reports")
 	quick := flag.Bool("quick", false, "the development grid (about four minutes; S3 shorter and one run, S5 and S6 shorter, S7 fewer changes)")
 	scen := flag.String("scenarios", "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10", "scenarios to run")
@@ -64,6 +66,9 @@ func main() {
 	quietWait := flag.Duration("quiet-wait", bench.DefaultQuiet.MaxWait, "the longest wait for other tenants to go quiet before a run")
 	quietRetries := flag.Int("quiet-retries", bench.DefaultQuiet.Retries, "how often a disturbed run is run again (S1, S2, S4)")
 	quietBudget := flag.Duration("quiet-budget", bench.DefaultQuiet.Budget, "the most the session spends waiting for quiet and running disturbed runs again")
+	countSyscalls := flag.Bool("count-syscalls", true, "count every process's system calls in the kernel (an eBPF program, root) for the system calls per call of the grids' reports")
+	enduroxServers := flag.Int("endurox-servers", 0, "S10: Enduro/X's exbenchsv processes in every cell (0: as many as the cell's callers, 1x1 and 5x5); Enduro/X runs when "+
+		"TPSCHED_ENDUROX names its install prefix")
 	compare := flag.String("compare", "", "the other grid's reports (a directory) or one report JSON, to flag systems that moved beyond the noise (default: the full grid's for -quick, out/quick for the full grid)")
 	showVersion := flag.Bool("version", false, "print tpbench's version and exit")
 	flag.Parse()
@@ -127,33 +132,34 @@ func main() {
 	}
 	bin, _ := filepath.Abs(*binDir)
 	cfg := bench.Config{
-		Env:         bench.Env{Bin: bin, Self: self},
-		Out:         *out,
-		Quick:       *quick,
-		Scenarios:   strings.Split(strings.ToUpper(*scen), ","),
-		Runs:        *runs,
-		Warmup:      *warm,
-		Duration:    *dur,
-		Spec:        bench.Spec{Workers: *workers, Front: *front, Queue: 1024},
-		S4Queue:     *s4queue,
-		S5WaitLimit: *s5limit,
-		S5Load:      *s5load,
-		S5Warmup:    *s5warm,
-		S5Duration:  *s5dur,
-		S5Queue:     *s5queue,
-		S6Load:      *s6load,
-		S6Warmup:    *s6warm,
-		S6Duration:  *s6dur,
-		S6Queue:     *s6queue,
-		S7Nodes:     *s7nodes,
-		S7Probes:    *s7probes,
-		S7Quiet:     *s7quiet,
-		S8Receivers: *s8receivers,
-		S8Heavy:     *s8heavy,
-		Systems:     splitList(*systems),
-		Compare:     *compare,
-		Quiet:       bench.Quiet{Cores: *quietCores, MaxWait: *quietWait, Retries: *quietRetries, Budget: *quietBudget},
-		Log:         os.Stderr,
+		Env:           bench.Env{Bin: bin, Self: self},
+		Out:           *out,
+		Quick:         *quick,
+		Scenarios:     strings.Split(strings.ToUpper(*scen), ","),
+		Runs:          *runs,
+		Warmup:        *warm,
+		Duration:      *dur,
+		Spec:          bench.Spec{Workers: *workers, Front: *front, Queue: 1024, EnduroXServers: *enduroxServers},
+		S4Queue:       *s4queue,
+		S5WaitLimit:   *s5limit,
+		S5Load:        *s5load,
+		S5Warmup:      *s5warm,
+		S5Duration:    *s5dur,
+		S5Queue:       *s5queue,
+		S6Load:        *s6load,
+		S6Warmup:      *s6warm,
+		S6Duration:    *s6dur,
+		S6Queue:       *s6queue,
+		S7Nodes:       *s7nodes,
+		S7Probes:      *s7probes,
+		S7Quiet:       *s7quiet,
+		S8Receivers:   *s8receivers,
+		S8Heavy:       *s8heavy,
+		Systems:       splitList(*systems),
+		Compare:       *compare,
+		Quiet:         bench.Quiet{Cores: *quietCores, MaxWait: *quietWait, Retries: *quietRetries, Budget: *quietBudget},
+		CountSyscalls: *countSyscalls,
+		Log:           os.Stderr,
 	}
 	start := time.Now()
 	if err := bench.Run(ctx, cfg); err != nil {
