@@ -98,7 +98,7 @@ func TestGossipMarkdown(t *testing.T) {
 	r := &report{Scenario: "S7", Title: "t", Date: "2026-01-01", Gossip: g, Setup: s7Setup(g.Setup, true)}
 	md := r.Markdown()
 	for _, w := range []string{"# S7: t", "| join: every table holds every member | 2.5 s |", "| quiet (refresh only) | 1.0 | 3 | 1234 |",
-		"| 1 | m001 | LEVEL1 | 2 / 2 | 80 ms | 100 ms |", "| 2 | m002 | LEVEL1 | 1 / 2 | 90 ms | - |", "ClusterConfig{Fast: false}", "Quick mode"} {
+		"| 1 | m001 | LEVEL1 | 2 / 2 | 80 ms | 100 ms |", "| 2 | m002 | LEVEL1 | 1 / 2 | 90 ms | - |", "GossipConfig{Fast: false}", "Quick mode"} {
 		if !strings.Contains(md, w) {
 			t.Errorf("markdown lacks %q:\n%s", w, md)
 		}
