@@ -306,7 +306,7 @@ func s7Plan(setup gossipSetup) scenarioPlan {
 }
 
 func runS7(ctx context.Context, cfg Config,
-	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+	newReport newReportFunc) error {
 	setup := s7Sizing(cfg)
 	cfg.progress.begin(s7Plan(setup))
 	fmt.Fprintf(cfg.Log, "S7: %d members in this process, quiet %v, %d changes\n", setup.Nodes, setup.Quiet, setup.Probes)
