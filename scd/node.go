@@ -130,10 +130,12 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	n.exposeMetrics()
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
+	var bad []error // every server's missing module, not only the first (scdd -check)
 	for _, s := range cfg.Servers {
 		module, err := n.resolveModule(s.Module)
 		if err != nil {
-			return nil, s.Errorf("module", "%v", err)
+			bad = append(bad, s.Errorf("module", "%v", err))
+			continue
 		}
 		s.Module = module
 		g := &group{
@@ -151,6 +153,13 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		}
 		n.groups[g.name] = g
 		n.order = append(n.order, g)
+	}
+	switch len(bad) {
+	case 0:
+	case 1:
+		return nil, bad[0]
+	default:
+		return nil, def.Errors(bad)
 	}
 	sort.Slice(n.order, func(i, j int) bool { return n.order[i].name < n.order[j].name })
 	if cfg.Policy != nil {
