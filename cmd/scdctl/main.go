@@ -81,6 +81,9 @@ type node struct {
 	// socks are where the control socket may be when -s did not say
 	// (scd.ControlSocketCandidates), for the error when none is there.
 	socks []string
+	// sockErr is why the control socket could not be chosen (the sockets
+	// of several other nodes were found): the error of a control command.
+	sockErr error
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -90,7 +93,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var nd node
 	fs.StringVar(&nd.rpc, "H", os.Getenv("TPSCHED_RPC"), "RPC address host:port of the node (default $TPSCHED_RPC, else from sysconf, else 127.0.0.1:12000)")
 	fs.StringVar(&nd.http, "a", os.Getenv("TPSCHED_HTTP"), "HTTP address host:port of the node's /status and /metrics (default $TPSCHED_HTTP, else sysconf's metrics_address, else "+def.DefaultMetricsAddress+")")
-	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for hold, release and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it by default)")
+	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for prc, chprc, hold, release, restart, quiesce, resume, refresh, policy and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it for sysconf's node_id; without -c, the only node's socket found there)")
 	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
 	asJSON := fs.Bool("json", false, "status, prc, chprc, report, quiesce, resume, refresh, policy: print the node's answer as JSON")
 	showVersion := fs.Bool("version", false, "print scdctl's version and exit")
@@ -194,7 +197,8 @@ func (e usageError) Error() string { return "usage: scdctl " + string(e) }
 func (e usageError) Is(target error) bool { _, ok := target.(usageError); return ok }
 
 // resolve fills the addresses the flags left empty: from the definition
-// directory's sysconf when given, else the embedded default's.
+// directory's sysconf when given (only sysconf: a command must reach the
+// node while another file is being edited), else the embedded default's.
 func resolve(dir string, nd *node) error {
 	if nd.rpc != "" && nd.http != "" && nd.sock != "" {
 		return nil
@@ -202,7 +206,7 @@ func resolve(dir string, nd *node) error {
 	var cfg *def.Config
 	var err error
 	if dir != "" {
-		cfg, err = def.Load(dir)
+		cfg, err = def.LoadSysconf(dir)
 	} else {
 		cfg, err = def.LoadDefault()
 	}
@@ -222,13 +226,7 @@ func resolve(dir string, nd *node) error {
 	}
 	if nd.sock == "" {
 		nd.socks = scd.ControlSocketCandidates(cfg)
-		nd.sock = nd.socks[0]
-		for _, p := range nd.socks {
-			if fi, err := os.Stat(p); err == nil && fi.Mode().Type() == os.ModeSocket {
-				nd.sock = p
-				break
-			}
-		}
+		nd.sock, nd.sockErr = scd.FindControlSocket(cfg)
 	}
 	return nil
 }
@@ -727,6 +725,9 @@ func profile(nd node, timeout time.Duration, args []string, stdout io.Writer) er
 func controlClient(nd node) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if nd.sockErr != nil {
+				return nil, nd.sockErr
+			}
 			var d net.Dialer
 			c, err := d.DialContext(ctx, "unix", nd.sock)
 			if err == nil {
@@ -738,7 +739,7 @@ func controlClient(nd node) *http.Client {
 				if len(nd.socks) > 1 {
 					where = " nor at " + strings.Join(nd.socks[1:], ", ")
 				}
-				return nil, fmt.Errorf("no control socket at %s%s (is scdd running? -s names the socket, -c DIR reads control_socket from its sysconf)", nd.sock, where)
+				return nil, fmt.Errorf("no control socket at %s%s (is scdd running? -s names the socket, -c DIR reads node_id and control_socket from its sysconf)", nd.sock, where)
 			case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
 				return nil, fmt.Errorf("control socket %s: %w (it admits only scdd's own user and root)", nd.sock, err)
 			case errors.Is(err, syscall.ECONNREFUSED):
