@@ -366,16 +366,17 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	fmt.Fprintf(stdout, "non-resident processes: %d started, %d stopped; memory gate %s; cpu guard held starts back %d times\n",
 		st.Scaling.NonResidentStarts, st.Scaling.NonResidentStops, gate, st.Scaling.CPUGuardHolds)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tRESTARTS\tPIDS")
+	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tRESTARTS\tREPLACED\tPIDS")
 	for _, g := range st.Groups {
 		state := "open"
 		if g.Held {
 			state = "held"
 		}
 		var pids []string
-		nonres, restarts := 0, 0
+		nonres, restarts, replaced := 0, 0, 0
 		for _, p := range g.Processes {
 			restarts += p.Restarts
+			replaced += p.Replaced
 			pid := string(p.State)
 			if p.PID != 0 {
 				pid = strconv.Itoa(p.PID)
@@ -386,14 +387,15 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 			}
 			pids = append(pids, pid)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%d\t%s\n", g.Group, g.Server, state, g.Priority,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%d\t%d\t%s\n", g.Group, g.Server, state, g.Priority,
 			g.Load.Level, g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed,
-			len(g.Processes)-nonres, nonres, g.Max, restarts, strings.Join(pids, ","))
+			len(g.Processes)-nonres, nonres, g.Max, restarts, replaced, dashIfEmpty(strings.Join(pids, ",")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process; RESTARTS counts resident processes started again after they died.")
+	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process; RESTARTS counts resident processes started again after they died,")
+	fmt.Fprintln(stdout, "REPLACED those replaced at an operator's request (scdctl refresh).")
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(tw, "GROUP\tLOAD\tRULE\tEVERY\tQ\tq\tPROCESSED\tX\tCHANGES\tCPU-S\tRUNQ-WAIT-S\tWAIT%\tGUARD%\tWAIT p50/p99")
 	for _, g := range st.Groups {
@@ -591,7 +593,7 @@ func prc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.Wri
 // printProcesses shows each group's parallel_count and a line per process.
 func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time) {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSLOT\tPID\tKIND\tSTATE\tCALLS\tSERVED\tCPU-S\tRESTARTS\tSINCE")
+	fmt.Fprintln(tw, "GROUP\tSLOT\tPID\tKIND\tSTATE\tCALLS\tSERVED\tCPU-S\tRESTARTS\tREPLACED\tSINCE")
 	for _, g := range groups {
 		for _, p := range g.Processes {
 			pid, since := "-", "-"
@@ -601,8 +603,8 @@ func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time
 			if !p.Started.IsZero() {
 				since = p.Started.Local().Format("2006-01-02 15:04:05") + " (" + now.Sub(p.Started).Round(time.Second).String() + ")"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, p.State,
-				p.Calls, p.Served, p.CPUSeconds, p.Restarts, since)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, p.State,
+				p.Calls, p.Served, p.CPUSeconds, p.Restarts, p.Replaced, since)
 		}
 	}
 	tw.Flush()
