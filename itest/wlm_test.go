@@ -749,6 +749,7 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 	if _, errs := promcheck.Check(m); len(errs) > 0 {
 		t.Errorf("/metrics with a service policy does not pass Prometheus' parser and promcheck: %v", errs)
 	}
+	promtoolCheck(t, "/metrics with a service policy", m)
 	for _, want := range []string{
 		`tpsched_wlm_calls_total{class="ONLINE"} 20`,
 		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="1"} 18`,
