@@ -124,3 +124,83 @@ func TestScdctlFindsTheOnlyNode(t *testing.T) {
 		t.Error("the ambiguous release released a group")
 	}
 }
+
+// TestStatusOfAnIdleNode: what scdctl status says of a node at rest after
+// some calls (issue 23, item 10): WAIT% is "-" (idle processes' few
+// wake-ups make a share that says nothing; it read 71-98%), an
+// application environment that never started reads env:dormant with a
+// line saying what that is, not plain "open", and /status carries each
+// group's latency counts (the status page's percentiles).
+func TestStatusOfAnIdleNode(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"orders": ordersServer, "g": echoDef("g", 2, 16, 1<<20)})
+	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
+	n := startNode(t, "-c", dir)
+	c := n.client()
+	for i := range 30 {
+		if _, err := c.Call(ctxT(t, 10*time.Second), "g", "echo", []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// At rest: the CPU guard's window (20 ms, every scaler tick) sees no
+	// runnable time.
+	var out string
+	waitFor(t, 10*time.Second, "WAIT% to read - at rest", func() bool {
+		var err error
+		out, err = n.scdctl("status")
+		must(t, err)
+		return waitColumn(t, out, "g") == "-"
+	}, func() string { return out })
+	if g := groupStatus(t, n, "g"); g.Usage.WaitPercent != -1 {
+		t.Errorf("/status runqueue_wait_percent %d at rest, want -1", g.Usage.WaitPercent)
+	}
+	row := statusRow(t, out, "orders")
+	if row["STATE"] != "env:dormant" || row["PROCESSES"] != "0+0/1" || row["PIDS"] != "-" {
+		t.Errorf("an environment that never started: STATE %q, PROCESSES %q, PIDS %q; want env:dormant, 0+0/1, -\n%s",
+			row["STATE"], row["PROCESSES"], row["PIDS"], out)
+	}
+	if !strings.Contains(out, "env:dormant has no server here until the cluster starts one") {
+		t.Errorf("status does not say what env:dormant is:\n%s", out)
+	}
+	if row := statusRow(t, out, "g"); row["STATE"] != "open" {
+		t.Errorf("a group that is no environment: STATE %q, want open", row["STATE"])
+	}
+	lat := groupStatus(t, n, "g").Latency
+	var total uint64
+	for _, c := range lat.Counts {
+		total += c
+	}
+	if len(lat.Counts) != len(lat.UpToSeconds)+1 || total != 30 {
+		t.Errorf("/status latency of g: %+v, want %d buckets and one more, 30 calls", lat, len(lat.UpToSeconds))
+	}
+	if _, err := c.Call(ctxT(t, 10*time.Second), "orders", "echo", nil); err != nil {
+		t.Fatal(err)
+	}
+	out, err := n.scdctl("status")
+	must(t, err)
+	if row := statusRow(t, out, "orders"); row["STATE"] != "env:serving" {
+		t.Errorf("the environment after a call: STATE %q, want env:serving\n%s", row["STATE"], out)
+	}
+}
+
+// waitColumn is group's WAIT% in scdctl status's second table.
+func waitColumn(t *testing.T, out, group string) string {
+	t.Helper()
+	var header []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] == "GROUP" && len(f) > 1 && f[1] == "LOAD" {
+			header = f
+			continue
+		}
+		if header != nil && len(f) >= len(header)-1 && f[0] == group {
+			for i, h := range header {
+				if h == "WAIT%" {
+					return f[i]
+				}
+			}
+		}
+	}
+	t.Fatalf("no WAIT%% for %s in:\n%s", group, out)
+	return ""
+}

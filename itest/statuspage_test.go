@@ -144,6 +144,20 @@ func TestStatusPageInChromium(t *testing.T) {
 			t.Errorf("the page shows %s = %q, /status %q", field, got, v)
 		}
 	}
+	// Latency percentiles (issue 23, item 10): over the last refresh,
+	// since the start on the first one. Of some 42 calls two or more slept
+	// 300 ms, so the first reading's p99 lies in the bucket up to 500 ms
+	// and its p50 under a second; a later one saw no call ("–").
+	p50, p99 := cell("latency_p50"), cell("latency_p99")
+	if rendered := attr(find(doc, "body", "", ""), "data-rendered"); rendered == "1" {
+		v50, err50 := strconv.ParseFloat(p50, 64)
+		v99, err99 := strconv.ParseFloat(p99, 64)
+		if err50 != nil || err99 != nil || v50 >= 1000 || v99 < 250 || v99 > 500 {
+			t.Errorf("the first reading's latency: p50 %q, p99 %q ms; want p50 under 1000, p99 within 250..500", p50, p99)
+		}
+	} else if p50 != "–" || p99 != "–" {
+		t.Errorf("reading %s, no call since the last: latency p50 %q, p99 %q; want –", rendered, p50, p99)
+	}
 	if got := cell("queue_depth"); !strings.HasPrefix(got, strconv.Itoa(want.QueueDepth)+" / "+strconv.Itoa(want.QueueSize)) {
 		t.Errorf("the page shows queue %q, /status %d of %d", got, want.QueueDepth, want.QueueSize)
 	}

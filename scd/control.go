@@ -322,18 +322,8 @@ func (n *Node) controlAllowed(next http.Handler, refused *metrics.Counter) http.
 func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 	name := r.URL.Query().Get("group")
 	res := HoldResult{Group: name, Held: hold}
-	g := n.groups[name]
-	if g != nil {
-		// Read before the change: two operators at once may both see a
-		// change, which is what happened from where each stood.
-		res.Changed = g.held.Load() != hold
-	}
 	var err error
-	if hold {
-		err = n.Hold(name)
-	} else {
-		err = n.Release(name)
-	}
+	res.Changed, err = n.setHeld(name, hold)
 	if err != nil {
 		var te *netio.Error
 		if errors.As(err, &te) && te.Code == netio.CodeNoSuchGroup {
@@ -343,7 +333,7 @@ func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	res.InFlight = g.inFlight()
+	res.InFlight = n.groups[name].inFlight()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
 }

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,6 +27,7 @@ import (
 
 	"tpsched/internal/version"
 	"tpsched/netio"
+	"tpsched/procmgr"
 	"tpsched/scd"
 	"tpsched/scd/client"
 	"tpsched/scd/def"
@@ -367,11 +369,10 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 		st.Scaling.NonResidentStarts, st.Scaling.NonResidentStops, gate, st.Scaling.CPUGuardHolds)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tRESTARTS\tREPLACED\tPIDS")
+	envs := false
 	for _, g := range st.Groups {
-		state := "open"
-		if g.Held {
-			state = "held"
-		}
+		state := groupState(g)
+		envs = envs || g.Environment != ""
 		var pids []string
 		nonres, restarts, replaced := 0, 0, 0
 		for _, p := range g.Processes {
@@ -396,6 +397,9 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	}
 	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process; RESTARTS counts resident processes started again after they died,")
 	fmt.Fprintln(stdout, "REPLACED those replaced at an operator's request (scdctl refresh).")
+	if envs {
+		fmt.Fprintln(stdout, "env: an application environment (svcpolicy); env:dormant has no server here until the cluster starts one (a call, scdctl find).")
+	}
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(tw, "GROUP\tLOAD\tRULE\tEVERY\tQ\tq\tPROCESSED\tX\tCHANGES\tCPU-S\tRUNQ-WAIT-S\tWAIT%\tGUARD%\tWAIT p50/p99")
 	for _, g := range st.Groups {
@@ -416,7 +420,7 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 		return err
 	}
 	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
-	fmt.Fprintln(stdout, "WAIT%: share of the group's processes' runnable time lately spent waiting for a CPU; GUARD%: cpu_wait_limit.")
+	fmt.Fprintf(stdout, "WAIT%%: share of the group's processes' runnable time lately spent waiting for a CPU (- while they were runnable under %d%% of the time: idle); GUARD%%: cpu_wait_limit.\n", procmgr.CPUBusyFloor)
 	if err := printReceivers(stdout, tw, st); err != nil {
 		return err
 	}
@@ -425,6 +429,18 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 		return tw.Flush()
 	}
 	return nil
+}
+
+// groupState is a group's STATE column: held, or open; an application
+// environment's says where its server here is (env:serving, env:dormant...).
+func groupState(g scd.GroupStatus) string {
+	switch {
+	case g.Held:
+		return "held"
+	case g.Environment != "":
+		return "env:" + g.Environment
+	}
+	return "open"
 }
 
 // printReceivers shows each receiver group (scdmulti), how its new
@@ -474,8 +490,8 @@ func printCluster(stdout io.Writer, tw *tabwriter.Writer, cl *scd.ClusterStatus)
 	}
 	fmt.Fprintf(stdout, "cluster: %d members, rule %s, announce %s, this_node_first %s; %s\n",
 		cl.Gossip.Members, cl.Rule, yn(cl.Announce), yn(cl.ThisNodeFirst), trust)
-	fmt.Fprintf(stdout, "announces: %d sent, %d received, %d bytes gossiped, dropped %v\n",
-		cl.Gossip.Sent, cl.Gossip.Received, cl.Gossip.BytesSent, cl.Gossip.Dropped)
+	fmt.Fprintf(stdout, "announces: %d sent, %d received, %d bytes gossiped, %s\n",
+		cl.Gossip.Sent, cl.Gossip.Received, cl.Gossip.BytesSent, dropped(cl.Gossip.Dropped))
 	fmt.Fprintln(tw, "NODE\tADDR\tGROUPS\tSENT-TO\tRECEIVED-FROM\tIN-FLIGHT")
 	for _, ns := range cl.Nodes {
 		var groups []string
@@ -492,6 +508,24 @@ func printCluster(stdout io.Writer, tw *tabwriter.Writer, cl *scd.ClusterStatus)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\n", name, ns.Addr, strings.Join(groups, ","), ns.SentTo, ns.Received, ns.InFlight)
 	}
+}
+
+// dropped says how many announces were dropped and why: "none dropped",
+// or "3 dropped (full 1, unauthenticated 2)".
+func dropped(by map[string]uint64) string {
+	var total uint64
+	var reasons []string
+	for reason, n := range by {
+		if n > 0 {
+			total += n
+			reasons = append(reasons, fmt.Sprintf("%s %d", reason, n))
+		}
+	}
+	if total == 0 {
+		return "none dropped"
+	}
+	sort.Strings(reasons)
+	return fmt.Sprintf("%d dropped (%s)", total, strings.Join(reasons, ", "))
 }
 
 func yn(b bool) string {
