@@ -28,7 +28,8 @@ EXAMPLES := examples/client-go/betranrc examples/client-go/go.mod examples/clien
 	examples/twogroups/usrrc \
 	examples/uap-c/sysconf examples/uap-c/uap_echo.c examples/uap-c/usr/cecho \
 	examples/uap-go/defs/aplib/.gitignore examples/uap-go/defs/sysconf examples/uap-go/defs/usr/greet \
-	examples/uap-go/go.mod examples/uap-go/go.sum examples/uap-go/main.go
+	examples/uap-go/go.mod examples/uap-go/go.sum examples/uap-go/main.go \
+	examples/policy/sysconf examples/policy/svcpolicy examples/policy/usr/orders examples/policy/usr/reports
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
 # The node's module and the benchmark's (bench/go.mod: its peers and plots
@@ -36,7 +37,7 @@ TEST_TIMEOUT ?= 30m
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -135,6 +136,9 @@ bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; t
 
 demo: build ## start a node on the embedded default, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)
+
+policy-demo: build ## the README's service policy example (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
+	@bash tools/policy-demo.sh $(BIN)
 
 cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them
 	@bash tools/cluster.sh $(BIN)

@@ -121,3 +121,36 @@ func TestClusterOnOneHostFromREADME(t *testing.T) {
 		t.Errorf("n2's work: held %v, processed %d; want held, the one call", st.Held, st.Processed)
 	}
 }
+
+// TestPolicyExampleIsTheREADMEs: examples/policy, which make policy-demo
+// runs, holds the README's svcpolicy (statement for statement, comments
+// aside) and its definitions pass scdd -check (issue 23, item 11).
+func TestPolicyExampleIsTheREADMEs(t *testing.T) {
+	skipShort(t)
+	blocks, _ := codeBlocks(readmeSection(t, "## Goals and application environments (the routing manager)"))
+	statements := func(text string) []string {
+		var out []string
+		for _, line := range strings.Split(text, "\n") {
+			line, _, _ = strings.Cut(line, "#")
+			if f := strings.Fields(line); len(f) > 0 {
+				out = append(out, strings.Join(f, " "))
+			}
+		}
+		return out
+	}
+	var readme []string
+	for _, b := range blocks {
+		if strings.HasPrefix(b, "# svcpolicy\n") {
+			readme = statements(b)
+		}
+	}
+	file, err := os.ReadFile(filepath.Join(repoRoot(t), "examples", "policy", "svcpolicy"))
+	must(t, err)
+	if got := statements(string(file)); len(readme) == 0 || strings.Join(got, "\n") != strings.Join(readme, "\n") {
+		t.Errorf("examples/policy/svcpolicy:\n%s\nthe README's:\n%s", strings.Join(got, "\n"), strings.Join(readme, "\n"))
+	}
+	out, err := exec.Command(bin("scdd"), "-check", "-c", filepath.Join(repoRoot(t), "examples", "policy")).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "2 user server(s), definitions OK") {
+		t.Errorf("scdd -check -c examples/policy: %v\n%s", err, out)
+	}
+}
