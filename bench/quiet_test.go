@@ -40,3 +40,22 @@ func TestQuietDisturbed(t *testing.T) {
 		t.Error("a zero Quiet (off) called a run disturbed")
 	}
 }
+
+// A run made again says which attempt's figures it keeps (issue 23,
+// item 9: the log said "disturbed ... again" and then printed figures that
+// were the first attempt's without saying so).
+func TestKeptNote(t *testing.T) {
+	for _, c := range []struct {
+		kept, attempts int
+		disturbed      bool
+		want           string
+	}{
+		{1, 1, false, ""},
+		{1, 3, false, " (attempt 1 of 3 kept: the least disturbed)"},
+		{2, 3, true, " (attempt 2 of 3 kept: the least disturbed, still disturbed)"},
+	} {
+		if got := keptNote(c.kept, c.attempts, c.disturbed); got != c.want {
+			t.Errorf("keptNote(%d, %d, %v) = %q, want %q", c.kept, c.attempts, c.disturbed, got, c.want)
+		}
+	}
+}
