@@ -27,6 +27,7 @@ import (
 
 	"tpsched/internal/version"
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
 	"tpsched/scd"
 	"tpsched/scd/client"
@@ -456,7 +457,11 @@ func printReceivers(stdout io.Writer, tw *tabwriter.Writer, st scd.Status) error
 		if name == "" {
 			name, takes = "default", "every group not bound elsewhere"
 		}
-		fmt.Fprintf(stdout, "receiver group %s on %s: %d receivers, new connections placed by %s", name, s.Addr, s.Receivers, s.Mechanism)
+		if s.Mechanism == rpcport.SteerNone {
+			fmt.Fprintf(stdout, "receiver group %s on %s: %d receiver, which takes every new connection", name, s.Addr, s.Receivers)
+		} else {
+			fmt.Fprintf(stdout, "receiver group %s on %s: %d receivers, new connections placed by %s", name, s.Addr, s.Receivers, s.Mechanism)
+		}
 		if s.Reason != "" {
 			fmt.Fprintf(stdout, " (%s)", s.Reason)
 		}
