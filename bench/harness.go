@@ -192,9 +192,9 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: attempt %d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f): again\n",
 						r+1, s.Name, c.Service, c.Payload, c.Conns, attempts, last.Throughput, last.OtherCPU, last.StealCPU)
 					m.Retried++
-					t0 := time.Now()
+					t0, usedBefore := time.Now(), opts.Quiet.used()
 					f2, res2, err2 := measureOne(ctx, opts, s, c, rt)
-					opts.Quiet.spend(time.Since(t0))
+					opts.Quiet.spendRetry(time.Since(t0), usedBefore)
 					if err2 != nil {
 						break
 					}

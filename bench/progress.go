@@ -164,8 +164,9 @@ func (p *progress) left() (scenario, session time.Duration) {
 	for _, a := range p.ahead {
 		all += a.planned
 	}
-	waited := p.quiet.used()
-	work := max(p.now().Sub(p.start)-p.setup-waited, 0)
+	elapsed := p.now().Sub(p.start) - p.setup
+	waited := min(p.quiet.used(), max(elapsed, 0))
+	work := max(elapsed-waited, 0)
 	scale := float64(work+priorWork) / float64(p.done+priorWork)
 	wait := func(planned time.Duration) time.Duration {
 		if p.done <= 0 {

@@ -59,3 +59,21 @@ func TestKeptNote(t *testing.T) {
 		}
 	}
 }
+
+// A run made again spends the budget once: its wait for quiet counted
+// itself, the rest of its time is added (issue 23, item 9: the wait was
+// counted twice, so the budget went at twice the rate and the log said
+// 10m0s of 6m32s went to waiting).
+func TestSpendRetry(t *testing.T) {
+	q := Quiet{Cores: 0.1, Budget: time.Minute}.withBudget()
+	q.spend(3 * time.Second) // earlier waits
+	before := q.used()
+	q.spend(5 * time.Second) // the retry's own wait for quiet, inside it
+	q.spendRetry(7*time.Second, before)
+	if got := q.used(); got != 10*time.Second {
+		t.Errorf("used %v after a 7 s retry of which 5 s waiting, on 3 s: want 10s", got)
+	}
+	if left := q.budgetLeft(); left != 50*time.Second {
+		t.Errorf("budget left %v, want 50s", left)
+	}
+}
