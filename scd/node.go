@@ -130,10 +130,12 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	n.exposeMetrics()
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
+	var bad []error // every server's missing module, not only the first (scdd -check)
 	for _, s := range cfg.Servers {
 		module, err := n.resolveModule(s.Module)
 		if err != nil {
-			return nil, s.Errorf("module", "%v", err)
+			bad = append(bad, s.Errorf("module", "%v", err))
+			continue
 		}
 		s.Module = module
 		g := &group{
@@ -151,6 +153,13 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		}
 		n.groups[g.name] = g
 		n.order = append(n.order, g)
+	}
+	switch len(bad) {
+	case 0:
+	case 1:
+		return nil, bad[0]
+	default:
+		return nil, def.Errors(bad)
 	}
 	sort.Slice(n.order, func(i, j int) bool { return n.order[i].name < n.order[j].name })
 	if cfg.Policy != nil {
@@ -301,8 +310,8 @@ func (n *Node) Start() (err error) {
 	}
 	n.wg.Add(1)
 	go n.expireLoop()
-	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "control", n.adminLn.Addr().String(),
-		"groups", len(n.order))
+	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "http", n.adminLn.Addr().String(),
+		"control_socket", ControlSocketPath(n.cfg), "groups", len(n.order))
 	return nil
 }
 
@@ -331,7 +340,7 @@ func (n *Node) startGroup(g *group) error {
 	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
 	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
 	g.place = n.placeLocal
-	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
+	g.latency = newLatencyHistogram(n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
 	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
 	n.counterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
 	n.counterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
@@ -543,26 +552,31 @@ func (n *Node) OnClose(c *rpcport.Conn) {}
 
 // Hold stops a group from taking new calls ('service closed'); queued calls
 // are still served.
-func (n *Node) Hold(name string) error { return n.setHeld(name, true) }
+func (n *Node) Hold(name string) error { _, err := n.setHeld(name, true); return err }
 
 // Release lets a held group take calls again.
-func (n *Node) Release(name string) error { return n.setHeld(name, false) }
+func (n *Node) Release(name string) error { _, err := n.setHeld(name, false); return err }
 
-func (n *Node) setHeld(name string, held bool) error {
+// setHeld holds or releases the group and reports whether that changed
+// anything; only a change is logged and announced.
+func (n *Node) setHeld(name string, held bool) (changed bool, err error) {
 	g := n.groups[name]
 	if g == nil {
-		return &netio.Error{Code: netio.CodeNoSuchGroup, Message: name}
+		return false, &netio.Error{Code: netio.CodeNoSuchGroup, Message: name}
 	}
-	g.held.Store(held)
+	if g.held.Swap(held) == held {
+		return false, nil
+	}
 	n.log.Info("service group "+map[bool]string{true: "held", false: "released"}[held], "group", name)
 	n.announce()
-	return nil
+	return true, nil
 }
 
 // RPCAddr is the address the RPC port listens on.
 func (n *Node) RPCAddr() string { return n.rpc.Addr() }
 
-// ControlAddr is the address of /metrics and the control API.
+// ControlAddr is the HTTP address: the status page, /status and /metrics
+// (control actions are on the control socket).
 func (n *Node) ControlAddr() string { return n.adminLn.Addr().String() }
 
 // Drain refuses new calls, waits until every queued call is answered (or

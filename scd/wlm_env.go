@@ -883,6 +883,7 @@ func (m *envManager) refreshLocal(env string, deadline time.Time) (int, error) {
 	replaced := 0
 	for _, slot := range g.occupied() {
 		old, _ := g.slotProc(slot)
+		l.procs.replace(slot) // an operator's action: logged and counted apart from crashes
 		g.Stop(slot)
 		if !resident[slot] {
 			replaced++ // a non-resident process is not replaced: the Multiserver rule starts another when calls wait

@@ -134,6 +134,14 @@ func (e *envProcs) Kill(slot int) {
 	}
 }
 
+// replace tells procmgr that the process in slot leaves at the operator's
+// request (scdctl refresh), so that its end is not taken for a crash.
+func (e *envProcs) replace(slot int) {
+	if p, ok := e.cur().(interface{ Replace(slot int) }); ok {
+		p.Replace(slot)
+	}
+}
+
 func (e *envProcs) Running() (resident, nonResident int) {
 	if p := e.cur(); p != nil {
 		return p.Running()
