@@ -8,11 +8,28 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 LDFLAGS := $(if $(VERSION),-X tpsched/internal/version.Version=$(VERSION))
 
 # Where make install puts things (DESTDIR is prepended to each).
-PREFIX     ?= /usr/local
-BINDIR     ?= $(PREFIX)/bin
-DOCDIR     ?= $(PREFIX)/share/doc/tpsched
-UNITDIR    ?= $(PREFIX)/lib/systemd/system
-SYSCONFDIR ?= /etc
+PREFIX       ?= /usr/local
+BINDIR       ?= $(PREFIX)/bin
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+DOCDIR       ?= $(PREFIX)/share/doc/tpsched
+UNITDIR      ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR   ?= /etc
+# What make install copies into DOCDIR, by name and in the repository's
+# layout (so the README's links work there): tracked files only, never
+# what a build or a run left beside them (a UAP built into aplib/, a
+# control socket). itest's TestMakeInstallIntoDestDir holds EXAMPLES to
+# `git ls-files examples`: add a new example file here.
+DOCS     := README.md docs/ARCHITECTURE.md docs/OPERANDS.md docs/RELIABILITY.md docs/SHM.md \
+	docs/img/dashboard.png docs/img/status-page.png dist/grafana/tpsched.json dist/tpsched.service
+EXAMPLES := examples/client-go/betranrc examples/client-go/go.mod examples/client-go/go.sum examples/client-go/main.go \
+	examples/twogroups/scdsvcdef examples/twogroups/sysconf examples/twogroups/usr/orders examples/twogroups/usr/stock \
+	examples/twogroups/usrrc \
+	examples/uap-c/sysconf examples/uap-c/uap_echo.c examples/uap-c/usr/cecho \
+	examples/uap-go/defs/aplib/.gitignore examples/uap-go/defs/sysconf examples/uap-go/defs/usr/greet \
+	examples/uap-go/go.mod examples/uap-go/go.sum examples/uap-go/main.go \
+	examples/policy/sysconf examples/policy/svcpolicy examples/policy/usr/orders examples/policy/usr/reports
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
 # The node's module and the benchmark's (bench/go.mod: its peers and plots
@@ -20,7 +37,7 @@ TEST_TIMEOUT ?= 30m
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -53,15 +70,36 @@ $(BIN)/libtpsched_uap.a: $(BIN)/tpsched_uap.o
 $(BIN)/uap-echo-c: examples/uap-c/uap_echo.c uap-c/tpsched_uap.h $(BIN)/libtpsched_uap.a
 	$(CC) $(UAP_CFLAGS) -DUAP_VERSION='"$(VERSION)"' -Iuap-c -o $@ examples/uap-c/uap_echo.c $(BIN)/libtpsched_uap.a
 
-install: build ## install the binaries, the systemd unit, the docs and (if absent) /etc/tpsched; PREFIX=/usr/local, DESTDIR
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)/examples
+install: build ## install the binaries, the C UAP library (header, static library, pkg-config), the systemd unit, the docs, the Grafana dashboard, the examples and (if absent) /etc/tpsched; PREFIX=/usr/local, DESTDIR
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(BIN)/scdd $(BIN)/scdctl $(BIN)/uap-echo $(DESTDIR)$(BINDIR)/
+	@if [ -f $(BIN)/libtpsched_uap.a ] && [ -f $(BIN)/uap-echo-c ]; then \
+		set -e; \
+		echo "install: the C UAP library into $(DESTDIR)$(INCLUDEDIR), $(DESTDIR)$(LIBDIR), $(DESTDIR)$(PKGCONFIGDIR)"; \
+		install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR); \
+		install -m 0755 $(BIN)/uap-echo-c $(DESTDIR)$(BINDIR)/; \
+		install -m 0644 uap-c/tpsched_uap.h $(DESTDIR)$(INCLUDEDIR)/; \
+		install -m 0644 $(BIN)/libtpsched_uap.a $(DESTDIR)$(LIBDIR)/; \
+		printf '%s\n' 'includedir=$(INCLUDEDIR)' 'libdir=$(LIBDIR)' '' \
+			'Name: tpsched_uap' \
+			'Description: tpsched C UAP library: serve the calls scdd hands over through shared memory (docs/SHM.md)' \
+			'Version: $(or $(VERSION),0)' \
+			'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -ltpsched_uap' >$(DESTDIR)$(PKGCONFIGDIR)/tpsched_uap.pc; \
+		chmod 0644 $(DESTDIR)$(PKGCONFIGDIR)/tpsched_uap.pc; \
+	else \
+		echo "install: no C UAP library in $(BIN) (no C compiler at make build): tpsched_uap.h, libtpsched_uap.a and uap-echo-c not installed"; \
+	fi
 	sed -e 's|/usr/local/bin/|$(BINDIR)/|g' -e 's|/usr/local/share/doc/tpsched/|$(DOCDIR)/|g' \
 		-e 's|/etc/tpsched|$(SYSCONFDIR)/tpsched|g' dist/tpsched.service >$(DESTDIR)$(UNITDIR)/tpsched.service.tmp
 	mv $(DESTDIR)$(UNITDIR)/tpsched.service.tmp $(DESTDIR)$(UNITDIR)/tpsched.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/tpsched.service
-	install -m 0644 README.md docs/ARCHITECTURE.md $(DESTDIR)$(DOCDIR)/
-	cp -R examples/. $(DESTDIR)$(DOCDIR)/examples/
+	@for f in $(DOCS) $(EXAMPLES); do install -D -m 0644 $$f $(DESTDIR)$(DOCDIR)/$$f || exit 1; done
+	@echo "install: the docs, dist/grafana/tpsched.json and the examples in $(DESTDIR)$(DOCDIR)"
+	@# The Go examples build against this checkout of tpsched (a module
+	@# path no proxy serves): their replace points here, not at ../.. .
+	@for m in $(filter %/go.mod,$(EXAMPLES)); do \
+		sed -i -e 's|^replace tpsched => \.\./\.\.$$|replace tpsched => $(CURDIR)|' $(DESTDIR)$(DOCDIR)/$$m || exit 1; \
+	done
 	@# The operator's definitions are never overwritten: the embedded demo
 	@# goes to $(SYSCONFDIR)/tpsched only when nothing is there.
 	@if [ -e $(DESTDIR)$(SYSCONFDIR)/tpsched ]; then \
@@ -72,7 +110,9 @@ install: build ## install the binaries, the systemd unit, the docs and (if absen
 	fi
 
 uninstall: ## remove what make install put in place, except the definitions in /etc/tpsched
-	rm -f $(DESTDIR)$(BINDIR)/scdd $(DESTDIR)$(BINDIR)/scdctl $(DESTDIR)$(BINDIR)/uap-echo $(DESTDIR)$(UNITDIR)/tpsched.service
+	rm -f $(DESTDIR)$(BINDIR)/scdd $(DESTDIR)$(BINDIR)/scdctl $(DESTDIR)$(BINDIR)/uap-echo $(DESTDIR)$(BINDIR)/uap-echo-c \
+		$(DESTDIR)$(INCLUDEDIR)/tpsched_uap.h $(DESTDIR)$(LIBDIR)/libtpsched_uap.a $(DESTDIR)$(PKGCONFIGDIR)/tpsched_uap.pc \
+		$(DESTDIR)$(UNITDIR)/tpsched.service
 	rm -rf $(DESTDIR)$(DOCDIR)
 
 test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes)
@@ -85,7 +125,7 @@ bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static,
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
-bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 6.5 min)
+bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 7.5 min on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 
@@ -96,6 +136,9 @@ bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; t
 
 demo: build ## start a node on the embedded default, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)
+
+policy-demo: build ## the README's service policy example (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
+	@bash tools/policy-demo.sh $(BIN)
 
 cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them
 	@bash tools/cluster.sh $(BIN)

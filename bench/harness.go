@@ -210,18 +210,20 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 				}
 				fig, res, err := measureOne(ctx, opts, s, c, rt)
 				last := fig
+				kept, attempts := 1, 1 // which attempt's figures are fig, of how many
 				for try := 0; err == nil && opts.Quiet.retry(last, try); try++ {
-					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f): again\n",
-						r+1, s.Name, c.Service, c.Payload, c.Conns, last.Throughput, last.OtherCPU, last.StealCPU)
+					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: attempt %d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f): again\n",
+						r+1, s.Name, c.Service, c.Payload, c.Conns, attempts, last.Throughput, last.OtherCPU, last.StealCPU)
 					m.Retried++
-					t0 := time.Now()
+					t0, usedBefore := time.Now(), opts.Quiet.used()
 					f2, res2, err2 := measureOne(ctx, opts, s, c, rt)
-					opts.Quiet.spend(time.Since(t0))
+					opts.Quiet.spendRetry(time.Since(t0), usedBefore)
 					if err2 != nil {
 						break
 					}
+					attempts++
 					if last = f2; f2.OtherCPU+f2.StealCPU < fig.OtherCPU+fig.StealCPU {
-						fig, res = f2, res2
+						fig, res, kept = f2, res2, attempts
 					}
 				}
 				if err == nil {
@@ -233,10 +235,11 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 					continue
 				}
 				samples[ci][si] = append(samples[ci][si], sample{fig, res.CDF})
-				fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s p50 %8.1fus mean %8.1fus cpu %6.1fus/call lg %5.1fus cs/call %.2f+%.2f lg %.2f+%.2f sys/call %.1f lg %.1f rss %6.0f MiB refused %4.1f%% idle peers %.2f other %.2f steal %.2f\n",
-					r+1, s.Name, c.Service, c.Payload, c.Conns, fig.Throughput, fig.P50us, fig.MeanUs, fig.CPUus, fig.LoadgenCPUus,
+				fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: %9.0f/s p50 %8.1fus p99 %8.1fus mean %8.1fus cpu %6.1fus/call lg %5.1fus cs/call %.2f+%.2f lg %.2f+%.2f sys/call %.1f lg %.1f rss %6.0f MiB refused %4.1f%% idle peers %.2f other %.2f steal %.2f%s\n",
+					r+1, s.Name, c.Service, c.Payload, c.Conns, fig.Throughput, fig.P50us, fig.P99us, fig.MeanUs, fig.CPUus, fig.LoadgenCPUus,
 					fig.ServerVolCS, fig.ServerInvolCS, fig.LoadgenVolCS, fig.LoadgenInvolCS, fig.ServerSyscalls, fig.LoadgenSyscalls,
-					fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU)
+					fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU,
+					keptNote(kept, attempts, fig.Disturbed))
 			}
 		}
 		// Each system's runs of the cell are steps of the plan, also those
@@ -263,6 +266,20 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 			m.CDF = ss[medianRun(figs, func(f Figures) float64 { return f.Throughput })].cdf
 		}
 	}
+}
+
+// keptNote says, after a run's figures, which of its attempts they are
+// when it was run again: the least disturbed, and whether that one still
+// was. Nothing for a run made once.
+func keptNote(kept, attempts int, disturbed bool) string {
+	if attempts <= 1 {
+		return ""
+	}
+	still := ""
+	if disturbed {
+		still = ", still disturbed"
+	}
+	return fmt.Sprintf(" (attempt %d of %d kept: the least disturbed%s)", kept, attempts, still)
 }
 
 func cmpFloat(a, b float64) int {

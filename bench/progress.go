@@ -11,17 +11,36 @@ import (
 // progress tells the operator of a session how far it has come and about
 // how long the rest will take. Every scenario has a plan, the time its
 // steps (one system's run in a cell, or one run of a scenario that starts
-// its systems afresh) should take by their warm-up and measured time; what
-// is left is the plan of the steps still to come, scaled by how long the
-// steps done so far took against theirs (starting systems, waiting for
-// other tenants to go quiet and runs made again all show up in that
-// ratio).
+// its systems afresh) should take by their warm-up and measured time. What
+// is left is two parts:
+//
+//   - the plan of the steps still to come, scaled by how long the steps
+//     done so far took against theirs (starting systems, writing reports),
+//     not counting the time spent waiting for other tenants and running
+//     disturbed runs again, nor what came before the first scenario began
+//     (the grids' systems all start once, before the first cell); early in
+//     a session that ratio rests on little and is drawn towards 1 (as if
+//     priorWork of planned steps had gone exactly to plan);
+//   - the waiting for quiet and the runs made again: at the rate seen so
+//     far per planned second, but never more than what is left of the
+//     session's quiet budget, which bounds them (Quiet.Budget).
+//
+// The first version scaled everything, waits included, by the first
+// cell's ratio: on a busy machine its first estimate of a 6-minute quick
+// session was 1h3m.
 type progress struct {
 	log   io.Writer
 	now   func() time.Time
 	start time.Time
+	// quiet is the session's quiet budget, whose spending the waits and
+	// retries count; its zero value (no budget) spends nothing.
+	quiet Quiet
 	// plans of the scenarios not begun yet, in the order they run
 	ahead []scenarioPlan
+	// setup is the time before the first scenario began (the grids'
+	// systems starting): spent once, not a rate of the steps.
+	setup time.Duration
+	begun bool
 	// the scenario running now
 	cur        string
 	curPlanned time.Duration
@@ -85,6 +104,9 @@ func (p *progress) begin(sp scenarioPlan) {
 	if p == nil {
 		return
 	}
+	if !p.begun {
+		p.begun, p.setup = true, p.now().Sub(p.start)
+	}
 	for i, a := range p.ahead {
 		if a.id == sp.id {
 			p.ahead = append(p.ahead[:i:i], p.ahead[i+1:]...)
@@ -121,23 +143,48 @@ func (p *progress) report(what string) {
 		return
 	}
 	scen, session := p.left()
-	fmt.Fprintf(p.log, "  [%s %d/%d] %s; %s so far, about %s left in %s, %s in the session\n",
-		p.cur, p.curStep, p.curSteps, what, roughly(p.now().Sub(p.start)), roughly(scen), p.cur, roughly(session))
+	waits := ""
+	if q := p.quiet.used(); q >= time.Second {
+		waits = fmt.Sprintf(" (%s of it waiting for quiet and running disturbed runs again)", roughly(q))
+	}
+	fmt.Fprintf(p.log, "  [%s %d/%d] %s; %s so far%s, about %s left in %s, %s in the session\n",
+		p.cur, p.curStep, p.curSteps, what, roughly(p.now().Sub(p.start)), waits, roughly(scen), p.cur, roughly(session))
 }
 
+// priorWork is how much planned work the estimate's ratio counts as done
+// exactly to plan before any is: the weight of the plan against what the
+// first steps measured.
+const priorWork = 30 * time.Second
+
 // left is the estimate of what remains of the current scenario and of the
-// whole session.
+// whole session (see progress).
 func (p *progress) left() (scenario, session time.Duration) {
 	rest := max(p.curPlanned-p.curDone, 0)
 	all := rest
 	for _, a := range p.ahead {
 		all += a.planned
 	}
-	scale := 1.0
-	if p.done > 0 {
-		scale = float64(p.now().Sub(p.start)) / float64(p.done)
+	elapsed := p.now().Sub(p.start) - p.setup
+	waited := min(p.quiet.used(), max(elapsed, 0))
+	work := max(elapsed-waited, 0)
+	scale := float64(work+priorWork) / float64(p.done+priorWork)
+	wait := func(planned time.Duration) time.Duration {
+		if p.done <= 0 {
+			return 0
+		}
+		return min(time.Duration(float64(waited)*float64(planned)/float64(p.done)), p.quiet.budgetLeft())
 	}
-	return time.Duration(float64(rest) * scale), time.Duration(float64(all) * scale)
+	return time.Duration(float64(rest)*scale) + wait(rest), time.Duration(float64(all)*scale) + wait(all)
+}
+
+// finish prints how long the session took against its plan, and how much
+// of it went to waiting for quiet and to runs made again.
+func (p *progress) finish() {
+	if p == nil || p.log == nil {
+		return
+	}
+	fmt.Fprintf(p.log, "session: done in %s, planned %s; waiting for quiet and running disturbed runs again took %s of it (budget %s)\n",
+		roughly(p.now().Sub(p.start)), roughly(p.done), roughly(p.quiet.used()), p.quiet.Budget)
 }
 
 // roughly rounds d as people say it: to seconds under ten minutes, else

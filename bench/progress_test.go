@@ -14,11 +14,16 @@ func (c *fakeClock) pass(d time.Duration) { c.t = c.t.Add(d) }
 func newFakeClock() *fakeClock            { return &fakeClock{t: time.Unix(1_000_000, 0)} }
 
 // The estimate is the plan still to come, scaled by how the steps done so
-// far compared with theirs.
+// far compared with theirs (less the start before the first scenario and
+// the waits for quiet, drawn towards the plan early on), plus the waits at
+// their rate so far, bounded by the quiet budget left (issue 23, item 9:
+// a busy machine's first cell made the first estimate of a 6-minute
+// session 1h3m).
 func TestProgressEstimate(t *testing.T) {
 	clk := newFakeClock()
 	var log strings.Builder
 	p := newProgress(&log, clk.now, []scenarioPlan{plan("S1", 4, 10*time.Second), plan("S2", 2, 30*time.Second)})
+	p.quiet = Quiet{Cores: 0.1, Budget: time.Minute}.withBudget()
 
 	p.announce()
 	if want := "session: S1 4 steps, S2 2 steps; planned about 1m40s"; !strings.HasPrefix(log.String(), want) {
@@ -28,44 +33,68 @@ func TestProgressEstimate(t *testing.T) {
 	if scen, session := p.left(); scen != 0 || session != 100*time.Second {
 		t.Fatalf("before anything: left %v / %v, want 0 / 1m40s (the plan as it stands)", scen, session)
 	}
+	// The grids' systems start for a minute before the first cell: that is
+	// not a rate of the steps.
+	clk.pass(time.Minute)
 	p.begin(plan("S1", 4, 10*time.Second))
 	if _, session := p.left(); session != 100*time.Second {
 		t.Fatalf("begun: session left %v, want 1m40s", session)
 	}
-	// Each step takes twice its plan: what is left doubles too.
-	clk.pass(20 * time.Second)
+	// A step takes 50 s for its 10: with 30 s of plan as if on time the
+	// ratio is (50+30)/(10+30) = 2, and what is left doubles.
+	clk.pass(50 * time.Second)
 	p.step(10 * time.Second)
 	p.report("cell 1/4 (echo 128 B x 1) done")
-	if scen, session := p.left(); scen != 60*time.Second || session != 180*time.Second {
+	if scen, session := p.left(); scen != time.Minute || session != 3*time.Minute {
 		t.Errorf("after one slow step: left %v / %v, want 1m0s / 3m0s", scen, session)
 	}
-	want := "  [S1 1/4] cell 1/4 (echo 128 B x 1) done; 20s so far, about 1m0s left in S1, 3m0s in the session\n"
+	want := "  [S1 1/4] cell 1/4 (echo 128 B x 1) done; 1m50s so far, about 1m0s left in S1, 3m0s in the session\n"
 	if log.String() != want {
 		t.Errorf("report:\n%q\nwant\n%q", log.String(), want)
 	}
-	// A system that did not start takes its runs out of the plan.
-	p.drop(2, 10*time.Second)
-	if scen, session := p.left(); scen != 20*time.Second || session != 140*time.Second {
-		t.Errorf("after dropping two steps: left %v / %v, want 20s / 2m20s", scen, session)
+	log.Reset()
+	// The next step waits 20 s for quiet: work (60 s for 20 planned)
+	// scales the plan by 90/50; the waits, 20 s per 20 s of plan so far,
+	// add as much again but at most the 40 s left of the budget.
+	clk.pass(30 * time.Second)
+	p.quiet.spend(20 * time.Second)
+	p.step(10 * time.Second)
+	p.report("cell 2/4 done")
+	if scen, session := p.left(); scen != 56*time.Second || session != 184*time.Second {
+		t.Errorf("after a wait for quiet: left %v / %v, want 56s / 3m4s", scen, session)
 	}
-	clk.pass(20 * time.Second)
+	if want := "; 2m20s so far (20s of it waiting for quiet and running disturbed runs again), about 56s left in S1, 3m4s in the session\n"; !strings.HasSuffix(log.String(), want) {
+		t.Errorf("report: %q, want it to end %q", log.String(), want)
+	}
+	// A system that did not start takes its runs out of the plan.
+	p.drop(1, 10*time.Second)
+	if scen, session := p.left(); scen != 28*time.Second || session != 166*time.Second {
+		t.Errorf("after dropping a step: left %v / %v, want 28s / 2m46s", scen, session)
+	}
+	clk.pass(10 * time.Second)
 	p.step(10 * time.Second)
 	// The next scenario begins with fewer steps than planned (one of its
 	// systems is not selected): its own plan replaces the session's.
 	p.begin(plan("S2", 1, 30*time.Second))
-	if scen, session := p.left(); scen != 60*time.Second || session != 60*time.Second {
-		t.Errorf("S2 begun: left %v / %v, want 1m0s / 1m0s", scen, session)
+	if scen, session := p.left(); scen != 70*time.Second || session != 70*time.Second {
+		t.Errorf("S2 begun: left %v / %v, want 1m10s / 1m10s", scen, session)
 	}
 	clk.pass(30 * time.Second)
 	p.step(30 * time.Second)
 	if scen, session := p.left(); scen != 0 || session != 0 {
 		t.Errorf("all done: left %v / %v, want 0 / 0", scen, session)
 	}
+	log.Reset()
+	p.finish()
+	if want := "session: done in 3m0s, planned 1m0s; waiting for quiet and running disturbed runs again took 20s of it (budget 1m0s)\n"; log.String() != want {
+		t.Errorf("finish: %q, want %q", log.String(), want)
+	}
 	var nilProgress *progress // scenarios run without a session (tests) have none
 	nilProgress.begin(plan("S1", 1, time.Second))
 	nilProgress.step(time.Second)
 	nilProgress.drop(1, time.Second)
 	nilProgress.report("nothing")
+	nilProgress.finish()
 }
 
 func TestRoughly(t *testing.T) {

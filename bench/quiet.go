@@ -46,6 +46,33 @@ func (q Quiet) left() time.Duration {
 	return q.Budget - time.Duration(q.spent.Load())
 }
 
+// spendRetry counts a run made again, which took took, against the
+// budget: all of it but its wait for quiet, which counted itself (the
+// budget had usedBefore spent when the run began). Counting the wait twice
+// spent the budget at twice the rate and made the waits look longer than
+// the session.
+func (q Quiet) spendRetry(took, usedBefore time.Duration) {
+	q.spend(max(took-(q.used()-usedBefore), 0))
+}
+
+// used is how much of the budget the session has spent (nothing without
+// a counter).
+func (q Quiet) used() time.Duration {
+	if q.spent == nil {
+		return 0
+	}
+	return time.Duration(q.spent.Load())
+}
+
+// budgetLeft is what the waits and retries may still spend: none when the
+// bound is off (Cores 0) or spent.
+func (q Quiet) budgetLeft() time.Duration {
+	if q.Cores <= 0 {
+		return 0
+	}
+	return max(q.left(), 0)
+}
+
 // spend counts d against the budget.
 func (q Quiet) spend(d time.Duration) {
 	if q.spent != nil {

@@ -40,3 +40,40 @@ func TestQuietDisturbed(t *testing.T) {
 		t.Error("a zero Quiet (off) called a run disturbed")
 	}
 }
+
+// A run made again says which attempt's figures it keeps (issue 23,
+// item 9: the log said "disturbed ... again" and then printed figures that
+// were the first attempt's without saying so).
+func TestKeptNote(t *testing.T) {
+	for _, c := range []struct {
+		kept, attempts int
+		disturbed      bool
+		want           string
+	}{
+		{1, 1, false, ""},
+		{1, 3, false, " (attempt 1 of 3 kept: the least disturbed)"},
+		{2, 3, true, " (attempt 2 of 3 kept: the least disturbed, still disturbed)"},
+	} {
+		if got := keptNote(c.kept, c.attempts, c.disturbed); got != c.want {
+			t.Errorf("keptNote(%d, %d, %v) = %q, want %q", c.kept, c.attempts, c.disturbed, got, c.want)
+		}
+	}
+}
+
+// A run made again spends the budget once: its wait for quiet counted
+// itself, the rest of its time is added (issue 23, item 9: the wait was
+// counted twice, so the budget went at twice the rate and the log said
+// 10m0s of 6m32s went to waiting).
+func TestSpendRetry(t *testing.T) {
+	q := Quiet{Cores: 0.1, Budget: time.Minute}.withBudget()
+	q.spend(3 * time.Second) // earlier waits
+	before := q.used()
+	q.spend(5 * time.Second) // the retry's own wait for quiet, inside it
+	q.spendRetry(7*time.Second, before)
+	if got := q.used(); got != 10*time.Second {
+		t.Errorf("used %v after a 7 s retry of which 5 s waiting, on 3 s: want 10s", got)
+	}
+	if left := q.budgetLeft(); left != 50*time.Second {
+		t.Errorf("budget left %v, want 50s", left)
+	}
+}

@@ -245,6 +245,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	want := func(s string) bool { return slices.Contains(cfg.Scenarios, s) }
 	cfg.progress = newProgress(cfg.Log, nil, sessionPlan(cfg, opts))
+	cfg.progress.quiet = cfg.Quiet
+	defer cfg.progress.finish()
 	opts.progress = cfg.progress
 	cfg.progress.announce()
 	newReport := func(id, title string, systems []string, skipped map[string]string, o runOptions) *report {

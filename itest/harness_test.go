@@ -116,7 +116,7 @@ func (s *syncBuffer) String() string {
 }
 
 // startedLine is scdd's log line with the addresses it listens on.
-var startedLine = regexp.MustCompile(`msg="scdd started" .*rpc=(\S+) control=(\S+)`)
+var startedLine = regexp.MustCompile(`msg="scdd started" .*rpc=(\S+) http=(\S+)`)
 
 // controlLine is scdd's log line with its control socket.
 var controlLine = regexp.MustCompile(`msg="control socket listening" path=(\S+)`)

@@ -1,7 +1,9 @@
 package itest
 
 import (
+	"bytes"
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,15 +15,31 @@ import (
 
 // TestMakeInstallIntoDestDir runs `make install` into a temporary DESTDIR
 // and checks the tree: the binaries (each answering -version with the
-// Makefile's VERSION), the unit file with its paths rewritten for PREFIX,
-// the docs, the demo definitions, which a second install leaves alone;
-// then `make uninstall`.
+// Makefile's VERSION), the C UAP library (header, static library and a
+// pkg-config file that the installed C example compiles with), the unit
+// file with its paths rewritten for PREFIX, the docs, the Grafana
+// dashboard and the examples, exactly the files git tracks (issue 23,
+// item 6: a built binary and a live socket had been copied), the Go
+// examples building against the checkout; the demo definitions, which a
+// second install leaves alone; then `make uninstall`.
 func TestMakeInstallIntoDestDir(t *testing.T) {
 	skipShort(t)
-	if _, err := exec.LookPath("make"); err != nil {
-		t.Skipf("needs make: %v", err)
+	for _, tool := range []string{"make", "git", "gcc", "pkg-config"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: %v", tool, err)
+		}
 	}
 	root := repoRoot(t)
+	// What a user's build and run leave in examples/: a UAP built into
+	// aplib/ (as the README says) and a node's control socket. Neither is
+	// tracked (aplib/ is ignored), and neither may be installed.
+	aplib := filepath.Join(root, "examples", "uap-go", "defs", "aplib")
+	junk := filepath.Join(aplib, "uap-greet-itest")
+	must(t, os.WriteFile(junk, []byte("\x7fELF not really"), 0o755))
+	t.Cleanup(func() { os.Remove(junk) })
+	sockLn, err := net.Listen("unix", filepath.Join(aplib, "itest.sock"))
+	must(t, err)
+	t.Cleanup(func() { sockLn.Close() })
 	tmp := t.TempDir()
 	dest := filepath.Join(tmp, "dest")
 	runMake := func(args ...string) string {
@@ -56,19 +74,64 @@ func TestMakeInstallIntoDestDir(t *testing.T) {
 	}
 
 	runMake("install")
+	const doc = "/usr/local/share/doc/tpsched/"
 	want := []string{
 		"/etc/tpsched/scdsvcdef", "/etc/tpsched/sysconf", "/etc/tpsched/usr/demo",
-		"/usr/local/bin/scdctl", "/usr/local/bin/scdd", "/usr/local/bin/uap-echo",
+		"/usr/local/bin/scdctl", "/usr/local/bin/scdd", "/usr/local/bin/uap-echo", "/usr/local/bin/uap-echo-c",
+		"/usr/local/include/tpsched_uap.h", "/usr/local/lib/libtpsched_uap.a", "/usr/local/lib/pkgconfig/tpsched_uap.pc",
 		"/usr/local/lib/systemd/system/tpsched.service",
-		"/usr/local/share/doc/tpsched/ARCHITECTURE.md", "/usr/local/share/doc/tpsched/README.md",
-		"/usr/local/share/doc/tpsched/examples/twogroups/sysconf",
 	}
+	// The docs the README links to, in its layout, and every example
+	// file git tracks: nothing else.
+	tracked := gitFiles(t, root, "examples")
+	for _, f := range append([]string{"README.md", "docs/ARCHITECTURE.md", "docs/OPERANDS.md", "docs/RELIABILITY.md", "docs/SHM.md",
+		"docs/img/dashboard.png", "docs/img/status-page.png", "dist/grafana/tpsched.json", "dist/tpsched.service"}, tracked...) {
+		want = append(want, doc+f)
+	}
+	sort.Strings(want)
 	got := tree()
-	for _, w := range want {
-		if i := sort.SearchStrings(got, w); i == len(got) || got[i] != w {
-			t.Errorf("make install did not install %s; the tree:\n%s", w, strings.Join(got, "\n"))
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("make install's tree:\n%s\nwant exactly:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for _, f := range tracked {
+		if !strings.HasSuffix(f, "go.mod") {
+			a, err := os.ReadFile(filepath.Join(root, f))
+			must(t, err)
+			if b, err := os.ReadFile(filepath.Join(dest, doc, f)); err != nil || !bytes.Equal(a, b) {
+				t.Errorf("installed %s differs from the repository's (%v)", f, err)
+			}
 		}
 	}
+	t.Run("the installed C example builds with pkg-config", func(t *testing.T) {
+		pc := exec.Command("pkg-config", "--cflags", "--libs", "tpsched_uap")
+		pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(dest, "usr/local/lib/pkgconfig"), "PKG_CONFIG_SYSROOT_DIR="+dest)
+		flags, err := pc.Output()
+		if err != nil {
+			t.Fatalf("pkg-config --cflags --libs tpsched_uap: %v", err)
+		}
+		exe := filepath.Join(t.TempDir(), "uap-echo-c")
+		args := append([]string{"-std=c11", "-O2", "-Wall", "-Werror", "-o", exe, filepath.Join(dest, doc, "examples/uap-c/uap_echo.c")},
+			strings.Fields(string(flags))...)
+		if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+			t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		if out, err := exec.Command(exe, "-version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "uap-echo-c ") {
+			t.Errorf("%s -version: %v: %s", exe, err, out)
+		}
+	})
+	t.Run("the installed Go examples build against the checkout", func(t *testing.T) {
+		for _, ex := range []string{"uap-go", "client-go"} {
+			gomod, err := os.ReadFile(filepath.Join(dest, doc, "examples", ex, "go.mod"))
+			must(t, err)
+			if !strings.Contains(string(gomod), "\nreplace tpsched => "+root+"\n") {
+				t.Errorf("installed examples/%s/go.mod does not point at the checkout %s:\n%s", ex, root, gomod)
+			}
+			// A copy, as a user would make one to start from.
+			src := filepath.Join(t.TempDir(), ex)
+			must(t, os.CopyFS(src, os.DirFS(filepath.Join(dest, doc, "examples", ex))))
+			goBuild(t, src, filepath.Join(t.TempDir(), ex))
+		}
+	})
 	for _, b := range []string{"scdd", "scdctl", "uap-echo"} {
 		p := "/usr/local/bin/" + b
 		if m := mode(p); m != 0o755 {
@@ -132,4 +195,15 @@ func TestMakeInstallIntoDestDir(t *testing.T) {
 	if _, err := os.Stat(sysconf); err != nil {
 		t.Errorf("make uninstall removed the definitions: %v", err)
 	}
+}
+
+// gitFiles lists the files git tracks under dir of the repository at root,
+// relative to root.
+func gitFiles(t *testing.T, root, dir string) []string {
+	t.Helper()
+	out, err := exec.Command("git", "-C", root, "ls-files", "--", dir).Output()
+	if err != nil {
+		t.Fatalf("git ls-files %s: %v", dir, err)
+	}
+	return strings.Fields(string(out))
 }

@@ -261,6 +261,14 @@ func TestScdctlFlagForms(t *testing.T) {
 		{"scdd -version", "scdd", []string{"-version"}, 0, "scdd ", ""},
 		{"uap-echo -version", "uap-echo", []string{"-version"}, 0, "uap-echo ", ""},
 	}
+	defer func() {
+		// A hold or release that changes nothing is not logged again
+		// (issue 23, item 10): one line each for the two that did.
+		log := n.stderr.String()
+		if h, r := strings.Count(log, `msg="service group held"`), strings.Count(log, `msg="service group released"`); h != 1 || r != 1 {
+			t.Errorf("the log says held %d times and released %d, want once each:\n%s", h, r, grep(log, "service group"))
+		}
+	}()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			stdout, stderr, code := run(tc.prog, tc.args...)

@@ -795,6 +795,7 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 	if _, errs := promcheck.Check(m); len(errs) > 0 {
 		t.Errorf("/metrics with a service policy does not pass Prometheus' parser and promcheck: %v", errs)
 	}
+	promtoolCheck(t, "/metrics with a service policy", m)
 	for _, want := range []string{
 		`tpsched_wlm_calls_total{class="ONLINE"} 20`,
 		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="1"} 18`,
@@ -816,6 +817,19 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 	after := uapPIDs(t, n, "orders")
 	if len(before) != 1 || len(after) != 1 || before[0] == after[0] {
 		t.Errorf("processes %v before refresh, %v after: want one, replaced", before, after)
+	}
+	// A refresh is the operator's action, not a crash (issue 23, item 4):
+	// logged as a replacement and counted apart from RESTARTS.
+	if g := groupStatus(t, n, "orders"); len(g.Processes) != 1 || g.Processes[0].Restarts != 0 || g.Processes[0].Replaced != 1 {
+		t.Errorf("orders' processes after refresh: %+v, want restarts 0, replaced 1", g.Processes)
+	}
+	if log := n.stderr.String(); strings.Contains(log, "uap terminated") || !strings.Contains(log, "uap replaced at the operator's request") {
+		t.Errorf("the refresh is logged as a crash, or not as a replacement:\n%s", grep(log, "uap "))
+	}
+	if out, err := n.scdctl("status"); err != nil {
+		t.Errorf("scdctl status: %v", err)
+	} else if row := statusRow(t, out, "orders"); row["RESTARTS"] != "0" || row["REPLACED"] != "1" {
+		t.Errorf("scdctl status after refresh: RESTARTS %s, REPLACED %s; want 0 and 1\n%s", row["RESTARTS"], row["REPLACED"], out)
 	}
 	if _, err := c.Call(ctxT(t, 10*time.Second), "orders", "echo", nil); err != nil {
 		t.Errorf("call after refresh: %v", err)

@@ -286,8 +286,12 @@ type ProcInfo struct {
 	Slot     int       `json:"slot"`
 	PID      int       `json:"pid"`
 	State    ProcState `json:"state"`
-	Kind     string    `json:"kind"` // "resident" or "nonresident"
-	Restarts int       `json:"restarts"`
+	Kind     string    `json:"kind"`     // "resident" or "nonresident"
+	Restarts int       `json:"restarts"` // started again after the process died
+	// Replaced counts processes of the slot replaced at an operator's
+	// request (scdctl refresh): they left when asked, so they are not
+	// restarts.
+	Replaced int       `json:"replaced"`
 	Started  time.Time `json:"started"`
 	// CPUSeconds is the on-CPU time of the process in the slot now, as the
 	// node's meter sees it (eBPF or /proc; 0 when nothing is measured).
@@ -333,6 +337,8 @@ type slot struct {
 	proc      *os.Process
 	state     ProcState
 	restarts  int
+	replaced  int         // processes replaced at an operator's request (Replace)
+	replacing *os.Process // the process Replace was asked for: its exit is no crash
 	started   time.Time
 	attached  bool // the process attached to its queue (see Attached)
 	stopAsked bool
@@ -602,14 +608,25 @@ func (s *Server) watch(sl *slot) {
 			return
 		}
 		sl.state = StateRestarting
-		sl.restarts++
+		replaced := sl.replacing == proc
+		sl.replacing = nil
+		if replaced {
+			sl.replaced++
+		} else {
+			sl.restarts++
+		}
 		s.mu.Unlock()
 		s.live.Done()
-		if healthy {
+		if healthy || replaced {
 			backoff = minBackoff
 		}
-		s.m.log.Warn("uap terminated; restarting", "server", s.spec.Server, "slot", sl.index,
-			"pid", proc.Pid, "status", fmt.Sprint(exitErr), "after", backoff)
+		if replaced {
+			s.m.log.Info("uap replaced at the operator's request", "server", s.spec.Server, "slot", sl.index,
+				"pid", proc.Pid, "status", fmt.Sprint(exitErr))
+		} else {
+			s.m.log.Warn("uap terminated; restarting", "server", s.spec.Server, "slot", sl.index,
+				"pid", proc.Pid, "status", fmt.Sprint(exitErr), "after", backoff)
+		}
 		if !s.restart(sl, &backoff) {
 			return
 		}
@@ -738,7 +755,7 @@ func (s *Server) processes() []ProcInfo {
 		if !sl.resident && sl.proc == nil {
 			continue // a non-resident slot at rest is not a process
 		}
-		pi := ProcInfo{Slot: sl.index, State: sl.state, Kind: "resident", Restarts: sl.restarts, Started: sl.started}
+		pi := ProcInfo{Slot: sl.index, State: sl.state, Kind: "resident", Restarts: sl.restarts, Replaced: sl.replaced, Started: sl.started}
 		if !sl.resident {
 			pi.Kind = "nonresident"
 		}
@@ -831,6 +848,18 @@ func (s *Server) Kill(slot int) {
 	s.mu.Unlock()
 	if pid > 0 {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+}
+
+// Replace marks the process in slot as one the operator replaces (scdctl
+// refresh): the caller asks it to leave, and when it has, a resident slot
+// starts a new one at once, logged as a replacement and counted in
+// ProcInfo.Replaced, not as a restart after a death.
+func (s *Server) Replace(slot int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot >= 0 && slot < len(s.slots) {
+		s.slots[slot].replacing = s.slots[slot].proc
 	}
 }
 

@@ -135,6 +135,68 @@ func controlSocketCandidates(cfg *def.Config, euid int, runtimeDir string) []str
 	return out
 }
 
+// FindControlSocket is where scdctl reaches a running node of cfg: the
+// first of ControlSocketCandidates that is a socket. When none is and cfg
+// is the embedded default (scdctl was given no definition directory, so
+// it cannot know the node_id of a node started with one), it looks for
+// the sockets of other node ids in the candidates' directories: the one
+// that answers is used; with several, the error lists them (-s picks one).
+// With nothing found it returns the first candidate, for the error of the
+// connection that fails there.
+func FindControlSocket(cfg *def.Config) (string, error) {
+	return findControlSocket(ControlSocketCandidates(cfg), cfg.Dir == "" && cfg.System.ControlSocket == "")
+}
+
+func findControlSocket(candidates []string, scan bool) (string, error) {
+	for _, p := range candidates {
+		if isSocket(p) {
+			return p, nil
+		}
+	}
+	if !scan {
+		return candidates[0], nil
+	}
+	var live []string
+	seen := map[string]bool{}
+	for _, c := range candidates {
+		dir := filepath.Dir(c)
+		if seen[dir] {
+			continue
+		}
+		seen[dir] = true
+		found, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+		for _, p := range found {
+			if isSocket(p) && answers(p) {
+				live = append(live, p)
+			}
+		}
+	}
+	switch len(live) {
+	case 0:
+		return candidates[0], nil
+	case 1:
+		return live[0], nil
+	}
+	return "", fmt.Errorf("no control socket for node_id %s, but the sockets of %d other nodes: %s (-s names one, or -c the definition directory of its node)",
+		strings.TrimSuffix(filepath.Base(candidates[0]), ".sock"), len(live), strings.Join(live, ", "))
+}
+
+func isSocket(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().Type() == os.ModeSocket
+}
+
+// answers reports whether a node listens on the unix socket p: one that a
+// killed node left behind refuses the connection.
+func answers(p string) bool {
+	c, err := net.DialTimeout("unix", p, time.Second)
+	if err != nil {
+		return !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ENOENT)
+	}
+	c.Close()
+	return true
+}
+
 // startControl serves controlActions on the control socket until the node
 // stops: on ln, the old process's on a restart, or a socket of its own.
 func (d *doors) startControl(ln *net.UnixListener) error {
@@ -289,18 +351,8 @@ func (d *doors) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 	n := d.n
 	name := r.URL.Query().Get("group")
 	res := HoldResult{Group: name, Held: hold}
-	g, _ := n.local.Group(name)
-	if g != nil {
-		// Read before the change: two operators at once may both see a
-		// change, which is what happened from where each stood.
-		res.Changed = g.Held() != hold
-	}
 	var err error
-	if hold {
-		err = n.Hold(name)
-	} else {
-		err = n.Release(name)
-	}
+	res.Changed, err = n.setHeld(name, hold)
 	if err != nil {
 		var te *netio.Error
 		if errors.As(err, &te) && te.Code == netio.CodeNoSuchGroup {
@@ -310,6 +362,7 @@ func (d *doors) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	g, _ := n.local.Group(name)
 	res.InFlight = g.InFlight()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)

@@ -114,3 +114,46 @@ func TestListenControl(t *testing.T) {
 		}
 	})
 }
+
+// TestFindControlSocket: scdctl without definitions looks for the node's
+// socket where its node_id would put it; when a node runs with another
+// node_id, the one socket found beside it that answers is used, and with
+// several the error lists them (issue 23, item 3). A socket left by a
+// killed node is not one that answers.
+func TestFindControlSocket(t *testing.T) {
+	d1, d2 := t.TempDir(), t.TempDir()
+	candidates := []string{filepath.Join(d1, "host.sock"), filepath.Join(d2, "host.sock")}
+	listen := func(p string) *net.UnixListener {
+		t.Helper()
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		return ln
+	}
+	if got, err := findControlSocket(candidates, true); err != nil || got != candidates[0] {
+		t.Errorf("nothing there: %q, %v; want the first candidate and no error", got, err)
+	}
+	stale := listen(filepath.Join(d1, "killed.sock"))
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	mine := filepath.Join(d2, "mynode.sock")
+	listen(mine)
+	if got, err := findControlSocket(candidates, true); err != nil || got != mine {
+		t.Errorf("one other node's socket (and a stale one): %q, %v; want %s", got, err, mine)
+	}
+	if got, err := findControlSocket(candidates, false); err != nil || got != candidates[0] {
+		t.Errorf("with definitions (no scan): %q, %v; want the first candidate", got, err)
+	}
+	other := filepath.Join(d1, "other.sock")
+	listen(other)
+	got, err := findControlSocket(candidates, true)
+	if err == nil || !strings.Contains(err.Error(), other) || !strings.Contains(err.Error(), mine) || !strings.Contains(err.Error(), "-s names one") {
+		t.Errorf("two other nodes' sockets: %q, %v; want an error that lists both", got, err)
+	}
+	listen(candidates[1])
+	if got, err := findControlSocket(candidates, true); err != nil || got != candidates[1] {
+		t.Errorf("the node_id's own socket: %q, %v; want %s", got, err, candidates[1])
+	}
+}

@@ -3,6 +3,7 @@ package scd
 import (
 	"testing"
 
+	"tpsched/internal/exposition"
 	"tpsched/internal/exposition/promcheck"
 )
 
@@ -25,7 +26,8 @@ var onlyElsewhere = map[string]string{
 }
 
 // TestDashboardQueriesNameExposedMetrics: every query of the Grafana
-// dashboard selects a family that /metrics of a running node exposes,
+// dashboard selects a family that /metrics of a running node exposes
+// (under the name it has there, not the library's before a rename),
 // with labels its series carry (instance and job are Prometheus'), or one
 // listed in onlyElsewhere with the reason, which the node then must not
 // expose (else the list is stale).
@@ -42,6 +44,9 @@ func TestDashboardQueriesNameExposedMetrics(t *testing.T) {
 			t.Errorf("panel %q: %s names no tpsched metric", q.Panel, q.Expr)
 		}
 		for _, s := range sels {
+			if r, ok := exposition.Renamed[s.Metric]; ok && r.Name != s.Metric {
+				t.Errorf("panel %q: %s is the library's name: /metrics has it as %s (internal/exposition.Renamed)", q.Panel, s.Metric, r.Name)
+			}
 			fam, ok := fams.Family(s.Metric)
 			if !ok {
 				base := promcheck.HistogramBase(s.Metric)

@@ -91,6 +91,7 @@ func (s *inProcServer) run(slot int) error {
 func (s *inProcServer) Kick(int)                      {}
 func (s *inProcServer) Attached(int)                  {}
 func (s *inProcServer) Kill(int)                      {}
+func (s *inProcServer) Replace(int)                   {}
 func (s *inProcServer) Running() (int, int)           { return s.spec.Resident, 0 }
 func (s *inProcServer) Processes() []procmgr.ProcInfo { return nil }
 func (s *inProcServer) Usage() bpf.Usage              { return bpf.Usage{} }

@@ -260,8 +260,8 @@ func (n *Node) Start() (err error) {
 	}
 	n.wg.Add(1)
 	go n.expireLoop()
-	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "control", n.doors.httpLn.Addr().String(),
-		"groups", len(n.local.Groups()))
+	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "http", n.doors.httpLn.Addr().String(),
+		"control_socket", ControlSocketPath(n.cfg), "groups", len(n.local.Groups()))
 	return nil
 }
 
@@ -360,27 +360,31 @@ func (n *Node) OnClose(c *rpcport.Conn) {}
 
 // Hold stops a group from taking new calls ('service closed'); queued calls
 // are still served.
-func (n *Node) Hold(name string) error { return n.setHeld(name, true) }
+func (n *Node) Hold(name string) error { _, err := n.setHeld(name, true); return err }
 
 // Release lets a held group take calls again.
-func (n *Node) Release(name string) error { return n.setHeld(name, false) }
+func (n *Node) Release(name string) error { _, err := n.setHeld(name, false); return err }
 
-func (n *Node) setHeld(name string, held bool) error {
+// setHeld holds or releases the group and reports whether that changed
+// anything; only a change is logged (by the local scheduler) and
+// announced.
+func (n *Node) setHeld(name string, held bool) (changed bool, err error) {
 	set := n.local.Release
 	if held {
 		set = n.local.Hold
 	}
-	if _, err := set(name); err != nil {
-		return err
+	if changed, err = set(name); err != nil || !changed {
+		return false, err
 	}
 	n.announce()
-	return nil
+	return true, nil
 }
 
 // RPCAddr is the address the RPC port listens on.
 func (n *Node) RPCAddr() string { return n.rpc.Addr() }
 
-// ControlAddr is the address of /metrics and the control API.
+// ControlAddr is the HTTP address: the status page, /status and /metrics
+// (control actions are on the control socket).
 func (n *Node) ControlAddr() string { return n.doors.httpLn.Addr().String() }
 
 // Drain refuses new calls, waits until every queued call is answered (or

@@ -29,6 +29,7 @@ type (
 	ProcessStatus  = local.ProcessStatus
 	UsageStatus    = local.UsageStatus
 	WaitBucket     = local.WaitBucket
+	LatencyStatus  = local.LatencyStatus
 	LoadStatus     = local.LoadStatus
 	GroupProcesses = local.GroupProcesses
 	ParallelCount  = local.ParallelCount
@@ -73,7 +74,11 @@ func (d *doors) status() Status {
 		}
 	}
 	for _, g := range n.local.Groups() {
-		st.Groups = append(st.Groups, g.Status(st.Probes.Histogram))
+		gs := g.Status(st.Probes.Histogram)
+		if n.wlm != nil {
+			gs.Environment = n.wlm.EnvironmentState(gs.Group)
+		}
+		st.Groups = append(st.Groups, gs)
 	}
 	return st
 }

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,6 +27,8 @@ import (
 
 	"tpsched/internal/version"
 	"tpsched/netio"
+	"tpsched/netio/rpcport"
+	"tpsched/procmgr"
 	"tpsched/scd"
 	"tpsched/scd/client"
 	"tpsched/scd/def"
@@ -81,6 +84,9 @@ type node struct {
 	// socks are where the control socket may be when -s did not say
 	// (scd.ControlSocketCandidates), for the error when none is there.
 	socks []string
+	// sockErr is why the control socket could not be chosen (the sockets
+	// of several other nodes were found): the error of a control command.
+	sockErr error
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -90,7 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var nd node
 	fs.StringVar(&nd.rpc, "H", os.Getenv("TPSCHED_RPC"), "RPC address host:port of the node (default $TPSCHED_RPC, else from sysconf, else 127.0.0.1:12000)")
 	fs.StringVar(&nd.http, "a", os.Getenv("TPSCHED_HTTP"), "HTTP address host:port of the node's /status and /metrics (default $TPSCHED_HTTP, else sysconf's metrics_address, else "+def.DefaultMetricsAddress+")")
-	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for hold, release and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it by default)")
+	fs.StringVar(&nd.sock, "s", os.Getenv("TPSCHED_CONTROL_SOCKET"), "control socket of the node, for prc, chprc, hold, release, restart, quiesce, resume, refresh, policy and pprof (default $TPSCHED_CONTROL_SOCKET, else sysconf's control_socket, else where scdd puts it for sysconf's node_id; without -c, the only node's socket found there)")
 	timeout := fs.Duration("t", 30*time.Second, "how long a command waits")
 	asJSON := fs.Bool("json", false, "status, prc, chprc, report, quiesce, resume, refresh, policy: print the node's answer as JSON")
 	showVersion := fs.Bool("version", false, "print scdctl's version and exit")
@@ -194,7 +200,8 @@ func (e usageError) Error() string { return "usage: scdctl " + string(e) }
 func (e usageError) Is(target error) bool { _, ok := target.(usageError); return ok }
 
 // resolve fills the addresses the flags left empty: from the definition
-// directory's sysconf when given, else the embedded default's.
+// directory's sysconf when given (only sysconf: a command must reach the
+// node while another file is being edited), else the embedded default's.
 func resolve(dir string, nd *node) error {
 	if nd.rpc != "" && nd.http != "" && nd.sock != "" {
 		return nil
@@ -202,7 +209,7 @@ func resolve(dir string, nd *node) error {
 	var cfg *def.Config
 	var err error
 	if dir != "" {
-		cfg, err = def.Load(dir)
+		cfg, err = def.LoadSysconf(dir)
 	} else {
 		cfg, err = def.LoadDefault()
 	}
@@ -222,13 +229,7 @@ func resolve(dir string, nd *node) error {
 	}
 	if nd.sock == "" {
 		nd.socks = scd.ControlSocketCandidates(cfg)
-		nd.sock = nd.socks[0]
-		for _, p := range nd.socks {
-			if fi, err := os.Stat(p); err == nil && fi.Mode().Type() == os.ModeSocket {
-				nd.sock = p
-				break
-			}
-		}
+		nd.sock, nd.sockErr = scd.FindControlSocket(cfg)
 	}
 	return nil
 }
@@ -368,16 +369,16 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	fmt.Fprintf(stdout, "non-resident processes: %d started, %d stopped; memory gate %s; cpu guard held starts back %d times\n",
 		st.Scaling.NonResidentStarts, st.Scaling.NonResidentStops, gate, st.Scaling.CPUGuardHolds)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tRESTARTS\tPIDS")
+	fmt.Fprintln(tw, "GROUP\tSERVER\tSTATE\tPRIO\tLOAD\tQUEUE\tIN-FLIGHT\tQUEUED\tPROCESSED\tPROCESSES\tRESTARTS\tREPLACED\tPIDS")
+	envs := false
 	for _, g := range st.Groups {
-		state := "open"
-		if g.Held {
-			state = "held"
-		}
+		state := groupState(g)
+		envs = envs || g.Environment != ""
 		var pids []string
-		nonres, restarts := 0, 0
+		nonres, restarts, replaced := 0, 0, 0
 		for _, p := range g.Processes {
 			restarts += p.Restarts
+			replaced += p.Replaced
 			pid := string(p.State)
 			if p.PID != 0 {
 				pid = strconv.Itoa(p.PID)
@@ -388,14 +389,18 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 			}
 			pids = append(pids, pid)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%d\t%s\n", g.Group, g.Server, state, g.Priority,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%d\t%d\t%d+%d/%d\t%d\t%d\t%s\n", g.Group, g.Server, state, g.Priority,
 			g.Load.Level, g.QueueDepth, g.QueueSize, g.InFlight, g.Queued, g.Processed,
-			len(g.Processes)-nonres, nonres, g.Max, restarts, strings.Join(pids, ","))
+			len(g.Processes)-nonres, nonres, g.Max, restarts, replaced, dashIfEmpty(strings.Join(pids, ",")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process; RESTARTS counts resident processes started again after they died.")
+	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process; RESTARTS counts resident processes started again after they died,")
+	fmt.Fprintln(stdout, "REPLACED those replaced at an operator's request (scdctl refresh).")
+	if envs {
+		fmt.Fprintln(stdout, "env: an application environment (svcpolicy); env:dormant has no server here until the cluster starts one (a call, scdctl find).")
+	}
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(tw, "GROUP\tLOAD\tRULE\tEVERY\tQ\tq\tPROCESSED\tX\tCHANGES\tCPU-S\tRUNQ-WAIT-S\tWAIT%\tGUARD%\tWAIT p50/p99")
 	for _, g := range st.Groups {
@@ -416,7 +421,7 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 		return err
 	}
 	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
-	fmt.Fprintln(stdout, "WAIT%: share of the group's processes' runnable time lately spent waiting for a CPU; GUARD%: cpu_wait_limit.")
+	fmt.Fprintf(stdout, "WAIT%%: share of the group's processes' runnable time lately spent waiting for a CPU (- while they were runnable under %d%% of the time: idle); GUARD%%: cpu_wait_limit.\n", procmgr.CPUBusyFloor)
 	if err := printReceivers(stdout, tw, st); err != nil {
 		return err
 	}
@@ -425,6 +430,18 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 		return tw.Flush()
 	}
 	return nil
+}
+
+// groupState is a group's STATE column: held, or open; an application
+// environment's says where its server here is (env:serving, env:dormant...).
+func groupState(g scd.GroupStatus) string {
+	switch {
+	case g.Held:
+		return "held"
+	case g.Environment != "":
+		return "env:" + g.Environment
+	}
+	return "open"
 }
 
 // printReceivers shows each receiver group (scdmulti), how its new
@@ -440,7 +457,11 @@ func printReceivers(stdout io.Writer, tw *tabwriter.Writer, st scd.Status) error
 		if name == "" {
 			name, takes = "default", "every group not bound elsewhere"
 		}
-		fmt.Fprintf(stdout, "receiver group %s on %s: %d receivers, new connections placed by %s", name, s.Addr, s.Receivers, s.Mechanism)
+		if s.Mechanism == rpcport.SteerNone {
+			fmt.Fprintf(stdout, "receiver group %s on %s: %d receiver, which takes every new connection", name, s.Addr, s.Receivers)
+		} else {
+			fmt.Fprintf(stdout, "receiver group %s on %s: %d receivers, new connections placed by %s", name, s.Addr, s.Receivers, s.Mechanism)
+		}
 		if s.Reason != "" {
 			fmt.Fprintf(stdout, " (%s)", s.Reason)
 		}
@@ -474,8 +495,8 @@ func printCluster(stdout io.Writer, tw *tabwriter.Writer, cl *scd.ClusterStatus)
 	}
 	fmt.Fprintf(stdout, "cluster: %d members, rule %s, announce %s, this_node_first %s; %s\n",
 		cl.Gossip.Members, cl.Rule, yn(cl.Announce), yn(cl.ThisNodeFirst), trust)
-	fmt.Fprintf(stdout, "announces: %d sent, %d received, %d bytes gossiped, dropped %v\n",
-		cl.Gossip.Sent, cl.Gossip.Received, cl.Gossip.BytesSent, cl.Gossip.Dropped)
+	fmt.Fprintf(stdout, "announces: %d sent, %d received, %d bytes gossiped, %s\n",
+		cl.Gossip.Sent, cl.Gossip.Received, cl.Gossip.BytesSent, dropped(cl.Gossip.Dropped))
 	fmt.Fprintln(tw, "NODE\tADDR\tGROUPS\tSENT-TO\tRECEIVED-FROM\tIN-FLIGHT")
 	for _, ns := range cl.Nodes {
 		var groups []string
@@ -492,6 +513,24 @@ func printCluster(stdout io.Writer, tw *tabwriter.Writer, cl *scd.ClusterStatus)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\n", name, ns.Addr, strings.Join(groups, ","), ns.SentTo, ns.Received, ns.InFlight)
 	}
+}
+
+// dropped says how many announces were dropped and why: "none dropped",
+// or "3 dropped (full 1, unauthenticated 2)".
+func dropped(by map[string]uint64) string {
+	var total uint64
+	var reasons []string
+	for reason, n := range by {
+		if n > 0 {
+			total += n
+			reasons = append(reasons, fmt.Sprintf("%s %d", reason, n))
+		}
+	}
+	if total == 0 {
+		return "none dropped"
+	}
+	sort.Strings(reasons)
+	return fmt.Sprintf("%d dropped (%s)", total, strings.Join(reasons, ", "))
 }
 
 func yn(b bool) string {
@@ -593,7 +632,7 @@ func prc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.Wri
 // printProcesses shows each group's parallel_count and a line per process.
 func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time) {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tSLOT\tPID\tKIND\tSTATE\tCALLS\tSERVED\tCPU-S\tRESTARTS\tSINCE")
+	fmt.Fprintln(tw, "GROUP\tSLOT\tPID\tKIND\tSTATE\tCALLS\tSERVED\tCPU-S\tRESTARTS\tREPLACED\tSINCE")
 	for _, g := range groups {
 		for _, p := range g.Processes {
 			pid, since := "-", "-"
@@ -603,8 +642,8 @@ func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time
 			if !p.Started.IsZero() {
 				since = p.Started.Local().Format("2006-01-02 15:04:05") + " (" + now.Sub(p.Started).Round(time.Second).String() + ")"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, p.State,
-				p.Calls, p.Served, p.CPUSeconds, p.Restarts, since)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, p.State,
+				p.Calls, p.Served, p.CPUSeconds, p.Restarts, p.Replaced, since)
 		}
 	}
 	tw.Flush()
@@ -727,6 +766,9 @@ func profile(nd node, timeout time.Duration, args []string, stdout io.Writer) er
 func controlClient(nd node) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if nd.sockErr != nil {
+				return nil, nd.sockErr
+			}
 			var d net.Dialer
 			c, err := d.DialContext(ctx, "unix", nd.sock)
 			if err == nil {
@@ -738,7 +780,7 @@ func controlClient(nd node) *http.Client {
 				if len(nd.socks) > 1 {
 					where = " nor at " + strings.Join(nd.socks[1:], ", ")
 				}
-				return nil, fmt.Errorf("no control socket at %s%s (is scdd running? -s names the socket, -c DIR reads control_socket from its sysconf)", nd.sock, where)
+				return nil, fmt.Errorf("no control socket at %s%s (is scdd running? -s names the socket, -c DIR reads node_id and control_socket from its sysconf)", nd.sock, where)
 			case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
 				return nil, fmt.Errorf("control socket %s: %w (it admits only scdd's own user and root)", nd.sock, err)
 			case errors.Is(err, syscall.ECONNREFUSED):

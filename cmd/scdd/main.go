@@ -80,6 +80,17 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
+	if *entries && !*check {
+		fmt.Fprintln(os.Stderr, "scdd: -entries goes with -check")
+		return 2
+	}
+	var moduleDirs []string
+	if exe, err := os.Executable(); err == nil {
+		moduleDirs = append(moduleDirs, filepath.Dir(exe))
+	}
+	if *check {
+		return checkDefinitions(*dir, *entries, scd.Options{Logger: log, ModuleDirs: moduleDirs, SchedProbes: *probes, Steering: *steering})
+	}
 	var cfg *def.Config
 	if *dir == "" {
 		cfg, err = def.LoadDefault()
@@ -88,7 +99,7 @@ func run() int {
 	}
 	if err != nil {
 		scd.RefuseTakeover(takeover, err)
-		fmt.Fprintln(os.Stderr, "scdd:", err)
+		printErrors(err)
 		return 1
 	}
 	if os.Getenv("GOMEMLIMIT") == "" {
@@ -100,39 +111,14 @@ func run() int {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + receivingLoops(cfg))
 	}
-	var moduleDirs []string
-	if exe, err := os.Executable(); err == nil {
-		moduleDirs = append(moduleDirs, filepath.Dir(exe))
-	}
 	// New checks the definitions against the machine (modules found and
-	// executable) without starting anything, so -check refuses exactly what
-	// start-up would.
+	// executable) without starting anything, as -check does.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
 		FastFailureDetection: *fastDetect, Steering: *steering, RestartArgs: os.Args[1:], Takeover: takeover, ProcStat: *cpuLoad})
 	if err != nil {
 		scd.RefuseTakeover(takeover, err)
-		fmt.Fprintln(os.Stderr, "scdd:", err)
+		printErrors(err)
 		return 1
-	}
-	if *entries && !*check {
-		fmt.Fprintln(os.Stderr, "scdd: -entries goes with -check")
-		return 2
-	}
-	if *check {
-		for _, w := range cfg.System.Warnings() {
-			fmt.Fprintln(os.Stderr, "scdd: warning:", w)
-		}
-		if *entries {
-			if errs := node.CheckEntries(10 * time.Second); len(errs) > 0 {
-				for _, err := range errs {
-					fmt.Fprintln(os.Stderr, "scdd:", err)
-				}
-				return 1
-			}
-			fmt.Printf("scdd: every module registers its services' entries\n")
-		}
-		fmt.Printf("scdd: %d user server(s), definitions OK\n", len(cfg.Servers))
-		return 0
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -199,4 +185,55 @@ func receivingLoops(cfg *def.Config) int {
 		n += rg.Count
 	}
 	return n
+}
+
+// checkDefinitions is scdd -check: it reads the definitions and checks
+// them against the machine as start-up would (modules found and
+// executable), printing every error of the directory, not only the first:
+// the servers that read without error still have their modules checked.
+// With entries it also starts one process of each server to see that it
+// registers its services' entries.
+func checkDefinitions(dir string, entries bool, opts scd.Options) int {
+	var cfg *def.Config
+	var loadErr error
+	if dir == "" {
+		cfg, loadErr = def.LoadDefault()
+	} else {
+		cfg, loadErr = def.Check(dir)
+	}
+	errs := def.List(loadErr)
+	var node *scd.Node
+	if cfg != nil {
+		for _, w := range cfg.System.Warnings() {
+			fmt.Fprintln(os.Stderr, "scdd: warning:", w)
+		}
+		var err error
+		node, err = scd.New(cfg, opts)
+		errs = append(errs, def.List(err)...)
+	}
+	if len(errs) > 0 {
+		for _, err := range errs {
+			fmt.Fprintln(os.Stderr, "scdd:", err)
+		}
+		fmt.Fprintf(os.Stderr, "scdd: %d error(s) in the definitions\n", len(errs))
+		return 1
+	}
+	if entries {
+		if errs := node.CheckEntries(10 * time.Second); len(errs) > 0 {
+			for _, err := range errs {
+				fmt.Fprintln(os.Stderr, "scdd:", err)
+			}
+			return 1
+		}
+		fmt.Printf("scdd: every module registers its services' entries\n")
+	}
+	fmt.Printf("scdd: %d user server(s), definitions OK\n", len(cfg.Servers))
+	return 0
+}
+
+// printErrors prints each error of err on a line of its own.
+func printErrors(err error) {
+	for _, e := range def.List(err) {
+		fmt.Fprintln(os.Stderr, "scdd:", e)
+	}
 }

@@ -65,6 +65,20 @@ func TestCheck(t *testing.T) {
 		{name: "definition error",
 			files: map[string]string{"usr/x": strings.Replace(usr, "%s", "uap", 1) + "set paralel_count = 2\n"},
 			code:  1, stderr: "scdd: usr/x:4: paralel_count: unknown operand (did you mean parallel_count?)"},
+		// Every error of the directory in one run (issue 23, item 5): two
+		// definition errors in two files and the module of a third
+		// server, which read without error; the count after them.
+		{name: "every error",
+			files: map[string]string{
+				"sysconf": "set node_id = n\nset metrics_adress = \"127.0.0.1:1\"\n",
+				"usr/x":   strings.Replace(usr, "%s", "uap", 1) + "set paralel_count = 2\nset queue_size = 0\n",
+				"usr/y":   "set service_group = h\nset service = s\nset module = no-such-uap-tpsched\n",
+			},
+			code: 1, stderr: "scdd: sysconf:2: metrics_adress: unknown operand (did you mean metrics_address?)\n" +
+				"scdd: usr/x:4: paralel_count: unknown operand (did you mean parallel_count?)\n" +
+				"scdd: usr/x:5: queue_size: 0 out of range 1..65536\n" +
+				"scdd: usr/y:3: module: \"no-such-uap-tpsched\" not found in [DIR/aplib ",
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

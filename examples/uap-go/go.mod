@@ -6,6 +6,8 @@ require tpsched v0.0.0
 
 require golang.org/x/sys v0.50.0 // indirect
 
-// The example builds against this checkout of tpsched; a project of your
-// own points the replace at where tpsched lives.
+// tpsched's module path is no address the Go proxy serves, so the replace
+// points at a checkout of tpsched: here the repository this example is in
+// (make install points it at the checkout it ran in). A module of your own
+// does the same: go mod edit -replace tpsched=/path/to/tpsched
 replace tpsched => ../..

@@ -2,8 +2,9 @@ package exposition
 
 // Runtime is the HELP text of the go_* and process_* families that the
 // VictoriaMetrics/metrics library writes (metrics.WriteProcessMetrics), in
-// its v1.45 list. Some appear only where the kernel has them (pressure
-// stall information, a cgroup CPU limit).
+// its v1.45 list, under the names Write gives them (Renamed). Some appear
+// only where the kernel has them (pressure stall information, a cgroup CPU
+// limit).
 var Runtime = map[string]string{
 	// Go runtime, from runtime/metrics.
 	"go_sched_latencies_seconds":          "Time goroutines spent runnable before they ran (Go runtime /sched/latencies).",
@@ -38,10 +39,10 @@ var Runtime = map[string]string{
 	"go_memstats_stack_inuse_bytes":    "Bytes in stack spans.",
 	"go_memstats_stack_sys_bytes":      "Bytes of stack memory obtained from the operating system.",
 	"go_memstats_sys_bytes":            "Bytes of memory obtained from the operating system in all.",
-	"go_cgo_calls_count":               "Calls from Go to C since the process started (the library's name; a counter without _total).",
-	"go_cpu_count":                     "CPUs the process can use (runtime.NumCPU).",
+	"go_cgo_calls_total":               "Calls from Go to C since the process started (the library's go_cgo_calls_count).",
+	"go_cpus":                          "CPUs the process can use (runtime.NumCPU; the library's go_cpu_count).",
 	"go_gc_duration_seconds":           "Stop-the-world pauses of the garbage collector, as quantiles.",
-	"go_gc_forced_count":               "Garbage collections forced by the application (runtime.GC) since the process started (the library's name; a counter without _total).",
+	"go_gc_forced_total":               "Garbage collections forced by the application (runtime.GC) since the process started (the library's go_gc_forced_count).",
 	"go_gomaxprocs":                    "GOMAXPROCS: OS threads that may run Go code at once.",
 	"go_goroutines":                    "Goroutines now.",
 	"go_threads":                       "OS threads created by the Go runtime.",
@@ -68,12 +69,12 @@ var Runtime = map[string]string{
 	"process_resident_memory_anon_bytes":            "Resident anonymous memory of the process.",
 	"process_resident_memory_file_bytes":            "Resident file-backed memory of the process.",
 	"process_resident_memory_shared_bytes":          "Resident shared memory of the process.",
-	"process_io_read_bytes_total":                   "Bytes the process read, caches included (the library types it a gauge).",
-	"process_io_written_bytes_total":                "Bytes the process wrote, caches included (the library types it a gauge).",
-	"process_io_read_syscalls_total":                "Read system calls of the process (the library types it a gauge).",
-	"process_io_write_syscalls_total":               "Write system calls of the process (the library types it a gauge).",
-	"process_io_storage_read_bytes_total":           "Bytes the process caused to be read from storage (the library types it a gauge).",
-	"process_io_storage_written_bytes_total":        "Bytes the process caused to be written to storage (the library types it a gauge).",
+	"process_io_read_bytes_total":                   "Bytes the process read, caches included (typed a gauge by the library, a counter here).",
+	"process_io_written_bytes_total":                "Bytes the process wrote, caches included (typed a gauge by the library, a counter here).",
+	"process_io_read_syscalls_total":                "Read system calls of the process (typed a gauge by the library, a counter here).",
+	"process_io_write_syscalls_total":               "Write system calls of the process (typed a gauge by the library, a counter here).",
+	"process_io_storage_read_bytes_total":           "Bytes the process caused to be read from storage (typed a gauge by the library, a counter here).",
+	"process_io_storage_written_bytes_total":        "Bytes the process caused to be written to storage (typed a gauge by the library, a counter here).",
 	"process_max_fds":                               "The process's limit of open file descriptors.",
 	"process_open_fds":                              "File descriptors the process has open.",
 	"process_pressure_cpu_waiting_seconds_total":    "Time some of the cgroup's tasks waited for a CPU (pressure stall information).",

@@ -20,8 +20,22 @@ var defaultFS embed.FS
 // Load reads the definition directory dir: sysconf, scdsvcdef, usrrc and
 // svcpolicy (each optional), and every regular file in usr/ (one user server each;
 // names starting with '.' or ending with '~' are skipped). At least one user
-// server is required.
+// server is required. An error in one file does not stop the others being
+// read: the error is every one found (Errors when there are several).
 func Load(dir string) (*Config, error) {
+	cfg, err := Check(dir)
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Check reads dir as Load does and returns, beside every error found,
+// what could be read: sysconf and scdsvcdef as far as they are right, and
+// the user servers whose own files and usrrc have no error. scdd -check
+// goes on with those to find their modules, so that one run reports every
+// error of the directory. Without an error it is Load.
+func Check(dir string) (*Config, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
 		return nil, fmt.Errorf("definition directory: %w", err)
@@ -30,10 +44,28 @@ func Load(dir string) (*Config, error) {
 		return nil, fmt.Errorf("definition directory %s: not a directory", dir)
 	}
 	cfg, err := load(os.DirFS(dir), dir)
+	cfg.Dir = dir
+	return cfg, err
+}
+
+// LoadSysconf reads only dir's sysconf: the node's identity and addresses
+// (Config.System and Config.Dir; nothing else is filled in). It is for
+// tools that talk to a running node (scdctl), which must reach it while
+// another file of the directory is being edited or is wrong.
+func LoadSysconf(dir string) (*Config, error) {
+	st, err := os.Stat(dir)
 	if err != nil {
+		return nil, fmt.Errorf("definition directory: %w", err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("definition directory %s: not a directory", dir)
+	}
+	var errs collector
+	sys, _ := loadSystem(os.DirFS(dir), &errs)
+	cfg := &Config{Dir: dir, System: sys, Sched: defaultSched()}
+	if err := errs.err(); err != nil {
 		return nil, err
 	}
-	cfg.Dir = dir
 	return cfg, nil
 }
 
@@ -50,7 +82,13 @@ func LoadDefault() (*Config, error) {
 
 // LoadFS reads a definition directory laid out as for Load from fsys.
 // Config.Dir is left empty.
-func LoadFS(fsys fs.FS) (*Config, error) { return load(fsys, ".") }
+func LoadFS(fsys fs.FS) (*Config, error) {
+	cfg, err := load(fsys, ".")
+	if err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
 
 // pos is where an operand was given.
 type pos struct {
@@ -58,51 +96,51 @@ type pos struct {
 	line int
 }
 
-func load(fsys fs.FS, label string) (*Config, error) {
+// loadSystem reads sysconf into the defaults, adding its errors to errs,
+// and returns where each operand was given.
+func loadSystem(fsys fs.FS, errs *collector) (System, map[string]int) {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "localhost"
 	}
-	cfg := &Config{System: defaultSystem(host), Sched: defaultSched()}
-
+	sys := defaultSystem(host)
 	stmts, _, err := readOptional(fsys, "sysconf")
-	if err != nil {
-		return nil, err
+	bad := errs.add(err)
+	lines, err := apply("sysconf", stmts, systemOperands, nil, &sys, nil)
+	bad = errs.add(err) || bad
+	if !bad { // all_node against rpc_address, once both read right
+		errs.add(checkAllNodes(&sys, lines))
 	}
-	sysLines, err := apply("sysconf", stmts, systemOperands, nil, &cfg.System, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkAllNodes(&cfg.System, sysLines); err != nil {
-		return nil, err
-	}
+	return sys, lines
+}
 
-	if stmts, _, err = readOptional(fsys, "scdsvcdef"); err != nil {
-		return nil, err
-	}
-	if _, err := apply("scdsvcdef", stmts, schedOperands, schedCommands, &cfg.Sched, nil); err != nil {
-		return nil, err
-	}
-	if err := checkReceiverGroups(cfg, stmts); err != nil {
-		return nil, err
+// load reads the whole directory. It always returns a Config, with what
+// could be read, and every error found.
+func load(fsys fs.FS, label string) (*Config, error) {
+	var errs collector
+	sys, sysLines := loadSystem(fsys, &errs)
+	cfg := &Config{System: sys, Sched: defaultSched()}
+
+	stmts, _, err := readOptional(fsys, "scdsvcdef")
+	bad := errs.add(err)
+	_, err = apply("scdsvcdef", stmts, schedOperands, schedCommands, &cfg.Sched, nil)
+	if !(errs.add(err) || bad) {
+		errs.add(checkReceiverGroups(cfg, stmts))
 	}
 
 	// usrrc: the defaults of every user server.
 	rc := &userDef{file: "usrrc", srv: defaultServer(), set: map[string]pos{}}
 	rc.srv.WatchTime = cfg.System.WatchTime
 	stmts, _, err = readOptional(fsys, "usrrc")
-	if err != nil {
-		return nil, err
-	}
-	if err := rc.apply("usrrc", stmts); err != nil {
-		return nil, err
-	}
+	rcBad := errs.add(err)
+	rcBad = errs.add(rc.apply("usrrc", stmts)) || rcBad
 
 	entries, err := fs.ReadDir(fsys, "usr")
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("usr: %w", err)
+		errs.add(fmt.Errorf("usr: %w", err))
 	}
 	var users []*userDef
+	files := 0
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") || strings.HasSuffix(name, "~") {
@@ -112,36 +150,32 @@ func load(fsys fs.FS, label string) (*Config, error) {
 		if fi, err := fs.Stat(fsys, file); err != nil || !fi.Mode().IsRegular() {
 			continue
 		}
+		files++
 		src, err := fs.ReadFile(fsys, file)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", file, err)
+		if errs.add(err) {
+			continue
 		}
 		stmts, err := Parse(file, src)
-		if err != nil {
-			return nil, err
-		}
+		bad := errs.add(err)
 		u := rc.clone(file)
 		u.srv.Name = name
 		u.lines = countLines(src)
-		if err := u.apply(file, stmts); err != nil {
-			return nil, err
-		}
-		if err := u.check(cfg); err != nil {
-			return nil, err
+		bad = errs.add(u.apply(file, stmts)) || bad
+		// The rules between operands only once the server's operands
+		// all read: else a wrong value would also be reported missing.
+		if bad || rcBad || errs.add(u.check(cfg)) {
+			continue
 		}
 		users = append(users, u)
 	}
-	if len(users) == 0 {
-		return nil, fmt.Errorf("no user servers in %s", filepath.Join(label, "usr"))
+	if files == 0 {
+		errs.add(fmt.Errorf("no user servers in %s", filepath.Join(label, "usr")))
 	}
 	sort.Slice(users, func(i, j int) bool { return users[i].srv.Name < users[j].srv.Name })
-	if err := checkServers(cfg, users, sysLines); err != nil {
-		return nil, err
-	}
+	users = checkServers(cfg, users, sysLines, &errs)
 	cfg.Usrrc = rc.srv
-	if cfg.Policy, err = loadPolicy(fsys); err != nil {
-		return nil, err
-	}
+	cfg.Policy, err = loadPolicy(fsys)
+	errs.add(err)
 	for _, u := range users {
 		u.srv.given = make(map[string]pos, len(u.set))
 		for op, p := range u.set {
@@ -149,7 +183,7 @@ func load(fsys fs.FS, label string) (*Config, error) {
 		}
 		cfg.Servers = append(cfg.Servers, u.srv)
 	}
-	return cfg, nil
+	return cfg, errs.err()
 }
 
 // readOptional parses file if it exists.
@@ -176,9 +210,11 @@ func countLines(src []byte) int {
 // apply runs the set statements of one file through table and its
 // commands through cmds. putenv is handed to env, or is an error when env
 // is nil. It returns the line of every operand given, and of every command
-// as "name command" (the last, when given more than once).
+// as "name command" (the last, when given more than once). A statement in
+// error is left out and the others still apply: the error is every one.
 func apply[T any](file string, stmts []Stmt, table map[string]operand[T], cmds map[string]command[T], dst *T, env func(Stmt) error) (map[string]int, error) {
 	lines := map[string]int{}
+	var errs collector
 	for _, st := range stmts {
 		if st.Kind == StmtCommand {
 			cmd, ok := cmds[st.Name]
@@ -187,40 +223,44 @@ func apply[T any](file string, stmts []Stmt, table map[string]operand[T], cmds m
 				if len(cmds) == 0 {
 					why += " (this file takes set statements only)"
 				}
-				return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: why}
+				errs.add(&Error{File: file, Line: st.Line, Operand: st.Name, Reason: why})
+				continue
 			}
 			flags, err := flagsOf(st, cmd.options())
 			if err == nil {
 				err = cmd.set(dst, flags)
 			}
 			if err != nil {
-				return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()}
+				errs.add(&Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()})
+				continue
 			}
 			lines[st.Name+" command"] = st.Line
 			continue
 		}
 		if st.Kind == StmtPutenv {
 			if env == nil {
-				return nil, &Error{File: file, Line: st.Line, Operand: "putenv", Reason: "only allowed in usrrc and usr files"}
+				errs.add(&Error{File: file, Line: st.Line, Operand: "putenv", Reason: "only allowed in usrrc and usr files"})
+				continue
 			}
-			if err := env(st); err != nil {
-				return nil, err
-			}
+			errs.add(env(st))
 			continue
 		}
 		if r, ok := refusedOperands[st.Name]; ok {
-			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: r.why}
+			errs.add(&Error{File: file, Line: st.Line, Operand: st.Name, Reason: r.why})
+			continue
 		}
 		op, ok := table[st.Name]
 		if !ok {
-			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: unknownOperand(st.Name, table)}
+			errs.add(&Error{File: file, Line: st.Line, Operand: st.Name, Reason: unknownOperand(st.Name, table)})
+			continue
 		}
 		if err := op.set(dst, st.Values); err != nil {
-			return nil, &Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()}
+			errs.add(&Error{File: file, Line: st.Line, Operand: st.Name, Reason: err.Error()})
+			continue
 		}
 		lines[st.Name] = st.Line
 	}
-	return lines, nil
+	return lines, errs.err()
 }
 
 func checkAllNodes(s *System, lines map[string]int) error {
@@ -317,11 +357,16 @@ func (u *userDef) apply(file string, stmts []Stmt) error {
 		u.srv.Env = append(u.srv.Env, kv)
 		return nil
 	}
+	var errs collector
 	cmdLine := 0
-	for _, st := range stmts {
+	for i := 0; i < len(stmts); i++ {
+		st := stmts[i]
 		if st.Kind == StmtCommand && st.Name == "scdmulti" {
 			if cmdLine != 0 {
-				return &Error{File: file, Line: st.Line, Operand: st.Name, Reason: fmt.Sprintf("given twice (first at line %d): a server is bound to one receiver group", cmdLine)}
+				errs.add(&Error{File: file, Line: st.Line, Operand: st.Name, Reason: fmt.Sprintf("given twice (first at line %d): a server is bound to one receiver group", cmdLine)})
+				stmts = append(stmts[:i:i], stmts[i+1:]...)
+				i--
+				continue
 			}
 			cmdLine = st.Line
 		}
@@ -330,7 +375,8 @@ func (u *userDef) apply(file string, stmts []Stmt) error {
 	for op, l := range lines {
 		u.set[op] = pos{file, l}
 	}
-	return err
+	errs.add(err)
+	return errs.err()
 }
 
 // blame returns where the latest of ops was given: the server's own file
@@ -379,59 +425,49 @@ func ops(o ...string) []string { return o }
 // so 0 <= D0 < U1 <= U2 <= queue_size and D0 <= D1 < U2.
 func (u *userDef) check(cfg *Config) error {
 	s := &u.srv
+	var errs collector
 	for _, op := range []string{"service_group", "service", "module"} {
 		if _, ok := u.set[op]; !ok {
-			return &Error{File: u.file, Line: max(u.lines, 1), Operand: op, Reason: "required (set it in this file or in usrrc)"}
+			errs.add(&Error{File: u.file, Line: max(u.lines, 1), Operand: op, Reason: "required (set it in this file or in usrrc)"})
 		}
+	}
+	if err := errs.err(); err != nil {
+		return err
 	}
 	if _, ok := u.set["watch_time"]; !ok {
 		s.WatchTime = cfg.System.WatchTime
 	}
 	if s.ReceiveFrom == ReceiveSocket && (s.Resident != 1 || s.MaxProcesses != 1) {
-		return u.fail(ops("receive_from", "parallel_count"),
-			"a socket-receiving server runs exactly one resident process (parallel_count = 1), got %d,%d", s.Resident, s.MaxProcesses)
+		errs.add(u.fail(ops("receive_from", "parallel_count"),
+			"a socket-receiving server runs exactly one resident process (parallel_count = 1), got %d,%d", s.Resident, s.MaxProcesses))
 	}
 	if s.RefreshProcess {
 		if s.Resident > 0 {
-			return u.fail(ops("scd_refresh_process", "parallel_count"),
-				"refresh needs no resident process (parallel_count = 0,max), got resident %d", s.Resident)
+			errs.add(u.fail(ops("scd_refresh_process", "parallel_count"),
+				"refresh needs no resident process (parallel_count = 0,max), got resident %d", s.Resident))
 		}
 		if s.BalanceCount > 0 {
-			return u.fail(ops("scd_refresh_process", "balance_count"),
-				"refresh needs balance_count 0, got %d", s.BalanceCount)
+			errs.add(u.fail(ops("scd_refresh_process", "balance_count"),
+				"refresh needs balance_count 0, got %d", s.BalanceCount))
 		}
 	}
-	_, up := u.set["levelup_queue_count"]
-	_, down := u.set["leveldown_queue_count"]
-	switch {
-	case up && !down:
-		return u.fail(ops("levelup_queue_count"), "given without leveldown_queue_count (Table 3-14 needs both)")
-	case down && !up:
-		return u.fail(ops("leveldown_queue_count"), "given without levelup_queue_count (Table 3-14 needs both)")
-	case up && down:
-		U1, U2, D0, D1 := s.LevelUp[0], s.LevelUp[1], s.LevelDown[0], s.LevelDown[1]
-		if D0 >= U1 {
-			return u.fail(ops("levelup_queue_count", "leveldown_queue_count"),
-				"D0 %d must be below U1 %d (Table 3-14: 0 <= D0 < U1 <= U2)", D0, U1)
-		}
-		if D1 >= U2 {
-			return u.fail(ops("levelup_queue_count", "leveldown_queue_count"),
-				"D1 %d must be below U2 %d (Table 3-14: D0 <= D1 < U2)", D1, U2)
-		}
-		if U2 > s.QueueSize {
-			return u.fail(ops("levelup_queue_count", "queue_size"),
-				"U2 %d exceeds queue_size %d, so LEVEL2 could never be reached", U2, s.QueueSize)
-		}
-		s.LevelThresholds = true
-	}
+	errs.add(u.checkThresholds())
 	if !cfg.System.uapAllowRoot {
 		if s.UID == 0 {
-			return u.fail(ops("uid"), "root would run the server's processes; set uap_allow_root = Y in sysconf to allow it")
+			errs.add(u.fail(ops("uid"), "root would run the server's processes; set uap_allow_root = Y in sysconf to allow it"))
 		}
 		if s.GID == 0 {
-			return u.fail(ops("gid"), "group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it")
+			errs.add(u.fail(ops("gid"), "group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it"))
 		}
 	}
+	errs.add(u.checkReceiverGroup(cfg))
+	return errs.err()
+}
+
+// checkReceiverGroup checks the server's receiver group (usr scdmulti)
+// against scdsvcdef's.
+func (u *userDef) checkReceiverGroup(cfg *Config) error {
+	s := &u.srv
 	if _, bound := u.set["scdmulti command"]; bound {
 		found := false
 		for _, g := range cfg.Sched.ReceiverGroups {
@@ -467,6 +503,36 @@ func (u *userDef) check(cfg *Config) error {
 	return nil
 }
 
+// checkThresholds checks Table 3-14's thresholds against each other and
+// queue_size (see check).
+func (u *userDef) checkThresholds() error {
+	s := &u.srv
+	_, up := u.set["levelup_queue_count"]
+	_, down := u.set["leveldown_queue_count"]
+	switch {
+	case up && !down:
+		return u.fail(ops("levelup_queue_count"), "given without leveldown_queue_count (Table 3-14 needs both)")
+	case down && !up:
+		return u.fail(ops("leveldown_queue_count"), "given without levelup_queue_count (Table 3-14 needs both)")
+	case up && down:
+		U1, U2, D0, D1 := s.LevelUp[0], s.LevelUp[1], s.LevelDown[0], s.LevelDown[1]
+		if D0 >= U1 {
+			return u.fail(ops("levelup_queue_count", "leveldown_queue_count"),
+				"D0 %d must be below U1 %d (Table 3-14: 0 <= D0 < U1 <= U2)", D0, U1)
+		}
+		if D1 >= U2 {
+			return u.fail(ops("levelup_queue_count", "leveldown_queue_count"),
+				"D1 %d must be below U2 %d (Table 3-14: D0 <= D1 < U2)", D1, U2)
+		}
+		if U2 > s.QueueSize {
+			return u.fail(ops("levelup_queue_count", "queue_size"),
+				"U2 %d exceeds queue_size %d, so LEVEL2 could never be reached", U2, s.QueueSize)
+		}
+		s.LevelThresholds = true
+	}
+	return nil
+}
+
 // checkReceiverGroups checks the named receiver groups against sysconf's
 // ports and netio's limit on receiving sockets.
 func checkReceiverGroups(cfg *Config, stmts []Stmt) error {
@@ -482,48 +548,54 @@ func checkReceiverGroups(cfg *Config, stmts []Stmt) error {
 		}
 		return 0
 	}
+	var errs collector
 	total := cfg.Sched.Multi
 	for _, g := range cfg.Sched.ReceiverGroups {
-		fail := func(format string, args ...any) error {
-			return &Error{File: "scdsvcdef", Line: line(g.Name), Operand: "scdmulti", Reason: fmt.Sprintf(format, args...)}
+		fail := func(format string, args ...any) {
+			errs.add(&Error{File: "scdsvcdef", Line: line(g.Name), Operand: "scdmulti", Reason: fmt.Sprintf(format, args...)})
 		}
 		switch {
 		case g.Port != 0 && g.Port == cfg.System.RPCPort:
-			return fail("receiver group %s: port %d is rpc_port, the default group's", g.Name, g.Port)
+			fail("receiver group %s: port %d is rpc_port, the default group's", g.Name, g.Port)
 		case g.Port != 0 && g.Port == cfg.System.NamePort:
-			return fail("receiver group %s: port %d is name_port", g.Name, g.Port)
+			fail("receiver group %s: port %d is name_port", g.Name, g.Port)
 		}
 		total += g.Count
 		if total > maxReceivingSockets {
-			return fail("receiver group %s: %d receiving sockets in all, at most %d", g.Name, total, maxReceivingSockets)
+			fail("receiver group %s: %d receiving sockets in all, at most %d", g.Name, total, maxReceivingSockets)
+			break
 		}
 	}
-	return nil
+	return errs.err()
 }
 
 // maxReceivingSockets is the most receiving sockets of all groups together
 // (an event loop each; netio's and the steering program's limit).
 const maxReceivingSockets = 256
 
-// checkServers applies the rules between servers.
-func checkServers(cfg *Config, users []*userDef, sysLines map[string]int) error {
+// checkServers applies the rules between servers, adding what breaks them
+// to errs, and returns the servers that may run (a second server of a
+// group is not one).
+func checkServers(cfg *Config, users []*userDef, sysLines map[string]int, errs *collector) []*userDef {
 	byGroup := map[string]*userDef{}
 	resident := 0
+	var ok []*userDef
 	for _, u := range users {
-		resident += u.srv.Resident
-		prev, ok := byGroup[u.srv.ServiceGroup]
-		if !ok {
+		prev, dup := byGroup[u.srv.ServiceGroup]
+		if !dup {
 			byGroup[u.srv.ServiceGroup] = u
+			resident += u.srv.Resident
+			ok = append(ok, u)
 			continue
 		}
 		// A service group is one user server's: its schedule queue, its
 		// processes and their CPU priority are the server's.
-		return u.fail(ops("service_group"), "service group %q is served by %s already (one user server per group)",
-			u.srv.ServiceGroup, prev.file)
+		errs.add(u.fail(ops("service_group"), "service group %q is served by %s already (one user server per group)",
+			u.srv.ServiceGroup, prev.file))
 	}
 	if m := cfg.System.MaxProcesses; m > 0 && resident > m {
-		return &Error{File: "sysconf", Line: sysLines["max_processes"], Operand: "max_processes",
-			Reason: fmt.Sprintf("%d is below the %d resident processes of the user servers", m, resident)}
+		errs.add(&Error{File: "sysconf", Line: sysLines["max_processes"], Operand: "max_processes",
+			Reason: fmt.Sprintf("%d is below the %d resident processes of the user servers", m, resident)})
 	}
-	return nil
+	return ok
 }

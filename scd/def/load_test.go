@@ -373,9 +373,14 @@ var contradictionCases = []struct {
 	{"missing service", map[string]string{"usr/x": "set service_group = g\nset module = uap\n\n"},
 		"usr/x:3: service: required (set it in this file or in usrrc)"},
 	{"missing module, empty file", map[string]string{"usr/x": "set service_group = g\nset service = a=a\n", "usr/y": ""},
-		"usr/x:2: module: required (set it in this file or in usrrc)"},
+		"usr/x:2: module: required (set it in this file or in usrrc)\n" +
+			"usr/y:1: service_group: required (set it in this file or in usrrc)\n" +
+			"usr/y:1: service: required (set it in this file or in usrrc)\n" +
+			"usr/y:1: module: required (set it in this file or in usrrc)"},
 	{"empty usr file", map[string]string{"usr/y": ""},
-		"usr/y:1: service_group: required (set it in this file or in usrrc)"},
+		"usr/y:1: service_group: required (set it in this file or in usrrc)\n" +
+			"usr/y:1: service: required (set it in this file or in usrrc)\n" +
+			"usr/y:1: module: required (set it in this file or in usrrc)"},
 	{"putenv in scdsvcdef", map[string]string{"scdsvcdef": "putenv A b\n", "usr/x": baseUsr},
 		"scdsvcdef:1: putenv: only allowed in usrrc and usr files"},
 }

@@ -232,19 +232,17 @@ func loadPolicy(fsys fs.FS) (*Policy, error) {
 	if _, err := fs.Stat(fsys, FilePolicy); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
+	var errs collector
 	stmts, lines, err := readOptional(fsys, FilePolicy)
-	if err != nil {
-		return nil, err
-	}
+	errs.add(err)
 	p := defaultPolicy()
 	p.File = FilePolicy
 	given, err := apply(FilePolicy, stmts, policyOperands, policyCommands, &p, nil)
-	if err != nil {
-		return nil, err
-	}
+	errs.add(err)
 	end := max(lines, 1)
 	if len(p.Classes) == 0 {
-		return nil, &Error{File: FilePolicy, Line: end, Operand: "class", Reason: "at least one service class is required (class -n NAME -i IMPORTANCE -t MILLISECONDS)"}
+		errs.add(&Error{File: FilePolicy, Line: end, Operand: "class", Reason: "at least one service class is required (class -n NAME -i IMPORTANCE -t MILLISECONDS)"})
+		return nil, errs.err()
 	}
 	known := func(name string) error {
 		var names []string
@@ -261,20 +259,29 @@ func loadPolicy(fsys fs.FS) (*Policy, error) {
 		return errors.New(why)
 	}
 	if _, ok := given["default_class"]; !ok {
-		return nil, &Error{File: FilePolicy, Line: end, Operand: "default_class", Reason: "required: the class of calls no classify rule matches"}
+		errs.add(&Error{File: FilePolicy, Line: end, Operand: "default_class", Reason: "required: the class of calls no classify rule matches"})
+	} else if err := known(p.DefaultClass); err != nil {
+		errs.add(&Error{File: FilePolicy, Line: given["default_class"], Operand: "default_class", Reason: err.Error()})
 	}
-	if err := known(p.DefaultClass); err != nil {
-		return nil, &Error{File: FilePolicy, Line: given["default_class"], Operand: "default_class", Reason: err.Error()}
-	}
-	rule := 0
 	for _, st := range stmts {
-		if st.Kind != StmtCommand || st.Name != "classify" {
-			continue
+		if c, ok := flagValue(st, "c"); ok && st.Kind == StmtCommand && st.Name == "classify" {
+			if err := known(c); err != nil {
+				errs.add(&Error{File: FilePolicy, Line: st.Line, Operand: "classify", Reason: "-c: " + err.Error()})
+			}
 		}
-		if err := known(p.Rules[rule].Class); err != nil {
-			return nil, &Error{File: FilePolicy, Line: st.Line, Operand: "classify", Reason: "-c: " + err.Error()}
-		}
-		rule++
+	}
+	if err := errs.err(); err != nil {
+		return nil, err
 	}
 	return &p, nil
+}
+
+// flagValue is the value of the command's option name.
+func flagValue(st Stmt, name string) (string, bool) {
+	for _, f := range st.Flags {
+		if f.Name == name {
+			return f.Value, true
+		}
+	}
+	return "", false
 }

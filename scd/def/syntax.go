@@ -62,18 +62,19 @@ type Flag struct {
 // same command twice is not. The same operand set twice, or the same variable
 // given to putenv twice, is an error. Parse knows no operand: Load checks
 // names and values.
+//
+// A statement in error is left out and Parse goes on: it returns the
+// statements it could read with every error (one *Error, or Errors).
 func Parse(file string, src []byte) ([]Stmt, error) {
-	raws, err := splitStatements(file, src)
-	if err != nil {
-		return nil, err
-	}
+	var errs collector
+	raws := splitStatements(file, src, &errs)
 	var out []Stmt
 	seenSet := map[string]int{}
 	seenEnv := map[string]int{}
 	for _, r := range raws {
 		st, err := parseStatement(file, r)
-		if err != nil {
-			return nil, err
+		if errs.add(err) {
+			continue
 		}
 		if st.Kind == StmtCommand {
 			out = append(out, st) // a command may be given more than once (one receiver group each)
@@ -88,12 +89,13 @@ func Parse(file string, src []byte) ([]Stmt, error) {
 			if st.Kind == StmtPutenv {
 				op, why = "putenv", fmt.Sprintf("%s given twice (first at line %d)", st.Name, first)
 			}
-			return nil, &Error{File: file, Line: st.Line, Operand: op, Reason: why}
+			errs.add(&Error{File: file, Line: st.Line, Operand: op, Reason: why})
+			continue
 		}
 		seen[st.Name] = st.Line
 		out = append(out, st)
 	}
-	return out, nil
+	return out, errs.err()
 }
 
 // rawStmt is one logical statement: comments removed, continuation lines
@@ -103,7 +105,9 @@ type rawStmt struct {
 	text string
 }
 
-func splitStatements(file string, src []byte) ([]rawStmt, error) {
+// splitStatements splits src into statements. A string left open at the
+// end of its line is an error in errs, and its statement is dropped.
+func splitStatements(file string, src []byte, errs *collector) []rawStmt {
 	var (
 		out       []rawStmt
 		buf       strings.Builder
@@ -123,7 +127,11 @@ func splitStatements(file string, src []byte) ([]rawStmt, error) {
 		if quoteLine != 0 {
 			switch c {
 			case '\n':
-				return nil, &Error{File: file, Line: quoteLine, Operand: "syntax", Reason: "unterminated string (a closing \" is missing)"}
+				errs.add(&Error{File: file, Line: quoteLine, Operand: "syntax", Reason: "unterminated string (a closing \" is missing)"})
+				buf.Reset()
+				stmtLine, quoteLine = 0, 0
+				line++
+				continue
 			case '\\':
 				if i+1 < len(src) && src[i+1] != '\n' {
 					buf.WriteByte(c)
@@ -171,10 +179,11 @@ func splitStatements(file string, src []byte) ([]rawStmt, error) {
 		buf.WriteByte(c)
 	}
 	if quoteLine != 0 {
-		return nil, &Error{File: file, Line: quoteLine, Operand: "syntax", Reason: "unterminated string (a closing \" is missing)"}
+		errs.add(&Error{File: file, Line: quoteLine, Operand: "syntax", Reason: "unterminated string (a closing \" is missing)"})
+		return out
 	}
 	flush()
-	return out, nil
+	return out
 }
 
 func isBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' }

@@ -62,10 +62,10 @@ type Group struct {
 	refused    *metrics.Counter // calls refused server busy: the queue was full
 	timedOut   *metrics.Counter
 	terminated *metrics.Counter
-	misbehaved *metrics.Counter // processes killed for breaking the protocol
-	localCalls *metrics.Counter // calls its processes made through shared memory
-	stalls     *metrics.Counter // checkStall's warnings
-	latency    *metrics.PrometheusHistogram
+	misbehaved *metrics.Counter  // processes killed for breaking the protocol
+	localCalls *metrics.Counter  // calls its processes made through shared memory
+	stalls     *metrics.Counter  // checkStall's warnings
+	latency    *latencyHistogram // tpsched_request_duration_seconds, readable for /status
 
 	// checkStall's episode, on the expiry loop only.
 	stallSince  time.Time

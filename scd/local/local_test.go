@@ -141,6 +141,7 @@ func (s *fakeServer) kill(slot int) error {
 func (s *fakeServer) Kick(int)                      {}
 func (s *fakeServer) Attached(int)                  {}
 func (s *fakeServer) Kill(int)                      {}
+func (s *fakeServer) Replace(int)                   {}
 func (s *fakeServer) Running() (int, int)           { return s.spec.Resident, 0 }
 func (s *fakeServer) Processes() []procmgr.ProcInfo { return nil }
 func (s *fakeServer) Usage() bpf.Usage              { return bpf.Usage{} }
@@ -175,7 +176,9 @@ type answers struct {
 	ch  chan struct{}
 }
 
-func newAnswers() *answers { return &answers{got: map[uint64][]netio.Frame{}, ch: make(chan struct{}, 1024)} }
+func newAnswers() *answers {
+	return &answers{got: map[uint64][]netio.Frame{}, ch: make(chan struct{}, 1024)}
+}
 
 func (a *answers) Send(b []byte) error {
 	for len(b) > 0 {
@@ -249,7 +252,9 @@ func testScheduler(t *testing.T, servers map[string]string, place func(call.Call
 		t.Fatal(err)
 	}
 	if place == nil {
-		place = func(_ call.Caller, f *netio.Frame) (netio.Code, string) { return netio.CodeNoSuchGroup, string(f.Group) }
+		place = func(_ call.Caller, f *netio.Frame) (netio.Code, string) {
+			return netio.CodeNoSuchGroup, string(f.Group)
+		}
 	}
 	s, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet(),
 		CounterFunc: func(string, func() uint64) {}, Place: place})

@@ -27,6 +27,10 @@ type Processes interface {
 	Kick(waiting int)  // calls wait: the scaler may want another process
 	Attached(slot int) // the process in slot attached to its queue
 	Kill(slot int)     // the process in slot broke the protocol
+	// Replace: the process in slot is to leave at the operator's request
+	// (scdctl refresh), so its end is no crash (procmgr logs and counts it
+	// apart); the caller then asks it to leave.
+	Replace(slot int)
 	Running() (resident, nonResident int)
 	Processes() []procmgr.ProcInfo
 	Usage() bpf.Usage

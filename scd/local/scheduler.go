@@ -81,10 +81,12 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 		opts.LevelChanged = func(*Group) {}
 	}
 	s := &Scheduler{cfg: cfg, opts: opts, log: opts.Logger, groups: make(map[string]*Group), stop: make(chan struct{})}
+	var bad []error // every server's missing module, not only the first (scdd -check)
 	for _, srv := range cfg.Servers {
 		module, err := s.resolveModule(srv.Module)
 		if err != nil {
-			return nil, srv.Errorf("module", "%v", err)
+			bad = append(bad, srv.Errorf("module", "%v", err))
+			continue
 		}
 		srv.Module = module
 		g := &Group{
@@ -106,6 +108,13 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 		}
 		s.groups[g.name] = g
 		s.order = append(s.order, g)
+	}
+	switch len(bad) {
+	case 0:
+	case 1:
+		return nil, bad[0]
+	default:
+		return nil, def.Errors(bad)
 	}
 	sort.Slice(s.order, func(i, j int) bool { return s.order[i].name < s.order[j].name })
 	return s, nil
@@ -213,7 +222,7 @@ func (s *Scheduler) startGroup(g *Group) error {
 	g.misbehaved = set.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
 	g.localCalls = set.NewCounter(`tpsched_local_calls_total` + lbl)
 	g.stalls = set.NewCounter(`tpsched_local_call_stalls_total` + lbl)
-	g.latency = set.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
+	g.latency = newLatencyHistogram(set.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
 	set.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
 	s.opts.CounterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
 	s.opts.CounterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
@@ -268,15 +277,6 @@ func (s *Scheduler) startProcesses(g *Group, spec procmgr.Spec) (Processes, erro
 	}
 	g.serving.Store(true)
 	return g.server, nil
-}
-
-// requestDurationBuckets are the le bounds of tpsched_request_duration_seconds:
-// from an echo through shared memory (tens of µs) to watch_time's default
-// (180 s).
-var requestDurationBuckets = []float64{
-	50e-6, 100e-6, 250e-6, 500e-6,
-	.001, .0025, .005, .01, .025, .05, .1, .25, .5,
-	1, 2.5, 5, 10, 30, 60, 180,
 }
 
 func b2f(b bool) float64 {
@@ -347,21 +347,24 @@ func unknown(name string, names func() []string) string {
 }
 
 // Hold stops a group from taking new calls ('service closed'); queued calls
-// are still served. It reports whether the group was held already.
-func (s *Scheduler) Hold(name string) (was bool, err error) { return s.setHeld(name, true) }
+// are still served. It reports whether that changed anything: only a
+// change is logged.
+func (s *Scheduler) Hold(name string) (changed bool, err error) { return s.setHeld(name, true) }
 
-// Release lets a held group take calls again. It reports whether the
+// Release lets a held group take calls again; it reports whether the
 // group was held.
-func (s *Scheduler) Release(name string) (was bool, err error) { return s.setHeld(name, false) }
+func (s *Scheduler) Release(name string) (changed bool, err error) { return s.setHeld(name, false) }
 
 func (s *Scheduler) setHeld(name string, held bool) (bool, error) {
 	g := s.groups[name]
 	if g == nil {
 		return false, &netio.Error{Code: netio.CodeNoSuchGroup, Message: name}
 	}
-	was := g.held.Swap(held)
+	if g.held.Swap(held) == held {
+		return false, nil
+	}
 	s.log.Info("service group "+map[bool]string{true: "held", false: "released"}[held], "group", name)
-	return was, nil
+	return true, nil
 }
 
 // Groups are the groups defined here, by name.

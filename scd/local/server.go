@@ -125,6 +125,12 @@ func (e *server) Kill(slot int) {
 	}
 }
 
+func (e *server) Replace(slot int) {
+	if p := e.cur(); p != nil {
+		p.Replace(slot)
+	}
+}
+
 func (e *server) Running() (resident, nonResident int) {
 	if p := e.cur(); p != nil {
 		return p.Running()
@@ -316,6 +322,7 @@ func (g *Group) ReplaceProcesses(ctx context.Context, deadline time.Time) (int, 
 	defer t.Stop()
 	for _, slot := range g.occupied() {
 		old, _ := g.slotProc(slot)
+		g.procs.Replace(slot) // an operator's action: logged and counted apart from crashes
 		g.stopSlot(slot)
 		if !resident[slot] {
 			replaced++

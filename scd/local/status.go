@@ -10,25 +10,40 @@ import (
 
 // GroupStatus is one service group's state.
 type GroupStatus struct {
-	Group      string          `json:"group"`
-	Server     string          `json:"server"`
-	Receivers  string          `json:"receiver_group,omitempty"` // scdmulti -g: the receiver group that takes its calls
-	Held       bool            `json:"held"`
-	Receive    string          `json:"receive_from"`
-	Priority   int             `json:"schedule_priority"`
-	Resident   int             `json:"resident"`      // parallel_count now (chprc may have changed it)
-	Max        int             `json:"max_processes"` // likewise
-	CPUGroup   string          `json:"cpu_group,omitempty"`
-	QueueDepth int             `json:"queue_depth"`
-	QueueSize  int             `json:"queue_size"`
-	InFlight   int             `json:"in_flight"`
-	Queued     uint64          `json:"queued"`
-	Processed  uint64          `json:"processed"`
-	Processes  []ProcessStatus `json:"processes"`
-	Running    Running         `json:"running"`
-	Errors     GroupErrors     `json:"errors"`
-	Load       LoadStatus      `json:"load"`
-	Usage      UsageStatus     `json:"cpu"`
+	Group     string `json:"group"`
+	Server    string `json:"server"`
+	Receivers string `json:"receiver_group,omitempty"` // scdmulti -g: the receiver group that takes its calls
+	Held      bool   `json:"held"`
+	// Environment is, for an application environment (svcpolicy), this
+	// node's server of it: dormant (none here: the cluster starts one on
+	// demand), starting, serving, quiescing or dropped; "" for any other
+	// group. The routing manager fills it in (scd/wlmnode).
+	Environment string          `json:"environment,omitempty"`
+	Receive     string          `json:"receive_from"`
+	Priority    int             `json:"schedule_priority"`
+	Resident    int             `json:"resident"`      // parallel_count now (chprc may have changed it)
+	Max         int             `json:"max_processes"` // likewise
+	CPUGroup    string          `json:"cpu_group,omitempty"`
+	QueueDepth  int             `json:"queue_depth"`
+	QueueSize   int             `json:"queue_size"`
+	InFlight    int             `json:"in_flight"`
+	Queued      uint64          `json:"queued"`
+	Processed   uint64          `json:"processed"`
+	Processes   []ProcessStatus `json:"processes"`
+	Running     Running         `json:"running"`
+	Errors      GroupErrors     `json:"errors"`
+	Load        LoadStatus      `json:"load"`
+	Usage       UsageStatus     `json:"cpu"`
+	Latency     LatencyStatus   `json:"latency"`
+}
+
+// LatencyStatus is the group's calls by how long they took from arrival to
+// completion, since the node started: tpsched_request_duration_seconds's
+// buckets. Percentiles over a span are read off the difference of two
+// readings (the status page does, between its refreshes).
+type LatencyStatus struct {
+	UpToSeconds []float64 `json:"up_to_seconds"` // each bucket's upper bound (le); the last bucket has none
+	Counts      []uint64  `json:"counts"`        // calls per bucket, not cumulative: one more than UpToSeconds
 }
 
 // Running counts a group's processes running now, by kind
@@ -76,7 +91,11 @@ type UsageStatus struct {
 	Seconds     float64 `json:"cpu_seconds"`
 	WaitSeconds float64 `json:"runqueue_wait_seconds"`
 	// WaitPercent is the share of the processes' runnable time they spent
-	// waiting for a CPU over the CPU guard's last window; -1 when not known.
+	// waiting for a CPU over the CPU guard's last window; -1 when not known,
+	// or when they were runnable less than procmgr.CPUBusyFloor percent of
+	// it: a few wake-ups of an idle process make a share of a few µs that
+	// says nothing (it read 71-98% on an idle node), and the guard ignores
+	// it too.
 	WaitPercent int `json:"runqueue_wait_percent"`
 	// BusyPercent is their runnable time per process over that window.
 	BusyPercent int `json:"runnable_percent"`
@@ -100,6 +119,9 @@ func usageStatus(g *Group, hist bool) UsageStatus {
 		WaitPercent: cpu.Wait,
 		BusyPercent: cpu.Busy,
 		WaitLimit:   g.def.CPUWaitLimit,
+	}
+	if cpu.Busy < procmgr.CPUBusyFloor {
+		us.WaitPercent = -1
 	}
 	if !hist {
 		return us
@@ -148,8 +170,9 @@ func (g *Group) Status(hist bool) GroupStatus {
 		Running:    running(g),
 		Errors: GroupErrors{Busy: g.refused.Get(), TimedOut: g.timedOut.Get(),
 			ServerTerminated: g.terminated.Get(), ProtocolViolations: g.misbehaved.Get()},
-		Load:  g.load.status(&g.def),
-		Usage: usageStatus(g, hist),
+		Load:    g.load.status(&g.def),
+		Usage:   usageStatus(g, hist),
+		Latency: g.latency.status(),
 	}
 }
 

@@ -153,6 +153,16 @@ func New(opts Options) (*Manager, error) {
 // this node.
 func (w *Manager) IsEnvironment(group string) bool { return w.envs.isEnv(group) }
 
+// EnvironmentState is, for an application environment, this node's server
+// of it: dormant, starting, serving, quiescing or dropped; "" for any other
+// group (scdctl status).
+func (w *Manager) EnvironmentState(group string) string {
+	if !w.envs.isEnv(group) {
+		return ""
+	}
+	return w.envs.localState(group)
+}
+
 // Start runs the policy interval and the environments' loop until Close.
 func (w *Manager) Start() {
 	if _, _, err := w.load.sample(); err != nil {

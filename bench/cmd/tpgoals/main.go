@@ -303,7 +303,7 @@ type scddNode struct {
 	done     chan struct{}
 }
 
-var startedLine = regexp.MustCompile(`msg="scdd started" .*rpc=(\S+) control=(\S+)`)
+var startedLine = regexp.MustCompile(`msg="scdd started" .*rpc=(\S+) http=(\S+)`)
 
 func startNode(binDir string, i int, cpu string, managed bool) (*scddNode, error) {
 	dir, err := os.MkdirTemp("", "tpgoals-")

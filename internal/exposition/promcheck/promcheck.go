@@ -22,11 +22,13 @@ type Families map[string]*dto.MetricFamily
 
 // Check parses text and returns its families and every problem found:
 // a line that does not parse; a family without HELP text or TYPE line; a
-// series written twice; a family whose lines are not together; a tpsched_
-// family that is a counter without _total or has _total without being a
-// counter; a histogram without le buckets rising to +Inf, or (tpsched_
-// only: the library writes the Go runtime's without on purpose) whose +Inf
-// bucket is not its _count.
+// series written twice; a family whose lines are not together; a family
+// that is a counter without _total or has _total without being a counter,
+// or that ends in _count, _sum or _bucket without being a histogram or
+// summary (promtool's naming rules, for every family: the library's go_*
+// and process_* too); a histogram without le buckets rising to +Inf, or
+// (tpsched_ only: the library writes the Go runtime's without on purpose)
+// whose +Inf bucket is not its _count.
 func Check(text string) (Families, []error) {
 	p := expfmt.NewTextParser(model.LegacyValidation)
 	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
@@ -72,8 +74,15 @@ func Check(text string) (Families, []error) {
 		if types[name] == "" {
 			bad("%s has no TYPE line", name)
 		}
-		if strings.HasPrefix(name, "tpsched_") && (f.GetType() == dto.MetricType_COUNTER) != strings.HasSuffix(name, "_total") {
+		if (f.GetType() == dto.MetricType_COUNTER) != strings.HasSuffix(name, "_total") {
 			bad("%s is a %v: a counter's name ends in _total, and only a counter's", name, f.GetType())
+		}
+		if t := f.GetType(); t != dto.MetricType_HISTOGRAM && t != dto.MetricType_SUMMARY {
+			for _, suffix := range []string{"_count", "_sum", "_bucket"} {
+				if strings.HasSuffix(name, suffix) {
+					bad("%s is a %v: only a histogram's or summary's series end in %s", name, t, suffix)
+				}
+			}
 		}
 		if f.GetType() != dto.MetricType_HISTOGRAM {
 			continue
