@@ -103,13 +103,23 @@ func prepareUAPDir(base, node, server string, uid, gid int) (string, error) {
 	if !fi.IsDir() {
 		return "", fmt.Errorf("%s is not a directory", dir)
 	}
+	// Mode first, while it may still be scdd's: under the unit scdd has
+	// CAP_CHOWN but not CAP_FOWNER, so it cannot chmod its user's
+	// directory. One left by an earlier run is taken back for the change.
+	if fi.Mode().Perm() != 0o700 {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+			if err := os.Lchown(dir, os.Geteuid(), -1); err != nil {
+				return "", err
+			}
+		}
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return "", err
+		}
+	}
 	if os.Geteuid() == 0 && (uid >= 0 || gid >= 0) {
 		if err := os.Lchown(dir, uid, gid); err != nil {
 			return "", err
 		}
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return "", err
 	}
 	return dir, nil
 }
