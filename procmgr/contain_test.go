@@ -350,3 +350,181 @@ func TestModuleUnderAClosedDirectoryAndSlotGroups(t *testing.T) {
 		}
 	}
 }
+
+// A pure cgroup v2 host (cpu, pids and memory on the unified hierarchy),
+// simulated in a plain directory since this machine binds them to v1: the
+// containment shares the CPU group's directory, enables pids and memory
+// down to the parent, writes the limits there, and places by clone3.
+func TestContainmentOnAPureV2Host(t *testing.T) {
+	mnt := t.TempDir()
+	parent, server := "tpsched/scdd-1", "echo"
+	write := func(rel, text string) {
+		t.Helper()
+		p := filepath.Join(mnt, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What the kernel would show: every level has the interface files.
+	for _, d := range []string{"", "tpsched", parent, parent + "/" + server} {
+		write(filepath.Join(d, "cgroup.controllers"), "cpu pids memory\n")
+		write(filepath.Join(d, "cgroup.subtree_control"), "")
+		write(filepath.Join(d, "cgroup.procs"), "")
+	}
+	for _, f := range []string{"cgroup.kill", "cgroup.freeze", "cpu.weight", "pids.max", "memory.max", "memory.swap.max"} {
+		write(filepath.Join(parent, server, f), "")
+	}
+	write(filepath.Join(parent, "cgroup.kill"), "")
+	mi := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(mi, []byte("41 31 0:38 / "+mnt+" rw - cgroup2 cgroup2 rw,nsdelegate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cpu := detect(mi, parent)
+	if cpu.Mechanism() != MechanismCgroup2 {
+		t.Fatalf("cpu: %s (%s)", cpu.Mechanism(), cpu.Reason())
+	}
+	c := detectContainment(mi, parent, cpu)
+	st := c.Status()
+	if st.Kill != KillCgroupKill || st.Pids != LimitCgroup2 || st.Memory != LimitCgroup2 || st.Paths["v2"] != filepath.Join(mnt, parent) ||
+		len(c.v1) != 0 || !c.v2shared {
+		t.Fatalf("status %+v (v1 %v)", st, c.v1)
+	}
+	for _, d := range []string{"", "tpsched", parent} {
+		b, _ := os.ReadFile(filepath.Join(mnt, d, "cgroup.subtree_control"))
+		if !strings.Contains(string(b), "+memory") { // the last enabled; each write replaces the plain file
+			t.Errorf("%s/cgroup.subtree_control: %q", d, b)
+		}
+	}
+	g, err := cpu.NewGroup(server, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.newBox(server, g, 300, 1<<30)
+	if err != nil || b.limitErr != nil {
+		t.Fatalf("newBox: %v %v", err, b)
+	}
+	for f, want := range map[string]string{"pids.max": "300", "memory.max": "1073741824", "memory.swap.max": "0"} {
+		if got, _ := os.ReadFile(filepath.Join(g.Path(), f)); string(got) != want {
+			t.Errorf("%s = %q, want %q", f, got, want)
+		}
+	}
+	attr := &syscall.SysProcAttr{}
+	pl, err := b.prepare(attr)
+	if err != nil || !attr.UseCgroupFD || len(pl.tasks) != 0 || pl.byBox {
+		t.Errorf("prepare: %v, UseCgroupFD %v, tasks %v, byBox %v: want the CPU group's clone3 alone", err, attr.UseCgroupFD, pl.tasks, pl.byBox)
+	}
+	if st := c.Status(); st.Placement != "clone3" {
+		t.Errorf("placement %q", st.Placement)
+	}
+	if _, err := b.killAll(nil); err != nil {
+		t.Errorf("kill: %v", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(g.Path(), "cgroup.kill")); string(got) != "1" {
+		t.Errorf("cgroup.kill = %q, want 1 written", got)
+	}
+}
+
+// hostWithout writes a mountinfo of this host without the mounts drop
+// says to leave out.
+func hostWithout(t *testing.T, drop func(line string) bool) string {
+	t.Helper()
+	b, err := os.ReadFile(mountinfoPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keep []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if !drop(line) {
+			keep = append(keep, line)
+		}
+	}
+	mi := filepath.Join(t.TempDir(), "mountinfo")
+	if err := os.WriteFile(mi, []byte(strings.Join(keep, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return mi
+}
+
+// On a host with cgroup v1 only the kill freezes the server's cgroup,
+// kills every member and thaws it: the process that left its group and
+// its child in a session of its own die with the stop.
+func TestPureV1HostKillsByTheFreezer(t *testing.T) {
+	t.Parallel()
+	needRoot(t)
+	mi := hostWithout(t, func(l string) bool { return strings.Contains(l, " - cgroup2 ") })
+	m, _ := loggedManager(t, Options{mountinfo: mi})
+	if m.contain.kill != KillFreezerV1 {
+		skipOrFail(t, "no v1 freezer here: "+m.contain.killWhy)
+	}
+	dir := t.TempDir()
+	srv, err := m.Start(uapSpec("escape", dir, 1), &hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := readReport(t, dir, 0, 0)
+	pid, _ := strconv.Atoi(rep["pid"])
+	gpid, _ := strconv.Atoi(rep["grandchild"])
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL); _ = syscall.Kill(gpid, syscall.SIGKILL) })
+	if got := cgroupsOf(t, gpid)["freezer"]; !strings.HasSuffix(got, "/srv-escape") {
+		t.Fatalf("the grandchild is in freezer cgroup %q", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := srv.Stop(ctx); err == nil || !strings.Contains(err.Error(), "killed 2 process") {
+		t.Errorf("Stop = %v, want both killed", err)
+	}
+	waitUntil(t, "the child and its grandchild dead", func() bool { return gone(pid) && gone(gpid) })
+}
+
+// With no writable cgroup the kill falls back to the process groups, and
+// the status says so and why (a scdd that is not root, say).
+func TestNoCgroupFallsBackToProcessGroups(t *testing.T) {
+	t.Parallel()
+	mi := hostWithout(t, func(l string) bool { return strings.Contains(l, " - cgroup") })
+	m, _ := loggedManager(t, Options{mountinfo: mi})
+	st := m.Containment()
+	if st.Kill != KillPgroup || st.Pids != LimitNone || st.Memory != LimitNone || !strings.Contains(st.KillReason, "no writable cgroup") ||
+		!strings.Contains(st.KillReason, "outlive a stop") {
+		t.Errorf("status %+v", st)
+	}
+	dir := t.TempDir()
+	sp := uapSpec("sleep", dir, 1)
+	sp.PidsMax, sp.MemoryMax = 100, 1<<30
+	srv := startServer(t, m, sp, &hooks{})
+	readReport(t, dir, 0, 0)
+	if l := srv.Limits(); l.PidsMax != 0 || l.MemoryMax != 0 || l.KillMechanism != string(KillPgroup) {
+		t.Errorf("limits %+v: none can be live", l)
+	}
+}
+
+// With only a cgroup without freezer (here the v1 cpu one) the kill goes
+// round the members until none is left: the child that left its group
+// and its grandchild still die with the stop.
+func TestCgroupWithoutFreezerKillsEveryMember(t *testing.T) {
+	t.Parallel()
+	needRoot(t)
+	mi := hostWithout(t, func(l string) bool {
+		m, ok := parseMountinfoLine(l)
+		return ok && !m.cpu // every cgroup mount but the v1 cpu one
+	})
+	m, _ := loggedManager(t, Options{mountinfo: mi})
+	if m.contain.kill != KillMembers {
+		skipOrFail(t, "no v1 cpu hierarchy here: "+m.contain.killWhy)
+	}
+	dir := t.TempDir()
+	srv, err := m.Start(uapSpec("escape", dir, 1), &hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := readReport(t, dir, 0, 0)
+	pid, _ := strconv.Atoi(rep["pid"])
+	gpid, _ := strconv.Atoi(rep["grandchild"])
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL); _ = syscall.Kill(gpid, syscall.SIGKILL) })
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = srv.Stop(ctx)
+	waitUntil(t, "the child and its grandchild dead", func() bool { return gone(pid) && gone(gpid) })
+}

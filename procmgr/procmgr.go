@@ -167,6 +167,11 @@ type Options struct {
 	// so that the process's name (comm, what ps and top show) is the
 	// module's, not the descriptor's number. "" or unusable: the number.
 	LinkDir string
+
+	// mountinfo replaces /proc/self/mountinfo for the CPU mechanism's and
+	// the containment's detection: tests show them a host with fewer
+	// hierarchies.
+	mountinfo string
 }
 
 // Manager starts processes for any number of servers.
@@ -247,9 +252,13 @@ func New(opts Options) *Manager {
 	if opts.OutputBurst <= 0 {
 		opts.OutputBurst = defaultOutputBurst
 	}
+	mi := mountinfoPath
+	if opts.mountinfo != "" {
+		mi = opts.mountinfo
+	}
 	m := &Manager{
 		log: opts.Logger, opts: opts,
-		cpu:    DetectCPUControl(opts.CPUParent),
+		cpu:    detect(mi, opts.CPUParent),
 		spawns: make(chan spawnReq),
 		kick:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
@@ -257,7 +266,7 @@ func New(opts Options) *Manager {
 	if err := CloseOnExec(); err != nil {
 		m.log.Warn("descriptors the daemon inherited may reach its UAPs", "err", err)
 	}
-	m.contain = detectContainment(mountinfoPath, opts.CPUParent, m.cpu)
+	m.contain = detectContainment(mi, opts.CPUParent, m.cpu)
 	m.cpu.byThread = true
 	m.execFD, m.nullFD = -1, -1
 	if opts.LinkDir != "" {
