@@ -32,6 +32,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -564,13 +565,18 @@ func (c *Containment) threadJoined(err error) {
 	c.mu.Unlock()
 }
 
-// members lists the pids in the server's member cgroup.
+// members lists the pids in the server's member cgroup, scdd's own left
+// out: on v1 a process is listed when one of its threads is in the cgroup,
+// and procmgr's spawning thread stays in the last server it started a
+// process for (Manager.vacate takes it out before a kill).
 func (b *box) members() ([]int, error) {
 	dir := b.memberDir()
 	if dir == "" {
 		return nil, nil
 	}
-	return readPids(filepath.Join(dir, "cgroup.procs"))
+	pids, err := readPids(filepath.Join(dir, "cgroup.procs"))
+	self := os.Getpid()
+	return slices.DeleteFunc(pids, func(p int) bool { return p == self }), err
 }
 
 func (b *box) memberDir() string {

@@ -224,10 +224,15 @@ func TestChildForkedBeforeMainIsInTheServersCgroups(t *testing.T) {
 	if st := m.Containment(); !strings.Contains(st.Placement, "spawning thread") && len(m.contain.v1) > 0 {
 		t.Errorf("placement %q", st.Placement)
 	}
-	// The spawning thread went home: scdd's own cgroups are not the server's.
-	for ctl, p := range cgroupsOf(t, os.Getpid()) {
-		if strings.HasSuffix(p, "/"+srv.spec.Server) {
-			t.Errorf("the test process is in the server's %q cgroup %s", ctl, p)
+	// The spawning thread stays in the server's v1 cgroups until a start
+	// for another server, and leaves them when the server stops: then no
+	// thread of this process is in them.
+	stopNow(t, srv)
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", os.Getpid()))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(task + "/cgroup")
+		if strings.Contains(string(b), "/"+srv.spec.Server+"\n") {
+			t.Errorf("thread %s is still in the server's cgroups after its stop:\n%s", filepath.Base(task), b)
 		}
 	}
 }

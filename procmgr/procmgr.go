@@ -39,6 +39,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -221,9 +222,9 @@ type Manager struct {
 }
 
 type spawnReq struct {
-	cmd    *exec.Cmd
-	tasks  []string // v1 tasks files the spawning thread joins for the fork
-	module int      // the module's descriptor to put at execFD for the fork; -1: none
+	cmd    *exec.Cmd // nil: go home (vacate)
+	tasks  []string  // v1 tasks files the spawning thread joins for the fork
+	module int       // the module's descriptor to put at execFD for the fork; -1: none
 	reply  chan spawnResult
 }
 
@@ -344,7 +345,11 @@ func (m *Manager) CPU() *CPUControl { return m.cpu }
 //
 // For a start into v1 cgroups the thread joins them (one write of its tid
 // to each "tasks" file: v1 moves single threads) so that the child is born
-// there, and goes back to its own cgroups after the fork (joinAndStart).
+// there (joinAndStart). It stays there until a start for another server,
+// or until that server stops (vacate): a move takes the kernel's
+// cgroup_threadgroup_rwsem for writing, which costs a grace period when
+// the lock was idle (milliseconds on a busy host), so the non-resident
+// starts of one busy server pay for none.
 func (m *Manager) spawnLoop(started chan<- struct{}) {
 	defer m.wg.Done()
 	// Never unlocked: when the loop ends the thread ends with it, so no
@@ -362,51 +367,80 @@ func (m *Manager) spawnLoop(started chan<- struct{}) {
 	m.homes = threadHomes(m.contain, "/proc/thread-self/cgroup")
 	tid := strconv.Itoa(unix.Gettid())
 	close(started)
+	var joined []string // the tasks files the thread is in; nil: its own cgroups
 	for {
 		select {
 		case r := <-m.spawns:
-			r.reply <- m.joinAndStart(r, tid)
+			if r.cmd == nil {
+				m.goHome(joined, tid)
+				joined = nil
+				r.reply <- spawnResult{}
+				continue
+			}
+			var res spawnResult
+			joined, res = m.joinAndStart(r, joined, tid)
+			r.reply <- res
 		case <-m.done:
 			return
 		}
 	}
 }
 
+// vacate takes the spawning thread out of the servers' cgroups, back into
+// its own: before a server's cgroups are frozen, killed or removed (a
+// thread of scdd's in them would be frozen, listed among the members, and
+// would keep them from being removed).
+func (m *Manager) vacate() {
+	r := spawnReq{reply: make(chan spawnResult, 1)}
+	select {
+	case m.spawns <- r:
+		<-r.reply
+	case <-m.done:
+	}
+}
+
 // joinAndStart starts r.cmd with the spawning thread in the v1 cgroups
-// r.tasks names, then takes the thread home again. If a join fails the
-// thread goes home at once and the start goes on: the child is placed by
-// cgroup.procs after it (spawnResult.joinErr).
-func (m *Manager) joinAndStart(r spawnReq, tid string) spawnResult {
+// r.tasks names, where it stays; joined are the ones it is in now, and it
+// returns those it is in after. If a join fails the thread goes home and
+// the start goes on: the child is placed by cgroup.procs after it
+// (spawnResult.joinErr).
+func (m *Manager) joinAndStart(r spawnReq, joined []string, tid string) ([]string, spawnResult) {
 	if r.module >= 0 {
 		if err := unix.Dup3(r.module, m.execFD, unix.O_CLOEXEC); err != nil {
-			return spawnResult{err: fmt.Errorf("put the module at fd %d: %w", m.execFD, err)}
+			return joined, spawnResult{err: fmt.Errorf("put the module at fd %d: %w", m.execFD, err)}
 		}
 		// /dev/null back after the fork: the module's file is not held.
 		defer func() { _ = unix.Dup3(m.nullFD, m.execFD, unix.O_CLOEXEC) }()
 	}
-	var joined []string
 	var joinErr error
-	for _, tasks := range r.tasks {
-		if err := writeCgroupFile(tasks, tid); err != nil {
-			joinErr = err
-			break
+	if !slices.Equal(joined, r.tasks) {
+		// Straight from one server's cgroups to the next one's: a write
+		// per hierarchy moves the thread.
+		var now []string
+		for _, tasks := range r.tasks {
+			if err := writeCgroupFile(tasks, tid); err != nil {
+				joinErr = err
+				break
+			}
+			now = append(now, tasks)
 		}
-		joined = append(joined, tasks)
-	}
-	if joinErr != nil {
-		m.goHome(joined, tid)
-		joined = nil
+		if joinErr != nil {
+			m.goHome(append(now, joined...), tid)
+			now = nil
+		}
+		joined = now
 	}
 	err := r.cmd.Start()
-	m.goHome(joined, tid)
 	if len(r.tasks) > 0 {
 		m.contain.threadJoined(joinErr)
 	}
-	return spawnResult{err: err, joinErr: joinErr}
+	return joined, spawnResult{err: err, joinErr: joinErr}
 }
 
-// goHome moves the spawning thread back from the cgroups it joined.
+// goHome moves the spawning thread back from the cgroups it joined (a
+// hierarchy may be named twice: it goes home once).
 func (m *Manager) goHome(joined []string, tid string) {
+	done := map[string]bool{}
 	for _, tasks := range joined {
 		home := ""
 		for mount, h := range m.homes {
@@ -415,6 +449,10 @@ func (m *Manager) goHome(joined []string, tid string) {
 				break
 			}
 		}
+		if done[home] {
+			continue
+		}
+		done[home] = true
 		err := errors.New("no home cgroup known for its hierarchy")
 		if home != "" {
 			err = writeCgroupFile(home, tid)
@@ -1270,6 +1308,7 @@ func (s *Server) Stop(ctx context.Context) error {
 				s.spec.Server, killWait, s.livePIDs()))
 		}
 	}
+	s.m.vacate()
 	if left, _ := s.box.members(); len(left) > 0 {
 		n, kerr := s.box.killAll(nil)
 		s.m.log.Warn("killed what the server's processes left behind", "server", s.spec.Server, "processes", n, "pids", left)
@@ -1351,6 +1390,7 @@ func (s *Server) kill() int {
 // too.
 func (s *Server) killAll() (int, error) {
 	s.setStopping()
+	s.m.vacate() // no start is under way for the server now: the thread may leave
 	return s.box.killAll(s.livePIDs())
 }
 
