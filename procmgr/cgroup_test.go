@@ -479,6 +479,9 @@ func TestCPUStaleDaemonGroupsRemoved(t *testing.T) {
 	}
 	m := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		CPUParent: filepath.Base(root) + "/scdd-" + strconv.Itoa(os.Getpid())})
+	for _, p := range m.Containment().Paths {
+		t.Cleanup(func() { rmdirTree(t, filepath.Dir(p)) }) // the base level of the other hierarchies
+	}
 	m.Close()
 	if _, err := os.Stat(dead); !os.IsNotExist(err) {
 		t.Errorf("the dead daemon's cgroup %s is still there (%v)", dead, err)
