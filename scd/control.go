@@ -284,6 +284,17 @@ func controlPeerOf(c *net.UnixConn) controlPeer {
 	return p
 }
 
+// sameUserNamespace reports whether pid runs in scdd's user namespace;
+// false when that cannot be read.
+func sameUserNamespace(pid int) bool {
+	own, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return false
+	}
+	peer, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
+	return err == nil && peer == own
+}
+
 func allowedUIDs() []int {
 	if uid := os.Geteuid(); uid != 0 {
 		return []int{0, uid}
@@ -305,6 +316,11 @@ func (n *Node) controlAllowed(next http.Handler, refused *metrics.Counter) http.
 			why = "control socket: cannot tell who is calling"
 		case p.cred.Uid != 0 && p.cred.Uid != own:
 			why = fmt.Sprintf("control socket: uid %d may not use it: only scdd's own user (uid %d) and root", p.cred.Uid, own)
+		case own != 0 && p.cred.Uid == own && !sameUserNamespace(int(p.cred.Pid)):
+			// A non-root node's UAPs run as its user, each in a user
+			// namespace of its own (procmgr): that is how they are told
+			// from the operator.
+			why = "control socket: the caller runs in another user namespace (a UAP of this node?): only scdd's own user and root, outside"
 		default:
 			next.ServeHTTP(w, r)
 			return

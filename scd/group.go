@@ -39,6 +39,7 @@ type group struct {
 	tr       transport
 	watch    time.Duration
 	readerOn atomic.Bool // the reply reader runs
+	workDir  string      // its processes' working directory (uapdir.go)
 
 	mu      sync.Mutex
 	q       *schedq.Queue[*call]
@@ -81,6 +82,9 @@ type slotState struct {
 	served   uint64 // calls it completed
 	events   uint64 // attaches and completions: what may ring its doorbell
 	warned   bool   // its missing entries were logged
+	// killed: it broke the protocol and was killed; nothing more is read
+	// from it (and logged) until it is reaped, however often it rings.
+	killed bool
 
 	// since is its last attach or completion: when its next call's
 	// service began (wlm.go).
@@ -311,7 +315,7 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 	for slot := range g.slots {
 		si := &g.slots[slot]
 		p := si.p
-		if p == nil {
+		if p == nil || si.killed {
 			continue
 		}
 		if p.Attach() {
@@ -345,6 +349,7 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 				}
 				freeCall(cl)
 				g.act()
+				si.killed = true
 				bad = append(bad, slot)
 				break
 			}
@@ -362,6 +367,9 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 			freeCall(cl)
 			g.act() // after the reply was copied out of the mailbox
 		}
+		if si.killed {
+			continue
+		}
 		if oc, ok := p.(outCaller); ok {
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
@@ -369,7 +377,9 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 				si.events++
 				g.q.Retire(slot)
 				g.act()
+				si.killed = true
 				bad = append(bad, slot)
+				continue
 			} else if made {
 				si.events++
 				calls = append(calls, localCall{oc, c})
@@ -382,6 +392,7 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 			g.q.Retire(slot)
 			g.act()
 			si.events = p.Rings() // once
+			si.killed = true
 			bad = append(bad, slot)
 		}
 	}

@@ -138,6 +138,17 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 			continue
 		}
 		s.Module = module
+		// The module must be runnable by the user its processes run as,
+		// which is not scdd's (issue 19 item 22): say so now, at -check,
+		// rather than as "permission denied" at each start.
+		if uid, gid, _ := n.uapCredentials(&s); uid >= 0 || gid >= 0 || os.Geteuid() != 0 {
+			if err := procmgr.CheckModule(module, uid, gid); err != nil {
+				return nil, s.Errorf("module", "%v", err)
+			}
+		}
+		if err := n.checkWorkDir(&s); err != nil {
+			return nil, err
+		}
 		g := &group{
 			name:    s.ServiceGroup,
 			def:     s,
@@ -247,10 +258,11 @@ func (n *Node) Start() (err error) {
 			SchedBatch:    n.cfg.System.UAPSchedBatch,
 			MemoryReserve: n.cfg.System.MemoryReserve,
 			Meter:         n.meter,
+			LinkDir:       n.uapLinkDir(),
 		})}
 	}
 	n.registerNodeMetrics()
-	for _, w := range n.cfg.System.Warnings() {
+	for _, w := range n.Warnings() {
 		n.log.Warn(w)
 	}
 	n.restart.peer = n.opts.Takeover
@@ -346,8 +358,13 @@ func (n *Node) startGroup(g *group) error {
 	n.counterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
 	n.metrics.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
 	n.startLoad(g)
-	uid, gid := n.uapCredentials(s)
-	var err error
+	uid, gid, slotGIDs := n.uapCredentials(s)
+	dir, err := n.uapWorkDir(s, uid, gid)
+	if err != nil {
+		n.log.Warn("the server's working directory could not be prepared; its processes start in /", "server", s.Name, "err", err)
+		dir = "/"
+	}
+	g.workDir = dir
 	g.procs, err = n.startProcesses(g, procmgr.Spec{
 		Server:       s.Name,
 		Group:        g.name,
@@ -355,6 +372,7 @@ func (n *Node) startGroup(g *group) error {
 		Env:          env,
 		UID:          uid,
 		GID:          gid,
+		SlotGIDs:     slotGIDs,
 		Resident:     s.Resident,
 		Max:          s.MaxProcesses,
 		BalanceCount: s.BalanceCount,
@@ -362,10 +380,14 @@ func (n *Node) startGroup(g *group) error {
 		Refresh:      s.RefreshProcess,
 		IdleStop:     s.NonResidentIdle,
 		CPUWaitLimit: s.CPUWaitLimit,
+		PidsMax:      uapPidsMax(s),
+		MemoryMax:    uapMemoryMax(s),
+		Dir:          dir,
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.File, err)
 	}
+	n.registerUAPMetrics(g)
 	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
 		res, _ := g.procs.Running()
 		return float64(res)
@@ -419,6 +441,10 @@ func (n *Node) registerNodeMetrics() {
 	cpu := n.pm.CPUStatus()
 	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism)+`"}`,
 		func() float64 { return 1 })
+	cs := n.pm.Containment()
+	n.metrics.NewGauge(`tpsched_uap_kill_mechanism{mechanism="`+string(cs.Kill)+`"}`, func() float64 { return 1 })
+	n.metrics.NewGauge(`tpsched_uap_limit_mechanism{limit="pids",mechanism="`+string(cs.Pids)+`"}`, func() float64 { return 1 })
+	n.metrics.NewGauge(`tpsched_uap_limit_mechanism{limit="memory",mechanism="`+string(cs.Memory)+`"}`, func() float64 { return 1 })
 	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
 	n.counterFunc(`tpsched_nonresident_starts_total`, func() uint64 { return n.pm.Stats().NonResidentStarts })
 	n.counterFunc(`tpsched_nonresident_stops_total`, func() uint64 { return n.pm.Stats().NonResidentStops })

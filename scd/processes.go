@@ -14,6 +14,7 @@ type processManager interface {
 	// Start starts a server's resident processes; d is the group.
 	Start(spec procmgr.Spec, d procmgr.Delegate) (processes, error)
 	CPUStatus() procmgr.CPUStatus
+	Containment() procmgr.ContainStatus
 	Stats() procmgr.Stats
 	Close()
 }
@@ -29,6 +30,8 @@ type processes interface {
 	Usage() bpf.Usage
 	CPUSample() procmgr.CPUSample
 	CPUGroupPath() string
+	Limits() procmgr.LimitStatus // its pids and memory limits and what they caught
+	Output() procmgr.OutputStats // its stdout and stderr lines, logged and dropped
 	Stopping()
 	Stop(ctx context.Context) error
 	// ParallelCount is resident,max now; SetParallelCount changes it while

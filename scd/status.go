@@ -29,10 +29,13 @@ type Status struct {
 	RPC      string            `json:"rpc"`
 	Draining bool              `json:"draining"`
 	CPU      procmgr.CPUStatus `json:"cpu_priority"`
-	Probes   bpf.Mechanism     `json:"cpu_measurement"` // how UAP CPU time and run-queue wait are measured
-	Scaling  procmgr.Stats     `json:"scaling"`
-	Groups   []GroupStatus     `json:"groups"`
-	Cluster  *ClusterStatus    `json:"cluster,omitempty"` // absent without all_node
+	// Contain is how the UAPs are contained: killed together, limited,
+	// placed, isolated (procmgr/contain.go).
+	Contain procmgr.ContainStatus `json:"uap_containment"`
+	Probes  bpf.Mechanism         `json:"cpu_measurement"` // how UAP CPU time and run-queue wait are measured
+	Scaling procmgr.Stats         `json:"scaling"`
+	Groups  []GroupStatus         `json:"groups"`
+	Cluster *ClusterStatus        `json:"cluster,omitempty"` // absent without all_node
 	// ErrorAnswers are the calls answered with an error, by code, since
 	// the node started (tpsched_error_answers_total); codes never used are
 	// left out.
@@ -70,6 +73,12 @@ type GroupStatus struct {
 	Load        LoadStatus      `json:"load"`
 	Usage       UsageStatus     `json:"cpu"`
 	Latency     LatencyStatus   `json:"latency"`
+	// Limits are the server's pids and memory limits in force and what
+	// they caught; WorkDir its processes' working directory; Output what
+	// they wrote to stdout and stderr.
+	Limits  procmgr.LimitStatus `json:"limits"`
+	WorkDir string              `json:"working_directory"`
+	Output  procmgr.OutputStats `json:"output"`
 }
 
 // LatencyStatus is the group's calls by how long they took from arrival to
@@ -185,7 +194,7 @@ func (g *group) running() Running {
 // Status reports the node's state now.
 func (n *Node) Status() Status {
 	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), PID: os.Getpid(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
-		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
+		CPU: n.pm.CPUStatus(), Contain: n.pm.Containment(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	st.Cluster = n.clusterStatus()
 	st.Receivers, st.Steering = n.rpc.Receivers(), n.rpc.Steering()
 	st.ErrorAnswers = map[string]uint64{}
@@ -223,6 +232,9 @@ func (n *Node) Status() Status {
 			Load:    g.loadStatus(),
 			Usage:   g.usageStatus(st.Probes.Histogram),
 			Latency: g.latency.status(),
+			Limits:  g.procs.Limits(),
+			WorkDir: g.workDir,
+			Output:  g.procs.Output(),
 		})
 	}
 	return st

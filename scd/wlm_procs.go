@@ -180,6 +180,20 @@ func (e *envProcs) CPUGroupPath() string {
 	return ""
 }
 
+func (e *envProcs) Limits() procmgr.LimitStatus {
+	if p := e.cur(); p != nil {
+		return p.Limits()
+	}
+	return procmgr.LimitStatus{}
+}
+
+func (e *envProcs) Output() procmgr.OutputStats {
+	if p := e.cur(); p != nil {
+		return p.Output()
+	}
+	return procmgr.OutputStats{}
+}
+
 func (e *envProcs) Stopping() {
 	e.mu.Lock()
 	e.closed = true
