@@ -109,7 +109,18 @@ func (n *Node) ControlSocket() string { return ControlSocketPath(n.cfg) }
 // stops.
 func (n *Node) startControl() error {
 	path := ControlSocketPath(n.cfg)
-	ln, err := n.restart.inheritControl, error(nil) // the old process's, on a restart
+	// Bound before the UAPs started (bindPorts), else the old process's
+	// on a restart.
+	ln, err := n.controlBound, error(nil)
+	n.controlBound = nil
+	if inh := n.restart.inheritControl; inh != nil {
+		n.restart.inheritControl = nil
+		if ln == nil {
+			ln = inh
+		} else {
+			_ = inh.Close()
+		}
+	}
 	if ln == nil {
 		ln, err = listenControl(path)
 	}

@@ -207,7 +207,18 @@ func (n *Node) startAdmin() error {
 	if err := n.startControl(); err != nil {
 		return err
 	}
-	ln, err := n.restart.inheritMetrics, error(nil) // the old process's, on a restart
+	// Bound before the UAPs started (bindPorts), else the old process's
+	// on a restart.
+	ln, err := n.adminBound, error(nil)
+	n.adminBound = nil
+	if inh := n.restart.inheritMetrics; inh != nil {
+		n.restart.inheritMetrics = nil
+		if ln == nil {
+			ln = inh
+		} else {
+			_ = inh.Close()
+		}
+	}
 	if ln == nil {
 		ln, err = net.Listen("tcp", n.cfg.System.MetricsAddress)
 	}
