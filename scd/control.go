@@ -130,12 +130,9 @@ func (n *Node) startControl() error {
 	refused := n.metrics.NewCounter("tpsched_control_refused_total")
 	mux := http.NewServeMux()
 	n.controlActions(mux)
-	srv := &http.Server{
-		Handler:           n.controlAllowed(mux, refused),
-		ConnContext:       withControlPeer,
-		ReadHeaderTimeout: 5 * time.Second,
-	}
-	n.restart.controlLn, n.restart.controlSrv = ln, srv
+	srv, lim := newHTTPServer(n.controlAllowed(mux, refused), controlMaxConns, 0) // httplimit.go
+	srv.ConnContext = withControlPeer
+	n.restart.controlLn, n.restart.controlSrv, n.restart.controlLimit = ln, srv, lim
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -149,7 +146,7 @@ func (n *Node) startControl() error {
 		_ = srv.Close()
 	}()
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
+		if err := srv.Serve(lim.listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
 			n.log.Error("control socket stopped", "path", path, "err", err)
 		}
 	}()

@@ -107,6 +107,8 @@ type Node struct {
 	controlBound *net.UnixListener
 	namesBound   *names.Transport
 
+	adminLimit *connLimit // caps metrics_address's connections (httplimit.go)
+
 	restart restartState // restart.go: handing the sockets to a new process, or taking them over
 	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
 

@@ -74,8 +74,9 @@ type restartState struct {
 
 	// The admin listeners, to hand over; the control server is
 	// controlSrv.
-	controlLn  *net.UnixListener
-	controlSrv *http.Server
+	controlLn    *net.UnixListener
+	controlSrv   *http.Server
+	controlLimit *connLimit
 
 	// The new process's side: the socket to the old one and what came
 	// over it.
@@ -416,7 +417,7 @@ func (n *Node) resumeAdmin(metricsF, controlF *os.File) {
 	if metricsF != nil {
 		if ln, err := net.FileListener(metricsF); err == nil {
 			n.adminLn = ln
-			go func() { _ = n.admin.Serve(ln) }()
+			go func() { _ = n.admin.Serve(n.adminLimit.listener(ln)) }()
 		} else {
 			n.log.Error("restart: the metrics endpoint could not be taken back", "err", err)
 		}
@@ -426,7 +427,7 @@ func (n *Node) resumeAdmin(metricsF, controlF *os.File) {
 		if ul, ok := ln.(*net.UnixListener); err == nil && ok {
 			ul.SetUnlinkOnClose(true)
 			n.restart.controlLn = ul
-			go func() { _ = n.restart.controlSrv.Serve(ul) }()
+			go func() { _ = n.restart.controlSrv.Serve(n.restart.controlLimit.listener(ul)) }()
 		} else {
 			n.log.Error("restart: the control socket could not be taken back", "err", err)
 		}

@@ -234,9 +234,9 @@ func (n *Node) startAdmin() error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status())
 	})
-	n.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.admin, n.adminLimit = newHTTPServer(mux, metricsMaxConns, httpWriteTimeout) // httplimit.go
 	go func() {
-		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
+		if err := n.admin.Serve(n.adminLimit.listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
 			n.log.Error("metrics and status endpoint stopped", "err", err)
 		}
 	}()
