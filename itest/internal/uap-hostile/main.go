@@ -15,6 +15,9 @@
 // status, a reply longer than its buffer, a completion numbered ahead,
 // a reply that says "spoiled by the hostile UAP" (its own callers' replies
 // are its to spoil), and rings its doorbell without cause in between.
+//
+// With HOSTILE_SQUAT set it makes the squat attack instead (squat.go): it
+// binds the node's ports before the node does, if it can.
 package main
 
 import (
@@ -50,6 +53,13 @@ const (
 )
 
 func main() {
+	if t := os.Getenv("HOSTILE_SQUAT"); t != "" {
+		if os.Getenv("TPSCHED_PROC_SLOT") == "0" {
+			go squat(t) // squat.go
+		}
+		honest()
+		return
+	}
 	if os.Getenv("TPSCHED_PROC_SLOT") != "0" {
 		honest()
 		return
