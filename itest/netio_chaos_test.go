@@ -689,3 +689,67 @@ func TestOversizeFrameAnsweredAndSkipped(t *testing.T) {
 		t.Errorf("RSS grew by %.0f MiB while skipping a %d MiB payload", grow, size>>20)
 	}
 }
+
+// TestHalfClosedCallerGetsAnswers: a caller that writes its calls and then
+// shuts its write side (shutdown(SHUT_WR), as a batch job piping a file of
+// calls would) gets an answer for every one, then a clean close. (The
+// node took the caller's FIN for the end of the connection: 4 calls got
+// no answer, and of 50 sleep calls 18 admitted ones were never answered.)
+func TestHalfClosedCallerGetsAnswers(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"g": "set service_group = \"g\"\nset service = \"echo\", \"sleep\"\n" +
+		"set module = MODULE\nset parallel_count = 2\nset queue_size = 64\n"})
+	n := startNode(t, "-c", dir)
+	for _, tc := range []struct {
+		name    string
+		calls   int
+		service string
+		arg     string
+	}{
+		{"4 echo", 4, "echo", "x"},
+		{"50 sleep", 50, "sleep", "20"},
+	} {
+		c, err := net.DialTimeout("tcp", n.rpc, 2*time.Second)
+		must(t, err)
+		var batch []byte
+		for i := range tc.calls {
+			batch = netio.AppendFrame(batch, netio.Header{Kind: netio.KindCall, ID: uint64(i + 1), TimeoutMs: 20_000}, "g", tc.service,
+				[]byte(fmt.Sprintf("%s %d", tc.arg, i+1)))
+		}
+		_, err = c.Write(batch)
+		must(t, err)
+		must(t, c.(*net.TCPConn).CloseWrite())
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		got := map[uint64]netio.Frame{}
+		r := bufio.NewReader(c)
+		var end error
+		for {
+			f, err := readAnswer(r)
+			if err != nil {
+				end = err
+				break
+			}
+			if _, dup := got[f.ID]; dup {
+				t.Fatalf("%s: two answers for call %d", tc.name, f.ID)
+			}
+			got[f.ID] = f
+		}
+		c.Close()
+		ok := 0
+		for id := uint64(1); id <= uint64(tc.calls); id++ {
+			f, answered := got[id]
+			switch {
+			case !answered:
+				t.Errorf("%s: call %d got no answer", tc.name, id)
+			case f.Kind == netio.KindReply && string(f.Payload) == fmt.Sprintf("%s %d", tc.arg, id):
+				ok++
+			default:
+				t.Errorf("%s: call %d: %+v %q", tc.name, id, f.Header, f.Payload)
+			}
+		}
+		if !errors.Is(end, io.EOF) {
+			t.Errorf("%s: the connection ended with %v, not a clean close", tc.name, end)
+		}
+		t.Logf("%s: %d calls, then the write side shut: %d answered", tc.name, tc.calls, ok)
+	}
+}
