@@ -222,11 +222,15 @@ func (c *Conn) growPart(want int) bool {
 		limit = netio.HeaderSize
 	}
 	size := min(max(want, 2*have, 512), limit)
+	if _, cs, ok := partClass(size); ok {
+		size = cs // what getPart allocates, and the budget is charged
+	}
 	if !c.srv.charge(c, int64(size-have)) {
 		return false
 	}
-	p := make([]byte, len(c.part), size)
+	p := getPart(len(c.part), size) // partpool.go
 	copy(p, c.part)
+	putPart(c.part)
 	c.part = p
 	return true
 }
@@ -235,6 +239,7 @@ func (c *Conn) growPart(want int) bool {
 // budget; keepTimer leaves the FrameTimeout clock running (a skip follows).
 func (c *Conn) dropPart(keepTimer bool) {
 	c.srv.charge(c, -int64(cap(c.part)))
+	putPart(c.part) // the Handler is done with it: a frame aliases it only during OnFrame
 	c.part, c.need = nil, 0
 	if !keepTimer {
 		c.partialSince.Store(0)
