@@ -690,12 +690,12 @@ func TestOversizeFrameAnsweredAndSkipped(t *testing.T) {
 	}
 }
 
-// TestHalfClosedCallerGetsAnswers: a caller that writes its calls and then
+// TestChaosHalfClosedCaller: a caller that writes its calls and then
 // shuts its write side (shutdown(SHUT_WR), as a batch job piping a file of
 // calls would) gets an answer for every one, then a clean close. (The
 // node took the caller's FIN for the end of the connection: 4 calls got
 // no answer, and of 50 sleep calls 18 admitted ones were never answered.)
-func TestHalfClosedCallerGetsAnswers(t *testing.T) {
+func TestChaosHalfClosedCaller(t *testing.T) {
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{"g": "set service_group = \"g\"\nset service = \"echo\", \"sleep\"\n" +
 		"set module = MODULE\nset parallel_count = 2\nset queue_size = 64\n"})
@@ -750,6 +750,6 @@ func TestHalfClosedCallerGetsAnswers(t *testing.T) {
 		if !errors.Is(end, io.EOF) {
 			t.Errorf("%s: the connection ended with %v, not a clean close", tc.name, end)
 		}
-		t.Logf("%s: %d calls, then the write side shut: %d answered", tc.name, tc.calls, ok)
+		chaosFigures(t, "%s: %d calls, then the write side shut: %d answered, then a clean close: %v", tc.name, tc.calls, ok, errors.Is(end, io.EOF))
 	}
 }

@@ -95,13 +95,13 @@ func TestChaosPortSquat(t *testing.T) {
 	}
 }
 
-// TestSecondNodeRefusesSharedPort: a second scdd given a running node's
+// TestChaosSecondScddOnPort: a second scdd given a running node's
 // RPC port (or a receiver group's port) refuses to start, saying which port
 // and which process holds it; the running node serves on, and every
 // connection made meanwhile reaches it. (Both root, SO_REUSEPORT let the
 // second share the port: the kernel gave it half of the callers, who got
 // 'no such service group'.)
-func TestSecondNodeRefusesSharedPort(t *testing.T) {
+func TestChaosSecondScddOnPort(t *testing.T) {
 	skipShort(t)
 	ports, err := freeport.Common([]string{"127.0.0.1"}, 2)
 	if err != nil {
@@ -137,6 +137,7 @@ func TestSecondNodeRefusesSharedPort(t *testing.T) {
 			cmd.Stderr = &stderr
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			must(t, cmd.Start())
+			began := time.Now()
 			done := make(chan struct{})
 			var exitErr error
 			go func() { exitErr = cmd.Wait(); close(done) }()
@@ -180,6 +181,7 @@ func TestSecondNodeRefusesSharedPort(t *testing.T) {
 				<-calling
 				t.Fatalf("the second scdd still runs 20 s after its start beside a node on port %d\n%s", tc.port, stderr.String())
 			}
+			took := time.Since(began)
 			close(stop)
 			<-calling
 			var ee *exec.ExitError
@@ -205,7 +207,8 @@ func TestSecondNodeRefusesSharedPort(t *testing.T) {
 			if i := strings.LastIndex(strings.TrimSpace(msg), "\n"); i >= 0 {
 				line = strings.TrimSpace(msg)[i+1:]
 			}
-			t.Logf("second scdd: %s (exit %v); the first served %d new connections meanwhile, %d went astray", line, exitErr, served.Load(), strays.Load())
+			chaosFigures(t, "%s: the second scdd exited (%v) %v after its start: %q; the first served %d new connections meanwhile, %d went astray",
+				tc.name, exitErr, took.Round(time.Millisecond), line, served.Load(), strays.Load())
 			if strays.Load() > 0 {
 				t.Errorf("%d connections to the running node were not served by it", strays.Load())
 			}
