@@ -10,7 +10,7 @@
 //
 //	cfg, _ := def.Load(dir)
 //	n, err := scd.New(cfg, scd.Options{})
-//	err = n.Start()       // processes, queues, RPC port, control API
+//	err = n.Start()       // ports bound, processes, queues, RPC port, control API
 //	...
 //	err = n.Drain(ctx)    // refuse new calls, finish queued ones, stop UAPs
 package scd
@@ -230,8 +230,9 @@ func checkExecutable(p string) error {
 	return nil
 }
 
-// Start creates the schedule queues, starts the UAP processes, then opens
-// the RPC port and the control/metrics endpoint. On error everything
+// Start binds every port the node listens on (bindPorts), creates the
+// schedule queues and starts the UAP processes, then serves the RPC port
+// and the control/metrics endpoint on what it bound. On error everything
 // already started is stopped again.
 func (n *Node) Start() (err error) {
 	force := n.opts.SchedProbes
