@@ -94,8 +94,8 @@ func TestChaosRestartIgnoringGoAway(t *testing.T) {
 // idAccount is what the callers of TestChaosRestartIgnoringGoAway saw,
 // call by call ("caller/id").
 type idAccount struct {
-	mu                                                       sync.Mutex
-	answers                                                  map[string]int
+	mu                                                      sync.Mutex
+	answers                                                 map[string]int
 	ok, shutting, resent, dup, wrong, goAways, fins, resets int
 }
 
