@@ -279,7 +279,7 @@ func (n *Node) Start() (err error) {
 	opts := n.rpcOptions()
 	opts.Inherit, opts.Bound = n.restart.inheritRPC, n.bound
 	n.rpc, err = rpcport.Listen(opts, n)
-	n.bound = nil // Listen took the sockets, or closed them
+	n.bound, n.restart.inheritRPC = nil, nil // Listen took the sockets, or closed them
 	if err != nil {
 		return fmt.Errorf("rpc port %s: %w", opts.Addr, err)
 	}
