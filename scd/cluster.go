@@ -108,15 +108,28 @@ func (n *Node) joinCluster() error {
 	if n.clusterKey() == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
+	// The name port bound before the UAPs started (bindPorts), else the
+	// old process's on a restart; Join binds it only when neither is.
+	t := n.namesBound
+	n.namesBound = nil
+	if inh := n.restart.inheritNames; inh != nil {
+		n.restart.inheritNames = nil
+		if t == nil {
+			t = inh
+		} else {
+			inh.Close()
+		}
+	}
 	g, err := names.Join(names.ClusterConfig{
-		Self:     sys.NodeID,
-		BindAddr: sys.RPCAddress,
-		Port:     sys.NamePort,
-		Seeds:    seeds,
-		Key:      n.clusterKey(),
-		Fast:     n.opts.FastFailureDetection,
-		Logger:   n.log,
-		OnChange: n.namesChanged,
+		Self:      sys.NodeID,
+		BindAddr:  sys.RPCAddress,
+		Port:      sys.NamePort,
+		Seeds:     seeds,
+		Key:       n.clusterKey(),
+		Fast:      n.opts.FastFailureDetection,
+		Logger:    n.log,
+		OnChange:  n.namesChanged,
+		Transport: t,
 	}, cl.names, n.localInfo())
 	if err != nil {
 		return err

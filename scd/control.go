@@ -171,7 +171,18 @@ func (n *Node) ControlSocket() string { return ControlSocketPath(n.cfg) }
 // stops.
 func (n *Node) startControl() error {
 	path := ControlSocketPath(n.cfg)
-	ln, err := n.restart.inheritControl, error(nil) // the old process's, on a restart
+	// Bound before the UAPs started (bindPorts), else the old process's
+	// on a restart.
+	ln, err := n.controlBound, error(nil)
+	n.controlBound = nil
+	if inh := n.restart.inheritControl; inh != nil {
+		n.restart.inheritControl = nil
+		if ln == nil {
+			ln = inh
+		} else {
+			_ = inh.Close()
+		}
+	}
 	if ln == nil {
 		ln, err = listenControl(path)
 	}
@@ -181,12 +192,9 @@ func (n *Node) startControl() error {
 	refused := n.metrics.NewCounter("tpsched_control_refused_total")
 	mux := http.NewServeMux()
 	n.controlActions(mux)
-	srv := &http.Server{
-		Handler:           n.controlAllowed(mux, refused),
-		ConnContext:       withControlPeer,
-		ReadHeaderTimeout: 5 * time.Second,
-	}
-	n.restart.controlLn, n.restart.controlSrv = ln, srv
+	srv, lim := newHTTPServer(n.controlAllowed(mux, refused), controlMaxConns, 0) // httplimit.go
+	srv.ConnContext = withControlPeer
+	n.restart.controlLn, n.restart.controlSrv, n.restart.controlLimit = ln, srv, lim
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -200,7 +208,7 @@ func (n *Node) startControl() error {
 		_ = srv.Close()
 	}()
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
+		if err := srv.Serve(lim.listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
 			n.log.Error("control socket stopped", "path", path, "err", err)
 		}
 	}()

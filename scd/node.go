@@ -10,7 +10,7 @@
 //
 //	cfg, _ := def.Load(dir)
 //	n, err := scd.New(cfg, scd.Options{})
-//	err = n.Start()       // processes, queues, RPC port, control API
+//	err = n.Start()       // ports bound, processes, queues, RPC port, control API
 //	...
 //	err = n.Drain(ctx)    // refuse new calls, finish queued ones, stop UAPs
 package scd
@@ -39,6 +39,7 @@ import (
 	"tpsched/netio/rpcport"
 	"tpsched/procmgr"
 	"tpsched/scd/def"
+	"tpsched/scd/names"
 	"tpsched/scd/schedq"
 	"tpsched/shm"
 	"tpsched/shm/sockmode"
@@ -98,6 +99,15 @@ type Node struct {
 
 	badRequests  *metrics.Counter
 	helloRefused *metrics.Counter
+
+	// Sockets bound before the UAPs start (bindPorts), until the parts
+	// that serve on them take them.
+	bound        *rpcport.Bound
+	adminBound   net.Listener
+	controlBound *net.UnixListener
+	namesBound   *names.Transport
+
+	adminLimit *connLimit // caps metrics_address's connections (httplimit.go)
 
 	restart restartState // restart.go: handing the sockets to a new process, or taking them over
 	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
@@ -240,8 +250,9 @@ func checkExecutable(p string) error {
 	return nil
 }
 
-// Start creates the schedule queues, starts the UAP processes, then opens
-// the RPC port and the control/metrics endpoint. On error everything
+// Start binds every port the node listens on (bindPorts), creates the
+// schedule queues and starts the UAP processes, then serves the RPC port
+// and the control/metrics endpoint on what it bound. On error everything
 // already started is stopped again.
 func (n *Node) Start() (err error) {
 	force := n.opts.SchedProbes
@@ -272,6 +283,9 @@ func (n *Node) Start() (err error) {
 			n.shutdown()
 		}
 	}()
+	if err := n.bindPorts(); err != nil {
+		return err
+	}
 	for _, g := range n.order {
 		if err := n.startGroup(g); err != nil {
 			return err
@@ -283,25 +297,12 @@ func (n *Node) Start() (err error) {
 	if err := n.prepareCluster(); err != nil {
 		return err
 	}
-	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
-	n.rpc, err = rpcport.Listen(rpcport.Options{
-		Addr:  rpcAddr,
-		Loops: n.cfg.Sched.Multi,
-		// A frame up to the largest max_message_size is read whole, so one
-		// over its own group's is answered 'message too big' here; netio
-		// answers a larger one itself and skips its bytes unkept.
-		MaxPayload:   n.largestMessage(),
-		MaxConns:     n.cfg.System.MaxConnections,
-		FrameTimeout: n.cfg.System.FrameTimeout,
-		BufferBudget: n.cfg.System.BufferBudget,
-		Metrics:      n.metrics,
-		Logger:       n.log,
-		Receivers:    n.receiverGroups(),
-		Steer:        steerer{off: n.opts.Steering == SteeringOff},
-		Inherit:      n.restart.inheritRPC,
-	}, n)
+	opts := n.rpcOptions()
+	opts.Inherit, opts.Bound = n.restart.inheritRPC, n.bound
+	n.rpc, err = rpcport.Listen(opts, n)
+	n.bound, n.restart.inheritRPC = nil, nil // Listen took the sockets, or closed them
 	if err != nil {
-		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
+		return fmt.Errorf("rpc port %s: %w", opts.Addr, err)
 	}
 	n.wg.Add(1)
 	go n.watchRPC()
@@ -325,6 +326,100 @@ func (n *Node) Start() (err error) {
 	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "http", n.adminLn.Addr().String(),
 		"control_socket", ControlSocketPath(n.cfg), "groups", len(n.order))
 	return nil
+}
+
+// rpcOptions are the RPC port's options from the definitions.
+func (n *Node) rpcOptions() rpcport.Options {
+	return rpcport.Options{
+		Addr:  net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort)),
+		Loops: n.cfg.Sched.Multi,
+		// A frame up to the largest max_message_size is read whole, so one
+		// over its own group's is answered 'message too big' here; netio
+		// answers a larger one itself and skips its bytes unkept.
+		MaxPayload:   n.largestMessage(),
+		MaxConns:     n.cfg.System.MaxConnections,
+		FrameTimeout: n.cfg.System.FrameTimeout,
+		BufferBudget: n.cfg.System.BufferBudget,
+		Metrics:      n.metrics,
+		Logger:       n.log,
+		Receivers:    n.receiverGroups(),
+		Steer:        steerer{off: n.opts.Steering == SteeringOff},
+	}
+}
+
+// bindPorts binds every socket the node listens on before the first UAP
+// runs: the RPC port and every receiver group's, metrics_address, the
+// control socket and the name port. A UAP started first could bind one of
+// them itself (the RPC port with SO_REUSEPORT, as a UAP did, answering
+// every call) or just hold it so that the node cannot start. Bound sockets
+// keep callers in their backlogs until the node serves on them. A new
+// process that takes the node over leaves alone what the old one holds
+// (a port taken, or port 0): those come from the old process, which keeps
+// them open throughout.
+func (n *Node) bindPorts() error {
+	takingOver := n.restart.peer != nil
+	opts := n.rpcOptions()
+	b, err := rpcport.Bind(opts, takingOver)
+	if err != nil {
+		return fmt.Errorf("rpc port %s: %w", opts.Addr, err)
+	}
+	n.bound = b
+	maddr := n.cfg.System.MetricsAddress
+	if !takingOver || !portZero(maddr) {
+		ln, err := net.Listen("tcp", maddr)
+		switch {
+		case err == nil:
+			n.adminBound = ln
+		case !takingOver:
+			return fmt.Errorf("metrics_address %s: %w", maddr, err)
+		}
+	}
+	ln, err := listenControl(ControlSocketPath(n.cfg))
+	switch {
+	case err == nil:
+		n.controlBound = ln
+	case !takingOver:
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if seeds, err := n.seeds(); err == nil && len(seeds) > 0 {
+		sys := n.cfg.System
+		if !takingOver || sys.NamePort != 0 {
+			t, err := names.ListenTransport(sys.RPCAddress, sys.NamePort)
+			switch {
+			case err == nil:
+				n.namesBound = t
+			case !takingOver:
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// closeUnbound closes the sockets bound ahead that nothing took (a start
+// that failed half way).
+func (n *Node) closeUnbound() {
+	n.bound.Close()
+	n.bound = nil
+	if n.adminBound != nil {
+		_ = n.adminBound.Close()
+		n.adminBound = nil
+	}
+	if n.controlBound != nil {
+		_ = n.controlBound.Close()
+		n.controlBound = nil
+	}
+	if n.namesBound != nil {
+		n.namesBound.Close()
+		n.namesBound = nil
+	}
+	n.restart.closeInherited()
+}
+
+// portZero reports whether host:port asks for a port the kernel picks.
+func portZero(addr string) bool {
+	_, p, err := net.SplitHostPort(addr)
+	return err == nil && (p == "0" || p == "")
 }
 
 func (n *Node) startGroup(g *group) error {
@@ -660,6 +755,7 @@ const (
 // shutdown stops whatever has been started, in the reverse order.
 func (n *Node) shutdown() error {
 	var errs []error
+	n.closeUnbound()
 	for _, g := range n.order {
 		if g.procs != nil {
 			g.procs.Stopping() // their exits from here on are not crashes
@@ -682,13 +778,19 @@ func (n *Node) shutdown() error {
 	}
 	cancel()
 	n.leaveCluster()
+	if n.cluster != nil {
+		// Calls transferred to other nodes and not yet answered are
+		// answered now, while their callers' connections are still open.
+		n.cluster.fwd.close()
+	}
 	if n.rpc != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), rpcStopTime)
 		errs = append(errs, n.rpc.Stop(ctx))
 		cancel()
-	}
-	if n.cluster != nil {
-		n.cluster.fwd.close()
+		// Every answer owed was written before its connection's FIN,
+		// unless the caller left first (reset, or closed and never read)
+		// or a limit closed the connection: those are counted.
+		n.log.Info("rpc port closed", "answers_undelivered", n.rpc.Stats().Undelivered)
 	}
 	if n.admin != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), httpStopTime)

@@ -247,7 +247,18 @@ func (n *Node) startAdmin() error {
 	if err := n.startControl(); err != nil {
 		return err
 	}
-	ln, err := n.restart.inheritMetrics, error(nil) // the old process's, on a restart
+	// Bound before the UAPs started (bindPorts), else the old process's
+	// on a restart.
+	ln, err := n.adminBound, error(nil)
+	n.adminBound = nil
+	if inh := n.restart.inheritMetrics; inh != nil {
+		n.restart.inheritMetrics = nil
+		if ln == nil {
+			ln = inh
+		} else {
+			_ = inh.Close()
+		}
+	}
 	if ln == nil {
 		ln, err = net.Listen("tcp", n.cfg.System.MetricsAddress)
 	}
@@ -263,9 +274,9 @@ func (n *Node) startAdmin() error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(n.Status())
 	})
-	n.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.admin, n.adminLimit = newHTTPServer(mux, metricsMaxConns, httpWriteTimeout) // httplimit.go
 	go func() {
-		if err := n.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
+		if err := n.admin.Serve(n.adminLimit.listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
 			n.log.Error("metrics and status endpoint stopped", "err", err)
 		}
 	}()

@@ -38,6 +38,9 @@
 //
 // Children it starts carry TPSCHED_HOSTILE_TOKEN in their environment, so
 // a test can find them after scdd is gone.
+//
+// With HOSTILE_SQUAT set it makes the squat attack instead (squat.go): it
+// binds the node's ports before the node does, if it can.
 package main
 
 import (
@@ -104,6 +107,13 @@ func sleeper() (int, error) {
 }
 
 func main() {
+	if t := os.Getenv("HOSTILE_SQUAT"); t != "" {
+		if os.Getenv("TPSCHED_PROC_SLOT") == "0" {
+			go squat(t) // squat.go
+		}
+		honest()
+		return
+	}
 	if os.Getenv("TPSCHED_PROC_SLOT") != "0" {
 		honest()
 		return
