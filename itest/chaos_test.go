@@ -17,6 +17,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -431,16 +433,21 @@ func TestChaosEntryNotRegistered(t *testing.T) {
 // answered with another caller's reply.
 func TestChaosHostileUAP(t *testing.T) {
 	skipShort(t)
-	hostile := `set service_group = "a"
-set service = "echo"
-set module = "` + bin("uap-hostile") + `"
-set parallel_count = 2
-set queue_size = 64
-`
-	dir := defDir(t, ownControlSocket, map[string]string{"a": hostile,
-		"b": "set service_group = \"b\"\nset service = \"echo\"\nset module = MODULE\nset parallel_count = 2\n"})
-	n := startNode(t, "-c", dir)
-	waitFor(t, 10*time.Second, "the hostile probes", func() bool { return strings.Contains(n.stderr.String(), "HOSTILE: probes done") })
+	tok := hostileToken(t)
+	dir := defDir(t, ownControlSocket, nil)
+	must(t, os.WriteFile(filepath.Join(dir, "usr", "a"), []byte(hostileServer("a", "", tok, 2,
+		fmt.Sprintf("putenv TPSCHED_HOSTILE_CONTROL %q\n", filepath.Join(dir, "ctl.sock")))), 0o644))
+	must(t, os.WriteFile(filepath.Join(dir, "usr", "b"), []byte(fmt.Sprintf(
+		"set service_group = \"b\"\nset service = \"echo\"\nset module = %q\nset parallel_count = 2\n", bin("uap-echo"))), 0o644))
+	// scdd holds a root-only file it was given without close-on-exec, as
+	// fd 7 (issue 19 item 7: a UAP read one through its inherited fd).
+	secret := filepath.Join(t.TempDir(), "secret")
+	must(t, os.WriteFile(secret, []byte("root's secret\n"), 0o600))
+	f, err := os.Open(secret)
+	must(t, err)
+	defer f.Close()
+	n := startCommandWith(t, func(cmd *exec.Cmd) { cmd.ExtraFiles = []*os.File{nil, nil, nil, nil, f} }, bin("scdd"), "-c", dir)
+	waitUAPLine(t, n, 10*time.Second, "HOSTILE: probes done")
 
 	ctx, cancel := context.WithTimeout(context.Background(), chaosDuration(3*time.Second, 20*time.Second))
 	defer cancel()
@@ -450,21 +457,22 @@ set queue_size = 64
 	<-ctx.Done()
 	time.Sleep(300 * time.Millisecond)
 
-	var probes, succeeded []string
-	for _, line := range strings.Split(n.stderr.String(), "\n") {
-		if strings.HasPrefix(line, "HOSTILE: ") && !strings.Contains(line, "probes done") {
-			probes = append(probes, line)
-			if strings.HasSuffix(line, "SUCCEEDED") {
-				succeeded = append(succeeded, line)
-			}
-		}
-	}
+	probes, succeeded := hostileAttempts(n.stderr.String())
+	// A forged record is a quoted line of the UAP's output, not a record.
+	forged := strings.Contains(n.stderr.String(), "\ntime=2026-01-01T00:00:00Z level=ERROR")
+	wd := groupStatus(t, n, "a").WorkDir
 	m := n.metrics()
 	violations := regexp.MustCompile(`tpsched_uap_protocol_violations_total\{group="a"\} (\d+)`).FindStringSubmatch(m)
 	chaosFigures(t, "hostile UAP: %d attempts on the group page, other processes and scdd, %d succeeded; killed for %s protocol violations; its group: %s; the other group: %s",
 		len(probes), len(succeeded), violations[1], ta, tb)
 	if len(probes) < 8 {
 		t.Errorf("the hostile UAP made only %d attempts:\n%s", len(probes), strings.Join(probes, "\n"))
+	}
+	if forged {
+		t.Errorf("the hostile UAP wrote a record into scdd's log")
+	}
+	if cwd, _ := os.Getwd(); wd == "" || wd == cwd || !strings.HasSuffix(wd, "/a") {
+		t.Errorf("the hostile UAP's working directory %q, want one of its server's own", wd)
 	}
 	for _, s := range succeeded {
 		t.Errorf("an attack succeeded: %s", s)

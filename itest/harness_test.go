@@ -132,18 +132,28 @@ func startNode(t *testing.T, args ...string) *node {
 // startCommand is startNode for a command that runs scdd (setpriv, say).
 func startCommand(t *testing.T, prog string, args ...string) *node {
 	t.Helper()
-	return startCommandEnv(t, nil, prog, args...)
+	return startCommandWith(t, nil, prog, args...)
 }
 
 // startCommandEnv is startCommand with env added to the command's
 // environment.
 func startCommandEnv(t *testing.T, env []string, prog string, args ...string) *node {
 	t.Helper()
+	return startCommandWith(t, func(c *exec.Cmd) { c.Env = append(c.Env, env...) }, prog, args...)
+}
+
+// startCommandWith is startCommand with setup run on the command before
+// it starts (to give scdd extra descriptors, say).
+func startCommandWith(t *testing.T, setup func(*exec.Cmd), prog string, args ...string) *node {
+	t.Helper()
 	n := &node{t: t, stderr: &syncBuffer{}, done: make(chan struct{})}
 	n.cmd = exec.Command(prog, args...)
-	n.cmd.Env = append(append(os.Environ(), "DCCONFPATH="), env...)
+	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
 	n.cmd.Stderr = n.stderr
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if setup != nil {
+		setup(n.cmd)
+	}
 	must(t, n.cmd.Start())
 	go func() { n.err = n.cmd.Wait(); close(n.done) }()
 	t.Cleanup(func() {

@@ -405,6 +405,11 @@ func TestRestartInAClusterDropsNoCall(t *testing.T) {
 		t.Fatalf("scdctl restart: %v\n%s", err, out)
 	}
 	n1.waitExit(t, "the old n1 to exit")
+	// The name port went over with the others, held open throughout: no
+	// UAP of the new process could bind it in between.
+	if !strings.Contains(n1.logText(), "name_port=true") {
+		t.Errorf("the new process did not take the name port over:\n%s", grep(n1.logText(), "take over"))
+	}
 	time.Sleep(time.Second)
 	waitFor(t, 15*time.Second, "n0 to know the new n1", knowsHeavy, n0.stderr.String)
 	ok0, failed0 := via0.finish(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -62,5 +63,46 @@ func TestRootRunsUAPsAsTheirOwnUsers(t *testing.T) {
 	})
 	if uid := procUID(t, groupStatus(t, n, "alpha").Processes[0].PID); uid != uids["alpha"] {
 		t.Errorf("alpha's replacement runs as %d, the first as %d", uid, uids["alpha"])
+	}
+}
+
+// TestSameServerOnTwoNodesHasTwoUsers (issue 19 item 10): two nodes on one
+// host with a server of the same name give it two users (the id is
+// derived from the node's id and the server's name), and within a server
+// each process has a group of its own.
+func TestSameServerOnTwoNodesHasTwoUsers(t *testing.T) {
+	skipShort(t)
+	if os.Geteuid() != 0 {
+		t.Skip("the UAPs' users are chosen by a root daemon")
+	}
+	uids := map[string]int{}
+	for _, id := range []string{"itest-one", "itest-two"} {
+		dir := defDir(t, "", map[string]string{"echo": echoDef("echo", 2, 16, 4096)})
+		sys := filepath.Join(dir, "sysconf")
+		b, err := os.ReadFile(sys)
+		must(t, err)
+		must(t, os.WriteFile(sys, []byte(strings.Replace(string(b), `set node_id = "itest"`, `set node_id = "`+id+`"`, 1)), 0o644))
+		n := startNode(t, "-c", dir)
+		procs := groupStatus(t, n, "echo").Processes
+		uids[id] = procUID(t, procs[0].PID)
+		gids := map[string]bool{}
+		for _, p := range procs {
+			if uid := procUID(t, p.PID); uid != uids[id] {
+				t.Errorf("%s: the server's processes run as %d and %d", id, uids[id], uid)
+			}
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID))
+			must(t, err)
+			for _, line := range strings.Split(string(st), "\n") {
+				if f := strings.Fields(line); len(f) > 1 && f[0] == "Gid:" {
+					gids[f[1]] = true
+				}
+			}
+		}
+		if len(gids) != len(procs) {
+			t.Errorf("%s: %d processes share %d groups: %v", id, len(procs), len(gids), gids)
+		}
+	}
+	if uids["itest-one"] == uids["itest-two"] {
+		t.Errorf("server echo runs as uid %d on both nodes", uids["itest-one"])
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -77,10 +78,14 @@ for n in null zero full random urandom tty; do touch "$dev/$n"; mount --bind "/d
 mkdir "$dev/shm" "$dev/pts"
 mount --rbind "$dev" /dev
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-# ProtectSystem=strict: all read-only but /dev, /proc, /sys and the runtime directory
+# StateDirectory=
+sd=/var/lib/$STATE_DIRECTORY
+mkdir -p "$sd" && chmod "$STATE_DIRECTORY_MODE" "$sd"
+# ProtectSystem=strict: all read-only but /dev, /proc, /sys and the runtime and state directories
 mount --bind "$rt" "$rt"
+mount --bind "$sd" "$sd"
 awk '{print $5}' /proc/self/mountinfo | sort -u | while read -r m; do
-	case "$m" in /dev|/dev/*|/proc|/proc/*|/sys|/sys/*|/tmp|/var/tmp|"$rt") continue;; esac
+	case "$m" in /dev|/dev/*|/proc|/proc/*|/sys|/sys/*|/tmp|/var/tmp|"$rt"|"$sd") continue;; esac
 	mount -o remount,bind,ro "$m" 2>/dev/null || true
 done
 for probe in /etc /usr /run /var; do
@@ -150,6 +155,8 @@ func TestUnitFileUnderEmulation(t *testing.T) {
 			filepath.Join(stage, "scdd"), "-c", defs, "-drain-timeout", "5s"}
 		t.Setenv("RUNTIME_DIRECTORY", one("RuntimeDirectory"))
 		t.Setenv("RUNTIME_DIRECTORY_MODE", one("RuntimeDirectoryMode"))
+		t.Setenv("STATE_DIRECTORY", one("StateDirectory"))
+		t.Setenv("STATE_DIRECTORY_MODE", one("StateDirectoryMode"))
 		t.Setenv("UMASK", one("UMask"))
 		return startCommand(t, "unshare", args...)
 	}
@@ -183,6 +190,22 @@ func TestUnitFileUnderEmulation(t *testing.T) {
 		if !strings.Contains(string(status), "NoNewPrivs:\t1") {
 			t.Errorf("the UAP runs without no_new_privs:\n%s", status)
 		}
+		// Issue 19: its working directory is its server's own in the state
+		// directory, its user's; it is contained by cgroup; it is named as
+		// its module (run through a link in the state directory).
+		wd := filepath.Join("/var/lib", one("StateDirectory"), nodeID, "g")
+		if g := groupStatus(t, n, "g"); g.WorkDir != wd {
+			t.Errorf("working directory %q, want %q", g.WorkDir, wd)
+		} else if fi, err := os.Stat(wd); err != nil || int(fi.Sys().(*syscall.Stat_t).Uid) != procUID(t, pid) {
+			t.Errorf("%s is not the UAP's user's: %v", wd, err)
+		}
+		if st.Contain.Kill != "cgroup.kill" && st.Contain.Kill != "freezer" && st.Contain.Kill != "cgroup.freeze" {
+			t.Errorf("uap containment: %+v", st.Contain)
+		}
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "uap-echo" {
+			t.Errorf("the UAP is named %q", comm)
+		}
+		t.Cleanup(func() { os.RemoveAll(filepath.Join("/var/lib", one("StateDirectory"), nodeID)) })
 		n.signal(15)
 		if err := n.waitExit(20 * time.Second); err != nil {
 			t.Errorf("drain in the sandbox: %v\n%s", err, n.stderr.String())

@@ -48,6 +48,9 @@ const (
 	PlacementClone = "clone"        // clone3 CLONE_INTO_CGROUP via SysProcAttr.UseCgroupFD
 	PlacementProcs = "cgroup.procs" // pid written to cgroup.procs after Start
 	PlacementNice  = "setpriority"  // no group: nice set after Start
+	// PlacementThread: the spawning thread joins the v1 cgroup (its tasks
+	// file) for the fork, so the child is born in it (procmgr's Manager).
+	PlacementThread = "spawning thread"
 )
 
 const (
@@ -96,8 +99,12 @@ func Nice(priority int) int { return nices[priorityIndex(priority)] }
 type CPUControl struct {
 	mech   Mechanism
 	reason string
+	mount  string // the hierarchy's mount point; "" with nice
 	dir    string // <mount>/<parent>; "" with nice
 	weight bool   // cgroup2: write cpu.weight (false only in tests on a hierarchy without cpu)
+	// byThread: cgroup1 children are placed by procmgr's spawning thread
+	// (contain.go), not by cgroup.procs after the start.
+	byThread bool
 
 	mu       sync.Mutex
 	cloneErr error // cgroup2: clone3 into the cgroup failed where cgroup.procs worked
@@ -170,13 +177,13 @@ func niceControl(reason string) *CPUControl {
 // cgroup.subtree_control from the mount down to parent when withCPU is set.
 func setupV2(mount, parent string, withCPU bool) (*CPUControl, error) {
 	if withCPU {
-		if err := enableCPU(mount); err != nil {
+		if err := enableController(mount, "cpu"); err != nil {
 			return nil, err
 		}
 	}
 	dir, err := makeParent(mount, parent, func(dir string) error {
 		if withCPU {
-			return enableCPU(dir)
+			return enableController(dir, "cpu")
 		}
 		return nil
 	})
@@ -186,7 +193,7 @@ func setupV2(mount, parent string, withCPU bool) (*CPUControl, error) {
 	if err := unix.Access(filepath.Join(dir, "cgroup.procs"), unix.W_OK); err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "cgroup.procs"), err)
 	}
-	return &CPUControl{mech: MechanismCgroup2, dir: dir, weight: withCPU,
+	return &CPUControl{mech: MechanismCgroup2, mount: mount, dir: dir, weight: withCPU,
 		reason: "cpu controller on cgroup v2 at " + mount}, nil
 }
 
@@ -201,7 +208,7 @@ func setupV1(mount, parent string) (*CPUControl, error) {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, f), err)
 		}
 	}
-	return &CPUControl{mech: MechanismCgroup1, dir: dir,
+	return &CPUControl{mech: MechanismCgroup1, mount: mount, dir: dir,
 		reason: "cpu controller on cgroup v1 at " + mount}, nil
 }
 
@@ -233,27 +240,28 @@ func makeParent(mount, parent string, each func(dir string) error) (string, erro
 	return dir, nil
 }
 
-// enableCPU makes sure "cpu" is in dir's cgroup.subtree_control.
-func enableCPU(dir string) error {
+// enableController makes sure controller ctl ("cpu", "pids", "memory") is
+// in dir's cgroup.subtree_control.
+func enableController(dir, ctl string) error {
 	file := filepath.Join(dir, "cgroup.subtree_control")
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return err
 	}
-	if hasWord(string(b), "cpu") {
+	if hasWord(string(b), ctl) {
 		return nil
 	}
-	if err := writeCgroupFile(file, "+cpu"); err != nil {
+	if err := writeCgroupFile(file, "+"+ctl); err != nil {
 		hint := ""
 		switch {
 		case errors.Is(err, unix.EBUSY):
 			hint = " (no-internal-process rule: the cgroup has processes of its own)"
 		case errors.Is(err, unix.ENOENT):
-			hint = " (cpu is not in this cgroup's cgroup.controllers)"
+			hint = " (" + ctl + " is not in this cgroup's cgroup.controllers)"
 		case errors.Is(err, unix.EOPNOTSUPP):
 			hint = " (threaded cgroup or controller bound elsewhere)"
 		}
-		return fmt.Errorf("enable +cpu: %w%s", err, hint)
+		return fmt.Errorf("enable +%s: %w%s", ctl, err, hint)
 	}
 	return nil
 }
@@ -280,6 +288,8 @@ func (c *CPUControl) Status() CPUStatus {
 		st.Placement = PlacementNice
 	case c.mech == MechanismCgroup2 && c.cloneOK():
 		st.Placement = PlacementClone
+	case c.mech == MechanismCgroup1 && c.byThread:
+		st.Placement = PlacementThread
 	}
 	return st
 }
@@ -552,6 +562,7 @@ type cgroupMount struct {
 	point  string
 	fstype string // "cgroup" or "cgroup2"
 	cpu    bool   // v1: the cpu controller is bound here
+	opts   string // the super options: on v1, the controllers bound here ("rw,cpu,cpuacct")
 }
 
 // cgroupMounts lists the cgroup and cgroup2 mounts in a mountinfo file.
@@ -586,7 +597,7 @@ func parseMountinfoLine(line string) (cgroupMount, bool) {
 	if len(f) < 5 || sep < 0 || sep+3 >= len(f) {
 		return cgroupMount{}, false
 	}
-	m := cgroupMount{point: unescapeMount(f[4]), fstype: f[sep+1]}
+	m := cgroupMount{point: unescapeMount(f[4]), fstype: f[sep+1], opts: f[sep+3]}
 	if m.fstype != "cgroup" && m.fstype != "cgroup2" {
 		return cgroupMount{}, false
 	}
@@ -647,7 +658,14 @@ func (c *CPUControl) removeStaleDaemonGroups() []string {
 	if c.dir == "" {
 		return nil
 	}
-	base, self := filepath.Dir(c.dir), filepath.Base(c.dir)
+	return removeStaleBeside(c.dir)
+}
+
+// removeStaleBeside removes the scdd-<pid> cgroups of dead daemons beside
+// dir (a parent <mount>/tpsched/scdd-<pid>), with the server cgroups in
+// them.
+func removeStaleBeside(dir string) []string {
+	base, self := filepath.Dir(dir), filepath.Base(dir)
 	entries, err := os.ReadDir(base)
 	if err != nil {
 		return nil

@@ -108,15 +108,15 @@ func TestCPUMountinfoParse(t *testing.T) {
 		want cgroupMount
 	}{
 		{"32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu", true,
-			cgroupMount{"/sys/fs/cgroup/cpu", "cgroup", true}},
+			cgroupMount{"/sys/fs/cgroup/cpu", "cgroup", true, "rw,cpu"}},
 		{"32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw shared:9 - cgroup cgroup rw,cpu,cpuacct", true,
-			cgroupMount{"/sys/fs/cgroup/cpu,cpuacct", "cgroup", true}},
+			cgroupMount{"/sys/fs/cgroup/cpu,cpuacct", "cgroup", true, "rw,cpu,cpuacct"}},
 		{"33 31 0:30 / /sys/fs/cgroup/cpuacct rw - cgroup cgroup rw,cpuacct", true,
-			cgroupMount{"/sys/fs/cgroup/cpuacct", "cgroup", false}},
+			cgroupMount{"/sys/fs/cgroup/cpuacct", "cgroup", false, "rw,cpuacct"}},
 		{"34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset", true,
-			cgroupMount{"/sys/fs/cgroup/cpuset", "cgroup", false}},
+			cgroupMount{"/sys/fs/cgroup/cpuset", "cgroup", false, "rw,cpuset"}},
 		{`41 31 0:38 / /mnt/my\040cg rw shared:1 master:2 - cgroup2 cgroup2 rw,nsdelegate`, true,
-			cgroupMount{"/mnt/my cg", "cgroup2", false}},
+			cgroupMount{"/mnt/my cg", "cgroup2", false, "rw,nsdelegate"}},
 		{"31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755", false, cgroupMount{}},
 		{"garbage", false, cgroupMount{}},
 	}
@@ -479,6 +479,9 @@ func TestCPUStaleDaemonGroupsRemoved(t *testing.T) {
 	}
 	m := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		CPUParent: filepath.Base(root) + "/scdd-" + strconv.Itoa(os.Getpid())})
+	for _, p := range m.Containment().Paths {
+		t.Cleanup(func() { rmdirTree(t, filepath.Dir(p)) }) // the base level of the other hierarchies
+	}
 	m.Close()
 	if _, err := os.Stat(dead); !os.IsNotExist(err) {
 		t.Errorf("the dead daemon's cgroup %s is still there (%v)", dead, err)

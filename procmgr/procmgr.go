@@ -1,16 +1,22 @@
 // Package procmgr owns the UAP processes of a node: it starts each user
 // server's resident processes from its module, starts and stops
 // non-resident ones by the Multiserver rule (scale.go), puts every process
-// under its server's CPU priority (cgroup.go), gates non-resident starts on
-// free memory, notices when a process dies and replaces resident ones with
-// back-off. It decides nothing about routing and knows nothing of the wire
-// or of shared memory: the schedule service connects it through a Delegate.
+// under its server's CPU priority (cgroup.go) and into its server's
+// cgroups, which bound its tasks and memory and kill everything it started
+// together (contain.go), gates non-resident starts on free memory, notices
+// when a process dies and replaces resident ones with back-off. It decides
+// nothing about routing and knows nothing of the wire or of shared memory:
+// the schedule service connects it through a Delegate.
 //
 // Every process is started from one goroutine locked to its OS thread,
-// because Pdeathsig fires when the spawning thread exits, not the process.
-// Each UAP gets its own process group so a stop can signal the UAP and any
-// children it made, runs as the user and group its Spec names (never as
-// root unless told), and sees a small environment (see Env).
+// because Pdeathsig fires when the spawning thread exits, not the process;
+// the same thread carries no_new_privs and joins a server's v1 cgroups for
+// the fork, so a child is born in them. Each UAP runs as the user and group
+// its Spec names (never as root unless told), in its server's working
+// directory, with its stdout and stderr a pipe whose lines procmgr logs
+// (output.go), no descriptor of the daemon's but the Delegate's files, and
+// a small environment (see Env). It also gets its own process group, which
+// a kill reaches where there is no cgroup.
 //
 // # Usage
 //
@@ -31,7 +37,9 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +67,21 @@ type Spec struct {
 	Refresh      bool          // scd_refresh_process: each process serves one request
 	IdleStop     time.Duration // how long a non-resident process idles before it may stop
 	CPUWaitLimit int           // cpu_wait_limit percent: the CPU guard (see CPUBound); 0 = off
+	// SlotGIDs runs the process in slot i with group GID+i: the processes
+	// of the server share a user but no two have the same group, and
+	// ptrace access (/proc/PID/fd, mem, environ) needs both to match, so
+	// none can open another's area, not even before it attached (scd gives
+	// this to the ids it derives; a definition's gid is kept as it is).
+	SlotGIDs bool
+	// PidsMax is the most tasks (processes and threads) the server's
+	// processes may have together (pids.max of its cgroup); 0 = no limit.
+	PidsMax int
+	// MemoryMax is the most memory they may use together (memory.max, or
+	// memory.limit_in_bytes on v1), in bytes; 0 = no limit.
+	MemoryMax int64
+	// Dir is the processes' working directory; "" = "/". It must exist and
+	// be reachable by UID (scd prepares one per server).
+	Dir string
 }
 
 // SlotView is what the schedule service says about a process slot.
@@ -131,14 +154,54 @@ type Options struct {
 	// uap_sched_batch): a process woken for a call does not preempt the
 	// thread that woke it, so a burst of calls is served in one go.
 	SchedBatch bool
+	// NoNamespaces keeps a non-root daemon from running UAPs in a user and
+	// pid namespace of their own (the default where the kernel allows it).
+	NoNamespaces bool
+	// OutputRate is how many lines of output a server's processes may put
+	// in the log per second, OutputBurst how many at once; beyond, lines
+	// are dropped and counted. Defaults 100 and 1000.
+	OutputRate, OutputBurst int
+	// LinkDir is a directory of the daemon's that every UAP user can
+	// search and none can write (a root daemon's: scd gives
+	// /var/lib/tpsched/<node_id>/exec). A module executed through scdd's
+	// descriptor is executed through a link there named as the module,
+	// so that the process's name (comm, what ps and top show) is the
+	// module's, not the descriptor's number. "" or unusable: the number.
+	LinkDir string
+
+	// mountinfo replaces /proc/self/mountinfo for the CPU mechanism's and
+	// the containment's detection: tests show them a host with fewer
+	// hierarchies.
+	mountinfo string
 }
 
 // Manager starts processes for any number of servers.
 type Manager struct {
-	log    *slog.Logger
-	opts   Options
-	cpu    *CPUControl
-	spawns chan spawnReq
+	log     *slog.Logger
+	opts    Options
+	cpu     *CPUControl
+	contain *Containment
+	spawns  chan spawnReq
+	// homes are the spawning thread's own v1 cgroups, by mount: where it
+	// goes back after a fork it made in a server's (spawnLoop).
+	homes map[string]string
+	// execFD is the descriptor number every link in LinkDir names
+	// (/proc/self/fd/<execFD>): the spawning thread puts the module's
+	// descriptor there for a start and /dev/null back after it. -1: no
+	// links, modules are executed as /proc/self/fd/N.
+	execFD  int
+	nullFD  int
+	linkMu  sync.Mutex
+	linkErr error // why the links could not be made; reported once
+	// nnpErr is why no_new_privs could not be set on the spawning thread;
+	// nil: every UAP starts with it.
+	nnpErr error
+	// userns: a non-root daemon runs each UAP in a user and pid namespace
+	// of its own; nsErr says why not (set once a start without them
+	// worked where one with them failed, or at New).
+	nsMu   sync.Mutex
+	userns bool
+	nsErr  error
 	kick   chan struct{}
 	done   chan struct{}
 	once   sync.Once
@@ -159,8 +222,15 @@ type Manager struct {
 }
 
 type spawnReq struct {
-	cmd   *exec.Cmd
-	reply chan error
+	cmd    *exec.Cmd // nil: go home (vacate)
+	tasks  []string  // v1 tasks files the spawning thread joins for the fork
+	module int       // the module's descriptor to put at execFD for the fork; -1: none
+	reply  chan spawnResult
+}
+
+type spawnResult struct {
+	err     error // the start's
+	joinErr error // joining the v1 cgroups failed: place the child after the start
 }
 
 // New returns a Manager with its spawning thread and scaler running.
@@ -177,21 +247,85 @@ func New(opts Options) *Manager {
 	if opts.CheckInterval == 0 {
 		opts.CheckInterval = 50 * time.Millisecond
 	}
+	if opts.OutputRate <= 0 {
+		opts.OutputRate = defaultOutputRate
+	}
+	if opts.OutputBurst <= 0 {
+		opts.OutputBurst = defaultOutputBurst
+	}
+	mi := mountinfoPath
+	if opts.mountinfo != "" {
+		mi = opts.mountinfo
+	}
 	m := &Manager{
 		log: opts.Logger, opts: opts,
-		cpu:    DetectCPUControl(opts.CPUParent),
+		cpu:    detect(mi, opts.CPUParent),
 		spawns: make(chan spawnReq),
 		kick:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
 	}
+	if err := CloseOnExec(); err != nil {
+		m.log.Warn("descriptors the daemon inherited may reach its UAPs", "err", err)
+	}
+	m.contain = detectContainment(mi, opts.CPUParent, m.cpu)
+	m.cpu.byThread = true
+	m.execFD, m.nullFD = -1, -1
+	if opts.LinkDir != "" {
+		if err := m.reserveExecFD(); err != nil {
+			m.log.Warn("modules run through a descriptor show its number as their name", "err", err)
+		}
+	}
+	switch {
+	case os.Geteuid() == 0:
+		m.nsErr = errors.New("root: each server's processes run as a user of their own")
+	case opts.NoNamespaces:
+		m.nsErr = errors.New("turned off")
+	default:
+		m.userns = true
+	}
 	m.log.Info("uap cpu priority", "mechanism", m.cpu.Mechanism(), "reason", m.cpu.Reason())
-	if stale := m.cpu.removeStaleDaemonGroups(); len(stale) > 0 {
+	cs := m.contain.Status()
+	m.log.Info("uap containment", "kill", cs.Kill, "pids_limit", cs.Pids, "memory_limit", cs.Memory, "reason", cs.KillReason)
+	if cs.Kill == KillPgroup {
+		m.log.Warn("uap processes are killed by process group: " + cs.KillReason)
+	}
+	stale := m.cpu.removeStaleDaemonGroups()
+	stale = append(stale, m.contain.removeStale()...)
+	if len(stale) > 0 {
 		m.log.Info("removed cgroups of daemons that died without cleaning up", "cgroups", stale)
 	}
+	started := make(chan struct{})
 	m.wg.Add(2)
-	go m.spawnLoop()
+	go m.spawnLoop(started)
 	go m.scaleLoop()
+	<-started // homes and nnpErr are set
 	return m
+}
+
+// CloseOnExec marks every descriptor of the process from 3 up
+// close-on-exec. os/exec passes a child only the files it is given, but a
+// descriptor the process inherited without close-on-exec (a file an init
+// system or a shell left open) would reach every child as well: a UAP
+// could read a root-only file through it. New calls it; a daemon calls it
+// early in main too, before it starts anything. Descriptors the process
+// itself uses stay open; a child that must have one gets it explicitly
+// (exec.Cmd.ExtraFiles).
+func CloseOnExec() error {
+	err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
+	}
+	// Before Linux 5.11: one by one.
+	ents, rerr := os.ReadDir("/proc/self/fd")
+	if rerr != nil {
+		return fmt.Errorf("close_range: %w; /proc/self/fd: %w", err, rerr)
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC)
+		}
+	}
+	return nil
 }
 
 // CPU is how this node enforces CPU priority.
@@ -203,31 +337,201 @@ func (m *Manager) CPU() *CPUControl { return m.cpu }
 // The thread's scheduling policy is what every process starts with (a
 // child inherits its parent thread's), so SchedBatch is set here, once,
 // and no process runs a moment under another policy.
-func (m *Manager) spawnLoop() {
+//
+// no_new_privs is set on this thread alone, for the same reason: every
+// process it starts inherits it, so no setuid or file-capability program a
+// UAP runs gains privileges, and scdd's other threads (which start a new
+// scdd on a restart) keep theirs. The thread never runs an exec itself.
+//
+// For a start into v1 cgroups the thread joins them (one write of its tid
+// to each "tasks" file: v1 moves single threads) so that the child is born
+// there (joinAndStart). It stays there until a start for another server,
+// or until that server stops (vacate): a move takes the kernel's
+// cgroup_threadgroup_rwsem for writing, which costs a grace period when
+// the lock was idle (milliseconds on a busy host), so the non-resident
+// starts of one busy server pay for none.
+func (m *Manager) spawnLoop(started chan<- struct{}) {
 	defer m.wg.Done()
+	// Never unlocked: when the loop ends the thread ends with it, so no
+	// other goroutine runs with its no_new_privs or in a server's cgroup.
 	runtime.LockOSThread()
 	if m.opts.SchedBatch {
 		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_BATCH}, 0); err != nil {
 			m.log.Warn("uap_sched_batch: processes start under the default policy", "err", err)
 		}
 	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		m.nnpErr = os.NewSyscallError("prctl PR_SET_NO_NEW_PRIVS", err)
+		m.log.Warn("uap processes start without no_new_privs", "err", m.nnpErr)
+	}
+	m.homes = threadHomes(m.contain, "/proc/thread-self/cgroup")
+	tid := strconv.Itoa(unix.Gettid())
+	close(started)
+	var joined []string // the tasks files the thread is in; nil: its own cgroups
 	for {
 		select {
 		case r := <-m.spawns:
-			r.reply <- r.cmd.Start()
+			if r.cmd == nil {
+				m.goHome(joined, tid)
+				joined = nil
+				r.reply <- spawnResult{}
+				continue
+			}
+			var res spawnResult
+			joined, res = m.joinAndStart(r, joined, tid)
+			r.reply <- res
 		case <-m.done:
 			return
 		}
 	}
 }
 
-func (m *Manager) start(cmd *exec.Cmd) error {
-	r := spawnReq{cmd: cmd, reply: make(chan error, 1)}
+// vacate takes the spawning thread out of the servers' cgroups, back into
+// its own: before a server's cgroups are frozen, killed or removed (a
+// thread of scdd's in them would be frozen, listed among the members, and
+// would keep them from being removed).
+func (m *Manager) vacate() {
+	r := spawnReq{reply: make(chan spawnResult, 1)}
+	select {
+	case m.spawns <- r:
+		<-r.reply
+	case <-m.done:
+	}
+}
+
+// joinAndStart starts r.cmd with the spawning thread in the v1 cgroups
+// r.tasks names, where it stays; joined are the ones it is in now, and it
+// returns those it is in after. If a join fails the thread goes home and
+// the start goes on: the child is placed by cgroup.procs after it
+// (spawnResult.joinErr).
+func (m *Manager) joinAndStart(r spawnReq, joined []string, tid string) ([]string, spawnResult) {
+	if r.module >= 0 {
+		if err := unix.Dup3(r.module, m.execFD, unix.O_CLOEXEC); err != nil {
+			return joined, spawnResult{err: fmt.Errorf("put the module at fd %d: %w", m.execFD, err)}
+		}
+		// /dev/null back after the fork: the module's file is not held.
+		defer func() { _ = unix.Dup3(m.nullFD, m.execFD, unix.O_CLOEXEC) }()
+	}
+	var joinErr error
+	if !slices.Equal(joined, r.tasks) {
+		// Straight from one server's cgroups to the next one's: a write
+		// per hierarchy moves the thread.
+		var now []string
+		for _, tasks := range r.tasks {
+			if err := writeCgroupFile(tasks, tid); err != nil {
+				joinErr = err
+				break
+			}
+			now = append(now, tasks)
+		}
+		if joinErr != nil {
+			m.goHome(append(now, joined...), tid)
+			now = nil
+		}
+		joined = now
+	}
+	err := r.cmd.Start()
+	if len(r.tasks) > 0 {
+		m.contain.threadJoined(joinErr)
+	}
+	return joined, spawnResult{err: err, joinErr: joinErr}
+}
+
+// goHome moves the spawning thread back from the cgroups it joined (a
+// hierarchy may be named twice: it goes home once).
+func (m *Manager) goHome(joined []string, tid string) {
+	done := map[string]bool{}
+	for _, tasks := range joined {
+		home := ""
+		for mount, h := range m.homes {
+			if strings.HasPrefix(tasks, mount+"/") {
+				home = h
+				break
+			}
+		}
+		if done[home] {
+			continue
+		}
+		done[home] = true
+		err := errors.New("no home cgroup known for its hierarchy")
+		if home != "" {
+			err = writeCgroupFile(home, tid)
+		}
+		if err != nil {
+			// Its next starts are still placed right (it joins each
+			// server's cgroups first), but the server's cgroup cannot be
+			// removed while the thread is in it.
+			m.log.Error("the spawning thread could not leave a server's cgroup", "tasks", tasks, "err", err)
+		}
+	}
+}
+
+// threadHomes reads the calling thread's v1 cgroups (from
+// /proc/thread-self/cgroup) for each v1 hierarchy the containment places
+// processes in, as "tasks" files by mount point.
+func threadHomes(c *Containment, file string) map[string]string {
+	homes := map[string]string{}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return homes
+	}
+	hiers := append([]v1Hier(nil), c.v1...)
+	if c.cpu != nil && c.cpu.mech == MechanismCgroup1 {
+		hiers = append(hiers, v1Hier{controller: "cpu", mount: c.cpu.mount})
+	}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		for _, h := range hiers {
+			if hasWord(strings.ReplaceAll(f[1], ",", " "), h.controller) {
+				homes[h.mount] = filepath.Join(h.mount, f[2], "tasks")
+			}
+		}
+	}
+	return homes
+}
+
+func (m *Manager) start(cmd *exec.Cmd, tasks []string, module int) spawnResult {
+	r := spawnReq{cmd: cmd, tasks: tasks, module: module, reply: make(chan spawnResult, 1)}
 	select {
 	case m.spawns <- r:
 		return <-r.reply
 	case <-m.done:
-		return errors.New("procmgr: manager closed")
+		return spawnResult{err: errors.New("procmgr: manager closed")}
+	}
+}
+
+// Containment is how this node contains UAP processes.
+func (m *Manager) Containment() ContainStatus {
+	st := m.contain.Status()
+	st.NoNewPrivs = m.nnpErr == nil
+	m.nsMu.Lock()
+	defer m.nsMu.Unlock()
+	if m.userns {
+		st.Namespaces = "user+pid"
+	} else {
+		st.Namespaces = "none: " + m.nsErr.Error()
+	}
+	return st
+}
+
+// namespaces says whether the next start runs in a user and pid namespace.
+func (m *Manager) namespaces() bool {
+	m.nsMu.Lock()
+	defer m.nsMu.Unlock()
+	return m.userns
+}
+
+// noNamespaces turns the namespaces off for the node: a start with them
+// failed with err where one without worked.
+func (m *Manager) noNamespaces(err error) {
+	m.nsMu.Lock()
+	defer m.nsMu.Unlock()
+	if m.userns {
+		m.userns, m.nsErr = false, fmt.Errorf("the kernel refused a user and pid namespace: %w", err)
+		m.log.Warn("uap processes run without a namespace of their own", "err", err)
 	}
 }
 
@@ -239,6 +543,13 @@ func (m *Manager) Close() {
 		m.wg.Wait()
 		if err := m.cpu.Close(); err != nil {
 			m.log.Warn("removing the tpsched cgroup", "err", err)
+		}
+		if err := m.contain.Close(); err != nil {
+			m.log.Warn("removing the tpsched cgroups", "err", err)
+		}
+		if m.execFD >= 0 {
+			_ = unix.Close(m.execFD)
+			_ = unix.Close(m.nullFD)
 		}
 	})
 }
@@ -304,6 +615,8 @@ type Server struct {
 	spec     Spec
 	delegate Delegate
 	cpu      *CPUGroup
+	box      *box        // its cgroups: placement, limits, killing them together
+	output   *outputBook // its processes' stdout and stderr, into the log
 
 	stop     chan struct{} // closed when the server stops; ends back-off waits
 	stopOnce sync.Once
@@ -372,8 +685,16 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
 	}
-	s := &Server{m: m, spec: spec, delegate: d, cpu: cpu, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter),
-		resident: spec.Resident}
+	bx, err := m.contain.newBox(spec.Server, cpu, spec.PidsMax, spec.MemoryMax)
+	if err != nil {
+		_ = cpu.Remove()
+		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
+	}
+	if bx.limitErr != nil {
+		m.log.Warn("uap limits not set", "server", spec.Server, "err", bx.limitErr)
+	}
+	s := &Server{m: m, spec: spec, delegate: d, cpu: cpu, box: bx, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter),
+		output: newOutputBook(m.opts.OutputRate, m.opts.OutputBurst), resident: spec.Resident}
 	s.maxProcs.Store(int32(spec.Max))
 	s.residents.Store(int32(spec.Resident))
 	for i := range spec.Max {
@@ -382,8 +703,8 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	for _, sl := range s.slots[:spec.Resident] {
 		if err := s.spawn(sl, false); err != nil {
 			s.kill()
-			s.live.Wait()
-			_ = cpu.Remove()
+			s.waitLive(killWait)
+			_ = bx.remove()
 			return nil, err
 		}
 		go s.watch(sl)
@@ -421,18 +742,18 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 	if err != nil {
 		return fmt.Errorf("procmgr: %s: prepare slot %d: %w", s.spec.Server, sl.index, err)
 	}
+	// Each try that fails for a reason of ours goes again without it: a
+	// kernel that refuses the namespaces, or clone3 into the cgroup.
+	withNS := s.m.namespaces()
+	var nsErr error
 	for try := 0; ; try++ {
-		cmd := exec.Command(s.spec.Module, s.spec.Args...)
-		cmd.Env = s.env(sl.index)
-		cmd.ExtraFiles = files
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-		if s.spec.UID >= 0 || s.spec.GID >= 0 {
-			attr.Credential = s.credential()
-		}
-		cmd.SysProcAttr = attr
-		after, err := s.cpu.Prepare(attr)
+		cmd, attr, out, err := s.command(sl.index, files, withNS)
 		if err != nil {
+			return fmt.Errorf("procmgr: %s: %w", s.spec.Server, err)
+		}
+		pl, err := s.box.prepare(attr)
+		if err != nil {
+			out.abandon()
 			return fmt.Errorf("procmgr: %s: %w", s.spec.Server, err)
 		}
 		// Start under mu so that kill, which sets stopping under mu, either
@@ -441,19 +762,28 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 		if s.stopping {
 			sl.state, sl.watched = StateStopped, false
 			s.mu.Unlock()
+			out.abandon()
 			return errStopping
 		}
 		if residentOnly && !sl.resident {
 			sl.state, sl.watched = StateStopped, false
 			s.mu.Unlock()
+			out.abandon()
 			return errNotResident
 		}
-		if err := s.m.start(cmd); err != nil {
+		res := s.m.start(cmd, pl.tasks, out.linked)
+		out.started()
+		if res.err != nil {
 			s.mu.Unlock()
-			if try == 0 && s.cpu.StartFailed(attr, err) {
+			out.abandon()
+			if try < 3 && withNS {
+				withNS, nsErr = false, res.err // again without the namespaces
+				continue
+			}
+			if try < 3 && s.box.startFailed(pl, attr, res.err) {
 				continue // clone into the cgroup refused: place by cgroup.procs
 			}
-			return fmt.Errorf("procmgr: %s: start %s: %w", s.spec.Server, s.spec.Module, err)
+			return fmt.Errorf("procmgr: %s: start %s: %w", s.spec.Server, s.spec.Module, res.err)
 		}
 		s.live.Add(1)
 		if f := afterStart.Load(); f != nil {
@@ -463,25 +793,185 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 		sl.lastServed, sl.idleSince = 0, time.Time{}
 		s.running.Add(1)
 		s.mu.Unlock()
-		if err := after(cmd.Process.Pid); err != nil {
-			s.m.log.Warn("uap cpu priority not applied", "server", s.spec.Server, "pid", cmd.Process.Pid, "err", err)
+		pid := cmd.Process.Pid
+		if nsErr != nil {
+			s.m.noNamespaces(nsErr)
 		}
-		if err := s.usage.track(cmd.Process.Pid); err != nil {
-			s.m.log.Warn("uap not measured", "server", s.spec.Server, "pid", cmd.Process.Pid, "err", err)
+		go s.copyOutput(out.r, pid)
+		if err := s.box.placed(pl, pid, res.joinErr); err != nil {
+			s.m.log.Warn("uap not placed in all its cgroups", "server", s.spec.Server, "pid", pid, "err", err)
 		}
-		s.m.log.Debug("uap started", "server", s.spec.Server, "slot", sl.index, "pid", cmd.Process.Pid,
-			"resident", sl.resident)
+		if err := s.usage.track(pid); err != nil {
+			s.m.log.Warn("uap not measured", "server", s.spec.Server, "pid", pid, "err", err)
+		}
+		s.m.log.Debug("uap started", "server", s.spec.Server, "slot", sl.index, "pid", pid, "resident", sl.resident)
 		return nil
 	}
 }
 
-func (s *Server) credential() *syscall.Credential {
+// launch is what scdd holds open for one start until the child runs:
+// the read end r of the child's output pipe (kept: copyOutput reads it),
+// the write end w the child gets as stdout and stderr, and the module's
+// descriptor when it is executed through one.
+type launch struct {
+	r, w   *os.File
+	module int // -1: executed by path
+	linked int // module, when it is executed through a link in LinkDir; -1 otherwise
+}
+
+// started closes what the child has its own copies of now.
+func (l *launch) started() {
+	if l.w != nil {
+		_ = l.w.Close()
+		l.w = nil
+	}
+	if l.module >= 0 {
+		_ = unix.Close(l.module)
+		l.module = -1
+	}
+}
+
+// abandon closes everything of a start that did not happen.
+func (l *launch) abandon() {
+	l.started()
+	if l.r != nil {
+		_ = l.r.Close()
+		l.r = nil
+	}
+}
+
+// command builds one start of the server's module in slot, with files as
+// fd 3, 4, ...: its environment, working directory, user, output pipe,
+// and, for a non-root daemon (withNS), its user and pid namespace.
+//
+// A UAP that runs as another user than scdd is executed through a
+// descriptor scdd opened (/proc/self/fd/N, closed at exec), so that the
+// module needs only to be executable by that user, not reachable along
+// its path: a clone under /root works. A script (#!) is executed by its
+// path, because its interpreter opens it by the name it is given.
+func (s *Server) command(slot int, files []*os.File, withNS bool) (*exec.Cmd, *syscall.SysProcAttr, *launch, error) {
+	attr := &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if s.spec.UID >= 0 || s.spec.GID >= 0 {
+		attr.Credential = s.credential(slot)
+	}
+	if withNS {
+		// No id map: scdd is not dumpable, so its child's
+		// /proc/PID/uid_map is root's and scdd could not write it. The
+		// UAP keeps scdd's user for everything outside (files, signals,
+		// sockets); inside, getuid says 65534 (the overflow id).
+		attr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID
+	}
+	l := &launch{module: -1, linked: -1}
+	path := s.spec.Module
+	if attr.Credential != nil {
+		if fd, ok := openModule(s.spec.Module, moduleFDFloor(len(files))); ok {
+			path, l.module = "/proc/self/fd/"+strconv.Itoa(fd), fd
+			if link, ok := s.m.moduleLink(s.spec.Module, len(files)); ok {
+				path, l.linked = link, fd
+			}
+		}
+	}
+	var err error
+	if l.r, l.w, err = os.Pipe(); err != nil {
+		l.abandon()
+		return nil, nil, nil, fmt.Errorf("output pipe: %w", err)
+	}
+	dir := s.spec.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	cmd := &exec.Cmd{
+		Path:        path,
+		Args:        append([]string{s.spec.Module}, s.spec.Args...),
+		Env:         s.env(slot),
+		Dir:         dir,
+		ExtraFiles:  files,
+		Stdout:      l.w,
+		Stderr:      l.w,
+		SysProcAttr: attr,
+	}
+	return cmd, attr, l, nil
+}
+
+// reserveExecFD reserves a descriptor number for the links of LinkDir:
+// /dev/null there until a start puts a module's descriptor in its place.
+func (m *Manager) reserveExecFD() error {
+	null, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.FcntlInt(uintptr(null), unix.F_DUPFD_CLOEXEC, 100)
+	if err != nil {
+		unix.Close(null)
+		return err
+	}
+	m.execFD, m.nullFD = fd, null
+	return nil
+}
+
+// moduleLink is the link in LinkDir named as module that leads to the
+// descriptor at execFD, made if it is not there; false when there is none
+// to use (the child's descriptors would reach execFD, or the link cannot
+// be made: said once).
+func (m *Manager) moduleLink(module string, extra int) (string, bool) {
+	if m.execFD < 0 || moduleFDFloor(extra) > m.execFD {
+		return "", false
+	}
+	link := filepath.Join(m.opts.LinkDir, filepath.Base(module))
+	target := "/proc/self/fd/" + strconv.Itoa(m.execFD)
+	m.linkMu.Lock()
+	defer m.linkMu.Unlock()
+	if got, err := os.Readlink(link); err == nil && got == target {
+		return link, true
+	}
+	_ = os.Remove(link)
+	err := os.Symlink(target, link)
+	if err != nil {
+		if m.linkErr == nil {
+			m.linkErr = err
+			m.log.Warn("modules run through a descriptor show its number as their name", "err", err)
+		}
+		return "", false
+	}
+	return link, true
+}
+
+// moduleFDFloor is the lowest descriptor number the module's may have so
+// that the child's fd shuffle (syscall.forkAndExecInChild: files moved to
+// 0..n-1, some first above n) never lands on it before the exec.
+func moduleFDFloor(extra int) int { return 2*(3+extra) + 8 }
+
+// openModule opens the module for an exec through /proc/self/fd: a
+// close-on-exec descriptor numbered floor or above. It reports false for a
+// script (#!: its interpreter would be given the descriptor's name, closed
+// by then) or a module scdd cannot open; those are executed by path.
+func openModule(path string, floor int) (int, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, false
+	}
+	defer unix.Close(fd)
+	var magic [2]byte
+	if n, _ := unix.Pread(fd, magic[:], 0); n == 2 && string(magic[:]) == "#!" {
+		return -1, false
+	}
+	hi, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, floor)
+	if err != nil {
+		return -1, false
+	}
+	return hi, true
+}
+
+func (s *Server) credential(slot int) *syscall.Credential {
 	c := &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), NoSetGroups: false}
 	if s.spec.UID >= 0 {
 		c.Uid = uint32(s.spec.UID)
 	}
 	if s.spec.GID >= 0 {
 		c.Gid = uint32(s.spec.GID)
+		if s.spec.SlotGIDs {
+			c.Gid += uint32(slot)
+		}
 	}
 	c.Groups = []uint32{} // no supplementary groups: not the daemon's
 	return c
@@ -795,9 +1285,18 @@ func (s *Server) CPUSample() CPUSample { return s.usage.lastSample() }
 // CPUGroup is where the server's processes get their CPU priority.
 func (s *Server) CPUGroup() *CPUGroup { return s.cpu }
 
+// killWait bounds how long a stop waits for killed processes to be
+// reaped: a process in uninterruptible sleep (a hung NFS read) may take
+// longer, and the node's stop must not hang on it.
+const killWait = 5 * time.Second
+
 // Stop stops supervising and waits for the processes to exit, which they do
-// once the caller has closed their segment. At ctx's end the remaining
-// process groups are killed. The server's cgroup is removed.
+// once the caller has closed their segment. At ctx's end every process in
+// the server's cgroups is killed (its process groups where there is no
+// cgroup), and Stop waits at most killWait more. Then whatever the
+// processes left behind in the cgroups (children in a process group or
+// session of their own, daemons) is killed too, and the cgroups are
+// removed.
 func (s *Server) Stop(ctx context.Context) error {
 	s.setStopping()
 	s.m.mu.Lock()
@@ -814,14 +1313,55 @@ func (s *Server) Stop(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		n := s.kill()
-		<-done
+		n, kerr := s.killAll()
 		err = fmt.Errorf("procmgr: %s: killed %d process(es) that did not exit in time", s.spec.Server, n)
+		if kerr != nil {
+			err = errors.Join(err, fmt.Errorf("procmgr: %s: kill by %s: %w", s.spec.Server, s.box.c.kill, kerr))
+		}
+		select {
+		case <-done:
+		case <-time.After(killWait):
+			err = errors.Join(err, fmt.Errorf("procmgr: %s: processes still not reaped %v after SIGKILL: %v",
+				s.spec.Server, killWait, s.livePIDs()))
+		}
 	}
-	if rerr := s.cpu.Remove(); rerr != nil {
+	s.m.vacate()
+	if left, _ := s.box.members(); len(left) > 0 {
+		n, kerr := s.box.killAll(nil)
+		s.m.log.Warn("killed what the server's processes left behind", "server", s.spec.Server, "processes", n, "pids", left)
+		if kerr != nil {
+			err = errors.Join(err, kerr)
+		}
+	}
+	if rerr := s.box.remove(); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	return err
+}
+
+// waitLive waits up to d for every process of the server to be reaped.
+func (s *Server) waitLive(d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { s.live.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// livePIDs are the pids of the processes on the server's slots.
+func (s *Server) livePIDs() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pids []int
+	for _, sl := range s.slots {
+		if sl.proc != nil {
+			pids = append(pids, sl.proc.Pid)
+		}
+	}
+	return pids
 }
 
 // Stopping tells the server that its processes are about to end on purpose
@@ -836,9 +1376,11 @@ func (s *Server) setStopping() {
 	s.stopOnce.Do(func() { close(s.stop) })
 }
 
-// Kill ends the process in slot at once (SIGKILL to its process group),
-// for one that broke the protocol. It is reaped as after a crash (and a
-// resident one replaced).
+// Kill ends the process in slot at once, for one that broke the protocol:
+// SIGKILL to the process itself and to its process group (its children,
+// unless they left it). It is reaped as after a crash (and a resident one
+// replaced). What it left outside its group stays in the server's cgroups,
+// within its limits, until the server stops.
 func (s *Server) Kill(slot int) {
 	pid := 0
 	s.mu.Lock()
@@ -847,6 +1389,9 @@ func (s *Server) Kill(slot int) {
 	}
 	s.mu.Unlock()
 	if pid > 0 {
+		// The process itself first: one that left its group (setpgid)
+		// is not in -pid's.
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
 }
@@ -863,19 +1408,20 @@ func (s *Server) Replace(slot int) {
 	}
 }
 
-// kill sends SIGKILL to every live process group of the server.
+// kill stops the server's starts and kills every process of it.
 func (s *Server) kill() int {
-	s.setStopping()
-	s.mu.Lock()
-	var pids []int
-	for _, sl := range s.slots {
-		if sl.proc != nil {
-			pids = append(pids, sl.proc.Pid)
-		}
-	}
-	s.mu.Unlock()
-	for _, pid := range pids {
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-	}
-	return len(pids)
+	n, _ := s.killAll()
+	return n
 }
+
+// killAll stops the server's starts and kills every process in its
+// cgroups (box.killAll), the ones on its slots by pid and process group
+// too.
+func (s *Server) killAll() (int, error) {
+	s.setStopping()
+	s.m.vacate() // no start is under way for the server now: the thread may leave
+	return s.box.killAll(s.livePIDs())
+}
+
+// Limits are the server's resource limits in force and what they caught.
+func (s *Server) Limits() LimitStatus { return s.box.limits() }

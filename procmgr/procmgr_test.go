@@ -32,6 +32,15 @@ import (
 //	stubborn   ignore SIGTERM/SIGINT/SIGHUP, start a grandchild in the same
 //	           process group (it inherits fd 3), write the report, sleep
 //	grandchild ignore the same signals, sleep
+//	escape     join the test binary's process group (out of its own), start
+//	           a grandchild in a session of its own, report, sleep, and
+//	           ignore the same signals
+//	bomb       start `sleep` children until the kernel refuses one, report
+//	           how many, sleep
+//	initfork   start a `sleep` child in init, before main, report it, sleep
+//	inherit    report its descriptors, working directory and NoNewPrivs,
+//	           write a line to stdout and one to stderr, sleep
+//	chatty     write 3000 lines to stdout at once, report, sleep
 //
 // The report is a JSON object in $PROCMGR_TEST_DIR/slot-N, written by rename
 // so a reader never sees half of it.
@@ -57,6 +66,22 @@ func init() {
 		return
 	}
 	childPdeathsig = strconv.Itoa(int(sig))
+}
+
+// initChild is the pid of the child initfork started before main.
+var initChild int
+
+func init() {
+	if os.Getenv(envMode) != "initfork" {
+		return
+	}
+	// A C constructor or a Go init runs before any code the UAP's main
+	// could use to place itself: the child must be born in the cgroups.
+	cmd := exec.Command("sleep", "3600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err == nil {
+		initChild = cmd.Process.Pid
+	}
 }
 
 func TestMain(m *testing.M) {
@@ -108,6 +133,60 @@ func runChild(mode string) int {
 		n, _ := unix.Pread(3, buf, 0)
 		rep["fd3"] = string(buf[:n])
 	}
+	switch mode {
+	case "escape":
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+		if pg, err := syscall.Getpgid(os.Getppid()); err == nil {
+			rep["setpgid"] = fmt.Sprint(syscall.Setpgid(0, pg))
+		}
+		gc := exec.Command("sleep", "3600")
+		gc.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := gc.Start(); err == nil {
+			rep["grandchild"] = strconv.Itoa(gc.Process.Pid)
+		}
+	case "bomb":
+		n := 0
+		var err error
+		for n < 10000 {
+			c := exec.Command("sleep", "3600")
+			if err = c.Start(); err != nil {
+				break
+			}
+			n++
+		}
+		rep["children"], rep["forkerr"] = strconv.Itoa(n), fmt.Sprint(err)
+	case "initfork":
+		rep["initchild"] = strconv.Itoa(initChild)
+	case "inherit":
+		wd, _ := os.Getwd()
+		rep["cwd"] = wd
+		if st, err := os.ReadFile("/proc/self/status"); err == nil {
+			for _, line := range strings.Split(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "NoNewPrivs:"); ok {
+					rep["nonewprivs"] = strings.TrimSpace(v)
+				}
+			}
+		}
+		var fds []string
+		if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
+			for _, e := range ents {
+				if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil {
+					fds = append(fds, e.Name()+"="+target)
+				}
+			}
+		}
+		rep["fds"] = strings.Join(fds, " ")
+		var st1 unix.Stat_t
+		if unix.Fstat(1, &st1) == nil && st1.Mode&unix.S_IFMT == unix.S_IFIFO {
+			rep["stdout"] = "pipe"
+		}
+		fmt.Println("inherit: a line on stdout")
+		fmt.Fprintln(os.Stderr, "inherit: a line on stderr")
+	case "chatty":
+		for i := range 3000 {
+			fmt.Printf("chatty line %d\n", i)
+		}
+	}
 	var grandchild *exec.Cmd
 	if mode == "stubborn" {
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
@@ -131,7 +210,7 @@ func runChild(mode string) int {
 	case "report":
 		_, _ = io.Copy(io.Discard, os.NewFile(3, "segment"))
 		return 0
-	case "sleep", "stubborn", "burn":
+	case "sleep", "stubborn", "burn", "escape", "bomb", "initfork", "inherit", "chatty":
 		time.Sleep(time.Hour)
 		return 0
 	}
@@ -566,8 +645,14 @@ func TestStopKillsProcessGroupAtDeadline(t *testing.T) {
 	t0 := time.Now()
 	err = srv.Stop(ctx)
 	d := time.Since(t0)
-	if err == nil || !strings.Contains(err.Error(), "killed 1 process") {
-		t.Errorf("Stop = %v, want 'killed 1 process(es)'", err)
+	// The child and its grandchild: both in the server's cgroup (without
+	// one, the process group is all that is killed and counted).
+	want := "killed 2 process"
+	if srv.m.contain.kill == KillPgroup {
+		want = "killed 1 process"
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Stop = %v, want '%s(es)'", err, want)
 	}
 	if d < deadline-10*time.Millisecond || d > deadline+5*time.Second {
 		t.Errorf("Stop took %v with a %v deadline", d, deadline)

@@ -61,7 +61,7 @@ func TestNodeServesWhileStarting(t *testing.T) {
 	}
 	n.pm = inProcess{}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	started := make(chan struct{})
@@ -69,15 +69,17 @@ func TestNodeServesWhileStarting(t *testing.T) {
 	go func() { // calls, from before the port opens until after Start
 		defer wg.Done()
 		// Raw connections, each dialled and written at once: the first
-		// lands in the listen backlog with its call before the loops run,
-		// so the call is served while Start still runs.
+		// lands in the listen backlog with its call before the loops run
+		// (the port is bound before the groups start, and served once they
+		// run: on a loaded machine that may take seconds), so the call is
+		// served while Start still runs.
 		frame := netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: 1}, "g", "echo", []byte("x"))
 		for ctx.Err() == nil {
 			nc, err := net.Dial("tcp", rpcAddr)
 			if err != nil {
 				continue
 			}
-			nc.SetDeadline(time.Now().Add(5 * time.Second))
+			nc.SetDeadline(time.Now().Add(20 * time.Second))
 			_, err = nc.Write(frame)
 			var f netio.Frame
 			if err == nil {

@@ -50,14 +50,17 @@ type HoldResult struct {
 type doors struct {
 	n *Node
 
-	http   *http.Server // on metrics_address
-	httpLn net.Listener
-	ctl    *http.Server // on the control socket
-	ctlLn  *net.UnixListener
+	http      *http.Server // on metrics_address
+	httpLn    net.Listener
+	httpLimit *connLimit   // caps http's connections (httplimit.go)
+	ctl       *http.Server // on the control socket
+	ctlLn     *net.UnixListener
+	ctlLimit  *connLimit
 }
 
-// start serves the doors until the node stops: on the listeners a
-// restart handed over (httpLn, ctlLn; nil: listen anew).
+// start serves the doors until the node stops: on the listeners bound
+// before the UAPs started (ports.go) or a restart handed over (httpLn,
+// ctlLn; nil: listen anew).
 func (d *doors) start(httpLn net.Listener, ctlLn *net.UnixListener) error {
 	if err := d.startControl(ctlLn); err != nil {
 		return err
@@ -212,12 +215,9 @@ func (d *doors) startControl(ln *net.UnixListener) error {
 	refused := n.metrics.NewCounter("tpsched_control_refused_total")
 	mux := http.NewServeMux()
 	d.controlActions(mux)
-	srv := &http.Server{
-		Handler:           d.controlAllowed(mux, refused),
-		ConnContext:       withControlPeer,
-		ReadHeaderTimeout: 5 * time.Second,
-	}
-	d.ctlLn, d.ctl = ln, srv
+	srv, lim := newHTTPServer(d.controlAllowed(mux, refused), controlMaxConns, 0) // httplimit.go
+	srv.ConnContext = withControlPeer
+	d.ctlLn, d.ctl, d.ctlLimit = ln, srv, lim
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -230,7 +230,7 @@ func (d *doors) startControl(ln *net.UnixListener) error {
 		cancel()
 		_ = srv.Close()
 	}()
-	go d.run(srv, ln, "control socket")
+	go d.run(srv, lim.listener(ln), "control socket")
 	n.log.Info("control socket listening", "path", path, "allowed_uids", allowedUIDs())
 	return nil
 }
@@ -311,6 +311,17 @@ func controlPeerOf(c *net.UnixConn) controlPeer {
 	return p
 }
 
+// sameUserNamespace reports whether pid runs in scdd's user namespace;
+// false when that cannot be read.
+func sameUserNamespace(pid int) bool {
+	own, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return false
+	}
+	peer, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
+	return err == nil && peer == own
+}
+
 func allowedUIDs() []int {
 	if uid := os.Geteuid(); uid != 0 {
 		return []int{0, uid}
@@ -333,6 +344,11 @@ func (d *doors) controlAllowed(next http.Handler, refused *metrics.Counter) http
 			why = "control socket: cannot tell who is calling"
 		case p.cred.Uid != 0 && p.cred.Uid != own:
 			why = fmt.Sprintf("control socket: uid %d may not use it: only scdd's own user (uid %d) and root", p.cred.Uid, own)
+		case own != 0 && p.cred.Uid == own && !sameUserNamespace(int(p.cred.Pid)):
+			// A non-root node's UAPs run as its user, each in a user
+			// namespace of its own (procmgr): that is how they are told
+			// from the operator.
+			why = "control socket: the caller runs in another user namespace (a UAP of this node?): only scdd's own user and root, outside"
 		default:
 			next.ServeHTTP(w, r)
 			return
@@ -456,7 +472,7 @@ func (d *doors) resume(metricsF, controlF *os.File) {
 	if metricsF != nil {
 		if ln, err := net.FileListener(metricsF); err == nil {
 			d.httpLn = ln
-			go d.run(d.http, ln, "metrics and status endpoint")
+			go d.run(d.http, d.httpLimit.listener(ln), "metrics and status endpoint")
 		} else {
 			d.n.log.Error("restart: the metrics endpoint could not be taken back", "err", err)
 		}
@@ -466,7 +482,7 @@ func (d *doors) resume(metricsF, controlF *os.File) {
 		if ul, ok := ln.(*net.UnixListener); err == nil && ok {
 			ul.SetUnlinkOnClose(true)
 			d.ctlLn = ul
-			go d.run(d.ctl, ul, "control socket")
+			go d.run(d.ctl, d.ctlLimit.listener(ul), "control socket")
 		} else {
 			d.n.log.Error("restart: the control socket could not be taken back", "err", err)
 		}

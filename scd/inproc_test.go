@@ -45,7 +45,11 @@ func (inProcess) CPUStatus() procmgr.CPUStatus {
 	return procmgr.CPUStatus{Mechanism: "none", Reason: "in-process test UAPs"}
 }
 func (inProcess) Stats() procmgr.Stats { return procmgr.Stats{} }
-func (inProcess) Close()               {}
+
+func (inProcess) Containment() procmgr.ContainStatus {
+	return procmgr.ContainStatus{Kill: procmgr.KillPgroup, Pids: procmgr.LimitNone, Memory: procmgr.LimitNone}
+}
+func (inProcess) Close() {}
 
 type inProcServer struct {
 	spec procmgr.Spec
@@ -97,6 +101,8 @@ func (s *inProcServer) Processes() []procmgr.ProcInfo { return nil }
 func (s *inProcServer) Usage() bpf.Usage              { return bpf.Usage{} }
 func (s *inProcServer) CPUSample() procmgr.CPUSample  { return procmgr.CPUSample{} }
 func (s *inProcServer) CPUGroupPath() string          { return "" }
+func (s *inProcServer) Limits() procmgr.LimitStatus   { return procmgr.LimitStatus{} }
+func (s *inProcServer) Output() procmgr.OutputStats   { return procmgr.OutputStats{} }
 func (s *inProcServer) Stopping()                     {}
 func (s *inProcServer) ParallelCount() (int, int)     { return s.spec.Resident, s.spec.Max }
 func (s *inProcServer) SetParallelCount(int, int) ([]bool, error) {

@@ -36,6 +36,12 @@ var metricHelp = map[string]string{
 	"tpsched_local_call_stalls_total":          "Times every process of the group waited for a call of its own for a second while calls waited for it (a call cycle with too few processes).",
 	"tpsched_group_held":                       "1 while the group is held (scdctl hold: new calls get 'service closed'), else 0.",
 	"tpsched_processes":                        "UAP processes of the group running now, by kind (resident, nonresident).",
+	"tpsched_uap_tasks":                        "Tasks (processes and threads) in the group's server's cgroup now, against its uap_pids_max.",
+	"tpsched_uap_pids_limit_hits_total":        "Forks the group's server's processes made that failed at uap_pids_max.",
+	"tpsched_uap_memory_bytes":                 "Memory charged to the group's server's cgroup now, against its uap_memory_max.",
+	"tpsched_uap_oom_kills_total":              "Processes of the group's server the kernel killed at uap_memory_max.",
+	"tpsched_uap_output_lines_total":           "Lines the group's UAP processes wrote to stdout and stderr that went to scdd's log.",
+	"tpsched_uap_output_dropped_lines_total":   "Lines the group's UAP processes wrote beyond the rate a server may log (100 a second, 1000 at once): dropped.",
 	// Load levels (Table 3-12 and 3-14).
 	"tpsched_load_level":               "The group's load level after its last load check: 0, 1 or 2 (LEVEL0-2).",
 	"tpsched_load_queued_in_interval":  "Q of the group's last load check: calls queued during the interval.",
@@ -48,6 +54,8 @@ var metricHelp = map[string]string{
 	"tpsched_nonresident_starts_total": "Non-resident UAP processes started.",
 	"tpsched_nonresident_stops_total":  "Non-resident UAP processes stopped after their idle time.",
 	"tpsched_cpu_guard_holds_total":    "Non-resident starts the CPU guard held back (cpu_wait_limit): the group's processes were waiting for a CPU.",
+	"tpsched_uap_kill_mechanism":       "How a server's processes and everything they started are killed together (cgroup.kill, cgroup.freeze, freezer, cgroup.procs, or process group without a cgroup): 1 for the mechanism in use.",
+	"tpsched_uap_limit_mechanism":      "How uap_pids_max (limit=pids) and uap_memory_max (limit=memory) are enforced (cgroup2, cgroup1, none): 1 for the mechanism in use.",
 	// CPU use of the UAP processes, as the kernel saw it.
 	"tpsched_cpu_measurement":                      "How UAP CPU time and run-queue wait are measured (tp_btf, raw_tp, tracepoint: eBPF; proc: /proc): 1 for the mechanism in use.",
 	"tpsched_group_cpu_seconds_total":              "CPU time the group's UAP processes ran, ended processes included.",

@@ -15,7 +15,7 @@
 //
 //	cfg, _ := def.Load(dir)
 //	n, err := scd.New(cfg, scd.Options{})
-//	err = n.Start()       // processes, queues, RPC port, control API
+//	err = n.Start()       // ports bound, processes, queues, RPC port, control API
 //	...
 //	err = n.Drain(ctx)    // refuse new calls, finish queued ones, stop UAPs
 package scd
@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -112,6 +113,10 @@ type Node struct {
 	pool  *peers.Pool
 	hello *peers.Acceptor
 
+	// ports are the sockets bound before the UAPs start, until the parts
+	// that serve on them take them (ports.go).
+	ports ports
+
 	restart *restarter       // restart.go: handing the sockets to a new process, or taking them over
 	wlm     *wlmnode.Manager // the routing manager (svcpolicy, scd/wlmnode); nil without a service policy
 
@@ -187,8 +192,9 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	return n, nil
 }
 
-// Start creates the schedule queues, starts the UAP processes, then opens
-// the RPC port and the control/metrics endpoint. On error everything
+// Start binds every port the node listens on (bindPorts), creates the
+// schedule queues and starts the UAP processes, then serves the RPC port
+// and the control/metrics endpoint on what it bound. On error everything
 // already started is stopped again.
 func (n *Node) Start() (err error) {
 	force := n.opts.SchedProbes
@@ -205,10 +211,11 @@ func (n *Node) Start() (err error) {
 			SchedBatch:    n.cfg.System.UAPSchedBatch,
 			MemoryReserve: n.cfg.System.MemoryReserve,
 			Meter:         n.meter,
+			LinkDir:       local.LinkDir(n.cfg.System.NodeID, n.log),
 		}))
 	}
 	n.registerNodeMetrics()
-	for _, w := range n.cfg.System.Warnings() {
+	for _, w := range n.Warnings() {
 		n.log.Warn(w)
 	}
 	n.restart.peer = n.opts.Takeover
@@ -218,35 +225,28 @@ func (n *Node) Start() (err error) {
 			n.shutdown()
 		}
 	}()
+	if n.ports, err = bindPorts(n.cfg, n.rpcOptions(), n.restart.peer != nil); err != nil {
+		return err
+	}
 	if err := n.local.Start(n.pm); err != nil {
 		return err
 	}
 	if err := n.restart.takeOver(); err != nil {
 		return err
 	}
-	rpcAddr := net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort))
-	n.rpc, err = rpcport.Listen(rpcport.Options{
-		Addr:  rpcAddr,
-		Loops: n.cfg.Sched.Multi,
-		// A frame up to the largest max_message_size is read whole, so one
-		// over its own group's is answered 'message too big' here; netio
-		// answers a larger one itself and skips its bytes unkept.
-		MaxPayload:   largestMessage(n.cfg),
-		MaxConns:     n.cfg.System.MaxConnections,
-		FrameTimeout: n.cfg.System.FrameTimeout,
-		BufferBudget: n.cfg.System.BufferBudget,
-		Metrics:      n.metrics,
-		Logger:       n.log,
-		Receivers:    receiverGroups(n.cfg),
-		Steer:        steerer{off: n.opts.Steering == SteeringOff},
-		Inherit:      n.restart.inheritRPC,
-	}, n)
+	n.ports.takeInherited(n.restart)
+	opts := n.rpcOptions()
+	opts.Inherit, opts.Bound = n.restart.inheritRPC, n.ports.rpc
+	n.rpc, err = rpcport.Listen(opts, n)
+	n.ports.rpc, n.restart.inheritRPC = nil, nil // Listen took the sockets, or closed them
 	if err != nil {
-		return fmt.Errorf("rpc port %s: %w", rpcAddr, err)
+		return fmt.Errorf("rpc port %s: %w", opts.Addr, err)
 	}
 	n.wg.Add(1)
 	go n.watchRPC()
-	if err := n.doors.start(n.restart.inheritMetrics, n.restart.inheritControl); err != nil {
+	httpLn, controlLn := n.ports.http, n.ports.control
+	n.ports.http, n.ports.control = nil, nil
+	if err := n.doors.start(httpLn, controlLn); err != nil {
 		return err
 	}
 	if n.wlm != nil {
@@ -283,6 +283,41 @@ func (n *Node) CheckEntries(timeout time.Duration) []error {
 	}
 	defer pm.Close()
 	return n.local.CheckEntries(pm, timeout)
+}
+
+// Warnings are what the operator should hear when the node starts (scdd
+// logs them) and at scdd -check (printed): the definitions' (def), and a
+// node that runs as another user than root.
+func (n *Node) Warnings() []string {
+	w := n.cfg.System.Warnings()
+	if uid := os.Geteuid(); uid != 0 {
+		w = append(w, fmt.Sprintf("scdd runs as uid %d, not as root: every UAP runs as that user too. "+
+			"scdd is not dumpable (no UAP can read its memory, environment or descriptors) and, where the kernel allows, "+
+			"each UAP runs in a user and pid namespace of its own (it cannot signal or trace scdd or another UAP), "+
+			"but a UAP can still bind the RPC port beside scdd (SO_REUSEPORT: same user) and take calls, "+
+			"and open another UAP's shared memory in the moment before that UAP attaches. "+
+			"Run scdd as root: each server's UAPs then run as a user of their own (docs/RELIABILITY.md, \"Not defended\")", uid))
+	}
+	return w
+}
+
+// rpcOptions are the RPC port's options from the definitions.
+func (n *Node) rpcOptions() rpcport.Options {
+	return rpcport.Options{
+		Addr:  net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort)),
+		Loops: n.cfg.Sched.Multi,
+		// A frame up to the largest max_message_size is read whole, so one
+		// over its own group's is answered 'message too big' here; netio
+		// answers a larger one itself and skips its bytes unkept.
+		MaxPayload:   largestMessage(n.cfg),
+		MaxConns:     n.cfg.System.MaxConnections,
+		FrameTimeout: n.cfg.System.FrameTimeout,
+		BufferBudget: n.cfg.System.BufferBudget,
+		Metrics:      n.metrics,
+		Logger:       n.log,
+		Receivers:    receiverGroups(n.cfg),
+		Steer:        steerer{off: n.opts.Steering == SteeringOff},
+	}
 }
 
 // largestMessage is the frame cap of the RPC port: the largest
@@ -325,6 +360,10 @@ func (n *Node) registerNodeMetrics() {
 	cpu := n.pm.CPUStatus()
 	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism)+`"}`,
 		func() float64 { return 1 })
+	cs := n.pm.Containment()
+	n.metrics.NewGauge(`tpsched_uap_kill_mechanism{mechanism="`+string(cs.Kill)+`"}`, func() float64 { return 1 })
+	n.metrics.NewGauge(`tpsched_uap_limit_mechanism{limit="pids",mechanism="`+string(cs.Pids)+`"}`, func() float64 { return 1 })
+	n.metrics.NewGauge(`tpsched_uap_limit_mechanism{limit="memory",mechanism="`+string(cs.Memory)+`"}`, func() float64 { return 1 })
 	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
 	n.scraped.counter(`tpsched_nonresident_starts_total`, func() uint64 { return n.pm.Stats().NonResidentStarts })
 	n.scraped.counter(`tpsched_nonresident_stops_total`, func() uint64 { return n.pm.Stats().NonResidentStops })
@@ -439,6 +478,8 @@ const (
 // shutdown stops whatever has been started, in the reverse order.
 func (n *Node) shutdown() error {
 	var errs []error
+	n.ports.close()
+	n.restart.closeInherited()
 	uapCtx, cancel := context.WithTimeout(context.Background(), uapStopTime)
 	errs = append(errs, n.local.Stop(uapCtx))
 	cancel()
@@ -446,12 +487,18 @@ func (n *Node) shutdown() error {
 	if n.wlm != nil {
 		n.wlm.Close() // its waits end and its goroutines with them; what waits for it is answered
 	}
+	// Calls transferred to other nodes and not yet answered are answered
+	// now, while their callers' connections are still open.
+	n.pool.Close()
 	if n.rpc != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), rpcStopTime)
 		errs = append(errs, n.rpc.Stop(ctx))
 		cancel()
+		// Every answer owed was written before its connection's FIN,
+		// unless the caller left first (reset, or closed and never read)
+		// or a limit closed the connection: those are counted.
+		n.log.Info("rpc port closed", "answers_undelivered", n.rpc.Stats().Undelivered)
 	}
-	n.pool.Close()
 	if n.doors.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), httpStopTime)
 		errs = append(errs, n.doors.http.Shutdown(ctx))

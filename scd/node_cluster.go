@@ -110,15 +110,20 @@ func (n *Node) joinCluster() error {
 	if clusterKey(n.cfg) == nil {
 		n.log.Warn("no cluster_key in sysconf: announces and transferred calls from peers are trusted blindly")
 	}
+	// The name port bound before the UAPs started, or the old process's
+	// on a restart (ports.go); Join binds it only when neither is.
+	t := n.ports.names
+	n.ports.names = nil
 	return n.router.Join(names.GossipConfig{
-		Self:     sys.NodeID,
-		BindAddr: sys.RPCAddress,
-		Port:     sys.NamePort,
-		Seeds:    seeds,
-		Key:      clusterKey(n.cfg),
-		Fast:     n.opts.FastFailureDetection,
-		Logger:   n.log,
-		OnChange: n.namesChanged,
+		Self:      sys.NodeID,
+		BindAddr:  sys.RPCAddress,
+		Port:      sys.NamePort,
+		Seeds:     seeds,
+		Key:       clusterKey(n.cfg),
+		Fast:      n.opts.FastFailureDetection,
+		Logger:    n.log,
+		OnChange:  n.namesChanged,
+		Transport: t,
 	}, n.localInfo())
 }
 

@@ -39,6 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tpsched/netio/rpcport"
+	"tpsched/scd/names"
 )
 
 // TakeoverEnv names the descriptor of the hand-over socket a new scdd
@@ -77,6 +78,31 @@ type restarter struct {
 	inheritRPC     []rpcport.Listener
 	inheritMetrics net.Listener
 	inheritControl *net.UnixListener
+	inheritNames   *names.Transport
+}
+
+// closeInherited closes what came from the old process and nothing took
+// (a start that failed).
+func (rs *restarter) closeInherited() {
+	for _, l := range rs.inheritRPC {
+		if l.File != nil {
+			_ = l.File.Close()
+		}
+	}
+	rs.inheritRPC = nil
+	if rs.inheritMetrics != nil {
+		_ = rs.inheritMetrics.Close()
+		rs.inheritMetrics = nil
+	}
+	if rs.inheritControl != nil {
+		rs.inheritControl.SetUnlinkOnClose(false) // the path is the old process's again
+		_ = rs.inheritControl.Close()
+		rs.inheritControl = nil
+	}
+	if rs.inheritNames != nil {
+		rs.inheritNames.Close()
+		rs.inheritNames = nil
+	}
 }
 
 // takeoverMsg is one message of the hand-over.
@@ -86,7 +112,10 @@ type takeoverMsg struct {
 	Error   string             `json:"error,omitempty"`
 	RPC     []rpcport.Listener `json:"rpc,omitempty"`     // the descriptors follow in this order...
 	Metrics bool               `json:"metrics,omitempty"` // ...then metrics_address's...
-	Control string             `json:"control,omitempty"` // ...then the control socket's (its path)
+	Control string             `json:"control,omitempty"` // ...then the control socket's (its path)...
+	// Names: in "ready", the new process takes the name port's sockets;
+	// in "listeners", they follow (TCP, then UDP).
+	Names bool `json:"names,omitempty"`
 }
 
 func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
@@ -110,7 +139,7 @@ func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
 func recvMsg(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, error) {
 	var m takeoverMsg
 	_ = c.SetReadDeadline(deadline)
-	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*(rpcport.MaxReceivingSockets+2)))
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*(rpcport.MaxReceivingSockets+4)))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return m, nil, err
@@ -248,6 +277,18 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	if controlF != nil {
 		files, msg.Control = append(files, controlF), ControlSocketPath(n.cfg)
 	}
+	var namesF []*os.File // duplicates: this process's memberlist keeps its own
+	if np := n.router.NamePort(); m.Names && np != nil {
+		// The name port goes over too, held open throughout: the new
+		// process's UAPs run already, and one could bind the port between
+		// this process leaving it and the new one joining.
+		if tcpF, udpF, err := np.Files(); err == nil {
+			files, msg.Names = append(files, tcpF, udpF), true
+			namesF = []*os.File{tcpF, udpF}
+		} else {
+			n.log.Warn("restart: the name port is not handed over; the new process binds it after this one leaves", "err", err)
+		}
+	}
 	undo := func(err error) (RestartResult, error) {
 		// The new process ends first: its steering program, if attached,
 		// lets the sockets go only once it is replaced and freed.
@@ -256,6 +297,7 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 			err = errors.Join(err, rerr)
 		}
 		n.doors.resume(metricsF, controlF)
+		closeFiles(namesF)
 		return res, err
 	}
 	if err := sendMsg(conn, msg, files); err != nil {
@@ -414,7 +456,7 @@ func (r *restarter) takeOver() error {
 	if rs.peer == nil {
 		return nil
 	}
-	if err := sendMsg(rs.peer, takeoverMsg{Step: "ready", PID: os.Getpid()}, nil); err != nil {
+	if err := sendMsg(rs.peer, takeoverMsg{Step: "ready", PID: os.Getpid(), Names: true}, nil); err != nil {
 		return fmt.Errorf("take over: %w", err)
 	}
 	m, files, err := recvMsg(rs.peer, time.Now().Add(takeoverReadyTime))
@@ -427,6 +469,9 @@ func (r *restarter) takeOver() error {
 	}
 	if m.Control != "" {
 		want++
+	}
+	if m.Names {
+		want += 2
 	}
 	if m.Step != "listeners" || len(files) != want {
 		closeFiles(files)
@@ -442,6 +487,7 @@ func (r *restarter) takeOver() error {
 		files[0].Close()
 		files = files[1:]
 		if err != nil {
+			closeFiles(files)
 			return fmt.Errorf("take over: metrics listener: %w", err)
 		}
 		rs.inheritMetrics = ln
@@ -449,18 +495,29 @@ func (r *restarter) takeOver() error {
 	if m.Control != "" {
 		ln, err := net.FileListener(files[0])
 		files[0].Close()
+		files = files[1:]
 		if err != nil {
+			closeFiles(files)
 			return fmt.Errorf("take over: control socket: %w", err)
 		}
 		ul, ok := ln.(*net.UnixListener)
 		if !ok || m.Control != ControlSocketPath(n.cfg) {
 			ln.Close()
+			closeFiles(files)
 			return fmt.Errorf("take over: the control socket %s is not this node's (%s)", m.Control, ControlSocketPath(n.cfg))
 		}
 		ul.SetUnlinkOnClose(true)
 		rs.inheritControl = ul
 	}
-	n.log.Info("take over: got the listening sockets of the old process", "rpc", len(m.RPC))
+	if m.Names {
+		t, err := names.TransportFromFiles(files[0], files[1])
+		if err != nil {
+			return fmt.Errorf("take over: %w", err)
+		}
+		rs.inheritNames = t
+	}
+	n.log.Info("take over: got the listening sockets of the old process", "rpc", len(m.RPC), "metrics", m.Metrics,
+		"control", m.Control != "", "name_port", m.Names)
 	return nil
 }
 

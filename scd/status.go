@@ -44,10 +44,13 @@ type Status struct {
 	RPC      string            `json:"rpc"`
 	Draining bool              `json:"draining"`
 	CPU      procmgr.CPUStatus `json:"cpu_priority"`
-	Probes   bpf.Mechanism     `json:"cpu_measurement"` // how UAP CPU time and run-queue wait are measured
-	Scaling  procmgr.Stats     `json:"scaling"`
-	Groups   []GroupStatus     `json:"groups"`
-	Cluster  *ClusterStatus    `json:"cluster,omitempty"` // absent without all_node
+	// Contain is how the UAPs are contained: killed together, limited,
+	// placed, isolated (procmgr/contain.go).
+	Contain procmgr.ContainStatus `json:"uap_containment"`
+	Probes  bpf.Mechanism         `json:"cpu_measurement"` // how UAP CPU time and run-queue wait are measured
+	Scaling procmgr.Stats         `json:"scaling"`
+	Groups  []GroupStatus         `json:"groups"`
+	Cluster *ClusterStatus        `json:"cluster,omitempty"` // absent without all_node
 	// ErrorAnswers are the calls answered with an error, by code, since
 	// the node started (tpsched_error_answers_total); codes never used are
 	// left out.
@@ -62,7 +65,7 @@ type Status struct {
 func (d *doors) status() Status {
 	n := d.n
 	st := Status{Node: n.cfg.System.NodeID, At: time.Now(), PID: os.Getpid(), RPC: n.rpc.Addr(), Draining: n.draining.Load(),
-		CPU: n.pm.CPUStatus(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
+		CPU: n.pm.CPUStatus(), Contain: n.pm.Containment(), Probes: n.meter.Mechanism(), Scaling: n.pm.Stats()}
 	if n.inCluster {
 		st.Cluster = n.router.Status()
 	}
@@ -104,7 +107,7 @@ func (d *doors) startHTTP(ln net.Listener) error {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(d.status())
 	})
-	d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go d.run(d.http, ln, "metrics and status endpoint")
+	d.http, d.httpLimit = newHTTPServer(mux, metricsMaxConns, httpWriteTimeout) // httplimit.go
+	go d.run(d.http, d.httpLimit.listener(ln), "metrics and status endpoint")
 	return nil
 }

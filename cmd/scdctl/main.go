@@ -357,6 +357,9 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	}
 	fmt.Fprintln(stdout)
 	fmt.Fprintf(stdout, "cpu priority: %s (%s)\n", st.CPU.Mechanism, st.CPU.Reason)
+	c := st.Contain
+	fmt.Fprintf(stdout, "uap containment: killed by %s; pids limit %s, memory limit %s; placed by %s; namespaces %s; no_new_privs %v\n",
+		c.Kill, c.Pids, c.Memory, c.Placement, c.Namespaces, c.NoNewPrivs)
 	fmt.Fprintf(stdout, "cpu measurement: %s", st.Probes.Name)
 	if st.Probes.Reason != "" {
 		fmt.Fprintf(stdout, " (%s)", st.Probes.Reason)
@@ -422,6 +425,17 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	}
 	fmt.Fprintln(stdout, "Q, q, X: requests queued, remaining and the processing rate at the last load check (Table 3-12).")
 	fmt.Fprintf(stdout, "WAIT%%: share of the group's processes' runnable time lately spent waiting for a CPU (- while they were runnable under %d%% of the time: idle); GUARD%%: cpu_wait_limit.\n", procmgr.CPUBusyFloor)
+	fmt.Fprintln(stdout)
+	fmt.Fprintln(tw, "GROUP\tTASKS\tLIMIT-HITS\tMEMORY-MIB\tOOM-KILLS\tOUTPUT-LINES\tDROPPED\tWORKING-DIRECTORY")
+	for _, g := range st.Groups {
+		l := g.Limits
+		fmt.Fprintf(tw, "%s\t%d/%s\t%d\t%.1f/%s\t%d\t%d\t%d\t%s\n", g.Group, l.Pids, limitText(l.PidsMax, 1), l.PidsHits,
+			float64(l.Memory)/(1<<20), limitText(l.MemoryMax, 1<<20), l.OOMKills, g.Output.Lines, g.Output.Dropped, g.WorkDir)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "TASKS, MEMORY: the server's cgroup now against uap_pids_max, uap_memory_max; LIMIT-HITS: forks refused at the limit; DROPPED: output lines over the rate.")
 	if err := printReceivers(stdout, tw, st); err != nil {
 		return err
 	}
@@ -442,6 +456,14 @@ func groupState(g scd.GroupStatus) string {
 		return "env:" + g.Environment
 	}
 	return "open"
+}
+
+// limitText is a limit in unit, or "-" for none.
+func limitText(v, unit int64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return strconv.FormatInt(v/unit, 10)
 }
 
 // printReceivers shows each receiver group (scdmulti), how its new

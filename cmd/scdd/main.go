@@ -20,7 +20,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tpsched/internal/version"
+	"tpsched/procmgr"
 	"tpsched/scd"
 	"tpsched/scd/def"
 )
@@ -34,7 +37,29 @@ func main() {
 	os.Exit(run())
 }
 
+// harden runs first in main: what scdd inherited stays its own, and its
+// UAPs cannot read it.
+//
+//   - Every descriptor from 3 up is marked close-on-exec: one scdd was
+//     given without it (a file an init system or shell left open) would
+//     otherwise reach every UAP. The restart hand-off's TPSCHED_TAKEOVER_FD
+//     is read in this process and never passed on, so it is not affected.
+//   - scdd is made non-dumpable: no process of its user (a UAP of a node
+//     that does not run as root) can ptrace it or read its memory,
+//     environment or descriptors through /proc. It writes no core dump.
+func harden() []error {
+	var errs []error
+	if err := procmgr.CloseOnExec(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		errs = append(errs, os.NewSyscallError("prctl PR_SET_DUMPABLE", err))
+	}
+	return errs
+}
+
 func run() int {
+	hardenErrs := harden()
 	dir := flag.String("c", os.Getenv("DCCONFPATH"), "definition directory (sysconf, scdsvcdef, usrrc, usr/); default $DCCONFPATH, else the embedded demo")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	drain := flag.Duration("drain-timeout", 30*time.Second, "how long SIGTERM waits for queued calls before stopping the UAPs")
@@ -74,6 +99,9 @@ func run() int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	for _, err := range hardenErrs {
+		log.Warn("scdd could not harden itself", "err", err)
+	}
 
 	takeover, err := scd.TakeoverConn() // set when an old scdd started this one to take its sockets over
 	if err != nil {
@@ -204,12 +232,16 @@ func checkDefinitions(dir string, entries bool, opts scd.Options) int {
 	errs := def.List(loadErr)
 	var node *scd.Node
 	if cfg != nil {
-		for _, w := range cfg.System.Warnings() {
-			fmt.Fprintln(os.Stderr, "scdd: warning:", w)
-		}
 		var err error
 		node, err = scd.New(cfg, opts)
 		errs = append(errs, def.List(err)...)
+		warnings := cfg.System.Warnings()
+		if node != nil {
+			warnings = node.Warnings() // the system's and the node's own (a scdd that is not root)
+		}
+		for _, w := range warnings {
+			fmt.Fprintln(os.Stderr, "scdd: warning:", w)
+		}
 	}
 	if len(errs) > 0 {
 		for _, err := range errs {

@@ -40,12 +40,19 @@ func TestCheck(t *testing.T) {
 		}
 	}
 	const usr = "set service_group = g\nset service = s\nset module = %s\n"
+	elf, err := os.ReadFile("/bin/true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := os.Geteuid() == 0
+	const key = "set cluster_key = \"0123456789abcdef\"\n"
 	for _, tc := range []struct {
 		name   string
-		files  map[string]string // name -> text; a name ending in * is written executable (without the *)
+		files  map[string]string // name -> text; a name ending in * is written executable (without the *), in + 0700
 		code   int
 		stderr string // what stderr must hold; DIR stands for the definition directory
 		stdout string
+		closed bool // the definition directory is under a 0700 directory (root only)
 	}{
 		{name: "module in aplib",
 			files: map[string]string{"aplib/uap*": "#!/bin/sh\n", "usr/x": strings.Replace(usr, "%s", "uap", 1)},
@@ -79,13 +86,56 @@ func TestCheck(t *testing.T) {
 				"scdd: usr/x:5: queue_size: 0 out of range 1..65536\n" +
 				"scdd: usr/y:3: module: \"no-such-uap-tpsched\" not found in [DIR/aplib ",
 		},
+		// Issue 19 item 12: cluster_key where every UAP can read it.
+		{name: "cluster key in a readable sysconf",
+			files: map[string]string{"sysconf": key, "aplib/uap*": "#!/bin/sh\n", "usr/x": strings.Replace(usr, "%s", "uap", 1)},
+			code:  0, stderr: "scdd: warning: sysconf: it holds cluster_key and users other than its owner can read it (mode 0644)", stdout: "definitions OK"},
+		{name: "cluster key file readable by all",
+			files: map[string]string{"sysconf": "set cluster_key_file = key\n", "key": "0123456789abcdef", "aplib/uap*": "#!/bin/sh\n",
+				"usr/x": strings.Replace(usr, "%s", "uap", 1)},
+			code: 1, stderr: "scdd: sysconf:1: cluster_key_file: DIR/key is readable by every user (mode 0644), so every UAP can read the key: chmod 600 it"},
+		// Issue 19 item 22 (root: the UAPs run as users of their own): a
+		// binary under a directory they cannot enter runs (through scdd's
+		// descriptor), a script there does not, and -check says why.
+		{name: "binary under a closed directory", closed: true,
+			files: map[string]string{"aplib/uap*": string(elf), "usr/x": strings.Replace(usr, "%s", "uap", 1)},
+			code:  0, stdout: "definitions OK"},
+		{name: "script under a closed directory", closed: true,
+			files: map[string]string{"aplib/uap*": "#!/bin/sh\n", "usr/x": strings.Replace(usr, "%s", "uap", 1)},
+			code:  1, stderr: "scdd: usr/x:3: module: DIR/aplib/uap is a script, run by its path, and uid "},
+		{name: "binary its user cannot execute", closed: true,
+			files: map[string]string{"aplib/uap+": string(elf), "usr/x": strings.Replace(usr, "%s", "uap", 1)},
+			code:  1, stderr: "is not executable by uid "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
+			if tc.closed && !root {
+				t.Skip("the UAPs run as users of their own only under a root scdd")
+			}
+			// A directory the UAPs' users can reach, or one under a
+			// closed one (as a clone in /root is).
+			top, err := os.MkdirTemp("", "scdd-check-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(top) })
+			mode := os.FileMode(0o755)
+			if tc.closed {
+				mode = 0o700
+			}
+			if err := os.Chmod(top, mode); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(top, "defs")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			for name, text := range tc.files {
 				mode := os.FileMode(0o644)
 				if strings.HasSuffix(name, "*") {
 					name, mode = strings.TrimSuffix(name, "*"), 0o755
+				}
+				if strings.HasSuffix(name, "+") {
+					name, mode = strings.TrimSuffix(name, "+"), 0o700
 				}
 				write(dir, name, text, mode)
 			}
@@ -95,7 +145,7 @@ func TestCheck(t *testing.T) {
 			cmd.Env = append(os.Environ(), "PATH=/nonexistent") // the module must not come from the caller's PATH
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
+			err = cmd.Run()
 			code := 0
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {

@@ -1,12 +1,9 @@
 package rpcport
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -41,59 +38,6 @@ var reusePortConfig = func() net.ListenConfig {
 	return lc
 }()
 
-// listenGroup opens the listening sockets of one receiver group: first
-// those inherited for it (same group name, same address; port 0 matches
-// any), then new ones with SO_REUSEPORT on the same port. With port 0 the
-// first socket picks the port. It returns the sockets, host:port (host
-// empty for a wildcard address) and the inherited listeners it did not
-// take.
-func listenGroup(spec ReceiverGroup, inherited []Listener, log *slog.Logger) ([]*net.TCPListener, string, []Listener, error) {
-	ta, err := net.ResolveTCPAddr("tcp", spec.Addr)
-	if err != nil {
-		return nil, "", inherited, err
-	}
-	host := ""
-	if ta.IP != nil {
-		host = ta.IP.String()
-		if ta.Zone != "" {
-			host += "%" + ta.Zone
-		}
-	}
-	lns := make([]*net.TCPListener, 0, spec.Count)
-	fail := func(err error) ([]*net.TCPListener, string, []Listener, error) {
-		for _, l := range lns {
-			_ = l.Close()
-		}
-		return nil, "", inherited, err
-	}
-	port := ta.Port
-	rest := inherited[:0:0]
-	for _, h := range inherited {
-		if h.Group != spec.Name || len(lns) == spec.Count || !h.matches(ta, port) {
-			rest = append(rest, h)
-			continue
-		}
-		ln, err := h.listener()
-		if err != nil {
-			log.Warn("netio: an inherited listening socket cannot be used; binding a new one", "receiver_group", groupLabel(spec.Name),
-				"addr", h.Addr, "err", err)
-			continue
-		}
-		lns = append(lns, ln)
-		port = listenerPort(ln)
-	}
-	inherited = rest
-	for len(lns) < spec.Count {
-		ln, err := reusePortConfig.Listen(context.Background(), "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-		if err != nil {
-			return fail(err)
-		}
-		lns = append(lns, ln.(*net.TCPListener))
-		port = listenerPort(lns[0])
-	}
-	return lns, net.JoinHostPort(host, strconv.Itoa(port)), inherited, nil
-}
-
 // Accept back-off: the first retry after a failed accept waits
 // acceptBackoffMin, each further one twice as long up to acceptBackoffMax.
 const (
@@ -103,8 +47,9 @@ const (
 
 // acceptLoop accepts on ln and registers each connection with cli, the
 // event loop of this receiving socket. Failures that may pass (EMFILE,
-// ENFILE, ENOBUFS, ENOMEM, ...) pause the loop and retry: connections wait
-// in the kernel's backlog meanwhile. A listener that can no longer accept
+// ENFILE, ENOBUFS, ENOMEM, ..., a descriptor reserve that cannot be
+// refilled) pause the loop and retry: connections wait in the kernel's
+// backlog meanwhile. A listener that can no longer accept
 // (closed, shut down) ends the server.
 func (s *Port) acceptLoop(ln *net.TCPListener, r *receiver) {
 	defer s.acceptWG.Done()
@@ -126,6 +71,14 @@ func (s *Port) acceptLoop(ln *net.TCPListener, r *receiver) {
 		}
 	}
 	for {
+		// Accept only what can be enrolled: with the reserve short, the
+		// callers wait in the backlog, not reset (reserve.go).
+		if !s.fds.ready() {
+			if !pause(errReserveShort) {
+				return
+			}
+			continue
+		}
 		nc, err := ln.AcceptTCP()
 		if err != nil {
 			select {
@@ -151,7 +104,7 @@ func (s *Port) acceptLoop(ln *net.TCPListener, r *receiver) {
 			s.refuse(nc)
 			continue
 		}
-		if _, err := cli.EnrollContext(nc, nil); err != nil { // closes nc in every case
+		if err := s.fds.enroll(func() error { _, err := cli.EnrollContext(nc, nil); return err }); err != nil { // closes nc in every case
 			s.open.Add(-1)
 			if !pause(fmt.Errorf("register with the event loop: %w", err)) {
 				return

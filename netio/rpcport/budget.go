@@ -64,7 +64,7 @@ func (s *Port) enforce() {
 				"addr", s.addr, "remote", worst.remote, "held_bytes", most, "budget_bytes", s.budget,
 				"closed_since_last_log", n)
 		}
-		_ = worst.gc.Close() // asynchronous: OnClose gives its bytes back
+		worst.abort() // asynchronous: OnClose gives its bytes back
 	}
 }
 
@@ -120,7 +120,7 @@ func (s *Port) runJanitor() {
 				s.log.Warn("netio: a frame did not arrive whole in time; closing the connection",
 					"addr", s.addr, "remote", c.remote, "frame_timeout", s.frameTimeout, "closed_since_last_log", n)
 			}
-			_ = c.gc.Close()
+			c.abort()
 		}
 	}
 }

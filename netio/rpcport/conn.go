@@ -3,7 +3,9 @@ package rpcport
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -46,16 +48,29 @@ type Conn struct {
 	timedOut     atomic.Bool
 	slow         atomic.Bool
 
-	fd int // the socket: every write is netio's own (see Send)
+	fd int // the socket: every write is netio's own (see Send); guarded by mu once half
+
+	// half: the caller shut its write side with answers still owed, and
+	// gnet let the connection go; fd is then netio's own duplicate, written
+	// until the last answer is out (detach). Set under mu.
+	half atomic.Bool
+
+	// discard: Stop has answered what the socket held and shuts the write
+	// side once the answers are out; what arrives after is not read as
+	// calls. Loop-only.
+	discard bool
 
 	// mu orders every write to the socket and the close: OnClose sets
 	// closed before gnet closes the descriptor, so a write under mu never
 	// hits a closed or reused descriptor.
-	mu     sync.Mutex
-	closed bool     // guarded by mu
-	out    [][]byte // guarded by mu: answers the socket has not taken yet, in order
-	outOff int      // guarded by mu: bytes of out[0] already written
-	polled bool     // guarded by mu: the outPoller watches the socket
+	mu        sync.Mutex
+	closed    bool     // guarded by mu
+	out       [][]byte // guarded by mu: answers the socket has not taken yet, in order
+	outOff    int      // guarded by mu: bytes of out[0] already written
+	polled    bool     // guarded by mu: the outPoller watches the socket
+	wantShut  bool     // guarded by mu: shut the write side once out is empty (Stop)
+	wrShut    bool     // guarded by mu: the write side is shut (FIN sent after every answer)
+	unlockEnd bool     // guarded by mu: a half connection ended under mu; unlock finishes it
 }
 
 // Port is the port the connection came in on. A frame's handler uses it,
@@ -207,11 +222,15 @@ func (c *Conn) growPart(want int) bool {
 		limit = netio.HeaderSize
 	}
 	size := min(max(want, 2*have, 512), limit)
+	if _, cs, ok := partClass(size); ok {
+		size = cs // what getPart allocates, and the budget is charged
+	}
 	if !c.srv.charge(c, int64(size-have)) {
 		return false
 	}
-	p := make([]byte, len(c.part), size)
+	p := getPart(len(c.part), size) // partpool.go
 	copy(p, c.part)
+	putPart(c.part)
 	c.part = p
 	return true
 }
@@ -220,6 +239,7 @@ func (c *Conn) growPart(want int) bool {
 // budget; keepTimer leaves the FrameTimeout clock running (a skip follows).
 func (c *Conn) dropPart(keepTimer bool) {
 	c.srv.charge(c, -int64(cap(c.part)))
+	putPart(c.part) // the Handler is done with it: a frame aliases it only during OnFrame
 	c.part, c.need = nil, 0
 	if !keepTimer {
 		c.partialSince.Store(0)
@@ -257,18 +277,21 @@ func (c *Conn) dispatch(b []byte) gnet.Action {
 	return gnet.None
 }
 
-// finish answers what the socket holds when Stop begins, then closes the
-// connection. On the loop, as a task.
+// finish answers what the socket holds when Stop begins, then has the
+// write side shut once every answer is out: the caller reads its answers,
+// then a FIN. Frames that arrive after are not read as calls (discard): a
+// call the node did not answer before its FIN never ran, and may be sent
+// again. Stop closes the connection once the caller has them all (or its
+// time is up). On the loop, as a task.
 func (c *Conn) finish() {
 	c.mu.Lock()
 	closed := c.closed
 	c.mu.Unlock()
-	if closed {
+	if closed || c.discard {
 		return
 	}
 	// Read until the socket is empty: frames that reached the node are
-	// answered, and a close with nothing unread sends FIN, not RST, so the
-	// caller reads its answers before the end.
+	// answered.
 	buf := make([]byte, 64<<10)
 	c.inTraffic = true
 	for {
@@ -285,8 +308,42 @@ func (c *Conn) finish() {
 	}
 	c.inTraffic = false
 	_ = c.flushBatch()
-	c.drainOut() // once, as far as the socket takes it now
-	_ = c.gc.EventLoop().Close(c.gc)
+	c.discard = true
+	if c.part != nil {
+		c.dropPart(false)
+	}
+	c.skip = 0
+	c.partialSince.Store(0)
+	c.mu.Lock()
+	c.shutWhenWrittenLocked()
+	c.unlock()
+}
+
+// shutWhenWrittenLocked shuts the socket's write side now if no answer
+// waits, else once the queue is written (writeQueuedLocked). c.mu is held.
+func (c *Conn) shutWhenWrittenLocked() {
+	c.wantShut = true
+	if len(c.out) == 0 && !c.closed && !c.wrShut {
+		c.wrShut = true
+		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
+	}
+}
+
+// settled reports whether Stop may close c: it is closed, or its write
+// side is shut and the caller's kernel has taken every byte (SIOCOUTQ: none
+// unacknowledged), so that a close, even one that resets because the
+// caller wrote on, loses no answer.
+func (c *Conn) settled() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return true
+	}
+	if !c.wrShut {
+		return false
+	}
+	n, err := unix.IoctlGetInt(c.fd, unix.SIOCOUTQ)
+	return err != nil || n == 0
 }
 
 // Send writes b from any goroutine and takes ownership of b. When nothing
@@ -303,7 +360,7 @@ func (c *Conn) Send(b []byte) error {
 		return nil
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	return c.sendLocked(b, false)
 }
 
@@ -317,16 +374,23 @@ func (c *Conn) sendLocked(b []byte, reuse bool) error {
 		return ErrSlowReader
 	case c.doomed.Load():
 		return ErrOverBudget
+	case c.wrShut:
+		// Stop shut the write side: an answer made after that (a late
+		// one) cannot reach the caller.
+		c.srv.countUndelivered(countAnswers(b, 0))
+		return ErrConnClosed
 	}
 	c.answered(b)
 	off := 0
 	if len(c.out) == 0 {
 		n, err := writeSome(c.fd, b)
 		if err != nil {
-			_ = c.gc.Close()
+			c.srv.countUndelivered(countAnswers(b, 0))
+			c.closeLocked()
 			return fmt.Errorf("netio: send to %s: %w", c.remote, err)
 		}
 		if n == len(b) {
+			c.endIfAnsweredLocked()
 			return nil
 		}
 		off = n
@@ -395,9 +459,10 @@ func writeSome(fd int, b []byte) (int, error) {
 // already, and has the outPoller watch the socket. c.mu is held.
 func (c *Conn) queueLocked(b []byte, off int) error {
 	if c.outCharge.Load()+int64(cap(b)) > c.srv.maxOutbound {
+		c.srv.countUndelivered(countAnswers(b, off))
 		if c.slow.CompareAndSwap(false, true) {
 			c.srv.countSlow(c)
-			_ = c.gc.Close()
+			c.closeLocked()
 		}
 		return ErrSlowReader
 	}
@@ -412,7 +477,7 @@ func (c *Conn) queueLocked(b []byte, off int) error {
 	}
 	if !c.polled {
 		if err := c.srv.outPoll.add(c); err != nil {
-			_ = c.gc.Close()
+			c.closeLocked()
 			return err
 		}
 		c.polled = true
@@ -424,7 +489,7 @@ func (c *Conn) queueLocked(b []byte, off int) error {
 // The outPoller calls it when the socket is writable again.
 func (c *Conn) drainOut() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	c.writeQueuedLocked()
 }
 
@@ -438,7 +503,7 @@ func (c *Conn) writeQueuedLocked() {
 		head := c.out[0]
 		n, err := writeSome(c.fd, head[c.outOff:])
 		if err != nil {
-			_ = c.gc.Close()
+			c.closeLocked()
 			return
 		}
 		if n > 0 {
@@ -458,6 +523,11 @@ func (c *Conn) writeQueuedLocked() {
 		c.srv.outPoll.del(c)
 		c.polled = false
 	}
+	if c.wantShut && !c.wrShut {
+		c.wrShut = true
+		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
+	}
+	c.endIfAnsweredLocked()
 }
 
 // flushBatch writes the answers made during one read. On the loop.
@@ -467,7 +537,7 @@ func (c *Conn) flushBatch() error {
 	}
 	c.mu.Lock()
 	err := c.sendLocked(c.batch, true)
-	c.mu.Unlock()
+	c.unlock()
 	if cap(c.batch) > 64<<10 {
 		c.batch = nil
 	} else {
@@ -487,14 +557,176 @@ func (c *Conn) SendNow(b []byte) {
 	c.batch = append(c.batch, b...)
 }
 
-// Close closes the connection asynchronously; OnClose follows on the loop.
+// Close closes the connection asynchronously; OnClose follows on the loop
+// (for a connection its caller half-closed, at once, on this goroutine).
 func (c *Conn) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.closed {
 		return nil
 	}
-	return c.gc.Close()
+	c.closeLocked()
+	return nil
+}
+
+// closeLocked closes c: through gnet (OnClose follows on the loop), or,
+// for a half connection, here (unlock runs the Handler's OnClose). c.mu is
+// held.
+func (c *Conn) closeLocked() {
+	if c.closed {
+		return
+	}
+	if c.half.Load() {
+		c.endLocked()
+		c.unlockEnd = true
+		return
+	}
+	_ = c.gc.Close()
+}
+
+// abort closes c from a goroutine that must not take c.mu first (one
+// holding the Port's lock): through gnet, or on a goroutine of its own.
+func (c *Conn) abort() {
+	if c.half.Load() {
+		go func() { _ = c.Close() }()
+		return
+	}
+	_ = c.gc.Close()
+}
+
+// unlock releases c.mu and, when a half connection ended under it, does
+// what gnet's OnClose does for the others: gives its bytes and counts back
+// and tells the Handler.
+func (c *Conn) unlock() {
+	end := c.unlockEnd
+	c.unlockEnd = false
+	c.mu.Unlock()
+	if end {
+		c.srv.released(c)
+	}
+}
+
+// A half-closed caller. A caller may send its calls and shut its write
+// side (shutdown(SHUT_WR)) and then read its answers. gnet reads that as
+// the end of the connection and closes it; its answers would go nowhere
+// (a caller that sent 4 calls so got none). So when gnet ends a connection
+// on the caller's EOF while answers are owed (calls in flight, or answers
+// waiting to be written) and the socket can still be written (CLOSE_WAIT:
+// the caller sent FIN, not RST), netio takes a duplicate of the socket
+// before gnet closes its own (from the descriptor reserve) and goes on
+// writing answers on it; the connection stays counted and open until its
+// last owed answer is written, then closes (FIN). Each call's own deadline
+// (watch_time, the caller's timeout) and the node's drain bound the wait;
+// a caller that resets meanwhile ends it at the next write.
+
+// tcpCloseWait is the kernel's TCP_CLOSE_WAIT: the peer sent FIN.
+const tcpCloseWait = 8
+
+// detach keeps c open for its owed answers after the caller's EOF, when
+// gnet is about to close it; it reports whether it did. On the loop, in
+// OnClose, before gnet closes its descriptor.
+func (c *Conn) detach(err error) bool {
+	if !errors.Is(err, io.EOF) || c.doomed.Load() || c.timedOut.Load() || c.slow.Load() {
+		return false // netio closes it, or it failed: nothing to keep it for
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || (c.inFlight.Load() <= 0 && len(c.out) == 0) {
+		return false
+	}
+	info, ierr := unix.GetsockoptTCPInfo(c.fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	if ierr != nil || info.State != tcpCloseWait {
+		return false // reset, or not a plain half-close
+	}
+	nfd, derr := c.srv.fds.dup(c.fd)
+	if derr != nil {
+		c.srv.log.Warn("netio: a caller that half-closed its connection cannot be kept for its answers", "remote", c.remote, "err", derr)
+		return false
+	}
+	if c.polled {
+		c.srv.outPoll.del(c) // gnet's descriptor, about to close
+		c.polled = false
+	}
+	gnetFD := c.fd
+	c.fd = nfd
+	if len(c.out) > 0 {
+		if err := c.srv.outPoll.add(c); err != nil {
+			c.fd = gnetFD // gnet closes the connection as it meant to
+			unix.Close(nfd)
+			return false
+		}
+		c.polled = true
+	}
+	c.half.Store(true)
+	return true
+}
+
+// endIfAnsweredLocked ends a half connection once it owes no answer.
+// c.mu is held.
+func (c *Conn) endIfAnsweredLocked() {
+	if c.half.Load() && !c.closed && c.inFlight.Load() <= 0 && len(c.out) == 0 {
+		c.endLocked()
+		c.unlockEnd = true
+	}
+}
+
+// endLocked marks c closed: the answers it still owes are counted as
+// undelivered, the outPoller lets it go, and a half connection's own
+// descriptor is closed (gnet closes the others' after OnClose). c.mu is
+// held.
+func (c *Conn) endLocked() {
+	c.closed = true
+	owed := c.inFlight.Swap(0)
+	c.rcv.inFlight.Add(-owed) // their answers, if any come, are not written
+	owed += int64(c.queuedAnswers())
+	if owed > 0 {
+		c.srv.countUndelivered(int(owed))
+		if !c.half.Load() {
+			// Answers were owed and will not come: a reset, not a FIN,
+			// so that a clean end always means every answer came.
+			_ = unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		}
+	}
+	if c.polled {
+		c.srv.outPoll.del(c) // before the descriptor closes
+		c.polled = false
+	}
+	if c.half.Load() {
+		if owed > 0 {
+			_ = unix.SetsockoptLinger(c.fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+		}
+		unix.Close(c.fd)
+	}
+	c.out = nil
+}
+
+// queuedAnswers counts the answer frames in c.out not wholly written.
+// c.mu is held.
+func (c *Conn) queuedAnswers() int {
+	n := 0
+	for i, b := range c.out {
+		from := 0
+		if i == 0 {
+			from = c.outOff
+		}
+		n += countAnswers(b, from)
+	}
+	return n
+}
+
+// countAnswers counts the replies and errors among the whole frames of b
+// that end after byte from.
+func countAnswers(b []byte, from int) int {
+	n := 0
+	for off := 0; off+netio.HeaderSize <= len(b); {
+		h := b[off:]
+		end := off + netio.HeaderSize + int(h[5]) + int(h[6]) + int(binary.BigEndian.Uint32(h[20:24]))
+		if k := netio.Kind(h[3]); end > from && (k == netio.KindReply || k == netio.KindError) {
+			n++
+		}
+		off = end
+	}
+	return n
 }
 
 // unreadStall is how long a caller may take none of its waiting answers

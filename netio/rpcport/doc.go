@@ -19,8 +19,20 @@
 // them (an SK_REUSEPORT program choosing the receiver with the least
 // work); the loops keep each receiver's calls in flight and connections for
 // it (receivers.go). netio accepts itself and hands each connection to gnet
-// (accept.go says why). Accept failures such as EMFILE pause and retry;
-// connections beyond Options.MaxConns are closed at once and counted.
+// (accept.go says why). Accept failures such as EMFILE pause and retry,
+// and a small reserve of descriptors makes sure that a connection accepted
+// can be enrolled (reserve.go): when the fd table is full, callers wait in
+// the backlog rather than being reset. Connections beyond Options.MaxConns
+// are closed at once and counted.
+//
+// A port is the Port's alone (exclusive.go): before it binds a port, Listen
+// makes a bind without SO_REUSEPORT that any socket listening there makes
+// fail, and after binding it checks that every socket listening on the
+// port is its own or inherited; otherwise it fails with ErrPortShared,
+// naming the process that holds the port. Bind opens the sockets ahead of
+// Listen (Options.Bound), so that a node can hold its ports before it
+// starts processes it does not trust; callers wait in the backlog until it
+// serves.
 //
 // HandOff, Options.Inherit, GoAway and Resume let another process take the
 // port over without dropping a connection or a call (handoff.go); a
@@ -42,9 +54,20 @@
 // Options.MaxOutbound is closed (a slow reader). Bad bytes (bad magic,
 // version or kind) close that connection only.
 //
+// A connection ends with a FIN only when every answer it was owed has
+// been written: a caller that half-closes its connection (shutdown
+// SHUT_WR) still gets its answers, the connection kept open for them after
+// gnet lets it go (conn.go); one closed with answers owed (by a limit, or
+// because its caller reset it) ends with a reset and counts them in
+// Stats.Undelivered. So a caller that sees a clean end knows that every
+// call it has no answer for was never read, and may send it again.
+//
 // Done and Err tell when the server has ended on its own (a receiving
 // socket or an event loop failed). Stop answers every call that reached the
-// server with 'node shutting down' before it closes the connection.
+// server with 'node shutting down', shuts each connection's write side once
+// its answers are written, and closes it once the caller has taken them
+// (or after a short linger); what the caller sends after that FIN is not
+// read as calls.
 //
 // Metrics (with Options.Metrics): tpsched_bad_frames_total,
 // tpsched_slow_reader_closes_total, tpsched_connections,
@@ -52,6 +75,7 @@
 // tpsched_connections_refused_total{reason="max_connections"},
 // tpsched_oversized_frames_total, tpsched_frame_timeouts_total,
 // tpsched_buffer_budget_closes_total, tpsched_buffered_bytes,
+// tpsched_answers_undelivered_total,
 // tpsched_error_answers_total{code=...}, the error frames the ports of
 // this process wrote; per receiving socket tpsched_receiver_connections,
 // tpsched_receiver_in_flight, tpsched_receiver_accepted_total,

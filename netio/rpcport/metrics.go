@@ -22,6 +22,7 @@ var MetricHelp = map[string]string{
 	"tpsched_frame_timeouts_total":          "Connections closed because a frame did not arrive whole within frame_timeout.",
 	"tpsched_buffer_budget_closes_total":    "Connections closed to keep the bytes held in partial frames and unsent answers under rpc_buffer_budget.",
 	"tpsched_buffered_bytes":                "Bytes held now in partial frames and unsent answers, all connections together.",
+	"tpsched_answers_undelivered_total":     "Answers owed to callers that could not be written because their connection ended first (the caller reset or closed it, or it was closed for a limit); such a connection ends with a reset, never a clean close.",
 	"tpsched_error_answers_total":           "Error answers the RPC port wrote to callers, by code (OpenTP1's error names): a transferred call that failed on another node counts there and, passed back, here.",
 
 	"tpsched_receiver_connections":           "Connections open now on one receiving socket of a receiver group.",
@@ -69,6 +70,7 @@ func (s *Port) registerMetrics(m *metrics.Set) {
 	s.mOversized = m.GetOrCreateCounter("tpsched_oversized_frames_total")
 	s.mTimeout = m.GetOrCreateCounter("tpsched_frame_timeouts_total")
 	s.mBudget = m.GetOrCreateCounter("tpsched_buffer_budget_closes_total")
+	s.mUndelivered = m.GetOrCreateCounter("tpsched_answers_undelivered_total")
 	m.GetOrCreateGauge("tpsched_buffered_bytes", func() float64 { return float64(s.held.Load()) })
 	if _, dup := errorAnswerSets.LoadOrStore(m, struct{}{}); !dup {
 		m.RegisterMetricsWriter(errorAnswers.set.WritePrometheus)

@@ -39,8 +39,10 @@ type Handler interface {
 	// OnFrame runs on an event loop for each complete frame and must not block.
 	// f aliases the inbound buffer: valid only during the call.
 	OnFrame(c *Conn, f netio.Frame)
-	// OnClose runs on the event loop once per connection, after its last
-	// OnFrame. Send on c fails from then on.
+	// OnClose runs once per connection, after its last OnFrame: on the
+	// event loop, or, for a connection kept open for its answers after its
+	// caller half-closed it, on the goroutine whose Send (or Close) ended
+	// it. Send on c fails from then on.
 	OnClose(c *Conn)
 }
 
@@ -60,6 +62,9 @@ type Options struct {
 	// instead of binding new ones, so no connection waiting in their
 	// backlog is lost. Those it does not take are closed.
 	Inherit []Listener
+	// Bound are sockets Bind opened ahead, taken after Inherit's; Listen
+	// closes those it does not take.
+	Bound *Bound
 	// MaxPayload is the frame cap. A frame whose header announces a larger
 	// payload is answered 'message too big' (a call or name lookup) and
 	// its bytes are skipped as they arrive, never kept; the connection
@@ -104,6 +109,9 @@ type Stats struct {
 	FrameTimeouts    uint64 // connections closed: a frame did not arrive whole within FrameTimeout
 	BudgetCloses     uint64 // connections closed: they held the most when the budget was exceeded
 	Buffered         int64  // bytes held now in partial frames and unsent answers
+	// Undelivered are answers owed that were never written: their
+	// connection ended first (the caller reset it, or a limit closed it).
+	Undelivered uint64
 }
 
 // loopDeadAfter is how long an event loop's engine may go without a tick
@@ -129,6 +137,7 @@ type Port struct {
 	listeners []*net.TCPListener
 	loops     []*gnet.Client
 	outPoll   *outPoller
+	fds       *fdReserve     // descriptors kept so that an accepted connection can be enrolled (reserve.go)
 	lastTick  []atomic.Int64 // per loop: when its engine last ticked (unix ns)
 	handedOff atomic.Bool    // the listeners went to another process: their close is no failure
 	lnMu      sync.Mutex     // guards the elements of listeners once accept loops run (Resume replaces them)
@@ -163,16 +172,19 @@ type Port struct {
 	frameTimeouts atomic.Uint64
 	budgetCloses  atomic.Uint64
 	unreadRefused atomic.Uint64
+	undelivered   atomic.Uint64
 
 	refuseLog, acceptLog, budgetLog, timeoutLog rateLog
 
-	mBad, mSlow, mAcceptErr, mRefused, mOversized, mTimeout, mBudget, mUnread *metrics.Counter // nil without Options.Metrics
-	mConns                                                                    *metrics.Gauge
+	mBad, mSlow, mAcceptErr, mRefused, mOversized, mTimeout, mBudget, mUnread, mUndelivered *metrics.Counter // nil without Options.Metrics
+	mConns                                                                                  *metrics.Gauge
 }
 
 // Listen starts a server and returns once every receiving socket listens.
-// Errors (address in use, bad address) are returned, not logged.
+// Errors (address in use, bad address, another socket listening on a port:
+// ErrPortShared) are returned, not logged.
 func Listen(opts Options, h Handler) (*Port, error) {
+	defer opts.Bound.Close() // what no group took
 	if h == nil {
 		return nil, errors.New("netio: listen: nil handler")
 	}
@@ -221,17 +233,16 @@ func Listen(opts Options, h Handler) (*Port, error) {
 	if s.outPoll, err = newOutPoller(); err != nil {
 		return nil, fmt.Errorf("netio: listen %s: %w", opts.Addr, err)
 	}
+	s.fds = newFDReserve(fdReserveSize)
 	inherited := opts.Inherit
+	ours := ownInodes(inherited)
 	for _, spec := range specs {
-		lns, addr, rest, err := listenGroup(spec, inherited, s.log)
+		lns, addr, rest, err := listenGroup(spec, inherited, opts.Bound.take(spec.Name), ours, s.log)
 		inherited = rest
 		if err != nil {
 			s.closeAll()
 			closeInherited(inherited)
-			if spec.Name != "" {
-				return nil, fmt.Errorf("netio: listen %s (receiver group %s): %w", spec.Addr, spec.Name, err)
-			}
-			return nil, fmt.Errorf("netio: listen %s: %w", spec.Addr, err)
+			return nil, groupErr(spec, err)
 		}
 		g := &receiverGroup{name: spec.Name, addr: addr}
 		for i, ln := range lns {
@@ -290,7 +301,17 @@ func (s *Port) closeAll() {
 		}
 	}
 	s.outPoll.close()
+	s.fds.close()
 }
+
+// stopLinger is how long Stop waits for callers to take their last
+// answers before it closes their connections all the same.
+const stopLinger = 2 * time.Second
+
+// fdReserveSize is how many descriptors a Port keeps back: one for
+// enrolling an accepted connection, one for a connection that must stay
+// open for its answers after its caller half-closed it (conn.go).
+const fdReserveSize = 2
 
 // fdHeadroom is what a node needs besides its RPC connections: listeners,
 // shared-memory segments, UAP pipes and pidfds, peers, the control port.
@@ -313,6 +334,7 @@ func (s *Port) Stats() Stats {
 		FrameTimeouts:    s.frameTimeouts.Load(),
 		BudgetCloses:     s.budgetCloses.Load(),
 		Buffered:         s.held.Load(),
+		Undelivered:      s.undelivered.Load(),
 	}
 }
 
@@ -397,6 +419,12 @@ func (s *Port) stop(ctx context.Context) {
 	s.mu.Unlock()
 	var finishing sync.WaitGroup
 	for _, c := range conns {
+		if c.half.Load() { // no loop reads it any more
+			c.mu.Lock()
+			c.shutWhenWrittenLocked()
+			c.unlock()
+			continue
+		}
 		finishing.Add(1)
 		task := gnet.RunnableFunc(func(context.Context) error {
 			defer finishing.Done()
@@ -408,12 +436,45 @@ func (s *Port) stop(ctx context.Context) {
 		}
 	}
 	wait(&finishing)
+	// Each caller takes its answers and the FIN before its connection
+	// closes: a close while the socket still holds unsent answers would
+	// lose them (a reset drops them; the caller wrote on, so the close
+	// resets). A caller that does not read is given stopLinger.
+	linger := time.NewTimer(stopLinger)
+	defer linger.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for settled := false; !settled; {
+		settled = true
+		for _, c := range conns {
+			if !c.settled() {
+				settled = false
+				break
+			}
+		}
+		if settled {
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-linger.C:
+			settled = true
+		case <-ctx.Done():
+			settled = true
+		}
+	}
+	for _, c := range conns {
+		if c.half.Load() {
+			_ = c.Close()
+		}
+	}
 	var loops sync.WaitGroup
 	for _, cli := range s.loops {
 		loops.Go(func() { _ = cli.Stop() }) // closes what is left; OnClose for each
 	}
 	wait(&loops)
 	s.outPoll.close() // after every OnClose: no connection is watched any more
+	s.fds.close()
 	s.janitor.Wait()
 	for _, g := range s.groups {
 		if g.steered != nil {
@@ -437,6 +498,16 @@ func (s *Port) countSlow(c *Conn) {
 		s.mSlow.Inc()
 	}
 	s.log.Debug("netio: slow reader, closing connection", "remote", c.remote, "conn", c.id, "limit", s.maxOutbound)
+}
+
+func (s *Port) countUndelivered(n int) {
+	if n <= 0 {
+		return
+	}
+	s.undelivered.Add(uint64(n))
+	if s.mUndelivered != nil {
+		s.mUndelivered.Add(n)
+	}
 }
 
 func (s *Port) countUnread() {
@@ -482,26 +553,33 @@ func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	return nil, gnet.None
 }
 
-func (e *engineHandler) OnClose(gc gnet.Conn, _ error) gnet.Action {
+func (e *engineHandler) OnClose(gc gnet.Conn, err error) gnet.Action {
 	c, ok := gc.Context().(*Conn)
 	if !ok {
 		return gnet.None
 	}
-	s := e.s
-	c.mu.Lock()
-	c.closed = true
-	c.rcv.inFlight.Add(-c.inFlight.Swap(0)) // their answers, if any come, are not written
-	if c.polled {
-		s.outPoll.del(c) // before gnet closes the descriptor
-		c.polled = false
-	}
-	c.out = nil
-	out := c.outCharge.Swap(0)
-	c.mu.Unlock()
 	c.batch = nil
-	c.part = nil
-	part := c.partCharge.Swap(0)
+	if c.part != nil {
+		c.dropPart(false) // a frame that can no longer come whole
+	}
+	c.skip = 0
 	c.partialSince.Store(0)
+	if c.detach(err) {
+		return gnet.None // open for its answers (conn.go), closed by netio
+	}
+	c.mu.Lock()
+	c.endLocked()
+	c.mu.Unlock()
+	e.s.released(c)
+	return gnet.None
+}
+
+// released gives back what a closed connection held, counts it closed and
+// tells the Handler: on the loop for a connection gnet closed, on the
+// closing goroutine for a half connection.
+func (s *Port) released(c *Conn) {
+	out := c.outCharge.Swap(0)
+	part := c.partCharge.Swap(0)
 	s.mu.Lock()
 	delete(s.conns, c)
 	if c.doomed.Load() {
@@ -510,18 +588,23 @@ func (e *engineHandler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s.held.Add(-(out + part))
 	s.mu.Unlock()
 	s.open.Add(-1)
-	e.r.conns.Add(-1)
+	c.rcv.conns.Add(-1)
 	if s.mConns != nil {
 		s.mConns.Dec()
 	}
 	s.h.OnClose(c)
-	return gnet.None
 }
 
 func (e *engineHandler) OnTraffic(gc gnet.Conn) gnet.Action {
 	c, ok := gc.Context().(*Conn)
 	if !ok {
 		return gnet.Close
+	}
+	if c.discard {
+		// Stop answered what came before and shuts the write side: the
+		// rest is not read as calls.
+		_, _ = gc.Discard(-1)
+		return gnet.None
 	}
 	// Everything read is consumed at once: whole frames straight from
 	// gnet's buffer, the start of an incomplete one copied into c.part, so

@@ -128,15 +128,41 @@ func TestReceiverInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "1 call in flight", func() bool { return s2.Receivers()[0].InFlight == 1 })
+	// A caller's FIN may be a half-close (it still reads): the connection
+	// stays, with its call counted, until the answer is written.
 	c2.Close()
-	waitFor(t, "the closed connection's call forgotten", func() bool {
+	time.Sleep(50 * time.Millisecond)
+	if r := s2.Receivers()[0]; r.InFlight != 1 || r.Conns != 1 {
+		t.Fatalf("after the caller's FIN: in flight %d, connections %d; want 1 and 1 until the answer", r.InFlight, r.Conns)
+	}
+	close(h2.release) // the answer is written; the connection ends
+	waitFor(t, "the closed connection's call answered and the connection gone", func() bool {
 		r := s2.Receivers()[0]
 		return r.InFlight == 0 && r.Conns == 0
 	})
-	close(h2.release) // its answer finds the connection closed and counts nothing
+
+	// A caller that resets its connection is forgotten at once, its call
+	// too; the late answer counts nothing.
+	h3 := &groupHandler{release: make(chan struct{})}
+	s3 := startServer(t, Options{Loops: 1}, h3)
+	c3 := dial(t, s3.Addr())
+	if _, err := c3.Write(callFrame(1, []byte("hold"))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "1 call in flight", func() bool { return s3.Receivers()[0].InFlight == 1 })
+	_ = c3.(*net.TCPConn).SetLinger(0)
+	c3.Close()
+	waitFor(t, "the reset connection's call forgotten", func() bool {
+		r := s3.Receivers()[0]
+		return r.InFlight == 0 && r.Conns == 0
+	})
+	close(h3.release) // its answer finds the connection closed and counts nothing
 	time.Sleep(20 * time.Millisecond)
-	if r := s2.Receivers()[0]; r.InFlight != 0 {
+	if r := s3.Receivers()[0]; r.InFlight != 0 {
 		t.Fatalf("in flight %d after a late answer to a closed connection", r.InFlight)
+	}
+	if got := s3.Stats().Undelivered; got != 1 {
+		t.Errorf("Stats().Undelivered = %d, want 1: the reset connection's answer", got)
 	}
 }
 

@@ -175,3 +175,12 @@ func (r *Router) Status() *Status {
 	}
 	return st
 }
+
+// NamePort is the gossip's sockets, for a process that takes the node over
+// (names.Transport.Files); nil before Join.
+func (r *Router) NamePort() *names.Transport {
+	if g := r.gossip.Load(); g != nil {
+		return g.Transport()
+	}
+	return nil
+}

@@ -54,7 +54,24 @@ type System struct {
 	FrameTimeout   time.Duration // frame_timeout (seconds, 1..3600): how long a frame may take to arrive whole once its first bytes came; default 30 s (tpsched)
 	BufferBudget   int64         // rpc_buffer_budget (MiB in the file, bytes here), 1..1048576: bytes the RPC port holds in partial frames and unsent answers, node-wide; past it the connection holding the most is closed; default 64 MiB (tpsched)
 	UAPSchedBatch  bool          // uap_sched_batch: Y starts UAPs as SCHED_BATCH, so a woken UAP does not preempt the scheduler thread that woke it; default Y (tpsched)
+	uapPidsMax     int           // uap_pids_max: every server's pids limit unless its definition gives one; AutoLimit (the default) = PidsMaxAuto, 0 = none (tpsched)
+	uapMemoryMax   int64         // uap_memory_max (MiB in the file, bytes here): every server's memory limit unless its definition gives one; AutoLimit (the default) = half the host's memory, 0 = none (tpsched)
+	clusterKeyFile string        // cluster_key_file: the file cluster_key was read from, as written (relative to the definition directory); "" when none (tpsched)
+
+	// keyWarning is what the operator should hear about where cluster_key
+	// is kept (a sysconf or key file others can read); see Warnings.
+	keyWarning string
 }
+
+// AutoLimit is a pids or memory limit left to its default: the node
+// computes it (PidsMaxAuto, half the host's memory).
+const AutoLimit = -1
+
+// PidsMaxAuto is the pids limit of a server whose definitions give none:
+// 64 tasks (processes and threads) for each process parallel_count allows,
+// and at least 512. A Go UAP runs about ten threads; the limit is there to
+// stop a fork bomb, not to ration an honest server.
+func PidsMaxAuto(maxProcesses int) int { return max(512, 64*maxProcesses) }
 
 // Sched is the schedule service definition (scdsvcdef).
 type Sched struct {
@@ -120,6 +137,9 @@ type Server struct {
 	Env               []string      // putenv NAME value, as "NAME=value": usrrc's first, the server's own replacing same names
 	UID               int           // uid: the user the server's processes run as, resolved to its number; -1 when not given; 0 only with sysconf uap_allow_root = Y
 	GID               int           // gid: the group the server's processes run as, resolved to its number; -1 when not given; 0 only with uap_allow_root = Y
+	PidsMax           int           // uap_pids_max: tasks (processes and threads) the server's processes may have together; AutoLimit = PidsMaxAuto(MaxProcesses), 0 = none; default sysconf's (tpsched)
+	MemoryMax         int64         // uap_memory_max (MiB in the file, bytes here): memory the server's processes may use together; AutoLimit = half the host's memory, 0 = none; default sysconf's (tpsched)
+	WorkingDirectory  string        // working_directory: the processes' working directory, as written (relative to the definition directory); "" = one the node prepares for the server (tpsched)
 
 	ReceiverGroup string // scdmulti -g NAME: the receiver group whose sockets alone take the server's calls; "" the default group (the RPC port)
 	MultiSchedule bool   // multi_schedule: calls this node transfers for the group are spread over the receiving node's receivers of the group; default N

@@ -43,15 +43,16 @@ func Check(dir string) (*Config, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("definition directory %s: not a directory", dir)
 	}
-	cfg, err := load(os.DirFS(dir), dir)
+	cfg, err := load(os.DirFS(dir), dir, dir)
 	cfg.Dir = dir
 	return cfg, err
 }
 
 // LoadSysconf reads only dir's sysconf: the node's identity and addresses
-// (Config.System and Config.Dir; nothing else is filled in). It is for
-// tools that talk to a running node (scdctl), which must reach it while
-// another file of the directory is being edited or is wrong.
+// (Config.System and Config.Dir; nothing else is filled in, and a
+// cluster_key_file is not read). It is for tools that talk to a running
+// node (scdctl), which must reach it while another file of the directory
+// is being edited or is wrong.
 func LoadSysconf(dir string) (*Config, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
@@ -83,7 +84,7 @@ func LoadDefault() (*Config, error) {
 // LoadFS reads a definition directory laid out as for Load from fsys.
 // Config.Dir is left empty.
 func LoadFS(fsys fs.FS) (*Config, error) {
-	cfg, err := load(fsys, ".")
+	cfg, err := load(fsys, ".", "")
 	if err != nil {
 		return nil, err
 	}
@@ -115,11 +116,14 @@ func loadSystem(fsys fs.FS, errs *collector) (System, map[string]int) {
 }
 
 // load reads the whole directory. It always returns a Config, with what
-// could be read, and every error found.
-func load(fsys fs.FS, label string) (*Config, error) {
+// could be read, and every error found. label names the directory in
+// messages, osDir is it on the file system ("" for LoadFS), for a key file
+// outside fsys and for who may read the files.
+func load(fsys fs.FS, label, osDir string) (*Config, error) {
 	var errs collector
 	sys, sysLines := loadSystem(fsys, &errs)
 	cfg := &Config{System: sys, Sched: defaultSched()}
+	errs.add(loadClusterKey(fsys, osDir, &cfg.System, sysLines))
 
 	stmts, _, err := readOptional(fsys, "scdsvcdef")
 	bad := errs.add(err)
@@ -298,11 +302,76 @@ func isLoopbackHost(h string) bool {
 	return h == "localhost" || strings.HasSuffix(h, ".localhost")
 }
 
+// loadClusterKey reads cluster_key_file into ClusterKey and checks who can
+// read the key where it is kept, as ssh does for a private key: every UAP
+// runs as a user of its own, and one that can read the key can pose as a
+// node. A key file others can read is refused; one its group can read, or
+// a sysconf with cluster_key that others can read, is a warning.
+func loadClusterKey(fsys fs.FS, osDir string, s *System, lines map[string]int) error {
+	fail := func(format string, args ...any) error {
+		return &Error{File: "sysconf", Line: lines["cluster_key_file"], Operand: "cluster_key_file", Reason: fmt.Sprintf(format, args...)}
+	}
+	if s.clusterKeyFile == "" {
+		if s.ClusterKey == "" || osDir == "" {
+			return nil
+		}
+		if fi, err := fs.Stat(fsys, "sysconf"); err == nil && fi.Mode().Perm()&0o044 != 0 {
+			s.keyWarning = fmt.Sprintf("sysconf: it holds cluster_key and users other than its owner can read it (mode %04o): "+
+				"a UAP that can read the key can pose as a node; chmod 600 %s, or move the key into a file of its own "+
+				"(cluster_key_file, mode 600)", fi.Mode().Perm(), filepath.Join(osDir, "sysconf"))
+		}
+		return nil
+	}
+	if s.ClusterKey != "" {
+		return fail("cluster_key is given too: give the key in one place")
+	}
+	path := s.clusterKeyFile
+	var fi fs.FileInfo
+	var key []byte
+	var err error
+	switch {
+	case filepath.IsAbs(path) || (osDir != "" && !fs.ValidPath(path)):
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(osDir, path)
+		}
+		if fi, err = os.Stat(path); err == nil {
+			key, err = os.ReadFile(path)
+		}
+	default:
+		if osDir != "" {
+			path = filepath.Join(osDir, path)
+		}
+		if fi, err = fs.Stat(fsys, s.clusterKeyFile); err == nil {
+			key, err = fs.ReadFile(fsys, s.clusterKeyFile)
+		}
+	}
+	if err != nil {
+		return fail("%v", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fail("%s is not a regular file", path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o004 != 0 {
+		return fail("%s is readable by every user (mode %04o), so every UAP can read the key: chmod 600 it", path, perm)
+	} else if perm&0o040 != 0 {
+		s.keyWarning = fmt.Sprintf("sysconf: cluster_key_file %s is readable by its group (mode %04o): chmod 600 it unless that group is meant to hold the key",
+			path, perm)
+	}
+	s.ClusterKey = strings.TrimRight(string(key), "\r\n")
+	if n := len(s.ClusterKey); n < 16 || n > 1024 {
+		return fail("%s: the key has %d bytes, want 16..1024", path, n)
+	}
+	return nil
+}
+
 // Warnings are what an operator should hear when the node starts (scdd
 // logs them, scdd -check prints them): definitions that are valid but
 // open the node more than they may mean to.
 func (s *System) Warnings() []string {
 	var w []string
+	if s.keyWarning != "" {
+		w = append(w, s.keyWarning)
+	}
 	if !isLoopbackHost(s.RPCAddress) && s.ClusterKey == "" {
 		w = append(w, fmt.Sprintf("sysconf: rpc_address %s is not loopback and there is no cluster_key: "+
 			"peers are not authenticated, so anyone who reaches the RPC port (%d) or the name port (%d) can pose as a node "+
@@ -436,6 +505,12 @@ func (u *userDef) check(cfg *Config) error {
 	}
 	if _, ok := u.set["watch_time"]; !ok {
 		s.WatchTime = cfg.System.WatchTime
+	}
+	if _, ok := u.set["uap_pids_max"]; !ok {
+		s.PidsMax = cfg.System.uapPidsMax
+	}
+	if _, ok := u.set["uap_memory_max"]; !ok {
+		s.MemoryMax = cfg.System.uapMemoryMax
 	}
 	if s.ReceiveFrom == ReceiveSocket && (s.Resident != 1 || s.MaxProcesses != 1) {
 		errs.add(u.fail(ops("receive_from", "parallel_count"),

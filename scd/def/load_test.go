@@ -662,3 +662,130 @@ func TestDefaultDemoOffersEveryUAPEchoService(t *testing.T) {
 		t.Errorf("demo offers %d services, uap-echo registers %d: %v", len(offered), len(registered), registered)
 	}
 }
+
+// TestUAPLimits: uap_pids_max and uap_memory_max in sysconf are every
+// server's, a server's own (or usrrc's) replaces them; left out, the node
+// computes them (AutoLimit).
+func TestUAPLimits(t *testing.T) {
+	for _, tc := range []struct {
+		sysconf, usr string
+		pids         int
+		mem          int64
+	}{
+		{"", "", AutoLimit, AutoLimit},
+		{"set uap_pids_max = 300\nset uap_memory_max = 1024\n", "", 300, 1 << 30},
+		{"set uap_pids_max = 300\n", "set uap_pids_max = 0\nset uap_memory_max = 64\n", 0, 64 << 20},
+	} {
+		cfg, err := Load(writeDir(t, map[string]string{"sysconf": tc.sysconf, "usr/x": tc.usr + baseUsr}))
+		if err != nil {
+			t.Fatalf("%q %q: %v", tc.sysconf, tc.usr, err)
+		}
+		if s := srv(cfg); s.PidsMax != tc.pids || s.MemoryMax != tc.mem {
+			t.Errorf("%q %q: pids %d memory %d, want %d %d", tc.sysconf, tc.usr, s.PidsMax, s.MemoryMax, tc.pids, tc.mem)
+		}
+	}
+	if _, err := Load(writeDir(t, map[string]string{"usr/x": "set uap_pids_max = 4194305\n" + baseUsr})); err == nil ||
+		!strings.HasPrefix(err.Error(), "usr/x:1: uap_pids_max: ") {
+		t.Errorf("pids over pid_max: %v", err)
+	}
+	if got := PidsMaxAuto(1); got != 512 {
+		t.Errorf("PidsMaxAuto(1) = %d", got)
+	}
+	if got := PidsMaxAuto(64); got != 4096 {
+		t.Errorf("PidsMaxAuto(64) = %d", got)
+	}
+	cfg, err := Load(writeDir(t, map[string]string{"usr/x": "set working_directory = \"run/x\"\n" + baseUsr}))
+	if err != nil || srv(cfg).WorkingDirectory != "run/x" {
+		t.Errorf("working_directory: %v %q", err, srv(cfg).WorkingDirectory)
+	}
+}
+
+// TestClusterKeyWhereOthersCanRead (issue 19 item 12): cluster_key in a
+// sysconf others can read is a warning; cluster_key_file holds it in a
+// file of its own, refused when every user can read it, a warning when
+// its group can.
+func TestClusterKeyWhereOthersCanRead(t *testing.T) {
+	const key = "0123456789abcdef0123"
+	dir := writeDir(t, map[string]string{"sysconf": "set cluster_key = \"" + key + "\"\n", "usr/x": baseUsr})
+	warned := func(cfg *Config, what string) bool {
+		for _, w := range cfg.System.Warnings() {
+			if strings.Contains(w, what) {
+				return true
+			}
+		}
+		return false
+	}
+	cfg, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !warned(cfg, "it holds cluster_key and users other than its owner can read it (mode 0644)") {
+		t.Errorf("no warning for a 0644 sysconf with the key: %q", cfg.System.Warnings())
+	}
+	if err := os.Chmod(filepath.Join(dir, "sysconf"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = Load(dir); err != nil || len(cfg.System.Warnings()) != 0 {
+		t.Errorf("a 0600 sysconf: %v, warnings %q", err, cfg.System.Warnings())
+	}
+
+	keyDir := t.TempDir()
+	keyFile := filepath.Join(keyDir, "cluster.key")
+	for _, tc := range []struct {
+		mode    os.FileMode
+		content string
+		path    string
+		err     string // prefix; "" loads
+		warn    string
+	}{
+		{0o600, key + "\n", keyFile, "", ""},
+		{0o640, key, keyFile, "", "is readable by its group (mode 0640)"},
+		{0o644, key, keyFile, "sysconf:1: cluster_key_file: " + keyFile + " is readable by every user (mode 0644), so every UAP can read the key: chmod 600 it", ""},
+		{0o600, "short\n", keyFile, "sysconf:1: cluster_key_file: " + keyFile + ": the key has 5 bytes, want 16..1024", ""},
+		{0o600, key, "keys/cluster.key", "", ""},
+		{0o600, key, filepath.Join(keyDir, "none"), "sysconf:1: cluster_key_file: ", ""},
+	} {
+		files := map[string]string{"sysconf": "set cluster_key_file = \"" + tc.path + "\"\n", "usr/x": baseUsr}
+		if !filepath.IsAbs(tc.path) {
+			files[tc.path] = tc.content
+		}
+		dir := writeDir(t, files)
+		target := tc.path
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(dir, target)
+		} else if !strings.HasSuffix(target, "none") {
+			if err := os.WriteFile(target, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !strings.HasSuffix(target, "none") {
+			if err := os.Chmod(target, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chmod(filepath.Join(dir, "sysconf"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Load(dir)
+		if tc.err != "" {
+			if err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+				t.Errorf("%v %q: error %v, want %q", tc.mode, tc.path, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%v %q: %v", tc.mode, tc.path, err)
+			continue
+		}
+		if cfg.System.ClusterKey != key {
+			t.Errorf("%v %q: key %q", tc.mode, tc.path, cfg.System.ClusterKey)
+		}
+		if w := cfg.System.Warnings(); (tc.warn == "") != (len(w) == 0) || (tc.warn != "" && !warned(cfg, tc.warn)) {
+			t.Errorf("%v %q: warnings %q, want %q", tc.mode, tc.path, w, tc.warn)
+		}
+	}
+	if _, err := Load(writeDir(t, map[string]string{"sysconf": "set cluster_key = \"" + key + "\"\nset cluster_key_file = \"k\"\n",
+		"k": key, "usr/x": baseUsr})); err == nil || !strings.Contains(err.Error(), "cluster_key is given too") {
+		t.Errorf("both: %v", err)
+	}
+}

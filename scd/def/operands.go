@@ -85,6 +85,8 @@ func defaultSystem(hostname string) System {
 		FrameTimeout:   DefaultFrameTimeout,
 		BufferBudget:   DefaultBufferBudget,
 		UAPSchedBatch:  true,
+		uapPidsMax:     AutoLimit,
+		uapMemoryMax:   AutoLimit,
 	}
 }
 
@@ -234,6 +236,45 @@ var systemOperands = map[string]operand[System]{
 		values: "16..1024 bytes, the same on every node",
 		tpsched: "A secret shared by the nodes of a cluster: membership gossip is encrypted with a key derived from it, " +
 			"and announces and the hello of a peer connection that carries transferred calls are authenticated (HMAC-SHA256).",
+		own: true,
+	},
+	"cluster_key_file": {
+		set: func(s *System, v []string) (err error) {
+			if s.clusterKeyFile, err = one(v); err != nil {
+				return err
+			}
+			if s.clusterKeyFile == "" {
+				return errors.New("empty path")
+			}
+			return nil // read by Load, which knows the directory
+		},
+		dflt:   "none",
+		values: "a path, relative to the definition directory or absolute; the file holds the key (16..1024 bytes, a final newline is not part of it), not with cluster_key",
+		tpsched: "cluster_key kept in a file of its own, so that sysconf can stay readable to others and the key not: " +
+			"a key file that others can read is refused, one its group can read gives a warning at start.",
+		own: true,
+	},
+	"uap_pids_max": {
+		set: func(s *System, v []string) (err error) {
+			s.uapPidsMax, err = intIn(v, 0, maxPids)
+			return err
+		},
+		dflt:   "64 per process of a server's parallel_count maximum, at least 512",
+		values: "tasks, 0..4194304; 0 = no limit",
+		tpsched: "The pids limit of every user server whose definition gives none (usr uap_pids_max): how many processes and threads " +
+			"its processes may have together (pids.max of its cgroup). A fork bomb stops there; the node and the other servers go on.",
+		own: true,
+	},
+	"uap_memory_max": {
+		set: func(s *System, v []string) (err error) {
+			mib, err := intIn(v, 0, 1<<24)
+			s.uapMemoryMax = int64(mib) << 20
+			return err
+		},
+		dflt:   "half of the host's memory",
+		values: "MiB, 0..16777216; 0 = no limit",
+		tpsched: "The memory limit of every user server whose definition gives none (usr uap_memory_max): how much memory its processes " +
+			"may use together (memory.max of its cgroup, memory.limit_in_bytes on cgroup v1). Past it the kernel kills one of them, not scdd.",
 		own: true,
 	},
 	"uap_allow_root": {
@@ -465,6 +506,8 @@ func defaultServer() Server {
 		WatchTime:         DefaultWatchTime, // replaced by sysconf's unless usrrc or usr sets it
 		UID:               -1,
 		GID:               -1,
+		PidsMax:           AutoLimit, // likewise
+		MemoryMax:         AutoLimit, // likewise
 	}
 }
 
@@ -746,6 +789,45 @@ var serverOperands = map[string]operand[Server]{
 		dflt:    "the primary group of uid's user; with no uid, as uid's default",
 		values:  "a group name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
 		tpsched: "The group the server's UAP processes run as (no supplementary groups); a name is looked up when the definitions are read.",
+	},
+	"uap_pids_max": {
+		set: func(s *Server, v []string) (err error) {
+			s.PidsMax, err = intIn(v, 0, maxPids)
+			return err
+		},
+		dflt:   "sysconf's uap_pids_max",
+		values: "tasks, 0..4194304; 0 = no limit",
+		tpsched: "How many processes and threads the server's processes may have together: pids.max of its cgroup. " +
+			"A fork past it fails in the UAP; `scdctl status` shows the limit, the count now and how often it was hit.",
+		own: true,
+	},
+	"uap_memory_max": {
+		set: func(s *Server, v []string) (err error) {
+			mib, err := intIn(v, 0, 1<<24)
+			s.MemoryMax = int64(mib) << 20
+			return err
+		},
+		dflt:   "sysconf's uap_memory_max",
+		values: "MiB, 0..16777216; 0 = no limit",
+		tpsched: "How much memory the server's processes may use together (memory.max of its cgroup). Past it the kernel kills one of them " +
+			"(the node replaces it; `scdctl status` counts the kills).",
+		own: true,
+	},
+	"working_directory": {
+		set: func(s *Server, v []string) (err error) {
+			if s.WorkingDirectory, err = one(v); err != nil {
+				return err
+			}
+			if s.WorkingDirectory == "" {
+				return errors.New("empty path")
+			}
+			return nil
+		},
+		dflt: "a directory of the server's own that the node prepares, owned by its UAP user: /var/lib/tpsched/NODE_ID/SERVER as root, " +
+			"else $TMPDIR/tpsched-UID/NODE_ID/SERVER",
+		values:  "a directory, absolute or relative to the definition directory, that the server's user can enter",
+		tpsched: "The working directory of the server's UAP processes (they no longer share scdd's). The node checks that it exists; it does not create or change it.",
+		own:     true,
 	},
 	"watch_time": {
 		set: func(s *Server, v []string) (err error) {

@@ -19,9 +19,10 @@ const (
 	maxBalance    = 4096 // balance_count
 	maxMulti      = 64   // receiving sockets of one receiver group (scdmulti)
 	maxQueueSize  = 65536
-	maxQueueCount = 32767 // levelup/leveldown_queue_count values
-	maxSeconds    = 65535 // watch_time, loadcheck_interval, dccltcachetim
-	maxPriority   = 16    // schedule_priority: 1 highest .. 16 lowest
+	maxQueueCount = 32767   // levelup/leveldown_queue_count values
+	maxSeconds    = 65535   // watch_time, loadcheck_interval, dccltcachetim
+	maxPriority   = 16      // schedule_priority: 1 highest .. 16 lowest
+	maxPids       = 1 << 22 // uap_pids_max: Linux's largest pid_max
 	minMessage    = 1 << 10
 	maxCache      = 4096 // dccache
 )

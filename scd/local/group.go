@@ -42,6 +42,7 @@ type Group struct {
 	log     logger
 	tr      transport
 	watch   time.Duration
+	workDir string // its processes' working directory (uapdir.go)
 	place   func(c call.Caller, f *netio.Frame) (netio.Code, string) // where its processes' own calls go
 	rd      reader
 
@@ -85,6 +86,9 @@ type slotState struct {
 	served   uint64 // calls it completed
 	events   uint64 // attaches and completions: what may ring its doorbell
 	warned   bool   // its missing entries were logged
+	// killed: it broke the protocol and was killed; nothing more is read
+	// from it (and logged) until it is reaped, however often it rings.
+	killed bool
 
 	// since is its last attach or completion: when its next call's
 	// service began (the routing manager's service time).

@@ -67,6 +67,9 @@ func (f *fakeProcs) server(group string) *fakeServer {
 func (*fakeProcs) CPUStatus() procmgr.CPUStatus { return procmgr.CPUStatus{Mechanism: "none"} }
 func (*fakeProcs) Stats() procmgr.Stats         { return procmgr.Stats{} }
 func (*fakeProcs) Close()                       {}
+func (*fakeProcs) Containment() procmgr.ContainStatus {
+	return procmgr.ContainStatus{Kill: procmgr.KillPgroup, Pids: procmgr.LimitNone, Memory: procmgr.LimitNone}
+}
 
 type fakeServer struct {
 	spec    procmgr.Spec
@@ -142,6 +145,8 @@ func (s *fakeServer) Kick(int)                      {}
 func (s *fakeServer) Attached(int)                  {}
 func (s *fakeServer) Kill(int)                      {}
 func (s *fakeServer) Replace(int)                   {}
+func (s *fakeServer) Limits() procmgr.LimitStatus   { return procmgr.LimitStatus{} }
+func (s *fakeServer) Output() procmgr.OutputStats   { return procmgr.OutputStats{} }
 func (s *fakeServer) Running() (int, int)           { return s.spec.Resident, 0 }
 func (s *fakeServer) Processes() []procmgr.ProcInfo { return nil }
 func (s *fakeServer) Usage() bpf.Usage              { return bpf.Usage{} }

@@ -17,6 +17,7 @@ type ProcessManager interface {
 	// Delegate.
 	Start(spec procmgr.Spec, d procmgr.Delegate) (Processes, error)
 	CPUStatus() procmgr.CPUStatus
+	Containment() procmgr.ContainStatus
 	Stats() procmgr.Stats
 	Close()
 }
@@ -36,6 +37,8 @@ type Processes interface {
 	Usage() bpf.Usage
 	CPUSample() procmgr.CPUSample
 	CPUGroupPath() string
+	Limits() procmgr.LimitStatus // its pids and memory limits and what they caught
+	Output() procmgr.OutputStats // its stdout and stderr lines, logged and dropped
 	Stopping()
 	Stop(ctx context.Context) error
 	// ParallelCount is resident,max now; SetParallelCount changes it while

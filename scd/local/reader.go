@@ -84,7 +84,7 @@ func (r *reader) collect() {
 	for slot := range g.slots {
 		si := &g.slots[slot]
 		p := si.p
-		if p == nil {
+		if p == nil || si.killed {
 			continue
 		}
 		if p.Attach() {
@@ -118,6 +118,7 @@ func (r *reader) collect() {
 				}
 				freeRequest(cl)
 				g.act()
+				si.killed = true
 				r.bad = append(r.bad, slot)
 				break
 			}
@@ -133,6 +134,9 @@ func (r *reader) collect() {
 			freeRequest(cl)
 			g.act() // after the reply was copied out of the mailbox
 		}
+		if si.killed {
+			continue
+		}
 		if oc, ok := p.(outCaller); ok {
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
@@ -140,7 +144,9 @@ func (r *reader) collect() {
 				si.events++
 				g.q.Retire(slot)
 				g.act()
+				si.killed = true
 				r.bad = append(r.bad, slot)
+				continue
 			} else if made {
 				si.events++
 				r.calls = append(r.calls, localCall{oc, c})
@@ -153,6 +159,7 @@ func (r *reader) collect() {
 			g.q.Retire(slot)
 			g.act()
 			si.events = p.Rings() // once
+			si.killed = true
 			r.bad = append(r.bad, slot)
 		}
 	}

@@ -89,6 +89,17 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 			continue
 		}
 		srv.Module = module
+		// The module must be runnable by the user its processes run as,
+		// which is not scdd's (issue 19 item 22): say so now, at -check,
+		// rather than as "permission denied" at each start.
+		if uid, gid, _ := s.uapCredentials(&srv); uid >= 0 || gid >= 0 || os.Geteuid() != 0 {
+			if err := procmgr.CheckModule(module, uid, gid); err != nil {
+				return nil, srv.Errorf("module", "%v", err)
+			}
+		}
+		if err := checkWorkDir(cfg, &srv); err != nil {
+			return nil, err
+		}
 		g := &Group{
 			name:    srv.ServiceGroup,
 			def:     srv,
@@ -228,8 +239,13 @@ func (s *Scheduler) startGroup(g *Group) error {
 	s.opts.CounterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
 	set.NewGauge(`tpsched_group_held`+lbl, func() float64 { return b2f(g.held.Load()) })
 	s.startLoad(g)
-	uid, gid := s.uapCredentials(srv)
-	var err error
+	uid, gid, slotGIDs := s.uapCredentials(srv)
+	dir, err := uapWorkDir(s.cfg, srv, uid, gid)
+	if err != nil {
+		s.log.Warn("the server's working directory could not be prepared; its processes start in /", "server", srv.Name, "err", err)
+		dir = "/"
+	}
+	g.workDir = dir
 	g.procs, err = s.startProcesses(g, procmgr.Spec{
 		Server:       srv.Name,
 		Group:        g.name,
@@ -237,6 +253,7 @@ func (s *Scheduler) startGroup(g *Group) error {
 		Env:          env,
 		UID:          uid,
 		GID:          gid,
+		SlotGIDs:     slotGIDs,
 		Resident:     srv.Resident,
 		Max:          srv.MaxProcesses,
 		BalanceCount: srv.BalanceCount,
@@ -244,10 +261,20 @@ func (s *Scheduler) startGroup(g *Group) error {
 		Refresh:      srv.RefreshProcess,
 		IdleStop:     srv.NonResidentIdle,
 		CPUWaitLimit: srv.CPUWaitLimit,
+		PidsMax:      uapPidsMax(srv),
+		MemoryMax:    uapMemoryMax(srv),
+		Dir:          dir,
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", srv.File, err)
 	}
+	// What the server's cgroups and output pipes saw, read at each scrape.
+	set.NewGauge(`tpsched_uap_tasks`+lbl, func() float64 { return float64(g.procs.Limits().Pids) })
+	s.opts.CounterFunc(`tpsched_uap_pids_limit_hits_total`+lbl, func() uint64 { return g.procs.Limits().PidsHits })
+	set.NewGauge(`tpsched_uap_memory_bytes`+lbl, func() float64 { return float64(g.procs.Limits().Memory) })
+	s.opts.CounterFunc(`tpsched_uap_oom_kills_total`+lbl, func() uint64 { return g.procs.Limits().OOMKills })
+	s.opts.CounterFunc(`tpsched_uap_output_lines_total`+lbl, func() uint64 { return g.procs.Output().Lines })
+	s.opts.CounterFunc(`tpsched_uap_output_dropped_lines_total`+lbl, func() uint64 { return g.procs.Output().Dropped })
 	set.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
 		res, _ := g.procs.Running()
 		return float64(res)

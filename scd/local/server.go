@@ -131,6 +131,20 @@ func (e *server) Replace(slot int) {
 	}
 }
 
+func (e *server) Limits() procmgr.LimitStatus {
+	if p := e.cur(); p != nil {
+		return p.Limits()
+	}
+	return procmgr.LimitStatus{}
+}
+
+func (e *server) Output() procmgr.OutputStats {
+	if p := e.cur(); p != nil {
+		return p.Output()
+	}
+	return procmgr.OutputStats{}
+}
+
 func (e *server) Running() (resident, nonResident int) {
 	if p := e.cur(); p != nil {
 		return p.Running()

@@ -35,6 +35,12 @@ type GroupStatus struct {
 	Load        LoadStatus      `json:"load"`
 	Usage       UsageStatus     `json:"cpu"`
 	Latency     LatencyStatus   `json:"latency"`
+	// Limits are the server's pids and memory limits in force and what
+	// they caught; WorkDir its processes' working directory; Output what
+	// they wrote to stdout and stderr.
+	Limits  procmgr.LimitStatus `json:"limits"`
+	WorkDir string              `json:"working_directory"`
+	Output  procmgr.OutputStats `json:"output"`
 }
 
 // LatencyStatus is the group's calls by how long they took from arrival to
@@ -173,6 +179,9 @@ func (g *Group) Status(hist bool) GroupStatus {
 		Load:    g.load.status(&g.def),
 		Usage:   usageStatus(g, hist),
 		Latency: g.latency.status(),
+		Limits:  g.procs.Limits(),
+		WorkDir: g.workDir,
+		Output:  g.procs.Output(),
 	}
 }
 

@@ -14,7 +14,7 @@ func TestDerivedUAPIDs(t *testing.T) {
 	for i := range 2000 {
 		servers = append(servers, def.Server{Name: fmt.Sprintf("srv%04d", i)})
 	}
-	ids := derivedUAPIDs(servers)
+	ids := derivedUAPIDs("n1", servers)
 	seen := map[int]string{}
 	for _, s := range servers {
 		id := ids[s.Name]
@@ -26,10 +26,25 @@ func TestDerivedUAPIDs(t *testing.T) {
 		}
 		seen[id] = s.Name
 	}
-	again := derivedUAPIDs(servers[:10])
+	again := derivedUAPIDs("n1", servers[:10])
 	for _, s := range servers[:10] {
 		if again[s.Name] != ids[s.Name] {
 			t.Errorf("%s: id %d with 2000 servers, %d with 10", s.Name, ids[s.Name], again[s.Name])
 		}
+	}
+}
+
+// TestDerivedUAPIDsDifferByNode (issue 19 item 10): servers of the same
+// name on two nodes of one host get different users.
+func TestDerivedUAPIDsDifferByNode(t *testing.T) {
+	servers := []def.Server{{Name: "echo"}, {Name: "demo"}}
+	a, b := derivedUAPIDs("node1", servers), derivedUAPIDs("node2", servers)
+	for _, s := range servers {
+		if a[s.Name] == b[s.Name] {
+			t.Errorf("server %s has id %d on node1 and node2", s.Name, a[s.Name])
+		}
+	}
+	if again := derivedUAPIDs("node1", servers); again["echo"] != a["echo"] {
+		t.Errorf("node1's echo: %d, then %d", a["echo"], again["echo"])
 	}
 }

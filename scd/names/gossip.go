@@ -43,6 +43,10 @@ type GossipConfig struct {
 	// OnChange is called after the table changed because of a peer; it
 	// must not block (memberlist's receive loop is waiting).
 	OnChange func()
+	// Transport is the name port bound ahead (ListenTransport) or taken
+	// over (TransportFromFiles); Join owns it from then on. Nil: Join binds
+	// BindAddr and Port itself.
+	Transport *Transport
 }
 
 // GossipStats are the announce counters for status and /metrics.
@@ -63,7 +67,9 @@ type Gossip struct {
 	table *Table
 	codec *Codec
 	ml    *memberlist.Memberlist
-	queue *memberlist.TransmitLimitedQueue
+	// transport is the name port's sockets (transport.go).
+	transport *Transport
+	queue     *memberlist.TransmitLimitedQueue
 
 	announceMu sync.Mutex // orders Announce calls; never taken in memberlist's callbacks
 	mu         sync.Mutex // guards self, alive, latest; never held while calling memberlist
@@ -107,10 +113,20 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 	self.Node, self.Boot, self.Seq = cfg.Self, uint64(time.Now().UnixNano()), 0
 	c.self = self
 
+	t := cfg.Transport
+	if t == nil {
+		var err error
+		if t, err = ListenTransport(cfg.BindAddr, cfg.Port); err != nil {
+			return nil, err
+		}
+	}
+	c.transport = t
+	t.run(c.log)
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Self
-	mc.BindAddr, mc.BindPort = cfg.BindAddr, cfg.Port
-	mc.AdvertisePort = cfg.Port
+	mc.Transport = t
+	mc.BindAddr, mc.BindPort = cfg.BindAddr, t.Port()
+	mc.AdvertisePort = t.Port()
 	if ip := net.ParseIP(cfg.BindAddr); ip != nil && !ip.IsUnspecified() {
 		mc.AdvertiseAddr = cfg.BindAddr
 	}
@@ -133,7 +149,8 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
-		return nil, fmt.Errorf("name port %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.Port)), err)
+		_ = t.Shutdown()
+		return nil, fmt.Errorf("name port %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(t.Port())), err)
 	}
 	c.ml = ml
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
@@ -145,6 +162,10 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 
 // Port is the name port memberlist listens on.
 func (c *Gossip) Port() int { return int(c.ml.LocalNode().Port) }
+
+// Transport is the name port's sockets, for a process that takes the node
+// over (Transport.Files).
+func (c *Gossip) Transport() *Transport { return c.transport }
 
 // Trusted reports whether peers are trusted blindly (no cluster_key).
 func (c *Gossip) Trusted() bool { return !c.codec.Authenticated() }

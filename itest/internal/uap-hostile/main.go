@@ -1,26 +1,56 @@
 // Command uap-hostile is a UAP that attacks the node, for the integration
-// tests (TestChaosHostileUAP). In process slot 0 it is hostile; in any other
-// slot it serves echo honestly through the shm library, so a group can have
-// an honest process beside a hostile one.
+// tests (TestChaosHostileUAP and the other TestChaos* of hostile_test.go).
+// In process slot 0 it is hostile; in any other slot it serves echo
+// honestly through the shm library, so a group can have an honest process
+// beside a hostile one.
 //
 // The hostile process does not use the library. It reports every attempt
-// on a line "HOSTILE: what: result" (its stdout goes to scdd's log):
+// on a line "HOSTILE: what: result" on its stdout (which scdd copies into
+// its log); a "SUCCEEDED" result is an attack that worked. By default
+// (TPSCHED_HOSTILE unset) it tries:
 //
 //   - write the group page: map it writable, mprotect it, pwrite, ftruncate;
 //   - reach other processes: open /proc/PID/fd/N of every other process
-//     (scdd, the other UAPs), read /proc/PID/mem, ptrace-attach;
+//     (scdd, the other UAPs), read /proc/PID/mem and environ, ptrace-attach;
 //   - signal scdd;
+//   - reach what scdd holds: write a forged record into scdd's log (a line
+//     that looks like one), seek and truncate its stdout, set O_NONBLOCK on
+//     it; read any descriptor it holds beyond 0-5; run with NoNewPrivs 0;
+//     run in scdd's working directory;
+//   - hold a group through the control socket ($TPSCHED_HOSTILE_CONTROL);
 //
 // then serves its calls with forgeries, by the call's number: an unknown
 // status, a reply longer than its buffer, a completion numbered ahead,
 // a reply that says "spoiled by the hostile UAP" (its own callers' replies
 // are its to spoil), and rings its doorbell without cause in between.
+//
+// Other attacks, by TPSCHED_HOSTILE:
+//
+//   - escape: leave its process group for scdd's, start a child in a
+//     session of its own, then break the protocol on every call;
+//   - forkbomb: start `sleep` children in sessions of their own until the
+//     kernel refuses one (at most 1000), then serve honestly;
+//   - initfork: start a `sleep` child in a Go init, before main, then
+//     serve honestly;
+//   - window: kill its sibling (slot 1, same server, so same user), catch
+//     the replacement between its exec and its attach, stop it, and open
+//     its area through /proc/PID/fd/3; five times.
+//
+// Children it starts carry TPSCHED_HOSTILE_TOKEN in their environment, so
+// a test can find them after scdd is gone.
+//
+// With HOSTILE_SQUAT set it makes the squat attack instead (squat.go): it
+// binds the node's ports before the node does, if it can.
 package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,6 +58,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"tpsched/shm"
 )
@@ -49,12 +81,59 @@ const (
 	stateReady  = 1
 )
 
+// initChild is the child the initfork attack started before main.
+var initChild int
+
+func init() {
+	if os.Getenv("TPSCHED_HOSTILE") == "initfork" && os.Getenv("TPSCHED_PROC_SLOT") == "0" {
+		if c, err := sleeper(); err == nil {
+			initChild = c
+		}
+	}
+}
+
+// sleeper starts `sleep 3600` in a session of its own (out of every
+// process group procmgr knows), marked with the test's token.
+func sleeper() (int, error) {
+	cmd := exec.Command("sleep", "3600")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "TPSCHED_HOSTILE_TOKEN=" + os.Getenv("TPSCHED_HOSTILE_TOKEN")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Not waited for: a goroutine blocked in wait4 per child would cost
+	// the bomb a thread each, and threads count against pids.max too.
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	return cmd.Process.Pid, nil
+}
+
 func main() {
+	if t := os.Getenv("HOSTILE_SQUAT"); t != "" {
+		if os.Getenv("TPSCHED_PROC_SLOT") == "0" {
+			go squat(t) // squat.go
+		}
+		honest()
+		return
+	}
 	if os.Getenv("TPSCHED_PROC_SLOT") != "0" {
 		honest()
 		return
 	}
-	hostile()
+	switch os.Getenv("TPSCHED_HOSTILE") {
+	case "":
+		hostile()
+	case "escape":
+		escape()
+	case "forkbomb":
+		forkbomb()
+	case "initfork":
+		fmt.Printf("HOSTILE: initfork child %d\n", initChild)
+		honest()
+	case "window":
+		window()
+	default:
+		fmt.Println("uap-hostile: unknown TPSCHED_HOSTILE", os.Getenv("TPSCHED_HOSTILE"))
+		os.Exit(2)
+	}
 }
 
 func honest() {
@@ -77,6 +156,96 @@ func report(what string, err error) {
 	fmt.Printf("HOSTILE: %s: %s\n", what, res)
 }
 
+// scddPID is the pid of the scdd that started this process, as the host
+// sees it: /proc/self/status (getppid says 0 in a pid namespace of its own).
+func scddPID() int {
+	if p := parentOf("/proc/self"); p > 0 {
+		return p
+	}
+	return os.Getppid()
+}
+
+// reachScdd tries what scdd's descriptors and environment offered a UAP
+// before issue 19: its log file, descriptors it inherited, its working
+// directory, privileges a setuid program would give.
+func reachScdd() {
+	// A forged record: in scdd's own log file it would be one; through
+	// the output pipe it is a line of this process's output, quoted.
+	fmt.Println(`time=2026-01-01T00:00:00Z level=ERROR msg="scdd forged by the hostile UAP"`)
+	_, err := syscall.Seek(1, 0, 0)
+	report("seek scdd's log to its start", err)
+	report("truncate scdd's log", syscall.Ftruncate(1, 0))
+	// O_NONBLOCK on a shared file description made scdd's own writes fail
+	// with EAGAIN; on the UAP's own pipe end it is the UAP's business.
+	if fl, err := unix.FcntlInt(2, unix.F_GETFL, 0); err == nil {
+		_, err = unix.FcntlInt(2, unix.F_SETFL, fl|unix.O_NONBLOCK)
+		var st unix.Stat_t
+		if err == nil && unix.Fstat(2, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			report("set O_NONBLOCK on scdd's log", nil)
+		} else {
+			report("set O_NONBLOCK on scdd's log", fmt.Errorf("stderr is a pipe of its own (%v)", err))
+		}
+		_, _ = unix.FcntlInt(2, unix.F_SETFL, fl)
+	}
+	leaked := 0
+	for fd := 6; fd < 1024; fd++ {
+		target, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+		if err != nil || strings.HasPrefix(target, "/sys/fs/cgroup/") || strings.HasPrefix(target, "anon_inode:") {
+			continue // none, or the Go runtime's own (GOMAXPROCS's cgroup files, the netpoller)
+		}
+		buf := make([]byte, 64)
+		if n, err := syscall.Read(fd, buf); err == nil || n > 0 {
+			report(fmt.Sprintf("read descriptor %d it inherited (%s)", fd, target), nil)
+			leaked++
+		}
+	}
+	if leaked == 0 {
+		report("read a descriptor it inherited beyond 0-5", errors.New("none is open"))
+	}
+	wd, _ := os.Getwd()
+	fmt.Printf("HOSTILE-INFO: working directory %s\n", wd)
+	if scddWD, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", scddPID())); err == nil && scddWD == wd {
+		report("run in scdd's working directory", nil)
+	} else {
+		report("run in scdd's working directory", fmt.Errorf("its own %s", wd))
+	}
+	nnp := ""
+	if st, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "NoNewPrivs:"); ok {
+				nnp = strings.TrimSpace(v)
+			}
+		}
+	}
+	if nnp == "0" {
+		report("run without no_new_privs (a setuid program would gain privileges)", nil)
+	} else {
+		report("run without no_new_privs (a setuid program would gain privileges)", fmt.Errorf("NoNewPrivs %s", nnp))
+	}
+	if path := os.Getenv("TPSCHED_HOSTILE_CONTROL"); path != "" {
+		report("hold group b through the control socket", controlHold(path))
+	}
+}
+
+// controlHold asks scdd's control socket to hold group b.
+func controlHold(path string) error {
+	c, err := net.DialTimeout("unix", path, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("POST /hold?group=b HTTP/1.0\r\nHost: scdd\r\n\r\n")); err != nil {
+		return err
+	}
+	b, _ := io.ReadAll(c)
+	status, _, _ := strings.Cut(string(b), "\r\n")
+	if strings.Contains(status, " 200 ") {
+		return nil
+	}
+	return errors.New(status)
+}
+
 func hostile() {
 	const area, group, bell = 3, 4, 5
 	// The group page.
@@ -92,7 +261,7 @@ func hostile() {
 	// on one host give servers of the same name the same user, as
 	// processes of one server share theirs; another test's node running
 	// this same server beside us is not what is tested.)
-	self, node := os.Getpid(), os.Getppid()
+	self, node := selfPID(), scddPID()
 	pids, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range pids {
 		pid, _ := strconv.Atoi(filepath.Base(p))
@@ -116,15 +285,23 @@ func hostile() {
 			f.Close()
 		}
 		report(fmt.Sprintf("open %s's (pid %d) memory", name, pid), err)
+		_, err = os.ReadFile(p + "/environ")
+		report(fmt.Sprintf("read %s's (pid %d) environment", name, pid), err)
 		report(fmt.Sprintf("ptrace-attach %s (pid %d)", name, pid), syscall.PtraceAttach(pid))
 		if name == "scdd" {
 			report("SIGKILL scdd", syscall.Kill(pid, syscall.SIGKILL))
 		}
 	}
+	reachScdd()
 	fmt.Println("HOSTILE: probes done")
+	serveForged(area, bell, false)
+}
 
+// serveForged answers its calls with forgeries (see the package comment).
+// With allBad every completion has an unknown status.
+func serveForged(area, bell int, allBad bool) {
 	size := int64(0)
-	if fi, err := os.NewFile(area, "area").Stat(); err == nil {
+	if fi, err := os.NewFile(uintptr(area), "area").Stat(); err == nil {
 		size = fi.Size()
 	}
 	mem, err := syscall.Mmap(area, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
@@ -158,7 +335,11 @@ func hostile() {
 		i := int(no % k)
 		mb := pMailbox + i*mailboxSize
 		u64(mb + mClaim).Store(no<<2 | 1)
-		switch no % 4 {
+		kind := no % 4
+		if allBad {
+			kind = 1
+		}
+		switch kind {
 		case 1: // an unknown status
 			u32(mb + mStatus).Store(99)
 			u64(pDoneNo).Store(no)
@@ -191,4 +372,160 @@ func parentOf(proc string) int {
 		}
 	}
 	return 0
+}
+
+// selfPID is this process's pid as the host sees it (1 in a pid
+// namespace of its own).
+func selfPID() int {
+	if s, err := os.Readlink("/proc/self"); err == nil {
+		if pid, err := strconv.Atoi(s); err == nil {
+			return pid
+		}
+	}
+	return os.Getpid()
+}
+
+// escape leaves its process group for scdd's, starts a child in a session
+// of its own, and breaks the protocol on every call: it is killed, and
+// killed again after every restart, and every process it left behind must
+// die with the server.
+func escape() {
+	pg, err := syscall.Getpgid(scddPID())
+	if err == nil {
+		err = syscall.Setpgid(0, pg)
+	}
+	child, cerr := sleeper()
+	fmt.Printf("HOSTILE: escape: joined scdd's process group %d: %v; child %d in a session of its own: %v\n", pg, err, child, cerr)
+	serveForged(3, 5, true)
+}
+
+// forkbomb starts children until the kernel refuses one, then serves.
+func forkbomb() {
+	n := 0
+	var err error
+	for n < 1000 {
+		if _, err = sleeper(); err != nil {
+			break
+		}
+		n++
+	}
+	fmt.Printf("HOSTILE: forkbomb: %d children, then %v\n", n, err)
+	honest()
+}
+
+// window kills its sibling five times and each time tries to open the
+// replacement's area between its exec and its attach (before the shm
+// library makes it non-dumpable), holding it stopped there.
+func window() {
+	self, node := selfPID(), scddPID()
+	sibling := func() int {
+		pids, _ := filepath.Glob("/proc/[0-9]*")
+		for _, p := range pids {
+			pid, _ := strconv.Atoi(filepath.Base(p))
+			comm, _ := os.ReadFile(p + "/comm")
+			if pid != self && parentOf(p) == node && strings.TrimSpace(string(comm)) == "uap-hostile" {
+				return pid
+			}
+		}
+		return 0
+	}
+	for round := range 5 {
+		var victim int
+		for range 500 {
+			if victim = sibling(); victim != 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if victim == 0 {
+			fmt.Println("HOSTILE-INFO: window: no sibling found")
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // it attached
+		checked := lastPID()
+		_ = syscall.Kill(victim, syscall.SIGKILL)
+		// The replacement is one of the pids allocated from now on: the
+		// first process among them this process may signal is of its
+		// user, so of its server. Every new pid is looked at once, however
+		// many other processes and threads the host makes meanwhile.
+		// A new pid may not be in /proc yet, and a new process is root
+		// until scdd's child has switched users: each is tried again
+		// until it is this user's, a thread, or a while has passed.
+		caught := 0
+		tries := map[int]int{}
+		deadline := time.Now().Add(10 * time.Second)
+		for caught == 0 && time.Now().Before(deadline) {
+			last := lastPID()
+			for cand := checked + 1; cand <= last; cand++ {
+				if cand != self {
+					tries[cand] = 0
+				}
+			}
+			if last >= checked {
+				checked = last
+			} else {
+				checked = 0 // pids wrapped
+			}
+			for cand := range tries {
+				// A process, not a thread (kill takes thread ids too).
+				if tg := tgidOf(cand); tg != 0 && tg != cand || tries[cand] > 2000 {
+					delete(tries, cand)
+					continue
+				}
+				tries[cand]++
+				if tgidOf(cand) == cand && syscall.Kill(cand, syscall.SIGSTOP) == nil {
+					caught = cand
+					break
+				}
+			}
+		}
+		if caught == 0 {
+			fmt.Println("HOSTILE-INFO: window: the replacement was not caught")
+			continue
+		}
+		// Stopped maybe before its exec (still scdd's image): let it
+		// run in steps until it is the module.
+		for range 20000 {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", caught))
+			if strings.TrimSpace(string(comm)) == "uap-hostile" {
+				break
+			}
+			_ = syscall.Kill(caught, syscall.SIGCONT)
+			time.Sleep(20 * time.Microsecond)
+			_ = syscall.Kill(caught, syscall.SIGSTOP)
+		}
+		f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/3", caught), os.O_RDWR, 0)
+		if err == nil {
+			f.Close()
+		}
+		report(fmt.Sprintf("window %d: open its sibling's area (pid %d) between its exec and its attach", round, caught), err)
+		_ = syscall.Kill(caught, syscall.SIGCONT)
+	}
+	fmt.Println("HOSTILE: window done")
+	honest()
+}
+
+// tgidOf is the thread group (process) of task id tid, 0 if unknown.
+func tgidOf(tid int) int {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			tgid, _ := strconv.Atoi(strings.TrimSpace(v))
+			return tgid
+		}
+	}
+	return 0
+}
+
+// lastPID is the last pid the kernel allocated (ns_last_pid).
+func lastPID() int {
+	b, err := os.ReadFile("/proc/sys/kernel/ns_last_pid")
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
 }

@@ -1,0 +1,133 @@
+package procmgr
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"os"
+	"sync"
+	"time"
+)
+
+// A UAP's stdout and stderr are a pipe of its own, not scdd's log file: it
+// can neither write scdd's log lines nor seek, truncate or change the
+// flags of scdd's descriptors. scdd copies each line into its log as an
+// attribute of an "uap output" record (quoted by the log handler, so a UAP
+// cannot forge a record), with the server and the pid, within a rate per
+// server; the lines beyond are dropped and counted (Output), and a record
+// says how many when the server's output fits the rate again.
+
+const (
+	defaultOutputRate  = 100  // lines per second, per server
+	defaultOutputBurst = 1000 // lines at once
+	// maxOutputLine is the longest line copied whole; the rest of a longer
+	// one is dropped (the record says "cut").
+	maxOutputLine = 4096
+)
+
+// OutputStats count what a server's processes wrote to stdout and stderr.
+type OutputStats struct {
+	Lines   uint64 `json:"lines"`   // lines copied into the log
+	Dropped uint64 `json:"dropped"` // lines dropped over the rate
+}
+
+// outputBook is a server's token bucket for its processes' output lines.
+type outputBook struct {
+	rate, burst float64
+
+	mu      sync.Mutex
+	tokens  float64
+	last    time.Time
+	pending uint64 // dropped since the last record that said so
+	stats   OutputStats
+}
+
+func newOutputBook(rate, burst int) *outputBook {
+	return &outputBook{rate: float64(rate), burst: float64(burst), tokens: float64(burst), last: time.Now()}
+}
+
+// take reports whether a line may be logged now, and how many were dropped
+// before it (to be reported first); first says that this line is the first
+// one dropped since the output last fitted the rate.
+func (b *outputBook) take(now time.Time) (ok bool, dropped uint64, first bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+	if b.tokens < 1 {
+		b.pending++
+		b.stats.Dropped++
+		return false, 0, b.pending == 1
+	}
+	b.tokens--
+	b.stats.Lines++
+	dropped, b.pending = b.pending, 0
+	return true, dropped, false
+}
+
+// flush returns the drops not yet reported.
+func (b *outputBook) flush() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.pending
+	b.pending = 0
+	return n
+}
+
+func (b *outputBook) read() OutputStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats
+}
+
+// Output counts what the server's processes wrote to stdout and stderr.
+func (s *Server) Output() OutputStats { return s.output.read() }
+
+// copyOutput copies the lines of one process's output pipe into the log
+// until every holder of the write end (the process and whatever inherited
+// it) has closed it or died.
+func (s *Server) copyOutput(r *os.File, pid int) {
+	defer r.Close()
+	br := bufio.NewReaderSize(r, maxOutputLine)
+	cut := false // the rest of a line longer than maxOutputLine: skip it
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(chunk) > 0 {
+			full := errors.Is(err, bufio.ErrBufferFull)
+			if cut {
+				cut = full
+			} else {
+				line := bytes.TrimRight(chunk, "\r\n")
+				s.logOutput(pid, string(line), full)
+				cut = full
+			}
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			break
+		}
+	}
+	if n := s.output.flush(); n > 0 {
+		s.m.log.Warn("uap output dropped over the rate", "server", s.spec.Server, "lines", n,
+			"rate", s.output.rate)
+	}
+}
+
+func (s *Server) logOutput(pid int, line string, cut bool) {
+	ok, dropped, first := s.output.take(time.Now())
+	if first {
+		s.m.log.Warn("uap output over the rate; dropping lines until it slows", "server", s.spec.Server, "pid", pid,
+			"rate", s.output.rate, "burst", s.output.burst)
+	}
+	if !ok {
+		return
+	}
+	if dropped > 0 {
+		s.m.log.Warn("uap output dropped over the rate", "server", s.spec.Server, "lines", dropped,
+			"rate", s.output.rate)
+	}
+	if cut {
+		s.m.log.Info("uap output", "server", s.spec.Server, "pid", pid, "line", line, "cut", true)
+		return
+	}
+	s.m.log.Info("uap output", "server", s.spec.Server, "pid", pid, "line", line)
+}
