@@ -201,10 +201,6 @@ func New[C any](cfg Config) *Queue[C] {
 	return q
 }
 
-// Config is the configuration the queue was made with (SetResident does
-// not change its Resident).
-func (q *Queue[C]) Config() Config { return q.cfg }
-
 // SetResident says whether slot serves a resident process from now on:
 // the server's resident count changed while it runs. A ready process in it
 // moves to the ready stack of its new kind, as the last to become ready;
@@ -223,9 +219,6 @@ func (q *Queue[C]) SetResident(slot int, resident bool) {
 		q.ready.push(slot)
 	}
 }
-
-// Resident reports whether slot serves a resident process.
-func (q *Queue[C]) Resident(slot int) bool { return q.valid(slot) && q.ready.resident[slot] }
 
 func (q *Queue[C]) valid(slot int) bool { return slot >= 0 && slot < len(q.slots) }
 
@@ -361,7 +354,7 @@ func (q *Queue[C]) balance() {
 		w, _ := q.wait.pop()
 		q.hold(s, w.call, w.deadline)
 	}
-	if q.wait.n == 0 && q.ReadyCount() > 0 && q.prefetched > 0 {
+	if q.wait.n == 0 && q.ready.count() > 0 && q.prefetched > 0 {
 		if s := q.stealable(); s >= 0 {
 			q.revoke(s)
 		}
@@ -540,9 +533,6 @@ func (q *Queue[C]) Expire(now int64, late []C) []C {
 // are still handed to processes.
 func (q *Queue[C]) Close() { q.closed = true }
 
-// Closed reports whether Close was called.
-func (q *Queue[C]) Closed() bool { return q.closed }
-
 // Flush empties the queue of waiting calls (the node stops with calls it
 // could not serve, or its processes cannot start) and appends them to
 // out, to be answered. Prefetched calls stay with their processes.
@@ -565,9 +555,6 @@ func (q *Queue[C]) Waiting() int { return q.wait.n + q.prefetched }
 
 // InFlight counts the calls not yet finished: waiting or held by a process.
 func (q *Queue[C]) InFlight() int { return q.wait.n + q.st.Busy + q.prefetched }
-
-// ReadyCount is the number of processes waiting for a call.
-func (q *Queue[C]) ReadyCount() int { return q.ready.count() }
 
 // Stats returns the counters.
 func (q *Queue[C]) Stats() Stats {
