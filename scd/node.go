@@ -214,7 +214,7 @@ func (n *Node) Start() (err error) {
 			LinkDir:       local.LinkDir(n.cfg.System.NodeID, n.log),
 		}))
 	}
-	n.registerNodeMetrics()
+	registerProcMetrics(n.metrics, &n.scraped, n.pm)
 	for _, w := range n.Warnings() {
 		n.log.Warn(w)
 	}
@@ -225,7 +225,7 @@ func (n *Node) Start() (err error) {
 			n.shutdown()
 		}
 	}()
-	if n.ports, err = bindPorts(n.cfg, n.rpcOptions(), n.restart.peer != nil); err != nil {
+	if n.ports, err = bindPorts(n.cfg, rpcOptions(n.cfg, n.opts, n.metrics, n.log), n.restart.peer != nil); err != nil {
 		return err
 	}
 	if err := n.local.Start(n.pm); err != nil {
@@ -235,7 +235,7 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	n.ports.takeInherited(n.restart)
-	opts := n.rpcOptions()
+	opts := rpcOptions(n.cfg, n.opts, n.metrics, n.log)
 	opts.Inherit, opts.Bound = n.restart.inheritRPC, n.ports.rpc
 	n.rpc, err = rpcport.Listen(opts, n)
 	n.ports.rpc, n.restart.inheritRPC = nil, nil // Listen took the sockets, or closed them
@@ -302,21 +302,21 @@ func (n *Node) Warnings() []string {
 }
 
 // rpcOptions are the RPC port's options from the definitions.
-func (n *Node) rpcOptions() rpcport.Options {
+func rpcOptions(cfg *def.Config, opts Options, set *metrics.Set, log *slog.Logger) rpcport.Options {
 	return rpcport.Options{
-		Addr:  net.JoinHostPort(n.cfg.System.RPCAddress, strconv.Itoa(n.cfg.System.RPCPort)),
-		Loops: n.cfg.Sched.Multi,
+		Addr:  net.JoinHostPort(cfg.System.RPCAddress, strconv.Itoa(cfg.System.RPCPort)),
+		Loops: cfg.Sched.Multi,
 		// A frame up to the largest max_message_size is read whole, so one
 		// over its own group's is answered 'message too big' here; netio
 		// answers a larger one itself and skips its bytes unkept.
-		MaxPayload:   largestMessage(n.cfg),
-		MaxConns:     n.cfg.System.MaxConnections,
-		FrameTimeout: n.cfg.System.FrameTimeout,
-		BufferBudget: n.cfg.System.BufferBudget,
-		Metrics:      n.metrics,
-		Logger:       n.log,
-		Receivers:    receiverGroups(n.cfg),
-		Steer:        steerer{off: n.opts.Steering == SteeringOff},
+		MaxPayload:   largestMessage(cfg),
+		MaxConns:     cfg.System.MaxConnections,
+		FrameTimeout: cfg.System.FrameTimeout,
+		BufferBudget: cfg.System.BufferBudget,
+		Metrics:      set,
+		Logger:       log,
+		Receivers:    receiverGroups(cfg),
+		Steer:        steerer{off: opts.Steering == SteeringOff},
 	}
 }
 
@@ -355,19 +355,19 @@ func (n *Node) watchRPC() {
 // is not draining; scdd then exits non-zero for its supervisor to restart it.
 func (n *Node) Failed() <-chan error { return n.failed }
 
-// registerNodeMetrics exposes what the process manager does node-wide.
-func (n *Node) registerNodeMetrics() {
-	cpu := n.pm.CPUStatus()
-	n.metrics.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism)+`"}`,
+// registerProcMetrics exposes what the process manager pm does node-wide.
+func registerProcMetrics(set *metrics.Set, scraped *scrapedSeries, pm local.ProcessManager) {
+	cpu := pm.CPUStatus()
+	set.NewGauge(`tpsched_cpu_priority_mechanism{mechanism="`+string(cpu.Mechanism)+`"}`,
 		func() float64 { return 1 })
-	cs := n.pm.Containment()
-	n.metrics.NewGauge(`tpsched_uap_kill_mechanism{mechanism="`+string(cs.Kill)+`"}`, func() float64 { return 1 })
-	n.metrics.NewGauge(`tpsched_uap_limit_mechanism{limit="pids",mechanism="`+string(cs.Pids)+`"}`, func() float64 { return 1 })
-	n.metrics.NewGauge(`tpsched_uap_limit_mechanism{limit="memory",mechanism="`+string(cs.Memory)+`"}`, func() float64 { return 1 })
-	n.metrics.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(n.pm.Stats().MemoryGateClosed) })
-	n.scraped.counter(`tpsched_nonresident_starts_total`, func() uint64 { return n.pm.Stats().NonResidentStarts })
-	n.scraped.counter(`tpsched_nonresident_stops_total`, func() uint64 { return n.pm.Stats().NonResidentStops })
-	n.scraped.counter(`tpsched_cpu_guard_holds_total`, func() uint64 { return n.pm.Stats().CPUGuardHolds })
+	cs := pm.Containment()
+	set.NewGauge(`tpsched_uap_kill_mechanism{mechanism="`+string(cs.Kill)+`"}`, func() float64 { return 1 })
+	set.NewGauge(`tpsched_uap_limit_mechanism{limit="pids",mechanism="`+string(cs.Pids)+`"}`, func() float64 { return 1 })
+	set.NewGauge(`tpsched_uap_limit_mechanism{limit="memory",mechanism="`+string(cs.Memory)+`"}`, func() float64 { return 1 })
+	set.NewGauge(`tpsched_memory_gate_closed`, func() float64 { return b2f(pm.Stats().MemoryGateClosed) })
+	scraped.counter(`tpsched_nonresident_starts_total`, func() uint64 { return pm.Stats().NonResidentStarts })
+	scraped.counter(`tpsched_nonresident_stops_total`, func() uint64 { return pm.Stats().NonResidentStops })
+	scraped.counter(`tpsched_cpu_guard_holds_total`, func() uint64 { return pm.Stats().CPUGuardHolds })
 }
 
 func b2f(b bool) float64 {
