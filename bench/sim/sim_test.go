@@ -259,3 +259,60 @@ func TestWriteMarkdown(t *testing.T) {
 		}
 	}
 }
+
+// The oracle runs at the first staleness only; PerNode sizes each run by
+// its nodes; the report sets every rule against the oracle and says what
+// fresh levels cost.
+func TestOracleGridAndReport(t *testing.T) {
+	g := Grid{
+		Base:      Config{Thresholds: DefaultThresholds, Seed: 3},
+		Nodes:     []int{4, 8},
+		Loads:     []float64{0.8},
+		Staleness: []float64{0, 20},
+		Balancers: []Balancer{Balancers[2], Balancers[5]},
+		PerNode:   2000,
+	}
+	cs := g.Configs()
+	if len(cs) != 2*(2+1) {
+		t.Fatalf("%d configs, want 6 (the oracle once per node count)", len(cs))
+	}
+	for _, c := range cs {
+		if c.Requests != 2000*c.Nodes || c.Warmup != 2000*c.Nodes {
+			t.Errorf("%d nodes: %d requests after %d, want %d each", c.Nodes, c.Requests, c.Warmup, 2000*c.Nodes)
+		}
+		if c.Balancer.Fresh && c.Staleness != 0 {
+			t.Errorf("the oracle at staleness %v", c.Staleness)
+		}
+	}
+	results, err := Sweep(cs, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results {
+		if r.LevelChanges <= 0 {
+			t.Errorf("%s at %d nodes: no level change counted", r.Balancer.Name, r.Nodes)
+		}
+	}
+	// The oracle ignores staleness: the same run at any age.
+	if !cs[1].Balancer.Fresh {
+		t.Fatalf("configs[1] is %s, want the oracle", cs[1].Balancer.Name)
+	}
+	older := cs[1]
+	older.Staleness = 50
+	a, _ := Run(cs[1])
+	b, _ := Run(older)
+	if b.Config = a.Config; a != b {
+		t.Errorf("the oracle's run changed with the staleness: %+v vs %+v", a, b)
+	}
+	var md bytes.Buffer
+	if err := (Report{Results: results, HeadlineLoad: 0.8, HeadlineStaleness: 20}).WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	out := md.String()
+	for _, want := range []string{"## Against the oracle", "| 8 | 0.80 | p2c |", "## What fresh levels cost", "| 4 | 0.80 | oracle |",
+		"2000 per node (8000, 16000) requests measured", "| 8 | 0.80 | fresh | oracle |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
