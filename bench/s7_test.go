@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/netio"
 	scdnames "tpsched/scd/names"
 )
 
@@ -182,5 +183,50 @@ func TestGossipVerdictHealth(t *testing.T) {
 		if !strings.Contains(got, w) {
 			t.Errorf("verdict lacks %q:\n%s", w, got)
 		}
+	}
+}
+
+// S7's sizes, runs and parts for the full and the quick grid, and what
+// the flags change.
+func TestS7Sizing(t *testing.T) {
+	setup, sizes, runs := s7Sizing(Config{})
+	if !slices.Equal(sizes, []int{32, 64, 128}) || runs != 3 || setup.Nodes != 128 || setup.Quiet != 20*time.Second || setup.Refresh != 20*time.Second {
+		t.Errorf("full: %v x%d, %+v", sizes, runs, setup)
+	}
+	setup, sizes, runs = s7Sizing(Config{Quick: true})
+	if !slices.Equal(sizes, []int{16, 32, 64}) || runs != 1 || setup.Quiet != 5*time.Second || setup.Refresh != 5*time.Second {
+		t.Errorf("quick: %v x%d, %+v", sizes, runs, setup)
+	}
+	if _, sizes, runs = s7Sizing(Config{S7Sizes: []int{8, 4}, S7Runs: 2}); !slices.Equal(sizes, []int{8, 4}) || runs != 2 {
+		t.Errorf("flags: %v x%d", sizes, runs)
+	}
+	if rs := s7RealSizing(Config{}); rs.Nodes != 32 || rs.Probes != 30 {
+		t.Errorf("real nodes, full: %+v", rs)
+	}
+	if rs := s7RealSizing(Config{Quick: true}); rs.Nodes != 8 {
+		t.Errorf("real nodes, quick: %+v", rs)
+	}
+	if rs := s7RealSizing(Config{S7Real: -1}); rs.Nodes != 0 {
+		t.Errorf("real nodes off: %+v", rs)
+	}
+	if ss := s7SimSizing(Config{}); !slices.Equal(ss.Nodes, []int{128, 1000}) || ss.PerNode != 1000 {
+		t.Errorf("simulation, full: %+v", ss)
+	}
+	if ss := s7SimSizing(Config{Quick: true}); !slices.Equal(ss.Nodes, []int{1000}) || ss.estimate() <= 0 {
+		t.Errorf("simulation, quick: %+v", ss)
+	}
+	if ss := s7SimSizing(Config{S7SimOff: true}); len(ss.Nodes) != 0 {
+		t.Errorf("simulation off: %+v", ss)
+	}
+	p := s7Plan(Config{Quick: true, S7Real: -1, S7SimOff: true})
+	if p.steps != 3 {
+		t.Errorf("quick plan without real nodes or simulation: %d steps, want 3", p.steps)
+	}
+}
+
+func TestLists(t *testing.T) {
+	nodes := []netio.NodeLevel{{Addr: "127.0.0.10:1"}, {Addr: "127.0.0.11:1", Level: 2}}
+	if !lists(nodes, "127.0.0.11:1") || lists(nodes, "127.0.0.12:1") || lists(nil, "127.0.0.10:1") {
+		t.Error("lists")
 	}
 }
