@@ -82,7 +82,6 @@ type Cluster struct {
 	log   *slog.Logger
 	table *Table
 	codec *Codec
-	ml    *memberlist.Memberlist
 	queue *memberlist.TransmitLimitedQueue
 
 	announceMu sync.Mutex // orders Announce calls; never taken in memberlist's callbacks
@@ -102,6 +101,10 @@ type Cluster struct {
 	dropMu     sync.Mutex
 	dropped    map[string]uint64
 	warnedFull map[string]bool
+
+	ml      *memberlist.Memberlist // set once Create returns; callbacks wait for ready before they use it
+	members atomic.Pointer[memberlist.Memberlist]
+	ready   chan struct{} // closed once ml is set and this node has announced
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -125,13 +128,7 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 	if cfg.Refresh == 0 {
 		cfg.Refresh = 20 * time.Second
 	}
-	c := &Cluster{
-		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
-		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, unrelayed: map[string]bool{},
-		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
-		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
-		stop: make(chan struct{}),
-	}
+	c := newCluster(cfg, table)
 	self.Node, self.Boot, self.Seq = cfg.Self, uint64(time.Now().UnixNano()), 0
 	c.self = self
 
@@ -159,17 +156,48 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 	if cfg.Fast {
 		mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 200*time.Millisecond, 100*time.Millisecond, 3
 	}
+	c.queue.RetransmitMult = mc.RetransmitMult
+	// memberlist answers peers from inside Create: a node that has this
+	// one in its all_node may join it before Create returns, and its
+	// callbacks then run before c.ml is set (a 32-node start crashed so).
+	// They find the queue and the maps ready; what needs c.ml waits for
+	// ready, closed once c.ml is set and the first announce made.
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		close(c.stop)
 		return nil, fmt.Errorf("name port %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.Port)), err)
 	}
 	c.ml = ml
-	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
+	c.members.Store(ml)
 	c.Announce(self)
+	close(c.ready)
 	c.wg.Add(2)
 	go c.run()
 	go c.pusher()
 	return c, nil
+}
+
+// newCluster is a Cluster before its memberlist starts: everything
+// memberlist's callbacks touch is in place.
+func newCluster(cfg ClusterConfig, table *Table) *Cluster {
+	c := &Cluster{
+		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
+		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, unrelayed: map[string]bool{},
+		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
+		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
+		stop: make(chan struct{}), ready: make(chan struct{}),
+	}
+	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: c.numMembers, RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult}
+	return c
+}
+
+// numMembers is memberlist's count of live members; 1 (this node) before
+// it has started.
+func (c *Cluster) numMembers() int {
+	if ml := c.members.Load(); ml != nil {
+		return ml.NumMembers()
+	}
+	return 1
 }
 
 // Port is the name port memberlist listens on.
@@ -548,11 +576,18 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	if c.stopping {
 		return // memberlist's handlers outlive Shutdown by a moment
 	}
-	own := c.latest[c.cfg.Self]
 	node := *n
 	c.wg.Add(1) // under mu, before Stop's Wait, which sets stopping first
 	go func() {
 		defer c.wg.Done()
+		select {
+		case <-c.ready:
+		case <-c.stop:
+			return
+		}
+		c.mu.Lock()
+		own := c.latest[c.cfg.Self]
+		c.mu.Unlock()
 		if err := c.ml.SendReliable(&node, own); err != nil {
 			c.log.Debug("announce to a newcomer", "node", node.Name, "err", err)
 			return
