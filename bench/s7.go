@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	gometrics "github.com/hashicorp/go-metrics"
+
 	"tpsched/scd/loadlevel"
 	scdnames "tpsched/scd/names"
 )
@@ -107,6 +109,21 @@ type gossipSize struct {
 	MsgsPerChangePerNode float64 `json:"messages_per_change_per_member"`
 	DroppedTotal         uint64  `json:"announces_dropped"`
 	Stuck                int     `json:"stuck_members"`
+	// The runs in which memberlist kept every member alive (the join
+	// converged, no table lost a member, nobody stuck), and their changes
+	// pooled: a run in which live members were declared dead measures
+	// memberlist's failure detection short of CPU, not the announces.
+	HealthyRuns         int     `json:"healthy_runs"`
+	HealthyChanges      int     `json:"healthy_changes"`
+	HealthyNotConverged int     `json:"healthy_not_converged"`
+	HealthyAllP50Ms     float64 `json:"healthy_all_p50_ms"`
+	HealthyAllP99Ms     float64 `json:"healthy_all_p99_ms"`
+	HealthyAllMaxMs     float64 `json:"healthy_all_max_ms"`
+}
+
+// healthy reports whether memberlist kept every member alive in r.
+func (r *gossipResult) healthy() bool {
+	return r.Joined && r.Quiet.TableDrops == 0 && r.Changes.TableDrops == 0 && len(r.Stuck) == 0 && r.LeaveStuck == 0
 }
 
 // probeResult is one announced change: who, and when the others' tables
@@ -163,6 +180,12 @@ type traffic struct {
 	// anything else that used loopback meanwhile.
 	LoopbackBytesPerNodeS float64 `json:"loopback_bytes_per_node_per_s"`
 	LoopbackPktsPerNodeS  float64 `json:"loopback_packets_per_node_per_s"`
+	// What the members' memberlists sent, all of it (probes, acks,
+	// gossip, push/pull, announces; UDP and TCP, with memberlist's
+	// headers), per member per second: go-metrics' memberlist.udp.sent
+	// and memberlist.tcp.sent. Only this process's; none for real nodes.
+	MemberlistBytesPerNodeS float64 `json:"memberlist_bytes_per_node_per_s"`
+	MemberlistPktsPerNodeS  float64 `json:"memberlist_udp_packets_per_node_per_s"`
 	// Announce messages handed to memberlist (names.ClusterStats.MessagesSent),
 	// per node per second.
 	MessagesPerNodeS float64 `json:"announce_messages_per_node_per_s"`
@@ -179,6 +202,51 @@ type traffic struct {
 	// Members whose Stats did not answer at the phase's end (stuck).
 	Stuck int `json:"stuck_members"`
 }
+
+// memberlistSink counts what every memberlist in this process sends: it
+// is the process's go-metrics sink while S7 runs, and memberlist counts
+// each UDP packet and TCP message it sends (memberlist.udp.sent,
+// memberlist.tcp.sent, in bytes).
+type memberlistSink struct{ udp, tcp, udpPkts atomic.Uint64 }
+
+func (s *memberlistSink) IncrCounterWithLabels(key []string, val float32, _ []gometrics.Label) {
+	n := len(key)
+	if n < 3 || key[n-3] != "memberlist" || key[n-1] != "sent" {
+		return
+	}
+	switch key[n-2] {
+	case "udp":
+		s.udp.Add(uint64(val))
+		s.udpPkts.Add(1)
+	case "tcp":
+		s.tcp.Add(uint64(val))
+	}
+}
+
+func (s *memberlistSink) IncrCounter(key []string, val float32) {
+	s.IncrCounterWithLabels(key, val, nil)
+}
+func (*memberlistSink) SetGauge([]string, float32)                               {}
+func (*memberlistSink) SetGaugeWithLabels([]string, float32, []gometrics.Label)  {}
+func (*memberlistSink) EmitKey([]string, float32)                                {}
+func (*memberlistSink) AddSample([]string, float32)                              {}
+func (*memberlistSink) AddSampleWithLabels([]string, float32, []gometrics.Label) {}
+
+// sent is the bytes and UDP packets counted so far.
+func (s *memberlistSink) sent() (bytes, pkts uint64) {
+	return s.udp.Load() + s.tcp.Load(), s.udpPkts.Load()
+}
+
+// s7Sink installs the sink once for the process.
+var s7Sink = sync.OnceValue(func() *memberlistSink {
+	sink := &memberlistSink{}
+	cfg := gometrics.DefaultConfig("")
+	cfg.EnableHostname, cfg.EnableRuntimeMetrics = false, false
+	if _, err := gometrics.NewGlobal(cfg, sink); err != nil {
+		return &memberlistSink{} // counts nothing; the report shows zeros
+	}
+	return sink
+})
 
 // parseNetDev reads an interface's transmitted bytes and packets from
 // /proc/net/dev.
@@ -447,15 +515,28 @@ func runS7(ctx context.Context, cfg Config,
 // summarizeGossip pools one size's runs.
 func summarizeGossip(n int, runs []*gossipResult) gossipSize {
 	g := gossipSize{Nodes: n, Runs: runs}
-	var all, pooled, joins, perChange []float64
+	var all, healthy, pooled, joins, perChange []float64
 	var quiet, changing []traffic
 	for _, r := range runs {
 		joins = append(joins, r.JoinSeconds)
+		if r.healthy() {
+			g.HealthyRuns++
+		}
 		for _, p := range r.Probes {
 			g.Changes++
-			if p.Seen == n-1 {
+			if r.healthy() {
+				g.HealthyChanges++
+			}
+			switch {
+			case p.Seen == n-1 && r.healthy():
+				healthy = append(healthy, p.AllMs)
+				fallthrough
+			case p.Seen == n-1:
 				all = append(all, p.AllMs)
-			} else {
+			case r.healthy():
+				g.HealthyNotConverged++
+				g.NotConverged++
+			default:
 				g.NotConverged++
 			}
 			for _, d := range p.DelaysMs {
@@ -475,6 +556,9 @@ func summarizeGossip(n int, runs []*gossipResult) gossipSize {
 	g.JoinSeconds = median(joins)
 	if len(all) > 0 {
 		g.AllP50Ms, g.AllP99Ms, g.AllMaxMs = percentileMs(all, 50), percentileMs(all, 99), slices.Max(all)
+	}
+	if len(healthy) > 0 {
+		g.HealthyAllP50Ms, g.HealthyAllP99Ms, g.HealthyAllMaxMs = percentileMs(healthy, 50), percentileMs(healthy, 99), slices.Max(healthy)
 	}
 	if len(pooled) > 0 {
 		g.TableP50Ms, g.TableP99Ms, g.TableMaxMs = percentileMs(pooled, 50), percentileMs(pooled, 99), slices.Max(pooled)
@@ -503,6 +587,7 @@ func medianTraffic(runs []traffic) traffic {
 // gossipRun starts the members, waits for the join, measures the quiet
 // spell and the changes, and makes every member leave.
 func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipResult, error) {
+	s7Sink() // count the memberlists' traffic from their start
 	n := setup.Nodes
 	nodeName := func(i int) string { return fmt.Sprintf("m%03d", i) }
 	tables := make([]*scdnames.Table, n)
@@ -586,6 +671,7 @@ func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipRe
 
 	traffic := func(run func()) traffic {
 		st0, _ := s7Stats(members, s7StatsLimit)
+		mlb0, mlp0 := s7Sink().sent()
 		lb0, lp0 := loopback()
 		mb0, ms0 := machineCPU()
 		drops0 := health.drops.Load()
@@ -596,6 +682,7 @@ func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipRe
 		c1 := selfTicks()
 		mb1, ms1 := machineCPU()
 		lb1, lp1 := loopback()
+		mlb1, mlp1 := s7Sink().sent()
 		st1, stuck := s7Stats(members, s7StatsLimit)
 		var bytes, sent, msgs uint64
 		for i, b := range st1 {
@@ -606,6 +693,7 @@ func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipRe
 		per := float64(n) * secs
 		return traffic{Seconds: secs, BytesPerNodeS: float64(bytes) / per, Announces: float64(sent), MessagesPerNodeS: float64(msgs) / per,
 			LoopbackBytesPerNodeS: float64(lb1-lb0) / per, LoopbackPktsPerNodeS: float64(lp1-lp0) / per,
+			MemberlistBytesPerNodeS: float64(mlb1-mlb0) / per, MemberlistPktsPerNodeS: float64(mlp1-mlp0) / per,
 			CPUCores: float64(c1-c0) / clockTicks / secs, MachineCores: (mb1 - mb0) / secs, StealCores: (ms1 - ms0) / secs,
 			TableDrops: int(health.drops.Load() - drops0), MinTable: int(health.least.Load()), Stuck: len(stuck)}
 	}
@@ -701,9 +789,9 @@ func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipRe
 }
 
 func logTraffic(log io.Writer, phase string, t traffic) {
-	fmt.Fprintf(log, "  %s %.1f s: %.0f announce B/node/s, %.0f announces, loopback %.0f B/node/s; %.2f cores (machine %.2f, steal %.2f); "+
-		"tables lost a member %d times, smallest %d; stuck %d\n", phase, t.Seconds, t.BytesPerNodeS, t.Announces, t.LoopbackBytesPerNodeS,
-		t.CPUCores, t.MachineCores, t.StealCores, t.TableDrops, t.MinTable, t.Stuck)
+	fmt.Fprintf(log, "  %s %.1f s: %.0f announce B/node/s, %.0f announces, memberlist %.0f B/node/s, loopback %.0f B/node/s; %.2f cores (machine %.2f, steal %.2f); "+
+		"tables lost a member %d times, smallest %d; stuck %d\n", phase, t.Seconds, t.BytesPerNodeS, t.Announces, t.MemberlistBytesPerNodeS,
+		t.LoopbackBytesPerNodeS, t.CPUCores, t.MachineCores, t.StealCores, t.TableDrops, t.MinTable, t.Stuck)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
@@ -737,6 +825,20 @@ func gossipVerdict(g *gossipGrid, limit time.Duration) string {
 	}
 	if big.Changes > 0 && big.Changes < 100 {
 		fmt.Fprintf(&b, " (with fewer than 100 changes the nearest-rank p99 is the maximum)")
+	}
+	if big.HealthyRuns < len(big.Runs) {
+		fmt.Fprintf(&b, "; over the %d of %d runs in which memberlist kept every member alive (in the others, short of CPU, it declared "+
+			"live members dead, and a change waits for membership, not for the announces): ", big.HealthyRuns, len(big.Runs))
+		switch {
+		case big.HealthyChanges == 0:
+			b.WriteString("none")
+		case big.HealthyNotConverged > 0:
+			fmt.Fprintf(&b, "%d of %d changes did not reach every table: **NOT met**", big.HealthyNotConverged, big.HealthyChanges)
+		case big.HealthyAllP99Ms <= ms(limit):
+			fmt.Fprintf(&b, "p99 %.0f ms over %d changes (max %.0f ms): **met**", big.HealthyAllP99Ms, big.HealthyChanges, big.HealthyAllMaxMs)
+		default:
+			fmt.Fprintf(&b, "p99 %.0f ms over %d changes (max %.0f ms): **NOT met**", big.HealthyAllP99Ms, big.HealthyChanges, big.HealthyAllMaxMs)
+		}
 	}
 	b.WriteString(". ")
 	if len(g.Size) >= 2 {
@@ -813,9 +915,11 @@ func s7Setup(g *gossipGrid, quick bool) []string {
 		"Announce bytes and messages are names.ClusterStats.BytesSent and MessagesSent (announce messages handed to memberlist: gossiped, " +
 			"pushed to fingers, sent to newcomers; relays included, memberlist's own headers not), summed over the members, per member per " +
 			"second. 'Messages per change per member' is the changes phase's messages less its refreshes' (the quiet phase's rate), per change " +
-			"and member. Loopback is the machine's /proc/net/dev 'lo' transmit counters over the same time, per member: all of memberlist's " +
-			"traffic (probes, acks, gossip, push/pull) and anything else that used loopback meanwhile, so an upper bound. CPU is this process's, " +
-			"all members together; 'machine busy' is the whole machine's (/proc/stat), other tenants included.",
+			"and member. Memberlist bytes are all the members' memberlists sent (probes, acks, gossip, push/pull and the announces; UDP and " +
+			"TCP, memberlist's headers included), counted by memberlist itself (go-metrics memberlist.udp.sent and memberlist.tcp.sent, " +
+			"this process only). Loopback is the machine's /proc/net/dev 'lo' transmit counters over the same time, per member: memberlist's " +
+			"traffic and anything else that used loopback meanwhile (other tenants' tests and benchmarks), so only an upper bound. CPU is this " +
+			"process's, all members together; 'machine busy' is the whole machine's (/proc/stat), other tenants included.",
 		"Health: 'tables lost a member' counts each time a table dropped a member (memberlist declared it dead; nobody leaves in " +
 			"these phases, so each is a false death, usually a probe that timed out for want of CPU); 'stuck' members are those whose " +
 			"names.Cluster.Stats did not return within " + s7StatsLimit.String() + " at the phase's end (it waits for memberlist's node lock). " +
@@ -854,39 +958,42 @@ func (r *report) writeGossip(b *strings.Builder) {
 	g := r.Gossip
 	b.WriteString("## Figures\n\n")
 	b.WriteString("| members | runs | join (median) | changes (not reaching every table) | until every other table holds a change: p50 / p99 / max | " +
-		"until one table holds it: p50 / p99 / max | messages per change per member | ceil(log2 n) | announces dropped | stuck members |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"the same, runs with every member alive | until one table holds it: p50 / p99 / max | messages per change per member | ceil(log2 n) | " +
+		"announces dropped | stuck members |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, z := range g.Size {
-		fmt.Fprintf(b, "| %d | %d | %.1f s | %d (%d) | %.0f / %.0f / %.0f ms | %.0f / %.0f / %.0f ms | %.1f | %d | %d | %d |\n",
+		fmt.Fprintf(b, "| %d | %d | %.1f s | %d (%d) | %.0f / %.0f / %.0f ms | %d of %d runs: %.0f / %.0f / %.0f ms | %.0f / %.0f / %.0f ms | %.1f | %d | %d | %d |\n",
 			z.Nodes, len(z.Runs), z.JoinSeconds, z.Changes, z.NotConverged, z.AllP50Ms, z.AllP99Ms, z.AllMaxMs,
+			z.HealthyRuns, len(z.Runs), z.HealthyAllP50Ms, z.HealthyAllP99Ms, z.HealthyAllMaxMs,
 			z.TableP50Ms, z.TableP99Ms, z.TableMaxMs, z.MsgsPerChangePerNode, ceilLog2(z.Nodes), z.DroppedTotal, z.Stuck)
 	}
 	b.WriteString("\n### Traffic (median of the runs)\n\n")
-	b.WriteString("| members | phase | announce bytes / member / s | announce messages / member / s | loopback bytes / member / s | loopback packets / member / s | " +
-		"CPU (this process) | machine busy / steal | tables lost a member | smallest table |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| members | phase | announce bytes / member / s | announce messages / member / s | memberlist bytes / member / s | " +
+		"memberlist UDP packets / member / s | loopback bytes / member / s (the machine) | CPU (this process) | machine busy / steal | " +
+		"tables lost a member | smallest table |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, z := range g.Size {
 		for _, t := range []struct {
 			name string
 			t    traffic
 		}{{"quiet (refresh only)", z.Quiet}, {"changes", z.Changing}} {
-			fmt.Fprintf(b, "| %d | %s | %.0f | %.2f | %.0f | %.1f | %.2f cores | %.2f / %.2f cores | %d | %d |\n", z.Nodes, t.name,
-				t.t.BytesPerNodeS, t.t.MessagesPerNodeS, t.t.LoopbackBytesPerNodeS, t.t.LoopbackPktsPerNodeS, t.t.CPUCores,
-				t.t.MachineCores, t.t.StealCores, t.t.TableDrops, t.t.MinTable)
+			fmt.Fprintf(b, "| %d | %s | %.0f | %.2f | %.0f | %.1f | %.0f | %.2f cores | %.2f / %.2f cores | %d | %d |\n", z.Nodes, t.name,
+				t.t.BytesPerNodeS, t.t.MessagesPerNodeS, t.t.MemberlistBytesPerNodeS, t.t.MemberlistPktsPerNodeS, t.t.LoopbackBytesPerNodeS,
+				t.t.CPUCores, t.t.MachineCores, t.t.StealCores, t.t.TableDrops, t.t.MinTable)
 		}
 	}
 	b.WriteString("\n### Each run\n\n")
 	b.WriteString("| members | run | join | every table: p50 / p99 / max | not reached | quiet: announce B / member / s | changes: announce B / member / s | " +
-		"machine busy (quiet / changes) | this process (quiet / changes) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		"machine busy (quiet / changes) | this process (quiet / changes) | tables lost a member |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, z := range g.Size {
 		for k, run := range z.Runs {
 			join := fmt.Sprintf("%.1f s", run.JoinSeconds)
 			if !run.Joined {
 				join = fmt.Sprintf("not within %.0f s (smallest table %d)", run.JoinSeconds, run.JoinKnownMin)
 			}
-			fmt.Fprintf(b, "| %d | %d | %s | %.0f / %.0f / %.0f ms | %d | %.0f | %.0f | %.2f / %.2f cores | %.2f / %.2f cores |\n",
+			fmt.Fprintf(b, "| %d | %d | %s | %.0f / %.0f / %.0f ms | %d | %.0f | %.0f | %.2f / %.2f cores | %.2f / %.2f cores | %d |\n",
 				z.Nodes, k+1, join, run.AllP50Ms, run.AllP99Ms, run.AllMaxMs, run.NotConverged, run.Quiet.BytesPerNodeS, run.Changes.BytesPerNodeS,
-				run.Quiet.MachineCores, run.Changes.MachineCores, run.Quiet.CPUCores, run.Changes.CPUCores)
+				run.Quiet.MachineCores, run.Changes.MachineCores, run.Quiet.CPUCores, run.Changes.CPUCores, run.Quiet.TableDrops+run.Changes.TableDrops)
 		}
 	}
 	b.WriteString("\n")

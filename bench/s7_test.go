@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	gometrics "github.com/hashicorp/go-metrics"
+
 	"tpsched/netio"
 	scdnames "tpsched/scd/names"
 )
@@ -102,6 +104,24 @@ func TestGossipVerdict(t *testing.T) {
 	g.Size[0].Runs[0].Joined, g.Size[0].Runs[0].JoinKnownMin, g.Size[0].Runs[0].JoinSeconds = false, 120, 60
 	if got := gossipVerdict(g, 300*time.Millisecond); !strings.Contains(got, "a run's join did not converge (smallest table 120 of 128") {
 		t.Errorf("not joined: %q", got)
+	}
+	// One run collapsed (memberlist declared members dead, changes late),
+	// the other healthy: both pooled, and the healthy one on its own.
+	g = gridOf([]int{128}, []float64{200}, []float64{30})
+	bad := *g.Size[0].Runs[0]
+	bad.Changes.TableDrops = 500
+	bad.Probes = nil
+	for range 30 {
+		bad.Probes = append(bad.Probes, probeResult{Seen: 127, AllMs: 9000})
+	}
+	g.Size[0] = summarizeGossip(128, []*gossipResult{&bad, g.Size[0].Runs[0]})
+	if z := g.Size[0]; z.HealthyRuns != 1 || z.HealthyChanges != 30 || z.HealthyAllP99Ms != 200 || z.AllP99Ms != 9000 {
+		t.Errorf("healthy pooling: %+v", z)
+	}
+	if got := gossipVerdict(g, 300*time.Millisecond); !strings.Contains(got, "p99 9000 ms over 60 changes") ||
+		!strings.Contains(got, "over the 1 of 2 runs in which memberlist kept every member alive") ||
+		!strings.Contains(got, "p99 200 ms over 30 changes (max 200 ms): **met**") {
+		t.Errorf("a collapsed run: %q", got)
 	}
 	if got := gossipVerdict(nil, time.Second); !strings.Contains(got, "not checked") {
 		t.Errorf("nothing: %q", got)
@@ -228,5 +248,20 @@ func TestLists(t *testing.T) {
 	nodes := []netio.NodeLevel{{Addr: "127.0.0.10:1"}, {Addr: "127.0.0.11:1", Level: 2}}
 	if !lists(nodes, "127.0.0.11:1") || lists(nodes, "127.0.0.12:1") || lists(nil, "127.0.0.10:1") {
 		t.Error("lists")
+	}
+}
+
+// memberlist's own counters reach the sink through go-metrics' global, and
+// only its sent bytes count.
+func TestMemberlistSink(t *testing.T) {
+	sink := s7Sink()
+	b0, p0 := sink.sent()
+	gometrics.IncrCounterWithLabels([]string{"memberlist", "udp", "sent"}, 100, nil)
+	gometrics.IncrCounterWithLabels([]string{"memberlist", "udp", "sent"}, 50, nil)
+	gometrics.IncrCounterWithLabels([]string{"memberlist", "tcp", "sent"}, 1000, nil)
+	gometrics.IncrCounterWithLabels([]string{"memberlist", "udp", "received"}, 7, nil)
+	gometrics.IncrCounter([]string{"memberlist", "msg", "alive"}, 1)
+	if b, p := sink.sent(); b-b0 != 1150 || p-p0 != 2 {
+		t.Errorf("counted %d bytes, %d packets; want 1150 and 2", b-b0, p-p0)
 	}
 }
