@@ -41,8 +41,8 @@
 // # Usage
 //
 //	make bench-deps   # once, as root: nginx, php-fpm, haproxy from apt
-//	make bench        # the full run (about 19 minutes)
-//	make bench-quick  # the development run (about 4 minutes), into bench/results/quick/
+//	make bench        # the full run (about 30 minutes)
+//	make bench-quick  # the development run (about 6 minutes), into bench/results/quick/
 //	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
 //	bin/tpbench -quick -scenarios S1 -systems grpc-go,tpsched -quiet-cores 0   # two peers, other tenants not waited for
 //
