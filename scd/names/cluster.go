@@ -262,8 +262,12 @@ func (c *Cluster) pusher() {
 		fingers := c.fingersLocked()
 		c.mu.Unlock()
 		for _, raw := range batch {
+			send := c.ml.SendBestEffort
+			if len(raw) > maxPacketAnnounce {
+				send = c.ml.SendReliable // would not fit a packet: memberlist's TCP path
+			}
 			for i := range fingers {
-				if err := c.ml.SendBestEffort(&fingers[i], raw); err != nil {
+				if err := send(&fingers[i], raw); err != nil {
 					c.log.Debug("announce to a finger", "node", fingers[i].Name, "err", err)
 					continue
 				}
@@ -272,6 +276,13 @@ func (c *Cluster) pusher() {
 		}
 	}
 }
+
+// maxPacketAnnounce is the largest announce pushed in a UDP packet:
+// memberlist's packets hold 1400 bytes (UDPBufferSize), less its headers
+// (message type, checksum, and with cluster_key the encryption's 29).
+// A larger one goes over memberlist's TCP path, as it never fits its
+// gossip either.
+const maxPacketAnnounce = 1300
 
 // counted counts one announce message sent.
 func (c *Cluster) counted(raw []byte) {

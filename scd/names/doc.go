@@ -64,9 +64,10 @@
 // NodeInfo (an overlong uvarint, a level sent by a node that does not
 // announce, a set reserved bit, trailing bytes) is ErrMalformed. A node
 // "node017" at "10.0.0.17:7000" with 4 groups of 8-byte names costs 77 bytes
-// untagged and 109 tagged; each further group adds its name length plus 2. Memberlist gossip
-// packets hold about 1400 bytes, so a node with more than about 100 groups
-// needs memberlist's reliable (TCP) path.
+// untagged and 109 tagged; each further group adds its name length plus 2.
+// Memberlist's packets hold about 1400 bytes, so the announce of a node
+// with more than about 100 groups travels only over its reliable (TCP)
+// path: pushed to the fingers over TCP, never gossiped, and in push/pull.
 //
 // A Codec with a key tags every message and rejects, with
 // ErrUnauthenticated, every message without the right tag; one without a

@@ -265,3 +265,26 @@ func TestLateJoinerGetsEveryLevel(t *testing.T) {
 		waitFor(t, 10*time.Second, m.c.cfg.Self+" to hold the late joiner", func() bool { _, ok := m.table.Get("r999"); return ok })
 	}
 }
+
+// An announce too big for a packet (150 groups) still reaches every
+// member at once: the fingers get it over memberlist's TCP path.
+func TestBigAnnounceReachesEveryMember(t *testing.T) {
+	ms := startRelayMembers(t, 5)
+	var groups []GroupInfo
+	for i := range 150 {
+		groups = append(groups, GroupInfo{Group: fmt.Sprintf("group-%04d", i), Level: loadlevel.Level1})
+	}
+	ms[2].info.Groups = groups
+	ms[2].c.Announce(ms[2].info)
+	raw := ms[2].c.codec.Encode(nil, NodeInfo{Node: "r002", Addr: ms[2].info.Addr, Announce: true, Boot: 1, Seq: 1, Groups: groups})
+	if len(raw) <= maxPacketAnnounce {
+		t.Fatalf("the announce is %d bytes, not above %d", len(raw), maxPacketAnnounce)
+	}
+	for _, m := range ms {
+		// Well within the refresh (an hour) and a push/pull (15 s).
+		waitFor(t, 5*time.Second, m.c.cfg.Self+" to hold r002's 150 groups", func() bool {
+			info, ok := m.table.Get("r002")
+			return ok && len(info.Groups) == 150
+		})
+	}
+}
