@@ -3,7 +3,9 @@ package scd
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +48,10 @@ type group struct {
 	late    []*call                // Expire's, reused
 	actions []schedq.Action[*call] // the queue's, reused
 	exits   []schedq.ExitedCall[*call]
+	// refusing and undelivered are act's: calls a transport refused
+	// (act's doc comment).
+	refusing    []refusedHand
+	undelivered undelivered
 
 	load groupLoad
 	// classes are the service policy's classes of the group's calls and
@@ -81,6 +87,7 @@ type slotState struct {
 	served   uint64 // calls it completed
 	events   uint64 // attaches and completions: what may ring its doorbell
 	warned   bool   // its missing entries were logged
+	refusing bool   // its transport refused a call in act's batch
 
 	// since is its last attach or completion: when its next call's
 	// service began (wlm.go).
@@ -90,26 +97,54 @@ type slotState struct {
 // call is one call from its admission to its answer and the end of its
 // process's work on it.
 type call struct {
-	to         caller
-	id         uint64
-	start      time.Time
-	deadline   int64 // unix ns; 0: wait for ever
-	noReply    bool
-	entry      string
-	req        []byte // the request until a process has it: the frame's during submit, else payload
-	payload    []byte // the call's own copy of its request, made when it has to wait
+	to       caller
+	id       uint64
+	start    time.Time
+	deadline int64 // unix ns; 0: wait for ever
+	noReply  bool
+	entry    string
+	// payload is the node's own copy of the request, from admission until
+	// the call ends. A process's mailbox is written from it and never read
+	// back: a call taken back from a process (revoked, or its process died
+	// before taking it) goes on with these bytes, whatever the process
+	// wrote over its buffer meanwhile.
+	payload    []byte
 	dispatched bool   // handed to a process (the queue holds it until its completion or exit)
 	class      uint16 // its service class (wlm.go), when the node has a service policy
 }
 
 var callPool = sync.Pool{New: func() any { return new(call) }}
 
-// maxPooledPayload keeps a huge request's copy from living on in the pool.
+// maxPooledPayload keeps a huge request's copy from living on with a call
+// in callPool: larger copies go to bigPayloads, by size.
 const maxPooledPayload = 64 << 10
+
+// bigPayloads are the buffers of requests above maxPooledPayload, by
+// power of two (up to def.MaxMaxMessageSize): a node that takes large
+// calls reuses their copies instead of allocating one per call.
+var bigPayloads [bits.UintSize]sync.Pool
+
+// copyPayload copies req into the call's own buffer.
+func (cl *call) copyPayload(req []byte) {
+	if len(req) > cap(cl.payload) && len(req) > maxPooledPayload {
+		class := bits.Len(uint(len(req) - 1))
+		if b, ok := bigPayloads[class].Get().(*[]byte); ok {
+			cl.payload = *b
+		} else {
+			cl.payload = make([]byte, 0, 1<<class)
+		}
+	}
+	cl.payload = append(cl.payload[:0], req...)
+}
 
 func freeCall(cl *call) {
 	p := cl.payload[:0]
-	if cap(p) > maxPooledPayload {
+	if c := cap(p); c > maxPooledPayload {
+		if c&(c-1) == 0 { // one of bigPayloads'
+			b := new([]byte)
+			*b = p
+			bigPayloads[bits.Len(uint(c-1))].Put(b)
+		}
 		p = nil
 	}
 	*cl = call{payload: p}
@@ -129,8 +164,7 @@ type proc interface {
 	Completion() (shm.Completion, bool, error)
 	Holding() int
 	Taken() int
-	Revoke() ([]byte, bool)
-	Requests() [][]byte
+	Revoke() bool
 	Rings() uint64
 	Stop()
 	Left() bool
@@ -204,7 +238,7 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 	if timeout > 0 {
 		cl.deadline = now.Add(timeout).UnixNano()
 	}
-	cl.req = f.Payload // the frame's, valid until submit returns
+	cl.copyPayload(f.Payload) // the frame's is valid only until submit returns
 	g.mu.Lock()
 	if err := g.q.Submit(cl, cl.deadline); err != nil {
 		g.mu.Unlock()
@@ -216,18 +250,23 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 		return netio.CodeShuttingDown, ""
 	}
 	g.act()
-	if cl.req != nil { // it waits in the queue: keep a copy of the request
-		cl.payload = append(cl.payload[:0], cl.req...)
-		cl.req = cl.payload
-	}
 	waiting := g.q.Waiting()
+	u := g.takeUndelivered()
 	g.mu.Unlock()
+	u.settle(g)
 	g.procs.Kick(waiting)
 	return netio.CodeOK, ""
 }
 
 // act carries out what the queue decided: calls handed to processes, and
 // prefetched calls asked back (which may decide more). Under mu.
+//
+// A call the transport refuses (sizes were checked on admission, so a bug,
+// or a socket process in a state the queue does not know) never reached
+// the process: the slot is handed nothing more in this batch, the queue
+// gives the refused calls back (Undelivered) and retires the slot. They
+// are answered 'server terminated' and the process is killed by whoever
+// called act, once mu is released (takeUndelivered).
 func (g *group) act() {
 	for {
 		g.actions = g.q.TakeActions(g.actions[:0])
@@ -235,20 +274,25 @@ func (g *group) act() {
 			return
 		}
 		for _, a := range g.actions {
-			p := g.slots[a.Slot].p
+			si := &g.slots[a.Slot]
+			if si.refusing {
+				continue // its calls from here on count as refused
+			}
+			p := si.p
 			switch a.Kind {
 			case schedq.Hand:
 				cl := a.Call
-				if err := p.Dispatch(cl.entry, cl.req, cl.deadline); err != nil {
-					// Sizes were checked on admission: a bug, not an input.
-					g.log.Error("handing a call to a process failed", "group", g.name, "slot", a.Slot, "err", err)
+				if err := p.Dispatch(cl.entry, cl.payload, cl.deadline); err != nil {
+					g.log.Error("handing a call to a process failed; the call is answered and the process killed",
+						"group", g.name, "slot", a.Slot, "pid", p.PID(), "err", err)
+					si.refusing = true
+					g.refusing = append(g.refusing, refusedHand{a.Slot, err})
+					continue
 				}
-				cl.req = nil // in the process's buffer now
 				cl.dispatched = true
 				p.Wake()
 			case schedq.Revoke:
-				req, ok := p.Revoke()
-				if !ok {
+				if !p.Revoke() {
 					g.q.NotRevoked(a.Slot)
 					continue
 				}
@@ -257,13 +301,70 @@ func (g *group) act() {
 					freeCall(cl)
 					continue
 				}
-				// Its request is only in the mailbox the process never
-				// took: copy it out before the mailbox is used again.
-				cl.payload = append(cl.payload[:0], req...)
-				cl.req, cl.dispatched = cl.payload, false
+				cl.dispatched = false // it waits again, with its own copy
 			}
 		}
 		clear(g.actions)
+		for _, r := range g.refusing {
+			si := &g.slots[r.slot]
+			si.refusing = false
+			// The calls of the slot its process does not hold are the
+			// refused one and those handed after it in this batch.
+			n := g.q.Held(r.slot) - si.p.Holding()
+			why := "the node could not hand the call to the UAP process (" + r.err.Error() + "); it never ran"
+			for _, e := range g.q.Undelivered(r.slot, n, nil) {
+				if e.Outcome == schedq.Terminated {
+					g.undelivered.calls = append(g.undelivered.calls, undeliveredCall{e.Call, why})
+				} else {
+					freeCall(e.Call)
+				}
+			}
+			g.undelivered.slots = append(g.undelivered.slots, r.slot)
+		}
+		g.refusing = g.refusing[:0]
+	}
+}
+
+// refusedHand is a slot whose transport refused a call, in act's batch.
+type refusedHand struct {
+	slot int
+	err  error
+}
+
+// undelivered are the calls a transport refused, to be answered, and the
+// slots whose processes are to be killed for it: act's, until the caller
+// of act takes them (takeUndelivered) to settle them without mu.
+type undelivered struct {
+	calls []undeliveredCall
+	slots []int
+}
+
+type undeliveredCall struct {
+	cl  *call
+	why string
+}
+
+// takeUndelivered hands over what act left to settle. Under mu; nothing to
+// do (the usual case) costs two loads.
+func (g *group) takeUndelivered() undelivered {
+	if len(g.undelivered.calls) == 0 && len(g.undelivered.slots) == 0 {
+		return undelivered{}
+	}
+	u := g.undelivered
+	g.undelivered = undelivered{}
+	return u
+}
+
+// settle answers the refused calls 'server terminated' and kills their
+// processes. Without mu.
+func (u undelivered) settle(g *group) {
+	for _, c := range u.calls {
+		g.terminated.Inc()
+		c.cl.fail(netio.CodeServerTerminated, c.why)
+		freeCall(c.cl)
+	}
+	for _, slot := range u.slots {
+		g.procs.Kill(slot)
 	}
 }
 
@@ -385,6 +486,15 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 			bad = append(bad, slot)
 		}
 	}
+	u := g.takeUndelivered()
+	for _, c := range u.calls {
+		g.terminated.Inc()
+		if !c.cl.noReply {
+			batches[c.cl.to] = netio.AppendError(batches[c.cl.to], c.cl.id, netio.CodeServerTerminated, c.why)
+		}
+		freeCall(c.cl)
+	}
+	bad = append(bad, u.slots...)
 	return attached, bad, calls
 }
 
@@ -517,7 +627,9 @@ func (g *group) Prepare(slot int) ([]*os.File, error) {
 
 // Exited settles the calls the dead process held: completions it managed
 // to write are answered, a call it had taken is answered 'server
-// terminated', one it never took goes back to the queue.
+// terminated', one it never took goes back to the queue. procmgr calls it
+// from one goroutine per slot, so two processes of the group may end at
+// once: what is settled after mu is released is this call's own.
 func (g *group) Exited(slot, pid int, exitErr error) {
 	g.mu.Lock()
 	si := &g.slots[slot]
@@ -545,32 +657,23 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 		}
 		freeCall(done.Call)
 	}
-	taken, reqs := p.Taken(), p.Requests()
-	g.exits = g.q.Exited(slot, taken, g.exits[:0])
-	exits := g.exits
-	for i, e := range exits {
+	g.exits = g.q.Exited(slot, p.Taken(), g.exits[:0])
+	var settle []schedq.ExitedCall[*call] // g.exits is the next Exited's once mu is released
+	for _, e := range g.exits {
 		if e.Outcome == schedq.Requeued {
-			// It never left the dead process's mailbox: copy it out
-			// before the area goes.
-			cl := e.Call
-			if i >= len(reqs) { // the transport and the queue disagree: a bug
-				g.log.Error("a call to requeue is not in the dead process's area", "group", g.name, "slot", slot)
-				reqs = append(reqs, nil)
-			}
-			cl.payload = append(cl.payload[:0], reqs[i]...)
-			cl.req, cl.dispatched = cl.payload, false
+			e.Call.dispatched = false // it waits again, with its own copy
+		} else {
+			settle = append(settle, e)
 		}
 	}
+	clear(g.exits)
 	g.act()
 	g.tr.Remove(slot)
 	*si = slotState{}
-	var settle []*call
-	for _, e := range exits {
-		if e.Outcome != schedq.Requeued {
-			settle = append(settle, e.Call)
-		}
-	}
+	u := g.takeUndelivered()
+	u.slots = slices.DeleteFunc(u.slots, func(s int) bool { return s == slot }) // dead already
 	g.mu.Unlock()
+	u.settle(g)
 	for _, a := range answers {
 		_ = a.to.Send(a.b)
 	}
@@ -578,12 +681,12 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 	if exitErr != nil {
 		why += " (" + exitErr.Error() + ")"
 	}
-	for i, cl := range settle {
-		if exits[i].Outcome == schedq.Terminated {
+	for _, e := range settle {
+		if e.Outcome == schedq.Terminated {
 			g.terminated.Inc()
-			cl.fail(netio.CodeServerTerminated, why)
+			e.Call.fail(netio.CodeServerTerminated, why)
 		}
-		freeCall(cl)
+		freeCall(e.Call)
 	}
 }
 
@@ -605,13 +708,15 @@ func (g *group) Slot(slot int) procmgr.SlotView {
 // Stop asks the process in slot to leave after the call it holds.
 func (g *group) Stop(slot int) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.q.Retire(slot)
 	g.act()
 	if p := g.slots[slot].p; p != nil {
 		p.Stop()
 		p.Wake()
 	}
+	u := g.takeUndelivered()
+	g.mu.Unlock()
+	u.settle(g)
 }
 
 // Failing records that the server's processes cannot start (err) or can
