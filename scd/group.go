@@ -85,9 +85,13 @@ type slotState struct {
 	p        proc   // its transport end; nil: no process
 	attached bool   // it attached and serves
 	served   uint64 // calls it completed
-	events   uint64 // attaches and completions: what may ring its doorbell
-	warned   bool   // its missing entries were logged
-	refusing bool   // its transport refused a call in act's batch
+	// Its doorbell's account (checkRings): the rings seen so far, the
+	// causes seen and not yet matched by a ring (at most maxRingCredit),
+	// the rings that found none, and whether it was killed for them.
+	rings, credit, idleRings uint64
+	ringKilled, leftSeen     bool
+	warned                   bool // its missing entries were logged
+	refusing                 bool // its transport refused a call in act's batch
 
 	// since is its last attach or completion: when its next call's
 	// service began (wlm.go).
@@ -216,9 +220,43 @@ func (t transportOf[P]) newProc(slot int) (proc, error) {
 	return p, nil
 }
 
-// rings is how many doorbell rings past its attaches and completions a
-// process may make before it is killed for ringing without cause.
-const maxIdleRings = 256
+// A process rings its doorbell after something the reader must see: its
+// attach, a completion, a call of its own, its leaving. A ring that finds
+// no such cause seen and not yet matched by another ring is idle; a
+// process is killed after maxIdleRings idle rings in its life. An honest
+// one makes a few at most (a ring that comes after the reader already
+// matched its cause with an earlier ring, its leave).
+//
+// Causes the reader saw without a ring (it was awake and found them
+// itself) are kept as credit for rings still to come, but at most
+// maxRingCredit of them: an honest process has at most one ring on the way
+// per thread that rings, while a banked credit would let a process first
+// make thousands of calls while the reader is awake and then ring that
+// many times without cause (issue 19 item 8).
+const (
+	maxIdleRings  = 256
+	maxRingCredit = 64
+)
+
+// checkRings matches the rings seen since the last look with the causes
+// this look found; it reports whether the process has now rung without
+// cause too often. Under mu.
+func (si *slotState) checkRings(rings, causes uint64) bool {
+	if si.ringKilled {
+		return false
+	}
+	fresh := rings - si.rings
+	si.rings = rings
+	si.credit = min(si.credit+causes, maxRingCredit)
+	matched := min(fresh, si.credit)
+	si.credit -= matched
+	si.idleRings += fresh - matched
+	if si.idleRings > maxIdleRings {
+		si.ringKilled = true
+		return true
+	}
+	return false
+}
 
 // submit admits a call: handed to a ready process at once, or waiting in
 // the queue, or refused. It runs on an event loop and never blocks.
@@ -415,10 +453,14 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 		if p == nil {
 			continue
 		}
+		// The rings the reader's Wait counted before this look: each was
+		// rung after its cause was published, so this look sees the cause
+		// (or an earlier one saw it).
+		rings, causes := p.Rings(), uint64(0)
 		if p.Attach() {
 			si.attached = true
 			si.since = now
-			si.events++
+			causes++
 			attached = append(attached, slot)
 			g.checkEntries(slot, si)
 			g.q.Ready(slot)
@@ -429,7 +471,7 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 			if !ok {
 				break
 			}
-			si.events++
+			causes++
 			if err != nil {
 				// Its answer is unusable: the call ends as if the process
 				// had died serving it, and the process is killed. Retired
@@ -467,22 +509,25 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
 				g.log.Error("uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
-				si.events++
+				causes++
 				g.q.Retire(slot)
 				g.act()
 				bad = append(bad, slot)
 			} else if made {
-				si.events++
+				causes++
 				calls = append(calls, localCall{oc, c})
 			}
 		}
-		if p.Rings() > si.events+maxIdleRings {
+		if !si.leftSeen && p.Left() {
+			si.leftSeen = true
+			causes++
+		}
+		if si.checkRings(rings, causes) {
 			g.misbehaved.Inc()
 			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
-				"rings", p.Rings(), "calls_and_attaches", si.events)
+				"rings", si.rings, "without_cause", si.idleRings)
 			g.q.Retire(slot)
 			g.act()
-			si.events = p.Rings() // once
 			bad = append(bad, slot)
 		}
 	}

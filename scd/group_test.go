@@ -427,3 +427,66 @@ func TestGroupRequeueOwnCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupRingsWithoutCause: a process that rings its doorbell only after
+// a completion is never killed, even when a ring reaches the reader a look
+// after the completion it follows; one that first makes thousands of
+// completions while the reader is awake (no ring needed) and then rings
+// without cause is killed after maxIdleRings such rings plus at most
+// maxRingCredit: causes are not banked (issue 19 item 8).
+func TestGroupRingsWithoutCause(t *testing.T) {
+	serve := func(tg *testGroup, ring func(i int) bool) {
+		for i := range 5000 {
+			if code, msg := tg.call(discard{}, uint64(i+1), []byte("x")); code != netio.CodeOK {
+				t.Fatal(code, msg)
+			}
+			tg.with(func() {
+				p := tg.tr.procs[0]
+				p.done = len(p.held)
+				if ring(i) {
+					p.rings++
+				}
+			})
+			tg.look()
+		}
+	}
+	t.Run("honest", func(t *testing.T) {
+		tg := newTestGroup(t, 1, 16, 8)
+		tg.start(t)
+		tg.with(func() { tg.tr.procs[0].rings++ }) // its attach's ring
+		late := 0
+		serve(tg, func(i int) bool {
+			// Every third ring reaches the reader a look late; some
+			// completions need none (the reader was awake).
+			switch {
+			case i%3 == 0:
+				late++
+				return false
+			case i%3 == 1 && late > 0:
+				late--
+				tg.tr.procs[0].rings++
+				return true
+			}
+			return i%5 != 0
+		})
+		tg.with(func() { tg.tr.procs[0].rings++ }) // its leave's
+		tg.look()
+		if k := tg.procs.kills(); len(k) != 0 {
+			t.Fatalf("an honest process was killed for its rings")
+		}
+	})
+	t.Run("banked", func(t *testing.T) {
+		tg := newTestGroup(t, 1, 16, 8)
+		tg.start(t)
+		serve(tg, func(int) bool { return false }) // the reader was awake for all of them
+		for i := range maxIdleRings + maxRingCredit + 1 {
+			tg.with(func() { tg.tr.procs[0].rings++ })
+			tg.look()
+			if len(tg.procs.kills()) > 0 {
+				t.Logf("killed after %d rings without cause", i+1)
+				return
+			}
+		}
+		t.Fatalf("%d rings without cause after 5000 completions without rings: not killed", maxIdleRings+maxRingCredit+1)
+	})
+}
