@@ -30,17 +30,23 @@ import (
 // event can come between the queue's decision and the process's area.
 // procmgr is never called with mu held (it calls back into the group).
 type group struct {
-	name     string
-	def      def.Server
-	entries  map[string]string // service name -> entry name (interned)
-	procs    processes
-	held     atomic.Bool
-	closed   atomic.Bool           // the node is stopping: the processes were told to leave
-	failing  atomic.Pointer[error] // the server's processes die before they attach
-	log      logger
-	tr       transport
-	watch    time.Duration
-	readerOn atomic.Bool // the reply reader runs
+	name    string
+	def     def.Server
+	entries map[string]string // service name -> entry name (interned)
+	// procs are set once by Node.startGroup, then started says so: a call
+	// may come (from another group's UAP) before, and waits in the queue.
+	procs   processes
+	started atomic.Bool
+	// envAtStart: an application environment of the service policy when
+	// the node started (wlm_env.go); before its start it is not servable.
+	envAtStart bool
+	held       atomic.Bool
+	closed     atomic.Bool           // the node is stopping: the processes were told to leave
+	failing    atomic.Pointer[error] // the server's processes die before they attach
+	log        logger
+	tr         transport
+	watch      time.Duration
+	readerOn   atomic.Bool // the reply reader runs
 
 	mu      sync.Mutex
 	q       *schedq.Queue[*call]
@@ -292,7 +298,9 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 	u := g.takeUndelivered()
 	g.mu.Unlock()
 	u.settle(g)
-	g.procs.Kick(waiting)
+	if g.started.Load() { // else startGroup kicks once its processes run
+		g.procs.Kick(waiting)
+	}
 	return netio.CodeOK, ""
 }
 
@@ -640,7 +648,9 @@ func (g *group) close() {
 	g.mu.Lock()
 	g.q.Close()
 	g.closed.Store(true)
-	g.tr.Close()
+	if g.tr != nil {
+		g.tr.Close()
+	}
 	g.mu.Unlock()
 }
 

@@ -201,6 +201,7 @@ func newTestGroup(tb testing.TB, slots, queueSize, depth int) *testGroup {
 		stalls:     set.NewCounter("stalls"),
 		latency:    set.NewPrometheusHistogram("latency"),
 	}
+	g.started.Store(true)
 	return &testGroup{group: g, tr: tr, procs: fp, batches: make(map[caller][]byte)}
 }
 

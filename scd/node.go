@@ -149,6 +149,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		for _, svc := range s.Services {
 			g.entries[svc.Name] = svc.Entry
 		}
+		n.admitCalls(g)
 		n.groups[g.name] = g
 		n.order = append(n.order, g)
 	}
@@ -158,8 +159,27 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		if n.wlm, err = newWLM(n); err != nil {
 			return nil, err
 		}
+		for _, g := range n.order {
+			g.envAtStart = n.wlm.envs.isEnv(g.name)
+		}
 	}
 	return n, nil
+}
+
+// admitCalls gives g what a call admitted to it uses before its
+// processes run. Start starts the groups one after another, and a UAP of
+// one may call another at once: every group takes calls from New on, and
+// a call to one whose processes have not started waits in its queue.
+func (n *Node) admitCalls(g *group) {
+	lbl := `{group="` + g.name + `"}`
+	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
+	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
+	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
+	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
+	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
+	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
+	g.place = n.placeLocal
+	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
 }
 
 // prefetchDepth is how many calls a shared-memory process may hold: its
@@ -324,14 +344,6 @@ func (n *Node) startGroup(g *group) error {
 		g.tr = transportOf[*shm.Proc]{sg}
 	}
 	lbl := `{group="` + g.name + `"}`
-	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
-	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
-	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
-	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
-	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
-	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
-	g.place = n.placeLocal
-	g.latency = n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets)
 	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
 	n.counterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
 	n.counterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
@@ -357,6 +369,8 @@ func (n *Node) startGroup(g *group) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", s.File, err)
 	}
+	g.started.Store(true)
+	g.procs.Kick(g.Waiting()) // calls that came before (group.submit)
 	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
 		res, _ := g.procs.Running()
 		return float64(res)
@@ -624,10 +638,10 @@ func (n *Node) shutdown() error {
 		if g.procs != nil {
 			g.procs.Stopping() // their exits from here on are not crashes
 		}
-		if g.tr != nil {
-			g.close() // the processes leave once they hold no call
-			g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
-		}
+		// Even a group that never started: a UAP of another may have
+		// called it.
+		g.close() // the processes leave once they hold no call
+		g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
 	}
 	uapCtx, cancel := context.WithTimeout(context.Background(), uapStopTime)
 	for _, g := range n.order {
