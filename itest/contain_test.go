@@ -1,0 +1,160 @@
+package itest
+
+// Issue 19's experiments on the node's side of the UAP boundary: an honest
+// UAP that calls another group as it starts, a hostile one that rewrites
+// the calls it never took, and one that banks credit for its doorbell
+// rings.
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// hostileDef is a server of uap-hostile: slot 0 runs the attack of mode
+// (UAP_HOSTILE), the others serve echo honestly.
+func hostileDef(group, mode string, processes int) string {
+	return fmt.Sprintf(`set service_group = %q
+set service = "echo"
+set module = %q
+set parallel_count = %d
+set queue_size = 64
+putenv UAP_HOSTILE %q
+`, group, bin("uap-hostile"), processes, mode)
+}
+
+// TestLocalCallAtStart: an honest UAP that calls another group between
+// its attach and its Serve, while the node starts; the callee's name
+// sorts later, so its processes start after the caller's (issue 19 item
+// 1: scdd died of a nil pointer in group.submit, 5 runs of 5). Every
+// caller process gets its answer, and both groups serve.
+// (scd's TestLocalCallAtStart holds the callee's start until the call
+// waits for it; this one has the timing of real processes.)
+func TestLocalCallAtStart(t *testing.T) {
+	skipShort(t)
+	// Groups start in name order: the callee z after a and six others,
+	// each with processes to start.
+	servers := map[string]string{
+		"a": hostileDef("a", "startcall=z/echo", 2),
+		"z": echoDef("z", 2, 64, 1<<20),
+	}
+	for _, g := range []string{"b", "c", "d", "e", "f", "g"} {
+		servers[g] = echoDef(g, 4, 64, 1<<20)
+	}
+	dir := defDir(t, "", servers)
+	n := startNode(t, "-c", dir)
+	startcall := regexp.MustCompile(`STARTCALL: reply "([^"]*)", error (.*)`)
+	waitFor(t, 20*time.Second, "both processes of a to get their answer", func() bool {
+		return len(startcall.FindAllString(n.stderr.String(), -1)) >= 2
+	})
+	for _, m := range startcall.FindAllStringSubmatch(n.stderr.String(), -1) {
+		if m[1] != "called at start" || m[2] != "<nil>" {
+			t.Errorf("a UAP's call at start: %s", m[0])
+		}
+	}
+	c := n.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, g := range []string{"a", "z"} {
+		if out, err := c.Call(ctx, g, "echo", []byte(g)); err != nil || string(out) != g {
+			t.Errorf("%s/echo: %q, %v", g, out, err)
+		}
+	}
+}
+
+// TestChaosHostileRewrite: a hostile process takes none of the calls
+// handed to it, writes its own request over each one's buffer and length,
+// and exits; the node hands the calls to its honest sibling with the
+// requests their callers sent (issue 19 item 9: it copied them back out
+// of the dead process's area, and the sibling served the forgeries).
+func TestChaosHostileRewrite(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"a": hostileDef("a", "rewrite", 2)})
+	n := startNode(t, "-c", dir)
+	ctx, cancel := context.WithTimeout(context.Background(), chaosDuration(3*time.Second, 15*time.Second))
+	defer cancel()
+	var out atomic.Int64
+	ta := rawCallers(ctx, t, n.rpc, 8, "a", "echo", "", 5_000, &out)
+	<-ctx.Done()
+	time.Sleep(300 * time.Millisecond)
+
+	rewrote := regexp.MustCompile(`HOSTILE: rewrote (\d+) requests`)
+	exits, forged := 0, 0
+	for _, m := range rewrote.FindAllStringSubmatch(n.stderr.String(), -1) {
+		k, _ := strconv.Atoi(m[1])
+		exits, forged = exits+1, forged+k
+	}
+	chaosFigures(t, "hostile process rewrote %d requests it never took, over %d lives; its callers: %s", forged, exits, ta)
+	if forged == 0 {
+		t.Fatalf("the hostile process rewrote no request: the experiment did not happen")
+	}
+	ta.mu.Lock()
+	defer ta.mu.Unlock()
+	if ta.spoiled > 0 {
+		t.Errorf("%d callers got a reply to a request the hostile process wrote", ta.spoiled)
+	}
+	if ta.lost+ta.dup+ta.wrong+ta.stray > 0 || len(ta.byCode) > 0 || ta.ok < 100 {
+		t.Errorf("callers: %s", ta)
+	}
+}
+
+// TestChaosRingBank: a hostile process banks credit for doorbell rings
+// while its group is busy (it serves its calls and makes local calls, all
+// found by the node's reader awake, no ring needed); once the load stops
+// it rings without cause as often as it served and called, never more. It
+// is killed for its rings (issue 19 item 8: it never was), and another
+// group is served all along.
+func TestChaosRingBank(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{
+		"a": hostileDef("a", "ringbank", 2),
+		"b": echoDef("b", 2, 64, 1<<20),
+	})
+	n := startNode(t, "-c", dir)
+	started := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var outA, outB atomic.Int64
+	tb := rawCallers(ctx, t, n.rpc, 4, "b", "echo", "", 2_000, &outB)
+	// The load that lets it bank.
+	bank, stopBank := context.WithTimeout(ctx, chaosDuration(3*time.Second, 10*time.Second))
+	defer stopBank()
+	ta := rawCallers(bank, t, n.rpc, 8, "a", "echo", "", 2_000, &outA)
+	<-bank.Done()
+	killed := "rings the scheduler without cause; killing it"
+	waitFor(t, 30*time.Second, "the hostile process to be killed for its rings",
+		func() bool { return strings.Contains(n.stderr.String(), killed) },
+		func() string { return grepLines(n.stderr.String(), "HOSTILE") })
+	took := time.Since(started)
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	time.Sleep(300 * time.Millisecond)
+
+	log := n.stderr.String()
+	line := grepLines(log, killed)
+	line = strings.TrimSpace(line[strings.Index(line, "rings="):])
+	line, _, _ = strings.Cut(line, "\n")
+	reports := regexp.MustCompile(`HOSTILE: (\d+) calls served and (\d+) made without a ring`).FindAllStringSubmatch(log, -1)
+	banked := "none reported"
+	if len(reports) > 0 {
+		r := reports[len(reports)-1]
+		banked = r[1] + " calls served and " + r[2] + " local calls made without a ring"
+	}
+	chaosFigures(t, "hostile process killed for its rings %v after the node started (%s; it had banked %s by its last report); its group: %s; the other group: %s",
+		took.Round(time.Millisecond), line, banked, ta, tb)
+	for name, tl := range map[string]*tally{"its group": ta, "the other group": tb} {
+		tl.mu.Lock()
+		if tl.lost+tl.dup+tl.wrong+tl.stray+tl.spoiled > 0 || tl.ok < 100 {
+			t.Errorf("%s: %s", name, tl)
+		}
+		tl.mu.Unlock()
+	}
+	if len(tb.byCode) > 0 {
+		t.Errorf("the other group: %s", tb)
+	}
+}
