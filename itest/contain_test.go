@@ -6,14 +6,20 @@ package itest
 // rings.
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"tpsched/netio"
 )
 
 // hostileDef is a server of uap-hostile: slot 0 runs the attack of mode
@@ -156,5 +162,119 @@ func TestChaosRingBank(t *testing.T) {
 	}
 	if len(tb.byCode) > 0 {
 		t.Errorf("the other group: %s", tb)
+	}
+}
+
+// TestChaosQueuedBytes: the processes of a group with max_message_size
+// 8 MiB are busy on long calls, and 200 calls of 8 MiB arrive for it
+// (queue_size 256): the node admits only what fits rpc_buffer_budget (64
+// MiB by default) and answers the rest 'server busy' at once; its memory
+// stays bounded, and another group's callers are served all along (issue
+// 19 item 18: scdd grew to 1.9 GiB, the other group's callers waited 5 s).
+func TestChaosQueuedBytes(t *testing.T) {
+	skipShort(t)
+	const calls, conns, size = 200, 2, 8<<20 - 64
+	dir := defDir(t, "", map[string]string{
+		"big":   echoDef("big", 4, 256, 8<<20),
+		"other": echoDef("other", 2, 64, 1<<20),
+	})
+	n := startNode(t, "-c", dir)
+	pid := n.cmd.Process.Pid
+	_, alone99 := baseline(t, n, "other")
+	before := float64(procStatusKB(t, pid, "VmRSS")) / 1024
+	stopRSS := rssPeak(t, pid)
+	stopOther := runCallers(t, n, "other", 2)
+
+	c := n.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var sleeps sync.WaitGroup
+	for range 4 {
+		sleeps.Go(func() {
+			if _, err := c.Call(ctx, "big", "sleep", []byte("3000")); err != nil {
+				t.Errorf("a sleep call: %v", err)
+			}
+		})
+	}
+	waitFor(t, 10*time.Second, "the four sleep calls to occupy big's processes", func() bool {
+		return groupStatus(t, n, "big").InFlight >= 4
+	})
+
+	var ok, busy atomic.Int64
+	var conn sync.WaitGroup
+	for k := range conns {
+		conn.Go(func() {
+			nc, err := net.DialTimeout("tcp", n.rpc, 5*time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer nc.Close()
+			_ = nc.SetDeadline(time.Now().Add(50 * time.Second))
+			payloadOf := func(id uint64) []byte {
+				p := bytes.Repeat([]byte{byte('a' + k)}, size)
+				binary.LittleEndian.PutUint64(p, id)
+				return p
+			}
+			go func() {
+				for id := uint64(1); id <= calls/conns; id++ {
+					if _, err := nc.Write(netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: id}, "big", "echo", payloadOf(id))); err != nil {
+						return
+					}
+				}
+			}()
+			fr := netio.NewFrameReader(nc, 9<<20)
+			seen := map[uint64]bool{}
+			var buf []byte
+			for len(seen) < calls/conns {
+				var f netio.Frame
+				if f, buf, err = fr.Read(buf); err != nil {
+					t.Errorf("connection %d: %d of %d calls answered: %v", k, len(seen), calls/conns, err)
+					return
+				}
+				if seen[f.ID] {
+					t.Errorf("connection %d: call %d answered twice", k, f.ID)
+				}
+				seen[f.ID] = true
+				switch {
+				case f.Kind == netio.KindReply && bytes.Equal(f.Payload, payloadOf(f.ID)):
+					ok.Add(1)
+				case f.Kind == netio.KindError && f.Code == netio.CodeServerBusy:
+					busy.Add(1)
+				default:
+					t.Errorf("connection %d call %d: %v %v %.80q", k, f.ID, f.Kind, f.Code, f.Payload)
+				}
+			}
+		})
+	}
+	conn.Wait()
+	sleeps.Wait()
+	figs := stopOther()
+	peak, anon := stopRSS()
+	okOther, failed, p50, p99 := figs.summary()
+	slowest := time.Duration(0)
+	figs.mu.Lock()
+	for _, d := range figs.lat {
+		slowest = max(slowest, d)
+	}
+	figs.mu.Unlock()
+	chaosFigures(t, "%d calls of 8 MiB while big's 4 processes slept: %d answered, %d 'server busy' at once; RSS %.0f MiB before, peak %.0f MiB (anonymous %.0f MiB); the other group: %d answered, %d failed, p50 %v p99 %v slowest %v (alone p99 %v)",
+		calls, ok.Load(), busy.Load(), before, peak, anon, okOther, failed,
+		p50.Round(time.Microsecond), p99.Round(time.Microsecond), slowest.Round(time.Millisecond), alone99.Round(time.Microsecond))
+	if busy.Load() == 0 || ok.Load() == 0 {
+		t.Errorf("%d answered, %d refused: the budget did not act", ok.Load(), busy.Load())
+	}
+	// The budget (64 MiB of requests, 64 MiB of frames and answers) plus
+	// the Go heap's slack, and the race detector's shadow when scdd runs
+	// under it.
+	limit := 600.0
+	if raceBuild {
+		limit *= 3
+	}
+	if peak > limit {
+		t.Errorf("scdd's RSS peaked at %.0f MiB, over %.0f", peak, limit)
+	}
+	if failed > 0 || slowest > 3*time.Second {
+		t.Errorf("the other group: %d failed, slowest %v", failed, slowest)
 	}
 }

@@ -67,7 +67,9 @@ type group struct {
 	// place routes a call a process of the group made (Node.placeLocal).
 	place func(c caller, f *netio.Frame) (netio.Code, string)
 
+	bytes      groupBytes       // its admitted calls' requests, within the node's budget (budget.go)
 	refused    *metrics.Counter // calls refused server busy: the queue was full
+	overBudget *metrics.Counter // calls refused server busy: their request would pass the budget
 	timedOut   *metrics.Counter
 	terminated *metrics.Counter
 	misbehaved *metrics.Counter // processes killed for breaking the protocol
@@ -119,8 +121,10 @@ type call struct {
 	// before taking it) goes on with these bytes, whatever the process
 	// wrote over its buffer meanwhile.
 	payload    []byte
-	dispatched bool   // handed to a process (the queue holds it until its completion or exit)
-	class      uint16 // its service class (wlm.go), when the node has a service policy
+	charged    int         // len(payload), taken from budget at admission
+	budget     *groupBytes // its group's, given back charged when the call ends
+	dispatched bool        // handed to a process (the queue holds it until its completion or exit)
+	class      uint16      // its service class (wlm.go), when the node has a service policy
 }
 
 var callPool = sync.Pool{New: func() any { return new(call) }}
@@ -148,6 +152,9 @@ func (cl *call) copyPayload(req []byte) {
 }
 
 func freeCall(cl *call) {
+	if cl.budget != nil {
+		cl.budget.give(cl.charged)
+	}
 	p := cl.payload[:0]
 	if c := cap(p); c > maxPooledPayload {
 		if c&(c-1) == 0 { // one of bigPayloads'
@@ -270,7 +277,12 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 	if err := g.failing.Load(); err != nil {
 		return netio.CodeServerTerminated, (*err).Error()
 	}
+	if !g.bytes.take(len(f.Payload)) {
+		g.overBudget.Inc()
+		return netio.CodeServerBusy, g.bytes.refusal(g.name, len(f.Payload))
+	}
 	cl := callPool.Get().(*call)
+	cl.charged, cl.budget = len(f.Payload), &g.bytes
 	cl.to, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
 	if gc := g.classes.Load(); gc != nil {
 		cl.class = gc.classOf(f.Service)

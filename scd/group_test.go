@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -194,6 +195,7 @@ func newTestGroup(tb testing.TB, slots, queueSize, depth int) *testGroup {
 		tr:         tr,
 		procs:      fp,
 		refused:    set.NewCounter("refused"),
+		overBudget: set.NewCounter("over_budget"),
 		timedOut:   set.NewCounter("timed_out"),
 		terminated: set.NewCounter("terminated"),
 		misbehaved: set.NewCounter("misbehaved"),
@@ -201,6 +203,7 @@ func newTestGroup(tb testing.TB, slots, queueSize, depth int) *testGroup {
 		stalls:     set.NewCounter("stalls"),
 		latency:    set.NewPrometheusHistogram("latency"),
 	}
+	g.bytes.node = &requestBudget{limit: 1 << 40, share: 1 << 40}
 	g.started.Store(true)
 	return &testGroup{group: g, tr: tr, procs: fp, batches: make(map[caller][]byte)}
 }
@@ -490,4 +493,103 @@ func TestGroupRingsWithoutCause(t *testing.T) {
 		}
 		t.Fatalf("%d rings without cause after 5000 completions without rings: not killed", maxIdleRings+maxRingCredit+1)
 	})
+}
+
+// TestGroupRequestBudget: the bytes of admitted calls' requests are
+// charged at admission and given back when each call ends, whichever way
+// it ends; a call that would pass the budget is refused 'server busy'
+// (issue 19 item 18).
+func TestGroupRequestBudget(t *testing.T) {
+	tg := newTestGroup(t, 2, 16, 2)
+	tg.bytes.node = &requestBudget{limit: 100, share: 50}
+	tg.start(t)
+	req := make([]byte, 30)
+	for i := range 3 {
+		if code, msg := tg.call(discard{}, uint64(i+1), req); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", i, code, msg)
+		}
+	}
+	code, msg := tg.call(discard{}, 4, req)
+	if code != netio.CodeServerBusy || !strings.Contains(msg, "rpc_buffer_budget") {
+		t.Fatalf("a call past the budget: %v %q, want 'server busy' naming rpc_buffer_budget", code, msg)
+	}
+	if tg.overBudget.Get() != 1 {
+		t.Errorf("refusals for the budget counted %d, want 1", tg.overBudget.Get())
+	}
+	if code, _ := tg.call(discard{}, 5, nil); code != netio.CodeOK {
+		t.Errorf("an empty call is refused: %v", code)
+	}
+	// Each slot holds two calls: slot 1 completes its (and is handed one
+	// of slot 0's back), slot 0 dies with its other (requeued, never
+	// taken, and completed by slot 1).
+	tg.complete(1)
+	var want int64
+	tg.with(func() {
+		for _, p := range tg.tr.procs {
+			for _, c := range p.held {
+				want += int64(len(c.req))
+			}
+		}
+	})
+	if got := tg.bytes.node.held.Load(); got != want || want == 0 {
+		t.Fatalf("after slot 1's completions %d bytes held, want the %d of the calls still held", got, want)
+	}
+	tg.with(func() { tg.tr.procs[0].taken = 0 })
+	tg.Exited(0, 0, nil)
+	tg.complete(1)
+	if got := tg.bytes.node.held.Load(); got != 0 {
+		t.Fatalf("after every call ended %d bytes held, want 0", got)
+	}
+	// A call its transport refuses, one that waits and times out, and one
+	// the node flushes.
+	tg.with(func() { tg.tr.procs[1].dispatchErr = errors.New("refused") })
+	tg.watch = time.Second
+	for i := range 2 {
+		tg.call(discard{}, uint64(10+i), req)
+	}
+	tg.expire(time.Now().Add(time.Hour))
+	tg.watch = 0
+	tg.call(discard{}, 12, req)
+	if got := tg.bytes.node.held.Load(); got != 30 {
+		t.Fatalf("%d bytes held with one call waiting, want 30", got)
+	}
+	tg.flush(netio.CodeShuttingDown, "")
+	if got := tg.bytes.node.held.Load(); got != 0 || tg.inFlight() != 0 {
+		t.Fatalf("%d bytes held, %d calls in flight, want none", got, tg.inFlight())
+	}
+}
+
+// TestRequestBudgetShares: the group that filled the node's budget is
+// refused; another group, under its share, is still served; a group
+// holding nothing may take one call larger than its share.
+func TestRequestBudgetShares(t *testing.T) {
+	node := &requestBudget{limit: 100, share: 50}
+	a, b := &groupBytes{node: node}, &groupBytes{node: node}
+	for i := range 3 {
+		if !a.take(30) {
+			t.Fatalf("group a's call %d refused with the node at %d of 100", i, node.held.Load()-30)
+		}
+	}
+	if a.take(30) {
+		t.Fatalf("group a over its share with the node over the budget: admitted")
+	}
+	if !b.take(30) || !b.take(10) {
+		t.Fatalf("group b under its share refused")
+	}
+	if b.take(20) {
+		t.Fatalf("group b past its share with the node over the budget: admitted")
+	}
+	c := &groupBytes{node: node}
+	if !c.take(80) {
+		t.Fatalf("a group holding nothing refused its one call")
+	}
+	if c.take(1) {
+		t.Fatalf("a group past its share: admitted a second call")
+	}
+	a.give(90)
+	b.give(40)
+	c.give(80)
+	if node.held.Load() != 0 || a.held.Load()+b.held.Load()+c.held.Load() != 0 {
+		t.Fatalf("after every call ended: node %d, groups %d %d %d", node.held.Load(), a.held.Load(), b.held.Load(), c.held.Load())
+	}
 }

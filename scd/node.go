@@ -103,6 +103,8 @@ type Node struct {
 	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
 
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
+
+	requests requestBudget // the bytes of admitted calls' requests (budget.go)
 }
 
 // New checks the configuration against the machine (modules exist, groups
@@ -127,7 +129,9 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("cpu probes %q (scdd -cpu-probes or TPSCHED_BPF): want off, proc, %s, %s or %s (empty: the best that loads)",
 			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
+	n.requests.limit = cfg.System.BufferBudget
 	n.exposeMetrics()
+	n.metrics.NewGauge(`tpsched_admitted_request_bytes`, func() float64 { return float64(n.requests.held.Load()) })
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
 	for _, s := range cfg.Servers {
@@ -154,6 +158,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		n.order = append(n.order, g)
 	}
 	sort.Slice(n.order, func(i, j int) bool { return n.order[i].name < n.order[j].name })
+	n.requests.share = n.requests.limit / int64(max(len(n.order), 1))
 	if cfg.Policy != nil {
 		var err error
 		if n.wlm, err = newWLM(n); err != nil {
@@ -173,6 +178,8 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 func (n *Node) admitCalls(g *group) {
 	lbl := `{group="` + g.name + `"}`
 	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
+	g.overBudget = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="budget",group="` + g.name + `"}`)
+	g.bytes.node = &n.requests
 	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
 	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
 	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
