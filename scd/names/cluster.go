@@ -65,10 +65,16 @@ type Cluster struct {
 	queue *memberlist.TransmitLimitedQueue
 
 	announceMu sync.Mutex // orders Announce calls; never taken in memberlist's callbacks
-	mu         sync.Mutex // guards self, alive, latest; never held while calling memberlist
+	mu         sync.Mutex // guards self, alive, addrs, latest; never held while calling memberlist
 	self       NodeInfo
-	alive      map[string]bool   // memberlist's view
-	latest     map[string][]byte // the newest authenticated announce of each node, as received
+	alive      map[string]bool // memberlist's view
+	// addrs are the members' addresses as memberlist's callbacks gave
+	// them, under its node lock: the nodes Members returns are its own,
+	// rewritten in place when an alive message comes, so reading their
+	// addresses later races with it (hashicorp/memberlist#306).
+	addrs  map[string]string
+	latest map[string][]byte // the newest authenticated announce of each node, as received
+	port   int               // the name port, as memberlist bound it
 
 	sent, received, bytesSent atomic.Uint64
 	dropMu                    sync.Mutex
@@ -99,7 +105,7 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 	}
 	c := &Cluster{
 		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
-		alive: map[string]bool{cfg.Self: true}, latest: map[string][]byte{},
+		alive: map[string]bool{cfg.Self: true}, addrs: map[string]string{}, latest: map[string][]byte{},
 		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
 		stop: make(chan struct{}),
 	}
@@ -134,7 +140,7 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("name port %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.Port)), err)
 	}
-	c.ml = ml
+	c.ml, c.port = ml, int(ml.LocalNode().Port)
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
 	c.Announce(self)
 	c.wg.Add(1)
@@ -143,7 +149,7 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 }
 
 // Port is the name port memberlist listens on.
-func (c *Cluster) Port() int { return int(c.ml.LocalNode().Port) }
+func (c *Cluster) Port() int { return c.port }
 
 // Trusted reports whether peers are trusted blindly (no cluster_key).
 func (c *Cluster) Trusted() bool { return !c.codec.Authenticated() }
@@ -204,9 +210,11 @@ func (c *Cluster) run() {
 // joinSeeds asks every seed that is not a member now to let us in.
 func (c *Cluster) joinSeeds() {
 	members := map[string]bool{}
-	for _, m := range c.ml.Members() {
-		members[m.Address()] = true
+	c.mu.Lock()
+	for _, a := range c.addrs {
+		members[a] = true
 	}
+	c.mu.Unlock()
 	var want []string
 	for _, s := range c.cfg.Seeds {
 		if !members[s] {
@@ -396,6 +404,9 @@ type events Cluster
 
 func (e *events) NotifyJoin(n *memberlist.Node) {
 	c := (*Cluster)(e)
+	c.mu.Lock()
+	c.addrs[n.Name] = n.Address()
+	c.mu.Unlock()
 	if n.Name == c.cfg.Self {
 		return // memberlist.Create tells us of ourselves before c is complete
 	}
@@ -430,6 +441,7 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	}
 	c.mu.Lock()
 	delete(c.alive, n.Name)
+	delete(c.addrs, n.Name)
 	c.mu.Unlock()
 	if c.table.Remove(n.Name) {
 		c.log.Info("node left or died", "node", n.Name, "addr", n.Address())
@@ -439,7 +451,14 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	}
 }
 
-func (e *events) NotifyUpdate(n *memberlist.Node) {}
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	c := (*Cluster)(e)
+	c.mu.Lock()
+	if _, ok := c.addrs[n.Name]; ok {
+		c.addrs[n.Name] = n.Address()
+	}
+	c.mu.Unlock()
+}
 
 // logAdapter puts memberlist's log lines into the node's log at debug
 // level, its warnings and errors at warn. memberlist has no hook for
