@@ -115,7 +115,7 @@ uninstall: ## remove what make install put in place, except the definitions in /
 		$(DESTDIR)$(UNITDIR)/tpsched.service
 	rm -rf $(DESTDIR)$(DOCDIR)
 
-test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes)
+test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes, built with -race as well)
 	@for m in $(MODULES); do (cd $$m && echo "== $$m" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
 
 test-short: ## unit tests only, no processes started

@@ -673,7 +673,13 @@ func TestWLMMissedGoalGrowsAndKeepsHighWater(t *testing.T) {
 	stop()
 	wg.Wait()
 	failures.Range(func(k, _ any) bool { t.Errorf("call failed under load: %v", k); return true })
-	time.Sleep(1500 * time.Millisecond) // a start asked for just before the load stopped ends
+	// A start asked for just before the load stopped ends (processes
+	// start slower under the race detector).
+	if raceBuild {
+		time.Sleep(4 * time.Second)
+	} else {
+		time.Sleep(1500 * time.Millisecond)
+	}
 	peak := wc.agree(t, 5*time.Second, "orders", func(s []string) bool { return len(s) >= 2 }, "the servers when the load stopped")
 	time.Sleep(4 * time.Second) // four intervals without load
 	after := wc.agree(t, 5*time.Second, "orders", func(s []string) bool { return len(s) >= 2 }, "the servers after four idle intervals")

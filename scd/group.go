@@ -3,7 +3,9 @@ package scd
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,18 +30,24 @@ import (
 // event can come between the queue's decision and the process's area.
 // procmgr is never called with mu held (it calls back into the group).
 type group struct {
-	name     string
-	def      def.Server
-	entries  map[string]string // service name -> entry name (interned)
-	procs    processes
-	held     atomic.Bool
-	closed   atomic.Bool           // the node is stopping: the processes were told to leave
-	failing  atomic.Pointer[error] // the server's processes die before they attach
-	log      logger
-	tr       transport
-	watch    time.Duration
-	readerOn atomic.Bool // the reply reader runs
-	workDir  string      // its processes' working directory (uapdir.go)
+	name    string
+	def     def.Server
+	entries map[string]string // service name -> entry name (interned)
+	// procs are set once by Node.startGroup, then started says so: a call
+	// may come (from another group's UAP) before, and waits in the queue.
+	procs   processes
+	started atomic.Bool
+	// envAtStart: an application environment of the service policy when
+	// the node started (wlm_env.go); before its start it is not servable.
+	envAtStart bool
+	held       atomic.Bool
+	closed     atomic.Bool           // the node is stopping: the processes were told to leave
+	failing    atomic.Pointer[error] // the server's processes die before they attach
+	log        logger
+	tr         transport
+	watch      time.Duration
+	readerOn   atomic.Bool // the reply reader runs
+	workDir    string      // its processes' working directory (uapdir.go)
 
 	mu      sync.Mutex
 	q       *schedq.Queue[*call]
@@ -47,6 +55,10 @@ type group struct {
 	late    []*call                // Expire's, reused
 	actions []schedq.Action[*call] // the queue's, reused
 	exits   []schedq.ExitedCall[*call]
+	// refusing and undelivered are act's: calls a transport refused
+	// (act's doc comment).
+	refusing    []refusedHand
+	undelivered undelivered
 
 	load groupLoad
 	// classes are the service policy's classes of the group's calls and
@@ -56,7 +68,9 @@ type group struct {
 	// place routes a call a process of the group made (Node.placeLocal).
 	place func(c caller, f *netio.Frame) (netio.Code, string)
 
+	bytes      groupBytes       // its admitted calls' requests, within the node's budget (budget.go)
 	refused    *metrics.Counter // calls refused server busy: the queue was full
+	overBudget *metrics.Counter // calls refused server busy: their request would pass the budget
 	timedOut   *metrics.Counter
 	terminated *metrics.Counter
 	misbehaved *metrics.Counter  // processes killed for breaking the protocol
@@ -80,8 +94,13 @@ type slotState struct {
 	p        proc   // its transport end; nil: no process
 	attached bool   // it attached and serves
 	served   uint64 // calls it completed
-	events   uint64 // attaches and completions: what may ring its doorbell
-	warned   bool   // its missing entries were logged
+	// Its doorbell's account (checkRings): the rings seen so far, the
+	// causes seen and not yet matched by a ring (at most maxRingCredit),
+	// the rings that found none, and whether it was killed for them.
+	rings, credit, idleRings uint64
+	ringKilled, leftSeen     bool
+	warned                   bool // its missing entries were logged
+	refusing                 bool // its transport refused a call in act's batch
 	// killed: it broke the protocol and was killed; nothing more is read
 	// from it (and logged) until it is reaped, however often it rings.
 	killed bool
@@ -94,26 +113,59 @@ type slotState struct {
 // call is one call from its admission to its answer and the end of its
 // process's work on it.
 type call struct {
-	to         caller
-	id         uint64
-	start      time.Time
-	deadline   int64 // unix ns; 0: wait for ever
-	noReply    bool
-	entry      string
-	req        []byte // the request until a process has it: the frame's during submit, else payload
-	payload    []byte // the call's own copy of its request, made when it has to wait
-	dispatched bool   // handed to a process (the queue holds it until its completion or exit)
-	class      uint16 // its service class (wlm.go), when the node has a service policy
+	to       caller
+	id       uint64
+	start    time.Time
+	deadline int64 // unix ns; 0: wait for ever
+	noReply  bool
+	entry    string
+	// payload is the node's own copy of the request, from admission until
+	// the call ends. A process's mailbox is written from it and never read
+	// back: a call taken back from a process (revoked, or its process died
+	// before taking it) goes on with these bytes, whatever the process
+	// wrote over its buffer meanwhile.
+	payload    []byte
+	charged    int         // len(payload), taken from budget at admission
+	budget     *groupBytes // its group's, given back charged when the call ends
+	dispatched bool        // handed to a process (the queue holds it until its completion or exit)
+	class      uint16      // its service class (wlm.go), when the node has a service policy
 }
 
 var callPool = sync.Pool{New: func() any { return new(call) }}
 
-// maxPooledPayload keeps a huge request's copy from living on in the pool.
+// maxPooledPayload keeps a huge request's copy from living on with a call
+// in callPool: larger copies go to bigPayloads, by size.
 const maxPooledPayload = 64 << 10
 
+// bigPayloads are the buffers of requests above maxPooledPayload, by
+// power of two (up to def.MaxMaxMessageSize): a node that takes large
+// calls reuses their copies instead of allocating one per call.
+var bigPayloads [bits.UintSize]sync.Pool
+
+// copyPayload copies req into the call's own buffer.
+func (cl *call) copyPayload(req []byte) {
+	if len(req) > cap(cl.payload) && len(req) > maxPooledPayload {
+		class := bits.Len(uint(len(req) - 1))
+		if b, ok := bigPayloads[class].Get().(*[]byte); ok {
+			cl.payload = *b
+		} else {
+			cl.payload = make([]byte, 0, 1<<class)
+		}
+	}
+	cl.payload = append(cl.payload[:0], req...)
+}
+
 func freeCall(cl *call) {
+	if cl.budget != nil {
+		cl.budget.give(cl.charged)
+	}
 	p := cl.payload[:0]
-	if cap(p) > maxPooledPayload {
+	if c := cap(p); c > maxPooledPayload {
+		if c&(c-1) == 0 { // one of bigPayloads'
+			b := new([]byte)
+			*b = p
+			bigPayloads[bits.Len(uint(c-1))].Put(b)
+		}
 		p = nil
 	}
 	*cl = call{payload: p}
@@ -133,8 +185,7 @@ type proc interface {
 	Completion() (shm.Completion, bool, error)
 	Holding() int
 	Taken() int
-	Revoke() ([]byte, bool)
-	Requests() [][]byte
+	Revoke() bool
 	Rings() uint64
 	Stop()
 	Left() bool
@@ -186,9 +237,43 @@ func (t transportOf[P]) newProc(slot int) (proc, error) {
 	return p, nil
 }
 
-// rings is how many doorbell rings past its attaches and completions a
-// process may make before it is killed for ringing without cause.
-const maxIdleRings = 256
+// A process rings its doorbell after something the reader must see: its
+// attach, a completion, a call of its own, its leaving. A ring that finds
+// no such cause seen and not yet matched by another ring is idle; a
+// process is killed after maxIdleRings idle rings in its life. An honest
+// one makes a few at most (a ring that comes after the reader already
+// matched its cause with an earlier ring, its leave).
+//
+// Causes the reader saw without a ring (it was awake and found them
+// itself) are kept as credit for rings still to come, but at most
+// maxRingCredit of them: an honest process has at most one ring on the way
+// per thread that rings, while a banked credit would let a process first
+// make thousands of calls while the reader is awake and then ring that
+// many times without cause (issue 19 item 8).
+const (
+	maxIdleRings  = 256
+	maxRingCredit = 64
+)
+
+// checkRings matches the rings seen since the last look with the causes
+// this look found; it reports whether the process has now rung without
+// cause too often. Under mu.
+func (si *slotState) checkRings(rings, causes uint64) bool {
+	if si.ringKilled {
+		return false
+	}
+	fresh := rings - si.rings
+	si.rings = rings
+	si.credit = min(si.credit+causes, maxRingCredit)
+	matched := min(fresh, si.credit)
+	si.credit -= matched
+	si.idleRings += fresh - matched
+	if si.idleRings > maxIdleRings {
+		si.ringKilled = true
+		return true
+	}
+	return false
+}
 
 // submit admits a call: handed to a ready process at once, or waiting in
 // the queue, or refused. It runs on an event loop and never blocks.
@@ -196,7 +281,12 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 	if err := g.failing.Load(); err != nil {
 		return netio.CodeServerTerminated, (*err).Error()
 	}
+	if !g.bytes.take(len(f.Payload)) {
+		g.overBudget.Inc()
+		return netio.CodeServerBusy, g.bytes.refusal(g.name, len(f.Payload))
+	}
 	cl := callPool.Get().(*call)
+	cl.charged, cl.budget = len(f.Payload), &g.bytes
 	cl.to, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
 	if gc := g.classes.Load(); gc != nil {
 		cl.class = gc.classOf(f.Service)
@@ -208,7 +298,7 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 	if timeout > 0 {
 		cl.deadline = now.Add(timeout).UnixNano()
 	}
-	cl.req = f.Payload // the frame's, valid until submit returns
+	cl.copyPayload(f.Payload) // the frame's is valid only until submit returns
 	g.mu.Lock()
 	if err := g.q.Submit(cl, cl.deadline); err != nil {
 		g.mu.Unlock()
@@ -220,18 +310,25 @@ func (g *group) submit(c caller, f *netio.Frame, entry string, now time.Time) (n
 		return netio.CodeShuttingDown, ""
 	}
 	g.act()
-	if cl.req != nil { // it waits in the queue: keep a copy of the request
-		cl.payload = append(cl.payload[:0], cl.req...)
-		cl.req = cl.payload
-	}
 	waiting := g.q.Waiting()
+	u := g.takeUndelivered()
 	g.mu.Unlock()
-	g.procs.Kick(waiting)
+	u.settle(g)
+	if g.started.Load() { // else startGroup kicks once its processes run
+		g.procs.Kick(waiting)
+	}
 	return netio.CodeOK, ""
 }
 
 // act carries out what the queue decided: calls handed to processes, and
 // prefetched calls asked back (which may decide more). Under mu.
+//
+// A call the transport refuses (sizes were checked on admission, so a bug,
+// or a socket process in a state the queue does not know) never reached
+// the process: the slot is handed nothing more in this batch, the queue
+// gives the refused calls back (Undelivered) and retires the slot. They
+// are answered 'server terminated' and the process is killed by whoever
+// called act, once mu is released (takeUndelivered).
 func (g *group) act() {
 	for {
 		g.actions = g.q.TakeActions(g.actions[:0])
@@ -239,20 +336,25 @@ func (g *group) act() {
 			return
 		}
 		for _, a := range g.actions {
-			p := g.slots[a.Slot].p
+			si := &g.slots[a.Slot]
+			if si.refusing {
+				continue // its calls from here on count as refused
+			}
+			p := si.p
 			switch a.Kind {
 			case schedq.Hand:
 				cl := a.Call
-				if err := p.Dispatch(cl.entry, cl.req, cl.deadline); err != nil {
-					// Sizes were checked on admission: a bug, not an input.
-					g.log.Error("handing a call to a process failed", "group", g.name, "slot", a.Slot, "err", err)
+				if err := p.Dispatch(cl.entry, cl.payload, cl.deadline); err != nil {
+					g.log.Error("handing a call to a process failed; the call is answered and the process killed",
+						"group", g.name, "slot", a.Slot, "pid", p.PID(), "err", err)
+					si.refusing = true
+					g.refusing = append(g.refusing, refusedHand{a.Slot, err})
+					continue
 				}
-				cl.req = nil // in the process's buffer now
 				cl.dispatched = true
 				p.Wake()
 			case schedq.Revoke:
-				req, ok := p.Revoke()
-				if !ok {
+				if !p.Revoke() {
 					g.q.NotRevoked(a.Slot)
 					continue
 				}
@@ -261,13 +363,70 @@ func (g *group) act() {
 					freeCall(cl)
 					continue
 				}
-				// Its request is only in the mailbox the process never
-				// took: copy it out before the mailbox is used again.
-				cl.payload = append(cl.payload[:0], req...)
-				cl.req, cl.dispatched = cl.payload, false
+				cl.dispatched = false // it waits again, with its own copy
 			}
 		}
 		clear(g.actions)
+		for _, r := range g.refusing {
+			si := &g.slots[r.slot]
+			si.refusing = false
+			// The calls of the slot its process does not hold are the
+			// refused one and those handed after it in this batch.
+			n := g.q.Held(r.slot) - si.p.Holding()
+			why := "the node could not hand the call to the UAP process (" + r.err.Error() + "); it never ran"
+			for _, e := range g.q.Undelivered(r.slot, n, nil) {
+				if e.Outcome == schedq.Terminated {
+					g.undelivered.calls = append(g.undelivered.calls, undeliveredCall{e.Call, why})
+				} else {
+					freeCall(e.Call)
+				}
+			}
+			g.undelivered.slots = append(g.undelivered.slots, r.slot)
+		}
+		g.refusing = g.refusing[:0]
+	}
+}
+
+// refusedHand is a slot whose transport refused a call, in act's batch.
+type refusedHand struct {
+	slot int
+	err  error
+}
+
+// undelivered are the calls a transport refused, to be answered, and the
+// slots whose processes are to be killed for it: act's, until the caller
+// of act takes them (takeUndelivered) to settle them without mu.
+type undelivered struct {
+	calls []undeliveredCall
+	slots []int
+}
+
+type undeliveredCall struct {
+	cl  *call
+	why string
+}
+
+// takeUndelivered hands over what act left to settle. Under mu; nothing to
+// do (the usual case) costs two loads.
+func (g *group) takeUndelivered() undelivered {
+	if len(g.undelivered.calls) == 0 && len(g.undelivered.slots) == 0 {
+		return undelivered{}
+	}
+	u := g.undelivered
+	g.undelivered = undelivered{}
+	return u
+}
+
+// settle answers the refused calls 'server terminated' and kills their
+// processes. Without mu.
+func (u undelivered) settle(g *group) {
+	for _, c := range u.calls {
+		g.terminated.Inc()
+		c.cl.fail(netio.CodeServerTerminated, c.why)
+		freeCall(c.cl)
+	}
+	for _, slot := range u.slots {
+		g.procs.Kill(slot)
 	}
 }
 
@@ -318,10 +477,14 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 		if p == nil || si.killed {
 			continue
 		}
+		// The rings the reader's Wait counted before this look: each was
+		// rung after its cause was published, so this look sees the cause
+		// (or an earlier one saw it).
+		rings, causes := p.Rings(), uint64(0)
 		if p.Attach() {
 			si.attached = true
 			si.since = now
-			si.events++
+			causes++
 			attached = append(attached, slot)
 			g.checkEntries(slot, si)
 			g.q.Ready(slot)
@@ -332,7 +495,7 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 			if !ok {
 				break
 			}
-			si.events++
+			causes++
 			if err != nil {
 				// Its answer is unusable: the call ends as if the process
 				// had died serving it, and the process is killed. Retired
@@ -374,28 +537,40 @@ func (g *group) collect(batches map[caller][]byte, attached, bad []int, calls []
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
 				g.log.Error("uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
-				si.events++
+				causes++
 				g.q.Retire(slot)
 				g.act()
 				si.killed = true
 				bad = append(bad, slot)
 				continue
 			} else if made {
-				si.events++
+				causes++
 				calls = append(calls, localCall{oc, c})
 			}
 		}
-		if p.Rings() > si.events+maxIdleRings {
+		if !si.leftSeen && p.Left() {
+			si.leftSeen = true
+			causes++
+		}
+		if si.checkRings(rings, causes) {
 			g.misbehaved.Inc()
 			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
-				"rings", p.Rings(), "calls_and_attaches", si.events)
+				"rings", si.rings, "without_cause", si.idleRings)
 			g.q.Retire(slot)
 			g.act()
-			si.events = p.Rings() // once
 			si.killed = true
 			bad = append(bad, slot)
 		}
 	}
+	u := g.takeUndelivered()
+	for _, c := range u.calls {
+		g.terminated.Inc()
+		if !c.cl.noReply {
+			batches[c.cl.to] = netio.AppendError(batches[c.cl.to], c.cl.id, netio.CodeServerTerminated, c.why)
+		}
+		freeCall(c.cl)
+	}
+	bad = append(bad, u.slots...)
 	return attached, bad, calls
 }
 
@@ -496,7 +671,9 @@ func (g *group) close() {
 	g.mu.Lock()
 	g.q.Close()
 	g.closed.Store(true)
-	g.tr.Close()
+	if g.tr != nil {
+		g.tr.Close()
+	}
 	g.mu.Unlock()
 }
 
@@ -528,7 +705,9 @@ func (g *group) Prepare(slot int) ([]*os.File, error) {
 
 // Exited settles the calls the dead process held: completions it managed
 // to write are answered, a call it had taken is answered 'server
-// terminated', one it never took goes back to the queue.
+// terminated', one it never took goes back to the queue. procmgr calls it
+// from one goroutine per slot, so two processes of the group may end at
+// once: what is settled after mu is released is this call's own.
 func (g *group) Exited(slot, pid int, exitErr error) {
 	g.mu.Lock()
 	si := &g.slots[slot]
@@ -556,32 +735,23 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 		}
 		freeCall(done.Call)
 	}
-	taken, reqs := p.Taken(), p.Requests()
-	g.exits = g.q.Exited(slot, taken, g.exits[:0])
-	exits := g.exits
-	for i, e := range exits {
+	g.exits = g.q.Exited(slot, p.Taken(), g.exits[:0])
+	var settle []schedq.ExitedCall[*call] // g.exits is the next Exited's once mu is released
+	for _, e := range g.exits {
 		if e.Outcome == schedq.Requeued {
-			// It never left the dead process's mailbox: copy it out
-			// before the area goes.
-			cl := e.Call
-			if i >= len(reqs) { // the transport and the queue disagree: a bug
-				g.log.Error("a call to requeue is not in the dead process's area", "group", g.name, "slot", slot)
-				reqs = append(reqs, nil)
-			}
-			cl.payload = append(cl.payload[:0], reqs[i]...)
-			cl.req, cl.dispatched = cl.payload, false
+			e.Call.dispatched = false // it waits again, with its own copy
+		} else {
+			settle = append(settle, e)
 		}
 	}
+	clear(g.exits)
 	g.act()
 	g.tr.Remove(slot)
 	*si = slotState{}
-	var settle []*call
-	for _, e := range exits {
-		if e.Outcome != schedq.Requeued {
-			settle = append(settle, e.Call)
-		}
-	}
+	u := g.takeUndelivered()
+	u.slots = slices.DeleteFunc(u.slots, func(s int) bool { return s == slot }) // dead already
 	g.mu.Unlock()
+	u.settle(g)
 	for _, a := range answers {
 		_ = a.to.Send(a.b)
 	}
@@ -589,12 +759,12 @@ func (g *group) Exited(slot, pid int, exitErr error) {
 	if exitErr != nil {
 		why += " (" + exitErr.Error() + ")"
 	}
-	for i, cl := range settle {
-		if exits[i].Outcome == schedq.Terminated {
+	for _, e := range settle {
+		if e.Outcome == schedq.Terminated {
 			g.terminated.Inc()
-			cl.fail(netio.CodeServerTerminated, why)
+			e.Call.fail(netio.CodeServerTerminated, why)
 		}
-		freeCall(cl)
+		freeCall(e.Call)
 	}
 }
 
@@ -616,13 +786,15 @@ func (g *group) Slot(slot int) procmgr.SlotView {
 // Stop asks the process in slot to leave after the call it holds.
 func (g *group) Stop(slot int) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.q.Retire(slot)
 	g.act()
 	if p := g.slots[slot].p; p != nil {
 		p.Stop()
 		p.Wake()
 	}
+	u := g.takeUndelivered()
+	g.mu.Unlock()
+	u.settle(g)
 }
 
 // Failing records that the server's processes cannot start (err) or can

@@ -113,6 +113,8 @@ type Node struct {
 	wlm     *wlmNode     // wlm.go: the routing manager (svcpolicy); nil without a service policy
 
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
+
+	requests requestBudget // the bytes of admitted calls' requests (budget.go)
 }
 
 // New checks the configuration against the machine (modules exist, groups
@@ -137,7 +139,9 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		return nil, fmt.Errorf("cpu probes %q (scdd -cpu-probes or TPSCHED_BPF): want off, proc, %s, %s or %s (empty: the best that loads)",
 			opts.SchedProbes, bpf.TPBTF, bpf.RawTP, bpf.Tracepoint)
 	}
+	n.requests.limit = cfg.System.BufferBudget
 	n.exposeMetrics()
+	n.metrics.NewGauge(`tpsched_admitted_request_bytes`, func() float64 { return float64(n.requests.held.Load()) })
 	n.badRequests = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="protocol"}`)
 	n.helloRefused = n.metrics.NewCounter(`tpsched_peer_hellos_refused_total`)
 	var bad []error // every server's missing module, not only the first (scdd -check)
@@ -153,11 +157,13 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		// rather than as "permission denied" at each start.
 		if uid, gid, _ := n.uapCredentials(&s); uid >= 0 || gid >= 0 || os.Geteuid() != 0 {
 			if err := procmgr.CheckModule(module, uid, gid); err != nil {
-				return nil, s.Errorf("module", "%v", err)
+				bad = append(bad, s.Errorf("module", "%v", err))
+				continue
 			}
 		}
 		if err := n.checkWorkDir(&s); err != nil {
-			return nil, err
+			bad = append(bad, err)
+			continue
 		}
 		g := &group{
 			name:    s.ServiceGroup,
@@ -172,6 +178,7 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		for _, svc := range s.Services {
 			g.entries[svc.Name] = svc.Entry
 		}
+		n.admitCalls(g)
 		n.groups[g.name] = g
 		n.order = append(n.order, g)
 	}
@@ -183,13 +190,35 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		return nil, def.Errors(bad)
 	}
 	sort.Slice(n.order, func(i, j int) bool { return n.order[i].name < n.order[j].name })
+	n.requests.share = n.requests.limit / int64(max(len(n.order), 1))
 	if cfg.Policy != nil {
 		var err error
 		if n.wlm, err = newWLM(n); err != nil {
 			return nil, err
 		}
+		for _, g := range n.order {
+			g.envAtStart = n.wlm.envs.isEnv(g.name)
+		}
 	}
 	return n, nil
+}
+
+// admitCalls gives g what a call admitted to it uses before its
+// processes run. Start starts the groups one after another, and a UAP of
+// one may call another at once: every group takes calls from New on, and
+// a call to one whose processes have not started waits in its queue.
+func (n *Node) admitCalls(g *group) {
+	lbl := `{group="` + g.name + `"}`
+	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
+	g.overBudget = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="budget",group="` + g.name + `"}`)
+	g.bytes.node = &n.requests
+	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
+	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
+	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
+	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
+	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
+	g.place = n.placeLocal
+	g.latency = newLatencyHistogram(n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
 }
 
 // prefetchDepth is how many calls a shared-memory process may hold: its
@@ -440,14 +469,6 @@ func (n *Node) startGroup(g *group) error {
 		g.tr = transportOf[*shm.Proc]{sg}
 	}
 	lbl := `{group="` + g.name + `"}`
-	g.refused = n.metrics.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
-	g.timedOut = n.metrics.NewCounter(`tpsched_requests_timed_out_total` + lbl)
-	g.terminated = n.metrics.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
-	g.misbehaved = n.metrics.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
-	g.localCalls = n.metrics.NewCounter(`tpsched_local_calls_total` + lbl)
-	g.stalls = n.metrics.NewCounter(`tpsched_local_call_stalls_total` + lbl)
-	g.place = n.placeLocal
-	g.latency = newLatencyHistogram(n.metrics.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
 	n.metrics.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
 	n.counterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
 	n.counterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
@@ -483,6 +504,8 @@ func (n *Node) startGroup(g *group) error {
 		return fmt.Errorf("%s: %w", s.File, err)
 	}
 	n.registerUAPMetrics(g)
+	g.started.Store(true)
+	g.procs.Kick(g.Waiting()) // calls that came before (group.submit)
 	n.metrics.NewGauge(`tpsched_processes{group="`+g.name+`",kind="resident"}`, func() float64 {
 		res, _ := g.procs.Running()
 		return float64(res)
@@ -760,10 +783,10 @@ func (n *Node) shutdown() error {
 		if g.procs != nil {
 			g.procs.Stopping() // their exits from here on are not crashes
 		}
-		if g.tr != nil {
-			g.close() // the processes leave once they hold no call
-			g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
-		}
+		// Even a group that never started: a UAP of another may have
+		// called it.
+		g.close() // the processes leave once they hold no call
+		g.flush(netio.CodeShuttingDown, "the node stopped before the call reached a process")
 	}
 	uapCtx, cancel := context.WithTimeout(context.Background(), uapStopTime)
 	for _, g := range n.order {

@@ -255,6 +255,9 @@ func setCPUWeightOf(p processes, weight int) error {
 // servable reports whether g takes calls here: always without a service
 // policy; with one, while it has a server here that is not quiescing.
 func (g *group) servable() bool {
+	if !g.started.Load() {
+		return !g.envAtStart // its calls wait for its processes
+	}
 	e, ok := g.procs.(*envProcs)
 	return !ok || e.serving.Load()
 }

@@ -93,13 +93,14 @@ type Cluster struct {
 	announceMu sync.Mutex // orders Announce calls; never taken in memberlist's callbacks
 	mu         sync.Mutex // guards the fields below it; never held while calling memberlist
 	self       NodeInfo
-	peers      map[string]memberlist.Node // memberlist's live members but this node, by name
+	peers      map[string]memberlist.Node // memberlist's live members but this node, by name (copies made under its lock)
 	ring       []string                   // the live members' names, this node's included, sorted; nil: rebuild
 	latest     map[string][]byte          // the newest authenticated announce of each node, as received
 	unrelayed  map[string]bool            // nodes whose latest came by gossip before they were alive: relay it when they are
 	pending    map[string][]byte          // changes waiting for the pusher, the newest of each node
 	wake       chan struct{}              // tells the pusher that pending has something (capacity 1)
 	stopping   bool                       // Stop or Leave is waiting for the goroutines: start no more
+	port       int                        // the name port, as memberlist bound it
 
 	sent, received, relayed, msgsSent, bytesSent atomic.Uint64
 	newcomerMsgs                                 atomic.Uint64 // of msgsSent: own announces sent to newcomers
@@ -185,6 +186,7 @@ func Join(cfg ClusterConfig, table *Table, self NodeInfo) (*Cluster, error) {
 		return nil, fmt.Errorf("name port %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(t.Port())), err)
 	}
 	c.ml = ml
+	c.port = int(ml.LocalNode().Port)
 	c.members.Store(ml)
 	c.Announce(self)
 	close(c.ready)
@@ -218,7 +220,7 @@ func (c *Cluster) numMembers() int {
 }
 
 // Port is the name port memberlist listens on.
-func (c *Cluster) Port() int { return int(c.ml.LocalNode().Port) }
+func (c *Cluster) Port() int { return c.port }
 
 // Transport is the name port's sockets, for a process that takes the node
 // over (Transport.Files).
