@@ -115,13 +115,13 @@ uninstall: ## remove what make install put in place, except the definitions in /
 		$(DESTDIR)$(UNITDIR)/tpsched.service
 	rm -rf $(DESTDIR)$(DOCDIR)
 
-test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes)
+test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes, built with -race as well)
 	@for m in $(MODULES); do (cd $$m && echo "== $$m" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
 
 test-short: ## unit tests only, no processes started
 	@for m in $(MODULES); do (cd $$m && $(GO) test -short -count=1 ./...) || exit 1; done
 
-bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation over 128 nodes; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: local calls beside Enduro/X (TPSCHED_ENDUROX=its install prefix; README) and the direct call; report in bench/results/ (about 25 min)
+bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation at 32, 64 and 128 members and over 32 real nodes, the rules simulated over 1,000; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: local calls beside Enduro/X (TPSCHED_ENDUROX=its install prefix; README) and the direct call; report in bench/results/ (about 35 min)
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 

@@ -28,8 +28,10 @@
 //     that grow, S4 open-loop overload, S5 tpsched's CPU guard on and off
 //     under overload, S6 three tpsched nodes on 127.0.0.2-4 with one three
 //     times slower under the random, OpenTP1 and P2C balancing rules, S7
-//     128 members of tpsched's name layer in one process: join time,
-//     announce propagation and traffic, S8 skewed connections on a node's
+//     32, 64 and 128 members of tpsched's name layer in one process, and
+//     32 real scdd nodes on 127.0.0.10 and on: join time, announce
+//     propagation and traffic, with bench/sim's routing rules over 1,000
+//     simulated nodes beside them, S8 skewed connections on a node's
 //     receiving sockets placed by the kernel's hash and by steering, S9 a
 //     node restarted under load by hand-off and by stop and start, S10
 //     local calls alone, caller UAPs against Enduro/X, beside the direct
@@ -46,9 +48,9 @@
 // # Usage
 //
 //	make bench-deps   # once, as root: nginx, php-fpm, haproxy from apt
-//	make bench        # the full run (about 25 minutes)
-//	make bench-quick  # the development run (about 6.5 minutes), into bench/results/quick/
-//	TPSCHED_ENDUROX=/work/peers/endurox/install bin/tpbench -scenarios S10   # S10 with Enduro/X
+//	make bench        # the full run (about 35 minutes)
+//	make bench-quick  # the development run (about 7.5 minutes), into bench/results/quick/
+//	TPSCHED_ENDUROX=$PREFIX bin/tpbench -scenarios S10   # S10 with Enduro/X installed under $PREFIX
 //	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
 //	bin/tpbench -quick -scenarios S1 -systems grpc-go,tpsched -quiet-cores 0   # two peers, other tenants not waited for
 //
@@ -56,7 +58,7 @@
 // window's attribution and per-call arithmetic, S10's summaries and
 // exbenchcl's result, S3's
 // windows and recovery time, S5's status summaries, S6's metrics parsing,
-// level shares and verdict, S7's seeds and verdict, report formatting)
+// level shares and verdict, S7's seeds, pooling and verdict, report formatting)
 // are tested without starting any server. Figures are medians of
 // interleaved runs; ratios are what to quote, since the load generator shares
 // the cores with the servers.

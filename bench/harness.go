@@ -101,7 +101,7 @@ type report struct {
 	Cluster        *clusterSetup   `json:"cluster,omitempty"`
 	ClusterResults []clusterResult `json:"cluster_results,omitempty"`
 	// S7: announce propagation over many nodes (Cells is empty).
-	Gossip *gossipResult `json:"gossip,omitempty"`
+	Gossip *gossipGrid `json:"gossip,omitempty"`
 	// S8: skewed connections, hash against steering (Cells is empty).
 	Skew        *skewSetup   `json:"skew,omitempty"`
 	SkewResults []skewResult `json:"skew_results,omitempty"`

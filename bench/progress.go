@@ -246,7 +246,7 @@ func sessionPlan(cfg Config, opts runOptions) []scenarioPlan {
 		out = append(out, plan("S6", len(cfg.selected(names))*o.Runs, s6RunTime(o)))
 	}
 	if want("S7") {
-		out = append(out, s7Plan(s7Sizing(cfg)))
+		out = append(out, s7Plan(cfg))
 	}
 	if want("S8") {
 		var names []string

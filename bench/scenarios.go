@@ -37,10 +37,17 @@ type Config struct {
 	S6Warmup   time.Duration
 	S6Duration time.Duration
 	S6Queue    int // queue_size on every node (0: the default, 256)
-	// S7: members, changes measured and the quiet spell (0: the defaults).
-	S7Nodes  int
-	S7Probes int
-	S7Quiet  time.Duration
+	// S7: the member counts, runs of each, changes measured and the quiet
+	// spell (empty or 0: the defaults); the real scdd nodes (0: the
+	// default, -1: none); the simulation's node counts (empty: the
+	// default) or none.
+	S7Sizes    []int
+	S7Runs     int
+	S7Probes   int
+	S7Quiet    time.Duration
+	S7Real     int
+	S7SimNodes []int
+	S7SimOff   bool
 	// S8: receiving sockets and heavy connections (0: the defaults).
 	S8Receivers int
 	S8Heavy     int

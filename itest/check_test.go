@@ -28,6 +28,7 @@ func TestCheckEntries(t *testing.T) {
 		cmd := exec.CommandContext(ctx, bin("scdd"), args...)
 		cmd.Stdout, cmd.Stderr = &out, &out
 		err := cmd.Run()
+		checkRace(t, "scdd -check", out.String())
 		var ee *exec.ExitError
 		switch {
 		case errors.As(err, &ee):

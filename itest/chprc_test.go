@@ -172,11 +172,17 @@ func TestChprcOnline(t *testing.T) {
 		var wg sync.WaitGroup
 		var failed []error
 		var mu sync.Mutex
+		// Long enough to outlast the chprc below, also when scdd and
+		// scdctl run under the race detector.
+		sleep := "1500"
+		if raceBuild {
+			sleep = "4000"
+		}
 		for range 3 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := c.Call(ctx, "g", "sleep", []byte("1500")); err != nil {
+				if _, err := c.Call(ctx, "g", "sleep", []byte(sleep)); err != nil {
 					mu.Lock()
 					failed = append(failed, err)
 					mu.Unlock()

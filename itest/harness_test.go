@@ -40,8 +40,16 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		binDir = dir
-		build := exec.Command("go", "build", "-o", dir+"/", "tpsched/cmd/scdd", "tpsched/cmd/scdctl", "tpsched/cmd/uap-echo",
-			"tpsched/itest/internal/uap-hostile")
+		args := []string{"build", "-o", dir + "/"}
+		if raceBuild {
+			// go test -race (make test): the daemon and the UAPs run under
+			// the race detector too, and the first race ends the process
+			// that found it (exit status 66); checkRace fails the test.
+			args = append(args, "-race")
+			must0(os.Setenv("GORACE", strings.TrimSpace("halt_on_error=1 "+os.Getenv("GORACE"))))
+		}
+		args = append(args, "tpsched/cmd/scdd", "tpsched/cmd/scdctl", "tpsched/cmd/uap-echo", "tpsched/itest/internal/uap-hostile")
+		build := exec.Command("go", args...)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "itest: building the binaries:", err)
@@ -52,6 +60,31 @@ func TestMain(m *testing.M) {
 }
 
 func bin(name string) string { return filepath.Join(binDir, name) }
+
+func must0(err error) {
+	if err != nil {
+		panic(err)
+	}
+}
+
+// raceReport is how the race detector starts a report, in the daemon's
+// output or a UAP's (which scdd's log carries).
+const raceReport = "WARNING: DATA RACE"
+
+// checkRace fails the test if output, what a process of the node wrote,
+// holds a race detector's report.
+func checkRace(t *testing.T, what, output string) {
+	t.Helper()
+	i := strings.Index(output, raceReport)
+	if i < 0 {
+		return
+	}
+	report := output[i:]
+	if end := strings.Index(report, "\n==================\n"); end > 0 {
+		report = report[:end]
+	}
+	t.Errorf("%s reported a data race:\n%s", what, report)
+}
 
 // defDir writes a definition directory: a sysconf whose ports are 0 (scdd
 // picks free ones and logs them, so parallel tests never race for a port),
@@ -164,6 +197,7 @@ func startCommandWith(t *testing.T, setup func(*exec.Cmd), prog string, args ...
 			_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
 			<-n.done
 		}
+		checkRace(t, "scdd or one of its UAPs", n.stderr.String())
 		if t.Failed() {
 			t.Logf("scdd stderr:\n%s", n.stderr.String())
 		}

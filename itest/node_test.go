@@ -401,6 +401,7 @@ func TestBadDefinitionStopsStartup(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			out, err := exec.CommandContext(ctx, bin("scdd"), "-c", dir).CombinedOutput()
+			checkRace(t, "scdd", string(out))
 			if err == nil {
 				t.Fatal("scdd started")
 			}

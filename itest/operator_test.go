@@ -218,6 +218,7 @@ func TestScdctlFlagForms(t *testing.T) {
 		var o, e bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &o, &e
 		err := cmd.Run()
+		checkRace(t, prog, e.String())
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			code = ee.ExitCode()

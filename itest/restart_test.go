@@ -60,8 +60,9 @@ func startRestartingNode(t *testing.T, dir string, args ...string) *restartingNo
 			time.Sleep(50 * time.Millisecond)
 		}
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		b, _ := os.ReadFile(n.log)
+		checkRace(t, "scdd (the old process or the new) or one of its UAPs", string(b))
 		if t.Failed() {
-			b, _ := os.ReadFile(n.log)
 			t.Logf("scdd log:\n%s", b)
 		}
 	})

@@ -55,6 +55,9 @@ type inProcServer struct {
 	spec procmgr.Spec
 	d    procmgr.Delegate
 	wg   sync.WaitGroup
+	// beforeServe, when set, runs in each process between its attach and
+	// its Serve (a UAP that calls a service as it starts).
+	beforeServe func(*shm.UAP)
 }
 
 func (s *inProcServer) run(slot int) error {
@@ -85,6 +88,9 @@ func (s *inProcServer) run(slot int) error {
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		if s.beforeServe != nil {
+			s.beforeServe(u)
+		}
 		err := u.Serve()
 		u.Close()
 		s.d.Exited(slot, 0, err)

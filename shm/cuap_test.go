@@ -255,8 +255,8 @@ func TestCUAPRevoke(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.Wake()
-		if req, ok := p.Revoke(); !ok || string(req) != "revoked" {
-			t.Fatalf("round %d: revoke = %q, %v; the next call cannot have been taken while the process slept 100 ms", i, req, ok)
+		if ok := p.Revoke(); !ok {
+			t.Fatalf("round %d: revoke = %v; the next call cannot have been taken while the process slept 100 ms", i, ok)
 		}
 		after := []byte("after " + strconv.Itoa(i))
 		if err := p.Dispatch("echo", after, 0); err != nil {
@@ -282,7 +282,7 @@ func TestCUAPRevoke(t *testing.T) {
 	}
 	p.Wake()
 	until(t, g, 10*time.Second, "the process to take its next call", func() bool { return p.Taken() == 2 })
-	if _, ok := p.Revoke(); ok {
+	if p.Revoke() {
 		t.Fatal("revoked a call the process had taken")
 	}
 	waitCompletion(t, g, p.Proc)

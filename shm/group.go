@@ -505,33 +505,23 @@ func (p *Proc) Taken() int {
 	return n
 }
 
-// Requests returns the requests of the calls the process holds, current
-// first, as they are in its buffers: for a call to go elsewhere after the
-// process died without taking it. Valid until Remove.
-func (p *Proc) Requests() [][]byte {
-	out := make([][]byte, 0, len(p.held))
-	for _, h := range p.held {
-		m := &p.ctl.mb[h.mb]
-		out = append(out, p.bufs[h.mb][:min(m.reqLen, uint32(p.g.maxMsg))])
-	}
-	return out
-}
-
 // Revoke takes back the last call handed to the process if it has not
-// taken it, and returns its request (valid until the next Dispatch); false
-// if it had (or holds no call but its current one).
-func (p *Proc) Revoke() ([]byte, bool) {
+// taken it; false if it had (or holds no call but its current one). The
+// request is not read back: what the process's buffer holds now is the
+// process's to write, so the scheduler keeps its own copy of every call it
+// hands over.
+func (p *Proc) Revoke() bool {
 	if len(p.held) < 2 {
-		return nil, false
+		return false
 	}
 	h := p.held[len(p.held)-1]
 	m := &p.ctl.mb[h.mb]
 	if !m.claim.CompareAndSwap(h.no<<2|claimOffered, h.no<<2|claimRevoked) {
-		return nil, false
+		return false
 	}
 	p.busy &^= 1 << h.mb
 	p.held = p.held[:len(p.held)-1]
-	return p.bufs[h.mb][:min(m.reqLen, uint32(p.g.maxMsg))], true
+	return true
 }
 
 // Rings is how many times the reader was woken by this process's

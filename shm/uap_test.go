@@ -493,8 +493,8 @@ func TestCrossProcessRevoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Wake()
-	if req, ok := p.Revoke(); !ok || string(req) != "revoked" {
-		t.Fatalf("revoke = %q, %v; the next call cannot have been taken while the process slept 100 ms", req, ok)
+	if ok := p.Revoke(); !ok {
+		t.Fatalf("revoke = %v; the next call cannot have been taken while the process slept 100 ms", ok)
 	}
 	if err := p.Dispatch("echo", []byte("after"), 0); err != nil {
 		t.Fatal(err)
@@ -514,7 +514,7 @@ func TestCrossProcessRevoke(t *testing.T) {
 	}
 	p.Wake()
 	until(t, g, 10*time.Second, "the process to take its next call", func() bool { return p.Taken() == 2 })
-	if _, ok := p.Revoke(); ok {
+	if p.Revoke() {
 		t.Fatal("revoked a call the process had taken")
 	}
 	waitCompletion(t, g, p.Proc)

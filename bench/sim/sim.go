@@ -1,9 +1,13 @@
 // Package sim owns a discrete-event simulation of inter-node balancing with
 // stale load levels: it tests the claim that "send to the least loaded"
-// herds when the levels it sees are old, that OpenTP1's rule (random, LEVEL2
-// avoided) survives it, and that tpsched's power of two choices does better.
+// herds when the levels it sees are old, how OpenTP1's rules (the least
+// loaded for a server's call, Table 3-7; LEVEL2 avoided for a
+// scheduler-direct one) and tpsched's power of two choices fare, and how
+// far each is from an oracle that sees every node's level as it is now.
 // Routing is the real scd/route.Choose; levels are the real
-// scd/loadlevel.Next over Table 3-14 thresholds.
+// scd/loadlevel.Next over Table 3-14 thresholds. It runs up to 4,096
+// nodes, beyond the 128 a tpsched cluster holds, to say where a full
+// table of every node's level stops paying.
 //
 // It must not touch the network, the clock or the node: it is a model, run
 // in virtual time from a seed, and every run is reproducible.
@@ -17,6 +21,7 @@
 //   - The sender routes with route.Choose over every node (itself Local).
 //     Each candidate's Level is that node's level as it was Staleness time
 //     units ago; the sender's own level is current (a node knows itself).
+//     The oracle sees every level as it is now.
 //     InFlight is the sender's own requests outstanding at the node now,
 //     which needs no announce and is never stale. The chosen node queues
 //     the request; there is no network delay and no transfer on arrival.
@@ -31,6 +36,9 @@
 // A run queues Warmup requests unmeasured, then measures the response time
 // (queueing + service) of the next Requests requests; arrivals go on until
 // every measured request is answered, so the last ones see the same load.
+// It also counts each node's level changes: each is an announce every
+// other node must receive, so a full table costs each node Nodes times
+// that rate.
 //
 // # Usage
 //
@@ -44,6 +52,7 @@
 package sim
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
 	"math"
@@ -62,25 +71,36 @@ import (
 // the time: LEVEL2 is common, which is where avoiding it matters.
 var DefaultThresholds = loadlevel.Thresholds{U1: 4, U2: 8, D0: 2, D1: 6}
 
+// MaxNodes is the most nodes a run simulates.
+const MaxNodes = 4096
+
 // Balancer is a named routing policy.
 type Balancer struct {
 	Name   string
 	Policy route.Policy
+	Direct bool // the requests are scheduler-direct (route.Request.Direct)
+	Fresh  bool // the sender sees every node's level as it is now: Staleness does not apply
 }
 
 // Balancers are the policies compared: OpenTP1 with levels not announced
-// (uniform random), OpenTP1 with levels (random, LEVEL2 avoided), P2C on
-// (level, in-flight), and P2C with levels not announced (in-flight only).
+// (uniform random); OpenTP1 with levels for a server's call (the least
+// loaded: random among the nodes at the lowest level seen, Table 3-7); P2C
+// on (level, in-flight); P2C with levels not announced (in-flight only);
+// OpenTP1 for a scheduler-direct call (schedule_rate 50: random among the
+// nodes not at LEVEL2); and the oracle, OpenTP1's least-loaded rule over
+// every node's level as it is now.
 var Balancers = []Balancer{
-	{"random", route.Policy{Rule: route.OpenTP1, Announce: false, ScheduleRate: 50}},
-	{"opentp1", route.Policy{Rule: route.OpenTP1, Announce: true, ScheduleRate: 50}},
-	{"p2c", route.Policy{Rule: route.P2C, Announce: true, ScheduleRate: 50}},
-	{"p2c-inflight", route.Policy{Rule: route.P2C, Announce: false, ScheduleRate: 50}},
+	{Name: "random", Policy: route.Policy{Rule: route.OpenTP1, Announce: false, ScheduleRate: 50}},
+	{Name: "opentp1", Policy: route.Policy{Rule: route.OpenTP1, Announce: true, ScheduleRate: 50}},
+	{Name: "p2c", Policy: route.Policy{Rule: route.P2C, Announce: true, ScheduleRate: 50}},
+	{Name: "p2c-inflight", Policy: route.Policy{Rule: route.P2C, Announce: false, ScheduleRate: 50}},
+	{Name: "opentp1-direct", Policy: route.Policy{Rule: route.OpenTP1, Announce: true, ScheduleRate: 50}, Direct: true},
+	{Name: "oracle", Policy: route.Policy{Rule: route.OpenTP1, Announce: true, ScheduleRate: 50}, Fresh: true},
 }
 
 // Config is one simulation run.
 type Config struct {
-	Nodes      int                  // 1..route.MaxNodes
+	Nodes      int                  // 1..MaxNodes
 	Load       float64              // offered load per node, 0 < Load < 1
 	Staleness  float64              // age in time units of the levels a sender sees, >= 0
 	Thresholds loadlevel.Thresholds // Table 3-14's U1,U2,D0,D1
@@ -96,6 +116,10 @@ type Result struct {
 	Mean, P50, P99, P999 float64 // response time (queueing + service)
 	MaxQueue             int     // most requests at one node (waiting and in service) after warm-up
 	Level2Share          float64 // fraction of node-time spent at LEVEL2 after warm-up
+	// LevelChanges is the level changes per node per time unit after
+	// warm-up: the announces each node sends, and each other node must
+	// receive, per time unit.
+	LevelChanges float64
 }
 
 // job is a request in the system.
@@ -106,20 +130,12 @@ type job struct {
 	measured bool
 }
 
-// change is a node's level from time at on.
-type change struct {
-	at    float64
-	level loadlevel.Level
-}
-
-// node is one FIFO server and the history of its level.
+// node is one FIFO server.
 type node struct {
-	queue   []job // queue[head] is in service when busy
-	head    int
-	level   loadlevel.Level
-	history []change // the level's changes, oldest first; history[seen] is the one a sender sees now
-	seen    int
-	since   float64 // when the level last changed, for Level2Share
+	queue []job // queue[head] is in service when busy
+	head  int
+	level loadlevel.Level
+	since float64 // when the level last changed, for Level2Share
 }
 
 // len is the requests at the node, the one in service included.
@@ -142,24 +158,70 @@ func (n *node) pop() job {
 	return j
 }
 
-// levelAt is the level the node had at time t. Calls must come with t not
-// decreasing: the history before t is dropped.
-func (n *node) levelAt(t float64) loadlevel.Level {
-	for n.seen+1 < len(n.history) && n.history[n.seen+1].at <= t {
-		n.seen++
+// change is node's level from time at on.
+type change struct {
+	at    float64
+	node  int32
+	level loadlevel.Level
+}
+
+// staleView is the levels senders see: every change, Staleness late. The
+// changes are made in time order and each is seen the same time later, so
+// a FIFO holds the ones not seen yet.
+type staleView struct {
+	staleness float64
+	pending   []change // oldest first, from head
+	head      int
+	cands     []route.Candidate // Level is what senders see now
+}
+
+// made records a change made now.
+func (v *staleView) made(c change) {
+	if v.staleness == 0 {
+		v.cands[c.node].Level = c.level
+		return
 	}
-	if n.seen >= 1024 && n.seen*2 >= len(n.history) {
-		n.history = n.history[:copy(n.history, n.history[n.seen:])]
-		n.seen = 0
+	v.pending = append(v.pending, c)
+}
+
+// advance makes every change made at or before now - staleness seen.
+func (v *staleView) advance(now float64) {
+	for v.head < len(v.pending) && v.pending[v.head].at+v.staleness <= now {
+		c := v.pending[v.head]
+		v.cands[c.node].Level = c.level
+		v.head++
 	}
-	return n.history[n.seen].level
+	if v.head >= 1024 && v.head*2 >= len(v.pending) {
+		v.pending = v.pending[:copy(v.pending, v.pending[v.head:])]
+		v.head = 0
+	}
+}
+
+// departure is when a node answers the request in service.
+type departure struct {
+	at   float64
+	node int32
+}
+
+// departures is a min-heap by time; a node is in it while it is busy.
+type departures []departure
+
+func (d departures) Len() int           { return len(d) }
+func (d departures) Less(i, j int) bool { return d[i].at < d[j].at }
+func (d departures) Swap(i, j int)      { d[i], d[j] = d[j], d[i] }
+func (d *departures) Push(x any)        { *d = append(*d, x.(departure)) }
+func (d *departures) Pop() any {
+	old := *d
+	x := old[len(old)-1]
+	*d = old[:len(old)-1]
+	return x
 }
 
 // Validate reports the first thing wrong with c.
 func (c Config) Validate() error {
 	switch {
-	case c.Nodes < 1 || c.Nodes > route.MaxNodes:
-		return fmt.Errorf("sim: %d nodes (want 1..%d)", c.Nodes, route.MaxNodes)
+	case c.Nodes < 1 || c.Nodes > MaxNodes:
+		return fmt.Errorf("sim: %d nodes (want 1..%d)", c.Nodes, MaxNodes)
 	case !(c.Load > 0 && c.Load < 1):
 		return fmt.Errorf("sim: load %v (want 0 < load < 1: at 1 or more the queues grow without end)", c.Load)
 	case !(c.Staleness >= 0) || math.IsInf(c.Staleness, 1):
@@ -188,13 +250,17 @@ func Run(c Config) (Result, error) {
 		senders  = rand.New(rand.NewPCG(c.Seed, 3))
 		routing  = rand.New(rand.NewPCG(c.Seed, 4))
 
-		n         = c.Nodes
-		nodes     = make([]node, n)
-		departure = make([]float64, n) // when the request in service leaves; +Inf when idle
-		inFlight  = make([]int, n*n)   // inFlight[s*n+d]: sender s's requests at node d
-		cands     = make([]route.Candidate, n)
-		th        = c.Thresholds
-		rate      = c.Load * float64(n)
+		n        = c.Nodes
+		nodes    = make([]node, n)
+		busy     = make(departures, 0, n)
+		inFlight = make([]int32, n*n) // inFlight[s*n+d]: sender s's requests at node d
+		th       = c.Thresholds
+		rate     = c.Load * float64(n)
+		req      = route.Request{Direct: c.Balancer.Direct}
+		// P2C's second key is the sender's in-flight count; the other
+		// rules do not read it, so it is copied in only for P2C.
+		withInFlight = c.Balancer.Policy.Rule == route.P2C
+		staleness    = c.Staleness
 
 		now         float64
 		nextArrival = arrivals.ExpFloat64() / rate
@@ -203,13 +269,16 @@ func Run(c Config) (Result, error) {
 		measuring   bool
 		measureFrom float64
 		levelTime   [3]float64
+		changes     int // level changes after warm-up
 		maxQueue    int
 		responses   = make([]float64, 0, c.Requests)
 	)
-	for i := range nodes {
-		nodes[i].history = []change{{at: math.Inf(-1), level: loadlevel.Level0}}
-		departure[i] = math.Inf(1)
-		cands[i].Node = strconv.Itoa(i)
+	if c.Balancer.Fresh {
+		staleness = 0
+	}
+	view := &staleView{staleness: staleness, cands: make([]route.Candidate, n)}
+	for i := range view.cands {
+		view.cands[i].Node = strconv.Itoa(i)
 	}
 
 	// relevel moves node d's level after its queue changed.
@@ -221,26 +290,24 @@ func Run(c Config) (Result, error) {
 		}
 		if measuring {
 			levelTime[nd.level] += now - max(nd.since, measureFrom)
+			changes++
 		}
 		nd.level, nd.since = next, now
-		nd.history = append(nd.history, change{at: now, level: next})
+		view.made(change{at: now, node: int32(d), level: next})
+	}
+	// start puts node d's next request in service.
+	start := func(d int) {
+		nd := &nodes[d]
+		heap.Push(&busy, departure{at: now + nd.queue[nd.head].service, node: int32(d)})
 	}
 
 	for answered < c.Requests {
 		// The next event: the earliest departure, or the next arrival.
-		d := -1
-		at := nextArrival
-		for i, t := range departure {
-			if t < at {
-				d, at = i, t
-			}
-		}
-		if math.IsInf(at, 1) {
-			return Result{}, errUnanswered
-		}
-		now = at
-
-		if d >= 0 { // node d answers the request in service
+		if len(busy) > 0 && busy[0].at < nextArrival {
+			dep := heap.Pop(&busy).(departure)
+			now = dep.at
+			view.advance(now)
+			d := int(dep.node)
 			nd := &nodes[d]
 			j := nd.pop()
 			inFlight[int(j.sender)*n+d]--
@@ -249,29 +316,34 @@ func Run(c Config) (Result, error) {
 				answered++
 			}
 			if nd.len() > 0 {
-				departure[d] = now + nd.queue[nd.head].service
-			} else {
-				departure[d] = math.Inf(1)
+				start(d)
 			}
 			relevel(d)
 			continue
 		}
+		if math.IsInf(nextArrival, 1) {
+			return Result{}, errUnanswered
+		}
+		now = nextArrival
+		view.advance(now)
 
 		// A request arrives at a sender, which routes it.
 		if queued == c.Warmup && !measuring {
 			measuring, measureFrom = true, now
 		}
 		sender := senders.IntN(n)
-		seenAt := now - c.Staleness
-		for i := range cands {
-			if i == sender {
-				cands[i].Local, cands[i].Level = true, nodes[i].level
-			} else {
-				cands[i].Local, cands[i].Level = false, nodes[i].levelAt(seenAt)
+		cands := view.cands
+		own := &cands[sender]
+		seen := own.Level
+		own.Local, own.Level = true, nodes[sender].level // a node knows its own level
+		if withInFlight {
+			row := inFlight[sender*n : sender*n+n]
+			for i := range cands {
+				cands[i].InFlight = int(row[i])
 			}
-			cands[i].InFlight = inFlight[sender*n+i]
 		}
-		dest := route.Choose(cands, c.Balancer.Policy, route.Request{}, routing)
+		dest := route.Choose(cands, c.Balancer.Policy, req, routing)
+		own.Local, own.Level = false, seen
 		nd := &nodes[dest]
 		nd.push(job{
 			arrived:  now,
@@ -282,7 +354,7 @@ func Run(c Config) (Result, error) {
 		queued++
 		inFlight[sender*n+dest]++
 		if nd.len() == 1 {
-			departure[dest] = now + nd.queue[nd.head].service
+			start(dest)
 		}
 		if measuring {
 			maxQueue = max(maxQueue, nd.len())
@@ -306,6 +378,7 @@ func Run(c Config) (Result, error) {
 	}
 	if total > 0 {
 		r.Level2Share = levelTime[2] / total
+		r.LevelChanges = float64(changes) / total // total is node-time
 	}
 	return r, nil
 }

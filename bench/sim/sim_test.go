@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"tpsched/scd/loadlevel"
+	"tpsched/scd/route"
 )
 
 // near fails the test unless got is within rel (relative) of want.
@@ -119,7 +120,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{"valid", func(*Config) {}, ""},
 		{"no nodes", func(c *Config) { c.Nodes = 0 }, "0 nodes"},
-		{"129 nodes", func(c *Config) { c.Nodes = 129 }, "129 nodes"},
+		{"4097 nodes", func(c *Config) { c.Nodes = MaxNodes + 1 }, "4097 nodes"},
 		{"load 1", func(c *Config) { c.Load = 1 }, "load 1"},
 		{"load 0", func(c *Config) { c.Load = 0 }, "load 0"},
 		{"load NaN", func(c *Config) { c.Load = math.NaN() }, "load NaN"},
@@ -149,31 +150,38 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// levelAt answers from the history as of a time that only moves forward,
-// and forgets what is too old to be asked for again.
-func TestLevelAt(t *testing.T) {
-	n := node{history: []change{{math.Inf(-1), loadlevel.Level0}}}
+// The stale view shows each change exactly Staleness later, and forgets
+// what it has shown.
+func TestStaleView(t *testing.T) {
+	v := &staleView{staleness: 10, cands: make([]route.Candidate, 2)}
 	for i := 1; i <= 3000; i++ {
-		n.history = append(n.history, change{float64(i), loadlevel.Level(i % 3)})
+		v.made(change{at: float64(i), node: int32(i % 2), level: loadlevel.Level(i % 3)})
 	}
 	cases := []struct {
-		at   float64
-		want loadlevel.Level
+		now   float64
+		want0 loadlevel.Level // node 0's level seen
+		want1 loadlevel.Level
 	}{
-		{-5, loadlevel.Level0},  // before any change
-		{0.5, loadlevel.Level0}, // still the start
-		{1, loadlevel.Level1},   // a change counts from its instant
-		{2.9, loadlevel.Level2}, // between changes: the older
-		{2999.5, loadlevel.Level2},
-		{5000, loadlevel.Level0}, // after the last change
+		{5, loadlevel.Level0, loadlevel.Level0},      // before any change is seen
+		{10.5, loadlevel.Level0, loadlevel.Level0},   // still the start
+		{11, loadlevel.Level0, loadlevel.Level1},     // change 1 (node 1 to LEVEL1) counts from its instant + 10
+		{12.9, loadlevel.Level2, loadlevel.Level1},   // change 2: node 0 to LEVEL2
+		{3009.5, loadlevel.Level1, loadlevel.Level2}, // 2998: node 0 to 2998 % 3 = 1; 2999: node 1 to 2; 3000 not yet
+		{5000, loadlevel.Level0, loadlevel.Level2},   // 3000: node 0 to LEVEL0
 	}
 	for _, tc := range cases {
-		if got := n.levelAt(tc.at); got != tc.want {
-			t.Errorf("levelAt(%v) = %v, want %v", tc.at, got, tc.want)
+		v.advance(tc.now)
+		if got0, got1 := v.cands[0].Level, v.cands[1].Level; got0 != tc.want0 || got1 != tc.want1 {
+			t.Errorf("at %v: levels seen %v and %v, want %v and %v", tc.now, got0, got1, tc.want0, tc.want1)
 		}
 	}
-	if len(n.history) > 2 {
-		t.Errorf("history kept %d entries after the clock passed them all, want the last only", len(n.history))
+	if len(v.pending)-v.head != 0 || len(v.pending) > 1024 {
+		t.Errorf("the view kept %d changes (%d unseen) after the clock passed them all", len(v.pending), len(v.pending)-v.head)
+	}
+	fresh := &staleView{cands: make([]route.Candidate, 1)}
+	fresh.made(change{at: 1, level: loadlevel.Level2})
+	if fresh.cands[0].Level != loadlevel.Level2 {
+		t.Error("with no staleness a change is not seen at once")
 	}
 }
 
@@ -246,6 +254,63 @@ func TestWriteMarkdown(t *testing.T) {
 		"| 4,8,2,6 | p2c | 5.14 |",
 		"| 1,2,0,1 | p2c | 5.14 |",
 	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// The oracle runs at the first staleness only; PerNode sizes each run by
+// its nodes; the report sets every rule against the oracle and says what
+// fresh levels cost.
+func TestOracleGridAndReport(t *testing.T) {
+	g := Grid{
+		Base:      Config{Thresholds: DefaultThresholds, Seed: 3},
+		Nodes:     []int{4, 8},
+		Loads:     []float64{0.8},
+		Staleness: []float64{0, 20},
+		Balancers: []Balancer{Balancers[2], Balancers[5]},
+		PerNode:   2000,
+	}
+	cs := g.Configs()
+	if len(cs) != 2*(2+1) {
+		t.Fatalf("%d configs, want 6 (the oracle once per node count)", len(cs))
+	}
+	for _, c := range cs {
+		if c.Requests != 2000*c.Nodes || c.Warmup != 2000*c.Nodes {
+			t.Errorf("%d nodes: %d requests after %d, want %d each", c.Nodes, c.Requests, c.Warmup, 2000*c.Nodes)
+		}
+		if c.Balancer.Fresh && c.Staleness != 0 {
+			t.Errorf("the oracle at staleness %v", c.Staleness)
+		}
+	}
+	results, err := Sweep(cs, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results {
+		if r.LevelChanges <= 0 {
+			t.Errorf("%s at %d nodes: no level change counted", r.Balancer.Name, r.Nodes)
+		}
+	}
+	// The oracle ignores staleness: the same run at any age.
+	if !cs[1].Balancer.Fresh {
+		t.Fatalf("configs[1] is %s, want the oracle", cs[1].Balancer.Name)
+	}
+	older := cs[1]
+	older.Staleness = 50
+	a, _ := Run(cs[1])
+	b, _ := Run(older)
+	if b.Config = a.Config; a != b {
+		t.Errorf("the oracle's run changed with the staleness: %+v vs %+v", a, b)
+	}
+	var md bytes.Buffer
+	if err := (Report{Results: results, HeadlineLoad: 0.8, HeadlineStaleness: 20}).WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	out := md.String()
+	for _, want := range []string{"## Against the oracle", "| 8 | 0.80 | p2c |", "## What fresh levels cost", "| 4 | 0.80 | oracle |",
+		"2000 per node (8000, 16000) requests measured", "| 8 | 0.80 | fresh | oracle |"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}

@@ -276,7 +276,7 @@ var systemOperands = map[string]operand[System]{
 		},
 		value:   "64",
 		values:  "MiB, 1..1048576",
-		tpsched: "Bytes the RPC port may hold node-wide in partial frames and unsent answers; past it the connection holding the most is closed and counted. scdd's Go memory limit is this plus 128 MiB unless GOMEMLIMIT is set.",
+		tpsched: "Bytes the RPC port may hold node-wide in partial frames and unsent answers; past it the connection holding the most is closed and counted. The requests of the calls admitted and not yet ended are kept under the same figure, counted apart: a call that would pass it is answered 'server busy' if its group holds more than its share (the budget over the number of groups). scdd's Go memory limit is this plus 128 MiB unless GOMEMLIMIT is set (a soft limit: with both counts full, the garbage collector works harder).",
 		own:     true,
 	},
 }

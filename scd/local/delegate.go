@@ -2,6 +2,7 @@ package local
 
 import (
 	"os"
+	"slices"
 
 	"tpsched/netio"
 	"tpsched/procmgr"
@@ -31,7 +32,9 @@ func (d *delegate) Prepare(slot int) ([]*os.File, error) {
 
 // Exited settles the calls the dead process held: completions it managed
 // to write are answered, a call it had taken is answered 'server
-// terminated', one it never took goes back to the queue.
+// terminated', one it never took goes back to the queue. procmgr calls it
+// from one goroutine per slot, so two processes of the group may end at
+// once: what is settled after mu is released is this call's own.
 func (d *delegate) Exited(slot, pid int, exitErr error) {
 	g := (*Group)(d)
 	g.mu.Lock()
@@ -60,32 +63,23 @@ func (d *delegate) Exited(slot, pid int, exitErr error) {
 		}
 		freeRequest(done.Call)
 	}
-	taken, reqs := p.Taken(), p.Requests()
-	g.exits = g.q.Exited(slot, taken, g.exits[:0])
-	exits := g.exits
-	for i, e := range exits {
+	g.exits = g.q.Exited(slot, p.Taken(), g.exits[:0])
+	var settle []schedq.ExitedCall[*request] // g.exits is the next Exited's once mu is released
+	for _, e := range g.exits {
 		if e.Outcome == schedq.Requeued {
-			// It never left the dead process's mailbox: copy it out
-			// before the area goes.
-			cl := e.Call
-			if i >= len(reqs) { // the transport and the queue disagree: a bug
-				g.log.Error("a call to requeue is not in the dead process's area", "group", g.name, "slot", slot)
-				reqs = append(reqs, nil)
-			}
-			cl.payload = append(cl.payload[:0], reqs[i]...)
-			cl.req, cl.dispatched = cl.payload, false
+			e.Call.dispatched = false // it waits again, with its own copy
+		} else {
+			settle = append(settle, e)
 		}
 	}
+	clear(g.exits)
 	g.act()
 	g.tr.Remove(slot)
 	*si = slotState{}
-	var settle []*request
-	for _, e := range exits {
-		if e.Outcome != schedq.Requeued {
-			settle = append(settle, e.Call)
-		}
-	}
+	u := g.takeUndelivered()
+	u.slots = slices.DeleteFunc(u.slots, func(s int) bool { return s == slot }) // dead already
 	g.mu.Unlock()
+	u.settle(g)
 	for _, a := range answers {
 		_ = a.to.Send(a.b)
 	}
@@ -93,12 +87,12 @@ func (d *delegate) Exited(slot, pid int, exitErr error) {
 	if exitErr != nil {
 		why += " (" + exitErr.Error() + ")"
 	}
-	for i, cl := range settle {
-		if exits[i].Outcome == schedq.Terminated {
+	for _, e := range settle {
+		if e.Outcome == schedq.Terminated {
 			g.terminated.Inc()
-			cl.fail(netio.CodeServerTerminated, why)
+			e.Call.fail(netio.CodeServerTerminated, why)
 		}
-		freeRequest(cl)
+		freeRequest(e.Call)
 	}
 }
 
@@ -125,13 +119,15 @@ func (d *delegate) Stop(slot int) { (*Group)(d).stopSlot(slot) }
 // stopSlot asks the process in slot to leave after the call it holds.
 func (g *Group) stopSlot(slot int) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.q.Retire(slot)
 	g.act()
 	if p := g.slots[slot].p; p != nil {
 		p.Stop()
 		p.Wake()
 	}
+	u := g.takeUndelivered()
+	g.mu.Unlock()
+	u.settle(g)
 }
 
 // Failing records that the server's processes cannot start (err) or can

@@ -3,6 +3,7 @@ package local
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,10 @@ type Group struct {
 	name    string
 	def     def.Server
 	entries map[string]string // service name -> entry name (interned)
+	// procs are set once by startGroup, then started says so: a call may
+	// come (from another group's UAP) before, and waits in the queue.
 	procs   processes
+	started atomic.Bool
 	server  *server // the server's lifecycle on a node with a service policy (server.go); nil otherwise
 	held    atomic.Bool
 	serving atomic.Bool           // it takes calls here: always, but for a server the routing manager stopped or has not started
@@ -42,7 +46,7 @@ type Group struct {
 	log     logger
 	tr      transport
 	watch   time.Duration
-	workDir string // its processes' working directory (uapdir.go)
+	workDir string                                                   // its processes' working directory (uapdir.go)
 	place   func(c call.Caller, f *netio.Frame) (netio.Code, string) // where its processes' own calls go
 	rd      reader
 
@@ -52,6 +56,10 @@ type Group struct {
 	late    []*request                // Expire's, reused
 	actions []schedq.Action[*request] // the queue's, reused
 	exits   []schedq.ExitedCall[*request]
+	// refusing and undelivered are act's: calls a transport refused
+	// (act's doc comment).
+	refusing    []refusedHand
+	undelivered undelivered
 
 	// classes are the service policy's classes of the group's calls and
 	// their figures (wlm.NoClasses without a policy): set by the routing
@@ -60,7 +68,9 @@ type Group struct {
 
 	load groupLoad
 
+	bytes      groupBytes       // its admitted calls' requests, within the node's budget (budget.go)
 	refused    *metrics.Counter // calls refused server busy: the queue was full
+	overBudget *metrics.Counter // calls refused server busy: their request would pass the budget
 	timedOut   *metrics.Counter
 	terminated *metrics.Counter
 	misbehaved *metrics.Counter  // processes killed for breaking the protocol
@@ -84,8 +94,13 @@ type slotState struct {
 	p        proc   // its transport end; nil: no process
 	attached bool   // it attached and serves
 	served   uint64 // calls it completed
-	events   uint64 // attaches and completions: what may ring its doorbell
-	warned   bool   // its missing entries were logged
+	// Its doorbell's account (checkRings): the rings seen so far, the
+	// causes seen and not yet matched by a ring (at most maxRingCredit),
+	// the rings that found none, and whether it was killed for them.
+	rings, credit, idleRings uint64
+	ringKilled, leftSeen     bool
+	warned                   bool // its missing entries were logged
+	refusing                 bool // its transport refused a call in act's batch
 	// killed: it broke the protocol and was killed; nothing more is read
 	// from it (and logged) until it is reaped, however often it rings.
 	killed bool
@@ -98,30 +113,101 @@ type slotState struct {
 // request is one call from its admission to its answer and the end of its
 // process's work on it.
 type request struct {
-	to         call.Caller
-	id         uint64
-	start      time.Time
-	deadline   int64 // unix ns; 0: wait for ever
-	noReply    bool
-	entry      string
-	req        []byte // the request until a process has it: the frame's during submit, else payload
-	payload    []byte // the call's own copy of its request, made when it has to wait
-	dispatched bool   // handed to a process (the queue holds it until its completion or exit)
-	class      uint16 // its service class (wlm.Classes)
+	to       call.Caller
+	id       uint64
+	start    time.Time
+	deadline int64 // unix ns; 0: wait for ever
+	noReply  bool
+	entry    string
+	// payload is the node's own copy of the request, from admission until
+	// the call ends. A process's mailbox is written from it and never read
+	// back: a call taken back from a process (revoked, or its process died
+	// before taking it) goes on with these bytes, whatever the process
+	// wrote over its buffer meanwhile.
+	payload    []byte
+	charged    int         // len(payload), taken from budget at admission
+	budget     *groupBytes // its group's, given back charged when the call ends
+	dispatched bool        // handed to a process (the queue holds it until its completion or exit)
+	class      uint16      // its service class (wlm.Classes)
 }
 
 var requestPool = sync.Pool{New: func() any { return new(request) }}
 
-// maxPooledPayload keeps a huge request's copy from living on in the pool.
+// maxPooledPayload keeps a huge request's copy from living on with a call
+// in requestPool: larger copies go to bigPayloads, by size.
 const maxPooledPayload = 64 << 10
 
+// bigPayloads are the buffers of requests above maxPooledPayload, by
+// power of two (up to def.MaxMaxMessageSize): a node that takes large
+// calls reuses their copies instead of allocating one per call.
+var bigPayloads [bits.UintSize]sync.Pool
+
+// copyPayload copies req into the call's own buffer.
+func (cl *request) copyPayload(req []byte) {
+	if len(req) > cap(cl.payload) && len(req) > maxPooledPayload {
+		class := bits.Len(uint(len(req) - 1))
+		if b, ok := bigPayloads[class].Get().(*[]byte); ok {
+			cl.payload = *b
+		} else {
+			cl.payload = make([]byte, 0, 1<<class)
+		}
+	}
+	cl.payload = append(cl.payload[:0], req...)
+}
+
 func freeRequest(cl *request) {
+	if cl.budget != nil {
+		cl.budget.give(cl.charged)
+	}
 	p := cl.payload[:0]
-	if cap(p) > maxPooledPayload {
+	if c := cap(p); c > maxPooledPayload {
+		if c&(c-1) == 0 { // one of bigPayloads'
+			b := new([]byte)
+			*b = p
+			bigPayloads[bits.Len(uint(c-1))].Put(b)
+		}
 		p = nil
 	}
 	*cl = request{payload: p}
 	requestPool.Put(cl)
+}
+
+// A process rings its doorbell after something the reader must see: its
+// attach, a completion, a call of its own, its leaving. A ring that finds
+// no such cause seen and not yet matched by another ring is idle; a
+// process is killed after maxIdleRings idle rings in its life. An honest
+// one makes a few at most (a ring that comes after the reader already
+// matched its cause with an earlier ring, its leave).
+//
+// Causes the reader saw without a ring (it was awake and found them
+// itself) are kept as credit for rings still to come, but at most
+// maxRingCredit of them: an honest process has at most one ring on the way
+// per thread that rings, while a banked credit would let a process first
+// make thousands of calls while the reader is awake and then ring that
+// many times without cause (issue 19 item 8).
+const (
+	maxIdleRings  = 256
+	maxRingCredit = 64
+)
+
+// checkRings matches the rings seen since the last look with the causes
+// this look found; it reports whether the process has now rung without
+// cause too often. Under mu.
+func (si *slotState) checkRings(rings, causes uint64) bool {
+	if si.ringKilled {
+		return false
+	}
+	fresh := rings - si.rings
+	si.rings = rings
+	si.credit = min(si.credit+causes, maxRingCredit)
+	matched := min(fresh, si.credit)
+	si.credit -= matched
+	si.idleRings += fresh - matched
+	if si.idleRings > maxIdleRings {
+		si.ringKilled = true
+		return true
+	}
+	return false
 }
 
 // submit admits a call: handed to a ready process at once, or waiting in
@@ -130,7 +216,12 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 	if err := g.failing.Load(); err != nil {
 		return netio.CodeServerTerminated, (*err).Error()
 	}
+	if !g.bytes.take(len(f.Payload)) {
+		g.overBudget.Inc()
+		return netio.CodeServerBusy, g.bytes.refusal(g.name, len(f.Payload))
+	}
 	cl := requestPool.Get().(*request)
+	cl.charged, cl.budget = len(f.Payload), &g.bytes
 	cl.to, cl.id, cl.start, cl.noReply, cl.entry = c, f.ID, now, f.Kind == netio.KindCallNoReply, entry
 	timeout := g.watch
 	if f.TimeoutMs > 0 {
@@ -140,7 +231,7 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 		cl.deadline = now.Add(timeout).UnixNano()
 	}
 	cl.class = g.classes.Load().Of(f.Service)
-	cl.req = f.Payload // the frame's, valid until submit returns
+	cl.copyPayload(f.Payload) // the frame's is valid only until submit returns
 	g.mu.Lock()
 	if err := g.q.Submit(cl, cl.deadline); err != nil {
 		g.mu.Unlock()
@@ -152,18 +243,25 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 		return netio.CodeShuttingDown, ""
 	}
 	g.act()
-	if cl.req != nil { // it waits in the queue: keep a copy of the request
-		cl.payload = append(cl.payload[:0], cl.req...)
-		cl.req = cl.payload
-	}
 	waiting := g.q.Waiting()
+	u := g.takeUndelivered()
 	g.mu.Unlock()
-	g.procs.Kick(waiting)
+	u.settle(g)
+	if g.started.Load() { // else startGroup kicks once its processes run
+		g.procs.Kick(waiting)
+	}
 	return netio.CodeOK, ""
 }
 
 // act carries out what the queue decided: calls handed to processes, and
 // prefetched calls asked back (which may decide more). Under mu.
+//
+// A call the transport refuses (sizes were checked on admission, so a bug,
+// or a socket process in a state the queue does not know) never reached
+// the process: the slot is handed nothing more in this batch, the queue
+// gives the refused calls back (Undelivered) and retires the slot. They
+// are answered 'server terminated' and the process is killed by whoever
+// called act, once mu is released (takeUndelivered).
 func (g *Group) act() {
 	for {
 		g.actions = g.q.TakeActions(g.actions[:0])
@@ -171,20 +269,25 @@ func (g *Group) act() {
 			return
 		}
 		for _, a := range g.actions {
-			p := g.slots[a.Slot].p
+			si := &g.slots[a.Slot]
+			if si.refusing {
+				continue // its calls from here on count as refused
+			}
+			p := si.p
 			switch a.Kind {
 			case schedq.Hand:
 				cl := a.Call
-				if err := p.Dispatch(cl.entry, cl.req, cl.deadline); err != nil {
-					// Sizes were checked on admission: a bug, not an input.
-					g.log.Error("handing a call to a process failed", "group", g.name, "slot", a.Slot, "err", err)
+				if err := p.Dispatch(cl.entry, cl.payload, cl.deadline); err != nil {
+					g.log.Error("handing a call to a process failed; the call is answered and the process killed",
+						"group", g.name, "slot", a.Slot, "pid", p.PID(), "err", err)
+					si.refusing = true
+					g.refusing = append(g.refusing, refusedHand{a.Slot, err})
+					continue
 				}
-				cl.req = nil // in the process's buffer now
 				cl.dispatched = true
 				p.Wake()
 			case schedq.Revoke:
-				req, ok := p.Revoke()
-				if !ok {
+				if !p.Revoke() {
 					g.q.NotRevoked(a.Slot)
 					continue
 				}
@@ -193,13 +296,70 @@ func (g *Group) act() {
 					freeRequest(cl)
 					continue
 				}
-				// Its request is only in the mailbox the process never
-				// took: copy it out before the mailbox is used again.
-				cl.payload = append(cl.payload[:0], req...)
-				cl.req, cl.dispatched = cl.payload, false
+				cl.dispatched = false // it waits again, with its own copy
 			}
 		}
 		clear(g.actions)
+		for _, r := range g.refusing {
+			si := &g.slots[r.slot]
+			si.refusing = false
+			// The calls of the slot its process does not hold are the
+			// refused one and those handed after it in this batch.
+			n := g.q.Held(r.slot) - si.p.Holding()
+			why := "the node could not hand the call to the UAP process (" + r.err.Error() + "); it never ran"
+			for _, e := range g.q.Undelivered(r.slot, n, nil) {
+				if e.Outcome == schedq.Terminated {
+					g.undelivered.calls = append(g.undelivered.calls, undeliveredCall{e.Call, why})
+				} else {
+					freeRequest(e.Call)
+				}
+			}
+			g.undelivered.slots = append(g.undelivered.slots, r.slot)
+		}
+		g.refusing = g.refusing[:0]
+	}
+}
+
+// refusedHand is a slot whose transport refused a call, in act's batch.
+type refusedHand struct {
+	slot int
+	err  error
+}
+
+// undelivered are the calls a transport refused, to be answered, and the
+// slots whose processes are to be killed for it: act's, until the caller
+// of act takes them (takeUndelivered) to settle them without mu.
+type undelivered struct {
+	calls []undeliveredCall
+	slots []int
+}
+
+type undeliveredCall struct {
+	cl  *request
+	why string
+}
+
+// takeUndelivered hands over what act left to settle. Under mu; nothing to
+// do (the usual case) costs two loads.
+func (g *Group) takeUndelivered() undelivered {
+	if len(g.undelivered.calls) == 0 && len(g.undelivered.slots) == 0 {
+		return undelivered{}
+	}
+	u := g.undelivered
+	g.undelivered = undelivered{}
+	return u
+}
+
+// settle answers the refused calls 'server terminated' and kills their
+// processes. Without mu.
+func (u undelivered) settle(g *Group) {
+	for _, c := range u.calls {
+		g.terminated.Inc()
+		c.cl.fail(netio.CodeServerTerminated, c.why)
+		freeRequest(c.cl)
+	}
+	for _, slot := range u.slots {
+		g.procs.Kill(slot)
 	}
 }
 
@@ -251,7 +411,9 @@ func (g *Group) close() {
 	g.mu.Lock()
 	g.q.Close()
 	g.closed.Store(true)
-	g.tr.Close()
+	if g.tr != nil {
+		g.tr.Close()
+	}
 	g.mu.Unlock()
 }
 

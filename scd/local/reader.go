@@ -22,10 +22,6 @@ import (
 // calls without it (call.Caller and the place function may take other
 // locks), and calls procmgr (Attached, Kill) without it.
 
-// rings is how many doorbell rings past its attaches and completions a
-// process may make before it is killed for ringing without cause.
-const maxIdleRings = 256
-
 // reader is one group's reply reader and what it reuses between looks.
 type reader struct {
 	g        *Group
@@ -87,10 +83,14 @@ func (r *reader) collect() {
 		if p == nil || si.killed {
 			continue
 		}
+		// The rings the reader's Wait counted before this look: each was
+		// rung after its cause was published, so this look sees the cause
+		// (or an earlier one saw it).
+		rings, causes := p.Rings(), uint64(0)
 		if p.Attach() {
 			si.attached = true
 			si.since = now
-			si.events++
+			causes++
 			r.attached = append(r.attached, slot)
 			checkEntries(g, slot, si)
 			g.q.Ready(slot)
@@ -101,7 +101,7 @@ func (r *reader) collect() {
 			if !ok {
 				break
 			}
-			si.events++
+			causes++
 			if err != nil {
 				// Its answer is unusable: the call ends as if the process
 				// had died serving it, and the process is killed. Retired
@@ -141,28 +141,40 @@ func (r *reader) collect() {
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
 				g.log.Error("uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
-				si.events++
+				causes++
 				g.q.Retire(slot)
 				g.act()
 				si.killed = true
 				r.bad = append(r.bad, slot)
 				continue
 			} else if made {
-				si.events++
+				causes++
 				r.calls = append(r.calls, localCall{oc, c})
 			}
 		}
-		if p.Rings() > si.events+maxIdleRings {
+		if !si.leftSeen && p.Left() {
+			si.leftSeen = true
+			causes++
+		}
+		if si.checkRings(rings, causes) {
 			g.misbehaved.Inc()
 			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
-				"rings", p.Rings(), "calls_and_attaches", si.events)
+				"rings", si.rings, "without_cause", si.idleRings)
 			g.q.Retire(slot)
 			g.act()
-			si.events = p.Rings() // once
 			si.killed = true
 			r.bad = append(r.bad, slot)
 		}
 	}
+	u := g.takeUndelivered()
+	for _, c := range u.calls {
+		g.terminated.Inc()
+		if !c.cl.noReply {
+			r.batches[c.cl.to] = netio.AppendError(r.batches[c.cl.to], c.cl.id, netio.CodeServerTerminated, c.why)
+		}
+		freeRequest(c.cl)
+	}
+	r.bad = append(r.bad, u.slots...)
 }
 
 // appendAnswer is the answer frame of a completion, under the caller's

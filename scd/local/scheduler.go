@@ -67,6 +67,8 @@ type Scheduler struct {
 	pm     ProcessManager
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 
+	requests requestBudget // the bytes of admitted calls' requests (budget.go)
+
 	stop chan struct{}
 	wg   sync.WaitGroup // the readers, the load loop, the expiry loop
 }
@@ -81,6 +83,7 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 		opts.LevelChanged = func(*Group) {}
 	}
 	s := &Scheduler{cfg: cfg, opts: opts, log: opts.Logger, groups: make(map[string]*Group), stop: make(chan struct{})}
+	s.requests.limit = cfg.System.BufferBudget
 	var bad []error // every server's missing module, not only the first (scdd -check)
 	for _, srv := range cfg.Servers {
 		module, err := s.resolveModule(srv.Module)
@@ -94,11 +97,13 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 		// rather than as "permission denied" at each start.
 		if uid, gid, _ := s.uapCredentials(&srv); uid >= 0 || gid >= 0 || os.Geteuid() != 0 {
 			if err := procmgr.CheckModule(module, uid, gid); err != nil {
-				return nil, srv.Errorf("module", "%v", err)
+				bad = append(bad, srv.Errorf("module", "%v", err))
+				continue
 			}
 		}
 		if err := checkWorkDir(cfg, &srv); err != nil {
-			return nil, err
+			bad = append(bad, err)
+			continue
 		}
 		g := &Group{
 			name:    srv.ServiceGroup,
@@ -113,10 +118,11 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 		}
 		g.rd.g = g
 		g.classes.Store(wlm.NoClasses())
-		g.serving.Store(opts.OnDemand == nil) // else from Start on: startProcesses
+		g.serving.Store(opts.OnDemand == nil) // else from Start on
 		for _, svc := range srv.Services {
 			g.entries[svc.Name] = svc.Entry
 		}
+		s.admitCalls(g)
 		s.groups[g.name] = g
 		s.order = append(s.order, g)
 	}
@@ -128,6 +134,8 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 		return nil, def.Errors(bad)
 	}
 	sort.Slice(s.order, func(i, j int) bool { return s.order[i].name < s.order[j].name })
+	s.requests.share = s.requests.limit / int64(max(len(s.order), 1))
+	opts.Metrics.NewGauge(`tpsched_admitted_request_bytes`, func() float64 { return float64(s.requests.held.Load()) })
 	return s, nil
 }
 
@@ -195,6 +203,15 @@ func checkExecutable(p string) error {
 // Close).
 func (s *Scheduler) Start(pm ProcessManager) error {
 	s.pm = pm
+	if s.opts.OnDemand != nil {
+		// Start starts the groups one after another, and a UAP of one may
+		// call another at once: a group that is not an application
+		// environment takes calls from now on, which wait in its queue
+		// until its processes run.
+		for _, g := range s.order {
+			g.serving.Store(!s.opts.OnDemand(g.name))
+		}
+	}
 	for _, g := range s.order {
 		if err := s.startGroup(g); err != nil {
 			return err
@@ -227,13 +244,6 @@ func (s *Scheduler) startGroup(g *Group) error {
 	}
 	set := s.opts.Metrics
 	lbl := `{group="` + g.name + `"}`
-	g.refused = set.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
-	g.timedOut = set.NewCounter(`tpsched_requests_timed_out_total` + lbl)
-	g.terminated = set.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
-	g.misbehaved = set.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
-	g.localCalls = set.NewCounter(`tpsched_local_calls_total` + lbl)
-	g.stalls = set.NewCounter(`tpsched_local_call_stalls_total` + lbl)
-	g.latency = newLatencyHistogram(set.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
 	set.NewGauge(`tpsched_queue_depth`+lbl, func() float64 { return float64(g.stats().Waiting) })
 	s.opts.CounterFunc(`tpsched_requests_queued_total`+lbl, func() uint64 { return g.stats().Queued })
 	s.opts.CounterFunc(`tpsched_requests_processed_total`+lbl, func() uint64 { return g.stats().Processed })
@@ -283,9 +293,29 @@ func (s *Scheduler) startGroup(g *Group) error {
 		_, nonres := g.procs.Running()
 		return float64(nonres)
 	})
+	g.started.Store(true)
+	g.procs.Kick((*delegate)(g).Waiting()) // calls that came before (Group.submit)
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); g.rd.run(s.stop) }()
 	return nil
+}
+
+// admitCalls gives g what a call admitted to it uses before its
+// processes run. Start starts the groups one after another, and a UAP of
+// one may call another at once: every group takes calls from New on, and
+// a call to one whose processes have not started waits in its queue.
+func (s *Scheduler) admitCalls(g *Group) {
+	set := s.opts.Metrics
+	lbl := `{group="` + g.name + `"}`
+	g.refused = set.NewCounter(`tpsched_requests_refused_total{reason="busy",group="` + g.name + `"}`)
+	g.overBudget = set.NewCounter(`tpsched_requests_refused_total{reason="budget",group="` + g.name + `"}`)
+	g.bytes.node = &s.requests
+	g.timedOut = set.NewCounter(`tpsched_requests_timed_out_total` + lbl)
+	g.terminated = set.NewCounter(`tpsched_requests_server_terminated_total` + lbl)
+	g.misbehaved = set.NewCounter(`tpsched_uap_protocol_violations_total` + lbl)
+	g.localCalls = set.NewCounter(`tpsched_local_calls_total` + lbl)
+	g.stalls = set.NewCounter(`tpsched_local_call_stalls_total` + lbl)
+	g.latency = newLatencyHistogram(set.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
 }
 
 // startProcesses starts g's processes: procmgr's; on a node whose servers
@@ -424,21 +454,19 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 		if g.procs != nil {
 			g.procs.Stopping() // their exits from here on are not crashes
 		}
-		if g.tr != nil {
-			g.close() // the processes leave once they hold no call
-			g.flush(netio.CodeShuttingDown, why)
-		}
+		// Even a group that never started: a UAP of another may have
+		// called it.
+		g.close() // the processes leave once they hold no call
+		g.flush(netio.CodeShuttingDown, why)
 	}
 	var errs []error
 	for _, g := range s.order {
 		if g.procs != nil {
 			errs = append(errs, g.procs.Stop(ctx))
 		}
-		if g.tr != nil {
-			// A call the last processes were handed and never took went
-			// back to the queue when they were reaped: nobody takes it now.
-			g.flush(netio.CodeShuttingDown, why)
-		}
+		// A call the last processes were handed and never took went back
+		// to the queue when they were reaped: nobody takes it now.
+		g.flush(netio.CodeShuttingDown, why)
 	}
 	return errors.Join(errs...)
 }

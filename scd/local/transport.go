@@ -20,8 +20,7 @@ type proc interface {
 	Completion() (shm.Completion, bool, error)
 	Holding() int
 	Taken() int
-	Revoke() ([]byte, bool)
-	Requests() [][]byte
+	Revoke() bool
 	Rings() uint64
 	Stop()
 	Left() bool

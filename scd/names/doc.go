@@ -1,15 +1,16 @@
 // Package names owns tpsched's name information: which node of the cluster
 // runs which service group, at what load level, whether the group is held,
 // whether it receives from a socket, and the address to send it requests.
-// It owns two things: the Table a node keeps of every node's announce, and
+// It owns three things: the Table a node keeps of every node's announce,
 // the announce message (Codec) that carries one node's NodeInfo to the
-// others.
+// others, and the Gossip that carries it (gossip.go): membership through
+// memberlist, the finger relay that takes a change to every member in
+// log2 n hops at ceil(log2 n) messages per member, the periodic refresh.
 //
-// It does no I/O and keeps no clock and no goroutines. The node gossips the
-// bytes (memberlist), decides when to announce, and drops a node when
-// membership says it left; this package only orders, stores, encodes and
-// checks. It must not choose a node for a request: that is scd/route, which
-// reads Lookup.
+// The Table and the Codec do no I/O and keep no clock and no goroutines:
+// they only order, store, encode and check. The node decides when to
+// announce. Nothing here chooses a node for a request: that is scd/route,
+// which reads Lookup.
 //
 // # Ordering
 //
@@ -64,9 +65,10 @@
 // NodeInfo (an overlong uvarint, a level sent by a node that does not
 // announce, a set reserved bit, trailing bytes) is ErrMalformed. A node
 // "node017" at "10.0.0.17:7000" with 4 groups of 8-byte names costs 77 bytes
-// untagged and 109 tagged; each further group adds its name length plus 2. Memberlist gossip
-// packets hold about 1400 bytes, so a node with more than about 100 groups
-// needs memberlist's reliable (TCP) path.
+// untagged and 109 tagged; each further group adds its name length plus 2.
+// Memberlist's packets hold about 1400 bytes, so the announce of a node
+// with more than about 100 groups travels only over its reliable (TCP)
+// path: pushed to the fingers over TCP, never gossiped, and in push/pull.
 //
 // A Codec with a key tags every message and rejects, with
 // ErrUnauthenticated, every message without the right tag; one without a

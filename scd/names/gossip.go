@@ -9,6 +9,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,12 +20,27 @@ import (
 
 // This file joins the table to the other nodes: membership and failure
 // detection come from memberlist; announces travel as memberlist user
-// messages (piggybacked on its gossip) and in its push/pull state syncs.
+// messages and in its push/pull state syncs.
 //
-// Every node relays an announce it had not seen yet, so one reaches all
-// nodes in a few gossip rounds instead of only the originator's
-// retransmits. An announce is applied only while memberlist counts its
-// node alive: a stale one relayed after the node died cannot bring it back.
+// A change travels by the finger relay: a node that announces a change,
+// or whose table an announce from a peer changed, sends it at once to its
+// fingers, the live members 1, 2, 4, ... places after it on the ring of
+// members sorted by name (ceil(log2 n) of them). Every member is some sum
+// of powers of two after the originator, so with one view of the
+// membership every member is reached, within log2 n hops, by ceil(log2 n)
+// paths at once; a member that misses a copy has others coming. A node
+// relays only what changed its table, so each change costs each member
+// ceil(log2 n) messages, and duplicates die where they land.
+//
+// Every own announce also goes into memberlist's broadcast queue, which
+// piggybacks it on gossip and probes to RetransmitMult x ceil(log10(n+1))
+// random members: the periodic refresh (which changes nothing, so nobody
+// relays it) travels only this way, so a refresh costs the cluster
+// O(log n) messages, not a relay per member. Push/pull syncs carry the
+// whole table and repair what a lost packet left behind.
+//
+// An announce is applied only while memberlist counts its node alive: a
+// stale one relayed after the node died cannot bring it back.
 
 // GossipConfig says how to join the other nodes.
 type GossipConfig struct {
@@ -51,36 +67,51 @@ type GossipConfig struct {
 
 // GossipStats are the announce counters for status and /metrics.
 type GossipStats struct {
-	Members   int               `json:"members"`
-	Sent      uint64            `json:"announces_sent"`      // own announces queued
-	Received  uint64            `json:"announces_received"`  // announces applied, relays included
-	BytesSent uint64            `json:"announce_bytes_sent"` // user-message bytes handed to gossip
-	Dropped   map[string]uint64 `json:"announces_dropped"`   // by reason
-	Trusted   bool              `json:"peers_trusted_blindly"`
+	Members  int    `json:"members"`
+	Sent     uint64 `json:"announces_sent"`     // own announces
+	Received uint64 `json:"announces_received"` // announces applied, relays included
+	Relayed  uint64 `json:"announces_relayed"`  // peers' changes this node passed on to its fingers
+	// Announce messages and their bytes handed to memberlist: own and
+	// relayed, gossiped, pushed to fingers or sent to newcomers; without
+	// memberlist's own headers.
+	MessagesSent uint64            `json:"announce_messages_sent"`
+	BytesSent    uint64            `json:"announce_bytes_sent"`
+	Dropped      map[string]uint64 `json:"announces_dropped"` // by reason
+	Trusted      bool              `json:"peers_trusted_blindly"`
 }
 
-// Gossip is this node's membership (memberlist) and announcer: the
-// cluster's name information, spread by gossip.
+// Gossip is this node's membership and announcer.
 type Gossip struct {
 	cfg   GossipConfig
 	log   *slog.Logger
 	table *Table
 	codec *Codec
-	ml    *memberlist.Memberlist
 	// transport is the name port's sockets (transport.go).
 	transport *Transport
 	queue     *memberlist.TransmitLimitedQueue
 
 	announceMu sync.Mutex // orders Announce calls; never taken in memberlist's callbacks
-	mu         sync.Mutex // guards self, alive, latest; never held while calling memberlist
+	mu         sync.Mutex // guards the fields below it; never held while calling memberlist
 	self       NodeInfo
-	alive      map[string]bool   // memberlist's view
-	latest     map[string][]byte // the newest authenticated announce of each node, as received
+	peers      map[string]memberlist.Node // memberlist's live members but this node, by name (copies made under its lock)
+	ring       []string                   // the live members' names, this node's included, sorted; nil: rebuild
+	latest     map[string][]byte          // the newest authenticated announce of each node, as received
+	unrelayed  map[string]bool            // nodes whose latest came by gossip before they were alive: relay it when they are
+	pending    map[string][]byte          // changes waiting for the pusher, the newest of each node
+	wake       chan struct{}              // tells the pusher that pending has something (capacity 1)
+	stopping   bool                       // Stop or Leave is waiting for the goroutines: start no more
+	port       int                        // the name port, as memberlist bound it
 
-	sent, received, bytesSent atomic.Uint64
-	dropMu                    sync.Mutex
-	dropped                   map[string]uint64
-	warnedFull                map[string]bool
+	sent, received, relayed, msgsSent, bytesSent atomic.Uint64
+	newcomerMsgs                                 atomic.Uint64 // of msgsSent: own announces sent to newcomers
+
+	dropMu     sync.Mutex
+	dropped    map[string]uint64
+	warnedFull map[string]bool
+
+	ml      *memberlist.Memberlist // set once Create returns; callbacks wait for ready before they use it
+	members atomic.Pointer[memberlist.Memberlist]
+	ready   chan struct{} // closed once ml is set and this node has announced
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -104,12 +135,7 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 	if cfg.Refresh == 0 {
 		cfg.Refresh = 20 * time.Second
 	}
-	c := &Gossip{
-		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
-		alive: map[string]bool{cfg.Self: true}, latest: map[string][]byte{},
-		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
-		stop: make(chan struct{}),
-	}
+	c := newGossip(cfg, table)
 	self.Node, self.Boot, self.Seq = cfg.Self, uint64(time.Now().UnixNano()), 0
 	c.self = self
 
@@ -147,21 +173,54 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 	if cfg.Fast {
 		mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 200*time.Millisecond, 100*time.Millisecond, 3
 	}
+	c.queue.RetransmitMult = mc.RetransmitMult
+	// memberlist answers peers from inside Create: a node that has this
+	// one in its all_node may join it before Create returns, and its
+	// callbacks then run before c.ml is set (a 32-node start crashed so).
+	// They find the queue and the maps ready; what needs c.ml waits for
+	// ready, closed once c.ml is set and the first announce made.
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		close(c.stop)
 		_ = t.Shutdown()
 		return nil, fmt.Errorf("name port %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(t.Port())), err)
 	}
 	c.ml = ml
-	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: ml.NumMembers, RetransmitMult: mc.RetransmitMult}
+	c.port = int(ml.LocalNode().Port)
+	c.members.Store(ml)
 	c.Announce(self)
-	c.wg.Add(1)
+	close(c.ready)
+	c.wg.Add(2)
 	go c.run()
+	go c.pusher()
 	return c, nil
 }
 
+// newGossip is a Gossip before its memberlist starts: everything
+// memberlist's callbacks touch is in place.
+func newGossip(cfg GossipConfig, table *Table) *Gossip {
+	c := &Gossip{
+		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
+		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, unrelayed: map[string]bool{},
+		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
+		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
+		stop: make(chan struct{}), ready: make(chan struct{}),
+	}
+	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: c.numMembers, RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult}
+	return c
+}
+
+// numMembers is memberlist's count of live members; 1 (this node) before
+// it has started.
+func (c *Gossip) numMembers() int {
+	if ml := c.members.Load(); ml != nil {
+		return ml.NumMembers()
+	}
+	return 1
+}
+
 // Port is the name port memberlist listens on.
-func (c *Gossip) Port() int { return int(c.ml.LocalNode().Port) }
+func (c *Gossip) Port() int { return c.port }
 
 // Transport is the name port's sockets, for a process that takes the node
 // over (Transport.Files).
@@ -188,11 +247,99 @@ func (c *Gossip) Announce(info NodeInfo) {
 	raw := c.codec.Encode(nil, info)
 	c.latest[info.Node] = raw
 	c.mu.Unlock()
-	if _, err := c.table.Apply(info); err != nil {
+	changed, err := c.table.Apply(info)
+	if err != nil {
 		c.log.Error("own announce refused by the name table", "err", err)
 	}
 	c.sent.Add(1)
 	c.queue.QueueBroadcast(announce{node: info.Node, msg: raw})
+	if changed {
+		c.push(info.Node, raw)
+	}
+}
+
+// push hands raw, node's announce, to the pusher, replacing an older one
+// of node still waiting.
+func (c *Gossip) push(node string, raw []byte) {
+	c.mu.Lock()
+	c.pending[node] = raw
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default: // already woken; it will find this one too
+	}
+}
+
+// pusher sends what push hands it to this node's fingers.
+func (c *Gossip) pusher() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.wake:
+		}
+		c.mu.Lock()
+		batch := c.pending
+		c.pending = map[string][]byte{}
+		fingers := c.fingersLocked()
+		c.mu.Unlock()
+		for _, raw := range batch {
+			send := c.ml.SendBestEffort
+			if len(raw) > maxPacketAnnounce {
+				send = c.ml.SendReliable // would not fit a packet: memberlist's TCP path
+			}
+			for i := range fingers {
+				if err := send(&fingers[i], raw); err != nil {
+					c.log.Debug("announce to a finger", "node", fingers[i].Name, "err", err)
+					continue
+				}
+				c.counted(raw)
+			}
+		}
+	}
+}
+
+// maxPacketAnnounce is the largest announce pushed in a UDP packet:
+// memberlist's packets hold 1400 bytes (UDPBufferSize), less its headers
+// (message type, checksum, and with cluster_key the encryption's 29).
+// A larger one goes over memberlist's TCP path, as it never fits its
+// gossip either.
+const maxPacketAnnounce = 1300
+
+// counted counts one announce message sent.
+func (c *Gossip) counted(raw []byte) {
+	c.msgsSent.Add(1)
+	c.bytesSent.Add(uint64(len(raw)))
+}
+
+// fingersLocked returns this node's fingers: the live members 1, 2, 4, ...
+// places after it on the ring of live members sorted by name, each once.
+// c.mu must be held.
+func (c *Gossip) fingersLocked() []memberlist.Node {
+	if c.ring == nil {
+		c.ring = make([]string, 0, len(c.peers)+1)
+		c.ring = append(c.ring, c.cfg.Self)
+		for name := range c.peers {
+			c.ring = append(c.ring, name)
+		}
+		slices.Sort(c.ring)
+	}
+	return fingers(c.ring, c.cfg.Self, c.peers)
+}
+
+// fingers are the members of ring (sorted, self in it) 1, 2, 4, ... places
+// after self, while the distance is below the ring's size.
+func fingers(ring []string, self string, peers map[string]memberlist.Node) []memberlist.Node {
+	at, _ := slices.BinarySearch(ring, self)
+	n := len(ring)
+	var out []memberlist.Node
+	for d := 1; d < n; d *= 2 {
+		if p, ok := peers[ring[(at+d)%n]]; ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // reannounce sends this node's current state again.
@@ -225,10 +372,15 @@ func (c *Gossip) run() {
 
 // joinSeeds asks every seed that is not a member now to let us in.
 func (c *Gossip) joinSeeds() {
+	// The addresses come from the copies NotifyJoin made under
+	// memberlist's lock: the nodes ml.Members returns are memberlist's
+	// own, which it rewrites when a member refutes a suspicion.
 	members := map[string]bool{}
-	for _, m := range c.ml.Members() {
-		members[m.Address()] = true
+	c.mu.Lock()
+	for _, p := range c.peers {
+		members[p.Address()] = true
 	}
+	c.mu.Unlock()
 	var want []string
 	for _, s := range c.cfg.Seeds {
 		if !members[s] {
@@ -246,8 +398,8 @@ func (c *Gossip) joinSeeds() {
 // Stats reports the announce counters.
 func (c *Gossip) Stats() GossipStats {
 	st := GossipStats{
-		Members: c.ml.NumMembers(), Sent: c.sent.Load(), Received: c.received.Load(),
-		BytesSent: c.bytesSent.Load(), Dropped: map[string]uint64{}, Trusted: c.Trusted(),
+		Members: c.ml.NumMembers(), Sent: c.sent.Load(), Received: c.received.Load(), Relayed: c.relayed.Load(),
+		MessagesSent: c.msgsSent.Load(), BytesSent: c.bytesSent.Load(), Dropped: map[string]uint64{}, Trusted: c.Trusted(),
 	}
 	c.dropMu.Lock()
 	for k, v := range c.dropped {
@@ -266,7 +418,7 @@ func (c *Gossip) Stop() error {
 	c.leaveOnce.Do(func() {
 		close(c.stop)
 		err = c.ml.Shutdown()
-		c.wg.Wait()
+		c.waitGoroutines()
 	})
 	return err
 }
@@ -279,9 +431,18 @@ func (c *Gossip) Leave(timeout time.Duration) error {
 		close(c.stop)
 		err = c.ml.Leave(timeout)
 		err = errors.Join(err, c.ml.Shutdown())
-		c.wg.Wait()
+		c.waitGoroutines()
 	})
 	return err
+}
+
+// waitGoroutines waits for this cluster's goroutines, after no callback
+// can start another.
+func (c *Gossip) waitGoroutines() {
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
+	c.wg.Wait()
 }
 
 func (c *Gossip) drop(reason string, err error) {
@@ -316,18 +477,22 @@ func (c *Gossip) receive(msg []byte, relay bool) {
 		return
 	}
 	c.latest[info.Node] = raw
-	alive := c.alive[info.Node]
+	_, alive := c.peers[info.Node]
+	if !alive && relay {
+		c.unrelayed[info.Node] = true
+	}
 	c.mu.Unlock()
 	if !alive {
-		return // applied when memberlist says it joined
+		return // applied, and relayed if it came by gossip, when memberlist says it joined
 	}
-	c.apply(info)
-	if relay {
-		c.queue.QueueBroadcast(announce{node: info.Node, msg: raw})
+	if c.apply(info) && relay {
+		c.relayed.Add(1)
+		c.push(info.Node, raw)
 	}
 }
 
-func (c *Gossip) apply(info NodeInfo) {
+// apply applies info to the table and reports whether the table changed.
+func (c *Gossip) apply(info NodeInfo) bool {
 	changed, err := c.table.Apply(info)
 	switch {
 	case errors.Is(err, ErrFull):
@@ -339,15 +504,16 @@ func (c *Gossip) apply(info NodeInfo) {
 		if warn {
 			c.log.Error("node refused", "err", err)
 		}
-		return
+		return false
 	case err != nil:
 		c.drop(DropInvalid, err)
-		return
+		return false
 	}
 	c.received.Add(1)
 	if changed && c.cfg.OnChange != nil {
 		c.cfg.OnChange()
 	}
+	return changed
 }
 
 // newer reports whether info is newer than the announce old.
@@ -383,7 +549,7 @@ func (d *delegate) NotifyMsg(b []byte) { (*Gossip)(d).receive(b, true) }
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	out := d.queue.GetBroadcasts(overhead, limit)
 	for _, b := range out {
-		d.bytesSent.Add(uint64(len(b)))
+		(*Gossip)(d).counted(b)
 	}
 	return out
 }
@@ -422,26 +588,46 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 		return // memberlist.Create tells us of ourselves before c is complete
 	}
 	c.mu.Lock()
-	c.alive[n.Name] = true
+	c.peers[n.Name] = *n
+	c.ring = nil
 	raw := c.latest[n.Name]
+	relay := c.unrelayed[n.Name]
+	delete(c.unrelayed, n.Name)
 	c.mu.Unlock()
 	if raw != nil {
-		if info, err := c.codec.Decode(raw); err == nil {
-			c.apply(info)
+		// An announce that came by gossip before its node was alive was
+		// not relayed then: it is now, or the members that only this one
+		// heard it from would wait for a push/pull.
+		if info, err := c.codec.Decode(raw); err == nil && c.apply(info) && relay {
+			c.relayed.Add(1)
+			c.push(n.Name, raw)
 		}
 	}
 	// Gossip reaches a newcomer only by chance until the next push/pull
 	// (15 s), so tell it our state directly, off memberlist's goroutine.
 	c.mu.Lock()
-	own := c.latest[c.cfg.Self]
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	if c.stopping {
+		return // memberlist's handlers outlive Shutdown by a moment
+	}
 	node := *n
-	c.wg.Add(1)
+	c.wg.Add(1) // under mu, before Stop's Wait, which sets stopping first
 	go func() {
 		defer c.wg.Done()
+		select {
+		case <-c.ready:
+		case <-c.stop:
+			return
+		}
+		c.mu.Lock()
+		own := c.latest[c.cfg.Self]
+		c.mu.Unlock()
 		if err := c.ml.SendReliable(&node, own); err != nil {
 			c.log.Debug("announce to a newcomer", "node", node.Name, "err", err)
+			return
 		}
+		c.counted(own)
+		c.newcomerMsgs.Add(1)
 	}()
 }
 
@@ -451,7 +637,9 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 		return
 	}
 	c.mu.Lock()
-	delete(c.alive, n.Name)
+	delete(c.peers, n.Name)
+	delete(c.unrelayed, n.Name)
+	c.ring = nil
 	c.mu.Unlock()
 	if c.table.Remove(n.Name) {
 		c.log.Info("node left or died", "node", n.Name, "addr", n.Address())
@@ -461,7 +649,17 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	}
 }
 
-func (e *events) NotifyUpdate(n *memberlist.Node) {}
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	c := (*Gossip)(e)
+	if n.Name == c.cfg.Self {
+		return
+	}
+	c.mu.Lock()
+	if _, ok := c.peers[n.Name]; ok {
+		c.peers[n.Name] = *n // its address may have changed
+	}
+	c.mu.Unlock()
+}
 
 // logAdapter puts memberlist's log lines into the node's log at debug
 // level, its warnings and errors at warn. memberlist has no hook for

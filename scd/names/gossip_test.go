@@ -2,10 +2,13 @@ package names
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 
 	"tpsched/scd/loadlevel"
 )
@@ -123,4 +126,24 @@ func TestClusterDropsWronglyTaggedAnnounce(t *testing.T) {
 	if _, ok := ms[0].table.Get("evil"); ok {
 		t.Error("a forged announce entered the table")
 	}
+}
+
+// memberlist calls back from inside Create, before Join has its
+// Memberlist: a peer that has this node in its all_node may join it
+// first. Those callbacks must find the cluster ready and wait for the
+// Memberlist where they need it (a 32-node start crashed a node on a nil
+// Memberlist in NotifyJoin's announce to the newcomer).
+func TestCallbacksBeforeMemberlistStarts(t *testing.T) {
+	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler)}, NewTable("m0"))
+	peer := &memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1}
+	(*events)(c).NotifyJoin(peer)
+	(*delegate)(c).NotifyMsg(NewCodec(nil).Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Boot: 1, Seq: 1, Groups: []GroupInfo{{Group: "g"}}}))
+	(*delegate)(c).GetBroadcasts(2, 1400)
+	(*delegate)(c).MergeRemoteState((*delegate)(c).LocalState(true), true)
+	if _, ok := c.table.Get("m1"); !ok {
+		t.Error("a peer's announce that came before memberlist started was not applied")
+	}
+	time.Sleep(50 * time.Millisecond) // give the announce to the newcomer its chance to run
+	close(c.stop)
+	c.waitGoroutines()
 }

@@ -52,6 +52,7 @@
 //		}
 //	}                                // (until no action is left)
 //	ex := q.Exited(0, taken, ex[:0]) // taken: how many of its calls it took
+//	ex = q.Undelivered(0, 1, ex[:0]) // its transport refused the last call handed over
 //	late = q.Expire(now, late[:0])   // answer each 'timed out'
 package schedq
 
@@ -483,6 +484,48 @@ func (q *Queue[C]) Exited(slot int, taken int, out []ExitedCall[C]) []ExitedCall
 		}
 	}
 	q.slots[slot].reset(slotEmpty)
+	q.balance()
+	return out
+}
+
+// Undelivered says the last n calls handed to slot never reached its
+// process: its transport refused them. They leave the slot and are
+// appended to out, Terminated (to be answered) unless their callers were
+// answered already (Free). The slot is retired: a process whose transport
+// refused a call gets none again (the caller stops it); the calls it did
+// receive stay its own, settled by Done or Exited. A Revoke asked of the
+// slot and not yet answered is forgotten.
+func (q *Queue[C]) Undelivered(slot int, n int, out []ExitedCall[C]) []ExitedCall[C] {
+	if !q.valid(slot) {
+		return out
+	}
+	sl := &q.slots[slot]
+	n = min(max(n, 0), len(sl.calls))
+	keep := len(sl.calls) - n
+	for i := keep; i < len(sl.calls); i++ {
+		h := sl.calls[i]
+		if h.answered {
+			out = append(out, ExitedCall[C]{h.call, Free})
+		} else {
+			q.st.Terminated++
+			out = append(out, ExitedCall[C]{h.call, Terminated})
+		}
+		sl.calls[i] = heldCall[C]{}
+	}
+	switch {
+	case n == 0:
+	case keep == 0:
+		q.st.Busy--
+		q.prefetched -= n - 1
+	default:
+		q.prefetched -= n
+	}
+	sl.calls = sl.calls[:keep]
+	sl.taken = min(sl.taken, keep)
+	if sl.state == slotReady {
+		q.ready.remove(slot)
+	}
+	sl.state, sl.revokeAsked = slotRetiring, false
 	q.balance()
 	return out
 }

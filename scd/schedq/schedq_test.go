@@ -26,7 +26,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 // Commands: new queue=N slots=N [resident=N] [depth=N] [refresh], submit
 // CALL [deadline=T], ready SLOT, done SLOT, exit SLOT [taken=N] (the calls
 // it had taken), retire SLOT, revoked SLOT, notrevoked SLOT, resident
-// SLOT, nonresident SLOT (chprc changed its kind), expire NOW,
+// SLOT, nonresident SLOT (chprc changed its kind), undelivered SLOT n=N
+// (its transport refused the last N calls handed over), expire NOW,
 // close, flush, stats. Run with -rewrite to regenerate the outputs,
 // then read every change.
 func TestScripts(t *testing.T) {
@@ -153,11 +154,13 @@ func step(qp **Queue[string], line string) ([]string, error) {
 	if q == nil {
 		return nil, fmt.Errorf("no queue: start with new")
 	}
-	num, taken := 0, 0
-	if v, ok := args["taken"]; ok {
-		var err error
-		if taken, err = strconv.Atoi(v); err != nil {
-			return nil, err
+	num, taken, count := 0, 0, 0
+	for k, p := range map[string]*int{"taken": &taken, "n": &count} {
+		if v, ok := args[k]; ok {
+			var err error
+			if *p, err = strconv.Atoi(v); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if len(pos) > 0 && cmd != "submit" {
@@ -197,6 +200,13 @@ func step(qp **Queue[string], line string) ([]string, error) {
 	case "exit":
 		for _, e := range q.Exited(num, taken, nil) {
 			out = append(out, map[Outcome]string{Free: "free ", Terminated: "terminated ", Requeued: "requeued "}[e.Outcome]+e.Call)
+		}
+		if len(out) == 0 {
+			out = append(out, "no call")
+		}
+	case "undelivered":
+		for _, e := range q.Undelivered(num, count, nil) {
+			out = append(out, map[Outcome]string{Free: "free ", Terminated: "terminated "}[e.Outcome]+e.Call)
 		}
 		if len(out) == 0 {
 			out = append(out, "no call")
@@ -325,20 +335,34 @@ func FuzzExactlyOnce(f *testing.F) {
 		taken := [slots]int{}  // how many of them, from the oldest, the process took
 		next, now := 0, int64(0)
 		answer := func(c int) { answered[c]++ }
-		act := func(rng byte) {
+		// act carries out the actions as scd's group does. With fail, the
+		// transport refuses every call handed over: the group hands that
+		// slot nothing more in the batch, skips its revokes, and then
+		// reports the calls it did not deliver (Undelivered).
+		act := func(rng byte, fail bool) {
 			for {
 				acts := q.TakeActions(nil)
 				if len(acts) == 0 {
 					return
 				}
+				var refused [slots]int
+				var failed [slots]bool
 				for _, a := range acts {
 					s := a.Slot
 					if a.Kind == Hand {
 						if o, ok := with[a.Call]; ok {
 							t.Fatalf("call %d handed to slot %d while slot %d has it", a.Call, s, o)
 						}
+						if fail || failed[s] {
+							failed[s] = true
+							refused[s]++
+							continue
+						}
 						with[a.Call] = s
 						held[s] = append(held[s], a.Call)
+						continue
+					}
+					if failed[s] {
 						continue
 					}
 					if len(held[s]) < 2 {
@@ -354,6 +378,22 @@ func FuzzExactlyOnce(f *testing.F) {
 					delete(with, c)
 					if got, _ := q.Revoked(s); got != c {
 						t.Fatalf("revoked %d, the queue says %d", c, got)
+					}
+				}
+				for s := range slots {
+					if !failed[s] {
+						continue
+					}
+					if n := q.Held(s) - len(held[s]); n != refused[s] {
+						t.Fatalf("slot %d: the queue holds %d calls the process was not given, %d were refused", s, n, refused[s])
+					}
+					for _, e := range q.Undelivered(s, refused[s], nil) {
+						if _, ok := with[e.Call]; ok {
+							t.Fatalf("undelivered call %d is held by slot %d", e.Call, with[e.Call])
+						}
+						if e.Outcome == Terminated {
+							answer(e.Call)
+						}
 					}
 				}
 			}
@@ -411,7 +451,9 @@ func FuzzExactlyOnce(f *testing.F) {
 					q.Retire(s)
 				}
 			}
-			act(op)
+			// Now and then the transport refuses what a submit or an
+			// attach hands over.
+			act(op, (op%8 == 1 || op%8 == 2) && op&0xc0 == 0xc0)
 		}
 		for _, c := range q.Flush(nil) {
 			answer(c)
@@ -425,7 +467,7 @@ func FuzzExactlyOnce(f *testing.F) {
 					t.Fatalf("a taken call %d was requeued", e.Call)
 				}
 			}
-			act(0)
+			act(0, false)
 		}
 		for _, c := range q.Flush(nil) {
 			answer(c)

@@ -281,19 +281,9 @@ func (p *Proc) Taken() int {
 	return 0
 }
 
-// Requests returns the request of the call the process holds, if any.
-func (p *Proc) Requests() [][]byte {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.dispatched == 0 {
-		return nil
-	}
-	return [][]byte{p.req}
-}
-
 // Revoke is false: a socket process holds one call at a time, and a call
 // written to the socket cannot be taken back.
-func (p *Proc) Revoke() ([]byte, bool) { return nil, false }
+func (p *Proc) Revoke() bool { return false }
 
 // Rings is 0: the socket has no doorbell to abuse.
 func (p *Proc) Rings() uint64 { return 0 }

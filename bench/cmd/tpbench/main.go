@@ -25,6 +25,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -39,7 +41,7 @@ func main() {
 	loops := flag.Int("loops", 1, "internal: event loops of the gnet peer")
 	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build) and uap-caller (make bench)")
 	out := flag.String("out", "bench/results", "directory for the reports")
-	quick := flag.Bool("quick", false, "the development grid (about 7.5 minutes on a quiet machine; S3 shorter and one run, S5 and S6 shorter, S7 fewer changes)")
+	quick := flag.Bool("quick", false, "the development grid (about 7.5 minutes on a quiet machine; S3 shorter and one run, S5 and S6 shorter, S7 smaller and once)")
 	scen := flag.String("scenarios", "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10", "scenarios to run")
 	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick; S5 and S6: per system, at least 5 but in -quick; S8 and S9: per system); figures are their medians (3 or more)")
 	dur := flag.Duration("duration", 0, "measured time per run (default 2s, quick 0.75s; S4 twice that)")
@@ -57,9 +59,12 @@ func main() {
 	s6dur := flag.Duration("s6-duration", 0, "S6's measured time per run (default 10s, quick 4s)")
 	s6warm := flag.Duration("s6-warmup", 0, "S6's warm-up per run (default 3s, quick 2s)")
 	s6queue := flag.Int("s6-queue", bench.S6Queue, "queue_size on S6's nodes (a full queue answers 'server busy'; random's p99 is about this times the slow node's service time)")
-	s7nodes := flag.Int("s7-nodes", bench.S7Nodes, "S7's members (at most 128)")
-	s7probes := flag.Int("s7-changes", 0, "S7's announced changes measured (default 30, quick 10)")
+	s7nodes := flag.String("s7-nodes", "", "S7's member counts, comma-separated, each 2..128 (default 32,64,128; quick 16,32,64)")
+	s7runs := flag.Int("s7-runs", 0, "S7's runs of each member count (default 3, quick 1)")
+	s7probes := flag.Int("s7-changes", 0, "S7's announced changes measured per run (default 30, quick 10)")
 	s7quiet := flag.Duration("s7-quiet", 0, "S7's quiet spell for the refresh traffic (default 20s, one refresh period; quick 5s)")
+	s7real := flag.Int("s7-real", 0, "S7's real scdd nodes on 127.0.0.10 and on (default 32, quick 8; -1: none)")
+	s7sim := flag.String("s7-sim", "", "node counts of S7's simulation, comma-separated (default 128,1000, quick 1000; none: no simulation)")
 	s8receivers := flag.Int("s8-receivers", bench.S8Receivers, "S8's receiving sockets (scdmulti); keep it at or below the cores")
 	s8heavy := flag.Int("s8-heavy", bench.S8Heavy, "S8's heavy connections")
 	quietCores := flag.Float64("quiet-cores", bench.DefaultQuiet.Cores, "before each run wait until other tenants use under this many cores; a run over it is disturbed and run again (0: off)")
@@ -117,9 +122,21 @@ func main() {
 		fmt.Fprintf(os.Stderr, "tpbench: -s6-queue must be at least %d (levelup_queue_count's LEVEL2 threshold)\n", bench.S6LevelUp[1])
 		os.Exit(2)
 	}
-	if *s7nodes < 2 || *s7nodes > bench.S7Nodes {
-		fmt.Fprintf(os.Stderr, "tpbench: -s7-nodes must be 2..%d (a cluster holds at most %d nodes)\n", bench.S7Nodes, bench.S7Nodes)
+	s7sizes, err := parseInts(*s7nodes)
+	if err != nil || slices.ContainsFunc(s7sizes, func(n int) bool { return n < 2 || n > bench.S7Nodes }) {
+		fmt.Fprintf(os.Stderr, "tpbench: -s7-nodes must be numbers 2..%d (a cluster holds at most %d nodes)\n", bench.S7Nodes, bench.S7Nodes)
 		os.Exit(2)
+	}
+	if *s7real > 0 && (*s7real < 2 || *s7real > 200) {
+		fmt.Fprintln(os.Stderr, "tpbench: -s7-real must be 2..200 (addresses 127.0.0.10 and on) or -1")
+		os.Exit(2)
+	}
+	var s7simNodes []int
+	if *s7sim != "none" {
+		if s7simNodes, err = parseInts(*s7sim); err != nil || slices.ContainsFunc(s7simNodes, func(n int) bool { return n < 1 || n > 4096 }) {
+			fmt.Fprintln(os.Stderr, "tpbench: -s7-sim must be node counts 1..4096 or none")
+			os.Exit(2)
+		}
 	}
 	if *s8receivers < 2 || *s8heavy < 1 {
 		fmt.Fprintln(os.Stderr, "tpbench: -s8-receivers must be 2 or more (steering places connections among sockets) and -s8-heavy 1 or more")
@@ -150,9 +167,13 @@ func main() {
 		S6Warmup:      *s6warm,
 		S6Duration:    *s6dur,
 		S6Queue:       *s6queue,
-		S7Nodes:       *s7nodes,
+		S7Sizes:       s7sizes,
+		S7Runs:        *s7runs,
 		S7Probes:      *s7probes,
 		S7Quiet:       *s7quiet,
+		S7Real:        *s7real,
+		S7SimNodes:    s7simNodes,
+		S7SimOff:      *s7sim == "none",
 		S8Receivers:   *s8receivers,
 		S8Heavy:       *s8heavy,
 		Systems:       splitList(*systems),
@@ -167,6 +188,22 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Fprintf(os.Stderr, "tpbench: done in %v\n", time.Since(start).Round(time.Second))
+}
+
+// parseInts reads a comma-separated list of integers; "" is none.
+func parseInts(s string) ([]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 func servePeer(ctx context.Context, kind, addr string, loops int) error {

@@ -1,16 +1,20 @@
 // Command tpsim runs the inter-node balancing simulation of bench/sim: the
-// balancers (random, OpenTP1's LEVEL2 avoidance, P2C) at every load and
-// level staleness asked for, then at the headline point (load 0.9, levels
-// 10 old) under the -sensitivity thresholds, and writes the results as
-// Markdown to stdout or to -out.
+// balancers (random, OpenTP1's rules for a server's call and for a
+// scheduler-direct one, P2C, P2C on in-flight alone, and the oracle that
+// sees every level as it is now) at every node count, load and level
+// staleness asked for, then at the headline point (load 0.9, levels 10 old)
+// under the -sensitivity thresholds, and writes the results as Markdown to
+// stdout or to -out.
 //
-//	tpsim [-nodes 16] [-loads 0.7,0.9] [-staleness 0,1,10,100] [-requests 2000000]
-//	      [-warmup 200000] [-thresholds 4,8,2,6] [-sensitivity '1,2,0,1;2,4,1,3;8,16,4,12']
-//	      [-seed 1] [-parallel N] [-out FILE]
+//	tpsim [-nodes 128,1000] [-loads 0.7,0.9] [-staleness 0,1,10,100] [-per-node 1000]
+//	      [-requests 2000000 -warmup 200000 (with -per-node 0)] [-thresholds 4,8,2,6]
+//	      [-sensitivity '1,2,0,1;2,4,1,3;8,16,4,12'] [-seed 1] [-parallel N] [-out FILE]
 //
-// The full run is 44 simulations of 2.2M requests: about 40 CPU-seconds,
-// 20 s on two idle CPUs. Runs are deterministic: the same flags give the
-// same table, whatever -parallel is.
+// With -per-node N each run measures N requests per node after N of
+// warm-up: a node must see enough requests to reach its steady state. The
+// default run is 138 simulations, about 6 CPU-minutes (3 on two idle
+// CPUs). Runs are deterministic: the same flags give the same table,
+// whatever -parallel is.
 package main
 
 import (
@@ -29,11 +33,12 @@ import (
 )
 
 func main() {
-	nodes := flag.Int("nodes", 16, "nodes (1..128)")
+	nodes := flag.String("nodes", "128,1000", fmt.Sprintf("node counts, comma-separated (each 1..%d)", sim.MaxNodes))
+	perNode := flag.Int("per-node", 1000, "requests measured per node, and as many of warm-up (0: -requests and -warmup)")
 	loads := flag.String("loads", "0.7,0.9", "offered loads per node, comma-separated (each 0 < load < 1)")
 	stale := flag.String("staleness", "0,1,10,100", "ages of the levels senders see, in mean service times, comma-separated")
-	requests := flag.Int("requests", 2_000_000, "measured requests per run")
-	warmup := flag.Int("warmup", 200_000, "unmeasured requests before them")
+	requests := flag.Int("requests", 2_000_000, "measured requests per run (with -per-node 0)")
+	warmup := flag.Int("warmup", 200_000, "unmeasured requests before them (with -per-node 0)")
 	thresholds := flag.String("thresholds", "4,8,2,6", "Table 3-14 thresholds U1,U2,D0,D1 (levelup_queue_count, leveldown_queue_count)")
 	sensitivity := flag.String("sensitivity", "1,2,0,1;2,4,1,3;8,16,4,12", "other thresholds run at the headline point, ';'-separated (empty: none)")
 	seed := flag.Uint64("seed", 1, "random seed")
@@ -48,21 +53,32 @@ func main() {
 		return
 	}
 
-	if err := run(*nodes, *loads, *stale, *requests, *warmup, *thresholds, *sensitivity, *seed, *parallel, *headLoad, *headStale, *out); err != nil {
+	if err := run(*nodes, *perNode, *loads, *stale, *requests, *warmup, *thresholds, *sensitivity, *seed, *parallel, *headLoad, *headStale, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "tpsim:", err)
 		os.Exit(1)
 	}
 }
 
-func run(nodes int, loads, stale string, requests, warmup int, thresholds, sensitivity string, seed uint64,
+func run(nodes string, perNode int, loads, stale string, requests, warmup int, thresholds, sensitivity string, seed uint64,
 	parallel int, headLoad, headStale float64, out string) error {
 	th, err := parseThresholds(thresholds)
 	if err != nil {
 		return err
 	}
 	grid := sim.Grid{
-		Base:      sim.Config{Nodes: nodes, Thresholds: th, Requests: requests, Warmup: warmup, Seed: seed},
+		Base:      sim.Config{Thresholds: th, Requests: requests, Warmup: warmup, Seed: seed},
 		Balancers: sim.Balancers,
+		PerNode:   perNode,
+	}
+	ns, err := parseFloats("-nodes", nodes)
+	if err != nil {
+		return err
+	}
+	for _, n := range ns {
+		if n != float64(int(n)) {
+			return fmt.Errorf("-nodes: %v is not a whole number", n)
+		}
+		grid.Nodes = append(grid.Nodes, int(n))
 	}
 	if grid.Loads, err = parseFloats("-loads", loads); err != nil {
 		return err
@@ -72,9 +88,11 @@ func run(nodes int, loads, stale string, requests, warmup int, thresholds, sensi
 	}
 	other := sim.Grid{
 		Base:      grid.Base,
+		Nodes:     grid.Nodes,
 		Loads:     []float64{headLoad},
 		Staleness: []float64{headStale},
 		Balancers: sim.Balancers,
+		PerNode:   perNode,
 	}
 	for f := range strings.SplitSeq(sensitivity, ";") {
 		if strings.TrimSpace(f) == "" {

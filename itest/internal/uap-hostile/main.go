@@ -11,7 +11,7 @@
 //
 //   - write the group page: map it writable, mprotect it, pwrite, ftruncate;
 //   - reach other processes: open /proc/PID/fd/N of every other process
-//     (scdd, the other UAPs), read /proc/PID/mem and environ, ptrace-attach;
+//     (scdd, the other groups' UAPs), read /proc/PID/mem and environ, ptrace-attach;
 //   - signal scdd;
 //   - reach what scdd holds: write a forged record into scdd's log (a line
 //     that looks like one), seek and truncate its stdout, set O_NONBLOCK on
@@ -41,9 +41,24 @@
 //
 // With HOSTILE_SQUAT set it makes the squat attack instead (squat.go): it
 // binds the node's ports before the node does, if it can.
+//
+// UAP_HOSTILE (a putenv of its server) gives slot 0 another attack:
+//
+//   - rewrite: it takes none of the calls handed to it, writes its own
+//     request ("FORGED by the hostile UAP") over each one's buffer and
+//     req_len, then exits, so that the node hands them to another process
+//     (issue 19 item 9);
+//   - ringbank: it serves its calls and makes local calls while the
+//     node's reader is awake (no ring needed, each a cause the node
+//     credits), then rings its doorbell without cause as many times as it
+//     served and called, never more (issue 19 item 8);
+//
+// and startcall=GROUP/SERVICE makes every process an honest one that
+// calls GROUP/SERVICE between its attach and its Serve (issue 19 item 1).
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -52,6 +67,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -66,20 +82,31 @@ import (
 
 // Offsets of docs/SHM.md (layout version 5), as an attacker would read them.
 const (
-	pageSize    = 4096
-	gClosed     = 0x10
-	pDispatchNo = 0x18
-	pMailboxes  = 0x20
-	pState      = 0x40
-	pDoneNo     = 0x48
-	pMailbox    = 0x80
-	mailboxSize = 0x40
-	mClaim      = 0x00
-	mStatus     = 0x18
-	mReplyLen   = 0x1C
-	pBuffer     = 2 * pageSize
-	stateReady  = 1
+	pageSize       = 4096
+	gClosed        = 0x10
+	gSleeping      = 0x40
+	pMaxMessage    = 0x0C
+	pDispatchNo    = 0x18
+	pMailboxes     = 0x20
+	pState         = 0x40
+	pDoneNo        = 0x48
+	pMailbox       = 0x80
+	mailboxSize    = 0x40
+	mClaim         = 0x00
+	mReqLen        = 0x10
+	mStatus        = 0x18
+	mReplyLen      = 0x1C
+	pOutNo         = 0xF80
+	pOutGroupLen   = 0xF8C
+	pOutServiceLen = 0xF90
+	pOutReqLen     = 0xF94
+	pOutDone       = 0xFC0
+	pBuffer        = 2 * pageSize
+	stateReady     = 1
 )
+
+// The descriptors scdd starts a UAP with.
+const areaFD, groupFD, bellFD = 3, 4, 5
 
 // initChild is the child the initfork attack started before main.
 var initChild int
@@ -114,8 +141,21 @@ func main() {
 		honest()
 		return
 	}
+	mode := os.Getenv("UAP_HOSTILE")
+	if call, ok := strings.CutPrefix(mode, "startcall="); ok {
+		callAtStart(call)
+		return
+	}
 	if os.Getenv("TPSCHED_PROC_SLOT") != "0" {
 		honest()
+		return
+	}
+	switch mode {
+	case "rewrite":
+		rewrite()
+		return
+	case "ringbank":
+		ringBank()
 		return
 	}
 	switch os.Getenv("TPSCHED_HOSTILE") {
@@ -145,6 +185,159 @@ func honest() {
 	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
 	if err := u.Serve(); err != nil {
 		os.Exit(1)
+	}
+}
+
+// callAtStart is an honest UAP that calls group/service as it starts,
+// before it serves, and says what it got ("STARTCALL: ...").
+func callAtStart(target string) {
+	group, service, _ := strings.Cut(target, "/")
+	u, err := shm.Attach()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "uap-hostile (startcall):", err)
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	reply, err := u.Call(ctx, group, service, []byte("called at start"))
+	cancel()
+	fmt.Printf("STARTCALL: reply %q, error %v\n", reply, err)
+	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	if err := u.Serve(); err != nil {
+		os.Exit(1)
+	}
+}
+
+// area is a process area mapped as an attacker maps it.
+type area struct {
+	mem    []byte
+	k      int // mailboxes
+	stride int // of a mailbox's buffer
+}
+
+func mapArea() area {
+	size := int64(0)
+	if fi, err := os.NewFile(areaFD, "area").Stat(); err == nil {
+		size = fi.Size()
+	}
+	mem, err := syscall.Mmap(areaFD, 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		fmt.Println("HOSTILE: cannot map its own area:", err)
+		os.Exit(4)
+	}
+	a := area{mem: mem}
+	a.k = int(a.u32(pMailboxes).Load())
+	a.stride = (int(a.u32(pMaxMessage).Load()) + pageSize - 1) &^ (pageSize - 1)
+	return a
+}
+
+func (a area) u32(off int) *atomic.Uint32 { return (*atomic.Uint32)(unsafe.Pointer(&a.mem[off])) }
+func (a area) u64(off int) *atomic.Uint64 { return (*atomic.Uint64)(unsafe.Pointer(&a.mem[off])) }
+func (a area) buffer(i int) []byte        { return a.mem[pBuffer+i*a.stride:][:a.stride] }
+
+func ringBell() {
+	var one [8]byte
+	binary.LittleEndian.PutUint64(one[:], 1)
+	syscall.Write(bellFD, one[:])
+}
+
+// rewrite takes none of its calls: it writes its own request over each
+// one handed to it (buffer and req_len), and once it has held calls for a
+// while it exits, for the node to give them to another process.
+func rewrite() {
+	a := mapArea()
+	a.u32(pState).Store(stateReady)
+	ringBell()
+	forged := []byte("FORGED by the hostile UAP")
+	done := map[uint64]bool{} // call numbers rewritten
+	var first time.Time
+	for {
+		for i := range a.k {
+			mb := pMailbox + i*mailboxSize
+			claim := a.u64(mb + mClaim).Load()
+			if no := claim >> 2; no != 0 && claim&3 == 0 && !done[no] {
+				copy(a.buffer(i), forged)
+				a.u32(mb + mReqLen).Store(uint32(len(forged)))
+				done[no] = true
+			}
+		}
+		if len(done) > 0 && first.IsZero() {
+			first = time.Now()
+		}
+		if !first.IsZero() && time.Since(first) > 50*time.Millisecond {
+			fmt.Printf("HOSTILE: rewrote %d requests it never took, and exits\n", len(done))
+			os.Exit(3)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// ringBank serves the calls handed to it (echo, never ringing) and makes
+// local calls while the node's reader is awake (no ring needed): each is a
+// cause the node credits. Once it holds 1,000 such credits it spends them
+// on rings without cause, each while the reader sleeps (so each wakes it),
+// down to 100, and never rings more often than it completed and called.
+func ringBank() {
+	a := mapArea()
+	gp, err := syscall.Mmap(groupFD, 0, pageSize, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		fmt.Println("HOSTILE: cannot map the group page:", err)
+		os.Exit(4)
+	}
+	readerSleeps := func() bool { return (*atomic.Uint32)(unsafe.Pointer(&gp[gSleeping])).Load() != 0 }
+	a.u32(pState).Store(stateReady)
+	ringBell() // its attach's
+	out := a.mem[pBuffer+a.k*a.stride:]
+	copy(out, "nosuch"+"echo")
+	a.u32(pOutGroupLen).Store(6)
+	a.u32(pOutServiceLen).Store(4)
+	a.u32(pOutReqLen).Store(0)
+	var last, served, called, rings, no uint64
+	calling, spending := false, false
+	reported := time.Now()
+	for {
+		busy := false
+		for d := a.u64(pDispatchNo).Load(); last < d; { // serve echo, in order
+			last++
+			for i := range a.k {
+				mb := pMailbox + i*mailboxSize
+				if a.u64(mb+mClaim).CompareAndSwap(last<<2, last<<2|1) {
+					a.u32(mb + mStatus).Store(0)
+					a.u32(mb + mReplyLen).Store(a.u32(mb + mReqLen).Load())
+					a.u64(pDoneNo).Store(last)
+					served++
+					busy = true
+					break
+				}
+			}
+		}
+		if calling && a.u64(pOutDone).Load() == no {
+			calling = false
+			called++
+		}
+		credit := served + called - rings
+		switch {
+		case spending && credit <= 100:
+			spending = false
+		case !spending && credit >= 1000:
+			spending = true
+		}
+		if !spending && !calling && !readerSleeps() {
+			no++
+			a.u64(pOutNo).Store(no)
+			calling, busy = true, true
+		}
+		if spending && readerSleeps() {
+			ringBell()
+			rings++
+			busy = true
+		}
+		if time.Since(reported) >= 500*time.Millisecond {
+			reported = time.Now()
+			fmt.Printf("HOSTILE: %d calls served and %d made without a ring, %d rings without cause\n", served, called, rings)
+		}
+		if !busy {
+			runtime.Gosched()
+		}
 	}
 }
 
@@ -247,7 +440,7 @@ func controlHold(path string) error {
 }
 
 func hostile() {
-	const area, group, bell = 3, 4, 5
+	const area, group, bell = areaFD, groupFD, bellFD
 	// The group page.
 	_, err := syscall.Mmap(group, 0, pageSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	report("mmap the group page writable", err)
@@ -261,6 +454,8 @@ func hostile() {
 	// on one host give servers of the same name the same user, as
 	// processes of one server share theirs; another test's node running
 	// this same server beside us is not what is tested.)
+	// Not its siblings (uap-hostile too, skipped by name below): the
+	// window experiment (TPSCHED_HOSTILE=window) is theirs.
 	self, node := selfPID(), scddPID()
 	pids, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range pids {
@@ -270,7 +465,7 @@ func hostile() {
 		}
 		comm, _ := os.ReadFile(p + "/comm")
 		name := string(comm[:max(0, len(comm)-1)])
-		if name != "scdd" && name != "uap-echo" && name != "uap-hostile" {
+		if name != "scdd" && name != "uap-echo" {
 			continue
 		}
 		for _, fd := range []string{"3", "4", "5"} {
