@@ -55,11 +55,13 @@ func TestLocalCallAtStart(t *testing.T) {
 	}
 	dir := defDir(t, "", servers)
 	n := startNode(t, "-c", dir)
+	// The UAPs' lines, from the "uap output" records of scdd's log.
 	startcall := regexp.MustCompile(`STARTCALL: reply "([^"]*)", error (.*)`)
+	uapOutput := func() string { return strings.Join(uapLines(n.stderr.String()), "\n") }
 	waitFor(t, 20*time.Second, "both processes of a to get their answer", func() bool {
-		return len(startcall.FindAllString(n.stderr.String(), -1)) >= 2
+		return len(startcall.FindAllString(uapOutput(), -1)) >= 2
 	})
-	for _, m := range startcall.FindAllStringSubmatch(n.stderr.String(), -1) {
+	for _, m := range startcall.FindAllStringSubmatch(uapOutput(), -1) {
 		if m[1] != "called at start" || m[2] != "<nil>" {
 			t.Errorf("a UAP's call at start: %s", m[0])
 		}
