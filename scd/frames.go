@@ -8,6 +8,8 @@ package scd
 // built once, in New, from the definitions.
 
 import (
+	"sync"
+
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/scd/call"
@@ -16,7 +18,8 @@ import (
 )
 
 // frameHandler answers one control frame on the event loop: it must not
-// block.
+// block, and f and its buffers are valid only until it returns (what it
+// keeps, it copies).
 type frameHandler func(c *rpcport.Conn, f *netio.Frame)
 
 // controlFrames are the handlers of the frames that are not calls, by kind
@@ -45,11 +48,25 @@ func (t *controlFrames) answer(c *rpcport.Conn, f *netio.Frame) {
 // loop and must not block: checks, one enqueue, and an immediate answer
 // when the call is refused.
 func (n *Node) OnFrame(c *rpcport.Conn, f netio.Frame) {
+	// The stages and handlers are interfaces and func values: a pointer to
+	// f would make the compiler move f to the heap on every frame. The
+	// frame goes in a pooled one instead, which nothing keeps past the
+	// call (call.Stage's contract, frameHandler's).
+	fp := framePool.Get().(*netio.Frame)
+	*fp = f
+	n.onFrame(c, fp)
+	*fp = netio.Frame{}
+	framePool.Put(fp)
+}
+
+var framePool = sync.Pool{New: func() any { return new(netio.Frame) }}
+
+func (n *Node) onFrame(c *rpcport.Conn, f *netio.Frame) {
 	if f.Kind != netio.KindCall && f.Kind != netio.KindCallNoReply {
-		n.control.answer(c, &f)
+		n.control.answer(c, f)
 		return
 	}
-	code, msg := n.line.Route(c, call.From{Conn: c, Peer: peers.Hop(c, &f)}, &f)
+	code, msg := n.line.Route(c, call.From{Conn: c, Peer: peers.Hop(c, f)}, f)
 	if code != netio.CodeOK && f.Kind == netio.KindCall {
 		c.SendNow(netio.AppendError(nil, f.ID, code, msg))
 	}
