@@ -157,7 +157,7 @@ func TestTransferToReplacedPeerIsAnswered(t *testing.T) {
 		defer c.Close()
 		clients[i] = c
 	}
-	var unanswered, answered atomic.Int64
+	var unanswered, answered, refusedBefore atomic.Int64
 	// The window is a few instructions wide: several rounds make it show.
 	for round := 0; round < 5 && unanswered.Load() == 0; round++ {
 		var wg sync.WaitGroup
@@ -174,7 +174,16 @@ func TestTransferToReplacedPeerIsAnswered(t *testing.T) {
 					// x answers every call 'no such service group'. 'Network
 					// down' would be a call on the connection of a replaced
 					// peer, closed under it; a time-out is no answer at all.
-					if code := codeOf(err); code != netio.CodeNoSuchGroup {
+					// Send may refuse a call before it goes out when the
+					// peer is replaced three times while it tries (here the
+					// address changes on almost every call): that one never
+					// left the node, and says so.
+					code := codeOf(err)
+					if code == netio.CodeNetworkDown && strings.Contains(err.Error(), "keeps changing its address") {
+						refusedBefore.Add(1)
+						continue
+					}
+					if code != netio.CodeNoSuchGroup {
 						unanswered.Add(1)
 						t.Errorf("round %d, call %d of caller %d: %v", round, j, i, err)
 						return // one is enough; do not wait for each
@@ -188,6 +197,7 @@ func TestTransferToReplacedPeerIsAnswered(t *testing.T) {
 	if n := unanswered.Load(); n > 0 {
 		t.Errorf("calls transferred while their peer was replaced were not answered by the node (%d answered)", answered.Load())
 	}
+	t.Logf("%d calls answered by the node, %d refused before they were sent", answered.Load(), refusedBefore.Load())
 }
 
 // TestTransferInFlightNeverNegative: the in-flight count of a peer (P2C's
