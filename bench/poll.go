@@ -106,30 +106,3 @@ type runSet[F any] struct {
 	Drawn  int    `json:"drawn_run"` // the run whose key figure is the median (see the scenario): the one drawn
 	Error  string `json:"error,omitempty"`
 }
-
-// runEach runs every system runs times with interleaved, each run a step
-// of the session's progress planned to take per. once(r, i) measures run
-// r of system i and returns its figures (or startErr and runErr, as
-// interleaved's once does); sets[i] collects system i's, and then has
-// their medians and the run drawn picks.
-func runEach[F any](ctx context.Context, cfg Config, per time.Duration, names []string, runs int, alternate bool,
-	skipped map[string]string, sets []*runSet[F], drawn func([]F) int, once func(r, i int) (f F, startErr, runErr error)) error {
-	errs, err := interleaved(ctx, cfg.Log, cfg.progress, per, names, runs, alternate, skipped, func(r, i int) (error, error) {
-		f, startErr, runErr := once(r, i)
-		if startErr == nil && runErr == nil {
-			sets[i].Runs = append(sets[i].Runs, f)
-		}
-		return startErr, runErr
-	}, func(i int) bool { return len(sets[i].Runs) > 0 })
-	if err != nil {
-		return err
-	}
-	for i, s := range sets {
-		s.Error = errs[i]
-		if len(s.Runs) > 0 {
-			s.Median = medianOf(s.Runs)
-			s.Drawn = drawn(s.Runs)
-		}
-	}
-	return nil
-}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 )
 
@@ -74,66 +73,56 @@ func s3RunTime(sl stepLoad) time.Duration { return sl.End() + startSlack }
 // runS3 runs the step on each system, runs times interleaved (the order
 // rotates, and reverses, between runs), each run on a freshly started
 // system so every one begins from the same idle pool.
-func runS3(ctx context.Context, cfg Config,
-	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+func runS3(ctx context.Context, cfg Config, newReport newReportFunc) error {
 	sl, runs := s3Sizing(cfg)
-	systems := slices.DeleteFunc(s3Systems(cfg.Env, cfg.Spec), func(s s3System) bool {
-		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
-	})
+	systems := selected(cfg, "S3", s3Systems(cfg.Env, cfg.Spec), func(s s3System) string { return s.name })
+	if len(systems) == 0 {
+		return nil
+	}
 	cfg.progress.begin(plan("S3", len(systems)*runs, s3RunTime(sl)))
-	results := make([]stepResult, len(systems))
-	traces := make([][]stepTrace, len(systems))
-	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S3: burn %d us, open loop %.0f/s for %v, %.0f/s for %v, %.0f/s for %v; %d systems x %d runs\n",
 		burnMicros, sl.Base, sl.Before, sl.Peak, sl.During, sl.Base, sl.After, len(systems), runs)
-	names := make([]string, len(systems))
-	for i, sys := range systems {
-		names[i] = sys.name
-		results[i].System, results[i].Config = sys.name, sys.config
+	sr := systemsRun[stepFigures, stepTrace]{id: "S3", runs: runs, per: s3RunTime(sl), alternate: true, drawn: recoveryRun,
+		once: func(r, si int) (stepFigures, stepTrace, error, error) {
+			s, err := systems[si].start()
+			if err != nil {
+				return stepFigures{}, stepTrace{}, err, nil
+			}
+			tr, err := stepRun(ctx, s, sl)
+			s.Stop()
+			if err != nil {
+				return stepFigures{}, stepTrace{}, nil, err
+			}
+			f, _ := stepFiguresOf(sl, tr.calls, tr.samples)
+			fmt.Fprintf(cfg.Log, "  run %d %-24s p99 %s / %s / %s, recovered %s, first extra worker %s, workers %.0f -> %.0f (at %s), back %s, refused %.0f failed %.0f timed out %.0f\n",
+				r+1, systems[si].name, dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), msOrNever(f.RecoveryMs), msOrNever(f.FirstExtraMs),
+				f.BaselineWorkers, f.PeakWorkers, msOrNever(f.ToPeakMs), msOrNever(f.BackMs), f.Refused, f.Failed, f.TimedOut)
+			return f, tr, nil, nil
+		}}
+	for _, sys := range systems {
+		sr.names = append(sr.names, sys.name)
 	}
-	sets := make([]*runSet[stepFigures], len(systems))
-	for i := range results {
-		sets[i] = &results[i].runSet
-	}
-	err := runEach(ctx, cfg, s3RunTime(sl), names, runs, true, skipped, sets, recoveryRun, func(r, si int) (stepFigures, error, error) {
-		s, err := systems[si].start()
-		if err != nil {
-			return stepFigures{}, err, nil
-		}
-		tr, err := stepRun(ctx, s, sl)
-		s.Stop()
-		if err != nil {
-			return stepFigures{}, nil, err
-		}
-		f, _ := stepFiguresOf(sl, tr.calls, tr.samples)
-		traces[si] = append(traces[si], tr)
-		fmt.Fprintf(cfg.Log, "  run %d %-24s p99 %s / %s / %s, recovered %s, first extra worker %s, workers %.0f -> %.0f (at %s), back %s, refused %.0f failed %.0f timed out %.0f\n",
-			r+1, names[si], dur(f.PreP99us), dur(f.StepP99us), dur(f.PostP99us), msOrNever(f.RecoveryMs), msOrNever(f.FirstExtraMs),
-			f.BaselineWorkers, f.PeakWorkers, msOrNever(f.ToPeakMs), msOrNever(f.BackMs), f.Refused, f.Failed, f.TimedOut)
-		return f, nil, nil
-	})
+	ms, skipped, err := sr.measure(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	var done []stepResult
-	var reported []string
-	for i, res := range results {
-		if len(res.Runs) > 0 {
-			tr := traces[i][res.Drawn]
-			_, res.Windows = stepFiguresOf(sl, tr.calls, tr.samples)
-			res.Samples = tr.samples
-			done, reported = append(done, res), append(reported, res.System)
-		}
+	for _, m := range ms {
+		res := stepResult{runSet: m.Set, System: m.System, Config: systems[m.Index].config}
+		tr := m.drawnTrace()
+		_, res.Windows = stepFiguresOf(sl, tr.calls, tr.samples)
+		res.Samples = tr.samples
+		done = append(done, res)
 	}
 	o := runOptions{Runs: runs, Duration: sl.End()}
-	r := newReport("S3", fmt.Sprintf("a load step from %.0f/s to %.0f/s on pools of 1 to %d workers that grow with the load", sl.Base, sl.Peak, s3MaxWorkers),
-		reported, skipped, o)
-	r.Step = &sl
-	r.StepResults = done
-	r.Setup = s3Setup(sl, runs, cfg.Quick, systems)
-	r.addPlot(plotStepP99(r, cfg.Out))
-	r.addPlot(plotStepWorkers(r, cfg.Out))
-	return writeReport(cfg, r)
+	title := fmt.Sprintf("a load step from %.0f/s to %.0f/s on pools of 1 to %d workers that grow with the load", sl.Base, sl.Peak, s3MaxWorkers)
+	return sr.reportOf(cfg, newReport, title, o, ms, skipped, func(r *report) {
+		r.Step = &sl
+		r.StepResults = done
+		r.Setup = s3Setup(sl, runs, cfg.Quick, systems)
+		r.addPlot(plotStepP99(r, cfg.Out))
+		r.addPlot(plotStepWorkers(r, cfg.Out))
+	})
 }
 
 func s3Setup(sl stepLoad, runs int, quick bool, systems []s3System) []string {

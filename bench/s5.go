@@ -323,7 +323,7 @@ func s5Plan(n int, capOpts, o runOptions, runs int) scenarioPlan {
 // run), alternating which goes first, each run on a freshly started node
 // (one resident process, as after a quiet spell).
 func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
-	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
+	newReport newReportFunc, loadgen string) error {
 	cores := thisMachine().Cores
 	limit, factor, queue := cfg.S5WaitLimit, cfg.S5Load, cfg.S5Queue
 	if limit <= 0 {
@@ -337,11 +337,8 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 	}
 	o, runs := s5Timing(cfg, opts)
 	sp := Spec{Workers: s5Max, Front: cfg.Spec.Front, Queue: queue}
-	systems := slices.DeleteFunc(s5Systems(cfg.Env, sp, limit), func(s s5System) bool {
-		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
-	})
+	systems := selected(cfg, "S5", s5Systems(cfg.Env, sp, limit), func(s s5System) string { return s.name })
 	if len(systems) == 0 {
-		fmt.Fprintf(cfg.Log, "S5: none of its systems selected\n")
 		return nil
 	}
 	capOpts := opts
@@ -353,69 +350,61 @@ func runS5(ctx context.Context, cfg Config, opts runOptions, capacity map[string
 	}
 	setup := guardSetup{Capacity: capRate, CapacityFrom: capFrom, Factor: factor, Rate: factor * capRate,
 		Carriers: s4Carriers, Queue: queue, Poll: s5Poll, WaitLimit: limit, Cores: cores}
-	results := make([]guardResult, len(systems))
+	fmt.Fprintf(cfg.Log, "S5: cpu %d us, open loop %.0f/s (%.2fx capacity %.0f/s), %v + %v per run, %d systems x %d runs\n",
+		burnMicros, setup.Rate, factor, capRate, o.Warmup, o.Duration, len(systems), runs)
 	type drawn struct {
 		cdf     []cdfPoint
 		samples []statusSample
+		probes  string
 	}
-	traces := make([][]drawn, len(systems))
-	skipped := map[string]string{}
-	fmt.Fprintf(cfg.Log, "S5: cpu %d us, open loop %.0f/s (%.2fx capacity %.0f/s), %v + %v per run, %d systems x %d runs\n",
-		burnMicros, setup.Rate, factor, capRate, o.Warmup, o.Duration, len(systems), runs)
-	names := make([]string, len(systems))
-	for i, sys := range systems {
-		names[i] = sys.name
-		results[i].System, results[i].Config, results[i].WaitLimit = sys.name, sys.config, sys.limit
+	sr := systemsRun[guardFigures, drawn]{id: "S5", runs: runs, per: o.stepTime() + startSlack, drawn: throughputRun,
+		once: func(r, si int) (guardFigures, drawn, error, error) {
+			s, err := systems[si].start()
+			if err != nil {
+				return guardFigures{}, drawn{}, err, nil
+			}
+			f, d, probes, err := guardRun(ctx, s, o, setup)
+			s.Stop()
+			if err != nil {
+				return guardFigures{}, drawn{}, nil, err
+			}
+			fmt.Fprintf(cfg.Log, "  run %d %-20s %6.0f/s p50 %s p99 %s refused %.0f timed out %.0f; processes mean %.1f max %.0f peak %.0f; wait%% mean %.0f max %.0f, waiting %.2f; holds %.0f (run %.0f), starts %.0f (run %.0f); UAP cpu %.0fus/completed call; machine busy %.2f cores, other %.2f, steal %.2f\n",
+				r+1, systems[si].name, f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs, f.PeakProcs,
+				f.MeanWaitPct, f.MaxWaitPct, f.Waiting, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts, f.UAPCPUus,
+				f.MachineCores, f.OtherCPU, f.StealCores)
+			return f, drawn{d.CDF, d.samples, probes}, nil, nil
+		}}
+	for _, sys := range systems {
+		sr.names = append(sr.names, sys.name)
 	}
-	sets := make([]*runSet[guardFigures], len(systems))
-	for i := range results {
-		sets[i] = &results[i].runSet
-	}
-	err = runEach(ctx, cfg, o.stepTime()+startSlack, names, runs, false, skipped, sets, throughputRun, func(r, si int) (guardFigures, error, error) {
-		s, err := systems[si].start()
-		if err != nil {
-			return guardFigures{}, err, nil
-		}
-		f, d, probes, err := guardRun(ctx, s, o, setup)
-		s.Stop()
-		if err != nil {
-			return guardFigures{}, nil, err
-		}
-		results[si].Probes = probes
-		traces[si] = append(traces[si], drawn{d.CDF, d.samples})
-		fmt.Fprintf(cfg.Log, "  run %d %-20s %6.0f/s p50 %s p99 %s refused %.0f timed out %.0f; processes mean %.1f max %.0f peak %.0f; wait%% mean %.0f max %.0f, waiting %.2f; holds %.0f (run %.0f), starts %.0f (run %.0f); UAP cpu %.0fus/completed call; machine busy %.2f cores, other %.2f, steal %.2f\n",
-			r+1, names[si], f.Throughput, dur(f.P50us), dur(f.P99us), f.Refused, f.TimedOut, f.MeanProcs, f.MaxProcs, f.PeakProcs,
-			f.MeanWaitPct, f.MaxWaitPct, f.Waiting, f.GuardHolds, f.RunGuardHolds, f.Starts, f.RunStarts, f.UAPCPUus,
-			f.MachineCores, f.OtherCPU, f.StealCores)
-		return f, nil, nil
-	})
+	ms, skipped, err := sr.measure(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	var done []guardResult
-	var reported []string
-	for i, res := range results {
-		if len(res.Runs) > 0 {
-			res.CDF = traces[i][res.Drawn].cdf
-			for _, t := range traces[i] {
-				res.Samples = append(res.Samples, t.samples)
-			}
-			done, reported = append(done, res), append(reported, res.System)
+	for _, m := range ms {
+		sys := systems[m.Index]
+		res := guardResult{runSet: m.Set, System: m.System, Config: sys.config, WaitLimit: sys.limit}
+		res.CDF = m.drawnTrace().cdf
+		res.Probes = m.Traces[len(m.Traces)-1].probes
+		for _, t := range m.Traces {
+			res.Samples = append(res.Samples, t.samples)
 		}
+		done = append(done, res)
 	}
 	o.Runs = runs
 	title := fmt.Sprintf("the CPU guard: a CPU-bound service offered %.1fx capacity on a group of %d to %d processes", factor, s5Resident, s5Max)
-	rep := newReport("S5", title, reported, skipped, o)
-	rep.Guard = &setup
-	rep.GuardResults = done
-	rep.Setup = s5Setup(setup, o, cfg.Quick, systems, loadgen)
-	if v := guardVerdict(done, cores, s5Max); v != "" {
-		rep.Notes = append(rep.Notes, v)
-	}
-	rep.addPlot(plotGuardSeries(rep, cfg.Out, "processes"))
-	rep.addPlot(plotGuardSeries(rep, cfg.Out, "wait"))
-	rep.addPlot(plotGuardCDF(rep, cfg.Out))
-	return writeReport(cfg, rep)
+	return sr.reportOf(cfg, newReport, title, o, ms, skipped, func(rep *report) {
+		rep.Guard = &setup
+		rep.GuardResults = done
+		rep.Setup = s5Setup(setup, o, cfg.Quick, systems, loadgen)
+		if v := guardVerdict(done, cores, s5Max); v != "" {
+			rep.Notes = append(rep.Notes, v)
+		}
+		rep.addPlot(plotGuardSeries(rep, cfg.Out, "processes"))
+		rep.addPlot(plotGuardSeries(rep, cfg.Out, "wait"))
+		rep.addPlot(plotGuardCDF(rep, cfg.Out))
+	})
 }
 
 type guardTrace struct {

@@ -546,8 +546,7 @@ func s6RunTime(o runOptions) time.Duration { return o.stepTime() + 3*startSlack 
 
 // runS6 offers the same open-loop rate to the three rules, cfg.Runs times
 // each, rotating which goes first, each run on three freshly started nodes.
-func runS6(ctx context.Context, cfg Config, opts runOptions,
-	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
+func runS6(ctx context.Context, cfg Config, opts runOptions, newReport newReportFunc, loadgen string) error {
 	factor := cfg.S6Load
 	if factor <= 0 {
 		factor = S6Load
@@ -569,67 +568,52 @@ func runS6(ctx context.Context, cfg Config, opts runOptions,
 		setup.Capacity += c
 	}
 	setup.Rate = factor * setup.Capacity
-	systems := slices.DeleteFunc(s6Systems(), func(s s6System) bool {
-		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
-	})
+	systems := selected(cfg, "S6", s6Systems(), func(s s6System) string { return s.name })
 	if len(systems) == 0 {
-		fmt.Fprintf(cfg.Log, "S6: none of its systems selected\n")
 		return nil
 	}
 	cfg.progress.begin(plan("S6", len(systems)*o.Runs, s6RunTime(o)))
-	results := make([]clusterResult, len(systems))
-	cdfs := make([][][]cdfPoint, len(systems))
-	skipped := map[string]string{}
 	fmt.Fprintf(cfg.Log, "S6: sleep %d ms (x%d on n%d), open loop %.0f/s (%.2fx capacity %.0f/s), %v + %v per run, %d systems x %d runs\n",
 		s6SleepMs, s6Slowdown, s6Slow, setup.Rate, factor, setup.Capacity, o.Warmup, o.Duration, len(systems), o.Runs)
-	names := make([]string, len(systems))
-	for i, sys := range systems {
-		names[i] = sys.name
-		results[i].System, results[i].Config = sys.name, sys.sched
+	sr := systemsRun[clusterFigures, []cdfPoint]{id: "S6", runs: o.Runs, per: s6RunTime(o), drawn: p99Run,
+		once: func(r, si int) (clusterFigures, []cdfPoint, error, error) {
+			sys := systems[si]
+			c, err := startCluster(cfg.Env, sys.name, s6IPs, sys.schedLines(), s6Slow, s6Slowdown, queue)
+			if err != nil {
+				return clusterFigures{}, nil, err, nil
+			}
+			f, cdf, err := clusterRun(ctx, c, o, setup)
+			c.Stop()
+			if err != nil {
+				return clusterFigures{}, nil, nil, err
+			}
+			fmt.Fprintf(cfg.Log, "  run %d %-20s %5.0f/s p50 %s p99 %s p99.9 %s refused %.0f timed out %.0f; served/s %s; slow node at LEVEL0/1/2 %s; transferred %.0f/s; machine %.2f cores\n",
+				r+1, sys.name, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
+				joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, s6Slow), f.Transferred, f.MachineCores)
+			return f, cdf, nil, nil
+		}}
+	for _, sys := range systems {
+		sr.names = append(sr.names, sys.name)
 	}
-	sets := make([]*runSet[clusterFigures], len(systems))
-	for i := range results {
-		sets[i] = &results[i].runSet
-	}
-	err := runEach(ctx, cfg, s6RunTime(o), names, o.Runs, false, skipped, sets, p99Run, func(r, si int) (clusterFigures, error, error) {
-		sys := systems[si]
-		c, err := startCluster(cfg.Env, sys.name, s6IPs, sys.schedLines(), s6Slow, s6Slowdown, queue)
-		if err != nil {
-			return clusterFigures{}, err, nil
-		}
-		f, cdf, err := clusterRun(ctx, c, o, setup)
-		c.Stop()
-		if err != nil {
-			return clusterFigures{}, nil, err
-		}
-		cdfs[si] = append(cdfs[si], cdf)
-		fmt.Fprintf(cfg.Log, "  run %d %-20s %5.0f/s p50 %s p99 %s p99.9 %s refused %.0f timed out %.0f; served/s %s; slow node at LEVEL0/1/2 %s; transferred %.0f/s; machine %.2f cores\n",
-			r+1, sys.name, f.Completed, dur(f.P50us), dur(f.P99us), dur(f.P999us), f.Refused, f.TimedOut,
-			joinFloats(f.Served, "%.0f"), levelTimes(f.LevelTime, s6Slow), f.Transferred, f.MachineCores)
-		return f, nil, nil
-	})
+	ms, skipped, err := sr.measure(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	var done []clusterResult
-	var reported []string
-	for i, res := range results {
-		if len(res.Runs) > 0 {
-			res.CDF = cdfs[i][res.Drawn]
-			done, reported = append(done, res), append(reported, res.System)
+	for _, m := range ms {
+		done = append(done, clusterResult{runSet: m.Set, System: m.System, Config: systems[m.Index].sched, CDF: m.drawnTrace()})
+	}
+	title := fmt.Sprintf("three nodes, one %d times slower: random, OpenTP1's rule and P2C at %.0f%% of capacity", s6Slowdown, 100*factor)
+	return sr.reportOf(cfg, newReport, title, o, ms, skipped, func(rep *report) {
+		rep.Cluster = &setup
+		rep.ClusterResults = done
+		rep.Setup = s6Setup(setup, o, cfg.Quick, systems, loadgen)
+		rep.Notes = append(rep.Notes, clusterVerdict(done, s6Target))
+		if n := slowNotSlow(done, setup); n != "" {
+			rep.Notes = append(rep.Notes, n)
 		}
-	}
-	rep := newReport("S6", fmt.Sprintf("three nodes, one %d times slower: random, OpenTP1's rule and P2C at %.0f%% of capacity",
-		s6Slowdown, 100*factor), reported, skipped, o)
-	rep.Cluster = &setup
-	rep.ClusterResults = done
-	rep.Setup = s6Setup(setup, o, cfg.Quick, systems, loadgen)
-	rep.Notes = append(rep.Notes, clusterVerdict(done, s6Target))
-	if n := slowNotSlow(done, setup); n != "" {
-		rep.Notes = append(rep.Notes, n)
-	}
-	rep.addPlot(plotClusterCDF(rep, cfg.Out))
-	return writeReport(cfg, rep)
+		rep.addPlot(plotClusterCDF(rep, cfg.Out))
+	})
 }
 
 // slowNotSlow warns when, under the random rule (which offers the slow

@@ -23,7 +23,7 @@ import (
 )
 
 // S7: announce propagation at the cluster's limit, at three sizes. n
-// names.Cluster members (memberlist with tpsched's production timing) run
+// names.Gossip members (memberlist with tpsched's production timing) run
 // in this process on 127.0.0.1, each with its own sockets, memberlist and
 // name table and one service group; n is 32, 64 and 128, each size run
 // afresh, the sizes interleaved over the runs. After every table knows all
@@ -47,7 +47,7 @@ const (
 	s7JoinLimit    = 60 * time.Second
 	s7ProbeLimit   = 10 * time.Second // a change not everywhere by then is reported as not converged
 	s7Gap          = 300 * time.Millisecond
-	s7Refresh      = 20 * time.Second // names.ClusterConfig's default Refresh
+	s7Refresh      = 20 * time.Second // names.GossipConfig's default Refresh
 	s7Group        = "bench"
 	s7JoinInterval = 50 * time.Millisecond
 	// A member whose Stats or Leave takes longer is stuck; S7 reports it
@@ -159,7 +159,7 @@ type gossipResult struct {
 	Changes      traffic       `json:"changes"`
 	DroppedTotal uint64        `json:"announces_dropped"` // over every node, any reason, at the end
 	JoinCPUCores float64       `json:"join_cpu_cores"`    // this process's CPU while joining
-	// Members whose names.Cluster.Stats did not return within
+	// Members whose names.Gossip.Stats did not return within
 	// S7StatsLimit after the changes: their memberlist is stuck (it
 	// takes memberlist's node lock); and members whose Leave had not
 	// returned S7LeaveLimit after the end.
@@ -171,7 +171,7 @@ type gossipResult struct {
 // traffic is what the members sent over one phase.
 type traffic struct {
 	Seconds float64 `json:"seconds"`
-	// Announce bytes handed to gossip (names.ClusterStats.BytesSent,
+	// Announce bytes handed to gossip (names.GossipStats.BytesSent,
 	// relays included) per node per second, and own announces queued.
 	BytesPerNodeS float64 `json:"announce_bytes_per_node_per_s"`
 	Announces     float64 `json:"announces_sent"`
@@ -186,7 +186,7 @@ type traffic struct {
 	// and memberlist.tcp.sent. Only this process's; none for real nodes.
 	MemberlistBytesPerNodeS float64 `json:"memberlist_bytes_per_node_per_s"`
 	MemberlistPktsPerNodeS  float64 `json:"memberlist_udp_packets_per_node_per_s"`
-	// Announce messages handed to memberlist (names.ClusterStats.MessagesSent),
+	// Announce messages handed to memberlist (names.GossipStats.MessagesSent),
 	// per node per second.
 	MessagesPerNodeS float64 `json:"announce_messages_per_node_per_s"`
 	CPUCores         float64 `json:"process_cpu_cores"` // this process (the 128 members)
@@ -338,16 +338,16 @@ func (p *s7Probe) mark(j int, tables []*scdnames.Table, nodeName func(int) strin
 // not returned within limit (its memberlist is stuck: Stats takes
 // memberlist's node lock) is left out of the map and listed in stuck; its
 // goroutine is abandoned.
-func s7Stats(members []*s7Member, limit time.Duration) (map[int]scdnames.ClusterStats, []int) {
+func s7Stats(members []*s7Member, limit time.Duration) (map[int]scdnames.GossipStats, []int) {
 	type one struct {
 		i  int
-		st scdnames.ClusterStats
+		st scdnames.GossipStats
 	}
 	ch := make(chan one, len(members))
 	for i, m := range members {
 		go func() { ch <- one{i, m.c.Stats()} }()
 	}
-	got := make(map[int]scdnames.ClusterStats, len(members))
+	got := make(map[int]scdnames.GossipStats, len(members))
 	timeout := time.NewTimer(limit)
 	defer timeout.Stop()
 	for len(got) < len(members) {
@@ -389,7 +389,7 @@ func (h *s7Health) changed(j int, t *scdnames.Table) {
 }
 
 type s7Member struct {
-	c     *scdnames.Cluster
+	c     *scdnames.Gossip
 	table *scdnames.Table
 	level loadlevel.Level
 }
@@ -455,7 +455,7 @@ func s7Plan(cfg Config) scenarioPlan {
 }
 
 func runS7(ctx context.Context, cfg Config,
-	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+	newReport newReportFunc) error {
 	setup, sizes, runs := s7Sizing(cfg)
 	cfg.progress.begin(s7Plan(cfg))
 	fmt.Fprintf(cfg.Log, "S7: %v members in this process, %d runs each, quiet %v, %d changes a run\n", sizes, runs, setup.Quiet, setup.Probes)
@@ -627,7 +627,7 @@ func gossipRun(ctx context.Context, setup gossipSetup, log io.Writer) (*gossipRe
 		j := i
 		info := scdnames.NodeInfo{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+i)), Announce: true,
 			Groups: []scdnames.GroupInfo{{Group: s7Group}}}
-		c, err := scdnames.Join(scdnames.ClusterConfig{Self: nodeName(i), BindAddr: "127.0.0.1", Port: 0, Seeds: seeds, Fast: setup.Fast, Refresh: setup.Refresh,
+		c, err := scdnames.Join(scdnames.GossipConfig{Self: nodeName(i), BindAddr: "127.0.0.1", Port: 0, Seeds: seeds, Fast: setup.Fast, Refresh: setup.Refresh,
 			OnChange: func() {
 				health.changed(j, tables[j])
 				if p := cur.Load(); p != nil {
@@ -901,18 +901,18 @@ func s7Setup(g *gossipGrid, quick bool) []string {
 			"member 0 and up to %d other earlier members drawn at random (names.Join retries seeds that are not members every 2 s). No cluster_key. "+
 			"Each size is started afresh for each of %d runs; the sizes are interleaved, their order reversed every other run.",
 			listOf(g.Sizes), s7Group, s.Seeds-1, g.Runs),
-		"Timing: ClusterConfig{Fast: false}, the production timing: memberlist's LAN defaults (probes every 1 s, timeout 500 ms) with gossip " +
+		"Timing: GossipConfig{Fast: false}, the production timing: memberlist's LAN defaults (probes every 1 s, timeout 500 ms) with gossip " +
 			"every 100 ms to 4 members and push/pull every 15 s (memberlist scales it up above 32 members); every member re-announces every " +
-			s.Refresh.String() + " without a change (ClusterConfig.Refresh; 20 s in production). A change goes at once to the member's ceil(log2 n) fingers (the live members 1, 2, 4, " +
+			s.Refresh.String() + " without a change (GossipConfig.Refresh; 20 s in production). A change goes at once to the member's ceil(log2 n) fingers (the live members 1, 2, 4, " +
 			"... places on along the members sorted by name), and each member whose table it changed passes it on to its own fingers; every own " +
 			"announce, a refresh too, also goes into memberlist's broadcast queue (RetransmitMult 4 x ceil(log10(n+1)) sends, piggybacked on " +
 			"gossip and probes). A refresh changes no table, so nobody relays it.",
 		fmt.Sprintf("Join: from the first scdnames.Join until every table holds all members (Table.Len, read every %v).", s7JoinInterval),
 		fmt.Sprintf("Quiet: %v with no change, one refresh period: each member re-announces once in it. Then %d changes, one at a time: a "+
 			"member drawn at random announces its group one level up (LEVEL0 -> 1 -> 2 -> 0); the time is from Announce until each other "+
-			"table holds the new level (ClusterConfig.OnChange reads the table; a table that has not after %v counts as not reached); "+
+			"table holds the new level (GossipConfig.OnChange reads the table; a table that has not after %v counts as not reached); "+
 			"%v between changes. The changes of all runs of a size are pooled for the percentiles.", s.Quiet, s.Probes, s.ProbeLimit, s.Gap),
-		"Announce bytes and messages are names.ClusterStats.BytesSent and MessagesSent (announce messages handed to memberlist: gossiped, " +
+		"Announce bytes and messages are names.GossipStats.BytesSent and MessagesSent (announce messages handed to memberlist: gossiped, " +
 			"pushed to fingers, sent to newcomers; relays included, memberlist's own headers not), summed over the members, per member per " +
 			"second. 'Messages per change per member' is the changes phase's messages less its refreshes' (the quiet phase's rate), per change " +
 			"and member. Memberlist bytes are all the members' memberlists sent (probes, acks, gossip, push/pull and the announces; UDP and " +
@@ -922,7 +922,7 @@ func s7Setup(g *gossipGrid, quick bool) []string {
 			"process's, all members together; 'machine busy' is the whole machine's (/proc/stat), other tenants included.",
 		"Health: 'tables lost a member' counts each time a table dropped a member (memberlist declared it dead; nobody leaves in " +
 			"these phases, so each is a false death, usually a probe that timed out for want of CPU); 'stuck' members are those whose " +
-			"names.Cluster.Stats did not return within " + s7StatsLimit.String() + " at the phase's end (it waits for memberlist's node lock). " +
+			"names.Gossip.Stats did not return within " + s7StatsLimit.String() + " at the phase's end (it waits for memberlist's node lock). " +
 			"With all members on a few cores a run can tip into a state where probes time out for want of CPU, members are declared dead " +
 			"and rejoin, and CPU and traffic rise; these columns show whether a run did.",
 	}

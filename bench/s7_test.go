@@ -157,7 +157,7 @@ func TestGossipMarkdown(t *testing.T) {
 	r := &report{Scenario: "S7", Title: "t", Date: "2026-01-01", Gossip: g, Setup: s7Setup(g, true)}
 	md := r.Markdown()
 	for _, w := range []string{"# S7: t", "| 3 | 1 | 0.0 s | 30 (0) | 100 / 100 / 100 ms |", "| 4 | 1 | 0.0 s | 30 (1) | 200 / 200 / 200 ms |",
-		"| 3 | quiet (refresh only) | 1234 |", "ClusterConfig{Fast: false}", "Quick mode", "the live members 1, 2, 4"} {
+		"| 3 | quiet (refresh only) | 1234 |", "GossipConfig{Fast: false}", "Quick mode", "the live members 1, 2, 4"} {
 		if !strings.Contains(md, w) {
 			t.Errorf("markdown lacks %q:\n%s", w, md)
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,80 +128,67 @@ func s8RunTime(o runOptions) time.Duration { return o.stepTime() + s8Settle + st
 
 // runS8 runs hash and steering cfg.Runs times each, alternating, each run
 // on a node started afresh.
-func runS8(ctx context.Context, cfg Config, opts runOptions,
-	newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+func runS8(ctx context.Context, cfg Config, opts runOptions, newReport newReportFunc) error {
 	o := s8Timing(cfg, opts)
 	setup := s8Sizing(cfg)
-	systems := slices.DeleteFunc(s8Systems(), func(s s8System) bool {
-		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
-	})
+	systems := selected(cfg, "S8", s8Systems(), func(s s8System) string { return s.name })
 	if len(systems) == 0 {
-		fmt.Fprintf(cfg.Log, "S8: none of its systems selected\n")
 		return nil
 	}
 	cfg.progress.begin(plan("S8", len(systems)*o.Runs, s8RunTime(o)))
 	fmt.Fprintf(cfg.Log, "S8: %d receivers; %d heavy connection(s) x %d calls of %d KiB in flight; %d light connections, %d B every %v; %v + %v per run, %d systems x %d runs\n",
 		setup.Receivers, setup.Heavy, setup.Depth, setup.HeavyBytes>>10, setup.Light, setup.LightBytes, setup.Think, o.Warmup, o.Duration, len(systems), o.Runs)
-	results := make([]skewResult, len(systems))
-	cdfs := make([][][]cdfPoint, len(systems))
-	names := make([]string, len(systems))
-	for i, sys := range systems {
-		names[i] = sys.name
-		results[i].System = sys.name
-	}
-	skipped := map[string]string{}
 	sp := Spec{Workers: setup.Workers, Front: setup.Receivers, Queue: s8Queue}
-	sets := make([]*runSet[skewFigures], len(systems))
-	for i := range results {
-		sets[i] = &results[i].runSet
-	}
 	lightP99 := func(runs []skewFigures) int {
 		return medianRun(runs, func(f skewFigures) float64 { return f.LightP99us })
 	}
-	err := runEach(ctx, cfg, s8RunTime(o), names, o.Runs, true, skipped, sets, lightP99, func(r, si int) (skewFigures, error, error) {
-		sys := systems[si]
-		s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers), environ: sys.environ})
-		if err != nil {
-			return skewFigures{}, err, nil
-		}
-		defer s.Stop()
-		mech, err := steeringOf(s)
-		if err != nil {
-			return skewFigures{}, nil, err
-		}
-		if !strings.HasPrefix(mech, sys.want) {
-			return skewFigures{}, fmt.Errorf("the node places connections by %s, not %s", mech, sys.want), nil
-		}
-		results[si].Mechanism = mech
-		f, lat, err := skewRun(ctx, s, setup, o)
-		if err != nil {
-			return skewFigures{}, nil, err
-		}
-		cdfs[si] = append(cdfs[si], cdfOf(lat, 120))
-		fmt.Fprintf(cfg.Log, "  run %d %-24s light %5.0f/s p50 %s p99 %s (with heavy %s, apart %s), on the heavy socket %.0f/%d; heavy %5.0f/s; light per socket %s; errors %.0f\n",
-			r+1, sys.name, f.LightPerS, dur(f.LightP50us), dur(f.LightP99us), durOrNone(f.P99WithHeavyUs), durOrNone(f.P99ApartUs),
-			f.LightOnHeavy, setup.Light, f.HeavyPerS, joinFloats(f.Placement, "%.0f"), f.Errors)
-		return f, nil, nil
-	})
+	type drawn struct {
+		cdf       []cdfPoint
+		mechanism string
+	}
+	sr := systemsRun[skewFigures, drawn]{id: "S8", runs: o.Runs, per: s8RunTime(o), alternate: true, drawn: lightP99,
+		once: func(r, si int) (skewFigures, drawn, error, error) {
+			sys := systems[si]
+			s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers), environ: sys.environ})
+			if err != nil {
+				return skewFigures{}, drawn{}, err, nil
+			}
+			defer s.Stop()
+			mech, err := steeringOf(s)
+			if err != nil {
+				return skewFigures{}, drawn{}, nil, err
+			}
+			if !strings.HasPrefix(mech, sys.want) {
+				return skewFigures{}, drawn{}, fmt.Errorf("the node places connections by %s, not %s", mech, sys.want), nil
+			}
+			f, lat, err := skewRun(ctx, s, setup, o)
+			if err != nil {
+				return skewFigures{}, drawn{}, nil, err
+			}
+			fmt.Fprintf(cfg.Log, "  run %d %-24s light %5.0f/s p50 %s p99 %s (with heavy %s, apart %s), on the heavy socket %.0f/%d; heavy %5.0f/s; light per socket %s; errors %.0f\n",
+				r+1, sys.name, f.LightPerS, dur(f.LightP50us), dur(f.LightP99us), durOrNone(f.P99WithHeavyUs), durOrNone(f.P99ApartUs),
+				f.LightOnHeavy, setup.Light, f.HeavyPerS, joinFloats(f.Placement, "%.0f"), f.Errors)
+			return f, drawn{cdfOf(lat, 120), mech}, nil, nil
+		}}
+	for _, sys := range systems {
+		sr.names = append(sr.names, sys.name)
+	}
+	ms, skipped, err := sr.measure(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	var done []skewResult
-	var reported []string
-	for i, res := range results {
-		if len(res.Runs) > 0 {
-			res.CDF = cdfs[i][res.Drawn]
-			done, reported = append(done, res), append(reported, res.System)
-		}
+	for _, m := range ms {
+		done = append(done, skewResult{runSet: m.Set, System: m.System, Mechanism: m.Traces[len(m.Traces)-1].mechanism, CDF: m.drawnTrace().cdf})
 	}
-	rep := newReport("S8", fmt.Sprintf("skewed connections on %d receiving sockets: the kernel's hash against steering", setup.Receivers),
-		reported, skipped, o)
-	rep.Skew = &setup
-	rep.SkewResults = done
-	rep.Setup = s8Setup(setup, o, cfg.Quick)
-	rep.Notes = append(rep.Notes, skewVerdict(done, setup))
-	rep.addPlot(plotRunCDFs(rep, cfg.Out, gridCell{Service: "echo", Payload: setup.LightBytes, Conns: setup.Light}, done))
-	return writeReport(cfg, rep)
+	title := fmt.Sprintf("skewed connections on %d receiving sockets: the kernel's hash against steering", setup.Receivers)
+	return sr.reportOf(cfg, newReport, title, o, ms, skipped, func(rep *report) {
+		rep.Skew = &setup
+		rep.SkewResults = done
+		rep.Setup = s8Setup(setup, o, cfg.Quick)
+		rep.Notes = append(rep.Notes, skewVerdict(done, setup))
+		rep.addPlot(plotRunCDFs(rep, cfg.Out, gridCell{Service: "echo", Payload: setup.LightBytes, Conns: setup.Light}, done))
+	})
 }
 
 // steeringOf is how the node places the default receiver group's new

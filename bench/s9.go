@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -124,70 +123,56 @@ func s9RunTime(setup restartSetup) time.Duration {
 
 // runS9 restarts a node under load both ways, cfg.Runs times each,
 // alternating which goes first, each run on a node started afresh.
-func runS9(ctx context.Context, cfg Config, newReport func(string, string, []string, map[string]string, runOptions) *report) error {
+func runS9(ctx context.Context, cfg Config, newReport newReportFunc) error {
 	setup, runs := s9Sizing(cfg)
-	systems := slices.DeleteFunc(s9Systems(), func(s s9System) bool {
-		return len(cfg.Systems) > 0 && !slices.Contains(cfg.Systems, s.name)
-	})
+	systems := selected(cfg, "S9", s9Systems(), func(s s9System) string { return s.name })
 	if len(systems) == 0 {
-		fmt.Fprintf(cfg.Log, "S9: none of its systems selected\n")
 		return nil
 	}
 	cfg.progress.begin(plan("S9", len(systems)*runs, s9RunTime(setup)))
 	fmt.Fprintf(cfg.Log, "S9: echo %d B, open loop %d/s on %d carriers, restart %v into the run, %v after; %d systems x %d runs\n",
 		setup.Payload, s9Rate, setup.Carriers, setup.Before, setup.After, len(systems), runs)
-	results := make([]restartResult, len(systems))
-	traces := make([][][]callTrace, len(systems))
-	names := make([]string, len(systems))
-	for i, sys := range systems {
-		names[i] = sys.name
-		results[i].System, results[i].Config = sys.name, sys.config
-	}
-	skipped := map[string]string{}
 	sp := Spec{Workers: setup.Workers, Front: cfg.Spec.Front, Queue: 1024}
-	sets := make([]*runSet[restartFigures], len(systems))
-	for i := range results {
-		sets[i] = &results[i].runSet
-	}
 	notOK := func(runs []restartFigures) int {
 		return medianRun(runs, func(f restartFigures) float64 { return f.Refused + f.Failed + f.TimedOut })
 	}
-	err := runEach(ctx, cfg, s9RunTime(setup), names, runs, true, skipped, sets, notOK, func(r, si int) (restartFigures, error, error) {
-		sys := systems[si]
-		s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers)})
-		if err != nil {
-			return restartFigures{}, err, nil
-		}
-		defer s.Stop()
-		f, trace, err := restartRun(ctx, cfg.Env, s, setup, sys.restart)
-		if err != nil {
-			return restartFigures{}, nil, err
-		}
-		traces[si] = append(traces[si], trace)
-		fmt.Fprintf(cfg.Log, "  run %d %-20s %.0f due: %.0f ok, %.0f refused, %.0f failed, %.0f timed out; p99 %s / %s / %s; back after %.0f ms, disrupted %.0f ms\n",
-			r+1, sys.name, f.Due, f.OK, f.Refused, f.Failed, f.TimedOut, dur(f.P99BeforeUs), dur(f.P99AroundUs), dur(f.P99AfterUs), f.BackMs, f.DisruptedMs)
-		return f, nil, nil
-	})
+	sr := systemsRun[restartFigures, []callTrace]{id: "S9", runs: runs, per: s9RunTime(setup), alternate: true, drawn: notOK,
+		once: func(r, si int) (restartFigures, []callTrace, error, error) {
+			sys := systems[si]
+			s, err := startTpschedWith(cfg.Env, sp, tpschedConf{name: sys.name, module: "uap-echo", parallel: fmt.Sprint(setup.Workers)})
+			if err != nil {
+				return restartFigures{}, nil, err, nil
+			}
+			defer s.Stop()
+			f, trace, err := restartRun(ctx, cfg.Env, s, setup, sys.restart)
+			if err != nil {
+				return restartFigures{}, nil, nil, err
+			}
+			fmt.Fprintf(cfg.Log, "  run %d %-20s %.0f due: %.0f ok, %.0f refused, %.0f failed, %.0f timed out; p99 %s / %s / %s; back after %.0f ms, disrupted %.0f ms\n",
+				r+1, sys.name, f.Due, f.OK, f.Refused, f.Failed, f.TimedOut, dur(f.P99BeforeUs), dur(f.P99AroundUs), dur(f.P99AfterUs), f.BackMs, f.DisruptedMs)
+			return f, trace, nil, nil
+		}}
+	for _, sys := range systems {
+		sr.names = append(sr.names, sys.name)
+	}
+	ms, skipped, err := sr.measure(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	var done []restartResult
-	var reported []string
-	for i, res := range results {
-		if len(res.Runs) > 0 {
-			res.Windows = restartWindows(traces[i][res.Drawn], setup)
-			done, reported = append(done, res), append(reported, res.System)
-		}
+	for _, m := range ms {
+		done = append(done, restartResult{runSet: m.Set, System: m.System, Config: systems[m.Index].config,
+			Windows: restartWindows(m.drawnTrace(), setup)})
 	}
-	rep := newReport("S9", fmt.Sprintf("a node restarted under an open loop of %d calls/s: hand-off against stop and start", s9Rate),
-		reported, skipped, runOptions{Runs: runs, Duration: setup.Before + setup.After})
-	rep.Restart = &setup
-	rep.RestartResults = done
-	rep.Setup = s9Setup(setup, runs, cfg.Quick, systems)
-	rep.Notes = append(rep.Notes, restartVerdict(done))
-	rep.addPlot(plotRestart(rep, cfg.Out, "p99"))
-	rep.addPlot(plotRestart(rep, cfg.Out, "ok"))
-	return writeReport(cfg, rep)
+	title := fmt.Sprintf("a node restarted under an open loop of %d calls/s: hand-off against stop and start", s9Rate)
+	return sr.reportOf(cfg, newReport, title, runOptions{Runs: runs, Duration: setup.Before + setup.After}, ms, skipped, func(rep *report) {
+		rep.Restart = &setup
+		rep.RestartResults = done
+		rep.Setup = s9Setup(setup, runs, cfg.Quick, systems)
+		rep.Notes = append(rep.Notes, restartVerdict(done))
+		rep.addPlot(plotRestart(rep, cfg.Out, "p99"))
+		rep.addPlot(plotRestart(rep, cfg.Out, "ok"))
+	})
 }
 
 // restartRun runs the open loop on s and restarts it setup.Before into

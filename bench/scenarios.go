@@ -401,7 +401,7 @@ func s4Plan(n int, opts runOptions, needCapacity bool) scenarioPlan {
 }
 
 func runS4(ctx context.Context, cfg Config, opts runOptions, capacity map[string]float64,
-	newReport func(string, string, []string, map[string]string, runOptions) *report, loadgen string) error {
+	newReport newReportFunc, loadgen string) error {
 	sp := cfg.Spec
 	sp.Queue = cfg.S4Queue
 	systems, skipped := startAll(cfg, sp, s4Systems)

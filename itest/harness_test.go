@@ -168,6 +168,13 @@ func startCommand(t *testing.T, prog string, args ...string) *node {
 	return startCommandWith(t, nil, prog, args...)
 }
 
+// startCommandEnv is startCommand with env added to the command's
+// environment.
+func startCommandEnv(t *testing.T, env []string, prog string, args ...string) *node {
+	t.Helper()
+	return startCommandWith(t, func(c *exec.Cmd) { c.Env = append(c.Env, env...) }, prog, args...)
+}
+
 // startCommandWith is startCommand with setup run on the command before
 // it starts (to give scdd extra descriptors, say).
 func startCommandWith(t *testing.T, setup func(*exec.Cmd), prog string, args ...string) *node {

@@ -262,6 +262,18 @@ func (m *MuxConn) goAway() {
 	m.closeIfLeft()
 }
 
+// Retire is its owner's go-away: the connection takes no new call (as
+// after the node's KindGoAway, a new one fails with ErrGoingAway and
+// GoingAway reports true) and closes itself once no call waits on it. The
+// calls sent on it are answered as usual. OnGoAway is not called: the
+// owner knows.
+func (m *MuxConn) Retire() {
+	m.mu.Lock()
+	m.goingAway = true
+	m.mu.Unlock()
+	m.closeIfLeft()
+}
+
 // Forget withdraws the Answerer of id and reports whether it was still
 // waiting: if so it will never be called; if not, it has been or is being
 // answered.

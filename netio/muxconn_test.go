@@ -387,3 +387,41 @@ func TestMuxConnRoundTrip(t *testing.T) {
 		t.Error("the connection stays open after a round trip failed")
 	}
 }
+
+// TestMuxConnRetire: a retired connection refuses new calls as unsent,
+// answers the calls sent before as usual and closes once the last is
+// answered.
+func TestMuxConnRetire(t *testing.T) {
+	release := make(chan struct{})
+	addr := frameServer(t, func(f Frame, reply func([]byte), _ net.Conn) {
+		go func() { <-release; reply(AppendReply(nil, f.ID, f.Payload)) }()
+	})
+	m := dialMux(t, addr, MuxOptions{})
+	a := newAnswers()
+	for i := range 3 {
+		if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", []byte{byte(i)}, time.Time{}, a); !sent || err != nil {
+			t.Fatalf("Call: %v, %v", sent, err)
+		}
+	}
+	m.Retire()
+	if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, a); sent || !errors.Is(err, ErrGoingAway) {
+		t.Errorf("a call after Retire: sent %v, %v; want unsent, ErrGoingAway", sent, err)
+	}
+	if !m.GoingAway() || m.Err() != nil {
+		t.Errorf("retired: GoingAway %v, Err %v; want true, still open", m.GoingAway(), m.Err())
+	}
+	close(release)
+	for range 3 {
+		if r := a.next(t); r.err != nil {
+			t.Errorf("a call sent before Retire: %v", r.err)
+		}
+	}
+	select {
+	case <-m.Done():
+	case <-time.After(testDeadline):
+		t.Fatal("the retired connection did not close after its last answer")
+	}
+	if a.count.Load() != 3 {
+		t.Errorf("%d answers, want 3", a.count.Load())
+	}
+}

@@ -540,9 +540,11 @@ func (g *CPUGroup) Remove() error {
 	}
 }
 
-// writeCgroupFile writes one value to an existing cgroup interface file.
+// writeCgroupFile writes one value to an existing cgroup interface file
+// (truncating it, as a shell's > does: the kernel ignores it, a file that
+// stands for one in a test needs it).
 func writeCgroupFile(file, value string) error {
-	f, err := os.OpenFile(file, os.O_WRONLY, 0)
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_TRUNC, 0)
 	if err != nil {
 		return err
 	}

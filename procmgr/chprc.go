@@ -42,33 +42,14 @@ func (s *Server) Slots() int { return len(s.slots) }
 // process could not start) leaves the change made: that slot is retried
 // with the restart back-off, as a resident that died.
 func (s *Server) SetParallelCount(resident, maxProcs int) ([]bool, error) {
-	s.m.chprc.Lock()
-	defer s.m.chprc.Unlock()
-	if err := s.checkParallelCount(resident, maxProcs); err != nil {
+	start, stop, kinds, err := s.changeCounts(resident, maxProcs)
+	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	if s.stopping {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("procmgr: %s: the server is stopping", s.spec.Server)
-	}
-	var start []*slot // promoted slots that need a process
-	var stop []int    // slots whose process is to leave after its call
-	if resident > s.resident {
-		start = s.promote(resident - s.resident)
-	} else {
-		stop = s.demote(s.resident - resident)
-	}
-	s.resident = resident
-	s.residents.Store(int32(resident))
-	s.maxProcs.Store(int32(maxProcs))
-	stop = append(stop, s.trim(maxProcs, len(start))...)
-	kinds := make([]bool, len(s.slots))
-	for i, sl := range s.slots {
-		kinds[i] = sl.resident
-	}
-	s.mu.Unlock()
-
+	// Without procmgr's locks, as the Delegate's contract says: its Stop
+	// and Prepare may call back into the manager. A change that comes
+	// meanwhile finds the counts already changed; a slot it takes back is
+	// skipped below (errNotResident).
 	s.m.log.Info("parallel_count changed", "server", s.spec.Server, "resident", resident, "max", maxProcs,
 		"starting", len(start), "stopping", len(stop))
 	for _, slot := range stop {
@@ -93,6 +74,38 @@ func (s *Server) SetParallelCount(resident, maxProcs int) ([]bool, error) {
 		go s.watch(sl)
 	}
 	return kinds, errors.Join(errs...)
+}
+
+// changeCounts checks and makes the change of SetParallelCount under
+// Manager.chprc (one change at a time node-wide, for the residents of
+// every server against max_processes) and the server's lock, and returns
+// the slots whose processes are to start and to stop, and every slot's
+// kind.
+func (s *Server) changeCounts(resident, maxProcs int) (start []*slot, stop []int, kinds []bool, err error) {
+	s.m.chprc.Lock()
+	defer s.m.chprc.Unlock()
+	if err := s.checkParallelCount(resident, maxProcs); err != nil {
+		return nil, nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return nil, nil, nil, fmt.Errorf("procmgr: %s: the server is stopping", s.spec.Server)
+	}
+	if resident > s.resident {
+		start = s.promote(resident - s.resident)
+	} else {
+		stop = s.demote(s.resident - resident)
+	}
+	s.resident = resident
+	s.residents.Store(int32(resident))
+	s.maxProcs.Store(int32(maxProcs))
+	stop = append(stop, s.trim(maxProcs, len(start))...)
+	kinds = make([]bool, len(s.slots))
+	for i, sl := range s.slots {
+		kinds[i] = sl.resident
+	}
+	return start, stop, kinds, nil
 }
 
 // checkParallelCount checks a new parallel_count against the definition and

@@ -247,3 +247,63 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// lockProbe is a Delegate's Prepare and Stop that check procmgr holds none
+// of its locks while it calls them, as the Delegate's contract says: a
+// Delegate may call back into the manager (a chprc of another server, a
+// status read) without a deadlock.
+type lockProbe struct {
+	srv  atomic.Pointer[Server]
+	m    *Manager
+	mu   sync.Mutex
+	held []string
+}
+
+func (p *lockProbe) check(where string) {
+	locks := map[string]*sync.Mutex{"Manager.chprc": &p.m.chprc, "Manager.mu": &p.m.mu}
+	if s := p.srv.Load(); s != nil {
+		locks["Server.mu"] = &s.mu
+	}
+	for name, l := range locks {
+		if !l.TryLock() {
+			p.mu.Lock()
+			p.held = append(p.held, where+" with "+name+" held")
+			p.mu.Unlock()
+			continue
+		}
+		l.Unlock()
+	}
+}
+
+// TestSetParallelCountCallsDelegateWithoutLocks: a chprc that starts
+// residents calls Prepare, and one that stops them calls Stop, with none of
+// procmgr's locks held.
+func TestSetParallelCountCallsDelegateWithoutLocks(t *testing.T) {
+	t.Parallel()
+	m := quietManager(t, Options{})
+	probe := &lockProbe{m: m}
+	sp := uapSpec("sleep", t.TempDir(), 1)
+	sp.Server, sp.Group = "locks", "locks"
+	sp.Max, sp.IdleStop = 3, time.Hour
+	null := devNull(t)
+	srv := startServer(t, m, sp, &hooks{
+		prepare: func(int) error { probe.check("Prepare"); return nil },
+		file:    null,
+		slot:    func(int) SlotView { return SlotView{Busy: true, Ready: true} },
+		stop:    func(int) { probe.check("Stop") },
+	})
+	probe.srv.Store(srv)
+	wantRunning(t, srv, 1, 0)
+	if _, err := srv.SetParallelCount(3, 3); err != nil {
+		t.Fatalf("SetParallelCount(3, 3): %v", err)
+	}
+	wantRunning(t, srv, 3, 0)
+	if _, err := srv.SetParallelCount(1, 3); err != nil {
+		t.Fatalf("SetParallelCount(1, 3): %v", err)
+	}
+	probe.mu.Lock()
+	defer probe.mu.Unlock()
+	for _, h := range probe.held {
+		t.Errorf("the Delegate was called in %s", h)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -41,15 +42,50 @@ type HoldResult struct {
 	InFlight int    `json:"in_flight"` // calls queued or running: a hold lets them finish
 }
 
+// doors are the node's operator doors: the control socket (this file),
+// the read-only HTTP endpoint on metrics_address with the status page,
+// /status (status.go), /metrics (metrics.go) and /report (node_wlm.go). The
+// restart hands their listeners over (handOff) or takes them back
+// (resume).
+type doors struct {
+	n *Node
+
+	http      *http.Server // on metrics_address
+	httpLn    net.Listener
+	httpLimit *connLimit   // caps http's connections (httplimit.go)
+	ctl       *http.Server // on the control socket
+	ctlLn     *net.UnixListener
+	ctlLimit  *connLimit
+}
+
+// start serves the doors until the node stops: on the listeners bound
+// before the UAPs started (ports.go) or a restart handed over (httpLn,
+// ctlLn; nil: listen anew).
+func (d *doors) start(httpLn net.Listener, ctlLn *net.UnixListener) error {
+	if err := d.startControl(ctlLn); err != nil {
+		return err
+	}
+	return d.startHTTP(httpLn)
+}
+
+// run serves srv on ln until it is shut down or ln closed (both on
+// purpose: the node stops, or a restart hands ln over); anything else is
+// logged.
+func (d *doors) run(srv *http.Server, ln net.Listener, what string) {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+		d.n.log.Error(what+" stopped", "addr", ln.Addr().String(), "err", err)
+	}
+}
+
 // controlActions are the control socket's routes. Everything here has
 // passed the peer check.
-func (n *Node) controlActions(mux *http.ServeMux) {
-	mux.HandleFunc("POST /hold", func(w http.ResponseWriter, r *http.Request) { n.answerHold(w, r, true) })
-	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) { n.answerHold(w, r, false) })
-	mux.HandleFunc("GET /prc", n.answerPrc)
-	mux.HandleFunc("POST /chprc", n.answerChprc)
-	mux.HandleFunc("POST /restart", n.answerRestart)
-	n.wlmControl(mux) // wlm_control.go: quiesce, resume, refresh, policy
+func (d *doors) controlActions(mux *http.ServeMux) {
+	mux.HandleFunc("POST /hold", func(w http.ResponseWriter, r *http.Request) { d.answerHold(w, r, true) })
+	mux.HandleFunc("POST /release", func(w http.ResponseWriter, r *http.Request) { d.answerHold(w, r, false) })
+	mux.HandleFunc("GET /prc", d.answerPrc)
+	mux.HandleFunc("POST /chprc", d.answerChprc)
+	mux.HandleFunc("POST /restart", d.answerRestart)
+	d.wlmControl(mux) // node_wlm.go: quiesce, resume, refresh, policy
 	// Profiles for performance engineers: they show the node's insides.
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -164,25 +200,12 @@ func answers(p string) bool {
 	return true
 }
 
-// ControlSocket is the path of the node's control socket.
-func (n *Node) ControlSocket() string { return ControlSocketPath(n.cfg) }
-
 // startControl serves controlActions on the control socket until the node
-// stops.
-func (n *Node) startControl() error {
+// stops: on ln, the old process's on a restart, or a socket of its own.
+func (d *doors) startControl(ln *net.UnixListener) error {
+	n := d.n
 	path := ControlSocketPath(n.cfg)
-	// Bound before the UAPs started (bindPorts), else the old process's
-	// on a restart.
-	ln, err := n.controlBound, error(nil)
-	n.controlBound = nil
-	if inh := n.restart.inheritControl; inh != nil {
-		n.restart.inheritControl = nil
-		if ln == nil {
-			ln = inh
-		} else {
-			_ = inh.Close()
-		}
-	}
+	var err error
 	if ln == nil {
 		ln, err = listenControl(path)
 	}
@@ -191,10 +214,10 @@ func (n *Node) startControl() error {
 	}
 	refused := n.metrics.NewCounter("tpsched_control_refused_total")
 	mux := http.NewServeMux()
-	n.controlActions(mux)
-	srv, lim := newHTTPServer(n.controlAllowed(mux, refused), controlMaxConns, 0) // httplimit.go
+	d.controlActions(mux)
+	srv, lim := newHTTPServer(d.controlAllowed(mux, refused), controlMaxConns, 0) // httplimit.go
 	srv.ConnContext = withControlPeer
-	n.restart.controlLn, n.restart.controlSrv, n.restart.controlLimit = ln, srv, lim
+	d.ctlLn, d.ctl, d.ctlLimit = ln, srv, lim
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -207,11 +230,7 @@ func (n *Node) startControl() error {
 		cancel()
 		_ = srv.Close()
 	}()
-	go func() {
-		if err := srv.Serve(lim.listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) && !n.restart.handedOver.Load() && !n.restart.running.Load() {
-			n.log.Error("control socket stopped", "path", path, "err", err)
-		}
-	}()
+	go d.run(srv, lim.listener(ln), "control socket")
 	n.log.Info("control socket listening", "path", path, "allowed_uids", allowedUIDs())
 	return nil
 }
@@ -312,7 +331,8 @@ func allowedUIDs() []int {
 
 // controlAllowed lets a request through only from scdd's own effective uid
 // or root.
-func (n *Node) controlAllowed(next http.Handler, refused *metrics.Counter) http.Handler {
+func (d *doors) controlAllowed(next http.Handler, refused *metrics.Counter) http.Handler {
+	n := d.n
 	own := uint32(os.Geteuid())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, _ := r.Context().Value(controlPeerKey{}).(controlPeer)
@@ -343,7 +363,8 @@ func (n *Node) controlAllowed(next http.Handler, refused *metrics.Counter) http.
 	})
 }
 
-func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
+func (d *doors) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
+	n := d.n
 	name := r.URL.Query().Get("group")
 	res := HoldResult{Group: name, Held: hold}
 	var err error
@@ -357,14 +378,16 @@ func (n *Node) answerHold(w http.ResponseWriter, r *http.Request, hold bool) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	res.InFlight = n.groups[name].inFlight()
+	g, _ := n.local.Group(name)
+	res.InFlight = g.InFlight()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
 }
 
 // answerRestart hands the node's sockets to a new scdd (restart.go) and
 // says how it went.
-func (n *Node) answerRestart(w http.ResponseWriter, r *http.Request) {
+func (d *doors) answerRestart(w http.ResponseWriter, r *http.Request) {
+	n := d.n
 	res, err := n.Restart(r.Context())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusConflict)
@@ -372,4 +395,96 @@ func (n *Node) answerRestart(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
+}
+
+// answerPrc serves GET /prc?group= on the control socket.
+func (d *doors) answerPrc(w http.ResponseWriter, r *http.Request) {
+	n := d.n
+	list, err := n.local.Processes(r.URL.Query().Get("group"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	}
+	writeJSON(w, list)
+}
+
+// answerChprc serves POST /chprc?group=&resident=[&max=] on the control
+// socket.
+func (d *doors) answerChprc(w http.ResponseWriter, r *http.Request) {
+	n := d.n
+	q := r.URL.Query()
+	resident, err := strconv.Atoi(q.Get("resident"))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("chprc: resident %q: want a whole number", q.Get("resident")), http.StatusBadRequest)
+		return
+	}
+	maxProcs := -1
+	if v := q.Get("max"); v != "" {
+		if maxProcs, err = strconv.Atoi(v); err != nil || maxProcs < 0 {
+			http.Error(w, fmt.Sprintf("chprc: max %q: want a whole number", v), http.StatusBadRequest)
+			return
+		}
+	}
+	res, err := n.local.ChangeProcesses(q.Get("group"), resident, maxProcs)
+	var te *netio.Error
+	switch {
+	case errors.As(err, &te):
+		http.Error(w, err.Error(), http.StatusNotFound)
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusBadRequest)
+	default:
+		writeJSON(w, res)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// handOff duplicates the metrics and control listeners (for a new
+// process) and stops serving on them (connections open stay served).
+func (d *doors) handOff() (metricsF, controlF *os.File, err error) {
+	if tl, ok := d.httpLn.(*net.TCPListener); ok {
+		if metricsF, err = tl.File(); err != nil {
+			return nil, nil, fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	if ln := d.ctlLn; ln != nil {
+		if controlF, err = ln.File(); err != nil {
+			if metricsF != nil {
+				metricsF.Close()
+			}
+			return nil, nil, fmt.Errorf("control socket: %w", err)
+		}
+		ln.SetUnlinkOnClose(false) // the path is the new process's now
+		_ = ln.Close()
+	}
+	if metricsF != nil {
+		_ = d.httpLn.Close()
+	}
+	return metricsF, controlF, nil
+}
+
+// resume serves the metrics and control listeners again after a failed
+// hand-over.
+func (d *doors) resume(metricsF, controlF *os.File) {
+	if metricsF != nil {
+		if ln, err := net.FileListener(metricsF); err == nil {
+			d.httpLn = ln
+			go d.run(d.http, d.httpLimit.listener(ln), "metrics and status endpoint")
+		} else {
+			d.n.log.Error("restart: the metrics endpoint could not be taken back", "err", err)
+		}
+	}
+	if controlF != nil {
+		ln, err := net.FileListener(controlF)
+		if ul, ok := ln.(*net.UnixListener); err == nil && ok {
+			ul.SetUnlinkOnClose(true)
+			d.ctlLn = ul
+			go d.run(d.ctl, d.ctlLimit.listener(ul), "control socket")
+		} else {
+			d.n.log.Error("restart: the control socket could not be taken back", "err", err)
+		}
+	}
 }

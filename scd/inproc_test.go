@@ -20,6 +20,7 @@ import (
 	"tpsched/procmgr"
 	"tpsched/scd/client"
 	"tpsched/scd/def"
+	"tpsched/scd/local"
 	"tpsched/shm"
 )
 
@@ -30,7 +31,7 @@ import (
 // the test process, without root and without starting a process.
 type inProcess struct{}
 
-func (inProcess) Start(spec procmgr.Spec, d procmgr.Delegate) (processes, error) {
+func (inProcess) Start(spec procmgr.Spec, d procmgr.Delegate) (local.Processes, error) {
 	s := &inProcServer{spec: spec, d: d}
 	for slot := range spec.Resident {
 		if err := s.run(slot); err != nil {
@@ -100,6 +101,7 @@ func (s *inProcServer) run(slot int) error {
 func (s *inProcServer) Kick(int)                      {}
 func (s *inProcServer) Attached(int)                  {}
 func (s *inProcServer) Kill(int)                      {}
+func (s *inProcServer) Replace(int)                   {}
 func (s *inProcServer) Running() (int, int)           { return s.spec.Resident, 0 }
 func (s *inProcServer) Processes() []procmgr.ProcInfo { return nil }
 func (s *inProcServer) Usage() bpf.Usage              { return bpf.Usage{} }
@@ -270,9 +272,10 @@ func TestNodeInProcess(t *testing.T) {
 func waitInFlight(t testing.TB, n *Node, group string, want int) {
 	t.Helper()
 	end := time.Now().Add(10 * time.Second)
-	for n.groups[group].inFlight() != want {
+	g, _ := n.local.Group(group)
+	for g.InFlight() != want {
 		if time.Now().After(end) {
-			t.Fatalf("%s has %d calls in flight, want %d", group, n.groups[group].inFlight(), want)
+			t.Fatalf("%s has %d calls in flight, want %d", group, g.InFlight(), want)
 		}
 		time.Sleep(time.Millisecond)
 	}

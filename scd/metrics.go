@@ -10,16 +10,15 @@ import (
 	"bytes"
 	"io"
 	"net/http"
-	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/bpf"
 	"tpsched/internal/exposition"
 	"tpsched/netio/rpcport"
+	"tpsched/scd/wlmnode"
 )
 
 // metricHelp is the HELP text of every family scd registers, by name.
@@ -80,42 +79,6 @@ var metricHelp = map[string]string{
 	"tpsched_announces_dropped_total":   "Announces dropped, by reason (unauthenticated, malformed, full: the 128-node table is full, invalid).",
 }
 
-// requestDurationBuckets are the le bounds of tpsched_request_duration_seconds:
-// from an echo through shared memory (tens of µs) to watch_time's default
-// (180 s).
-var requestDurationBuckets = []float64{
-	50e-6, 100e-6, 250e-6, 500e-6,
-	.001, .0025, .005, .01, .025, .05, .1, .25, .5,
-	1, 2.5, 5, 10, 30, 60, 180,
-}
-
-// latencyHistogram is a group's tpsched_request_duration_seconds and the
-// same counts kept where /status can read them (the library's histogram
-// cannot be read back): the status page's latency percentiles.
-type latencyHistogram struct {
-	prom   *metrics.PrometheusHistogram
-	counts []atomic.Uint64 // per bucket of requestDurationBuckets, not cumulative; the last is beyond the last bound
-}
-
-func newLatencyHistogram(prom *metrics.PrometheusHistogram) *latencyHistogram {
-	return &latencyHistogram{prom: prom, counts: make([]atomic.Uint64, len(requestDurationBuckets)+1)}
-}
-
-// Update counts one call that took v seconds.
-func (h *latencyHistogram) Update(v float64) {
-	h.prom.Update(v)
-	h.counts[sort.SearchFloat64s(requestDurationBuckets, v)].Add(1) // the first bound >= v, as le
-}
-
-// status is the counts for /status.
-func (h *latencyHistogram) status() LatencyStatus {
-	ls := LatencyStatus{UpToSeconds: requestDurationBuckets, Counts: make([]uint64, len(h.counts))}
-	for i := range h.counts {
-		ls.Counts[i] = h.counts[i].Load()
-	}
-	return ls
-}
-
 // scrapedCounter is a counter whose value is kept elsewhere and read at
 // each scrape.
 type scrapedCounter struct {
@@ -129,25 +92,19 @@ type scrapedSeries struct {
 	counters []scrapedCounter
 }
 
-// counterFunc registers the counter name, read from get at each scrape.
+// counter registers the counter name, read from get at each scrape.
 // (The library's callback series are gauges; a _total is a counter.)
-func (n *Node) counterFunc(name string, get func() uint64) {
-	n.scraped.mu.Lock()
-	defer n.scraped.mu.Unlock()
-	n.scraped.counters = append(n.scraped.counters, scrapedCounter{name, get})
-}
-
-// exposeMetrics turns on HELP and TYPE lines (a library-wide switch) and
-// makes writeScraped part of n.metrics.
-func (n *Node) exposeMetrics() {
-	metrics.ExposeMetadata(true)
-	n.metrics.RegisterMetricsWriter(n.writeScraped)
+func (s *scrapedSeries) counter(name string, get func() uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.counters = append(s.counters, scrapedCounter{name, get})
 }
 
 // writeScraped writes the series read at scrape time, through a Set of
 // their own so that the library groups each family under one HELP and
-// TYPE.
-func (n *Node) writeScraped(w io.Writer) {
+// TYPE. It is a metrics writer of n.metrics (New).
+func (d *doors) writeScraped(w io.Writer) {
+	n := d.n
 	s := metrics.NewSet()
 	n.scraped.mu.Lock()
 	counters := n.scraped.counters
@@ -167,9 +124,9 @@ func (n *Node) writeScraped(w io.Writer) {
 		u   bpf.Usage
 	}
 	var hists []hist
-	for _, g := range n.order {
-		lbl := `{group="` + g.name + `"}`
-		u, cpu := g.procs.Usage(), g.procs.CPUSample()
+	for _, g := range n.local.Groups() {
+		lbl := `{group="` + g.Name() + `"}`
+		u, cpu := g.Usage(), g.CPUSample()
 		s.NewFloatCounter(`tpsched_group_cpu_seconds_total` + lbl).Set(u.OnCPU.Seconds())
 		s.NewFloatCounter(`tpsched_group_runqueue_wait_seconds_total` + lbl).Set(u.Wait.Seconds())
 		if cpu.Wait >= 0 {
@@ -177,7 +134,7 @@ func (n *Node) writeScraped(w io.Writer) {
 		}
 		s.NewGauge(`tpsched_group_runnable_ratio`+lbl, nil).Set(float64(cpu.Busy) / 100)
 		if mech.Histogram {
-			hists = append(hists, hist{`group="` + g.name + `"`, u})
+			hists = append(hists, hist{`group="` + g.Name() + `"`, u})
 		}
 	}
 	s.WritePrometheus(w)
@@ -215,10 +172,11 @@ func writeWaitHistogram(w io.Writer, family, lbl string, u bpf.Usage) {
 }
 
 // serveMetrics is GET /metrics.
-func (n *Node) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+func (d *doors) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+	n := d.n
 	var b bytes.Buffer
 	n.metrics.WritePrometheus(&b)
 	metrics.WriteProcessMetrics(&b)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	_ = exposition.Write(w, b.Bytes(), metricHelp, wlmMetricHelp, rpcport.MetricHelp, exposition.Runtime)
+	_ = exposition.Write(w, b.Bytes(), metricHelp, wlmnode.MetricHelp, rpcport.MetricHelp, exposition.Runtime)
 }

@@ -58,7 +58,7 @@ func metricsNode(t *testing.T) *Node {
 // scrape reads n's /metrics over HTTP, as Prometheus does.
 func scrape(t testing.TB, n *Node) string {
 	t.Helper()
-	resp, err := http.Get("http://" + n.adminLn.Addr().String() + "/metrics")
+	resp, err := http.Get("http://" + n.doors.httpLn.Addr().String() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -62,21 +61,16 @@ type RestartResult struct {
 	Conns  int    `json:"conns"` // connections the old process tells to go away
 }
 
-// restartState is a node's part in a hand-over, as the old or the new
+// restarter is a node's part in a hand-over, as the old or the new
 // process.
-type restartState struct {
+type restarter struct {
+	n          *Node
 	mu         sync.Mutex  // held by Restart until the hand-over is done or undone
 	running    atomic.Bool // a Restart is under way
 	handedOver atomic.Bool // this (old) process gave its sockets away
 	retiredOne sync.Once
 	retired    chan struct{} // made by retiredCh
 	retireErr  error         // set before retired closes
-
-	// The admin listeners, to hand over; the control server is
-	// controlSrv.
-	controlLn    *net.UnixListener
-	controlSrv   *http.Server
-	controlLimit *connLimit
 
 	// The new process's side: the socket to the old one and what came
 	// over it.
@@ -89,7 +83,7 @@ type restartState struct {
 
 // closeInherited closes what came from the old process and nothing took
 // (a start that failed).
-func (rs *restartState) closeInherited() {
+func (rs *restarter) closeInherited() {
 	for _, l := range rs.inheritRPC {
 		if l.File != nil {
 			_ = l.File.Close()
@@ -187,14 +181,16 @@ func closeFiles(fs []*os.File) {
 // returns once it serves; this node then lets its callers go, drains and
 // ends (Retired). On any failure before the new process serves, this node
 // keeps its sockets and serves on, and the error says why.
-func (n *Node) Restart(ctx context.Context) (RestartResult, error) {
-	rs := &n.restart
+func (n *Node) Restart(ctx context.Context) (RestartResult, error) { return n.restart.restart(ctx) }
+
+func (r *restarter) restart(ctx context.Context) (RestartResult, error) {
+	n, rs := r.n, r
 	if !rs.running.CompareAndSwap(false, true) {
 		return RestartResult{}, errors.New("restart: one is under way already")
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	res, err := n.restart1(ctx)
+	res, err := r.restart1(ctx)
 	if err != nil {
 		rs.running.Store(false)
 		n.log.Error("restart failed; this process serves on", "err", err)
@@ -203,10 +199,11 @@ func (n *Node) Restart(ctx context.Context) (RestartResult, error) {
 	return res, nil
 }
 
-func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
+func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
+	n := r.n
 	start := time.Now()
 	res := RestartResult{OldPID: os.Getpid()}
-	if n.draining.Load() || n.restart.handedOver.Load() {
+	if n.draining.Load() || r.handedOver.Load() {
 		return res, errors.New("restart: the node is draining")
 	}
 	if n.rpc == nil {
@@ -254,7 +251,7 @@ func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
 	}
 	n.log.Info("restart: new process started; waiting for it to start its groups", "pid", res.NewPID)
 
-	m, _, err := n.waitStep(ctx, conn, exit, "ready", takeoverReadyTime)
+	m, _, err := r.waitStep(ctx, conn, exit, "ready", takeoverReadyTime)
 	if err != nil {
 		return fail(err)
 	}
@@ -269,7 +266,7 @@ func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
 		files = append(files, l.File)
 	}
 	msg := takeoverMsg{Step: "listeners", RPC: rpc}
-	metricsF, controlF, err := n.handOffAdmin()
+	metricsF, controlF, err := n.doors.handOff()
 	if err != nil {
 		_ = n.rpc.Resume(rpc)
 		return fail(fmt.Errorf("restart: %w", err))
@@ -281,11 +278,11 @@ func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
 		files, msg.Control = append(files, controlF), ControlSocketPath(n.cfg)
 	}
 	var namesF []*os.File // duplicates: this process's memberlist keeps its own
-	if cl := n.cluster; m.Names && cl != nil && cl.gossip.Load() != nil {
+	if np := n.router.NamePort(); m.Names && np != nil {
 		// The name port goes over too, held open throughout: the new
 		// process's UAPs run already, and one could bind the port between
 		// this process leaving it and the new one joining.
-		if tcpF, udpF, err := cl.gossip.Load().Transport().Files(); err == nil {
+		if tcpF, udpF, err := np.Files(); err == nil {
 			files, msg.Names = append(files, tcpF, udpF), true
 			namesF = []*os.File{tcpF, udpF}
 		} else {
@@ -299,38 +296,32 @@ func (n *Node) restart1(ctx context.Context) (RestartResult, error) {
 		if rerr := n.rpc.Resume(rpc); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
-		n.resumeAdmin(metricsF, controlF)
+		n.doors.resume(metricsF, controlF)
 		closeFiles(namesF)
 		return res, err
 	}
 	if err := sendMsg(conn, msg, files); err != nil {
 		return undo(fmt.Errorf("restart: send the sockets: %w", err))
 	}
-	if m, _, err = n.waitStep(ctx, conn, exit, "serving", takeoverServingTime); err != nil {
+	if m, _, err = r.waitStep(ctx, conn, exit, "serving", takeoverServingTime); err != nil {
 		return undo(err)
 	}
 	// The new process serves: the sockets are its own now.
 	closeFiles(files)
-	n.restart.handedOver.Store(true)
+	r.handedOver.Store(true)
 	res.Took = time.Since(start).Round(time.Millisecond).String()
-	if cl := n.cluster; cl != nil && cl.gossip.Load() != nil {
-		// Stop without leaving: the other nodes keep sending to this
-		// node's address, where the new process now accepts, and take the
-		// new process's announces (a newer boot) when it has joined on the
-		// name port this frees.
-		cl.leave.Do(func() {
-			if err := cl.gossip.Load().Stop(); err != nil {
-				n.log.Warn("restart: stopping the cluster membership", "err", err)
-			}
-		})
-	}
+	// Stop without leaving: the other nodes keep sending to this node's
+	// address, where the new process now accepts, and take the new
+	// process's announces (a newer boot) when it has joined on the name
+	// port this frees.
+	n.router.StopWithoutLeaving()
 	if err := sendMsg(conn, takeoverMsg{Step: "left"}, nil); err != nil {
 		n.log.Warn("restart: telling the new process the cluster was left", "err", err)
 	}
 	res.Conns = n.rpc.Stats().Conns
 	n.log.Info("restart: the new process serves; letting callers go and draining", "new_pid", m.PID, "took", res.Took,
 		"connections", res.Conns)
-	go n.retire()
+	go r.retire()
 	return res, nil
 }
 
@@ -343,7 +334,7 @@ type exitWatch struct {
 
 // waitStep waits for the new process's message step; an exit, a failure
 // message, ctx or the time limit end the wait with an error.
-func (n *Node) waitStep(ctx context.Context, conn *net.UnixConn, exit *exitWatch, step string, limit time.Duration) (takeoverMsg, []*os.File, error) {
+func (r *restarter) waitStep(ctx context.Context, conn *net.UnixConn, exit *exitWatch, step string, limit time.Duration) (takeoverMsg, []*os.File, error) {
 	type got struct {
 		m     takeoverMsg
 		files []*os.File
@@ -387,56 +378,10 @@ func (n *Node) waitStep(ctx context.Context, conn *net.UnixConn, exit *exitWatch
 	}
 }
 
-// handOffAdmin duplicates the metrics and control listeners and stops
-// serving on them (connections open stay served).
-func (n *Node) handOffAdmin() (metricsF, controlF *os.File, err error) {
-	if tl, ok := n.adminLn.(*net.TCPListener); ok {
-		if metricsF, err = tl.File(); err != nil {
-			return nil, nil, fmt.Errorf("metrics listener: %w", err)
-		}
-	}
-	if ln := n.restart.controlLn; ln != nil {
-		if controlF, err = ln.File(); err != nil {
-			if metricsF != nil {
-				metricsF.Close()
-			}
-			return nil, nil, fmt.Errorf("control socket: %w", err)
-		}
-		ln.SetUnlinkOnClose(false) // the path is the new process's now
-		_ = ln.Close()
-	}
-	if metricsF != nil {
-		_ = n.adminLn.Close()
-	}
-	return metricsF, controlF, nil
-}
-
-// resumeAdmin serves the metrics and control listeners again after a
-// failed hand-over.
-func (n *Node) resumeAdmin(metricsF, controlF *os.File) {
-	if metricsF != nil {
-		if ln, err := net.FileListener(metricsF); err == nil {
-			n.adminLn = ln
-			go func() { _ = n.admin.Serve(n.adminLimit.listener(ln)) }()
-		} else {
-			n.log.Error("restart: the metrics endpoint could not be taken back", "err", err)
-		}
-	}
-	if controlF != nil {
-		ln, err := net.FileListener(controlF)
-		if ul, ok := ln.(*net.UnixListener); err == nil && ok {
-			ul.SetUnlinkOnClose(true)
-			n.restart.controlLn = ul
-			go func() { _ = n.restart.controlSrv.Serve(n.restart.controlLimit.listener(ul)) }()
-		} else {
-			n.log.Error("restart: the control socket could not be taken back", "err", err)
-		}
-	}
-}
-
 // retire lets the callers of the old process go and drains it.
-func (n *Node) retire() {
-	rs := &n.restart
+func (r *restarter) retire() {
+	n := r.n
+	rs := r
 	told := n.rpc.GoAway("this node hands its port to a new process: send new calls on a new connection")
 	start := time.Now()
 	t := time.NewTicker(20 * time.Millisecond)
@@ -450,7 +395,8 @@ func (n *Node) retire() {
 	close(rs.retiredCh())
 }
 
-func (rs *restartState) retiredCh() chan struct{} {
+func (r *restarter) retiredCh() chan struct{} {
+	rs := r
 	rs.retiredOne.Do(func() { rs.retired = make(chan struct{}) })
 	return rs.retired
 }
@@ -462,8 +408,8 @@ func (n *Node) Retired() <-chan struct{} { return n.restart.retiredCh() }
 // drainedByRestart is Drain's way around a restart: it waits for one under
 // way to settle, and when this process handed its sockets over, waits for
 // its own drain instead of starting another.
-func (n *Node) drainedByRestart() (bool, error) {
-	rs := &n.restart
+func (r *restarter) drainedByRestart() (bool, error) {
+	rs := r
 	rs.mu.Lock()
 	handed := rs.handedOver.Load()
 	rs.mu.Unlock()
@@ -504,8 +450,9 @@ func TakeoverConn() (*net.UnixConn, error) {
 
 // takeOver asks the old process for its sockets, once this one's groups
 // have started.
-func (n *Node) takeOver() error {
-	rs := &n.restart
+func (r *restarter) takeOver() error {
+	n := r.n
+	rs := r
 	if rs.peer == nil {
 		return nil
 	}
@@ -576,8 +523,9 @@ func (n *Node) takeOver() error {
 
 // takeoverServing tells the old process this one serves, and waits until
 // it has left the cluster (so that this one may join on the name port).
-func (n *Node) takeoverServing() error {
-	rs := &n.restart
+func (r *restarter) takeoverServing() error {
+	n := r.n
+	rs := r
 	if rs.peer == nil {
 		return nil
 	}
@@ -602,8 +550,8 @@ func RefuseTakeover(conn *net.UnixConn, err error) {
 }
 
 // takeoverFailed tells the old process this one cannot take over.
-func (n *Node) takeoverFailed(err error) {
-	if rs := &n.restart; rs.peer != nil {
+func (r *restarter) takeoverFailed(err error) {
+	if rs := r; rs.peer != nil {
 		_ = sendMsg(rs.peer, takeoverMsg{Step: "failed", Error: err.Error()}, nil)
 		rs.peer.Close()
 		rs.peer = nil

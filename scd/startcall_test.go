@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"tpsched/procmgr"
+	"tpsched/scd/local"
 	"tpsched/shm"
 )
 
@@ -20,7 +21,7 @@ type callAtStart struct {
 	replies chan string
 }
 
-func (m *callAtStart) Start(spec procmgr.Spec, d procmgr.Delegate) (processes, error) {
+func (m *callAtStart) Start(spec procmgr.Spec, d procmgr.Delegate) (local.Processes, error) {
 	switch spec.Group {
 	case "a":
 		s := &inProcServer{spec: spec, d: d, beforeServe: func(u *shm.UAP) {
@@ -40,8 +41,8 @@ func (m *callAtStart) Start(spec procmgr.Spec, d procmgr.Delegate) (processes, e
 		}
 		return s, nil
 	case "b":
-		b := m.n.groups["b"]
-		for end := time.Now().Add(5 * time.Second); b.Waiting() == 0 && time.Now().Before(end); {
+		b, _ := m.n.local.Group("b")
+		for end := time.Now().Add(5 * time.Second); b.InFlight() == 0 && time.Now().Before(end); {
 			time.Sleep(time.Millisecond)
 		}
 	}

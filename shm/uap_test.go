@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +18,10 @@ import (
 )
 
 const helperEnv = "TPSCHED_SHM_TEST_UAP"
+
+// HelperUAPEnv turns the test binary into the Go helper UAP (TestHelperUAP),
+// for the protocol suite (package shm_test).
+const HelperUAPEnv = helperEnv
 
 // TestHelperUAP is not a test: it is the UAP process that the cross-process
 // tests start by re-executing the test binary. TPSCHED_SHM_TEST_MAXSLEEP
@@ -171,164 +174,12 @@ func call(tb testing.TB, g *Group, p *Proc, entry string, req []byte) Completion
 	return c
 }
 
-func TestCrossProcessEcho(t *testing.T) {
-	g := newGroup(t, 1<<20, 2)
-	ps := []*uapProc{startUAP(t, g, 0), startUAP(t, g, 1)}
-	attached(t, g, ps...)
-	rng := rand.New(rand.NewPCG(1, 2))
-	src := make([]byte, 2<<20)
-	for i := range src {
-		src[i] = byte(rng.Uint32())
-	}
-	// Both processes busy at once: the reader sleeps on two doorbells.
-	type want struct{ off, size int }
-	wants := make([]want, 2)
-	for i := range 3000 {
-		for s, p := range ps {
-			size := []int{0, 1 << 20, 1, 4095, 4096}[i%5]
-			if i > 10 {
-				size = rng.IntN(64 << 10)
-			}
-			off := rng.IntN(len(src) - size)
-			wants[s] = want{off, size}
-			if err := p.Dispatch("echo", src[off:off+size], 0); err != nil {
-				t.Fatal(err)
-			}
-			p.Wake()
-		}
-		for s, p := range ps {
-			var c Completion
-			until(t, g, 10*time.Second, "a completion", func() bool {
-				var ok bool
-				var err error
-				c, ok, err = p.Completion()
-				if err != nil {
-					t.Fatal(err)
-				}
-				return ok
-			})
-			w := wants[s]
-			if c.Status != StatusOK || !bytes.Equal(c.Reply, src[w.off:w.off+w.size]) {
-				t.Fatalf("call %d on slot %d: status %v, reply of %d bytes differs from the %d-byte request", i, s, c.Status, len(c.Reply), w.size)
-			}
-		}
-	}
-}
-
-func TestCrossProcessStatuses(t *testing.T) {
+// TestCrossProcessKilledBeforeTaking: a process stopped before it could
+// take a call handed to its mailbox, then killed, had not taken it (the
+// node requeues it); a fresh process in the slot serves. (One killed in its
+// handler had taken its call: TestUAPProtocol, every implementation.)
+func TestCrossProcessKilledBeforeTaking(t *testing.T) {
 	g := newGroup(t, 64, 1)
-	p := startUAP(t, g, 0)
-	attached(t, g, p)
-	if got := p.Entries(); len(got) != 6 {
-		t.Errorf("registered entries %q, want the helper's 6", got)
-	}
-	for _, c := range []struct {
-		entry, req string
-		status     Status
-		reply      string
-	}{
-		{"echo", "hi", StatusOK, "hi"},
-		{"fail", "x", StatusAppError, "failed: x"},
-		{"nope", "x", StatusNoSuchService, "nope"},
-		{"huge", "", StatusAppError, "reply too big"},
-	} {
-		got := call(t, g, p.Proc, c.entry, []byte(c.req))
-		if got.Status != c.status || string(got.Reply) != c.reply {
-			t.Errorf("%s: %v %q, want %v %q", c.entry, got.Status, got.Reply, c.status, c.reply)
-		}
-	}
-	// A deadline already past: the UAP does not run the call.
-	if err := p.Dispatch("echo", []byte("late"), time.Now().Add(-time.Second).UnixNano()); err != nil {
-		t.Fatal(err)
-	}
-	p.Wake()
-	until(t, g, 10*time.Second, "a completion", func() bool {
-		c, ok, _ := p.Completion()
-		if ok && c.Status != StatusTimedOut {
-			t.Fatalf("late call: %v", c.Status)
-		}
-		return ok
-	})
-	if err := p.Dispatch("echo", make([]byte, 65), 0); err != ErrTooBig {
-		t.Errorf("65 bytes into a 64-byte area: %v, want ErrTooBig", err)
-	}
-	if err := p.Dispatch(string(make([]byte, 33)), nil, 0); err != ErrNameTooLong {
-		t.Errorf("33-byte entry: %v, want ErrNameTooLong", err)
-	}
-}
-
-func TestCrossProcessStopAndClose(t *testing.T) {
-	g := newGroup(t, 64, 2)
-	a, b := startUAP(t, g, 0), startUAP(t, g, 1)
-	attached(t, g, a, b)
-	// Stop while holding a call: the call completes, then the process leaves.
-	if err := a.Dispatch("sleep", []byte("50ms"), 0); err != nil {
-		t.Fatal(err)
-	}
-	a.Wake()
-	a.Stop()
-	a.Wake()
-	until(t, g, 10*time.Second, "the stopped process's completion", func() bool {
-		c, ok, _ := a.Completion()
-		return ok && c.Status == StatusOK
-	})
-	if err := a.wait(t, 10*time.Second); err != nil {
-		t.Fatalf("stopped process: %v", err)
-	}
-	if !a.Left() {
-		t.Error("a stopped process did not say it left")
-	}
-	// The other process was not asked to stop.
-	if c := call(t, g, b.Proc, "echo", []byte("still")); string(c.Reply) != "still" {
-		t.Fatalf("reply %q", c.Reply)
-	}
-	g.Close()
-	if err := b.wait(t, 10*time.Second); err != nil {
-		t.Fatalf("closed group's process: %v", err)
-	}
-}
-
-func TestCrossProcessRefresh(t *testing.T) {
-	g := newGroup(t, 64, 1)
-	for i := range 3 {
-		p := startUAP(t, g, 0, "TPSCHED_REFRESH=1")
-		attached(t, g, p)
-		c := call(t, g, p.Proc, "pid", nil)
-		if string(c.Reply) != strconv.Itoa(p.cmd.Process.Pid) {
-			t.Fatalf("refresh %d: pid %q from process %d", i, c.Reply, p.cmd.Process.Pid)
-		}
-		if err := p.wait(t, 10*time.Second); err != nil {
-			t.Fatalf("refresh process %d exit: %v", i, err)
-		}
-	}
-}
-
-// TestCrossProcessKill: a process killed inside its handler had taken its
-// call (it may have run part of it); one killed before taking it had not.
-func TestCrossProcessKill(t *testing.T) {
-	g := newGroup(t, 64, 1)
-	p := startUAP(t, g, 0)
-	attached(t, g, p)
-	if err := p.Dispatch("sleep", []byte("1h"), 0); err != nil {
-		t.Fatal(err)
-	}
-	p.Wake()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for p.Taken() == 0 {
-		if ctx.Err() != nil {
-			t.Fatal("the UAP never took its call")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	p.cmd.Process.Signal(syscall.SIGSTOP) // stopped holding the call: nothing else waits for it
-	p.cmd.Process.Kill()
-	p.wait(t, 10*time.Second)
-	if p.Holding() != 1 || p.Taken() != 1 {
-		t.Fatalf("killed in its handler: holding %d, taken %d", p.Holding(), p.Taken())
-	}
-
-	// Stopped before it could take the next call, then killed: not taken.
 	q := startUAP(t, g, 0)
 	attached(t, g, q)
 	q.cmd.Process.Signal(syscall.SIGSTOP)
@@ -343,8 +194,6 @@ func TestCrossProcessKill(t *testing.T) {
 	if q.Holding() != 1 || q.Taken() != 0 {
 		t.Fatalf("killed before taking: holding %d, taken %d", q.Holding(), q.Taken())
 	}
-
-	// A fresh process in the slot serves.
 	r := startUAP(t, g, 0)
 	attached(t, g, r)
 	if c := call(t, g, r.Proc, "echo", []byte("after")); string(c.Reply) != "after" {

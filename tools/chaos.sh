@@ -14,7 +14,7 @@ trap 'rm -f "$log"' EXIT
 start=$(date +%s)
 # -p 1: one package at a time, so the figures are the node's, not the
 # machine's sharing.
-"$go" test -count=1 -p 1 -v -timeout 30m -run '^TestChaos' ./itest/ ./scd/ >"$log" 2>&1
+"$go" test -count=1 -p 1 -v -timeout 30m -run '^TestChaos' ./itest/ ./scd/ ./scd/peers/ >"$log" 2>&1
 status=$?
 # Figures belong to the test that logged them: go test -v streams a test's
 # log lines between its "=== RUN" (or "=== CONT") line and its result.

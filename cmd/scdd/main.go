@@ -67,6 +67,8 @@ func run() int {
 	entries := flag.Bool("entries", false, "with -check: also start one process of each server and check that it registers the entry of every service (runs the modules)")
 	probes := flag.String("cpu-probes", os.Getenv("TPSCHED_BPF"),
 		"how UAP CPU time and run-queue wait are measured: empty = eBPF if it loads, else /proc; off = /proc; tp_btf, raw_tp or tracepoint to insist on one (default $TPSCHED_BPF)")
+	cpuLoad := flag.String("cpu-load-file", os.Getenv("TPSCHED_PROC_STAT"),
+		"the file the routing manager reads the CPUs' load from, in /proc/stat's format (default $TPSCHED_PROC_STAT, else /proc/stat): for tests that give nodes of one machine loads of their own")
 	steering := flag.String("steering", os.Getenv("TPSCHED_STEERING"),
 		"how receiver groups' new connections are placed: empty = the SK_REUSEPORT program (least work) if it loads, else the kernel's hash; off = the hash (default $TPSCHED_STEERING)")
 	fastDetect := flag.Bool("fast-failure-detection", false,
@@ -140,7 +142,7 @@ func run() int {
 	// New checks the definitions against the machine (modules found and
 	// executable) without starting anything, as -check does.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
-		FastFailureDetection: *fastDetect, Steering: *steering, RestartArgs: os.Args[1:], Takeover: takeover})
+		FastFailureDetection: *fastDetect, Steering: *steering, RestartArgs: os.Args[1:], Takeover: takeover, ProcStat: *cpuLoad})
 	if err != nil {
 		scd.RefuseTakeover(takeover, err)
 		printErrors(err)

@@ -3,7 +3,7 @@
 // whether it receives from a socket, and the address to send it requests.
 // It owns three things: the Table a node keeps of every node's announce,
 // the announce message (Codec) that carries one node's NodeInfo to the
-// others, and the Cluster that carries it (cluster.go): membership through
+// others, and the Gossip that carries it (gossip.go): membership through
 // memberlist, the finger relay that takes a change to every member in
 // log2 n hops at ceil(log2 n) messages per member, the periodic refresh.
 //

@@ -14,7 +14,7 @@ import (
 
 // relayMember is a member started for the relay cost test.
 type relayMember struct {
-	c     *Cluster
+	c     *Gossip
 	table *Table
 	info  NodeInfo
 }
@@ -31,7 +31,7 @@ func startRelayMembers(t *testing.T, n int) []relayMember {
 		name := fmt.Sprintf("r%03d", i)
 		info := NodeInfo{Addr: "127.0.0.1:1", Announce: true, Groups: []GroupInfo{{Group: "g"}}}
 		table := NewTable(name)
-		c, err := Join(ClusterConfig{Self: name, BindAddr: "127.0.0.1", Seeds: seed, Key: key, Refresh: time.Hour}, table, info)
+		c, err := Join(GossipConfig{Self: name, BindAddr: "127.0.0.1", Seeds: seed, Key: key, Refresh: time.Hour}, table, info)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +244,7 @@ func TestLateJoinerGetsEveryLevel(t *testing.T) {
 	}
 	table := NewTable("r999")
 	start := time.Now()
-	c, err := Join(ClusterConfig{Self: "r999", BindAddr: "127.0.0.1", Seeds: []string{fmt.Sprintf("127.0.0.1:%d", ms[3].c.Port())},
+	c, err := Join(GossipConfig{Self: "r999", BindAddr: "127.0.0.1", Seeds: []string{fmt.Sprintf("127.0.0.1:%d", ms[3].c.Port())},
 		Key: []byte("relay-test-key-0123456789"), Refresh: time.Hour}, table, NodeInfo{Addr: "127.0.0.1:1", Groups: []GroupInfo{{Group: "g"}}})
 	if err != nil {
 		t.Fatal(err)

@@ -174,13 +174,12 @@ type procSlot[C any] struct {
 // Queue is one group's schedule queue. It is not safe for concurrent use:
 // the caller holds its group's lock around every method.
 type Queue[C any] struct {
-	cfg      Config
-	wait     ring[waitingCall[C]]
-	slots    []procSlot[C]
-	resident []bool // by slot: it serves a resident process
+	cfg   Config
+	wait  ring[waitingCall[C]]
+	slots []procSlot[C]
+	ready readyStacks
 
-	ready      [2][]int // ready slots by kind (0 resident, 1 non-resident); the last is taken first
-	prefetched int      // calls handed to busy processes ahead of their current one
+	prefetched int // calls handed to busy processes ahead of their current one
 	closed     bool
 	st         Stats
 	actions    []Action[C]
@@ -195,30 +194,12 @@ func New[C any](cfg Config) *Queue[C] {
 	if cfg.Refresh {
 		cfg.Depth = 1 // a process serves one call
 	}
-	q := &Queue[C]{cfg: cfg, slots: make([]procSlot[C], cfg.Slots), resident: make([]bool, cfg.Slots)}
+	q := &Queue[C]{cfg: cfg, slots: make([]procSlot[C], cfg.Slots), ready: newReadyStacks(cfg.Slots, cfg.Resident)}
 	for i := range q.slots {
 		q.slots[i].calls = make([]heldCall[C], 0, cfg.Depth)
 	}
-	for s := range cfg.Resident {
-		q.resident[s] = true
-	}
 	q.wait.limit = cfg.QueueSize
-	// Capacity for every slot in either stack: SetResident may move any
-	// slot to either kind, and the stacks must not grow after New.
-	q.ready[0] = make([]int, 0, cfg.Slots)
-	q.ready[1] = make([]int, 0, cfg.Slots)
 	return q
-}
-
-// Config is the configuration the queue was made with (SetResident does
-// not change its Resident).
-func (q *Queue[C]) Config() Config { return q.cfg }
-
-func (q *Queue[C]) kind(slot int) int {
-	if q.resident[slot] {
-		return 0
-	}
-	return 1
 }
 
 // SetResident says whether slot serves a resident process from now on:
@@ -227,21 +208,18 @@ func (q *Queue[C]) kind(slot int) int {
 // calls it holds stay with it. Nothing else changes: the caller starts and
 // stops the processes.
 func (q *Queue[C]) SetResident(slot int, resident bool) {
-	if !q.valid(slot) || q.resident[slot] == resident {
+	if !q.valid(slot) || q.ready.resident[slot] == resident {
 		return
 	}
 	ready := q.slots[slot].state == slotReady
 	if ready {
-		q.unready(slot)
+		q.ready.remove(slot)
 	}
-	q.resident[slot] = resident
+	q.ready.resident[slot] = resident
 	if ready {
-		q.ready[q.kind(slot)] = append(q.ready[q.kind(slot)], slot)
+		q.ready.push(slot)
 	}
 }
-
-// Resident reports whether slot serves a resident process.
-func (q *Queue[C]) Resident(slot int) bool { return q.valid(slot) && q.resident[slot] }
 
 func (q *Queue[C]) valid(slot int) bool { return slot >= 0 && slot < len(q.slots) }
 
@@ -262,7 +240,7 @@ func (q *Queue[C]) Submit(call C, deadline int64) error {
 	if q.closed {
 		return ErrClosed
 	}
-	if s := q.popReady(); s >= 0 {
+	if s := q.ready.pop(); s >= 0 {
 		q.st.Queued++
 		q.hold(s, call, deadline)
 		return nil
@@ -296,34 +274,10 @@ func (q *Queue[C]) hold(s int, call C, deadline int64) {
 	q.actions = append(q.actions, Action[C]{Kind: Hand, Slot: s, Call: call})
 }
 
-// reset empties slot s to state st, keeping its calls' storage.
-func (q *Queue[C]) reset(s int, st slotState) {
-	sl := &q.slots[s]
+// reset empties the slot to state st, keeping its calls' storage.
+func (sl *procSlot[C]) reset(st slotState) {
 	clear(sl.calls)
 	*sl = procSlot[C]{state: st, calls: sl.calls[:0]}
-}
-
-// popReady takes a ready process: a resident one first, the last to
-// become ready first. -1 if none is ready.
-func (q *Queue[C]) popReady() int {
-	for k := range q.ready {
-		if n := len(q.ready[k]); n > 0 {
-			s := q.ready[k][n-1]
-			q.ready[k] = q.ready[k][:n-1]
-			return s
-		}
-	}
-	return -1
-}
-
-func (q *Queue[C]) unready(slot int) {
-	k := q.kind(slot)
-	for i, s := range q.ready[k] {
-		if s == slot {
-			q.ready[k] = append(q.ready[k][:i], q.ready[k][i+1:]...)
-			return
-		}
-	}
 }
 
 // prefetchable is a busy process that can be handed another call: the one
@@ -363,17 +317,15 @@ func (q *Queue[C]) revoke(s int) {
 	q.actions = append(q.actions, Action[C]{Kind: Revoke, Slot: s})
 }
 
-// stuckAfter is how many completions of other processes a prefetched call
-// may see before it is asked back: twice the process slots, so a process
-// serving calls as fast as the others is never robbed, and one stuck on a
-// long call (or stopped) gives its calls up after a few of theirs.
-func (q *Queue[C]) stuckAfter() uint64 { return 2*uint64(len(q.slots)) + 2 }
-
 // stuck reports whether slot s's prefetched calls have waited while the
-// others completed stuckAfter calls. (The first of them waited longest; the
-// process completed nothing meanwhile, or it would be its current call.)
+// others completed stuckAfter calls: twice the process slots, so a process
+// serving calls as fast as the others is never robbed, and one stuck on a
+// long call (or stopped) gives its calls up after a few of theirs. (The
+// first of them waited longest; the process completed nothing meanwhile,
+// or it would be its current call.)
 func (q *Queue[C]) stuck(sl *procSlot[C]) bool {
-	return len(sl.calls) > 1 && q.st.Processed-sl.calls[1].at >= q.stuckAfter()
+	stuckAfter := 2*uint64(len(q.slots)) + 2
+	return len(sl.calls) > 1 && q.st.Processed-sl.calls[1].at >= stuckAfter
 }
 
 // balance asks calls back from stuck processes, hands waiting calls to
@@ -388,7 +340,7 @@ func (q *Queue[C]) balance() {
 		}
 	}
 	for q.wait.n > 0 {
-		s := q.popReady()
+		s := q.ready.pop()
 		if s < 0 {
 			break
 		}
@@ -403,7 +355,7 @@ func (q *Queue[C]) balance() {
 		w, _ := q.wait.pop()
 		q.hold(s, w.call, w.deadline)
 	}
-	if q.wait.n == 0 && q.ReadyCount() > 0 && q.prefetched > 0 {
+	if q.wait.n == 0 && q.ready.count() > 0 && q.prefetched > 0 {
 		if s := q.stealable(); s >= 0 {
 			q.revoke(s)
 		}
@@ -421,8 +373,8 @@ func (q *Queue[C]) Ready(slot int) {
 }
 
 func (q *Queue[C]) makeReady(slot int) {
-	q.reset(slot, slotReady)
-	q.ready[q.kind(slot)] = append(q.ready[q.kind(slot)], slot)
+	q.slots[slot].reset(slotReady)
+	q.ready.push(slot)
 }
 
 // Done says the process in slot completed its current call. Its next call,
@@ -505,7 +457,7 @@ func (q *Queue[C]) Exited(slot int, taken int, out []ExitedCall[C]) []ExitedCall
 	}
 	sl := &q.slots[slot]
 	if sl.state == slotReady {
-		q.unready(slot)
+		q.ready.remove(slot)
 	}
 	n := len(sl.calls)
 	if n > 0 {
@@ -531,7 +483,7 @@ func (q *Queue[C]) Exited(slot int, taken int, out []ExitedCall[C]) []ExitedCall
 			q.wait.pushFront(waitingCall[C]{sl.calls[i].call, sl.calls[i].deadline})
 		}
 	}
-	q.reset(slot, slotEmpty)
+	q.slots[slot].reset(slotEmpty)
 	q.balance()
 	return out
 }
@@ -571,7 +523,7 @@ func (q *Queue[C]) Undelivered(slot int, n int, out []ExitedCall[C]) []ExitedCal
 	sl.calls = sl.calls[:keep]
 	sl.taken = min(sl.taken, keep)
 	if sl.state == slotReady {
-		q.unready(slot)
+		q.ready.remove(slot)
 	}
 	sl.state, sl.revokeAsked = slotRetiring, false
 	q.balance()
@@ -588,7 +540,7 @@ func (q *Queue[C]) Retire(slot int) (holds bool) {
 	}
 	sl := &q.slots[slot]
 	if sl.state == slotReady {
-		q.unready(slot)
+		q.ready.remove(slot)
 	}
 	sl.state = slotRetiring
 	if sl.revocable() {
@@ -624,9 +576,6 @@ func (q *Queue[C]) Expire(now int64, late []C) []C {
 // are still handed to processes.
 func (q *Queue[C]) Close() { q.closed = true }
 
-// Closed reports whether Close was called.
-func (q *Queue[C]) Closed() bool { return q.closed }
-
 // Flush empties the queue of waiting calls (the node stops with calls it
 // could not serve, or its processes cannot start) and appends them to
 // out, to be answered. Prefetched calls stay with their processes.
@@ -649,9 +598,6 @@ func (q *Queue[C]) Waiting() int { return q.wait.n + q.prefetched }
 
 // InFlight counts the calls not yet finished: waiting or held by a process.
 func (q *Queue[C]) InFlight() int { return q.wait.n + q.st.Busy + q.prefetched }
-
-// ReadyCount is the number of processes waiting for a call.
-func (q *Queue[C]) ReadyCount() int { return len(q.ready[0]) + len(q.ready[1]) }
 
 // Stats returns the counters.
 func (q *Queue[C]) Stats() Stats {
@@ -682,55 +628,4 @@ func (q *Queue[C]) removeWaiting(match func(*waitingCall[C]) bool, out []C) []C 
 	}
 	r.n = kept
 	return out
-}
-
-// ring is a FIFO that grows up to limit entries (more by pushFront) and
-// never shrinks.
-type ring[T any] struct {
-	buf   []T
-	head  int // index of the first entry
-	n     int
-	limit int
-}
-
-func (r *ring[T]) push(v T) {
-	r.grow()
-	r.buf[(r.head+r.n)%len(r.buf)] = v
-	r.n++
-}
-
-// pushFront puts v at the head.
-func (r *ring[T]) pushFront(v T) {
-	r.grow()
-	r.head = (r.head - 1 + len(r.buf)) % len(r.buf)
-	r.buf[r.head] = v
-	r.n++
-}
-
-func (r *ring[T]) grow() {
-	if r.n < len(r.buf) {
-		return
-	}
-	size := max(8, 2*len(r.buf))
-	if size > r.limit && r.n < r.limit {
-		size = r.limit
-	}
-	size = max(size, r.n+1)
-	nb := make([]T, size)
-	for i := range r.n {
-		nb[i] = r.buf[(r.head+i)%len(r.buf)]
-	}
-	r.buf, r.head = nb, 0
-}
-
-func (r *ring[T]) pop() (T, bool) {
-	var zero T
-	if r.n == 0 {
-		return zero, false
-	}
-	v := r.buf[r.head]
-	r.buf[r.head] = zero
-	r.head = (r.head + 1) % len(r.buf)
-	r.n--
-	return v, true
 }

@@ -1,0 +1,371 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/netio"
+	"tpsched/netio/rpcport"
+	"tpsched/scd/call"
+	"tpsched/scd/client"
+	"tpsched/scd/def"
+	"tpsched/scd/loadlevel"
+	"tpsched/scd/names"
+	"tpsched/scd/peers"
+	"tpsched/scd/route"
+)
+
+// These tests run the router in process against fakes of its neighbours:
+// fakeLocal stands for the local scheduler (its groups and what Serve got),
+// the other nodes are fake nodes (an RPC port on loopback with the node's
+// side of the peer hello, answering as the test says), and the router's
+// own RPC port is an rpcport server that hands every call to the router,
+// then, as the node's line does, to fakeLocal.
+
+const (
+	testWait = 10 * time.Second // bound on every wait in these tests
+	testKey  = "the-right-key-0123456789"
+)
+
+// fakeGroup is a group as Local reports it.
+type fakeGroup struct {
+	def     def.Server
+	held    bool
+	serving bool
+	level   loadlevel.Level
+}
+
+func (g *fakeGroup) Def() *def.Server       { return &g.def }
+func (g *fakeGroup) Held() bool             { return g.held }
+func (g *fakeGroup) Serving() bool          { return g.serving }
+func (g *fakeGroup) Level() loadlevel.Level { return g.level }
+func (g *fakeGroup) InFlight() int          { return 0 }
+
+// fakeLocal is the node's own groups; Serve answers every call with its
+// payload prefixed "here:" and counts it.
+type fakeLocal struct {
+	mu     sync.Mutex
+	groups map[string]*fakeGroup
+	served int
+}
+
+func (l *fakeLocal) Group(name string) (Group, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if g, ok := l.groups[name]; ok {
+		return g, true
+	}
+	return nil, false
+}
+
+func (l *fakeLocal) Serve(c call.Caller, f *netio.Frame) (netio.Code, string) {
+	l.mu.Lock()
+	g := l.groups[string(f.Group)]
+	l.served++
+	l.mu.Unlock()
+	if g == nil {
+		return netio.CodeNoSuchGroup, string(f.Group)
+	}
+	_ = c.Send(netio.AppendReply(nil, f.ID, append([]byte("here:"), f.Payload...)))
+	return netio.CodeOK, ""
+}
+
+func (l *fakeLocal) UnknownGroup(name string) string { return name }
+
+// fakeNode is another node: its RPC port with the peer hello; every call
+// goes to answer.
+func fakeNode(t *testing.T, name string, answer func(c *rpcport.Conn, f netio.Frame)) string {
+	t.Helper()
+	h := &nodeHandler{hello: peers.NewAcceptor(name, []byte(testKey), metrics.NewSet().NewCounter("refused"), slog.New(slog.DiscardHandler)), answer: answer}
+	return listen(t, h)
+}
+
+type nodeHandler struct {
+	hello  *peers.Acceptor
+	answer func(c *rpcport.Conn, f netio.Frame)
+}
+
+func (h *nodeHandler) OnFrame(c *rpcport.Conn, f netio.Frame) {
+	if f.Kind == netio.KindAnnounce {
+		h.hello.Accept(c, &f)
+		return
+	}
+	h.answer(c, f)
+}
+
+func (h *nodeHandler) OnClose(*rpcport.Conn) {}
+
+func listen(t *testing.T, h rpcport.Handler) string {
+	t.Helper()
+	srv, err := rpcport.Listen(rpcport.Options{Addr: "127.0.0.1:0", MaxPayload: def.MaxMaxMessageSize,
+		Logger: slog.New(slog.DiscardHandler)}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		_ = srv.Stop(ctx)
+	})
+	return srv.Addr()
+}
+
+// echoing answers every call with its payload prefixed by the node's name.
+func echoing(name string) func(c *rpcport.Conn, f netio.Frame) {
+	return func(c *rpcport.Conn, f netio.Frame) {
+		c.SendNow(netio.AppendReply(nil, f.ID, append([]byte(name+":"), f.Payload...)))
+	}
+}
+
+// refusing answers every call with code, as a node does that did not run
+// it.
+func refusing(code netio.Code) func(c *rpcport.Conn, f netio.Frame) {
+	return func(c *rpcport.Conn, f netio.Frame) { c.SendNow(netio.AppendError(nil, f.ID, code, "refused")) }
+}
+
+// testRouter is node n0's router (with a name table of members and the
+// policy opts.Policy) behind an RPC port of its own, which hands each call
+// to the router and then to local, as the node's line does.
+type testRouter struct {
+	*Router
+	hello   *peers.Acceptor
+	local   *fakeLocal
+	metrics *metrics.Set
+	addr    string
+}
+
+func newTestRouter(t *testing.T, opts Options, local *fakeLocal, members ...names.NodeInfo) *testRouter {
+	t.Helper()
+	set := metrics.NewSet()
+	pool := peers.New(peers.Options{Self: "n0", Key: []byte(testKey), Log: slog.New(slog.DiscardHandler), Metrics: set})
+	t.Cleanup(pool.Close)
+	opts.Self, opts.Log, opts.Metrics, opts.Pool, opts.Local = "n0", slog.New(slog.DiscardHandler), set, pool, local
+	opts.CounterFunc = func(string, func() uint64) {}
+	r := &testRouter{Router: New(opts), local: local, metrics: set,
+		hello: peers.NewAcceptor("n0", []byte(testKey), set.NewCounter("refused"), slog.New(slog.DiscardHandler))}
+	for _, m := range members {
+		m.Boot, m.Seq = 1, 1
+		if _, err := r.names.Apply(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.addr = listen(t, r)
+	return r
+}
+
+func (r *testRouter) OnFrame(c *rpcport.Conn, f netio.Frame) {
+	if f.Kind == netio.KindAnnounce {
+		r.hello.Accept(c, &f)
+		return
+	}
+	if f.Kind != netio.KindCall && f.Kind != netio.KindCallNoReply {
+		return
+	}
+	from := call.From{Conn: c, Peer: peers.Hop(c, &f)}
+	code, msg := call.Line{r.Router, r.local}.Route(c, from, &f)
+	if code != netio.CodeOK && f.Kind == netio.KindCall {
+		c.SendNow(netio.AppendError(nil, f.ID, code, msg))
+	}
+}
+
+func (r *testRouter) OnClose(*rpcport.Conn) {}
+
+// stage is the last stage of the test's line: the fake local scheduler.
+func (l *fakeLocal) Route(c call.Caller, _ call.From, f *netio.Frame) (bool, netio.Code, string) {
+	code, msg := l.Serve(c, f)
+	return true, code, msg
+}
+
+func (r *testRouter) client(t *testing.T) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Options{Hosts: []string{r.addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func codeOf(err error) netio.Code {
+	var te *netio.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 255
+}
+
+// metricValue is the value of the series named exactly name.
+func metricValue(set *metrics.Set, name string) int {
+	var b bytes.Buffer
+	set.WritePrometheus(&b)
+	for _, line := range strings.Split(b.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
+func policy() route.Policy { return route.Policy{Rule: route.OpenTP1, Announce: true} }
+
+// TestRouteTransfersOrLetsPass: a group only another node serves goes
+// there and its answer comes back under the caller's id; a group served
+// here and nowhere else stays; a call that names this node (an explicit
+// destination) stays even for a group served elsewhere.
+func TestRouteTransfersOrLetsPass(t *testing.T) {
+	n1 := fakeNode(t, "n1", echoing("n1"))
+	local := &fakeLocal{groups: map[string]*fakeGroup{"mine": {serving: true}, "both": {serving: true}}}
+	r := newTestRouter(t, Options{Policy: route.Policy{Rule: route.OpenTP1, Announce: true, ThisNodeFirst: true}}, local,
+		names.NodeInfo{Node: "n1", Addr: n1, Groups: []names.GroupInfo{{Group: "both"}, {Group: "theirs"}}})
+	c := r.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	for _, tc := range []struct{ group, want string }{
+		{"theirs", "n1:x"}, // only n1 runs it
+		{"mine", "here:x"}, // only this node
+		{"both", "here:x"}, // this_node_first
+	} {
+		out, err := c.Call(ctx, tc.group, "echo", []byte("x"))
+		if err != nil || string(out) != tc.want {
+			t.Errorf("%s: %q, %v; want %q", tc.group, out, err, tc.want)
+		}
+	}
+	if got := metricValue(r.metrics, `tpsched_forwarded_total{to="n1"}`); got != 1 {
+		t.Errorf("%d calls transferred to n1, want 1", got)
+	}
+}
+
+// TestRouteNeverTransfersATransferredCall: a call that bears the hop mark
+// of a node that proved the cluster key is served here (or refused), never
+// sent on, and counted under the node's name once it is a member.
+func TestRouteNeverTransfersATransferredCall(t *testing.T) {
+	n1 := fakeNode(t, "n1", echoing("n1"))
+	local := &fakeLocal{groups: map[string]*fakeGroup{}}
+	r := newTestRouter(t, Options{Policy: policy()}, local,
+		names.NodeInfo{Node: "n1", Addr: n1, Groups: []names.GroupInfo{{Group: "theirs"}}})
+	// n1 transfers a call for "theirs" here (its table was stale): the
+	// router must not send it back.
+	pool := peers.New(peers.Options{Self: "n1", Key: []byte(testKey), Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	t.Cleanup(pool.Close)
+	a := &recorder{ch: make(chan netio.Frame, 1)}
+	fc := &peers.Call{Caller: a, CallerID: 5, Kind: netio.KindCall, Group: "theirs", Service: "echo", Start: time.Now(), Deadline: time.Now().Add(testWait)}
+	if code, msg := pool.Send("n0", r.addr, fc); code != netio.CodeOK {
+		t.Fatalf("send: %v %s", code, msg)
+	}
+	select {
+	case f := <-a.ch:
+		if f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup {
+			t.Errorf("a transferred call for a group not here: %v %v %q, want 'no such service group' from n0 itself", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+	if got := metricValue(r.metrics, `tpsched_forwarded_total{to="n1"}`); got != 0 {
+		t.Errorf("the transferred call was sent on %d times", got)
+	}
+	if got := metricValue(r.metrics, `tpsched_requests_received_total{from="n1"}`); got != 1 {
+		t.Errorf("received from n1: %d, want 1", got)
+	}
+}
+
+// recorder is a caller that keeps the one answer it gets.
+type recorder struct{ ch chan netio.Frame }
+
+func (r *recorder) Send(b []byte) error {
+	f, _, err := netio.Decode(b, 1<<20)
+	if err != nil {
+		return err
+	}
+	f.Payload = append([]byte(nil), f.Payload...)
+	r.ch <- f
+	return nil
+}
+
+// TestRefusedTransferGoesElsewhere: a node that refuses a transferred call
+// before running it ('node shutting down': it drains) makes the router
+// send the call to another node, with scd_retry_of_comm_error; without
+// retries the caller gets the refusal itself.
+func TestRefusedTransferGoesElsewhere(t *testing.T) {
+	for _, retries := range []int{1, 0} {
+		t.Run(fmt.Sprintf("retries %d", retries), func(t *testing.T) {
+			stopping := fakeNode(t, "n1", refusing(netio.CodeShuttingDown))
+			serving := fakeNode(t, "n2", echoing("n2"))
+			work := []names.GroupInfo{{Group: "work"}}
+			r := newTestRouter(t, Options{Policy: policy(), Retries: retries}, &fakeLocal{groups: map[string]*fakeGroup{}},
+				names.NodeInfo{Node: "n1", Addr: stopping, Groups: work}, names.NodeInfo{Node: "n2", Addr: serving, Groups: work})
+			c := r.client(t)
+			ctx, cancel := context.WithTimeout(context.Background(), testWait)
+			defer cancel()
+			var served, refused int
+			for i := range 200 { // about half go to n1 first
+				want := strconv.Itoa(i)
+				out, err := c.Call(ctx, "work", "echo", []byte(want))
+				switch {
+				case err == nil && string(out) == "n2:"+want:
+					served++
+				case retries == 0 && codeOf(err) == netio.CodeShuttingDown:
+					refused++
+				default:
+					t.Fatalf("call %d: %q, %v", i, out, err)
+				}
+			}
+			toN1 := metricValue(r.metrics, `tpsched_forwarded_total{to="n1"}`)
+			retried := metricValue(r.metrics, `tpsched_transfer_retries_total{reason="refused"}`)
+			t.Logf("served %d, refused %d; %d sent to the stopping node, %d sent on", served, refused, toN1, retried)
+			switch {
+			case retries == 1 && served != 200:
+				t.Errorf("%d of 200 calls served with a retry", served)
+			case retries == 1 && (toN1 == 0 || retried != toN1):
+				t.Errorf("%d calls sent to the stopping node, %d sent on", toN1, retried)
+			case retries == 0 && (refused < 50 || served < 50):
+				t.Errorf("without retries: %d refused, %d served; want about half each", refused, served)
+			}
+		})
+	}
+}
+
+// TestRerouteServesHereWhenThisNodeRunsTheGroup: a call the only other
+// node cannot be reached for is served here when this node runs the
+// group too (a retry may come back), and answered 'network down' when it
+// does not.
+func TestRerouteServesHereWhenThisNodeRunsTheGroup(t *testing.T) {
+	local := &fakeLocal{groups: map[string]*fakeGroup{"both": {serving: true}}}
+	r := newTestRouter(t, Options{Policy: policy(), Retries: 1}, local,
+		names.NodeInfo{Node: "n1", Addr: "127.0.0.1:1", Groups: []names.GroupInfo{{Group: "both"}, {Group: "theirs"}}})
+	a := &recorder{ch: make(chan netio.Frame, 1)}
+	fc := &peers.Call{Caller: a, CallerID: 9, Kind: netio.KindCall, Group: "both", Service: "echo", Payload: []byte("y"),
+		Start: time.Now(), Deadline: time.Now().Add(testWait), Retries: 1}
+	if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
+		t.Fatalf("transfer: %v %s", code, msg)
+	}
+	select {
+	case f := <-a.ch:
+		if f.Kind != netio.KindReply || string(f.Payload) != "here:y" {
+			t.Errorf("rerouted call: %v %v %q, want served here", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+	fc = &peers.Call{Caller: a, CallerID: 10, Kind: netio.KindCall, Group: "theirs", Service: "echo",
+		Start: time.Now(), Deadline: time.Now().Add(testWait), Retries: 1}
+	_, _ = r.transfer(fc, "n1")
+	select {
+	case f := <-a.ch:
+		if f.Kind != netio.KindError || f.Code != netio.CodeNetworkDown {
+			t.Errorf("a call for a group only the unreachable node runs: %v %v %q, want 'network down'", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+}

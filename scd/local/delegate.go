@@ -1,0 +1,144 @@
+package local
+
+import (
+	"os"
+	"slices"
+
+	"tpsched/netio"
+	"tpsched/procmgr"
+	"tpsched/scd/call"
+	"tpsched/scd/schedq"
+)
+
+// delegate is a group as procmgr's Delegate for its server's processes
+// (procmgr.Delegate says what each method may do). procmgr calls it
+// without its own locks, from its goroutines; each method takes the
+// group's mu for a few microseconds and calls nothing of procmgr under it.
+type delegate Group
+
+// Prepare makes a fresh transport end for the process about to start in
+// slot.
+func (d *delegate) Prepare(slot int) ([]*os.File, error) {
+	g := (*Group)(d)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p, err := g.tr.newProc(slot)
+	if err != nil {
+		return nil, err
+	}
+	g.slots[slot] = slotState{p: p}
+	return p.Files(), nil
+}
+
+// Exited settles the calls the dead process held: completions it managed
+// to write are answered, a call it had taken is answered 'server
+// terminated', one it never took goes back to the queue. procmgr calls it
+// from one goroutine per slot, so two processes of the group may end at
+// once: what is settled after mu is released is this call's own.
+func (d *delegate) Exited(slot, pid int, exitErr error) {
+	g := (*Group)(d)
+	g.mu.Lock()
+	si := &g.slots[slot]
+	p := si.p
+	if p == nil {
+		g.mu.Unlock()
+		return
+	}
+	g.q.Retire(slot) // no new call for it; its prefetched one is asked back
+	g.act()
+	type answer struct {
+		to call.Caller
+		b  []byte
+	}
+	var answers []answer
+	for {
+		c, ok, err := p.Completion()
+		if !ok || err != nil {
+			break
+		}
+		done, _ := g.q.Done(slot)
+		si.served++
+		if !done.Answered && !done.Call.noReply {
+			answers = append(answers, answer{done.Call.to, appendAnswer(nil, done.Call.id, &c)})
+		}
+		freeRequest(done.Call)
+	}
+	g.exits = g.q.Exited(slot, p.Taken(), g.exits[:0])
+	var settle []schedq.ExitedCall[*request] // g.exits is the next Exited's once mu is released
+	for _, e := range g.exits {
+		if e.Outcome == schedq.Requeued {
+			e.Call.dispatched = false // it waits again, with its own copy
+		} else {
+			settle = append(settle, e)
+		}
+	}
+	clear(g.exits)
+	g.act()
+	g.tr.Remove(slot)
+	*si = slotState{}
+	u := g.takeUndelivered()
+	u.slots = slices.DeleteFunc(u.slots, func(s int) bool { return s == slot }) // dead already
+	g.mu.Unlock()
+	u.settle(g)
+	for _, a := range answers {
+		_ = a.to.Send(a.b)
+	}
+	why := "the UAP process serving the call died"
+	if exitErr != nil {
+		why += " (" + exitErr.Error() + ")"
+	}
+	for _, e := range settle {
+		if e.Outcome == schedq.Terminated {
+			g.terminated.Inc()
+			e.Call.fail(netio.CodeServerTerminated, why)
+		}
+		freeRequest(e.Call)
+	}
+}
+
+// Waiting is the number of calls in the queue.
+func (d *delegate) Waiting() int {
+	g := (*Group)(d)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.q.Waiting()
+}
+
+// Slot says what the process in slot does.
+func (d *delegate) Slot(slot int) procmgr.SlotView {
+	g := (*Group)(d)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	si := &g.slots[slot]
+	return procmgr.SlotView{Busy: g.q.Held(slot) > 0, Ready: si.attached && si.p != nil && !si.p.Left(), Served: si.served}
+}
+
+// Stop asks the process in slot to leave after the call it holds.
+func (d *delegate) Stop(slot int) { (*Group)(d).stopSlot(slot) }
+
+// stopSlot asks the process in slot to leave after the call it holds.
+func (g *Group) stopSlot(slot int) {
+	g.mu.Lock()
+	g.q.Retire(slot)
+	g.act()
+	if p := g.slots[slot].p; p != nil {
+		p.Stop()
+		p.Wake()
+	}
+	u := g.takeUndelivered()
+	g.mu.Unlock()
+	u.settle(g)
+}
+
+// Failing records that the server's processes cannot start (err) or can
+// again (nil). While it fails, calls are refused at once, and those
+// waiting are answered now rather than at their deadline.
+func (d *delegate) Failing(err error) {
+	g := (*Group)(d)
+	if err == nil {
+		g.failing.Store(nil)
+		return
+	}
+	g.failing.Store(&err)
+	g.flush(netio.CodeServerTerminated, err.Error())
+}

@@ -1,0 +1,406 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"golang.org/x/sys/unix"
+
+	"tpsched/bpf"
+	"tpsched/netio"
+	"tpsched/procmgr"
+	"tpsched/scd/call"
+	"tpsched/scd/def"
+	"tpsched/shm"
+)
+
+// These tests run the scheduler in the test process against fakes of its
+// neighbours: fakeProcs stands for procmgr (its UAPs are goroutines on the
+// real shared memory of the real groups, and honour the Delegate's
+// contract: Prepare before a process starts, Exited once after it died,
+// a replacement prepared only after that), answers is a call.Caller that
+// keeps every answer, and the place function stands for the node's line
+// for a UAP's calls.
+
+const testWait = 10 * time.Second // bound on every wait in these tests
+
+// fakeProcs is a ProcessManager whose processes are goroutines: each
+// serves echo, fail, hang (blocks until the test ends: a process busy for
+// ever), and call (its request "group/service/payload" is a call of its
+// own through the node).
+type fakeProcs struct {
+	mu      sync.Mutex
+	servers map[string]*fakeServer // by group
+}
+
+func (f *fakeProcs) Start(spec procmgr.Spec, d procmgr.Delegate) (Processes, error) {
+	s := &fakeServer{spec: spec, d: d, hung: make(chan struct{}), hanging: make(chan int, 16)}
+	f.mu.Lock()
+	if f.servers == nil {
+		f.servers = map[string]*fakeServer{}
+	}
+	f.servers[spec.Group] = s
+	f.mu.Unlock()
+	for slot := range spec.Resident {
+		if err := s.run(slot); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (f *fakeProcs) server(group string) *fakeServer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.servers[group]
+}
+
+func (*fakeProcs) CPUStatus() procmgr.CPUStatus { return procmgr.CPUStatus{Mechanism: "none"} }
+func (*fakeProcs) Stats() procmgr.Stats         { return procmgr.Stats{} }
+func (*fakeProcs) Close()                       {}
+func (*fakeProcs) Containment() procmgr.ContainStatus {
+	return procmgr.ContainStatus{Kill: procmgr.KillPgroup, Pids: procmgr.LimitNone, Memory: procmgr.LimitNone}
+}
+
+type fakeServer struct {
+	spec    procmgr.Spec
+	d       procmgr.Delegate
+	hung    chan struct{} // closed when the test ends: hung handlers return
+	hanging chan int      // slots whose process entered hang
+	mu      sync.Mutex
+	uaps    map[int]*shm.UAP
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+func (s *fakeServer) run(slot int) error {
+	files, err := s.d.Prepare(slot)
+	if err != nil {
+		return err
+	}
+	var fds [3]int // the UAP owns its descriptors, as a process would
+	for i, f := range files {
+		if fds[i], err = unix.Dup(int(f.Fd())); err != nil {
+			return err
+		}
+	}
+	u, err := shm.AttachFDs(fds[0], fds[1], fds[2])
+	if err != nil {
+		return err
+	}
+	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	u.Handle("fail", func(req []byte) ([]byte, error) { return nil, errors.New("failed: " + string(req)) })
+	u.Handle("hang", func(req []byte) ([]byte, error) {
+		s.hanging <- slot
+		<-s.hung
+		return req, nil
+	})
+	u.Handle("call", func(req []byte) ([]byte, error) {
+		g, rest, _ := strings.Cut(string(req), "/")
+		svc, payload, _ := strings.Cut(rest, "/")
+		return u.Call(context.Background(), g, svc, []byte(payload))
+	})
+	s.mu.Lock()
+	if s.uaps == nil {
+		s.uaps = map[int]*shm.UAP{}
+	}
+	s.uaps[slot] = u
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		err := u.Serve()
+		s.mu.Lock()
+		dead := s.uaps[slot] != u
+		s.mu.Unlock()
+		if !dead { // a process that left: its exit is reported now
+			s.d.Exited(slot, 0, err)
+		}
+		u.Close()
+	}()
+	return nil
+}
+
+// kill makes the process in slot die where it stands, holding its calls:
+// the node hears of it once (Exited), and, as procmgr does for a resident
+// process, a new one is prepared and started in the slot.
+func (s *fakeServer) kill(slot int) error {
+	s.mu.Lock()
+	delete(s.uaps, slot) // its goroutine, hung, no longer counts
+	s.mu.Unlock()
+	s.d.Exited(slot, 0, errors.New("signal: killed"))
+	return s.run(slot)
+}
+
+func (s *fakeServer) Kick(int)                      {}
+func (s *fakeServer) Attached(int)                  {}
+func (s *fakeServer) Kill(int)                      {}
+func (s *fakeServer) Replace(int)                   {}
+func (s *fakeServer) Limits() procmgr.LimitStatus   { return procmgr.LimitStatus{} }
+func (s *fakeServer) Output() procmgr.OutputStats   { return procmgr.OutputStats{} }
+func (s *fakeServer) Running() (int, int)           { return s.spec.Resident, 0 }
+func (s *fakeServer) Processes() []procmgr.ProcInfo { return nil }
+func (s *fakeServer) Usage() bpf.Usage              { return bpf.Usage{} }
+func (s *fakeServer) CPUSample() procmgr.CPUSample  { return procmgr.CPUSample{} }
+func (s *fakeServer) CPUGroupPath() string          { return "" }
+func (s *fakeServer) Stopping()                     {}
+func (s *fakeServer) ParallelCount() (int, int)     { return s.spec.Resident, s.spec.Max }
+func (s *fakeServer) SetParallelCount(int, int) ([]bool, error) {
+	return nil, errors.New("fake processes keep their counts")
+}
+func (s *fakeServer) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.stopped {
+		s.stopped = true
+		close(s.hung)
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// answers is a call.Caller that keeps every answer frame by id.
+type answers struct {
+	mu  sync.Mutex
+	got map[uint64][]netio.Frame
+	ch  chan struct{}
+}
+
+func newAnswers() *answers {
+	return &answers{got: map[uint64][]netio.Frame{}, ch: make(chan struct{}, 1024)}
+}
+
+func (a *answers) Send(b []byte) error {
+	for len(b) > 0 {
+		f, n, err := netio.Decode(b, 1<<20)
+		if err != nil {
+			return err
+		}
+		f.Payload = append([]byte(nil), f.Payload...)
+		a.mu.Lock()
+		a.got[f.ID] = append(a.got[f.ID], f)
+		a.mu.Unlock()
+		b = b[n:]
+		a.ch <- struct{}{}
+	}
+	return nil
+}
+
+// wait returns the answers of id once it has one.
+func (a *answers) wait(t *testing.T, id uint64) []netio.Frame {
+	t.Helper()
+	deadline := time.After(testWait)
+	for {
+		a.mu.Lock()
+		got := a.got[id]
+		a.mu.Unlock()
+		if len(got) > 0 {
+			return got
+		}
+		select {
+		case <-a.ch:
+		case <-deadline:
+			t.Fatalf("call %d got no answer", id)
+		}
+	}
+}
+
+// one is the one answer of id; a second is an error.
+func (a *answers) one(t *testing.T, id uint64) netio.Frame {
+	t.Helper()
+	got := a.wait(t, id)
+	time.Sleep(20 * time.Millisecond) // a second answer would come by now
+	a.mu.Lock()
+	got = a.got[id]
+	a.mu.Unlock()
+	if len(got) != 1 {
+		t.Errorf("call %d answered %d times", id, len(got))
+	}
+	return got[0]
+}
+
+// testScheduler starts a scheduler of the usr bodies (a body's "MODULE"
+// is any executable: the processes are fakeProcs), with place as its
+// Place (nil: every UAP call is refused 'no such service group').
+func testScheduler(t *testing.T, servers map[string]string, place func(call.Caller, *netio.Frame) (netio.Code, string)) (*Scheduler, *fakeProcs) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "sysconf"), []byte("set node_id = \"local\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "usr"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range servers {
+		body = strings.ReplaceAll(body, "MODULE", fmt.Sprintf("%q", os.Args[0]))
+		if err := os.WriteFile(filepath.Join(dir, "usr", name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := def.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if place == nil {
+		place = func(_ call.Caller, f *netio.Frame) (netio.Code, string) {
+			return netio.CodeNoSuchGroup, string(f.Group)
+		}
+	}
+	s, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet(),
+		CounterFunc: func(string, func() uint64) {}, Place: place})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm := &fakeProcs{}
+	if err := s.Start(pm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		if err := s.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return s, pm
+}
+
+func frame(id uint64, group, service, payload string) *netio.Frame {
+	return &netio.Frame{Header: netio.Header{Kind: netio.KindCall, ID: id}, Group: []byte(group), Service: []byte(service), Payload: []byte(payload)}
+}
+
+const echoServer = "set service_group = g\nset service = echo, fail, hang, call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+
+// TestServeRefusesOrAnswersOnce: every call Serve takes is answered once
+// through its caller; one it refuses is refused with the code a caller can
+// switch on, and nothing more.
+func TestServeRefusesOrAnswersOnce(t *testing.T) {
+	s, _ := testScheduler(t, map[string]string{"g": echoServer}, nil)
+	a := newAnswers()
+	for _, tc := range []struct {
+		f    *netio.Frame
+		code netio.Code
+	}{
+		{frame(1, "g", "echo", "hi"), netio.CodeOK},
+		{frame(2, "g", "fail", "x"), netio.CodeOK},
+		{frame(3, "h", "echo", ""), netio.CodeNoSuchGroup},
+		{frame(4, "g", "nope", ""), netio.CodeNoSuchService},
+		{frame(5, "g", "echo", strings.Repeat("x", 1025)), netio.CodeMessageTooBig},
+	} {
+		if code, msg := s.Serve(a, tc.f); code != tc.code {
+			t.Errorf("call %d: Serve %v %q, want %v", tc.f.ID, code, msg, tc.code)
+		}
+	}
+	if f := a.one(t, 1); f.Kind != netio.KindReply || string(f.Payload) != "hi" {
+		t.Errorf("echo: %+v %q", f.Header, f.Payload)
+	}
+	if f := a.one(t, 2); f.Kind != netio.KindError || f.Code != netio.CodeApplication {
+		t.Errorf("fail: %+v %q", f.Header, f.Payload)
+	}
+	if _, err := s.Hold("g"); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := s.Serve(a, frame(6, "g", "echo", "")); code != netio.CodeServiceClosed {
+		t.Errorf("a call to a held group: %v, want 'service closed'", code)
+	}
+	a.mu.Lock()
+	for _, id := range []uint64{3, 4, 5, 6} {
+		if len(a.got[id]) != 0 {
+			t.Errorf("call %d was refused and answered through its caller too", id)
+		}
+	}
+	a.mu.Unlock()
+}
+
+// TestProcessDyingHoldingCalls: the one process of a group takes a call
+// that hangs and is handed three more behind it (prefetched into its
+// mailboxes); it dies. The call it had taken is answered 'server
+// terminated'; the three it never took go back to the queue (asked back
+// from its mailboxes as it is retired, or requeued at its exit) and are
+// served by its replacement. Each call is answered exactly once.
+func TestProcessDyingHoldingCalls(t *testing.T) {
+	s, pm := testScheduler(t, map[string]string{"g": echoServer}, nil)
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "hang", "")); code != netio.CodeOK {
+		t.Fatalf("hang: %v %s", code, msg)
+	}
+	srv := pm.server("g")
+	var slot int
+	select {
+	case slot = <-srv.hanging:
+	case <-time.After(testWait):
+		t.Fatal("the hanging call never reached the process")
+	}
+	for id := uint64(2); id <= 4; id++ {
+		if code, msg := s.Serve(a, frame(id, "g", "echo", fmt.Sprint(id))); code != netio.CodeOK {
+			t.Fatalf("echo %d: %v %s", id, code, msg)
+		}
+	}
+	g, _ := s.Group("g")
+	if n := g.InFlight(); n != 4 {
+		t.Fatalf("%d calls in flight, want 4", n)
+	}
+	if err := srv.kill(slot); err != nil {
+		t.Fatal(err)
+	}
+	if f := a.one(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeServerTerminated {
+		t.Errorf("the call the dead process had taken: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
+	}
+	for id := uint64(2); id <= 4; id++ {
+		if f := a.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != fmt.Sprint(id) {
+			t.Errorf("call %d, never taken by the dead process: %v %v %q, want its echo from the replacement", id, f.Kind, f.Code, f.Payload)
+		}
+	}
+	deadline := time.Now().Add(testWait)
+	for g.InFlight() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := g.InFlight(); n != 0 {
+		t.Errorf("%d calls in flight after every answer", n)
+	}
+}
+
+// TestUAPCallsGoToPlace: a call a process makes of its own goes to Place
+// (the node's line), without the group's lock; Place's refusal, or the
+// answer of the call it accepted, reaches the calling process.
+func TestUAPCallsGoToPlace(t *testing.T) {
+	var s *Scheduler
+	var placed sync.Map
+	place := func(c call.Caller, f *netio.Frame) (netio.Code, string) {
+		placed.Store(string(f.Group)+"/"+string(f.Service), true)
+		if string(f.Group) == "elsewhere" {
+			return netio.CodeNoSuchGroup, "elsewhere"
+		}
+		return s.Serve(c, f) // this node's queue, as the node's line ends
+	}
+	s, _ = testScheduler(t, map[string]string{"g": echoServer}, place)
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "call", "elsewhere/echo/x")); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
+	}
+	f := a.one(t, 1)
+	if f.Kind != netio.KindError || f.Code != netio.CodeApplication || !strings.Contains(string(f.Payload), "no such service group") {
+		t.Errorf("a UAP's call Place refused: %v %v %q, want the refusal as the UAP's error", f.Kind, f.Code, f.Payload)
+	}
+	if _, ok := placed.Load("elsewhere/echo"); !ok {
+		t.Error("the UAP's call did not go to Place")
+	}
+}

@@ -1,0 +1,194 @@
+package local
+
+import (
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd/call"
+	"tpsched/shm"
+)
+
+// This file is the reply reader: the one place where the node waits for a
+// group's processes (the transport's Wait) and turns what they did into
+// answers to callers, calls of their own, and news for procmgr. Each group
+// has one, a goroutine started by Scheduler.Start and ended by its stop
+// channel. Replacing it (one dispatcher for every shared-memory group of
+// the node, answers written straight into a calling UAP's area) changes
+// this file and Scheduler.Start alone: the group's queue, its Delegate and
+// the callers do not see who reads.
+//
+// The contract with the rest of the package: the reader takes the group's
+// mu only inside collect, answers callers and places the processes' own
+// calls without it (call.Caller and the place function may take other
+// locks), and calls procmgr (Attached, Kill) without it.
+
+// reader is one group's reply reader and what it reuses between looks.
+type reader struct {
+	g        *Group
+	batches  map[call.Caller][]byte // answers by caller, written once per look
+	attached []int                  // slots whose processes attached
+	bad      []int                  // slots whose processes broke the protocol
+	calls    []localCall            // calls the processes made
+}
+
+// run is the reader's loop: wait, look at every process, deliver.
+func (r *reader) run(stop <-chan struct{}) {
+	g := r.g
+	r.batches = make(map[call.Caller][]byte)
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		g.tr.Wait(100 * time.Millisecond)
+		r.collect()
+		r.deliver()
+	}
+}
+
+// deliver sends what collect gathered: each caller's answers in one Send,
+// the processes' own calls to where they go, and the attaches and the
+// processes to kill to procmgr. Without mu.
+func (r *reader) deliver() {
+	g := r.g
+	for c, b := range r.batches {
+		_ = c.Send(b)
+		delete(r.batches, c)
+	}
+	r.placeLocalCalls(r.calls)
+	clear(r.calls)
+	for _, slot := range r.attached {
+		g.procs.Attached(slot)
+	}
+	for _, slot := range r.bad {
+		g.procs.Kill(slot)
+	}
+}
+
+// collect looks at every process once: attaches, completions, calls of
+// its own, doorbells rung without cause. It appends the answers to
+// batches and notes the slots that attached, those whose processes must
+// be killed and the calls the processes made.
+func (r *reader) collect() {
+	g := r.g
+	r.attached, r.bad, r.calls = r.attached[:0], r.bad[:0], r.calls[:0]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now() // under mu: every call seen here was admitted before
+	classes := g.classes.Load()
+	for slot := range g.slots {
+		si := &g.slots[slot]
+		p := si.p
+		if p == nil || si.killed {
+			continue
+		}
+		// The rings the reader's Wait counted before this look: each was
+		// rung after its cause was published, so this look sees the cause
+		// (or an earlier one saw it).
+		rings, causes := p.Rings(), uint64(0)
+		if p.Attach() {
+			si.attached = true
+			si.since = now
+			causes++
+			r.attached = append(r.attached, slot)
+			checkEntries(g, slot, si)
+			g.q.Ready(slot)
+			g.act()
+		}
+		for {
+			c, ok, err := p.Completion()
+			if !ok {
+				break
+			}
+			causes++
+			if err != nil {
+				// Its answer is unusable: the call ends as if the process
+				// had died serving it, and the process is killed. Retired
+				// first, so the queue hands it nothing more.
+				g.misbehaved.Inc()
+				g.log.Error("uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
+				g.q.Retire(slot)
+				g.act()
+				done, _ := g.q.Done(slot)
+				cl := done.Call
+				if !done.Answered && !cl.noReply {
+					r.batches[cl.to] = netio.AppendError(r.batches[cl.to], cl.id, netio.CodeServerTerminated,
+						"the UAP process serving the call broke the protocol and was killed")
+				}
+				freeRequest(cl)
+				g.act()
+				si.killed = true
+				r.bad = append(r.bad, slot)
+				break
+			}
+			done, _ := g.q.Done(slot)
+			cl := done.Call
+			si.served++
+			if !done.Answered && !cl.noReply {
+				r.batches[cl.to] = appendAnswer(r.batches[cl.to], cl.id, &c)
+			}
+			g.latency.Update(now.Sub(cl.start).Seconds())
+			classes.Record(cl.class, cl.start, si.since, now)
+			si.since = now
+			freeRequest(cl)
+			g.act() // after the reply was copied out of the mailbox
+		}
+		if si.killed {
+			continue
+		}
+		if oc, ok := p.(outCaller); ok {
+			if c, made, err := oc.OutCall(); err != nil {
+				g.misbehaved.Inc()
+				g.log.Error("uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
+				causes++
+				g.q.Retire(slot)
+				g.act()
+				si.killed = true
+				r.bad = append(r.bad, slot)
+				continue
+			} else if made {
+				causes++
+				r.calls = append(r.calls, localCall{oc, c})
+			}
+		}
+		if !si.leftSeen && p.Left() {
+			si.leftSeen = true
+			causes++
+		}
+		if si.checkRings(rings, causes) {
+			g.misbehaved.Inc()
+			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
+				"rings", si.rings, "without_cause", si.idleRings)
+			g.q.Retire(slot)
+			g.act()
+			si.killed = true
+			r.bad = append(r.bad, slot)
+		}
+	}
+	u := g.takeUndelivered()
+	for _, c := range u.calls {
+		g.terminated.Inc()
+		if !c.cl.noReply {
+			r.batches[c.cl.to] = netio.AppendError(r.batches[c.cl.to], c.cl.id, netio.CodeServerTerminated, c.why)
+		}
+		freeRequest(c.cl)
+	}
+	r.bad = append(r.bad, u.slots...)
+}
+
+// appendAnswer is the answer frame of a completion, under the caller's
+// id.
+func appendAnswer(dst []byte, id uint64, c *shm.Completion) []byte {
+	switch c.Status {
+	case shm.StatusOK:
+		return netio.AppendReply(dst, id, c.Reply)
+	case shm.StatusAppError:
+		return netio.AppendError(dst, id, netio.CodeApplication, string(c.Reply))
+	case shm.StatusNoSuchService:
+		return netio.AppendError(dst, id, netio.CodeNoSuchService, "entry "+string(c.Reply)+" is not registered by the UAP")
+	case shm.StatusTimedOut:
+		return netio.AppendError(dst, id, netio.CodeTimedOut, "its deadline passed while it waited in the schedule queue")
+	}
+	return netio.AppendError(dst, id, netio.CodeProtocol, "unknown completion status")
+}

@@ -1,0 +1,684 @@
+package names
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// This file joins the table to the other nodes: membership and failure
+// detection come from memberlist; announces travel as memberlist user
+// messages and in its push/pull state syncs.
+//
+// A change travels by the finger relay: a node that announces a change,
+// or whose table an announce from a peer changed, sends it at once to its
+// fingers, the live members 1, 2, 4, ... places after it on the ring of
+// members sorted by name (ceil(log2 n) of them). Every member is some sum
+// of powers of two after the originator, so with one view of the
+// membership every member is reached, within log2 n hops, by ceil(log2 n)
+// paths at once; a member that misses a copy has others coming. A node
+// relays only what changed its table, so each change costs each member
+// ceil(log2 n) messages, and duplicates die where they land.
+//
+// Every own announce also goes into memberlist's broadcast queue, which
+// piggybacks it on gossip and probes to RetransmitMult x ceil(log10(n+1))
+// random members: the periodic refresh (which changes nothing, so nobody
+// relays it) travels only this way, so a refresh costs the cluster
+// O(log n) messages, not a relay per member. Push/pull syncs carry the
+// whole table and repair what a lost packet left behind.
+//
+// An announce is applied only while memberlist counts its node alive: a
+// stale one relayed after the node died cannot bring it back.
+
+// GossipConfig says how to join the other nodes.
+type GossipConfig struct {
+	Self     string   // this node's node_id: its memberlist name
+	BindAddr string   // address for the name port; "0.0.0.0" lets memberlist choose what to advertise
+	Port     int      // name_port; 0 picks a free one
+	Seeds    []string // host:port of the other nodes' name ports (all_node)
+	Key      []byte   // cluster_key; nil: announces are not authenticated
+	// Refresh is how often this node announces even without a change;
+	// default 20 s (the documents ask for at least every 30 s).
+	Refresh time.Duration
+	// Fast tunes failure detection for one host or a quiet LAN: probes
+	// every 200 ms instead of 1 s. Tests use it.
+	Fast   bool
+	Logger *slog.Logger
+	// OnChange is called after the table changed because of a peer; it
+	// must not block (memberlist's receive loop is waiting).
+	OnChange func()
+	// Transport is the name port bound ahead (ListenTransport) or taken
+	// over (TransportFromFiles); Join owns it from then on. Nil: Join binds
+	// BindAddr and Port itself.
+	Transport *Transport
+}
+
+// GossipStats are the announce counters for status and /metrics.
+type GossipStats struct {
+	Members  int    `json:"members"`
+	Sent     uint64 `json:"announces_sent"`     // own announces
+	Received uint64 `json:"announces_received"` // announces applied, relays included
+	Relayed  uint64 `json:"announces_relayed"`  // peers' changes this node passed on to its fingers
+	// Announce messages and their bytes handed to memberlist: own and
+	// relayed, gossiped, pushed to fingers or sent to newcomers; without
+	// memberlist's own headers.
+	MessagesSent uint64            `json:"announce_messages_sent"`
+	BytesSent    uint64            `json:"announce_bytes_sent"`
+	Dropped      map[string]uint64 `json:"announces_dropped"` // by reason
+	Trusted      bool              `json:"peers_trusted_blindly"`
+}
+
+// Gossip is this node's membership and announcer.
+type Gossip struct {
+	cfg   GossipConfig
+	log   *slog.Logger
+	table *Table
+	codec *Codec
+	// transport is the name port's sockets (transport.go).
+	transport *Transport
+	queue     *memberlist.TransmitLimitedQueue
+
+	announceMu sync.Mutex // orders Announce calls; never taken in memberlist's callbacks
+	mu         sync.Mutex // guards the fields below it; never held while calling memberlist
+	self       NodeInfo
+	peers      map[string]memberlist.Node // memberlist's live members but this node, by name (copies made under its lock)
+	ring       []string                   // the live members' names, this node's included, sorted; nil: rebuild
+	latest     map[string][]byte          // the newest authenticated announce of each node, as received
+	unrelayed  map[string]bool            // nodes whose latest came by gossip before they were alive: relay it when they are
+	pending    map[string][]byte          // changes waiting for the pusher, the newest of each node
+	wake       chan struct{}              // tells the pusher that pending has something (capacity 1)
+	stopping   bool                       // Stop or Leave is waiting for the goroutines: start no more
+	port       int                        // the name port, as memberlist bound it
+
+	sent, received, relayed, msgsSent, bytesSent atomic.Uint64
+	newcomerMsgs                                 atomic.Uint64 // of msgsSent: own announces sent to newcomers
+
+	dropMu     sync.Mutex
+	dropped    map[string]uint64
+	warnedFull map[string]bool
+
+	ml      *memberlist.Memberlist // set once Create returns; callbacks wait for ready before they use it
+	members atomic.Pointer[memberlist.Memberlist]
+	ready   chan struct{} // closed once ml is set and this node has announced
+
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	leaveOnce sync.Once
+}
+
+// Drop reasons.
+const (
+	DropAuth      = "unauthenticated"
+	DropMalformed = "malformed"
+	DropFull      = "table_full"
+	DropInvalid   = "invalid"
+)
+
+// Join starts membership on the name port and keeps trying the seeds in
+// the background: nodes may start in any order.
+func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Refresh == 0 {
+		cfg.Refresh = 20 * time.Second
+	}
+	c := newGossip(cfg, table)
+	self.Node, self.Boot, self.Seq = cfg.Self, uint64(time.Now().UnixNano()), 0
+	c.self = self
+
+	t := cfg.Transport
+	if t == nil {
+		var err error
+		if t, err = ListenTransport(cfg.BindAddr, cfg.Port); err != nil {
+			return nil, err
+		}
+	}
+	c.transport = t
+	t.run(c.log)
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Self
+	mc.Transport = t
+	mc.BindAddr, mc.BindPort = cfg.BindAddr, t.Port()
+	mc.AdvertisePort = t.Port()
+	if ip := net.ParseIP(cfg.BindAddr); ip != nil && !ip.IsUnspecified() {
+		mc.AdvertiseAddr = cfg.BindAddr
+	}
+	mc.Delegate, mc.Events = (*delegate)(c), (*events)(c)
+	mc.Logger = log.New(&logAdapter{c: c}, "", 0)
+	if len(cfg.Key) > 0 {
+		// memberlist's own gossip (membership: alive, suspect, dead) is
+		// encrypted and authenticated with a key derived from cluster_key,
+		// so a node without it can neither join nor declare others dead.
+		k := sha256.Sum256(append([]byte("tpsched memberlist\x00"), cfg.Key...))
+		mc.SecretKey = k[:]
+	}
+	mc.GossipInterval, mc.GossipNodes = 100*time.Millisecond, 4
+	mc.PushPullInterval = 15 * time.Second
+	// Probes keep memberlist's LAN timing (every 1 s, 500 ms timeout): a
+	// shorter timeout made busy nodes declare each other dead (seen with
+	// 128 members on two cores).
+	if cfg.Fast {
+		mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 200*time.Millisecond, 100*time.Millisecond, 3
+	}
+	c.queue.RetransmitMult = mc.RetransmitMult
+	// memberlist answers peers from inside Create: a node that has this
+	// one in its all_node may join it before Create returns, and its
+	// callbacks then run before c.ml is set (a 32-node start crashed so).
+	// They find the queue and the maps ready; what needs c.ml waits for
+	// ready, closed once c.ml is set and the first announce made.
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		close(c.stop)
+		_ = t.Shutdown()
+		return nil, fmt.Errorf("name port %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(t.Port())), err)
+	}
+	c.ml = ml
+	c.port = int(ml.LocalNode().Port)
+	c.members.Store(ml)
+	c.Announce(self)
+	close(c.ready)
+	c.wg.Add(2)
+	go c.run()
+	go c.pusher()
+	return c, nil
+}
+
+// newGossip is a Gossip before its memberlist starts: everything
+// memberlist's callbacks touch is in place.
+func newGossip(cfg GossipConfig, table *Table) *Gossip {
+	c := &Gossip{
+		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
+		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, unrelayed: map[string]bool{},
+		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
+		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
+		stop: make(chan struct{}), ready: make(chan struct{}),
+	}
+	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: c.numMembers, RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult}
+	return c
+}
+
+// numMembers is memberlist's count of live members; 1 (this node) before
+// it has started.
+func (c *Gossip) numMembers() int {
+	if ml := c.members.Load(); ml != nil {
+		return ml.NumMembers()
+	}
+	return 1
+}
+
+// Port is the name port memberlist listens on.
+func (c *Gossip) Port() int { return c.port }
+
+// Transport is the name port's sockets, for a process that takes the node
+// over (Transport.Files).
+func (c *Gossip) Transport() *Transport { return c.transport }
+
+// Trusted reports whether peers are trusted blindly (no cluster_key).
+func (c *Gossip) Trusted() bool { return !c.codec.Authenticated() }
+
+// Announce tells every node this node's groups now. Callers pass the whole
+// state; the cluster numbers it.
+//
+// Lock order: memberlist calls NotifyJoin and NotifyLeave, which take mu,
+// with its node lock held, and GetBroadcasts asks for the member count
+// (node lock) with the broadcast queue's lock held. So mu is never held
+// while calling into memberlist, or the three make a cycle (seen in the
+// 128-node bench); announceMu, which memberlist's callbacks never take,
+// keeps announces queued in the order they are numbered.
+func (c *Gossip) Announce(info NodeInfo) {
+	c.announceMu.Lock()
+	defer c.announceMu.Unlock()
+	c.mu.Lock()
+	info.Node, info.Boot, info.Seq = c.self.Node, c.self.Boot, c.self.Seq+1
+	c.self = info
+	raw := c.codec.Encode(nil, info)
+	c.latest[info.Node] = raw
+	c.mu.Unlock()
+	changed, err := c.table.Apply(info)
+	if err != nil {
+		c.log.Error("own announce refused by the name table", "err", err)
+	}
+	c.sent.Add(1)
+	c.queue.QueueBroadcast(announce{node: info.Node, msg: raw})
+	if changed {
+		c.push(info.Node, raw)
+	}
+}
+
+// push hands raw, node's announce, to the pusher, replacing an older one
+// of node still waiting.
+func (c *Gossip) push(node string, raw []byte) {
+	c.mu.Lock()
+	c.pending[node] = raw
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default: // already woken; it will find this one too
+	}
+}
+
+// pusher sends what push hands it to this node's fingers.
+func (c *Gossip) pusher() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.wake:
+		}
+		c.mu.Lock()
+		batch := c.pending
+		c.pending = map[string][]byte{}
+		fingers := c.fingersLocked()
+		c.mu.Unlock()
+		for _, raw := range batch {
+			send := c.ml.SendBestEffort
+			if len(raw) > maxPacketAnnounce {
+				send = c.ml.SendReliable // would not fit a packet: memberlist's TCP path
+			}
+			for i := range fingers {
+				if err := send(&fingers[i], raw); err != nil {
+					c.log.Debug("announce to a finger", "node", fingers[i].Name, "err", err)
+					continue
+				}
+				c.counted(raw)
+			}
+		}
+	}
+}
+
+// maxPacketAnnounce is the largest announce pushed in a UDP packet:
+// memberlist's packets hold 1400 bytes (UDPBufferSize), less its headers
+// (message type, checksum, and with cluster_key the encryption's 29).
+// A larger one goes over memberlist's TCP path, as it never fits its
+// gossip either.
+const maxPacketAnnounce = 1300
+
+// counted counts one announce message sent.
+func (c *Gossip) counted(raw []byte) {
+	c.msgsSent.Add(1)
+	c.bytesSent.Add(uint64(len(raw)))
+}
+
+// fingersLocked returns this node's fingers: the live members 1, 2, 4, ...
+// places after it on the ring of live members sorted by name, each once.
+// c.mu must be held.
+func (c *Gossip) fingersLocked() []memberlist.Node {
+	if c.ring == nil {
+		c.ring = make([]string, 0, len(c.peers)+1)
+		c.ring = append(c.ring, c.cfg.Self)
+		for name := range c.peers {
+			c.ring = append(c.ring, name)
+		}
+		slices.Sort(c.ring)
+	}
+	return fingers(c.ring, c.cfg.Self, c.peers)
+}
+
+// fingers are the members of ring (sorted, self in it) 1, 2, 4, ... places
+// after self, while the distance is below the ring's size.
+func fingers(ring []string, self string, peers map[string]memberlist.Node) []memberlist.Node {
+	at, _ := slices.BinarySearch(ring, self)
+	n := len(ring)
+	var out []memberlist.Node
+	for d := 1; d < n; d *= 2 {
+		if p, ok := peers[ring[(at+d)%n]]; ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// reannounce sends this node's current state again.
+func (c *Gossip) reannounce() {
+	c.mu.Lock()
+	self := c.self
+	c.mu.Unlock()
+	c.Announce(self)
+}
+
+// run re-announces periodically and retries the seeds that are not members.
+func (c *Gossip) run() {
+	defer c.wg.Done()
+	c.joinSeeds()
+	refresh := time.NewTicker(c.cfg.Refresh)
+	defer refresh.Stop()
+	rejoin := time.NewTicker(2 * time.Second)
+	defer rejoin.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-refresh.C:
+			c.reannounce()
+		case <-rejoin.C:
+			c.joinSeeds()
+		}
+	}
+}
+
+// joinSeeds asks every seed that is not a member now to let us in.
+func (c *Gossip) joinSeeds() {
+	// The addresses come from the copies NotifyJoin made under
+	// memberlist's lock: the nodes ml.Members returns are memberlist's
+	// own, which it rewrites when a member refutes a suspicion.
+	members := map[string]bool{}
+	c.mu.Lock()
+	for _, p := range c.peers {
+		members[p.Address()] = true
+	}
+	c.mu.Unlock()
+	var want []string
+	for _, s := range c.cfg.Seeds {
+		if !members[s] {
+			want = append(want, s)
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	if n, err := c.ml.Join(want); err != nil && n == 0 {
+		c.log.Debug("name port: no seed answered yet", "seeds", want, "err", err)
+	}
+}
+
+// Stats reports the announce counters.
+func (c *Gossip) Stats() GossipStats {
+	st := GossipStats{
+		Members: c.ml.NumMembers(), Sent: c.sent.Load(), Received: c.received.Load(), Relayed: c.relayed.Load(),
+		MessagesSent: c.msgsSent.Load(), BytesSent: c.bytesSent.Load(), Dropped: map[string]uint64{}, Trusted: c.Trusted(),
+	}
+	c.dropMu.Lock()
+	for k, v := range c.dropped {
+		st.Dropped[k] = v
+	}
+	c.dropMu.Unlock()
+	return st
+}
+
+// Stop stops without telling the others: they keep this node in their
+// tables until a new process with the same node id and address takes its
+// place (a restart that hands the node over) or failure detection drops
+// it. Calls after the first, or after Leave, do nothing.
+func (c *Gossip) Stop() error {
+	err := errors.New("names: cluster already left")
+	c.leaveOnce.Do(func() {
+		close(c.stop)
+		err = c.ml.Shutdown()
+		c.waitGoroutines()
+	})
+	return err
+}
+
+// Leave tells the others this node is going and stops. Calls after the
+// first do nothing.
+func (c *Gossip) Leave(timeout time.Duration) error {
+	err := errors.New("names: cluster already left")
+	c.leaveOnce.Do(func() {
+		close(c.stop)
+		err = c.ml.Leave(timeout)
+		err = errors.Join(err, c.ml.Shutdown())
+		c.waitGoroutines()
+	})
+	return err
+}
+
+// waitGoroutines waits for this cluster's goroutines, after no callback
+// can start another.
+func (c *Gossip) waitGoroutines() {
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
+	c.wg.Wait()
+}
+
+func (c *Gossip) drop(reason string, err error) {
+	c.dropMu.Lock()
+	c.dropped[reason]++
+	n := c.dropped[reason]
+	c.dropMu.Unlock()
+	if n&(n-1) == 0 { // 1, 2, 4, 8...: loud enough, never a flood
+		c.log.Warn("peer announce dropped", "reason", reason, "count", n, "err", err)
+	}
+}
+
+// receive decodes, authenticates and applies one announce; relay says
+// whether to pass it on.
+func (c *Gossip) receive(msg []byte, relay bool) {
+	info, err := c.codec.Decode(msg)
+	switch {
+	case errors.Is(err, ErrUnauthenticated):
+		c.drop(DropAuth, err)
+		return
+	case err != nil:
+		c.drop(DropMalformed, err)
+		return
+	}
+	if info.Node == c.cfg.Self {
+		return // our own, relayed back
+	}
+	raw := bytes.Clone(msg)
+	c.mu.Lock()
+	if old, ok := c.latest[info.Node]; ok && !newer(info, old, c.codec) {
+		c.mu.Unlock()
+		return
+	}
+	c.latest[info.Node] = raw
+	_, alive := c.peers[info.Node]
+	if !alive && relay {
+		c.unrelayed[info.Node] = true
+	}
+	c.mu.Unlock()
+	if !alive {
+		return // applied, and relayed if it came by gossip, when memberlist says it joined
+	}
+	if c.apply(info) && relay {
+		c.relayed.Add(1)
+		c.push(info.Node, raw)
+	}
+}
+
+// apply applies info to the table and reports whether the table changed.
+func (c *Gossip) apply(info NodeInfo) bool {
+	changed, err := c.table.Apply(info)
+	switch {
+	case errors.Is(err, ErrFull):
+		c.dropMu.Lock()
+		c.dropped[DropFull]++
+		warn := !c.warnedFull[info.Node]
+		c.warnedFull[info.Node] = true
+		c.dropMu.Unlock()
+		if warn {
+			c.log.Error("node refused", "err", err)
+		}
+		return false
+	case err != nil:
+		c.drop(DropInvalid, err)
+		return false
+	}
+	c.received.Add(1)
+	if changed && c.cfg.OnChange != nil {
+		c.cfg.OnChange()
+	}
+	return changed
+}
+
+// newer reports whether info is newer than the announce old.
+func newer(info NodeInfo, old []byte, codec *Codec) bool {
+	prev, err := codec.Decode(old)
+	if err != nil {
+		return true
+	}
+	return info.Boot > prev.Boot || (info.Boot == prev.Boot && info.Seq > prev.Seq)
+}
+
+// announce is a queued broadcast: only the newest of a node is kept.
+type announce struct {
+	node string
+	msg  []byte
+}
+
+func (a announce) Name() string    { return a.node }
+func (a announce) Message() []byte { return a.msg }
+func (a announce) Finished()       {}
+func (a announce) Invalidates(o memberlist.Broadcast) bool {
+	nb, ok := o.(memberlist.NamedBroadcast)
+	return ok && nb.Name() == a.node
+}
+
+// delegate is the Gossip as memberlist's Delegate.
+type delegate Gossip
+
+func (d *delegate) NodeMeta(limit int) []byte { return nil }
+
+func (d *delegate) NotifyMsg(b []byte) { (*Gossip)(d).receive(b, true) }
+
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	out := d.queue.GetBroadcasts(overhead, limit)
+	for _, b := range out {
+		(*Gossip)(d).counted(b)
+	}
+	return out
+}
+
+// LocalState is every announce this node holds, so one push/pull teaches
+// a joining node the whole table.
+func (d *delegate) LocalState(join bool) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []byte
+	for _, raw := range d.latest {
+		out = binary.AppendUvarint(out, uint64(len(raw)))
+		out = append(out, raw...)
+	}
+	return out
+}
+
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	for len(buf) > 0 {
+		n, k := binary.Uvarint(buf)
+		if k <= 0 || uint64(len(buf)-k) < n {
+			(*Gossip)(d).drop(DropMalformed, errors.New("push/pull state: bad length"))
+			return
+		}
+		(*Gossip)(d).receive(buf[k:k+int(n)], false)
+		buf = buf[k+int(n):]
+	}
+}
+
+// events is the Gossip as memberlist's EventDelegate.
+type events Gossip
+
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	c := (*Gossip)(e)
+	if n.Name == c.cfg.Self {
+		return // memberlist.Create tells us of ourselves before c is complete
+	}
+	c.mu.Lock()
+	c.peers[n.Name] = *n
+	c.ring = nil
+	raw := c.latest[n.Name]
+	relay := c.unrelayed[n.Name]
+	delete(c.unrelayed, n.Name)
+	c.mu.Unlock()
+	if raw != nil {
+		// An announce that came by gossip before its node was alive was
+		// not relayed then: it is now, or the members that only this one
+		// heard it from would wait for a push/pull.
+		if info, err := c.codec.Decode(raw); err == nil && c.apply(info) && relay {
+			c.relayed.Add(1)
+			c.push(n.Name, raw)
+		}
+	}
+	// Gossip reaches a newcomer only by chance until the next push/pull
+	// (15 s), so tell it our state directly, off memberlist's goroutine.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping {
+		return // memberlist's handlers outlive Shutdown by a moment
+	}
+	node := *n
+	c.wg.Add(1) // under mu, before Stop's Wait, which sets stopping first
+	go func() {
+		defer c.wg.Done()
+		select {
+		case <-c.ready:
+		case <-c.stop:
+			return
+		}
+		c.mu.Lock()
+		own := c.latest[c.cfg.Self]
+		c.mu.Unlock()
+		if err := c.ml.SendReliable(&node, own); err != nil {
+			c.log.Debug("announce to a newcomer", "node", node.Name, "err", err)
+			return
+		}
+		c.counted(own)
+		c.newcomerMsgs.Add(1)
+	}()
+}
+
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	c := (*Gossip)(e)
+	if n.Name == c.cfg.Self {
+		return
+	}
+	c.mu.Lock()
+	delete(c.peers, n.Name)
+	delete(c.unrelayed, n.Name)
+	c.ring = nil
+	c.mu.Unlock()
+	if c.table.Remove(n.Name) {
+		c.log.Info("node left or died", "node", n.Name, "addr", n.Address())
+		if c.cfg.OnChange != nil {
+			c.cfg.OnChange()
+		}
+	}
+}
+
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	c := (*Gossip)(e)
+	if n.Name == c.cfg.Self {
+		return
+	}
+	c.mu.Lock()
+	if _, ok := c.peers[n.Name]; ok {
+		c.peers[n.Name] = *n // its address may have changed
+	}
+	c.mu.Unlock()
+}
+
+// logAdapter puts memberlist's log lines into the node's log at debug
+// level, its warnings and errors at warn. memberlist has no hook for
+// packets that fail to decrypt, only this log line; each counts as a
+// dropped unauthenticated message, beside the announces our codec drops.
+type logAdapter struct{ c *Gossip }
+
+func (l *logAdapter) Write(p []byte) (int, error) {
+	msg := string(bytes.TrimSpace(p))
+	lower := bytes.ToLower(p)
+	switch {
+	case bytes.Contains(p, []byte("[ERR]")) && bytes.Contains(lower, []byte("crypt")):
+		// "Decrypt packet failed", "No installed keys could decrypt",
+		// "remote state is (not) encrypted": a peer without our key.
+		l.c.drop(DropAuth, errors.New(msg))
+	case bytes.Contains(p, []byte("[ERR]")), bytes.Contains(p, []byte("[WARN]")):
+		l.c.log.Warn("memberlist", "msg", msg)
+	default:
+		l.c.log.Debug("memberlist", "msg", msg)
+	}
+	return len(p), nil
+}

@@ -1,0 +1,120 @@
+package peers
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd/call"
+)
+
+// Call is one call on its way to another node.
+type Call struct {
+	Caller    call.Caller // where its answer goes
+	CallerID  uint64      // the id it came with: its answer goes under it
+	Kind      netio.Kind  // call, call-no-reply (or a name lookup: a Request)
+	Group     string
+	Service   string
+	Payload   []byte // the call's own copy: the frame's buffer belongs to the event loop
+	TimeoutMs uint32
+	Deadline  time.Time // zero: none
+	Start     time.Time
+	Tried     []string // nodes tried, for a retry after a communication error
+	Retries   int      // retries left (scd_retry_of_comm_error)
+
+	via       *peer // the peer it was last handed to
+	lookup    bool  // ask the node where the group is received before sending it
+	redirects int   // 'wrong receiver' answers met
+	request   bool  // a Request: to this node only, never rerouted, not counted in flight
+}
+
+// ErrCommunication is a failure to reach a node, or a refusal from a node
+// that certainly did not run the call: the call can go elsewhere.
+var ErrCommunication = errors.New("communication error")
+
+// Refusal is a node's answer that says the call did not run there; it
+// wraps ErrCommunication.
+type Refusal struct {
+	Node string
+	Code netio.Code
+	Msg  string
+}
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("node %s refused the call (%v: %s): %v", r.Node, r.Code, r.Msg, ErrCommunication)
+}
+
+func (r *Refusal) Unwrap() error { return ErrCommunication }
+
+// RefusedBeforeRunning reports whether an error code from another node
+// certainly means the call never ran there, because of the node's state
+// rather than the call's: it stops, the group is held or gone there, or
+// its queue is full. Such a call is retried elsewhere like a communication
+// error (scd_retry_of_comm_error).
+func RefusedBeforeRunning(code netio.Code) bool {
+	switch code {
+	case netio.CodeShuttingDown, netio.CodeServiceClosed, netio.CodeNoSuchGroup, netio.CodeServerBusy:
+		return true
+	}
+	return false
+}
+
+// wantsAnswer reports whether somebody waits for the call's answer.
+func (c *Call) wantsAnswer() bool { return c.Kind != netio.KindCallNoReply }
+
+// Fail answers the call's caller with an error, unless it asked for no
+// answer.
+func (c *Call) Fail(code netio.Code, msg string) {
+	if c.wantsAnswer() {
+		_ = c.Caller.Send(netio.AppendError(nil, c.CallerID, code, msg))
+	}
+}
+
+// FailUnsent answers a call no node took after err: with the refusal it
+// met, or 'network down' (err, then more).
+func (c *Call) FailUnsent(err error, more string) {
+	var r *Refusal
+	if errors.As(err, &r) {
+		c.Fail(r.Code, r.Msg)
+		return
+	}
+	c.Fail(netio.CodeNetworkDown, err.Error()+more)
+}
+
+// Answer takes the answer to a sent call from its connection (it is the
+// call's netio.Answerer) and passes it to the caller under the caller's
+// id; a refusal before running goes to the Delegate's Reroute instead, and
+// a 'wrong receiver' back to the peer, which asks where the group is
+// received. A request's answer always goes to its caller.
+func (c *Call) Answer(f netio.Frame, err error) {
+	p := c.via
+	p.count(c, -1)
+	switch {
+	case errors.Is(err, netio.ErrCallExpired) && c.request:
+		c.Fail(netio.CodeTimedOut, fmt.Sprintf("node %s did not answer %s in time", p.node, c.Service))
+	case errors.Is(err, netio.ErrCallExpired):
+		c.Fail(netio.CodeTimedOut, fmt.Sprintf("no answer from node %s within %v", p.node, call.RoundLimit(c.Deadline.Sub(c.Start))))
+	case err != nil:
+		// Not retried: the other node may have run it.
+		c.Fail(netio.CodeNetworkDown, "connection to node "+p.node+" lost")
+	case c.request || f.Kind != netio.KindError:
+		c.pass(f)
+	case f.Code == netio.CodeWrongReceiver && c.redirects < maxRedirects:
+		// It did not run: ask where the group is received, then send it there.
+		c.redirects++
+		c.lookup = true
+		if p.enqueue(c) != enqueued {
+			p.pool.reroute(c, &Refusal{Node: p.node, Code: f.Code, Msg: string(f.Payload)})
+		}
+	case RefusedBeforeRunning(f.Code):
+		p.pool.reroute(c, &Refusal{Node: p.node, Code: f.Code, Msg: string(f.Payload)})
+	default:
+		c.pass(f)
+	}
+}
+
+// pass gives the caller the node's answer under the caller's id.
+func (c *Call) pass(f netio.Frame) {
+	_ = c.Caller.Send(netio.AppendFrame(nil, netio.Header{Kind: f.Kind, Code: f.Code, ID: c.CallerID}, "", "", f.Payload))
+}

@@ -1,0 +1,325 @@
+package peers
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd/def"
+)
+
+// peerQueue bounds the calls waiting for one target's lanes: beyond it a
+// call is refused server busy rather than buffered without limit.
+const peerQueue = 4096
+
+// writeBatch is how many bytes of queued calls a lane gathers into one
+// write.
+const writeBatch = 64 << 10
+
+// maxRedirects bounds the 'wrong receiver' answers one call may meet.
+const maxRedirects = 2
+
+// lookupTimeout bounds a receivers lookup.
+const lookupTimeout = 2 * time.Second
+
+// target is one address of a peer's node, with its queue and lanes.
+type target struct {
+	p     *peer
+	addr  string
+	group string // a service group received here, for its lanes' receivers lookups
+	queue chan *Call
+	lanes int         // guarded by p.mu: lanes started
+	taken map[int]int // guarded by p.mu: receiving socket -> lanes connected to it
+}
+
+// runLane keeps one connection to the target while calls come.
+func (t *target) runLane() {
+	p := t.p
+	defer p.pool.wg.Done()
+	var carried []*Call // taken off the queue, not sent: they go first on the next connection
+	here := -1          // the receiving socket of the lane's connection, when known
+	for {
+		if len(carried) == 0 {
+			var first *Call
+			select {
+			case <-p.stop:
+			case first = <-t.queue:
+				carried = append(carried, first)
+			}
+		}
+		select {
+		case <-p.stop:
+			for _, cl := range carried {
+				p.handOn(cl)
+			}
+			t.emptyQueue()
+			return
+		default:
+		}
+		mc, err := t.dial(&here)
+		if err != nil {
+			if errors.Is(err, ErrHelloRefused) {
+				p.pool.log.Warn("peer hello failed", "node", p.node, "addr", t.addr, "err", err)
+			} else {
+				p.pool.log.Debug("peer unreachable", "node", p.node, "addr", t.addr, "err", err)
+			}
+			if t.addr != p.addr {
+				p.forgetAddr(t.addr)
+			}
+			for _, cl := range carried {
+				p.retry(cl, err)
+			}
+			carried = carried[:0]
+			t.retryQueued(err)
+			continue
+		}
+		carried = t.serve(mc, carried)
+		t.release(&here)
+	}
+}
+
+// dial connects a lane: the hello, then, when the target has several
+// lanes, a receivers lookup that says which receiving socket the
+// connection landed on. A connection on a socket another lane of the
+// target has already is dialled again, a few times (the kernel's hash
+// places connections; the steering program gives each new one to the
+// socket with the least work, so it rarely needs to).
+func (t *target) dial(here *int) (*netio.MuxConn, error) {
+	p := t.p
+	for attempt := 0; ; attempt++ {
+		nc, fr, err := dial(t.addr, p.pool.self, p.node, p.pool.key)
+		if err != nil {
+			return nil, err
+		}
+		mc := netio.NewMuxConn(nc, netio.MuxOptions{MaxPayload: def.MaxMaxMessageSize, Reader: fr})
+		p.mu.Lock()
+		lanes := t.lanes
+		p.mu.Unlock()
+		if lanes < 2 {
+			return mc, nil
+		}
+		r, err := lookupReceivers(mc, t.group)
+		if err != nil || r.Here < 0 {
+			return mc, nil // served all the same; the node answers what it cannot take
+		}
+		p.mu.Lock()
+		busy := t.taken[r.Here] > 0 && attempt < 3*lanes
+		if !busy {
+			t.taken[r.Here]++
+			*here = r.Here
+		}
+		p.mu.Unlock()
+		if !busy {
+			return mc, nil
+		}
+		mc.Close(errors.New("another lane has this receiving socket"))
+	}
+}
+
+// release forgets the receiving socket of a lane's connection that ended.
+func (t *target) release(here *int) {
+	if *here < 0 {
+		return
+	}
+	t.p.mu.Lock()
+	if t.taken[*here]--; t.taken[*here] <= 0 {
+		delete(t.taken, *here)
+	}
+	t.p.mu.Unlock()
+	*here = -1
+}
+
+// lookupReceivers asks the node on mc where group is received.
+func lookupReceivers(mc *netio.MuxConn, group string) (netio.Receivers, error) {
+	w := &lookupWaiter{ch: make(chan lookupResult, 1)}
+	_, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, group, netio.LookupReceivers, nil,
+		time.Now().Add(lookupTimeout), w)
+	if !sent {
+		return netio.Receivers{}, err
+	}
+	select {
+	case r := <-w.ch:
+		if r.err != nil {
+			return netio.Receivers{}, r.err
+		}
+		if r.f.Kind != netio.KindReply {
+			return netio.Receivers{}, &netio.Error{Code: r.f.Code, Message: string(r.f.Payload)}
+		}
+		return netio.ParseReceivers(r.f.Payload)
+	case <-time.After(lookupTimeout):
+		return netio.Receivers{}, fmt.Errorf("receivers lookup: no answer within %v", lookupTimeout)
+	}
+}
+
+type lookupResult struct {
+	f   netio.Frame
+	err error
+}
+
+type lookupWaiter struct{ ch chan lookupResult }
+
+func (w *lookupWaiter) Answer(f netio.Frame, err error) { w.ch <- lookupResult{f, err} }
+
+// serve writes calls to mc until it fails, the node asks the lane to go
+// away or the peer stops; mc's reader answers the callers. It returns the
+// calls it took but could not send because mc had closed or was going
+// away.
+func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
+	p := t.p
+	p.mu.Lock()
+	p.conns[mc] = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		replaced := p.replaced
+		p.mu.Unlock()
+		if replaced {
+			mc.Retire() // its node moved: no new call here, but the answers of those sent still come
+		}
+		if mc.GoingAway() {
+			// The calls on it are answered by the node that asked (or the
+			// node that moved); the connection closes itself after the last.
+			go func() {
+				<-mc.Done()
+				p.mu.Lock()
+				delete(p.conns, mc)
+				p.mu.Unlock()
+			}()
+			return
+		}
+		p.mu.Lock()
+		delete(p.conns, mc)
+		p.mu.Unlock()
+		mc.Close(fmt.Errorf("connection to node %s closed", p.node)) // answers what was sent
+	}()
+	buf := make([]byte, 0, writeBatch)
+	add := func(cl *Call) {
+		if len(unsent) > 0 {
+			unsent = append(unsent, cl) // keep their order
+			return
+		}
+		if cl.lookup && t.redirect(mc, cl) {
+			return
+		}
+		var ok bool
+		if buf, ok = p.frame(buf, mc, cl); !ok {
+			unsent = append(unsent, cl)
+		}
+	}
+	for _, cl := range calls {
+		add(cl)
+	}
+	for {
+	gather:
+		for len(buf) < writeBatch && len(unsent) == 0 {
+			select {
+			case cl := <-t.queue:
+				add(cl)
+			default:
+				break gather
+			}
+		}
+		if len(buf) > 0 {
+			if _, err := mc.Write(buf); err != nil {
+				return unsent
+			}
+		}
+		if len(unsent) > 0 {
+			return unsent
+		}
+		if cap(buf) > 4*writeBatch {
+			buf = make([]byte, 0, writeBatch) // a huge call's buffer is not kept
+		}
+		buf = buf[:0]
+		select {
+		case <-p.stop:
+			return nil
+		case <-mc.Done():
+			return nil
+		case cl := <-t.queue:
+			add(cl)
+		}
+	}
+}
+
+// redirect asks the node on mc where cl's group is received and, when that
+// is another target (or more lanes), hands cl there; it reports whether it
+// did. A failed lookup leaves cl to be sent here: the node answers what it
+// cannot take.
+func (t *target) redirect(mc *netio.MuxConn, cl *Call) bool {
+	p := t.p
+	cl.lookup = false
+	r, err := lookupReceivers(mc, cl.Group)
+	if err != nil {
+		return false
+	}
+	p.learned(cl.Group, recvRoute{addr: r.Addr, count: r.Count})
+	multi := p.pool.multiSchedule(cl.Group)
+	p.mu.Lock()
+	lanes := t.lanes
+	p.mu.Unlock()
+	if r.Addr == t.addr && (!multi || lanes >= r.Count) {
+		return false
+	}
+	p.count(cl, -1) // enqueue counts it again
+	switch p.enqueue(cl) {
+	case enqueued:
+	case queueFull:
+		cl.Fail(netio.CodeServerBusy, "too many calls waiting for node "+p.node)
+	default:
+		p.count(cl, 1) // handOn takes it off again
+		p.handOn(cl)
+	}
+	return true
+}
+
+// frame appends cl's frame under a fresh id of mc, which answers it; false
+// if mc has closed or is going away.
+func (p *peer) frame(dst []byte, mc *netio.MuxConn, cl *Call) ([]byte, bool) {
+	timeout := cl.TimeoutMs
+	if !cl.Deadline.IsZero() {
+		left := time.Until(cl.Deadline).Milliseconds()
+		timeout = uint32(max(1, left))
+	}
+	h := netio.Header{Kind: cl.Kind, Flags: netio.FlagForwarded, TimeoutMs: timeout}
+	if cl.wantsAnswer() {
+		id, err := mc.Expect(cl.Deadline, cl)
+		if err != nil {
+			return dst, false
+		}
+		h.ID = id
+	} else {
+		if mc.Err() != nil || mc.GoingAway() {
+			return dst, false
+		}
+		p.count(cl, -1) // nobody waits for an answer
+	}
+	if !cl.request {
+		p.sentTo.Inc()
+	}
+	return netio.AppendFrame(dst, h, cl.Group, cl.Service, cl.Payload), true
+}
+
+func (t *target) retryQueued(err error) {
+	for {
+		select {
+		case cl := <-t.queue:
+			t.p.retry(cl, err)
+		default:
+			return
+		}
+	}
+}
+
+// emptyQueue deals with the calls still queued when the peer stopped.
+func (t *target) emptyQueue() {
+	for {
+		select {
+		case cl := <-t.queue:
+			t.p.handOn(cl)
+		default:
+			return
+		}
+	}
+}

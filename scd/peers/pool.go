@@ -1,0 +1,350 @@
+package peers
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/netio"
+)
+
+// Delegate is what the pool asks of its node, in the manner of
+// memberlist's delegates. The pool calls it from its lanes and its
+// connections' readers, never from an event loop's Send and never with
+// its own locks held; neither method may block.
+type Delegate interface {
+	// Reroute is given a call the pool could not send to its node, or
+	// that the node refused before running it; err is a *Refusal or wraps
+	// ErrCommunication. From then on the call is the delegate's: it sends
+	// it elsewhere (Send again, or its own queue) or answers it.
+	Reroute(c *Call, err error)
+	// MultiSchedule reports whether group's calls are spread over the
+	// receiving sockets of its receiver group on the other node
+	// (multi_schedule).
+	MultiSchedule(group string) bool
+}
+
+// answerDelegate is the delegate of a pool whose node reroutes nothing: an
+// unsent call is answered with what stopped it.
+type answerDelegate struct{}
+
+func (answerDelegate) Reroute(c *Call, err error) { c.FailUnsent(err, "") }
+func (answerDelegate) MultiSchedule(string) bool  { return false }
+
+// Options configure a Pool.
+type Options struct {
+	Self    string // this node's id, for the hello
+	Key     []byte // cluster_key; nil: none
+	Log     *slog.Logger
+	Metrics *metrics.Set // tpsched_forwarded_total{to=...}
+}
+
+// Pool is a node's connections to the other nodes (see the package
+// comment).
+type Pool struct {
+	self     string
+	key      []byte
+	log      *slog.Logger
+	metrics  *metrics.Set
+	delegate atomic.Pointer[delegateBox]
+
+	mu    sync.Mutex
+	peers map[string]*peer // by node id
+	wg    sync.WaitGroup   // the lanes
+	done  bool
+}
+
+type delegateBox struct{ Delegate }
+
+// New makes an empty pool; nothing is dialled until a call or a request
+// comes. Its delegate answers what it cannot send until SetDelegate.
+func New(opts Options) *Pool {
+	p := &Pool{self: opts.Self, key: opts.Key, log: opts.Log, metrics: opts.Metrics, peers: map[string]*peer{}}
+	p.delegate.Store(&delegateBox{answerDelegate{}})
+	return p
+}
+
+// SetDelegate gives the pool the node's Delegate; before the first Send.
+func (p *Pool) SetDelegate(d Delegate) { p.delegate.Store(&delegateBox{d}) }
+
+func (p *Pool) reroute(c *Call, err error) {
+	if c.request {
+		c.FailUnsent(err, "") // a request goes to its node or nowhere
+		return
+	}
+	p.delegate.Load().Reroute(c, err)
+}
+
+func (p *Pool) multiSchedule(group string) bool { return p.delegate.Load().MultiSchedule(group) }
+
+// peerFor returns the peer of node at addr, replacing it if the node
+// moved; nil once the pool is closed.
+func (p *Pool) peerFor(node, addr string) *peer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done {
+		return nil
+	}
+	pr := p.peers[node]
+	if pr != nil && pr.addr == addr {
+		return pr
+	}
+	if pr != nil {
+		pr.halt(true)
+	}
+	pr = &peer{
+		pool: p, node: node, addr: addr,
+		targets: map[string]*target{},
+		routes:  map[string]recvRoute{},
+		conns:   map[*netio.MuxConn]bool{},
+		stop:    make(chan struct{}),
+		sentTo:  p.metrics.GetOrCreateCounter(fmt.Sprintf(`tpsched_forwarded_total{to=%q}`, node)),
+	}
+	p.peers[node] = pr
+	return pr
+}
+
+// InFlight is this node's calls in flight to node (P2C's second key).
+func (p *Pool) InFlight(node string) int {
+	p.mu.Lock()
+	pr := p.peers[node]
+	p.mu.Unlock()
+	if pr == nil {
+		return 0
+	}
+	return int(pr.inFlight.Load())
+}
+
+// TotalInFlight is every call this node has handed to other nodes and not
+// yet answered (requests are not calls: they are not counted).
+func (p *Pool) TotalInFlight() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var sum int64
+	for _, pr := range p.peers {
+		sum += pr.inFlight.Load()
+	}
+	return int(sum)
+}
+
+// Send hands c to node's peer at addr, or says why it cannot: then c is
+// still the caller's. It never blocks.
+func (p *Pool) Send(node, addr string, c *Call) (netio.Code, string) {
+	// A peer replaced between peerFor and enqueue refuses the call: the
+	// next peerFor returns its successor.
+	for range 3 {
+		pr := p.peerFor(node, addr)
+		if pr == nil {
+			return netio.CodeNetworkDown, "this node is stopping"
+		}
+		switch pr.enqueue(c) {
+		case enqueued:
+			return netio.CodeOK, ""
+		case queueFull:
+			return netio.CodeServerBusy, "too many calls waiting for node " + node
+		}
+	}
+	return netio.CodeNetworkDown, "node " + node + " keeps changing its address"
+}
+
+// Close stops every peer; calls waiting for an answer are answered
+// 'network down', queued ones likewise.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	p.done = true
+	for _, pr := range p.peers {
+		pr.halt(false)
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	p.mu.Lock()
+	peers := p.peers
+	p.mu.Unlock()
+	for _, pr := range peers {
+		pr.mu.Lock()
+		conns := pr.conns
+		pr.mu.Unlock()
+		for mc := range conns {
+			mc.Close(fmt.Errorf("connection to node %s closed: this node is stopping", pr.node))
+		}
+	}
+}
+
+// Expire answers calls and requests whose deadline passed without an
+// answer.
+func (p *Pool) Expire(now time.Time) {
+	var conns []*netio.MuxConn
+	p.mu.Lock()
+	for _, pr := range p.peers {
+		pr.mu.Lock()
+		for mc := range pr.conns {
+			conns = append(conns, mc)
+		}
+		pr.mu.Unlock()
+	}
+	p.mu.Unlock()
+	for _, mc := range conns {
+		mc.Expire(now)
+	}
+}
+
+// peer is the way to one other node.
+type peer struct {
+	pool *Pool
+	node string
+	addr string // its RPC port
+
+	inFlight atomic.Int64 // calls queued or sent, not yet answered: P2C's second key
+	sentTo   *metrics.Counter
+
+	mu       sync.Mutex
+	stopped  bool                    // guarded by mu: no call is queued any more
+	replaced bool                    // guarded by mu: stopped because the node moved; queued calls go to its new peer
+	targets  map[string]*target      // guarded by mu: by address
+	routes   map[string]recvRoute    // guarded by mu: by service group, where its calls go, once learned
+	conns    map[*netio.MuxConn]bool // guarded by mu: every connection with calls on it, for expire
+	stop     chan struct{}
+}
+
+// recvRoute is where a service group's calls are received on the node.
+type recvRoute struct {
+	addr  string
+	count int // receiving sockets there
+}
+
+type enqueueResult int
+
+const (
+	enqueued enqueueResult = iota
+	queueFull
+	peerStopped
+)
+
+// count adds delta to the peer's calls in flight; a request is not one.
+func (pr *peer) count(c *Call, delta int64) {
+	if !c.request {
+		pr.inFlight.Add(delta)
+	}
+}
+
+// enqueue counts c in flight and queues it for the target its group is
+// received on, unless the queue is full or the peer stopped.
+func (pr *peer) enqueue(c *Call) enqueueResult {
+	multi := !c.request && pr.pool.multiSchedule(c.Group)
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.stopped {
+		return peerStopped
+	}
+	t := pr.targetLocked(c, multi)
+	pr.count(c, 1)
+	c.via = pr
+	select {
+	case t.queue <- c:
+		return enqueued
+	default:
+		pr.count(c, -1)
+		return queueFull
+	}
+}
+
+// targetLocked is the target c goes to: where its group is received, once
+// known; else the node's RPC port, with a lookup first when the group
+// spreads its calls (multi_schedule) or was sent to the wrong receiver. A
+// request goes to the RPC port. pr.mu is held.
+func (pr *peer) targetLocked(c *Call, multi bool) *target {
+	if c.request {
+		return pr.targetAtLocked(pr.addr, c.Group, 1)
+	}
+	r, known := pr.routes[c.Group]
+	if !known || c.lookup {
+		c.lookup = c.lookup || multi
+		return pr.targetAtLocked(pr.addr, c.Group, 1)
+	}
+	lanes := 1
+	if multi {
+		lanes = r.count
+	}
+	return pr.targetAtLocked(r.addr, c.Group, lanes)
+}
+
+// targetAtLocked returns the target at addr with at least lanes lanes,
+// starting what is missing. pr.mu is held.
+func (pr *peer) targetAtLocked(addr, group string, lanes int) *target {
+	t := pr.targets[addr]
+	if t == nil {
+		t = &target{p: pr, addr: addr, group: group, queue: make(chan *Call, peerQueue), taken: map[int]int{}}
+		pr.targets[addr] = t
+	}
+	for t.lanes < lanes {
+		t.lanes++
+		pr.pool.wg.Add(1)
+		go t.runLane()
+	}
+	return t
+}
+
+// learned records where group is received on the node.
+func (pr *peer) learned(group string, r recvRoute) {
+	pr.mu.Lock()
+	pr.routes[group] = r
+	pr.mu.Unlock()
+}
+
+// forgetAddr drops the routes to addr, after it could not be reached: the
+// node may have moved the group.
+func (pr *peer) forgetAddr(addr string) {
+	pr.mu.Lock()
+	for g, r := range pr.routes {
+		if r.addr == addr {
+			delete(pr.routes, g)
+		}
+	}
+	pr.mu.Unlock()
+}
+
+// halt stops the peer: it takes no more calls, its lanes answer (or, when
+// replaced, hand on) what is queued, and its connections close (or, when
+// replaced, retire: they close after their last answer).
+func (pr *peer) halt(replaced bool) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.stopped {
+		return
+	}
+	pr.stopped, pr.replaced = true, replaced
+	close(pr.stop)
+}
+
+// retry sends c elsewhere after a failure to reach this peer.
+func (pr *peer) retry(c *Call, err error) {
+	pr.count(c, -1)
+	pr.pool.reroute(c, fmt.Errorf("node %s (%s): %w: %v", pr.node, pr.addr, ErrCommunication, err))
+}
+
+// handOn deals with a call the stopped peer did not send: handed to the
+// node's new peer if this one was replaced, else answered.
+func (pr *peer) handOn(c *Call) {
+	pr.count(c, -1)
+	pr.mu.Lock()
+	replaced := pr.replaced
+	pr.mu.Unlock()
+	if !replaced {
+		c.Fail(netio.CodeNetworkDown, "node "+pr.node+": this node is stopping")
+		return
+	}
+	pr.pool.mu.Lock()
+	next := pr.pool.peers[pr.node]
+	pr.pool.mu.Unlock()
+	code, msg := netio.CodeNetworkDown, "node "+pr.node+" moved"
+	if next != nil && next != pr {
+		code, msg = pr.pool.Send(pr.node, next.addr, c)
+	}
+	if code != netio.CodeOK {
+		c.Fail(code, msg)
+	}
+}

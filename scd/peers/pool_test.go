@@ -1,0 +1,400 @@
+package peers
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/netio"
+	"tpsched/netio/rpcport"
+	"tpsched/scd/client"
+	"tpsched/scd/def"
+)
+
+// These tests run the pool on real sockets in process: a netio server
+// stands in for this node's RPC port and hands every call it receives to
+// the pool; the other nodes are fakeNodes (a netio server with the node's
+// side of the hello), which answer as the test says, so every transferred
+// call gets exactly one answer.
+
+const testWait = 10 * time.Second // bound on every wait in these tests
+
+const testKey = "the-right-key-0123456789"
+
+// fakeNode is another node as the pool meets it: an RPC port on loopback
+// whose connections open with the peer hello (an Acceptor); each call or
+// lookup goes to answer with the node its hop mark proves ("" if none).
+type fakeNode struct {
+	addr    string
+	hello   *Acceptor
+	refused *metrics.Counter
+	hellos  atomic.Int32 // connections that began a hello
+	answer  func(c *rpcport.Conn, f netio.Frame, hop string)
+}
+
+// noSuchGroup is a node that runs no group: every call is answered so.
+func noSuchGroup(c *rpcport.Conn, f netio.Frame, _ string) {
+	if f.Kind != netio.KindCallNoReply {
+		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, string(f.Group)))
+	}
+}
+
+func startFakeNode(t *testing.T, name, key string, answer func(c *rpcport.Conn, f netio.Frame, hop string)) *fakeNode {
+	t.Helper()
+	var k []byte
+	if key != "" {
+		k = []byte(key)
+	}
+	n := &fakeNode{refused: metrics.NewSet().NewCounter("refused"), answer: answer}
+	n.hello = NewAcceptor(name, k, n.refused, slog.New(slog.DiscardHandler))
+	srv, err := rpcport.Listen(rpcport.Options{Addr: "127.0.0.1:0", MaxPayload: def.MaxMaxMessageSize,
+		Logger: slog.New(slog.DiscardHandler)}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		_ = srv.Stop(ctx)
+	})
+	n.addr = srv.Addr()
+	return n
+}
+
+func (n *fakeNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
+	if f.Kind == netio.KindAnnounce {
+		if len(f.Payload) > 0 && f.Payload[0] == helloStepHello {
+			n.hellos.Add(1)
+		}
+		n.hello.Accept(c, &f)
+		return
+	}
+	n.answer(c, f, Hop(c, &f))
+}
+
+func (n *fakeNode) OnClose(*rpcport.Conn) {}
+
+// transferSide is this node's RPC port in the test: each call's group says
+// where it goes (route), and the forwarder takes it there.
+type transferSide struct {
+	pool  *Pool
+	route func(group string) (node, addr string)
+}
+
+func (s *transferSide) OnFrame(c *rpcport.Conn, f netio.Frame) {
+	if f.Kind != netio.KindCall && f.Kind != netio.KindCallNoReply {
+		return
+	}
+	node, addr := s.route(string(f.Group))
+	fc := &Call{Caller: c, CallerID: f.ID, Kind: f.Kind, Group: string(f.Group), Service: string(f.Service),
+		Payload: append([]byte(nil), f.Payload...), TimeoutMs: f.TimeoutMs, Start: time.Now(),
+		Deadline: time.Now().Add(testWait)}
+	if code, msg := s.pool.Send(node, addr, fc); code != netio.CodeOK && f.Kind == netio.KindCall {
+		c.SendNow(netio.AppendError(nil, f.ID, code, msg))
+	}
+}
+
+func (s *transferSide) OnClose(*rpcport.Conn) {}
+
+// startTransferSide starts a pool named self behind a netio server with
+// loops event loops; a call that cannot be sent, or is refused, is
+// answered so, not retried (the pool's default delegate).
+func startTransferSide(t *testing.T, self, key string, loops int, route func(string) (string, string)) (*transferSide, string) {
+	t.Helper()
+	s := &transferSide{route: route}
+	var k []byte
+	if key != "" {
+		k = []byte(key)
+	}
+	s.pool = New(Options{Self: self, Key: k, Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	srv, err := rpcport.Listen(rpcport.Options{Addr: "127.0.0.1:0", Loops: loops, Logger: slog.New(slog.DiscardHandler)}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testWait)
+		defer cancel()
+		_ = srv.Stop(ctx)
+		s.pool.Close()
+	})
+	return s, srv.Addr()
+}
+
+// TestTransferToReplacedPeerIsAnswered: a node that moves to another
+// address gets a new peer, and the old one stops. Calls handed to the old
+// peer in the moment it is replaced must still be answered, and those
+// already sent on its connection by the node itself: the connection is
+// retired, not closed under them. Here every call names the address to
+// use, so the peer is replaced on almost every call while calls come in on
+// four event loops.
+func TestTransferToReplacedPeerIsAnswered(t *testing.T) {
+	// More Ps than cores: the OS then preempts a thread anywhere, also
+	// between a peer's lookup and the hand-over of a call to it.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(16))
+	addrA := startFakeNode(t, "x", "", noSuchGroup).addr
+	addrB := startFakeNode(t, "x", "", noSuchGroup).addr
+	_, addr := startTransferSide(t, "self", "", 4, func(group string) (string, string) {
+		if strings.HasSuffix(group, "a") {
+			return "x", addrA
+		}
+		return "x", addrB
+	})
+	const callers, calls = 16, 200
+	clients := make([]*client.Client, callers)
+	for i := range clients {
+		c, err := client.New(client.Options{Hosts: []string{addr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients[i] = c
+	}
+	var unanswered, answered, refusedBefore atomic.Int64
+	// The window is a few instructions wide: several rounds make it show.
+	for round := 0; round < 5 && unanswered.Load() == 0; round++ {
+		var wg sync.WaitGroup
+		for i, c := range clients {
+			wg.Go(func() {
+				for j := range calls {
+					group := "to-a"
+					if (i+j)%2 == 1 {
+						group = "to-b"
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					_, err := c.Call(ctx, group, "echo", nil)
+					cancel()
+					// x answers every call 'no such service group'. 'Network
+					// down' would be a call on the connection of a replaced
+					// peer, closed under it; a time-out is no answer at all.
+					// Send may refuse a call before it goes out when the
+					// peer is replaced three times while it tries (here the
+					// address changes on almost every call): that one never
+					// left the node, and says so.
+					code := codeOf(err)
+					if code == netio.CodeNetworkDown && strings.Contains(err.Error(), "keeps changing its address") {
+						refusedBefore.Add(1)
+						continue
+					}
+					if code != netio.CodeNoSuchGroup {
+						unanswered.Add(1)
+						t.Errorf("round %d, call %d of caller %d: %v", round, j, i, err)
+						return // one is enough; do not wait for each
+					}
+					answered.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	if n := unanswered.Load(); n > 0 {
+		t.Errorf("calls transferred while their peer was replaced were not answered by the node (%d answered)", answered.Load())
+	}
+	t.Logf("%d calls answered by the node, %d refused before they were sent", answered.Load(), refusedBefore.Load())
+}
+
+// TestTransferInFlightNeverNegative: the in-flight count of a peer (P2C's
+// second key) counts a call from before it is queued until it is answered,
+// so it is never below zero, and zero once every call is answered.
+func TestTransferInFlightNeverNegative(t *testing.T) {
+	// More Ps than cores: the OS then preempts a thread anywhere, also
+	// between a call's hand-over and its count, for a whole time slice.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(16))
+	addrA := startFakeNode(t, "x", "", noSuchGroup).addr
+	s, addr := startTransferSide(t, "self", "", 4, func(string) (string, string) { return "x", addrA })
+	stop := make(chan struct{})
+	var lowest atomic.Int64
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if v := int64(s.pool.InFlight("x")); v < lowest.Load() {
+				lowest.Store(v)
+			}
+		}
+	})
+	const callers, calls = 8, 400 // below the peer's queue bound
+	clients := make([]*client.Client, callers)
+	for i := range clients {
+		c, err := client.New(client.Options{Hosts: []string{addr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients[i] = c
+	}
+	var wg sync.WaitGroup
+	// The window is a few instructions wide: many rounds make it show.
+	for round := 0; round < 60 && lowest.Load() >= 0 && !t.Failed(); round++ {
+		for _, c := range clients {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), testWait)
+				defer cancel()
+				for range calls {
+					if err := c.CallNoReply(ctx, "g", "log", nil); err != nil {
+						t.Errorf("CallNoReply: %v", err)
+						return
+					}
+				}
+				// One answered call behind them: every no-reply call before
+				// it has been written to the peer.
+				if _, err := c.Call(ctx, "g", "echo", nil); codeOf(err) != netio.CodeNoSuchGroup {
+					t.Errorf("call after the no-reply calls: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	wg.Wait()
+	close(stop)
+	sampler.Wait()
+	if v := lowest.Load(); v < 0 {
+		t.Errorf("in-flight count to the peer went down to %d", v)
+	}
+	if v := s.pool.InFlight("x"); v != 0 {
+		t.Errorf("in-flight count %d after every call was answered", v)
+	}
+}
+
+func codeOf(err error) netio.Code {
+	var te *netio.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 255
+}
+
+// TestRefusedBeforeRunning: only an answer that proves the call never ran
+// on the other node lets it go to a third; every code that a call which
+// may have run can get is final (a resent call could run twice).
+func TestRefusedBeforeRunning(t *testing.T) {
+	resend := map[netio.Code]bool{
+		netio.CodeShuttingDown:  true, // the node drains: it took no new call
+		netio.CodeServiceClosed: true, // held there: refused at admission
+		netio.CodeNoSuchGroup:   true, // the table was stale: nothing ran
+		netio.CodeServerBusy:    true, // its queue was full: refused at admission
+	}
+	for _, code := range netio.Codes() {
+		if got := RefusedBeforeRunning(code); got != resend[code] {
+			t.Errorf("%v: RefusedBeforeRunning %v, want %v", code, got, resend[code])
+		}
+	}
+}
+
+// slowLookups answers every name lookup "ok" after pause, from a goroutine
+// of its own, and every call 'no such service group'.
+func slowLookups(pause time.Duration) func(c *rpcport.Conn, f netio.Frame, hop string) {
+	return func(c *rpcport.Conn, f netio.Frame, hop string) {
+		if f.Kind != netio.KindNameLookup {
+			noSuchGroup(c, f, hop)
+			return
+		}
+		id := f.ID
+		go func() {
+			time.Sleep(pause)
+			_ = c.Send(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: id}, "", "", []byte("ok "+hop)))
+		}()
+	}
+}
+
+// TestRequestsDialOnceAndKeepTheirConnection: requests and calls sent at
+// once to a node no connection leads to yet dial it once, and every
+// request gets the node's answer, with the hop mark its hello proved: no
+// connection with requests on it is closed under them.
+func TestRequestsDialOnceAndKeepTheirConnection(t *testing.T) {
+	node := startFakeNode(t, "x", testKey, slowLookups(200*time.Millisecond))
+	pool := New(Options{Self: "self", Key: []byte(testKey), Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	t.Cleanup(pool.Close)
+	const requests = 16
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*requests)
+	for range requests {
+		wg.Go(func() {
+			out, err := pool.Request(context.Background(), "x", node.addr, "wlm-policy", "", nil, time.Now().Add(testWait))
+			if err == nil && string(out) != "ok self" {
+				err = errors.New("answer " + string(out))
+			}
+			errs <- err
+		})
+		wg.Go(func() {
+			a := &answerRecorder{ch: make(chan []byte, 1)}
+			c := &Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(testWait)}
+			if code, msg := pool.Send("x", node.addr, c); code != netio.CodeOK {
+				errs <- errors.New(msg)
+				return
+			}
+			select {
+			case b := <-a.ch:
+				if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != netio.CodeNoSuchGroup {
+					errs <- errors.New("call answered " + f.Code.String())
+				}
+			case <-time.After(testWait):
+				errs <- errors.New("a call got no answer")
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a request or call: %v", err)
+		}
+	}
+	if k := node.hellos.Load(); k != 1 {
+		t.Errorf("%d connections dialled to the node, want 1", k)
+	}
+	if v := pool.TotalInFlight(); v != 0 {
+		t.Errorf("%d calls in flight after every answer (requests are not counted)", v)
+	}
+}
+
+// answerRecorder is a caller that keeps its one answer.
+type answerRecorder struct{ ch chan []byte }
+
+func (a *answerRecorder) Send(b []byte) error {
+	a.ch <- append([]byte(nil), b...)
+	return nil
+}
+
+// TestRequestNotReroutedAndAnsweredWhenUnreachable: a request to a node
+// that cannot be reached is answered 'network down' and never given to the
+// delegate; one the node refuses as a call would be refused before
+// running ('node shutting down') is answered with that refusal, not sent
+// elsewhere.
+func TestRequestNotReroutedAndAnsweredWhenUnreachable(t *testing.T) {
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	t.Cleanup(pool.Close)
+	var rerouted atomic.Int32
+	pool.SetDelegate(countingDelegate{&rerouted})
+	refusing := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, _ string) {
+		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeShuttingDown, "draining"))
+	})
+	_, err := pool.Request(context.Background(), "x", refusing.addr, "wlm-start", "orders", nil, time.Now().Add(testWait))
+	var ne *netio.Error
+	if !errors.As(err, &ne) || ne.Code != netio.CodeShuttingDown {
+		t.Errorf("a request the node refuses: %v, want its 'node shutting down'", err)
+	}
+	_, err = pool.Request(context.Background(), "y", "127.0.0.1:1", "wlm-start", "orders", nil, time.Now().Add(testWait))
+	if !errors.As(err, &ne) || ne.Code != netio.CodeNetworkDown || !errors.Is(ErrCommunication, ErrCommunication) {
+		t.Errorf("a request to a node nobody listens for: %v, want 'network down'", err)
+	}
+	if k := rerouted.Load(); k != 0 {
+		t.Errorf("%d requests given to the delegate to send elsewhere", k)
+	}
+}
+
+type countingDelegate struct{ n *atomic.Int32 }
+
+func (d countingDelegate) Reroute(c *Call, err error) { d.n.Add(1); c.FailUnsent(err, "") }
+func (countingDelegate) MultiSchedule(string) bool    { return false }

@@ -1,0 +1,124 @@
+package scd
+
+import (
+	"fmt"
+	"net"
+
+	"tpsched/netio/rpcport"
+	"tpsched/scd/def"
+	"tpsched/scd/names"
+)
+
+// ports are the sockets the node listens on, bound before the first UAP
+// runs (bindPorts), until the parts that serve on them take them: the RPC
+// port and every receiver group's, metrics_address (the doors' HTTP
+// endpoint), the control socket, and the name port (the router's gossip).
+// A UAP started first could bind one of them itself (the RPC port with
+// SO_REUSEPORT, as a UAP did, answering every call) or just hold it so
+// that the node cannot start. Bound sockets keep callers in their
+// backlogs until the node serves on them.
+type ports struct {
+	rpc     *rpcport.Bound
+	http    net.Listener
+	control *net.UnixListener
+	names   *names.Transport
+}
+
+// bindPorts binds them. A new process that takes the node over leaves
+// alone what the old one holds (a port taken, or port 0): those come from
+// the old process, which keeps them open throughout (restart.go).
+func bindPorts(cfg *def.Config, rpcOpts rpcport.Options, takingOver bool) (p ports, err error) {
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if p.rpc, err = rpcport.Bind(rpcOpts, takingOver); err != nil {
+		return p, fmt.Errorf("rpc port %s: %w", rpcOpts.Addr, err)
+	}
+	maddr := cfg.System.MetricsAddress
+	if !takingOver || !portZero(maddr) {
+		ln, err := net.Listen("tcp", maddr)
+		switch {
+		case err == nil:
+			p.http = ln
+		case !takingOver:
+			return p, fmt.Errorf("metrics_address %s: %w", maddr, err)
+		}
+	}
+	ln, err := listenControl(ControlSocketPath(cfg))
+	switch {
+	case err == nil:
+		p.control = ln
+	case !takingOver:
+		return p, fmt.Errorf("control socket: %w", err)
+	}
+	if others, err := seeds(cfg); err == nil && len(others) > 0 {
+		sys := cfg.System
+		if !takingOver || sys.NamePort != 0 {
+			t, err := names.ListenTransport(sys.RPCAddress, sys.NamePort)
+			switch {
+			case err == nil:
+				p.names = t
+			case !takingOver:
+				return p, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// takeInherited puts the sockets a restart inherited (restart.go) where
+// nothing was bound ahead, and closes the others: a socket bound ahead is
+// served, else the old process's.
+func (p *ports) takeInherited(rs *restarter) {
+	if inh := rs.inheritMetrics; inh != nil {
+		rs.inheritMetrics = nil
+		if p.http == nil {
+			p.http = inh
+		} else {
+			_ = inh.Close()
+		}
+	}
+	if inh := rs.inheritControl; inh != nil {
+		rs.inheritControl = nil
+		if p.control == nil {
+			p.control = inh
+		} else {
+			_ = inh.Close()
+		}
+	}
+	if inh := rs.inheritNames; inh != nil {
+		rs.inheritNames = nil
+		if p.names == nil {
+			p.names = inh
+		} else {
+			inh.Close()
+		}
+	}
+}
+
+// close closes the sockets bound ahead that nothing took (a start that
+// failed half way).
+func (p *ports) close() {
+	p.rpc.Close()
+	p.rpc = nil
+	if p.http != nil {
+		_ = p.http.Close()
+		p.http = nil
+	}
+	if p.control != nil {
+		_ = p.control.Close()
+		p.control = nil
+	}
+	if p.names != nil {
+		p.names.Close()
+		p.names = nil
+	}
+}
+
+// portZero reports whether host:port asks for a port the kernel picks.
+func portZero(addr string) bool {
+	_, p, err := net.SplitHostPort(addr)
+	return err == nil && (p == "0" || p == "")
+}

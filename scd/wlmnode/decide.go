@@ -1,0 +1,297 @@
+package wlmnode
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"tpsched/netio"
+	"tpsched/scd/names"
+	"tpsched/scd/wlm"
+)
+
+// Why a start is decided.
+const (
+	purposeFirst     byte = 1 // no node serves it (find, a call)
+	purposeGrow      byte = 2 // a class misses its goal
+	purposeReplenish byte = 3 // fewer servers than the high-water mark: one died
+)
+
+var purposeNames = map[byte]string{purposeFirst: "first", purposeGrow: "goal", purposeReplenish: "replace"}
+
+type hint struct {
+	node, addr string
+	at         time.Time
+}
+
+// decider is the node's part as the deciding node: the live node with the
+// lowest id among those with a service policy decides every start of a
+// server. Its maps are guarded by the envs' mu.
+type decider struct {
+	m        *envs
+	decides  map[string]*flight   // starts in progress
+	hints    map[string][]hint    // servers started, perhaps not announced yet
+	lastGrow map[string]time.Time // the last server started for a missed goal
+}
+
+// node is the node that decides starts: the live node with the lowest
+// id among those with a service policy (this one alone).
+func (d *decider) node() (node, addr string) {
+	m := d.m
+	self := m.self
+	node = self
+	for _, info := range m.names.Nodes() { // sorted by node id; none alone
+		if info.WLM != nil || info.Node == self {
+			if info.Node < node {
+				return info.Node, info.Addr
+			}
+			break
+		}
+	}
+	return self, ""
+}
+
+// decide starts a server of env if purpose calls for one, as the deciding
+// node, and returns the servers of env then.
+func (d *decider) decide(ctx context.Context, env string, purpose byte, deadline time.Time) ([]serverAt, error) {
+	m := d.m
+	if !m.isEnv(env) {
+		return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment of the policy"}
+	}
+	m.mu.Lock()
+	for {
+		if m.states[env].Quiesced {
+			m.mu.Unlock()
+			return nil, &netio.Error{Code: netio.CodeServiceClosed, Message: env + " is quiesced"}
+		}
+		fl := d.decides[env]
+		if fl == nil {
+			break
+		}
+		m.mu.Unlock() // a start in progress: its result serves us too
+		t := time.NewTimer(max(time.Until(deadline), 0))
+		select {
+		case <-fl.done:
+			t.Stop()
+		case <-t.C:
+			return nil, &netio.Error{Code: netio.CodeTimedOut, Message: "a start of " + env + " is still in progress"}
+		case <-ctx.Done():
+			t.Stop()
+			return nil, &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
+		}
+		if purpose == purposeFirst {
+			return fl.servers, fl.err
+		}
+		m.mu.Lock()
+	}
+	d.expireHintsLocked(env, time.Now())
+	m.mu.Unlock()
+	servers := m.servers(env, true)
+	m.mu.Lock()
+	switch {
+	case purpose == purposeFirst && len(servers) > 0,
+		purpose == purposeGrow && time.Since(d.lastGrow[env]) < d.growCooldown(),
+		purpose == purposeReplenish && m.states[env].Missing(len(servers)) == 0:
+		m.mu.Unlock()
+		return servers, nil
+	}
+	fl := &flight{done: make(chan struct{})}
+	d.decides[env] = fl
+	if purpose == purposeGrow {
+		d.lastGrow[env] = time.Now()
+	}
+	m.mu.Unlock()
+	fl.servers, fl.err = d.place(ctx, env, purpose, servers, deadline)
+	m.mu.Lock()
+	delete(d.decides, env)
+	m.mu.Unlock()
+	close(fl.done)
+	return fl.servers, fl.err
+}
+
+// growCooldown is the time between two servers started for a missed goal.
+func (d *decider) growCooldown() time.Duration {
+	m := d.m
+	return growIntervals * m.policy().Interval
+}
+
+// place chooses a node for one more server of env and starts it there.
+func (d *decider) place(ctx context.Context, env string, purpose byte, servers []serverAt, deadline time.Time) ([]serverAt, error) {
+	m := d.m
+	p := m.policy()
+	imp := p.Classes[p.Default].Importance
+	if g, ok := m.local.Group(env); ok {
+		imp = p.Importance(env, serviceNames(g))
+	}
+	hosts, addrs := d.hosts(env, imp, servers)
+	minSpare := 0.0
+	if purpose == purposeGrow {
+		minSpare = growMinSpare
+	}
+	var lastErr error
+	for {
+		i := wlm.Place(hosts, minSpare)
+		if i < 0 {
+			if lastErr != nil {
+				return servers, lastErr
+			}
+			if purpose == purposeFirst {
+				return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: "no node can start a server of " + env + " (none defines it)"}
+			}
+			return servers, nil // every node that could serves it, or has no spare CPU
+		}
+		h := hosts[i]
+		err := d.startOn(ctx, h.Node, addrs[i], env, deadline)
+		if err == nil {
+			m.log.Info("routing manager: server started", "env", env, "node", h.Node, "why", purposeNames[purpose],
+				"spare_cpus", fmt.Sprintf("%.2f", h.Spare), "importance", imp, "hosts", hostsLine(hosts))
+			m.mu.Lock()
+			d.hints[env] = append(d.hints[env], hint{node: h.Node, addr: addrs[i], at: time.Now()})
+			m.states[env] = m.states[env].Saw(len(servers) + 1)
+			m.mu.Unlock()
+			return append(servers, serverAt{node: h.Node, addr: addrs[i]}), nil
+		}
+		m.log.Warn("routing manager: a server did not start; trying another node", "env", env, "node", h.Node, "err", err)
+		lastErr = err
+		hosts[i].Serving = true // not again
+		if time.Now().After(deadline) {
+			return servers, err
+		}
+	}
+}
+
+// hostsLine is the hosts a placement chose from, for the log: "n0=0.00
+// n1=0.95 n2=0.90(excluded)"; excluded: serving it already, or its start failed.
+func hostsLine(hosts []wlm.Host) string {
+	var b strings.Builder
+	for i, h := range hosts {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%.2f", h.Node, h.Spare)
+		if h.Serving {
+			b.WriteString("(excluded)")
+		}
+	}
+	return b.String()
+}
+
+// hosts are the nodes that define env, with their spare CPU at importance
+// imp, and their addresses.
+func (d *decider) hosts(env string, imp int, servers []serverAt) ([]wlm.Host, []string) {
+	m := d.m
+	serving := func(node string) bool {
+		return slices.ContainsFunc(servers, func(s serverAt) bool { return s.node == node })
+	}
+	self := m.self
+	if m.alone {
+		m.mu.Lock()
+		_, ok := m.here[env]
+		m.mu.Unlock()
+		if !ok {
+			return nil, nil
+		}
+		m.w.mu.Lock()
+		spare := m.w.spare[imp]
+		m.w.mu.Unlock()
+		return []wlm.Host{{Node: self, Spare: spare, Serving: serving(self)}}, []string{m.opts.Addr()}
+	}
+	var hosts []wlm.Host
+	var addrs []string
+	for _, info := range m.names.Nodes() {
+		if info.WLM == nil || !slices.ContainsFunc(info.WLM.Envs, func(e names.EnvInfo) bool { return e.Env == env }) {
+			continue
+		}
+		served := 0
+		for _, e := range info.WLM.Envs {
+			if slices.ContainsFunc(info.Groups, func(g names.GroupInfo) bool { return g.Group == e.Env }) {
+				served++
+			}
+		}
+		hosts = append(hosts, wlm.Host{Node: info.Node, Spare: float64(info.WLM.Spare[imp-1]) / 1000,
+			Serving: serving(info.Node), Servers: served})
+		addrs = append(addrs, info.Addr)
+	}
+	return hosts, addrs
+}
+
+// startOn has node start a server of env and waits until it is ready.
+func (d *decider) startOn(ctx context.Context, node, addr, env string, deadline time.Time) error {
+	m := d.m
+	if node == m.self {
+		return m.activate(ctx, env, deadline)
+	}
+	_, err := m.peers.Request(ctx, node, addr, wlmStart, env, nil, deadline)
+	return err
+}
+
+// expireHintsLocked forgets the servers started for env longer than
+// hintLife ago: their announces have come by now, or they are gone. Under
+// the envs' mu.
+func (d *decider) expireHintsLocked(env string, now time.Time) {
+	list := d.hints[env]
+	kept := list[:0]
+	for _, h := range list {
+		if now.Sub(h.at) < hintLife {
+			kept = append(kept, h)
+		}
+	}
+	if len(kept) == 0 {
+		delete(d.hints, env)
+		return
+	}
+	d.hints[env] = kept
+}
+
+// grow asks the decider for one more server of env elsewhere: a class
+// misses its goal here. At most one request per cooldown.
+func (d *decider) grow(env string) {
+	m := d.m
+	now := time.Now()
+	m.mu.Lock()
+	if now.Sub(m.growAsked[env]) < d.growCooldown() {
+		m.mu.Unlock()
+		return
+	}
+	m.growAsked[env] = now
+	m.mu.Unlock()
+	m.w.goTracked(func(ctx context.Context) {
+		deadline := now.Add(envStartTimeout)
+		node, addr := m.dec.node()
+		var err error
+		if node == m.self {
+			_, err = d.decide(ctx, env, purposeGrow, deadline)
+		} else {
+			_, err = m.peers.Request(ctx, node, addr, wlmDecide, env, []byte{purposeGrow}, deadline)
+		}
+		if err != nil {
+			m.log.Info("routing manager: no more servers for a missed goal", "env", env, "decider", node, "err", err)
+		}
+	})
+}
+
+// replenish starts, on the deciding node, a server of each environment
+// that has fewer than its high-water mark (counts are the servers seen
+// now): one died, its node left, or its processes keep dying.
+func (d *decider) replenish(counts map[string]int) {
+	m := d.m
+	if node, _ := d.node(); node != m.self {
+		return
+	}
+	for _, env := range m.policy().Environments {
+		m.mu.Lock()
+		d.expireHintsLocked(env, time.Now())
+		missing := m.states[env].Missing(counts[env] + len(d.hints[env]))
+		busy := d.decides[env] != nil
+		m.mu.Unlock()
+		if missing > 0 && !busy {
+			m.log.Info("routing manager: fewer servers than the high-water mark; starting one", "env", env,
+				"servers", counts[env], "high_water_mark", m.state(env).HWM)
+			m.w.goTracked(func(ctx context.Context) {
+				_, _ = d.decide(ctx, env, purposeReplenish, time.Now().Add(envStartTimeout))
+			})
+		}
+	}
+}

@@ -1,0 +1,149 @@
+package wlmnode
+
+// This file is this node's server of each application environment:
+// started when the cluster chooses this node (activate), stopped on
+// quiesce or when the policy drops it (quiesceLocal), its processes
+// replaced one at a time (refreshLocal).
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"tpsched/netio"
+)
+
+// activate starts this node's server of env and returns when it is ready
+// (a process attached); at once if it serves already.
+func (m *envs) activate(ctx context.Context, env string, deadline time.Time) error {
+	m.mu.Lock()
+	l := m.here[env]
+	if l == nil || !m.isEnv(env) {
+		m.mu.Unlock()
+		return &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment node " + m.self + " can serve"}
+	}
+	for {
+		if m.states[env].Quiesced {
+			m.mu.Unlock()
+			return &netio.Error{Code: netio.CodeServiceClosed, Message: env + " is quiesced"}
+		}
+		switch l.state {
+		case envServing:
+			m.mu.Unlock()
+			return nil
+		case envStarting, envQuiescing:
+			ch := l.done
+			m.mu.Unlock()
+			t := time.NewTimer(max(time.Until(deadline), 0))
+			select {
+			case <-ch:
+				t.Stop()
+			case <-t.C:
+				return &netio.Error{Code: netio.CodeTimedOut, Message: env + ": its server is " + l.state + " here"}
+			case <-ctx.Done():
+				t.Stop()
+				return &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
+			}
+			m.mu.Lock()
+			continue
+		}
+		break
+	}
+	l.state, l.done, l.dropped = envStarting, make(chan struct{}), false
+	m.mu.Unlock()
+	g := l.g
+	m.log.Info("application environment: starting the server here", "env", env)
+	m.w.resetWeight(g) // a new server has the weight of its schedule_priority
+	err := g.StartServer(ctx, deadline)
+	servers := 1 // this one, which the name table may not show yet
+	if err == nil {
+		for _, s := range m.servers(env, false) {
+			if s.node != m.self {
+				servers++
+			}
+		}
+	}
+	m.mu.Lock()
+	if err == nil {
+		l.state = envServing
+		g.SetServing(true)
+		// Announced with the server: it counts everywhere even if it dies
+		// before the next interval.
+		m.states[env] = m.states[env].Saw(servers)
+	} else {
+		l.state = envDormant
+	}
+	close(l.done)
+	m.mu.Unlock()
+	if err != nil {
+		return &netio.Error{Code: netio.CodeServerTerminated, Message: fmt.Sprintf("%s: the server did not start on %s: %v", env, "node "+m.self, err)}
+	}
+	m.started.Inc()
+	m.log.Info("application environment: server ready here", "env", env)
+	m.opts.Announce()
+	return nil
+}
+
+// quiesceLocal stops this node's server of env: it stops taking calls
+// (the other nodes stop sending them), finishes those it has, and its
+// processes leave. why is "quiesce", "policy" or "failing".
+func (m *envs) quiesceLocal(ctx context.Context, env, why string) error {
+	m.mu.Lock()
+	l := m.here[env]
+	if l == nil {
+		m.mu.Unlock()
+		return nil
+	}
+	for l.state == envStarting || l.state == envQuiescing {
+		ch := l.done
+		m.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
+		}
+		m.mu.Lock()
+	}
+	if why == "policy" {
+		l.dropped = true
+	}
+	if l.state == envDormant {
+		m.mu.Unlock()
+		return nil
+	}
+	l.state, l.done = envQuiescing, make(chan struct{})
+	l.g.SetServing(false)
+	m.mu.Unlock()
+	m.log.Info("application environment: quiescing the server here", "env", env, "why", why)
+	m.opts.Announce()
+	err := l.g.StopServer(ctx, envQuiesceTimeout, env+" was quiesced before the call reached a process")
+	m.mu.Lock()
+	l.state = envDormant
+	close(l.done)
+	m.mu.Unlock()
+	m.stopped[why].Inc()
+	m.log.Info("application environment: server stopped here", "env", env, "why", why)
+	return err
+}
+
+// refreshLocal replaces the processes of this node's server of env one at
+// a time: each finishes the calls it holds, leaves, and is started again
+// (a new module on disk takes effect); the others serve meanwhile.
+func (m *envs) refreshLocal(ctx context.Context, env string, deadline time.Time) (int, error) {
+	m.mu.Lock()
+	l := m.here[env]
+	state := ""
+	if l != nil {
+		state = l.state
+	}
+	m.mu.Unlock()
+	if state != envServing {
+		return 0, nil
+	}
+	replaced, err := l.g.ReplaceProcesses(ctx, deadline)
+	if err != nil {
+		return replaced, err
+	}
+	m.log.Info("application environment: processes refreshed here", "env", env, "processes", replaced)
+	return replaced, nil
+}

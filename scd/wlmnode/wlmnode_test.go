@@ -1,0 +1,297 @@
+package wlmnode
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/bpf"
+	"tpsched/netio"
+	"tpsched/scd/call"
+	"tpsched/scd/def"
+	"tpsched/scd/loadlevel"
+	"tpsched/scd/names"
+	"tpsched/scd/peers"
+	"tpsched/scd/wlm"
+)
+
+// These tests run the routing manager of a node alone against fakes of
+// its neighbours: fakeGroup stands for a group of the local scheduler (its
+// server starts when asked, or never, as the test says, and honours ctx as
+// the Group contract asks), fakeLocal for the scheduler (Serve answers the
+// call with its payload), fakePeers for the peer pool (no other node).
+
+const testWait = 10 * time.Second
+
+type fakeGroup struct {
+	def     def.Server
+	serving atomic.Bool
+	held    bool
+	// never: StartServer waits for ctx (a server whose processes never
+	// attach); else it starts at once.
+	never   bool
+	started atomic.Int32
+	stopped atomic.Int32
+	classes atomic.Pointer[wlm.Classes]
+}
+
+func (g *fakeGroup) Name() string              { return g.def.ServiceGroup }
+func (g *fakeGroup) Def() *def.Server          { return &g.def }
+func (g *fakeGroup) Held() bool                { return g.held }
+func (g *fakeGroup) Serving() bool             { return g.serving.Load() }
+func (g *fakeGroup) Level() loadlevel.Level    { return loadlevel.Level0 }
+func (g *fakeGroup) InFlight() int             { return 0 }
+func (g *fakeGroup) Failure() error            { return nil }
+func (g *fakeGroup) Usage() bpf.Usage          { return bpf.Usage{} }
+func (g *fakeGroup) SetCPUWeight(int) error    { return nil }
+func (g *fakeGroup) SetClasses(c *wlm.Classes) { g.classes.Store(c) }
+func (g *fakeGroup) SetServing(on bool)        { g.serving.Store(on) }
+func (g *fakeGroup) TakeSamples(c *wlm.Classes) []wlm.Sample {
+	if g.classes.Load() != c {
+		return nil
+	}
+	return c.Take()
+}
+func (g *fakeGroup) StartServer(ctx context.Context, deadline time.Time) error {
+	g.started.Add(1)
+	if g.never {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return nil
+}
+func (g *fakeGroup) StopServer(ctx context.Context, quiesce time.Duration, msg string) error {
+	g.stopped.Add(1)
+	return nil
+}
+func (g *fakeGroup) ReplaceProcesses(ctx context.Context, deadline time.Time) (int, error) {
+	return 1, nil
+}
+
+type fakeLocal struct{ groups []*fakeGroup }
+
+func (l *fakeLocal) Groups() []Group {
+	out := make([]Group, len(l.groups))
+	for i, g := range l.groups {
+		out[i] = g
+	}
+	return out
+}
+
+func (l *fakeLocal) Group(name string) (Group, bool) {
+	for _, g := range l.groups {
+		if g.Name() == name {
+			return g, true
+		}
+	}
+	return nil, false
+}
+
+func (l *fakeLocal) Serve(c call.Caller, f *netio.Frame) (netio.Code, string) {
+	g, ok := l.Group(string(f.Group))
+	if !ok || !g.Serving() {
+		return netio.CodeServiceClosed, "no server"
+	}
+	_ = c.Send(netio.AppendReply(nil, f.ID, f.Payload))
+	return netio.CodeOK, ""
+}
+
+// fakePeers is the pool of a node alone: nothing can be sent.
+type fakePeers struct{}
+
+func (fakePeers) Request(context.Context, string, string, string, string, []byte, time.Time) ([]byte, error) {
+	return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: "no other node"}
+}
+func (fakePeers) Send(string, string, *peers.Call) (netio.Code, string) {
+	return netio.CodeNetworkDown, "no other node"
+}
+
+// answers keeps every answer frame by id.
+type answers struct {
+	mu  sync.Mutex
+	got map[uint64][]netio.Frame
+}
+
+func (a *answers) Send(b []byte) error {
+	f, _, err := netio.Decode(b, 1<<20)
+	if err != nil {
+		return err
+	}
+	f.Payload = append([]byte(nil), f.Payload...)
+	a.mu.Lock()
+	a.got[f.ID] = append(a.got[f.ID], f)
+	a.mu.Unlock()
+	return nil
+}
+
+func (a *answers) wait(t *testing.T, id uint64) netio.Frame {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		got := a.got[id]
+		a.mu.Unlock()
+		if len(got) > 0 {
+			time.Sleep(20 * time.Millisecond) // a second answer would come by now
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if n := len(a.got[id]); n != 1 {
+				t.Errorf("call %d answered %d times", id, n)
+			}
+			return got[0]
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("call %d got no answer", id)
+	return netio.Frame{}
+}
+
+const ordersPolicy = "set policy_interval = 1\nset default_class = BATCH\nclass -n ONLINE -i 1 -t 100 -p 90\n" +
+	"class -n BATCH -i 3 -t 5000\nclassify -g orders -c ONLINE\nenvironment -g orders\n"
+
+// testManager is the manager of node "n0" alone, with group orders (an
+// application environment, no server yet) and front (a server from the
+// start).
+func testManager(t *testing.T, orders *fakeGroup) (*Manager, *fakeLocal) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p, err := def.LoadPolicy(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := &fakeGroup{def: def.Server{Name: "front", ServiceGroup: "front", Services: []def.Service{{Name: "echo", Entry: "echo"}}}}
+	front.serving.Store(true)
+	orders.def = def.Server{Name: "orders", ServiceGroup: "orders", Services: []def.Service{{Name: "echo", Entry: "echo"}}, SchedulePriority: 8}
+	local := &fakeLocal{groups: []*fakeGroup{front, orders}}
+	set := metrics.NewSet()
+	w, err := New(Options{
+		Self: "n0", Dir: dir, Policy: p, Log: slog.New(slog.DiscardHandler), Metrics: set,
+		BadRequests: set.NewCounter("bad"), Local: local, Peers: fakePeers{},
+		Names: names.NewTable("n0"), Alone: true,
+		Addr: func() string { return "127.0.0.1:1" }, Announce: func() {}, MeasuresWaits: func() bool { return false },
+		ProcStat: filepath.Join(dir, "stat"), // none: spare CPU is not measured
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	return w, local
+}
+
+func callFrame(id uint64, group string) *netio.Frame {
+	return &netio.Frame{Header: netio.Header{Kind: netio.KindCall, ID: id, TimeoutMs: 20_000}, Group: []byte(group),
+		Service: []byte("echo"), Payload: []byte("x")}
+}
+
+// managerGoroutines are the goroutines running the package's code.
+func managerGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "tpsched/scd/wlmnode.") && !strings.Contains(g, "_test.go") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestParkedCallServedWhenItsServerStarts: a call for an environment no
+// node serves is parked (taken, no answer yet); the manager starts the
+// server here, and the call is served by it, once.
+func TestParkedCallServedWhenItsServerStarts(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	if handled, code, msg := w.Route(a, call.From{}, callFrame(1, "orders")); !handled || code != netio.CodeOK {
+		t.Fatalf("Route: %v %v %s, want the call parked", handled, code, msg)
+	}
+	if handled, _, _ := w.Route(a, call.From{}, callFrame(2, "front")); handled {
+		t.Error("a call for a group with a server here was taken by the manager")
+	}
+	if f := a.wait(t, 1); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+		t.Errorf("the parked call: %v %v %q, want served", f.Kind, f.Code, f.Payload)
+	}
+	if n := orders.started.Load(); n != 1 || !orders.Serving() {
+		t.Errorf("server started %d times, serving %v; want once, serving", n, orders.Serving())
+	}
+}
+
+// TestCloseEndsWaitsAndAnswersParkedCalls: a call waits for a server whose
+// processes never attach; Close ends the start (its ctx), answers the call
+// 'node shutting down' and returns with no goroutine of the manager left.
+func TestCloseEndsWaitsAndAnswersParkedCalls(t *testing.T) {
+	orders := &fakeGroup{never: true}
+	w, _ := testManager(t, orders)
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	if handled, code, _ := w.Route(a, call.From{}, callFrame(1, "orders")); !handled || code != netio.CodeOK {
+		t.Fatalf("Route: %v %v", handled, code)
+	}
+	deadline := time.Now().Add(testWait)
+	for orders.started.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() { w.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(testWait):
+		t.Fatal("Close did not return: a wait of the manager ignores its end")
+	}
+	if f := a.wait(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeShuttingDown {
+		t.Errorf("the parked call: %v %v %q, want 'node shutting down'", f.Kind, f.Code, f.Payload)
+	}
+	if n := managerGoroutines(); n != 0 {
+		t.Errorf("%d goroutines of the manager after Close", n)
+	}
+	if handled, code, _ := w.Route(a, call.From{}, callFrame(2, "orders")); !handled || code != netio.CodeShuttingDown {
+		t.Errorf("a call after Close: %v %v, want refused 'node shutting down'", handled, code)
+	}
+}
+
+// TestQuiesceStopsTheServerHere: quiesce stops this node's server of the
+// environment (it takes no call from then on) and no server starts for it
+// until resume.
+func TestQuiesceStopsTheServerHere(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	w.Route(a, call.From{}, callFrame(1, "orders"))
+	a.wait(t, 1)
+	res, err := w.Quiesce("orders")
+	if err != nil || len(res.Nodes) != 1 || res.Nodes[0].Error != "" {
+		t.Fatalf("quiesce: %+v, %v", res, err)
+	}
+	if orders.Serving() || orders.stopped.Load() != 1 {
+		t.Errorf("after quiesce: serving %v, stopped %d times; want stopped once", orders.Serving(), orders.stopped.Load())
+	}
+	handled, code, _ := w.Route(a, call.From{}, callFrame(2, "orders"))
+	if handled && code == netio.CodeOK {
+		a.wait(t, 2)
+	}
+	a.mu.Lock()
+	if got := a.got[2]; handled && code == netio.CodeOK && (len(got) != 1 || got[0].Code != netio.CodeServiceClosed) {
+		t.Errorf("a call after quiesce: %+v, want 'service closed'", got)
+	}
+	a.mu.Unlock()
+	if n := orders.started.Load(); n != 1 {
+		t.Errorf("server started %d times after quiesce, want no new start", n)
+	}
+	if _, err := w.Quiesce("nope"); err == nil {
+		t.Error("quiesce of a group that is no environment succeeded")
+	}
+}
