@@ -21,9 +21,15 @@ const (
 
 var purposeNames = map[byte]string{purposeFirst: "first", purposeGrow: "goal", purposeReplenish: "replace"}
 
+// hint is a server the decider started whose announce may not have
+// reached it yet: counted as serving until the table can show it, but
+// never past its life, the environment's epoch (a quiesce, resume or
+// policy change since), its node's membership, or (this node's) its
+// server.
 type hint struct {
 	node, addr string
 	at         time.Time
+	epoch      uint32 // the environment's epoch when the start was decided
 }
 
 // decider is the node's part as the deciding node: the live node with the
@@ -102,8 +108,9 @@ func (d *decider) decide(ctx context.Context, env string, purpose byte, deadline
 	if purpose == purposeGrow {
 		d.lastGrow[env] = time.Now()
 	}
+	epoch := m.states[env].Epoch
 	m.mu.Unlock()
-	fl.servers, fl.err = d.place(ctx, env, purpose, servers, deadline)
+	fl.servers, fl.err = d.place(ctx, env, purpose, servers, epoch, deadline)
 	m.mu.Lock()
 	delete(d.decides, env)
 	m.mu.Unlock()
@@ -118,7 +125,9 @@ func (d *decider) growCooldown() time.Duration {
 }
 
 // place chooses a node for one more server of env and starts it there.
-func (d *decider) place(ctx context.Context, env string, purpose byte, servers []serverAt, deadline time.Time) ([]serverAt, error) {
+// A server it starts is hinted in the environment's epoch as it was when
+// the start was decided.
+func (d *decider) place(ctx context.Context, env string, purpose byte, servers []serverAt, epoch uint32, deadline time.Time) ([]serverAt, error) {
 	m := d.m
 	p := m.policy()
 	imp := p.Classes[p.Default].Importance
@@ -148,7 +157,7 @@ func (d *decider) place(ctx context.Context, env string, purpose byte, servers [
 			m.log.Info("routing manager: server started", "env", env, "node", h.Node, "why", purposeNames[purpose],
 				"spare_cpus", fmt.Sprintf("%.2f", h.Spare), "importance", imp, "hosts", hostsLine(hosts))
 			m.mu.Lock()
-			d.hints[env] = append(d.hints[env], hint{node: h.Node, addr: addrs[i], at: time.Now()})
+			d.hints[env] = append(d.hints[env], hint{node: h.Node, addr: addrs[i], at: time.Now(), epoch: epoch})
 			m.states[env] = m.states[env].Saw(len(servers) + 1)
 			m.mu.Unlock()
 			return append(servers, serverAt{node: h.Node, addr: addrs[i]}), nil
@@ -227,17 +236,33 @@ func (d *decider) startOn(ctx context.Context, node, addr, env string, deadline 
 	return err
 }
 
-// expireHintsLocked forgets the servers started for env longer than
-// hintLife ago: their announces have come by now, or they are gone. Under
-// the envs' mu.
+// expireHintsLocked forgets the servers started for env that may be gone:
+// started longer than hintLife ago (their announces have come by now), in
+// an earlier epoch (a quiesce stopped them, or a policy dropped env; after
+// a resume a find must start one, not name one that stopped: issue 22),
+// on a node that left the table, or, on this node, no longer serving.
+// Under the envs' mu.
 func (d *decider) expireHintsLocked(env string, now time.Time) {
+	m := d.m
 	list := d.hints[env]
 	kept := list[:0]
+	epoch := m.states[env].Epoch
 	for _, h := range list {
-		if now.Sub(h.at) < hintLife {
-			kept = append(kept, h)
+		switch {
+		case now.Sub(h.at) >= hintLife, h.epoch != epoch:
+			continue
+		case h.node == m.self:
+			if l := m.here[env]; l == nil || l.state != envServing {
+				continue
+			}
+		case !m.alone:
+			if _, member := m.names.Get(h.node); !member {
+				continue
+			}
 		}
+		kept = append(kept, h)
 	}
+	clear(list[len(kept):])
 	if len(kept) == 0 {
 		delete(d.hints, env)
 		return
