@@ -95,3 +95,34 @@ func TestWLMFindAfterResumeRunsServer(t *testing.T) {
 		t.Errorf("%v servers started in the cluster, want 3 (one per find)", s)
 	}
 }
+
+// TestWLMFirstPlacementBeforeFirstInterval: a find right after the
+// cluster started, long before the first policy interval ends (60 s),
+// places the first server by measured CPU: n0's CPUs are busy (a load of
+// its own, from before it started), n1's and n2's idle, so the server goes
+// to n1 or n2. Before the fix every node announced 0.00 spare CPU until
+// its first interval, and the decider (n0) placed on the lowest node id:
+// itself, busy.
+func TestWLMFirstPlacementBeforeFirstInterval(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{
+		policy: strings.Replace(ordersPolicy, "set policy_interval = 1", "set policy_interval = 60", 1),
+		busy: func(i int) float64 {
+			if i == 0 {
+				return 1
+			}
+			return 0
+		},
+	})
+	for i, n := range wc.nodes {
+		if r := n.report(t); r.Intervals != 0 {
+			t.Fatalf("n%d ended %d policy intervals before the find; the test wants none", i, r.Intervals)
+		}
+	}
+	where := wc.findRunning(t, 2, "orders", "find right after start")
+	placed, seen := firstPlacement(t, wc.nodes[0])
+	t.Logf("placed on %s; spare CPUs as the decider saw them: %v", placed, seen)
+	if where == 0 || placed != fmt.Sprintf("n%d", where) {
+		t.Errorf("find named n%d, the decider placed on %s: want n1 or n2, not the busy n0", where, placed)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"tpsched/netio"
@@ -134,7 +135,8 @@ func (d *decider) place(ctx context.Context, env string, purpose byte, servers [
 	if g, ok := m.local.Group(env); ok {
 		imp = p.Importance(env, serviceNames(g))
 	}
-	hosts, addrs := d.hosts(env, imp, servers)
+	hosts, addrs, unmeasured := d.hosts(env, imp, servers)
+	d.freshen(ctx, imp, hosts, addrs, unmeasured, deadline)
 	minSpare := 0.0
 	if purpose == purposeGrow {
 		minSpare = growMinSpare
@@ -188,8 +190,9 @@ func hostsLine(hosts []wlm.Host) string {
 }
 
 // hosts are the nodes that define env, with their spare CPU at importance
-// imp, and their addresses.
-func (d *decider) hosts(env string, imp int, servers []serverAt) ([]wlm.Host, []string) {
+// imp, and their addresses; unmeasured[i] says host i announced no spare
+// CPU at any importance: it has not measured yet, or its CPUs are full.
+func (d *decider) hosts(env string, imp int, servers []serverAt) (hosts []wlm.Host, addrs []string, unmeasured []bool) {
 	m := d.m
 	serving := func(node string) bool {
 		return slices.ContainsFunc(servers, func(s serverAt) bool { return s.node == node })
@@ -200,15 +203,10 @@ func (d *decider) hosts(env string, imp int, servers []serverAt) ([]wlm.Host, []
 		_, ok := m.here[env]
 		m.mu.Unlock()
 		if !ok {
-			return nil, nil
+			return nil, nil, nil
 		}
-		m.w.mu.Lock()
-		spare := m.w.spare[imp]
-		m.w.mu.Unlock()
-		return []wlm.Host{{Node: self, Spare: spare, Serving: serving(self)}}, []string{m.opts.Addr()}
+		return []wlm.Host{{Node: self, Serving: serving(self)}}, []string{m.opts.Addr()}, []bool{true}
 	}
-	var hosts []wlm.Host
-	var addrs []string
 	for _, info := range m.names.Nodes() {
 		if info.WLM == nil || !slices.ContainsFunc(info.WLM.Envs, func(e names.EnvInfo) bool { return e.Env == env }) {
 			continue
@@ -222,8 +220,65 @@ func (d *decider) hosts(env string, imp int, servers []serverAt) ([]wlm.Host, []
 		hosts = append(hosts, wlm.Host{Node: info.Node, Spare: float64(info.WLM.Spare[imp-1]) / 1000,
 			Serving: serving(info.Node), Servers: served})
 		addrs = append(addrs, info.Addr)
+		unmeasured = append(unmeasured, info.WLM.Spare == [names.Importances]uint32{})
 	}
-	return hosts, addrs
+	return hosts, addrs, unmeasured
+}
+
+// measureTimeout bounds how long a placement waits for a host to measure
+// its spare CPU; a host that does not answer in time keeps what it
+// announced.
+const measureTimeout = 2 * time.Second
+
+// freshen gives the candidate hosts that announced no spare CPU at all
+// (unmeasured) what they measure now, before a placement: right after a
+// cluster starts, no node has ended a policy interval and every one
+// announces 0.00, so the first server went to the lowest node id, busy or
+// not (issue 22 item 4). This node measures itself (measureNow), the
+// others are asked (wlm-measure), in parallel; a host measures at once if
+// it never has, else it answers its last interval's figures. A host whose
+// CPUs are full answers 0.00 again, and one that cannot be asked keeps
+// what it announced.
+func (d *decider) freshen(ctx context.Context, imp int, hosts []wlm.Host, addrs []string, unmeasured []bool, deadline time.Time) {
+	m := d.m
+	deadline = minTime(deadline, time.Now().Add(measureTimeout))
+	var wg sync.WaitGroup
+	for i := range hosts {
+		if !unmeasured[i] || hosts[i].Serving {
+			continue
+		}
+		wg.Go(func() {
+			var spare [names.Importances]uint32
+			if hosts[i].Node == m.self {
+				mctx, cancel := context.WithDeadline(ctx, deadline)
+				err := m.w.measureNow(mctx)
+				cancel()
+				if err != nil {
+					return
+				}
+				spare = m.w.Announced().Spare
+			} else {
+				b, err := m.peers.Request(ctx, hosts[i].Node, addrs[i], wlmMeasure, "", nil, deadline)
+				if err == nil {
+					spare, err = parseSpare(b)
+				}
+				if err != nil {
+					m.log.Info("routing manager: a host's spare cpu was not measured for a placement; using what it announced",
+						"node", hosts[i].Node, "err", err)
+					return
+				}
+			}
+			hosts[i].Spare = float64(spare[imp-1]) / 1000 // each goroutine its own host
+		})
+	}
+	wg.Wait()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // startOn has node start a server of env and waits until it is ready.

@@ -105,6 +105,11 @@ type Manager struct {
 	policy atomic.Pointer[activePolicy]
 	load   *cpuSampler
 
+	// measureMu is held while a policy interval ends (interval,
+	// measureNow): the CPU sampler and the groups' figures are one
+	// interval's at a time.
+	measureMu sync.Mutex
+
 	mu        sync.Mutex // guards what follows, read by reports and /metrics
 	classes   []classFigures
 	groups    map[string]*groupFigures
