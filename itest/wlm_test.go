@@ -515,10 +515,7 @@ func TestWLMConcurrentFirstCallsStartOne(t *testing.T) {
 func TestWLMQuiesceDrainsAndStops(t *testing.T) {
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{})
-	got, err := wc.find(t, 1, "orders")
-	if err != nil || len(got) != 1 {
-		t.Fatalf("find: %v, %v", got, err)
-	}
+	got := []int{wc.findRunning(t, 1, "orders", "first find")}
 	srv := wc.nodes[got[0]]
 	pids := uapPIDs(t, srv, "orders")
 	if len(pids) != 1 {
@@ -564,9 +561,7 @@ func TestWLMQuiesceDrainsAndStops(t *testing.T) {
 	if out, err := wc.nodes[0].scdctl("resume", "orders"); err != nil {
 		t.Fatalf("scdctl resume: %v\n%s", err, out)
 	}
-	if got, err := wc.find(t, 2, "orders"); err != nil || len(got) != 1 {
-		t.Errorf("find after resume: %v, %v; want one server", got, err)
-	}
+	wc.findRunning(t, 2, "orders", "find after resume")
 }
 
 // TestWLMKilledServerRemovedEverywhere: the node of the server is killed
@@ -666,9 +661,7 @@ func TestWLMPolicyDropQuiesces(t *testing.T) {
 			t.Errorf("n%d: orders named again: %+v, want no server, high-water mark 0, not quiesced", i, e)
 		}
 	}
-	if got, err := wc.find(t, 0, "orders"); err != nil || len(got) != 1 {
-		t.Errorf("find after orders was named again: %v, %v; want one server", got, err)
-	}
+	wc.findRunning(t, 0, "orders", "find after orders was named again")
 }
 
 // TestWLMMissedGoalGrowsAndKeepsHighWater: calls that queue on the one
