@@ -50,6 +50,9 @@ Commands:
   refresh ENV                 replace the processes of every server of ENV, one at a time
   policy                      make every node read svcpolicy again (an environment it drops
                               is quiesced)
+                              With subsystem instances (svcpolicy instance -n NAME) ENV@NAME is
+                              one instance's servers; find needs it, quiesce, resume, refresh
+                              and prc take ENV for every instance
   report [-json]              goals against actuals per service class (performance index,
                               response-time distribution, queue and service time, CPU per call);
                               servers and high-water mark per application environment

@@ -282,7 +282,7 @@ func compilePolicy(d *def.Policy) (*wlm.Policy, error) {
 	for i, r := range d.Rules {
 		rules[i] = wlm.Rule{Group: r.Group, Service: r.Service, Class: r.Class}
 	}
-	p, err := wlm.NewPolicy(classes, d.DefaultClass, rules, d.Environments, d.Interval)
+	p, err := wlm.NewPolicy(classes, d.DefaultClass, rules, d.Environments, d.Instances, d.Interval)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", d.File, err)
 	}
