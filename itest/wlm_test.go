@@ -59,6 +59,10 @@ type wlmOpts struct {
 	extra  func(i int) string // more sysconf lines
 	module func(i int) string // node i's orders module; nil: uap-echo
 	server func(i int) string // more lines for node i's usr/orders
+	// envs are the environments the start waits for every node to know
+	// three nodes can serve; nil: orders (with subsystem instances, the
+	// instances' groups: orders@east...).
+	envs []string
 }
 
 // wlmCluster is three nodes with the orders environment and a policy.
@@ -113,14 +117,19 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 		wc.dirs = append(wc.dirs, dir)
 	}
 	isEnv := strings.Contains(o.policy, "environment -g orders")
+	if o.envs == nil {
+		o.envs = []string{"orders"}
+	}
 	for i, n := range wc.nodes {
-		waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know that three nodes can serve orders", i), func() bool {
-			if !isEnv { // orders runs everywhere from the start
-				return len(knownWith(t, n, "orders")) == 3
-			}
-			e, ok := envOf(t, n, "orders")
-			return ok && len(e.CanServe) == 3
-		}, n.stderr.String)
+		for _, env := range o.envs {
+			waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know that three nodes can serve %s", i, env), func() bool {
+				if !isEnv { // orders runs everywhere from the start
+					return len(knownWith(t, n, env)) == 3
+				}
+				e, ok := envOf(t, n, env)
+				return ok && len(e.CanServe) == 3
+			}, n.stderr.String)
+		}
 	}
 	return wc
 }
