@@ -690,7 +690,8 @@ func s6Setup(g clusterSetup, o runOptions, quick bool, systems []s6System, loadg
 	}
 	out = append(out,
 		"What a node does with a call that enters it (scd/route): random: uniform over the three nodes, itself included; OpenTP1's rule: "+
-			"uniform over the nodes whose group is not at LEVEL2 by their last announce (schedule_rate 50 weighs LEVEL0 and LEVEL1 alike); "+
+			"uniform over the nodes at the lowest level present by their last announce (Table 3-7's least-loaded rule: the carriers' calls are not "+
+			"scheduler-direct, so schedule_rate does not weigh them; until issue 22 it did, and at 50 it weighed LEVEL0 and LEVEL1 alike); "+
 			"P2C: draws two nodes and takes the lower (level, in flight), in flight being what this node has outstanding there (for itself, "+
 			"its group's calls not yet answered). A transferred call is served where it lands. A node announces its level when its load "+
 			"check (every second) changes it.",

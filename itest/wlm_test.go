@@ -59,6 +59,10 @@ type wlmOpts struct {
 	extra  func(i int) string // more sysconf lines
 	module func(i int) string // node i's orders module; nil: uap-echo
 	server func(i int) string // more lines for node i's usr/orders
+	// envs are the environments the start waits for every node to know
+	// three nodes can serve; nil: orders (with subsystem instances, the
+	// instances' groups: orders@east...).
+	envs []string
 }
 
 // wlmCluster is three nodes with the orders environment and a policy.
@@ -113,14 +117,19 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 		wc.dirs = append(wc.dirs, dir)
 	}
 	isEnv := strings.Contains(o.policy, "environment -g orders")
+	if o.envs == nil {
+		o.envs = []string{"orders"}
+	}
 	for i, n := range wc.nodes {
-		waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know that three nodes can serve orders", i), func() bool {
-			if !isEnv { // orders runs everywhere from the start
-				return len(knownWith(t, n, "orders")) == 3
-			}
-			e, ok := envOf(t, n, "orders")
-			return ok && len(e.CanServe) == 3
-		}, n.stderr.String)
+		for _, env := range o.envs {
+			waitFor(t, 15*time.Second, fmt.Sprintf("n%d to know that three nodes can serve %s", i, env), func() bool {
+				if !isEnv { // orders runs everywhere from the start
+					return len(knownWith(t, n, env)) == 3
+				}
+				e, ok := envOf(t, n, env)
+				return ok && len(e.CanServe) == 3
+			}, n.stderr.String)
+		}
 	}
 	return wc
 }
@@ -515,10 +524,7 @@ func TestWLMConcurrentFirstCallsStartOne(t *testing.T) {
 func TestWLMQuiesceDrainsAndStops(t *testing.T) {
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{})
-	got, err := wc.find(t, 1, "orders")
-	if err != nil || len(got) != 1 {
-		t.Fatalf("find: %v, %v", got, err)
-	}
+	got := []int{wc.findRunning(t, 1, "orders", "first find")}
 	srv := wc.nodes[got[0]]
 	pids := uapPIDs(t, srv, "orders")
 	if len(pids) != 1 {
@@ -564,9 +570,7 @@ func TestWLMQuiesceDrainsAndStops(t *testing.T) {
 	if out, err := wc.nodes[0].scdctl("resume", "orders"); err != nil {
 		t.Fatalf("scdctl resume: %v\n%s", err, out)
 	}
-	if got, err := wc.find(t, 2, "orders"); err != nil || len(got) != 1 {
-		t.Errorf("find after resume: %v, %v; want one server", got, err)
-	}
+	wc.findRunning(t, 2, "orders", "find after resume")
 }
 
 // TestWLMKilledServerRemovedEverywhere: the node of the server is killed
@@ -666,9 +670,7 @@ func TestWLMPolicyDropQuiesces(t *testing.T) {
 			t.Errorf("n%d: orders named again: %+v, want no server, high-water mark 0, not quiesced", i, e)
 		}
 	}
-	if got, err := wc.find(t, 0, "orders"); err != nil || len(got) != 1 {
-		t.Errorf("find after orders was named again: %v, %v; want one server", got, err)
-	}
+	wc.findRunning(t, 0, "orders", "find after orders was named again")
 }
 
 // TestWLMMissedGoalGrowsAndKeepsHighWater: calls that queue on the one

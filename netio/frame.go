@@ -77,6 +77,12 @@ const (
 	// named this node (OpenTP1's RPC with a destination), so it is served
 	// here or refused, never balanced or transferred.
 	FlagDestination
+	// FlagSchedulerDirect marks a call from a scheduler-direct client
+	// (dcscddirect = Y): the node balances it with schedule_rate
+	// weighting LEVEL0 against LEVEL1 nodes, which the documents give only
+	// for such calls (000). Any other call the node balances goes to the
+	// least-loaded node (Table 3-7).
+	FlagSchedulerDirect
 )
 
 // Header is the fixed part of a frame.

@@ -397,13 +397,25 @@ func (d *doors) answerRestart(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(res)
 }
 
-// answerPrc serves GET /prc?group= on the control socket.
+// answerPrc serves GET /prc?group= on the control socket. An application
+// environment served per subsystem instance (svcpolicy) lists the groups
+// of all its instances.
 func (d *doors) answerPrc(w http.ResponseWriter, r *http.Request) {
 	n := d.n
-	list, err := n.local.Processes(r.URL.Query().Get("group"))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusNotFound)
-		return
+	groups := []string{r.URL.Query().Get("group")}
+	if n.wlm != nil {
+		if inst := n.wlm.InstanceGroups(groups[0]); inst != nil {
+			groups = inst
+		}
+	}
+	var list []GroupProcesses
+	for _, g := range groups {
+		l, err := n.local.Processes(g)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		list = append(list, l...)
 	}
 	writeJSON(w, list)
 }

@@ -133,6 +133,13 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if cfg.Policy != nil && len(cfg.Policy.Instances) > 0 {
+		// Subsystem instances: a server of each application environment
+		// per instance (ENV@INSTANCE), made like any other.
+		expanded := *cfg
+		expanded.Servers = wlmnode.ExpandInstances(cfg.Servers, cfg.Policy)
+		cfg = &expanded
+	}
 	if opts.DrainTimeout == 0 {
 		opts.DrainTimeout = 30 * time.Second
 	}

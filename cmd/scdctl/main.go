@@ -50,6 +50,9 @@ Commands:
   refresh ENV                 replace the processes of every server of ENV, one at a time
   policy                      make every node read svcpolicy again (an environment it drops
                               is quiesced)
+                              With subsystem instances (svcpolicy instance -n NAME) ENV@NAME is
+                              one instance's servers; find needs it, quiesce, resume, refresh
+                              and prc take ENV for every instance
   report [-json]              goals against actuals per service class (performance index,
                               response-time distribution, queue and service time, CPU per call);
                               servers and high-water mark per application environment
@@ -97,6 +100,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var co callOptions
 	fs.BoolVar(&co.noReply, "no-reply", false, "call: send the call without waiting for an answer (call-no-reply)")
 	fs.BoolVar(&co.balanced, "balanced", false, "call: mark the call as already balanced: the node serves it unless the group is held there, or LEVEL2 while another node is lower")
+	fs.BoolVar(&co.direct, "direct", false, "call: a scheduler-direct request (dcscddirect = Y): the node weighs LEVEL0 against LEVEL1 nodes by schedule_rate; without it the call goes to the least-loaded node")
 	fs.BoolVar(&co.loadBalance, "loadbalance", false, "call: ask the node which nodes run the group and send the call to a least loaded one (dccltloadbalance)")
 	fs.StringVar(&co.node, "node", "", "call: send the call to this node only (a node id of the cluster, or host:port): an explicit destination, never balanced or transferred")
 	printUsage := func(w io.Writer) {
@@ -228,8 +232,8 @@ func resolve(dir string, nd *node) error {
 
 // callOptions are the flags that shape a call.
 type callOptions struct {
-	noReply, balanced, loadBalance bool
-	node                           string // explicit destination: node id or host:port
+	noReply, balanced, loadBalance, direct bool
+	node                                   string // explicit destination: node id or host:port
 }
 
 func call(ctx context.Context, nd node, co callOptions, args []string, stdout io.Writer) error {
@@ -239,8 +243,8 @@ func call(ctx context.Context, nd node, co callOptions, args []string, stdout io
 	rpc := nd.rpc
 	dest := ""
 	if co.node != "" {
-		if co.balanced || co.loadBalance {
-			return usageError("call -node NODE: an explicit destination is never balanced (no -balanced, -loadbalance)")
+		if co.balanced || co.loadBalance || co.direct {
+			return usageError("call -node NODE: an explicit destination is never balanced (no -balanced, -loadbalance, -direct)")
 		}
 		var err error
 		if dest, err = destination(ctx, nd, co.node); err != nil {
@@ -259,7 +263,7 @@ func call(ctx context.Context, nd node, co callOptions, args []string, stdout io
 		}
 	}
 	c, err := client.New(client.Options{Hosts: []string{rpc}, MaxMessageSize: def.MaxMaxMessageSize,
-		Balanced: co.balanced, LoadBalance: co.loadBalance})
+		Balanced: co.balanced, LoadBalance: co.loadBalance, SchedulerDirect: co.direct})
 	if err != nil {
 		return err
 	}

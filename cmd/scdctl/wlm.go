@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -85,15 +86,24 @@ func envAction(ctx context.Context, nd node, asJSON bool, verb string, args []st
 		fmt.Fprintln(stdout, what)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tRESULT")
+	perInstance := slices.ContainsFunc(res.Nodes, func(r scd.NodeResult) bool { return r.Env != "" })
+	if perInstance {
+		fmt.Fprintln(tw, "NODE\tINSTANCE\tRESULT")
+	} else {
+		fmt.Fprintln(tw, "NODE\tRESULT")
+	}
 	var failed []string
 	for _, r := range res.Nodes {
+		node := r.Node
+		if perInstance {
+			node += "\t" + r.Env
+		}
 		if r.Error != "" {
 			failed = append(failed, r.Node)
-			fmt.Fprintf(tw, "%s\terror: %s\n", r.Node, r.Error)
+			fmt.Fprintf(tw, "%s\terror: %s\n", node, r.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\n", r.Node, r.Done)
+		fmt.Fprintf(tw, "%s\t%s\n", node, r.Done)
 	}
 	tw.Flush()
 	if len(failed) > 0 {
@@ -178,7 +188,12 @@ func printReport(w io.Writer, r scd.Report) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ENVIRONMENT\tHIGH-WATER\tQUIESCED\tHERE\tSERVERS\tCAN-SERVE")
+	instances := slices.ContainsFunc(r.Environments, func(e scd.EnvReport) bool { return e.Instance != "" })
+	if instances {
+		fmt.Fprintln(tw, "ENVIRONMENT\tINSTANCE\tHIGH-WATER\tQUIESCED\tHERE\tSERVERS\tCAN-SERVE")
+	} else {
+		fmt.Fprintln(tw, "ENVIRONMENT\tHIGH-WATER\tQUIESCED\tHERE\tSERVERS\tCAN-SERVE")
+	}
 	for _, e := range r.Environments {
 		var servers []string
 		for _, s := range e.Servers {
@@ -188,7 +203,11 @@ func printReport(w io.Writer, r scd.Report) {
 			}
 			servers = append(servers, x)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", e.Env, e.HighWaterMark, yn(e.Quiesced), dashIfEmpty(e.Here),
+		env := e.Env
+		if instances {
+			env = e.Environment + "\t" + dashIfEmpty(e.Instance)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", env, e.HighWaterMark, yn(e.Quiesced), dashIfEmpty(e.Here),
 			dashIfEmpty(strings.Join(servers, ", ")), dashIfEmpty(strings.Join(e.CanServe, ", ")))
 	}
 	tw.Flush()

@@ -97,7 +97,7 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 		c.cache.forget(group)
 		return nil, nil, false
 	}
-	h.Flags |= netio.FlagBalanced
+	h.Flags = h.Flags&^netio.FlagSchedulerDirect | netio.FlagBalanced // the client chose: the node does not balance it again
 	reply, err, sent := c.deliver(ctx, idx, mc, h, group, service, payload, timeout)
 	var te *netio.Error
 	if !sent || (errors.As(err, &te) && te.Code == netio.CodeNetworkDown) {

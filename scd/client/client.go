@@ -43,6 +43,12 @@ type Options struct {
 	// as with dccltloadbalance): the node serves them itself unless the
 	// group is held there, or LEVEL2 while another node is lower.
 	Balanced bool
+	// SchedulerDirect (dcscddirect = Y) marks the calls sent to a dchost
+	// node as scheduler-direct requests: that node balances them by
+	// Table 3-7 with schedule_rate weighting LEVEL0 against LEVEL1 nodes.
+	// Without it a node sends a call to the least-loaded node that runs
+	// its group (Table 3-7 as written), as it does a UAP's call.
+	SchedulerDirect bool
 	// LoadBalance (dccltloadbalance) asks a dchost node which nodes run a
 	// group and how loaded they are, keeps the least loaded ones for
 	// CacheTime (dccltcachetim) in an LRU of CacheEntries groups (dccache),
@@ -71,14 +77,15 @@ type Options struct {
 // FromDefinition turns a client environment definition into Options.
 func FromDefinition(c *def.Client) Options {
 	o := Options{
-		Hosts:          c.Hosts,
-		HostSelect:     c.HostSelect,
-		HostChange:     c.HostChange,
-		WatchTime:      c.WatchTime,
-		MaxMessageSize: c.MaxMessageSize,
-		LoadBalance:    c.LoadBalance,
-		CacheEntries:   c.CacheEntries,
-		CacheTime:      c.CacheTime,
+		Hosts:           c.Hosts,
+		HostSelect:      c.HostSelect,
+		HostChange:      c.HostChange,
+		SchedulerDirect: c.SchedulerDirect,
+		WatchTime:       c.WatchTime,
+		MaxMessageSize:  c.MaxMessageSize,
+		LoadBalance:     c.LoadBalance,
+		CacheEntries:    c.CacheEntries,
+		CacheTime:       c.CacheTime,
 	}
 	if o.CacheTime == 0 {
 		o.CacheTime = -1 // dccltcachetim 0: no caching
@@ -233,8 +240,11 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 	if err != nil {
 		return nil, err
 	}
-	if c.opts.Balanced {
+	switch {
+	case c.opts.Balanced:
 		h.Flags = netio.FlagBalanced
+	case c.opts.SchedulerDirect:
+		h.Flags = netio.FlagSchedulerDirect
 	}
 	if c.opts.LoadBalance {
 		if reply, err, done := c.callBalanced(ctx, h, group, service, payload, timeout); done {

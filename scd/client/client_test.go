@@ -17,6 +17,7 @@ import (
 
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
+	"tpsched/scd/def"
 )
 
 const waitLimit = 10 * time.Second // bound on every wait in these tests
@@ -684,5 +685,53 @@ func TestCallToExplicitDestination(t *testing.T) {
 	}
 	if _, err := c.CallTo(testCtx(t), "127.0.0.1:notaport", "who", "x", nil); err == nil {
 		t.Error("CallTo a malformed address succeeded")
+	}
+}
+
+// TestSchedulerDirectMarksPlainCalls: with SchedulerDirect (dcscddirect =
+// Y) a plain call carries the scheduler-direct flag, so the node weighs
+// LEVEL0 against LEVEL1 by schedule_rate; without it a call carries no
+// flag, and neither a balanced call nor one to an explicit destination
+// carries it: the node does not balance those by schedule_rate.
+func TestSchedulerDirectMarksPlainCalls(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "n")
+	call := func(c *Client, group string) error { _, err := c.Call(testCtx(t), group, "x", nil); return err }
+	for _, tc := range []struct {
+		group string
+		opts  Options
+		call  func(c *Client, group string) error
+		want  netio.Flags
+	}{
+		{"direct", Options{SchedulerDirect: true}, call, netio.FlagSchedulerDirect},
+		{"plain", Options{}, call, 0},
+		{"balanced", Options{SchedulerDirect: true, Balanced: true}, call, netio.FlagBalanced},
+		{"destination", Options{SchedulerDirect: true}, func(c *Client, group string) error {
+			_, err := c.CallTo(testCtx(t), n.addr, group, "x", nil)
+			return err
+		}, netio.FlagDestination},
+		{"noreply", Options{SchedulerDirect: true}, func(c *Client, group string) error {
+			if err := c.CallNoReply(testCtx(t), group, "x", nil); err != nil {
+				return err
+			}
+			select {
+			case <-n.noReply:
+				return nil
+			case <-time.After(waitLimit):
+				return errors.New("the no-reply call did not arrive")
+			}
+		}, netio.FlagSchedulerDirect},
+	} {
+		opts := tc.opts
+		opts.Hosts = []string{n.addr}
+		if err := tc.call(newClient(t, opts), tc.group); err != nil {
+			t.Fatalf("%s: %v", tc.group, err)
+		}
+		if f := n.flagsOf(tc.group); f != tc.want {
+			t.Errorf("%s: flags %v, want %v", tc.group, f, tc.want)
+		}
+	}
+	if o := FromDefinition(&def.Client{SchedulerDirect: true}); !o.SchedulerDirect {
+		t.Error("FromDefinition drops dcscddirect = Y")
 	}
 }

@@ -369,3 +369,72 @@ func TestRerouteServesHereWhenThisNodeRunsTheGroup(t *testing.T) {
 		t.Fatal("no answer")
 	}
 }
+
+// answers is a call.Caller for a UAP's own call: it keeps what it is sent.
+type answers chan []byte
+
+func (a answers) Send(b []byte) error { a <- append([]byte(nil), b...); return nil }
+
+// TestScheduleRateOnlyForSchedulerDirectCalls: with n1 at LEVEL0 and n2 at
+// LEVEL1, schedule_rate (50: LEVEL0 and LEVEL1 alike) weighs only the
+// calls of a scheduler-direct client (dcscddirect = Y); a plain client's
+// calls, and a UAP's own calls even when marked, go to the least-loaded
+// node, n1 (Table 3-7: announce Y, this_node_first N).
+func TestScheduleRateOnlyForSchedulerDirectCalls(t *testing.T) {
+	n1, n2 := fakeNode(t, "n1", echoing("n1")), fakeNode(t, "n2", echoing("n2"))
+	r := newTestRouter(t, Options{Policy: route.Policy{Rule: route.OpenTP1, Announce: true, ScheduleRate: 50}},
+		&fakeLocal{groups: map[string]*fakeGroup{}},
+		names.NodeInfo{Node: "n1", Addr: n1, Groups: []names.GroupInfo{{Group: "g", Level: loadlevel.Level0}}},
+		names.NodeInfo{Node: "n2", Addr: n2, Groups: []names.GroupInfo{{Group: "g", Level: loadlevel.Level1}}})
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	const calls = 200
+	count := func(c *client.Client) map[string]int {
+		got := map[string]int{}
+		for range calls {
+			out, err := c.Call(ctx, "g", "echo", []byte("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			node, _, _ := strings.Cut(string(out), ":")
+			got[node]++
+		}
+		return got
+	}
+	plain := count(r.client(t))
+	direct, err := client.New(client.Options{Hosts: []string{r.addr}, SchedulerDirect: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	weighted := count(direct)
+	uap := map[string]int{}
+	for i := range calls {
+		a := make(answers, 1)
+		f := netio.Frame{Header: netio.Header{Kind: netio.KindCall, ID: uint64(i + 1), Flags: netio.FlagSchedulerDirect},
+			Group: []byte("g"), Service: []byte("echo"), Payload: []byte("x")}
+		if handled, code, msg := r.Route(a, call.From{}, &f); !handled || code != netio.CodeOK {
+			t.Fatalf("a UAP's call: handled %v, %v %s", handled, code, msg)
+		}
+		select {
+		case b := <-a:
+			rf, _, err := netio.Decode(b, len(b))
+			if err != nil {
+				t.Fatal(err)
+			}
+			node, _, _ := strings.Cut(string(rf.Payload), ":")
+			uap[node]++
+		case <-ctx.Done():
+			t.Fatal("a UAP's call was not answered")
+		}
+	}
+	t.Logf("served by n1/n2: plain client %d/%d, scheduler-direct client %d/%d, UAP %d/%d",
+		plain["n1"], plain["n2"], weighted["n1"], weighted["n2"], uap["n1"], uap["n2"])
+	if plain["n1"] != calls || uap["n1"] != calls {
+		t.Errorf("plain client's calls %v, UAP's calls %v: want all %d on n1, the least loaded", plain, uap, calls)
+	}
+	// 50:50 over n1 and n2: 100 ± 7 each (one sigma); 60 is far out.
+	if weighted["n1"] < 60 || weighted["n2"] < 60 {
+		t.Errorf("scheduler-direct calls %v: want them spread over n1 and n2 (schedule_rate 50)", weighted)
+	}
+}

@@ -208,9 +208,7 @@ func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled b
 	}
 	cands = r.opts.Steer(group, cands)
 	*buf = cands
-	// schedule_rate is for scheduler-direct calls, not for a balanced one
-	// that must move on.
-	i := route.Choose(cands, r.policy, route.Request{Direct: !balanced, Socket: socket}, globalRand{})
+	i := route.Choose(cands, r.policy, route.Request{Direct: !balanced && schedulerDirect(from, f), Socket: socket}, globalRand{})
 	if i < 0 || cands[i].Local {
 		return false, 0, ""
 	}
@@ -230,6 +228,17 @@ func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled b
 	}
 	code, msg = r.transfer(fc, cands[i].Node)
 	return true, code, msg
+}
+
+// schedulerDirect reports whether f is a scheduler-direct request, the
+// only kind schedule_rate weighs (000: "valid only when you specify Y for
+// the DCSCDDIRECT operand in the client environment definition of
+// TP1/Client"): a client's call marked so (dcscddirect = Y). A call a UAP
+// makes (no connection: it came through its shared memory) is a server's
+// request, and a client's call without the mark is not scheduler-direct
+// either: Table 3-7 sends both to the least-loaded node.
+func schedulerDirect(from call.From, f *netio.Frame) bool {
+	return from.Conn != nil && f.Flags&netio.FlagSchedulerDirect != 0
 }
 
 // transfer hands fc to node.

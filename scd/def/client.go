@@ -20,9 +20,8 @@ import (
 // accepted there for dcwatchtim and dcmaxmsgsize. Without any dchost the
 // host list is empty: the caller picks its own fallback.
 //
-// dcscddirect and dcnamuse have no field: the Go client always sends a call
-// straight to a scheduler and asks the name service exactly when it
-// balances, so they are only checked against dccltloadbalance (see
+// dcnamuse has no field: the Go client asks the name service exactly when
+// it balances, so it is only checked against dccltloadbalance (see
 // checkClientModes).
 func LoadClient(path string) (*Client, error) {
 	c := defaultClient()
@@ -95,7 +94,7 @@ func LoadClient(path string) (*Client, error) {
 
 // clientModeOperand are the operands that choose how a client finds its
 // scheduler; checkClientModes checks them against each other.
-var clientModeOperand = map[string]bool{"dcscddirect": true, "dcnamuse": true, "dccltloadbalance": true}
+var clientModeOperand = map[string]bool{"dcnamuse": true, "dccltloadbalance": true}
 
 // modeGiven is the final value of a clientModeOperand, and where it came
 // from.
@@ -117,19 +116,14 @@ func (m modeGiven) fail(format string, args ...any) error {
 	return &e
 }
 
-// checkClientModes refuses what the Go client cannot do. It always sends a
-// call straight to a scheduler: a dchost node's, which balances
-// (dcscddirect), or, with dccltloadbalance, one it learned from a node's
-// name service. So dcscddirect = N (RPC through the name service) needs
-// dccltloadbalance, and dcnamuse (use the name service) must agree with it.
+// checkClientModes refuses what the Go client cannot do. It asks a node's
+// name service exactly when it balances (dccltloadbalance), so dcnamuse
+// (use the name service) must agree with it. dcscddirect goes with either:
+// it says how a node balances the calls sent to a dchost node.
 func checkClientModes(c *Client, modes map[string]modeGiven) error {
 	lb := "dccltloadbalance = N (its default)"
 	if m, ok := modes["dccltloadbalance"]; ok {
 		lb = fmt.Sprintf("dccltloadbalance = %s (%s)", map[bool]string{true: "Y", false: "N"}[m.yes], m.where())
-	}
-	if m, ok := modes["dcscddirect"]; ok && !m.yes && !c.LoadBalance {
-		return m.fail("N (RPCs through the name service without load balancing) is not supported with %s: "+
-			"remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y", lb)
 	}
 	if m, ok := modes["dcnamuse"]; ok && m.yes != c.LoadBalance {
 		if m.yes {

@@ -61,7 +61,7 @@ set max_message_size = 2048
 	}
 	want := Client{
 		Hosts: []string{"host1:12000", "host2", "[::1]:13000"}, HostSelect: true, HostChange: false,
-		LoadBalance: true, CacheEntries: 10, CacheTime: 5 * time.Second,
+		SchedulerDirect: true, LoadBalance: true, CacheEntries: 10, CacheTime: 5 * time.Second,
 		WatchTime: 9 * time.Second, MaxMessageSize: 2048,
 	}
 	if !reflect.DeepEqual(*c, want) {
@@ -78,6 +78,7 @@ set max_message_size = 2048
 		t.Fatal(err)
 	}
 	want.Hosts, want.HostChange, want.CacheEntries, want.WatchTime = []string{"a:1", "b"}, true, 3, 0
+	want.SchedulerDirect = false // DCSCDDIRECT=n
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("env over file:\ngot  %+v\nwant %+v", *c, want)
 	}
@@ -109,9 +110,6 @@ func TestLoadClientErrors(t *testing.T) {
 		{"env two values", "", map[string]string{"DCWATCHTIM": "1,2"}, `environment: DCWATCHTIM: want one value, got 2`},
 		{"multi_schedule", "set multi_schedule = Y\n", nil, `FILE:1: multi_schedule: unknown operand here (it belongs in usrrc or usr/<server>)`},
 		{"command", "scdmulti -g a -p 1\n", nil, `FILE:1: scdmulti: unknown command (this file takes set statements only)`},
-		{"direct N alone", "set dcscddirect = N\n", nil, `FILE:1: dcscddirect: N (RPCs through the name service without load balancing) is not supported with dccltloadbalance = N (its default): remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y`},
-		{"direct N, balance N", "set dccltloadbalance = N\nset dcscddirect = n\n", nil, `FILE:2: dcscddirect: N (RPCs through the name service without load balancing) is not supported with dccltloadbalance = N (FILE:1): remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y`},
-		{"direct N from env", "set dccltloadbalance = Y\n", map[string]string{"DCSCDDIRECT": "N", "DCCLTLOADBALANCE": "N"}, `environment: DCSCDDIRECT: N (RPCs through the name service without load balancing) is not supported with dccltloadbalance = N (environment DCCLTLOADBALANCE): remove dcscddirect (calls then go to a dchost scheduler, as with Y) or set dccltloadbalance = Y`},
 		{"namuse Y alone", "set dcnamuse = Y\n", nil, `FILE:1: dcnamuse: Y is not supported with dccltloadbalance = N (its default): tpsched's client asks the name service only to balance; set dccltloadbalance = Y or remove dcnamuse`},
 		{"namuse N, balance Y", "set dcnamuse = N\nset dccltloadbalance = Y\n", nil, `FILE:1: dcnamuse: N contradicts dccltloadbalance = Y (FILE:2), which asks the name service (client-side balancing needs dcnamuse = Y); set Y or remove dcnamuse`},
 	} {
@@ -131,7 +129,8 @@ func TestLoadClientErrors(t *testing.T) {
 	clearClientEnv(t)
 	// What the client does anyway is accepted.
 	for _, ok := range []string{"set dcscddirect = Y\n", "set dcscddirect = Y\nset dccltloadbalance = Y\n",
-		"set dcscddirect = N\nset dccltloadbalance = Y\n", "set dcnamuse = Y\nset dccltloadbalance = Y\n", "set dcnamuse = N\n"} {
+		"set dcscddirect = N\nset dccltloadbalance = Y\n", "set dcscddirect = N\n", "set dccltloadbalance = N\nset dcscddirect = n\n",
+		"set dcnamuse = Y\nset dccltloadbalance = Y\n", "set dcnamuse = N\n"} {
 		if _, err := LoadClient(writeFile(t, ok)); err != nil {
 			t.Errorf("%q: %v", ok, err)
 		}

@@ -151,14 +151,19 @@ type Server struct {
 // Client is the client environment definition (betranrc and environment
 // variables of the same names in upper case; see LoadClient).
 type Client struct {
-	Hosts          []string      // dchost: host[:port] (port default 12000), in order, as written; at most 128; none by default
-	HostSelect     bool          // dchostselect: start at a random host
-	HostChange     bool          // dcscdhostchange: next host on every RPC
-	LoadBalance    bool          // dccltloadbalance
-	CacheEntries   int           // dccache, 1..4096; default 64
-	CacheTime      time.Duration // dccltcachetim (seconds, 0..65535); default 30 s
-	WatchTime      time.Duration // dcwatchtim (or watch_time in betranrc), seconds 0..65535; default 180 s
-	MaxMessageSize int           // dcmaxmsgsize (or max_message_size in betranrc), 1 KiB .. 8 MiB; default 1 MiB
+	Hosts      []string // dchost: host[:port] (port default 12000), in order, as written; at most 128; none by default
+	HostSelect bool     // dchostselect: start at a random host
+	HostChange bool     // dcscdhostchange: next host on every RPC
+	// SchedulerDirect is dcscddirect: Y marks the calls sent to a dchost
+	// node scheduler-direct requests, balanced there with schedule_rate
+	// weighting; N (default) leaves the node to send them to the
+	// least-loaded node (Table 3-7 as written).
+	SchedulerDirect bool
+	LoadBalance     bool          // dccltloadbalance
+	CacheEntries    int           // dccache, 1..4096; default 64
+	CacheTime       time.Duration // dccltcachetim (seconds, 0..65535); default 30 s
+	WatchTime       time.Duration // dcwatchtim (or watch_time in betranrc), seconds 0..65535; default 180 s
+	MaxMessageSize  int           // dcmaxmsgsize (or max_message_size in betranrc), 1 KiB .. 8 MiB; default 1 MiB
 }
 
 // Defaults.

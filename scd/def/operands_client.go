@@ -34,14 +34,17 @@ var clientOperands = map[string]operand[Client]{
 	},
 	"dcscddirect": {
 		set: func(c *Client, v []string) (err error) {
-			_, err = boolYN(v) // LoadClient checks it against dccltloadbalance
+			c.SchedulerDirect, err = boolYN(v)
 			return err
 		},
-		dflt:    "as Y",
-		values:  "Y or N; N needs dccltloadbalance = Y",
-		opentp1: "Y: the client sends its requests to the schedule service of a dchost node, which balances them over the nodes (the server side decides; 000, 001 Table 3-6).",
-		tpsched: "The client always sends its calls straight to a scheduler: a dchost node's, or with dccltloadbalance = Y one it learned from the name service. " +
-			"N without dccltloadbalance = Y would ask for RPCs through the name service without balancing, which tpsched does not have, so it is refused.",
+		value:  "N",
+		values: "Y or N",
+		opentp1: "Y: the client makes its requests to the schedule service of a dchost node for load balancing (the server side decides; 000, 001 Table 3-6); " +
+			"the schedule_rate operand is valid only for such requests (000). N: RPCs go through the name service.",
+		tpsched: "Both send every call to a dchost node (or, with dccltloadbalance = Y, to one learned from the name service, marked balanced). " +
+			"Y marks the calls scheduler-direct: the node chooses among the nodes that run the group with schedule_rate weighting LEVEL0 against LEVEL1 nodes. " +
+			"N: the node, whose name table is the name service, sends the call to the least-loaded node that runs the group (Table 3-7: announce Y, " +
+			"this_node_first N), as it does a call a UAP makes.",
 	},
 	"dchostselect": {
 		set: func(c *Client, v []string) (err error) {

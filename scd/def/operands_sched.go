@@ -41,7 +41,9 @@ var schedOperands = map[string]operand[Sched]{
 		values: "percent, 50..100",
 		opentp1: "The rate of schedules made to LEVEL0 nodes, for requests from a scheduler-direct client (DCSCDDIRECT=Y): LEVEL0 nodes weigh the rate, LEVEL1 nodes 100 - rate, " +
 			"each times their number (80 with 3 LEVEL0 and 2 LEVEL1 nodes: 240:40, about 85:15) (000).",
-		tpsched: "Applies to every call a client sends to this node's scheduler, that is every call not marked balanced; with scd_balance_rule = p2c it weighs the two choices.",
+		tpsched: "Applies to the calls of clients with dcscddirect = Y only (the frame's scheduler-direct flag); with scd_balance_rule = p2c it weighs the two choices. " +
+			"Every other call this node balances (a client's without dcscddirect = Y, a UAP's own call, a balanced call that must move on) goes to the least-loaded node " +
+			"that runs its group (Table 3-7, announce Y and this_node_first N): LEVEL0 nodes while there are any, uniform among them.",
 	},
 	"scd_retry_of_comm_error": {
 		set: func(s *Sched, v []string) (err error) {

@@ -23,9 +23,19 @@ import (
 //	classify -g orders -s "add*" -c ONLINE
 //	classify -g "report*" -c BATCH
 //	environment -g orders
+//	instance -n east                       # optional: subsystem instances
+//	instance -n west
 //
 // The file is optional: without it the node manages no goals and starts
 // no server on demand. Every node of a cluster should have the same one.
+//
+// With instances (004: "more than one instance of a subsystem ... the
+// same application environments, but different subsystem names") every
+// application environment is served per instance: instance east's
+// servers of orders are the service group orders@east, defined by
+// orders' usr file (scd/wlmnode's ExpandInstances makes the node's
+// servers of them), with a high-water mark, placement and quiesce of
+// their own.
 
 // FilePolicy is the service policy definition, as OperandDoc.File names it.
 const FilePolicy = "svcpolicy"
@@ -38,6 +48,9 @@ type Policy struct {
 	Classes      []ServiceClass // the class command, in the order given
 	Rules        []ClassRule    // the classify command, in the order given: the first that matches classifies
 	Environments []string       // the environment command: service groups started on demand, in the order given
+	// Instances is the instance command: the subsystem instances (004), in
+	// the order given; none: one, unnamed (the environments' own groups).
+	Instances []string
 	// Manage is goal_management: Y (default) acts on missed goals (CPU
 	// weights, one more server, steering); N only measures and reports.
 	Manage bool
@@ -217,7 +230,44 @@ var policyCommands = map[string]command[Policy]{
 			"until the cluster chooses that node to serve it (find server, a call, or a missed goal). Each node has at most one server " +
 			"of it (the user server with its parallel_count, at least one resident process). Dropping it from the policy quiesces its servers.",
 	},
+	"instance": {
+		set: func(p *Policy, flags map[string]string) error {
+			n, ok := flags["n"]
+			if !ok {
+				return errors.New("-n NAME is required")
+			}
+			if err := checkIdent("instance", n); err != nil {
+				return fmt.Errorf("-n: %w", err)
+			}
+			for _, o := range p.Instances {
+				if o == n {
+					return fmt.Errorf("instance %s named twice", n)
+				}
+			}
+			if len(p.Instances) >= maxInstances {
+				return fmt.Errorf("more than %d instances", maxInstances)
+			}
+			p.Instances = append(p.Instances, n)
+			return nil
+		},
+		synopsis: "instance -n NAME",
+		dflt:     "none: one routing manager, whose servers of an environment are the environment's own service group",
+		values:   "once per instance, at most 64: -n a name of 1..31 bytes of letters, digits, '_', '-' and '.'; needs an environment command",
+		opentp1: "More than one instance of a subsystem may run in the sysplex: the same subsystem type, and therefore the same application " +
+			"environments, but different subsystem names. The rules for starting servers apply to each instance separately: for each " +
+			"instance, up to one server per system per application environment (004).",
+		tpsched: "Every application environment is served per instance: instance NAME's servers of environment E are the service group " +
+			"E@NAME, defined by E's usr file (its module, services and parallel_count) but with a schedule queue, processes and a user of " +
+			"their own, so a node may run one server of E for each instance. Each instance's servers are placed, counted (high-water mark), " +
+			"quiesced and refreshed apart; calls, finds and scdctl name the instance (E@NAME); a call or find for E itself is refused, " +
+			"naming the instances, and scdctl quiesce, resume, refresh and prc with E act on every instance. classify -g E covers every " +
+			"instance, -g E@NAME one. The instances are fixed at start: scdctl policy refuses a file whose instances differ.",
+	},
 }
+
+// maxInstances bounds the instance command: each is a server of every
+// application environment on each node that is chosen for it.
+const maxInstances = 64
 
 // LoadPolicy reads dir/svcpolicy; nil, nil when there is none. scdd reads
 // it at start and again on `scdctl policy`.
@@ -269,6 +319,10 @@ func loadPolicy(fsys fs.FS) (*Policy, error) {
 				errs.add(&Error{File: FilePolicy, Line: st.Line, Operand: "classify", Reason: "-c: " + err.Error()})
 			}
 		}
+	}
+	if len(p.Instances) > 0 && len(p.Environments) == 0 {
+		errs.add(&Error{File: FilePolicy, Line: given["instance command"], Operand: "instance",
+			Reason: "no application environment for the instances to serve (environment -g GROUP)"})
 	}
 	if err := errs.err(); err != nil {
 		return nil, err

@@ -45,6 +45,10 @@ environment -g reports
 	if !reflect.DeepEqual(cfg.Policy, want) {
 		t.Errorf("policy\n got %+v\nwant %+v", cfg.Policy, want)
 	}
+	inst, err := LoadFS(policyFS("set default_class = A\nclass -n A -i 1 -t 100\nenvironment -g orders\ninstance -n east\ninstance -n west\n"))
+	if err != nil || !reflect.DeepEqual(inst.Policy.Instances, []string{"east", "west"}) {
+		t.Errorf("instances: %+v, %v; want east, west", inst.Policy, err)
+	}
 	off, err := LoadFS(policyFS("set goal_management = N\nset default_class = A\nclass -n A -i 1 -t 100\n"))
 	if err != nil || off.Policy.Manage {
 		t.Errorf("goal_management = N: %+v, %v; want Manage false", off.Policy, err)
@@ -84,6 +88,12 @@ func TestPolicyErrors(t *testing.T) {
 		{"unknown operand", base + "set policy_intervall = 3\n", "svcpolicy:3: policy_intervall: unknown operand"},
 		{"putenv", base + "putenv A b\n", "svcpolicy:3: putenv: only allowed in usrrc and usr files"},
 		{"goal_management not Y or N", base + "set goal_management = off\n", "svcpolicy:3: goal_management:"},
+		{"instance without name", base + "environment -g e\ninstance\n", "svcpolicy:4: instance: -n NAME is required"},
+		{"instance twice", base + "environment -g e\ninstance -n a\ninstance -n a\n", "svcpolicy:5: instance: instance a named twice"},
+		{"instance with @", base + "environment -g e\ninstance -n a@b\n", `svcpolicy:4: instance: -n: instance "a@b": '@' not allowed`},
+		{"instance name too long", base + "environment -g e\ninstance -n " + strings.Repeat("x", 32) + "\n", "svcpolicy:4: instance: -n: instance"},
+		{"instance option", base + "environment -g e\ninstance -n a -g e\n", "svcpolicy:4: instance: unknown option -g (it takes -n)"},
+		{"instances without environment", base + "instance -n a\n\ninstance -n b\n", "svcpolicy:5: instance: no application environment for the instances to serve"},
 	}
 	for _, tc := range cases {
 		_, err := LoadFS(policyFS(tc.src))

@@ -24,7 +24,10 @@
 //	re-schedule  the lowest level present             uniform
 //	direct       LEVEL0, LEVEL1 (all if all LEVEL2)   LEVEL0 weighs schedule_rate, LEVEL1 100 - schedule_rate
 //
-// A normal request is one that is not scheduler-direct: a call that came
+// A direct request is a scheduler-direct one: a call of a client with
+// dcscddirect = Y, the only kind the documents give schedule_rate for
+// (000). Every other request is normal: a call a UAP makes (a server's
+// request), a call of a client without dcscddirect = Y, a call that came
 // balanced and must move on (Transfer). schedule_rate 80 with three LEVEL0
 // and two LEVEL1 nodes weighs the sets 240:40, about 85.7:14.3. With
 // scd_announce_server_status = N every candidate is eligible and the draw

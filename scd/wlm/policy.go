@@ -27,6 +27,13 @@
 // of the calls within 120% of the goal: PI 1.2). PI <= 1 meets the goal.
 // Beyond the last bucket (400% of the goal) PI is PIBeyond.
 //
+// An application environment is a service group started on demand. With
+// subsystem instances (004: the same application environments under other
+// subsystem names) each environment is served per instance, as the group
+// InstanceGroup(env, instance), "orders@east"; everything counted per
+// environment (servers, the high-water mark, quiesce) is counted per
+// such group, so each instance has its own.
+//
 // # Managing to goals
 //
 // Decide takes the classes' PIs and the node's service groups and picks the
@@ -42,7 +49,7 @@
 //
 // # Usage
 //
-//	p, err := wlm.NewPolicy(classes, "BATCH", rules, envs, 10*time.Second)
+//	p, err := wlm.NewPolicy(classes, "BATCH", rules, envs, instances, 10*time.Second)
 //	c := p.Classify("orders", "add")            // index into p.Classes
 //	var s wlm.Sample
 //	s.Record(resp, queue, p.Classes[c].Goal)     // per call
@@ -54,7 +61,9 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -122,20 +131,54 @@ type rule struct {
 }
 
 // Policy is a service policy: classes, classification rules, the default
-// class, the application environments and the interval of the
-// performance-index evaluation. It is not modified after NewPolicy.
+// class, the application environments, the subsystem instances and the
+// interval of the performance-index evaluation. It is not modified after
+// NewPolicy.
 type Policy struct {
-	Classes      []Class
-	Default      int // index into Classes
+	Classes []Class
+	Default int // index into Classes
+	// Environments are the service groups started on demand: each
+	// application environment as named, or, with instances, each
+	// environment's group of each instance (InstanceGroup), environments
+	// in the order named and each one's instances in theirs. Everything
+	// the routing manager counts per environment (servers, the high-water
+	// mark, quiesce) it counts per group of this list.
 	Environments []string
-	Interval     time.Duration
-	rules        []rule
-	envs         map[string]bool
+	// Instances are the subsystem instances (004: the same subsystem type,
+	// so the same application environments, other subsystem names), in
+	// the order named; none: one instance, unnamed.
+	Instances []string
+	Interval  time.Duration
+	rules     []rule
+	envs      map[string]bool
+	named     map[string][]string // with instances: an environment as named -> its instances' groups
 }
 
-// NewPolicy checks and builds a policy. Errors name the class, rule or
-// environment at fault.
-func NewPolicy(classes []Class, defaultClass string, rules []Rule, envs []string, interval time.Duration) (*Policy, error) {
+// InstanceSep joins an application environment and a subsystem instance
+// into the name of the instance's service group: orders@east. Neither a
+// service group nor an instance may hold it (their names are letters,
+// digits, '_', '-' and '.'), so the name splits back one way only.
+const InstanceSep = "@"
+
+// InstanceGroup is the service group of instance's servers of environment
+// env ("orders", "east": "orders@east"); env itself without an instance.
+func InstanceGroup(env, instance string) string {
+	if instance == "" {
+		return env
+	}
+	return env + InstanceSep + instance
+}
+
+// SplitInstance is InstanceGroup's inverse: "orders@east" is "orders",
+// "east"; a group without InstanceSep is itself and "".
+func SplitInstance(group string) (env, instance string) {
+	env, instance, _ = strings.Cut(group, InstanceSep)
+	return env, instance
+}
+
+// NewPolicy checks and builds a policy. Errors name the class, rule,
+// environment or instance at fault.
+func NewPolicy(classes []Class, defaultClass string, rules []Rule, envs, instances []string, interval time.Duration) (*Policy, error) {
 	if len(classes) == 0 {
 		return nil, errors.New("no service class")
 	}
@@ -176,18 +219,43 @@ func NewPolicy(classes []Class, defaultClass string, rules []Rule, envs []string
 		}
 		p.rules = append(p.rules, rule{group: r.Group, service: r.Service, class: c})
 	}
-	for _, e := range envs {
-		if e == "" {
-			return nil, errors.New("an application environment has no name")
+	for _, in := range instances {
+		switch {
+		case in == "" || strings.Contains(in, InstanceSep):
+			return nil, fmt.Errorf("instance %q: want a name without %q", in, InstanceSep)
+		case slices.Contains(p.Instances, in):
+			return nil, fmt.Errorf("instance %s named twice", in)
 		}
-		if p.envs[e] {
+		p.Instances = append(p.Instances, in)
+	}
+	if len(instances) > 0 {
+		p.named = map[string][]string{}
+	}
+	for _, e := range envs {
+		if e == "" || strings.Contains(e, InstanceSep) {
+			return nil, fmt.Errorf("application environment %q: want a name without %q", e, InstanceSep)
+		}
+		if p.envs[e] || p.named[e] != nil {
 			return nil, fmt.Errorf("application environment %s named twice", e)
 		}
-		p.envs[e] = true
-		p.Environments = append(p.Environments, e)
+		if len(p.Instances) == 0 {
+			p.envs[e] = true
+			p.Environments = append(p.Environments, e)
+			continue
+		}
+		for _, in := range p.Instances {
+			g := InstanceGroup(e, in)
+			p.envs[g] = true
+			p.Environments = append(p.Environments, g)
+			p.named[e] = append(p.named[e], g)
+		}
 	}
 	return p, nil
 }
+
+// InstanceGroups are the groups of env's instances ("orders": orders@east,
+// orders@west), when the policy has instances and names env; else nil.
+func (p *Policy) InstanceGroups(env string) []string { return p.named[env] }
 
 func match(pattern, name string) bool {
 	if pattern == "" || pattern == "*" {
@@ -198,10 +266,13 @@ func match(pattern, name string) bool {
 }
 
 // Classify returns the index of the class of a call to service of group:
-// the first rule that matches both, else the default class.
+// the first rule that matches both, else the default class. A group
+// pattern matches an instance's group (orders@east) by its whole name or
+// by its environment's (orders): the instances do the same work.
 func (p *Policy) Classify(group, service string) int {
+	env, _ := SplitInstance(group)
 	for _, r := range p.rules {
-		if match(r.group, group) && match(r.service, service) {
+		if (match(r.group, group) || env != group && match(r.group, env)) && match(r.service, service) {
 			return r.class
 		}
 	}

@@ -1,6 +1,7 @@
 package wlm
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func testPolicy(t *testing.T) *Policy {
 		{Group: "orders", Class: "ONLINE"},
 		{Group: "report?", Service: "", Class: "QUERY"},
 		{Group: "[xy]*", Service: "*", Class: "ONLINE"},
-	}, []string{"orders", "reports"}, time.Second)
+	}, []string{"orders", "reports"}, nil, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,13 +109,71 @@ func TestNewPolicyRefuses(t *testing.T) {
 		{"unknown default", ok, "B", nil, nil, time.Second, `default class "B"`},
 		{"rule to unknown class", ok, "A", []Rule{{Group: "g", Class: "B"}}, nil, time.Second, `rule 1: class "B"`},
 		{"bad pattern", ok, "A", []Rule{{Group: "[", Class: "A"}}, nil, time.Second, `pattern "["`},
-		{"unnamed environment", ok, "A", nil, []string{""}, time.Second, "no name"},
+		{"unnamed environment", ok, "A", nil, []string{""}, time.Second, `application environment ""`},
 		{"environment twice", ok, "A", nil, []string{"e", "e"}, time.Second, "named twice"},
 	}
 	for _, tc := range cases {
-		_, err := NewPolicy(tc.classes, tc.def, tc.rules, tc.envs, tc.interval)
+		_, err := NewPolicy(tc.classes, tc.def, tc.rules, tc.envs, nil, tc.interval)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want one with %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestInstances: with subsystem instances every application environment
+// is served per instance, as the group ENV@INSTANCE; the environment's
+// own name is then no group started on demand. Rules for the environment
+// classify its instances' calls; a rule may name one instance.
+func TestInstances(t *testing.T) {
+	p, err := NewPolicy(testClasses, "BATCH", []Rule{
+		{Group: "orders@west", Class: "QUERY"},
+		{Group: "orders", Class: "ONLINE"},
+	}, []string{"orders", "reports"}, []string{"east", "west"}, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"orders@east", "orders@west", "reports@east", "reports@west"}
+	if !slices.Equal(p.Environments, want) || !slices.Equal(p.Instances, []string{"east", "west"}) {
+		t.Errorf("environments %v, instances %v; want %v, [east west]", p.Environments, p.Instances, want)
+	}
+	for _, g := range want {
+		if !p.IsEnvironment(g) {
+			t.Errorf("%s is not an environment", g)
+		}
+	}
+	if p.IsEnvironment("orders") || p.IsEnvironment("orders@north") {
+		t.Error("orders itself, or an instance the policy does not name, is an environment")
+	}
+	if got := p.InstanceGroups("orders"); !slices.Equal(got, want[:2]) {
+		t.Errorf("InstanceGroups(orders) = %v", got)
+	}
+	if p.InstanceGroups("orders@east") != nil || p.InstanceGroups("front") != nil {
+		t.Error("InstanceGroups of a group that is no environment as named")
+	}
+	for _, tc := range []struct{ group, want string }{
+		{"orders@east", "ONLINE"}, {"orders@west", "QUERY"}, {"orders", "ONLINE"}, {"reports@east", "BATCH"},
+	} {
+		if got := p.Classes[p.Classify(tc.group, "x")].Name; got != tc.want {
+			t.Errorf("Classify(%s) = %s, want %s", tc.group, got, tc.want)
+		}
+	}
+	if env, in := SplitInstance("orders@east"); env != "orders" || in != "east" || InstanceGroup(env, in) != "orders@east" {
+		t.Errorf("SplitInstance(orders@east) = %q, %q", env, in)
+	}
+	if env, in := SplitInstance("orders"); env != "orders" || in != "" || InstanceGroup("orders", "") != "orders" {
+		t.Errorf("SplitInstance(orders) = %q, %q", env, in)
+	}
+	for _, tc := range []struct {
+		envs, instances []string
+		want            string
+	}{
+		{[]string{"e"}, []string{"a", "a"}, "instance a named twice"},
+		{[]string{"e"}, []string{"a@b"}, "instance"},
+		{[]string{"e"}, []string{""}, "instance"},
+		{[]string{"e@a"}, nil, "application environment"},
+	} {
+		if _, err := NewPolicy(testClasses, "BATCH", nil, tc.envs, tc.instances, time.Second); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("envs %v instances %v: %v, want %q", tc.envs, tc.instances, err, tc.want)
 		}
 	}
 }

@@ -13,7 +13,11 @@ import (
 
 // NodeResult is what one node did about a cluster-wide action.
 type NodeResult struct {
-	Node  string `json:"node"`
+	Node string `json:"node"`
+	// Env is the instance's group the result is for, when the action
+	// covered every instance of an environment (scdctl quiesce orders with
+	// instances east and west: orders@east, orders@west); else "".
+	Env   string `json:"env,omitempty"`
 	Done  string `json:"done,omitempty"`
 	Error string `json:"error,omitempty"`
 }
@@ -25,58 +29,83 @@ type EnvActionResult struct {
 	Nodes  []NodeResult `json:"nodes"`
 }
 
+// add appends the results of the action on key; each is marked with key
+// when the action covers several.
+func (r *EnvActionResult) add(key string, several bool, nodes []NodeResult) {
+	for _, n := range nodes {
+		if several {
+			n.Env = key
+		}
+		r.Nodes = append(r.Nodes, n)
+	}
+}
+
 // Quiesce stops every server of environment env in the cluster after the
 // calls they hold (VARY WLM,QUIESCE): no server starts for it until Resume.
+// env may name one instance's group (orders@east), or an environment
+// served per instance: then every instance's.
 func (w *Manager) Quiesce(env string) (EnvActionResult, error) {
-	m, err := w.envFor(env)
+	keys, err := w.envKeys(env)
 	if err != nil {
 		return EnvActionResult{}, err
 	}
-	m.mu.Lock()
-	st := m.states[env].Quiesce()
-	m.states[env] = st
-	m.mu.Unlock()
-	m.park.answerAll(env, netio.CodeServiceClosed, env+" was quiesced")
+	m := w.envs
 	res := EnvActionResult{Env: env, Action: "quiesce"}
-	res.Nodes = m.everywhere(env, wlmQuiesce, binary.AppendUvarint(nil, uint64(st.Epoch)), func() (string, error) {
-		if _, ok := w.local.Group(env); !ok {
-			return "no server here", nil
-		}
-		return "done", m.quiesceLocal(w.ctx, env, "quiesce")
-	})
+	for _, key := range keys {
+		m.mu.Lock()
+		st := m.states[key].Quiesce()
+		m.states[key] = st
+		m.mu.Unlock()
+		m.park.answerAll(key, netio.CodeServiceClosed, key+" was quiesced")
+		res.add(key, len(keys) > 1, m.everywhere(key, wlmQuiesce, binary.AppendUvarint(nil, uint64(st.Epoch)), func() (string, error) {
+			if _, ok := w.local.Group(key); !ok {
+				return "no server here", nil
+			}
+			return "done", m.quiesceLocal(w.ctx, key, "quiesce")
+		}))
+	}
 	w.opts.Announce()
 	return res, nil
 }
 
-// Resume lets environment env have servers again, from none.
+// Resume lets environment env (or each of its instances, as Quiesce) have
+// servers again, from none.
 func (w *Manager) Resume(env string) (EnvActionResult, error) {
-	m, err := w.envFor(env)
+	keys, err := w.envKeys(env)
 	if err != nil {
 		return EnvActionResult{}, err
 	}
-	m.mu.Lock()
-	st := m.states[env].Resume()
-	m.states[env] = st
-	m.mu.Unlock()
+	m := w.envs
 	res := EnvActionResult{Env: env, Action: "resume"}
-	res.Nodes = m.everywhere(env, wlmResume, binary.AppendUvarint(nil, uint64(st.Epoch)), func() (string, error) { return "done", nil })
+	for _, key := range keys {
+		m.mu.Lock()
+		st := m.states[key].Resume()
+		m.states[key] = st
+		m.mu.Unlock()
+		res.add(key, len(keys) > 1, m.everywhere(key, wlmResume, binary.AppendUvarint(nil, uint64(st.Epoch)),
+			func() (string, error) { return "done", nil }))
+	}
 	w.opts.Announce()
 	return res, nil
 }
 
-// Refresh replaces the processes of every server of env in the cluster,
-// one at a time per server (VARY WLM,REFRESH).
+// Refresh replaces the processes of every server of env (or of each of
+// its instances, as Quiesce) in the cluster, one at a time per server
+// (VARY WLM,REFRESH).
 func (w *Manager) Refresh(env string) (EnvActionResult, error) {
-	m, err := w.envFor(env)
+	keys, err := w.envKeys(env)
 	if err != nil {
 		return EnvActionResult{}, err
 	}
+	m := w.envs
 	res := EnvActionResult{Env: env, Action: "refresh"}
-	deadline := time.Now().Add(envQuiesceTimeout)
-	res.Nodes = m.everywhere(env, wlmRefresh, nil, func() (string, error) {
-		k, err := m.refreshLocal(w.ctx, env, deadline)
-		return fmt.Sprintf("%d process(es) replaced", k), err
-	})
+	for _, key := range keys {
+		deadline := time.Now().Add(envQuiesceTimeout)
+		res.add(key, len(keys) > 1, m.everywhere(key, wlmRefresh, nil, func() (string, error) {
+			k, err := m.refreshLocal(w.ctx, key, deadline)
+			return fmt.Sprintf("%d process(es) replaced", k), err
+		}))
+	}
 	return res, nil
 }
 
@@ -90,18 +119,6 @@ func (w *Manager) ReloadPolicy() (EnvActionResult, error) {
 // ErrNoPolicy is what a node without a service policy answers the routing
 // manager's actions.
 var ErrNoPolicy = errors.New("this node started without svcpolicy: it manages no goals (add the file and restart it)")
-
-// envFor is the environments, if env is one of the policy in force.
-func (w *Manager) envFor(env string) (*envs, error) {
-	if !w.envs.isEnv(env) {
-		name := env
-		if s := def.Suggest(env, w.policy.Load().p.Environments); s != "" {
-			name += " (did you mean " + s + "?)"
-		}
-		return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: name + " is not an application environment of the policy"}
-	}
-	return w.envs, nil
-}
 
 // reloadLocal reads svcpolicy again and puts it in force here; the
 // environments it drops are quiesced here.
@@ -118,6 +135,9 @@ func (w *Manager) reloadLocal() (string, error) {
 		return "", err
 	}
 	old := w.policy.Load().p
+	if err := w.checkInstances(old, p); err != nil {
+		return "", err
+	}
 	w.install(&activePolicy{def: d, p: p, since: time.Now()})
 	if !d.Manage {
 		w.resetWeights()

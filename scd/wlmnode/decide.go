@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"tpsched/netio"
@@ -21,9 +22,15 @@ const (
 
 var purposeNames = map[byte]string{purposeFirst: "first", purposeGrow: "goal", purposeReplenish: "replace"}
 
+// hint is a server the decider started whose announce may not have
+// reached it yet: counted as serving until the table can show it, but
+// never past its life, the environment's epoch (a quiesce, resume or
+// policy change since), its node's membership, or (this node's) its
+// server.
 type hint struct {
 	node, addr string
 	at         time.Time
+	epoch      uint32 // the environment's epoch when the start was decided
 }
 
 // decider is the node's part as the deciding node: the live node with the
@@ -102,8 +109,9 @@ func (d *decider) decide(ctx context.Context, env string, purpose byte, deadline
 	if purpose == purposeGrow {
 		d.lastGrow[env] = time.Now()
 	}
+	epoch := m.states[env].Epoch
 	m.mu.Unlock()
-	fl.servers, fl.err = d.place(ctx, env, purpose, servers, deadline)
+	fl.servers, fl.err = d.place(ctx, env, purpose, servers, epoch, deadline)
 	m.mu.Lock()
 	delete(d.decides, env)
 	m.mu.Unlock()
@@ -118,14 +126,17 @@ func (d *decider) growCooldown() time.Duration {
 }
 
 // place chooses a node for one more server of env and starts it there.
-func (d *decider) place(ctx context.Context, env string, purpose byte, servers []serverAt, deadline time.Time) ([]serverAt, error) {
+// A server it starts is hinted in the environment's epoch as it was when
+// the start was decided.
+func (d *decider) place(ctx context.Context, env string, purpose byte, servers []serverAt, epoch uint32, deadline time.Time) ([]serverAt, error) {
 	m := d.m
 	p := m.policy()
 	imp := p.Classes[p.Default].Importance
 	if g, ok := m.local.Group(env); ok {
 		imp = p.Importance(env, serviceNames(g))
 	}
-	hosts, addrs := d.hosts(env, imp, servers)
+	hosts, addrs, unmeasured := d.hosts(env, imp, servers)
+	d.freshen(ctx, imp, hosts, addrs, unmeasured, deadline)
 	minSpare := 0.0
 	if purpose == purposeGrow {
 		minSpare = growMinSpare
@@ -148,7 +159,7 @@ func (d *decider) place(ctx context.Context, env string, purpose byte, servers [
 			m.log.Info("routing manager: server started", "env", env, "node", h.Node, "why", purposeNames[purpose],
 				"spare_cpus", fmt.Sprintf("%.2f", h.Spare), "importance", imp, "hosts", hostsLine(hosts))
 			m.mu.Lock()
-			d.hints[env] = append(d.hints[env], hint{node: h.Node, addr: addrs[i], at: time.Now()})
+			d.hints[env] = append(d.hints[env], hint{node: h.Node, addr: addrs[i], at: time.Now(), epoch: epoch})
 			m.states[env] = m.states[env].Saw(len(servers) + 1)
 			m.mu.Unlock()
 			return append(servers, serverAt{node: h.Node, addr: addrs[i]}), nil
@@ -179,8 +190,9 @@ func hostsLine(hosts []wlm.Host) string {
 }
 
 // hosts are the nodes that define env, with their spare CPU at importance
-// imp, and their addresses.
-func (d *decider) hosts(env string, imp int, servers []serverAt) ([]wlm.Host, []string) {
+// imp, and their addresses; unmeasured[i] says host i announced no spare
+// CPU at any importance: it has not measured yet, or its CPUs are full.
+func (d *decider) hosts(env string, imp int, servers []serverAt) (hosts []wlm.Host, addrs []string, unmeasured []bool) {
 	m := d.m
 	serving := func(node string) bool {
 		return slices.ContainsFunc(servers, func(s serverAt) bool { return s.node == node })
@@ -191,15 +203,10 @@ func (d *decider) hosts(env string, imp int, servers []serverAt) ([]wlm.Host, []
 		_, ok := m.here[env]
 		m.mu.Unlock()
 		if !ok {
-			return nil, nil
+			return nil, nil, nil
 		}
-		m.w.mu.Lock()
-		spare := m.w.spare[imp]
-		m.w.mu.Unlock()
-		return []wlm.Host{{Node: self, Spare: spare, Serving: serving(self)}}, []string{m.opts.Addr()}
+		return []wlm.Host{{Node: self, Serving: serving(self)}}, []string{m.opts.Addr()}, []bool{true}
 	}
-	var hosts []wlm.Host
-	var addrs []string
 	for _, info := range m.names.Nodes() {
 		if info.WLM == nil || !slices.ContainsFunc(info.WLM.Envs, func(e names.EnvInfo) bool { return e.Env == env }) {
 			continue
@@ -213,8 +220,65 @@ func (d *decider) hosts(env string, imp int, servers []serverAt) ([]wlm.Host, []
 		hosts = append(hosts, wlm.Host{Node: info.Node, Spare: float64(info.WLM.Spare[imp-1]) / 1000,
 			Serving: serving(info.Node), Servers: served})
 		addrs = append(addrs, info.Addr)
+		unmeasured = append(unmeasured, info.WLM.Spare == [names.Importances]uint32{})
 	}
-	return hosts, addrs
+	return hosts, addrs, unmeasured
+}
+
+// measureTimeout bounds how long a placement waits for a host to measure
+// its spare CPU; a host that does not answer in time keeps what it
+// announced.
+const measureTimeout = 2 * time.Second
+
+// freshen gives the candidate hosts that announced no spare CPU at all
+// (unmeasured) what they measure now, before a placement: right after a
+// cluster starts, no node has ended a policy interval and every one
+// announces 0.00, so the first server went to the lowest node id, busy or
+// not (issue 22 item 4). This node measures itself (measureNow), the
+// others are asked (wlm-measure), in parallel; a host measures at once if
+// it never has, else it answers its last interval's figures. A host whose
+// CPUs are full answers 0.00 again, and one that cannot be asked keeps
+// what it announced.
+func (d *decider) freshen(ctx context.Context, imp int, hosts []wlm.Host, addrs []string, unmeasured []bool, deadline time.Time) {
+	m := d.m
+	deadline = minTime(deadline, time.Now().Add(measureTimeout))
+	var wg sync.WaitGroup
+	for i := range hosts {
+		if !unmeasured[i] || hosts[i].Serving {
+			continue
+		}
+		wg.Go(func() {
+			var spare [names.Importances]uint32
+			if hosts[i].Node == m.self {
+				mctx, cancel := context.WithDeadline(ctx, deadline)
+				err := m.w.measureNow(mctx)
+				cancel()
+				if err != nil {
+					return
+				}
+				spare = m.w.Announced().Spare
+			} else {
+				b, err := m.peers.Request(ctx, hosts[i].Node, addrs[i], wlmMeasure, "", nil, deadline)
+				if err == nil {
+					spare, err = parseSpare(b)
+				}
+				if err != nil {
+					m.log.Info("routing manager: a host's spare cpu was not measured for a placement; using what it announced",
+						"node", hosts[i].Node, "err", err)
+					return
+				}
+			}
+			hosts[i].Spare = float64(spare[imp-1]) / 1000 // each goroutine its own host
+		})
+	}
+	wg.Wait()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // startOn has node start a server of env and waits until it is ready.
@@ -227,17 +291,33 @@ func (d *decider) startOn(ctx context.Context, node, addr, env string, deadline 
 	return err
 }
 
-// expireHintsLocked forgets the servers started for env longer than
-// hintLife ago: their announces have come by now, or they are gone. Under
-// the envs' mu.
+// expireHintsLocked forgets the servers started for env that may be gone:
+// started longer than hintLife ago (their announces have come by now), in
+// an earlier epoch (a quiesce stopped them, or a policy dropped env; after
+// a resume a find must start one, not name one that stopped: issue 22),
+// on a node that left the table, or, on this node, no longer serving.
+// Under the envs' mu.
 func (d *decider) expireHintsLocked(env string, now time.Time) {
+	m := d.m
 	list := d.hints[env]
 	kept := list[:0]
+	epoch := m.states[env].Epoch
 	for _, h := range list {
-		if now.Sub(h.at) < hintLife {
-			kept = append(kept, h)
+		switch {
+		case now.Sub(h.at) >= hintLife, h.epoch != epoch:
+			continue
+		case h.node == m.self:
+			if l := m.here[env]; l == nil || l.state != envServing {
+				continue
+			}
+		case !m.alone:
+			if _, member := m.names.Get(h.node); !member {
+				continue
+			}
 		}
+		kept = append(kept, h)
 	}
+	clear(list[len(kept):])
 	if len(kept) == 0 {
 		delete(d.hints, env)
 		return

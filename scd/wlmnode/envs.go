@@ -189,6 +189,7 @@ func (m *envs) servers(env string, hints bool) []serverAt {
 	}
 	if hints {
 		m.mu.Lock()
+		m.dec.expireHintsLocked(env, time.Now())
 		for _, h := range m.dec.hints[env] {
 			if !slices.ContainsFunc(out, func(s serverAt) bool { return s.node == h.node }) {
 				out = append(out, serverAt{node: h.node, addr: h.addr})

@@ -109,6 +109,10 @@ func (m *envs) answerFind(c *rpcport.Conn, f *netio.Frame) {
 		reply(f.ID, s, func(b []byte) error { c.SendNow(b); return nil })
 		return
 	}
+	if why := m.perInstance(env); why != "" {
+		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, why))
+		return
+	}
 	if !m.isEnv(env) || !m.knownEnv(env) {
 		why := env + ": no node serves it now"
 		if m.isEnv(env) {

@@ -105,6 +105,11 @@ type Manager struct {
 	policy atomic.Pointer[activePolicy]
 	load   *cpuSampler
 
+	// measureMu is held while a policy interval ends (interval,
+	// measureNow): the CPU sampler and the groups' figures are one
+	// interval's at a time.
+	measureMu sync.Mutex
+
 	mu        sync.Mutex // guards what follows, read by reports and /metrics
 	classes   []classFigures
 	groups    map[string]*groupFigures
@@ -277,7 +282,7 @@ func compilePolicy(d *def.Policy) (*wlm.Policy, error) {
 	for i, r := range d.Rules {
 		rules[i] = wlm.Rule{Group: r.Group, Service: r.Service, Class: r.Class}
 	}
-	p, err := wlm.NewPolicy(classes, d.DefaultClass, rules, d.Environments, d.Interval)
+	p, err := wlm.NewPolicy(classes, d.DefaultClass, rules, d.Environments, d.Instances, d.Interval)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", d.File, err)
 	}

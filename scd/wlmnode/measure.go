@@ -1,6 +1,7 @@
 package wlmnode
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"time"
@@ -10,8 +11,50 @@ import (
 
 // interval ends one policy interval: it gathers every group's calls by
 // class, charges their CPU, measures the node's spare CPU, computes every
-// class's performance index and acts on it.
+// class's performance index and acts on it. One interval ends at a time
+// (the policy loop's, or measureNow's).
 func (w *Manager) interval(now time.Time) {
+	w.measureMu.Lock()
+	defer w.measureMu.Unlock()
+	w.endInterval(now)
+}
+
+// minMeasure is the shortest time spare CPU is measured over: /proc/stat
+// counts clock ticks (10 ms), so a shorter window is mostly rounding.
+const minMeasure = 250 * time.Millisecond
+
+// measureNow ends the first policy interval at once when none has ended
+// yet, so that a placement right after the node started decides by the
+// CPU it measured, not by the 0.00 spare CPU every node reads before its
+// first interval (then the first server went to the lowest node id, busy
+// or not: issue 22 item 4). It waits until minMeasure has passed since the
+// node began measuring (Start). Once an interval has ended it does
+// nothing: the figures of the last one stand.
+func (w *Manager) measureNow(ctx context.Context) error {
+	w.measureMu.Lock()
+	defer w.measureMu.Unlock()
+	w.mu.Lock()
+	measured, since := w.intervals > 0, w.lastTick
+	w.mu.Unlock()
+	if measured || since.IsZero() { // measured, or not started: nothing to measure from
+		return nil
+	}
+	if wait := time.Until(since.Add(minMeasure)); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	w.log.Info("routing manager: measuring spare cpu at once for a placement before the first policy interval ended")
+	w.endInterval(time.Now())
+	return nil
+}
+
+// endInterval is interval's work, under measureMu.
+func (w *Manager) endInterval(now time.Time) {
 	ap := w.policy.Load()
 	p := ap.p
 	nc := len(p.Classes)

@@ -52,6 +52,9 @@ func (p *parking) schedule(c call.Caller, from call.From, f *netio.Frame) (bool,
 	refused := from.Peer != "" || f.Flags&netio.FlagDestination != 0
 	if !m.isEnv(name) {
 		if g == nil {
+			if why := m.perInstance(name); why != "" {
+				return true, netio.CodeNoSuchGroup, why
+			}
 			return false, 0, "" // not ours to judge: the usual path
 		}
 		if refused || !m.servedElsewhere(name) {

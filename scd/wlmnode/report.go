@@ -87,9 +87,13 @@ type GroupReport struct {
 	PI       *float64 `json:"pi,omitempty"` // the worst of its classes over the window
 }
 
-// EnvReport is one application environment across the cluster.
+// EnvReport is one application environment across the cluster; with
+// subsystem instances, one instance's servers of one (Env is then the
+// instance's group, ENV@INSTANCE).
 type EnvReport struct {
 	Env           string      `json:"env"`
+	Environment   string      `json:"environment"`        // the environment as svcpolicy names it
+	Instance      string      `json:"instance,omitempty"` // the subsystem instance; "" without instances
 	HighWaterMark int         `json:"high_water_mark"`
 	Quiesced      bool        `json:"quiesced,omitempty"`
 	Here          string      `json:"here"` // this node's server: serving, dormant...; "" when it does not define it
@@ -167,7 +171,8 @@ func (w *Manager) Report() Report {
 	}
 	for _, env := range p.Environments {
 		st := m.state(env)
-		er := EnvReport{Env: env, HighWaterMark: st.HWM, Quiesced: st.Quiesced, Here: m.localState(env)}
+		named, instance := wlm.SplitInstance(env)
+		er := EnvReport{Env: env, Environment: named, Instance: instance, HighWaterMark: st.HWM, Quiesced: st.Quiesced, Here: m.localState(env)}
 		for _, s := range m.servers(env, false) {
 			es := EnvServer{Node: s.node, Addr: s.addr}
 			if s.pi > 0 {

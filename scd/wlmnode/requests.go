@@ -23,11 +23,12 @@ const (
 	wlmResume  = "wlm-resume"  // group: the environment; payload: the epoch
 	wlmRefresh = "wlm-refresh" // group: the environment; answer when its processes were replaced
 	wlmPolicy  = "wlm-policy"  // no group; answer when the node read svcpolicy again
+	wlmMeasure = "wlm-measure" // no group; answer: the node's spare CPU (appendSpare), measured at once if it never was
 )
 
 // Requests are the services of the name lookups that are the routing
 // manager's requests between nodes (ServeRequest answers them).
-var Requests = []string{wlmDecide, wlmStart, wlmQuiesce, wlmResume, wlmRefresh, wlmPolicy}
+var Requests = []string{wlmDecide, wlmStart, wlmQuiesce, wlmResume, wlmRefresh, wlmPolicy, wlmMeasure}
 
 // serveRequest answers another node's request; it runs on the event loop,
 // so the work is done on a goroutine of the manager's own.
@@ -99,6 +100,11 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 	case wlmRefresh:
 		n, err := m.refreshLocal(ctx, env, deadline)
 		return binary.AppendUvarint(nil, uint64(n)), err
+	case wlmMeasure:
+		if err := m.w.measureNow(ctx); err != nil {
+			return nil, &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
+		}
+		return appendSpare(nil, m.w.Announced().Spare), nil
 	case wlmPolicy:
 		res, err := m.w.reloadLocal()
 		if err != nil {
@@ -151,6 +157,29 @@ func parseServers(b []byte) ([]serverAt, error) {
 		return nil, bad
 	}
 	return out, nil
+}
+
+// appendSpare encodes a measure answer: the spare CPU at importance 1..5
+// in thousandths of a CPU, as uvarints.
+func appendSpare(dst []byte, spare [names.Importances]uint32) []byte {
+	for _, s := range spare {
+		dst = binary.AppendUvarint(dst, uint64(s))
+	}
+	return dst
+}
+
+func parseSpare(b []byte) (spare [names.Importances]uint32, err error) {
+	for i := range spare {
+		v, k := binary.Uvarint(b)
+		if k <= 0 || v > 1<<32-1 {
+			return spare, errors.New("routing manager: bad measure answer")
+		}
+		spare[i], b = uint32(v), b[k:]
+	}
+	if len(b) != 0 {
+		return spare, errors.New("routing manager: bad measure answer")
+	}
+	return spare, nil
 }
 
 // The cluster-wide actions (scdctl quiesce, resume, refresh, policy).
