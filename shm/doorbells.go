@@ -28,12 +28,21 @@ import (
 // NewGroup may be called while another goroutine Waits; Wait runs on one
 // goroutine only (the reader), never on a gnet event loop.
 type Doorbells struct {
-	epfd   int
-	mu     sync.Mutex               // orders NewGroup
-	groups atomic.Pointer[[]*Group] // by index, the events' tag; Wait reads it without mu
-	spin   spinner
-	events []unix.EpollEvent
+	epfd     int
+	mu       sync.Mutex               // orders NewGroup
+	groups   atomic.Pointer[[]*Group] // by index, the events' tag; Wait reads it without mu
+	spin     spinner
+	spinFree func() bool // SpinWhile's: whether no task waits for a CPU
+	events   []unix.EpollEvent
 }
+
+// SpinWhile makes Wait spin only while free reports true, asked before
+// the spin and every few microseconds of it: a spinning reader holds its
+// CPU, and where the process it waits for was woken onto that CPU (or any
+// task waits for one) the spin only delays what it waits for. scdd passes
+// the eBPF run queues' look (bpf.RunQueues.Waiting); without it the spin
+// is bounded by its budget alone. Call it before the first Wait.
+func (d *Doorbells) SpinWhile(free func() bool) { d.spinFree = free }
 
 // NewDoorbells makes an empty set of doorbells.
 func NewDoorbells() (*Doorbells, error) {
@@ -41,7 +50,7 @@ func NewDoorbells() (*Doorbells, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: doorbells: %w", os.NewSyscallError("epoll_create1", err))
 	}
-	d := &Doorbells{epfd: fd, spin: newSpinner(), events: make([]unix.EpollEvent, 64)}
+	d := &Doorbells{epfd: fd, spin: newSpinner(readerSpinMax), events: make([]unix.EpollEvent, 64)}
 	d.groups.Store(new([]*Group))
 	return d, nil
 }
@@ -106,9 +115,12 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 		g.unmapRetired()
 	}
 	start := time.Now()
-	if d.spin.spin(start, d.pending) {
+	switch d.spinFor(start) {
+	case spinFound:
 		d.spin.learn(time.Since(start))
 		return
+	case spinYielded:
+		start = time.Time{} // what comes after the sleep teaches the budget nothing
 	}
 	closed := false
 	for _, g := range groups {
@@ -131,10 +143,44 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 			}
 		}
 	}
-	if n != 0 {
+	switch {
+	case start.IsZero():
+	case n != 0:
 		d.spin.learn(time.Since(start))
-	} else {
+	default:
 		d.spin.learn(-1)
+	}
+}
+
+// How a spin ended.
+const (
+	spinSpent   = iota // its budget is spent
+	spinFound          // something is pending
+	spinYielded        // a task waits for a CPU (SpinWhile), so it did not spin on
+)
+
+// spinFor polls the groups until something is pending, the budget
+// (counted from start) is spent, or SpinWhile's free says a task waits for
+// a CPU.
+func (d *Doorbells) spinFor(start time.Time) int {
+	if d.spin.budget <= 0 {
+		return spinSpent
+	}
+	if d.spinFree != nil && !d.spinFree() {
+		return spinYielded
+	}
+	for i := 1; ; i++ {
+		if d.pending() {
+			return spinFound
+		}
+		if i%16 == 0 {
+			if time.Since(start) >= d.spin.budget {
+				return spinSpent
+			}
+			if d.spinFree != nil && !d.spinFree() {
+				return spinYielded
+			}
+		}
 	}
 }
 

@@ -57,3 +57,32 @@ func TestDoorbellsOfTwoGroups(t *testing.T) {
 		t.Errorf("rings after one of group b's process: a %d, b %d; want 0, 1", a, b)
 	}
 }
+
+// A reader whose SpinWhile says a task waits for a CPU does not spin, and
+// still wakes for a ring.
+func TestDoorbellsSpinWhile(t *testing.T) {
+	d, err := NewDoorbells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	g, err := d.NewGroup("a", 64, 1, testMailboxes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Unmap() })
+	p, err := g.NewProc(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := 0
+	d.SpinWhile(func() bool { asked++; return false })
+	ring(int(p.bell.Fd()))
+	d.Wait(5 * time.Second)
+	if asked == 0 {
+		t.Error("Wait did not ask SpinWhile's func before spinning")
+	}
+	if r := p.Rings(); r != 1 {
+		t.Errorf("rings %d after one, want 1: the ring woke no sleep", r)
+	}
+}

@@ -287,6 +287,7 @@ type Proc struct {
 	outSeen atomic.Uint64
 	outMu   sync.Mutex
 	outOpen bool
+	outCopy []byte // OutCall's copy of the call, reused
 	outGone bool
 	outBuf  []byte
 }
@@ -497,15 +498,15 @@ func (p *Proc) unmap() {
 // OutCall is a call a process made to a service (UAP.Call), as the
 // scheduler copied it out of the process's area.
 type OutCall struct {
-	No        uint64
-	Group     string
-	Service   string
-	Request   []byte // the scheduler's own copy
-	TimeoutMs uint32 // 0: the target group's watch_time
+	No uint64
+	// Group, Service and Request are the scheduler's own copy, made once
+	// per call into a buffer of the Proc's: valid until its next OutCall.
+	Group, Service, Request []byte
+	TimeoutMs               uint32 // 0: the target group's watch_time
 }
 
 // OutCall returns the call the process made, once; ok is false when it
-// made none since the last. The request is copied, so the process cannot
+// made none since the last. The call is copied, so the process cannot
 // change it afterwards. A call that breaks the protocol (a second one
 // before the first was answered, a number that skips, a name or a request
 // out of bounds) is a *ProtocolError. Under the group lock, on the reader.
@@ -533,9 +534,11 @@ func (p *Proc) OutCall() (OutCall, bool, error) {
 	case uint64(rl) > uint64(p.g.maxMsg):
 		return violation("call with a request of %d bytes, max_message_size %d", rl, p.g.maxMsg)
 	}
-	b := p.outBuf
-	c := OutCall{No: no, Group: string(b[:gl]), Service: string(b[gl : gl+sl]),
-		Request: append([]byte(nil), b[gl+sl:gl+sl+rl]...), TimeoutMs: o.timeoutMs}
+	// One copy of the whole line's buffer, checked lengths and all: the
+	// process may write the area again at any moment.
+	p.outCopy = append(p.outCopy[:0], p.outBuf[:gl+sl+rl]...)
+	b := p.outCopy
+	c := OutCall{No: no, Group: b[:gl:gl], Service: b[gl : gl+sl : gl+sl], Request: b[gl+sl:], TimeoutMs: o.timeoutMs}
 	p.outMu.Lock()
 	p.outOpen = true
 	p.outSeen.Store(no)
@@ -544,30 +547,55 @@ func (p *Proc) OutCall() (OutCall, bool, error) {
 }
 
 // AnswerOutCall answers the process's call no: code 0 with the reply, or an
-// error code (netio's) with its message. It returns false, answering
-// nothing, when data is longer than the process's max_message_size (the
-// caller answers with an error instead). An answer for a call the process
-// no longer waits for, or after its area is gone, is dropped. Safe on any
-// goroutine.
+// error code (netio's) with its message, and wakes the process. It returns
+// false, answering nothing, when data is longer than the process's
+// max_message_size (the caller answers with an error instead). An answer
+// for a call the process no longer waits for, or after its area is gone,
+// is dropped. Safe on any goroutine.
 func (p *Proc) AnswerOutCall(no uint64, code uint32, data []byte) bool {
+	fits, wake := p.PublishOutAnswer(no, code, data)
+	if wake {
+		p.WakeOutCaller()
+	}
+	return fits
+}
+
+// PublishOutAnswer is AnswerOutCall without the wake-up: the process sees
+// the answer when it next looks, and WakeOutCaller, called afterwards
+// (wake true), wakes it if it sleeps. So a reader can answer under a lock
+// and make the wake-up's system call after it.
+func (p *Proc) PublishOutAnswer(no uint64, code uint32, data []byte) (fits, wake bool) {
 	if len(data) > p.g.maxMsg {
-		return false
+		return false, false
 	}
 	p.outMu.Lock()
 	defer p.outMu.Unlock()
 	if p.outGone || !p.outOpen || no != p.outSeen.Load() {
-		return true
+		return true, false
 	}
 	o := &p.ctl.out
 	o.code.Store(code)
 	o.replyLen.Store(uint32(copy(p.outBuf, data)))
 	o.done.Store(no) // publishes them
 	p.outOpen = false
+	return true, true
+}
+
+// WakeOutCaller wakes the process if it sleeps waiting for its call's
+// answer (after PublishOutAnswer). The process reads the futex word
+// before it says it sleeps, so an answer published before this bump
+// cannot be slept through. Safe on any goroutine.
+func (p *Proc) WakeOutCaller() {
+	p.outMu.Lock() // its area stays mapped while we hold it
+	defer p.outMu.Unlock()
+	if p.outGone {
+		return
+	}
+	o := &p.ctl.out
 	o.wake.Add(1)
 	if s := &o.sleeping; s.Load() != 0 && s.Swap(0) != 0 {
 		futexWake(&o.wake, 1)
 	}
-	return true
 }
 
 // OutOpen reports whether the process waits for the answer to a call it

@@ -577,4 +577,3 @@ func TestTakenCountsUpToTheLastTaken(t *testing.T) {
 		t.Fatalf("calls 1 and 2 taken: Taken %d, want 2", got)
 	}
 }
-

@@ -69,6 +69,11 @@ type Scheduler struct {
 
 	requests requestBudget // the bytes of admitted calls' requests (budget.go)
 
+	// bells are the doorbells of every shared-memory group's processes,
+	// where the dispatcher (reader.go) waits; nil before Start.
+	bells    *shm.Doorbells
+	spinFree func() bool // SpinWhile's
+
 	stop chan struct{}
 	wg   sync.WaitGroup // the readers, the load loop, the expiry loop
 }
@@ -197,6 +202,11 @@ func checkExecutable(p string) error {
 	return nil
 }
 
+// SpinWhile makes the dispatcher spin for its processes only while free
+// reports true (shm.Doorbells.SpinWhile): the node passes whether no task
+// waits for a CPU, from the eBPF run queues. Call it before Start.
+func (s *Scheduler) SpinWhile(free func() bool) { s.spinFree = free }
+
 // Start makes every group's schedule queue and transport, starts its
 // processes with pm and its reply reader, then the load checks and the
 // expiry of calls. On error the caller stops what was started (Stop,
@@ -212,11 +222,25 @@ func (s *Scheduler) Start(pm ProcessManager) error {
 			g.serving.Store(!s.opts.OnDemand(g.name))
 		}
 	}
+	bells, err := shm.NewDoorbells()
+	if err != nil {
+		return err
+	}
+	s.bells = bells
+	if s.spinFree != nil {
+		bells.SpinWhile(s.spinFree)
+	}
+	var readers []*reader
 	for _, g := range s.order {
 		if err := s.startGroup(g); err != nil {
 			return err
 		}
+		if g.def.ReceiveFrom != def.ReceiveSocket {
+			readers = append(readers, &g.rd)
+		}
 	}
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.dispatch(readers) }()
 	if err := s.startLoadChecks(); err != nil {
 		return err
 	}
@@ -236,7 +260,7 @@ func (s *Scheduler) startGroup(g *Group) error {
 		g.tr = transportOf[*sockmode.Proc]{tr}
 		env = append(env[:len(env):len(env)], "TPSCHED_RECEIVE=socket")
 	} else {
-		sg, err := shm.NewGroup(g.name, srv.MaxMessageSize, srv.MaxProcesses, callsPerProcess(srv))
+		sg, err := s.bells.NewGroup(g.name, srv.MaxMessageSize, srv.MaxProcesses, callsPerProcess(srv))
 		if err != nil {
 			return fmt.Errorf("%s: shared memory: %w", srv.File, err)
 		}
@@ -295,8 +319,12 @@ func (s *Scheduler) startGroup(g *Group) error {
 	})
 	g.started.Store(true)
 	g.procs.Kick((*delegate)(g).Waiting()) // calls that came before (Group.submit)
-	s.wg.Add(1)
-	go func() { defer s.wg.Done(); g.rd.run(s.stop) }()
+	if srv.ReceiveFrom == def.ReceiveSocket {
+		// A socket transport has a wait of its own; the shared-memory
+		// groups' are read by the one dispatcher.
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); g.rd.run(s.stop) }()
+	}
 	return nil
 }
 
@@ -485,6 +513,10 @@ func (s *Scheduler) Close() error {
 		if g.tr != nil {
 			errs = append(errs, g.tr.Unmap())
 		}
+	}
+	if s.bells != nil {
+		errs = append(errs, s.bells.Close())
+		s.bells = nil
 	}
 	return errors.Join(errs...)
 }
