@@ -34,6 +34,7 @@ type Doorbells struct {
 	spin     spinner
 	spinFree func() bool // SpinWhile's: whether no task waits for a CPU
 	events   []unix.EpollEvent
+	lastRing time.Time // when a Wait last found something (sleep: busy or idle)
 }
 
 // SpinWhile makes Wait spin only while free reports true, asked before
@@ -118,6 +119,7 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 	switch d.spinFor(start) {
 	case spinFound:
 		d.spin.learn(time.Since(start))
+		d.lastRing = start
 		return
 	case spinYielded:
 		start = time.Time{} // what comes after the sleep teaches the budget nothing
@@ -142,6 +144,9 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 				p.rings.Add(1)
 			}
 		}
+	}
+	if n != 0 {
+		d.lastRing = time.Now()
 	}
 	switch {
 	case start.IsZero():
@@ -186,22 +191,65 @@ func (d *Doorbells) spinFor(start time.Time) int {
 
 // sleep waits up to timeout for a doorbell and returns the events.
 //
-// Its first few milliseconds keep the goroutine's P, as the UAP's futex
-// waits do (futexWait says why): through the runtime, each sleep of an
-// otherwise idle node woke sysmon and handed the P to another thread,
-// which the reader's wake-up then had to take back. A signal (sysmon's
-// preemption, a stop-the-world) ends the raw wait with EINTR. Beyond
-// rawWaitMax the wait goes through the runtime, so an idle node's sysmon
-// can sleep.
+// While the node is busy (a ring within busyFor) it waits with raw system
+// calls of rawWaitMax at most, which keep the goroutine's P, as the UAP's
+// futex waits do (futexWait says why): through the runtime, each sleep
+// woke sysmon and handed the P to another thread, which the reader's
+// wake-up then had to take back. A signal (sysmon's preemption, a
+// stop-the-world) ends a raw wait with EINTR. An idle node's reader parks
+// in Go's netpoller instead (park), holding no P, so that sysmon sleeps
+// and the idle node costs what it did before.
 func (d *Doorbells) sleep(timeout time.Duration) int {
 	if runtime.GOMAXPROCS(0) > 1 {
-		r := min(timeout, rawWaitMax)
-		n, errno := epollWaitRaw(d.epfd, d.events, r)
-		if n > 0 || errno != 0 || timeout == r {
-			return max(n, 0) // a ring, a signal (look again), or the whole wait
+		for timeout > 0 && time.Since(d.lastRing) < busyFor {
+			r := min(timeout, rawWaitMax)
+			n, errno := epollWaitRaw(d.epfd, d.events, r)
+			if n > 0 || errno != 0 {
+				return max(n, 0) // a ring, or a signal: look again
+			}
+			timeout -= r
 		}
-		timeout -= r
+		if timeout <= 0 {
+			return 0
+		}
 	}
+	return d.park(timeout)
+}
+
+// busyFor is how long after its last ring the node counts as busy.
+const busyFor = 50 * time.Millisecond
+
+// park waits up to timeout in Go's netpoller, on a duplicate of the epoll
+// descriptor made for the wait: registered while the reader parks and no
+// longer, since in the netpoller every ring would also wake the runtime's
+// poller thread.
+func (d *Doorbells) park(timeout time.Duration) int {
+	fd, err := unix.FcntlInt(uintptr(d.epfd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return d.blockingWait(timeout)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil { // the file's, the original's too: epoll_wait minds only its timeout
+		unix.Close(fd)
+		return d.blockingWait(timeout)
+	}
+	f := os.NewFile(uintptr(fd), "epoll:tpsched-doorbells")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil || f.SetReadDeadline(time.Now().Add(timeout)) != nil {
+		return d.blockingWait(timeout) // not in the netpoller after all
+	}
+	n := 0
+	_ = rc.Read(func(fd uintptr) bool {
+		var werr error
+		n, werr = unix.EpollWait(int(fd), d.events, 0)
+		return n > 0 || (werr != nil && werr != unix.EINTR)
+	})
+	return max(n, 0)
+}
+
+// blockingWait is epoll_wait through the runtime, holding the P while it
+// blocks: what park falls back on.
+func (d *Doorbells) blockingWait(timeout time.Duration) int {
 	n, err := unix.EpollWait(d.epfd, d.events, max(int(timeout.Milliseconds()), 1))
 	if err != nil {
 		return 0
