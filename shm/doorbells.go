@@ -107,9 +107,10 @@ func (d *Doorbells) pending() bool {
 
 // Wait returns when a process of one of the groups may have something for
 // the reader (Group.Pending), when a group closes, or after timeout. It
-// spins briefly (adaptive, bounded by TPSCHED_SPIN_US), then says on every
-// group page that the reader sleeps, looks once more and sleeps on the
-// doorbells; each ring it sees counts in its process's Rings.
+// spins briefly (adaptive, bounded by TPSCHED_READER_SPIN_US, and only
+// while SpinWhile's function allows), then says on every group page that
+// the reader sleeps, looks once more and sleeps on the doorbells; each
+// ring it sees counts in its process's Rings.
 func (d *Doorbells) Wait(timeout time.Duration) {
 	groups := *d.groups.Load()
 	for _, g := range groups {
