@@ -41,10 +41,7 @@ type reader struct {
 
 // dispatch is the reader of every shared-memory group: wait on the
 // doorbells, look at every group, deliver, until stop.
-func (s *Scheduler) dispatch(readers []*reader) {
-	for _, r := range readers {
-		r.batches = make(map[call.Caller][]byte)
-	}
+func (s *Scheduler) dispatch() {
 	for {
 		select {
 		case <-s.stop:
@@ -52,7 +49,7 @@ func (s *Scheduler) dispatch(readers []*reader) {
 		default:
 		}
 		s.bells.Wait(100 * time.Millisecond)
-		for _, r := range readers {
+		for _, r := range *s.readers.Load() {
 			r.collect()
 			r.deliver()
 		}

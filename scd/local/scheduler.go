@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -72,7 +73,8 @@ type Scheduler struct {
 	// bells are the doorbells of every shared-memory group's processes,
 	// where the dispatcher (reader.go) waits; nil before Start.
 	bells    *shm.Doorbells
-	spinFree func() bool // SpinWhile's
+	readers  atomic.Pointer[[]*reader] // the groups the dispatcher reads; startGroup adds
+	spinFree func() bool               // SpinWhile's
 
 	stop chan struct{}
 	wg   sync.WaitGroup // the readers, the load loop, the expiry loop
@@ -222,6 +224,26 @@ func (s *Scheduler) Start(pm ProcessManager) error {
 			g.serving.Store(!s.opts.OnDemand(g.name))
 		}
 	}
+	if err := s.startDispatcher(); err != nil {
+		return err
+	}
+	for _, g := range s.order {
+		if err := s.startGroup(g); err != nil {
+			return err
+		}
+	}
+	if err := s.startLoadChecks(); err != nil {
+		return err
+	}
+	s.wg.Add(1)
+	go s.expireLoop()
+	return nil
+}
+
+// startDispatcher makes the doorbells of the shared-memory groups and
+// starts the one goroutine that reads them all (reader.go); startGroup
+// gives it each group as the group starts.
+func (s *Scheduler) startDispatcher() error {
 	bells, err := shm.NewDoorbells()
 	if err != nil {
 		return err
@@ -230,22 +252,9 @@ func (s *Scheduler) Start(pm ProcessManager) error {
 	if s.spinFree != nil {
 		bells.SpinWhile(s.spinFree)
 	}
-	var readers []*reader
-	for _, g := range s.order {
-		if err := s.startGroup(g); err != nil {
-			return err
-		}
-		if g.def.ReceiveFrom != def.ReceiveSocket {
-			readers = append(readers, &g.rd)
-		}
-	}
+	s.readers.Store(new([]*reader))
 	s.wg.Add(1)
-	go func() { defer s.wg.Done(); s.dispatch(readers) }()
-	if err := s.startLoadChecks(); err != nil {
-		return err
-	}
-	s.wg.Add(1)
-	go s.expireLoop()
+	go func() { defer s.wg.Done(); s.dispatch() }()
 	return nil
 }
 
@@ -320,11 +329,17 @@ func (s *Scheduler) startGroup(g *Group) error {
 	g.started.Store(true)
 	g.procs.Kick((*delegate)(g).Waiting()) // calls that came before (Group.submit)
 	if srv.ReceiveFrom == def.ReceiveSocket {
-		// A socket transport has a wait of its own; the shared-memory
-		// groups' are read by the one dispatcher.
+		// A socket transport has a wait of its own.
 		s.wg.Add(1)
 		go func() { defer s.wg.Done(); g.rd.run(s.stop) }()
+		return nil
 	}
+	// The dispatcher reads the group from its next look on. Not before
+	// g.procs is set: what it finds goes to procmgr (deliver).
+	g.rd.batches = make(map[call.Caller][]byte)
+	rs := *s.readers.Load()
+	rs = append(rs[:len(rs):len(rs)], &g.rd)
+	s.readers.Store(&rs)
 	return nil
 }
 
