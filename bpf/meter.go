@@ -46,6 +46,7 @@ type Mechanism struct {
 	Name      string `json:"name"`             // tp_btf, raw_tp, tracepoint, or proc
 	Waits     bool   `json:"runqueue_wait"`    // run-queue wait is measured
 	Histogram bool   `json:"histogram"`        // and its distribution too
+	RunQueues bool   `json:"run_queues"`       // the CPUs' run queue lengths too (RunQueues)
 	Reason    string `json:"reason,omitempty"` // why not a better one
 }
 
@@ -67,6 +68,9 @@ type Meter interface {
 	// Forget stops measuring pid and returns its last usage.
 	Forget(pid int) Usage
 	Mechanism() Mechanism
+	// RunQueues are the CPUs' run queues as the probes see them, nil where
+	// they are not measured (the classic tracepoint, /proc).
+	RunQueues() *RunQueues
 	Close() error
 }
 
@@ -117,6 +121,7 @@ type probeMeter struct {
 	coll  *ebpf.Collection
 	procs *ebpf.Map
 	links []link.Link
+	rq    *RunQueues // nil with the classic tracepoint
 }
 
 // programs are each mechanism's three programs: switch, wakeup, wakeup_new.
@@ -176,6 +181,12 @@ func openProbes(name string) (m *probeMeter, err error) {
 		}
 		m.links = append(m.links, l)
 	}
+	if name != Tracepoint {
+		if m.rq, err = mapRunQueues(coll.Maps[schedMapRunqueue]); err != nil {
+			return nil, err
+		}
+		m.mech.RunQueues = true
+	}
 	return m, nil
 }
 
@@ -216,10 +227,13 @@ func (m *probeMeter) Forget(pid int) Usage {
 	return u
 }
 
+func (m *probeMeter) RunQueues() *RunQueues { return m.rq }
+
 func (m *probeMeter) Close() error {
 	for _, l := range m.links {
 		l.Close()
 	}
+	m.rq.unmap()
 	m.coll.Close()
 	return nil
 }

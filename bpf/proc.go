@@ -37,8 +37,9 @@ func newProcMeter() *procMeter {
 	return m
 }
 
-func (m *procMeter) Mechanism() Mechanism { return m.mech }
-func (m *procMeter) Close() error         { return nil }
+func (m *procMeter) Mechanism() Mechanism  { return m.mech }
+func (m *procMeter) RunQueues() *RunQueues { return nil }
+func (m *procMeter) Close() error          { return nil }
 
 func (m *procMeter) Track(pid int) error {
 	m.mu.Lock()

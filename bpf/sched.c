@@ -18,6 +18,12 @@
  * The same three handlers serve each attach type; only how the arguments
  * are read differs. All of them need kernel BTF (CO-RE reads the task);
  * without it the Go side falls back to /proc.
+ *
+ * `runqueue` holds, per CPU, how many tasks its run queue held at the last
+ * switch on it or wake-up onto it (rq->nr_running, the one running
+ * included). scdd's reader reads it, mapped, to spin only while no task
+ * waits for a CPU. The classic tracepoint gives no task pointer, so there
+ * it stays empty and the reader does without.
  */
 #include "types.h"
 #include <bpf/bpf_helpers.h>
@@ -57,6 +63,39 @@ struct {
 	__type(key, __u32);
 	__type(value, struct thread_state);
 } threads SEC(".maps");
+
+#define MAX_CPUS 1024 /* the runqueue map's size: one page of counts */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, MAX_CPUS);
+	__type(key, __u32);
+	__type(value, __u32);
+} runqueue SEC(".maps");
+
+/* note_runqueue stores the length of t's run queue under its CPU. A task
+ * whose sched_entity has no cfs_rq (none does without group scheduling)
+ * tells nothing. */
+static __always_inline void note_runqueue(struct task_struct *t)
+{
+	struct rq *rq = BPF_CORE_READ(t, se.cfs_rq, rq);
+	if (!rq)
+		return;
+	__u32 cpu = BPF_CORE_READ(rq, cpu);
+	__u32 *n = bpf_map_lookup_elem(&runqueue, &cpu);
+	if (n)
+		*n = BPF_CORE_READ(rq, nr_running);
+}
+
+/* note_idle says this CPU runs nothing now. */
+static __always_inline void note_idle(void)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 *n = bpf_map_lookup_elem(&runqueue, &cpu);
+	if (n)
+		*n = 0;
+}
 
 static __always_inline __u32 log2_slot(__u64 v)
 {
@@ -121,6 +160,10 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
 	on_switch(prev->pid, preempt || prev_state == TASK_RUNNING, next->pid, next->tgid);
+	if (next->pid == 0)
+		note_idle();
+	else
+		note_runqueue(next);
 	return 0;
 }
 
@@ -128,6 +171,7 @@ SEC("tp_btf/sched_wakeup")
 int BPF_PROG(btf_wakeup, struct task_struct *p)
 {
 	on_wakeup(p->pid, p->tgid);
+	note_runqueue(p);
 	return 0;
 }
 
@@ -143,8 +187,13 @@ int BPF_PROG(btf_wakeup_new, struct task_struct *p)
 SEC("raw_tp/sched_switch")
 int BPF_PROG(raw_switch, bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state)
 {
+	__u32 next_pid = BPF_CORE_READ(next, pid);
 	on_switch(BPF_CORE_READ(prev, pid), preempt || prev_state == TASK_RUNNING,
-		  BPF_CORE_READ(next, pid), BPF_CORE_READ(next, tgid));
+		  next_pid, BPF_CORE_READ(next, tgid));
+	if (next_pid == 0)
+		note_idle();
+	else
+		note_runqueue(next);
 	return 0;
 }
 
@@ -152,6 +201,7 @@ SEC("raw_tp/sched_wakeup")
 int BPF_PROG(raw_wakeup, struct task_struct *p)
 {
 	on_wakeup(BPF_CORE_READ(p, pid), BPF_CORE_READ(p, tgid));
+	note_runqueue(p);
 	return 0;
 }
 

@@ -34,6 +34,7 @@ type schedThreadState struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	schedMapProcs         = "procs"
+	schedMapRunqueue      = "runqueue"
 	schedMapThreads       = "threads"
 	schedProgBtfSwitch    = "btf_switch"
 	schedProgBtfWakeup    = "btf_wakeup"
@@ -103,8 +104,9 @@ type schedProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedMapSpecs struct {
-	Procs   *ebpf.MapSpec `ebpf:"procs"`
-	Threads *ebpf.MapSpec `ebpf:"threads"`
+	Procs    *ebpf.MapSpec `ebpf:"procs"`
+	Runqueue *ebpf.MapSpec `ebpf:"runqueue"`
+	Threads  *ebpf.MapSpec `ebpf:"threads"`
 }
 
 // schedVariableSpecs contains global variables before they are loaded into the kernel.
@@ -133,13 +135,15 @@ func (o *schedObjects) Close() error {
 //
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedMaps struct {
-	Procs   *ebpf.Map `ebpf:"procs"`
-	Threads *ebpf.Map `ebpf:"threads"`
+	Procs    *ebpf.Map `ebpf:"procs"`
+	Runqueue *ebpf.Map `ebpf:"runqueue"`
+	Threads  *ebpf.Map `ebpf:"threads"`
 }
 
 func (m *schedMaps) Close() error {
 	return _SchedClose(
 		m.Procs,
+		m.Runqueue,
 		m.Threads,
 	)
 }

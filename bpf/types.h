@@ -55,8 +55,18 @@ enum {
 	BPF_NOEXIST = 1,
 };
 
+struct rq {
+	unsigned int nr_running;
+	int cpu;
+} __attribute__((preserve_access_index));
+
+struct cfs_rq {
+	struct rq *rq;
+} __attribute__((preserve_access_index));
+
 struct sched_entity {
 	__u64 sum_exec_runtime;
+	struct cfs_rq *cfs_rq;
 } __attribute__((preserve_access_index));
 
 struct task_struct {

@@ -108,13 +108,20 @@ var callTag = regexp.MustCompile(`^(\d+ )?caller \d+ call \d+$`)
 // A service other than echo gets arg, a space, then the call's tag.
 func rawCallers(ctx context.Context, t *testing.T, addr string, n int, group, service, arg string,
 	timeoutMs uint32, outstanding *atomic.Int64) *tally {
+	return rawCallersReplying(ctx, t, addr, n, group, service, arg, timeoutMs, outstanding, nil)
+}
+
+// rawCallersReplying is rawCallers for a service whose reply is
+// reply(request) rather than the request (nil: the request).
+func rawCallersReplying(ctx context.Context, t *testing.T, addr string, n int, group, service, arg string,
+	timeoutMs uint32, outstanding *atomic.Int64, reply func([]byte) []byte) *tally {
 	tl := &tally{}
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rawCaller(ctx, t, addr, uint64(i), group, service, arg, timeoutMs, outstanding, tl)
+			rawCaller(ctx, t, addr, uint64(i), group, service, arg, timeoutMs, outstanding, tl, reply)
 		}()
 	}
 	t.Cleanup(wg.Wait)
@@ -122,7 +129,10 @@ func rawCallers(ctx context.Context, t *testing.T, addr string, n int, group, se
 }
 
 func rawCaller(ctx context.Context, t *testing.T, addr string, caller uint64, group, service, arg string,
-	timeoutMs uint32, outstanding *atomic.Int64, tl *tally) {
+	timeoutMs uint32, outstanding *atomic.Int64, tl *tally, reply func([]byte) []byte) {
+	if reply == nil {
+		reply = func(req []byte) []byte { return req }
+	}
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		t.Errorf("caller %d: %v", caller, err)
@@ -170,7 +180,7 @@ func rawCaller(ctx context.Context, t *testing.T, addr string, caller uint64, gr
 		}
 		outstanding.Add(-1)
 		switch {
-		case f.Kind == netio.KindReply && bytes.Equal(f.Payload, payload):
+		case f.Kind == netio.KindReply && bytes.Equal(f.Payload, reply(payload)):
 			tl.mu.Lock()
 			tl.ok++
 			tl.okAt = append(tl.okAt, time.Now())

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -200,4 +202,73 @@ func grepLines(text, sub string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestChaosLocalCallsKilledUAPs kills, every 0.3 s, a process of the
+// calling group or of the called one, alternately, while 12 callers send
+// calls whose service makes a local call (front/call -> back/echo).
+// Every outer call gets exactly one answer: its own reply (which carries
+// the local call's reply, so a local call answered twice or to the wrong
+// process shows as a wrong reply), or 'server terminated' (the front
+// process died), or the front's application error carrying the local
+// call's 'server terminated' (the back process died).
+func TestChaosLocalCallsKilledUAPs(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, ownControlSocket, map[string]string{
+		"front": `set service_group = "front"
+set service = "call=call"
+set module = MODULE
+set parallel_count = 4
+set queue_size = 64
+set watch_time = 10
+`,
+		"back": `set service_group = "back"
+set service = "echo=echo"
+set module = MODULE
+set parallel_count = 3
+set queue_size = 64
+set watch_time = 10
+`,
+	})
+	n := startNode(t, "-c", dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const route = "back/echo/"
+	var outstanding atomic.Int64
+	tl := rawCallersReplying(ctx, t, n.rpc, 12, "front", "call", route, 10_000, &outstanding,
+		func(req []byte) []byte { return req[len(route):] })
+	time.Sleep(time.Second)
+
+	kills, rng := map[string]int{}, rand.New(rand.NewPCG(3, 4))
+	end := time.Now().Add(chaosDuration(5*time.Second, 20*time.Second))
+	for i := 0; time.Now().Before(end); i++ {
+		group := [2]string{"front", "back"}[i%2]
+		if pids := uapPIDs(t, n, group); len(pids) > 0 {
+			_ = syscall.Kill(pids[rng.IntN(len(pids))], syscall.SIGKILL)
+			kills[group]++
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	cancel()
+	time.Sleep(300 * time.Millisecond)
+
+	chaosFigures(t, "local calls under kills: %d callers' processes and %d callees' killed; %s", kills["front"], kills["back"], tl)
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if tl.lost+tl.dup+tl.wrong+tl.spoiled+tl.stray > 0 {
+		t.Errorf("calls lost, duplicated or misdelivered: %s", tl)
+	}
+	if tl.ok < 1000 {
+		t.Errorf("only %d calls answered with their reply: %s", tl.ok, tl)
+	}
+	for code, k := range tl.byCode {
+		msg := tl.messages[code]
+		switch {
+		case code == netio.CodeServerTerminated:
+		case code == netio.CodeApplication && strings.Contains(msg, "server terminated"):
+		default:
+			t.Errorf("%d calls failed %q: %s", k, code, msg)
+		}
+	}
 }

@@ -210,7 +210,12 @@ func (n *Node) Start() (err error) {
 	}
 	n.meter = bpf.Open(bpf.Options{Force: force, Logger: n.log})
 	mech := n.meter.Mechanism()
-	n.log.Info("uap cpu measurement", "mechanism", mech.Name, "histogram", mech.Histogram, "reason", mech.Reason)
+	n.log.Info("uap cpu measurement", "mechanism", mech.Name, "histogram", mech.Histogram, "run_queues", mech.RunQueues, "reason", mech.Reason)
+	if rq := n.meter.RunQueues(); rq != nil {
+		// The dispatcher spins for its processes only while no task
+		// waits for a CPU; without the probes, its budget alone bounds it.
+		n.local.SpinWhile(func() bool { return !rq.Waiting() })
+	}
 	if n.pm == nil {
 		n.pm = local.Procmgr(procmgr.New(procmgr.Options{
 			Logger:        n.log,

@@ -45,7 +45,7 @@ func TestCallThroughTheArea(t *testing.T) {
 		}
 		p.Wake()
 		oc := awaitOutCall(t, g, p.Proc)
-		if oc.No != uint64(i+1) || oc.Group != "other" || oc.Service != "svc" || string(oc.Request) != "ping" {
+		if oc.No != uint64(i+1) || string(oc.Group) != "other" || string(oc.Service) != "svc" || string(oc.Request) != "ping" {
 			t.Fatalf("call %d: %+v", i, oc)
 		}
 		if oc.TimeoutMs == 0 || oc.TimeoutMs > 5000 {

@@ -97,8 +97,9 @@
 // the next two), TPSCHED_RECEIVE (queue, the default, or socket) and
 // TPSCHED_REFRESH (1: serve one call, then leave) are read by Attach.
 // TPSCHED_SPIN_US bounds the adaptive spin (microseconds, default 10, 0 =
-// never spin, at most 1000) of both the UAP's wait for a call and the
-// reader's wait for a completion. On a machine with cores to spare, 50
-// keeps both sides on CPU; on a busy 2-core machine the small default is
-// kinder.
+// never spin, at most 1000) of the UAP's wait for a call and of a calling
+// UAP's wait for its answer; on a busy 2-core machine a longer spin takes
+// the CPU the woken side needs. TPSCHED_READER_SPIN_US bounds the node's
+// reader's spin on the doorbells (default 100, same range), which scdd
+// lets run only while no task waits for a CPU (Doorbells.SpinWhile).
 package shm

@@ -86,18 +86,25 @@ func futexWake(addr *atomic.Uint32, n int) {
 		uintptr(n), 0, 0, 0)
 }
 
-// spinMax is the upper bound of the adaptive spin, from TPSCHED_SPIN_US.
-var spinMax = spinMaxFromEnv(os.Getenv("TPSCHED_SPIN_US"))
+// spinMax is the upper bound of a UAP's adaptive spin, from
+// TPSCHED_SPIN_US; readerSpinMax the reader's, from TPSCHED_READER_SPIN_US.
+var (
+	spinMax       = spinMaxFromEnv(os.Getenv("TPSCHED_SPIN_US"), defaultSpin)
+	readerSpinMax = spinMaxFromEnv(os.Getenv("TPSCHED_READER_SPIN_US"), defaultReaderSpin)
+)
 
-const defaultSpin = 10 * time.Microsecond
+const (
+	defaultSpin       = 10 * time.Microsecond
+	defaultReaderSpin = 100 * time.Microsecond
+)
 
-func spinMaxFromEnv(v string) time.Duration {
+func spinMaxFromEnv(v string, def time.Duration) time.Duration {
 	if v == "" {
-		return defaultSpin
+		return def
 	}
 	us, err := strconv.Atoi(v)
 	if err != nil || us < 0 {
-		return defaultSpin
+		return def
 	}
 	return time.Duration(min(us, 1000)) * time.Microsecond
 }
@@ -116,8 +123,8 @@ type spinner struct {
 	budget, max time.Duration
 }
 
-func newSpinner() spinner {
-	return spinner{budget: spinMax / 4, max: spinMax}
+func newSpinner(max time.Duration) spinner {
+	return spinner{budget: max / 4, max: max}
 }
 
 // spin polls ready until it reports true or the budget, counted from start,

@@ -8,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -25,7 +24,8 @@ var (
 
 // Group is the scheduler's side of one service group's shared memory: the
 // group page (read-only to every UAP) and the processes' areas and
-// doorbells. The reply reader sleeps in Wait until a process rings.
+// doorbells. The reply reader sleeps in its Doorbells' Wait until a
+// process rings.
 //
 // NewProc, Remove, Close and every Proc method run under the caller's group
 // lock; Pending and Wait (one goroutine, the reader) do not need it. A
@@ -38,25 +38,33 @@ type Group struct {
 	page      *os.File // the group page memfd, sealed against writes by anyone but us
 	mem       []byte
 	gp        *groupPage
-	epfd      int
-	// doorbells is epfd as a file in Go's netpoller: the reader sleeps
-	// there, holding no P in a blocking syscall (one that does makes
-	// sysmon take the P back every 10 ms and poll again every 20 us).
-	doorbells *os.File
-	bellsConn syscall.RawConn
 	procs     []atomic.Pointer[Proc] // by slot, for Wait's lock-free look
-	spin      spinner
-	events    []unix.EpollEvent
+	bells     *Doorbells             // where its processes' doorbells ring
+	index     int                    // its index in bells
+	ownBells  bool                   // bells are the group's alone (NewGroup): Unmap closes them
 
 	retiredMu sync.Mutex
 	retired   []*Proc // removed, to be unmapped by the reader
 }
 
-// NewGroup makes the group page of a group whose messages are at most
-// maxMessage bytes, for up to slots processes, each of which may hold up
-// to mailboxes calls (its current one and those handed over ahead).
-// Requires Linux 5.1 (F_SEAL_FUTURE_WRITE).
+// NewGroup makes a group (see Doorbells.NewGroup) with doorbells of its
+// own: its reader waits for it alone (Wait).
 func NewGroup(name string, maxMessage, slots, mailboxes int) (*Group, error) {
+	d, err := NewDoorbells()
+	if err != nil {
+		return nil, err
+	}
+	g, err := d.NewGroup(name, maxMessage, slots, mailboxes)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	g.ownBells = true
+	return g, nil
+}
+
+// makeGroup makes the group page.
+func makeGroup(name string, maxMessage, slots, mailboxes int) (*Group, error) {
 	if err := checkMaxMessage(maxMessage); err != nil {
 		return nil, err
 	}
@@ -71,7 +79,7 @@ func NewGroup(name string, maxMessage, slots, mailboxes int) (*Group, error) {
 		return nil, err
 	}
 	g := &Group{name: name, maxMsg: maxMessage, mailboxes: mailboxes, page: f, mem: mem, gp: (*groupPage)(unsafe.Pointer(&mem[0])),
-		procs: make([]atomic.Pointer[Proc], slots), spin: newSpinner(), events: make([]unix.EpollEvent, 64)}
+		procs: make([]atomic.Pointer[Proc], slots)}
 	g.gp.version, g.gp.maxMessage = Version, uint32(maxMessage)
 	atomic.StoreUint64(&g.gp.magic, groupMagic)
 	// Our mapping stays writable; every later mapping (the UAPs') can only
@@ -80,24 +88,6 @@ func NewGroup(name string, maxMessage, slots, mailboxes int) (*Group, error) {
 		g.unmap()
 		return nil, fmt.Errorf("shm: group %s: %w (F_SEAL_FUTURE_WRITE needs Linux 5.1)",
 			name, os.NewSyscallError("fcntl F_ADD_SEALS", err))
-	}
-	if g.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
-		g.epfd = -1
-		g.unmap()
-		return nil, fmt.Errorf("shm: group %s: %w", name, os.NewSyscallError("epoll_create1", err))
-	}
-	// An epoll fd is readable while events wait in it, so the netpoller
-	// can watch it like a socket.
-	if err := unix.SetNonblock(g.epfd, true); err != nil {
-		unix.Close(g.epfd)
-		g.epfd = -1
-		g.unmap()
-		return nil, fmt.Errorf("shm: group %s: %w", name, os.NewSyscallError("fcntl O_NONBLOCK", err))
-	}
-	g.doorbells = os.NewFile(uintptr(g.epfd), "epoll:tpsched-"+name+"-doorbells")
-	if g.bellsConn, err = g.doorbells.SyscallConn(); err != nil {
-		g.unmap()
-		return nil, fmt.Errorf("shm: group %s: doorbells: %w", name, err)
 	}
 	return g, nil
 }
@@ -167,17 +157,18 @@ func (g *Group) NewProc(slot int) (*Proc, error) {
 	p.outBuf = mem[off : off+g.maxMsg+outNames : off+g.maxMsg+outNames]
 	p.ctl.version, p.ctl.maxMessage, p.ctl.mailboxes = Version, uint32(g.maxMsg), uint32(g.mailboxes)
 	atomic.StoreUint64(&p.ctl.magic, procMagic)
-	bell, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	// Blocking (a UAP's write blocks only if the counter is about to
+	// overflow, after 2^64 rings), so os.NewFile keeps it out of Go's
+	// netpoller: scdd never reads it, the reader's epoll watches it.
+	bell, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if err != nil {
 		p.unmap()
 		return nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("eventfd", err))
 	}
 	p.bell = os.NewFile(uintptr(bell), "eventfd:tpsched-"+name)
-	// Edge-triggered: every write is an event, so the counter is never read.
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(slot)}
-	if err := unix.EpollCtl(g.epfd, unix.EPOLL_CTL_ADD, bell, &ev); err != nil {
+	if err := g.bells.add(g, slot, bell); err != nil {
 		p.unmap()
-		return nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("epoll_ctl", err))
+		return nil, fmt.Errorf("shm: %s: %w", name, err)
 	}
 	g.procs[slot].Store(p)
 	return p, nil
@@ -189,7 +180,7 @@ func (g *Group) Remove(slot int) {
 		return
 	}
 	if p := g.procs[slot].Swap(nil); p != nil {
-		_ = unix.EpollCtl(g.epfd, unix.EPOLL_CTL_DEL, int(p.bell.Fd()), nil)
+		g.bells.remove(int(p.bell.Fd()))
 		g.retiredMu.Lock()
 		g.retired = append(g.retired, p)
 		g.retiredMu.Unlock()
@@ -219,60 +210,11 @@ func (g *Group) Pending() bool {
 	return false
 }
 
-// Wait returns when a process may have something for the reader (see
-// Pending), when the group closes, or after timeout. It spins briefly,
-// then sleeps on the doorbells. Call it from one goroutine only, never from
-// a gnet event loop.
-func (g *Group) Wait(timeout time.Duration) {
-	g.unmapRetired()
-	start := time.Now()
-	if g.spin.spin(start, g.Pending) {
-		g.spin.learn(time.Since(start))
-		return
-	}
-	g.gp.sleeping.Store(1)
-	if g.Pending() || g.gp.closed.Load() != 0 {
-		g.gp.sleeping.Store(0)
-		g.spin.learn(time.Since(start))
-		return
-	}
-	n, err := g.sleep(min(timeout, maxSleep))
-	g.gp.sleeping.Store(0)
-	if err == nil {
-		for _, ev := range g.events[:n] {
-			if p := g.Proc(int(ev.Fd)); p != nil {
-				p.rings.Add(1)
-			}
-		}
-	}
-	if n > 0 {
-		g.spin.learn(time.Since(start))
-	} else {
-		g.spin.learn(-1)
-	}
-}
-
-// sleep waits up to d for a doorbell and returns the events, through the
-// netpoller (see doorbells).
-func (g *Group) sleep(d time.Duration) (int, error) {
-	if err := g.doorbells.SetReadDeadline(time.Now().Add(d)); err != nil {
-		// Not in the netpoller (it refused the fd): block in epoll_wait.
-		return unix.EpollWait(g.epfd, g.events, max(int(d.Milliseconds()), 1))
-	}
-	var n int
-	var werr error
-	err := g.bellsConn.Read(func(fd uintptr) bool {
-		n, werr = unix.EpollWait(int(fd), g.events, 0)
-		return n > 0 || (werr != nil && werr != unix.EINTR)
-	})
-	if werr != nil {
-		return 0, werr
-	}
-	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-		return 0, err
-	}
-	return n, nil
-}
+// Wait is the Wait of the group's doorbells: it returns when a process of
+// this group, or of another group on the same doorbells, may have
+// something for the reader (Pending), when a group closes, or after
+// timeout. Call it from one goroutine only, never from a gnet event loop.
+func (g *Group) Wait(timeout time.Duration) { g.bells.Wait(timeout) }
 
 // Close tells every process that the node is stopping: each leaves once it
 // holds no call. Calls already handed over are still completed.
@@ -286,8 +228,9 @@ func (g *Group) Close() {
 	}
 }
 
-// Unmap releases the group page, every process area and the epoll
-// descriptor. Nothing of the group may be used afterwards.
+// Unmap releases the group page and every process area, and the
+// doorbells if they are the group's own. Nothing of the group may be used
+// afterwards.
 func (g *Group) Unmap() error {
 	for i := range g.procs {
 		g.Remove(i)
@@ -306,12 +249,9 @@ func (g *Group) unmap() error {
 		err = errors.Join(err, g.page.Close())
 		g.page = nil
 	}
-	if g.doorbells != nil {
-		err = errors.Join(err, g.doorbells.Close()) // closes epfd
-		g.doorbells, g.epfd = nil, -1
-	} else if g.epfd >= 0 {
-		err = errors.Join(err, unix.Close(g.epfd))
-		g.epfd = -1
+	if g.ownBells && g.bells != nil {
+		err = errors.Join(err, g.bells.Close())
+		g.bells = nil
 	}
 	return err
 }
@@ -347,6 +287,7 @@ type Proc struct {
 	outSeen atomic.Uint64
 	outMu   sync.Mutex
 	outOpen bool
+	outCopy []byte // OutCall's copy of the call, reused
 	outGone bool
 	outBuf  []byte
 }
@@ -557,15 +498,15 @@ func (p *Proc) unmap() {
 // OutCall is a call a process made to a service (UAP.Call), as the
 // scheduler copied it out of the process's area.
 type OutCall struct {
-	No        uint64
-	Group     string
-	Service   string
-	Request   []byte // the scheduler's own copy
-	TimeoutMs uint32 // 0: the target group's watch_time
+	No uint64
+	// Group, Service and Request are the scheduler's own copy, made once
+	// per call into a buffer of the Proc's: valid until its next OutCall.
+	Group, Service, Request []byte
+	TimeoutMs               uint32 // 0: the target group's watch_time
 }
 
 // OutCall returns the call the process made, once; ok is false when it
-// made none since the last. The request is copied, so the process cannot
+// made none since the last. The call is copied, so the process cannot
 // change it afterwards. A call that breaks the protocol (a second one
 // before the first was answered, a number that skips, a name or a request
 // out of bounds) is a *ProtocolError. Under the group lock, on the reader.
@@ -593,9 +534,11 @@ func (p *Proc) OutCall() (OutCall, bool, error) {
 	case uint64(rl) > uint64(p.g.maxMsg):
 		return violation("call with a request of %d bytes, max_message_size %d", rl, p.g.maxMsg)
 	}
-	b := p.outBuf
-	c := OutCall{No: no, Group: string(b[:gl]), Service: string(b[gl : gl+sl]),
-		Request: append([]byte(nil), b[gl+sl:gl+sl+rl]...), TimeoutMs: o.timeoutMs}
+	// One copy of the whole line's buffer, checked lengths and all: the
+	// process may write the area again at any moment.
+	p.outCopy = append(p.outCopy[:0], p.outBuf[:gl+sl+rl]...)
+	b := p.outCopy
+	c := OutCall{No: no, Group: b[:gl:gl], Service: b[gl : gl+sl : gl+sl], Request: b[gl+sl:], TimeoutMs: o.timeoutMs}
 	p.outMu.Lock()
 	p.outOpen = true
 	p.outSeen.Store(no)
@@ -604,30 +547,55 @@ func (p *Proc) OutCall() (OutCall, bool, error) {
 }
 
 // AnswerOutCall answers the process's call no: code 0 with the reply, or an
-// error code (netio's) with its message. It returns false, answering
-// nothing, when data is longer than the process's max_message_size (the
-// caller answers with an error instead). An answer for a call the process
-// no longer waits for, or after its area is gone, is dropped. Safe on any
-// goroutine.
+// error code (netio's) with its message, and wakes the process. It returns
+// false, answering nothing, when data is longer than the process's
+// max_message_size (the caller answers with an error instead). An answer
+// for a call the process no longer waits for, or after its area is gone,
+// is dropped. Safe on any goroutine.
 func (p *Proc) AnswerOutCall(no uint64, code uint32, data []byte) bool {
+	fits, wake := p.PublishOutAnswer(no, code, data)
+	if wake {
+		p.WakeOutCaller()
+	}
+	return fits
+}
+
+// PublishOutAnswer is AnswerOutCall without the wake-up: the process sees
+// the answer when it next looks, and WakeOutCaller, called afterwards
+// (wake true), wakes it if it sleeps. So a reader can answer under a lock
+// and make the wake-up's system call after it.
+func (p *Proc) PublishOutAnswer(no uint64, code uint32, data []byte) (fits, wake bool) {
 	if len(data) > p.g.maxMsg {
-		return false
+		return false, false
 	}
 	p.outMu.Lock()
 	defer p.outMu.Unlock()
 	if p.outGone || !p.outOpen || no != p.outSeen.Load() {
-		return true
+		return true, false
 	}
 	o := &p.ctl.out
 	o.code.Store(code)
 	o.replyLen.Store(uint32(copy(p.outBuf, data)))
 	o.done.Store(no) // publishes them
 	p.outOpen = false
+	return true, true
+}
+
+// WakeOutCaller wakes the process if it sleeps waiting for its call's
+// answer (after PublishOutAnswer). The process reads the futex word
+// before it says it sleeps, so an answer published before this bump
+// cannot be slept through. Safe on any goroutine.
+func (p *Proc) WakeOutCaller() {
+	p.outMu.Lock() // its area stays mapped while we hold it
+	defer p.outMu.Unlock()
+	if p.outGone {
+		return
+	}
+	o := &p.ctl.out
 	o.wake.Add(1)
 	if s := &o.sleeping; s.Load() != 0 && s.Swap(0) != 0 {
 		futexWake(&o.wake, 1)
 	}
-	return true
 }
 
 // OutOpen reports whether the process waits for the answer to a call it

@@ -124,7 +124,7 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 	// area through /proc/PID/fd and answer its calls.
 	_ = unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0)
 	maxMsg, stride := int(ctl.maxMessage), bufStride(int(ctl.maxMessage))
-	u := &UAP{area: amem, ctl: ctl, page: gmem, gp: gp, bell: bell, handlers: map[string]HandlerFunc{}, spin: newSpinner(),
+	u := &UAP{area: amem, ctl: ctl, page: gmem, gp: gp, bell: bell, handlers: map[string]HandlerFunc{}, spin: newSpinner(spinMax),
 		bufs: make([][]byte, ctl.mailboxes)}
 	for i := range u.bufs {
 		off := pBuffer + i*stride
@@ -132,7 +132,7 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 	}
 	off := pBuffer + len(u.bufs)*stride
 	u.out.buf = amem[off : off+maxMsg+outNames : off+maxMsg+outNames]
-	u.out.spin = newSpinner()
+	u.out.spin = newSpinner(spinMax)
 	_ = unix.Close(area) // mapped: the descriptors are no longer needed
 	_ = unix.Close(group)
 	ctl.pid.Store(uint32(os.Getpid()))

@@ -577,20 +577,3 @@ func TestTakenCountsUpToTheLastTaken(t *testing.T) {
 		t.Fatalf("calls 1 and 2 taken: Taken %d, want 2", got)
 	}
 }
-
-// The reader sleeps in the netpoller, not in a blocking epoll_wait that
-// holds a P (see Group.doorbells): the doorbells' epoll fd takes a
-// deadline only if the netpoller watches it.
-func TestDoorbellsInTheNetpoller(t *testing.T) {
-	g := newGroup(t, 64, 1)
-	if err := g.doorbells.SetReadDeadline(time.Now().Add(time.Millisecond)); err != nil {
-		t.Fatalf("the doorbells' epoll fd is not in the netpoller: %v", err)
-	}
-	start := time.Now()
-	if n, err := g.sleep(20 * time.Millisecond); n != 0 || err != nil {
-		t.Fatalf("sleep with no doorbell rung: %d events, %v", n, err)
-	}
-	if d := time.Since(start); d < 15*time.Millisecond {
-		t.Errorf("sleep returned after %v, want about 20ms", d)
-	}
-}

@@ -137,7 +137,7 @@ func run() int {
 		debug.SetMemoryLimit(cfg.System.BufferBudget + memoryHeadroom)
 	}
 	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + receivingLoops(cfg))
+		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + blockingThreads(cfg))
 	}
 	// New checks the definitions against the machine (modules found and
 	// executable) without starting anything, as -check does.
@@ -198,17 +198,20 @@ func run() int {
 	return 0
 }
 
-// receivingLoops is how many gnet event loops the node runs: scdmulti's on
-// the RPC port and every receiver group's. Each blocks in epoll_wait
-// holding a P (gnet makes the syscall itself, outside the netpoller), so
-// scdd adds as many Ps to the CPUs' count: otherwise an idle node's loops
-// hold every P, a goroutine woken by the netpoller (the reply reader, a
-// timer) waits until sysmon takes a P back (up to 10 ms), and sysmon, taking
-// Ps back from syscalls again and again, polls every 20 us. Measured on 2
-// CPUs with 2 loops, 4 Ps against 2: scdd's CPU at 300 calls/s a third,
-// p99 0.3 ms against 16 ms, S1 at 64 connections the same or better.
-func receivingLoops(cfg *def.Config) int {
-	n := cfg.Sched.Multi
+// blockingThreads is how many of the node's goroutines sleep in a system
+// call holding a P: the gnet event loops (scdmulti's on the RPC port and
+// every receiver group's), which block in epoll_wait outside the
+// netpoller, and the dispatcher of the shared-memory groups, whose short
+// waits keep their P on purpose (shm.Doorbells.Wait). scdd adds as many Ps
+// to the CPUs' count: otherwise an idle node's loops hold every P, a
+// goroutine woken by the netpoller (a timer, a connection of the HTTP
+// server) waits until sysmon takes a P back (up to 10 ms), and sysmon,
+// taking Ps back from syscalls again and again, polls every 20 us.
+// Measured on 2 CPUs with 2 loops, 4 Ps against 2: scdd's CPU at 300
+// calls/s a third, p99 0.3 ms against 16 ms, S1 at 64 connections the
+// same or better.
+func blockingThreads(cfg *def.Config) int {
+	n := cfg.Sched.Multi + 1 // the loops of the RPC port, the dispatcher
 	for _, rg := range cfg.Sched.ReceiverGroups {
 		n += rg.Count
 	}

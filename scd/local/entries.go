@@ -34,6 +34,9 @@ func (s *Scheduler) CheckEntries(pm ProcessManager, timeout time.Duration) []err
 		cancel()
 		_ = s.Close()
 	}()
+	if err := s.startDispatcher(); err != nil {
+		return []error{err}
+	}
 	var errs []error
 	for _, g := range s.order {
 		if g.def.ReceiveFrom == def.ReceiveSocket {

@@ -104,6 +104,9 @@ type slotState struct {
 	// killed: it broke the protocol and was killed; nothing more is read
 	// from it (and logged) until it is reaped, however often it rings.
 	killed bool
+	// caller answers the calls it makes of its own (localcall.go); nil
+	// until its first.
+	caller *uapCaller
 
 	// since is its last attach or completion: when its next call's
 	// service began (the routing manager's service time).

@@ -14,22 +14,26 @@ import (
 type outCaller interface {
 	OutCall() (shm.OutCall, bool, error)
 	AnswerOutCall(no uint64, code uint32, data []byte) bool
+	PublishOutAnswer(no uint64, code uint32, data []byte) (fits, wake bool)
+	WakeOutCaller()
 	OutOpen() bool
 }
 
 // localCall is a call a process of the group made, as the reply reader
 // found it.
 type localCall struct {
-	from outCaller
+	from *uapCaller
 	call shm.OutCall
 }
 
-// uapCaller is a call.Caller: it answers one call a UAP made through its
-// shared memory into the calling process's area. An answer for a process
-// that died meanwhile is dropped there.
+// uapCaller is a call.Caller: it answers the calls one UAP process makes
+// through its shared memory, into that process's area, each under the
+// call's number (the frame's id). One per process, made at its first call:
+// a process has one call at a time. An answer for a call the process no
+// longer waits for, or for a process that died meanwhile, is dropped
+// there.
 type uapCaller struct {
 	p      outCaller
-	no     uint64
 	maxMsg int // the calling group's max_message_size
 }
 
@@ -39,7 +43,7 @@ func (u *uapCaller) Send(b []byte) error {
 		return fmt.Errorf("scd: answering a local call: %w", err)
 	}
 	if f.Kind != netio.KindError {
-		if u.p.AnswerOutCall(u.no, 0, f.Payload) {
+		if u.p.AnswerOutCall(f.ID, 0, f.Payload) {
 			return nil
 		}
 		f.Code = netio.CodeMessageTooBig
@@ -51,8 +55,21 @@ func (u *uapCaller) Send(b []byte) error {
 	if len(f.Payload) > 0 {
 		msg += ": " + string(f.Payload)
 	}
-	u.p.AnswerOutCall(u.no, uint32(f.Code), []byte(msg[:min(len(msg), u.maxMsg)]))
+	u.p.AnswerOutCall(f.ID, uint32(f.Code), []byte(msg[:min(len(msg), u.maxMsg)]))
 	return nil
+}
+
+// answer writes a completion of call no straight into the calling
+// process's area, without waking it (the reader does, after its look:
+// WakeOutCaller). It returns false for an answer it does not write this
+// way (not a reply, or a reply too big for the caller): the caller then
+// gets it through Send, as an error frame.
+func (u *uapCaller) answer(no uint64, c *shm.Completion) bool {
+	if c.Status != shm.StatusOK {
+		return false
+	}
+	fits, _ := u.p.PublishOutAnswer(no, 0, c.Reply)
+	return fits
 }
 
 // placeLocalCalls routes the calls the group's processes made, as a
@@ -64,15 +81,14 @@ func (r *reader) placeLocalCalls(calls []localCall) {
 	g := r.g
 	for _, lc := range calls {
 		g.localCalls.Inc()
-		to := &uapCaller{p: lc.from, no: lc.call.No, maxMsg: g.def.MaxMessageSize}
 		f := netio.Frame{
 			Header:  netio.Header{Kind: netio.KindCall, ID: lc.call.No, TimeoutMs: lc.call.TimeoutMs},
-			Group:   []byte(lc.call.Group),
-			Service: []byte(lc.call.Service),
+			Group:   lc.call.Group,
+			Service: lc.call.Service,
 			Payload: lc.call.Request,
 		}
-		if code, msg := g.place(to, &f); code != netio.CodeOK {
-			_ = to.Send(netio.AppendError(nil, f.ID, code, msg))
+		if code, msg := g.place(lc.from, &f); code != netio.CodeOK {
+			_ = lc.from.Send(netio.AppendError(nil, f.ID, code, msg))
 		}
 	}
 }

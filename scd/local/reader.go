@@ -8,30 +8,55 @@ import (
 	"tpsched/shm"
 )
 
-// This file is the reply reader: the one place where the node waits for a
-// group's processes (the transport's Wait) and turns what they did into
-// answers to callers, calls of their own, and news for procmgr. Each group
-// has one, a goroutine started by Scheduler.Start and ended by its stop
-// channel. Replacing it (one dispatcher for every shared-memory group of
-// the node, answers written straight into a calling UAP's area) changes
-// this file and Scheduler.Start alone: the group's queue, its Delegate and
-// the callers do not see who reads.
+// This file is the reply reader: the one place where the node waits for
+// its groups' processes and turns what they did into answers to callers,
+// calls of their own, and news for procmgr.
 //
-// The contract with the rest of the package: the reader takes the group's
+// Every shared-memory group is read by one dispatcher (Scheduler.dispatch),
+// a goroutine that waits on the node's doorbells (shm.Doorbells) and looks
+// at every group after each wake. So a local call, from a process of one
+// group to a process of another, is taken from the caller's area, handed
+// to the callee, seen completed and answered into the caller's area by one
+// thread: the caller and the callee are the only ones woken (the reader
+// spins while the callee works, when a CPU is idle for it, see
+// shm.Doorbells.Wait), where a reader per group woke the caller's reader
+// and the callee's in between. A socket-receiving group keeps a reader of
+// its own (run), since its transport waits on its socket.
+//
+// The contract with the rest of the package: a reader takes its group's
 // mu only inside collect, answers callers and places the processes' own
 // calls without it (call.Caller and the place function may take other
 // locks), and calls procmgr (Attached, Kill) without it.
 
-// reader is one group's reply reader and what it reuses between looks.
+// reader is one group's part of the reading and what it reuses between
+// looks.
 type reader struct {
 	g        *Group
 	batches  map[call.Caller][]byte // answers by caller, written once per look
 	attached []int                  // slots whose processes attached
 	bad      []int                  // slots whose processes broke the protocol
 	calls    []localCall            // calls the processes made
+	answered []outCaller            // calling processes answered in their areas, to wake without mu
 }
 
-// run is the reader's loop: wait, look at every process, deliver.
+// dispatch is the reader of every shared-memory group: wait on the
+// doorbells, look at every group, deliver, until stop.
+func (s *Scheduler) dispatch() {
+	for {
+		select {
+		case <-s.stop:
+			return
+		default:
+		}
+		s.bells.Wait(100 * time.Millisecond)
+		for _, r := range *s.readers.Load() {
+			r.collect()
+			r.deliver()
+		}
+	}
+}
+
+// run is a socket-receiving group's own reader: wait, look, deliver.
 func (r *reader) run(stop <-chan struct{}) {
 	g := r.g
 	r.batches = make(map[call.Caller][]byte)
@@ -52,6 +77,11 @@ func (r *reader) run(stop <-chan struct{}) {
 // processes to kill to procmgr. Without mu.
 func (r *reader) deliver() {
 	g := r.g
+	for _, p := range r.answered {
+		p.WakeOutCaller()
+	}
+	clear(r.answered)
+	r.answered = r.answered[:0]
 	for c, b := range r.batches {
 		_ = c.Send(b)
 		delete(r.batches, c)
@@ -126,7 +156,13 @@ func (r *reader) collect() {
 			cl := done.Call
 			si.served++
 			if !done.Answered && !cl.noReply {
-				r.batches[cl.to] = appendAnswer(r.batches[cl.to], cl.id, &c)
+				if u, ok := cl.to.(*uapCaller); ok && u.answer(cl.id, &c) {
+					// Straight into the calling process's area, one copy:
+					// no frame to make and decode again.
+					r.answered = append(r.answered, u.p)
+				} else {
+					r.batches[cl.to] = appendAnswer(r.batches[cl.to], cl.id, &c)
+				}
 			}
 			g.latency.Update(now.Sub(cl.start).Seconds())
 			classes.Record(cl.class, cl.start, si.since, now)
@@ -149,7 +185,10 @@ func (r *reader) collect() {
 				continue
 			} else if made {
 				causes++
-				r.calls = append(r.calls, localCall{oc, c})
+				if si.caller == nil || si.caller.p != oc {
+					si.caller = &uapCaller{p: oc, maxMsg: g.def.MaxMessageSize}
+				}
+				r.calls = append(r.calls, localCall{si.caller, c})
 			}
 		}
 		if !si.leftSeen && p.Left() {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -68,6 +69,12 @@ type Scheduler struct {
 	uapIDs map[string]int // uid/gid per server when the daemon is root and the definition names none
 
 	requests requestBudget // the bytes of admitted calls' requests (budget.go)
+
+	// bells are the doorbells of every shared-memory group's processes,
+	// where the dispatcher (reader.go) waits; nil before Start.
+	bells    *shm.Doorbells
+	readers  atomic.Pointer[[]*reader] // the groups the dispatcher reads; startGroup adds
+	spinFree func() bool               // SpinWhile's
 
 	stop chan struct{}
 	wg   sync.WaitGroup // the readers, the load loop, the expiry loop
@@ -197,6 +204,11 @@ func checkExecutable(p string) error {
 	return nil
 }
 
+// SpinWhile makes the dispatcher spin for its processes only while free
+// reports true (shm.Doorbells.SpinWhile): the node passes whether no task
+// waits for a CPU, from the eBPF run queues. Call it before Start.
+func (s *Scheduler) SpinWhile(free func() bool) { s.spinFree = free }
+
 // Start makes every group's schedule queue and transport, starts its
 // processes with pm and its reply reader, then the load checks and the
 // expiry of calls. On error the caller stops what was started (Stop,
@@ -212,6 +224,9 @@ func (s *Scheduler) Start(pm ProcessManager) error {
 			g.serving.Store(!s.opts.OnDemand(g.name))
 		}
 	}
+	if err := s.startDispatcher(); err != nil {
+		return err
+	}
 	for _, g := range s.order {
 		if err := s.startGroup(g); err != nil {
 			return err
@@ -222,6 +237,24 @@ func (s *Scheduler) Start(pm ProcessManager) error {
 	}
 	s.wg.Add(1)
 	go s.expireLoop()
+	return nil
+}
+
+// startDispatcher makes the doorbells of the shared-memory groups and
+// starts the one goroutine that reads them all (reader.go); startGroup
+// gives it each group as the group starts.
+func (s *Scheduler) startDispatcher() error {
+	bells, err := shm.NewDoorbells()
+	if err != nil {
+		return err
+	}
+	s.bells = bells
+	if s.spinFree != nil {
+		bells.SpinWhile(s.spinFree)
+	}
+	s.readers.Store(new([]*reader))
+	s.wg.Add(1)
+	go func() { defer s.wg.Done(); s.dispatch() }()
 	return nil
 }
 
@@ -236,7 +269,7 @@ func (s *Scheduler) startGroup(g *Group) error {
 		g.tr = transportOf[*sockmode.Proc]{tr}
 		env = append(env[:len(env):len(env)], "TPSCHED_RECEIVE=socket")
 	} else {
-		sg, err := shm.NewGroup(g.name, srv.MaxMessageSize, srv.MaxProcesses, callsPerProcess(srv))
+		sg, err := s.bells.NewGroup(g.name, srv.MaxMessageSize, srv.MaxProcesses, callsPerProcess(srv))
 		if err != nil {
 			return fmt.Errorf("%s: shared memory: %w", srv.File, err)
 		}
@@ -295,8 +328,18 @@ func (s *Scheduler) startGroup(g *Group) error {
 	})
 	g.started.Store(true)
 	g.procs.Kick((*delegate)(g).Waiting()) // calls that came before (Group.submit)
-	s.wg.Add(1)
-	go func() { defer s.wg.Done(); g.rd.run(s.stop) }()
+	if srv.ReceiveFrom == def.ReceiveSocket {
+		// A socket transport has a wait of its own.
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); g.rd.run(s.stop) }()
+		return nil
+	}
+	// The dispatcher reads the group from its next look on. Not before
+	// g.procs is set: what it finds goes to procmgr (deliver).
+	g.rd.batches = make(map[call.Caller][]byte)
+	rs := *s.readers.Load()
+	rs = append(rs[:len(rs):len(rs)], &g.rd)
+	s.readers.Store(&rs)
 	return nil
 }
 
@@ -485,6 +528,10 @@ func (s *Scheduler) Close() error {
 		if g.tr != nil {
 			errs = append(errs, g.tr.Unmap())
 		}
+	}
+	if s.bells != nil {
+		errs = append(errs, s.bells.Close())
+		s.bells = nil
 	}
 	return errors.Join(errs...)
 }

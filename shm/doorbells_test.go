@@ -1,0 +1,88 @@
+package shm
+
+import (
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// One set of doorbells serves many groups: a ring of a process of either
+// wakes the one reader and counts on that process.
+func TestDoorbellsOfTwoGroups(t *testing.T) {
+	d, err := NewDoorbells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	var ps [2]*Proc
+	for i, name := range []string{"a", "b"} {
+		g, err := d.NewGroup(name, 64, 1, testMailboxes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Unmap() })
+		if ps[i], err = g.NewProc(0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Not in Go's netpoller: os.NewFile registers only non-blocking
+	// descriptors there, and a ring of one woke the runtime's poller
+	// thread beside the reader.
+	for i, p := range ps {
+		fl, err := unix.FcntlInt(p.bell.Fd(), unix.F_GETFL, 0)
+		if err != nil || fl&unix.O_NONBLOCK != 0 {
+			t.Fatalf("doorbell %d: flags %#x, %v: want a blocking eventfd", i, fl, err)
+		}
+	}
+
+	start := time.Now()
+	d.Wait(30 * time.Millisecond)
+	if took := time.Since(start); took < 25*time.Millisecond {
+		t.Errorf("Wait with no ring returned after %v, want about 30ms", took)
+	}
+	for i, p := range ps {
+		if r := p.Rings(); r != 0 {
+			t.Fatalf("no ring yet, process %d has %d", i, r)
+		}
+	}
+
+	ring(int(ps[1].bell.Fd()))
+	start = time.Now()
+	d.Wait(5 * time.Second)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("a ring of group b's process woke the reader after %v", took)
+	}
+	if a, b := ps[0].Rings(), ps[1].Rings(); a != 0 || b != 1 {
+		t.Errorf("rings after one of group b's process: a %d, b %d; want 0, 1", a, b)
+	}
+}
+
+// A reader whose SpinWhile says a task waits for a CPU does not spin, and
+// still wakes for a ring.
+func TestDoorbellsSpinWhile(t *testing.T) {
+	d, err := NewDoorbells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	g, err := d.NewGroup("a", 64, 1, testMailboxes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Unmap() })
+	p, err := g.NewProc(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := 0
+	d.SpinWhile(func() bool { asked++; return false })
+	ring(int(p.bell.Fd()))
+	d.Wait(5 * time.Second)
+	if asked == 0 {
+		t.Error("Wait did not ask SpinWhile's func before spinning")
+	}
+	if r := p.Rings(); r != 1 {
+		t.Errorf("rings %d after one, want 1: the ring woke no sleep", r)
+	}
+}
