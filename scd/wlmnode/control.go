@@ -45,7 +45,7 @@ func (r *EnvActionResult) add(key string, several bool, nodes []NodeResult) {
 // env may name one instance's group (orders@east), or an environment
 // served per instance: then every instance's.
 func (w *Manager) Quiesce(env string) (EnvActionResult, error) {
-	keys, err := w.envKeys(env)
+	keys, err := envKeys(w.policy.Load().p, env)
 	if err != nil {
 		return EnvActionResult{}, err
 	}
@@ -71,7 +71,7 @@ func (w *Manager) Quiesce(env string) (EnvActionResult, error) {
 // Resume lets environment env (or each of its instances, as Quiesce) have
 // servers again, from none.
 func (w *Manager) Resume(env string) (EnvActionResult, error) {
-	keys, err := w.envKeys(env)
+	keys, err := envKeys(w.policy.Load().p, env)
 	if err != nil {
 		return EnvActionResult{}, err
 	}
@@ -93,7 +93,7 @@ func (w *Manager) Resume(env string) (EnvActionResult, error) {
 // its instances, as Quiesce) in the cluster, one at a time per server
 // (VARY WLM,REFRESH).
 func (w *Manager) Refresh(env string) (EnvActionResult, error) {
-	keys, err := w.envKeys(env)
+	keys, err := envKeys(w.policy.Load().p, env)
 	if err != nil {
 		return EnvActionResult{}, err
 	}
@@ -135,7 +135,7 @@ func (w *Manager) reloadLocal() (string, error) {
 		return "", err
 	}
 	old := w.policy.Load().p
-	if err := w.checkInstances(old, p); err != nil {
+	if err := checkInstances(w.local, old, p); err != nil {
 		return "", err
 	}
 	w.install(&activePolicy{def: d, p: p, since: time.Now()})

@@ -68,11 +68,10 @@ func (m *envs) perInstance(group string) string {
 	return fmt.Sprintf("application environment %s is served per instance: name one (%s)", group, strings.Join(groups, ", "))
 }
 
-// envKeys are the groups an action on env covers: env, when it is a group
-// started on demand (an environment, or one instance's group of one),
-// else every instance's group of env.
-func (w *Manager) envKeys(env string) ([]string, error) {
-	p := w.policy.Load().p
+// envKeys are the groups an action on env covers under policy p: env,
+// when it is a group started on demand (an environment, or one instance's
+// group of one), else every instance's group of env.
+func envKeys(p *wlm.Policy, env string) ([]string, error) {
 	if p.IsEnvironment(env) {
 		return []string{env}, nil
 	}
@@ -89,8 +88,8 @@ func (w *Manager) envKeys(env string) ([]string, error) {
 // checkInstances refuses a policy read again whose instances are not the
 // ones in force, or that makes an environment of a group this node
 // started as a plain server while there are instances: a node makes the
-// groups of the instances once, at start.
-func (w *Manager) checkInstances(old, p *wlm.Policy) error {
+// groups of the instances once, at start. local is the node's groups.
+func checkInstances(local Local, old, p *wlm.Policy) error {
 	if !slices.Equal(old.Instances, p.Instances) {
 		return fmt.Errorf("%s: instance: the instances are %v, the node runs %v: a node makes the instances' servers at start, so restart it to change them",
 			def.FilePolicy, p.Instances, old.Instances)
@@ -101,8 +100,8 @@ func (w *Manager) checkInstances(old, p *wlm.Policy) error {
 			continue
 		}
 		named, _ := wlm.SplitInstance(env)
-		if _, ok := w.local.Group(env); !ok {
-			if _, plain := w.local.Group(named); plain {
+		if _, ok := local.Group(env); !ok {
+			if _, plain := local.Group(named); plain {
 				errs = append(errs, fmt.Errorf("%s: environment %s: this node started it as a plain server, not one per instance: restart the node to serve it per instance",
 					def.FilePolicy, named))
 			}
