@@ -217,7 +217,8 @@ func (d *Doorbells) sleep(timeout time.Duration) int {
 	return d.park(timeout)
 }
 
-// busyFor is how long after its last ring the node counts as busy.
+// busyFor is how long after its last wake-up a reader (the node's, or a
+// UAP's futexWait) counts as busy.
 const busyFor = 50 * time.Millisecond
 
 // park waits up to timeout in Go's netpoller, on a duplicate of the epoll

@@ -27,33 +27,56 @@ var maxSleep = 100 * time.Millisecond
 
 // futexWait sleeps while *addr == val, at most d.
 //
-// Its first few milliseconds keep the goroutine's P (a raw system call, which
-// the Go runtime does not see). Through syscall.Syscall the runtime marks the
-// P as in a system call; in a UAP whose other Ps are idle that wakes sysmon
-// from its deep sleep, sysmon hands the P to another thread, which finds
-// nothing to run and sleeps again: three context switches for one wait where
-// the futex itself costs one (a perf sched trace of a local call showed the
-// pair at every wait of both UAPs). The raw wait is bounded by rawWaitMax so
-// that sysmon, which preempts a goroutine that looks busy for 10 ms with a
-// signal, has no cause to; a signal (that preemption, or a stop-the-world for
-// the garbage collector) ends the wait early with EINTR, and the caller looks
-// again. With GOMAXPROCS 1 the P is the only one, and other goroutines of the
-// UAP would wait for it: then every wait goes through the runtime.
+// While the process is busy (a wait of its ended woken within busyFor),
+// the first few milliseconds keep the goroutine's P (a raw system call,
+// which the Go runtime does not see). Through syscall.Syscall the runtime
+// marks the P as in a system call; in a UAP whose other Ps are idle that
+// wakes sysmon from its deep sleep, sysmon hands the P to another thread,
+// which finds nothing to run and sleeps again: three context switches for
+// one wait where the futex itself costs one (a perf sched trace of a local
+// call showed the pair at every wait of both UAPs). The raw wait is
+// bounded by rawWaitMax so that sysmon, which preempts a goroutine that
+// looks busy for 10 ms with a signal, has no cause to; a signal (that
+// preemption, or a stop-the-world for the garbage collector) ends the wait
+// early with EINTR, and the caller looks again. With GOMAXPROCS 1 the P is
+// the only one, and other goroutines of the UAP would wait for it: then
+// every wait goes through the runtime.
+//
+// An idle process waits through the runtime, so that sysmon can sleep: with
+// raw waits always, sysmon of an idle UAP woke about 540 times a second,
+// and 64 idle caller UAPs took 0.45 of the machine's two cores from
+// whatever ran beside them (bench S10's idle peers, Enduro/X's runs).
 func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	if runtime.GOMAXPROCS(0) > 1 {
+	if runtime.GOMAXPROCS(0) > 1 && time.Now().UnixNano()-lastWoken.Load() < int64(busyFor) {
 		r := min(d, rawWaitMax)
-		if futexWaitRaw(addr, val, r) != unix.ETIMEDOUT || d == r {
-			return // woken, the word moved, or a signal: the caller looks again
+		switch futexWaitRaw(addr, val, r) {
+		case unix.ETIMEDOUT:
+			if d == r {
+				return
+			}
+			d -= r
+		case unix.EINTR:
+			return // a signal: the caller looks again
+		default:
+			lastWoken.Store(time.Now().UnixNano()) // woken, or the word moved
+			return
 		}
-		d -= r
 	}
 	ts := unix.NsecToTimespec(int64(d))
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp,
+	_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp,
 		uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+	if errno == 0 || errno == unix.EAGAIN {
+		lastWoken.Store(time.Now().UnixNano())
+	}
 }
+
+// lastWoken is when a futexWait of this process last ended woken or found
+// the word moved (Unix nanoseconds): within busyFor of it, the process is
+// busy and its waits keep their P.
+var lastWoken atomic.Int64
 
 // rawWaitMax bounds a wait that keeps its P: well under sysmon's 10 ms
 // forced preemption, and longer than a call's round trip on a busy node.
