@@ -19,8 +19,9 @@
 //   - A group is procmgr's Delegate for its processes (delegate.go); the
 //     group never calls its ProcessManager with its own lock held, since
 //     procmgr calls back into it.
-//   - Each group's reply reader (reader.go) is the one goroutine that
-//     waits on the group's transport; it answers callers and places the
+//   - One dispatcher (reader.go) is the one goroutine that waits on the
+//     shared-memory groups' processes (their doorbells); a socket-receiving
+//     group has a reader of its own. They answer callers and place the
 //     processes' own calls without the group's lock.
 //   - Options.Place and Options.LevelChanged are called without any lock
 //     of the scheduler held.

@@ -44,8 +44,8 @@ type Options struct {
 	ModuleDirs []string
 	// Place is where a call a group's process makes goes (the node's line
 	// for UAP calls, which ends at this scheduler's Route). It is called
-	// on the group's reply reader without the group's lock and must not
-	// block.
+	// on the dispatcher (or a socket group's reader) without the group's
+	// lock and must not block.
 	Place func(c call.Caller, f *netio.Frame) (netio.Code, string)
 	// LevelChanged is told that a group's load level changed (the node
 	// announces it); on the load loop, it must not block for long.
