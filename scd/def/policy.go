@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"time"
 )
 
@@ -201,24 +202,9 @@ var policyCommands = map[string]command[Policy]{
 			"Quote a pattern with '*' at its start.",
 	},
 	"environment": {
-		set: func(p *Policy, flags map[string]string) error {
-			g, ok := flags["g"]
-			if !ok {
-				return errors.New("-g GROUP is required")
-			}
-			if err := checkIdent("service group", g); err != nil {
-				return fmt.Errorf("-g: %w", err)
-			}
-			for _, e := range p.Environments {
-				if e == g {
-					return fmt.Errorf("environment %s named twice", g)
-				}
-			}
-			if len(p.Environments) >= maxPolicyEntries {
-				return fmt.Errorf("more than %d environments", maxPolicyEntries)
-			}
-			p.Environments = append(p.Environments, g)
-			return nil
+		set: func(p *Policy, flags map[string]string) (err error) {
+			p.Environments, err = appendName(p.Environments, flags, "g", "GROUP", "service group", "environment", maxPolicyEntries)
+			return err
 		},
 		synopsis: "environment -g GROUP",
 		dflt:     "none: every user server starts with its node",
@@ -231,24 +217,9 @@ var policyCommands = map[string]command[Policy]{
 			"of it (the user server with its parallel_count, at least one resident process). Dropping it from the policy quiesces its servers.",
 	},
 	"instance": {
-		set: func(p *Policy, flags map[string]string) error {
-			n, ok := flags["n"]
-			if !ok {
-				return errors.New("-n NAME is required")
-			}
-			if err := checkIdent("instance", n); err != nil {
-				return fmt.Errorf("-n: %w", err)
-			}
-			for _, o := range p.Instances {
-				if o == n {
-					return fmt.Errorf("instance %s named twice", n)
-				}
-			}
-			if len(p.Instances) >= maxInstances {
-				return fmt.Errorf("more than %d instances", maxInstances)
-			}
-			p.Instances = append(p.Instances, n)
-			return nil
+		set: func(p *Policy, flags map[string]string) (err error) {
+			p.Instances, err = appendName(p.Instances, flags, "n", "NAME", "instance", "instance", maxInstances)
+			return err
 		},
 		synopsis: "instance -n NAME",
 		dflt:     "none: one routing manager, whose servers of an environment are the environment's own service group",
@@ -338,4 +309,24 @@ func flagValue(st Stmt, name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// appendName appends to names the value of -flag (meta in the synopsis),
+// an identifier of kind ident, refusing it when missing, malformed, named
+// twice, or past max names: an environment's -g and an instance's -n.
+func appendName(names []string, flags map[string]string, flag, meta, ident, noun string, max int) ([]string, error) {
+	v, ok := flags[flag]
+	if !ok {
+		return names, fmt.Errorf("-%s %s is required", flag, meta)
+	}
+	if err := checkIdent(ident, v); err != nil {
+		return names, fmt.Errorf("-%s: %w", flag, err)
+	}
+	if slices.Contains(names, v) {
+		return names, fmt.Errorf("%s %s named twice", noun, v)
+	}
+	if len(names) >= max {
+		return names, fmt.Errorf("more than %d %ss", max, noun)
+	}
+	return append(names, v), nil
 }
