@@ -58,6 +58,29 @@ type clusterOpts struct {
 // each sees all three with the work group.
 func startCluster(t *testing.T, o clusterOpts) []*node {
 	t.Helper()
+	// The ports are found free before the nodes bind them, and one may be
+	// taken in between (make chaos saw a name port in use by the time the
+	// third node bound it): then the cluster starts again on new ports.
+	for attempt := 1; ; attempt++ {
+		nodes, err := tryStartCluster(t, o)
+		if err == nil {
+			return nodes
+		}
+		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
+		}
+		t.Logf("starting the cluster again on other ports: %v", err)
+		for _, n := range nodes {
+			n.signal(syscall.SIGTERM)
+			<-n.done
+		}
+	}
+}
+
+// tryStartCluster starts the three nodes of startCluster; on a node that
+// does not start it returns the nodes started so far and why.
+func tryStartCluster(t *testing.T, o clusterOpts) ([]*node, error) {
+	t.Helper()
 	rpc, name := clusterPorts(t)
 	var all []string
 	for _, ip := range clusterIPs {
@@ -82,7 +105,11 @@ func startCluster(t *testing.T, o clusterOpts) []*node {
 				must(t, os.WriteFile(filepath.Join(dir, "usr", file), []byte(body), 0o644))
 			}
 		}
-		nodes[i] = startNode(t, "-c", dir, "-fast-failure-detection")
+		n, err := tryStartCommand(t, nil, bin("scdd"), "-c", dir, "-fast-failure-detection")
+		if err != nil {
+			return append(nodes[:i], n), err
+		}
+		nodes[i] = n
 	}
 	if o.key == nil || o.key(0) == o.key(1) && o.key(1) == o.key(2) {
 		for i, n := range nodes {
@@ -91,7 +118,7 @@ func startCluster(t *testing.T, o clusterOpts) []*node {
 			}, n.stderr.String)
 		}
 	}
-	return nodes
+	return nodes, nil
 }
 
 // knownNodes is the nodes n's name table holds with the work group.

@@ -179,6 +179,18 @@ func startCommandEnv(t *testing.T, env []string, prog string, args ...string) *n
 // it starts (to give scdd extra descriptors, say).
 func startCommandWith(t *testing.T, setup func(*exec.Cmd), prog string, args ...string) *node {
 	t.Helper()
+	n, err := tryStartCommand(t, setup, prog, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// tryStartCommand is startCommandWith that returns, rather than fails the
+// test with, a node that exits or does not start within 15 s; the node is
+// stopped at the test's end either way.
+func tryStartCommand(t *testing.T, setup func(*exec.Cmd), prog string, args ...string) (*node, error) {
+	t.Helper()
 	n := &node{t: t, stderr: &syncBuffer{}, done: make(chan struct{})}
 	n.cmd = exec.Command(prog, args...)
 	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
@@ -210,16 +222,16 @@ func startCommandWith(t *testing.T, setup func(*exec.Cmd), prog string, args ...
 				n.sock = m[1]
 			}
 			if _, err := n.status(); err == nil {
-				return n
+				return n, nil
 			}
 		}
 		select {
 		case <-n.done:
-			t.Fatalf("scdd exited at start: %v\n%s", n.err, n.stderr.String())
+			return n, fmt.Errorf("scdd exited at start: %v\n%s", n.err, n.stderr.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("scdd did not start within 15 s\n%s", n.stderr.String())
+			return n, fmt.Errorf("scdd did not start within 15 s\n%s", n.stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
