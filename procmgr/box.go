@@ -367,15 +367,16 @@ func (b *box) remove() error {
 	dirs = append(dirs, b.v1...)
 	var errs []error
 	for _, d := range dirs {
-		errs = append(errs, rmdirWait(d, b.server))
+		errs = append(errs, rmdirWait(d, "cgroup of "+b.server, ""))
 	}
 	errs = append(errs, b.cpu.Remove())
 	return errors.Join(errs...)
 }
 
 // rmdirWait removes a cgroup directory, waiting up to removeWait for
-// exiting tasks to leave it.
-func rmdirWait(dir, server string) error {
+// exiting tasks to leave it. subject names the cgroup in an error ("cgroup
+// of SERVER"); advice, if any, follows the processes still in it.
+func rmdirWait(dir, subject, advice string) error {
 	deadline := time.Now().Add(removeWait)
 	for {
 		err := unix.Rmdir(dir)
@@ -383,12 +384,12 @@ func rmdirWait(dir, server string) error {
 			return nil
 		}
 		if !errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("procmgr: cgroup of %s: rmdir %s: %w", server, dir, err)
+			return fmt.Errorf("procmgr: %s: rmdir %s: %w", subject, dir, err)
 		}
 		if time.Now().After(deadline) {
 			pids, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-			return fmt.Errorf("procmgr: cgroup of %s: rmdir %s: %w (processes still in it: [%s])",
-				server, dir, err, strings.Join(strings.Fields(string(pids)), " "))
+			return fmt.Errorf("procmgr: %s: rmdir %s: %w (processes still in it: [%s]%s)",
+				subject, dir, err, strings.Join(strings.Fields(string(pids)), " "), advice)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

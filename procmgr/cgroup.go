@@ -522,22 +522,7 @@ func (g *CPUGroup) Remove() error {
 	if g.dir == "" {
 		return nil
 	}
-	deadline := time.Now().Add(removeWait)
-	for {
-		err := unix.Rmdir(g.dir)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		if !errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("procmgr: cpu group %s: rmdir %s: %w", g.server, g.dir, err)
-		}
-		if time.Now().After(deadline) {
-			pids, _ := os.ReadFile(filepath.Join(g.dir, "cgroup.procs"))
-			return fmt.Errorf("procmgr: cpu group %s: rmdir %s: %w (processes still in it: [%s]; kill them and Remove again)",
-				g.server, g.dir, err, strings.Join(strings.Fields(string(pids)), " "))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return rmdirWait(g.dir, "cpu group "+g.server, "; kill them and Remove again")
 }
 
 // writeCgroupFile writes one value to an existing cgroup interface file
