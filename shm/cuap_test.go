@@ -103,19 +103,7 @@ func startCUAP(tb testing.TB, prog string, g *Group, slot int, env ...string) *u
 	cmd := exec.Command(prog)
 	cmd.Env = append(os.Environ(), "TPSCHED_SHM_FD=3")
 	cmd.Env = append(cmd.Env, env...)
-	cmd.ExtraFiles = p.Files()
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	u := &uapProc{Proc: p, cmd: cmd, done: make(chan error, 1)}
-	go func() { u.done <- cmd.Wait() }()
-	tb.Cleanup(func() {
-		cmd.Process.Kill()
-		<-u.done
-	})
-	return u
+	return &uapProc{Proc: p, cmd: cmd, done: startProcess(tb, cmd, p.Files())}
 }
 
 // TestCUAPHandlers: the example C UAP registers its entries in order and

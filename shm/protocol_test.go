@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -118,18 +117,7 @@ func (im impl) start(tb testing.TB, n *nodeSide, env ...string) *uap {
 		cmd.Env = append(cmd.Env, "TPSCHED_RECEIVE=socket")
 	}
 	cmd.Env = append(cmd.Env, env...)
-	cmd.ExtraFiles = p.Files()
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	u := &uap{nodeProc: p, cmd: cmd, done: make(chan error, 1)}
-	go func() { u.done <- cmd.Wait() }()
-	tb.Cleanup(func() {
-		cmd.Process.Kill()
-		<-u.done
-	})
+	u := &uap{nodeProc: p, cmd: cmd, done: shm.StartProcess(tb, cmd, p.Files())}
 	until(tb, n, "the UAP to attach", u.Attach)
 	return u
 }

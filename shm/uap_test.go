@@ -108,19 +108,27 @@ func startUAP(tb testing.TB, g *Group, slot int, env ...string) *uapProc {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperUAP$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1", "TPSCHED_SHM_FD=3")
 	cmd.Env = append(cmd.Env, env...)
-	cmd.ExtraFiles = p.Files()
+	return &uapProc{Proc: p, cmd: cmd, done: startProcess(tb, cmd, p.Files())}
+}
+
+// startProcess starts cmd as a UAP process on the node's files (fds 3
+// on), its output on the test's, killed at cleanup (and with the test
+// process); the channel takes its exit.
+func startProcess(tb testing.TB, cmd *exec.Cmd, files []*os.File) chan error {
+	tb.Helper()
+	cmd.ExtraFiles = files
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	u := &uapProc{Proc: p, cmd: cmd, done: make(chan error, 1)}
-	go func() { u.done <- cmd.Wait() }()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
 	tb.Cleanup(func() {
 		cmd.Process.Kill()
-		<-u.done
+		<-done
 	})
-	return u
+	return done
 }
 
 func (u *uapProc) wait(tb testing.TB, d time.Duration) error {
