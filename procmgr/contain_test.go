@@ -66,6 +66,23 @@ func needCgroupKill(t *testing.T, m *Manager) {
 	}
 }
 
+// startEscape starts a server of one "escape" process (it leaves its
+// process group and leaves a grandchild in a session of its own) that
+// reports into dir, and returns its report and the two pids, killed at
+// cleanup whatever the test did.
+func startEscape(t *testing.T, m *Manager, dir string, h *hooks) (srv *Server, rep map[string]string, pid, gpid int) {
+	t.Helper()
+	srv, err := m.Start(uapSpec("escape", dir, 1), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep = readReport(t, dir, 0, 0)
+	pid, _ = strconv.Atoi(rep["pid"])
+	gpid, _ = strconv.Atoi(rep["grandchild"])
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL); _ = syscall.Kill(gpid, syscall.SIGKILL) })
+	return srv, rep, pid, gpid
+}
+
 // A process that leaves its process group (it joins the daemon's, which
 // kill(-pid) does not reach) and starts a child in a session of its own is
 // still killed: by Kill, at once, and with every descendant by a Stop
@@ -77,14 +94,7 @@ func TestProcessThatLeftItsGroupIsKilled(t *testing.T) {
 	needCgroupKill(t, m)
 	dir := t.TempDir()
 	exits := newExitLog()
-	srv, err := m.Start(uapSpec("escape", dir, 1), &hooks{exited: exits.hook})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := readReport(t, dir, 0, 0)
-	pid, _ := strconv.Atoi(rep["pid"])
-	gpid, _ := strconv.Atoi(rep["grandchild"])
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL); _ = syscall.Kill(gpid, syscall.SIGKILL) })
+	srv, rep, pid, gpid := startEscape(t, m, dir, &hooks{exited: exits.hook})
 	if rep["setpgid"] != "<nil>" || gpid == 0 {
 		t.Fatalf("the child did not escape: %v", rep)
 	}
@@ -106,6 +116,7 @@ func TestProcessThatLeftItsGroupIsKilled(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- srv.Stop(ctx) }()
+	var err error
 	select {
 	case err = <-done:
 	case <-time.After(killWait + waitLimit):
@@ -464,15 +475,7 @@ func TestPureV1HostKillsByTheFreezer(t *testing.T) {
 	if m.contain.kill != KillFreezerV1 {
 		skipOrFail(t, "no v1 freezer here: "+m.contain.killWhy)
 	}
-	dir := t.TempDir()
-	srv, err := m.Start(uapSpec("escape", dir, 1), &hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := readReport(t, dir, 0, 0)
-	pid, _ := strconv.Atoi(rep["pid"])
-	gpid, _ := strconv.Atoi(rep["grandchild"])
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL); _ = syscall.Kill(gpid, syscall.SIGKILL) })
+	srv, _, pid, gpid := startEscape(t, m, t.TempDir(), &hooks{})
 	if got := cgroupsOf(t, gpid)["freezer"]; !strings.HasSuffix(got, "/srv-escape") {
 		t.Fatalf("the grandchild is in freezer cgroup %q", got)
 	}
@@ -519,15 +522,7 @@ func TestCgroupWithoutFreezerKillsEveryMember(t *testing.T) {
 	if m.contain.kill != KillMembers {
 		skipOrFail(t, "no v1 cpu hierarchy here: "+m.contain.killWhy)
 	}
-	dir := t.TempDir()
-	srv, err := m.Start(uapSpec("escape", dir, 1), &hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rep := readReport(t, dir, 0, 0)
-	pid, _ := strconv.Atoi(rep["pid"])
-	gpid, _ := strconv.Atoi(rep["grandchild"])
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL); _ = syscall.Kill(gpid, syscall.SIGKILL) })
+	srv, _, pid, gpid := startEscape(t, m, t.TempDir(), &hooks{})
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_ = srv.Stop(ctx)
