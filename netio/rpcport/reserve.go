@@ -13,14 +13,20 @@ import (
 // (a second descriptor for a moment), and an accept that took the last free
 // descriptor used to leave gnet none, so the caller was reset (238 of 300
 // connections under RLIMIT_NOFILE 99). Now the accept loops accept only
-// while the reserve is full, and free one of its descriptors for the
+// while the reserve holds a placeholder, and free one of them for the
 // duplicate: when the table is full, accept fails (EMFILE) or the reserve
 // cannot be refilled, and callers wait in the kernel's backlog until a
 // descriptor frees. A connection whose caller half-closed also takes one
 // (dup2 onto it, needing no free slot) to stay writable for its answers.
+//
+// The lock guards the placeholder list only and is never held across a
+// wait: an enrollment waits for its event loop, and that loop takes the
+// lock itself (dup, when a caller closes with a call in flight). Holding it
+// across the enrollment wedged the port for good (issue 27, break 1).
 type fdReserve struct {
 	mu   sync.Mutex
 	fds  []int // placeholders: eventfds that stand for free slots
+	lent int   // placeholders closed for enrollments under way: their slots are not refilled
 	size int
 }
 
@@ -36,10 +42,12 @@ func newFDReserve(size int) *fdReserve {
 	return r
 }
 
-// fillLocked opens placeholders until the reserve is full; false when the
+// fillLocked opens placeholders until the reserve is full, not counting
+// the slots lent to enrollments under way (a placeholder opened now would
+// take the slot an enrollment freed for gnet's duplicate); false when the
 // table has no room for them. r.mu is held.
 func (r *fdReserve) fillLocked() bool {
-	for len(r.fds) < r.size {
+	for len(r.fds)+r.lent < r.size {
 		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 		if err != nil {
 			return false
@@ -49,32 +57,42 @@ func (r *fdReserve) fillLocked() bool {
 	return true
 }
 
-// ready refills the reserve and reports whether it is full: whether a
-// connection accepted now can be enrolled.
+// ready refills the reserve and reports whether a connection accepted now
+// can be enrolled: the reserve is full and holds a placeholder to lend.
 func (r *fdReserve) ready() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.fillLocked()
+	return r.fillLocked() && len(r.fds) > 0
 }
 
 // enroll runs register (which needs one free descriptor for a moment) with
-// a placeholder closed for it, then refills the reserve. Enrollments are
-// serialised: each has the slot it freed.
+// a placeholder closed for it, then refills the reserve. The lock is not
+// held while register waits for the event loop (see fdReserve).
 func (r *fdReserve) enroll(register func() error) error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	lent := false
 	if n := len(r.fds); n > 0 {
 		unix.Close(r.fds[n-1])
 		r.fds = r.fds[:n-1]
+		r.lent++
+		lent = true
 	}
+	r.mu.Unlock()
 	err := register()
+	r.mu.Lock()
+	if lent {
+		r.lent--
+	}
 	r.fillLocked()
+	r.mu.Unlock()
 	return err
 }
 
 // dup duplicates fd onto a placeholder (dup3: no free slot is needed) and
 // hands that descriptor over; without a placeholder it takes a free slot
-// if there is one.
+// if there is one. It does not refill: a new placeholder could take a slot
+// an enrollment has freed; the accept loop refills (ready) before its next
+// accept.
 func (r *fdReserve) dup(fd int) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -84,7 +102,6 @@ func (r *fdReserve) dup(fd int) (int, error) {
 			return -1, os.NewSyscallError("dup3", err)
 		}
 		r.fds = r.fds[:n-1]
-		r.fillLocked()
 		return p, nil
 	}
 	nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
