@@ -298,6 +298,10 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 			out.abandon()
 			return errNotResident
 		}
+		// s.mu is held across the spawn so that the slot's state and its
+		// process change together (a stop meanwhile would miss the new
+		// process); the spawning thread takes no server's lock, and a fork
+		// is bounded. lockcheck: as above.
 		res := s.m.start(cmd, pl.tasks, out.linked)
 		out.started()
 		if res.err != nil {

@@ -62,10 +62,13 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 	case len(req) > len(o.buf)-outNames:
 		return nil, fmt.Errorf("shm: call %s/%s: a request of %d bytes, max_message_size %d", group, service, len(req), len(o.buf)-outNames)
 	}
+	// o.mu is held across the waits for scdd's answer: the UAP has one
+	// out-mailbox, so its goroutines' calls take turns. What ends the wait
+	// (scdd, the call's deadline, ctx) never takes o.mu.
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.abandoned {
-		if err := u.awaitOut(ctx); err != nil {
+		if err := u.awaitOut(ctx); err != nil { // lockcheck: see o.mu above
 			return nil, err
 		}
 		o.abandoned = false
@@ -92,7 +95,7 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 	if u.gp.sleeping.Load() != 0 {
 		ring(u.bell)
 	}
-	if err := u.awaitOut(ctx); err != nil {
+	if err := u.awaitOut(ctx); err != nil { // lockcheck: see o.mu above
 		o.abandoned = true
 		return nil, err
 	}

@@ -86,11 +86,11 @@ func (s *Port) HandOff() ([]Listener, error) {
 		return nil, ErrHandedOff
 	}
 	s.lnMu.Lock()
-	defer s.lnMu.Unlock()
 	out := make([]Listener, 0, len(s.rcv))
 	for _, r := range s.rcv {
 		f, err := s.listeners[r.pos].File()
 		if err != nil {
+			s.lnMu.Unlock()
 			closeInherited(out)
 			s.handedOff.Store(false)
 			return nil, fmt.Errorf("netio: hand off %s: %w", r.group.addr, err)
@@ -100,7 +100,10 @@ func (s *Port) HandOff() ([]Listener, error) {
 	for _, ln := range s.listeners {
 		_ = ln.Close() // the duplicate keeps the socket; the accept loop ends quietly
 	}
-	s.acceptWG.Wait() // the loops take no lock of ours
+	// Unlocked before the wait: a loop that fails meanwhile takes lnMu
+	// (fail, closeQuit).
+	s.lnMu.Unlock()
+	s.acceptWG.Wait()
 	for _, g := range s.groups {
 		if g.steered != nil {
 			if err := g.steered.Release(); err != nil {

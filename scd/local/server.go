@@ -30,9 +30,15 @@ type server struct {
 
 	inner atomic.Pointer[procBox] // nil: no server here
 
-	mu      sync.Mutex // orders start, stop and the node's stop
-	closed  bool       // the node stops: no server starts any more
-	retired bpf.Usage  // what servers that stopped used, so usage never goes back
+	// mu orders start, stop and the node's stop, and is held while stop
+	// waits for the processes to leave: nothing those processes' ends run
+	// takes it. Readers (Usage, from the metrics) take usageMu instead, so
+	// a stop in progress never holds them up.
+	mu     sync.Mutex
+	closed bool // the node stops: no server starts any more
+
+	usageMu sync.Mutex
+	retired bpf.Usage // what servers that stopped used, so usage never goes back
 }
 
 type procBox struct{ p processes }
@@ -84,8 +90,10 @@ func (e *server) stop(ctx context.Context) error {
 		e.g.stopSlot(slot)
 	}
 	err := p.Stop(ctx)
+	e.usageMu.Lock() // one step: a reader never counts p twice
 	e.retired.Add(p.Usage())
 	e.inner.Store(nil)
+	e.usageMu.Unlock()
 	return err
 }
 
@@ -160,9 +168,9 @@ func (e *server) Processes() []procmgr.ProcInfo {
 }
 
 func (e *server) Usage() bpf.Usage {
-	e.mu.Lock()
+	e.usageMu.Lock()
+	defer e.usageMu.Unlock()
 	u := e.retired
-	e.mu.Unlock()
 	if p := e.cur(); p != nil {
 		u.Add(p.Usage())
 	}
