@@ -89,9 +89,10 @@ type endurox struct {
 	s       *system
 	prefix  string
 	env     []string
-	fixed   int // exbenchsv processes in every cell (0: as many as the cell's callers)
-	servers int // exbenchsv processes running now
-	runs    int // exbenchcl runs so far, for their file names
+	fixed   int    // exbenchsv processes in every cell (0: as many as the cell's callers)
+	servers int    // exbenchsv processes running now
+	runs    int    // exbenchcl runs so far, for their file names
+	tag     string // NDRX_QPREFIX (less its /) and NDRX_RNDK: marks the domain's queues and processes
 }
 
 // enduroxSeq makes each domain's queue prefix and IPC key its own.
@@ -115,13 +116,14 @@ func startEnduroX(env Env, sp Spec) (*system, error) {
 		e.servers = e.fixed
 	}
 	tag := fmt.Sprintf("tpbx%d_%d", os.Getpid()%100000, enduroxSeq.Add(1))
+	e.tag = tag
 	d := s.dir
 	e.env = []string{
 		"PATH=" + filepath.Join(prefix, "bin") + ":" + os.Getenv("PATH"),
 		"LD_LIBRARY_PATH=" + filepath.Join(prefix, "lib"),
 		"NDRX_NODEID=1", "NDRX_CLUSTERISED=0", "NDRX_LDBAL=0", "NDRX_TOUT=60",
 		"NDRX_QPREFIX=/" + tag, "NDRX_RNDK=" + tag,
-		"NDRX_IPCKEY=" + strconv.Itoa(40000+(os.Getpid()*31+int(enduroxSeq.Load())*7919)%20000),
+		"NDRX_IPCKEY=" + enduroxIPCKey(os.Getpid(), enduroxSeq.Load()),
 		"NDRX_SVCMAX=1000", "NDRX_SRVMAX=1000",
 		"NDRX_QPATH=/dev/mqueue", "NDRX_SHMPATH=/dev/shm", "NDRX_CMDWAIT=1",
 		"NDRX_MSGMAX=" + strconv.Itoa(enduroxQueueDepth), "NDRX_DQMAX=" + strconv.Itoa(enduroxQueueDepth),
@@ -220,15 +222,57 @@ func (e *endurox) xadmin(timeout time.Duration, args ...string) ([]byte, error) 
 }
 
 // down stops the domain and removes its queues and shared memory, also
-// after a start that failed half way (xadmin down kills what is left).
+// after a start that failed half way. Not with xadmin down: in the version
+// measured it kills every process of the user whose command line holds
+// "xadmin" (as root, anyone's) and removes every queue of the user. The
+// domain's own processes are found by the NDRX_RNDK each of them carries
+// in its environment, its queues and shared memory by NDRX_QPREFIX.
 func (e *endurox) down() {
 	if len(e.s.pids) > 0 {
 		e.xadmin(60*time.Second, "stop", "-y")
 	}
-	e.xadmin(30*time.Second, "down", "-y")
-	for _, p := range e.s.pids {
-		syscall.Kill(p, syscall.SIGKILL) // gone already, unless both failed
+	for _, p := range append(e.s.pids, domainPIDs("NDRX_RNDK="+e.tag)...) {
+		syscall.Kill(p, syscall.SIGKILL) // gone already, unless the stop failed
 	}
+	for _, dir := range []string{"/dev/mqueue", "/dev/shm"} {
+		names, _ := filepath.Glob(filepath.Join(dir, e.tag+",*"))
+		for _, n := range names {
+			os.Remove(n)
+		}
+	}
+}
+
+// domainPIDs lists the processes whose environment holds mark (one
+// NAME=value): those of one Enduro/X domain, started by this bench.
+func domainPIDs(mark string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", ent.Name(), "environ"))
+		if err != nil {
+			continue
+		}
+		for v := range bytes.SplitSeq(env, []byte{0}) {
+			if string(v) == mark {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// enduroxIPCKey is a domain's NDRX_IPCKEY, written in hexadecimal as
+// Enduro/X reads it (the decimal keys given before were read as other
+// numbers, in other ranges). Its System V resources take keys just past
+// it, so a domain has 0x100 keys of its own: one per bench process (pid)
+// and domain of that process (seq), in a range of their own.
+func enduroxIPCKey(pid int, seq int32) string {
+	return fmt.Sprintf("%x", 0x7b000000+((pid%0x800)<<4+int(seq)%0x10)<<8)
 }
 
 // setServers runs n exbenchsv processes: those past n stopped, those
@@ -254,7 +298,9 @@ func exbenchTime(warmup, window time.Duration) int {
 }
 
 // drive runs one cell: c.Conns exbenchcl client threads calling EXBENCH
-// with c.Payload random bytes for exbenchTime seconds. The window
+// with a c.Payload-byte field for exbenchTime seconds (exbenchcl -S: a
+// buffer it allocates and does not fill, so its bytes are whatever malloc
+// returned; only the size is chosen). The window
 // starts a warm-up after the first calls reach the servers and ends well
 // before the clients stop; its calls/s is exbenchcl's own over its run
 // (it reports no other figure), and its mean latency follows from it.

@@ -212,7 +212,7 @@ func enduroxChoice(sp Spec) string {
 	return fmt.Sprintf("Enduro/X: its own benchmark pair, built from source (-O2, release build, epoll over POSIX queues, logging at errors only), "+
 		"under its daemon ndrxd with the sample configuration's timers; exbenchcl -n N (N client threads, each with its own XATMI context and reply queue, calling "+
 		"EXBENCH in a loop with tpcall; its -F, N processes, sums their calls/s into an uninitialised variable in this version and reports garbage) "+
-		"against %s. The request is a UBF buffer holding the cell's payload as random bytes (-S, plus 64 bytes of UBF). NDRX_MSGMAX=%d, "+
+		"against %s. The request is a UBF buffer with one field of the cell's payload size (-S: exbenchcl allocates it and does not fill it, so its content is whatever malloc returned; the size, not the content, is what is chosen), plus 64 bytes of UBF. NDRX_MSGMAX=%d, "+
 		"NDRX_MSGSIZEMAX=%d: this VM caps POSIX queues at 10 messages of 8 KiB and 800 KiB of queues per user, without the privilege to raise "+
 		"them, and no queue holds more than 5 messages in a closed loop of 5 callers. exbenchcl reports calls/s over its whole -t (whole seconds, "+
 		"set to hold the warm-up and the window): that is the calls/s shown; the per-call figures are over a window inside its run, which "+
