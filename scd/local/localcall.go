@@ -37,14 +37,24 @@ type uapCaller struct {
 	maxMsg int // the calling group's max_message_size
 }
 
+// Send answers every frame in b (call.Caller: one or more whole frames).
 func (u *uapCaller) Send(b []byte) error {
-	f, _, err := netio.Decode(b, math.MaxInt32)
-	if err != nil {
-		return fmt.Errorf("scd: answering a local call: %w", err)
+	for len(b) > 0 {
+		f, n, err := netio.Decode(b, math.MaxInt32)
+		if err != nil {
+			return fmt.Errorf("scd: answering a local call: %w", err)
+		}
+		u.answerFrame(f)
+		b = b[n:]
 	}
+	return nil
+}
+
+// answerFrame writes one answer into the calling process's area.
+func (u *uapCaller) answerFrame(f netio.Frame) {
 	if f.Kind != netio.KindError {
 		if u.p.AnswerOutCall(f.ID, 0, f.Payload) {
-			return nil
+			return
 		}
 		f.Code = netio.CodeMessageTooBig
 		f.Payload = fmt.Appendf(nil, "a reply of %d bytes, the calling UAP's max_message_size is %d", len(f.Payload), u.maxMsg)
@@ -56,7 +66,6 @@ func (u *uapCaller) Send(b []byte) error {
 		msg += ": " + string(f.Payload)
 	}
 	u.p.AnswerOutCall(f.ID, uint32(f.Code), []byte(msg[:min(len(msg), u.maxMsg)]))
-	return nil
 }
 
 // answer writes a completion of call no straight into the calling
