@@ -75,8 +75,8 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 	}
 	var timeoutMs uint32
 	deadline, ok := ctx.Deadline()
-	if !ok && u.curDeadline != 0 {
-		deadline, ok = time.Unix(0, u.curDeadline), true
+	if cur := u.curDeadline.Load(); !ok && cur != 0 {
+		deadline, ok = time.Unix(0, cur), true
 	}
 	if ok {
 		left := time.Until(deadline)
@@ -118,6 +118,15 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 		return nil
 	}
 	o.spin.learn(-1)
+	// A cancel wakes the wait at once (a deadline bounds the sleep
+	// anyway): the wake word moves, and the loop looks at ctx.
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() {
+			c.wake.Add(1)
+			futexWake(&c.wake, 1)
+		})
+		defer stop()
+	}
 	for !answered() {
 		if err := ctx.Err(); err != nil {
 			return err

@@ -108,3 +108,25 @@ func TestCallOutOfBounds(t *testing.T) {
 		t.Fatal("a second call before the first was answered was accepted")
 	}
 }
+
+// TestCallCancelledWakesAtOnce: a handler's call whose context is
+// cancelled returns then, not at the wait's next timed look (with the
+// looks 10 s apart here, the old code returned after 10 s).
+func TestCallCancelledWakesAtOnce(t *testing.T) {
+	g := newGroup(t, 64<<10, 1)
+	p := startUAP(t, g, 0, "TPSCHED_SHM_TEST_MAXSLEEP=10s", "TPSCHED_SPIN_US=0")
+	attached(t, g, p)
+	if err := p.Dispatch("cancel", []byte("50ms"), 0); err != nil {
+		t.Fatal(err)
+	}
+	p.Wake()
+	awaitOutCall(t, g, p.Proc) // never answered
+	start := time.Now()
+	c := waitCompletion(t, g, p.Proc)
+	if c.Status != StatusOK || !bytes.HasPrefix(c.Reply, []byte("context canceled after")) {
+		t.Fatalf("status %v, reply %q", c.Status, c.Reply)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the cancelled call returned %v after its out-call was seen (%s)", d, c.Reply)
+	}
+}

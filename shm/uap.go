@@ -44,7 +44,7 @@ type UAP struct {
 	// last call made, and the deadline of the call being served, which a
 	// call made without one of its own inherits.
 	out         outState
-	curDeadline int64
+	curDeadline atomic.Int64 // read by Call, from any of the service's goroutines
 }
 
 // Attach attaches the calling process, started by scdd, to its schedule
@@ -288,9 +288,9 @@ func (u *UAP) serve(no uint64, i int) {
 	n := min(uint64(m.reqLen), uint64(len(buf)))
 	nl := min(int(m.entryLen), maxName)
 	copy(u.entry[:], m.entry[:nl])
-	u.curDeadline = m.deadline
+	u.curDeadline.Store(m.deadline)
 	st, rl := u.run(buf, n, m.deadline, u.entry[:nl])
-	u.curDeadline = 0
+	u.curDeadline.Store(0)
 	m.status.Store(uint32(st))
 	m.replyLen.Store(uint32(rl))
 	u.ctl.doneNo.Store(no)

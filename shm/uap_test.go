@@ -63,6 +63,19 @@ func TestHelperUAP(t *testing.T) {
 		}
 		return reply, nil
 	})
+	// cancel calls other/svc with a context cancelled after the duration
+	// its request names, and says what the call returned and when.
+	u.Handle("cancel", func(req []byte) ([]byte, error) {
+		d, err := time.ParseDuration(string(req))
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(d, cancel)
+		start := time.Now()
+		_, err = u.Call(ctx, "other", "svc", nil)
+		return fmt.Appendf(nil, "%v after %v", err, time.Since(start).Round(time.Millisecond)), nil
+	})
 	u.Handle("sleep", func(req []byte) ([]byte, error) {
 		d, err := time.ParseDuration(string(req))
 		if err != nil {
