@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -134,8 +136,8 @@ var programs = map[string][3]string{
 var events = [3]string{"sched_switch", "sched_wakeup", "sched_wakeup_new"}
 
 func openProbes(name string) (m *probeMeter, err error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("not root")
+	if err := canTrace(); err != nil {
+		return nil, err
 	}
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, err
@@ -150,11 +152,7 @@ func openProbes(name string) (m *probeMeter, err error) {
 		return nil, err
 	}
 	keep := programs[name]
-	for p := range spec.Programs {
-		if p != keep[0] && p != keep[1] && p != keep[2] {
-			delete(spec.Programs, p)
-		}
-	}
+	keepOnly(spec, keep[:])
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
@@ -188,6 +186,52 @@ func openProbes(name string) (m *probeMeter, err error) {
 		m.mech.RunQueues = true
 	}
 	return m, nil
+}
+
+// keepOnly leaves in spec the programs named and the maps they use. A
+// collection creates every map of its spec, and the run-queue map
+// (BPF_F_MMAPABLE, Linux 5.5) failed the load of the classic tracepoint's
+// programs, which do not use it, on older kernels: every probe was lost.
+func keepOnly(spec *ebpf.CollectionSpec, progs []string) {
+	used := map[string]bool{}
+	for name, p := range spec.Programs {
+		if !slices.Contains(progs, name) {
+			delete(spec.Programs, name)
+			continue
+		}
+		for _, ins := range p.Instructions {
+			if ins.IsLoadFromMap() {
+				used[ins.Reference()] = true
+			}
+		}
+	}
+	for name := range spec.Maps {
+		if !used[name] {
+			delete(spec.Maps, name)
+		}
+	}
+}
+
+// canTrace says whether this process may load and attach the probes: root,
+// or CAP_BPF with CAP_PERFMON (Linux 5.8), or CAP_SYS_ADMIN.
+func canTrace() error {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return err
+	}
+	var eff uint64
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			if eff, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
+				return fmt.Errorf("CapEff: %w", err)
+			}
+		}
+	}
+	has := func(c uint) bool { return eff&(1<<c) != 0 }
+	if has(unix.CAP_SYS_ADMIN) || has(unix.CAP_BPF) && has(unix.CAP_PERFMON) {
+		return nil
+	}
+	return errors.New("neither root nor CAP_BPF with CAP_PERFMON: the scheduler probes cannot load")
 }
 
 // tracefsDir is where the classic tracepoint's tracefs is expected.

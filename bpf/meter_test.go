@@ -245,3 +245,26 @@ func TestStatCPUTicks(t *testing.T) {
 		}
 	}
 }
+
+// TestEachMechanismLoadsOnlyItsMaps: a mechanism's collection holds the
+// maps its programs use and no other, so the classic tracepoint's does not
+// create the run-queue map (Linux 5.5) and loads on older kernels.
+func TestEachMechanismLoadsOnlyItsMaps(t *testing.T) {
+	for name, progs := range programs {
+		spec, err := loadSched()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keepOnly(spec, progs[:])
+		if len(spec.Programs) != 3 {
+			t.Errorf("%s: %d programs left", name, len(spec.Programs))
+		}
+		_, rq := spec.Maps[schedMapRunqueue]
+		if rq != (name != Tracepoint) {
+			t.Errorf("%s: run-queue map in the collection = %v", name, rq)
+		}
+		if _, ok := spec.Maps[schedMapProcs]; !ok {
+			t.Errorf("%s: the procs map was dropped", name)
+		}
+	}
+}
