@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"tpsched/internal/leakcheck"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -88,7 +89,7 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(envMode); mode != "" {
 		os.Exit(runChild(mode))
 	}
-	os.Exit(m.Run())
+	os.Exit(leakcheck.Main(m)) // every goroutine the Manager starts ends at its Close
 }
 
 func runChild(mode string) int {
