@@ -28,11 +28,10 @@ import (
 	"time"
 
 	"tpsched/netio"
-	"tpsched/netio/rpcport"
 )
 
 // Caller is where a call's answer goes: the connection it came on (a
-// client's or a peer's *rpcport.Conn), or the UAP that made it through its
+// client's or a peer's rpcport.Conn), or the UAP that made it through its
 // shared memory (scd/local). Send takes one or more whole answer frames
 // (netio.AppendReply, netio.AppendError), each under the id the call came
 // with.
@@ -48,11 +47,21 @@ type Caller interface {
 	Send(b []byte) error
 }
 
+// Conn is a connection a call came on, as the stages see it: where its
+// answer goes, and the receiver group of the socket it arrived on. The RPC
+// port's connection (netio/rpcport) is one; the contract names none.
+type Conn interface {
+	Caller
+	// ReceiverGroup is the receiver group of the socket the connection
+	// arrived on; "" for the default group.
+	ReceiverGroup() string
+}
+
 // From is where a call came from.
 type From struct {
 	// Conn is the connection the call came on; nil for a call a UAP made
 	// through its shared memory.
-	Conn *rpcport.Conn
+	Conn Conn
 	// Peer is the node that transferred the call here, as the peer hello
 	// on its connection proved (scd/peers); "" when the call was not
 	// transferred, or its hop mark cannot be trusted.

@@ -49,7 +49,10 @@ func receiverOf(g Group, ok bool) string {
 // where to go: it is taken where it came (its bytes were read there
 // already) and counted as misdirected.
 func (rv *Receivers) Route(_ call.Caller, from call.From, f *netio.Frame) (bool, netio.Code, string) {
-	c := from.Conn
+	c, ok := from.Conn.(portConn)
+	if !ok {
+		return false, 0, "" // not from a receiving socket: nothing to tell
+	}
 	here, want := c.ReceiverGroup(), receiverOf(rv.local.Group(string(f.Group)))
 	if here == want {
 		return false, 0, ""
@@ -64,6 +67,13 @@ func (rv *Receivers) Route(_ call.Caller, from call.From, f *netio.Frame) (bool,
 		msg += " (receiver group " + want + ")"
 	}
 	return true, netio.CodeWrongReceiver, msg + ", not on receiver group " + labelOf(here) + " (" + rv.addr(c.Port(), here) + ")"
+}
+
+// portConn is a connection of the RPC port, which knows the addresses of
+// its port's receiver groups (rpcport.Conn).
+type portConn interface {
+	call.Conn
+	Port() *rpcport.Port
 }
 
 func labelOf(receiverGroup string) string {
