@@ -502,11 +502,9 @@ func (w *waiter) Answer(f netio.Frame, err error) {
 // wait waits for w's answer on mc, for ctx, or (when ctx has no deadline)
 // for timeout and a little more.
 func wait(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, timeout time.Duration) ([]byte, error) {
-	limit := timeout // for the message: what the caller had when the call began
+	limit := timeout // for the message: what the caller had when the call began (header)
 	var timer <-chan time.Time
-	if dl, ok := ctx.Deadline(); ok {
-		limit = min(timeout, time.Until(dl))
-	} else if timeout > 0 {
+	if _, ok := ctx.Deadline(); !ok && timeout > 0 {
 		// The node answers 'timed out' itself at the deadline; wait a
 		// little longer so its answer, not ours, is what the caller sees.
 		t := time.NewTimer(timeout + time.Second)

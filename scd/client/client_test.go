@@ -334,6 +334,11 @@ func TestDeadlineTimesOut(t *testing.T) {
 	t.Parallel()
 	n := startNode(t, "a")
 	c := newClient(t, Options{Hosts: []string{n.addr}})
+	// The connection first: on a busy machine a dial can take the whole
+	// 100 ms, and the call then never reaches the node.
+	if _, err := c.Call(testCtx(t), "demo", "echo", nil); err != nil {
+		t.Fatal(err)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
