@@ -269,10 +269,16 @@ func New(opts Options) *Manager {
 	if cs.Kill == KillPgroup {
 		m.log.Warn("uap processes are killed by process group: " + cs.KillReason)
 	}
-	stale := m.cpu.removeStaleDaemonGroups()
-	stale = append(stale, m.contain.removeStale()...)
-	if len(stale) > 0 {
-		m.log.Info("removed cgroups of daemons that died without cleaning up", "cgroups", stale)
+	var stale []string
+	for _, p := range m.contain.parents() {
+		stale = append(stale, staleDaemonGroups(p)...)
+	}
+	if removed, killed, err := removeStaleGroups(stale); len(removed) > 0 || killed > 0 || err != nil {
+		m.log.Info("killed the processes of daemons that died without cleaning up and removed their cgroups",
+			"killed", killed, "cgroups", removed)
+		if err != nil {
+			m.log.Warn("cgroups of dead daemons left", "err", err)
+		}
 	}
 	started := make(chan struct{})
 	m.wg.Add(2)
