@@ -107,6 +107,10 @@ type CPUControl struct {
 	// (contain.go), not by cgroup.procs after the start.
 	byThread bool
 
+	// deleg: the v2 hierarchy's groups go under scdd's delegated cgroup
+	// (delegate.go); nil: at its top. The containment uses the same.
+	deleg *v2Delegation
+
 	mu       sync.Mutex
 	cloneErr error // cgroup2: clone3 into the cgroup failed where cgroup.procs worked
 }
@@ -125,7 +129,17 @@ type CPUStatus struct {
 // used it returns the nice mechanism, and Reason says why.
 func DetectCPUControl(parent string) *CPUControl { return detect(mountinfoPath, parent) }
 
-func detect(mountinfo, parent string) *CPUControl {
+func detect(mountinfo, parent string) *CPUControl { return detectIn(mountinfo, parent, nil) }
+
+// detectIn is detect with the v2 hierarchy's groups under deleg's cgroup
+// (nil: at the hierarchy's top).
+func detectIn(mountinfo, parent string, deleg *v2Delegation) *CPUControl {
+	c := detectMounts(mountinfo, parent, deleg)
+	c.deleg = deleg
+	return c
+}
+
+func detectMounts(mountinfo, parent string, deleg *v2Delegation) *CPUControl {
 	if err := checkParent(parent); err != nil {
 		return niceControl(err.Error())
 	}
@@ -133,6 +147,7 @@ func detect(mountinfo, parent string) *CPUControl {
 	if err != nil {
 		return niceControl(fmt.Sprintf("no cgroup: %v", err))
 	}
+	deleg.apply(mounts)
 	var failed, absent []string
 	for _, m := range mounts {
 		if m.fstype != "cgroup2" {

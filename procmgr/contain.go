@@ -131,6 +131,7 @@ func detectContainment(mountinfo, parent string, cpu *CPUControl) *Containment {
 		c.settle()
 		return c
 	}
+	cpu.deleg.apply(mounts)
 	// The v2 hierarchy: the CPU mechanism's when it is there, else the
 	// first writable one.
 	var v2mount string
