@@ -2,10 +2,13 @@ package procmgr
 
 import (
 	"io/fs"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // A start with namespaces that fails for a reason that is not the kernel
@@ -63,5 +66,42 @@ func TestOnlyARefusalTurnsNamespacesOff(t *testing.T) {
 				t.Errorf("namespaces %q after a transient %v, want still user+pid", ns, tc.errno)
 			}
 		})
+	}
+}
+
+// Kill signals a process by its pid and process group number: the process
+// must not be reaped meanwhile, or both numbers are free for a stranger.
+// Here the process dies on its own just as Kill takes it from its slot
+// (issue 29 item 6: the reaper reaped it, and Kill went on to signal a pid
+// that was no longer its).
+func TestKillNeverSignalsAReapedPid(t *testing.T) {
+	m := testManager(t)
+	dir := t.TempDir()
+	exits := newExitLog()
+	srv := startServer(t, m, uapSpec("sleep", dir, 1), &hooks{exited: exits.hook})
+	pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
+	var reapedAt atomic.Int64
+	hook := func(p int) {
+		if p != pid {
+			return
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL) // it dies on its own
+		start := time.Now()
+		for time.Since(start) < 300*time.Millisecond {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+				reapedAt.Store(int64(time.Since(start)))
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	beforeKill.Store(&hook)
+	defer beforeKill.Store(nil)
+	srv.Kill(0)
+	if e := exits.next(t); e.pid != pid {
+		t.Fatalf("Exited(%d, %d), want pid %d", e.slot, e.pid, pid)
+	}
+	if d := reapedAt.Load(); d != 0 {
+		t.Errorf("pid %d was reaped %v after its death, while Kill was about to signal it and its group by number", pid, time.Duration(d))
 	}
 }
