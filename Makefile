@@ -37,10 +37,10 @@ TEST_TIMEOUT ?= 30m
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build uap-c install uninstall test check-cgroup2 test-short bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
 
 help: ## list the targets
-	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build scdd, scdctl and uap-echo into bin/, and with a C compiler the C UAP library and uap-echo-c (make uap-c)
 	$(GO) build $(GOFLAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
@@ -117,6 +117,9 @@ uninstall: ## remove what make install put in place, except the definitions in /
 
 test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes, built with -race as well)
 	@for m in $(MODULES); do (cd $$m && echo "== $$m" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+
+check-cgroup2: ## root: move cpu and pids (memory too when its v1 hierarchy is empty) to cgroup v2, run procmgr's containment and priority tests there, move them back (tools/cgroup2-ci.sh)
+	sh tools/cgroup2-ci.sh
 
 test-short: ## unit tests only, no processes started
 	@for m in $(MODULES); do (cd $$m && $(GO) test -short -count=1 ./...) || exit 1; done

@@ -241,13 +241,14 @@ func (b *box) memberDir() string {
 }
 
 // killAll kills every process in the server's cgroups and returns how many
-// there were. pids are the processes procmgr knows: with no cgroup they
-// and their process groups are all it can kill.
-func (b *box) killAll(pids []int) (int, error) {
+// there were. known kills the processes procmgr knows and their process
+// groups (Server.killKnown, safe against their reaping) and says how many:
+// with no cgroup they are all it can kill. nil: none.
+func (b *box) killAll(known func() int) (int, error) {
+	nKnown := 0
 	killKnown := func() {
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		if known != nil {
+			nKnown = known()
 		}
 	}
 	members, _ := b.members()
@@ -256,7 +257,7 @@ func (b *box) killAll(pids []int) (int, error) {
 		err := writeCgroupFile(filepath.Join(b.v2dir, "cgroup.kill"), "1")
 		if err != nil {
 			killKnown()
-			return len(pids), err
+			return nKnown, err
 		}
 		return len(members), nil
 	case KillFreezeV2:
@@ -277,7 +278,7 @@ func (b *box) killAll(pids []int) (int, error) {
 		for range 100 {
 			left, err := b.members()
 			if err != nil || len(left) == 0 {
-				return max(n, len(pids)), err
+				return max(n, nKnown), err
 			}
 			for _, pid := range left {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -287,7 +288,7 @@ func (b *box) killAll(pids []int) (int, error) {
 		return n, fmt.Errorf("procmgr: %s: members still forking after 100 rounds of SIGKILL", b.server)
 	}
 	killKnown()
-	return len(pids), nil
+	return nKnown, nil
 }
 
 // freezeKill freezes the cgroup so that nothing in it can fork, kills

@@ -25,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,6 +107,10 @@ type CPUControl struct {
 	// (contain.go), not by cgroup.procs after the start.
 	byThread bool
 
+	// deleg: the v2 hierarchy's groups go under scdd's delegated cgroup
+	// (delegate.go); nil: at its top. The containment uses the same.
+	deleg *v2Delegation
+
 	mu       sync.Mutex
 	cloneErr error // cgroup2: clone3 into the cgroup failed where cgroup.procs worked
 }
@@ -124,7 +129,17 @@ type CPUStatus struct {
 // used it returns the nice mechanism, and Reason says why.
 func DetectCPUControl(parent string) *CPUControl { return detect(mountinfoPath, parent) }
 
-func detect(mountinfo, parent string) *CPUControl {
+func detect(mountinfo, parent string) *CPUControl { return detectIn(mountinfo, parent, nil) }
+
+// detectIn is detect with the v2 hierarchy's groups under deleg's cgroup
+// (nil: at the hierarchy's top).
+func detectIn(mountinfo, parent string, deleg *v2Delegation) *CPUControl {
+	c := detectMounts(mountinfo, parent, deleg)
+	c.deleg = deleg
+	return c
+}
+
+func detectMounts(mountinfo, parent string, deleg *v2Delegation) *CPUControl {
 	if err := checkParent(parent); err != nil {
 		return niceControl(err.Error())
 	}
@@ -132,6 +147,7 @@ func detect(mountinfo, parent string) *CPUControl {
 	if err != nil {
 		return niceControl(fmt.Sprintf("no cgroup: %v", err))
 	}
+	deleg.apply(mounts)
 	var failed, absent []string
 	for _, m := range mounts {
 		if m.fstype != "cgroup2" {
@@ -635,27 +651,16 @@ func checkParent(parent string) error {
 	return nil
 }
 
-// removeStaleDaemonGroups removes what daemons killed without cleaning up left
-// beside c's parent: sibling cgroups named scdd-<pid> whose pid no longer
-// runs, with the server cgroups inside them. A cgroup that still holds a
-// process is left (rmdir refuses it). It returns the ones it removed.
-func (c *CPUControl) removeStaleDaemonGroups() []string {
-	if c.dir == "" {
-		return nil
-	}
-	return removeStaleBeside(c.dir)
-}
-
-// removeStaleBeside removes the scdd-<pid> cgroups of dead daemons beside
-// dir (a parent <mount>/tpsched/scdd-<pid>), with the server cgroups in
-// them.
-func removeStaleBeside(dir string) []string {
+// staleDaemonGroups lists the scdd-<pid> cgroups beside dir (a parent
+// <mount>/tpsched/scdd-<pid>) whose daemon no longer runs: what a daemon
+// killed without cleaning up (kill -9, a crash) left behind.
+func staleDaemonGroups(dir string) []string {
 	base, self := filepath.Dir(dir), filepath.Base(dir)
 	entries, err := os.ReadDir(base)
 	if err != nil {
 		return nil
 	}
-	var removed []string
+	var out []string
 	for _, e := range entries {
 		name := e.Name()
 		pid, err := strconv.Atoi(strings.TrimPrefix(name, "scdd-"))
@@ -665,16 +670,171 @@ func removeStaleBeside(dir string) []string {
 		if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
 			continue // alive (or not ours to judge)
 		}
-		dir := filepath.Join(base, name)
-		servers, _ := os.ReadDir(dir)
-		for _, s := range servers {
-			if s.IsDir() {
-				_ = unix.Rmdir(filepath.Join(dir, s.Name()))
+		out = append(out, filepath.Join(base, name))
+	}
+	return out
+}
+
+// staleWait bounds how long removeStaleGroups waits for the processes it
+// killed to leave a dead daemon's cgroups. Longer than removeWait: it runs
+// once at start, and an exit under memory pressure or on a busy host can
+// take a while, where giving up leaves the group for the next start.
+const staleWait = 5 * time.Second
+
+// removeStaleGroups kills every process in the given cgroups of dead
+// daemons (with their server cgroups) and removes them. A dead daemon's
+// UAPs are its children no longer, and what they forked in process groups
+// or sessions of their own was never reachable by pid: the cgroup is the
+// one place that still lists them all. The cgroups are killed strongest
+// mechanism first (cgroup.kill, then a freezer, then each member until
+// none is left), as each holds the same processes on its hierarchy. It
+// returns the cgroups removed and how many processes were killed.
+func removeStaleGroups(dirs []string) (removed []string, killed int, err error) {
+	rank := func(d string) int {
+		switch {
+		case exists(filepath.Join(d, "cgroup.kill")):
+			return 0
+		case exists(filepath.Join(d, "cgroup.freeze")), exists(filepath.Join(d, "freezer.state")):
+			return 1
+		}
+		return 2
+	}
+	dirs = slices.Clone(dirs)
+	slices.SortStableFunc(dirs, func(a, b string) int { return rank(a) - rank(b) })
+	var errs []error
+	seen := map[int]bool{} // a process is in the dead daemon's cgroups on every hierarchy
+	for _, d := range dirs {
+		pids, err := killCgroupTree(d)
+		for _, p := range pids {
+			if !seen[p] {
+				seen[p] = true
+				killed++
 			}
 		}
-		if unix.Rmdir(dir) == nil {
-			removed = append(removed, dir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("procmgr: kill what %s holds: %w", d, err))
 		}
 	}
-	return removed
+	for _, d := range dirs {
+		if err := rmdirTreeWait(d, time.Now().Add(staleWait)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, d)
+	}
+	return removed, killed, errors.Join(errs...)
+}
+
+// treeMembers lists the processes in dir and every cgroup below it, the
+// daemon's own left out, and says whether the daemon is one of them.
+func treeMembers(dir string) (pids []int, hasSelf bool) {
+	self := os.Getpid()
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		in, _ := readPids(filepath.Join(path, "cgroup.procs"))
+		for _, p := range in {
+			if p == self {
+				hasSelf = true
+			} else {
+				pids = append(pids, p)
+			}
+		}
+		return nil
+	})
+	return pids, hasSelf
+}
+
+// killCgroupTree kills every process in the cgroup dir and its
+// descendants and returns their pids: by cgroup.kill (v2, Linux
+// 5.14+), else by freezing the tree (v2 cgroup.freeze or the v1 freezer),
+// SIGKILL to each member and a thaw, else by SIGKILL to each member until
+// none is left. A tree that holds the daemon itself is never killed
+// whole: only its other members are.
+func killCgroupTree(dir string) ([]int, error) {
+	members, self := treeMembers(dir)
+	if len(members) == 0 {
+		return nil, nil
+	}
+	killEach := func(pids []int) {
+		for _, p := range pids {
+			_ = unix.Kill(p, unix.SIGKILL)
+		}
+	}
+	var freeze, thaw, state string
+	var frozen func() bool
+	switch {
+	case !self && exists(filepath.Join(dir, "cgroup.kill")):
+		return members, writeCgroupFile(filepath.Join(dir, "cgroup.kill"), "1")
+	case exists(filepath.Join(dir, "cgroup.freeze")):
+		state, freeze, thaw = filepath.Join(dir, "cgroup.freeze"), "1", "0"
+		frozen = func() bool { return cgroupEvent(filepath.Join(dir, "cgroup.events"), "frozen") == 1 }
+	case exists(filepath.Join(dir, "freezer.state")):
+		state, freeze, thaw = filepath.Join(dir, "freezer.state"), "FROZEN", "THAWED"
+		frozen = func() bool {
+			s, _ := os.ReadFile(filepath.Join(dir, "freezer.state"))
+			return strings.TrimSpace(string(s)) == "FROZEN"
+		}
+	}
+	if state != "" && !self {
+		// Frozen, nothing in the tree can fork while its members are
+		// listed and killed; the thaw delivers the kills.
+		if err := writeCgroupFile(state, freeze); err == nil {
+			deadline := time.Now().Add(time.Second)
+			for !frozen() && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			members, _ = treeMembers(dir)
+			killEach(members)
+			return members, writeCgroupFile(state, thaw)
+		}
+	}
+	// No freezer: a member may fork while it is being killed, so go round
+	// until none is left. Bounded by time, not rounds: a member killed by a
+	// stronger mechanism on another hierarchy may still be exiting (a large
+	// address space takes a while to tear down on a busy host).
+	all := slices.Clone(members)
+	deadline := time.Now().Add(staleWait)
+	for len(members) > 0 {
+		if time.Now().After(deadline) {
+			return all, fmt.Errorf("members still there after %v of SIGKILL: %v", staleWait, members)
+		}
+		killEach(members)
+		time.Sleep(5 * time.Millisecond)
+		members, _ = treeMembers(dir)
+		for _, p := range members {
+			if !slices.Contains(all, p) {
+				all = append(all, p)
+			}
+		}
+	}
+	return all, nil
+}
+
+// rmdirTreeWait removes the cgroup dir and those below it, deepest first,
+// waiting until deadline for exiting tasks to leave each.
+func rmdirTreeWait(dir string, deadline time.Time) error {
+	ents, _ := os.ReadDir(dir)
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() {
+			errs = append(errs, rmdirTreeWait(filepath.Join(dir, e.Name()), deadline))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			pids, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			return fmt.Errorf("procmgr: remove a dead daemon's cgroup: rmdir %s: %w (processes still in it: [%s])",
+				dir, err, strings.Join(strings.Fields(string(pids)), " "))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

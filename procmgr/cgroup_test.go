@@ -490,3 +490,181 @@ func TestCPUStaleDaemonGroupsRemoved(t *testing.T) {
 		t.Errorf("a live daemon's cgroup was touched: %v", err)
 	}
 }
+
+// startDeadDaemonsUAP starts a process that stands for a UAP of a daemon
+// killed with kill -9: placed in the given cgroups (one per hierarchy) and
+// in a process group of its own, it forks a grandchild in a session of
+// its own, which no kill by pid or process group of the daemon's reaches.
+// It returns both pids; they are killed at cleanup whatever the test did.
+func startDeadDaemonsUAP(t *testing.T, cgroups []string) (pid, gpid int, exited <-chan error) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", "read x; setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!; exec sleep 600")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid = cmd.Process.Pid
+	// Registered after the cgroups' removal, so run before it: the
+	// processes must have left the cgroups for rmdir to work.
+	t.Cleanup(func() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		if gpid > 0 {
+			_ = syscall.Kill(gpid, syscall.SIGKILL)
+		}
+		deadline := time.Now().Add(waitLimit)
+		for !(gone(pid) && (gpid <= 0 || gone(gpid))) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	// Placed before it forks, so the grandchild is born in the cgroups.
+	for _, d := range cgroups {
+		if err := writeCgroupFile(filepath.Join(d, "cgroup.procs"), strconv.Itoa(pid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 32)
+	n, err := out.Read(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpid, err = strconv.Atoi(strings.TrimSpace(string(line[:n]))); err != nil {
+		t.Fatalf("grandchild pid %q: %v", line[:n], err)
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- cmd.Wait() }()
+	return pid, gpid, ch
+}
+
+// A daemon killed with kill -9 leaves its servers' processes running in
+// tpsched/scdd-<pid>/<server>, among them children in process groups and
+// sessions of their own. The next daemon kills them, whatever hierarchies
+// hold them, and removes the cgroups (issue 27 break 5; on the old code,
+// which only rmdir'd, the processes lived on and rmdir failed with EBUSY).
+func TestStaleDaemonGroupsProcessesAreKilled(t *testing.T) {
+	needRoot(t)
+	base := uniqueParent()
+	probeParent := base + "/probe"
+	probe := DetectCPUControl(probeParent)
+	if probe.Mechanism() == MechanismNice {
+		skipOrFail(t, "no writable cgroup: "+probe.Reason())
+	}
+	pc := detectContainment(mountinfoPath, probeParent, probe)
+	parents := []string{probe.dir}
+	if pc.v2dir != "" && !pc.v2shared {
+		parents = append(parents, pc.v2dir)
+	}
+	for _, h := range pc.v1 {
+		parents = append(parents, h.dir)
+	}
+	const deadPID = 4194304 + 7 // above Linux's largest pid_max: no such process
+	var dead []string
+	for _, p := range parents {
+		root := filepath.Dir(p)
+		t.Cleanup(func() { rmdirTree(t, root) })
+		d := filepath.Join(root, fmt.Sprintf("scdd-%d", deadPID), "echo")
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, d)
+	}
+	t.Logf("dead daemon's cgroups: %v", dead)
+	pid, gpid, exited := startDeadDaemonsUAP(t, dead)
+
+	buf := &safeBuffer{}
+	m := New(Options{Logger: slog.New(slog.NewTextHandler(buf, nil)),
+		CPUParent: base + "/scdd-" + strconv.Itoa(os.Getpid())})
+	m.Close()
+	select {
+	case err := <-exited:
+		if ws, ok := err.(*exec.ExitError); !ok || ws.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Errorf("the dead daemon's UAP ended with %v, want SIGKILL", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("the dead daemon's UAP %d still runs 10s after the next daemon started; log:\n%s", pid, buf)
+	}
+	waitUntil(t, "the grandchild in a session of its own dead", func() bool { return gone(gpid) })
+	for _, d := range dead {
+		if _, err := os.Stat(filepath.Dir(d)); !os.IsNotExist(err) {
+			t.Errorf("the dead daemon's cgroup %s is still there (%v)", filepath.Dir(d), err)
+		}
+	}
+	if !strings.Contains(buf.String(), "killed=2") {
+		t.Errorf("the log does not say 2 processes were killed:\n%s", buf)
+	}
+}
+
+// Each way of killing a dead daemon's cgroup, on the one hierarchy that
+// offers it: cgroup.kill (v2), the v1 freezer, and SIGKILL to each member
+// until none is left (v1 pids, which has neither).
+func TestStaleDaemonGroupKilledByEachMechanism(t *testing.T) {
+	needRoot(t)
+	mounts, err := cgroupMounts(mountinfoPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	find := func(match func(m cgroupMount) bool) string {
+		for _, m := range mounts {
+			if match(m) {
+				return m.point
+			}
+		}
+		return ""
+	}
+	v1 := func(ctl string) func(m cgroupMount) bool {
+		return func(m cgroupMount) bool {
+			return m.fstype == "cgroup" && hasWord(strings.ReplaceAll(m.opts, ",", " "), ctl)
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		mount string
+	}{
+		{"cgroup.kill", find(func(m cgroupMount) bool { return m.fstype == "cgroup2" })},
+		{"freezer", find(v1("freezer"))},
+		{"each member", find(v1("pids"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.mount == "" {
+				skipOrFail(t, "no hierarchy for "+tc.name+" on this host")
+			}
+			root := filepath.Join(tc.mount, uniqueParent())
+			t.Cleanup(func() { rmdirTree(t, root) })
+			dead := filepath.Join(root, "scdd-4194311")
+			if err := os.MkdirAll(filepath.Join(dead, "echo"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if tc.name == "cgroup.kill" && !exists(filepath.Join(dead, "cgroup.kill")) {
+				skipOrFail(t, "no cgroup.kill (Linux before 5.14)")
+			}
+			pid, gpid, exited := startDeadDaemonsUAP(t, []string{filepath.Join(dead, "echo")})
+			stale := staleDaemonGroups(filepath.Join(root, "scdd-"+strconv.Itoa(os.Getpid())))
+			if len(stale) != 1 || stale[0] != dead {
+				t.Fatalf("stale groups %v, want [%s]", stale, dead)
+			}
+			removed, killed, err := removeStaleGroups(stale)
+			if err != nil || killed != 2 || len(removed) != 1 {
+				t.Errorf("removeStaleGroups = %v, %d killed, %v; want [%s], 2, nil", removed, killed, err, dead)
+			}
+			select {
+			case <-exited:
+			case <-time.After(waitLimit):
+				t.Errorf("process %d still runs", pid)
+			}
+			waitUntil(t, "the grandchild dead", func() bool { return gone(gpid) })
+			if _, err := os.Stat(dead); !os.IsNotExist(err) {
+				t.Errorf("%s is still there (%v)", dead, err)
+			}
+		})
+	}
+}

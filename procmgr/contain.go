@@ -131,6 +131,7 @@ func detectContainment(mountinfo, parent string, cpu *CPUControl) *Containment {
 		c.settle()
 		return c
 	}
+	cpu.deleg.apply(mounts)
 	// The v2 hierarchy: the CPU mechanism's when it is there, else the
 	// first writable one.
 	var v2mount string
@@ -329,15 +330,18 @@ func (c *Containment) Close() error {
 	return errors.Join(errs...)
 }
 
-// removeStale removes, beside each parent, the scdd-<pid> cgroups of
-// daemons that died without cleaning up (see removeStaleDaemonGroups).
-func (c *Containment) removeStale() []string {
+// parents lists the parent cgroups of the node's servers on each
+// hierarchy it places them in (the CPU mechanism's with them).
+func (c *Containment) parents() []string {
 	var out []string
+	if c.cpu != nil && c.cpu.dir != "" {
+		out = append(out, c.cpu.dir)
+	}
 	if c.v2dir != "" && !c.v2shared {
-		out = append(out, removeStaleBeside(c.v2dir)...)
+		out = append(out, c.v2dir)
 	}
 	for _, h := range c.v1 {
-		out = append(out, removeStaleBeside(h.dir)...)
+		out = append(out, h.dir)
 	}
 	return out
 }

@@ -34,6 +34,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -165,6 +166,10 @@ type Options struct {
 	// the containment's detection: tests show them a host with fewer
 	// hierarchies.
 	mountinfo string
+	// selfPID replaces the daemon's pid as the process whose v2 cgroup
+	// may be delegated (delegate.go): tests show it a child of theirs in
+	// a cgroup they made.
+	selfPID int
 }
 
 // Manager starts processes for any number of servers.
@@ -237,9 +242,14 @@ func New(opts Options) *Manager {
 	if opts.mountinfo != "" {
 		mi = opts.mountinfo
 	}
+	self := os.Getpid()
+	if opts.selfPID != 0 {
+		self = opts.selfPID
+	}
+	deleg, why := delegatedV2(mi, self)
 	m := &Manager{
 		log: opts.Logger, opts: opts,
-		cpu:    detect(mi, opts.CPUParent),
+		cpu:    detectIn(mi, opts.CPUParent, deleg),
 		spawns: make(chan spawnReq),
 		kick:   make(chan struct{}, 1),
 		done:   make(chan struct{}),
@@ -263,16 +273,28 @@ func New(opts Options) *Manager {
 	default:
 		m.userns = true
 	}
+	if deleg != nil {
+		m.log.Info("uap cgroups on cgroup v2 go under scdd's delegated cgroup", "cgroup", deleg.dir,
+			"scdd", filepath.Join(deleg.dir, daemonLeaf), "moved", deleg.moved)
+	} else {
+		m.log.Info("uap cgroups go at each cgroup hierarchy's top", "reason", why)
+	}
 	m.log.Info("uap cpu priority", "mechanism", m.cpu.Mechanism(), "reason", m.cpu.Reason())
 	cs := m.contain.Status()
 	m.log.Info("uap containment", "kill", cs.Kill, "pids_limit", cs.Pids, "memory_limit", cs.Memory, "reason", cs.KillReason)
 	if cs.Kill == KillPgroup {
 		m.log.Warn("uap processes are killed by process group: " + cs.KillReason)
 	}
-	stale := m.cpu.removeStaleDaemonGroups()
-	stale = append(stale, m.contain.removeStale()...)
-	if len(stale) > 0 {
-		m.log.Info("removed cgroups of daemons that died without cleaning up", "cgroups", stale)
+	var stale []string
+	for _, p := range m.contain.parents() {
+		stale = append(stale, staleDaemonGroups(p)...)
+	}
+	if removed, killed, err := removeStaleGroups(stale); len(removed) > 0 || killed > 0 || err != nil {
+		m.log.Info("killed the processes of daemons that died without cleaning up and removed their cgroups",
+			"killed", killed, "cgroups", removed)
+		if err != nil {
+			m.log.Warn("cgroups of dead daemons left", "err", err)
+		}
 	}
 	started := make(chan struct{})
 	m.wg.Add(2)

@@ -9,6 +9,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
+
 	"tpsched/bpf"
 )
 
@@ -68,6 +71,14 @@ type Server struct {
 	// sets stopping first, returns only when no process of the server is
 	// left and no start can follow.
 	live sync.WaitGroup
+
+	// reapGate orders signals by pid against reaping: killers hold it for
+	// reading while they signal the processes on the slots, and reap
+	// holds it to reap one (a process that has exited already, so never
+	// for long). While a killer holds it, a process on a slot is not
+	// reaped, so its pid, and the process group it leads, cannot be a
+	// new process's: a kill by number reaches no stranger.
+	reapGate sync.RWMutex
 }
 
 type slot struct {
@@ -180,7 +191,10 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, healthy bool) 
 	s.mu.Lock()
 	proc = sl.proc
 	s.mu.Unlock()
-	state, err := proc.Wait()
+	waitExited(proc.Pid) // not reaped: see reapGate
+	s.reapGate.Lock()
+	state, err := proc.Wait() // lockcheck: it has exited (waitExited): this only reaps
+	s.reapGate.Unlock()
 	served := s.delegate.Slot(sl.index).Served // before Exited clears it
 	s.usage.forget(proc.Pid)
 	if err != nil {
@@ -514,17 +528,68 @@ func (s *Server) setStopping() {
 // replaced). What it left outside its group stays in the server's cgroups,
 // within its limits, until the server stops.
 func (s *Server) Kill(slot int) {
-	pid := 0
+	s.reapGate.RLock()
+	defer s.reapGate.RUnlock()
 	s.mu.Lock()
-	if slot >= 0 && slot < len(s.slots) && s.slots[slot].proc != nil {
-		pid = s.slots[slot].proc.Pid // not reaped yet: the pid is still this process's
+	var proc *os.Process
+	if slot >= 0 && slot < len(s.slots) {
+		proc = s.slots[slot].proc
 	}
 	s.mu.Unlock()
-	if pid > 0 {
-		// The process itself first: one that left its group (setpgid)
-		// is not in -pid's.
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	if proc != nil {
+		if f := beforeKill.Load(); f != nil {
+			(*f)(proc.Pid)
+		}
+		killProcAndGroup(proc)
+	}
+}
+
+// beforeKill, when set by a test, runs in Kill between taking the slot's
+// process and signalling it: the window in which it must not be reaped.
+var beforeKill atomic.Pointer[func(pid int)]
+
+// killProcAndGroup sends SIGKILL to proc, through its pidfd (Go's
+// os.Process holds one on Linux 5.4+), then to the process group it leads.
+// The caller holds the server's reapGate for reading: proc is not reaped
+// while it does, so the group's number is still proc's. A proc reaped
+// before (Signal says os.ErrProcessDone) gets nothing.
+func killProcAndGroup(proc *os.Process) {
+	// The process itself first: one that left its group (setpgid) is not
+	// in -pid's.
+	if err := proc.Signal(syscall.SIGKILL); errors.Is(err, os.ErrProcessDone) {
+		return
+	}
+	_ = syscall.Kill(-proc.Pid, syscall.SIGKILL)
+}
+
+// killKnown kills each process on the server's slots and its process
+// group (killProcAndGroup) and returns how many there were.
+func (s *Server) killKnown() int {
+	s.reapGate.RLock()
+	defer s.reapGate.RUnlock()
+	s.mu.Lock()
+	var procs []*os.Process
+	for _, sl := range s.slots {
+		if sl.proc != nil {
+			procs = append(procs, sl.proc)
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		killProcAndGroup(p)
+	}
+	return len(procs)
+}
+
+// waitExited waits until pid, a child of this process, has exited,
+// without reaping it (WNOWAIT), so that its pid stays its own.
+func waitExited(pid int) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return // exited, or not ours to wait for (proc.Wait says why)
+		}
 	}
 }
 
@@ -552,7 +617,7 @@ func (s *Server) kill() int {
 func (s *Server) killAll() (int, error) {
 	s.setStopping()
 	s.m.vacate() // no start is under way for the server now: the thread may leave
-	return s.box.killAll(s.livePIDs())
+	return s.box.killAll(s.killKnown)
 }
 
 // Limits are the server's resource limits in force and what they caught.

@@ -250,6 +250,23 @@ func (m *Manager) noNamespaces(err error) {
 	}
 }
 
+// nsRefused says whether a start with a user and pid namespace failed
+// because the kernel refused the namespaces (clone(2)): EPERM (unprivileged
+// user namespaces disabled, or a security module), EINVAL (a kernel built
+// without them), ENOSPC (a max_*_namespaces limit or the nesting depth),
+// EUSERS (the nesting depth before Linux 4.9). Any other error (EAGAIN at a
+// pids limit, ENOMEM, a module that cannot be executed) fails that one
+// start and leaves the namespaces on for the next: a transient error whose
+// retry without them worked used to turn them off for the node for good.
+func nsRefused(err error) bool {
+	return errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) ||
+		errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EUSERS)
+}
+
+// startFault, when set by a test, is called before each start with
+// whether it uses namespaces; an error it returns stands for the start's.
+var startFault atomic.Pointer[func(withNS bool) error]
+
 // afterStart, when set by a test, runs between a process's start and the
 // release of the server's lock: the window in which Stop must still see it.
 var afterStart atomic.Pointer[func()]
@@ -301,13 +318,19 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 		// s.mu is held across the spawn so that the slot's state and its
 		// process change together (a stop meanwhile would miss the new
 		// process); the spawning thread takes no server's lock, and a fork
-		// is bounded. lockcheck: as above.
-		res := s.m.start(cmd, pl.tasks, out.linked)
+		// is bounded.
+		var res spawnResult
+		if f := startFault.Load(); f != nil {
+			res.err = (*f)(withNS)
+		}
+		if res.err == nil {
+			res = s.m.start(cmd, pl.tasks, out.linked) // lockcheck: as above
+		}
 		out.started()
 		if res.err != nil {
 			s.mu.Unlock()
 			out.abandon()
-			if try < 3 && withNS {
+			if try < 3 && withNS && nsRefused(res.err) {
 				withNS, nsErr = false, res.err // again without the namespaces
 				continue
 			}
