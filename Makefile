@@ -164,7 +164,8 @@ generate: bpf-tools ## regenerate bpf/{sched,steer}_bpfel.{go,o} from bpf/sched.
 check-generate: generate ## fail if regenerating changes the committed eBPF files
 	@test -z "$$(git status --porcelain -- bpf/)" || { git status --short -- bpf/; echo "check-generate: bpf/ differs from what is committed: run make generate and commit"; exit 1; }
 
-lint: ## gofmt and go vet, both modules
+lint: ## gofmt and go vet, both modules; no tracked ELF file but the eBPF objects bpf/*.o
+	@bash tools/tracked-elf.sh
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
