@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"tpsched/bpf"
+	"tpsched/internal/testenv"
 	"tpsched/procmgr"
 	"tpsched/scd/loadlevel"
 )
@@ -129,12 +130,7 @@ func parseLevel(t *testing.T, s string) loadlevel.Level {
 // CPU time the node reports for the group with /proc's for that process.
 func TestGroupCPUFromProbes(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root")
-		}
-		t.Skip("eBPF needs root (set TPSCHED_REQUIRE_BPF=1 to make this a failure)")
-	}
+	testenv.RequireBPF(t)
 	dir := defDir(t, "", map[string]string{"hot": fmt.Sprintf(loadServer, "hot", "")})
 	n := startNode(t, "-c", dir)
 	c := n.client()
@@ -239,12 +235,7 @@ set cpu_wait_limit = %d
 // other work leaves it decides how far it grows, not whether).
 func TestCPUGuardHoldsProcessesNearTheCores(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root")
-		}
-		t.Skip("the guard needs run-queue waits from eBPF, which needs root")
-	}
+	testenv.RequireBPF(t) // the guard needs run-queue waits from eBPF
 	for _, tc := range []struct {
 		limit   int
 		atLeast int

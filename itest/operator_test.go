@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/scd/client"
 )
@@ -29,9 +30,7 @@ const nobody = 65534
 // SO_PEERCRED check).
 func TestChaosControlFromOtherUser(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the test runs scdctl as another user (nobody) to be refused")
-	}
+	testenv.RequireRoot(t, "the test runs scdctl as another user (nobody) to be refused")
 	// nobody must reach the socket's directory and the scdctl binary for
 	// the peer check to be what refuses it.
 	sockDir, err := os.MkdirTemp("", "tpctl")
@@ -146,12 +145,8 @@ func TestChaosControlFromOtherUser(t *testing.T) {
 // user: "own uid" is the daemon's, not root's.
 func TestControlSocketOfANonRootNode(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs scdd as nobody and scdctl as a third user")
-	}
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skipf("needs setpriv (util-linux): %v", err)
-	}
+	testenv.RequireRoot(t, "runs scdd as nobody and scdctl as a third user")
+	testenv.RequireTool(t, "setpriv", "util-linux")
 	const other = 65533 // no name needed: the kernel only compares numbers
 	// Everything the node and the callers read must be theirs to read.
 	base, err := os.MkdirTemp("", "tpctl")

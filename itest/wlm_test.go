@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"tpsched/internal/exposition/promcheck"
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
@@ -857,8 +858,11 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 // the same way.
 func TestWLMWeightsForMissedGoal(t *testing.T) {
 	skipShort(t)
+	// Reads cpu.shares back: skips where cpu is on cgroup v2 (and says
+	// so), fails in CI where it is on neither.
+	testenv.RequireCgroup(t, 1, "cpu")
 	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.shares"); err != nil {
-		t.Skip("needs the cgroup v1 cpu controller at /sys/fs/cgroup/cpu (this test reads cpu.shares back)")
+		testenv.SkipOrFail(t, "the cgroup v1 cpu controller is not at /sys/fs/cgroup/cpu (this test reads cpu.shares there)")
 	}
 	for _, manage := range []bool{true, false} {
 		t.Run(map[bool]string{true: "managed", false: "goal_management=N"}[manage], func(t *testing.T) {
@@ -971,10 +975,7 @@ classify -g online -c ONLINE
 		// on a machine of its own, as root (TPSCHED_REQUIRE_BPF), where
 		// this cgroup test must judge.
 		why := fmt.Sprintf("other programs used %.2f of the node's CPU at the end (the machine is shared): the index cannot be judged", after.OtherCPUs)
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatal(why + "; TPSCHED_REQUIRE_BPF is set: this machine must be the test's alone")
-		}
-		t.Skip(why)
+		testenv.SkipOrFail(t, "%s", why)
 	}
 	switch pi := *after.Classes[0].PI; {
 	case manage && (pi >= before || pi > 1.1):

@@ -21,6 +21,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"tpsched/internal/testenv"
 )
 
 // The test binary is its own UAP: with PROCMGR_TEST_CHILD set it behaves as
@@ -899,9 +901,7 @@ func TestEnvironmentIsMinimal(t *testing.T) {
 // With a uid and gid in the Spec the processes run as that user and
 // group, with no supplementary group of the daemon's (root only).
 func TestProcessesRunAsTheSpecUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("switching users needs root")
-	}
+	testenv.RequireRoot(t, "switching users")
 	// The nobody user must reach the binary and the report directory.
 	top, err := os.MkdirTemp("", "procmgr-uid-")
 	if err != nil {
