@@ -810,11 +810,25 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="+Inf"} 20`,
 		`tpsched_wlm_goal_seconds{class="ONLINE"} 0.1`,
 		`tpsched_wlm_environment_high_water_mark{environment="orders"} 1`,
-		`# HELP tpsched_wlm_performance_index `,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, grep(m, "tpsched_wlm"))
 		}
+	}
+	// The performance index is over the last three intervals (3 s here)
+	// and absent without calls in them: by this scrape, seconds after the
+	// report above on a busy machine, the window may hold none of the 20
+	// calls. A call before each scrape keeps it fed.
+	var withPI string
+	waitFor(t, 10*time.Second, "the performance index in /metrics while calls are in its window", func() bool {
+		if _, err := c.Call(ctxT(t, 20*time.Second), "orders", "sleep", []byte("1")); err != nil {
+			t.Fatalf("a call to keep the window fed: %v", err)
+		}
+		withPI = n.metrics()
+		return strings.Contains(withPI, `tpsched_wlm_performance_index{class="ONLINE"} `)
+	})
+	if !strings.Contains(withPI, "# HELP tpsched_wlm_performance_index ") {
+		t.Errorf("/metrics has the performance index but lacks its HELP text:\n%s", grep(withPI, "tpsched_wlm_performance_index"))
 	}
 	before := uapPIDs(t, n, "orders")
 	out, err = n.scdctl("refresh", "orders")
