@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -119,6 +120,7 @@ func TestChaosHostileRewrite(t *testing.T) {
 // is killed for its rings (issue 19 item 8: it never was), and another
 // group is served all along.
 func TestChaosRingBank(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 9 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{
 		"a": hostileDef("a", "ringbank", 2),
@@ -175,6 +177,7 @@ func TestChaosRingBank(t *testing.T) {
 // stays bounded, and another group's callers are served all along (issue
 // 19 item 18: scdd grew to 1.9 GiB, the other group's callers waited 5 s).
 func TestChaosQueuedBytes(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	const calls, conns = 200, 2
 	size := 8<<20 - 64

@@ -200,6 +200,7 @@ func TestChaosUAPLeavesItsGroup(t *testing.T) {
 // children, then scdd aborted when the host's pids ran out); the other
 // group is served throughout; every child dies with the node.
 func TestChaosForkBomb(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
 	needRootForContainment(t)
 	tok := hostileToken(t)
@@ -357,6 +358,7 @@ func TestChaosSiblingWindow(t *testing.T) {
 // trace or kill it, nor hold a group through the control socket
 // (3ab0652: all of that succeeded). What stays open is in RELIABILITY.md.
 func TestChaosHostileUAPNonRoot(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 6 s without -race on a busy 2-core machine")
 	skipShort(t)
 	needRootForContainment(t) // to become another user
 	testenv.RequireTool(t, "setpriv", "util-linux: runs scdd as another user")

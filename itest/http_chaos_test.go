@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -57,6 +58,7 @@ func stillOpen(c net.Conn) bool {
 // idle connections stayed 90 s and held 41 MiB, and 66 of them under
 // RLIMIT_NOFILE 99 made an RPC call time out.)
 func TestChaosHTTPConnections(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 13 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{"echo": echoDef("echo", 1, 64, 1<<20)})
 	n := startNode(t, "-c", dir)

@@ -37,6 +37,7 @@ var changeLine = regexp.MustCompile(`msg="load level changed" group=(\S+) from=(
 // queues are empty. Every change the node logs must be the one the tables
 // give for the Q, q and processed it logged with it.
 func TestLoadLevelsFollowTheQueue(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	th := &loadlevel.Thresholds{U1: 5, U2: 15, D0: 2, D1: 8}
 	dir := defDir(t, "", map[string]string{
@@ -234,6 +235,7 @@ set cpu_wait_limit = %d
 // runnable time in the windows it was judged by (how much the machine's
 // other work leaves it decides how far it grows, not whether).
 func TestCPUGuardHoldsProcessesNearTheCores(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
 	testenv.RequireBPF(t) // the guard needs run-queue waits from eBPF
 	for _, tc := range []struct {

@@ -23,6 +23,7 @@ import (
 // lists them) included. The eBPF run-queue histogram is required only
 // where the node measures with eBPF.
 func TestMetricsOfACluster(t *testing.T) {
+	testenv.Slow(t, "nodes started and stopped; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	c := nodes[0].client()

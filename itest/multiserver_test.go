@@ -111,6 +111,7 @@ func TestNonResidentScaleUpAndDown(t *testing.T) {
 // a shared machine); the figure is logged and the benchmark of the same
 // name reports it properly.
 func TestFirstExtraProcessReaction(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{
 		"quick": fmt.Sprintf(multiServer, "quick", "1,2", 0, 50, 8, ""),

@@ -199,6 +199,7 @@ func TestControlSocketOfANonRootNode(t *testing.T) {
 // TestScdctlFlagForms: flags before and after the command, "--", -h, help,
 // -version on every binary, usage errors, and what hold and release say.
 func TestScdctlFlagForms(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{"g": echoDef("g", 1, 16, 1<<20)})
 	n := startNode(t, "-c", dir)
@@ -284,6 +285,7 @@ func TestScdctlFlagForms(t *testing.T) {
 // TestTimedOutSaysAfterHowLong: the node's 'timed out' names the limit and
 // whose it was, the caller's timeout or the group's watch_time.
 func TestTimedOutSaysAfterHowLong(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{"g": echoDef("g", 2, 16, 1<<20) + "set watch_time = 1\n"})
 	n := startNode(t, "-c", dir)

@@ -60,6 +60,7 @@ func headless(t *testing.T, browser, url string, args ...string) []byte {
 // level, held), and the node-wide error answers are there by code. The page
 // is read-only and fetches nothing but /status.
 func TestStatusPageInChromium(t *testing.T) {
+	testenv.Slow(t, "renders the status page in chromium; 18 s without -race on a busy 2-core machine")
 	browser := chromium(t)
 	n := startNode(t, "-c", defDir(t, "", map[string]string{
 		"shop": "set service_group = shop\nset service = echo=echo, fail=fail, sleep=sleep\nset module = MODULE\n" +

@@ -347,6 +347,7 @@ func fakeCPULoad(t *testing.T, busy float64) *cpuLoad {
 // own), so the server starts on n1 or n2 although n0 decides and would win
 // a tie (lowest node id).
 func TestWLMFindStartsOneWhereCapacityIs(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{busy: func(i int) float64 {
 		if i == 0 {
@@ -523,6 +524,7 @@ func TestWLMConcurrentFirstCallsStartOne(t *testing.T) {
 // it holds, then stops it on every node; finds are refused until resume,
 // after which a find starts one again.
 func TestWLMQuiesceDrainsAndStops(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{})
 	got := []int{wc.findRunning(t, 1, "orders", "first find")}
@@ -616,6 +618,7 @@ func TestWLMKilledServerRemovedEverywhere(t *testing.T) {
 // TestWLMPolicyDropQuiesces: svcpolicy read again without the environment
 // quiesces its server; its calls are refused, not lost.
 func TestWLMPolicyDropQuiesces(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{})
 	got, err := wc.find(t, 2, "orders")
@@ -680,6 +683,7 @@ func TestWLMPolicyDropQuiesces(t *testing.T) {
 // still missed, at most one per node). When the load stops, the count
 // stays at its high-water mark.
 func TestWLMMissedGoalGrowsAndKeepsHighWater(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 17 s without -race on a busy 2-core machine")
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{goal: "-t 30"})
 	got, err := wc.find(t, 1, "orders")
@@ -871,6 +875,7 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 // the weights stay and the class keeps missing: the same load, measured
 // the same way.
 func TestWLMWeightsForMissedGoal(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 14 s without -race on a busy 2-core machine")
 	skipShort(t)
 	// Reads cpu.shares back: skips where cpu is on cgroup v2 (and says
 	// so), fails in CI where it is on neither.
@@ -1047,6 +1052,7 @@ set parallel_count = 1
 // attached. The find still answers with a server, started
 // on another node after n0's start failed, and n0 does not serve.
 func TestWLMStartFailsElsewhere(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{
 		module: func(i int) string {
@@ -1095,6 +1101,7 @@ func TestWLMStartFailsElsewhere(t *testing.T) {
 // calls through n0 go to n0 and n1 (OpenTP1's rule alone would send a third
 // of them to n2).
 func TestWLMSteersToNodesMeetingTheGoal(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 7 s without -race on a busy 2-core machine")
 	skipShort(t)
 	policy := strings.Replace(ordersPolicy, "environment -g orders\n", "", 1)
 	wc := startWLMCluster(t, wlmOpts{policy: policy, goal: "-t 80", server: func(i int) string {
@@ -1289,6 +1296,7 @@ func TestWLMWithClusterKey(t *testing.T) {
 // its fresh name table, which does not show the server yet: the find
 // names the server that runs, and no second one starts.
 func TestWLMRestartedDeciderStartsNoSecondServer(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 7 s without -race on a busy 2-core machine")
 	skipShort(t)
 	n0Busy := func(i int) float64 {
 		if i == 0 {
