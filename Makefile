@@ -32,12 +32,14 @@ EXAMPLES := examples/client-go/betranrc examples/client-go/go.mod examples/clien
 	examples/policy/sysconf examples/policy/svcpolicy examples/policy/usr/orders examples/policy/usr/reports
 # The race detector slows shared-memory spinning; the tests bound their own time.
 TEST_TIMEOUT ?= 30m
+# make check's fuzzing time per target (make fuzz's own default is FUZZTIME).
+CHECK_FUZZTIME ?= 10s
 # The node's module and the benchmark's (bench/go.mod: its peers and plots
-# are not the node's dependencies); test, test-short and lint cover both.
+# are not the node's dependencies); test, check, test-short and lint cover both.
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test check-cgroup2 test-short bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build uap-c install uninstall test check check-cgroup2 test-short slowest bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -115,14 +117,28 @@ uninstall: ## remove what make install put in place, except the definitions in /
 		$(DESTDIR)$(UNITDIR)/tpsched.service
 	rm -rf $(DESTDIR)$(DOCDIR)
 
-test: ## run every test of both modules with the race detector (integration tests start real scdd and UAP processes, built with -race as well)
-	@for m in $(MODULES); do (cd $$m && echo "== $$m" && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...) || exit 1; done
+# The tests, three ways (tools/gotest.sh; README, "Testing"). Each runs
+# both modules even when the first fails, records go test -json under
+# .testtimes/ and ends with the slowest tests and each module's result.
+test: ## the README's test command, a few minutes: unit tests of both modules with -race, and itest's fast subset (real scdd and UAP processes, built without -race); tests marked testenv.Slow skip
+	@TEST_TIMEOUT=$(TEST_TIMEOUT) GO=$(GO) bash tools/gotest.sh test
+
+check: build ## the full suite, what CI runs: every test of both modules with -race (itest's scdd and UAPs built with -race too; TPSCHED_TEST_FULL=1 runs the slow ones), then make fuzz and make chaos; about 30 min
+	@st=0; \
+	TEST_TIMEOUT=$(TEST_TIMEOUT) GO=$(GO) bash tools/gotest.sh check || st=1; \
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(CHECK_FUZZTIME) || st=1; \
+	$(MAKE) --no-print-directory chaos || st=1; \
+	if [ $$st -ne 0 ]; then echo "check: FAILED (see above: go test, fuzz or chaos)"; fi; \
+	exit $$st
+
+test-short: ## go test -short of both modules: no race detector, itest not run (nothing builds scdd); unit tests still start helper processes (procmgr, shm, bpf, scd/local re-run the test binary as a UAP)
+	@TEST_TIMEOUT=$(TEST_TIMEOUT) GO=$(GO) bash tools/gotest.sh short
+
+slowest: ## the slowest tests of the last make test, check and test-short runs (.testtimes/)
+	@$(GO) run ./tools/testtimes -n 25 .testtimes/*.json
 
 check-cgroup2: ## root: move cpu and pids (memory too when its v1 hierarchy is empty) to cgroup v2, run procmgr's containment and priority tests there, move them back (tools/cgroup2-ci.sh)
 	sh tools/cgroup2-ci.sh
-
-test-short: ## unit tests only, no processes started
-	@for m in $(MODULES); do (cd $$m && $(GO) test -short -count=1 ./...) || exit 1; done
 
 bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation at 32, 64 and 128 members and over 32 real nodes, the rules simulated over 1,000; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: local calls beside Enduro/X (TPSCHED_ENDUROX=its install prefix; README) and the direct call; report in bench/results/ (about 35 min)
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
@@ -167,7 +183,8 @@ generate: bpf-tools ## regenerate bpf/{sched,steer}_bpfel.{go,o} from bpf/sched.
 check-generate: generate ## fail if regenerating changes the committed eBPF files
 	@test -z "$$(git status --porcelain -- bpf/)" || { git status --short -- bpf/; echo "check-generate: bpf/ differs from what is committed: run make generate and commit"; exit 1; }
 
-lint: ## gofmt and go vet, both modules
+lint: ## gofmt and go vet, both modules; no tracked ELF file but the eBPF objects bpf/*.o
+	@bash tools/tracked-elf.sh
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 

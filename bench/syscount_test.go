@@ -4,14 +4,14 @@ import (
 	"os"
 	"syscall"
 	"testing"
+
+	"tpsched/internal/testenv"
 )
 
 // The counter sees this process's own system calls, and no more of them
 // than it made (the other threads of the test binary are idle).
 func TestSyscallCounterCountsThisProcess(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("loading eBPF needs root")
-	}
+	testenv.RequireBPF(t)
 	c, err := newSyscallCounter()
 	if err != nil {
 		t.Fatal(err)

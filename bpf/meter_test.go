@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // The test binary doubles as the measured process: with this variable set
@@ -44,16 +46,10 @@ func burnCPU(d time.Duration) {
 }
 
 // needProbes skips a test that needs eBPF when this is not root, unless
-// TPSCHED_REQUIRE_BPF says the run must have them.
+// the run must have them (testenv: CI=true or TPSCHED_REQUIRE_BPF=1).
 func needProbes(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-		t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root: eBPF cannot load")
-	}
-	t.Skip("eBPF needs root (set TPSCHED_REQUIRE_BPF=1 to make this a failure)")
+	testenv.RequireBPF(t)
 }
 
 type burner struct {

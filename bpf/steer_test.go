@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tpsched/internal/testenv"
 )
 
 // reuseListeners opens n listening sockets on one loopback port with
@@ -92,10 +93,7 @@ func TestSteeringPicksTheLeastBusy(t *testing.T) {
 	lns, fds, addr := reuseListeners(t, 3)
 	s, err := Steer(fds)
 	if err != nil {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatalf("the steering program does not load: %v", err)
-		}
-		t.Skipf("the steering program does not load here: %v", err)
+		testenv.SkipOrFail(t, "the steering program does not load here: %v", err)
 	}
 	defer s.Close()
 	set := func(i int, inFlight, conns, rate int64) {
@@ -143,10 +141,7 @@ func TestSteeringTakenOver(t *testing.T) {
 	lns, fds, addr := reuseListeners(t, 2)
 	first, err := Steer(fds)
 	if err != nil {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatalf("the steering program does not load: %v", err)
-		}
-		t.Skipf("the steering program does not load here: %v", err)
+		testenv.SkipOrFail(t, "the steering program does not load here: %v", err)
 	}
 	defer first.Close()
 	busy, _, _ := first.Load(0)

@@ -28,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -242,6 +243,7 @@ set watch_time = %d
 // queue_size is 16), and a second after the last kill the node serves at
 // least 90% of the rate it served before the first (make chaos).
 func TestChaosKilledUAPs(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 11 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, ownControlSocket, map[string]string{"g": fmt.Sprintf(chaosServer, "g", 10)})
 	n := startNode(t, "-c", dir)

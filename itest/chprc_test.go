@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/scd"
 )
 
@@ -52,6 +53,7 @@ func residentPIDs(t *testing.T, n *node, group string, want int) []int {
 // their current call, failing no call, and refuses counts over the
 // definition's maximum, the node's max_processes, and for a socket server.
 func TestChprcOnline(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "set max_processes = 5\n", map[string]string{
 		"g": fmt.Sprintf(multiServer, "g", "1,3", 100, 200, 8, ""),

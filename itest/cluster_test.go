@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"tpsched/internal/freeport"
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
@@ -230,6 +231,7 @@ func overload(t *testing.T, nodes []*node, slow int) {
 // TestClusterAvoidsLevel2Node: once one node's group is LEVEL2 and the
 // others know it, calls through any node go to the other two.
 func TestClusterAvoidsLevel2Node(t *testing.T) {
+	testenv.Slow(t, "nodes started and stopped; 9 s without -race on a busy 2-core machine")
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	overload(t, nodes, 0)
@@ -372,6 +374,7 @@ func whyFailed(fails []failure) string {
 // routed to the dead node fails with a clear 'network down'; once the node
 // is known dead nothing fails. A restarted node rejoins.
 func TestChaosNodeKilledNoRetry(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	fails, forgotten, _ := killUnderLoad(t, nodes)
@@ -480,6 +483,7 @@ func TestClusterForgedAnnouncesDropped(t *testing.T) {
 // straight to the least loaded ones, marked balanced, so no node has to
 // transfer them.
 func TestClientLoadBalancing(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 9 s without -race on a busy 2-core machine")
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	overload(t, nodes, 0)

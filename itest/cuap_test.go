@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
@@ -108,6 +109,7 @@ func echoSizes(ctx context.Context, t *testing.T, c *client.Client, group string
 // with the process replaced, prefetch, a revoked prefetched call, and
 // socket mode, with the C UAP under a real scdd.
 func TestCUAPUnderScdd(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	module := cuapModule(t)
 	dir := defDir(t, "", map[string]string{

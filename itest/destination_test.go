@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/scd/client"
 )
@@ -16,6 +17,7 @@ import (
 // three; when the group is held there it is refused 'service closed', not
 // transferred (a balanced call in the same state moves on).
 func TestClusterExplicitDestination(t *testing.T) {
+	testenv.Slow(t, "nodes started and stopped; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	owners := uapOwners(t, nodes)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // goBuild builds the module in dir (a standalone example module) into out.
@@ -57,6 +59,7 @@ func copyTree(t *testing.T, src, dst string, skip ...string) {
 // definition directory (module found in aplib/), the example client calls
 // it, and what the UAP writes goes to scdd's stderr, as the README says.
 func TestExamplesBuildAndRun(t *testing.T) {
+	testenv.Slow(t, "builds and runs the examples; 10 s without -race on a busy 2-core machine")
 	skipShort(t)
 	uapDir, clientDir := filepath.Join("..", "examples", "uap-go"), filepath.Join("..", "examples", "client-go")
 	// The example's definitions, on ports of the test's choosing.

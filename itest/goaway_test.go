@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -30,6 +31,7 @@ import (
 // close such connections with answers still queued or unread calls in the
 // socket, a reset: 4 calls of 532,922 lost with -drain-timeout 5s.)
 func TestChaosRestartIgnoringGoAway(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{"g": echoDef("g", 2, 256, 1<<20)})
 	n := startRestartingNode(t, dir, "-drain-timeout", "1s")

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -27,6 +28,12 @@ import (
 var binDir string // where TestMain built the binaries
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		// make test-short: every test here builds and starts scdd.
+		fmt.Println("itest: not run with -short (the integration tests build and start scdd)")
+		os.Exit(0)
+	}
 	os.Exit(func() int {
 		dir, err := os.MkdirTemp("", "tpsched-itest-")
 		if err != nil {

@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // uapOutputRecord is scdd's log record of a line a UAP wrote.
@@ -122,12 +123,7 @@ putenv TPSCHED_HOSTILE_TOKEN %q
 
 func needRootForContainment(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") == "1" {
-			t.Fatal("TPSCHED_REQUIRE_BPF=1 but this is not root")
-		}
-		t.Skip("cgroups and users of their own need a root scdd")
-	}
+	testenv.RequireRoot(t, "cgroups and users of their own need a root scdd")
 }
 
 // TestChaosUAPLeavesItsGroup (issue 19 item 4): a UAP that joins scdd's
@@ -204,6 +200,7 @@ func TestChaosUAPLeavesItsGroup(t *testing.T) {
 // children, then scdd aborted when the host's pids ran out); the other
 // group is served throughout; every child dies with the node.
 func TestChaosForkBomb(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
 	needRootForContainment(t)
 	tok := hostileToken(t)
@@ -361,11 +358,10 @@ func TestChaosSiblingWindow(t *testing.T) {
 // trace or kill it, nor hold a group through the control socket
 // (3ab0652: all of that succeeded). What stays open is in RELIABILITY.md.
 func TestChaosHostileUAPNonRoot(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 6 s without -race on a busy 2-core machine")
 	skipShort(t)
 	needRootForContainment(t) // to become another user
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skip("setpriv (util-linux) runs scdd as another user")
-	}
+	testenv.RequireTool(t, "setpriv", "util-linux: runs scdd as another user")
 	// A user of the test's own, with no passwd entry, that nothing else
 	// on the machine runs as.
 	uid := 1_899_000_000 + os.Getpid()%100_000
@@ -397,10 +393,7 @@ func TestChaosHostileUAPNonRoot(t *testing.T) {
 	st, err := n.status()
 	must(t, err)
 	if st.Contain.Namespaces != "user+pid" {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") == "1" {
-			t.Fatalf("no user namespaces for a non-root node here: %s", st.Contain.Namespaces)
-		}
-		t.Skipf("no user namespaces for a non-root node here: %s", st.Contain.Namespaces)
+		testenv.SkipOrFail(t, "no user namespaces for a non-root node here: %s", st.Contain.Namespaces)
 	}
 	waitUAPLine(t, n, 10*time.Second, "HOSTILE: probes done")
 	attempts, succeeded := hostileAttempts(n.stderr.String())

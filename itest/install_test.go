@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // TestMakeInstallIntoDestDir runs `make install` into a temporary DESTDIR
@@ -23,6 +25,7 @@ import (
 // examples building against the checkout; the demo definitions, which a
 // second install leaves alone; then `make uninstall`.
 func TestMakeInstallIntoDestDir(t *testing.T) {
+	testenv.Slow(t, "runs make install and builds the Go examples; 45 s without -race on a busy 2-core machine")
 	skipShort(t)
 	for _, tool := range []string{"make", "git", "gcc", "pkg-config"} {
 		if _, err := exec.LookPath(tool); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"tpsched/bpf"
+	"tpsched/internal/testenv"
 	"tpsched/procmgr"
 	"tpsched/scd/loadlevel"
 )
@@ -36,6 +37,7 @@ var changeLine = regexp.MustCompile(`msg="load level changed" group=(\S+) from=(
 // queues are empty. Every change the node logs must be the one the tables
 // give for the Q, q and processed it logged with it.
 func TestLoadLevelsFollowTheQueue(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	th := &loadlevel.Thresholds{U1: 5, U2: 15, D0: 2, D1: 8}
 	dir := defDir(t, "", map[string]string{
@@ -129,12 +131,7 @@ func parseLevel(t *testing.T, s string) loadlevel.Level {
 // CPU time the node reports for the group with /proc's for that process.
 func TestGroupCPUFromProbes(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root")
-		}
-		t.Skip("eBPF needs root (set TPSCHED_REQUIRE_BPF=1 to make this a failure)")
-	}
+	testenv.RequireBPF(t)
 	dir := defDir(t, "", map[string]string{"hot": fmt.Sprintf(loadServer, "hot", "")})
 	n := startNode(t, "-c", dir)
 	c := n.client()
@@ -238,13 +235,9 @@ set cpu_wait_limit = %d
 // runnable time in the windows it was judged by (how much the machine's
 // other work leaves it decides how far it grows, not whether).
 func TestCPUGuardHoldsProcessesNearTheCores(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root")
-		}
-		t.Skip("the guard needs run-queue waits from eBPF, which needs root")
-	}
+	testenv.RequireBPF(t) // the guard needs run-queue waits from eBPF
 	for _, tc := range []struct {
 		limit   int
 		atLeast int

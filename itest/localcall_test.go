@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -213,6 +214,7 @@ func grepLines(text, sub string) string {
 // process died), or the front's application error carrying the local
 // call's 'server terminated' (the back process died).
 func TestChaosLocalCallsKilledUAPs(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, ownControlSocket, map[string]string{
 		"front": `set service_group = "front"

@@ -3,7 +3,6 @@ package itest
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"tpsched/internal/exposition/promcheck"
+	"tpsched/internal/testenv"
 )
 
 // TestMetricsOfACluster parses /metrics of every node of a real
@@ -23,6 +23,7 @@ import (
 // lists them) included. The eBPF run-queue histogram is required only
 // where the node measures with eBPF.
 func TestMetricsOfACluster(t *testing.T) {
+	testenv.Slow(t, "nodes started and stopped; 4 s without -race on a busy 2-core machine")
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{})
 	c := nodes[0].client()
@@ -76,8 +77,8 @@ func promtoolCheck(t *testing.T, what, text string) {
 	t.Helper()
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatal("promtool is not installed, and CI must run it (.ci/run installs Debian's prometheus)")
+		if req := testenv.Required(); req != "" {
+			t.Fatalf("promtool is not installed, and %s: it must run (.ci/run installs Debian's prometheus)", req)
 		}
 		t.Logf("promtool is not installed: /metrics not linted (Debian: apt-get install prometheus)")
 		return

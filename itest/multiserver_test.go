@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
@@ -110,6 +111,7 @@ func TestNonResidentScaleUpAndDown(t *testing.T) {
 // a shared machine); the figure is logged and the benchmark of the same
 // name reports it properly.
 func TestFirstExtraProcessReaction(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 8 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{
 		"quick": fmt.Sprintf(multiServer, "quick", "1,2", 0, 50, 8, ""),
@@ -226,10 +228,7 @@ func TestCPUPriorityCgroups(t *testing.T) {
 	st, err := n.status()
 	must(t, err)
 	if st.CPU.Mechanism == "nice" {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") == "1" {
-			t.Fatalf("no writable cpu cgroup: %s", st.CPU.Reason)
-		}
-		t.Skipf("cgroup mechanism not available here (%s); nice is used", st.CPU.Reason)
+		testenv.SkipOrFail(t, "cgroup mechanism not available here (%s); nice is used", st.CPU.Reason)
 	}
 	file := map[string]string{"cgroup1": "cpu.shares", "cgroup2": "cpu.weight"}[string(st.CPU.Mechanism)]
 	want := map[string]map[string]string{

@@ -30,6 +30,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -513,6 +514,7 @@ func TestChaosRPCPortDies(t *testing.T) {
 // frame (and come back when closed) while other callers go on calling.
 // scdd's RSS must stay under 256 MiB and the other callers be answered.
 func TestChaosPartialFrames(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 6 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{
 		"big":   echoDef("big", 1, 256, 8<<20),
@@ -579,6 +581,7 @@ func TestChaosPartialFrames(t *testing.T) {
 // 'server busy': the attack is on memory, not on the queue). scdd's RSS must stay under
 // 256 MiB and the other callers be answered.
 func TestChaosNonReaders(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 6 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{
 		"big":   echoDef("big", 2, 256, 1<<20),

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/scd/client"
 )
@@ -434,6 +435,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool, detai
 // its connection, even though the UAPs used up their whole time to stop
 // (issue 10 item 6: one 5 s budget used to cover the UAPs and the port).
 func TestDrainTimeoutAnswersEveryCall(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 6 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, ownControlSocket, map[string]string{"slow": echoDef("slow", 1, 16, 1<<20)})
 	n := startNode(t, "-c", dir, "-drain-timeout", "300ms")

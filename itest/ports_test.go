@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"tpsched/internal/freeport"
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -32,6 +33,7 @@ import (
 // UAPs used to start before the RPC port was bound: the UAP took the port
 // and answered 61,010 of 61,010 calls itself.)
 func TestChaosPortSquat(t *testing.T) {
+	testenv.Slow(t, "a fault experiment; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	ports, err := freeport.Common([]string{"127.0.0.1"}, 4)
 	if err != nil {

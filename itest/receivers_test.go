@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -216,11 +217,30 @@ func TestMultiScheduleSpreadsOverReceivers(t *testing.T) {
 	if busy != 1 {
 		t.Errorf("without multi_schedule the calls went over %d receivers (%v), want 1: one connection", busy, one)
 	}
-	spread := run(n.client(func(o *client.Options) { o.MultiSchedule = true }))
-	t.Logf("calls per heavy receiver: one connection %v, multi_schedule %v", one, spread)
+	// The client dials until it has a connection on each of the 3
+	// sockets, up to 9 times, and again at most once a second: where the
+	// kernel's hash (or the steering program) lands connections is its
+	// own, so 9 dials miss a socket now and then (about 1 time in 13 by
+	// chance). More rounds of 320 calls, a second apart, give the client
+	// its refills; the calls must reach every socket within a few.
+	mc := n.client(func(o *client.Options) { o.MultiSchedule = true })
+	spread := make([]uint64, len(one))
+	rounds := 0
+	for ; rounds < 5; rounds++ {
+		if rounds > 0 {
+			time.Sleep(1100 * time.Millisecond)
+		}
+		for i, k := range run(mc) {
+			spread[i] += k
+		}
+		if slices.Min(spread) >= 30 {
+			break
+		}
+	}
+	t.Logf("calls per heavy receiver: one connection %v, multi_schedule %v in %d round(s) of 320", one, spread, min(rounds+1, 5))
 	for i, k := range spread {
-		if k < 30 { // 320 calls over 3 sockets
-			t.Errorf("with multi_schedule receiver %d read %d calls (%v): not spread", i, k, spread)
+		if k < 30 { // 320 calls a round over 3 sockets
+			t.Errorf("with multi_schedule receiver %d read %d calls (%v) in 5 rounds: not spread", i, k, spread)
 		}
 	}
 }

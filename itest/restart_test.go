@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio/rpcport"
 	"tpsched/scd"
 	"tpsched/scd/client"
@@ -220,6 +221,7 @@ func pidAliveInt(pid int) bool {
 // process exits on its own, and the calls end up served by the new
 // process's own UAPs.
 func TestRestartUnderLoadDropsNoCall(t *testing.T) {
+	testenv.Slow(t, "nodes started and stopped; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{"heavy": strings.ReplaceAll(heavyServer, "echo=echo", "echo=echo\", \"pid=pid"),
 		"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "pid=pid"`)})
@@ -359,6 +361,7 @@ func statusOf(addr string) (scd.Status, error) {
 // the cluster instead of stopping quietly, 1,380 of 11,601 calls failed
 // 'no such service group' in the gap.)
 func TestRestartInAClusterDropsNoCall(t *testing.T) {
+	testenv.Slow(t, "nodes started and stopped; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	rpc, name := clusterPorts(t)
 	ips := clusterIPs[:2]

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/scd/client"
 )
 
@@ -147,6 +148,7 @@ func spreadCount(t *testing.T, nodes []*node, calls int, call func(c *client.Cli
 // Before the fix all three kinds were weighted alike (n2: about a third
 // at the default rate 50, a ninth at 80).
 func TestScheduleRateOnlyForSchedulerDirect(t *testing.T) {
+	testenv.Slow(t, "runs for seconds; 6 s without -race on a busy 2-core machine")
 	skipShort(t)
 	nodes := startCluster(t, clusterOpts{
 		sched: "set schedule_rate = 80\n",

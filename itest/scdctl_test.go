@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // TestScdctlReadsOnlySysconf: scdctl -c DIR needs only the node's
@@ -70,12 +72,8 @@ func TestScdctlReadsOnlySysconf(t *testing.T) {
 // that no other socket on the machine is seen.
 func TestScdctlFindsTheOnlyNode(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs scdd and scdctl as nobody, to keep them off /run/tpsched")
-	}
-	if _, err := exec.LookPath("setpriv"); err != nil {
-		t.Skipf("needs setpriv (util-linux): %v", err)
-	}
+	testenv.RequireRoot(t, "runs scdd and scdctl as nobody, to keep them off /run/tpsched")
+	testenv.RequireTool(t, "setpriv", "util-linux")
 	base, err := os.MkdirTemp("", "tpfind")
 	must(t, err)
 	t.Cleanup(func() { os.RemoveAll(base) })

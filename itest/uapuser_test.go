@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // procUID is the real uid of a process, from /proc.
@@ -33,9 +35,7 @@ func procUID(t *testing.T, pid int) int {
 // replacement after a kill runs as the same.
 func TestRootRunsUAPsAsTheirOwnUsers(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		t.Skip("the UAPs' users are chosen by a root daemon")
-	}
+	testenv.RequireRoot(t, "the UAPs' users are chosen by a root daemon")
 	dir := defDir(t, "", map[string]string{"alpha": echoDef("alpha", 1, 16, 4096), "beta": echoDef("beta", 1, 16, 4096)})
 	n := startNode(t, "-c", dir)
 	uids := map[string]int{}
@@ -72,9 +72,7 @@ func TestRootRunsUAPsAsTheirOwnUsers(t *testing.T) {
 // each process has a group of its own.
 func TestSameServerOnTwoNodesHasTwoUsers(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		t.Skip("the UAPs' users are chosen by a root daemon")
-	}
+	testenv.RequireRoot(t, "the UAPs' users are chosen by a root daemon")
 	uids := map[string]int{}
 	for _, id := range []string{"itest-one", "itest-two"} {
 		dir := defDir(t, "", map[string]string{"echo": echoDef("echo", 2, 16, 4096)})

@@ -5,12 +5,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // repoRoot is the checkout the tests run in (itest's parent).
@@ -105,13 +106,9 @@ exec "$@"
 // options this cannot emulate are listed in the unit file as not verified.
 func TestUnitFileUnderEmulation(t *testing.T) {
 	skipShort(t)
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: runs scdd with the unit's capability set and mount namespace")
-	}
+	testenv.RequireRoot(t, "runs scdd with the unit's capability set and mount namespace")
 	for _, tool := range []string{"setpriv", "unshare"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (util-linux): %v", tool, err)
-		}
+		testenv.RequireTool(t, tool, "util-linux")
 	}
 	unit := unitOptions(t, filepath.Join(repoRoot(t), "dist", "tpsched.service"))
 	want := map[string]string{"ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes", "PrivateDevices": "yes",

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"tpsched/procmgr"
+	"tpsched/scd"
 )
 
 // findRunning runs scdctl find ENV through node i and checks what 004
@@ -31,13 +32,24 @@ func (wc *wlmCluster) findRunning(t *testing.T, i int, env, what string) int {
 	}
 	took := time.Since(began).Round(time.Millisecond)
 	where := wc.nodes[got[0]]
+	// The node named serves the environment; its process may still be
+	// starting (on a busy machine it attaches a while after the find is
+	// answered): it must be running within seconds, not never.
 	var attached []int
-	for _, p := range groupStatus(t, where, env).Processes {
-		if p.PID > 0 && p.State == procmgr.StateRunning && pidAlive(p.PID) {
-			attached = append(attached, p.PID)
+	var e scd.EnvReport
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		attached = attached[:0]
+		for _, p := range groupStatus(t, where, env).Processes {
+			if p.PID > 0 && p.State == procmgr.StateRunning && pidAlive(p.PID) {
+				attached = append(attached, p.PID)
+			}
 		}
+		e, _ = envOf(t, where, env)
+		if (len(attached) > 0 && e.Here == "serving") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	e, _ := envOf(t, where, env)
 	if len(attached) == 0 || e.Here != "serving" {
 		t.Fatalf("%s: find through n%d named n%d (in %v), but no server runs there: processes %+v, its state of %s %q",
 			what, i, got[0], took, groupStatus(t, where, env).Processes, env, e.Here)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -25,6 +26,7 @@ import (
 // unknown (scdd refused to start) and a node ran at most one server of
 // orders.
 func TestWLMInstancesServePerNode(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	instances := []string{"orders@east", "orders@west"}
 	wc := startWLMCluster(t, wlmOpts{

@@ -15,23 +15,20 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tpsched/internal/testenv"
 )
 
 // skipOrFail skips with why, or fails when CI demands the privileged paths
-// (TPSCHED_REQUIRE_BPF=1).
+// (testenv: CI=true or TPSCHED_REQUIRE_BPF=1).
 func skipOrFail(t *testing.T, why string) {
 	t.Helper()
-	if os.Getenv("TPSCHED_REQUIRE_BPF") == "1" {
-		t.Fatalf("TPSCHED_REQUIRE_BPF=1 but: %s", why)
-	}
-	t.Skip(why)
+	testenv.SkipOrFail(t, "%s", why)
 }
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "creating cgroups needs root")
-	}
+	testenv.RequireRoot(t, "creating cgroups")
 }
 
 func uniqueParent() string {
@@ -188,7 +185,9 @@ func TestCPUDetect(t *testing.T) {
 // when this host has none.
 func v1Control(t *testing.T) *CPUControl {
 	t.Helper()
-	needRoot(t)
+	// Skips where cpu is on cgroup v2 instead; fails in CI where it is on
+	// neither.
+	testenv.RequireCgroup(t, 1, "cpu")
 	mounts, err := cgroupMounts(mountinfoPath)
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +202,7 @@ func v1Control(t *testing.T) *CPUControl {
 			return c
 		}
 	}
-	t.Skip("no cgroup v1 cpu hierarchy on this host")
+	t.Fatalf("cpu is on cgroup v1 (testenv) but %s lists no v1 cpu mount", mountinfoPath)
 	return nil
 }
 

@@ -22,6 +22,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"tpsched/internal/testenv"
 )
 
 // The test binary is its own UAP: with PROCMGR_TEST_CHILD set it behaves as
@@ -558,12 +560,22 @@ func TestCrashingProcessBacksOff(t *testing.T) {
 	exits := newExitLog()
 	t0 := time.Now()
 	srv := startServer(t, testManager(t), uapSpec("exit1", t.TempDir(), 1), &hooks{file: r, exited: exits.hook})
-	time.Sleep(time.Second)
-	got := exits.all()
 	// Back-off 20, 40, 80, 160, 320, 640 ms: about six deaths in the first
-	// second, fewer on a slow machine, never a spin.
-	if len(got) < 2 || len(got) > 8 {
-		t.Fatalf("%d deaths within %v of start, want 2..8", len(got), time.Since(t0))
+	// second, never a spin (more than 8). A busy machine slows the
+	// restarts (one death in the first second was seen under stress-ng),
+	// so the test waits for three, however long they take, and judges the
+	// gaps between them below.
+	time.Sleep(time.Second)
+	waitUntil(t, "three deaths", func() bool { return len(exits.all()) >= 3 })
+	got := exits.all()
+	first := 0
+	for _, e := range got {
+		if e.at.Sub(t0) <= time.Second {
+			first++
+		}
+	}
+	if first > 8 {
+		t.Fatalf("%d deaths within a second of start, want at most 8: the back-off does not hold", first)
 	}
 	for i, e := range got {
 		if e.slot != 0 || e.err == nil || !strings.Contains(e.err.Error(), "exit status 1") {
@@ -900,9 +912,7 @@ func TestEnvironmentIsMinimal(t *testing.T) {
 // With a uid and gid in the Spec the processes run as that user and
 // group, with no supplementary group of the daemon's (root only).
 func TestProcessesRunAsTheSpecUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("switching users needs root")
-	}
+	testenv.RequireRoot(t, "switching users")
 	// The nobody user must reach the binary and the report directory.
 	top, err := os.MkdirTemp("", "procmgr-uid-")
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"tpsched/bpf"
+	"tpsched/internal/testenv"
 )
 
 // burnFor is how much CPU a "burn" child uses before it reports.
@@ -32,8 +33,8 @@ func TestUsageCountsRunningAndEndedProcesses(t *testing.T) {
 	mechs := []string{bpf.Proc}
 	if os.Geteuid() == 0 {
 		mechs = append(mechs, bpf.TPBTF)
-	} else if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-		t.Fatal("TPSCHED_REQUIRE_BPF is set but this is not root")
+	} else if req := testenv.Required(); req != "" {
+		t.Fatalf("%s but this is not root: the eBPF meter cannot be tested", req)
 	}
 	for _, mech := range mechs {
 		t.Run(mech, func(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"tpsched/bpf"
 	"tpsched/internal/exposition"
 	"tpsched/internal/exposition/promcheck"
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -160,13 +160,7 @@ func TestRunqueueWaitHistogram(t *testing.T) {
 // metrics) on a node's /metrics: the whole endpoint passes, the library's
 // go_* and process_* families included (issue 23, item 8).
 func TestPromtoolCheckMetrics(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("TPSCHED_REQUIRE_BPF") != "" {
-			t.Fatal("promtool is not installed, and CI must run this test (.ci/run installs Debian's prometheus)")
-		}
-		t.Skip("promtool is not installed (Debian: apt-get install prometheus; .ci/run installs it)")
-	}
+	promtool := testenv.RequireTool(t, "promtool", "Debian: apt-get install prometheus; .ci/run installs it")
 	text := scrape(t, metricsNode(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // buildScdd builds this command into a temporary directory.
@@ -44,7 +46,6 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := os.Geteuid() == 0
 	const key = "set cluster_key = \"0123456789abcdef\"\n"
 	for _, tc := range []struct {
 		name   string
@@ -108,8 +109,8 @@ func TestCheck(t *testing.T) {
 			code:  1, stderr: "is not executable by uid "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.closed && !root {
-				t.Skip("the UAPs run as users of their own only under a root scdd")
+			if tc.closed {
+				testenv.RequireRoot(t, "the UAPs run as users of their own only under a root scdd")
 			}
 			// A directory the UAPs' users can reach, or one under a
 			// closed one (as a clone in /root is).

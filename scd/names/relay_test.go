@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"tpsched/internal/testenv"
 	"tpsched/scd/loadlevel"
 )
 
@@ -133,9 +134,9 @@ func relayCost(t *testing.T, ms []relayMember, changes int) (perChange, perRefre
 // dead and that came back is sent every member's announce, which has
 // nothing to do with the announces measured.
 func TestAnnounceMessagesPerMember(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts 50 members")
-	}
+	// A scale measurement (74 s to 333 s: 50 members in one process): the
+	// full suite's, not make test's.
+	testenv.Slow(t, "starts 50 members; 74-333 s")
 	sizes := []int{10, 40}
 	type cost struct{ change, refresh float64 }
 	got := map[int]cost{}
