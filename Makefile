@@ -37,7 +37,7 @@ TEST_TIMEOUT ?= 30m
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build uap-c install uninstall test test-short bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos torture clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -172,6 +172,17 @@ FUZZTIME ?= 30s
 
 chaos: build ## the fault experiments at full length on real processes, one package at a time; prints the table of docs/RELIABILITY.md (about 4 min, root for all of them)
 	GO=$(GO) bash tools/chaos.sh
+
+# make torture: issue 27's randomized torture of one node (itest
+# TestTorture), alone and verbose. SEED empty: a random seed, printed;
+# ATTACKS empty: every class (callers,uapkill,uapstop,uapexit,badexit,
+# localcalls,fdpressure,restart).
+DURATION ?= 10m
+SEED     ?=
+ATTACKS  ?=
+torture: ## the torture test (itest TestTorture) for DURATION (default 10m) with SEED (default random, printed) and ATTACKS (default all), under the race detector
+	TPSCHED_TORTURE_DURATION=$(DURATION) TPSCHED_TORTURE_SEED=$(SEED) TPSCHED_TORTURE_ATTACKS=$(ATTACKS) \
+		$(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) -run '^TestTorture$$' ./itest/
 
 fuzz: ## run every fuzz target in the module (found, not listed) for FUZZTIME each (default 30s)
 	GO=$(GO) FUZZTIME=$(FUZZTIME) bash tools/fuzz.sh

@@ -458,7 +458,7 @@ func (tt *torture) caller(rng *rand.Rand) {
 func (tt *torture) connection(rng *rand.Rand) {
 	mode := "read" // read every answer, then close
 	switch p := rng.IntN(100); {
-	case p < 15:
+	case p < 15 && tt.attacks["callers"]:
 		mode = "halfclose"
 	case p < 40 && tt.attacks["callers"]:
 		mode = "close"
