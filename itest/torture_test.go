@@ -117,6 +117,7 @@ type torture struct {
 	fdPressure atomic.Bool  // scdd's fd table is full on purpose: new connections wait
 	graceUntil atomic.Int64 // unix ns: the watchdog waits until then after a pause
 	quit       atomic.Bool  // the watchdog sent scdd SIGQUIT
+	restartAt  atomic.Int64 // unix ns: when the hand-over under way began
 
 	ctx    context.Context // ends the attacks and the callers
 	cancel context.CancelFunc
@@ -703,7 +704,12 @@ func (tt *torture) watchdog(ctx context.Context) {
 	limit := tt.stall + time.Second
 	for ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
-		if tt.restarting.Load() || tt.aborted() {
+		if tt.aborted() {
+			continue
+		}
+		// A hand-over pauses the probes' verdict, for 10 s at most: a node
+		// wedged as a restart begins does not hand over either.
+		if at := tt.restartAt.Load(); tt.restarting.Load() && time.Since(time.Unix(0, at)) < 10*time.Second {
 			continue
 		}
 		now := time.Now().UnixNano()
@@ -717,6 +723,9 @@ func (tt *torture) watchdog(ctx context.Context) {
 		}
 		if stale == "" {
 			continue
+		}
+		if tt.restarting.Load() {
+			stale += ", during a hand-over begun 10 s before"
 		}
 		pid := int(tt.pid.Load())
 		tt.quit.Store(true)
@@ -914,6 +923,7 @@ func (tt *torture) fdPressureOnce(rng *rand.Rand) {
 func (tt *torture) restartOnce(rng *rand.Rand) {
 	old := int(tt.pid.Load())
 	before := len(newPIDLine.FindAllStringSubmatch(tt.n.logText(), -1))
+	tt.restartAt.Store(time.Now().UnixNano())
 	tt.restarting.Store(true)
 	defer func() {
 		tt.grace(2 * time.Second)
@@ -932,14 +942,22 @@ func (tt *torture) restartOnce(rng *rand.Rand) {
 			for time.Now().Before(deadline) && pidAliveInt(old) {
 				time.Sleep(20 * time.Millisecond)
 			}
-			if pidAliveInt(old) {
-				tt.fail("the old scdd (pid %d) still runs 30 s after SIGUSR2", old)
+			if pidAliveInt(old) && !tt.aborted() {
+				tt.quit.Store(true)
+				tt.fail("the old scdd (pid %d) still runs 30 s after SIGUSR2; SIGQUIT sent: its goroutines are in the log below", old)
+				_ = syscall.Kill(old, syscall.SIGQUIT)
+				time.Sleep(2 * time.Second)
 			}
 			return
 		}
 		if !pidAliveInt(old) {
-			tt.fail("scdd pid %d died during a hand-over with no new process serving", old)
+			if !tt.quit.Load() {
+				tt.fail("scdd pid %d died during a hand-over with no new process serving", old)
+			}
 			return
+		}
+		if tt.ctx.Err() != nil && tt.aborted() {
+			return // the watchdog found the node wedged
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -104,6 +104,9 @@ func main() {
 		flag, ms := run(req)
 		special(flag, req)
 		f := strings.Fields(string(req))
+		if len(f) < 3 {
+			return nil, fmt.Errorf("want \"<id> <flag> <ms> <inner flag>\", got %.40q", req)
+		}
 		innerFlag := "n"
 		if len(f) > 3 {
 			innerFlag = f[3]
