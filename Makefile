@@ -39,7 +39,7 @@ CHECK_FUZZTIME ?= 10s
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test check check-cgroup2 test-short slowest bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos clean
+.PHONY: help build uap-c install uninstall test check check-cgroup2 test-short slowest bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos torture clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -192,6 +192,17 @@ FUZZTIME ?= 30s
 
 chaos: build ## the fault experiments at full length on real processes, one package at a time; prints the table of docs/RELIABILITY.md (about 4 min, root for all of them)
 	GO=$(GO) bash tools/chaos.sh
+
+# make torture: issue 27's randomized torture of one node (itest
+# TestTorture), alone and verbose. SEED empty: a random seed, printed;
+# ATTACKS empty: every class (callers,uapkill,uapstop,uapexit,badexit,
+# localcalls,fdpressure,restart).
+DURATION ?= 10m
+SEED     ?=
+ATTACKS  ?=
+torture: ## the torture test (itest TestTorture) for DURATION (default 10m) with SEED (default random, printed) and ATTACKS (default all), under the race detector
+	TPSCHED_TORTURE_DURATION=$(DURATION) TPSCHED_TORTURE_SEED=$(SEED) TPSCHED_TORTURE_ATTACKS=$(ATTACKS) \
+		$(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) -run '^TestTorture$$' ./itest/
 
 fuzz: ## run every fuzz target in the module (found, not listed) for FUZZTIME each (default 30s)
 	GO=$(GO) FUZZTIME=$(FUZZTIME) bash tools/fuzz.sh

@@ -1,0 +1,1067 @@
+package itest
+
+// The torture test (issue 27 item 7): a seeded, randomized generator of
+// what callers, UAPs and the machine do to a node, with every call
+// accounted. One real scdd, real UAPs (itest/internal/uap-torture, which
+// records every execution of every call in a file), raw callers on real
+// sockets. The run, and the checks, are described at TestTorture; the
+// knobs are environment variables:
+//
+//	TPSCHED_TORTURE_SEED      the seed (default: random, printed)
+//	TPSCHED_TORTURE_DURATION  how long to attack (default 20s; CI 10m)
+//	TPSCHED_TORTURE_ATTACKS   comma-separated attack classes (default all):
+//	                          callers, uapkill, uapstop, uapexit, badexit,
+//	                          localcalls, fdpressure, restart
+//	TPSCHED_TORTURE_CALLERS   callers at once (default 6)
+//	TPSCHED_TORTURE_STALL     how long the probe may go unanswered before
+//	                          the watchdog dumps scdd's goroutines and
+//	                          fails (default 1s), plus a 1s margin for a
+//	                          busy machine
+//
+// make torture DURATION=10m SEED=42 runs it alone, verbose.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tpsched/netio"
+)
+
+// tortureAttacks are the attack classes, each switchable.
+var tortureAttacks = []string{"callers", "uapkill", "uapstop", "uapexit", "badexit", "localcalls", "fdpressure", "restart"}
+
+var buildTortureUAP = sync.OnceValue(func() error {
+	args := []string{"build", "-o", bin("uap-torture")}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, "tpsched/itest/internal/uap-torture")...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("building uap-torture: %v\n%s", err, out)
+	}
+	return nil
+})
+
+const tortureServer = `set service_group = %q
+set service = "work=work", "call=call"
+set module = %q
+set parallel_count = 2,3
+set balance_count = 4
+set queue_size = 256
+set watch_time = 8
+putenv TORTURE_DIR %q
+putenv TORTURE_EXECLOG %q
+putenv TORTURE_CALL_TARGET "back/work"
+`
+
+const tortureProbe = `set service_group = "probe"
+set service = "echo=echo"
+set module = MODULE
+set parallel_count = 1
+set queue_size = 64
+set watch_time = 8
+`
+
+// tcall is one call a caller sent, and what became of it.
+type tcall struct {
+	id      uint64
+	group   string
+	service string
+	flag    string // n, x (UAP exits holding it), b (bad completion, then exit)
+	req     []byte
+	sentAt  time.Duration // since the run's start
+
+	// Set by the caller goroutine that owns the connection, read after.
+	sent      bool // the whole frame was written
+	answers   int  // answer frames addressed to it
+	kind      netio.Kind
+	code      netio.Code
+	msg       string
+	wrong     string // what was wrong with its answer, if anything
+	abandoned string // "close" or "reset": its caller left before the answer
+	connEnd   string // unanswered and the connection ended: how (EOF, reset, timeout, ...)
+}
+
+type torture struct {
+	t        *testing.T
+	seed     uint64
+	dur      time.Duration
+	stall    time.Duration
+	attacks  map[string]bool
+	callersN int
+	start    time.Time
+	dir      string // the UAPs' marker files and the execution log (mode 0777: a root scdd runs UAPs as users of their own)
+	execLog  string
+	n        *restartingNode
+
+	pid        atomic.Int64 // the scdd that serves now (a restart changes it)
+	restarting atomic.Bool  // a hand-over is under way: the old pid may exit
+	fdPressure atomic.Bool  // scdd's fd table is full on purpose: new connections wait
+	graceUntil atomic.Int64 // unix ns: the watchdog waits until then after a pause
+	quit       atomic.Bool  // the watchdog sent scdd SIGQUIT
+	restartAt  atomic.Int64 // unix ns: when the hand-over under way began
+
+	ctx    context.Context // ends the attacks and the callers
+	cancel context.CancelFunc
+	nextID atomic.Uint64
+
+	mu       sync.Mutex
+	calls    []*tcall
+	found    []string // breaks found during the run (each ends it)
+	conns    map[net.Conn]bool
+	stopped  map[int]bool // UAP pids stopped and not yet continued
+	figures  map[string]int
+	firstHit time.Duration
+
+	scanned struct { // the UAPs' execution log, as read so far
+		sync.Mutex
+		off   int64
+		execs map[string][]string // id -> "pid flag" of each execution
+		rest  string
+	}
+}
+
+func (tt *torture) count(what string, k int) {
+	tt.mu.Lock()
+	tt.figures[what] += k
+	tt.mu.Unlock()
+}
+
+// fail records a break found during the run and ends the run: the first
+// one's time is the figure of how long the test takes to find it.
+func (tt *torture) fail(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	at := time.Since(tt.start)
+	tt.mu.Lock()
+	if len(tt.found) == 0 {
+		tt.firstHit = at
+	}
+	tt.found = append(tt.found, fmt.Sprintf("after %.1f s: %s", at.Seconds(), msg))
+	conns := make([]net.Conn, 0, len(tt.conns))
+	for c := range tt.conns {
+		conns = append(conns, c)
+	}
+	tt.mu.Unlock()
+	tt.t.Errorf("torture (seed %d): BREAK FOUND after %.1f s: %s", tt.seed, at.Seconds(), msg)
+	tt.cancel()
+	for _, c := range conns { // callers blocked on a wedged node
+		c.Close()
+	}
+}
+
+func (tt *torture) aborted() bool {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	return len(tt.found) > 0
+}
+
+func (tt *torture) track(c net.Conn) {
+	tt.mu.Lock()
+	tt.conns[c] = true
+	tt.mu.Unlock()
+}
+
+func (tt *torture) untrack(c net.Conn) {
+	tt.mu.Lock()
+	delete(tt.conns, c)
+	tt.mu.Unlock()
+}
+
+func (tt *torture) grace(d time.Duration) {
+	tt.graceUntil.Store(time.Now().Add(d).UnixNano())
+}
+
+// sleep waits d or until the run ends; false if it ended.
+func (tt *torture) sleep(d time.Duration) bool {
+	select {
+	case <-tt.ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", name, v, err)
+	}
+	return d
+}
+
+// TestTorture attacks one node at random for TPSCHED_TORTURE_DURATION and
+// accounts for every call. Groups: front and back (uap-torture, 2 to 3
+// processes each; front/call makes a local call to back/work) take every
+// attack; probe (uap-echo, 1 process) is never attacked and is the
+// watchdog's.
+//
+// Callers (TPSCHED_TORTURE_CALLERS at once, each on connections of its
+// own, in a loop): one call or 2 to 8 pipelined, then read every answer,
+// or half-close and read every answer then the node's FIN; with
+// "callers": close, or reset (SO_LINGER 0), at a random moment while
+// calls are in flight. The machine, each at random moments: "uapkill"
+// SIGKILL of a front or back process; "uapstop" SIGSTOP of one for up to
+// 0.8 s; "uapexit" calls (flag x) whose process exits holding them (and
+// what was handed over behind them); "badexit" calls (flag b) completed
+// with status 7 and done_no stored by a process that exits at once
+// (break 4); "localcalls" front/call; "fdpressure" RLIMIT_NOFILE of scdd
+// lowered to its open descriptors + 40 with 100 idle connections and a
+// UAP killed (break 2), for 1.5 s; "restart" a hand-over (SIGUSR2).
+//
+// Found during the run, each ending it at once with the time it took:
+// scdd dead (not by a hand-over we asked for), with its log; the probe
+// unanswered for longer than TPSCHED_TORTURE_STALL + 1 s outside a
+// hand-over (fresh connections) or fd pressure (a connection opened
+// before) — the watchdog sends scdd SIGQUIT, whose goroutine dump is in
+// the log the test prints; a call executed twice (the UAPs' log, read
+// every 200 ms); an answer to no call outstanding on its connection, a
+// second answer, or a reply that is not its call's.
+//
+// At the end, what the checker accepts, call by call (docs/RELIABILITY.md
+// promise 1 and "Not defended"; docs/SHM.md "Die"):
+//   - executed at most once, always (the outer id and a local call's inner
+//     id each);
+//   - answered ok: executed exactly once, the reply its own (a local
+//     call's reply carries its inner call's);
+//   - answered 'server busy', 'service closed', 'node shutting down', 'no
+//     such group/service', 'message too big': never executed;
+//   - answered any other clear error ('server terminated', 'timed out', an
+//     application error carrying a local call's error, 'network down'):
+//     executed at most once; a b-flagged call's answer can only be an
+//     error (its process broke the protocol: 'server terminated');
+//   - not answered, its caller having closed or reset mid-call: executed
+//     at most once, no answer owed (its answers are the node's to drop);
+//   - not answered, its caller still reading, the node having closed the
+//     connection with a FIN: never executed (a clean close owes no answer
+//     only for calls never read, which the caller may send again);
+//   - anything else unanswered (a reset by the node, or no answer within
+//     watch_time and 15 s) is lost: a failure. A connection that could not be opened
+//     (fd pressure) is counted, not failed: the watchdog judges the node.
+func TestTorture(t *testing.T) {
+	skipShort(t)
+	if err := buildTortureUAP(); err != nil {
+		t.Fatal(err)
+	}
+	tt := &torture{t: t, figures: map[string]int{}, conns: map[net.Conn]bool{}, stopped: map[int]bool{}}
+	tt.seed = rand.Uint64() >> 1
+	if v := os.Getenv("TPSCHED_TORTURE_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("TPSCHED_TORTURE_SEED=%q: %v", v, err)
+		}
+		tt.seed = s
+	}
+	tt.dur = envDuration(t, "TPSCHED_TORTURE_DURATION", 20*time.Second)
+	tt.stall = envDuration(t, "TPSCHED_TORTURE_STALL", time.Second)
+	tt.callersN = 6
+	if v := os.Getenv("TPSCHED_TORTURE_CALLERS"); v != "" {
+		k, err := strconv.Atoi(v)
+		if err != nil || k < 1 {
+			t.Fatalf("TPSCHED_TORTURE_CALLERS=%q: want a whole number >= 1", v)
+		}
+		tt.callersN = k
+	}
+	tt.attacks = map[string]bool{}
+	if v := os.Getenv("TPSCHED_TORTURE_ATTACKS"); v != "" && v != "all" {
+		for _, a := range strings.Split(v, ",") {
+			a = strings.TrimSpace(a)
+			if !contains(tortureAttacks, a) {
+				t.Fatalf("TPSCHED_TORTURE_ATTACKS: unknown attack %q (known: %s)", a, strings.Join(tortureAttacks, ","))
+			}
+			tt.attacks[a] = true
+		}
+	} else {
+		for _, a := range tortureAttacks {
+			tt.attacks[a] = true
+		}
+	}
+	var on []string
+	for _, a := range tortureAttacks {
+		if tt.attacks[a] {
+			on = append(on, a)
+		}
+	}
+	t.Logf("torture: seed %d (TPSCHED_TORTURE_SEED=%d repeats it), duration %v, attacks %s, %d callers",
+		tt.seed, tt.seed, tt.dur, strings.Join(on, ","), tt.callersN)
+
+	// The UAPs' directory: writable by every user (a root scdd runs each
+	// server's UAPs as a user of its own).
+	var err error
+	tt.dir, err = os.MkdirTemp("", "tpsched-torture-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(tt.dir) })
+	must(t, os.Chmod(tt.dir, 0o777))
+	tt.execLog = filepath.Join(tt.dir, "exec.log")
+	must(t, os.WriteFile(tt.execLog, nil, 0o666))
+	must(t, os.Chmod(tt.execLog, 0o666))
+
+	dir := defDir(t, "", map[string]string{
+		"probe": tortureProbe,
+		"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
+		"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
+	})
+	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
+	tt.n = startRestartingNode(t, dir, "-drain-timeout", "5s")
+	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
+	waitFor(t, 15*time.Second, "the groups' processes to start", func() bool {
+		st, err := statusOf(tt.n.http)
+		if err != nil {
+			return false
+		}
+		ready := 0
+		for _, g := range st.Groups {
+			for _, p := range g.Processes {
+				if p.PID > 0 {
+					ready++
+				}
+			}
+		}
+		return ready >= 5
+	}, tt.n.logText)
+
+	tt.ctx, tt.cancel = context.WithCancel(context.Background())
+	defer tt.cancel()
+	t.Cleanup(func() { // never leave a UAP stopped
+		tt.mu.Lock()
+		defer tt.mu.Unlock()
+		for pid := range tt.stopped {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
+	tt.start = time.Now()
+
+	var wg sync.WaitGroup
+	spawn := func(f func()) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f() }()
+	}
+	// Background: watchdog (probes), crash monitor, execution log scanner.
+	var bg sync.WaitGroup
+	bgCtx, bgCancel := context.WithCancel(context.Background())
+	for _, f := range []func(context.Context){tt.probeFresh, tt.probeKept, tt.watchdog, tt.monitor, tt.scanExecLog} {
+		bg.Add(1)
+		go func() { defer bg.Done(); f(bgCtx) }()
+	}
+
+	for i := range tt.callersN {
+		spawn(func() { tt.caller(rand.New(rand.NewPCG(tt.seed, uint64(i)+1))) })
+	}
+	rng := func(k uint64) *rand.Rand { return rand.New(rand.NewPCG(tt.seed, 1000+k)) }
+	if tt.attacks["uapkill"] {
+		spawn(func() { tt.uapKiller(rng(1)) })
+	}
+	if tt.attacks["uapstop"] {
+		spawn(func() { tt.uapStopper(rng(2)) })
+	}
+	if tt.attacks["fdpressure"] || tt.attacks["restart"] {
+		spawn(func() { tt.machine(rng(3)) })
+	}
+
+	select {
+	case <-tt.ctx.Done():
+	case <-time.After(tt.dur):
+	}
+	tt.cancel()
+	wg.Wait() // callers finish their connections: every answer read
+	// The UAPs have written their lines before they answered; a last look.
+	tt.scanOnce()
+	bgCancel()
+	bg.Wait()
+	tt.check()
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// dial opens a connection to the node's RPC port, tracked so that a
+// failed run can close it.
+func (tt *torture) dial(timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", tt.n.rpc, timeout)
+	if err != nil {
+		return nil, err
+	}
+	tt.track(c)
+	return c, nil
+}
+
+// newCall makes a call for rng's caller: its group, service, flag and
+// request.
+func (tt *torture) newCall(rng *rand.Rand) *tcall {
+	c := &tcall{id: tt.nextID.Add(1), flag: "n", sentAt: time.Since(tt.start)}
+	switch p := rng.IntN(100); {
+	case p < 20 && tt.attacks["localcalls"]:
+		c.group, c.service = "front", "call"
+	case p < 60:
+		c.group, c.service = "front", "work"
+	default:
+		c.group, c.service = "back", "work"
+	}
+	switch p := rng.IntN(1000); {
+	case p < 15 && tt.attacks["uapexit"]:
+		c.flag = "x"
+	case p >= 15 && p < 35 && tt.attacks["badexit"]:
+		c.flag = "b"
+	}
+	ms := rng.IntN(30)
+	if rng.IntN(4) == 0 {
+		ms = 0
+	}
+	if c.service == "call" {
+		inner := "n"
+		if c.flag == "n" && rng.IntN(40) == 0 && tt.attacks["uapexit"] {
+			inner = "x" // the called process dies instead
+		}
+		c.req = fmt.Appendf(nil, "%d %s %d %s", c.id, c.flag, ms, inner)
+	} else {
+		c.req = fmt.Appendf(nil, "%d %s %d", c.id, c.flag, ms)
+	}
+	return c
+}
+
+// caller is one caller, connection after connection, until the run ends.
+func (tt *torture) caller(rng *rand.Rand) {
+	for tt.ctx.Err() == nil {
+		tt.connection(rng)
+		if rng.IntN(3) == 0 {
+			time.Sleep(time.Duration(rng.IntN(5)) * time.Millisecond)
+		}
+	}
+}
+
+func (tt *torture) connection(rng *rand.Rand) {
+	mode := "read" // read every answer, then close
+	switch p := rng.IntN(100); {
+	case p < 15 && tt.attacks["callers"]:
+		mode = "halfclose"
+	case p < 40 && tt.attacks["callers"]:
+		mode = "close"
+	case p < 55 && tt.attacks["callers"]:
+		mode = "reset"
+	}
+	k := 1
+	if rng.IntN(2) == 0 {
+		k = 2 + rng.IntN(7)
+	}
+	nc, err := tt.dial(3 * time.Second)
+	if err != nil {
+		tt.count("connections not opened (dial failed)", 1)
+		time.Sleep(50 * time.Millisecond)
+		return
+	}
+	defer func() { nc.Close(); tt.untrack(nc) }()
+	calls := make([]*tcall, k)
+	byID := map[uint64]*tcall{}
+	for i := range calls {
+		calls[i] = tt.newCall(rng)
+		byID[calls[i].id] = calls[i]
+	}
+	tt.mu.Lock()
+	tt.calls = append(tt.calls, calls...)
+	tt.mu.Unlock()
+	// Pipelined: every frame at once, or one by one with small gaps.
+	gaps := rng.IntN(2) == 0
+	var out []byte
+	for _, c := range calls {
+		out = netio.AppendFrame(out[:0], netio.Header{Kind: netio.KindCall, ID: c.id}, c.group, c.service, c.req)
+		if _, err := nc.Write(out); err != nil {
+			tt.count("writes failed", 1)
+			break
+		}
+		c.sent = true
+		if gaps && rng.IntN(2) == 0 {
+			time.Sleep(time.Duration(rng.IntN(3)) * time.Millisecond)
+		}
+	}
+	var leaveAt time.Time
+	switch mode {
+	case "halfclose":
+		_ = nc.(*net.TCPConn).CloseWrite()
+	case "close", "reset":
+		leaveAt = time.Now().Add(time.Duration(rng.IntN(40)) * time.Millisecond)
+	}
+	fr := netio.NewFrameReader(nc, 1<<20)
+	var buf []byte
+	pending := 0
+	for _, c := range calls {
+		if c.sent {
+			pending++
+		}
+	}
+	deadline := time.Now().Add(8*time.Second + 15*time.Second)
+	for pending > 0 || mode == "halfclose" {
+		d := deadline
+		if !leaveAt.IsZero() {
+			d = leaveAt
+		}
+		_ = nc.SetReadDeadline(d)
+		var f netio.Frame
+		f, buf, err = fr.Read(buf)
+		if err != nil {
+			if !leaveAt.IsZero() && isTimeout(err) {
+				break // the caller gives up mid-call
+			}
+			if pending == 0 && errors.Is(err, io.EOF) {
+				break // half-closed: every answer, then the node's FIN
+			}
+			end := connEnd(err)
+			if tt.aborted() {
+				end = "run aborted"
+			}
+			for _, c := range calls {
+				if c.sent && c.answers == 0 {
+					c.connEnd = end
+				}
+			}
+			if pending == 0 {
+				tt.fail("half-closed connection: after every answer, %s instead of the node's FIN", end)
+			}
+			return
+		}
+		if f.Kind == netio.KindGoAway {
+			tt.count("go-away frames", 1)
+			continue
+		}
+		c := byID[f.ID]
+		switch {
+		case c == nil || !c.sent:
+			tt.fail("a frame (kind %v, id %d) answering no call of its connection", f.Kind, f.ID)
+			return
+		case c.answers > 0:
+			c.answers++
+			tt.fail("call %d answered twice (second: kind %v code %v)", c.id, f.Kind, f.Code)
+			return
+		}
+		c.answers = 1
+		pending--
+		c.kind, c.code = f.Kind, f.Code
+		switch f.Kind {
+		case netio.KindReply:
+			want := string(c.req)
+			got := string(f.Payload)
+			if c.service == "call" {
+				inner := fmt.Sprintf("%d.in ", c.id)
+				if !strings.HasPrefix(got, want+" | "+inner) {
+					c.wrong = fmt.Sprintf("reply %.80q, want %q | %q...", got, want, inner)
+				}
+			} else if got != want {
+				c.wrong = fmt.Sprintf("reply %.80q, want %q", got, want)
+			}
+			if c.wrong != "" {
+				tt.fail("call %d: %s", c.id, c.wrong)
+				return
+			}
+		case netio.KindError:
+			c.msg = string(f.Payload)
+		default:
+			tt.fail("call %d answered with a frame of kind %v", c.id, f.Kind)
+			return
+		}
+	}
+	if !leaveAt.IsZero() {
+		for _, c := range calls {
+			if c.sent && c.answers == 0 {
+				c.abandoned = mode
+			}
+		}
+		if mode == "reset" {
+			_ = nc.(*net.TCPConn).SetLinger(0)
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func connEnd(err error) string {
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "FIN"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "reset by the node"
+	case isTimeout(err):
+		return "no answer within watch_time + 15 s"
+	case errors.Is(err, net.ErrClosed):
+		return "closed by the test"
+	}
+	return err.Error()
+}
+
+// probe makes one echo call to the probe group on c.
+func probe(c net.Conn, r *netio.FrameReader, id uint64, timeout time.Duration) error {
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	payload := fmt.Appendf(nil, "probe %d", id)
+	if _, err := c.Write(netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: id}, "probe", "echo", payload)); err != nil {
+		return err
+	}
+	for {
+		f, _, err := r.Read(nil)
+		if err != nil {
+			return err
+		}
+		if f.Kind == netio.KindGoAway {
+			continue
+		}
+		if f.ID != id || f.Kind != netio.KindReply || string(f.Payload) != string(payload) {
+			return fmt.Errorf("probe %d answered kind %v id %d %q", id, f.Kind, f.ID, f.Payload)
+		}
+		return nil
+	}
+}
+
+var (
+	freshOK atomic.Int64 // unix ns of the last probe answered on a new connection
+	keptOK  atomic.Int64 // and on the kept one
+)
+
+// probeFresh calls the probe group on a new connection every 100 ms: a
+// wedged accept loop or event loop stops these.
+func (tt *torture) probeFresh(ctx context.Context) {
+	freshOK.Store(time.Now().UnixNano())
+	for id := uint64(1); ctx.Err() == nil; id++ {
+		c, err := net.DialTimeout("tcp", tt.n.rpc, 2*time.Second)
+		if err == nil {
+			if probe(c, netio.NewFrameReader(c, 1<<16), id, 10*time.Second) == nil {
+				freshOK.Store(time.Now().UnixNano())
+			}
+			c.Close()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// probeKept calls the probe group every 100 ms on a connection opened
+// before (again after a hand-over closes it): it is answered while the fd
+// table is full.
+func (tt *torture) probeKept(ctx context.Context) {
+	keptOK.Store(time.Now().UnixNano())
+	var c net.Conn
+	var r *netio.FrameReader
+	for id := uint64(1); ctx.Err() == nil; id++ {
+		if c == nil {
+			var err error
+			if c, err = net.DialTimeout("tcp", tt.n.rpc, 2*time.Second); err != nil {
+				c = nil
+			} else {
+				r = netio.NewFrameReader(c, 1<<16)
+			}
+		}
+		if c != nil {
+			if probe(c, r, id, 10*time.Second) == nil {
+				keptOK.Store(time.Now().UnixNano())
+			} else {
+				c.Close()
+				c = nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if c != nil {
+		c.Close()
+	}
+}
+
+// watchdog: the probe unanswered for stall + 1 s (on a new connection,
+// outside a hand-over and fd pressure; on the kept one, outside a
+// hand-over) is a node that stopped answering: SIGQUIT to scdd, whose
+// goroutine dump goes to its log, and the run fails.
+func (tt *torture) watchdog(ctx context.Context) {
+	limit := tt.stall + time.Second
+	for ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+		if tt.aborted() {
+			continue
+		}
+		// A hand-over pauses the probes' verdict, for 10 s at most: a node
+		// wedged as a restart begins does not hand over either.
+		if at := tt.restartAt.Load(); tt.restarting.Load() && time.Since(time.Unix(0, at)) < 10*time.Second {
+			continue
+		}
+		now := time.Now().UnixNano()
+		grace := tt.graceUntil.Load()
+		since := func(last int64) time.Duration { return time.Duration(now - max(last, grace)) }
+		var stale string
+		if d := since(keptOK.Load()); d > limit {
+			stale = fmt.Sprintf("a connection opened before: no probe answered for %v", d.Round(time.Millisecond))
+		} else if d := since(freshOK.Load()); d > limit && !tt.fdPressure.Load() {
+			stale = fmt.Sprintf("new connections: no probe answered for %v", d.Round(time.Millisecond))
+		}
+		if stale == "" {
+			continue
+		}
+		if tt.restarting.Load() {
+			stale += ", during a hand-over begun 10 s before"
+		}
+		pid := int(tt.pid.Load())
+		tt.quit.Store(true)
+		tt.fail("the node stopped answering the probe group, which no attack touches (%s); "+
+			"SIGQUIT sent to scdd pid %d: its goroutines are in the scdd log below", stale, pid)
+		_ = syscall.Kill(pid, syscall.SIGQUIT)
+		time.Sleep(2 * time.Second) // the dump reaches the log
+		return
+	}
+}
+
+var newPIDLine = regexp.MustCompile(`restart: the new process serves.* new_pid=(\d+)`)
+
+// monitor: scdd dying when no hand-over asked it to is a break (a SIGSEGV
+// or a panic: its log has the reason).
+func (tt *torture) monitor(ctx context.Context) {
+	for ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+		if tt.restarting.Load() || tt.aborted() || tt.quit.Load() {
+			continue
+		}
+		pid := int(tt.pid.Load())
+		if pidAliveInt(pid) {
+			continue
+		}
+		log := tt.n.logText()
+		why := "exited"
+		for _, s := range []string{"SIGSEGV", "fatal error:", "panic:", "WARNING: DATA RACE"} {
+			if i := strings.Index(log, s); i >= 0 {
+				why = strings.SplitN(log[i:], "\n", 2)[0]
+				break
+			}
+		}
+		tt.fail("scdd pid %d died (%s): its log is below", pid, why)
+		return
+	}
+}
+
+// scanExecLog reads the UAPs' execution log every 200 ms: an id executed
+// twice ends the run at once (the figure of how long break 4 takes).
+func (tt *torture) scanExecLog(ctx context.Context) {
+	for ctx.Err() == nil {
+		tt.scanOnce()
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (tt *torture) scanOnce() {
+	tt.scanned.Lock()
+	defer tt.scanned.Unlock()
+	if tt.scanned.execs == nil {
+		tt.scanned.execs = map[string][]string{}
+	}
+	f, err := os.Open(tt.execLog)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if _, err := f.Seek(tt.scanned.off, io.SeekStart); err != nil {
+		return
+	}
+	b, _ := io.ReadAll(f)
+	tt.scanned.off += int64(len(b))
+	text := tt.scanned.rest + string(b)
+	lines := strings.Split(text, "\n")
+	tt.scanned.rest = lines[len(lines)-1]
+	for _, line := range lines[:len(lines)-1] {
+		id, rest, _ := strings.Cut(line, " ")
+		tt.scanned.execs[id] = append(tt.scanned.execs[id], rest)
+		if len(tt.scanned.execs[id]) == 2 && !tt.aborted() {
+			tt.fail("call %s executed twice (pid flag: %v)", id, tt.scanned.execs[id])
+		}
+	}
+}
+
+// uapPIDsOf are the pids of the attacked groups' processes now.
+func (tt *torture) uapPIDsOf() []int {
+	st, err := statusOf(tt.n.http)
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, g := range st.Groups {
+		if g.Group != "front" && g.Group != "back" {
+			continue
+		}
+		for _, p := range g.Processes {
+			if p.PID > 0 {
+				pids = append(pids, p.PID)
+			}
+		}
+	}
+	sort.Ints(pids)
+	return pids
+}
+
+func (tt *torture) uapKiller(rng *rand.Rand) {
+	for tt.sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond) {
+		if pids := tt.uapPIDsOf(); len(pids) > 0 {
+			pid := pids[rng.IntN(len(pids))]
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				tt.count("UAPs killed", 1)
+			}
+		}
+	}
+}
+
+func (tt *torture) uapStopper(rng *rand.Rand) {
+	for tt.sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond) {
+		pids := tt.uapPIDsOf()
+		if len(pids) == 0 {
+			continue
+		}
+		pid := pids[rng.IntN(len(pids))]
+		tt.mu.Lock()
+		tt.stopped[pid] = true
+		tt.mu.Unlock()
+		if syscall.Kill(pid, syscall.SIGSTOP) == nil {
+			tt.count("UAPs stopped", 1)
+		}
+		time.Sleep(time.Duration(100+rng.IntN(700)) * time.Millisecond)
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		tt.mu.Lock()
+		delete(tt.stopped, pid)
+		tt.mu.Unlock()
+	}
+}
+
+// machine does what needs scdd's pid, one at a time: a full descriptor
+// table with a UAP killed, and the restart hand-over.
+func (tt *torture) machine(rng *rand.Rand) {
+	var acts []func(*rand.Rand)
+	if tt.attacks["fdpressure"] {
+		acts = append(acts, tt.fdPressureOnce)
+	}
+	if tt.attacks["restart"] {
+		acts = append(acts, tt.restartOnce)
+	}
+	for tt.sleep(time.Duration(1000+rng.IntN(3000)) * time.Millisecond) {
+		acts[rng.IntN(len(acts))](rng)
+	}
+}
+
+func (tt *torture) fdPressureOnce(rng *rand.Rand) {
+	pid := int(tt.pid.Load())
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return
+	}
+	var old unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
+		return
+	}
+	limit := uint64(len(ents) + 40)
+	tt.fdPressure.Store(true)
+	defer func() {
+		_ = unix.Prlimit(pid, unix.RLIMIT_NOFILE, &old, nil)
+		tt.grace(2 * time.Second)
+		tt.fdPressure.Store(false)
+	}()
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: limit, Max: old.Max}, nil); err != nil {
+		tt.t.Logf("prlimit: %v", err)
+		return
+	}
+	tt.count("fd pressure windows", 1)
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+			tt.untrack(c)
+		}
+	}()
+	for range 100 {
+		if tt.ctx.Err() != nil {
+			return
+		}
+		c, err := tt.dial(300 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		idle = append(idle, c)
+	}
+	tt.count("idle connections under fd pressure", len(idle))
+	if pids := tt.uapPIDsOf(); len(pids) > 0 {
+		if syscall.Kill(pids[rng.IntN(len(pids))], syscall.SIGKILL) == nil {
+			tt.count("UAPs killed under fd pressure", 1)
+		}
+	}
+	tt.sleep(1500 * time.Millisecond)
+}
+
+func (tt *torture) restartOnce(rng *rand.Rand) {
+	old := int(tt.pid.Load())
+	before := len(newPIDLine.FindAllStringSubmatch(tt.n.logText(), -1))
+	tt.restartAt.Store(time.Now().UnixNano())
+	tt.restarting.Store(true)
+	defer func() {
+		tt.grace(2 * time.Second)
+		tt.restarting.Store(false)
+	}()
+	if err := syscall.Kill(old, syscall.SIGUSR2); err != nil {
+		return
+	}
+	tt.count("restart hand-overs", 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := newPIDLine.FindAllStringSubmatch(tt.n.logText(), -1); len(m) > before {
+			p, _ := strconv.Atoi(m[len(m)-1][1])
+			tt.pid.Store(int64(p))
+			// The old process drains (-drain-timeout 5s) and exits.
+			for time.Now().Before(deadline) && pidAliveInt(old) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if pidAliveInt(old) && !tt.aborted() {
+				tt.quit.Store(true)
+				tt.fail("the old scdd (pid %d) still runs 30 s after SIGUSR2; SIGQUIT sent: its goroutines are in the log below", old)
+				_ = syscall.Kill(old, syscall.SIGQUIT)
+				time.Sleep(2 * time.Second)
+			}
+			return
+		}
+		if !pidAliveInt(old) {
+			if !tt.quit.Load() {
+				tt.fail("scdd pid %d died during a hand-over with no new process serving", old)
+			}
+			return
+		}
+		if tt.ctx.Err() != nil && tt.aborted() {
+			return // the watchdog found the node wedged
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tt.fail("no new process took over within 30 s of SIGUSR2 to pid %d", old)
+}
+
+// check accounts for every call at the end (see TestTorture for what it
+// accepts).
+func (tt *torture) check() {
+	t := tt.t
+	tt.scanned.Lock()
+	execs := tt.scanned.execs
+	tt.scanned.Unlock()
+	aborted := tt.aborted()
+	tt.mu.Lock()
+	calls := tt.calls
+	tt.mu.Unlock()
+	outcomes := map[string]int{}
+	var bad []string
+	report := func(c *tcall, format string, args ...any) {
+		if len(bad) < 30 {
+			bad = append(bad, fmt.Sprintf("call %d (%s/%s flag %s, req %q, sent at %.1fs): ", c.id, c.group, c.service, c.flag, c.req, c.sentAt.Seconds())+
+				fmt.Sprintf(format, args...))
+		}
+		outcomes["FAILED"]++
+	}
+	seen := map[string]bool{}
+	for _, c := range calls {
+		id := strconv.FormatUint(c.id, 10)
+		seen[id], seen[id+".in"] = true, true
+		ex, inner := len(execs[id]), len(execs[id+".in"])
+		if ex > 1 {
+			report(c, "executed %d times: %v", ex, execs[id])
+			continue
+		}
+		if inner > 1 {
+			report(c, "its local call executed %d times: %v", inner, execs[id+".in"])
+			continue
+		}
+		switch {
+		case !c.sent:
+			outcomes["not sent (write failed)"]++
+			if ex > 0 {
+				report(c, "never fully sent, yet executed")
+			}
+		case c.answers == 1 && c.kind == netio.KindReply:
+			outcomes["ok"]++
+			if ex != 1 || (c.service == "call" && inner != 1) {
+				report(c, "answered ok, executed %d times (its local call %d)", ex, inner)
+			}
+			if c.flag == "b" {
+				report(c, "answered ok, though its first process completed it with status 7 and exited")
+			}
+		case c.answers == 1:
+			key := fmt.Sprintf("error %q", c.code.String())
+			outcomes[key]++
+			switch c.code {
+			case netio.CodeServerBusy, netio.CodeServiceClosed, netio.CodeShuttingDown, netio.CodeNoSuchGroup,
+				netio.CodeNoSuchService, netio.CodeMessageTooBig:
+				if ex > 0 {
+					report(c, "answered %q (%s), yet executed", c.code.String(), c.msg)
+				}
+			}
+		case c.abandoned != "":
+			outcomes["unanswered: the caller left mid-call ("+c.abandoned+")"]++
+		case aborted:
+			outcomes["unanswered: run aborted"]++
+		case c.connEnd == "FIN":
+			outcomes["unanswered: clean close by the node"]++
+			if ex > 0 {
+				report(c, "unanswered at the node's clean close, yet executed (a clean close owes answers to every call it read)")
+			}
+		default:
+			report(c, "lost: no answer (%s), executed %d times", c.connEnd, ex)
+		}
+	}
+	for id, e := range execs {
+		if !seen[id] {
+			bad = append(bad, fmt.Sprintf("id %q executed (%v) but no caller sent it", id, e))
+			outcomes["FAILED"]++
+		}
+	}
+	var keys []string
+	for k, v := range outcomes {
+		keys = append(keys, fmt.Sprintf("%s %d", k, v))
+	}
+	sort.Strings(keys)
+	tt.mu.Lock()
+	var figs []string
+	for k, v := range tt.figures {
+		figs = append(figs, fmt.Sprintf("%s %d", k, v))
+	}
+	found := tt.found
+	tt.mu.Unlock()
+	sort.Strings(figs)
+	chaosFigures(t, "torture seed %d, %v of attacks: %d calls: %s; %s", tt.seed, time.Since(tt.start).Round(time.Second),
+		len(calls), strings.Join(keys, ", "), strings.Join(figs, ", "))
+	if len(bad) > 0 {
+		t.Errorf("torture (seed %d): %d calls broke a promise:\n%s", tt.seed, outcomes["FAILED"], strings.Join(bad, "\n"))
+	}
+	if len(found) > 0 {
+		t.Logf("torture (seed %d): found during the run:\n%s", tt.seed, strings.Join(found, "\n"))
+	}
+	if outcomes["ok"] == 0 && !aborted {
+		t.Errorf("torture: no call answered ok: the run tested nothing")
+	}
+}
