@@ -53,10 +53,22 @@ func (d *delegate) Exited(slot, pid int, exitErr error) {
 	var answers []answer
 	for {
 		c, ok, err := p.Completion()
-		if !ok || err != nil {
+		if !ok {
 			break
 		}
+		// A completion is the end of its call even when it is unusable:
+		// the queue is told, or it would count the call among those never
+		// taken and hand it to another process, to run a second time.
 		done, _ := g.q.Done(slot)
+		if err != nil {
+			g.misbehaved.Inc()
+			if !done.Answered && !done.Call.noReply {
+				answers = append(answers, answer{done.Call.to, netio.AppendError(nil, done.Call.id,
+					netio.CodeServerTerminated, "the UAP process serving the call broke the protocol and died")})
+			}
+			freeRequest(done.Call)
+			break // what it completed after a broken answer is not trusted either: taken calls end 'server terminated'
+		}
 		si.served++
 		if !done.Answered && !done.Call.noReply {
 			answers = append(answers, answer{done.Call.to, appendAnswer(nil, done.Call.id, &c)})

@@ -36,6 +36,7 @@ type fakeProc struct {
 	taken           int        // of held, how many it took
 	dispatchErr     error      // Dispatch fails with it
 	autoDone        bool       // every call is completed as it is handed over
+	badDone         bool       // its completions break the protocol (a status shm does not know)
 	rings           uint64
 	stopped, left   bool
 	buf             []byte // with autoDone, Dispatch copies the request here, as shm does into a mailbox
@@ -78,6 +79,9 @@ func (p *fakeProc) Completion() (shm.Completion, bool, error) {
 	p.held = p.held[1:]
 	p.done--
 	p.taken = max(p.taken-1, 0)
+	if p.badDone {
+		return shm.Completion{}, true, &shm.ProtocolError{PID: 1, Why: "completion status 99"}
+	}
 	return shm.Completion{Status: shm.StatusOK, Reply: c.req}, true, nil
 }
 func (p *fakeProc) Holding() int { return len(p.held) }
@@ -351,6 +355,50 @@ func TestGroupExitedTogether(t *testing.T) {
 		if t.Failed() {
 			t.Fatalf("round %d", round)
 		}
+	}
+}
+
+// TestGroupExitedAfterBadCompletion: a process completes the call it took
+// with a status the protocol does not know, and dies before the reader
+// looks. The call ran: its caller is answered 'server terminated', and
+// the call is not handed to the sibling process to run again (issue 27
+// break 4: the queue was not told of the completion, counted the call
+// among those never taken and requeued it).
+func TestGroupExitedAfterBadCompletion(t *testing.T) {
+	tg := newTestGroup(t, 2, 16, 1)
+	tg.start(t)
+	first, second := &recorder{}, &recorder{}
+	payloads := [][]byte{[]byte("first"), []byte("second")}
+	for i, c := range []*recorder{first, second} {
+		if code, msg := tg.call(c, uint64(i+1), payloads[i]); code != netio.CodeOK {
+			t.Fatal(code, msg)
+		}
+	}
+	var dying int
+	tg.with(func() {
+		for slot, p := range tg.tr.procs {
+			if len(p.held) != 1 {
+				t.Fatalf("slot %d holds %d calls, want 1", slot, len(p.held))
+			}
+			if string(p.held[0].req) == "first" {
+				dying = slot
+			}
+		}
+		p := tg.tr.procs[dying]
+		p.taken, p.done, p.badDone = 1, 1, true
+	})
+	tg.Exited(dying, 0, errors.New("exit status 5"))
+	tg.complete(1 - dying) // the sibling completes what it holds, and would run a requeued call next
+	tg.complete(1 - dying)
+	wantAnswers(t, []*recorder{first}, netio.CodeServerTerminated, nil)
+	wantAnswers(t, []*recorder{second}, netio.CodeOK, payloads[1:])
+	tg.with(func() {
+		if n := len(tg.tr.procs[1-dying].held); n != 0 {
+			t.Errorf("the sibling holds %d calls after completing its own: the dead process's call was handed on", n)
+		}
+	})
+	if got := tg.misbehaved.Get(); got != 1 {
+		t.Errorf("misbehaved counter %d, want 1", got)
 	}
 }
 
