@@ -15,14 +15,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-	"tpsched/internal/leakcheck"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/leakcheck"
 	"tpsched/internal/testenv"
 )
 
@@ -889,6 +890,53 @@ func TestFailingServerIsReported(t *testing.T) {
 		}
 	case <-time.After(waitLimit):
 		t.Fatal("no Failing(nil) after a process attached")
+	}
+}
+
+// A slot whose restarts keep failing (here its transport cannot be made,
+// as when descriptors run out) does not make the server failing while
+// another of its processes serves: the calls go to that one rather than
+// being refused 'server terminated' (issue 27 break 2's 3,429 refusals).
+// Once no process serves, the server is failing again.
+func TestNotFailingWhileAProcessServes(t *testing.T) {
+	dir := t.TempDir()
+	r, _ := testPipe(t)
+	var refusing [2]atomic.Bool
+	var refused atomic.Int32
+	h := &hooks{file: r, failures: make(chan error, 4), prepare: func(slot int) error {
+		if refusing[slot].Load() {
+			refused.Add(1)
+			return syscall.EMFILE
+		}
+		return nil
+	}}
+	srv := startServer(t, testManager(t), uapSpec("sleep", dir, 2), h)
+	pids := [2]int{}
+	for slot := range pids {
+		pids[slot], _ = strconv.Atoi(readReport(t, dir, slot, 0)["pid"])
+		srv.Attached(slot)
+	}
+	refusing[1].Store(true)
+	if err := syscall.Kill(pids[1], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "four refused restarts of slot 1", func() bool { return refused.Load() >= failingAfter+1 })
+	select {
+	case err := <-h.failures:
+		t.Fatalf("Failing(%v) while the process of slot 0 serves", err)
+	default:
+	}
+	refusing[0].Store(true)
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-h.failures:
+		if err == nil || !errors.Is(err, syscall.EMFILE) {
+			t.Fatalf("Failing(%v), want the refused start's error", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("no Failing once no process of the server serves")
 	}
 }
 

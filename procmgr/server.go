@@ -210,9 +210,7 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, healthy bool) 
 	failNow := false
 	if early {
 		s.earlyDeaths++
-		if s.earlyDeaths >= failingAfter && !s.failing {
-			s.failing, failNow = true, true
-		}
+		failNow = s.startsFailingLocked()
 	}
 	s.mu.Unlock()
 	if failNow {
@@ -295,14 +293,29 @@ func (s *Server) restart(sl *slot, backoff *time.Duration) bool {
 func (s *Server) startFailed(err error) {
 	s.mu.Lock()
 	s.earlyDeaths++
-	failNow := s.earlyDeaths >= failingAfter && !s.failing && !s.stopping
-	if failNow {
-		s.failing = true
-	}
+	failNow := !s.stopping && s.startsFailingLocked()
 	s.mu.Unlock()
 	if failNow {
 		s.delegate.Failing(err)
 	}
+}
+
+// startsFailingLocked reports, once, that the server has just become
+// failing: failingAfter starts in a row ended before attaching, and no
+// process of the server serves. While one serves, the server's calls go to
+// it: a slot that cannot be refilled (no descriptors, a module being
+// replaced) is no reason to refuse them all. Called with mu held.
+func (s *Server) startsFailingLocked() bool {
+	if s.failing || s.earlyDeaths < failingAfter {
+		return false
+	}
+	for _, o := range s.slots {
+		if o.proc != nil && o.attached {
+			return false
+		}
+	}
+	s.failing = true
+	return true
 }
 
 // ended settles a slot whose process ended and is not replaced: it was

@@ -17,11 +17,14 @@ import (
 type delegate Group
 
 // Prepare makes a fresh transport end for the process about to start in
-// slot.
+// slot. The transport removes what the slot had first, whether or not it
+// makes the new end (out of descriptors, say): the slot is emptied before,
+// so that the reader never looks at a removed area.
 func (d *delegate) Prepare(slot int) ([]*os.File, error) {
 	g := (*Group)(d)
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.slots[slot] = slotState{}
 	p, err := g.tr.newProc(slot)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +41,15 @@ type fakeProc struct {
 	rings           uint64
 	stopped, left   bool
 	buf             []byte // with autoDone, Dispatch copies the request here, as shm does into a mailbox
+	removed         bool   // the transport removed it: shm has unmapped its area
+}
+
+// area stands for a read of the process's shared area, which shm unmaps
+// once the process is removed: a read then is scdd's SIGSEGV.
+func (p *fakeProc) area() {
+	if p.removed {
+		panic("fakeProc: the area of a removed process was read (a SIGSEGV in shm)")
+	}
 }
 
 type fakeCall struct {
@@ -50,6 +60,7 @@ type fakeCall struct {
 func (p *fakeProc) Files() []*os.File { return nil }
 func (p *fakeProc) PID() int          { return 0 }
 func (p *fakeProc) Attach() bool {
+	p.area()
 	if p.ready && !p.attached {
 		p.attached = true
 		return true
@@ -72,6 +83,7 @@ func (p *fakeProc) Dispatch(entry string, req []byte, deadline int64) error {
 }
 func (p *fakeProc) Wake() {}
 func (p *fakeProc) Completion() (shm.Completion, bool, error) {
+	p.area()
 	if p.done == 0 || len(p.held) == 0 {
 		return shm.Completion{}, false, nil
 	}
@@ -95,11 +107,12 @@ func (p *fakeProc) Revoke() bool {
 }
 func (p *fakeProc) Rings() uint64 { return p.rings }
 func (p *fakeProc) Stop()         { p.stopped = true }
-func (p *fakeProc) Left() bool    { return p.left }
+func (p *fakeProc) Left() bool    { p.area(); return p.left }
 
 type fakeTransport struct {
-	procs []*fakeProc
-	fresh func(slot int) *fakeProc // how a new process starts; nil: an empty fakeProc
+	procs     []*fakeProc
+	fresh     func(slot int) *fakeProc // how a new process starts; nil: an empty fakeProc
+	refuseNew error                    // newProc removes the slot's process, then fails so (as shm does out of descriptors)
 }
 
 func (t *fakeTransport) proc(slot int) proc {
@@ -109,6 +122,10 @@ func (t *fakeTransport) proc(slot int) proc {
 	return nil
 }
 func (t *fakeTransport) newProc(slot int) (proc, error) {
+	t.Remove(slot)
+	if t.refuseNew != nil {
+		return nil, t.refuseNew
+	}
 	p := &fakeProc{}
 	if t.fresh != nil {
 		p = t.fresh(slot)
@@ -116,7 +133,12 @@ func (t *fakeTransport) newProc(slot int) (proc, error) {
 	t.procs[slot] = p
 	return p, nil
 }
-func (t *fakeTransport) Remove(slot int)      { t.procs[slot] = nil }
+func (t *fakeTransport) Remove(slot int) {
+	if p := t.procs[slot]; p != nil {
+		p.removed = true
+		t.procs[slot] = nil
+	}
+}
 func (t *fakeTransport) Wait(d time.Duration) { time.Sleep(min(d, time.Millisecond)) }
 func (t *fakeTransport) Close()               {}
 func (t *fakeTransport) Unmap() error         { return nil }
@@ -399,6 +421,41 @@ func TestGroupExitedAfterBadCompletion(t *testing.T) {
 	})
 	if got := tg.misbehaved.Get(); got != 1 {
 		t.Errorf("misbehaved counter %d, want 1", got)
+	}
+}
+
+// TestPrepareFailsOutOfDescriptors: a process is prepared for a slot, its
+// start fails, and the next Prepare for the slot fails too (no descriptor
+// left for the area): the transport removed the slot's first process, so
+// the reader must not look at it again (issue 27 break 2: scdd read the
+// unmapped area and died of SIGSEGV). The slot is empty until a Prepare
+// succeeds.
+func TestPrepareFailsOutOfDescriptors(t *testing.T) {
+	tg := newTestGroup(t, 2, 16, 1)
+	tg.start(t)
+	tg.Exited(1, 0, errors.New("signal: killed"))
+	if _, err := tg.Prepare(1); err != nil { // the replacement's start then fails
+		t.Fatal(err)
+	}
+	tg.with(func() { tg.tr.refuseNew = syscall.EMFILE })
+	if _, err := tg.Prepare(1); !errors.Is(err, syscall.EMFILE) {
+		t.Fatalf("Prepare = %v, want EMFILE", err)
+	}
+	tg.look() // panics on a removed process's area
+	c := &recorder{}
+	if code, msg := tg.call(c, 1, []byte("x")); code != netio.CodeOK {
+		t.Fatal(code, msg)
+	}
+	tg.complete(0)
+	wantAnswers(t, []*recorder{c}, netio.CodeOK, [][]byte{[]byte("x")})
+	tg.with(func() { tg.tr.refuseNew = nil })
+	if _, err := tg.Prepare(1); err != nil {
+		t.Fatal(err)
+	}
+	tg.with(func() { tg.tr.procs[1].ready = true })
+	tg.look()
+	if v := (*delegate)(tg.Group).Slot(1); !v.Ready {
+		t.Errorf("slot 1 after a Prepare that succeeded and an attach: %+v, want ready", v)
 	}
 }
 
