@@ -95,6 +95,11 @@ type Delegate interface {
 	// the process, after the slot's last Exited. The files stay the
 	// delegate's: procmgr never closes them.
 	Prepare(slot int) ([]*os.File, error)
+	// Started runs once the process prepared for slot has started, with
+	// its pid as the node sees it (what a process says of itself is not
+	// trusted, and in its own pid namespace it is another number). It may
+	// come after the process attached.
+	Started(slot, pid int)
 	// Exited runs once the process in slot has died and been reaped, on the
 	// goroutine that waited for it, before any replacement is prepared.
 	Exited(slot, pid int, err error)

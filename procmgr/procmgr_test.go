@@ -313,6 +313,8 @@ func (h *hooks) Prepare(slot int) ([]*os.File, error) {
 	return []*os.File{h.file}, nil
 }
 
+func (h *hooks) Started(slot, pid int) {}
+
 func (h *hooks) Exited(slot, pid int, err error) {
 	if h.exited != nil {
 		h.exited(slot, pid, err)

@@ -348,6 +348,7 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 		s.running.Add(1)
 		s.mu.Unlock()
 		pid := cmd.Process.Pid
+		s.delegate.Started(sl.index, pid)
 		if nsErr != nil {
 			s.m.noNamespaces(nsErr)
 		}

@@ -276,6 +276,7 @@ type Proc struct {
 	held []handed
 	busy uint64
 
+	pid      atomic.Int32  // the process's pid as the node started it (SetPID), never what it wrote in its area
 	cur      atomic.Uint64 // number of the current call, 0 none: for pending's lock-free look
 	attached atomic.Bool   // seen ready by the reader
 	rings    atomic.Uint64 // doorbell events seen (see Rings)
@@ -321,8 +322,12 @@ func (p *Proc) Files() []*os.File { return []*os.File{p.area, p.g.page, p.bell} 
 // Slot is the process slot.
 func (p *Proc) Slot() int { return p.slot }
 
-// PID is what the process wrote as its pid (0 before it attached).
-func (p *Proc) PID() int { return int(p.ctl.pid.Load()) }
+// PID is the process's pid as its starter gave it (SetPID), 0 before. The
+// pid the process wrote in its area is its own claim, never repeated.
+func (p *Proc) PID() int { return int(p.pid.Load()) }
+
+// SetPID records the pid the process was started with.
+func (p *Proc) SetPID(pid int) { p.pid.Store(int32(pid)) }
 
 func (p *Proc) pending() bool {
 	if p.ctl.out.no.Load() != p.outSeen.Load() {

@@ -298,6 +298,7 @@ func hostileUAP() {
 		os.Exit(4)
 	}
 	ctl := (*procCtl)(unsafe.Pointer(&mem[0]))
+	ctl.pid.Store(uint32(os.Getppid())) // it claims to be the node
 	ctl.state.Store(stateReady)
 	ring(bell)
 	seen := uint64(0)
@@ -353,6 +354,7 @@ func TestHostileUAP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	hp.SetPID(cmd.Process.Pid)
 	honest := startUAP(t, g, 1)
 	attached(t, g, honest)
 	until(t, g, 10*time.Second, "the hostile process to attach", hp.Attach)
@@ -398,6 +400,10 @@ func TestHostileUAP(t *testing.T) {
 		var pe *ProtocolError
 		if !errors.As(perr, &pe) || pe.Why[:12] != why[:12] {
 			t.Errorf("forgery %d: %v, want a protocol error about %s", no, perr, why)
+		} else if pe.PID != cmd.Process.Pid {
+			// Issue 27 break 6: the log named the node's pid, as the
+			// process wrote it in its area.
+			t.Errorf("forgery %d: the protocol error names pid %d, want the started process's %d", no, pe.PID, cmd.Process.Pid)
 		}
 		// The honest process is untouched.
 		if c := call(t, g, honest.Proc, "echo", []byte("honest")); c.Status != StatusOK || string(c.Reply) != "honest" {

@@ -33,6 +33,17 @@ func (d *delegate) Prepare(slot int) ([]*os.File, error) {
 	return p.Files(), nil
 }
 
+// Started gives the process in slot the pid it was started with, for the
+// log's lines about it.
+func (d *delegate) Started(slot, pid int) {
+	g := (*Group)(d)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p := g.slots[slot].p; p != nil {
+		p.SetPID(pid)
+	}
+}
+
 // Exited settles the calls the dead process held: completions it managed
 // to write are answered, a call it had taken is answered 'server
 // terminated', one it never took goes back to the queue. procmgr calls it

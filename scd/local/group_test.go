@@ -42,6 +42,7 @@ type fakeProc struct {
 	stopped, left   bool
 	buf             []byte // with autoDone, Dispatch copies the request here, as shm does into a mailbox
 	removed         bool   // the transport removed it: shm has unmapped its area
+	pid             int
 }
 
 // area stands for a read of the process's shared area, which shm unmaps
@@ -58,7 +59,8 @@ type fakeCall struct {
 }
 
 func (p *fakeProc) Files() []*os.File { return nil }
-func (p *fakeProc) PID() int          { return 0 }
+func (p *fakeProc) PID() int          { return p.pid }
+func (p *fakeProc) SetPID(pid int)    { p.pid = pid }
 func (p *fakeProc) Attach() bool {
 	p.area()
 	if p.ready && !p.attached {
@@ -215,6 +217,7 @@ func (tg *testGroup) Prepare(slot int) ([]*os.File, error) {
 	return (*delegate)(tg.Group).Prepare(slot)
 }
 func (tg *testGroup) Exited(slot, pid int, err error) { (*delegate)(tg.Group).Exited(slot, pid, err) }
+func (tg *testGroup) Started(slot, pid int)           { (*delegate)(tg.Group).Started(slot, pid) }
 
 func newTestGroup(tb testing.TB, slots, queueSize, depth int) *testGroup {
 	tb.Helper()

@@ -13,6 +13,7 @@ import (
 type proc interface {
 	Files() []*os.File
 	PID() int
+	SetPID(pid int)
 	Attach() bool
 	Entries() []string
 	Dispatch(entry string, req []byte, deadline int64) error

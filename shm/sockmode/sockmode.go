@@ -201,11 +201,19 @@ func (p *Proc) Files() []*os.File { return []*os.File{p.child} }
 // Slot is 0.
 func (p *Proc) Slot() int { return 0 }
 
-// PID is what the process's hello said (0 before it).
+// PID is the process's pid as its starter gave it (SetPID), 0 before;
+// what its hello says is its own claim, never repeated.
 func (p *Proc) PID() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.pid
+}
+
+// SetPID records the pid the process was started with.
+func (p *Proc) SetPID(pid int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pid = pid
 }
 
 func (p *Proc) pending() bool { return p.pend.Load() }
@@ -406,7 +414,7 @@ func (p *Proc) readOne(br *bufio.Reader, h []byte) error {
 		if p.hello || m.B != sockwire.Version || m.A == 0 || m.A > 1<<31 {
 			return fmt.Errorf("%w: hello (pid %d, version %d)", sockwire.ErrProtocol, m.A, m.B)
 		}
-		p.hello, p.pid = true, int(m.A)
+		p.hello = true
 		p.cond.Broadcast()
 		p.pend.Store(true)
 		p.t.wake()
