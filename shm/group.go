@@ -493,6 +493,13 @@ func (p *Proc) unmap() {
 		p.mem = nil
 	}
 	if p.area != nil {
+		// The area's pages are scdd's (it writes the requests), so they
+		// are charged to scdd's memory cgroup, not the server's. A process
+		// may have passed the area's descriptor to a child that outlives
+		// it: closing ours would keep its pages for as long as that child
+		// lives, one area per life. Punched out, the child keeps an empty
+		// file; nothing of the node is left for it to read either.
+		_ = unix.Fallocate(int(p.area.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 0, areaSize(p.g.maxMsg, p.g.mailboxes))
 		p.area.Close()
 	}
 	if p.bell != nil {

@@ -14,6 +14,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"tpsched/shm/internal/sockwire"
 )
 
@@ -602,5 +604,41 @@ func TestTakenCountsUpToTheLastTaken(t *testing.T) {
 	take(1)
 	if got := p.Taken(); got != 2 {
 		t.Fatalf("calls 1 and 2 taken: Taken %d, want 2", got)
+	}
+}
+
+// TestRemovedAreaHasNoPages: a process passed its area's descriptor to a
+// child that outlives it (here: a dup the test keeps). Once the node
+// removes the process, the area holds no page: a UAP whose every life
+// leaves such a child cannot grow the node's memory by an area per life
+// (issue 27 break 3).
+func TestRemovedAreaHasNoPages(t *testing.T) {
+	g := newGroup(t, 1<<20, 1)
+	p, err := g.NewProc(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := unix.Dup(int(p.area.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(kept)
+	for i := range p.mem { // every page written, as requests are
+		p.mem[i] = 1
+	}
+	blocks := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Fstat(kept, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks
+	}
+	if b := blocks(); b*512 < int64(len(p.mem)) {
+		t.Fatalf("the written area holds %d bytes, want at least %d", b*512, len(p.mem))
+	}
+	g.Remove(0)
+	g.unmapRetired()
+	if b := blocks(); b != 0 {
+		t.Errorf("a removed area still holds %d bytes for the descriptor a child kept", b*512)
 	}
 }
