@@ -942,6 +942,52 @@ func TestNotFailingWhileAProcessServes(t *testing.T) {
 	}
 }
 
+// lockedBuffer is a log destination the test reads while the server
+// writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A UAP that dies after every call it served is restarted at once each
+// time (it is healthy): the log says so at most once a second, and says
+// how many restarts it did not log (issue 27: 46 WARN lines a second).
+func TestRestartWarningsAreRateLimited(t *testing.T) {
+	var logged lockedBuffer
+	m := New(Options{Logger: slog.New(slog.NewTextHandler(&logged, nil)), CPUParent: uniqueParent()})
+	t.Cleanup(m.Close)
+	var exits atomic.Int32
+	h := &hooks{
+		slot:   func(int) SlotView { return SlotView{Served: 1} }, // every life served a call
+		exited: func(int, int, error) { exits.Add(1) },
+	}
+	began := time.Now()
+	startServer(t, m, uapSpec("exit1", t.TempDir(), 1), h)
+	const restarts = 12
+	waitUntil(t, fmt.Sprintf("%d restarts", restarts), func() bool { return exits.Load() >= restarts })
+	lines := strings.Count(logged.String(), "uap terminated; restarting")
+	// One line at the first restart, at most one per second after it.
+	if most := 1 + int(time.Since(began)/restartLogEvery); lines > most || lines < 1 || lines >= restarts {
+		t.Errorf("%d restart warnings for %d restarts in %v, want 1 to %d:\n%s", lines, exits.Load(),
+			time.Since(began).Round(time.Millisecond), most, logged.String())
+	}
+	if lines > 1 && !strings.Contains(logged.String(), "not_logged_since_last=") {
+		t.Errorf("no line says how many restarts it left out:\n%s", logged.String())
+	}
+}
+
 // A UAP sees PATH, LANG, LC_ALL, TZ, TPSCHED_* and its putenv, nothing
 // else of the daemon's environment.
 func TestEnvironmentIsMinimal(t *testing.T) {

@@ -79,6 +79,36 @@ type Server struct {
 	// reaped, so its pid, and the process group it leads, cannot be a
 	// new process's: a kill by number reaches no stranger.
 	reapGate sync.RWMutex
+
+	restartLog logLimit // "uap terminated; restarting", at most once a restartLogEvery
+}
+
+// restartLogEvery bounds a server's restart warnings: a UAP that dies after
+// every call it serves is restarted at once each time (it is healthy), and
+// a line per restart would flood the log. The restarts are all counted
+// (the status's restarts, the metrics); the log keeps one line a second
+// and says how many it left out.
+const restartLogEvery = time.Second
+
+// logLimit lets a line through at most once an interval and counts the
+// ones it holds back.
+type logLimit struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether a line may be written now and, if so, how many
+// were held back since the last one written.
+func (l *logLimit) allow(now time.Time) (ok bool, suppressed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < restartLogEvery {
+		l.suppressed++
+		return false, 0
+	}
+	l.last, suppressed, l.suppressed = now, l.suppressed, 0
+	return true, suppressed
 }
 
 type slot struct {
@@ -257,9 +287,12 @@ func (s *Server) watch(sl *slot) {
 		if replaced {
 			s.m.log.Info("uap replaced at the operator's request", "server", s.spec.Server, "slot", sl.index,
 				"pid", proc.Pid, "status", fmt.Sprint(exitErr))
-		} else {
-			s.m.log.Warn("uap terminated; restarting", "server", s.spec.Server, "slot", sl.index,
-				"pid", proc.Pid, "status", fmt.Sprint(exitErr), "after", backoff)
+		} else if ok, suppressed := s.restartLog.allow(time.Now()); ok {
+			args := []any{"server", s.spec.Server, "slot", sl.index, "pid", proc.Pid, "status", fmt.Sprint(exitErr), "after", backoff}
+			if suppressed > 0 {
+				args = append(args, "not_logged_since_last", suppressed)
+			}
+			s.m.log.Warn("uap terminated; restarting", args...)
 		}
 		if !s.restart(sl, &backoff) {
 			return
