@@ -55,7 +55,9 @@ type impl struct {
 	// handler wants for d.
 	fail  string
 	sleep func(d time.Duration) string
-	// entries is how many entries it registers; 0: the transport does not
+	// entries is how many entries it registers (Go: TestHelperUAP's
+	// u.Handle calls, uap_test.go; C: TestCUAPHandlers' list), so a
+	// handler added there must be counted here; 0: the transport does not
 	// say (socket mode).
 	entries int
 	huge    bool // it has the huge handler: a reply over max_message_size
@@ -68,7 +70,7 @@ func goUAP(tb testing.TB) (string, []string, []string) {
 func cUAP(tb testing.TB) (string, []string, []string) { return shm.CUAP(tb), nil, nil }
 
 var impls = []impl{
-	{name: "go/shm", prog: goUAP, fail: "failed: x", sleep: func(d time.Duration) string { return d.String() }, entries: 6, huge: true},
+	{name: "go/shm", prog: goUAP, fail: "failed: x", sleep: func(d time.Duration) string { return d.String() }, entries: 7, huge: true},
 	{name: "c/shm", prog: cUAP, fail: "failure requested", sleep: ms, entries: 9},
 	{name: "go/socket", socket: true, prog: goUAP, fail: "failed: x", sleep: func(d time.Duration) string { return d.String() }, huge: true},
 	{name: "c/socket", socket: true, prog: cUAP, fail: "failure requested", sleep: ms},
