@@ -9,14 +9,16 @@ package procmgr
 //     in cgroup.subtree_control from the mount down to <parent>. Children are
 //     placed at clone (SysProcAttr.UseCgroupFD, clone3, Linux 5.7+).
 //   - cgroup1: cpu.shares in the same layout under the v1 cpu hierarchy found
-//     in /proc/self/mountinfo (cpu or cpu,cpuacct). Children are placed by
-//     writing their pid to cgroup.procs as soon as Start returns.
+//     in /proc/self/mountinfo (cpu or cpu,cpuacct). Children are born in it:
+//     the spawning thread joins the cgroup's "tasks" before the fork
+//     (spawn.go); cgroup.procs is written after Start only when it could not.
 //   - nice: no cgroup is writable; setpriority on every thread of the child
 //     as soon as Start returns. Negative nice values need CAP_SYS_NICE (or
 //     RLIMIT_NICE); without it high priorities are reported and not applied.
 //
-// Needs root, or a delegated cgroup subtree writable by the daemon's user,
-// for either cgroup mechanism.
+// Needs root for cgroup1. cgroup2 needs root too, or a scdd that runs in a
+// systemd unit with Delegate=yes (delegate.go): its UAPs' cgroups then go
+// under the unit's own cgroup.
 
 import (
 	"bufio"
