@@ -148,8 +148,11 @@ func TestProbesMeasureOnCPUTimeAsProcDoes(t *testing.T) {
 			if u := m.Read(untracked.cmd.Process.Pid); u != (Usage{}) {
 				t.Errorf("an untracked process was measured: %+v", u)
 			}
-			if f := m.Forget(b.cmd.Process.Pid); f.OnCPU != got.OnCPU {
-				t.Errorf("Forget gave %v, Read %v", f.OnCPU, got.OnCPU)
+			// Forget gives what was measured until then: Read's figure, and
+			// what the burner's runtime ran since (it sleeps on stdin, but a
+			// busy machine may run its last slices only now).
+			if f := m.Forget(b.cmd.Process.Pid); f.OnCPU < got.OnCPU || f.OnCPU-got.OnCPU > want/10 {
+				t.Errorf("Forget gave %v, Read %v before it", f.OnCPU, got.OnCPU)
 			}
 			if u := m.Read(b.cmd.Process.Pid); u != (Usage{}) {
 				t.Errorf("a forgotten process is still measured: %+v", u)

@@ -168,7 +168,10 @@ func TestTransferToReplacedPeerIsAnswered(t *testing.T) {
 					if (i+j)%2 == 1 {
 						group = "to-b"
 					}
-					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					// Long enough for a busy machine, which held some
+					// answers past 2 s: a lost call is never answered,
+					// however long it waits.
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					_, err := c.Call(ctx, group, "echo", nil)
 					cancel()
 					// x answers every call 'no such service group'. 'Network
