@@ -1,6 +1,7 @@
 package local
 
 import (
+	"log/slog"
 	"time"
 
 	"tpsched/netio"
@@ -26,7 +27,8 @@ import (
 // The contract with the rest of the package: a reader takes its group's
 // mu only inside collect, answers callers and places the processes' own
 // calls without it (call.Caller and the place function may take other
-// locks), and calls procmgr (Attached, Kill) without it.
+// locks), calls procmgr (Attached, Kill) without it, and writes what it
+// logs without it (logLater: a log write waits for stderr).
 
 // reader is one group's part of the reading and what it reuses between
 // looks.
@@ -37,6 +39,7 @@ type reader struct {
 	bad      []int                  // slots whose processes broke the protocol
 	calls    []localCall            // calls the processes made
 	answered []outCaller            // calling processes answered in their areas, to wake without mu
+	logs     []logRecord            // what collect found to log, written without mu
 }
 
 // dispatch is the reader of every shared-memory group: wait on the
@@ -77,6 +80,11 @@ func (r *reader) run(stop <-chan struct{}) {
 // processes to kill to procmgr. Without mu.
 func (r *reader) deliver() {
 	g := r.g
+	for _, l := range r.logs {
+		l.write(g.log)
+	}
+	clear(r.logs)
+	r.logs = r.logs[:0]
 	for _, p := range r.answered {
 		p.WakeOutCaller()
 	}
@@ -137,7 +145,7 @@ func (r *reader) collect() {
 				// had died serving it, and the process is killed. Retired
 				// first, so the queue hands it nothing more.
 				g.misbehaved.Inc()
-				g.log.Error("uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
+				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
 				g.q.Retire(slot)
 				g.act()
 				done, _ := g.q.Done(slot)
@@ -176,7 +184,7 @@ func (r *reader) collect() {
 		if oc, ok := p.(outCaller); ok {
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
-				g.log.Error("uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
+				g.logLater(slog.LevelError, "uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
 				causes++
 				g.q.Retire(slot)
 				g.act()
@@ -197,7 +205,7 @@ func (r *reader) collect() {
 		}
 		if si.checkRings(rings, causes) {
 			g.misbehaved.Inc()
-			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
+			g.logLater(slog.LevelError, "uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
 				"rings", si.rings, "without_cause", si.idleRings)
 			g.q.Retire(slot)
 			g.act()
@@ -214,6 +222,7 @@ func (r *reader) collect() {
 		freeRequest(c.cl)
 	}
 	r.bad = append(r.bad, u.slots...)
+	r.logs = append(r.logs, u.logs...) // collect's own records, logLater's, and act's
 }
 
 // appendAnswer is the answer frame of a completion, under the caller's
