@@ -51,11 +51,49 @@ func (s *Scheduler) dispatch() {
 			return
 		default:
 		}
-		s.bells.Wait(100 * time.Millisecond)
+		// Stamped before each wait: a look that blocks (a caller's Send, a
+		// log write, a bug) ages it, a wait of at most dispatchWait does
+		// not age it past dispatchStall.
+		s.lastLook.Store(time.Now().UnixNano())
+		s.bells.Wait(dispatchWait)
 		for _, r := range *s.readers.Load() {
 			r.collect()
 			r.deliver()
 		}
+	}
+}
+
+// dispatchWait bounds the dispatcher's wait for a doorbell: it looks at
+// every group at least that often, and checks for stop.
+const dispatchWait = 100 * time.Millisecond
+
+// dispatchStall is how long the dispatcher may go without a look before
+// the watchdog warns: ten of its longest waits.
+const dispatchStall = 10 * dispatchWait
+
+// lookAge is how long ago, at now, the dispatcher last went back to wait
+// after its looks.
+func (s *Scheduler) lookAge(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, s.lastLook.Load()))
+}
+
+// checkDispatcher is the dispatcher's watchdog, on the expiry loop: a
+// warning once when it has not looked for dispatchStall while it reads
+// groups (the calls of every shared-memory group then go unanswered), and
+// a note when it looks again.
+func (s *Scheduler) checkDispatcher(now time.Time) {
+	if rs := s.readers.Load(); rs == nil || len(*rs) == 0 {
+		return // no shared-memory group: it only waits
+	}
+	age := s.lookAge(now)
+	switch {
+	case !s.stalled && age > dispatchStall:
+		s.stalled = true
+		s.log.Warn("the dispatcher has not looked at the shared-memory groups for too long; their calls wait unanswered",
+			"since", age.Round(time.Millisecond), "limit", dispatchStall)
+	case s.stalled && age <= dispatchStall:
+		s.stalled = false
+		s.log.Info("the dispatcher looks at the shared-memory groups again")
 	}
 }
 
