@@ -78,9 +78,16 @@ func (d *Doorbells) NewGroup(name string, maxMessage, slots, mailboxes int) (*Gr
 }
 
 // Close closes the epoll instance. The groups made on d must be unmapped
-// first, and nothing may Wait any more.
+// first, and nothing may Wait any more: a Wait after Close only sleeps out
+// its timeout (the descriptor is -1, so it cannot reach a file that reused
+// the number).
 func (d *Doorbells) Close() error {
-	return os.NewSyscallError("close", unix.Close(d.epfd))
+	fd := d.epfd
+	if fd < 0 {
+		return nil
+	}
+	d.epfd = -1
+	return os.NewSyscallError("close", unix.Close(fd))
 }
 
 // add puts a process's doorbell under d; edge-triggered, so every ring is
@@ -106,11 +113,16 @@ func (d *Doorbells) pending() bool {
 }
 
 // Wait returns when a process of one of the groups may have something for
-// the reader (Group.Pending), when a group closes, or after timeout. It
-// spins briefly (adaptive, bounded by TPSCHED_READER_SPIN_US, and only
-// while SpinWhile's function allows), then says on every group page that
-// the reader sleeps, looks once more and sleeps on the doorbells; each
-// ring it sees counts in its process's Rings.
+// the reader (Group.Pending), or after timeout. It spins briefly
+// (adaptive, bounded by TPSCHED_READER_SPIN_US, and only while SpinWhile's
+// function allows), then says on every group page that the reader sleeps,
+// looks once more and sleeps on the doorbells; each ring it sees counts in
+// its process's Rings.
+//
+// A closed group does not keep it awake: its processes still ring for
+// what the reader must see (a completion while it sleeps, their leaving),
+// and a Wait that returned at once for a closed group made the dispatcher
+// spin a core from the node's stop until its Close (issue 29 item 7).
 func (d *Doorbells) Wait(timeout time.Duration) {
 	groups := *d.groups.Load()
 	for _, g := range groups {
@@ -125,13 +137,11 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 	case spinYielded:
 		start = time.Time{} // what comes after the sleep teaches the budget nothing
 	}
-	closed := false
 	for _, g := range groups {
 		g.gp.sleeping.Store(1)
-		closed = closed || g.gp.closed.Load() != 0
 	}
 	n := 0
-	if !closed && !d.pending() {
+	if !d.pending() {
 		n = d.sleep(min(timeout, maxSleep))
 	} else {
 		n = -1 // something came while the flags were set: no sleep
@@ -205,8 +215,11 @@ func (d *Doorbells) sleep(timeout time.Duration) int {
 		for timeout > 0 && time.Since(d.lastRing) < busyFor {
 			r := min(timeout, rawWaitMax)
 			n, errno := epollWaitRaw(d.epfd, d.events, r)
-			if n > 0 || errno != 0 {
+			if n > 0 || errno == unix.EINTR {
 				return max(n, 0) // a ring, or a signal: look again
+			}
+			if errno != 0 {
+				return d.broken(timeout) // not an epoll instance any more
 			}
 			timeout -= r
 		}
@@ -253,10 +266,21 @@ func (d *Doorbells) park(timeout time.Duration) int {
 // blocks: what park falls back on.
 func (d *Doorbells) blockingWait(timeout time.Duration) int {
 	n, err := unix.EpollWait(d.epfd, d.events, max(int(timeout.Milliseconds()), 1))
-	if err != nil {
+	switch {
+	case err == unix.EINTR:
 		return 0
+	case err != nil:
+		return d.broken(timeout)
 	}
 	return n
+}
+
+// broken is the wait of a reader whose epoll instance fails (closed under
+// it, EBADF): it sleeps out the timeout, since returning at once would
+// make the reader's loop spin a core until it is stopped.
+func (d *Doorbells) broken(timeout time.Duration) int {
+	time.Sleep(timeout)
+	return 0
 }
 
 // epollWaitRaw is epoll_pwait with no signal mask as a raw system call,

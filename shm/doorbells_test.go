@@ -86,3 +86,47 @@ func TestDoorbellsSpinWhile(t *testing.T) {
 		t.Errorf("rings %d after one, want 1: the ring woke no sleep", r)
 	}
 }
+
+// A reader whose group closed, or whose epoll instance is gone, sleeps in
+// Wait as before: it returned at once, and the dispatcher's loop spun a
+// core from the node's stop until its Close (issue 29 item 7). Judged by
+// the number of Waits in 300ms, which a busy machine only lowers: a
+// sleeping reader makes about 3 of 100ms, a spinning one thousands.
+func TestDoorbellsSleepAfterClose(t *testing.T) {
+	d, err := NewDoorbells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	g, err := d.NewGroup("a", 64, 1, testMailboxes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Unmap() })
+	if _, err := g.NewProc(0); err != nil {
+		t.Fatal(err)
+	}
+	waits := func(d *Doorbells) int {
+		n := 0
+		for start := time.Now(); time.Since(start) < 300*time.Millisecond; n++ {
+			d.Wait(100 * time.Millisecond)
+		}
+		return n
+	}
+	g.Close()
+	if n := waits(d); n > 30 {
+		t.Errorf("a closed group: %d Waits of 100ms in 300ms, want a few: Wait does not sleep", n)
+	}
+	// Doorbells of no group (an unmapped group's page is gone, and
+	// nothing Waits on it), closed.
+	gone, err := NewDoorbells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := waits(gone); n > 30 {
+		t.Errorf("closed doorbells: %d Waits of 100ms in 300ms, want a few: Wait does not sleep", n)
+	}
+}

@@ -212,8 +212,9 @@ func (g *Group) Pending() bool {
 
 // Wait is the Wait of the group's doorbells: it returns when a process of
 // this group, or of another group on the same doorbells, may have
-// something for the reader (Pending), when a group closes, or after
-// timeout. Call it from one goroutine only, never from a gnet event loop.
+// something for the reader (Pending), or after timeout (a closed group
+// does not end it: see Doorbells.Wait). Call it from one goroutine only,
+// never from a gnet event loop.
 func (g *Group) Wait(timeout time.Duration) { g.bells.Wait(timeout) }
 
 // Close tells every process that the node is stopping: each leaves once it

@@ -1,6 +1,7 @@
 // Package lockcheck finds a lock held across a wait on another goroutine:
 // a channel send or receive, a select with no default, a Wait or Sleep, a
-// call of a function value (a callback that may wait), or a call of a
+// log write (slog's Error, Warn, Info, Debug..., which wait for the log's
+// output), a call of a function value (a callback that may wait), or a call of a
 // function of the same package that does one of these, between a mutex's
 // Lock and its Unlock. Break 1 of issue 27 was such a place: the accept
 // loop held the descriptor reserve's lock while it waited for an event
@@ -34,8 +35,20 @@ func (f Finding) String() string {
 	return fmt.Sprintf("%s: %s held across %s", f.Pos, f.Lock, f.Wait)
 }
 
+// Dir checks the non-test Go files of one package directory, log writes
+// not counted as waits.
+func Dir(dir string) ([]Finding, error) { return Config{}.Dir(dir) }
+
+// Config says what counts as a wait beyond the channel operations, Wait,
+// Sleep and callbacks that always do.
+type Config struct {
+	// Logs counts a log write as a wait (logMethods): it waits for the
+	// log's output, a stderr that may not be read.
+	Logs bool
+}
+
 // Dir checks the non-test Go files of one package directory.
-func Dir(dir string) ([]Finding, error) {
+func (cfg Config) Dir(dir string) ([]Finding, error) {
 	fset := token.NewFileSet()
 	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
@@ -56,7 +69,7 @@ func Dir(dir string) ([]Finding, error) {
 		}
 		files = append(files, f)
 	}
-	c := &checker{fset: fset, funcs: map[string][]*ast.FuncDecl{}, blocks: map[string]string{}, fields: map[string]map[string]string{}}
+	c := &checker{logs: cfg.Logs, fset: fset, funcs: map[string][]*ast.FuncDecl{}, blocks: map[string]string{}, fields: map[string]map[string]string{}}
 	for _, f := range files {
 		for _, d := range f.Decls {
 			if gd, ok := d.(*ast.GenDecl); ok {
@@ -89,6 +102,7 @@ func Dir(dir string) ([]Finding, error) {
 }
 
 type checker struct {
+	logs    bool // Config.Logs
 	fset    *token.FileSet
 	funcs   map[string][]*ast.FuncDecl   // the package's functions and methods, by funcKey
 	blocks  map[string]string            // a function that may wait, by funcKey: what it waits on
@@ -294,6 +308,8 @@ func (c *checker) callWait(call *ast.CallExpr, sc *scope, deep bool) string {
 			return "time.Sleep"
 		case strings.HasSuffix(name, "Context") && strings.HasPrefix(name, "Enroll"):
 			return recv + "." + name + " (waits for an event loop)"
+		case c.logs && logMethods[name] && isLogger(recv):
+			return recv + "." + name + " (a log write, which waits for its output)"
 		}
 		if t := c.typeOf(fn.X, sc); deep && t != "" {
 			if w, ok := c.blocks[t+"."+name]; ok {
@@ -302,6 +318,23 @@ func (c *checker) callWait(call *ast.CallExpr, sc *scope, deep bool) string {
 		}
 	}
 	return ""
+}
+
+// logMethods are slog's (and the log package's) calls that write a
+// record: each waits for the handler's writer, and a stderr that nobody
+// reads (a full pipe, a stopped terminal) blocks it for good, and with it
+// every goroutine that wants the lock held (issue 29 item 7).
+var logMethods = map[string]bool{
+	"Debug": true, "Info": true, "Warn": true, "Error": true, "Log": true, "LogAttrs": true,
+	"DebugContext": true, "InfoContext": true, "WarnContext": true, "ErrorContext": true,
+	"Print": true, "Printf": true, "Println": true,
+}
+
+// isLogger reports whether a call's receiver, as written, names a logger:
+// the slog and log packages, or a value or field called log or logger.
+func isLogger(recv string) bool {
+	last := recv[strings.LastIndex(recv, ".")+1:]
+	return recv == "slog" || last == "log" || last == "logger" || last == "Logger"
 }
 
 // block walks a statement list in order with the locks held on entry.

@@ -35,12 +35,44 @@ func TestNoLockHeldAcrossAWait(t *testing.T) {
 	_, self, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(self), "..", "..")
 	for _, dir := range []string{"netio", "netio/rpcport", "scd/local", "shm", "procmgr"} {
-		found, err := Dir(filepath.Join(root, dir))
+		// A log write under a lock is a wait where the dispatcher and the
+		// event loops take the lock (issue 29 item 7). rpcport and procmgr
+		// still log under theirs (budget.go, conn.go, write.go's
+		// countSlow; scaler.go, server.go, spawn.go): not yet checked.
+		cfg := Config{Logs: dir == "scd/local" || dir == "shm" || dir == "netio"}
+		found, err := cfg.Dir(filepath.Join(root, dir))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, f := range found {
 			t.Errorf("%s (remove the wait from under the lock, or say on the line why it cannot block: // lockcheck: why)", f)
 		}
+	}
+}
+
+// TestFindsALogWriteUnderALock: with Config.Logs, a log write under a
+// lock is a finding, directly and through a function of the package (the
+// reader's collect logged under the group's lock: issue 29 item 7).
+func TestFindsALogWriteUnderALock(t *testing.T) {
+	found, err := Config{Logs: true}.Dir("testdata/logunderlock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range found {
+		got = append(got, f.String())
+	}
+	all := strings.Join(got, "\n")
+	for _, want := range []string{"g.mu held across g.log.Error (a log write", "g.mu held across g.act (g.log.Warn (a log write",
+		"g.mu held across slog.Info (a log write"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the check did not find %q; it found:\n%s", want, all)
+		}
+	}
+	if len(found) != 3 {
+		t.Errorf("found %d sites, want 3:\n%s", len(found), all)
+	}
+	if found, _ := Dir("testdata/logunderlock"); len(found) != 0 {
+		t.Errorf("without Config.Logs, log writes are no finding; found %v", found)
 	}
 }

@@ -97,6 +97,24 @@ func (s *Scheduler) ChangeProcesses(group string, resident, maxProcs int) (Chprc
 	if g.def.ReceiveFrom == def.ReceiveSocket {
 		return ChprcResult{}, fmt.Errorf("%w: %s: a socket-receiving server runs exactly one process (receive_from = socket)", ErrChprc, group)
 	}
+	res, startErr, err := s.changeProcesses(g, resident, maxProcs)
+	if err != nil {
+		return ChprcResult{}, err
+	}
+	// Logged after chprcMu is let go, as everywhere a lock is held: a log
+	// write waits for stderr.
+	s.log.Info("chprc: parallel_count changed", "group", group, "server", g.def.Name,
+		"from", res.Before.String(), "to", res.Count.String())
+	if startErr != nil {
+		// The change is made; a process did not start and is retried.
+		s.log.Warn("chprc: a new resident process did not start; retrying with back-off", "group", group, "err", startErr)
+	}
+	return res, nil
+}
+
+// changeProcesses is ChangeProcesses' change under chprcMu; startErr is
+// a new resident that did not start, the change made.
+func (s *Scheduler) changeProcesses(g *Group, resident, maxProcs int) (res ChprcResult, startErr, err error) {
 	chprcMu.Lock()
 	defer chprcMu.Unlock()
 	before := parallelCount(g)
@@ -109,19 +127,12 @@ func (s *Scheduler) ChangeProcesses(group string, resident, maxProcs int) (Chprc
 		if err == nil {
 			err = errors.New("no change made")
 		}
-		return ChprcResult{}, fmt.Errorf("%w: %s", ErrChprc, strings.TrimPrefix(err.Error(), "procmgr: "))
+		return ChprcResult{}, nil, fmt.Errorf("%w: %s", ErrChprc, strings.TrimPrefix(err.Error(), "procmgr: "))
 	}
 	g.mu.Lock()
 	for slot, r := range kinds {
 		g.q.SetResident(slot, r)
 	}
 	g.mu.Unlock()
-	res := ChprcResult{GroupProcesses: processList(g), Before: before}
-	s.log.Info("chprc: parallel_count changed", "group", group, "server", g.def.Name,
-		"from", before.String(), "to", res.Count.String())
-	if err != nil {
-		// The change is made; a process did not start and is retried.
-		s.log.Warn("chprc: a new resident process did not start; retrying with back-off", "group", group, "err", err)
-	}
-	return res, nil
+	return ChprcResult{GroupProcesses: processList(g), Before: before}, err, nil
 }

@@ -87,6 +87,7 @@ func firstEntries(g *Group, timeout time.Duration) ([]string, error) {
 
 // checkEntries warns once per process when it does not offer an entry its
 // definition names (a typo in `service = "name=entry"`, an old module).
+// Under mu: the warning is written once mu is let go (logLater).
 func checkEntries(g *Group, slot int, si *slotState) {
 	got := si.p.Entries()
 	if got == nil || si.warned {
@@ -99,7 +100,7 @@ func checkEntries(g *Group, slot int, si *slotState) {
 	for _, svc := range g.def.Services {
 		if !have[svc.Entry] {
 			si.warned = true
-			g.log.Warn(g.def.Errorf("service", "entry %q of service %s is not registered by module %s (it registers %v)",
+			g.logLater(slog.LevelWarn, g.def.Errorf("service", "entry %q of service %s is not registered by module %s (it registers %v)",
 				svc.Entry, svc.Name, g.def.Module, got).Error(), "slot", slot, "pid", si.p.PID())
 		}
 	}

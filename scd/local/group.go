@@ -3,6 +3,7 @@ package local
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -281,7 +282,7 @@ func (g *Group) act() {
 			case schedq.Hand:
 				cl := a.Call
 				if err := p.Dispatch(cl.entry, cl.payload, cl.deadline); err != nil {
-					g.log.Error("handing a call to a process failed; the call is answered and the process killed",
+					g.logLater(slog.LevelError, "handing a call to a process failed; the call is answered and the process killed",
 						"group", g.name, "slot", a.Slot, "pid", p.PID(), "err", err)
 					si.refusing = true
 					g.refusing = append(g.refusing, refusedHand{a.Slot, err})
@@ -331,10 +332,37 @@ type refusedHand struct {
 
 // undelivered are the calls a transport refused, to be answered, and the
 // slots whose processes are to be killed for it: act's, until the caller
-// of act takes them (takeUndelivered) to settle them without mu.
+// of act takes them (takeUndelivered) to settle them without mu. The log
+// records made under mu wait here too (logLater).
 type undelivered struct {
 	calls []undeliveredCall
 	slots []int
+	logs  []logRecord
+}
+
+// logRecord is a log record made under mu, written once mu is let go
+// (settle, or the reader's deliver): a write waits for the log's output,
+// and a stderr that nobody reads held mu for as long, and with it the
+// dispatcher and every event loop admitting a call to the group (issue 29
+// item 7; internal/lockcheck finds a log write under a lock).
+type logRecord struct {
+	level slog.Level // LevelWarn or LevelError
+	msg   string
+	args  []any
+}
+
+func (r logRecord) write(l logger) {
+	if r.level >= slog.LevelError {
+		l.Error(r.msg, r.args...)
+	} else {
+		l.Warn(r.msg, r.args...)
+	}
+}
+
+// logLater keeps a record for whoever takes undelivered to write without
+// mu. Under mu.
+func (g *Group) logLater(level slog.Level, msg string, args ...any) {
+	g.undelivered.logs = append(g.undelivered.logs, logRecord{level, msg, args})
 }
 
 type undeliveredCall struct {
@@ -343,9 +371,9 @@ type undeliveredCall struct {
 }
 
 // takeUndelivered hands over what act left to settle. Under mu; nothing to
-// do (the usual case) costs two loads.
+// do (the usual case) costs three loads.
 func (g *Group) takeUndelivered() undelivered {
-	if len(g.undelivered.calls) == 0 && len(g.undelivered.slots) == 0 {
+	if len(g.undelivered.calls) == 0 && len(g.undelivered.slots) == 0 && len(g.undelivered.logs) == 0 {
 		return undelivered{}
 	}
 	u := g.undelivered
@@ -353,9 +381,12 @@ func (g *Group) takeUndelivered() undelivered {
 	return u
 }
 
-// settle answers the refused calls 'server terminated' and kills their
-// processes. Without mu.
+// settle writes the records made under mu, answers the refused calls
+// 'server terminated' and kills their processes. Without mu.
 func (u undelivered) settle(g *Group) {
+	for _, r := range u.logs {
+		r.write(g.log)
+	}
 	for _, c := range u.calls {
 		g.terminated.Inc()
 		c.cl.fail(netio.CodeServerTerminated, c.why)

@@ -271,18 +271,10 @@ func (tg *testGroup) with(f func()) {
 }
 
 // look is one look of the reply reader: attaches, completions (sent),
-// kills.
+// kills, what it logs.
 func (tg *testGroup) look() {
-	r := &tg.rd
-	r.collect()
-	for c, b := range r.batches {
-		_ = c.Send(b)
-		delete(r.batches, c)
-	}
-	for _, slot := range r.bad {
-		tg.procs.Kill(slot)
-	}
-	r.attached, r.bad, r.calls = r.attached[:0], r.bad[:0], r.calls[:0]
+	tg.rd.collect()
+	tg.rd.deliver()
 }
 
 // call submits a call with payload to the group's echo service.
@@ -714,5 +706,65 @@ func TestRequestBudgetShares(t *testing.T) {
 	c.give(80)
 	if node.held.Load() != 0 || a.held.Load()+b.held.Load()+c.held.Load() != 0 {
 		t.Fatalf("after every call ended: node %d, groups %d %d %d", node.held.Load(), a.held.Load(), b.held.Load(), c.held.Load())
+	}
+}
+
+// blockingLogger is a log whose every write blocks until release is
+// closed, as a write to a stderr nobody reads does; entered gets each
+// record's message as its write starts.
+type blockingLogger struct {
+	entered chan string
+	release chan struct{}
+}
+
+func (l *blockingLogger) Warn(msg string, _ ...any)  { l.entered <- msg; <-l.release }
+func (l *blockingLogger) Error(msg string, _ ...any) { l.entered <- msg; <-l.release }
+
+// TestGroupLogsWithoutMu: what the reader and act log is written once the
+// group's mu is let go, so a log write that blocks (a full stderr pipe)
+// does not block the event loops and the dispatcher, which take mu for
+// every call (issue 29 item 7: collect and act logged under it).
+func TestGroupLogsWithoutMu(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(p *fakeProc) // under mu, before the step
+		step func(tg *testGroup)
+	}{
+		{"the reader sees a protocol break", func(p *fakeProc) { p.taken, p.done, p.badDone = 1, 1, true },
+			func(tg *testGroup) { tg.rd.collect(); tg.rd.deliver() }},
+		{"the transport refuses a hand-over", func(p *fakeProc) { p.dispatchErr = errors.New("refused") },
+			func(tg *testGroup) { tg.call(discard{}, 2, []byte("x")) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tg := newTestGroup(t, 1, 16, 1)
+			tg.start(t)
+			if tc.name == "the reader sees a protocol break" {
+				if code, msg := tg.call(discard{}, 1, []byte("x")); code != netio.CodeOK {
+					t.Fatal(code, msg)
+				}
+			}
+			tg.with(func() { tc.set(tg.tr.procs[0]) })
+			l := &blockingLogger{entered: make(chan string, 4), release: make(chan struct{})}
+			tg.log = l
+			done := make(chan struct{})
+			go func() { defer close(done); tc.step(tg) }()
+			var msg string
+			select {
+			case msg = <-l.entered:
+			case <-time.After(testWait):
+				close(l.release)
+				t.Fatal("nothing was logged")
+			}
+			locked := make(chan struct{})
+			go func() { tg.mu.Lock(); tg.mu.Unlock(); close(locked) }()
+			select {
+			case <-locked:
+			case <-time.After(5 * time.Second):
+				t.Errorf("the group's mu is held while the log write of %q blocks", msg)
+			}
+			close(l.release)
+			<-done
+			<-locked
+		})
 	}
 }

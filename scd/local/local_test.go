@@ -239,6 +239,14 @@ func (a *answers) one(t *testing.T, id uint64) netio.Frame {
 // Place (nil: every UAP call is refused 'no such service group').
 func testScheduler(t *testing.T, servers map[string]string, place func(call.Caller, *netio.Frame) (netio.Code, string)) (*Scheduler, *fakeProcs) {
 	t.Helper()
+	return testSchedulerOpts(t, servers, Options{Logger: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet(), Place: place})
+}
+
+// testSchedulerOpts is testScheduler with opts (its Place, Logger and
+// Metrics; CounterFunc is the test's).
+func testSchedulerOpts(t *testing.T, servers map[string]string, opts Options) (*Scheduler, *fakeProcs) {
+	t.Helper()
+	place := opts.Place
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "sysconf"), []byte("set node_id = \"local\"\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -261,8 +269,8 @@ func testScheduler(t *testing.T, servers map[string]string, place func(call.Call
 			return netio.CodeNoSuchGroup, string(f.Group)
 		}
 	}
-	s, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet(),
-		CounterFunc: func(string, func() uint64) {}, Place: place})
+	opts.Place, opts.CounterFunc = place, func(string, func() uint64) {}
+	s, err := New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,5 +410,113 @@ func TestUAPCallsGoToPlace(t *testing.T) {
 	}
 	if _, ok := placed.Load("elsewhere/echo"); !ok {
 		t.Error("the UAP's call did not go to Place")
+	}
+}
+
+// logBuffer is a log's output that tests read while the node writes it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestDispatcherWatchdog: a dispatcher stuck in a look (here in Place,
+// which must not block and does) is seen: the age of its last look, a
+// metric, passes a second, and the node warns once; once it looks again,
+// it says so (issue 29 item 7: a stuck dispatcher was silent).
+func TestDispatcherWatchdog(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	place := func(_ call.Caller, f *netio.Frame) (netio.Code, string) {
+		<-release
+		return netio.CodeNoSuchGroup, string(f.Group)
+	}
+	logs := &logBuffer{}
+	set := metrics.NewSet()
+	s, _ := testSchedulerOpts(t, map[string]string{"g": echoServer},
+		Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), Metrics: set, Place: place})
+	t.Cleanup(unblock) // before the scheduler's Stop, which waits for the process
+	const stall = 1.0  // dispatchStall in seconds
+	age := func() float64 {
+		var b strings.Builder
+		set.WritePrometheus(&b)
+		for line := range strings.Lines(b.String()) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "tpsched_dispatcher_last_look_age_seconds "); ok {
+				var f float64
+				fmt.Sscan(v, &f)
+				return f
+			}
+		}
+		return -1
+	}
+	// Present from the start; its value is not checked here, since on a
+	// loaded machine an idle dispatcher may wait its turn for a CPU.
+	if a := age(); a < 0 {
+		t.Errorf("no tpsched_dispatcher_last_look_age_seconds (%v)", a)
+	}
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "call", "elsewhere/echo/x")); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
+	}
+	const warning = "the dispatcher has not looked"
+	deadline := time.Now().Add(testWait)
+	for !strings.Contains(logs.String(), warning) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), warning) {
+		t.Fatalf("the dispatcher is stuck in Place and no warning came in %v; log:\n%s", testWait, logs)
+	}
+	if a := age(); a <= stall {
+		t.Errorf("the stuck dispatcher's last look age %v, want over %v", a, stall)
+	}
+	time.Sleep(200 * time.Millisecond) // the watchdog's ticks go on
+	unblock()
+	if f := a.one(t, 1); f.Code != netio.CodeApplication {
+		t.Errorf("the call whose own call Place refused: %v %q", f.Code, f.Payload)
+	}
+	const resumed = "looks at the shared-memory groups again"
+	for !strings.Contains(logs.String(), resumed) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	out := logs.String()
+	if !strings.Contains(out, resumed) {
+		t.Errorf("no note that the dispatcher looks again; log:\n%s", out)
+	}
+	if n := strings.Count(out, warning); n != 1 {
+		t.Errorf("%d warnings for one stall, want 1; log:\n%s", n, out)
+	}
+}
+
+// TestDispatcherSleepsAfterStop: once the groups are closed (the node's
+// Stop, before its Close) the dispatcher goes on sleeping between looks:
+// it spun a core (issue 29 item 7). Its looks are counted by the changes
+// of its last-look time seen in 300ms of polling: a sleeping dispatcher
+// makes about 3, a spinning one changes it at every poll.
+func TestDispatcherSleepsAfterStop(t *testing.T) {
+	s, _ := testScheduler(t, map[string]string{"g": echoServer}, nil)
+	g, _ := s.Group("g")
+	g.close()
+	time.Sleep(50 * time.Millisecond) // its process leaves
+	changes, last := 0, s.lastLook.Load()
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		time.Sleep(time.Millisecond)
+		if l := s.lastLook.Load(); l != last {
+			changes, last = changes+1, l
+		}
+	}
+	if changes > 30 {
+		t.Errorf("the dispatcher of a closed group looked %d times in 300ms, want a few: it spins", changes)
 	}
 }

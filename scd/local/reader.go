@@ -1,6 +1,7 @@
 package local
 
 import (
+	"log/slog"
 	"time"
 
 	"tpsched/netio"
@@ -26,7 +27,8 @@ import (
 // The contract with the rest of the package: a reader takes its group's
 // mu only inside collect, answers callers and places the processes' own
 // calls without it (call.Caller and the place function may take other
-// locks), and calls procmgr (Attached, Kill) without it.
+// locks), calls procmgr (Attached, Kill) without it, and writes what it
+// logs without it (logLater: a log write waits for stderr).
 
 // reader is one group's part of the reading and what it reuses between
 // looks.
@@ -37,6 +39,7 @@ type reader struct {
 	bad      []int                  // slots whose processes broke the protocol
 	calls    []localCall            // calls the processes made
 	answered []outCaller            // calling processes answered in their areas, to wake without mu
+	logs     []logRecord            // what collect found to log, written without mu
 }
 
 // dispatch is the reader of every shared-memory group: wait on the
@@ -48,11 +51,49 @@ func (s *Scheduler) dispatch() {
 			return
 		default:
 		}
-		s.bells.Wait(100 * time.Millisecond)
+		// Stamped before each wait: a look that blocks (a caller's Send, a
+		// log write, a bug) ages it, a wait of at most dispatchWait does
+		// not age it past dispatchStall.
+		s.lastLook.Store(time.Now().UnixNano())
+		s.bells.Wait(dispatchWait)
 		for _, r := range *s.readers.Load() {
 			r.collect()
 			r.deliver()
 		}
+	}
+}
+
+// dispatchWait bounds the dispatcher's wait for a doorbell: it looks at
+// every group at least that often, and checks for stop.
+const dispatchWait = 100 * time.Millisecond
+
+// dispatchStall is how long the dispatcher may go without a look before
+// the watchdog warns: ten of its longest waits.
+const dispatchStall = 10 * dispatchWait
+
+// lookAge is how long ago, at now, the dispatcher last went back to wait
+// after its looks.
+func (s *Scheduler) lookAge(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, s.lastLook.Load()))
+}
+
+// checkDispatcher is the dispatcher's watchdog, on the expiry loop: a
+// warning once when it has not looked for dispatchStall while it reads
+// groups (the calls of every shared-memory group then go unanswered), and
+// a note when it looks again.
+func (s *Scheduler) checkDispatcher(now time.Time) {
+	if rs := s.readers.Load(); rs == nil || len(*rs) == 0 {
+		return // no shared-memory group: it only waits
+	}
+	age := s.lookAge(now)
+	switch {
+	case !s.stalled && age > dispatchStall:
+		s.stalled = true
+		s.log.Warn("the dispatcher has not looked at the shared-memory groups for too long; their calls wait unanswered",
+			"since", age.Round(time.Millisecond), "limit", dispatchStall)
+	case s.stalled && age <= dispatchStall:
+		s.stalled = false
+		s.log.Info("the dispatcher looks at the shared-memory groups again")
 	}
 }
 
@@ -77,6 +118,11 @@ func (r *reader) run(stop <-chan struct{}) {
 // processes to kill to procmgr. Without mu.
 func (r *reader) deliver() {
 	g := r.g
+	for _, l := range r.logs {
+		l.write(g.log)
+	}
+	clear(r.logs)
+	r.logs = r.logs[:0]
 	for _, p := range r.answered {
 		p.WakeOutCaller()
 	}
@@ -137,7 +183,7 @@ func (r *reader) collect() {
 				// had died serving it, and the process is killed. Retired
 				// first, so the queue hands it nothing more.
 				g.misbehaved.Inc()
-				g.log.Error("uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
+				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
 				g.q.Retire(slot)
 				g.act()
 				done, _ := g.q.Done(slot)
@@ -176,7 +222,7 @@ func (r *reader) collect() {
 		if oc, ok := p.(outCaller); ok {
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
-				g.log.Error("uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
+				g.logLater(slog.LevelError, "uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
 				causes++
 				g.q.Retire(slot)
 				g.act()
@@ -197,7 +243,7 @@ func (r *reader) collect() {
 		}
 		if si.checkRings(rings, causes) {
 			g.misbehaved.Inc()
-			g.log.Error("uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
+			g.logLater(slog.LevelError, "uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
 				"rings", si.rings, "without_cause", si.idleRings)
 			g.q.Retire(slot)
 			g.act()
@@ -214,6 +260,7 @@ func (r *reader) collect() {
 		freeRequest(c.cl)
 	}
 	r.bad = append(r.bad, u.slots...)
+	r.logs = append(r.logs, u.logs...) // collect's own records, logLater's, and act's
 }
 
 // appendAnswer is the answer frame of a completion, under the caller's

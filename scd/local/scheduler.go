@@ -75,6 +75,12 @@ type Scheduler struct {
 	bells    *shm.Doorbells
 	readers  atomic.Pointer[[]*reader] // the groups the dispatcher reads; startGroup adds
 	spinFree func() bool               // SpinWhile's
+	// lastLook is when the dispatcher last finished its looks and went
+	// back to wait (unix nanoseconds): its liveness, read by /metrics and
+	// by the expiry loop's watchdog (checkDispatcher), whose stalled says
+	// it warned.
+	lastLook atomic.Int64
+	stalled  bool
 
 	stop chan struct{}
 	wg   sync.WaitGroup // the readers, the load loop, the expiry loop
@@ -253,6 +259,10 @@ func (s *Scheduler) startDispatcher() error {
 		bells.SpinWhile(s.spinFree)
 	}
 	s.readers.Store(new([]*reader))
+	s.lastLook.Store(time.Now().UnixNano())
+	s.opts.Metrics.NewGauge(`tpsched_dispatcher_last_look_age_seconds`, func() float64 {
+		return s.lookAge(time.Now()).Seconds()
+	})
 	s.wg.Add(1)
 	go func() { defer s.wg.Done(); s.dispatch() }()
 	return nil
@@ -387,7 +397,7 @@ func b2f(b bool) float64 {
 }
 
 // expireLoop answers callers whose watch_time has passed, and watches for
-// call cycles with too few processes.
+// call cycles with too few processes and for a stalled dispatcher.
 func (s *Scheduler) expireLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(50 * time.Millisecond)
@@ -401,6 +411,7 @@ func (s *Scheduler) expireLoop() {
 				g.expire(now)
 				g.checkStall(now)
 			}
+			s.checkDispatcher(now)
 		}
 	}
 }
