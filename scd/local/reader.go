@@ -183,7 +183,7 @@ func (r *reader) collect() {
 				// had died serving it, and the process is killed. Retired
 				// first, so the queue hands it nothing more.
 				g.misbehaved.Inc()
-				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "err", err)
+				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
 				g.q.Retire(slot)
 				g.act()
 				done, _ := g.q.Done(slot)
@@ -222,7 +222,7 @@ func (r *reader) collect() {
 		if oc, ok := p.(outCaller); ok {
 			if c, made, err := oc.OutCall(); err != nil {
 				g.misbehaved.Inc()
-				g.logLater(slog.LevelError, "uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "err", err)
+				g.logLater(slog.LevelError, "uap broke the shared-memory protocol in a call of its own; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
 				causes++
 				g.q.Retire(slot)
 				g.act()
@@ -243,7 +243,7 @@ func (r *reader) collect() {
 		}
 		if si.checkRings(rings, causes) {
 			g.misbehaved.Inc()
-			g.logLater(slog.LevelError, "uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot,
+			g.logLater(slog.LevelError, "uap rings the scheduler without cause; killing it", "group", g.name, "slot", slot, "pid", p.PID(),
 				"rings", si.rings, "without_cause", si.idleRings)
 			g.q.Retire(slot)
 			g.act()
