@@ -176,7 +176,7 @@ func TestBudgetNonReaders(t *testing.T) {
 	const budget = 4 << 20
 	h := &echoHandler{async: true}
 	s := startServer(t, Options{BufferBudget: budget, Loops: 2}, h)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	var closedByServer sync.Map
@@ -184,12 +184,20 @@ func TestBudgetNonReaders(t *testing.T) {
 		c := dial(t, s.Addr())
 		wg.Go(func() {
 			batch := bytes.Repeat(callFrame(1, make([]byte, 64<<10)), 8)
+			var rest []byte
 			for ctx.Err() == nil {
+				if len(rest) == 0 {
+					rest = batch
+				}
 				_ = c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-				if _, err := c.Write(batch); err != nil {
+				n, err := c.Write(rest)
+				rest = rest[n:]
+				if err != nil {
 					// A write that times out is the server not reading yet
-					// (a busy machine): the caller keeps writing, as a
-					// non-reader does, until the server closes it.
+					// (a busy machine): the caller goes on from where it
+					// stopped, as a non-reader does, until the server
+					// closes it. (A new batch after a part of one would be
+					// a bad frame, closed for that.)
 					var ne net.Error
 					if errors.As(err, &ne) && ne.Timeout() {
 						continue
@@ -210,6 +218,7 @@ func TestBudgetNonReaders(t *testing.T) {
 	n := 0
 	closedByServer.Range(func(any, any) bool { n++; return true })
 	if n != 4 || s.Stats().BudgetCloses < 4 {
+		closedByServer.Range(func(k, v any) bool { t.Logf("writer %v: %v", k, v); return true })
 		t.Fatalf("%d non-readers closed, BudgetCloses %d: want 4", n, s.Stats().BudgetCloses)
 	}
 	waitFor(t, "charges to go back", func() bool { return s.Stats().Buffered == 0 })
