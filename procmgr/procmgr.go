@@ -97,8 +97,8 @@ type Delegate interface {
 	Prepare(slot int) ([]*os.File, error)
 	// Started runs once the process prepared for slot has started, with
 	// its pid as the node sees it (what a process says of itself is not
-	// trusted, and in its own pid namespace it is another number). It may
-	// come after the process attached.
+	// trusted, and in its own pid namespace it is another number). It
+	// comes before the process's Exited, and may come after it attached.
 	Started(slot, pid int)
 	// Exited runs once the process in slot has died and been reaped, on the
 	// goroutine that waited for it, before any replacement is prepared.
