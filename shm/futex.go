@@ -27,7 +27,7 @@ var maxSleep = 100 * time.Millisecond
 
 // futexWait sleeps while *addr == val, at most d.
 //
-// While the process's waits are short (waitEstimate below rawWaitMax/2),
+// While the process's waits are short (waitEstimate under rawWaitMax),
 // the first few milliseconds keep the goroutine's P (a raw system call,
 // which the Go runtime does not see). Through syscall.Syscall the runtime
 // marks the P as in a system call; in a UAP whose other Ps are idle that
@@ -87,9 +87,9 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 
 // waitEstimate is the process's expected futex wait (nanoseconds), a
 // moving average of its waits, each counted at most longWait; rawWaits
-// says whether its waits start raw (waitEstimate under rawWaitMax/2, with
-// a margin either way so that a process on the edge does not switch at
-// every wait).
+// says whether its waits start raw: from when the estimate falls under
+// rawWaitMax/2 until it rises over 3/4 of it or a raw wait times out (a
+// margin, so that a process on the edge does not switch at every wait).
 var (
 	waitEstimate atomic.Int64
 	rawWaits     atomic.Bool
@@ -107,9 +107,9 @@ func learnWait(w time.Duration) {
 	e += (int64(w) - e) / 4
 	waitEstimate.Store(e)
 	switch {
-	case e > int64(rawWaitMax)/2 && rawWaits.Load():
+	case e > int64(rawWaitMax)*3/4 && rawWaits.Load():
 		rawWaits.Store(false)
-	case e < int64(rawWaitMax)/4 && !rawWaits.Load():
+	case e < int64(rawWaitMax)/2 && !rawWaits.Load():
 		rawWaits.Store(true)
 		// Through the scheduler once before the first raw wait: the
 		// waits through the runtime left the goroutine, in sysmon's
