@@ -27,8 +27,8 @@ var maxSleep = 100 * time.Millisecond
 
 // futexWait sleeps while *addr == val, at most d.
 //
-// While the process's waits are short (waitEstimate under rawWaitMax),
-// the first few milliseconds keep the goroutine's P (a raw system call,
+// While the process's waits are short (rawWaits, below), the first few
+// milliseconds keep the goroutine's P (a raw system call,
 // which the Go runtime does not see). Through syscall.Syscall the runtime
 // marks the P as in a system call; in a UAP whose other Ps are idle that
 // wakes sysmon from its deep sleep, sysmon hands the P to another thread,
@@ -50,9 +50,9 @@ var maxSleep = 100 * time.Millisecond
 // goroutine then waits raw, holding its P, sysmon polls every 20 us for
 // about 50 rounds, each round sending the goroutine, which has not been
 // through the scheduler for more than 10 ms, a preemption signal that wakes
-// its thread: 55 context switches and 1.8 ms of CPU for one 20 ms call
-// (docs/ARCHITECTURE.md). Through the runtime, sysmon takes the P of the
-// waiting goroutine at its first round and sleeps deeply again.
+// its thread (figures in docs/ARCHITECTURE.md, "Issue 28 item 1"). Through
+// the runtime, sysmon takes the P of the waiting goroutine at its first
+// round and sleeps deeply again.
 func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 	if d <= 0 {
 		return
@@ -90,6 +90,8 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 // says whether its waits start raw: from when the estimate falls under
 // rawWaitMax/2 until it rises over 3/4 of it or a raw wait times out (a
 // margin, so that a process on the edge does not switch at every wait).
+// Goroutines waiting at once may overwrite each other's updates: an
+// estimate, not an account.
 var (
 	waitEstimate atomic.Int64
 	rawWaits     atomic.Bool
