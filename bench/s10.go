@@ -220,14 +220,25 @@ func enduroxChoice(sp Spec) string {
 		servers, enduroxQueueDepth, enduroxMsgSize)
 }
 
+// s10Cell is the report's cell of payload and conns, nil if none.
+func s10Cell(r *report, payload, conns int) *gridCell {
+	for i := range r.Cells {
+		if c := &r.Cells[i]; c.Payload == payload && c.Conns == conns {
+			return c
+		}
+	}
+	return nil
+}
+
 // s10Notes sets the local calls beside Enduro/X's and the direct call
-// against the issue's targets: one caller >= Enduro/X 1x1 calls/s with p50
-// <= its mean latency, five >= Enduro/X 5x5, 64 >= 0.8x the direct path
-// at 64 connections, a nested call no dearer than a direct call plus a
-// local call.
+// against the issues' targets: one caller >= Enduro/X 1x1 calls/s with p50
+// <= its mean latency, five >= Enduro/X 5x5, 64 and 128 >= 0.8x the direct
+// path at as many connections and (issue 28) >= 0.9x the local calls of 5
+// callers with p99 <= 5 ms, a nested call no dearer than a direct call
+// plus a local call.
 func s10Notes(r *report) string {
 	var b strings.Builder
-	b.WriteString("**Targets** (issue 20: local calls alone against Enduro/X in the same run).")
+	b.WriteString("**Targets** (issues 20 and 28: local calls alone against Enduro/X in the same run, and callers that outnumber the cores).")
 	verdict := func(ok bool) string {
 		if ok {
 			return "met"
@@ -255,11 +266,20 @@ func s10Notes(r *report) string {
 		case c.Conns == 5 && ex != nil:
 			fmt.Fprintf(&b, " local %.1fk calls/s vs Enduro/X 5x5 %.1fk (%.2fx, %s);",
 				local.Throughput/1e3, ex.Throughput/1e3, local.Throughput/ex.Throughput, verdict(local.Throughput >= ex.Throughput))
-		case c.Conns == 64 && direct != nil:
+		case c.Conns >= 64 && direct != nil:
 			fmt.Fprintf(&b, " local %.1fk calls/s vs direct %.1fk (%.2fx, target 0.8x: %s);",
 				local.Throughput/1e3, direct.Throughput/1e3, local.Throughput/direct.Throughput, verdict(local.Throughput >= 0.8*direct.Throughput))
 		default:
 			b.WriteString(" Enduro/X not measured;")
+		}
+		if five := s10Cell(r, c.Payload, 5); c.Conns >= 64 && five != nil {
+			// Issue 28: callers that outnumber the cores degrade
+			// gracefully, no cliff.
+			if l5 := get(five, nameTpschedLocal); l5 != nil && l5.Throughput > 0 {
+				fmt.Fprintf(&b, " local vs 5 callers %.1fk (%.2fx, target 0.9x: %s), p99 %s (target 5 ms: %s);",
+					l5.Throughput/1e3, local.Throughput/l5.Throughput, verdict(local.Throughput >= 0.9*l5.Throughput),
+					dur(local.P99us), verdict(local.P99us <= 5000))
+			}
 		}
 		if nested != nil && direct != nil {
 			// The nested call's server includes its front UAP, the caller:

@@ -135,7 +135,7 @@ var grids = []grid{{
 	id:       "S10",
 	service:  "echo",
 	payloads: [2][]int{{128, 4 << 10}, {128}},
-	conns:    [2][]int{{1, 5, 64}, {1, 5, 64}},
+	conns:    [2][]int{{1, 5, 64, 128}, {1, 5, 64, 128}},
 	systems: [2][]string{{nameTpsched, nameTpschedLocal, nameTpschedNested, nameEnduroX},
 		{nameTpsched, nameTpschedLocal, nameTpschedNested, nameEnduroX}},
 	title: func(Spec) string { return "local calls: a service calling a service on the same node" },

@@ -203,8 +203,8 @@ func (d *Doorbells) spinFor(start time.Time) int {
 // sleep waits up to timeout for a doorbell and returns the events.
 //
 // While the node is busy (a ring within busyFor) it waits with raw system
-// calls of rawWaitMax at most, which keep the goroutine's P, as the UAP's
-// futex waits do (futexWait says why): through the runtime, each sleep
+// calls of rawWaitMax at most, which keep the goroutine's P, as a UAP's
+// short futex waits do (futexWait says why): through the runtime, each sleep
 // woke sysmon and handed the P to another thread, which the reader's
 // wake-up then had to take back. A signal (sysmon's preemption, a
 // stop-the-world) ends a raw wait with EINTR. An idle node's reader parks
@@ -230,8 +230,8 @@ func (d *Doorbells) sleep(timeout time.Duration) int {
 	return d.park(timeout)
 }
 
-// busyFor is how long after its last wake-up a reader (the node's, or a
-// UAP's futexWait) counts as busy.
+// busyFor is how long after its last wake-up the node's reader counts as
+// busy.
 const busyFor = 50 * time.Millisecond
 
 // park waits up to timeout in Go's netpoller, on a duplicate of the epoll

@@ -27,33 +27,45 @@ var maxSleep = 100 * time.Millisecond
 
 // futexWait sleeps while *addr == val, at most d.
 //
-// While the process is busy (a wait of its ended woken within busyFor),
-// the first few milliseconds keep the goroutine's P (a raw system call,
+// While the process's waits are short (rawWaits, below), the first few
+// milliseconds keep the goroutine's P (a raw system call,
 // which the Go runtime does not see). Through syscall.Syscall the runtime
 // marks the P as in a system call; in a UAP whose other Ps are idle that
 // wakes sysmon from its deep sleep, sysmon hands the P to another thread,
 // which finds nothing to run and sleeps again: three context switches for
 // one wait where the futex itself costs one (a perf sched trace of a local
 // call showed the pair at every wait of both UAPs). The raw wait is
-// bounded by rawWaitMax so that sysmon, which preempts a goroutine that
-// looks busy for 10 ms with a signal, has no cause to; a signal (that
-// preemption, or a stop-the-world for the garbage collector) ends the wait
-// early with EINTR, and the caller looks again. With GOMAXPROCS 1 the P is
-// the only one, and other goroutines of the UAP would wait for it: then
-// every wait goes through the runtime.
+// bounded by rawWaitMax; a signal (sysmon's preemption, or a
+// stop-the-world for the garbage collector) may end it early with EINTR,
+// and the caller looks again. With GOMAXPROCS 1 the P is the only one, and
+// other goroutines of the UAP would wait for it: then every wait goes
+// through the runtime.
 //
-// An idle process waits through the runtime, so that sysmon can sleep: with
-// raw waits always, sysmon of an idle UAP woke about 540 times a second,
-// and 64 idle caller UAPs took 0.45 of the machine's two cores from
-// whatever ran beside them (bench S10's idle peers, Enduro/X's runs).
+// Long waits go through the runtime from their start, and so does every
+// wait of a process whose waits are long (an idle process, or a caller
+// whose calls queue behind many others). A raw wait while sysmon polls
+// fast is what made 64 caller UAPs a cliff (issue 28): a wait through the
+// runtime that outlasts sysmon's 10 ms retake lets sysmon sleep deeply,
+// its end wakes sysmon with its poll delay reset to 20 us, and if the
+// goroutine then waits raw, holding its P, sysmon polls every 20 us for
+// about 50 rounds, each round sending the goroutine, which has not been
+// through the scheduler for more than 10 ms, a preemption signal that wakes
+// its thread (figures in docs/ARCHITECTURE.md, "Issue 28 item 1"). Through
+// the runtime, sysmon takes the P of the waiting goroutine at its first
+// round and sleeps deeply again.
 func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	if runtime.GOMAXPROCS(0) > 1 && time.Now().UnixNano()-lastWoken.Load() < int64(busyFor) {
+	start := time.Now()
+	if runtime.GOMAXPROCS(0) > 1 && rawWaits.Load() {
 		r := min(d, rawWaitMax)
 		switch futexWaitRaw(addr, val, r) {
 		case unix.ETIMEDOUT:
+			// Long after all: the rest through the runtime, and so
+			// the next waits, until short ones bring the estimate down.
+			rawWaits.Store(false)
+			waitEstimate.Store(max(waitEstimate.Load(), int64(rawWaitMax)))
 			if d == r {
 				return
 			}
@@ -61,22 +73,54 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 		case unix.EINTR:
 			return // a signal: the caller looks again
 		default:
-			lastWoken.Store(time.Now().UnixNano()) // woken, or the word moved
+			learnWait(time.Since(start)) // woken, or the word moved
 			return
 		}
 	}
 	ts := unix.NsecToTimespec(int64(d))
 	_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp,
 		uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
-	if errno == 0 || errno == unix.EAGAIN {
-		lastWoken.Store(time.Now().UnixNano())
+	if errno != unix.EINTR {
+		learnWait(time.Since(start))
 	}
 }
 
-// lastWoken is when a futexWait of this process last ended woken or found
-// the word moved (Unix nanoseconds): within busyFor of it, the process is
-// busy and its waits keep their P.
-var lastWoken atomic.Int64
+// waitEstimate is the process's expected futex wait (nanoseconds), a
+// moving average of its waits, each counted at most longWait; rawWaits
+// says whether its waits start raw: from when the estimate falls under
+// rawWaitMax/2 until it rises over 3/4 of it or a raw wait times out (a
+// margin, so that a process on the edge does not switch at every wait).
+// Goroutines waiting at once may overwrite each other's updates: an
+// estimate, not an account.
+var (
+	waitEstimate atomic.Int64
+	rawWaits     atomic.Bool
+)
+
+// longWait caps a wait's weight in waitEstimate: an idle process's 100 ms
+// timeouts would otherwise hold it long after its waits turned short.
+const longWait = 4 * rawWaitMax
+
+// learnWait records a wait that lasted w and switches between raw waits
+// and waits through the runtime.
+func learnWait(w time.Duration) {
+	w = min(w, longWait)
+	e := waitEstimate.Load()
+	e += (int64(w) - e) / 4
+	waitEstimate.Store(e)
+	switch {
+	case e > int64(rawWaitMax)*3/4 && rawWaits.Load():
+		rawWaits.Store(false)
+	case e < int64(rawWaitMax)/2 && !rawWaits.Load():
+		rawWaits.Store(true)
+		// Through the scheduler once before the first raw wait: the
+		// waits through the runtime left the goroutine, in sysmon's
+		// eyes, running for as long as the process has waited, and
+		// sysmon, just woken by this wait's end and polling every
+		// 20 us, would signal it at every round.
+		runtime.Gosched()
+	}
+}
 
 // rawWaitMax bounds a wait that keeps its P: well under sysmon's 10 ms
 // forced preemption, and longer than a call's round trip on a busy node.

@@ -55,3 +55,43 @@ func TestFutexWaitWakes(t *testing.T) {
 		}
 	}
 }
+
+// A process's waits start raw only while they are short: short waits turn
+// raw waits on, one wait on the edge does not turn them off, long waits
+// and a raw wait that times out do (issue 28: a caller whose calls queue
+// for tens of milliseconds must wait through the runtime).
+func TestRawWaitsFollowTheWaits(t *testing.T) {
+	defer func(e int64, r bool) { waitEstimate.Store(e); rawWaits.Store(r) }(waitEstimate.Load(), rawWaits.Load())
+	waitEstimate.Store(int64(longWait))
+	rawWaits.Store(false)
+	n := 0
+	for ; !rawWaits.Load() && n < 50; n++ {
+		learnWait(100 * time.Microsecond)
+	}
+	if n < 3 || n > 12 {
+		t.Fatalf("raw waits on after %d short waits, want a few (3-12)", n)
+	}
+	learnWait(rawWaitMax * 3 / 5)
+	if !rawWaits.Load() {
+		t.Fatal("one wait of 3/5 rawWaitMax turned raw waits off")
+	}
+	for n = 0; rawWaits.Load() && n < 50; n++ {
+		learnWait(20 * time.Millisecond)
+	}
+	if n > 2 {
+		t.Errorf("raw waits still on after %d waits of 20 ms", n)
+	}
+
+	if runtime.GOMAXPROCS(0) < 2 {
+		return // every wait goes through the runtime
+	}
+	waitEstimate.Store(0)
+	rawWaits.Store(true)
+	var word atomic.Uint32
+	for i := 0; i < 3 && rawWaits.Load(); i++ { // again if a signal ended it early
+		futexWait(&word, 0, rawWaitMax+time.Millisecond) // nobody wakes it
+	}
+	if rawWaits.Load() {
+		t.Error("a raw wait timed out and raw waits stayed on")
+	}
+}
