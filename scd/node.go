@@ -438,6 +438,16 @@ func (n *Node) RPCAddr() string { return n.rpc.Addr() }
 // (control actions are on the control socket).
 func (n *Node) ControlAddr() string { return n.doors.httpLn.Addr().String() }
 
+// DrainBound is the longest Drain takes: DrainTimeout, and before it, in
+// a cluster, up to cluster.LeaveGrace serving while the others stop
+// sending here (scdd says it when a signal starts the drain).
+func (n *Node) DrainBound() time.Duration {
+	if n.inCluster {
+		return cluster.LeaveGrace + n.opts.DrainTimeout
+	}
+	return n.opts.DrainTimeout
+}
+
 // Drain refuses new calls, waits until every queued call is answered (or
 // ctx or DrainTimeout ends), then stops the UAPs and closes the ports.
 // After a Restart handed the sockets over it waits for that drain instead.
