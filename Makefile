@@ -144,7 +144,7 @@ bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static,
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
-bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 7.5 min on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
+bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (its plan, printed at the start, about 8 min of runs, and a minute or two more on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 
