@@ -21,7 +21,7 @@ SYSCONFDIR   ?= /etc
 # what a build or a run left beside them (a UAP built into aplib/, a
 # control socket). itest's TestMakeInstallIntoDestDir holds EXAMPLES to
 # `git ls-files examples`: add a new example file here.
-DOCS     := README.md docs/ARCHITECTURE.md docs/OPERANDS.md docs/RELIABILITY.md docs/SHM.md \
+DOCS     := README.md docs/ARCHITECTURE.md docs/OPERANDS.md docs/RELIABILITY.md docs/SHM.md docs/WARNINGS.md \
 	docs/img/dashboard.png docs/img/status-page.png dist/grafana/tpsched.json dist/tpsched.service
 EXAMPLES := examples/client-go/betranrc examples/client-go/go.mod examples/client-go/go.sum examples/client-go/main.go \
 	examples/twogroups/scdsvcdef examples/twogroups/sysconf examples/twogroups/usr/orders examples/twogroups/usr/stock \
@@ -153,7 +153,7 @@ bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; t
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx php-fpm haproxy
 
-demo: build ## start a node on the embedded default, call demo/echo, show status, stop it
+demo: build ## start a node on the embedded default, show the warnings it gave at start, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)
 
 policy-demo: build ## the README's service policy example (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
