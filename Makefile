@@ -82,7 +82,7 @@ install: build ## install the binaries, the C UAP library (header, static librar
 		install -m 0755 $(BIN)/uap-echo-c $(DESTDIR)$(BINDIR)/; \
 		install -m 0644 uap-c/tpsched_uap.h $(DESTDIR)$(INCLUDEDIR)/; \
 		install -m 0644 $(BIN)/libtpsched_uap.a $(DESTDIR)$(LIBDIR)/; \
-		printf '%s\n' 'includedir=$(INCLUDEDIR)' 'libdir=$(LIBDIR)' '' \
+		printf '%s\n' 'includedir=$${pcfiledir}/$(PC_INCLUDEDIR)' 'libdir=$${pcfiledir}/$(PC_LIBDIR)' '' \
 			'Name: tpsched_uap' \
 			'Description: tpsched C UAP library: serve the calls scdd hands over through shared memory (docs/SHM.md)' \
 			'Version: $(or $(VERSION),0)' \
@@ -110,6 +110,14 @@ install: build ## install the binaries, the C UAP library (header, static librar
 		install -d $(DESTDIR)$(SYSCONFDIR)/tpsched && cp -R scd/def/default/. $(DESTDIR)$(SYSCONFDIR)/tpsched/ && \
 		echo "install: the demo definitions are in $(DESTDIR)$(SYSCONFDIR)/tpsched"; \
 	fi
+
+# tpsched_uap.pc names the header's and the library's directories relative
+# to its own (${pcfiledir}, which pkg-config and pkgconf both know), not as
+# PREFIX's absolute paths: a DESTDIR install, staged for a package or a
+# container image, is then usable where it lies, with no
+# PKG_CONFIG_SYSROOT_DIR, and stays right when it moves (issue 31 item 3).
+PC_INCLUDEDIR = $(shell realpath -m --relative-to=$(PKGCONFIGDIR) $(INCLUDEDIR))
+PC_LIBDIR     = $(shell realpath -m --relative-to=$(PKGCONFIGDIR) $(LIBDIR))
 
 uninstall: ## remove what make install put in place, except the definitions in /etc/tpsched
 	rm -f $(DESTDIR)$(BINDIR)/scdd $(DESTDIR)$(BINDIR)/scdctl $(DESTDIR)$(BINDIR)/uap-echo $(DESTDIR)$(BINDIR)/uap-echo-c \
