@@ -167,7 +167,7 @@ demo: build ## start a node on the embedded default, show the warnings it gave a
 policy-demo: build ## the README's service policy example (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
 	@bash tools/policy-demo.sh $(BIN)
 
-cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them
+cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them; fails if its output contradicts a caption
 	@bash tools/cluster.sh $(BIN)
 
 screenshots: build ## docs/img/dashboard.png and status-page.png from one real run: three nodes, Debian's prometheus and chromium (about 2.5 min)
