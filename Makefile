@@ -22,6 +22,7 @@ SYSCONFDIR   ?= /etc
 # control socket). itest's TestMakeInstallIntoDestDir holds EXAMPLES to
 # `git ls-files examples`: add a new example file here.
 DOCS     := README.md docs/ARCHITECTURE.md docs/OPERANDS.md docs/RELIABILITY.md docs/SHM.md docs/WARNINGS.md \
+	docs/NODE.md docs/CLUSTER.md docs/UAP.md docs/METRICS.md docs/OPERATING.md docs/TESTING.md \
 	docs/img/dashboard.png docs/img/status-page.png dist/grafana/tpsched.json dist/tpsched.service
 EXAMPLES := examples/client-go/betranrc examples/client-go/go.mod examples/client-go/go.sum examples/client-go/main.go \
 	examples/twogroups/scdsvcdef examples/twogroups/sysconf examples/twogroups/usr/orders examples/twogroups/usr/stock \
@@ -125,7 +126,7 @@ uninstall: ## remove what make install put in place, except the definitions in /
 		$(DESTDIR)$(UNITDIR)/tpsched.service
 	rm -rf $(DESTDIR)$(DOCDIR)
 
-# The tests, three ways (tools/gotest.sh; README, "Testing"). Each runs
+# The tests, three ways (tools/gotest.sh; docs/TESTING.md, "Testing"). Each runs
 # both modules even when the first fails, records go test -json under
 # .testtimes/ and ends with the slowest tests and each module's result.
 test: ## the README's test command, a few minutes: unit tests of both modules with -race, and itest's fast subset (real scdd and UAP processes, built without -race); tests marked testenv.Slow skip
@@ -164,7 +165,7 @@ bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; t
 demo: build ## start a node on the embedded default, show the warnings it gave at start, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)
 
-policy-demo: build ## the README's service policy example (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
+policy-demo: build ## the service policy example of docs/CLUSTER.md (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
 	@bash tools/policy-demo.sh $(BIN)
 
 cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them; fails if its output contradicts a caption

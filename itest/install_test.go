@@ -88,6 +88,7 @@ func TestMakeInstallIntoDestDir(t *testing.T) {
 	// file git tracks: nothing else.
 	tracked := gitFiles(t, root, "examples")
 	for _, f := range append([]string{"README.md", "docs/ARCHITECTURE.md", "docs/OPERANDS.md", "docs/RELIABILITY.md", "docs/SHM.md", "docs/WARNINGS.md",
+		"docs/NODE.md", "docs/CLUSTER.md", "docs/UAP.md", "docs/METRICS.md", "docs/OPERATING.md", "docs/TESTING.md",
 		"docs/img/dashboard.png", "docs/img/status-page.png", "dist/grafana/tpsched.json", "dist/tpsched.service"}, tracked...) {
 		want = append(want, doc+f)
 	}
