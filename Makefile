@@ -21,7 +21,8 @@ SYSCONFDIR   ?= /etc
 # what a build or a run left beside them (a UAP built into aplib/, a
 # control socket). itest's TestMakeInstallIntoDestDir holds EXAMPLES to
 # `git ls-files examples`: add a new example file here.
-DOCS     := README.md docs/ARCHITECTURE.md docs/OPERANDS.md docs/RELIABILITY.md docs/SHM.md \
+DOCS     := README.md docs/ARCHITECTURE.md docs/OPERANDS.md docs/RELIABILITY.md docs/SHM.md docs/WARNINGS.md \
+	docs/NODE.md docs/CLUSTER.md docs/UAP.md docs/METRICS.md docs/OPERATING.md docs/TESTING.md \
 	docs/img/dashboard.png docs/img/status-page.png dist/grafana/tpsched.json dist/tpsched.service
 EXAMPLES := examples/client-go/betranrc examples/client-go/go.mod examples/client-go/go.sum examples/client-go/main.go \
 	examples/twogroups/scdsvcdef examples/twogroups/sysconf examples/twogroups/usr/orders examples/twogroups/usr/stock \
@@ -82,7 +83,7 @@ install: build ## install the binaries, the C UAP library (header, static librar
 		install -m 0755 $(BIN)/uap-echo-c $(DESTDIR)$(BINDIR)/; \
 		install -m 0644 uap-c/tpsched_uap.h $(DESTDIR)$(INCLUDEDIR)/; \
 		install -m 0644 $(BIN)/libtpsched_uap.a $(DESTDIR)$(LIBDIR)/; \
-		printf '%s\n' 'includedir=$(INCLUDEDIR)' 'libdir=$(LIBDIR)' '' \
+		printf '%s\n' 'includedir=$${pcfiledir}/$(PC_INCLUDEDIR)' 'libdir=$${pcfiledir}/$(PC_LIBDIR)' '' \
 			'Name: tpsched_uap' \
 			'Description: tpsched C UAP library: serve the calls scdd hands over through shared memory (docs/SHM.md)' \
 			'Version: $(or $(VERSION),0)' \
@@ -111,13 +112,21 @@ install: build ## install the binaries, the C UAP library (header, static librar
 		echo "install: the demo definitions are in $(DESTDIR)$(SYSCONFDIR)/tpsched"; \
 	fi
 
+# tpsched_uap.pc names the header's and the library's directories relative
+# to its own (${pcfiledir}, which pkg-config and pkgconf both know), not as
+# PREFIX's absolute paths: a DESTDIR install, staged for a package or a
+# container image, is then usable where it lies, with no
+# PKG_CONFIG_SYSROOT_DIR, and stays right when it moves (issue 31 item 3).
+PC_INCLUDEDIR = $(shell realpath -m --relative-to=$(PKGCONFIGDIR) $(INCLUDEDIR))
+PC_LIBDIR     = $(shell realpath -m --relative-to=$(PKGCONFIGDIR) $(LIBDIR))
+
 uninstall: ## remove what make install put in place, except the definitions in /etc/tpsched
 	rm -f $(DESTDIR)$(BINDIR)/scdd $(DESTDIR)$(BINDIR)/scdctl $(DESTDIR)$(BINDIR)/uap-echo $(DESTDIR)$(BINDIR)/uap-echo-c \
 		$(DESTDIR)$(INCLUDEDIR)/tpsched_uap.h $(DESTDIR)$(LIBDIR)/libtpsched_uap.a $(DESTDIR)$(PKGCONFIGDIR)/tpsched_uap.pc \
 		$(DESTDIR)$(UNITDIR)/tpsched.service
 	rm -rf $(DESTDIR)$(DOCDIR)
 
-# The tests, three ways (tools/gotest.sh; README, "Testing"). Each runs
+# The tests, three ways (tools/gotest.sh; docs/TESTING.md, "Testing"). Each runs
 # both modules even when the first fails, records go test -json under
 # .testtimes/ and ends with the slowest tests and each module's result.
 test: ## the README's test command, a few minutes: unit tests of both modules with -race, and itest's fast subset (real scdd and UAP processes, built without -race); tests marked testenv.Slow skip
@@ -144,7 +153,7 @@ bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static,
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
-bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (about 7.5 min on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
+bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (its plan, printed at the start, about 8 min of runs, and a minute or two more on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 
@@ -153,13 +162,13 @@ bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; t
 	apt-get update
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx php-fpm haproxy
 
-demo: build ## start a node on the embedded default, call demo/echo, show status, stop it
+demo: build ## start a node on the embedded default, show the warnings it gave at start, call demo/echo, show status, stop it
 	@bash tools/demo.sh $(BIN)
 
-policy-demo: build ## the README's service policy example (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
+policy-demo: build ## the service policy example of docs/CLUSTER.md (examples/policy) on one node: find starts the orders environment, 45 calls, scdctl report after the first interval (about 20 s)
 	@bash tools/policy-demo.sh $(BIN)
 
-cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them
+cluster-demo: build ## three nodes on 127.0.0.2-4: overload one to LEVEL2, show calls going to the others, stop them; fails if its output contradicts a caption
 	@bash tools/cluster.sh $(BIN)
 
 screenshots: build ## docs/img/dashboard.png and status-page.png from one real run: three nodes, Debian's prometheus and chromium (about 2.5 min)

@@ -49,7 +49,7 @@
 //
 //	make bench-deps   # once, as root: nginx, php-fpm, haproxy from apt
 //	make bench        # the full run (about 35 minutes)
-//	make bench-quick  # the development run (about 7.5 minutes), into bench/results/quick/
+//	make bench-quick  # the development run (a plan of about 8 minutes of runs), into bench/results/quick/
 //	TPSCHED_ENDUROX=$PREFIX bin/tpbench -scenarios S10   # S10 with Enduro/X installed under $PREFIX
 //	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
 //	bin/tpbench -quick -scenarios S1 -systems grpc-go,tpsched -quiet-cores 0   # two peers, other tenants not waited for

@@ -52,7 +52,7 @@ const (
 func enduroxInstall() (string, error) {
 	prefix := os.Getenv(enduroxEnv)
 	if prefix == "" {
-		return "", fmt.Errorf("%s is not set: build Enduro/X by hand (README, Make targets) and set it to the install prefix", enduroxEnv)
+		return "", fmt.Errorf("%s is not set: build Enduro/X by hand (docs/TESTING.md, Make targets) and set it to the install prefix", enduroxEnv)
 	}
 	for _, f := range []string{"bin/ndrxd", "bin/xadmin", "bin/exbenchcl", "bin/exbenchsv", "share/endurox/ubftab/Exfields"} {
 		if _, err := os.Stat(filepath.Join(prefix, f)); err != nil {

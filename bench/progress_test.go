@@ -26,7 +26,7 @@ func TestProgressEstimate(t *testing.T) {
 	p.quiet = Quiet{Cores: 0.1, Budget: time.Minute}.withBudget()
 
 	p.announce()
-	if want := "session: S1 4 steps, S2 2 steps; planned about 1m40s"; !strings.HasPrefix(log.String(), want) {
+	if want := "session: S1 4 steps, S2 2 steps; planned about 1m40s if every system starts"; !strings.HasPrefix(log.String(), want) {
 		t.Errorf("announce: %q, want it to start %q", log.String(), want)
 	}
 	log.Reset()
@@ -86,7 +86,10 @@ func TestProgressEstimate(t *testing.T) {
 	}
 	log.Reset()
 	p.finish()
-	if want := "session: done in 3m0s, planned 1m0s; waiting for quiet and running disturbed runs again took 20s of it (budget 1m0s)\n"; log.String() != want {
+	// The plan announced (1m40s) lost a step of S1 and one of S2: the
+	// end says both figures and why they differ (issue 31 item 6).
+	if want := "session: done in 3m0s, planned 1m0s for the steps it made (1m40s at the start: the runs of systems that did not start or failed came out); " +
+		"waiting for quiet and running disturbed runs again took 20s of it (budget 1m0s)\n"; log.String() != want {
 		t.Errorf("finish: %q, want %q", log.String(), want)
 	}
 	var nilProgress *progress // scenarios run without a session (tests) have none

@@ -104,7 +104,7 @@ func Open(opts Options) Meter {
 			m.mech.Reason = strings.Join(why, "; ")
 			return m
 		}
-		why = append(why, fmt.Sprintf("%s: %v", name, err))
+		why = addReason(why, name, err.Error())
 	}
 	m := newProcMeter()
 	if m.mech.Reason != "" {
@@ -112,9 +112,23 @@ func Open(opts Options) Meter {
 	}
 	m.mech.Reason = strings.Join(why, "; ")
 	if opts.Force != Proc {
-		log.Warn("eBPF scheduler probes not loaded; reading /proc instead", "why", m.mech.Reason)
+		log.Warn("eBPF scheduler probes not loaded; reading /proc instead (docs/WARNINGS.md#ebpf-probes-not-loaded)", "why", m.mech.Reason)
 	}
 	return m
+}
+
+// addReason adds "name: reason" to why, or name to the entry that already
+// gives the same reason ("tp_btf, raw_tp: not root"): a node that is not
+// root fails every mechanism for the one reason, and the warning repeated
+// it three times over 360 characters (issue 31 item 4).
+func addReason(why []string, name, reason string) []string {
+	for i, w := range why {
+		if names, r, ok := strings.Cut(w, ": "); ok && r == reason {
+			why[i] = names + ", " + name + ": " + reason
+			return why
+		}
+	}
+	return append(why, name+": "+reason)
 }
 
 // probeMeter reads the counters the eBPF programs keep.

@@ -134,3 +134,20 @@ $`)
 		t.Errorf("no leave line from the UAP on scdd's stderr:\n%s", n.stderr.String())
 	}
 }
+
+// TestTwoGroupsExampleChecks: docs/NODE.md shows `bin/scdd -c
+// examples/twogroups`; its definitions pass scdd -check as they are, with
+// every module found as start-up would find it (beside scdd). Running it
+// as shown would take the fixed port 12000, which another node on this
+// machine may hold.
+func TestTwoGroupsExampleChecks(t *testing.T) {
+	skipShort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("scdd"), "-check", "-c", filepath.Join(repoRoot(t), "examples", "twogroups"))
+	cmd.Env = append(os.Environ(), "DCCONFPATH=")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "2 user server(s), definitions OK") {
+		t.Errorf("scdd -check -c examples/twogroups: %v\n%s", err, out)
+	}
+}

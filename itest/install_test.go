@@ -87,7 +87,8 @@ func TestMakeInstallIntoDestDir(t *testing.T) {
 	// The docs the README links to, in its layout, and every example
 	// file git tracks: nothing else.
 	tracked := gitFiles(t, root, "examples")
-	for _, f := range append([]string{"README.md", "docs/ARCHITECTURE.md", "docs/OPERANDS.md", "docs/RELIABILITY.md", "docs/SHM.md",
+	for _, f := range append([]string{"README.md", "docs/ARCHITECTURE.md", "docs/OPERANDS.md", "docs/RELIABILITY.md", "docs/SHM.md", "docs/WARNINGS.md",
+		"docs/NODE.md", "docs/CLUSTER.md", "docs/UAP.md", "docs/METRICS.md", "docs/OPERATING.md", "docs/TESTING.md",
 		"docs/img/dashboard.png", "docs/img/status-page.png", "dist/grafana/tpsched.json", "dist/tpsched.service"}, tracked...) {
 		want = append(want, doc+f)
 	}
@@ -107,7 +108,9 @@ func TestMakeInstallIntoDestDir(t *testing.T) {
 	}
 	t.Run("the installed C example builds with pkg-config", func(t *testing.T) {
 		pc := exec.Command("pkg-config", "--cflags", "--libs", "tpsched_uap")
-		pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(dest, "usr/local/lib/pkgconfig"), "PKG_CONFIG_SYSROOT_DIR="+dest)
+		// The staged .pc is relative to itself: no PKG_CONFIG_SYSROOT_DIR
+		// (TestStagedInstallBuildsCUAP moves the tree too).
+		pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(dest, "usr/local/lib/pkgconfig"), "PKG_CONFIG_SYSROOT_DIR=")
 		flags, err := pc.Output()
 		if err != nil {
 			t.Fatalf("pkg-config --cflags --libs tpsched_uap: %v", err)
@@ -209,4 +212,67 @@ func gitFiles(t *testing.T, root, dir string) []string {
 		t.Fatalf("git ls-files %s: %v", dir, err)
 	}
 	return strings.Fields(string(out))
+}
+
+// TestStagedInstallBuildsCUAP: a DESTDIR install is usable where it lies
+// and where it is moved to: pkg-config, given only the staged pkgconfig
+// directory (no PKG_CONFIG_SYSROOT_DIR), names the staged header and
+// library, a C UAP compiles against them, and a node serves a call with it
+// (issue 31 item 3: the .pc named /usr/local, and gcc found no
+// tpsched_uap.h).
+func TestStagedInstallBuildsCUAP(t *testing.T) {
+	skipShort(t)
+	for _, tool := range []string{"make", "gcc", "pkg-config"} {
+		testenv.RequireTool(t, tool, "make, gcc and pkg-config (or pkgconf) from Debian")
+	}
+	root := repoRoot(t)
+	tmp := t.TempDir()
+	staged := filepath.Join(tmp, "stage")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "make", "-C", root, "--no-print-directory", "install",
+		"DESTDIR="+staged, "BIN="+filepath.Join(tmp, "bin"), "VERSION=v0.0.0-itest")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make install DESTDIR=%s: %v\n%s", staged, err, out)
+	}
+	// Moved, as a staged tree is when it is packed and unpacked: a .pc
+	// that named DESTDIR's absolute paths would fail here too.
+	moved := filepath.Join(tmp, "moved")
+	must(t, os.Rename(staged, moved))
+
+	pc := exec.CommandContext(ctx, "pkg-config", "--cflags", "--libs", "tpsched_uap")
+	pc.Env = append(os.Environ(), "PKG_CONFIG_PATH="+filepath.Join(moved, "usr/local/lib/pkgconfig"),
+		"PKG_CONFIG_SYSROOT_DIR=", "PKG_CONFIG_LIBDIR=")
+	flags, err := pc.Output()
+	if err != nil {
+		t.Fatalf("pkg-config --cflags --libs tpsched_uap: %v", err)
+	}
+	for _, f := range strings.Fields(string(flags)) {
+		if p, ok := strings.CutPrefix(f, "-I"); ok || strings.HasPrefix(f, "-L") {
+			if !ok {
+				p = f[2:]
+			}
+			if !strings.HasPrefix(p, moved+"/") {
+				t.Errorf("pkg-config's %s is not in the staged tree %s", f, moved)
+			}
+		}
+	}
+	exe := filepath.Join(tmp, "uap-echo-c")
+	args := append([]string{"-std=c11", "-O2", "-Wall", "-Werror", "-o", exe,
+		filepath.Join(moved, "usr/local/share/doc/tpsched/examples/uap-c/uap_echo.c")}, strings.Fields(string(flags))...)
+	if out, err := exec.CommandContext(ctx, "gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+
+	// The UAP it built serves a call.
+	dir := defDir(t, "", map[string]string{"cecho": `set service_group = "cecho"
+set service = "echo=echo"
+set module = "` + exe + `"
+set parallel_count = 1
+`})
+	n := startNode(t, "-c", dir)
+	out, err := n.client().Call(ctx, "cecho", "echo", []byte("staged"))
+	if err != nil || string(out) != "staged" {
+		t.Errorf("cecho/echo with the UAP built from the staged install: %q, %v", out, err)
+	}
 }

@@ -337,3 +337,52 @@ func statusRow(t *testing.T, out, group string) map[string]string {
 	t.Fatalf("no row for %s in:\n%s", group, out)
 	return nil
 }
+
+// TestCtrlCSaysBoundAndSecondForces: the first SIGINT's log line states
+// how long the drain may take and that a second one exits at once, and a
+// second one does, while a call still runs (issue 31 item 6: an operator
+// at a terminal saw "draining" and nothing about either).
+func TestCtrlCSaysBoundAndSecondForces(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"g": echoDef("g", 1, 16, 1<<20)})
+	n := startNode(t, "-c", dir, "-drain-timeout", "20s")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	called := make(chan error, 1)
+	go func() { _, err := n.client().Call(ctx, "g", "sleep", []byte("15000")); called <- err }()
+	waitFor(t, 10*time.Second, "the sleep to run", func() bool { return groupStatus(t, n, "g").InFlight == 1 }, n.stderr.String)
+
+	n.signal(syscall.SIGINT)
+	waitFor(t, 10*time.Second, "the drain's log line", func() bool {
+		return strings.Contains(n.stderr.String(), "signal received; draining")
+	}, n.stderr.String)
+	line := ""
+	for _, l := range strings.Split(n.stderr.String(), "\n") {
+		if strings.Contains(l, "signal received; draining") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "at most 20s") || !strings.Contains(line, "a second Ctrl-C") {
+		t.Errorf("the first signal's line does not state the bound (20s) and the second Ctrl-C: %s", line)
+	}
+	// The drain waits for the 15 s sleep; a second signal must not.
+	start := time.Now()
+	n.signal(syscall.SIGINT)
+	select {
+	case <-n.done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("scdd still runs 10 s after the second SIGINT")
+	}
+	if took := time.Since(start); took > 8*time.Second {
+		t.Errorf("the second SIGINT took %v to end scdd", took)
+	}
+	var ee *exec.ExitError
+	if !errors.As(n.err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("scdd after the second SIGINT: %v, want exit status 1", n.err)
+	}
+	if !strings.Contains(n.stderr.String(), "second signal: exiting without draining") {
+		t.Errorf("no log line for the second signal")
+	}
+	cancel()
+	<-called
+}

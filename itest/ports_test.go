@@ -226,3 +226,40 @@ func setRPCPort(t *testing.T, dir string, port int) {
 	must(t, err)
 	must(t, os.WriteFile(p, bytes.Replace(b, []byte("set rpc_port = 0\n"), []byte(fmt.Sprintf("set rpc_port = %d\n", port)), 1), 0o644))
 }
+
+// TestMetricsPortTakenNamesHolder: scdd refuses to start when another
+// process listens on its metrics_address, and names the port and that
+// process as the RPC port's refusal does (issue 31 item 6: it said only
+// "bind: address already in use").
+func TestMetricsPortTakenNamesHolder(t *testing.T) {
+	skipShort(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // this test's process holds it
+	must(t, err)
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	dir := defDir(t, "", map[string]string{"a": echoDef("a", 1, 16, 1<<20)})
+	p := filepath.Join(dir, "sysconf")
+	b, err := os.ReadFile(p)
+	must(t, err)
+	old := []byte("set metrics_address = \"127.0.0.1:0\"\n")
+	if !bytes.Contains(b, old) {
+		t.Fatalf("defDir's sysconf has no %q:\n%s", old, b)
+	}
+	must(t, os.WriteFile(p, bytes.Replace(b, old, []byte(fmt.Sprintf("set metrics_address = \"127.0.0.1:%d\"\n", port)), 1), 0o644))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin("scdd"), "-c", dir)
+	cmd.Env = append(os.Environ(), "DCCONFPATH=")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("scdd with its metrics_address taken: %v, want a non-zero exit\n%s", err, out)
+	}
+	want := regexp.MustCompile(fmt.Sprintf(`metrics_address 127\.0\.0\.1:%d: port %d taken by another socket: process %d \(`,
+		port, port, os.Getpid()))
+	if !want.Match(out) {
+		t.Errorf("scdd does not name the port and this process (%d):\n%s", os.Getpid(), out)
+	}
+}

@@ -241,6 +241,11 @@ func TestRestartUnderLoadDropsNoCall(t *testing.T) {
 		t.Fatalf("scdctl restart said %q", out)
 	}
 	second, _ := strconv.Atoi(m[1])
+	// A shell's $! still names the first scdd: the answer says which pid
+	// to stop the node with now (issue 31 item 6).
+	if want := fmt.Sprintf("stop the node with kill %d from now on (a shell's $! or %%1 names pid %d", second, first); !strings.Contains(out, want) {
+		t.Errorf("scdctl restart does not say which pid to stop: %q, want %q", out, want)
+	}
 	t.Logf("scdctl restart: %s(answered after %v)", out, time.Since(start).Round(time.Millisecond))
 	n.waitExit(t, "the first scdd to exit")
 	t.Logf("the first scdd exited %v after the restart began; %d calls so far", time.Since(start).Round(time.Millisecond), l.ok.Load())

@@ -288,7 +288,10 @@ func New(opts Options) *Manager {
 	cs := m.contain.Status()
 	m.log.Info("uap containment", "kill", cs.Kill, "pids_limit", cs.Pids, "memory_limit", cs.Memory, "reason", cs.KillReason)
 	if cs.Kill == KillPgroup {
-		m.log.Warn("uap processes are killed by process group: " + cs.KillReason)
+		// Short: the reason is in "uap containment" just above and in
+		// status; the warning must read in one line (make demo).
+		m.log.Warn("uap processes are killed by process group: no writable cgroup, so no pids or memory limit, " +
+			"and a process that leaves its group outlives a stop (docs/WARNINGS.md#killed-by-process-group)")
 	}
 	var stale []string
 	for _, p := range m.contain.parents() {

@@ -43,7 +43,7 @@ func bindPorts(cfg *def.Config, rpcOpts rpcport.Options, takingOver bool) (p por
 		case err == nil:
 			p.http = ln
 		case !takingOver:
-			return p, fmt.Errorf("metrics_address %s: %w", maddr, err)
+			return p, fmt.Errorf("metrics_address %s: %w", maddr, rpcport.InUseError(maddr, err))
 		}
 	}
 	ln, err := listenControl(ControlSocketPath(cfg))

@@ -24,6 +24,13 @@ for _ in $(seq 100); do
 	if ! kill -0 $pid 2>/dev/null; then cat "$log"; echo "demo: scdd exited" >&2; exit 1; fi
 	sleep 0.1
 done
+# scdd's start-up warnings are what a newcomer must see (not root, no
+# eBPF, no cgroups), and its log is otherwise hidden (issue 31 item 4):
+# each is one short line naming its section of docs/WARNINGS.md.
+if grep -q 'level=WARN' "$log"; then
+	echo "scdd warned at start (docs/WARNINGS.md explains each):"
+	sed -n 's/^time=[^ ]* level=WARN msg="\(\([^"\\]\|\\.\)*\)"/  \1/p' "$log" | cut -c1-300
+fi
 echo '$ scdctl call demo echo hello'
 "$bin/scdctl" call demo echo hello
 echo '$ scdctl status'

@@ -173,6 +173,10 @@ func restart(ctx context.Context, nd node, args []string, stdout io.Writer) erro
 	}
 	fmt.Fprintf(stdout, "restarted: pid %d serves the node (it took %s); pid %d lets its %d connection(s) go and drains\n",
 		res.NewPID, res.Took, res.OldPID, res.Conns)
+	// The operator who started scdd from a shell holds the old pid ($!,
+	// %1) and would signal a process that is gone (issue 31 item 6).
+	fmt.Fprintf(stdout, "stop the node with kill %d from now on (a shell's $! or %%1 names pid %d, which exits once drained)\n",
+		res.NewPID, res.OldPID)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,20 @@ ends them (for DATA that starts with "-").
 Flags:
 `
 
+// commands are scdctl's commands, in the order of usage, for the short
+// usage and a misspelt command's did-you-mean.
+var commands = []string{"call", "status", "prc", "chprc", "hold", "release", "restart",
+	"find", "quiesce", "resume", "refresh", "policy", "report", "pprof"}
+
+// shortUsage is what a usage error prints: a misspelt command or flag
+// should not scroll its own message off the screen under 60 lines of
+// help (issue 31 item 6); -h prints them all.
+func shortUsage() string {
+	return "usage: scdctl [flags] COMMAND [ARGS] [flags]\n" +
+		"commands: " + strings.Join(commands, ", ") + "\n" +
+		"scdctl -h describes every command and flag\n"
+}
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -109,7 +124,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 		fs.SetOutput(stderr)
 	}
-	fs.Usage = func() { printUsage(stderr) }
+	fs.Usage = func() { fmt.Fprint(stderr, shortUsage()) }
 	words, err := parseInterspersed(fs, args)
 	if err != nil {
 		return 2
@@ -122,6 +137,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, version.Line("scdctl"))
 		return 0
 	case len(words) == 0:
+		fs.Usage()
+		return 2
+	}
+	if !slices.Contains(commands, words[0]) {
+		// Before resolve: a misspelt command needs no node to be told so.
+		msg := fmt.Sprintf("scdctl: unknown command %q", words[0])
+		if s := def.Suggest(words[0], commands); s != "" {
+			msg += " (did you mean " + s + "?)"
+		}
+		fmt.Fprintln(stderr, msg)
 		fs.Usage()
 		return 2
 	}
@@ -154,9 +179,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "report":
 		err = report(ctx, nd, *asJSON, rest, stdout)
 	default:
-		fmt.Fprintf(stderr, "scdctl: unknown command %q\n", cmd)
-		fs.Usage()
-		return 2
+		err = fmt.Errorf("command %s is listed but not handled (a bug in scdctl)", cmd) // commands and this switch disagree
 	}
 	if err != nil {
 		if errors.Is(err, usageError("")) {

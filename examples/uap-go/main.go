@@ -7,8 +7,11 @@
 //
 //	cd examples/uap-go
 //	go build -o defs/aplib/uap-greet .
-//	scdd -c defs
-//	scdctl -c defs call greet hello world
+//	../../bin/scdd -c defs &
+//	../../bin/scdctl -c defs call greet hello world
+//
+// (../../bin is where make build puts scdd and scdctl; after make install
+// they are on the PATH, and plain scdd and scdctl do the same.)
 //
 // Services (entry names as defs/usr/greet maps them):
 //

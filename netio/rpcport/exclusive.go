@@ -221,6 +221,25 @@ func inUseError(ip net.IP, port int, err error) error {
 	return fmt.Errorf("port %d is in use: %w", port, err)
 }
 
+// InUseError is err, a listen on addr (host:port) that failed, with the
+// process that holds the address named as the RPC port's own refusal
+// names it ("port 12001 taken by another socket: process 4711 (python3,
+// uid 0) listens on ..."), when the address was in use and /proc tells;
+// else err as it is. scdd's other TCP ports (metrics_address) use it, so
+// that every port's refusal says whom to stop.
+func InUseError(addr string, err error) error {
+	if !errors.Is(err, unix.EADDRINUSE) {
+		return err
+	}
+	host, ps, serr := net.SplitHostPort(addr)
+	port, perr := strconv.Atoi(ps)
+	if serr != nil || perr != nil {
+		return err
+	}
+	ip := net.ParseIP(host) // a name ("localhost") is nil: any address of the port, in inUseError
+	return inUseError(ip, port, err)
+}
+
 // holderOf finds a process that holds the socket with inode ino: its pid
 // and command name, or 0 when none can be seen.
 func holderOf(ino uint64) (int, string) {

@@ -92,6 +92,10 @@ const (
 	leaveGrace = 5 * time.Second
 )
 
+// LeaveGrace is the longest LeaveAndWait waits once it has left, so that
+// scdd can tell the operator how long a drain may take.
+const LeaveGrace = leaveGrace
+
 // LeaveAndWait takes this node out of the cluster while it still serves,
 // and returns once the others have stopped sending to it (or ctx ends);
 // at once before Join.

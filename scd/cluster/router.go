@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,7 +211,16 @@ func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled b
 	cands = r.opts.Steer(group, cands)
 	*buf = cands
 	i := route.Choose(cands, r.policy, route.Request{Direct: !balanced && schedulerDirect(from, f), Socket: socket}, globalRand{})
-	if i < 0 || cands[i].Local {
+	if i < 0 {
+		// Without this, a group held on the only nodes that run it passes
+		// to this node's queue, which knows no such group and says so:
+		// the caller read 'no such service group' for a hold (issue 31).
+		if msg, ok := r.heldElsewhere(group, g); ok {
+			return true, netio.CodeServiceClosed, msg
+		}
+		return false, 0, ""
+	}
+	if cands[i].Local {
 		return false, 0, ""
 	}
 	entries := r.names.Lookup(group)
@@ -228,6 +239,35 @@ func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled b
 	}
 	code, msg = r.transfer(fc, cands[i].Node)
 	return true, code, msg
+}
+
+// heldElsewhere says where group is held when no node takes its calls and
+// another node holds it ("work is held on n2"); ok is false when some node
+// runs it unheld (the call may be refused for another reason here), or no
+// other node holds it (this node's own answer is then the right one). lg
+// is the group here when it has a server here.
+func (r *Router) heldElsewhere(group string, lg Group) (msg string, ok bool) {
+	var held []string
+	for _, e := range r.names.Lookup(group) {
+		if e.Local {
+			continue
+		}
+		if !e.Held {
+			return "", false
+		}
+		held = append(held, e.Node)
+	}
+	if len(held) == 0 {
+		return "", false
+	}
+	if lg != nil {
+		if !lg.Held() {
+			return "", false
+		}
+		held = append(held, r.self)
+	}
+	slices.Sort(held)
+	return group + " is held on " + strings.Join(held, ", ") + " (scdctl release " + group + " there)", true
 }
 
 // schedulerDirect reports whether f is a scheduler-direct request, the

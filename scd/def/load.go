@@ -317,8 +317,7 @@ func loadClusterKey(fsys fs.FS, osDir string, s *System, lines map[string]int) e
 		}
 		if fi, err := fs.Stat(fsys, "sysconf"); err == nil && fi.Mode().Perm()&0o044 != 0 {
 			s.keyWarning = fmt.Sprintf("sysconf: it holds cluster_key and users other than its owner can read it (mode %04o): "+
-				"a UAP that can read the key can pose as a node; chmod 600 %s, or move the key into a file of its own "+
-				"(cluster_key_file, mode 600)", fi.Mode().Perm(), filepath.Join(osDir, "sysconf"))
+				"chmod 600 %s, or use cluster_key_file (docs/WARNINGS.md#cluster_key-readable)", fi.Mode().Perm(), filepath.Join(osDir, "sysconf"))
 		}
 		return nil
 	}
@@ -354,8 +353,8 @@ func loadClusterKey(fsys fs.FS, osDir string, s *System, lines map[string]int) e
 	if perm := fi.Mode().Perm(); perm&0o004 != 0 {
 		return fail("%s is readable by every user (mode %04o), so every UAP can read the key: chmod 600 it", path, perm)
 	} else if perm&0o040 != 0 {
-		s.keyWarning = fmt.Sprintf("sysconf: cluster_key_file %s is readable by its group (mode %04o): chmod 600 it unless that group is meant to hold the key",
-			path, perm)
+		s.keyWarning = fmt.Sprintf("sysconf: cluster_key_file %s is readable by its group (mode %04o): chmod 600 it unless that group is meant to hold the key "+
+			"(docs/WARNINGS.md#cluster_key-readable)", path, perm)
 	}
 	s.ClusterKey = strings.TrimRight(string(key), "\r\n")
 	if n := len(s.ClusterKey); n < 16 || n > 1024 {
@@ -374,8 +373,8 @@ func (s *System) Warnings() []string {
 	}
 	if !isLoopbackHost(s.RPCAddress) && s.ClusterKey == "" {
 		w = append(w, fmt.Sprintf("sysconf: rpc_address %s is not loopback and there is no cluster_key: "+
-			"peers are not authenticated, so anyone who reaches the RPC port (%d) or the name port (%d) can pose as a node "+
-			"(send transferred calls, announce groups); set cluster_key", s.RPCAddress, s.RPCPort, s.NamePort))
+			"anyone who reaches ports %d and %d can pose as a node; set cluster_key (docs/WARNINGS.md#no-cluster_key-off-loopback)",
+			s.RPCAddress, s.RPCPort, s.NamePort))
 	}
 	return w
 }

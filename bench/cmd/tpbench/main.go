@@ -41,7 +41,7 @@ func main() {
 	loops := flag.Int("loops", 1, "internal: event loops of the gnet peer")
 	binDir := flag.String("bin", "bin", "directory with scdd and uap-echo (make build) and uap-caller (make bench)")
 	out := flag.String("out", "bench/results", "directory for the reports")
-	quick := flag.Bool("quick", false, "the development grid (about 7.5 minutes on a quiet machine; S3 shorter and one run, S5 and S6 shorter, S7 smaller and once)")
+	quick := flag.Bool("quick", false, "the development grid (a plan of about 8 minutes of runs, printed at the start; S3 shorter and one run, S5 and S6 shorter, S7 smaller and once)")
 	scen := flag.String("scenarios", "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10", "scenarios to run")
 	runs := flag.Int("runs", 3, "interleaved runs per cell (S3: per system, one in -quick; S5 and S6: per system, at least 5 but in -quick; S8 and S9: per system); figures are their medians (3 or more)")
 	dur := flag.Duration("duration", 0, "measured time per run (default 2s, quick 0.75s; S4 twice that)")
