@@ -33,6 +33,7 @@ import (
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
+	"tpsched/scd/peers"
 )
 
 // netServer is the group every node runs: uap-torture's work service
@@ -316,10 +317,15 @@ var netCallIDs atomic.Uint64
 // ms in the service. A caller stops when the load is stopped, after its
 // call in progress is answered.
 func (nc *netCluster) load(via []int, perNode, ms int) *netLoad {
+	return nc.loadWatch(via, perNode, ms, netCallTimeout)
+}
+
+// loadWatch is load with watch as every call's watch time.
+func (nc *netCluster) loadWatch(via []int, perNode, ms int, watch time.Duration) *netLoad {
 	ctx, cancel := context.WithCancel(context.Background())
 	ld := &netLoad{cancel: cancel}
 	for _, i := range via {
-		c := nc.nodes[i].client(func(o *client.Options) { o.WatchTime = netCallTimeout })
+		c := nc.nodes[i].client(func(o *client.Options) { o.WatchTime = watch })
 		for range perNode {
 			ld.wg.Add(1)
 			go func() {
@@ -867,4 +873,125 @@ func TestNetLoss(t *testing.T) {
 	if dropped == 0 {
 		t.Errorf("the loss rules dropped no packet")
 	}
+}
+
+// held reports whether node i's table shows work held on node j.
+func (nc *netCluster) held(i, j int) bool {
+	st, ok := nc.status(i)
+	if !ok || st.Cluster == nil {
+		return false
+	}
+	for _, ns := range st.Cluster.Nodes {
+		if ns.Node != fmt.Sprintf("n%d", j) {
+			continue
+		}
+		for _, g := range ns.Groups {
+			if g.Group == "work" {
+				return g.Held
+			}
+		}
+	}
+	return false
+}
+
+// TestNetCutCallsNetworkDown (issue 30 item 1): calls transferred to a
+// node whose links are then cut are answered 'network down' once the
+// transferring node has given the node up (it leaves the tables, or TCP's
+// user timeout on the peer connection passes), not 'timed out' at their
+// watch time; and after the heal no call waits on a connection from
+// before the cut. work is held on n0 and n1, so every call through n0
+// goes to n2: long ones (3 s of service, in flight at the cut) and short
+// ones (10 ms), each with a 20 s watch time.
+func TestNetCutCallsNetworkDown(t *testing.T) {
+	testenv.Slow(t, "three nodes in network namespaces, a partition and a heal: about 35 s")
+	skipShort(t)
+	nc := startNetCluster(t, "set scd_retry_of_comm_error = 1\n")
+	for _, i := range []int{0, 1} {
+		if out, err := nc.nodes[i].scdctl("hold", "work"); err != nil {
+			t.Fatalf("scdctl hold work on n%d: %v: %s", i, err, out)
+		}
+	}
+	waitFor(t, 20*time.Second, "n0 to see work held on n1", func() bool { return nc.held(0, 1) })
+	const watch = 20 * time.Second
+	tl := nc.watch()
+	long := nc.loadWatch([]int{0}, 3, 3000, watch)
+	short := nc.loadWatch([]int{0}, 3, 10, watch)
+	time.Sleep(4 * time.Second)
+	cut := time.Now()
+	nc.lab.Isolate(2)
+	// No more long calls: after the heal they would queue the short ones
+	// behind them on n2's two processes.
+	long.cancel()
+	forgot := tl.waitUntil(t, 30*time.Second, "n0 to forget n2", cut, func(s sample) bool { _, in := s.known[0]["n2"]; return !in })
+	time.Sleep(time.Second)
+	heal := time.Now()
+	nc.lab.Rejoin(2)
+	back := tl.waitUntil(t, 30*time.Second, "n0 to know n2 again", heal, func(s sample) bool { _, in := s.known[0]["n2"]; return in })
+	time.Sleep(4 * time.Second)
+	calls := append(append([]*ncall(nil), long.stop()...), short.stop()...)
+	tl.end()
+	a := nc.account(t, calls)
+	a.lostAfter(t, time.Time{}, "")
+	// The bound: n0 gives n2 up when it leaves n0's table, or when the
+	// peer connection's TCP_USER_TIMEOUT passes, whichever is first; a
+	// second and a half of slack for a busy machine's scheduling.
+	bound := forgot.Sub(cut)
+	if ut := peers.DefaultUserTimeout + time.Second; ut < bound {
+		bound = ut
+	}
+	bound += 1500 * time.Millisecond
+	var downs, slowestDown time.Duration
+	var nDown int
+	var afterBack int
+	var slowestAfter time.Duration
+	for _, c := range calls {
+		var ms int
+		fmt.Sscanf(c.req, "%d n %d", new(uint64), &ms)
+		took := c.done.Sub(c.sent) - time.Duration(ms)*time.Millisecond // the wait, without the service
+		if c.sent.After(back) {
+			if took > slowestAfter {
+				slowestAfter = took
+			}
+			if c.err != nil {
+				afterBack++
+				t.Errorf("call %d sent %s after n2 was back in n0's table failed: %v", c.id, sinceMs(back, c.sent), c.err)
+			}
+		}
+		if c.err == nil || codeOf(c.err) == netio.CodeServiceClosed {
+			continue // refused by n0, never sent: work is held there and n2 not in its table
+		}
+		t.Logf("failed: call %d sent %s after the cut, answered %s after: %v", c.id, sinceMs(cut, c.sent), sinceMs(cut, c.done), c.err)
+		switch code := codeOf(c.err); {
+		case code == netio.CodeNetworkDown:
+			nDown++
+			downs += c.done.Sub(cut)
+			if d := c.done.Sub(cut); d > slowestDown {
+				slowestDown = d
+			}
+			if c.sent.Before(cut) && c.done.Sub(cut) > bound {
+				t.Errorf("call %d, in flight at the cut, answered 'network down' %s after it, past %v", c.id, sinceMs(cut, c.done), bound)
+			}
+		case code == netio.CodeTimedOut:
+			t.Errorf("call %d sent %s after the cut answered 'timed out' %s after it: it waited its watch time on a silent link", c.id, sinceMs(cut, c.sent), sinceMs(cut, c.done))
+		case c.sent.Before(cut):
+			t.Errorf("call %d, in flight at the cut, answered %v", c.id, c.err)
+		}
+	}
+	if failedIn(a, time.Time{}, cut) == 0 {
+		t.Errorf("no call in flight at the cut failed: the test cut nothing")
+	}
+	// After the heal a call may still be refused before n0 has n2 back
+	// ('service closed': work is held on n0 and n1), never left waiting.
+	if slowestAfter > 3*time.Second {
+		t.Errorf("a call sent after n2 was back waited %v besides its service", slowestAfter)
+	}
+	mean := time.Duration(0)
+	if nDown > 0 {
+		mean = downs / time.Duration(nDown)
+	}
+	chaosFigures(t, "n2 cut off both ways for %v while n0 transferred every call to it (3 s and 10 ms calls, watch time %v): %v; "+
+		"n0 forgot n2 %s after the cut, knew it again %s after the heal; %d answered 'network down', on average %v after the cut, the last %v after (bound %v); "+
+		"%d calls failed after n2 was back, the slowest waited %v besides its service",
+		heal.Sub(cut).Round(100*time.Millisecond), watch, a, sinceMs(cut, forgot), sinceMs(heal, back), nDown, mean.Round(time.Millisecond),
+		slowestDown.Round(time.Millisecond), bound.Round(time.Millisecond), afterBack, slowestAfter.Round(time.Millisecond))
 }

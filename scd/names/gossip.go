@@ -59,6 +59,10 @@ type GossipConfig struct {
 	// OnChange is called after the table changed because of a peer; it
 	// must not block (memberlist's receive loop is waiting).
 	OnChange func()
+	// OnLeave is called when memberlist finds a node dead or left, from
+	// its goroutine with its lock held: it must not block. The peer pool
+	// drops its connections to the node there (peers.Pool.NodeLeft).
+	OnLeave func(node string)
 	// Transport is the name port bound ahead (ListenTransport) or taken
 	// over (TransportFromFiles); Join owns it from then on. Nil: Join binds
 	// BindAddr and Port itself.
@@ -641,6 +645,9 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	delete(c.unrelayed, n.Name)
 	c.ring = nil
 	c.mu.Unlock()
+	if c.cfg.OnLeave != nil {
+		c.cfg.OnLeave(n.Name)
+	}
 	if c.table.Remove(n.Name) {
 		c.log.Info("node left or died", "node", n.Name, "addr", n.Address())
 		if c.cfg.OnChange != nil {
