@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,6 +34,7 @@ import (
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"
+	"tpsched/scd/peers"
 )
 
 // netServer is the group every node runs: uap-torture's work service
@@ -316,10 +318,15 @@ var netCallIDs atomic.Uint64
 // ms in the service. A caller stops when the load is stopped, after its
 // call in progress is answered.
 func (nc *netCluster) load(via []int, perNode, ms int) *netLoad {
+	return nc.loadWatch(via, perNode, ms, netCallTimeout)
+}
+
+// loadWatch is load with watch as every call's watch time.
+func (nc *netCluster) loadWatch(via []int, perNode, ms int, watch time.Duration) *netLoad {
 	ctx, cancel := context.WithCancel(context.Background())
 	ld := &netLoad{cancel: cancel}
 	for _, i := range via {
-		c := nc.nodes[i].client(func(o *client.Options) { o.WatchTime = netCallTimeout })
+		c := nc.nodes[i].client(func(o *client.Options) { o.WatchTime = watch })
 		for range perNode {
 			ld.wg.Add(1)
 			go func() {
@@ -565,10 +572,10 @@ func isolateAndHeal(t *testing.T, args ...string) {
 	atHeal := tl.at(heal, toN2)
 	againTo := tl.first(heal, func(s sample) bool { return toN2(s) > atHeal })
 	a := nc.account(t, calls)
-	// After the heal a transfer may wait on a peer connection from before
-	// the cut (below), and its node's 'timed out' came 1.1 s late once
-	// under -race on a loaded machine: past the client's one-second margin.
-	a.lostAfter(t, heal, "a transfer after the heal, on a peer connection from before the cut")
+	// Since issue 30 item 1 no transfer after the heal waits on a peer
+	// connection from before the cut (one got no answer within its watch
+	// time and a second under -race before): none may be lost.
+	a.lostAfter(t, time.Time{}, "")
 	var duringCut, afterDetect, afterBack int // failed calls by when they were sent
 	var lastFailSent time.Time
 	for _, c := range a.failed {
@@ -598,13 +605,11 @@ func isolateAndHeal(t *testing.T, args ...string) {
 	if afterDetect > 0 {
 		t.Errorf("%d calls sent after both sides noticed the partition, before the heal, failed", afterDetect)
 	}
-	// Calls sent right after the heal can still time out: the peer pool
-	// keeps its connection to a node through the node's death, and the
-	// first transfers after the heal wait on that connection's TCP
-	// retransmission backoff (docs/RELIABILITY.md, "The network", not
-	// defended). Counted above, not failed.
+	// The node that left took its peer connections with it (issue 30
+	// item 1): the first transfers after the heal dial anew, so none
+	// waits on an old connection's retransmission backoff.
 	if afterBack > 0 {
-		t.Logf("%d calls sent after the heal timed out on a peer connection from before the cut (known, docs/RELIABILITY.md)", afterBack)
+		t.Errorf("%d calls sent after the heal failed", afterBack)
 	}
 	if a.servedBy[2] == 0 || a.servedBy[0] == 0 || a.servedBy[1] == 0 {
 		t.Errorf("a node executed no call: %v", a.servedBy)
@@ -866,5 +871,248 @@ func TestNetLoss(t *testing.T) {
 	}
 	if dropped == 0 {
 		t.Errorf("the loss rules dropped no packet")
+	}
+}
+
+// held reports whether node i's table shows work held on node j.
+func (nc *netCluster) held(i, j int) bool {
+	st, ok := nc.status(i)
+	if !ok || st.Cluster == nil {
+		return false
+	}
+	for _, ns := range st.Cluster.Nodes {
+		if ns.Node != fmt.Sprintf("n%d", j) {
+			continue
+		}
+		for _, g := range ns.Groups {
+			if g.Group == "work" {
+				return g.Held
+			}
+		}
+	}
+	return false
+}
+
+// TestNetCutCallsNetworkDown (issue 30 item 1): calls transferred to a
+// node whose links are then cut are answered 'network down' once the
+// transferring node has given the node up (it leaves the tables, or TCP's
+// user timeout on the peer connection passes), not 'timed out' at their
+// watch time; and after the heal no call waits on a connection from
+// before the cut. work is held on n0 and n1, so every call through n0
+// goes to n2: long ones (3 s of service, in flight at the cut) and short
+// ones (10 ms), each with a 20 s watch time.
+func TestNetCutCallsNetworkDown(t *testing.T) {
+	testenv.Slow(t, "three nodes in network namespaces, a partition and a heal: about 35 s")
+	skipShort(t)
+	nc := startNetCluster(t, "set scd_retry_of_comm_error = 1\n")
+	for _, i := range []int{0, 1} {
+		if out, err := nc.nodes[i].scdctl("hold", "work"); err != nil {
+			t.Fatalf("scdctl hold work on n%d: %v: %s", i, err, out)
+		}
+	}
+	waitFor(t, 20*time.Second, "n0 to see work held on n1", func() bool { return nc.held(0, 1) })
+	const watch = 20 * time.Second
+	tl := nc.watch()
+	long := nc.loadWatch([]int{0}, 3, 3000, watch)
+	short := nc.loadWatch([]int{0}, 3, 10, watch)
+	time.Sleep(4 * time.Second)
+	cut := time.Now()
+	nc.lab.Isolate(2)
+	// No more long calls: after the heal they would queue the short ones
+	// behind them on n2's two processes.
+	long.cancel()
+	forgot := tl.waitUntil(t, 30*time.Second, "n0 to forget n2", cut, func(s sample) bool { _, in := s.known[0]["n2"]; return !in })
+	time.Sleep(time.Second)
+	heal := time.Now()
+	nc.lab.Rejoin(2)
+	back := tl.waitUntil(t, 30*time.Second, "n0 to know n2 again", heal, func(s sample) bool { _, in := s.known[0]["n2"]; return in })
+	time.Sleep(4 * time.Second)
+	calls := append(append([]*ncall(nil), long.stop()...), short.stop()...)
+	tl.end()
+	a := nc.account(t, calls)
+	a.lostAfter(t, time.Time{}, "")
+	// The bound: n0 gives n2 up when it leaves n0's table, or when the
+	// peer connection's TCP_USER_TIMEOUT passes, whichever is first; a
+	// second and a half of slack for a busy machine's scheduling.
+	bound := forgot.Sub(cut)
+	if ut := peers.DefaultUserTimeout + time.Second; ut < bound {
+		bound = ut
+	}
+	bound += 1500 * time.Millisecond
+	var downs, slowestDown time.Duration
+	var nDown int
+	var afterBack int
+	var slowestAfter time.Duration
+	for _, c := range calls {
+		var ms int
+		fmt.Sscanf(c.req, "%d n %d", new(uint64), &ms)
+		took := c.done.Sub(c.sent) - time.Duration(ms)*time.Millisecond // the wait, without the service
+		if c.sent.After(back) {
+			if took > slowestAfter {
+				slowestAfter = took
+			}
+			if c.err != nil {
+				afterBack++
+				t.Errorf("call %d sent %s after n2 was back in n0's table failed: %v", c.id, sinceMs(back, c.sent), c.err)
+			}
+		}
+		if c.err == nil || codeOf(c.err) == netio.CodeServiceClosed {
+			continue // refused by n0, never sent: work is held there and n2 not in its table
+		}
+		t.Logf("failed: call %d sent %s after the cut, answered %s after: %v", c.id, sinceMs(cut, c.sent), sinceMs(cut, c.done), c.err)
+		switch code := codeOf(c.err); {
+		case code == netio.CodeNetworkDown:
+			nDown++
+			downs += c.done.Sub(cut)
+			if d := c.done.Sub(cut); d > slowestDown {
+				slowestDown = d
+			}
+			if c.sent.Before(cut) && c.done.Sub(cut) > bound {
+				t.Errorf("call %d, in flight at the cut, answered 'network down' %s after it, past %v", c.id, sinceMs(cut, c.done), bound)
+			}
+		case code == netio.CodeTimedOut:
+			t.Errorf("call %d sent %s after the cut answered 'timed out' %s after it: it waited its watch time on a silent link", c.id, sinceMs(cut, c.sent), sinceMs(cut, c.done))
+		case c.sent.Before(cut):
+			t.Errorf("call %d, in flight at the cut, answered %v", c.id, c.err)
+		}
+	}
+	if failedIn(a, time.Time{}, cut) == 0 {
+		t.Errorf("no call in flight at the cut failed: the test cut nothing")
+	}
+	// After the heal a call may still be refused before n0 has n2 back
+	// ('service closed': work is held on n0 and n1), never left waiting.
+	if slowestAfter > 3*time.Second {
+		t.Errorf("a call sent after n2 was back waited %v besides its service", slowestAfter)
+	}
+	mean := time.Duration(0)
+	if nDown > 0 {
+		mean = downs / time.Duration(nDown)
+	}
+	chaosFigures(t, "n2 cut off both ways for %v while n0 transferred every call to it (3 s and 10 ms calls, watch time %v): %v; "+
+		"n0 forgot n2 %s after the cut, knew it again %s after the heal; %d answered 'network down', on average %v after the cut, the last %v after (bound %v); "+
+		"%d calls failed after n2 was back, the slowest waited %v besides its service",
+		heal.Sub(cut).Round(100*time.Millisecond), watch, a, sinceMs(cut, forgot), sinceMs(heal, back), nDown, mean.Round(time.Millisecond),
+		slowestDown.Round(time.Millisecond), bound.Round(time.Millisecond), afterBack, slowestAfter.Round(time.Millisecond))
+}
+
+// burnCPU keeps n threads of the test process spinning until the test
+// ends: with the other engineers' work on the machine, every scdd waits
+// for a core as on an overloaded host.
+func burnCPU(t *testing.T, n int) {
+	t.Helper()
+	old := runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + n)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			x := 0
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for range 100000 {
+					x++
+				}
+			}
+		})
+	}
+	t.Cleanup(func() { close(stop); wg.Wait(); runtime.GOMAXPROCS(old) })
+}
+
+// detectorRun is what one failure detector did to three live nodes over
+// a phase: table changes (a live node dropped or taken back), and the
+// memberlist lines that say a node heard itself suspected or declared
+// dead and refuted it.
+type detectorRun struct {
+	flips, left, refuteSuspect, refuteDead int
+}
+
+func (nc *netCluster) detectorCounts() (left, suspect, dead int) {
+	for _, n := range nc.nodes {
+		log := n.stderr.String()
+		left += strings.Count(log, `msg="node left or died"`)
+		suspect += strings.Count(log, "Refuting a suspect message")
+		dead += strings.Count(log, "Refuting a dead message")
+	}
+	return
+}
+
+// TestNetDetector (issue 30 item 3): scdd's default failure detection
+// (names.LANDetector) on a loaded host, then on a loaded host with 5%
+// loss between every two nodes, must never declare a live node dead.
+// TPSCHED_NET_DETECTOR runs another timing (fast, or PROBE/TIMEOUT/
+// SUSPICION such as 200ms/100ms/3), TPSCHED_NET_BURN another number of
+// spinning threads (default 16), for the figures of
+// docs/RELIABILITY.md ("Failure detection"); any timing is judged alike.
+func TestNetDetector(t *testing.T) {
+	testenv.Slow(t, "three nodes in network namespaces under CPU load and loss: about 40 s")
+	skipShort(t)
+	det := os.Getenv("TPSCHED_NET_DETECTOR")
+	if det == "" {
+		det = "lan"
+	}
+	detectorHolds(t, det)
+}
+
+// TestNetDetectorFast is TestNetDetector with scdd -failure-detection
+// fast, which the other multi-node tests use.
+func TestNetDetectorFast(t *testing.T) {
+	testenv.Slow(t, "three nodes in network namespaces under CPU load and loss: about 40 s")
+	skipShort(t)
+	detectorHolds(t, "fast")
+}
+
+func detectorHolds(t *testing.T, det string) {
+	nc := startNetCluster(t, "set scd_retry_of_comm_error = 1\n", "-failure-detection", det)
+	tl := nc.watch()
+	ld := nc.load([]int{0, 1, 2}, 2, 10)
+	burners := 16
+	if v, err := strconv.Atoi(os.Getenv("TPSCHED_NET_BURN")); err == nil && v >= 0 {
+		burners = v
+	}
+	burnCPU(t, burners)
+	const phase = 10 * time.Second
+	var runs [2]detectorRun
+	for k, pct := range []float64{0, 5} {
+		if pct > 0 {
+			nc.lab.LossAll(pct)
+		}
+		l0, s0, d0 := nc.detectorCounts()
+		from := time.Now()
+		time.Sleep(phase)
+		l1, s1, d1 := nc.detectorCounts()
+		for i := range 3 {
+			for j := range 3 {
+				if i != j {
+					runs[k].flips += tl.flips(i, fmt.Sprintf("n%d", j), from, time.Now())
+				}
+			}
+		}
+		runs[k].left, runs[k].refuteSuspect, runs[k].refuteDead = l1-l0, s1-s0, d1-d0
+	}
+	dropped := 0
+	for i := range 3 {
+		for _, n := range nc.lab.Dropped(i) {
+			dropped += n
+		}
+	}
+	nc.lab.HealAll()
+	calls := ld.stop()
+	tl.end()
+	a := nc.account(t, calls)
+	var load1 float64
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Sscanf(string(b), "%f", &load1)
+	}
+	chaosFigures(t, "failure detection %s, %d spinning threads beside the nodes (load average %.1f): %v s loaded: %d table changes, %d 'node left or died', refuted %d suspect and %d dead; "+
+		"%v s loaded with 5%% loss (%d packets dropped): %d table changes, %d 'node left or died', refuted %d suspect and %d dead; calls: %v",
+		det, burners, load1, phase.Seconds(), runs[0].flips, runs[0].left, runs[0].refuteSuspect, runs[0].refuteDead,
+		phase.Seconds(), dropped, runs[1].flips, runs[1].left, runs[1].refuteSuspect, runs[1].refuteDead, a)
+	for k, r := range runs {
+		if r.flips > 0 || r.left > 0 {
+			t.Errorf("phase %d (loss %v%%): live nodes dropped from tables: %d table changes, %d 'node left or died'", k, []float64{0, 5}[k], r.flips, r.left)
+		}
 	}
 }

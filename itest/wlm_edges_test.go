@@ -5,12 +5,14 @@ package itest
 // the first placement right after start is by measured CPU, not by node id.
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,5 +138,61 @@ func TestWLMFirstPlacementBeforeFirstInterval(t *testing.T) {
 	t.Logf("placed on %s; spare CPUs as the decider saw them: %v", placed, seen)
 	if where == 0 || placed != fmt.Sprintf("n%d", where) {
 		t.Errorf("find named n%d, the decider placed on %s: want n1 or n2, not the busy n0", where, placed)
+	}
+}
+
+// TestWLMGrowWithoutSpareCPUSaysWhy (issue 30 item 4): every node's CPUs
+// are busy (as their routing managers measure them) and orders' calls
+// queue on its one server, missing their goal; the routing manager asks
+// for one more server elsewhere, and none can start (a node needs 0.10
+// spare CPU). scdctl report and the log must say why, with each node's
+// figure, not only repeat "one more server elsewhere"; and no server
+// starts.
+func TestWLMGrowWithoutSpareCPUSaysWhy(t *testing.T) {
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{goal: "-t 30", busy: func(int) float64 { return 1 }})
+	got, err := wc.find(t, 1, "orders")
+	if err != nil || len(got) != 1 {
+		t.Fatalf("find: %v, %v", got, err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for _, n := range wc.nodes {
+		c := n.client()
+		for range 3 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					_, _ = c.Call(cctx, "orders", "sleep", []byte("20"))
+					cancel()
+				}
+			})
+		}
+	}
+	var grow *scd.GrowReport
+	var on int
+	waitFor(t, 30*time.Second, "a node's report to say why no second server of orders started", func() bool {
+		for i, n := range wc.nodes {
+			if r := n.report(t); r.Grow != nil && r.Grow.Env == "orders" && r.Grow.Result != "asked" {
+				grow, on = r.Grow, i
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("n%d: last ask for one more server: %+v", on, *grow)
+	if !strings.Contains(grow.Result, "needs 0.10 spare CPU") || !strings.Contains(grow.Result, "0.00") {
+		t.Errorf("the report's reason %q does not name the spare CPU a node needs and the nodes' figures", grow.Result)
+	}
+	out, err := wc.nodes[on].scdctl("report")
+	if err != nil || !strings.Contains(out, "last ask for one more server of orders") || !strings.Contains(out, "needs 0.10 spare CPU") {
+		t.Errorf("scdctl report on n%d does not say why: %v\n%s", on, err, out)
+	}
+	if !strings.Contains(wc.nodes[on].stderr.String(), "needs 0.10 spare CPU") {
+		t.Errorf("n%d's log does not say why no server started", on)
+	}
+	if now := wc.agree(t, 5*time.Second, "orders", func(s []string) bool { return len(s) >= 1 }, "the servers of orders"); len(now) != 1 {
+		t.Errorf("servers of orders %v: a second one started without spare CPU", now)
 	}
 }

@@ -42,6 +42,7 @@ import (
 	"tpsched/scd/cluster"
 	"tpsched/scd/def"
 	"tpsched/scd/local"
+	"tpsched/scd/names"
 	"tpsched/scd/peers"
 	"tpsched/scd/wlmnode"
 )
@@ -61,10 +62,14 @@ type Options struct {
 	// names to insist on it (it still falls back, saying why). scdd takes it
 	// from TPSCHED_BPF.
 	SchedProbes string
-	// FastFailureDetection probes peers every 200 ms instead of 1 s, so
-	// a dead node leaves the tables within about a second: for tests and
-	// single-host clusters.
+	// FastFailureDetection is names.FastDetector: probes every 500 ms
+	// instead of 1 s, so a dead node leaves the tables in 2 to 4 s: for
+	// tests and single-host clusters.
 	FastFailureDetection bool
+	// Detector is the failure detection's timing (scdd -failure-detection);
+	// zero: names.LANDetector, or names.FastDetector with
+	// FastFailureDetection.
+	Detector names.Detector
 	// Steering places each receiver group's new connections: "" the
 	// SK_REUSEPORT program where it loads (else the kernel's hash, saying
 	// why), SteeringOff the hash. scdd takes it from TPSCHED_STEERING.

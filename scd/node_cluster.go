@@ -121,6 +121,7 @@ func (n *Node) joinCluster() error {
 		Seeds:     seeds,
 		Key:       clusterKey(n.cfg),
 		Fast:      n.opts.FastFailureDetection,
+		Detector:  n.opts.Detector,
 		Logger:    n.log,
 		OnChange:  n.namesChanged,
 		Transport: t,

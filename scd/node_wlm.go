@@ -86,6 +86,7 @@ type (
 	EnvServer       = wlmnode.EnvServer
 	NodeResult      = wlmnode.NodeResult
 	EnvActionResult = wlmnode.EnvActionResult
+	GrowReport      = wlmnode.GrowReport
 )
 
 // serveReport is GET /report.

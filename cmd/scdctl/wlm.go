@@ -181,6 +181,9 @@ func printReport(w io.Writer, r scd.Report) {
 	switch {
 	case r.Missing != "" && r.Managed:
 		fmt.Fprintf(w, "\nclass %s misses its goal: %s\n", r.Missing, r.Action)
+		if g := r.Grow; g != nil {
+			fmt.Fprintf(w, "last ask for one more server of %s (%s, decider %s): %s\n", g.Env, g.At.Format("15:04:05"), g.Decider, g.Result)
+		}
 	case r.Missing != "":
 		fmt.Fprintf(w, "\nclass %s misses its goal; goal_management = N, so nothing is done (it would be: %s)\n", r.Missing, r.Action)
 	case !r.Managed:

@@ -26,6 +26,7 @@ import (
 	"tpsched/procmgr"
 	"tpsched/scd"
 	"tpsched/scd/def"
+	"tpsched/scd/names"
 )
 
 // memoryHeadroom is what scdd's Go heap may hold beyond rpc_buffer_budget
@@ -72,7 +73,10 @@ func run() int {
 	steering := flag.String("steering", os.Getenv("TPSCHED_STEERING"),
 		"how receiver groups' new connections are placed: empty = the SK_REUSEPORT program (least work) if it loads, else the kernel's hash; off = the hash (default $TPSCHED_STEERING)")
 	fastDetect := flag.Bool("fast-failure-detection", false,
-		"probe peer nodes every 200 ms instead of 1 s, so a dead node leaves the tables within about a second (tests, one-host clusters)")
+		"-failure-detection fast: probe peer nodes every 500 ms instead of 1 s, so a dead node leaves the tables within 2 to 4 s (tests, one-host clusters)")
+	detection := flag.String("failure-detection", "",
+		"failure detection's timing: lan (the default: probes every 1 s, 500 ms timeout, suspicion 4 probes), fast, or PROBE/TIMEOUT/SUSPICION such as 1s/500ms/4; "+
+			"shorter timeouts declare live nodes dead on a loaded host (docs/RELIABILITY.md, Failure detection)")
 	showVersion := flag.Bool("version", false, "print scdd's version and exit")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: scdd [-c DIR] [flags]\n\n"+
@@ -139,10 +143,18 @@ func run() int {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + blockingThreads(cfg))
 	}
+	det, err := names.ParseDetector(*detection)
+	if *detection == "" && *fastDetect {
+		det = names.FastDetector
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "scdd: -failure-detection: %v\n", err)
+		return 2
+	}
 	// New checks the definitions against the machine (modules found and
 	// executable) without starting anything, as -check does.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
-		FastFailureDetection: *fastDetect, Steering: *steering, RestartArgs: os.Args[1:], Takeover: takeover, ProcStat: *cpuLoad})
+		FastFailureDetection: *fastDetect, Detector: det, Steering: *steering, RestartArgs: os.Args[1:], Takeover: takeover, ProcStat: *cpuLoad})
 	if err != nil {
 		scd.RefuseTakeover(takeover, err)
 		printErrors(err)

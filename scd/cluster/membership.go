@@ -18,6 +18,16 @@ import (
 // announce; the name table is the router's, and /metrics gets the
 // gossip's series.
 func (r *Router) Join(cfg names.GossipConfig, info names.NodeInfo) error {
+	// A node out of the tables keeps no peer connection: calls queued for
+	// it go elsewhere, and when it comes back it gets new connections,
+	// not one from before a cut that waits on TCP's backoff.
+	onLeave := cfg.OnLeave
+	cfg.OnLeave = func(node string) {
+		r.pool.NodeLeft(node)
+		if onLeave != nil {
+			onLeave(node)
+		}
+	}
 	g, err := names.Join(cfg, r.names, info)
 	if err != nil {
 		return err

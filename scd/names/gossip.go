@@ -52,13 +52,20 @@ type GossipConfig struct {
 	// Refresh is how often this node announces even without a change;
 	// default 20 s (the documents ask for at least every 30 s).
 	Refresh time.Duration
-	// Fast tunes failure detection for one host or a quiet LAN: probes
-	// every 200 ms instead of 1 s. Tests use it.
+	// Detector is the failure detection's timing; zero: LANDetector, or
+	// FastDetector with Fast (detector.go).
+	Detector Detector
+	// Fast is FastDetector, for tests and one-host clusters, when Detector
+	// is zero.
 	Fast   bool
 	Logger *slog.Logger
 	// OnChange is called after the table changed because of a peer; it
 	// must not block (memberlist's receive loop is waiting).
 	OnChange func()
+	// OnLeave is called when memberlist finds a node dead or left, from
+	// its goroutine with its lock held: it must not block. The peer pool
+	// drops its connections to the node there (peers.Pool.NodeLeft).
+	OnLeave func(node string)
 	// Transport is the name port bound ahead (ListenTransport) or taken
 	// over (TransportFromFiles); Join owns it from then on. Nil: Join binds
 	// BindAddr and Port itself.
@@ -167,12 +174,17 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 	}
 	mc.GossipInterval, mc.GossipNodes = 100*time.Millisecond, 4
 	mc.PushPullInterval = 15 * time.Second
-	// Probes keep memberlist's LAN timing (every 1 s, 500 ms timeout): a
-	// shorter timeout made busy nodes declare each other dead (seen with
-	// 128 members on two cores).
-	if cfg.Fast {
-		mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = 200*time.Millisecond, 100*time.Millisecond, 3
+	// Probes keep memberlist's LAN timing (every 1 s, 500 ms timeout) by
+	// default: a shorter timeout made busy nodes declare each other dead
+	// (seen with 128 members on two cores, and in issue 30's network tests).
+	det := cfg.Detector
+	if det == (Detector{}) {
+		det = LANDetector
+		if cfg.Fast {
+			det = FastDetector
+		}
 	}
+	det.apply(mc)
 	c.queue.RetransmitMult = mc.RetransmitMult
 	// memberlist answers peers from inside Create: a node that has this
 	// one in its all_node may join it before Create returns, and its
@@ -641,6 +653,9 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	delete(c.unrelayed, n.Name)
 	c.ring = nil
 	c.mu.Unlock()
+	if c.cfg.OnLeave != nil {
+		c.cfg.OnLeave(n.Name)
+	}
 	if c.table.Remove(n.Name) {
 		c.log.Info("node left or died", "node", n.Name, "addr", n.Address())
 		if c.cfg.OnChange != nil {

@@ -30,6 +30,15 @@
 //     the other node asks to leave (go-away), and those of a peer replaced
 //     because its node moved, are retired (netio.MuxConn.Retire): they take
 //     no new call and close after their last answer.
+//   - A node that leaves the tables (NodeLeft, from membership) takes its
+//     peer with it: its queued calls go to Reroute (never sent), and a
+//     call for it later gets a new peer and new connections. Its
+//     connections over a silent link close at once, their calls answered
+//     'network down' (they may have run there: never resent); the others
+//     retire. Every peer connection has TCP keepalive and a
+//     TCP_USER_TIMEOUT (DefaultUserTimeout, 5 s), so a link that falls
+//     silent while its node stays in the tables fails its calls 'network
+//     down' within that bound, not at their watch time (leave.go).
 //   - Send never blocks (it runs on event loops): a full queue is
 //     'server busy'. The Delegate is called without the pool's locks.
 //
@@ -39,6 +48,7 @@
 //	pool.SetDelegate(router) // before the first Send: reroutes and multi_schedule
 //	code, msg := pool.Send("n1", "10.0.0.2:7000", &peers.Call{Caller: conn, ...})
 //	out, err := pool.Request(ctx, "n1", "10.0.0.2:7000", "wlm-start", "orders", nil, deadline)
+//	pool.NodeLeft("n1") // membership found n1 dead or gone
 //	pool.Expire(now) // on the node's expiry tick
 //	pool.Close()     // at the node's end: every call waiting is answered
 package peers

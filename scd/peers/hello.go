@@ -91,8 +91,9 @@ var ErrHelloRefused = errors.New("peer hello refused")
 // dial connects to the RPC port of node at addr as self and runs the
 // hello. It returns the connection and the reader that read the node's
 // side of the handshake, for the calls that follow.
-func dial(addr, self, node string, key []byte) (net.Conn, *netio.FrameReader, error) {
-	nc, err := net.DialTimeout("tcp", addr, helloTimeout)
+func dial(addr, self, node string, key []byte, userTimeout time.Duration) (net.Conn, *netio.FrameReader, error) {
+	d := peerDialer(userTimeout)
+	nc, err := d.Dial("tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -37,6 +37,11 @@ type target struct {
 func (t *target) runLane() {
 	p := t.p
 	defer p.pool.wg.Done()
+	defer func() {
+		p.mu.Lock()
+		p.lanesRunning--
+		p.mu.Unlock()
+	}()
 	var carried []*Call // taken off the queue, not sent: they go first on the next connection
 	here := -1          // the receiving socket of the lane's connection, when known
 	for {
@@ -88,7 +93,7 @@ func (t *target) runLane() {
 func (t *target) dial(here *int) (*netio.MuxConn, error) {
 	p := t.p
 	for attempt := 0; ; attempt++ {
-		nc, fr, err := dial(t.addr, p.pool.self, p.node, p.pool.key)
+		nc, fr, err := dial(t.addr, p.pool.self, p.node, p.pool.key, p.pool.userTimeout)
 		if err != nil {
 			return nil, err
 		}
@@ -172,10 +177,13 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
-		replaced := p.replaced
+		replaced, left := p.replaced, p.left
 		p.mu.Unlock()
-		if replaced {
-			mc.Retire() // its node moved: no new call here, but the answers of those sent still come
+		if replaced || left {
+			// Its node moved or left: no new call here, but the answers
+			// of those sent still come (a silent link's connection is
+			// closed by NodeLeft or its TCP_USER_TIMEOUT).
+			mc.Retire()
 		}
 		if mc.GoingAway() {
 			// The calls on it are answered by the node that asked (or the

@@ -41,6 +41,9 @@ type Options struct {
 	Key     []byte // cluster_key; nil: none
 	Log     *slog.Logger
 	Metrics *metrics.Set // tpsched_forwarded_total{to=...}
+	// UserTimeout is every peer connection's TCP_USER_TIMEOUT; 0:
+	// DefaultUserTimeout. It should fit the failure detector (leave.go).
+	UserTimeout time.Duration
 }
 
 // Pool is a node's connections to the other nodes (see the package
@@ -52,8 +55,11 @@ type Pool struct {
 	metrics  *metrics.Set
 	delegate atomic.Pointer[delegateBox]
 
+	userTimeout time.Duration
+
 	mu    sync.Mutex
 	peers map[string]*peer // by node id
+	gone  map[*peer]bool   // peers of nodes that left, until their lanes and connections end (leave.go)
 	wg    sync.WaitGroup   // the lanes
 	done  bool
 }
@@ -63,7 +69,11 @@ type delegateBox struct{ Delegate }
 // New makes an empty pool; nothing is dialled until a call or a request
 // comes. Its delegate answers what it cannot send until SetDelegate.
 func New(opts Options) *Pool {
-	p := &Pool{self: opts.Self, key: opts.Key, log: opts.Log, metrics: opts.Metrics, peers: map[string]*peer{}}
+	if opts.UserTimeout <= 0 {
+		opts.UserTimeout = DefaultUserTimeout
+	}
+	p := &Pool{self: opts.Self, key: opts.Key, log: opts.Log, metrics: opts.Metrics, userTimeout: opts.UserTimeout,
+		peers: map[string]*peer{}, gone: map[*peer]bool{}}
 	p.delegate.Store(&delegateBox{answerDelegate{}})
 	return p
 }
@@ -128,6 +138,9 @@ func (p *Pool) TotalInFlight() int {
 	for _, pr := range p.peers {
 		sum += pr.inFlight.Load()
 	}
+	for pr := range p.gone {
+		sum += pr.inFlight.Load()
+	}
 	return int(sum)
 }
 
@@ -162,7 +175,7 @@ func (p *Pool) Close() {
 	p.mu.Unlock()
 	p.wg.Wait()
 	p.mu.Lock()
-	peers := p.peers
+	peers := p.allPeersLocked()
 	p.mu.Unlock()
 	for _, pr := range peers {
 		pr.mu.Lock()
@@ -179,7 +192,8 @@ func (p *Pool) Close() {
 func (p *Pool) Expire(now time.Time) {
 	var conns []*netio.MuxConn
 	p.mu.Lock()
-	for _, pr := range p.peers {
+	p.pruneGoneLocked()
+	for _, pr := range p.allPeersLocked() {
 		pr.mu.Lock()
 		for mc := range pr.conns {
 			conns = append(conns, mc)
@@ -192,6 +206,19 @@ func (p *Pool) Expire(now time.Time) {
 	}
 }
 
+// allPeersLocked is every peer with calls or connections: the nodes' and
+// those of nodes that left. p.mu is held.
+func (p *Pool) allPeersLocked() []*peer {
+	out := make([]*peer, 0, len(p.peers)+len(p.gone))
+	for _, pr := range p.peers {
+		out = append(out, pr)
+	}
+	for pr := range p.gone {
+		out = append(out, pr)
+	}
+	return out
+}
+
 // peer is the way to one other node.
 type peer struct {
 	pool *Pool
@@ -202,12 +229,15 @@ type peer struct {
 	sentTo   *metrics.Counter
 
 	mu       sync.Mutex
-	stopped  bool                    // guarded by mu: no call is queued any more
-	replaced bool                    // guarded by mu: stopped because the node moved; queued calls go to its new peer
-	targets  map[string]*target      // guarded by mu: by address
-	routes   map[string]recvRoute    // guarded by mu: by service group, where its calls go, once learned
-	conns    map[*netio.MuxConn]bool // guarded by mu: every connection with calls on it, for expire
-	stop     chan struct{}
+	stopped  bool // guarded by mu: no call is queued any more
+	replaced bool // guarded by mu: stopped because the node moved; queued calls go to its new peer
+	left     bool // guarded by mu: stopped because the node left the tables; queued calls are rerouted
+	// lanesRunning is the lanes not yet ended; guarded by mu.
+	lanesRunning int
+	targets      map[string]*target      // guarded by mu: by address
+	routes       map[string]recvRoute    // guarded by mu: by service group, where its calls go, once learned
+	conns        map[*netio.MuxConn]bool // guarded by mu: every connection with calls on it, for expire
+	stop         chan struct{}
 }
 
 // recvRoute is where a service group's calls are received on the node.
@@ -282,6 +312,7 @@ func (pr *peer) targetAtLocked(addr, group string, lanes int) *target {
 	}
 	for t.lanes < lanes {
 		t.lanes++
+		pr.lanesRunning++
 		pr.pool.wg.Add(1)
 		go t.runLane()
 	}
@@ -329,10 +360,15 @@ func (pr *peer) retry(c *Call, err error) {
 // handOn deals with a call the stopped peer did not send: handed to the
 // node's new peer if this one was replaced, else answered.
 func (pr *peer) handOn(c *Call) {
-	pr.count(c, -1)
 	pr.mu.Lock()
-	replaced := pr.replaced
+	replaced, left := pr.replaced, pr.left
 	pr.mu.Unlock()
+	if left {
+		// Never sent: it may go to another node (scd_retry_of_comm_error).
+		pr.retry(c, fmt.Errorf("node %s left the cluster", pr.node))
+		return
+	}
+	pr.count(c, -1)
 	if !replaced {
 		c.Fail(netio.CodeNetworkDown, "node "+pr.node+": this node is stopping")
 		return

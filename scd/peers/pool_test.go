@@ -401,3 +401,82 @@ type countingDelegate struct{ n *atomic.Int32 }
 
 func (d countingDelegate) Reroute(c *Call, err error) { d.n.Add(1); c.FailUnsent(err, "") }
 func (countingDelegate) MultiSchedule(string) bool    { return false }
+
+// TestNodeLeftKeepsLiveCallsAndDialsAnew (issue 30 item 1): when a node
+// leaves the tables while its link still acknowledges (a node leaving on
+// purpose, or one a slow detector declared dead), the calls already sent
+// to it get the node's own answers, not 'network down'; and the next call
+// for the node after it comes back goes on a new connection, never on one
+// from before it left.
+func TestNodeLeftKeepsLiveCallsAndDialsAnew(t *testing.T) {
+	release := make(chan struct{})
+	held := make(chan struct{}, 16)
+	var node *fakeNode
+	node = startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, _ string) {
+		if string(f.Group) == "hold" {
+			held <- struct{}{}
+			go func() {
+				<-release
+				_ = c.Send(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, "answered after the leave"))
+			}()
+			return
+		}
+		noSuchGroup(c, f, "")
+	})
+	s, addr := startTransferSide(t, "self", "", 1, func(string) (string, string) { return "x", node.addr })
+	c, err := client.New(client.Options{Hosts: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	const n = 4
+	errs := make(chan error, n)
+	for range n {
+		go func() { _, err := c.Call(ctx, "hold", "s", nil); errs <- err }()
+	}
+	for range n {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			t.Fatal("the held calls did not reach the node")
+		}
+	}
+	if got := node.hellos.Load(); got != 1 {
+		t.Fatalf("%d hellos before the leave, want 1", got)
+	}
+	s.pool.NodeLeft("x")
+	close(release)
+	for range n {
+		if err := <-errs; codeOf(err) != netio.CodeNoSuchGroup || !strings.Contains(err.Error(), "answered after the leave") {
+			t.Errorf("a call sent before its node left the tables, over a live link: %v, want the node's own answer", err)
+		}
+	}
+	if _, err := c.Call(ctx, "g", "s", nil); codeOf(err) != netio.CodeNoSuchGroup {
+		t.Fatalf("a call after the node came back: %v", err)
+	}
+	if got := node.hellos.Load(); got != 2 {
+		t.Errorf("%d hellos after the node came back, want 2 (a new connection)", got)
+	}
+	// The left node's peer is forgotten once its connection has closed.
+	waitUntil(t, func() bool {
+		s.pool.Expire(time.Now())
+		s.pool.mu.Lock()
+		defer s.pool.mu.Unlock()
+		return len(s.pool.gone) == 0
+	})
+	if got := s.pool.TotalInFlight(); got != 0 {
+		t.Errorf("%d calls in flight after every call was answered", got)
+	}
+}
+
+// waitUntil waits up to testWait for cond.
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(testWait); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting")
+		}
+	}
+}

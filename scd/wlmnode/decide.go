@@ -151,7 +151,13 @@ func (d *decider) place(ctx context.Context, env string, purpose byte, servers [
 			if purpose == purposeFirst {
 				return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: "no node can start a server of " + env + " (none defines it)"}
 			}
-			return servers, nil // every node that could serves it, or has no spare CPU
+			if purpose == purposeGrow {
+				// A missed goal asked for a server and none starts: say
+				// why, or the report and the log only repeat the ask
+				// (issue 30 item 4).
+				return servers, noHostForGrow(env, imp, hosts)
+			}
+			return servers, nil // every node that could serves it
 		}
 		h := hosts[i]
 		err := d.startOn(ctx, h.Node, addrs[i], env, deadline)
@@ -171,6 +177,29 @@ func (d *decider) place(ctx context.Context, env string, purpose byte, servers [
 			return servers, err
 		}
 	}
+}
+
+// noHostForGrow says why no node gets one more server of env for a missed
+// goal: each node's spare CPU at the importance against the growMinSpare
+// a node needs, or that it serves env already.
+func noHostForGrow(env string, imp int, hosts []wlm.Host) error {
+	var b strings.Builder
+	for i, h := range hosts {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if h.Serving {
+			fmt.Fprintf(&b, "%s serves it (or its start failed)", h.Node)
+		} else {
+			fmt.Fprintf(&b, "%s %.2f", h.Node, h.Spare)
+		}
+	}
+	if len(hosts) == 0 {
+		b.WriteString("no node defines it")
+	}
+	return &netio.Error{Code: netio.CodeServerBusy, Message: fmt.Sprintf(
+		"no server of %s started: a node needs %.2f spare CPU at importance %d and none that does not serve it has (%s)",
+		env, growMinSpare, imp, b.String())}
 }
 
 // hostsLine is the hosts a placement chose from, for the log: "n0=0.00
@@ -349,6 +378,7 @@ func (d *decider) grow(env string) {
 		if err != nil {
 			m.log.Info("routing manager: no more servers for a missed goal", "env", env, "decider", node, "err", err)
 		}
+		m.w.grew(env, node, time.Now(), err)
 	})
 }
 

@@ -118,6 +118,7 @@ type Manager struct {
 	loadErr   string  // why spare CPU is not measured, if it is not
 	lastTick  time.Time
 	decision  wlm.Decision
+	lastGrow  GrowReport // the last ask for one more server, for the report
 	intervals uint64
 	last      wlmAnnounced // what the node announced last (report.go)
 	// installed are the policy's classes of each group, as installed in

@@ -1,6 +1,7 @@
 package wlmnode
 
 import (
+	"errors"
 	"io"
 	"reflect"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"tpsched/netio"
 	"tpsched/scd/names"
 	"tpsched/scd/wlm"
 )
@@ -35,11 +37,26 @@ type Report struct {
 	LoadError string `json:"load_error,omitempty"`
 	// Missing is the class that misses its goal most (the most important
 	// first) and what the node did about it, if any.
-	Missing      string        `json:"missing,omitempty"`
-	Action       string        `json:"action,omitempty"`
+	Missing string `json:"missing,omitempty"`
+	Action  string `json:"action,omitempty"`
+	// Grow is what became of this node's last ask for one more server of
+	// an environment elsewhere (a missed goal): started or not, and why
+	// not.
+	Grow         *GrowReport   `json:"grow,omitempty"`
 	Classes      []ClassReport `json:"classes"`
 	Groups       []GroupReport `json:"groups"`
 	Environments []EnvReport   `json:"environments"`
+}
+
+// GrowReport is the outcome of one ask for one more server.
+type GrowReport struct {
+	Env     string    `json:"env"`
+	At      time.Time `json:"at"`
+	Decider string    `json:"decider"`
+	// Result is "asked" when the decider answered (a server started, or
+	// one was started for another node's ask within the cooldown), else
+	// why none started.
+	Result string `json:"result"`
 }
 
 // ClassReport is one service class: its goal against what its calls did on
@@ -125,6 +142,10 @@ func (w *Manager) Report() Report {
 	r.OtherCPUs = w.other
 	if d := w.decision; d.Receiver >= 0 && d.Receiver < len(p.Classes) {
 		r.Missing, r.Action = p.Classes[d.Receiver].Name, d.Why
+	}
+	if w.lastGrow.Env != "" {
+		g := w.lastGrow
+		r.Grow = &g
 	}
 	for i, c := range p.Classes {
 		f := &w.classes[i]
@@ -333,4 +354,19 @@ func boolFloat(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// grew records what became of an ask for one more server of env.
+func (w *Manager) grew(env, decider string, at time.Time, err error) {
+	g := GrowReport{Env: env, At: at, Decider: decider, Result: "asked"}
+	if err != nil {
+		g.Result = err.Error()
+		var ne *netio.Error
+		if errors.As(err, &ne) {
+			g.Result = ne.Message
+		}
+	}
+	w.mu.Lock()
+	w.lastGrow = g
+	w.mu.Unlock()
 }

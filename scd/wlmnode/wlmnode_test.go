@@ -295,3 +295,48 @@ func TestQuiesceStopsTheServerHere(t *testing.T) {
 		t.Error("quiesce of a group that is no environment succeeded")
 	}
 }
+
+// TestGrowSaysWhyNoServerStarts (issue 30 item 4): a missed goal asks for
+// one more server elsewhere; when no node has the spare CPU a new server
+// needs (or every node serves the environment already), the report and
+// the log say so, with each node's figure, instead of only repeating the
+// ask.
+func TestGrowSaysWhyNoServerStarts(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	grow := func() *GrowReport {
+		t.Helper()
+		w.mu.Lock()
+		w.lastGrow = GrowReport{}
+		w.mu.Unlock()
+		w.envs.mu.Lock()
+		clear(w.envs.growAsked)
+		clear(w.envs.dec.lastGrow)
+		w.envs.mu.Unlock()
+		w.envs.dec.grow("orders")
+		deadline := time.Now().Add(testWait)
+		for time.Now().Before(deadline) {
+			if g := w.Report().Grow; g != nil {
+				return g
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatal("no outcome of the ask for one more server in the report")
+		return nil
+	}
+	// No spare CPU measured here (no /proc/stat of its own): 0.00.
+	g := grow()
+	if g.Env != "orders" || g.Decider != "n0" || !strings.Contains(g.Result, "a node needs 0.10 spare CPU at importance 1") ||
+		!strings.Contains(g.Result, "n0 0.00") {
+		t.Errorf("grow with no spare CPU: %+v", g)
+	}
+	if orders.started.Load() != 0 {
+		t.Errorf("a server started without spare CPU")
+	}
+	// Serving here already, the only node: none can get a second.
+	orders.serving.Store(true)
+	if g := grow(); !strings.Contains(g.Result, "n0 serves it") {
+		t.Errorf("grow where the only node serves it: %+v", g)
+	}
+}
