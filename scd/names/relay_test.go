@@ -45,7 +45,10 @@ func startRelayMembers(t *testing.T, n int) []relayMember {
 	start := time.Now()
 	defer func() { t.Logf("%d members joined in %v", n, time.Since(start).Round(time.Millisecond)) }()
 	logged := start
-	waitFor(t, 3*time.Minute, fmt.Sprintf("every table to hold all %d members", n), func() bool {
+	// 74 s on a quiet machine; 40 members under -race beside other tests at
+	// load 20-25 held 22 after 3 minutes and went on joining: the bound is
+	// for a join that has stopped, not a slow one.
+	waitFor(t, 8*time.Minute, fmt.Sprintf("every table to hold all %d members", n), func() bool {
 		least, members := n, n
 		for _, m := range ms {
 			least = min(least, m.table.Len())
