@@ -760,14 +760,26 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 		t.Errorf("before any call, orders has processes, prc failed or says its counts changed: %v\n%s", err, out)
 	}
 	c := n.client()
+	// A 1 ms call the caller saw answered within the goal was within it
+	// for the node too (the node times less of it); one a busy machine
+	// held past 100 ms may be beyond it, so it makes the exact figures
+	// below unknowable: late counts those.
+	late := 0
 	for i := range 20 {
 		arg := "1"
 		if i%10 == 9 {
 			arg = "250" // 2.5 times the goal's 100 ms
 		}
+		began := time.Now()
 		if _, err := c.Call(ctxT(t, 20*time.Second), "orders", "sleep", []byte(arg)); err != nil {
 			t.Fatalf("call %d: %v", i, err)
 		}
+		if arg == "1" && time.Since(began) >= 100*time.Millisecond {
+			late++
+		}
+	}
+	if late > 0 {
+		t.Logf("%d of the 18 fast calls took 100 ms or more as the caller saw them (a busy machine): the within-goal figures are bounds", late)
 	}
 	var r scd.Report
 	waitFor(t, 5*time.Second, "an interval to count the calls", func() bool {
@@ -780,8 +792,8 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 	if online.Class != "ONLINE" || online.Importance != 1 || online.Goal != "90% within 100ms" {
 		t.Errorf("class %+v, want ONLINE, importance 1, 90%% within 100ms", online)
 	}
-	if online.WithinGoal != 0.9 {
-		t.Errorf("within goal %v, want 0.9 (2 of 20 calls took 250 ms)", online.WithinGoal)
+	if lo := float64(18-late) / 20; online.WithinGoal > 0.9 || online.WithinGoal < lo-1e-9 {
+		t.Errorf("within goal %v, want 0.9 (2 of 20 calls took 250 ms; at least %v with %d fast calls late)", online.WithinGoal, lo, late)
 	}
 	var beyond uint64
 	for _, b := range online.Distribution {
@@ -789,7 +801,7 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 			beyond = b.Calls
 		}
 	}
-	if beyond != 2 {
+	if beyond < 2 || (late == 0 && beyond != 2) {
 		t.Errorf("distribution %+v: want the 2 slow calls in the bucket up to 400%%", online.Distribution)
 	}
 	if len(r.Environments) != 1 || r.Environments[0].Here != "serving" || r.Environments[0].HighWaterMark != 1 {
@@ -798,7 +810,11 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 	out, err := n.scdctl("report")
 	must(t, err)
 	t.Logf("scdctl report:\n%s", out)
-	for _, want := range []string{"CLASS", "ONLINE", "90% within 100ms", "90.0%", "orders", "serving", "spare CPUs by importance"} {
+	wantText := []string{"CLASS", "ONLINE", "90% within 100ms", "orders", "serving", "spare CPUs by importance"}
+	if late == 0 {
+		wantText = append(wantText, "90.0%")
+	}
+	for _, want := range wantText {
 		if !strings.Contains(out, want) {
 			t.Errorf("scdctl report lacks %q", want)
 		}
@@ -808,9 +824,10 @@ func TestWLMReportMetricsRefresh(t *testing.T) {
 		t.Errorf("/metrics with a service policy does not pass Prometheus' parser and promcheck: %v", errs)
 	}
 	promtoolCheck(t, "/metrics with a service policy", m)
+	within := fmt.Sprintf(`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="1"} %d`, int(online.WithinGoal*20+0.5))
 	for _, want := range []string{
 		`tpsched_wlm_calls_total{class="ONLINE"} 20`,
-		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="1"} 18`,
+		within, // 18 unless late calls were beyond the goal, as the report says
 		`tpsched_wlm_response_goal_ratio_bucket{class="ONLINE",le="+Inf"} 20`,
 		`tpsched_wlm_goal_seconds{class="ONLINE"} 0.1`,
 		`tpsched_wlm_environment_high_water_mark{environment="orders"} 1`,
