@@ -129,7 +129,7 @@ uninstall: ## remove what make install put in place, except the definitions in /
 # The tests, three ways (tools/gotest.sh; docs/TESTING.md, "Testing"). Each runs
 # both modules even when the first fails, records go test -json under
 # .testtimes/ and ends with the slowest tests and each module's result.
-test: ## the README's test command, a few minutes: unit tests of both modules with -race, and itest's fast subset (real scdd and UAP processes, built without -race); tests marked testenv.Slow skip
+test: ## the README's test command, 4-12 minutes on 2 cores: unit tests of both modules with -race, and itest's fast subset (real scdd and UAP processes, built without -race); tests marked testenv.Slow skip
 	@TEST_TIMEOUT=$(TEST_TIMEOUT) GO=$(GO) bash tools/gotest.sh test
 
 check: build ## the full suite, what CI runs: every test of both modules with -race (itest's scdd and UAPs built with -race too; TPSCHED_TEST_FULL=1 runs the slow ones), then make fuzz and make chaos; about 30 min
