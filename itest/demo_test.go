@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,6 +77,18 @@ func TestClusterDemoChecksItsCaptions(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot(t), "tools", "cluster.sh"), binDir)
+	// At the deadline the script gets SIGTERM, which stops its nodes and
+	// feeder through its EXIT trap; whatever of its process group is left
+	// after 10 s is killed, also when the test fails. (SIGKILL of bash
+	// alone left three nodes and the feeder running, under init.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(cmd.Process.Pid, syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	t.Cleanup(func() {
+		if cmd.Process != nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+	})
 	cmd.Env = append(os.Environ(), "DCCONFPATH=", "TPSCHED_RPC=", "TPSCHED_HTTP=", "TPSCHED_CONTROL_SOCKET=",
 		fmt.Sprintf("CLUSTER_DEMO_RPC_PORT=%d", ports[0]), fmt.Sprintf("CLUSTER_DEMO_HTTP_PORT=%d", ports[1]),
 		fmt.Sprintf("CLUSTER_DEMO_NAME_PORT=%d", ports[2]))

@@ -10,3 +10,8 @@ cleanup() {
 	rm -rf "$dir"
 }
 trap cleanup EXIT
+# A signal ends the script through its EXIT trap, so the nodes (and what a
+# script started beside them) are stopped then too: a test that gives up
+# on the script sends it SIGTERM.
+trap 'exit 143' TERM
+trap 'exit 130' INT
