@@ -63,7 +63,8 @@ nodes() { awk '/^NODE /{t=1; next} t {sub(/ \(this node\)/, "")} t && NF>=6 {g=$
 level() { nodes | awk -v n="$1" '$1==n {print $2}'; }
 sentto() { nodes | awk -v n="$1" '$1==n {print $3}'; }
 for i in 2 3 4; do
-	for _ in $(seq 150); do
+	end=$((SECONDS + 15)) # by the clock: each status may take a while on a busy machine
+	while [ $SECONDS -lt $end ]; do
 		if ctl "$i" status --json 2>/dev/null | grep -q '"node":"n4"'; then break; fi
 		sleep 0.1
 	done
@@ -91,7 +92,8 @@ stop_feeder() { kill "$feeder" 2>/dev/null || true; wait "$feeder" 2>/dev/null |
 trap 'stop_feeder; cleanup' EXIT
 # n2 learns n4's level at n4's next load check (1 s) and its announce:
 # wait for it, up to 20 s on a busy machine.
-for _ in $(seq 200); do
+end=$((SECONDS + 20))
+while [ $SECONDS -lt $end ]; do
 	st=$(ctl 2 status)
 	[ "$(level n4 <<<"$st")" = LEVEL2 ] && break
 	sleep 0.1
