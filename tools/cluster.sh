@@ -86,9 +86,19 @@ feed() {
 	done
 }
 for _ in $(seq 8); do ctl 4 -node "127.0.0.4:$rpc" -no-reply -t 5s call work sleep 1000 >/dev/null; done
-feed &
-feeder=$!
-stop_feeder() { kill "$feeder" 2>/dev/null || true; wait "$feeder" 2>/dev/null || true; }
+# Three feeders: each sends a call per start of scdctl, and an scdctl
+# built with the race detector (the tests') takes most of a second to
+# start on a busy machine, which one feeder alone matched with n4's one
+# process, so n4's queue never reached LEVEL2.
+feeders=()
+for _ in 1 2 3; do
+	feed &
+	feeders+=($!)
+done
+stop_feeder() {
+	kill "${feeders[@]}" 2>/dev/null || true
+	wait "${feeders[@]}" 2>/dev/null || true
+}
 trap 'stop_feeder; cleanup' EXIT
 # n2 learns n4's level at n4's next load check (1 s) and its announce:
 # wait for it, up to 20 s on a busy machine.
