@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tpsched/bpf"
+	"tpsched/internal/ratelog"
 )
 
 // This file is one user server's processes (Server): its slots, their
@@ -80,7 +81,7 @@ type Server struct {
 	// new process's: a kill by number reaches no stranger.
 	reapGate sync.RWMutex
 
-	restartLog logLimit // "uap terminated; restarting", at most once a restartLogEvery
+	restartLog ratelog.Limiter // "uap terminated; restarting", at most once a restartLogEvery
 }
 
 // restartLogEvery bounds a server's restart warnings: a UAP that dies after
@@ -89,27 +90,6 @@ type Server struct {
 // (the status's restarts, the metrics); the log keeps one line a second
 // and says how many it left out.
 const restartLogEvery = time.Second
-
-// logLimit lets a line through at most once an interval and counts the
-// ones it holds back.
-type logLimit struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-// allow reports whether a line may be written now and, if so, how many
-// were held back since the last one written.
-func (l *logLimit) allow(now time.Time) (ok bool, suppressed int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last.IsZero() && now.Sub(l.last) < restartLogEvery {
-		l.suppressed++
-		return false, 0
-	}
-	l.last, suppressed, l.suppressed = now, l.suppressed, 0
-	return true, suppressed
-}
 
 type slot struct {
 	index     int
@@ -161,7 +141,8 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 		m.log.Warn("uap limits not set", "server", spec.Server, "err", bx.limitErr)
 	}
 	s := &Server{m: m, spec: spec, delegate: d, cpu: cpu, box: bx, stop: make(chan struct{}), usage: newUsageBook(m.opts.Meter),
-		output: newOutputBook(m.opts.OutputRate, m.opts.OutputBurst), resident: spec.Resident}
+		output: newOutputBook(m.opts.OutputRate, m.opts.OutputBurst), resident: spec.Resident,
+		restartLog: ratelog.Limiter{Every: restartLogEvery}}
 	s.maxProcs.Store(int32(spec.Max))
 	s.residents.Store(int32(spec.Resident))
 	for i := range spec.Max {
@@ -287,10 +268,10 @@ func (s *Server) watch(sl *slot) {
 		if replaced {
 			s.m.log.Info("uap replaced at the operator's request", "server", s.spec.Server, "slot", sl.index,
 				"pid", proc.Pid, "status", fmt.Sprint(exitErr))
-		} else if ok, suppressed := s.restartLog.allow(time.Now()); ok {
+		} else if n, ok := s.restartLog.Allow(); ok {
 			args := []any{"server", s.spec.Server, "slot", sl.index, "pid", proc.Pid, "status", fmt.Sprint(exitErr), "after", backoff}
-			if suppressed > 0 {
-				args = append(args, "not_logged_since_last", suppressed)
+			if n > 1 {
+				args = append(args, "not_logged_since_last", n-1)
 			}
 			s.m.log.Warn("uap terminated; restarting", args...)
 		}

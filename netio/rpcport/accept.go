@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
@@ -59,7 +58,7 @@ func (s *Port) acceptLoop(ln *net.TCPListener, r *receiver) {
 		s.acceptErrs.Add(1)
 		inc(s.mAcceptErr)
 		backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
-		if n, ok := s.acceptLog.allow(); ok {
+		if n, ok := s.acceptLog.Allow(); ok {
 			s.log.Warn("netio: accept failed; pausing before the next", "addr", s.addr, "err", err,
 				"pause", backoff, "failures_since_last_log", n)
 		}
@@ -128,34 +127,8 @@ func (s *Port) refuse(nc *net.TCPConn) {
 	s.refused.Add(1) // counted before the caller can see the close
 	inc(s.mRefused)
 	_ = nc.Close()
-	if n, ok := s.refuseLog.allow(); ok {
+	if n, ok := s.refuseLog.Allow(); ok {
 		s.log.Warn("netio: connection refused: max_connections are open", "addr", s.addr, "remote", remote,
 			"max_connections", s.maxConns, "refused_since_last_log", n)
 	}
-}
-
-// rateLog lets one log line through per period and counts the ones held
-// back.
-type rateLog struct {
-	every time.Duration
-
-	mu     sync.Mutex
-	last   time.Time
-	held   int
-	primed bool
-}
-
-// allow reports whether a line may be logged now and, if so, how many
-// events were held back since the last one (this one included).
-func (r *rateLog) allow() (int, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.held++
-	now := time.Now()
-	if r.primed && now.Sub(r.last) < r.every {
-		return 0, false
-	}
-	n := r.held
-	r.primed, r.last, r.held = true, now, 0
-	return n, true
 }

@@ -59,7 +59,7 @@ func (s *Port) enforce() {
 		s.doomed.Add(most)
 		s.budgetCloses.Add(1)
 		inc(s.mBudget)
-		if n, ok := s.budgetLog.allow(); ok {
+		if n, ok := s.budgetLog.Allow(); ok {
 			s.log.Warn("netio: buffer budget exceeded; closing the connection holding the most",
 				"addr", s.addr, "remote", worst.remote, "held_bytes", most, "budget_bytes", s.budget,
 				"closed_since_last_log", n)
@@ -116,7 +116,7 @@ func (s *Port) runJanitor() {
 			}
 			s.frameTimeouts.Add(1)
 			inc(s.mTimeout)
-			if n, ok := s.timeoutLog.allow(); ok {
+			if n, ok := s.timeoutLog.Allow(); ok {
 				s.log.Warn("netio: a frame did not arrive whole in time; closing the connection",
 					"addr", s.addr, "remote", c.remote, "frame_timeout", s.frameTimeout, "closed_since_last_log", n)
 			}

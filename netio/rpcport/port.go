@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"tpsched/internal/ratelog"
 	"tpsched/netio"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -174,7 +175,7 @@ type Port struct {
 	unreadRefused atomic.Uint64
 	undelivered   atomic.Uint64
 
-	refuseLog, acceptLog, budgetLog, timeoutLog rateLog
+	refuseLog, acceptLog, budgetLog, timeoutLog ratelog.Limiter
 
 	mBad, mSlow, mAcceptErr, mRefused, mOversized, mTimeout, mBudget, mUnread, mUndelivered *metrics.Counter // nil without Options.Metrics
 	mConns                                                                                  *metrics.Gauge
@@ -228,7 +229,7 @@ func Listen(opts Options, h Handler) (*Port, error) {
 	if s.budget <= 0 {
 		s.budget = DefaultBufferBudget
 	}
-	s.refuseLog.every, s.acceptLog.every, s.budgetLog.every, s.timeoutLog.every = 10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second
+	s.refuseLog.Every, s.acceptLog.Every, s.budgetLog.Every, s.timeoutLog.Every = 10*time.Second, 10*time.Second, 10*time.Second, 10*time.Second
 
 	if s.outPoll, err = newOutPoller(); err != nil {
 		return nil, fmt.Errorf("netio: listen %s: %w", opts.Addr, err)
