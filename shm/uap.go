@@ -262,6 +262,7 @@ func (u *UAP) next() (uint64, int, bool) {
 	start := time.Now()
 	spun := false
 	ready := func() bool { return u.newCall() || u.told() }
+	sleep := maxSleep
 	for {
 		if n, mb := u.take(); n != 0 {
 			u.spin.learn(time.Since(start))
@@ -277,9 +278,19 @@ func (u *UAP) next() (uint64, int, bool) {
 			}
 			u.spin.learn(-1)
 		}
-		sleepOn(&c.wake, &c.sleeping, ready, maxSleep)
+		sleepOn(&c.wake, &c.sleeping, ready, sleep)
+		sleep = min(2*sleep, max(maxSleep, idleSleepMax))
 	}
 }
+
+// idleSleepMax bounds the sleeps of a process that has waited for calls
+// for a while: they start at maxSleep and double. Every call, stop and
+// close wakes the process, so the bound only catches a wake-up lost to a
+// bug; each wake-up of a Go UAP goes through its runtime (sysmon's
+// retake, a thread woken to poll), and S10's 128 idle callers, waking
+// every maxSleep, took a third of a core from every measurement beside
+// them (docs/ARCHITECTURE.md, "Idle caller UAPs").
+const idleSleepMax = time.Second
 
 // serve runs call no, which take claimed in mailbox i: the mailbox is the
 // UAP's until it stores done.

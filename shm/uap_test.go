@@ -250,6 +250,57 @@ func TestNoLostWakeups(t *testing.T) {
 	}
 }
 
+// TestIdleUAPBacksOff: a process that waits for calls for a while wakes
+// at most about once a second (idleSleepMax), not at every maxSleep:
+// S10's 128 idle Go callers, waking every 100 ms, took a third of a core.
+// A call still wakes it at once.
+func TestIdleUAPBacksOff(t *testing.T) {
+	g := newGroup(t, 64, 1)
+	p := startUAP(t, g, 0)
+	attached(t, g, p)
+	pid := p.cmd.Process.Pid
+	time.Sleep(1600 * time.Millisecond) // the sleeps grow to their bound
+	before := switches(t, pid)
+	time.Sleep(2 * time.Second)
+	// Each wake-up of a Go process through its runtime costs a few
+	// switches over its threads: 100 ms sleeps gave about 80 in 2 s.
+	n := switches(t, pid) - before
+	t.Logf("%d voluntary context switches in 2 s", n)
+	if n > 30 {
+		t.Errorf("the idle process switched %d times in 2 s: it wakes more often than idleSleepMax", n)
+	}
+	start := time.Now()
+	if c := call(t, g, p.Proc, "echo", []byte("x")); string(c.Reply) != "x" {
+		t.Fatalf("reply %q", c.Reply)
+	}
+	if d := time.Since(start); d > idleSleepMax/2 {
+		t.Errorf("a call to the idle process took %v: the call did not wake it", d)
+	}
+}
+
+// switches is the voluntary context switches of all of pid's threads.
+func switches(t *testing.T, pid int) int {
+	t.Helper()
+	dirs, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range dirs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, d.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		for line := range bytes.Lines(b) {
+			if v, ok := bytes.CutPrefix(line, []byte("voluntary_ctxt_switches:")); ok {
+				k, _ := strconv.Atoi(string(bytes.TrimSpace(v)))
+				n += k
+			}
+		}
+	}
+	return n
+}
+
 func BenchmarkRoundTripCrossProcess(b *testing.B) {
 	for _, size := range []int{128, 4096} {
 		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
