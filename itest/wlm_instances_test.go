@@ -6,7 +6,9 @@ package itest
 
 import (
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,5 +118,103 @@ func TestWLMInstancesServePerNode(t *testing.T) {
 		if e, _ := envOf(t, wc.nodes[1], g); !e.Quiesced {
 			t.Errorf("%s after quiesce orders: %+v, want quiesced", g, e)
 		}
+	}
+}
+
+// TestWLMInstancesDecideApart: each instance has a decider of its own (the
+// seed applies the rules to each instance apart): with instances east and
+// west on n0, n1, n2, n0 decides east's starts and n1 west's. With n0
+// stopped (SIGSTOP: it answers nothing, and with the default failure
+// detection the others take seconds to see it gone), a find of
+// orders@west through n2 is answered by n1 at once, while n2 still
+// counts n0 a member; before, n0 decided every instance's starts and
+// this find waited for n0 to leave the tables (5.4 s in the outside
+// check). A find of orders@east through n2 waits for that, and n1, east's
+// decider then, starts one server of it. When n0 is back, the deciders
+// are as before and each instance has its one server.
+func TestWLMInstancesDecideApart(t *testing.T) {
+	testenv.Slow(t, "waits out policy intervals and a failure detection")
+	skipShort(t)
+	wc := startWLMCluster(t, wlmOpts{
+		policy:    ordersPolicy + "instance -n east\ninstance -n west\n",
+		envs:      []string{"orders@east", "orders@west"},
+		detection: "lan",
+		busy: func(i int) float64 { // nothing is placed on n0
+			if i == 0 {
+				return 0.95
+			}
+			return 0
+		},
+	})
+	spare := func(i int) float64 { return wc.nodes[i].report(t).SpareCPUs[0] }
+	waitFor(t, 15*time.Second, "n0 to measure its CPUs busy and the others theirs spare", func() bool {
+		return min(spare(1), spare(2)) > spare(0)+0.5
+	}, func() string { return "" })
+	time.Sleep(1500 * time.Millisecond) // the next announce reaches the deciders
+
+	n0 := wc.nodes[0]
+	must(t, syscall.Kill(n0.cmd.Process.Pid, syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(n0.cmd.Process.Pid, syscall.SIGCONT) })
+	// findAlive finds env through n2 and waits for its process on the
+	// node named (findRunning would also call through the stopped n0).
+	findAlive := func(env string) int {
+		got, err := wc.find(t, 2, env)
+		if err != nil || len(got) != 1 || got[0] == 0 {
+			t.Fatalf("find %s through n2 with n0 stopped: %v, %v; want one server on n1 or n2", env, got, err)
+		}
+		waitFor(t, 10*time.Second, env+"'s process to run on n"+strconv.Itoa(got[0]), func() bool {
+			return len(uapPIDs(t, wc.nodes[got[0]], env)) == 1
+		})
+		return got[0]
+	}
+	began := time.Now()
+	west := findAlive("orders@west")
+	members := func() []string {
+		st, err := wc.nodes[2].status()
+		must(t, err)
+		var ids []string
+		for _, ns := range st.Cluster.Nodes {
+			ids = append(ids, ns.Node)
+		}
+		return ids
+	}
+	if !slices.Contains(members(), "n0") {
+		t.Errorf("n2 no longer counts n0 a member: the find of orders@west (%v) may have waited for that", time.Since(began))
+	}
+	t.Logf("orders@west on n%d, found in %v with n0 stopped", west, time.Since(began).Round(time.Millisecond))
+	started := func() float64 {
+		return metricSum(wc.nodes[1].metrics(), "tpsched_wlm_servers_started_total") +
+			metricSum(wc.nodes[2].metrics(), "tpsched_wlm_servers_started_total")
+	}
+	if s := started(); s != 1 {
+		t.Errorf("%v servers started on n1 and n2, want 1", s)
+	}
+
+	began = time.Now()
+	east := findAlive("orders@east")
+	t.Logf("orders@east on n%d, found in %v (after n0 left n2's table)", east, time.Since(began).Round(time.Millisecond))
+	if slices.Contains(members(), "n0") {
+		t.Errorf("orders@east was found while n2 still counts n0, its decider, a member: who decided it?")
+	}
+	if s := started(); s != 2 {
+		t.Errorf("n1 and n2 started %v servers, want 2 (one per instance)", s)
+	}
+
+	// n0 back: every node names east's decider n0 and west's n1 again,
+	// and sees the one server of each.
+	must(t, syscall.Kill(n0.cmd.Process.Pid, syscall.SIGCONT))
+	want := map[string]string{"orders@east": "n0", "orders@west": "n1"}
+	waitFor(t, 30*time.Second, "every node to name n0 east's decider and n1 west's", func() bool {
+		for _, n := range wc.nodes {
+			for g, d := range want {
+				if e, _ := envOf(t, n, g); e.Decider != d {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for g := range want {
+		wc.agree(t, 10*time.Second, g, one, "one server of "+g)
 	}
 }

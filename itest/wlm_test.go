@@ -60,6 +60,9 @@ type wlmOpts struct {
 	extra  func(i int) string // more sysconf lines
 	module func(i int) string // node i's orders module; nil: uap-echo
 	server func(i int) string // more lines for node i's usr/orders
+	// detection is the nodes' -failure-detection; "": fast (tests on one
+	// host want dead nodes gone within seconds).
+	detection string
 	// envs are the environments the start waits for every node to know
 	// three nodes can serve; nil: orders (with subsystem instances, the
 	// instances' groups: orders@east...).
@@ -109,6 +112,9 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 		}
 		must(t, os.WriteFile(filepath.Join(dir, "usr", "orders"), []byte(body), 0o644))
 		args := []string{"-c", dir, "-fast-failure-detection"}
+		if o.detection != "" {
+			args = []string{"-c", dir, "-failure-detection", o.detection}
+		}
 		busy := 0.0
 		if o.busy != nil {
 			busy = o.busy(i)

@@ -193,9 +193,9 @@ func printReport(w io.Writer, r scd.Report) {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	instances := slices.ContainsFunc(r.Environments, func(e scd.EnvReport) bool { return e.Instance != "" })
 	if instances {
-		fmt.Fprintln(tw, "ENVIRONMENT\tINSTANCE\tHIGH-WATER\tQUIESCED\tHERE\tSERVERS\tCAN-SERVE")
+		fmt.Fprintln(tw, "ENVIRONMENT\tINSTANCE\tHIGH-WATER\tQUIESCED\tHERE\tSERVERS\tCAN-SERVE\tDECIDER")
 	} else {
-		fmt.Fprintln(tw, "ENVIRONMENT\tHIGH-WATER\tQUIESCED\tHERE\tSERVERS\tCAN-SERVE")
+		fmt.Fprintln(tw, "ENVIRONMENT\tHIGH-WATER\tQUIESCED\tHERE\tSERVERS\tCAN-SERVE\tDECIDER")
 	}
 	for _, e := range r.Environments {
 		var servers []string
@@ -210,8 +210,8 @@ func printReport(w io.Writer, r scd.Report) {
 		if instances {
 			env = e.Environment + "\t" + dashIfEmpty(e.Instance)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", env, e.HighWaterMark, yn(e.Quiesced), dashIfEmpty(e.Here),
-			dashIfEmpty(strings.Join(servers, ", ")), dashIfEmpty(strings.Join(e.CanServe, ", ")))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", env, e.HighWaterMark, yn(e.Quiesced), dashIfEmpty(e.Here),
+			dashIfEmpty(strings.Join(servers, ", ")), dashIfEmpty(strings.Join(e.CanServe, ", ")), dashIfEmpty(e.Decider))
 	}
 	tw.Flush()
 	fmt.Fprintln(w)

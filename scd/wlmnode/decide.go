@@ -33,9 +33,10 @@ type hint struct {
 	epoch      uint32 // the environment's epoch when the start was decided
 }
 
-// decider is the node's part as the deciding node: the live node with the
-// lowest id among those with a service policy decides every start of a
-// server. Its maps are guarded by the envs' mu.
+// decider is the node's part as a deciding node. Every start of a
+// server of one environment (or one subsystem instance's group of it) is
+// decided by one node, the environment's decider (node). Its maps are
+// guarded by the envs' mu.
 type decider struct {
 	m        *envs
 	decides  map[string]*flight   // starts in progress
@@ -43,21 +44,43 @@ type decider struct {
 	lastGrow map[string]time.Time // the last server started for a missed goal
 }
 
-// node is the node that decides starts: the live node with the lowest
-// id among those with a service policy (this one alone).
-func (d *decider) node() (node, addr string) {
+// node is the node that decides env's starts. Among the live nodes with a
+// service policy, in node id order (this one alone when it has none):
+// the first for an environment without instances, and for an instance's
+// group the one at the instance's place in the policy's instances (in
+// name order), counted round. The seed applies the rules to each instance
+// apart, and so the instances do not share one decider: a decider's death
+// stalls only the instances it decided for until the others see it gone
+// (with one decider, a kill -9 held up every instance's first find for
+// the failure detection's time).
+func (d *decider) node(env string) (node, addr string) {
 	m := d.m
-	self := m.self
-	node = self
-	for _, info := range m.names.Nodes() { // sorted by node id; none alone
-		if info.WLM != nil || info.Node == self {
-			if info.Node < node {
-				return info.Node, info.Addr
-			}
-			break
+	type member struct{ node, addr string }
+	live := []member{{m.self, ""}} // the table may not list this node yet
+	for _, info := range m.names.Nodes() {
+		if info.WLM != nil && info.Node != m.self {
+			live = append(live, member{info.Node, info.Addr})
 		}
 	}
-	return self, ""
+	slices.SortFunc(live, func(a, b member) int { return strings.Compare(a.node, b.node) })
+	c := live[instanceIndex(m.policy().Instances, env)%len(live)]
+	return c.node, c.addr
+}
+
+// instanceIndex is the place of env's instance among instances in name
+// order; 0 for an environment without one.
+func instanceIndex(instances []string, env string) int {
+	_, in := wlm.SplitInstance(env)
+	if in == "" {
+		return 0
+	}
+	n := 0
+	for _, other := range instances {
+		if other < in {
+			n++
+		}
+	}
+	return n
 }
 
 // decide starts a server of env if purpose calls for one, as the deciding
@@ -368,7 +391,7 @@ func (d *decider) grow(env string) {
 	m.mu.Unlock()
 	m.w.goTracked(func(ctx context.Context) {
 		deadline := now.Add(envStartTimeout)
-		node, addr := m.dec.node()
+		node, addr := m.dec.node(env)
 		var err error
 		if node == m.self {
 			_, err = d.decide(ctx, env, purposeGrow, deadline)
@@ -387,10 +410,10 @@ func (d *decider) grow(env string) {
 // now): one died, its node left, or its processes keep dying.
 func (d *decider) replenish(counts map[string]int) {
 	m := d.m
-	if node, _ := d.node(); node != m.self {
-		return
-	}
 	for _, env := range m.policy().Environments {
+		if node, _ := d.node(env); node != m.self {
+			continue
+		}
 		m.mu.Lock()
 		d.expireHintsLocked(env, time.Now())
 		missing := m.states[env].Missing(counts[env] + len(d.hints[env]))

@@ -44,7 +44,7 @@ func (m *envs) find(ctx context.Context, env string, deadline time.Time) ([]serv
 		if st := m.state(env); st.Quiesced {
 			return nil, &netio.Error{Code: netio.CodeServiceClosed, Message: env + " is quiesced (scdctl resume " + env + ")"}
 		}
-		node, addr := m.dec.node()
+		node, addr := m.dec.node(env)
 		var s []serverAt
 		var err error
 		if node == self {

@@ -116,6 +116,7 @@ type EnvReport struct {
 	Here          string      `json:"here"` // this node's server: serving, dormant...; "" when it does not define it
 	Servers       []EnvServer `json:"servers"`
 	CanServe      []string    `json:"can_serve"` // the nodes that define it
+	Decider       string      `json:"decider"`   // the node that decides its starts, as this node's table has it
 }
 
 // EnvServer is one node that serves an environment.
@@ -202,6 +203,7 @@ func (w *Manager) Report() Report {
 			er.Servers = append(er.Servers, es)
 		}
 		er.CanServe = m.definers(env)
+		er.Decider, _ = m.dec.node(env)
 		r.Environments = append(r.Environments, er)
 	}
 	return r

@@ -70,7 +70,7 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 		if len(payload) != 1 || payload[0] < purposeFirst || payload[0] > purposeReplenish {
 			return nil, &netio.Error{Code: netio.CodeProtocol, Message: "decide: bad purpose"}
 		}
-		if node, _ := m.dec.node(); node != m.self {
+		if node, _ := m.dec.node(env); node != m.self {
 			// Our tables disagree for a moment (a node joining or leaving):
 			// the asker tries again and finds the same decider as we do.
 			return nil, &netio.Error{Code: netio.CodeTimedOut, Message: "node " + node + " decides starts, as far as node " + m.self + " knows"}
