@@ -70,6 +70,12 @@ type netCluster struct {
 // (the same ports on each, as on three hosts) with sched as scdsvcdef
 // and args on scdd's command line, and waits until each knows all three.
 func startNetCluster(t *testing.T, sched string, args ...string) *netCluster {
+	return startNetClusterFiles(t, sched, nil, args...)
+}
+
+// startNetClusterFiles is startNetCluster with more definition files
+// (path in the definition directory: content) on every node.
+func startNetClusterFiles(t *testing.T, sched string, files map[string]string, args ...string) *netCluster {
 	t.Helper()
 	must(t, buildTortureUAP())
 	// The lab first: its cleanup (t.Cleanup runs last in, first out) then
@@ -99,6 +105,9 @@ func startNetCluster(t *testing.T, sched string, args ...string) *netCluster {
 		must(t, os.WriteFile(filepath.Join(def, "scdsvcdef"), []byte(sched), 0o644))
 		must(t, os.MkdirAll(filepath.Join(def, "usr"), 0o755))
 		must(t, os.WriteFile(filepath.Join(def, "usr", "work"), []byte(fmt.Sprintf(netServer, bin("uap-torture"), dir, nc.execLog)), 0o644))
+		for name, body := range files {
+			must(t, os.WriteFile(filepath.Join(def, name), []byte(body), 0o644))
+		}
 		n := startCommand(t, "nsenter", lab.CommandArgs(i, bin("scdd"), append([]string{"-c", def}, args...)...)...)
 		nc.nodes = append(nc.nodes, n)
 	}
