@@ -202,7 +202,10 @@ func tryStartCommand(t *testing.T, setup func(*exec.Cmd), prog string, args ...s
 	n.cmd = exec.Command(prog, args...)
 	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
 	n.cmd.Stderr = n.stderr
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Killed with the test process too: a test binary killed at its
+	// -timeout (or by hand) runs no cleanup, and its nodes stayed, one
+	// of them stopped, holding their ports and CPU.
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if setup != nil {
 		setup(n.cmd)
 	}
