@@ -2,7 +2,6 @@ package shm
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -125,11 +124,6 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 		stop := context.AfterFunc(ctx, func() {
 			c.wake.Add(1)
 			futexWake(&c.wake, 1)
-			if u.answerBell != nil {
-				var one [8]byte
-				binary.LittleEndian.PutUint64(one[:], 1)
-				_, _ = u.answerBell.Write(one[:])
-			}
 		})
 		defer stop()
 	}
@@ -141,35 +135,7 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 		if d, ok := ctx.Deadline(); ok {
 			sleep = min(sleep, time.Until(d))
 		}
-		if u.answerBell != nil && !rawWaits.Load() {
-			u.sleepOnAnswerBell(answered, sleep)
-		} else {
-			sleepOn(&c.wake, &c.sleeping, answered, sleep)
-		}
+		sleepOn(&c.wake, &c.sleeping, answered, sleep)
 	}
 	return nil
-}
-
-// sleepOnAnswerBell waits for the answer to the process's call on its
-// answer bell, at most d, unless answered: the long waits (a caller whose
-// calls queue behind others). Through the futex word such a wait costs
-// the runtime's system call dance (sysmon's retake of the P and a thread
-// woken to look for work, then the way back: 6-8 context switches and
-// 170-280 us of CPU per call on the development VM, issue 28); parked in
-// the netpoller the goroutine's thread polls the bell itself, one wake-up
-// for one answer. As with the futex word, it says so first and looks once
-// more, and scdd writes the bell only when it sees the word set; a count
-// left from a wake-up it did not need ends the next wait early, which
-// then looks and waits again.
-func (u *UAP) sleepOnAnswerBell(answered func() bool, d time.Duration) {
-	c := &u.ctl.out
-	start := time.Now()
-	c.sleeping.Store(outSleepsOnBell)
-	if !answered() {
-		var b [8]byte
-		_ = u.answerBell.SetReadDeadline(start.Add(d))
-		_, _ = u.answerBell.Read(b[:])
-	}
-	c.sleeping.Store(0)
-	learnWait(time.Since(start))
 }

@@ -2,8 +2,6 @@ package shm
 
 import (
 	"bytes"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 )
@@ -130,53 +128,5 @@ func TestCallCancelledWakesAtOnce(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("the cancelled call returned %v after its out-call was seen (%s)", d, c.Reply)
-	}
-}
-
-// TestLongWaitsSleepOnTheAnswerBell: a process whose answers come late
-// waits for them on its answer bell (the eventfd after its doorbell), and
-// each answer wakes it at once, though its sleeps are bounded at 10 s
-// (a lost wake-up stalls the test). Started without the bell (three
-// descriptors, as an scdd from before it starts a UAP), it waits on the
-// futex word, as before.
-func TestLongWaitsSleepOnTheAnswerBell(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		files int
-		want  uint32
-	}{{"bell", 4, outSleepsOnBell}, {"futex", 3, 1}} {
-		t.Run(tc.name, func(t *testing.T) {
-			g := newGroup(t, 64<<10, 1)
-			p, err := g.NewProc(0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperUAP$", "-test.count=1")
-			cmd.Env = append(os.Environ(), helperEnv+"=1", "TPSCHED_SHM_FD=3", "TPSCHED_SHM_TEST_MAXSLEEP=10s", "TPSCHED_SPIN_US=0")
-			startProcess(t, cmd, p.Files()[:tc.files])
-			until(t, g, 10*time.Second, "the UAP to attach", p.Attach)
-			start := time.Now()
-			for i := range 20 {
-				if err := p.Dispatch("relay", []byte("other/svc/ping"), time.Now().Add(20*time.Second).UnixNano()); err != nil {
-					t.Fatal(err)
-				}
-				p.Wake()
-				oc := awaitOutCall(t, g, p)
-				// Late: the process's waits are long, so it sleeps
-				// through the runtime's way, the bell when it has one.
-				until(t, g, 10*time.Second, "the caller to sleep", func() bool { return p.ctl.out.sleeping.Load() != 0 })
-				time.Sleep(20 * time.Millisecond)
-				if s := p.ctl.out.sleeping.Load(); i > 0 && s != tc.want {
-					t.Fatalf("call %d: the caller sleeps with the word at %d, want %d", i, s, tc.want)
-				}
-				p.AnswerOutCall(oc.No, 0, []byte("pong"))
-				if c := waitCompletion(t, g, p); string(c.Reply) != "pong" {
-					t.Fatalf("call %d: %v %q", i, c.Status, c.Reply)
-				}
-			}
-			if d := time.Since(start); d > 9*time.Second {
-				t.Errorf("20 calls took %v: a wake-up was lost", d)
-			}
-		})
 	}
 }

@@ -166,16 +166,6 @@ func (g *Group) NewProc(slot int) (*Proc, error) {
 		return nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("eventfd", err))
 	}
 	p.bell = os.NewFile(uintptr(bell), "eventfd:tpsched-"+name)
-	// Blocking here, as the doorbell, so that scdd's netpoller never
-	// watches it; a Go UAP makes it non-blocking (the flag is the shared
-	// file description's, which only makes a write fail at a counter of
-	// 2^64-1) and waits on it in its own netpoller.
-	ab, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-	if err != nil {
-		p.unmap()
-		return nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("eventfd", err))
-	}
-	p.answerBell, p.answerBellFD = os.NewFile(uintptr(ab), "eventfd:tpsched-answer-"+name), ab
 	if err := g.bells.add(g, slot, bell); err != nil {
 		p.unmap()
 		return nil, fmt.Errorf("shm: %s: %w", name, err)
@@ -279,11 +269,6 @@ type Proc struct {
 	ctl  *procCtl
 	bufs [][]byte // one per mailbox
 	bell *os.File
-	// answerBell is the eventfd the process may wait on for its call's
-	// answer instead of the futex word (out sleeping = outSleepsOnBell):
-	// written by scdd, read by the process.
-	answerBell   *os.File
-	answerBellFD int // its descriptor: Fd() would make it blocking again
 
 	// Under the group lock: the last number used, the calls handed over
 	// and not completed, oldest (the current call) first, and the mailboxes
@@ -333,7 +318,7 @@ func (e *ProtocolError) Error() string {
 
 // Files are what the process is started with, in order as fd 3, 4 and 5:
 // its area (read-write), the group page (read-only) and its doorbell.
-func (p *Proc) Files() []*os.File { return []*os.File{p.area, p.g.page, p.bell, p.answerBell} }
+func (p *Proc) Files() []*os.File { return []*os.File{p.area, p.g.page, p.bell} }
 
 // Slot is the process slot.
 func (p *Proc) Slot() int { return p.slot }
@@ -521,11 +506,6 @@ func (p *Proc) unmap() {
 	if p.bell != nil {
 		p.bell.Close()
 	}
-	p.outMu.Lock() // WakeOutCaller writes it under outMu, outGone first
-	if p.answerBell != nil {
-		p.answerBell.Close()
-	}
-	p.outMu.Unlock()
 }
 
 // OutCall is a call a process made to a service (UAP.Call), as the
@@ -626,14 +606,8 @@ func (p *Proc) WakeOutCaller() {
 	}
 	o := &p.ctl.out
 	o.wake.Add(1)
-	if s := &o.sleeping; s.Load() != 0 {
-		switch s.Swap(0) {
-		case 0:
-		case outSleepsOnBell:
-			ring(p.answerBellFD)
-		default:
-			futexWake(&o.wake, 1)
-		}
+	if s := &o.sleeping; s.Load() != 0 && s.Swap(0) != 0 {
+		futexWake(&o.wake, 1)
 	}
 }
 

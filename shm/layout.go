@@ -125,11 +125,6 @@ const (
 	claimRevoked = 2
 )
 
-// outSleepsOnBell in the out call's sleeping word: the process waits for
-// its answer on its answer bell (the eventfd after its doorbell), not on
-// the futex word; 1 is the futex word.
-const outSleepsOnBell = 2
-
 // Process states in pState.
 const (
 	stateNew   = 0 // mapped by the scheduler, no UAP yet

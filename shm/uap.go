@@ -45,7 +45,6 @@ type UAP struct {
 	// call made without one of its own inherits.
 	out         outState
 	curDeadline atomic.Int64 // read by Call, from any of the service's goroutines
-	answerBell  *os.File     // see openAnswerBell; nil: answers are waited for on the futex word
 }
 
 // Attach attaches the calling process, started by scdd, to its schedule
@@ -75,28 +74,7 @@ func Attach() (*UAP, error) {
 		return nil, err
 	}
 	u.refresh = refresh
-	u.answerBell = openAnswerBell(base + 3)
 	return u, nil
-}
-
-// openAnswerBell is the process's answer bell in fd, an eventfd scdd
-// writes when it answers a call the process made, made non-blocking so
-// that a long wait for an answer parks in Go's netpoller; nil when fd is
-// not an eventfd (an scdd from before it) or the runtime cannot poll it:
-// the process then waits on the futex word.
-func openAnswerBell(fd int) *os.File {
-	if l, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil || l != "anon_inode:[eventfd]" {
-		return nil
-	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		return nil
-	}
-	f := os.NewFile(uintptr(fd), "tpsched-answer-bell")
-	if f.SetReadDeadline(time.Time{}) != nil { // not in the netpoller
-		f.Close()
-		return nil
-	}
-	return f
 }
 
 // AttachFDs attaches to the process area in fd area, the group page in fd
@@ -367,9 +345,6 @@ func (u *UAP) Close() error {
 		os.NewSyscallError("munmap", unix.Munmap(u.area)),
 		os.NewSyscallError("munmap", unix.Munmap(u.page)),
 		os.NewSyscallError("close", unix.Close(u.bell)))
-	if u.answerBell != nil {
-		u.answerBell.Close()
-	}
 	u.area, u.page, u.ctl, u.gp = nil, nil, nil, nil
 	return err
 }

@@ -87,10 +87,8 @@ func (s *fakeServer) run(slot int) error {
 	if err != nil {
 		return err
 	}
-	// The UAP owns its descriptors, as a process would; not the answer
-	// bell: this UAP waits on the futex word.
-	var fds [3]int
-	for i, f := range files[:3] {
+	var fds [3]int // the UAP owns its descriptors, as a process would
+	for i, f := range files {
 		if fds[i], err = unix.Dup(int(f.Fd())); err != nil {
 			return err
 		}
