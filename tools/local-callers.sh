@@ -1,0 +1,28 @@
+#!/bin/bash
+# local-callers.sh BIN [N] [RESIDENT]: one S10 local-call cell by hand. Starts
+# scdd from BIN (scdd, uap-echo, uap-caller, localrun: make build, then
+# cd bench && go build -o ../bin/ ./cmd/uap-caller ./cmd/localrun) with the
+# bench group (2 uap-echo) and RESIDENT caller UAPs (default 8; S10 keeps
+# 128), lets N of them (default 5) call bench/echo for 2 s, three times,
+# and prints the calls/s of each run.
+set -euo pipefail
+[ $# -ge 1 ] || { sed -n 2,7p "$0" >&2; exit 2; }
+BIN=$(readlink -f "$1") N=${2:-5} R=${3:-8} PORT=${PORT:-23211}
+D=$(mktemp -d)
+mkdir -p "$D/conf/usr"
+trap 'kill $SCDD 2>/dev/null; wait $SCDD 2>/dev/null; rm -rf "$D"' EXIT
+cat >"$D/conf/sysconf" <<EOT
+set rpc_address = "127.0.0.1"
+set rpc_port = $PORT
+set metrics_address = "127.0.0.1:$((PORT + 1))"
+set control_socket = "ctl.sock"
+EOT
+echo 'set scdmulti = 2' >"$D/conf/scdsvcdef"
+printf 'set service_group = "bench"\nset service = "echo=echo"\nset module = "%s"\nset parallel_count = 2\nset queue_size = 1024\nset max_message_size = 1048576\n' "$BIN/uap-echo" >"$D/conf/usr/bench"
+printf 'set service_group = "callers"\nset service = "run=run"\nset module = "%s"\nset parallel_count = %d\nset queue_size = 1024\nset max_message_size = 1048576\n' "$BIN/uap-caller" "$R" >"$D/conf/usr/callers"
+"$BIN/scdd" -c "$D/conf" -log-level warn >"$D/log" 2>&1 &
+SCDD=$!
+sleep 3
+out=""
+for _ in 1 2 3; do out="$out $("$BIN/localrun" "127.0.0.1:$PORT" "$N")"; done
+echo "$N callers of $R resident, calls/s:$out"
