@@ -288,7 +288,7 @@ func (u *UAP) next() (uint64, int, bool) {
 // close wakes the process, so the bound only catches a wake-up lost to a
 // bug; each wake-up of a Go UAP goes through its runtime (sysmon's
 // retake, a thread woken to poll), and S10's 128 idle callers, waking
-// every maxSleep, took a third of a core from every measurement beside
+// every maxSleep, took 0.18-0.35 of a core from every measurement beside
 // them (docs/ARCHITECTURE.md, "Idle caller UAPs").
 const idleSleepMax = time.Second
 
