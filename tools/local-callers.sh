@@ -4,10 +4,15 @@
 # cd bench && go build -o ../bin/ ./cmd/uap-caller ./cmd/localrun) with the
 # bench group (2 uap-echo) and RESIDENT caller UAPs (default 8; S10 keeps
 # 128), lets N of them (default 5) call bench/echo for 2 s, three times,
-# and prints the calls/s of each run.
+# and prints the calls/s of each run. N = 0: no call; it prints the CPU the
+# idle callers and scdd use over 10 s, as S10's resident callers between
+# its runs.
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,7p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,9p "$0" >&2; exit 2; }
 BIN=$(readlink -f "$1") N=${2:-5} R=${3:-8} PORT=${PORT:-23211}
+for f in scdd uap-echo uap-caller localrun; do
+	[ -x "$BIN/$f" ] || { echo "local-callers: no $BIN/$f" >&2; exit 2; }
+done
 D=$(mktemp -d)
 mkdir -p "$D/conf/usr"
 trap 'kill $SCDD 2>/dev/null; wait $SCDD 2>/dev/null; rm -rf "$D"' EXIT
@@ -19,10 +24,28 @@ set control_socket = "ctl.sock"
 EOT
 echo 'set scdmulti = 2' >"$D/conf/scdsvcdef"
 printf 'set service_group = "bench"\nset service = "echo=echo"\nset module = "%s"\nset parallel_count = 2\nset queue_size = 1024\nset max_message_size = 1048576\n' "$BIN/uap-echo" >"$D/conf/usr/bench"
-printf 'set service_group = "callers"\nset service = "run=run"\nset module = "%s"\nset parallel_count = %d\nset queue_size = 1024\nset max_message_size = 1048576\n' "$BIN/uap-caller" "$R" >"$D/conf/usr/callers"
+printf 'set service_group = "callers"\nset service = "run=run"\nset module = "%s"\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n' "$BIN/uap-caller" "$R" "$((R > 1024 ? R : 1024))" >"$D/conf/usr/callers"
 "$BIN/scdd" -c "$D/conf" -log-level warn >"$D/log" 2>&1 &
 SCDD=$!
-sleep 3
-out=""
-for _ in 1 2 3; do out="$out $("$BIN/localrun" "127.0.0.1:$PORT" "$N")"; done
-echo "$N callers of $R resident, calls/s:$out"
+if [ "$N" -gt 0 ]; then
+	sleep 3
+	out=""
+	for _ in 1 2 3; do out="$out $("$BIN/localrun" "127.0.0.1:$PORT" "$N")"; done
+	echo "$N callers of $R resident, calls/s:$out"
+	exit 0
+fi
+sleep 8 # the callers attach and settle
+pids=$(pgrep -f "^$BIN/uap-caller" | tr '\n' ' ')
+ticks() { # utime+stime of the pids given, in clock ticks
+	local s=0 p
+	for p in "$@"; do
+		{ read -r -a f <"/proc/$p/stat"; } 2>/dev/null || continue
+		s=$((s + f[13] + f[14]))
+	done
+	echo "$s"
+}
+hz=$(getconf CLK_TCK)
+c0=$(ticks $pids) s0=$(ticks "$SCDD")
+sleep 10
+c1=$(ticks $pids) s1=$(ticks "$SCDD")
+echo "idle for 10 s: $(echo "$pids" | wc -w) caller UAPs $(echo "scale=3; ($c1 - $c0) / $hz / 10" | bc) cores, scdd $(echo "scale=3; ($s1 - $s0) / $hz / 10" | bc) cores"
