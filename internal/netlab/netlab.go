@@ -10,9 +10,9 @@
 // tools ip (iproute2), nft (nftables), tc (iproute2) and nsenter
 // (util-linux): New skips the test, or fails it where the run must be
 // complete (internal/testenv), when one is missing; Open returns the
-// reason as its error. The kernel needs veth,
-// bridge, nf_tables with numgen, and the tbf qdisc; netem is not needed
-// (the development kernel has none).
+// reason as its error. The kernel needs veth, bridge, nf_tables with
+// numgen, and the tbf qdisc; netem is not needed (the development kernel
+// has none).
 //
 // # Usage
 //
@@ -24,6 +24,9 @@
 //	lab.Rate(1, "1mbit")                 // node 1's uplink at 1 Mbit/s
 //	lab.HealAll()
 //
+//	lab, err := netlab.Open(3, log.Printf, func(l *netlab.Lab) { l.LossAll(1) }) // outside a test
+//	defer lab.Close()
+//
 // Everything New creates is removed by t.Cleanup, whether the test passed
 // or failed, and again by the next New in another process when a test
 // binary died without its cleanups (a timeout's panic): names carry the
@@ -32,8 +35,9 @@
 //
 // Outside a test (a benchmark), Open makes the lab and Close removes it;
 // the caller defers Close, and catches SIGINT and SIGTERM so that the
-// deferred call runs (tpbench does). A process killed outside its
-// control leaves the lab to the next New or Open's sweep.
+// deferred call runs (tpbench does). A process killed without running
+// it (SIGKILL) leaves the lab to the sweep of a later New or Open, ten
+// minutes on (staleAfter).
 //
 // # What a fault is
 //
