@@ -366,13 +366,15 @@ func clusterRun(ctx context.Context, c *cluster, o runOptions, setup clusterSetu
 		out := make([]nodeMetrics, n)
 		for i, ctl := range c.Ctl {
 			m, err := readMetrics(ctl)
-			// One try more: on this shared 2-core machine a node's
-			// answer now and then takes longer than statusClient's
-			// second (one run in nine on the lab, issue 30), and a
-			// failed run costs its rule every later run. The window's
-			// edge then moves by up to that second, which its figures
-			// (per Duration) do not see: a quarter of a quick run's 4 s
-			// at most, in the rare run that tries again.
+			// One try more: on this shared 2-core machine, loaded, a
+			// node's answer now and then takes longer than
+			// statusClient's second (on the lab, in a session's second
+			// run: bench/results/2026-12-02-issue30-net; twice in a row
+			// too, which this does not save), and a failed run costs
+			// its rule every later run. The window's edge then moves by
+			// up to that second, which its figures (per Duration) do
+			// not see: a quarter of a quick run's 4 s at most, in the
+			// rare run that tries again.
 			if err != nil {
 				m, err = readMetrics(ctl)
 			}
