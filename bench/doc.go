@@ -35,7 +35,9 @@
 //     receiving sockets placed by the kernel's hash and by steering, S9 a
 //     node restarted under load by hand-off and by stop and start, S10
 //     local calls alone, caller UAPs against Enduro/X, beside the direct
-//     call and a call whose service makes a local call),
+//     call and a call whose service makes a local call), S6's nodes and
+//     S7's real nodes on loopback or, with -net lab, each in a network
+//     namespace of its own on a bridge (internal/netlab, net.go),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/;
 //   - the report's check on itself: each run's window accounts for what
@@ -52,6 +54,7 @@
 //	make bench-quick  # the development run (a plan of about 8 minutes of runs), into bench/results/quick/
 //	TPSCHED_ENDUROX=$PREFIX bin/tpbench -scenarios S10   # S10 with Enduro/X installed under $PREFIX
 //	bin/tpbench -scenarios S6,S7 -out /tmp/cluster   # one or more scenarios alone
+//	bin/tpbench -quick -scenarios S6,S7 -net lab -net-loss 1 -out /tmp/lab   # their nodes in namespaces, 1% loss between them (root)
 //	bin/tpbench -quick -scenarios S1 -systems grpc-go,tpsched -quiet-cores 0   # two peers, other tenants not waited for
 //
 // The pure parts (percentiles, the open-loop schedule, /proc parsing, the

@@ -178,6 +178,8 @@ type traffic struct {
 	// All loopback traffic on the machine (/proc/net/dev lo), per node
 	// per second: memberlist's probes, gossip and push/pull included, and
 	// anything else that used loopback meanwhile.
+	// For the real nodes on the lab (-net lab), what their links into the
+	// bridge carried instead.
 	LoopbackBytesPerNodeS float64 `json:"loopback_bytes_per_node_per_s"`
 	LoopbackPktsPerNodeS  float64 `json:"loopback_packets_per_node_per_s"`
 	// What the members' memberlists sent, all of it (probes, acks,
@@ -504,7 +506,11 @@ func runS7(ctx context.Context, cfg Config,
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	rep := newReport("S7", fmt.Sprintf("announce propagation and traffic at %s members", listOf(sizes)), []string{"tpsched names (memberlist)"},
+	title := fmt.Sprintf("announce propagation and traffic at %s members", listOf(sizes))
+	if grid.Real != nil && grid.Real.Setup.Network != "" {
+		title += fmt.Sprintf(" (real nodes: %s)", grid.Real.Setup.Network)
+	}
+	rep := newReport("S7", title, []string{"tpsched names (memberlist)"},
 		nil, runOptions{Runs: runs})
 	rep.Gossip = grid
 	rep.Setup = s7Setup(grid, cfg.Quick)
@@ -928,6 +934,10 @@ func s7Setup(g *gossipGrid, quick bool) []string {
 	}
 	if g.Real != nil {
 		out = append(out, g.Real.setupLine())
+		// First, so that the reports of two networks show it side by side.
+		if l := g.Real.Setup.NetLine; l != "" {
+			out = append([]string{l + " This is the real scdd nodes' network; the in-process members run on 127.0.0.1 whatever -net says."}, out...)
+		}
 	}
 	if g.Sim != nil {
 		out = append(out, g.Sim.setupLine())

@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"tpsched/internal/freeport"
 	"tpsched/netio"
 )
 
@@ -28,6 +27,8 @@ import (
 // level change. Each other node is asked for a name lookup of "bench" over
 // its RPC port every s7RealPoll until its answer says what the change
 // said (the held node missing, or back): that is when its table holds it.
+// With -net lab each node is in a network namespace of its own instead
+// (net.go); the lookups and holds still come from the host.
 
 // S7 real-node sizing.
 const (
@@ -41,6 +42,9 @@ const (
 // s7RealSetup is how the real nodes were run; Nodes 0: not run.
 type s7RealSetup struct {
 	Nodes      int           `json:"nodes"`
+	Network    string        `json:"network"`      // "loopback", "lab", "lab, 1% loss"
+	Addrs      string        `json:"addrs"`        // the nodes' addresses, first to last
+	NetLine    string        `json:"network_line"` // the network's setup line, taken at the end (its drops)
 	Probes     int           `json:"probes"`
 	Quiet      time.Duration `json:"quiet_ns"`
 	Poll       time.Duration `json:"poll_ns"`
@@ -89,6 +93,7 @@ func s7RealTime(rs s7RealSetup) time.Duration {
 // realNodes are the running scdd processes.
 type realNodes struct {
 	*system
+	net   *nodeNet
 	ids   []string
 	rpc   []string // RPC addresses, as the lookup answers name them
 	ctl   []string // metrics addresses (/status)
@@ -105,18 +110,24 @@ func (rn *realNodes) close() {
 	rn.Stop()
 }
 
-// startRealNodes starts n scdd processes on 127.0.0.10 and on.
-func startRealNodes(env Env, n int) (*realNodes, error) {
-	s, err := newSystem(fmt.Sprintf("scdd x%d", n))
-	if err != nil {
-		return nil, err
-	}
-	rn := &realNodes{system: s}
+// s7RealIPs are the real nodes' loopback addresses: 127.0.0.10 and on.
+func s7RealIPs(n int) []string {
 	var ips []string
 	for i := range n {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", s7RealFirstIP+i))
 	}
-	ports, err := freeport.Common(ips, 3)
+	return ips
+}
+
+// startRealNodes starts an scdd process on every node of nn.
+func startRealNodes(env Env, nn *nodeNet) (*realNodes, error) {
+	ips := nn.ips
+	s, err := newSystem(fmt.Sprintf("scdd x%d", len(ips)))
+	if err != nil {
+		return nil, err
+	}
+	rn := &realNodes{system: s, net: nn}
+	ports, err := nn.ports(3)
 	if err != nil {
 		s.Stop()
 		return nil, err
@@ -155,7 +166,8 @@ func startRealNodes(env Env, n int) (*realNodes, error) {
 			s.Stop()
 			return nil, err
 		}
-		if err := s.start(id+".log", nil, scdd, "-c", dir, "-log-level", "warn"); err != nil {
+		prog, args := nn.command(i, scdd, "-c", dir, "-log-level", "warn")
+		if err := s.start(id+".log", nil, prog, args...); err != nil {
 			s.Stop()
 			return nil, err
 		}
@@ -253,9 +265,24 @@ func (rn *realNodes) ticks() uint64 {
 // not as the session's.
 func runS7Real(ctx context.Context, cfg Config, rs s7RealSetup) *realGossip {
 	res := &realGossip{Setup: rs}
-	fmt.Fprintf(cfg.Log, "S7: %d scdd nodes on 127.0.0.%d and on\n", rs.Nodes, s7RealFirstIP)
+	nn, err := openNet(cfg, s7RealIPs(rs.Nodes))
+	if err != nil {
+		res.Error = err.Error()
+		fmt.Fprintf(cfg.Log, "S7: %d scdd nodes not measured: %v\n", rs.Nodes, err)
+		return res
+	}
+	res.Setup.Network, res.Setup.Addrs = nn.short(), ipRange(nn.ips)
+	fmt.Fprintf(cfg.Log, "S7: %d scdd nodes on %s (%s)\n", rs.Nodes, ipRange(nn.ips), res.Setup.Network)
+	// The nodes stop before the lab goes (deferred last, run first), and
+	// the network's line is taken with the lab still there (its drops).
+	defer func() {
+		if err := nn.close(); err != nil {
+			fmt.Fprintf(cfg.Log, "S7: removing the network: %v\n", err)
+		}
+	}()
+	defer func() { res.Setup.NetLine = nn.describe() }()
 	t0 := time.Now()
-	rn, err := startRealNodes(cfg.Env, rs.Nodes)
+	rn, err := startRealNodes(cfg.Env, nn)
 	if err != nil {
 		res.Error = err.Error()
 		fmt.Fprintf(cfg.Log, "  not measured: %v\n", err)
@@ -285,14 +312,14 @@ func runS7Real(ctx context.Context, cfg Config, rs s7RealSetup) *realGossip {
 
 	phase := func(run func()) traffic {
 		b0, m0, s0 := rn.gossipStats()
-		lb0, lp0 := loopback()
+		lb0, lp0 := rn.net.sent()
 		mb0, ms0 := machineCPU()
 		c0, at := rn.ticks(), time.Now()
 		run()
 		secs := time.Since(at).Seconds()
 		c1 := rn.ticks()
 		mb1, ms1 := machineCPU()
-		lb1, lp1 := loopback()
+		lb1, lp1 := rn.net.sent()
 		b1, m1, s1 := rn.gossipStats()
 		per := float64(rs.Nodes) * secs
 		return traffic{Seconds: secs, BytesPerNodeS: float64(b1-b0) / per, MessagesPerNodeS: float64(m1-m0) / per, Announces: float64(s1 - s0),
@@ -403,17 +430,20 @@ func (rn *realNodes) probe(ctx context.Context, i int, hold bool, rs s7RealSetup
 
 func (g *realGossip) setupLine() string {
 	s := g.Setup
-	return fmt.Sprintf("Real nodes: %d scdd processes on 127.0.0.%d and on (one address each, all of them in every all_node, no cluster_key, "+
+	line := fmt.Sprintf("Real nodes: %d scdd processes on %s (network: %s; one address each, all of them in every all_node, no cluster_key, "+
 		"the production timing), the group \"%s\" on each with no resident process. Quiet: %v. Then %d changes, one at a time: the group "+
 		"held or released on a node drawn at random (POST /hold or /release on its control socket: an announce, as a level change is); "+
 		"each other node is asked for a name lookup of the group over its RPC port every %v until its answer shows the change (a change "+
 		"not seen after %v counts as not reached), so a time is late by up to the poll interval and a lookup's round trip. Announce "+
-		"counters from each node's /status; CPU is the scdd processes'.", s.Nodes, s7RealFirstIP, s7Group, s.Quiet, s.Probes, s.Poll, s.ProbeLimit)
+		"counters from each node's /status; CPU is the scdd processes'. Network bytes are lo's transmit counters on loopback (the "+
+		"machine's, other tenants' included), the nodes' links into the bridge on the lab.", s.Nodes, s.Addrs, s.Network, s7Group, s.Quiet,
+		s.Probes, s.Poll, s.ProbeLimit)
+	return line
 }
 
 // write adds the real nodes' figures to S7's report.
 func (g *realGossip) write(b *strings.Builder) {
-	fmt.Fprintf(b, "## %d real scdd nodes\n\n", g.Setup.Nodes)
+	fmt.Fprintf(b, "## %d real scdd nodes (network: %s)\n\n", g.Setup.Nodes, g.Setup.Network)
 	if g.Error != "" {
 		fmt.Fprintf(b, "**Not measured or stopped early**: %s\n\n", oneLine(g.Error))
 		if len(g.Probes) == 0 {
@@ -425,7 +455,7 @@ func (g *realGossip) write(b *strings.Builder) {
 	fmt.Fprintf(b, "| changes measured (not reaching every node) | %d (%d) |\n", len(g.Probes), g.NotConverged)
 	fmt.Fprintf(b, "| until every other node holds a change: p50 / p99 / max | %.0f / %.0f / %.0f ms |\n", g.AllP50Ms, g.AllP99Ms, g.AllMaxMs)
 	fmt.Fprintf(b, "| until one node holds it (pooled): p50 / p99 / max | %.0f / %.0f / %.0f ms |\n\n", g.TableP50Ms, g.TableP99Ms, g.TableMaxMs)
-	b.WriteString("| phase | seconds | announces sent | announce bytes / node / s | announce messages / node / s | loopback bytes / node / s | " +
+	b.WriteString("| phase | seconds | announces sent | announce bytes / node / s | announce messages / node / s | network bytes / node / s | " +
 		"CPU (the scdd processes) | machine busy / steal |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, t := range []struct {
 		name string

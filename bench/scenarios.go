@@ -48,6 +48,11 @@ type Config struct {
 	S7Real     int
 	S7SimNodes []int
 	S7SimOff   bool
+	// Net is where S6's nodes and S7's real scdd nodes run: NetLoopback
+	// ("" too) or NetLab, with NetLoss percent of the packets between
+	// two nodes dropped on the lab (net.go).
+	Net     string
+	NetLoss float64
 	// S8: receiving sockets and heavy connections (0: the defaults).
 	S8Receivers int
 	S8Heavy     int

@@ -2,7 +2,7 @@ package itest
 
 // Clusters across a real network (issue 30 item 2): three scdd processes,
 // each in a network namespace of its own with its own address on a
-// bridge (itest/internal/netlab), their links cut, healed and thinned out
+// bridge (internal/netlab), their links cut, healed and thinned out
 // while callers on the host call through every node. Every call is
 // accounted: its one answer (the client never sends a call twice) and
 // its executions, which uap-torture writes to a log shared by the three
@@ -29,8 +29,8 @@ import (
 	"testing"
 	"time"
 
+	"tpsched/internal/netlab"
 	"tpsched/internal/testenv"
-	"tpsched/itest/internal/netlab"
 	"tpsched/netio"
 	"tpsched/scd"
 	"tpsched/scd/client"

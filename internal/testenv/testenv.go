@@ -9,7 +9,8 @@
 // TPSCHED_TEST_FULL=1); make test, the README's command, skips it and says
 // so.
 //
-// It is imported by tests only.
+// It is imported by tests, and by internal/netlab for its New (a test's
+// lab), which links it into tpbench: nothing here runs there.
 package testenv
 
 import (

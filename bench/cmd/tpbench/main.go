@@ -10,9 +10,12 @@
 // hash and by steering; S9 restarts a node under load, by hand-off and by
 // stopping and starting it. S10 sets local calls (caller UAPs on the node)
 // beside Enduro/X's exbenchcl/exbenchsv, when TPSCHED_ENDUROX names an
-// Enduro/X install.
+// Enduro/X install. With -net lab (root), S6's nodes and S7's real scdd
+// nodes run each in a network namespace of its own on a bridge instead of
+// on loopback addresses, with -net-loss percent of the packets between
+// two nodes dropped.
 //
-//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5,S6,S7,S8,S9,S10] [-out bench/results] [-bin bin]
+//	tpbench [-quick] [-scenarios S1,S2,S3,S4,S5,S6,S7,S8,S9,S10] [-out bench/results] [-bin bin] [-net loopback|lab [-net-loss 1]]
 //
 // It also serves the Go peers when run with -serve (gnet, grpc, http): the
 // harness starts itself that way so each peer is a process of its own.
@@ -63,8 +66,11 @@ func main() {
 	s7runs := flag.Int("s7-runs", 0, "S7's runs of each member count (default 3, quick 1)")
 	s7probes := flag.Int("s7-changes", 0, "S7's announced changes measured per run (default 30, quick 10)")
 	s7quiet := flag.Duration("s7-quiet", 0, "S7's quiet spell for the refresh traffic (default 20s, one refresh period; quick 5s)")
-	s7real := flag.Int("s7-real", 0, "S7's real scdd nodes on 127.0.0.10 and on (default 32, quick 8; -1: none)")
+	s7real := flag.Int("s7-real", 0, "S7's real scdd nodes on 127.0.0.10 and on, or in namespaces with -net lab (default 32, quick 8; -1: none)")
 	s7sim := flag.String("s7-sim", "", "node counts of S7's simulation, comma-separated (default 128,1000, quick 1000; none: no simulation)")
+	network := flag.String("net", bench.NetLoopback, "where S6's nodes and S7's real scdd nodes run: loopback (addresses of this host's lo) or lab "+
+		"(root: each in a network namespace of its own with its own address on a bridge; the load generator and observers stay on the host)")
+	netLoss := flag.Float64("net-loss", 0, "with -net lab: percent (0 to 100) of the packets on every link between two nodes dropped at random, each way")
 	s8receivers := flag.Int("s8-receivers", bench.S8Receivers, "S8's receiving sockets (scdmulti); keep it at or below the cores")
 	s8heavy := flag.Int("s8-heavy", bench.S8Heavy, "S8's heavy connections")
 	quietCores := flag.Float64("quiet-cores", bench.DefaultQuiet.Cores, "before each run wait until other tenants use under this many cores; a run over it is disturbed and run again (0: off)")
@@ -138,6 +144,14 @@ func main() {
 			os.Exit(2)
 		}
 	}
+	if *network != bench.NetLoopback && *network != bench.NetLab {
+		fmt.Fprintf(os.Stderr, "tpbench: -net must be %s or %s\n", bench.NetLoopback, bench.NetLab)
+		os.Exit(2)
+	}
+	if *netLoss < 0 || *netLoss > 100 || (*netLoss > 0 && *network != bench.NetLab) {
+		fmt.Fprintln(os.Stderr, "tpbench: -net-loss must be 0 to 100, and is for -net lab only")
+		os.Exit(2)
+	}
 	if *s8receivers < 2 || *s8heavy < 1 {
 		fmt.Fprintln(os.Stderr, "tpbench: -s8-receivers must be 2 or more (steering places connections among sockets) and -s8-heavy 1 or more")
 		os.Exit(2)
@@ -174,6 +188,8 @@ func main() {
 		S7Real:        *s7real,
 		S7SimNodes:    s7simNodes,
 		S7SimOff:      *s7sim == "none",
+		Net:           *network,
+		NetLoss:       *netLoss,
 		S8Receivers:   *s8receivers,
 		S8Heavy:       *s8heavy,
 		Systems:       splitList(*systems),

@@ -3,14 +3,16 @@
 // and the test can cut, heal, thin out (loss) and slow down (rate) the
 // links between nodes while calls run. It exists so that the multi-node
 // tests (itest) meet a network that fails, not one loopback that never
-// does (issue 30 item 1).
+// does (issue 30 item 1), and so that the benchmark (tpbench -net lab)
+// runs its nodes on it too (issue 30 item 5).
 //
 // It needs root (creating namespaces, links and nftables tables) and the
 // tools ip (iproute2), nft (nftables), tc (iproute2) and nsenter
 // (util-linux): New skips the test, or fails it where the run must be
-// complete (internal/testenv), when one is missing. The kernel needs veth,
-// bridge, nf_tables with numgen, and the tbf qdisc; netem is not needed
-// (the development kernel has none).
+// complete (internal/testenv), when one is missing; Open returns the
+// reason as its error. The kernel needs veth, bridge, nf_tables with
+// numgen, and the tbf qdisc; netem is not needed (the development kernel
+// has none).
 //
 // # Usage
 //
@@ -22,11 +24,20 @@
 //	lab.Rate(1, "1mbit")                 // node 1's uplink at 1 Mbit/s
 //	lab.HealAll()
 //
+//	lab, err := netlab.Open(3, log.Printf, func(l *netlab.Lab) { l.LossAll(1) }) // outside a test
+//	defer lab.Close()
+//
 // Everything New creates is removed by t.Cleanup, whether the test passed
 // or failed, and again by the next New in another process when a test
 // binary died without its cleanups (a timeout's panic): names carry the
 // creating process's pid, and a namespace, bridge or address claim whose
 // process is gone is removed.
+//
+// Outside a test (a benchmark), Open makes the lab and Close removes it;
+// the caller defers Close, and catches SIGINT and SIGTERM so that the
+// deferred call runs (tpbench does). A process killed without running
+// it (SIGKILL) leaves the lab to the sweep of a later New or Open, ten
+// minutes on (staleAfter).
 //
 // # What a fault is
 //
@@ -71,7 +82,7 @@ import (
 // A Lab is one test's network: a bridge in the test's own namespace and
 // one namespace per node, each with a veth to the bridge.
 type Lab struct {
-	t      testing.TB
+	t      owner
 	id     string // unique on the machine: the pid and a counter, base 36
 	bridge string
 	prefix string // the /24's first three octets, "10.213.7"
@@ -99,15 +110,110 @@ const claimDir = "/run/tpsched-netlab"
 
 var labs atomic.Int64
 
+// owner is what a lab needs of whoever made it: a test (testing.TB), or
+// Open's stand-in for one.
+type owner interface {
+	Helper()
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+// tools are the programs a lab runs, and where they come from.
+var tools = []struct{ name, pkg string }{
+	{"ip", "Debian's iproute2"}, {"tc", "Debian's iproute2"}, {"nft", "Debian's nftables"}, {"nsenter", "Debian's util-linux"},
+}
+
 // New makes a lab of n nodes (n <= 200) and removes it when t ends.
 func New(t testing.TB, n int) *Lab {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, links and nftables tables")
-	for _, tool := range []struct{ name, pkg string }{
-		{"ip", "Debian's iproute2"}, {"tc", "Debian's iproute2"}, {"nft", "Debian's nftables"}, {"nsenter", "Debian's util-linux"},
-	} {
+	for _, tool := range tools {
 		testenv.RequireTool(t, tool.name, tool.pkg)
 	}
+	return newLab(t, n)
+}
+
+// Open makes a lab of n nodes outside a test and runs setup on it (the
+// faults to set; nil for none). What New would skip or fail is the
+// error, and the lab is then already removed; else the caller removes it
+// with Close. After Open, a fault method that fails panics (no test to
+// fail): set faults in setup.
+func Open(n int, logf func(format string, args ...any), setup func(*Lab)) (l *Lab, err error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("netlab: needs root (network namespaces, links and nftables tables)")
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool.name); err != nil {
+			return nil, fmt.Errorf("netlab: needs %s (%s): %w", tool.name, tool.pkg, err)
+		}
+	}
+	o := &runner{logf: logf}
+	defer func() {
+		switch p := recover().(type) {
+		case nil:
+		case failed:
+			o.close()
+			l, err = nil, p.err
+		default:
+			o.close()
+			panic(p)
+		}
+	}()
+	l = newLab(o, n)
+	if setup != nil {
+		setup(l)
+	}
+	return l, nil
+}
+
+// Close removes a lab made by Open: its namespaces (once the processes
+// in them have ended: stop them first), bridge and subnet claim.
+func (l *Lab) Close() error {
+	o, ok := l.t.(*runner)
+	if !ok {
+		return errors.New("netlab: Close of a test's lab (its test's cleanup removes it)")
+	}
+	return o.close()
+}
+
+// runner is Open's owner: Fatalf panics with failed (Open recovers it),
+// Errorf keeps the error for Close, Cleanup's functions run at Close.
+type runner struct {
+	logf     func(format string, args ...any)
+	cleanups []func()
+	errs     []error
+	closed   bool
+}
+
+type failed struct{ err error }
+
+func (r *runner) Helper() {}
+func (r *runner) Logf(format string, args ...any) {
+	if r.logf != nil {
+		r.logf(format, args...)
+	}
+}
+func (r *runner) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Errorf(format, args...))
+}
+func (r *runner) Fatalf(format string, args ...any) { panic(failed{fmt.Errorf(format, args...)}) }
+func (r *runner) Cleanup(f func())                  { r.cleanups = append(r.cleanups, f) }
+
+func (r *runner) close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	for i := len(r.cleanups) - 1; i >= 0; i-- {
+		r.cleanups[i]()
+	}
+	return errors.Join(r.errs...)
+}
+
+func newLab(t owner, n int) *Lab {
+	t.Helper()
 	if n < 1 || n > 200 {
 		t.Fatalf("netlab: %d nodes: want 1 to 200", n)
 	}
@@ -306,6 +412,22 @@ func (l *Lab) Dropped(i int) map[string]int {
 	return out
 }
 
+// Sent is what node i has sent on its link so far (to the other nodes and
+// the host), counted where it enters the bridge: the received counters
+// of its veth's host end. A packet a cut or loss drops counts: it is
+// dropped at the receiving node.
+func (l *Lab) Sent(i int) (bytes, packets uint64) {
+	read := func(what string) uint64 {
+		b, err := os.ReadFile("/sys/class/net/" + l.Nodes[i].veth + "/statistics/" + what)
+		if err != nil {
+			return 0
+		}
+		n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		return n
+	}
+	return read("rx_bytes"), read("rx_packets")
+}
+
 // set changes the lab's rules under its lock and applies node to's.
 func (l *Lab) set(to int, change func()) {
 	l.mu.Lock()
@@ -443,7 +565,7 @@ func (l *Lab) claimSubnet() error {
 // pid namespace) and a claim older than staleAfter, so that a lab of a
 // live process in a pid namespace of its own, which looks gone from here,
 // is left alone while it can still be running.
-func sweep(t testing.TB) {
+func sweep(t owner) {
 	claims, _ := os.ReadDir(claimDir)
 	var netns []string
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {

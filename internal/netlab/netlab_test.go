@@ -183,3 +183,76 @@ func datagrams(t *testing.T, l *Lab, i int, pc net.PacketConn, addr string, n in
 	}
 	return <-got
 }
+
+// TestOpen: a lab made outside a test (tpbench's) has its setup's faults,
+// is gone after Close, and a failing Open leaves nothing behind.
+func TestOpen(t *testing.T) {
+	testenv.Slow(t, "network namespaces as root: make check runs it with the other netns tests")
+	testenv.RequireRoot(t, "network namespaces")
+	l, err := Open(2, t.Logf, func(l *Lab) { l.LossAll(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() }) // when the test fails before its own Close
+	names := []string{l.bridge, l.Nodes[0].NS, l.Nodes[1].NS}
+	rules, _ := exec.Command("ip", "netns", "exec", l.Nodes[1].NS, "nft", "list", "chain", "inet", "netlab", "in").Output()
+	if !strings.Contains(string(rules), "loss from "+l.Nodes[0].IP) {
+		t.Errorf("node 1 has no loss rule after Open's setup:\n%s", rules)
+	}
+	// Sent counts what node 0 puts on its link: 10 datagrams of 100
+	// bytes and their headers (no one listens; they are sent all the same,
+	// from an unconnected socket, which the port unreachable does not fail).
+	b0, p0 := l.Sent(0)
+	err = l.Do(0, func() error {
+		c, err := net.ListenPacket("udp", l.Nodes[0].IP+":0")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		to := &net.UDPAddr{IP: net.ParseIP(l.Nodes[1].IP), Port: 7001}
+		for range 10 {
+			if _, err := c.WriteTo(bytes.Repeat([]byte("x"), 100), to); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b1, p1 := l.Sent(0); b1-b0 < 1000 || p1-p0 < 10 {
+		t.Errorf("node 0 sent 10 datagrams of 100 bytes; Sent grew by %d bytes and %d packets", b1-b0, p1-p0)
+	}
+	if err := l.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+	// 201 nodes: newLab fails before making anything; a bad fault in
+	// setup fails after the lab exists, which must then be gone.
+	if _, err := Open(201, t.Logf, nil); err == nil {
+		t.Errorf("Open(201) did not fail")
+	}
+	var half *Lab
+	if _, err := Open(1, t.Logf, func(l *Lab) { half = l; l.Rate(0, "not-a-rate") }); err == nil {
+		t.Errorf("Open with a bad rate did not fail")
+	} else {
+		t.Logf("Open with a bad rate: %v", firstLine(err.Error()))
+	}
+	if half != nil {
+		names = append(names, half.bridge, half.Nodes[0].NS)
+	}
+	out, _ := exec.Command("ip", "netns", "list").Output()
+	links, _ := exec.Command("ip", "-o", "link").Output()
+	for _, name := range names {
+		if strings.Contains(string(out), name) || strings.Contains(string(links), name+":") {
+			t.Errorf("%s left behind after Close or a failed Open", name)
+		}
+	}
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
