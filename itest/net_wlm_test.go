@@ -74,7 +74,7 @@ func TestNetWLMPartition(t *testing.T) {
 	for _, via := range []int{0, 0, 1, 1, 2, 2} {
 		wg.Go(func() {
 			began := time.Now()
-			nodes, err := nc.find(t, via)
+			nodes, err := findVia(nc.nodes, via, "orders", "15s")
 			mu.Lock()
 			results = append(results, result{via, nodes, err, time.Since(began)})
 			mu.Unlock()
@@ -130,33 +130,10 @@ func TestNetWLMPartition(t *testing.T) {
 		}
 	}
 	before := started(0) + started(1) + started(2)
-	if nodes, err := nc.find(t, 2); err != nil || len(nodes) != len(servers) {
+	if nodes, err := findVia(nc.nodes, 2, "orders", "15s"); err != nil || len(nodes) != len(servers) {
 		t.Errorf("find after the heal: %v, %v; want the %d servers running", nodes, err, len(servers))
 	}
 	if after := started(0) + started(1) + started(2); after != before {
 		t.Errorf("a find after the heal started %v more servers", after-before)
 	}
-}
-
-// find runs scdctl find orders through node i and returns the nodes it
-// names.
-func (nc *netCluster) find(t *testing.T, i int) ([]int, error) {
-	out, err := nc.nodes[i].scdctl("-t", "15s", "find", "orders")
-	if err != nil {
-		return nil, fmt.Errorf("%v: %s", err, strings.TrimSpace(out))
-	}
-	var idx []int
-	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
-		addr, _, _ := strings.Cut(line, "\t")
-		found := false
-		for j, n := range nc.nodes {
-			if n.rpc == addr {
-				idx, found = append(idx, j), true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("find named %q, no node's address", line)
-		}
-	}
-	return idx, nil
 }

@@ -28,7 +28,7 @@ import (
 func (wc *wlmCluster) findRunning(t *testing.T, i int, env, what string) int {
 	t.Helper()
 	began := time.Now()
-	got, err := wc.find(t, i, env)
+	got, err := wc.find(i, env)
 	if err != nil || len(got) != 1 {
 		t.Fatalf("%s: find %s through n%d: %v, %v; want one server", what, env, i, got, err)
 	}
@@ -151,7 +151,7 @@ func TestWLMFirstPlacementBeforeFirstInterval(t *testing.T) {
 func TestWLMGrowWithoutSpareCPUSaysWhy(t *testing.T) {
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{goal: "-t 30", busy: func(int) float64 { return 1 }})
-	got, err := wc.find(t, 1, "orders")
+	got, err := wc.find(1, "orders")
 	if err != nil || len(got) != 1 {
 		t.Fatalf("find: %v, %v", got, err)
 	}

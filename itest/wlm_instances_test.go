@@ -59,7 +59,7 @@ func TestWLMInstancesServePerNode(t *testing.T) {
 	}
 	t.Logf("n0 runs orders@east's process %v and orders@west's %v", eastPIDs, westPIDs)
 
-	if _, err := wc.find(t, 1, "orders"); err == nil || !strings.Contains(err.Error(), "orders@east, orders@west") {
+	if _, err := wc.find(1, "orders"); err == nil || !strings.Contains(err.Error(), "orders@east, orders@west") {
 		t.Errorf("find orders itself: %v; want refused, naming the instances", err)
 	}
 	_, err := wc.nodes[2].client().Call(ctxT(t, 5*time.Second), "orders", "echo", nil)
@@ -158,7 +158,7 @@ func TestWLMInstancesDecideApart(t *testing.T) {
 	// findAlive finds env through n2 and waits for its process on the
 	// node named (findRunning would also call through the stopped n0).
 	findAlive := func(env string) int {
-		got, err := wc.find(t, 2, env)
+		got, err := wc.find(2, env)
 		if err != nil || len(got) != 1 || got[0] == 0 {
 			t.Fatalf("find %s through n2 with n0 stopped: %v, %v; want one server on n1 or n2", env, got, err)
 		}

@@ -266,27 +266,25 @@ func (wc *wlmCluster) agree(t *testing.T, d time.Duration, env string, want func
 
 func one(s []string) bool { return len(s) == 1 }
 
-// nodeOfAddr is the index of the node whose RPC address is addr.
-func (wc *wlmCluster) nodeOfAddr(t *testing.T, addr string) int {
-	for i, n := range wc.nodes {
-		if n.rpc == addr {
-			return i
-		}
-	}
-	t.Fatalf("no node has RPC address %s", addr)
-	return -1
-}
-
 // find runs scdctl find through node i and returns the nodes it names.
-func (wc *wlmCluster) find(t *testing.T, i int, env string) ([]int, error) {
-	out, err := wc.nodes[i].scdctl("-t", "20s", "find", env)
+func (wc *wlmCluster) find(i int, env string) ([]int, error) { return findVia(wc.nodes, i, env, "20s") }
+
+// findVia runs scdctl find env through nodes[i], waiting at most
+// timeout, and returns the indexes in nodes of the nodes it names. An
+// error, not a t.Fatal, so that goroutines of a test may call it.
+func findVia(nodes []*node, i int, env, timeout string) ([]int, error) {
+	out, err := nodes[i].scdctl("-t", timeout, "find", env)
 	if err != nil {
-		return nil, fmt.Errorf("%v: %s", err, out)
+		return nil, fmt.Errorf("%v: %s", err, strings.TrimSpace(out))
 	}
 	var idx []int
 	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
 		addr, _, _ := strings.Cut(line, "\t")
-		idx = append(idx, wc.nodeOfAddr(t, addr))
+		j := slices.IndexFunc(nodes, func(n *node) bool { return n.rpc == addr })
+		if j < 0 {
+			return nil, fmt.Errorf("find named %q, no node's RPC address", line)
+		}
+		idx = append(idx, j)
 	}
 	return idx, nil
 }
@@ -373,7 +371,7 @@ func TestWLMFindStartsOneWhereCapacityIs(t *testing.T) {
 	if s := wc.serving(t, "orders"); len(s) != 0 {
 		t.Fatalf("orders served before any find: %v", s)
 	}
-	got, err := wc.find(t, 2, "orders")
+	got, err := wc.find(2, "orders")
 	if err != nil {
 		t.Fatalf("find orders through n2: %v", err)
 	}
@@ -394,7 +392,7 @@ func TestWLMFindStartsOneWhereCapacityIs(t *testing.T) {
 		t.Errorf("%v servers started in the cluster, want 1", s)
 	}
 	// A second find starts nothing more.
-	if again, err := wc.find(t, 1, "orders"); err != nil || !slices.Equal(again, got) {
+	if again, err := wc.find(1, "orders"); err != nil || !slices.Equal(again, got) {
 		t.Errorf("second find through n1: %v, %v; want %v", again, err, got)
 	}
 	if s := wc.started(t); s != 1 {
@@ -573,7 +571,7 @@ func TestWLMQuiesceDrainsAndStops(t *testing.T) {
 	if codeOf(err) != netio.CodeServiceClosed {
 		t.Errorf("call after quiesce: %v, want 'service closed'", err)
 	}
-	if _, err := wc.find(t, 0, "orders"); err == nil || !strings.Contains(err.Error(), "quiesced") {
+	if _, err := wc.find(0, "orders"); err == nil || !strings.Contains(err.Error(), "quiesced") {
 		t.Errorf("find after quiesce: %v, want refused as quiesced", err)
 	}
 	if out, err := wc.nodes[0].scdctl("resume", "orders"); err != nil {
@@ -589,7 +587,7 @@ func TestWLMQuiesceDrainsAndStops(t *testing.T) {
 func TestWLMKilledServerRemovedEverywhere(t *testing.T) {
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{})
-	got, err := wc.find(t, 0, "orders")
+	got, err := wc.find(0, "orders")
 	if err != nil || len(got) != 1 {
 		t.Fatalf("find: %v, %v", got, err)
 	}
@@ -627,7 +625,7 @@ func TestWLMPolicyDropQuiesces(t *testing.T) {
 	testenv.Slow(t, "waits out policy intervals; 5 s without -race on a busy 2-core machine")
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{})
-	got, err := wc.find(t, 2, "orders")
+	got, err := wc.find(2, "orders")
 	if err != nil || len(got) != 1 {
 		t.Fatalf("find: %v, %v", got, err)
 	}
@@ -692,7 +690,7 @@ func TestWLMMissedGoalGrowsAndKeepsHighWater(t *testing.T) {
 	testenv.Slow(t, "waits out policy intervals; 17 s without -race on a busy 2-core machine")
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{goal: "-t 30"})
-	got, err := wc.find(t, 1, "orders")
+	got, err := wc.find(1, "orders")
 	if err != nil || len(got) != 1 {
 		t.Fatalf("find: %v, %v", got, err)
 	}
@@ -1101,7 +1099,7 @@ func TestWLMStartFailsElsewhere(t *testing.T) {
 	})
 	time.Sleep(1500 * time.Millisecond) // the next announce reaches the decider
 	began := time.Now()
-	got, err := wc.find(t, 1, "orders")
+	got, err := wc.find(1, "orders")
 	if err != nil || len(got) != 1 || got[0] == 0 {
 		t.Fatalf("find: nodes %v, %v; want one server, not on n0 whose module fails", got, err)
 	}
@@ -1300,7 +1298,7 @@ func TestWLMPeerRequestsNeedThePeerHello(t *testing.T) {
 func TestWLMWithClusterKey(t *testing.T) {
 	skipShort(t)
 	wc := startWLMCluster(t, wlmOpts{extra: func(int) string { return "set cluster_key = \"a shared secret of some length\"\n" }})
-	got, err := wc.find(t, 2, "orders")
+	got, err := wc.find(2, "orders")
 	if err != nil || len(got) != 1 {
 		t.Fatalf("find through n2: %v, %v", got, err)
 	}
@@ -1333,7 +1331,7 @@ func TestWLMRestartedDeciderStartsNoSecondServer(t *testing.T) {
 		return spare(0) < 0.3 && min(spare(1), spare(2)) > spare(0)+0.5
 	})
 	time.Sleep(1500 * time.Millisecond)
-	got, err := wc.find(t, 1, "orders")
+	got, err := wc.find(1, "orders")
 	if err != nil || len(got) != 1 {
 		t.Fatalf("find: %v, %v; want one server", got, err)
 	}
@@ -1350,7 +1348,7 @@ func TestWLMRestartedDeciderStartsNoSecondServer(t *testing.T) {
 	waitFor(t, 10*time.Second, "n1 to drop n0", func() bool { return !slices.Contains(knownWith(t, wc.nodes[1], "orders"), "n0") })
 	n0 := startCommandEnv(t, wc.loads[0].env(), bin("scdd"), "-c", wc.dirs[0], "-fast-failure-detection")
 	wc.nodes[0] = n0
-	again, err := wc.find(t, 0, "orders")
+	again, err := wc.find(0, "orders")
 	if err != nil || len(again) != 1 || again[0] != got[0] {
 		t.Fatalf("find through the restarted n0: %v, %v; want only %s", again, err, where)
 	}
