@@ -142,8 +142,10 @@ type Options struct {
 	// MemAvailable reports available memory; default MemAvailable (of the
 	// host, or of the memory cgroup if that is tighter).
 	MemAvailable func() (int64, error)
-	// CheckInterval is how often the scaler looks without being kicked;
-	// default 50 ms. Stops happen on these checks.
+	// CheckInterval is how often the scaler looks without being kicked
+	// while calls wait or non-resident processes run (a quiet node's
+	// scaler looks once a second); default 50 ms. Stops happen on these
+	// checks.
 	CheckInterval time.Duration
 	// Meter measures each process's CPU time and run-queue wait (eBPF or
 	// /proc); nil measures nothing and so disables the CPU guard.

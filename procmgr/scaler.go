@@ -11,10 +11,15 @@ import (
 )
 
 // scaleLoop applies the Multiserver rule: at once when an enqueue kicks it,
-// and every CheckInterval for stops and idle tracking.
+// every CheckInterval while a check has something to watch (calls waiting,
+// non-resident processes to track for idling, a closed memory gate), and
+// every idleCheckInterval otherwise. A quiet node's check decides nothing
+// (no start without a waiting call, which kicks; no stop without a
+// non-resident process), and at CheckInterval it was the largest part of
+// an idle scdd's CPU.
 func (m *Manager) scaleLoop() {
 	defer m.wg.Done()
-	t := time.NewTicker(m.opts.CheckInterval)
+	t := time.NewTimer(m.opts.CheckInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -23,12 +28,23 @@ func (m *Manager) scaleLoop() {
 		case <-m.kick:
 		case <-t.C:
 		}
-		m.check(time.Now())
+		next := max(idleCheckInterval, m.opts.CheckInterval)
+		if m.check(time.Now()) {
+			next = m.opts.CheckInterval
+		}
+		t.Reset(next)
 	}
 }
 
-// check is one pass of the rule over every server of the node.
-func (m *Manager) check(now time.Time) {
+// idleCheckInterval is how often the scaler looks while nothing waits and
+// no non-resident process runs: the CPU guard's window and the memory
+// gate's log are then at most this old when the next call kicks a check.
+const idleCheckInterval = time.Second
+
+// check is one pass of the rule over every server of the node. It reports
+// whether the next one must come soon: calls wait, a non-resident process
+// runs, or the memory gate is closed.
+func (m *Manager) check(now time.Time) (watching bool) {
 	// One check at a time: a second one must not decide on the memory
 	// permits and counts the first is still acting on.
 	m.checking.Lock()
@@ -41,6 +57,7 @@ func (m *Manager) check(now time.Time) {
 	for i, s := range servers {
 		loads[i] = s.observe(now)
 		nodeRunning += loads[i].Running
+		watching = watching || loads[i].Queue > 0 || len(loads[i].NonResident) > 0
 	}
 	lim := Limits{NodeCap: m.opts.NodeCap, NodeRunning: nodeRunning}
 	if m.opts.MemoryReserve > 0 {
@@ -57,6 +74,7 @@ func (m *Manager) check(now time.Time) {
 		m.memLow = low
 		lim.MemoryLow, lim.MemoryPermit = low, m.permits
 		m.mu.Unlock()
+		watching = watching || low
 	}
 	decisions := Plan(loads, lim)
 	for i, d := range decisions {
@@ -84,6 +102,7 @@ func (m *Manager) check(now time.Time) {
 			s.stopNonResident(d.Stop)
 		}
 	}
+	return watching
 }
 
 // nonResidentEnded is told of every non-resident exit: while the memory

@@ -109,3 +109,63 @@ func TestScalerMemoryGatePermits(t *testing.T) {
 		t.Fatalf("%d non-resident starts, want 2", got)
 	}
 }
+
+// A quiet node's scaler looks once every idleCheckInterval, not every
+// CheckInterval: its check has nothing to decide, and twenty a second were
+// the largest part of an idle scdd's CPU (issue 28). A waiting call makes
+// the checks frequent again, and so does a non-resident process to track.
+func TestScalerIdleChecksAreRare(t *testing.T) {
+	opts := Options{
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		CPUParent: uniqueParent(),
+	}
+	m := New(opts) // the default CheckInterval
+	t.Cleanup(m.Close)
+	var depth, looks atomic.Int64
+	sp := uapSpec("sleep", t.TempDir(), 1)
+	sp.Max, sp.IdleStop = 1, time.Hour // resident only: no room to start
+	startServer(t, m, sp, &hooks{
+		file:    devNull(t),
+		waiting: func() int { looks.Add(1); return int(depth.Load()) },
+		slot:    func(int) SlotView { return SlotView{Busy: true, Ready: true} },
+	})
+	if m.check(time.Now()) {
+		t.Fatal("check of a server with nothing waiting and no non-resident process asks to look again soon")
+	}
+	// Counted over a span of the loop's own making: a slow machine only
+	// makes fewer checks.
+	looks.Store(0)
+	time.Sleep(2 * time.Second)
+	if n := looks.Load(); n > 2*int64(2*time.Second/idleCheckInterval) {
+		t.Errorf("idle: %d checks in 2 s, want at most %d (one per %v)", n, 2*int64(2*time.Second/idleCheckInterval), idleCheckInterval)
+	}
+	depth.Store(3)
+	if !m.check(time.Now()) {
+		t.Fatal("check of a server with calls waiting does not ask to look again soon")
+	}
+	// The next check is at most idleCheckInterval away; from then on they
+	// come every CheckInterval.
+	waitUntil(t, "checks every CheckInterval while calls wait", func() bool {
+		looks.Store(0)
+		time.Sleep(time.Second)
+		return looks.Load() >= 5
+	})
+	depth.Store(0)
+	sp2 := uapSpec("sleep", t.TempDir(), 0)
+	sp2.Server, sp2.Group, sp2.Max, sp2.IdleStop = "nonres", "nonres", 1, time.Hour
+	var depth2 atomic.Int64
+	depth2.Store(1)
+	nr := startServer(t, m, sp2, &hooks{
+		file:    devNull(t),
+		waiting: func() int { return int(depth2.Load()) },
+		slot:    func(int) SlotView { return SlotView{Ready: true} },
+	})
+	m.check(time.Now()) // starts the non-resident process
+	depth2.Store(0)
+	if _, n := nr.Running(); n != 1 {
+		t.Fatalf("%d non-resident processes, want 1", n)
+	}
+	if !m.check(time.Now()) {
+		t.Error("check with a non-resident process to track for idling does not ask to look again soon")
+	}
+}
