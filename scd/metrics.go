@@ -35,7 +35,7 @@ var metricHelp = map[string]string{
 	"tpsched_uap_protocol_violations_total":    "UAP processes killed for breaking the shared-memory protocol.",
 	"tpsched_local_calls_total":                "Calls the group's UAPs made to services through their shared memory (UAP.Call), by calling group.",
 	"tpsched_local_call_stalls_total":          "Times every process of the group waited for a call of its own for a second while calls waited for it (a call cycle with too few processes).",
-	"tpsched_dispatcher_last_look_age_seconds": "Seconds since the dispatcher, the one reader of every shared-memory group, last looked at the groups; it looks at least every 0.1 s, and above 1 the node logs a warning: it is stuck and those groups' calls go unanswered.",
+	"tpsched_dispatcher_last_look_age_seconds": "Seconds since the dispatcher, the one reader of every shared-memory group, last looked at the groups; it looks at least every 0.1 s while its processes ring, every 0.5 s on a quiet node, and above 1 the node logs a warning: it is stuck and those groups' calls go unanswered.",
 	"tpsched_group_held":                       "1 while the group is held (scdctl hold: new calls get 'service closed'), else 0.",
 	"tpsched_processes":                        "UAP processes of the group running now, by kind (resident, nonresident).",
 	"tpsched_uap_tasks":                        "Tasks (processes and threads) in the group's server's cgroup now, against its uap_pids_max.",

@@ -29,6 +29,7 @@ import (
 // goroutine only (the reader), never on a gnet event loop.
 type Doorbells struct {
 	epfd     int
+	wake     int // an eventfd under epfd, tagged wakeTag: Interrupt's
 	mu       sync.Mutex               // orders NewGroup
 	groups   atomic.Pointer[[]*Group] // by index, the events' tag; Wait reads it without mu
 	spin     spinner
@@ -51,9 +52,30 @@ func NewDoorbells() (*Doorbells, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: doorbells: %w", os.NewSyscallError("epoll_create1", err))
 	}
-	d := &Doorbells{epfd: fd, spin: newSpinner(readerSpinMax), events: make([]unix.EpollEvent, 64)}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: doorbells: %w", os.NewSyscallError("eventfd", err))
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Pad: wakeTag}
+	if err := unix.EpollCtl(fd, unix.EPOLL_CTL_ADD, wake, &ev); err != nil {
+		unix.Close(wake)
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: doorbells: %w", os.NewSyscallError("epoll_ctl", err))
+	}
+	d := &Doorbells{epfd: fd, wake: wake, spin: newSpinner(readerSpinMax), events: make([]unix.EpollEvent, 64)}
 	d.groups.Store(new([]*Group))
 	return d, nil
+}
+
+// wakeTag is the group index of Interrupt's event: no group has it.
+const wakeTag = -1
+
+// Interrupt ends the current Wait, or the next one if none is under way:
+// how the reader's owner stops it without waiting out its timeout. Safe
+// from any goroutine until Close.
+func (d *Doorbells) Interrupt() {
+	ring(d.wake)
 }
 
 // NewGroup makes the group page of a group whose messages are at most
@@ -87,6 +109,7 @@ func (d *Doorbells) Close() error {
 		return nil
 	}
 	d.epfd = -1
+	unix.Close(d.wake)
 	return os.NewSyscallError("close", unix.Close(fd))
 }
 
@@ -113,7 +136,8 @@ func (d *Doorbells) pending() bool {
 }
 
 // Wait returns when a process of one of the groups may have something for
-// the reader (Group.Pending), or after timeout. It spins briefly
+// the reader (Group.Pending), on Interrupt, or after timeout; it reports
+// whether it returned before the timeout. It spins briefly
 // (adaptive, bounded by TPSCHED_READER_SPIN_US, and only while SpinWhile's
 // function allows), then says on every group page that the reader sleeps,
 // looks once more and sleeps on the doorbells; each ring it sees counts in
@@ -123,7 +147,7 @@ func (d *Doorbells) pending() bool {
 // what the reader must see (a completion while it sleeps, their leaving),
 // and a Wait that returned at once for a closed group made the dispatcher
 // spin a core from the node's stop until its Close (issue 29 item 7).
-func (d *Doorbells) Wait(timeout time.Duration) {
+func (d *Doorbells) Wait(timeout time.Duration) bool {
 	groups := *d.groups.Load()
 	for _, g := range groups {
 		g.unmapRetired()
@@ -133,7 +157,7 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 	case spinFound:
 		d.spin.learn(time.Since(start))
 		d.lastRing = start
-		return
+		return true
 	case spinYielded:
 		start = time.Time{} // what comes after the sleep teaches the budget nothing
 	}
@@ -150,7 +174,7 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 		g.gp.sleeping.Store(0)
 	}
 	for _, ev := range d.events[:max(n, 0)] {
-		if int(ev.Pad) < len(groups) {
+		if ev.Pad >= 0 && int(ev.Pad) < len(groups) {
 			if p := groups[ev.Pad].Proc(int(ev.Fd)); p != nil {
 				p.rings.Add(1)
 			}
@@ -166,6 +190,7 @@ func (d *Doorbells) Wait(timeout time.Duration) {
 	default:
 		d.spin.learn(-1)
 	}
+	return n != 0
 }
 
 // How a spin ended.

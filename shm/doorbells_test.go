@@ -37,7 +37,9 @@ func TestDoorbellsOfTwoGroups(t *testing.T) {
 	}
 
 	start := time.Now()
-	d.Wait(30 * time.Millisecond)
+	if d.Wait(30 * time.Millisecond) {
+		t.Error("Wait with no ring says something ended it")
+	}
 	if took := time.Since(start); took < 25*time.Millisecond {
 		t.Errorf("Wait with no ring returned after %v, want about 30ms", took)
 	}
@@ -49,7 +51,9 @@ func TestDoorbellsOfTwoGroups(t *testing.T) {
 
 	ring(int(ps[1].bell.Fd()))
 	start = time.Now()
-	d.Wait(5 * time.Second)
+	if !d.Wait(5 * time.Second) {
+		t.Error("Wait ended by a ring says it timed out")
+	}
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("a ring of group b's process woke the reader after %v", took)
 	}
@@ -59,6 +63,43 @@ func TestDoorbellsOfTwoGroups(t *testing.T) {
 }
 
 // A reader whose SpinWhile says a task waits for a CPU does not spin, and
+// Interrupt ends a Wait under way from another goroutine, or the next one
+// when none is: how the scheduler's Close stops a dispatcher whose idle
+// waits are long. It counts as no process's ring.
+func TestDoorbellsInterrupt(t *testing.T) {
+	d, err := NewDoorbells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	g, err := d.NewGroup("a", 64, 1, testMailboxes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Unmap() })
+	p, err := g.NewProc(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, during := range []bool{true, false} {
+		if during {
+			go func() { time.Sleep(50 * time.Millisecond); d.Interrupt() }()
+		} else {
+			d.Interrupt()
+		}
+		start := time.Now()
+		if !d.Wait(30 * time.Second) {
+			t.Errorf("interrupted (during the wait: %v): Wait says it timed out", during)
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("interrupted (during the wait: %v): Wait returned after %v", during, took)
+		}
+	}
+	if r := p.Rings(); r != 0 {
+		t.Errorf("Interrupt counted %d ring(s) on a process", r)
+	}
+}
+
 // still wakes for a ring.
 func TestDoorbellsSpinWhile(t *testing.T) {
 	d, err := NewDoorbells()

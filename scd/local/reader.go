@@ -45,6 +45,7 @@ type reader struct {
 // dispatch is the reader of every shared-memory group: wait on the
 // doorbells, look at every group, deliver, until stop.
 func (s *Scheduler) dispatch() {
+	wait := dispatchWait
 	for {
 		select {
 		case <-s.stop:
@@ -52,10 +53,14 @@ func (s *Scheduler) dispatch() {
 		default:
 		}
 		// Stamped before each wait: a look that blocks (a caller's Send, a
-		// log write, a bug) ages it, a wait of at most dispatchWait does
-		// not age it past dispatchStall.
+		// log write, a bug) ages it, a wait of at most dispatchIdleWait
+		// does not age it past dispatchStall.
 		s.lastLook.Store(time.Now().UnixNano())
-		s.bells.Wait(dispatchWait)
+		if s.bells.Wait(wait) {
+			wait = dispatchWait
+		} else {
+			wait = min(2*wait, dispatchIdleWait)
+		}
 		for _, r := range *s.readers.Load() {
 			r.collect()
 			r.deliver()
@@ -63,13 +68,21 @@ func (s *Scheduler) dispatch() {
 	}
 }
 
-// dispatchWait bounds the dispatcher's wait for a doorbell: it looks at
-// every group at least that often, and checks for stop.
+// dispatchWait bounds the dispatcher's wait for a doorbell while the
+// processes ring: it looks at every group at least that often. The look
+// without a ring is a safety net (every process rings for what the reader
+// must see), so each wait that nothing ends doubles the bound, up to
+// dispatchIdleWait: on a quiet node with many processes the looks at
+// every process's area ten times a second were a large part of scdd's
+// CPU. Close interrupts the wait.
 const dispatchWait = 100 * time.Millisecond
 
+// dispatchIdleWait is the longest wait of a dispatcher nothing woke.
+const dispatchIdleWait = 500 * time.Millisecond
+
 // dispatchStall is how long the dispatcher may go without a look before
-// the watchdog warns: ten of its longest waits.
-const dispatchStall = 10 * dispatchWait
+// the watchdog warns: two of its longest waits.
+const dispatchStall = 2 * dispatchIdleWait
 
 // lookAge is how long ago, at now, the dispatcher last went back to wait
 // after its looks.
