@@ -396,16 +396,7 @@ func b2f(b bool) float64 {
 // passed (the local scheduler expires its own).
 func (n *Node) expireLoop() {
 	defer n.wg.Done()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case now := <-t.C:
-			n.pool.Expire(now)
-		}
-	}
+	n.pool.RunExpiry(n.stop)
 }
 
 // OnClose is called when a caller's connection closes. Calls in flight for

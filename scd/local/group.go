@@ -12,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/bpf"
+	"tpsched/internal/pace"
 	"tpsched/netio"
 	"tpsched/scd/call"
 	"tpsched/scd/def"
@@ -50,6 +51,7 @@ type Group struct {
 	workDir string                                                   // its processes' working directory (uapdir.go)
 	place   func(c call.Caller, f *netio.Frame) (netio.Code, string) // where its processes' own calls go
 	rd      reader
+	expiry  *pace.Loop // the scheduler's expiry loop, woken by each submit
 
 	mu      sync.Mutex
 	q       *schedq.Queue[*request]
@@ -250,6 +252,7 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 	waiting := g.q.Waiting()
 	u := g.takeUndelivered()
 	g.mu.Unlock()
+	g.expiry.Wake() // after the Submit, where its InFlight sees the call
 	u.settle(g)
 	if g.started.Load() { // else startGroup kicks once its processes run
 		g.procs.Kick(waiting)

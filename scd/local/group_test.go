@@ -15,6 +15,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/bpf"
+	"tpsched/internal/pace"
 	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/call"
@@ -241,6 +242,7 @@ func newTestGroup(tb testing.TB, slots, queueSize, depth int) *testGroup {
 		localCalls: set.NewCounter("local_calls"),
 		stalls:     set.NewCounter("stalls"),
 		latency:    newLatencyHistogram(set.NewPrometheusHistogram("latency")),
+		expiry:     pace.New(expireEvery, expireIdle), // never Run: the tests expire by hand
 	}
 	g.bytes.node = &requestBudget{limit: 1 << 40, share: 1 << 40}
 	g.classes.Store(wlm.NoClasses())

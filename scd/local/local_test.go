@@ -297,6 +297,30 @@ func frame(id uint64, group, service, payload string) *netio.Frame {
 
 const echoServer = "set service_group = g\nset service = echo, fail, hang, call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 
+// TestTimeoutAfterQuiet: the first call after a quiet spell, when the
+// expiry loop looks only every expireIdle (here an hour), has its timeout
+// answered on time: its submit wakes the loop.
+func TestTimeoutAfterQuiet(t *testing.T) {
+	old := expireIdle
+	expireIdle = time.Hour
+	t.Cleanup(func() { expireIdle = old })
+	s, _ := testScheduler(t, map[string]string{"g": echoServer}, nil)
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "echo", "")); code != netio.CodeOK {
+		t.Fatalf("echo: %v %s", code, msg)
+	}
+	a.one(t, 1)
+	time.Sleep(3 * expireEvery) // the loop has seen no call in flight: it waits its hour
+	f := frame(2, "g", "hang", "")
+	f.TimeoutMs = 200
+	if code, msg := s.Serve(a, f); code != netio.CodeOK {
+		t.Fatalf("hang: %v %s", code, msg)
+	}
+	if got := a.one(t, 2); got.Kind != netio.KindError || got.Code != netio.CodeTimedOut {
+		t.Errorf("a hanging call with a 200 ms timeout: %+v %q, want 'timed out'", got.Header, got.Payload)
+	}
+}
+
 // TestServeRefusesOrAnswersOnce: every call Serve takes is answered once
 // through its caller; one it refuses is refused with the code a caller can
 // switch on, and nothing more.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"tpsched/internal/pace"
 	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/call"
@@ -81,6 +82,9 @@ type Scheduler struct {
 	// it warned.
 	lastLook atomic.Int64
 	stalled  bool
+	// expiry paces expireLoop: every expireEvery while calls are in
+	// flight, every expireIdle on a quiet node; a submit wakes it.
+	expiry *pace.Loop
 
 	stop chan struct{}
 	wg   sync.WaitGroup // the readers, the load loop, the expiry loop
@@ -95,7 +99,8 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 	if opts.LevelChanged == nil {
 		opts.LevelChanged = func(*Group) {}
 	}
-	s := &Scheduler{cfg: cfg, opts: opts, log: opts.Logger, groups: make(map[string]*Group), stop: make(chan struct{})}
+	s := &Scheduler{cfg: cfg, opts: opts, log: opts.Logger, groups: make(map[string]*Group), stop: make(chan struct{}),
+		expiry: pace.New(expireEvery, expireIdle)}
 	s.requests.limit = cfg.System.BufferBudget
 	var bad []error // every server's missing module, not only the first (scdd -check)
 	for _, srv := range cfg.Servers {
@@ -125,6 +130,7 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 			watch:   srv.WatchTime,
 			log:     s.log,
 			place:   opts.Place,
+			expiry:  s.expiry,
 			q: schedq.New[*request](schedq.Config{QueueSize: srv.QueueSize, Slots: srv.MaxProcesses,
 				Resident: srv.Resident, Refresh: srv.RefreshProcess, Depth: callsPerProcess(&srv)}),
 			slots: make([]slotState, srv.MaxProcesses),
@@ -397,24 +403,27 @@ func b2f(b bool) float64 {
 }
 
 // expireLoop answers callers whose watch_time has passed, and watches for
-// call cycles with too few processes and for a stalled dispatcher.
+// call cycles with too few processes and for a stalled dispatcher. On a
+// quiet node it looks once every expireIdle: with no call in flight there
+// is nothing to expire or to stall, and the first call's submit wakes it.
 func (s *Scheduler) expireLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case now := <-t.C:
-			for _, g := range s.order {
-				g.expire(now)
-				g.checkStall(now)
-			}
-			s.checkDispatcher(now)
+	s.expiry.Run(s.stop, func(now time.Time) {
+		for _, g := range s.order {
+			g.expire(now)
+			g.checkStall(now)
 		}
-	}
+		s.checkDispatcher(now)
+	}, func() bool { return s.InFlight() > 0 })
 }
+
+// expireEvery is how often expireLoop looks while calls are in flight, and
+// so how late a call's timeout may be answered.
+const expireEvery = 50 * time.Millisecond
+
+// expireIdle is how often expireLoop looks on a quiet node (a variable for
+// the test that makes it an hour).
+var expireIdle = time.Second
 
 // Route is the scheduler as the last stage of the node's lines: it takes
 // every call, putting it on this node's queue of its group or answering
@@ -532,6 +541,9 @@ func (s *Scheduler) Close() error {
 	case <-s.stop:
 	default:
 		close(s.stop)
+	}
+	if s.bells != nil {
+		s.bells.Interrupt() // the dispatcher sees stop now, not at its wait's end
 	}
 	s.wg.Wait()
 	var errs []error

@@ -9,6 +9,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"tpsched/internal/pace"
 	"tpsched/netio"
 )
 
@@ -62,6 +63,8 @@ type Pool struct {
 	gone  map[*peer]bool   // peers of nodes that left, until their lanes and connections end (leave.go)
 	wg    sync.WaitGroup   // the lanes
 	done  bool
+
+	expiry *pace.Loop // RunExpiry's: fast while the pool has peers, woken by the first
 }
 
 type delegateBox struct{ Delegate }
@@ -73,7 +76,7 @@ func New(opts Options) *Pool {
 		opts.UserTimeout = DefaultUserTimeout
 	}
 	p := &Pool{self: opts.Self, key: opts.Key, log: opts.Log, metrics: opts.Metrics, userTimeout: opts.UserTimeout,
-		peers: map[string]*peer{}, gone: map[*peer]bool{}}
+		peers: map[string]*peer{}, gone: map[*peer]bool{}, expiry: pace.New(expireEvery, expireIdle)}
 	p.delegate.Store(&delegateBox{answerDelegate{}})
 	return p
 }
@@ -115,6 +118,7 @@ func (p *Pool) peerFor(node, addr string) *peer {
 		sentTo:  p.metrics.GetOrCreateCounter(fmt.Sprintf(`tpsched_forwarded_total{to=%q}`, node)),
 	}
 	p.peers[node] = pr
+	p.expiry.Wake() // never blocks
 	return pr
 }
 
@@ -186,6 +190,26 @@ func (p *Pool) Close() {
 		}
 	}
 }
+
+// RunExpiry calls Expire until stop is closed: every expireEvery while the
+// pool has a peer (its connections may hold calls and requests), every
+// expireIdle while it has none, as on a node alone; the first peer wakes
+// it.
+func (p *Pool) RunExpiry(stop <-chan struct{}) {
+	p.expiry.Run(stop, p.Expire, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.peers) > 0 || len(p.gone) > 0
+	})
+}
+
+// expireEvery bounds how late a transferred call's or a request's timeout
+// is answered.
+const expireEvery = 50 * time.Millisecond
+
+// expireIdle is how often a pool with no peer looks (a variable for the
+// test that makes it an hour).
+var expireIdle = time.Second
 
 // Expire answers calls and requests whose deadline passed without an
 // answer.

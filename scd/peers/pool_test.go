@@ -362,6 +362,35 @@ func TestRequestsDialOnceAndKeepTheirConnection(t *testing.T) {
 	}
 }
 
+// TestTimeoutAfterAlone: a pool with no peer expires nothing and looks
+// every expireIdle (here an hour); the first call to a peer wakes it, so
+// that call's timeout is answered on time by a node that never answers.
+func TestTimeoutAfterAlone(t *testing.T) {
+	old := expireIdle
+	expireIdle = time.Hour
+	t.Cleanup(func() { expireIdle = old })
+	node := startFakeNode(t, "x", testKey, func(*rpcport.Conn, netio.Frame, string) {}) // never answers
+	pool := New(Options{Self: "self", Key: []byte(testKey), Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); pool.RunExpiry(stop) }()
+	t.Cleanup(func() { close(stop); <-done; pool.Close() })
+	time.Sleep(3 * expireEvery) // the loop saw no peer: it waits its hour
+	a := &answerRecorder{ch: make(chan []byte, 1)}
+	c := &Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(200 * time.Millisecond)}
+	if code, msg := pool.Send("x", node.addr, c); code != netio.CodeOK {
+		t.Fatalf("send: %v %s", code, msg)
+	}
+	select {
+	case b := <-a.ch:
+		if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != netio.CodeTimedOut {
+			t.Errorf("a call the node never answers: %v %v, want 'timed out'", f.Code, err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("a call the node never answers got no answer")
+	}
+}
+
 // answerRecorder is a caller that keeps its one answer.
 type answerRecorder struct{ ch chan []byte }
 
