@@ -29,7 +29,7 @@ import (
 // goroutine only (the reader), never on a gnet event loop.
 type Doorbells struct {
 	epfd     int
-	wake     int // an eventfd under epfd, tagged wakeTag: Interrupt's
+	wake     int                      // an eventfd under epfd, tagged wakeTag: Interrupt's
 	mu       sync.Mutex               // orders NewGroup
 	groups   atomic.Pointer[[]*Group] // by index, the events' tag; Wait reads it without mu
 	spin     spinner
