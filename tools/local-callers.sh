@@ -5,8 +5,8 @@
 # bench group (2 uap-echo) and RESIDENT caller UAPs (default 8; S10 keeps
 # 128), lets N of them (default 5) call bench/echo for 2 s, three times,
 # and prints the calls/s of each run. N = 0: no call; it prints the CPU the
-# idle callers and scdd use over 10 s, as S10's resident callers between
-# its runs.
+# idle callers and scdd use over two spans of 10 s, as S10's resident
+# callers between its runs (scdd's from schedstat, all its threads).
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n 2,9p "$0" >&2; exit 2; }
 BIN=$(readlink -f "$1") N=${2:-5} R=${3:-8} PORT=${PORT:-23211}
@@ -44,8 +44,13 @@ ticks() { # utime+stime of the pids given, in clock ticks
 	done
 	echo "$s"
 }
+runtime() { # on-CPU nanoseconds of every thread of pid $1 (schedstat: exact, where ticks sample)
+	cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {print s + 0}'
+}
 hz=$(getconf CLK_TCK)
-c0=$(ticks $pids) s0=$(ticks "$SCDD")
-sleep 10
-c1=$(ticks $pids) s1=$(ticks "$SCDD")
-echo "idle for 10 s: $(echo "$pids" | wc -w) caller UAPs $(echo "scale=3; ($c1 - $c0) / $hz / 10" | bc) cores, scdd $(echo "scale=3; ($s1 - $s0) / $hz / 10" | bc) cores"
+for _ in 1 2; do
+	c0=$(ticks $pids) s0=$(runtime "$SCDD")
+	sleep 10
+	c1=$(ticks $pids) s1=$(runtime "$SCDD")
+	echo "idle for 10 s: $(echo "$pids" | wc -w) caller UAPs $(echo "scale=3; ($c1 - $c0) / $hz / 10" | bc) cores, scdd $(echo "scale=4; ($s1 - $s0) / 10000000000" | bc) cores"
+done
