@@ -45,7 +45,7 @@ ticks() { # utime+stime of the pids given, in clock ticks
 	echo "$s"
 }
 runtime() { # on-CPU nanoseconds of every thread of pid $1 (schedstat: exact, where ticks sample)
-	cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {print s + 0}'
+	cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'
 }
 hz=$(getconf CLK_TCK)
 for _ in 1 2; do
