@@ -62,25 +62,11 @@ func TestDoorbellsOfTwoGroups(t *testing.T) {
 	}
 }
 
-// A reader whose SpinWhile says a task waits for a CPU does not spin, and
 // Interrupt ends a Wait under way from another goroutine, or the next one
 // when none is: how the scheduler's Close stops a dispatcher whose idle
 // waits are long. It counts as no process's ring.
 func TestDoorbellsInterrupt(t *testing.T) {
-	d, err := NewDoorbells()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
-	g, err := d.NewGroup("a", 64, 1, testMailboxes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.Unmap() })
-	p, err := g.NewProc(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, p := oneProcess(t)
 	for _, during := range []bool{true, false} {
 		if during {
 			go func() { time.Sleep(50 * time.Millisecond); d.Interrupt() }()
@@ -100,8 +86,9 @@ func TestDoorbellsInterrupt(t *testing.T) {
 	}
 }
 
-// still wakes for a ring.
-func TestDoorbellsSpinWhile(t *testing.T) {
+// oneProcess makes doorbells with one group of one process.
+func oneProcess(t *testing.T) (*Doorbells, *Proc) {
+	t.Helper()
 	d, err := NewDoorbells()
 	if err != nil {
 		t.Fatal(err)
@@ -116,6 +103,13 @@ func TestDoorbellsSpinWhile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return d, p
+}
+
+// A reader whose SpinWhile says a task waits for a CPU does not spin, and
+// still wakes for a ring.
+func TestDoorbellsSpinWhile(t *testing.T) {
+	d, p := oneProcess(t)
 	asked := 0
 	d.SpinWhile(func() bool { asked++; return false })
 	ring(int(p.bell.Fd()))
