@@ -428,6 +428,23 @@ func TestLoopDeathEndsServer(t *testing.T) {
 	}
 }
 
+// TestQuietLoopTicksSeldom: a loop's liveness tick comes as seldom as its
+// deadline allows, since each tick wakes a quiet node (TestLoopDeathEndsServer
+// shows a short deadline still caught).
+func TestQuietLoopTicksSeldom(t *testing.T) {
+	s, err := Listen(Options{Addr: "127.0.0.1:0"}, &echoHandler{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(context.Background())
+	time.Sleep(200 * time.Millisecond) // the first tick, at the start, is in
+	first := s.lastTick[0].Load()
+	time.Sleep(500 * time.Millisecond)
+	if got := s.lastTick[0].Load(); got != first {
+		t.Errorf("a quiet loop ticked again after %v; want one tick per %v", time.Duration(got-first), loopDeadAfter/5)
+	}
+}
+
 // TestStopIsNotFailure: after a plain Stop, Done is closed and Err is nil.
 func TestStopIsNotFailure(t *testing.T) {
 	s, err := Listen(Options{Addr: "127.0.0.1:0"}, &echoHandler{})

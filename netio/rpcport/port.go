@@ -532,9 +532,11 @@ type engineHandler struct {
 
 // OnTick runs on gnet's ticker goroutine, which ends when the loop's engine
 // ends for any reason: the janitor counts a loop whose ticks stop as ended.
+// Five ticks to the deadline are margin enough; each tick wakes the
+// process, so a quiet node ticks no more often than that.
 func (e *engineHandler) OnTick() (time.Duration, gnet.Action) {
 	e.s.lastTick[e.r.pos].Store(time.Now().UnixNano())
-	return 250 * time.Millisecond, gnet.None
+	return e.s.loopDeadAfter / 5, gnet.None
 }
 
 func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
