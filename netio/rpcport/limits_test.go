@@ -441,7 +441,7 @@ func TestQuietLoopTicksSeldom(t *testing.T) {
 	first := s.lastTick[0].Load()
 	time.Sleep(500 * time.Millisecond)
 	if got := s.lastTick[0].Load(); got != first {
-		t.Errorf("a quiet loop ticked again after %v; want one tick per %v", time.Duration(got-first), loopDeadAfter/5)
+		t.Errorf("a quiet loop ticked again after %v; want one tick per %v", time.Duration(got-first), loopDeadAfter/ticksPerDeadline)
 	}
 }
 

@@ -530,13 +530,16 @@ type engineHandler struct {
 	r *receiver
 }
 
+// ticksPerDeadline is how many liveness ticks a loop makes within
+// loopDeadAfter: margin enough, and no more, since each tick wakes the
+// process and a quiet node should sleep.
+const ticksPerDeadline = 5
+
 // OnTick runs on gnet's ticker goroutine, which ends when the loop's engine
 // ends for any reason: the janitor counts a loop whose ticks stop as ended.
-// Five ticks to the deadline are margin enough; each tick wakes the
-// process, so a quiet node ticks no more often than that.
 func (e *engineHandler) OnTick() (time.Duration, gnet.Action) {
 	e.s.lastTick[e.r.pos].Store(time.Now().UnixNano())
-	return e.s.loopDeadAfter / 5, gnet.None
+	return e.s.loopDeadAfter / ticksPerDeadline, gnet.None
 }
 
 func (e *engineHandler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
