@@ -137,7 +137,10 @@ func (d *Doorbells) pending() bool {
 
 // Wait returns when a process of one of the groups may have something for
 // the reader (Group.Pending), on Interrupt, or after timeout; it reports
-// whether it returned before the timeout. It spins briefly
+// whether it returned before the timeout, which is the caller's: the
+// doorbells lose no ring (an eventfd counts them), so unlike a UAP's futex
+// sleeps it is not cut to maxSleep, and a quiet node's reader sleeps as
+// long as its owner asks. It spins briefly
 // (adaptive, bounded by TPSCHED_READER_SPIN_US, and only while SpinWhile's
 // function allows), then says on every group page that the reader sleeps,
 // looks once more and sleeps on the doorbells; each ring it sees counts in
@@ -166,7 +169,7 @@ func (d *Doorbells) Wait(timeout time.Duration) bool {
 	}
 	n := 0
 	if !d.pending() {
-		n = d.sleep(min(timeout, maxSleep))
+		n = d.sleep(timeout)
 	} else {
 		n = -1 // something came while the flags were set: no sleep
 	}

@@ -62,6 +62,23 @@ func TestDoorbellsOfTwoGroups(t *testing.T) {
 	}
 }
 
+// A Wait nothing ends lasts its whole timeout, however long: the
+// scheduler's idle dispatcher asks for up to half a second, and a cut to
+// the UAPs' futex bound (maxSleep) made it look at every process's area
+// ten times a second on a quiet node. A busy machine only makes the wait
+// longer.
+func TestDoorbellsWaitLastsItsTimeout(t *testing.T) {
+	d, _ := oneProcess(t)
+	timeout := 3 * maxSleep
+	start := time.Now()
+	if d.Wait(timeout) {
+		t.Error("Wait with no ring says something ended it")
+	}
+	if took := time.Since(start); took < timeout-timeout/10 {
+		t.Errorf("Wait(%v) with no ring returned after %v", timeout, took)
+	}
+}
+
 // Interrupt ends a Wait under way from another goroutine, or the next one
 // when none is: how the scheduler's Close stops a dispatcher whose idle
 // waits are long. It counts as no process's ring.

@@ -544,3 +544,33 @@ func TestDispatcherSleepsAfterStop(t *testing.T) {
 		t.Errorf("the dispatcher of a closed group looked %d times in 300ms, want a few: it spins", changes)
 	}
 }
+
+// TestIdleDispatcherLooksSeldom: on a quiet node the dispatcher's wait
+// doubles from dispatchWait to dispatchIdleWait, so after a call it looks
+// a handful of times a second and then twice. It went on looking ten
+// times a second (the doorbells cut every wait to the UAPs' futex bound)
+// at every process's area, a large part of an idle node's CPU with many
+// processes. Its looks are counted as in TestDispatcherSleepsAfterStop; a
+// busy machine only makes them fewer.
+func TestIdleDispatcherLooksSeldom(t *testing.T) {
+	s, _ := testScheduler(t, map[string]string{"g": echoServer}, nil)
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
+	}
+	if f := a.one(t, 1); f.Code != netio.CodeOK {
+		t.Fatalf("echo: %v %q", f.Code, f.Payload)
+	}
+	const span = 3 * dispatchIdleWait
+	changes, last := 0, s.lastLook.Load()
+	for start := time.Now(); time.Since(start) < span; {
+		time.Sleep(time.Millisecond)
+		if l := s.lastLook.Load(); l != last {
+			changes, last = changes+1, l
+		}
+	}
+	// From dispatchWait, doubling: 100, 200, 400, then 500ms waits.
+	if want := 6; changes > want {
+		t.Errorf("an idle dispatcher looked %d times in %v, want at most %d: its wait does not grow", changes, span, want)
+	}
+}

@@ -356,6 +356,10 @@ func (s *Scheduler) startGroup(g *Group) error {
 	rs := *s.readers.Load()
 	rs = append(rs[:len(rs):len(rs)], &g.rd)
 	s.readers.Store(&rs)
+	// Its wait may be a quiet node's long one, begun before the group's
+	// page was there to say that the reader sleeps: end it, so the next
+	// says so on this page too and the look after it reads the group.
+	s.bells.Interrupt()
 	return nil
 }
 
