@@ -75,7 +75,12 @@ func (m *envs) activate(ctx context.Context, env string, deadline time.Time) err
 	}
 	close(l.done)
 	m.mu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// The manager closed (ctx is its life) and cut the start short:
+		// the server did not fail, the node stops.
+		return &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
+	case err != nil:
 		return &netio.Error{Code: netio.CodeServerTerminated, Message: fmt.Sprintf("%s: the server did not start on %s: %v", env, "node "+m.self, err)}
 	}
 	m.started.Inc()
