@@ -533,14 +533,7 @@ func TestDispatcherSleepsAfterStop(t *testing.T) {
 	g, _ := s.Group("g")
 	g.close()
 	time.Sleep(50 * time.Millisecond) // its process leaves
-	changes, last := 0, s.lastLook.Load()
-	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
-		time.Sleep(time.Millisecond)
-		if l := s.lastLook.Load(); l != last {
-			changes, last = changes+1, l
-		}
-	}
-	if changes > 30 {
+	if changes := looks(s, 300*time.Millisecond); changes > 30 {
 		t.Errorf("the dispatcher of a closed group looked %d times in 300ms, want a few: it spins", changes)
 	}
 }
@@ -550,7 +543,7 @@ func TestDispatcherSleepsAfterStop(t *testing.T) {
 // a handful of times a second and then twice. It went on looking ten
 // times a second (the doorbells cut every wait to the UAPs' futex bound)
 // at every process's area, a large part of an idle node's CPU with many
-// processes. Its looks are counted as in TestDispatcherSleepsAfterStop; a
+// processes. Its looks are counted as in TestDispatcherSleepsAfterStop (looks); a
 // busy machine only makes them fewer.
 func TestIdleDispatcherLooksSeldom(t *testing.T) {
 	s, _ := testScheduler(t, map[string]string{"g": echoServer}, nil)
@@ -562,6 +555,16 @@ func TestIdleDispatcherLooksSeldom(t *testing.T) {
 		t.Fatalf("echo: %v %q", f.Code, f.Payload)
 	}
 	const span = 3 * dispatchIdleWait
+	// From dispatchWait, doubling: 100, 200, 400, then 500ms waits.
+	if changes, want := looks(s, span), 6; changes > want {
+		t.Errorf("an idle dispatcher looked %d times in %v, want at most %d: its wait does not grow", changes, span, want)
+	}
+}
+
+// looks counts the dispatcher's looks in span: the changes of its
+// last-look time, polled every millisecond (it stamps it before each
+// wait).
+func looks(s *Scheduler, span time.Duration) int {
 	changes, last := 0, s.lastLook.Load()
 	for start := time.Now(); time.Since(start) < span; {
 		time.Sleep(time.Millisecond)
@@ -569,8 +572,5 @@ func TestIdleDispatcherLooksSeldom(t *testing.T) {
 			changes, last = changes+1, l
 		}
 	}
-	// From dispatchWait, doubling: 100, 200, 400, then 500ms waits.
-	if want := 6; changes > want {
-		t.Errorf("an idle dispatcher looked %d times in %v, want at most %d: its wait does not grow", changes, span, want)
-	}
+	return changes
 }
