@@ -73,6 +73,11 @@ $(BIN)/libtpsched_uap.a: $(BIN)/tpsched_uap.o
 $(BIN)/uap-echo-c: examples/uap-c/uap_echo.c uap-c/tpsched_uap.h $(BIN)/libtpsched_uap.a
 	$(CC) $(UAP_CFLAGS) -DUAP_VERSION='"$(VERSION)"' -Iuap-c -o $@ examples/uap-c/uap_echo.c $(BIN)/libtpsched_uap.a
 
+# S10's C caller UAP (the bench's, not installed): built by make bench when
+# there is a C compiler.
+$(BIN)/uap-caller-c: bench/cmd/uap-caller-c/uap_caller.c uap-c/tpsched_uap.h $(BIN)/libtpsched_uap.a
+	$(CC) $(UAP_CFLAGS) -Iuap-c -o $@ bench/cmd/uap-caller-c/uap_caller.c $(BIN)/libtpsched_uap.a
+
 install: build ## install the binaries, the C UAP library (header, static library, pkg-config), the systemd unit, the docs, the Grafana dashboard, the examples and (if absent) /etc/tpsched; PREFIX=/usr/local, DESTDIR
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(BIN)/scdd $(BIN)/scdctl $(BIN)/uap-echo $(DESTDIR)$(BINDIR)/
@@ -151,10 +156,12 @@ check-cgroup2: ## root: move cpu and pids (memory too when its v1 hierarchy is e
 
 bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation at 32, 64 and 128 members and over 32 real nodes, the rules simulated over 1,000; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: local calls beside Enduro/X (TPSCHED_ENDUROX=its install prefix; README) and the direct call; report in bench/results/ (about 35 min)
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
+	@if [ -f $(BIN)/libtpsched_uap.a ]; then $(MAKE) --no-print-directory $(BIN)/uap-caller-c; fi
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
 bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (its plan, printed at the start, about 8 min of runs, and a minute or two more on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
+	@if [ -f $(BIN)/libtpsched_uap.a ]; then $(MAKE) --no-print-directory $(BIN)/uap-caller-c; fi
 	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 
 bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; the harness runs its own copies, never the system services)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -265,6 +266,10 @@ const (
 	// each calling bench/echo in a loop through its shared memory
 	// (shm.UAP.Call), as Enduro/X's exbenchcl does.
 	nameTpschedLocal = "tpsched local call"
+	// S10: the same local calls with both sides in C (uap-caller-c calling
+	// uap-echo-c), as Enduro/X's exbenchcl and exbenchsv are: what the
+	// UAPs' language runtime costs a local call.
+	nameTpschedLocalC = "tpsched C local call"
 	// S10: the echo reached through a second UAP's local call: client ->
 	// scdd -> front UAP -> scdd -> bench UAP, and back.
 	nameTpschedNested = "tpsched nested call"
@@ -319,7 +324,8 @@ func startTpschedConf(env Env, sp Spec, name, module, parallel, usrExtra string)
 type tpschedConf struct {
 	name, module, parallel string
 	front                  bool     // a second group, front, whose call service calls bench/echo; the calls go to it
-	callers                int      // a group callers of that many uap-caller processes (S10's local calls)
+	callers                int      // a group callers of that many caller processes (S10's local calls)
+	callerModule           string   // the callers' program: uap-caller if empty
 	usrExtra               string   // more lines of usr/bench
 	sysExtra               string   // more lines of sysconf
 	environ                []string // more of scdd's environment
@@ -363,7 +369,7 @@ func startTpschedWith(env Env, sp Spec, tc tpschedConf) (*system, error) {
 				"set module = %q\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n", uap, s10Front, sp.Queue)
 		}
 		if tc.callers > 0 {
-			caller, err := filepath.Abs(filepath.Join(env.Bin, "uap-caller"))
+			caller, err := filepath.Abs(filepath.Join(env.Bin, cmp.Or(tc.callerModule, "uap-caller")))
 			if err != nil {
 				return err
 			}
@@ -639,6 +645,9 @@ func peerChoices(sp Spec, names []string) []string {
 			"(shm.UAP.Call: its shared memory, no socket) until the run's end, as exbenchcl does, and answers with its counts and a latency "+
 			"histogram (buckets 1/64 wide). The callers are the load generator: their CPU, context switches and system calls are counted as "+
 			"such, the idle ones with the idle systems.", sp.Callers),
+		nameTpschedLocalC: fmt.Sprintf("tpsched C local call: as tpsched local call, with both sides in C as Enduro/X's are: %d resident "+
+			"uap-caller-c (bench/cmd/uap-caller-c, the C UAP library's tpsched_call_service) calling %d resident uap-echo-c (gcc -O2); the same "+
+			"run request, payload, window rules and histogram as the Go callers.", sp.Callers, sp.Workers),
 		nameTpschedNested: fmt.Sprintf("tpsched nested call: as tpsched, plus a group front of %d resident uap-echo processes (each waits for its own local call) whose call "+
 			"service calls bench/echo through the node from its handler (shm.UAP.Call); the client calls front/call over TCP, so each call is two "+
 			"scheduled calls, one of them a local call.", s10Front),

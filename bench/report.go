@@ -196,7 +196,7 @@ func payloadName(c gridCell) string {
 // isTpsched says whether a system is tpsched itself rather than a peer.
 func isTpsched(s string) bool {
 	switch s {
-	case nameTpsched, nameTpschedC, nameTpschedLocal, nameTpschedNested:
+	case nameTpsched, nameTpschedC, nameTpschedLocal, nameTpschedLocalC, nameTpschedNested:
 		return true
 	}
 	return false

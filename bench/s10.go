@@ -39,8 +39,21 @@ func startTpschedNested(env Env, sp Spec) (*system, error) {
 // startTpschedLocal is startTpsched plus a group of sp.Callers caller
 // UAPs, which make the cell's calls (driveLocal).
 func startTpschedLocal(env Env, sp Spec) (*system, error) {
+	return startLocalCalls(env, sp, tpschedConf{name: nameTpschedLocal, module: "uap-echo"})
+}
+
+// startTpschedLocalC is startTpschedLocal with C UAPs on both sides:
+// uap-caller-c calling uap-echo-c.
+func startTpschedLocalC(env Env, sp Spec) (*system, error) {
+	return startLocalCalls(env, sp, tpschedConf{name: nameTpschedLocalC, module: "uap-echo-c", callerModule: "uap-caller-c"})
+}
+
+// startLocalCalls starts tc with sp.Workers bench processes and sp.Callers
+// callers, and drives its cells through the callers.
+func startLocalCalls(env Env, sp Spec, tc tpschedConf) (*system, error) {
 	callers := max(sp.Callers, 1)
-	s, err := startTpschedWith(env, sp, tpschedConf{name: nameTpschedLocal, module: "uap-echo", parallel: fmt.Sprint(sp.Workers), callers: callers})
+	tc.parallel, tc.callers = fmt.Sprint(sp.Workers), callers
+	s, err := startTpschedWith(env, sp, tc)
 	if err != nil {
 		return nil, err
 	}
@@ -289,5 +302,40 @@ func s10Notes(r *report) string {
 				dur(nested.P50us), dur(bound), verdict(nested.P50us <= bound), nested.CPUus, cpu, verdict(nested.CPUus <= cpu))
 		}
 	}
-	return strings.TrimSuffix(b.String(), ";") + "."
+	// The same targets for the C UAPs, whose two sides run without a
+	// language runtime as Enduro/X's do.
+	var cb strings.Builder
+	for i := range r.Cells {
+		c := &r.Cells[i]
+		lc, ex := get(c, nameTpschedLocalC), get(c, nameEnduroX)
+		if lc == nil {
+			continue
+		}
+		fmt.Fprintf(&cb, " %s x %d:", payloadName(*c), c.Conns)
+		switch {
+		case c.Conns == 1 && ex != nil:
+			fmt.Fprintf(&cb, " %.1fk calls/s vs Enduro/X 1x1 %.1fk (%.2fx, %s);",
+				lc.Throughput/1e3, ex.Throughput/1e3, lc.Throughput/ex.Throughput, verdict(lc.Throughput >= ex.Throughput))
+		case c.Conns == 5 && ex != nil:
+			fmt.Fprintf(&cb, " %.1fk calls/s vs Enduro/X 5x5 %.1fk (%.2fx, %s);",
+				lc.Throughput/1e3, ex.Throughput/1e3, lc.Throughput/ex.Throughput, verdict(lc.Throughput >= ex.Throughput))
+		case c.Conns >= 64:
+			five := s10Cell(r, c.Payload, 5)
+			if five == nil || get(five, nameTpschedLocalC) == nil {
+				fmt.Fprintf(&cb, " %.1fk calls/s, p99 %s;", lc.Throughput/1e3, dur(lc.P99us))
+				break
+			}
+			l5 := get(five, nameTpschedLocalC)
+			fmt.Fprintf(&cb, " %.1fk calls/s vs 5 callers %.1fk (%.2fx, target 0.9x: %s), p99 %s (target 5 ms: %s);",
+				lc.Throughput/1e3, l5.Throughput/1e3, lc.Throughput/l5.Throughput, verdict(lc.Throughput >= 0.9*l5.Throughput),
+				dur(lc.P99us), verdict(lc.P99us <= 5000))
+		default:
+			cb.WriteString(" Enduro/X not measured;")
+		}
+	}
+	out := strings.TrimSuffix(b.String(), ";") + "."
+	if cb.Len() > 0 {
+		out += " With C UAPs (" + nameTpschedLocalC + "):" + strings.TrimSuffix(cb.String(), ";") + "."
+	}
+	return out
 }

@@ -141,8 +141,8 @@ var grids = []grid{{
 	service:  "echo",
 	payloads: [2][]int{{128, 4 << 10}, {128}},
 	conns:    [2][]int{{1, 5, 64, 128}, {1, 5, 64, 128}},
-	systems: [2][]string{{nameTpsched, nameTpschedLocal, nameTpschedNested, nameEnduroX},
-		{nameTpsched, nameTpschedLocal, nameTpschedNested, nameEnduroX}},
+	systems: [2][]string{{nameTpsched, nameTpschedLocal, nameTpschedLocalC, nameTpschedNested, nameEnduroX},
+		{nameTpsched, nameTpschedLocal, nameTpschedLocalC, nameTpschedNested, nameEnduroX}},
 	title: func(Spec) string { return "local calls: a service calling a service on the same node" },
 	about: func(Spec) string {
 		return "Service: echo. tpsched local call: N caller UAPs on the node, each calling bench/echo in a loop through its shared memory " +
@@ -194,6 +194,7 @@ var starters = map[string]func(Env, Spec) (*system, error){
 	nameTpsched:       startTpsched,
 	nameTpschedC:      startTpschedC,
 	nameTpschedLocal:  startTpschedLocal,
+	nameTpschedLocalC: startTpschedLocalC,
 	nameTpschedNested: startTpschedNested,
 	nameEnduroX:       startEnduroX,
 	nameGnetEcho:      startGnetEcho,
