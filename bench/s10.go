@@ -264,6 +264,24 @@ func s10Notes(r *report) string {
 		}
 		return nil
 	}
+	// vsEnduroX sets who's calls/s (l) against Enduro/X's NxN (ex).
+	vsEnduroX := func(w *strings.Builder, who string, l, ex *Figures, n int) {
+		fmt.Fprintf(w, " %s %.1fk calls/s vs Enduro/X %dx%d %.1fk (%.2fx, %s)",
+			who, l.Throughput/1e3, n, n, ex.Throughput/1e3, l.Throughput/ex.Throughput, verdict(l.Throughput >= ex.Throughput))
+	}
+	// vsFive is issue 28's: callers that outnumber the cores degrade
+	// gracefully, no cliff, against the same system's 5 callers.
+	vsFive := func(w *strings.Builder, who, system string, c *gridCell, l *Figures) {
+		five := s10Cell(r, c.Payload, 5)
+		if five == nil {
+			return
+		}
+		if l5 := get(five, system); l5 != nil && l5.Throughput > 0 {
+			fmt.Fprintf(w, " %s vs 5 callers %.1fk (%.2fx, target 0.9x: %s), p99 %s (target 5 ms: %s);",
+				who, l5.Throughput/1e3, l.Throughput/l5.Throughput, verdict(l.Throughput >= 0.9*l5.Throughput),
+				dur(l.P99us), verdict(l.P99us <= 5000))
+		}
+	}
 	for i := range r.Cells {
 		c := &r.Cells[i]
 		local, ex, direct, nested := get(c, nameTpschedLocal), get(c, nameEnduroX), get(c, nameTpsched), get(c, nameTpschedNested)
@@ -273,26 +291,19 @@ func s10Notes(r *report) string {
 		fmt.Fprintf(&b, " %s x %d:", payloadName(*c), c.Conns)
 		switch {
 		case c.Conns == 1 && ex != nil:
-			fmt.Fprintf(&b, " local %.1fk calls/s vs Enduro/X 1x1 %.1fk (%.2fx, %s), p50 %s vs Enduro/X mean %s (%s);",
-				local.Throughput/1e3, ex.Throughput/1e3, local.Throughput/ex.Throughput, verdict(local.Throughput >= ex.Throughput),
-				dur(local.P50us), dur(ex.MeanUs), verdict(local.P50us <= ex.MeanUs))
+			vsEnduroX(&b, "local", local, ex, 1)
+			fmt.Fprintf(&b, ", p50 %s vs Enduro/X mean %s (%s);", dur(local.P50us), dur(ex.MeanUs), verdict(local.P50us <= ex.MeanUs))
 		case c.Conns == 5 && ex != nil:
-			fmt.Fprintf(&b, " local %.1fk calls/s vs Enduro/X 5x5 %.1fk (%.2fx, %s);",
-				local.Throughput/1e3, ex.Throughput/1e3, local.Throughput/ex.Throughput, verdict(local.Throughput >= ex.Throughput))
+			vsEnduroX(&b, "local", local, ex, 5)
+			b.WriteString(";")
 		case c.Conns >= 64 && direct != nil:
 			fmt.Fprintf(&b, " local %.1fk calls/s vs direct %.1fk (%.2fx, target 0.8x: %s);",
 				local.Throughput/1e3, direct.Throughput/1e3, local.Throughput/direct.Throughput, verdict(local.Throughput >= 0.8*direct.Throughput))
 		default:
 			b.WriteString(" Enduro/X not measured;")
 		}
-		if five := s10Cell(r, c.Payload, 5); c.Conns >= 64 && five != nil {
-			// Issue 28: callers that outnumber the cores degrade
-			// gracefully, no cliff.
-			if l5 := get(five, nameTpschedLocal); l5 != nil && l5.Throughput > 0 {
-				fmt.Fprintf(&b, " local vs 5 callers %.1fk (%.2fx, target 0.9x: %s), p99 %s (target 5 ms: %s);",
-					l5.Throughput/1e3, local.Throughput/l5.Throughput, verdict(local.Throughput >= 0.9*l5.Throughput),
-					dur(local.P99us), verdict(local.P99us <= 5000))
-			}
+		if c.Conns >= 64 {
+			vsFive(&b, "local", nameTpschedLocal, c, local)
 		}
 		if nested != nil && direct != nil {
 			// The nested call's server includes its front UAP, the caller:
@@ -313,22 +324,12 @@ func s10Notes(r *report) string {
 		}
 		fmt.Fprintf(&cb, " %s x %d:", payloadName(*c), c.Conns)
 		switch {
-		case c.Conns == 1 && ex != nil:
-			fmt.Fprintf(&cb, " %.1fk calls/s vs Enduro/X 1x1 %.1fk (%.2fx, %s);",
-				lc.Throughput/1e3, ex.Throughput/1e3, lc.Throughput/ex.Throughput, verdict(lc.Throughput >= ex.Throughput))
-		case c.Conns == 5 && ex != nil:
-			fmt.Fprintf(&cb, " %.1fk calls/s vs Enduro/X 5x5 %.1fk (%.2fx, %s);",
-				lc.Throughput/1e3, ex.Throughput/1e3, lc.Throughput/ex.Throughput, verdict(lc.Throughput >= ex.Throughput))
+		case (c.Conns == 1 || c.Conns == 5) && ex != nil:
+			vsEnduroX(&cb, "C", lc, ex, c.Conns)
+			cb.WriteString(";")
 		case c.Conns >= 64:
-			five := s10Cell(r, c.Payload, 5)
-			if five == nil || get(five, nameTpschedLocalC) == nil {
-				fmt.Fprintf(&cb, " %.1fk calls/s, p99 %s;", lc.Throughput/1e3, dur(lc.P99us))
-				break
-			}
-			l5 := get(five, nameTpschedLocalC)
-			fmt.Fprintf(&cb, " %.1fk calls/s vs 5 callers %.1fk (%.2fx, target 0.9x: %s), p99 %s (target 5 ms: %s);",
-				lc.Throughput/1e3, l5.Throughput/1e3, lc.Throughput/l5.Throughput, verdict(lc.Throughput >= 0.9*l5.Throughput),
-				dur(lc.P99us), verdict(lc.P99us <= 5000))
+			fmt.Fprintf(&cb, " C %.1fk calls/s;", lc.Throughput/1e3)
+			vsFive(&cb, "C", nameTpschedLocalC, c, lc)
 		default:
 			cb.WriteString(" Enduro/X not measured;")
 		}

@@ -146,9 +146,9 @@ func TestS10Targets(t *testing.T) {
 		"nested p50 200 us vs direct + local 130 us (NOT met), CPU 110.0 vs 90.0 us/call (NOT met)",
 		"128 B x 5: local 30.0k calls/s vs Enduro/X 5x5 40.0k (0.75x, NOT met)",
 		"128 B x 64: local 33.0k calls/s vs direct 40.0k (0.82x, target 0.8x: met); local vs 5 callers 30.0k (1.10x, target 0.9x: met), p99 7.60 ms (target 5 ms: NOT met)",
-		"met). With C UAPs (tpsched C local call): 128 B x 1: 22.0k calls/s vs Enduro/X 1x1 20.0k (1.10x, met); " +
-			"128 B x 5: 36.0k calls/s vs Enduro/X 5x5 40.0k (0.90x, NOT met); " +
-			"128 B x 64: 50.0k calls/s vs 5 callers 36.0k (1.39x, target 0.9x: met), p99 4.80 ms (target 5 ms: met).",
+		"met). With C UAPs (tpsched C local call): 128 B x 1: C 22.0k calls/s vs Enduro/X 1x1 20.0k (1.10x, met); " +
+			"128 B x 5: C 36.0k calls/s vs Enduro/X 5x5 40.0k (0.90x, NOT met); " +
+			"128 B x 64: C 50.0k calls/s; C vs 5 callers 36.0k (1.39x, target 0.9x: met), p99 4.80 ms (target 5 ms: met).",
 	} {
 		if !strings.Contains(n, want) {
 			t.Errorf("notes lack %q:\n%s", want, n)
