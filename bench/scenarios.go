@@ -146,7 +146,8 @@ var grids = []grid{{
 	title: func(Spec) string { return "local calls: a service calling a service on the same node" },
 	about: func(Spec) string {
 		return "Service: echo. tpsched local call: N caller UAPs on the node, each calling bench/echo in a loop through its shared memory " +
-			"(shm.UAP.Call -> scdd -> bench UAP), as Enduro/X's exbenchcl calls exbenchsv over POSIX queues: local calls alone, no network hop. " +
+			"(shm.UAP.Call -> scdd -> bench UAP), as Enduro/X's exbenchcl calls exbenchsv over POSIX queues: local calls alone, no network hop; " +
+			"tpsched C local call: the same with both sides in C (uap-caller-c calling uap-echo-c), as Enduro/X's are. " +
 			"Beside them, the same echo over TCP (closed loop, N connections, one call outstanding on each): directly (tpsched: client -> scdd -> UAP) " +
 			"and through a front UAP's local call (tpsched nested call: client -> scdd -> front UAP -> local call -> bench UAP, and back)."
 	},
