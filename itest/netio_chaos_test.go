@@ -319,10 +319,18 @@ func TestChaosFDExhaustionCallsWait(t *testing.T) {
 	var mu sync.Mutex
 	var errs []string
 	start := time.Now()
+	// Every caller is connected (accepted or in the listen queue) before
+	// any sends its call, so that more connections wait than scdd has
+	// descriptors for: without it a quick node could accept, answer and
+	// see each closed before the next came, and never meet the limit.
+	var dialed sync.WaitGroup
+	dialed.Add(callers)
 	var wg sync.WaitGroup
 	for i := range callers {
 		wg.Go(func() {
 			c, err := net.DialTimeout("tcp", n.rpc, 30*time.Second)
+			dialed.Done()
+			dialed.Wait()
 			if err == nil {
 				var f netio.Frame
 				payload := []byte(fmt.Sprintf("caller %d", i))
