@@ -40,7 +40,7 @@ CHECK_FUZZTIME ?= 10s
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test check check-cgroup2 test-short slowest bench bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos torture clean
+.PHONY: help build uap-c install uninstall test check check-cgroup2 test-short slowest bench bench-bin bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos torture clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -154,15 +154,17 @@ slowest: ## the slowest tests of the last make test, check and test-short runs (
 check-cgroup2: ## root: move cpu and pids (memory too when its v1 hierarchy is empty) to cgroup v2, run procmgr's containment and priority tests there, move them back (tools/cgroup2-ci.sh)
 	sh tools/cgroup2-ci.sh
 
-bench: build ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation at 32, 64 and 128 members and over 32 real nodes, the rules simulated over 1,000; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: local calls beside Enduro/X (TPSCHED_ENDUROX=its install prefix; README) and the direct call; report in bench/results/ (about 35 min)
-	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
-	@if [ -f $(BIN)/libtpsched_uap.a ]; then $(MAKE) --no-print-directory $(BIN)/uap-caller-c; fi
+bench: bench-bin ## S1-S4: tpsched beside gnet echo, gRPC-go, nginx+PHP-FPM (static, dynamic, ondemand), HAProxy; S5: the CPU guard on and off; S6: three nodes, one 3x slower, random vs OpenTP1 vs P2C; S7: announce propagation at 32, 64 and 128 members and over 32 real nodes, the rules simulated over 1,000; S8: skewed connections, the kernel's hash vs steering; S9: a node restarted under load, hand-off vs stop and start; S10: local calls beside Enduro/X (TPSCHED_ENDUROX=its install prefix; README) and the direct call; report in bench/results/ (about 35 min)
 	$(BIN)/tpbench -bin $(BIN) -out bench/results $(BENCHFLAGS)
 
-bench-quick: build ## the bench on a smaller grid, for development, into bench/results/quick/ (its plan, printed at the start, about 8 min of runs, and a minute or two more on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
+bench-quick: bench-bin ## the bench on a smaller grid, for development, into bench/results/quick/ (its plan, printed at the start, about 8 min of runs, and a minute or two more on a quiet machine; on a busy one up to 10 min more waiting for quiet, -quiet-budget)
+	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
+
+# The bench's own programs beside make build's: tpbench, the Go caller UAP
+# and, when make build made the C UAP library, the C caller UAP.
+bench-bin: build
 	cd bench && $(GO) build $(GOFLAGS) -o $(ABSBIN)/ ./cmd/tpbench ./cmd/uap-caller
 	@if [ -f $(BIN)/libtpsched_uap.a ]; then $(MAKE) --no-print-directory $(BIN)/uap-caller-c; fi
-	$(BIN)/tpbench -quick -bin $(BIN) -out bench/results/quick $(BENCHFLAGS)
 
 bench-deps: ## apt-get install the bench peers: nginx, php-fpm, haproxy (root; the harness runs its own copies, never the system services)
 	@command -v apt-get >/dev/null || { echo "bench-deps: needs apt-get (Debian/Ubuntu)"; exit 1; }

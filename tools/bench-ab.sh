@@ -20,8 +20,12 @@ for side in before after; do
 	src="$out/src-$side"
 	rm -rf "$src"
 	git -C "$top" worktree add --detach -f "$src" "$rev" >/dev/null
-	make -s -C "$src" build BIN="$out/bin-$side" >/dev/null
-	(cd "$src/bench" && go build -o "$out/bin-$side/" ./cmd/tpbench ./cmd/uap-caller)
+	if grep -q '^bench-bin:' "$src/Makefile"; then # with the C caller UAP
+		make -s -C "$src" bench-bin BIN="$out/bin-$side" >/dev/null
+	else
+		make -s -C "$src" build BIN="$out/bin-$side" >/dev/null
+		(cd "$src/bench" && go build -o "$out/bin-$side/" ./cmd/tpbench ./cmd/uap-caller)
+	fi
 	git -C "$top" worktree remove --force "$src"
 	echo "$side: $rev ($(git -C "$top" rev-parse --short "$rev")) built"
 done
