@@ -60,7 +60,7 @@ type Pool struct {
 
 	mu    sync.Mutex
 	peers map[string]*peer // by node id
-	gone  map[*peer]bool   // peers of nodes that left, until their lanes and connections end (leave.go)
+	gone  map[*peer]bool   // peers of nodes that left or moved, until their lanes and connections end (leave.go)
 	wg    sync.WaitGroup   // the lanes
 	done  bool
 
@@ -107,7 +107,10 @@ func (p *Pool) peerFor(node, addr string) *peer {
 		return pr
 	}
 	if pr != nil {
+		// Its connections retire with calls on them: gone keeps them
+		// in Expire's, TotalInFlight's and Close's sight until they end.
 		pr.halt(true)
+		p.gone[pr] = true
 	}
 	pr = &peer{
 		pool: p, node: node, addr: addr,

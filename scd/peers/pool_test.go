@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -508,4 +509,65 @@ func waitUntil(t *testing.T, cond func() bool) {
 			t.Fatal("timed out waiting")
 		}
 	}
+}
+
+// TestReplacedPeerCallsExpireAndClose: the calls on the connection of a
+// peer replaced because its node moved (which retires, not closes) are
+// still the pool's: counted in flight, answered 'timed out' at their
+// deadline by a node that never answers, and answered when the pool
+// closes. The replaced peer was forgotten at once, so its connection was
+// in none of the three.
+func TestReplacedPeerCallsExpireAndClose(t *testing.T) {
+	got := make(chan string, 4)
+	mute := func(_ *rpcport.Conn, f netio.Frame, _ string) { got <- string(f.Group) } // never answers
+	addrA := startFakeNode(t, "x", testKey, mute).addr
+	addrB := startFakeNode(t, "x", testKey, mute).addr
+	pool := New(Options{Self: "self", Key: []byte(testKey), Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); pool.RunExpiry(stop) }()
+	closed := false
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		if !closed {
+			pool.Close()
+		}
+	})
+	send := func(id uint64, addr string, d time.Duration) *answerRecorder {
+		t.Helper()
+		a := &answerRecorder{ch: make(chan []byte, 1)}
+		c := &Call{Caller: a, CallerID: id, Kind: netio.KindCall, Group: fmt.Sprint("g", id), Start: time.Now(), Deadline: time.Now().Add(d)}
+		if code, msg := pool.Send("x", addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+		select {
+		case <-got:
+		case <-time.After(testWait):
+			t.Fatalf("call %d did not reach the node", id)
+		}
+		return a
+	}
+	answer := func(a *answerRecorder, want netio.Code, within time.Duration) {
+		t.Helper()
+		select {
+		case b := <-a.ch:
+			if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != want {
+				t.Errorf("answer %v %v, want code %v", f.Code, err, want)
+			}
+		case <-time.After(within):
+			t.Errorf("no answer within %v, want code %v", within, want)
+		}
+	}
+	short := send(1, addrA, 300*time.Millisecond)
+	long := send(2, addrA, testWait)
+	other := send(3, addrB, testWait) // x moved: its peer is replaced
+	if n := pool.TotalInFlight(); n != 3 {
+		t.Errorf("%d calls in flight, want 3 (two on the replaced peer's connection)", n)
+	}
+	answer(short, netio.CodeTimedOut, 2*time.Second)
+	pool.Close()
+	closed = true
+	answer(long, netio.CodeNetworkDown, time.Second)
+	answer(other, netio.CodeNetworkDown, time.Second)
 }
