@@ -3,6 +3,8 @@ package peers
 import (
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,10 +187,12 @@ func (p *Pool) Close() {
 	peers := p.allPeersLocked()
 	p.mu.Unlock()
 	for _, pr := range peers {
+		// A copy: a retired connection that ends deletes itself from
+		// pr.conns meanwhile, and Close waits for its writer.
 		pr.mu.Lock()
-		conns := pr.conns
+		conns := slices.Collect(maps.Keys(pr.conns))
 		pr.mu.Unlock()
-		for mc := range conns {
+		for _, mc := range conns {
 			mc.Close(fmt.Errorf("connection to node %s closed: this node is stopping", pr.node))
 		}
 	}
