@@ -25,6 +25,7 @@ func (d *delegate) Prepare(slot int) ([]*os.File, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.slots[slot] = slotState{}
+	g.q.Renew(slot)
 	p, err := g.tr.newProc(slot)
 	if err != nil {
 		return nil, err

@@ -770,3 +770,35 @@ func TestGroupLogsWithoutMu(t *testing.T) {
 		})
 	}
 }
+
+// TestStopOfAnExitedProcessDoesNotBindItsSuccessor: procmgr asks a slot's
+// process to stop just after it exited (its reap reports the exit before
+// procmgr forgets the process, and the scaler or chprc may choose the slot
+// in between), or after a start that failed. The process started next in
+// the slot is a new one: it attaches and is handed calls. The queue kept
+// the slot retiring, which only an exit cleared, so the new process sat
+// ready and idle for good (with one process, every call waited for its
+// deadline).
+func TestStopOfAnExitedProcessDoesNotBindItsSuccessor(t *testing.T) {
+	tg := newTestGroup(t, 1, 16, 1)
+	tg.start(t)
+	tg.Exited(0, 0, errors.New("exit status 1"))
+	(*delegate)(tg.Group).Stop(0) // too late: nobody runs there
+	if _, err := tg.Prepare(0); err != nil {
+		t.Fatal(err)
+	}
+	tg.with(func() { tg.tr.procs[0].ready = true })
+	tg.look()
+	a := &recorder{}
+	if code, msg := tg.call(a, 1, []byte("x")); code != netio.CodeOK {
+		t.Fatal(code, msg)
+	}
+	tg.with(func() {
+		if n := len(tg.tr.procs[0].held); n != 1 {
+			t.Errorf("the new process holds %d calls, want 1 (%d waiting)", n, tg.q.Waiting())
+		}
+	})
+	tg.complete(0)
+	wantAnswers(t, []*recorder{a}, netio.CodeOK, [][]byte{[]byte("x")})
+}
+

@@ -549,6 +549,21 @@ func (q *Queue[C]) Retire(slot int) (holds bool) {
 	return len(sl.calls) > 0
 }
 
+// Renew says a new process is about to start in slot. A retire asked of
+// the slot while no process ran there (a stop that came just after its
+// process exited, or after a start that failed) is over: only an exit
+// ended one, and the new process would attach and never be handed a
+// call. A slot that still holds calls is left as it is: Exited settles
+// them.
+func (q *Queue[C]) Renew(slot int) {
+	if !q.valid(slot) {
+		return
+	}
+	if sl := &q.slots[slot]; sl.state == slotRetiring && len(sl.calls) == 0 {
+		sl.reset(slotEmpty)
+	}
+}
+
 // Expire answers the calls whose deadline is at or before now: those
 // waiting leave the queue, those held by a process (prefetched ones too)
 // are marked answered (the process may still finish them; Done then drops
