@@ -802,3 +802,53 @@ func TestStopOfAnExitedProcessDoesNotBindItsSuccessor(t *testing.T) {
 	wantAnswers(t, []*recorder{a}, netio.CodeOK, [][]byte{[]byte("x")})
 }
 
+// TestBadCompletionRequeuesTheCallBehindIt: a process holding its current
+// call and a prefetched one it has not taken completes the first with a
+// status the protocol does not know. The reader kills it; the completed
+// call's caller is answered 'server terminated', and the prefetched call,
+// which never ran, goes to the sibling. The reader asked the queue to
+// retire the slot (and so to take back the prefetched call) before it told
+// the queue of the completion: the process, whose end had already counted
+// the completion, held one call and refused the revoke, and the queue took
+// that for the call having been taken ('server terminated' for a call that
+// never ran).
+func TestBadCompletionRequeuesTheCallBehindIt(t *testing.T) {
+	tg := newTestGroup(t, 2, 16, 2)
+	tg.start(t)
+	callers := make([]*recorder, 4)
+	payloads := make([][]byte, 4)
+	for i := range callers {
+		callers[i], payloads[i] = &recorder{}, fmt.Appendf(nil, "call %d", i)
+		if code, msg := tg.call(callers[i], uint64(i+1), payloads[i]); code != netio.CodeOK {
+			t.Fatal(code, msg)
+		}
+	}
+	var first, behind int // the callers of slot 0's two calls
+	tg.with(func() {
+		for slot, p := range tg.tr.procs {
+			if len(p.held) != 2 {
+				t.Fatalf("slot %d holds %d calls, want 2", slot, len(p.held))
+			}
+		}
+		p := tg.tr.procs[0]
+		for i, pl := range payloads {
+			switch string(pl) {
+			case string(p.held[0].req):
+				first = i
+			case string(p.held[1].req):
+				behind = i
+			}
+		}
+		p.taken, p.done, p.badDone = 1, 1, true
+	})
+	tg.look()
+	if k := tg.procs.kills(); len(k) != 1 || k[0] != 0 {
+		t.Fatalf("kills %v, want slot 0", k)
+	}
+	tg.Exited(0, 0, errors.New("signal: killed"))
+	for range 3 { // the sibling's two calls, then the one handed on
+		tg.complete(1)
+	}
+	wantAnswers(t, callers[first:first+1], netio.CodeServerTerminated, nil)
+	wantAnswers(t, callers[behind:behind+1], netio.CodeOK, payloads[behind:behind+1])
+}

@@ -197,9 +197,13 @@ func (r *reader) collect() {
 				// first, so the queue hands it nothing more.
 				g.misbehaved.Inc()
 				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
+				// Retired before Done, so the queue hands it nothing
+				// more; acted on after Done, since p no longer holds
+				// the completed call: a revoke of the call behind it
+				// must meet a queue that no longer holds it either.
 				g.q.Retire(slot)
-				g.act()
 				done, _ := g.q.Done(slot)
+				g.act()
 				cl := done.Call
 				if !done.Answered && !cl.noReply {
 					r.batches[cl.to] = netio.AppendError(r.batches[cl.to], cl.id, netio.CodeServerTerminated,

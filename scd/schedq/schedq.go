@@ -435,11 +435,17 @@ func (q *Queue[C]) Revoked(slot int) (call C, free bool) {
 }
 
 // NotRevoked says the process of slot had taken the last call handed to
-// it (and so every one before it): none of them is asked for again.
+// it (and so every one before it): none of them is asked for again. A
+// slot that holds one call by now (its current one ended since the revoke
+// was asked) says nothing of whether it took the other: a process gives
+// back no current call.
 func (q *Queue[C]) NotRevoked(slot int) {
 	if q.valid(slot) {
 		sl := &q.slots[slot]
-		sl.taken, sl.revokeAsked = len(sl.calls), false
+		if len(sl.calls) > 1 {
+			sl.taken = len(sl.calls)
+		}
+		sl.revokeAsked = false
 	}
 	q.balance()
 }
