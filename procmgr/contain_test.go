@@ -102,7 +102,7 @@ func TestProcessThatLeftItsGroupIsKilled(t *testing.T) {
 		t.Fatalf("the child still leads its own group %d", pg)
 	}
 
-	srv.Kill(0)
+	srv.Kill(0, pid)
 	e := exits.next(t)
 	if e.pid != pid {
 		t.Fatalf("Exited(%d, %d), want pid %d", e.slot, e.pid, pid)

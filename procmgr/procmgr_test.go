@@ -471,7 +471,7 @@ func TestResidentProcessesStartWithSegmentAndEnvironment(t *testing.T) {
 			t.Errorf("slot %d is %s before its process attached, want starting", i, p.State)
 		}
 		readReport(t, dir, i, 0)
-		srv.Attached(i) // as scd says when the process attaches to its queue
+		srv.Attached(i, 0) // as scd says when the process attaches to its queue
 	}
 	procs := srv.Processes()
 	if res, nonres := srv.Running(); len(procs) != 3 || res != 3 || nonres != 0 {
@@ -520,8 +520,8 @@ func TestKilledProcessIsReplacedInItsSlot(t *testing.T) {
 	srv := startServer(t, testManager(t), uapSpec("sleep", dir, 2), h)
 	readReport(t, dir, 0, 0)
 	readReport(t, dir, 1, 0) // the processes are up, not still starting
-	srv.Attached(0)
-	srv.Attached(1)
+	srv.Attached(0, 0)
+	srv.Attached(1, 0)
 	before := srv.Processes()
 	victim := before[1].PID
 
@@ -533,7 +533,7 @@ func TestKilledProcessIsReplacedInItsSlot(t *testing.T) {
 		t.Errorf("Exited(%d, %d, %v); want slot 1, pid %d, a 'killed' error", e.slot, e.pid, e.err, victim)
 	}
 	rep := readReport(t, dir, 1, victim)
-	srv.Attached(1)
+	srv.Attached(1, 0)
 	var now []ProcInfo
 	waitUntil(t, "slot 1 running again", func() bool {
 		now = srv.Processes()
@@ -914,7 +914,7 @@ func TestFailingServerIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	readReport(t, dir, 0, 0)
-	srv.Attached(0)
+	srv.Attached(0, 0)
 	select {
 	case err := <-h.failures:
 		if err != nil {
@@ -946,7 +946,7 @@ func TestNotFailingWhileAProcessServes(t *testing.T) {
 	pids := [2]int{}
 	for slot := range pids {
 		pids[slot], _ = strconv.Atoi(readReport(t, dir, slot, 0)["pid"])
-		srv.Attached(slot)
+		srv.Attached(slot, 0)
 	}
 	refusing[1].Store(true)
 	if err := syscall.Kill(pids[1], syscall.SIGKILL); err != nil {

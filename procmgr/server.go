@@ -171,11 +171,13 @@ var (
 	errNotResident = errors.New("procmgr: slot no longer resident")
 )
 
-// Attached says that the process in slot attached to its queue: it is
-// running, and the server is not failing.
-func (s *Server) Attached(slot int) {
+// Attached says that the process in slot, pid (0: whichever runs there),
+// attached to its queue: it is running, and the server is not failing. A
+// pid that is no longer the slot's (it died and another started since the
+// caller looked) says nothing of the new one.
+func (s *Server) Attached(slot, pid int) {
 	s.mu.Lock()
-	if slot < 0 || slot >= len(s.slots) || s.slots[slot].proc == nil {
+	if slot < 0 || slot >= len(s.slots) || s.slots[slot].proc == nil || pid != 0 && s.slots[slot].proc.Pid != pid {
 		s.mu.Unlock()
 		return
 	}
@@ -549,18 +551,24 @@ func (s *Server) setStopping() {
 	s.stopOnce.Do(func() { close(s.stop) })
 }
 
-// Kill ends the process in slot at once, for one that broke the protocol:
-// SIGKILL to the process itself and to its process group (its children,
-// unless they left it). It is reaped as after a crash (and a resident one
-// replaced). What it left outside its group stays in the server's cgroups,
-// within its limits, until the server stops.
-func (s *Server) Kill(slot int) {
+// Kill ends the process in slot, pid (0: whichever runs there), at once,
+// for one that broke the protocol: SIGKILL to the process itself and to
+// its process group (its children, unless they left it). It is reaped as
+// after a crash (and a resident one replaced). What it left outside its
+// group stays in the server's cgroups, within its limits, until the server
+// stops. A pid that is no longer the slot's is not killed: the caller
+// decided on the process it saw, which has since died and may have been
+// replaced by an innocent one.
+func (s *Server) Kill(slot, pid int) {
 	s.reapGate.RLock()
 	defer s.reapGate.RUnlock()
 	s.mu.Lock()
 	var proc *os.Process
 	if slot >= 0 && slot < len(s.slots) {
 		proc = s.slots[slot].proc
+	}
+	if proc != nil && pid != 0 && proc.Pid != pid {
+		proc = nil
 	}
 	s.mu.Unlock()
 	if proc != nil {

@@ -97,11 +97,32 @@ func TestKillNeverSignalsAReapedPid(t *testing.T) {
 	}
 	beforeKill.Store(&hook)
 	defer beforeKill.Store(nil)
-	srv.Kill(0)
+	srv.Kill(0, pid)
 	if e := exits.next(t); e.pid != pid {
 		t.Fatalf("Exited(%d, %d), want pid %d", e.slot, e.pid, pid)
 	}
 	if d := reapedAt.Load(); d != 0 {
 		t.Errorf("pid %d was reaped %v after its death, while Kill was about to signal it and its group by number", pid, time.Duration(d))
+	}
+}
+
+// Kill names the process its caller decided on: scd decides under its
+// group's lock and calls Kill after releasing it, by when that process may
+// have died and another started in its slot. A pid that is not the slot's
+// process is not killed.
+func TestKillSparesAReplacement(t *testing.T) {
+	m := testManager(t)
+	dir := t.TempDir()
+	exits := newExitLog()
+	srv := startServer(t, m, uapSpec("sleep", dir, 1), &hooks{exited: exits.hook})
+	pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
+	srv.Kill(0, pid+1) // not the slot's process: one before it, say
+	time.Sleep(200 * time.Millisecond)
+	if got := exits.all(); len(got) != 0 {
+		t.Fatalf("exits %v after a kill of a pid that is not the slot's", got)
+	}
+	srv.Kill(0, pid)
+	if e := exits.next(t); e.pid != pid {
+		t.Fatalf("Exited(%d, %d), want pid %d", e.slot, e.pid, pid)
 	}
 }

@@ -99,8 +99,8 @@ func (s *inProcServer) run(slot int) error {
 }
 
 func (s *inProcServer) Kick(int)                      {}
-func (s *inProcServer) Attached(int)                  {}
-func (s *inProcServer) Kill(int)                      {}
+func (s *inProcServer) Attached(int, int)             {}
+func (s *inProcServer) Kill(int, int)                 {}
 func (s *inProcServer) Replace(int)                   {}
 func (s *inProcServer) Running() (int, int)           { return s.spec.Resident, 0 }
 func (s *inProcServer) Processes() []procmgr.ProcInfo { return nil }

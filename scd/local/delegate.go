@@ -104,7 +104,7 @@ func (d *delegate) Exited(slot, pid int, exitErr error) {
 	g.tr.Remove(slot)
 	*si = slotState{}
 	u := g.takeUndelivered()
-	u.slots = slices.DeleteFunc(u.slots, func(s int) bool { return s == slot }) // dead already
+	u.procs = slices.DeleteFunc(u.procs, func(k slotPID) bool { return k.slot == slot }) // dead already
 	g.mu.Unlock()
 	u.settle(g)
 	for _, a := range answers {

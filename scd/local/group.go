@@ -321,7 +321,7 @@ func (g *Group) act() {
 					freeRequest(e.Call)
 				}
 			}
-			g.undelivered.slots = append(g.undelivered.slots, r.slot)
+			g.undelivered.procs = append(g.undelivered.procs, slotPID{r.slot, si.p.PID()})
 		}
 		g.refusing = g.refusing[:0]
 	}
@@ -333,13 +333,17 @@ type refusedHand struct {
 	err  error
 }
 
+// slotPID is the process a decision made under mu was about: procmgr is
+// told after mu is released, when the slot may hold another process.
+type slotPID struct{ slot, pid int }
+
 // undelivered are the calls a transport refused, to be answered, and the
-// slots whose processes are to be killed for it: act's, until the caller
+// processes to be killed for it: act's, until the caller
 // of act takes them (takeUndelivered) to settle them without mu. The log
 // records made under mu wait here too (logLater).
 type undelivered struct {
 	calls []undeliveredCall
-	slots []int
+	procs []slotPID // to kill
 	logs  []logRecord
 }
 
@@ -376,7 +380,7 @@ type undeliveredCall struct {
 // takeUndelivered hands over what act left to settle. Under mu; nothing to
 // do (the usual case) costs three loads.
 func (g *Group) takeUndelivered() undelivered {
-	if len(g.undelivered.calls) == 0 && len(g.undelivered.slots) == 0 && len(g.undelivered.logs) == 0 {
+	if len(g.undelivered.calls) == 0 && len(g.undelivered.procs) == 0 && len(g.undelivered.logs) == 0 {
 		return undelivered{}
 	}
 	u := g.undelivered
@@ -395,8 +399,8 @@ func (u undelivered) settle(g *Group) {
 		c.cl.fail(netio.CodeServerTerminated, c.why)
 		freeRequest(c.cl)
 	}
-	for _, slot := range u.slots {
-		g.procs.Kill(slot)
+	for _, k := range u.procs {
+		g.procs.Kill(k.slot, k.pid)
 	}
 }
 

@@ -150,21 +150,38 @@ func (t *fakeTransport) Unmap() error         { return nil }
 // them: it records kills.
 type fakeProcesses struct {
 	mu     sync.Mutex
-	killed []int
+	killed []slotPID
 }
 
-func (f *fakeProcesses) Kick(int)     {}
-func (f *fakeProcesses) Replace(int)  {}
-func (f *fakeProcesses) Attached(int) {}
-func (f *fakeProcesses) Kill(slot int) {
+func (f *fakeProcesses) Kick(int)          {}
+func (f *fakeProcesses) Replace(int)       {}
+func (f *fakeProcesses) Attached(int, int) {}
+func (f *fakeProcesses) Kill(slot, pid int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.killed = append(f.killed, slot)
+	f.killed = append(f.killed, slotPID{slot, pid})
 }
+
+// kills are the slots of the kills asked for, in order.
 func (f *fakeProcesses) kills() []int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]int(nil), f.killed...)
+	var slots []int
+	for _, k := range f.killed {
+		slots = append(slots, k.slot)
+	}
+	return slots
+}
+
+// killedPIDs are the pids of the kills asked for, in order.
+func (f *fakeProcesses) killedPIDs() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var pids []int
+	for _, k := range f.killed {
+		pids = append(pids, k.pid)
+	}
+	return pids
 }
 func (f *fakeProcesses) Running() (int, int)                       { return 0, 0 }
 func (f *fakeProcesses) Processes() []procmgr.ProcInfo             { return nil }
@@ -851,4 +868,35 @@ func TestBadCompletionRequeuesTheCallBehindIt(t *testing.T) {
 	}
 	wantAnswers(t, callers[first:first+1], netio.CodeServerTerminated, nil)
 	wantAnswers(t, callers[behind:behind+1], netio.CodeOK, payloads[behind:behind+1])
+}
+
+// TestKillNamesTheProcessSeen: the reader decides under the group's lock
+// that a process broke the protocol and asks procmgr to kill it after
+// releasing the lock; meanwhile the process may exit and a new one start
+// in its slot. The kill names the pid the reader saw, so procmgr (which
+// kills only that pid, TestKillSparesAReplacement there) spares the new
+// process.
+func TestKillNamesTheProcessSeen(t *testing.T) {
+	tg := newTestGroup(t, 1, 16, 1)
+	tg.start(t)
+	tg.Started(0, 101)
+	a := &recorder{}
+	if code, msg := tg.call(a, 1, []byte("x")); code != netio.CodeOK {
+		t.Fatal(code, msg)
+	}
+	tg.with(func() {
+		p := tg.tr.procs[0]
+		p.taken, p.done, p.badDone = 1, 1, true
+	})
+	tg.rd.collect()
+	tg.Exited(0, 101, errors.New("exit status 2")) // before the reader delivers
+	if _, err := tg.Prepare(0); err != nil {
+		t.Fatal(err)
+	}
+	tg.Started(0, 102)
+	tg.rd.deliver()
+	if got := tg.procs.killedPIDs(); len(got) != 1 || got[0] != 101 {
+		t.Errorf("kills asked for pids %v, want [101]", got)
+	}
+	wantAnswers(t, []*recorder{a}, netio.CodeServerTerminated, nil)
 }

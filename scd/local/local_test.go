@@ -142,8 +142,8 @@ func (s *fakeServer) kill(slot int) error {
 }
 
 func (s *fakeServer) Kick(int)                      {}
-func (s *fakeServer) Attached(int)                  {}
-func (s *fakeServer) Kill(int)                      {}
+func (s *fakeServer) Attached(int, int)             {}
+func (s *fakeServer) Kill(int, int)                 {}
 func (s *fakeServer) Replace(int)                   {}
 func (s *fakeServer) Limits() procmgr.LimitStatus   { return procmgr.LimitStatus{} }
 func (s *fakeServer) Output() procmgr.OutputStats   { return procmgr.OutputStats{} }

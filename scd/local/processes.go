@@ -25,9 +25,9 @@ type ProcessManager interface {
 // Processes are one user server's UAP processes. Kick, Attached and Kill
 // are called without the group's lock: procmgr calls back into the group.
 type Processes interface {
-	Kick(waiting int)  // calls wait: the scaler may want another process
-	Attached(slot int) // the process in slot attached to its queue
-	Kill(slot int)     // the process in slot broke the protocol
+	Kick(waiting int)       // calls wait: the scaler may want another process
+	Attached(slot, pid int) // the process in slot, pid (0: unknown), attached to its queue
+	Kill(slot, pid int)     // the process in slot, pid (0: unknown), broke the protocol
 	// Replace: the process in slot is to leave at the operator's request
 	// (scdctl refresh), so its end is no crash (procmgr logs and counts it
 	// apart); the caller then asks it to leave.

@@ -35,8 +35,8 @@ import (
 type reader struct {
 	g        *Group
 	batches  map[call.Caller][]byte // answers by caller, written once per look
-	attached []int                  // slots whose processes attached
-	bad      []int                  // slots whose processes broke the protocol
+	attached []slotPID              // processes that attached
+	bad      []slotPID              // processes that broke the protocol
 	calls    []localCall            // calls the processes made
 	answered []outCaller            // calling processes answered in their areas, to wake without mu
 	logs     []logRecord            // what collect found to log, written without mu
@@ -147,11 +147,11 @@ func (r *reader) deliver() {
 	}
 	r.placeLocalCalls(r.calls)
 	clear(r.calls)
-	for _, slot := range r.attached {
-		g.procs.Attached(slot)
+	for _, a := range r.attached {
+		g.procs.Attached(a.slot, a.pid)
 	}
-	for _, slot := range r.bad {
-		g.procs.Kill(slot)
+	for _, b := range r.bad {
+		g.procs.Kill(b.slot, b.pid)
 	}
 }
 
@@ -180,7 +180,7 @@ func (r *reader) collect() {
 			si.attached = true
 			si.since = now
 			causes++
-			r.attached = append(r.attached, slot)
+			r.attached = append(r.attached, slotPID{slot, p.PID()})
 			checkEntries(g, slot, si)
 			g.q.Ready(slot)
 			g.act()
@@ -212,7 +212,7 @@ func (r *reader) collect() {
 				freeRequest(cl)
 				g.act()
 				si.killed = true
-				r.bad = append(r.bad, slot)
+				r.bad = append(r.bad, slotPID{slot, p.PID()})
 				break
 			}
 			done, _ := g.q.Done(slot)
@@ -244,7 +244,7 @@ func (r *reader) collect() {
 				g.q.Retire(slot)
 				g.act()
 				si.killed = true
-				r.bad = append(r.bad, slot)
+				r.bad = append(r.bad, slotPID{slot, p.PID()})
 				continue
 			} else if made {
 				causes++
@@ -265,7 +265,7 @@ func (r *reader) collect() {
 			g.q.Retire(slot)
 			g.act()
 			si.killed = true
-			r.bad = append(r.bad, slot)
+			r.bad = append(r.bad, slotPID{slot, p.PID()})
 		}
 	}
 	u := g.takeUndelivered()
@@ -276,7 +276,7 @@ func (r *reader) collect() {
 		}
 		freeRequest(c.cl)
 	}
-	r.bad = append(r.bad, u.slots...)
+	r.bad = append(r.bad, u.procs...)
 	r.logs = append(r.logs, u.logs...) // collect's own records, logLater's, and act's
 }
 

@@ -121,15 +121,15 @@ func (e *server) Kick(waiting int) {
 	}
 }
 
-func (e *server) Attached(slot int) {
+func (e *server) Attached(slot, pid int) {
 	if p := e.cur(); p != nil {
-		p.Attached(slot)
+		p.Attached(slot, pid)
 	}
 }
 
-func (e *server) Kill(slot int) {
+func (e *server) Kill(slot, pid int) {
 	if p := e.cur(); p != nil {
-		p.Kill(slot)
+		p.Kill(slot, pid)
 	}
 }
 
