@@ -236,6 +236,9 @@ func (n *Node) Start() (err error) {
 		n.log.Warn(w)
 	}
 	n.restart.peer = n.opts.Takeover
+	if n.restart.peer != nil {
+		n.restart.oldPID = os.Getppid() // the old process started this one
+	}
 	defer func() {
 		if err != nil {
 			n.restart.takeoverFailed(err)

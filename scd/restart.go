@@ -75,10 +75,16 @@ type restarter struct {
 	// The new process's side: the socket to the old one and what came
 	// over it.
 	peer           *net.UnixConn
+	oldPID         int // the old process: this one's parent while it runs
 	inheritRPC     []rpcport.Listener
 	inheritMetrics net.Listener
 	inheritControl *net.UnixListener
 	inheritNames   *names.Transport
+	// takenControl is the control socket's listener once taken (whoever
+	// holds it then): its path is unlinked at its close only from the
+	// hand-over's commit on, since until then the path is the old
+	// process's to keep if the hand-over is undone.
+	takenControl *net.UnixListener
 }
 
 // closeInherited closes what came from the old process and nothing took
@@ -506,8 +512,8 @@ func (r *restarter) takeOver() error {
 			closeFiles(files)
 			return fmt.Errorf("take over: the control socket %s is not this node's (%s)", m.Control, ControlSocketPath(n.cfg))
 		}
-		ul.SetUnlinkOnClose(true)
-		rs.inheritControl = ul
+		ul.SetUnlinkOnClose(false) // until the commit (takeoverServing)
+		rs.inheritControl, rs.takenControl = ul, ul
 	}
 	if m.Names {
 		t, err := names.TransportFromFiles(files[0], files[1])
@@ -523,6 +529,16 @@ func (r *restarter) takeOver() error {
 
 // takeoverServing tells the old process this one serves, and waits until
 // it has left the cluster (so that this one may join on the name port).
+//
+// The old process's "left" is the hand-over's commit: it gave its sockets
+// away for good before it sends it, and sends it before it closes the
+// hand-over socket. A socket closed without it, while the old process
+// still runs, is a hand-over undone (its wait for "serving" ran out, or
+// its caller gave up, before it read this one's): the old process has
+// taken its sockets back and serves, so this one must not (and was to be
+// killed for it); it leaves without unlinking the control socket's path,
+// which is the old process's. An old process that died, or one that says
+// nothing within takeoverLeftTime, leaves the sockets to this one.
 func (r *restarter) takeoverServing() error {
 	n := r.n
 	rs := r
@@ -530,11 +546,21 @@ func (r *restarter) takeoverServing() error {
 		return nil
 	}
 	defer func() { rs.peer.Close(); rs.peer = nil }()
-	if err := sendMsg(rs.peer, takeoverMsg{Step: "serving", PID: os.Getpid()}, nil); err != nil {
-		return fmt.Errorf("take over: %w", err)
+	oldRuns := func() bool { return rs.oldPID != 0 && os.Getppid() == rs.oldPID }
+	var m takeoverMsg
+	err := sendMsg(rs.peer, takeoverMsg{Step: "serving", PID: os.Getpid()}, nil)
+	if err == nil {
+		m, _, err = recvMsg(rs.peer, time.Now().Add(takeoverLeftTime))
 	}
-	if m, _, err := recvMsg(rs.peer, time.Now().Add(takeoverLeftTime)); err != nil || m.Step != "left" {
+	switch {
+	case err == nil && m.Step == "left":
+	case !errors.Is(err, os.ErrDeadlineExceeded) && oldRuns():
+		return fmt.Errorf("take over: the old process (pid %d) took its sockets back (step %q, %v)", rs.oldPID, m.Step, err)
+	default:
 		n.log.Warn("take over: the old process did not say it left the cluster; joining all the same", "err", err, "step", m.Step)
+	}
+	if rs.takenControl != nil {
+		rs.takenControl.SetUnlinkOnClose(true) // the path is this process's now
 	}
 	return nil
 }

@@ -1,0 +1,112 @@
+package scd
+
+import (
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tpsched/scd/def"
+)
+
+// TestTakeoverCommitsOnlyOnLeft: the new process of a restart takes the
+// old one's sockets, says it serves, and waits for "left", the old
+// process's commit. The old process undoes the hand-over when its wait
+// for "serving" runs out or its caller gives up: it closes the hand-over
+// socket without "left" and serves on its own sockets. Then the new
+// process must not serve, and must leave the control socket's path in
+// place (it unlinked it as it closed its copy, so the old process, serving
+// again, could no longer be reached by scdctl). A commit, or an old
+// process that died, leaves the sockets and the path to the new process.
+func TestTakeoverCommitsOnlyOnLeft(t *testing.T) {
+	cases := []struct {
+		name     string
+		left     bool // the old process commits
+		oldAlive bool // the old process runs (it is this one's parent)
+		wantErr  bool
+		keepPath bool // the path outlives the new process's listener
+	}{
+		{"undone", false, true, true, true},
+		{"committed", true, true, false, false},
+		{"old process gone", false, false, false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "ctl.sock")
+			old, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			old.SetUnlinkOnClose(false) // as the old process's hand-off leaves it
+			defer old.Close()
+			f, err := old.File()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+
+			newEnd, oldEnd := handOverPair(t)
+			defer oldEnd.Close()
+			cfg := &def.Config{Dir: dir, System: def.System{NodeID: "n1", ControlSocket: path}}
+			r := &restarter{n: &Node{cfg: cfg, log: slog.New(slog.DiscardHandler)}, peer: newEnd, oldPID: os.Getppid()}
+			if !tc.oldAlive {
+				r.oldPID = os.Getppid() + 1 // not this process's parent: it died
+			}
+			// The old process's side of the first steps: "ready", then
+			// the listeners (here the control socket only).
+			go func() {
+				if _, _, err := recvMsg(oldEnd, time.Now().Add(testWait)); err == nil {
+					_ = sendMsg(oldEnd, takeoverMsg{Step: "listeners", Control: path}, []*os.File{f})
+				}
+			}()
+			if err := r.takeOver(); err != nil {
+				t.Fatal(err)
+			}
+			r.n.ports.takeInherited(r)
+			taken := r.n.ports.control // the control server's listener from here on
+			if taken == nil {
+				t.Fatal("takeOver took no control socket")
+			}
+			if tc.left {
+				if err := sendMsg(oldEnd, takeoverMsg{Step: "left"}, nil); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				oldEnd.Close()
+			}
+			err = r.takeoverServing()
+			if (err != nil) != tc.wantErr {
+				t.Errorf("takeoverServing = %v, want an error: %v", err, tc.wantErr)
+			}
+			taken.Close() // the new process ends, or later stops
+			_, statErr := os.Stat(path)
+			if kept := statErr == nil; kept != tc.keepPath {
+				t.Errorf("control socket path kept: %v, want %v", kept, tc.keepPath)
+			}
+		})
+	}
+}
+
+// handOverPair is a hand-over socket's two ends.
+func handOverPair(t *testing.T) (a, b *net.UnixConn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "hand-over")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1])
+}
