@@ -283,6 +283,16 @@ func (c *Conn) dispatch(b []byte) gnet.Action {
 // time is up). On the loop, as a task.
 func (c *Conn) finish() {
 	c.mu.Lock()
+	if c.half.Load() && !c.closed {
+		// Detached since Stop looked (its OnClose ran on this loop
+		// first): c.fd is netio's duplicate, which an answer may close
+		// at any moment and the number go to another descriptor, so it
+		// is not read; the caller sent all it will. As Stop does for a
+		// connection half already.
+		c.shutWhenWrittenLocked()
+		c.unlock()
+		return
+	}
 	closed := c.closed
 	c.mu.Unlock()
 	if closed || c.discard {
