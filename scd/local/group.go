@@ -458,6 +458,19 @@ func (g *Group) close() {
 	g.mu.Unlock()
 }
 
+// forgetProcesses lets go of every process's transport end before Close
+// unmaps the areas: procmgr's Stop returns when its deadline passes even
+// if a process killed is not reaped yet (a process in uninterruptible
+// sleep), and that process's Exited, coming later, finds no area to read
+// (it read the unmapped one: scdd's SIGSEGV).
+func (g *Group) forgetProcesses() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i := range g.slots {
+		g.slots[i] = slotState{}
+	}
+}
+
 // flush answers the calls still waiting when the node gives up on them.
 func (g *Group) flush(code netio.Code, msg string) {
 	g.mu.Lock()

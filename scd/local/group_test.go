@@ -900,3 +900,19 @@ func TestKillNamesTheProcessSeen(t *testing.T) {
 	}
 	wantAnswers(t, []*recorder{a}, netio.CodeServerTerminated, nil)
 }
+
+// TestExitedAfterCloseReadsNoArea: procmgr's Stop gives up on a killed
+// process that is not reaped (uninterruptible sleep), the scheduler's
+// Close unmaps the areas, and the process's Exited comes after: it must
+// not read the unmapped area (the fake panics where shm would fault).
+func TestExitedAfterCloseReadsNoArea(t *testing.T) {
+	tg := newTestGroup(t, 2, 16, 1)
+	tg.start(t)
+	tg.forgetProcesses() // as Scheduler.Close does before it unmaps
+	tg.with(func() {
+		for _, p := range tg.tr.procs {
+			p.removed = true
+		}
+	})
+	tg.Exited(1, 0, errors.New("signal: killed"))
+}

@@ -552,6 +552,7 @@ func (s *Scheduler) Close() error {
 	s.wg.Wait()
 	var errs []error
 	for _, g := range s.order {
+		g.forgetProcesses()
 		if g.tr != nil {
 			errs = append(errs, g.tr.Unmap())
 		}
