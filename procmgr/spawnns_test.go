@@ -69,17 +69,24 @@ func TestOnlyARefusalTurnsNamespacesOff(t *testing.T) {
 	}
 }
 
+// startSleeper starts a server of one process that sleeps, and returns
+// it, its exits and the process's pid.
+func startSleeper(t *testing.T) (*Server, *exitLog, int) {
+	t.Helper()
+	dir := t.TempDir()
+	exits := newExitLog()
+	srv := startServer(t, testManager(t), uapSpec("sleep", dir, 1), &hooks{exited: exits.hook})
+	pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
+	return srv, exits, pid
+}
+
 // Kill signals a process by its pid and process group number: the process
 // must not be reaped meanwhile, or both numbers are free for a stranger.
 // Here the process dies on its own just as Kill takes it from its slot
 // (issue 29 item 6: the reaper reaped it, and Kill went on to signal a pid
 // that was no longer its).
 func TestKillNeverSignalsAReapedPid(t *testing.T) {
-	m := testManager(t)
-	dir := t.TempDir()
-	exits := newExitLog()
-	srv := startServer(t, m, uapSpec("sleep", dir, 1), &hooks{exited: exits.hook})
-	pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
+	srv, exits, pid := startSleeper(t)
 	var reapedAt atomic.Int64
 	hook := func(p int) {
 		if p != pid {
@@ -111,11 +118,7 @@ func TestKillNeverSignalsAReapedPid(t *testing.T) {
 // have died and another started in its slot. A pid that is not the slot's
 // process is not killed.
 func TestKillSparesAReplacement(t *testing.T) {
-	m := testManager(t)
-	dir := t.TempDir()
-	exits := newExitLog()
-	srv := startServer(t, m, uapSpec("sleep", dir, 1), &hooks{exited: exits.hook})
-	pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
+	srv, exits, pid := startSleeper(t)
 	srv.Kill(0, pid+1) // not the slot's process: one before it, say
 	time.Sleep(200 * time.Millisecond)
 	if got := exits.all(); len(got) != 0 {

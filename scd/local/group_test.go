@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -162,26 +163,11 @@ func (f *fakeProcesses) Kill(slot, pid int) {
 	f.killed = append(f.killed, slotPID{slot, pid})
 }
 
-// kills are the slots of the kills asked for, in order.
-func (f *fakeProcesses) kills() []int {
+// kills are the kills asked for, in order.
+func (f *fakeProcesses) kills() []slotPID {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var slots []int
-	for _, k := range f.killed {
-		slots = append(slots, k.slot)
-	}
-	return slots
-}
-
-// killedPIDs are the pids of the kills asked for, in order.
-func (f *fakeProcesses) killedPIDs() []int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var pids []int
-	for _, k := range f.killed {
-		pids = append(pids, k.pid)
-	}
-	return pids
+	return slices.Clone(f.killed)
 }
 func (f *fakeProcesses) Running() (int, int)                       { return 0, 0 }
 func (f *fakeProcesses) Processes() []procmgr.ProcInfo             { return nil }
@@ -497,7 +483,7 @@ func TestGroupDispatchRefused(t *testing.T) {
 
 	// The other process takes calls again; one is delivered, the second
 	// (prefetched behind it) refused: the first is still served.
-	other := 1 - tg.procs.kills()[0]
+	other := 1 - tg.procs.kills()[0].slot
 	tg.with(func() { tg.tr.procs[other].dispatchErr = nil })
 	first, second := &recorder{}, &recorder{}
 	if code, msg := tg.call(first, 2, []byte("served")); code != netio.CodeOK {
@@ -859,7 +845,7 @@ func TestBadCompletionRequeuesTheCallBehindIt(t *testing.T) {
 		p.taken, p.done, p.badDone = 1, 1, true
 	})
 	tg.look()
-	if k := tg.procs.kills(); len(k) != 1 || k[0] != 0 {
+	if k := tg.procs.kills(); len(k) != 1 || k[0].slot != 0 {
 		t.Fatalf("kills %v, want slot 0", k)
 	}
 	tg.Exited(0, 0, errors.New("signal: killed"))
@@ -895,8 +881,8 @@ func TestKillNamesTheProcessSeen(t *testing.T) {
 	}
 	tg.Started(0, 102)
 	tg.rd.deliver()
-	if got := tg.procs.killedPIDs(); len(got) != 1 || got[0] != 101 {
-		t.Errorf("kills asked for pids %v, want [101]", got)
+	if got := tg.procs.kills(); len(got) != 1 || got[0] != (slotPID{0, 101}) {
+		t.Errorf("kills asked for %+v, want slot 0, pid 101", got)
 	}
 	wantAnswers(t, []*recorder{a}, netio.CodeServerTerminated, nil)
 }
