@@ -338,9 +338,9 @@ type refusedHand struct {
 type slotPID struct{ slot, pid int }
 
 // undelivered are the calls a transport refused, to be answered, and the
-// processes to be killed for it: act's, until the caller
-// of act takes them (takeUndelivered) to settle them without mu. The log
-// records made under mu wait here too (logLater).
+// processes to be killed for it: act's, until the caller of act takes
+// them (takeUndelivered) to settle them without mu. The log records made
+// under mu wait here too (logLater).
 type undelivered struct {
 	calls []undeliveredCall
 	procs []slotPID // to kill

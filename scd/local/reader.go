@@ -194,13 +194,12 @@ func (r *reader) collect() {
 			if err != nil {
 				// Its answer is unusable: the call ends as if the process
 				// had died serving it, and the process is killed. Retired
-				// first, so the queue hands it nothing more.
+				// before Done, so the queue hands it nothing more; acted
+				// on after Done, since p no longer holds the completed
+				// call: the revoke of a call behind it must meet a queue
+				// that no longer holds it either.
 				g.misbehaved.Inc()
 				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
-				// Retired before Done, so the queue hands it nothing
-				// more; acted on after Done, since p no longer holds
-				// the completed call: a revoke of the call behind it
-				// must meet a queue that no longer holds it either.
 				g.q.Retire(slot)
 				done, _ := g.q.Done(slot)
 				g.act()

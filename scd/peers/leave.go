@@ -133,8 +133,8 @@ func silent(mc *netio.MuxConn) bool {
 		time.Duration(info.Last_ack_recv)*time.Millisecond > silentAfter
 }
 
-// pruneGone forgets the peers of nodes that left or moved once their lanes have
-// ended and their connections closed. p.mu is held.
+// pruneGone forgets the peers of nodes that left or moved once their lanes
+// have ended and their connections closed. p.mu is held.
 func (p *Pool) pruneGoneLocked() {
 	for pr := range p.gone {
 		pr.mu.Lock()
