@@ -1104,3 +1104,47 @@ func TestSchedBatch(t *testing.T) {
 		}
 	}
 }
+
+// A server with no resident process (parallel_count 0,N, as every refresh
+// server has) whose processes die before they attach is failing, and its
+// group then refuses every call, so none waits for the scaler to start a
+// process for: it still starts one now and then (at the crash back-off),
+// so the server serves again once its module can (it refused its calls
+// until scdd restarted).
+func TestFailingServerWithoutResidentsRecovers(t *testing.T) {
+	dir := t.TempDir()
+	r, _ := testPipe(t)
+	var failing atomic.Bool
+	h := &hooks{file: r, failures: make(chan error, 4), waiting: func() int {
+		if failing.Load() {
+			return 0 // the group refuses calls: none waits
+		}
+		return 1
+	}}
+	sp := uapSpec("flaky", dir, 0)
+	sp.Max = 2
+	srv := startServer(t, testManager(t), sp, h)
+	select {
+	case err := <-h.failures:
+		if err == nil {
+			t.Fatal("Failing(nil) before any process attached")
+		}
+		failing.Store(true)
+	case <-time.After(waitLimit):
+		t.Fatal("no Failing after processes kept dying before they attached")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ok"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep := readReport(t, dir, 0, 0) // a process starts, and now lives
+	slot, _ := strconv.Atoi(rep["slot"])
+	srv.Attached(slot, 0)
+	select {
+	case err := <-h.failures:
+		if err != nil {
+			t.Fatalf("Failing(%v) after a process attached, want nil", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("no Failing(nil) after a process attached")
+	}
+}

@@ -189,6 +189,13 @@ func (s *Server) observe(now time.Time) ServerLoad {
 		ld.NonResident = append(ld.NonResident, p)
 	}
 	ld.CPUSeen = !cpu.Since.Before(s.lastStart)
+	if s.failing && s.resident == 0 && ld.Running == 0 && ld.Queue == 0 {
+		// The group refuses calls while the server fails, so none waits,
+		// and only a process that attaches ends the failing: with no
+		// resident slot to restart, nothing would start one again. One
+		// start, as if a call waited, paced by the crash back-off below.
+		ld.Queue = 1
+	}
 	if now.Before(s.crashUntil) {
 		ld.Max = ld.Running // a non-resident crash loop: hold starts back
 	}
