@@ -526,11 +526,18 @@ func (u *userDef) check(cfg *Config) error {
 		}
 	}
 	errs.add(u.checkThresholds())
+	gidOfUID := s.UID >= 0 && s.GID < 0
+	if gidOfUID {
+		s.GID = primaryGID(s.UID)
+	}
 	if !cfg.System.uapAllowRoot {
-		if s.UID == 0 {
+		switch {
+		case s.UID == 0:
 			errs.add(u.fail(ops("uid"), "root would run the server's processes; set uap_allow_root = Y in sysconf to allow it"))
-		}
-		if s.GID == 0 {
+		case s.GID == 0 && gidOfUID:
+			errs.add(u.fail(ops("uid"), "user %d's primary group is root (gid 0), which would run the server's processes; "+
+				"name a gid, or set uap_allow_root = Y in sysconf to allow it", s.UID))
+		case s.GID == 0:
 			errs.add(u.fail(ops("gid"), "group root (gid 0) would run the server's processes; set uap_allow_root = Y in sysconf to allow it"))
 		}
 	}

@@ -571,6 +571,16 @@ func TestWarnings(t *testing.T) {
 // TestUIDGID: uid and gid take a name that exists or a number, from usrrc
 // or the server's file; root needs uap_allow_root.
 func TestUIDGID(t *testing.T) {
+	// User 4243 stands for one whose primary group is root (operator,
+	// sync or halt on some systems): a uid without gid runs with it.
+	real := lookupUserID
+	lookupUserID = func(uid string) (*user.User, error) {
+		if uid == "4243" {
+			return &user.User{Uid: uid, Gid: "0", Username: "op"}, nil
+		}
+		return real(uid)
+	}
+	t.Cleanup(func() { lookupUserID = real })
 	nobody, err := user.Lookup("nobody")
 	if err != nil {
 		t.Skip("no user nobody on this machine:", err)
@@ -591,7 +601,11 @@ func TestUIDGID(t *testing.T) {
 		{"names", map[string]string{"usr/x": baseUsr + "set uid = nobody\nset gid = " + grp.Name + "\n"}, uid, gid, ""},
 		{"numbers", map[string]string{"usr/x": baseUsr + "set uid = 4000\nset gid = \"4001\"\n"}, 4000, 4001, ""},
 		{"from usrrc", map[string]string{"usrrc": "set uid = nobody\n", "usr/x": baseUsr + "set gid = 7\n"}, uid, 7, ""},
-		{"usr over usrrc", map[string]string{"usrrc": "set uid = 9\n", "usr/x": baseUsr + "set uid = nobody\n"}, uid, -1, ""},
+		{"usr over usrrc", map[string]string{"usrrc": "set uid = 9\n", "usr/x": baseUsr + "set uid = nobody\n"}, uid, gid, ""},
+		{"uid without passwd entry", map[string]string{"usr/x": baseUsr + "set uid = 424242\n"}, 424242, 424242, ""},
+		{"uid whose group is root", map[string]string{"usr/x": baseUsr + "set uid = 4243\n"}, 0, 0,
+			"usr/x:4: uid: user 4243's primary group is root (gid 0), which would run the server's processes; name a gid, or set uap_allow_root = Y in sysconf to allow it"},
+		{"uid whose group is root, allowed", map[string]string{"sysconf": "set uap_allow_root = Y\n", "usr/x": baseUsr + "set uid = 4243\n"}, 4243, 0, ""},
 		{"root allowed", map[string]string{"sysconf": "set uap_allow_root = Y\n", "usr/x": baseUsr + "set uid = root\nset gid = 0\n"}, 0, 0, ""},
 		{"root by name", map[string]string{"usr/x": baseUsr + "set uid = root\n"}, 0, 0,
 			"usr/x:4: uid: root would run the server's processes; set uap_allow_root = Y in sysconf to allow it"},

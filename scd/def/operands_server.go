@@ -325,7 +325,7 @@ var serverOperands = map[string]operand[Server]{
 			s.GID, err = lookupID(v, "group")
 			return err
 		},
-		dflt:    "the primary group of uid's user; with no uid, as uid's default",
+		dflt:    "the primary group of uid's user (a uid with no passwd entry: the group of the same number); with no uid, as uid's default",
 		values:  "a group name that exists on the node, or a number 0..4294967294; root (0) only with sysconf uap_allow_root = Y",
 		tpsched: "The group the server's UAP processes run as (no supplementary groups); a name is looked up when the definitions are read.",
 	},

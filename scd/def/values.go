@@ -175,6 +175,23 @@ const maxID = 1<<32 - 2
 
 // lookupID reads a user (kind "user") or group (kind "group") given by
 // name or number: a name must exist on this machine; a number is taken as
+// lookupUserID is user.LookupId (a variable for the test of a user whose
+// primary group is root).
+var lookupUserID = user.LookupId
+
+// primaryGID is the group the processes of a server with uid and no gid
+// run as: the user's primary group, or, for a uid with no passwd entry,
+// the group of the same number (the daemon's own group, which is root's
+// for a root scdd, was what they got).
+func primaryGID(uid int) int {
+	if u, err := lookupUserID(strconv.Itoa(uid)); err == nil {
+		if gid, err := strconv.Atoi(u.Gid); err == nil {
+			return gid
+		}
+	}
+	return uid
+}
+
 // it is.
 func lookupID(v []string, kind string) (int, error) {
 	s, err := one(v)

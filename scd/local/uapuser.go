@@ -3,8 +3,6 @@ package local
 import (
 	"hash/fnv"
 	"os"
-	"os/user"
-	"strconv"
 
 	"tpsched/scd/def"
 )
@@ -30,7 +28,8 @@ const (
 )
 
 // uapCredentials is the uid and gid the processes of s run as: those its
-// definition names (a uid without gid: that user's primary group);
+// definition names (a uid without gid: def.Load gave it the user's
+// primary group);
 // otherwise -1, the daemon's own, when the daemon is not root; otherwise
 // an id of their own derived from the node's id and the server's name,
 // stable across restarts and distinct from the other servers of this node,
@@ -39,11 +38,6 @@ const (
 // a definition says so (uid = 0 with sysconf uap_allow_root = Y).
 func (sc *Scheduler) uapCredentials(s *def.Server) (uid, gid int, slotGIDs bool) {
 	uid, gid = s.UID, s.GID
-	if uid >= 0 && gid < 0 {
-		if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
-			gid, _ = strconv.Atoi(u.Gid)
-		}
-	}
 	if uid >= 0 || os.Geteuid() != 0 {
 		return uid, gid, false
 	}
