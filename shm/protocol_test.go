@@ -269,6 +269,29 @@ var protocolCases = []struct {
 			t.Fatalf("closed group's process: %v", err)
 		}
 	}},
+	{"closed holding a call", func(t *testing.T, im impl) {
+		// The group closes while its process runs a call: the call
+		// completes, then the process leaves, not at a kill. (A socket
+		// process was never sent its close: the completion woke no
+		// writer, and nothing else came to.)
+		n := im.group(t, 64)
+		u := im.start(t, n)
+		if err := u.Dispatch("sleep", []byte(im.sleep(50*time.Millisecond)), 0); err != nil {
+			t.Fatal(err)
+		}
+		u.Wake()
+		n.close()
+		// The reply is in well before the node takes it, as when the
+		// node's reader is busy elsewhere.
+		time.Sleep(250 * time.Millisecond)
+		until(t, n, "the completion of the call it held", func() bool {
+			c, ok, _ := u.Completion()
+			return ok && c.Status == shm.StatusOK
+		})
+		if err := u.exit(t); err != nil {
+			t.Fatalf("closed group's process: %v", err)
+		}
+	}},
 	{"refresh", func(t *testing.T, im impl) {
 		// TPSCHED_REFRESH: each process serves one call and leaves.
 		n := im.group(t, 64)

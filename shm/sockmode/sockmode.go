@@ -265,6 +265,9 @@ func (p *Proc) Completion() (shm.Completion, bool, error) {
 		return shm.Completion{}, false, nil
 	}
 	p.dispatched, p.replied = 0, false
+	if p.closing {
+		p.cond.Broadcast() // the writer holds the close back until now
+	}
 	return shm.Completion{Status: p.status, Reply: p.reply}, true, nil
 }
 
