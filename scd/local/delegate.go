@@ -55,7 +55,10 @@ func (d *delegate) Exited(slot, pid int, exitErr error) {
 	g.mu.Lock()
 	si := &g.slots[slot]
 	p := si.p
-	if p == nil {
+	if p == nil || pid != 0 && p.PID() != 0 && p.PID() != pid {
+		// Nothing, or another process: a server stopped while a process
+		// it killed was not yet reaped, and started again, has a new
+		// process in the slot, which the old one's exit must not end.
 		g.mu.Unlock()
 		return
 	}

@@ -902,3 +902,26 @@ func TestExitedAfterCloseReadsNoArea(t *testing.T) {
 	})
 	tg.Exited(1, 0, errors.New("signal: killed"))
 }
+
+// TestLateExitSparesTheSlotsNewProcess: a server stopped while a process
+// it killed was not yet reaped (procmgr's Stop returns at its deadline)
+// and started again has a new process in the slot; the old process's
+// Exited, when it comes, must leave the new one serving.
+func TestLateExitSparesTheSlotsNewProcess(t *testing.T) {
+	tg := newTestGroup(t, 1, 16, 1)
+	tg.start(t)
+	tg.Started(0, 101)
+	if _, err := tg.Prepare(0); err != nil { // the server started again
+		t.Fatal(err)
+	}
+	tg.Started(0, 102)
+	tg.with(func() { tg.tr.procs[0].ready = true })
+	tg.look()
+	tg.Exited(0, 101, errors.New("signal: killed")) // the old process, reaped at last
+	a := &recorder{}
+	if code, msg := tg.call(a, 1, []byte("x")); code != netio.CodeOK {
+		t.Fatal(code, msg)
+	}
+	tg.complete(0)
+	wantAnswers(t, []*recorder{a}, netio.CodeOK, [][]byte{[]byte("x")})
+}
