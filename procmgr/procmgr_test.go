@@ -1148,3 +1148,30 @@ func TestFailingServerWithoutResidentsRecovers(t *testing.T) {
 		t.Fatal("no Failing(nil) after a process attached")
 	}
 }
+
+// A report of the server's failing that the state has overtaken is
+// dropped: a death decides that the server fails and logs before it tells
+// the group, an attach meanwhile decides that it serves and tells the group
+// first; the death's report, coming last, left the group refusing every
+// call while a process served.
+func TestStaleFailingReportIsDropped(t *testing.T) {
+	dir := t.TempDir()
+	r, _ := testPipe(t)
+	h := &hooks{file: r, failures: make(chan error, 4)}
+	srv := startServer(t, testManager(t), uapSpec("sleep", dir, 1), h)
+	readReport(t, dir, 0, 0)
+	srv.Attached(0, 0)                                                      // serving: not failing
+	srv.reportFailing(errors.New("3 processes ended before they attached")) // decided before the attach
+	srv.mu.Lock()
+	srv.failing = true // a later death that did make it fail
+	srv.mu.Unlock()
+	srv.reportFailing(errors.New("failing now"))
+	select {
+	case err := <-h.failures:
+		if err == nil || err.Error() != "failing now" {
+			t.Fatalf("Failing(%v), want only the report that matches the state", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("no Failing for the server that fails")
+	}
+}

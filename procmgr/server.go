@@ -67,6 +67,8 @@ type Server struct {
 	lastStart    time.Time // of the last non-resident process, for the CPU guard
 	earlyDeaths  int       // processes in a row that died before they attached
 	failing      bool      // earlyDeaths reached failingAfter: the delegate was told
+	// reporting orders the delegate's Failing calls (reportFailing).
+	reporting sync.Mutex
 	// live counts processes started and not yet reaped: Add under mu
 	// together with the stopping check, Done after Exited. So Stop, which
 	// sets stopping first, returns only when no process of the server is
@@ -192,7 +194,7 @@ func (s *Server) Attached(slot, pid int) {
 	s.mu.Unlock()
 	if recovered {
 		s.m.log.Info("uap attached again; the server serves", "server", s.spec.Server, "slot", slot)
-		s.delegate.Failing(nil)
+		s.reportFailing(nil)
 	}
 }
 
@@ -233,7 +235,7 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, healthy bool) 
 		}
 		s.m.log.Error("uap processes die before they attach; the server cannot serve", "server", s.spec.Server,
 			"module", s.spec.Module, "deaths", failingAfter, "last", why.Error())
-		s.delegate.Failing(fmt.Errorf("%d processes of %s (%s) in a row ended before they attached, the last: %w",
+		s.reportFailing(fmt.Errorf("%d processes of %s (%s) in a row ended before they attached, the last: %w",
 			failingAfter, s.spec.Server, s.spec.Module, why))
 	}
 	return proc, exitErr, healthy
@@ -312,8 +314,26 @@ func (s *Server) startFailed(err error) {
 	failNow := !s.stopping && s.startsFailingLocked()
 	s.mu.Unlock()
 	if failNow {
-		s.delegate.Failing(err)
+		s.reportFailing(err)
 	}
+}
+
+// reportFailing tells the delegate that the server fails (err) or serves
+// again (nil), unless the state moved on since the caller decided: a death
+// and an attach, on two goroutines, decide under mu and report after it,
+// and a report that overtook the other left the group refusing every call
+// while a process served (or the other way round). Reports are made one at
+// a time, and a stale one is dropped.
+func (s *Server) reportFailing(err error) {
+	s.reporting.Lock()
+	defer s.reporting.Unlock()
+	s.mu.Lock()
+	failing := s.failing
+	s.mu.Unlock()
+	if failing != (err != nil) {
+		return
+	}
+	s.delegate.Failing(err)
 }
 
 // startsFailingLocked reports, once, that the server has just become
