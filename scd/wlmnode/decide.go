@@ -90,6 +90,7 @@ func (d *decider) decide(ctx context.Context, env string, purpose byte, deadline
 	if !m.isEnv(env) {
 		return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment of the policy"}
 	}
+	var servers []serverAt
 	m.mu.Lock()
 	for {
 		if m.states[env].Quiesced {
@@ -98,7 +99,17 @@ func (d *decider) decide(ctx context.Context, env string, purpose byte, deadline
 		}
 		fl := d.decides[env]
 		if fl == nil {
-			break
+			d.expireHintsLocked(env, time.Now())
+			m.mu.Unlock()
+			servers = m.servers(env, true)
+			m.mu.Lock()
+			if d.decides[env] == nil {
+				break
+			}
+			// Another decide claimed the start while this one looked
+			// at the servers (both would have started one): wait for
+			// it as for one found at once.
+			continue
 		}
 		m.mu.Unlock() // a start in progress: its result serves us too
 		t := time.NewTimer(max(time.Until(deadline), 0))
@@ -116,10 +127,6 @@ func (d *decider) decide(ctx context.Context, env string, purpose byte, deadline
 		}
 		m.mu.Lock()
 	}
-	d.expireHintsLocked(env, time.Now())
-	m.mu.Unlock()
-	servers := m.servers(env, true)
-	m.mu.Lock()
 	switch {
 	case purpose == purposeFirst && len(servers) > 0,
 		purpose == purposeGrow && time.Since(d.lastGrow[env]) < d.growCooldown(),

@@ -43,12 +43,20 @@ type fakeGroup struct {
 	started atomic.Int32
 	stopped atomic.Int32
 	classes atomic.Pointer[wlm.Classes]
+	// servingGate, when set, runs at each Serving: a test's way to hold
+	// the callers of Serving until several are in it at once.
+	servingGate atomic.Pointer[func()]
 }
 
-func (g *fakeGroup) Name() string              { return g.def.ServiceGroup }
-func (g *fakeGroup) Def() *def.Server          { return &g.def }
-func (g *fakeGroup) Held() bool                { return g.held }
-func (g *fakeGroup) Serving() bool             { return g.serving.Load() }
+func (g *fakeGroup) Name() string     { return g.def.ServiceGroup }
+func (g *fakeGroup) Def() *def.Server { return &g.def }
+func (g *fakeGroup) Held() bool       { return g.held }
+func (g *fakeGroup) Serving() bool {
+	if f := g.servingGate.Load(); f != nil {
+		(*f)()
+	}
+	return g.serving.Load()
+}
 func (g *fakeGroup) Level() loadlevel.Level    { return loadlevel.Level0 }
 func (g *fakeGroup) InFlight() int             { return 0 }
 func (g *fakeGroup) Failure() error            { return nil }
@@ -361,5 +369,47 @@ func TestGrowSaysWhyNoServerStarts(t *testing.T) {
 	orders.serving.Store(true)
 	if g := grow(); !strings.Contains(g.Result, "n0 serves it") {
 		t.Errorf("grow where the only node serves it: %+v", g)
+	}
+}
+
+// TestConcurrentFirstFindsPlaceOnce: two finds for an environment no node
+// serves, made at once (two nodes' first calls through wlm-decide, a find
+// and a replenish), place one server between them. A decide that looked
+// at the servers while the other did too claimed the start after it
+// without looking again, and both placed one (on several nodes, measured
+// apart, two servers). Here both are held in the look (the local group's
+// Serving) until both are in it; each placement leaves a hint.
+func TestConcurrentFirstFindsPlaceOnce(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	var in atomic.Int32
+	both := make(chan struct{})
+	gate := func() {
+		if in.Add(1) == 2 {
+			close(both)
+		}
+		select {
+		case <-both:
+		case <-time.After(2 * time.Second): // a caller of Serving other than the two
+		}
+	}
+	orders.servingGate.Store(&gate)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), testWait)
+			defer cancel()
+			if _, err := w.envs.dec.decide(ctx, "orders", purposeFirst, time.Now().Add(testWait)); err != nil {
+				t.Errorf("decide: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	w.envs.mu.Lock()
+	placed := len(w.envs.dec.hints["orders"])
+	w.envs.mu.Unlock()
+	if placed != 1 {
+		t.Fatalf("%d servers placed for two finds at once, want 1", placed)
 	}
 }
