@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +34,7 @@ type outState struct {
 	no        uint64 // the last call made
 	abandoned bool   // the last call's context ended before its answer came
 	spin      spinner
+	closing   atomic.Bool // Close began: a call waiting returns ErrClosed
 }
 
 // ErrCallFromSocket is Call's error in socket mode (receive_from = socket).
@@ -55,7 +57,7 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 	}
 	o := &u.out
 	switch {
-	case u.area == nil:
+	case o.closing.Load():
 		return nil, ErrClosed
 	case len(group) < 1 || len(group) >= maxName || len(service) < 1 || len(service) >= maxName:
 		return nil, fmt.Errorf("shm: call %s/%s: group and service names are 1..%d bytes", group, service, maxName-1)
@@ -64,9 +66,13 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 	}
 	// o.mu is held across the waits for scdd's answer: the UAP has one
 	// out-mailbox, so its goroutines' calls take turns. What ends the wait
-	// (scdd, the call's deadline, ctx) never takes o.mu.
+	// (scdd, the call's deadline, ctx, Close) never takes o.mu; Close takes
+	// it to unmap, after it has ended the wait.
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.closing.Load() {
+		return nil, ErrClosed
+	}
 	if o.abandoned {
 		if err := u.awaitOut(ctx); err != nil { // lockcheck: see o.mu above
 			return nil, err
@@ -112,6 +118,7 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 func (u *UAP) awaitOut(ctx context.Context) error {
 	o, c := &u.out, &u.ctl.out
 	answered := func() bool { return c.done.Load() >= o.no }
+	ready := func() bool { return answered() || o.closing.Load() }
 	start := time.Now()
 	if o.spin.spin(start, answered) {
 		o.spin.learn(time.Since(start))
@@ -119,15 +126,26 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 	}
 	o.spin.learn(-1)
 	// A cancel wakes the wait at once (a deadline bounds the sleep
-	// anyway): the wake word moves, and the loop looks at ctx.
+	// anyway): the wake word moves, and the loop looks at ctx. A wake
+	// under way when the wait ends is waited for: Close may unmap the word
+	// as soon as the wait has returned.
 	if ctx.Done() != nil {
+		woke := make(chan struct{})
 		stop := context.AfterFunc(ctx, func() {
+			defer close(woke)
 			c.wake.Add(1)
 			futexWake(&c.wake, 1)
 		})
-		defer stop()
+		defer func() {
+			if !stop() {
+				<-woke
+			}
+		}()
 	}
 	for !answered() {
+		if o.closing.Load() {
+			return ErrClosed
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -135,7 +153,7 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 		if d, ok := ctx.Deadline(); ok {
 			sleep = min(sleep, time.Until(d))
 		}
-		sleepOn(&c.wake, &c.sleeping, answered, sleep)
+		sleepOn(&c.wake, &c.sleeping, ready, sleep)
 	}
 	return nil
 }

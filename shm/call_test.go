@@ -130,3 +130,23 @@ func TestCallCancelledWakesAtOnce(t *testing.T) {
 		t.Errorf("the cancelled call returned %v after its out-call was seen (%s)", d, c.Reply)
 	}
 }
+
+// TestCloseEndsACallInFlight: a handler's goroutine calls another service
+// and waits for the answer after the call it served ended; the process is
+// stopped, Serve returns and main closes the UAP. The goroutine's Call
+// returns ErrClosed, and Close unmaps nothing it still reads (it did:
+// the waiting Call woke at its next timed look in unmapped memory).
+func TestCloseEndsACallInFlight(t *testing.T) {
+	g := newGroup(t, 64<<10, 1)
+	p := startUAP(t, g, 0, "TPSCHED_SHM_TEST_AFTER_CLOSE=background", "TPSCHED_SPIN_US=0")
+	attached(t, g, p)
+	if c := call(t, g, p.Proc, "background", []byte("x")); c.Status != StatusOK {
+		t.Fatalf("background: %v %q", c.Status, c.Reply)
+	}
+	awaitOutCall(t, g, p.Proc) // never answered
+	p.Stop()
+	p.Wake()
+	if err := p.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("the UAP closed with a call in flight: %v", err)
+	}
+}

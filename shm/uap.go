@@ -332,7 +332,8 @@ func (u *UAP) run(buf []byte, n uint64, deadline int64, entry []byte) (Status, u
 }
 
 // Close says the process leaves and unmaps its area. Serve must have
-// returned.
+// returned; a Call that another goroutine still waits in returns ErrClosed
+// first (Close waits for it), and later Calls return ErrClosed.
 func (u *UAP) Close() error {
 	if u.sock != nil {
 		return u.sock.close()
@@ -340,6 +341,12 @@ func (u *UAP) Close() error {
 	if u.area == nil {
 		return nil
 	}
+	o, c := &u.out, &u.ctl.out
+	o.closing.Store(true)
+	c.wake.Add(1) // a Call asleep on its answer looks again, and leaves
+	futexWake(&c.wake, 1)
+	o.mu.Lock()
+	defer o.mu.Unlock()
 	u.leave()
 	err := errors.Join(
 		os.NewSyscallError("munmap", unix.Munmap(u.area)),

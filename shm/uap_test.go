@@ -86,11 +86,33 @@ func TestHelperUAP(t *testing.T) {
 		time.Sleep(d)
 		return req, nil
 	})
+	// background calls other/svc from a goroutine of its own, which
+	// outlives the call served; what its Call returned goes to bg.
+	bg := make(chan error, 1)
+	u.Handle("background", func(req []byte) ([]byte, error) {
+		go func() {
+			_, err := u.Call(context.Background(), "other", "svc", nil)
+			bg <- err
+		}()
+		return req, nil
+	})
 	if err := u.Serve(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(3)
 	}
 	u.Close()
+	if os.Getenv("TPSCHED_SHM_TEST_AFTER_CLOSE") == "background" {
+		select { // the background call must end, and say the UAP closed
+		case err := <-bg:
+			if !errors.Is(err, ErrClosed) {
+				fmt.Fprintln(os.Stderr, "the background call after Close:", err)
+				os.Exit(4)
+			}
+		case <-time.After(5 * time.Second):
+			fmt.Fprintln(os.Stderr, "the background call did not end after Close")
+			os.Exit(5)
+		}
+	}
 	os.Exit(0)
 }
 
