@@ -151,7 +151,13 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 		}
 		sleep := maxSleep
 		if d, ok := ctx.Deadline(); ok {
-			sleep = min(sleep, time.Until(d))
+			left := time.Until(d)
+			if left <= 0 {
+				// Past the deadline, before ctx's own timer says so: a
+				// sleep of nothing would spin until it does.
+				return context.DeadlineExceeded
+			}
+			sleep = min(sleep, left)
 		}
 		sleepOn(&c.wake, &c.sleeping, ready, sleep)
 	}
