@@ -307,3 +307,46 @@ func TestSetParallelCountCallsDelegateWithoutLocks(t *testing.T) {
 		t.Errorf("the Delegate was called in %s", h)
 	}
 }
+
+// TestPromotedDuringAFailedStartIsStarted: chprc makes resident the slot
+// of a non-resident process whose start is under way (it leaves the start
+// to it), and that start fails: the slot, resident now, is started again
+// with the restart back-off. It stayed without a process until the next
+// change.
+func TestPromotedDuringAFailedStartIsStarted(t *testing.T) {
+	t.Parallel()
+	m := quietManager(t, Options{})
+	dir := t.TempDir()
+	sp := uapSpec("sleep", dir, 1)
+	sp.Max, sp.IdleStop = 2, time.Hour
+	inPrepare, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	var depth atomic.Int64
+	srv := startServer(t, m, sp, &hooks{
+		file:    devNull(t),
+		waiting: func() int { return int(depth.Load()) },
+		slot:    func(int) SlotView { return SlotView{Busy: true, Ready: true} },
+		prepare: func(slot int) error {
+			if slot == 1 && held.CompareAndSwap(false, true) {
+				close(inPrepare)
+				<-release
+				return syscall.EMFILE // the first start in slot 1 fails
+			}
+			return nil
+		},
+	})
+	wantRunning(t, srv, 1, 0)
+	depth.Store(5)
+	started := make(chan bool, 1)
+	go func() { started <- srv.startNonResident() }()
+	<-inPrepare
+	if _, err := srv.SetParallelCount(2, 2); err != nil {
+		t.Fatalf("SetParallelCount(2, 2): %v", err)
+	}
+	close(release)
+	if <-started {
+		t.Fatal("the non-resident start reported success")
+	}
+	depth.Store(0)
+	wantRunning(t, srv, 2, 0)
+}

@@ -222,10 +222,24 @@ func (s *Server) startNonResident() bool {
 	if err := s.spawn(free, false); err != nil {
 		s.m.log.Error("non-resident uap start failed", "server", s.spec.Server, "slot", free.index, "err", err)
 		s.mu.Lock()
-		free.watched = false
+		// chprc may have made the slot resident meanwhile, leaving its
+		// start to this one (it was watched): then it is restarted as a
+		// resident whose start failed, or nothing would start it again.
+		promoted := free.resident && !s.stopping
+		if !promoted {
+			free.watched = false
+		}
 		s.crashBackoff = min(max(s.crashBackoff*2, minBackoff), maxBackoff)
 		s.crashUntil = time.Now().Add(s.crashBackoff)
 		s.mu.Unlock()
+		if promoted {
+			go func() {
+				backoff := minBackoff
+				if s.restart(free, &backoff) {
+					s.watch(free)
+				}
+			}()
+		}
 		return false
 	}
 	s.m.starts.Add(1)
