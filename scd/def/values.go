@@ -173,8 +173,6 @@ func boolYN(v []string) (bool, error) {
 // the kernel.
 const maxID = 1<<32 - 2
 
-// lookupID reads a user (kind "user") or group (kind "group") given by
-// name or number: a name must exist on this machine; a number is taken as
 // lookupUserID is user.LookupId (a variable for the test of a user whose
 // primary group is root).
 var lookupUserID = user.LookupId
@@ -192,6 +190,8 @@ func primaryGID(uid int) int {
 	return uid
 }
 
+// lookupID reads a user (kind "user") or group (kind "group") given by
+// name or number: a name must exist on this machine; a number is taken as
 // it is.
 func lookupID(v []string, kind string) (int, error) {
 	s, err := one(v)
