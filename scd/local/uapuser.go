@@ -28,14 +28,14 @@ const (
 )
 
 // uapCredentials is the uid and gid the processes of s run as: those its
-// definition names (a uid without gid: def.Load gave it the user's
-// primary group);
-// otherwise -1, the daemon's own, when the daemon is not root; otherwise
-// an id of their own derived from the node's id and the server's name,
-// stable across restarts and distinct from the other servers of this node,
-// with a gid per process (slotGIDs: slot i runs with gid+i) unless the
-// definition names the gid. A root daemon never runs a UAP as root unless
-// a definition says so (uid = 0 with sysconf uap_allow_root = Y).
+// definition names (a uid without gid: def.Load gave it the user's primary
+// group); otherwise -1, the daemon's own, when the daemon is not root;
+// otherwise an id of their own derived from the node's id and the server's
+// name, stable across restarts and distinct from the other servers of this
+// node, with a gid per process (slotGIDs: slot i runs with gid+i) unless
+// the definition names the gid. A root daemon never runs a UAP as root
+// unless a definition says so (uid = 0, or group root, with sysconf
+// uap_allow_root = Y).
 func (sc *Scheduler) uapCredentials(s *def.Server) (uid, gid int, slotGIDs bool) {
 	uid, gid = s.UID, s.GID
 	if uid >= 0 || os.Geteuid() != 0 {
