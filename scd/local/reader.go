@@ -209,7 +209,6 @@ func (r *reader) collect() {
 						"the UAP process serving the call broke the protocol and was killed")
 				}
 				freeRequest(cl)
-				g.act()
 				si.killed = true
 				r.bad = append(r.bad, slotPID{slot, p.PID()})
 				break
