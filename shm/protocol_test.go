@@ -243,17 +243,10 @@ var protocolCases = []struct {
 		// Stopped while holding a call: the call completes, then the
 		// process leaves. A process of a closed group leaves.
 		n := im.group(t, 64)
-		a := im.start(t, n)
-		if err := a.Dispatch("sleep", []byte(im.sleep(50*time.Millisecond)), 0); err != nil {
-			t.Fatal(err)
-		}
-		a.Wake()
+		a := busy(t, im, n)
 		a.Stop()
 		a.Wake()
-		until(t, n, "the stopped process's completion", func() bool {
-			c, ok, _ := a.Completion()
-			return ok && c.Status == shm.StatusOK
-		})
+		completedOK(t, n, a, "the stopped process's completion")
 		if err := a.exit(t); err != nil {
 			t.Fatalf("stopped process: %v", err)
 		}
@@ -275,19 +268,12 @@ var protocolCases = []struct {
 		// process was never sent its close: the completion woke no
 		// writer, and nothing else came to.)
 		n := im.group(t, 64)
-		u := im.start(t, n)
-		if err := u.Dispatch("sleep", []byte(im.sleep(50*time.Millisecond)), 0); err != nil {
-			t.Fatal(err)
-		}
-		u.Wake()
+		u := busy(t, im, n)
 		n.close()
 		// The reply is in well before the node takes it, as when the
 		// node's reader is busy elsewhere.
 		time.Sleep(250 * time.Millisecond)
-		until(t, n, "the completion of the call it held", func() bool {
-			c, ok, _ := u.Completion()
-			return ok && c.Status == shm.StatusOK
-		})
+		completedOK(t, n, u, "the completion of the call it held")
 		if err := u.exit(t); err != nil {
 			t.Fatalf("closed group's process: %v", err)
 		}
@@ -332,6 +318,26 @@ var protocolCases = []struct {
 			t.Fatalf("reply %q", c.Reply)
 		}
 	}},
+}
+
+// busy starts a process of n and hands it a call that sleeps 50 ms.
+func busy(t *testing.T, im impl, n *nodeSide) *uap {
+	t.Helper()
+	u := im.start(t, n)
+	if err := u.Dispatch("sleep", []byte(im.sleep(50*time.Millisecond)), 0); err != nil {
+		t.Fatal(err)
+	}
+	u.Wake()
+	return u
+}
+
+// completedOK waits on n for u's completion of its call, status OK.
+func completedOK(t *testing.T, n *nodeSide, u *uap, what string) {
+	t.Helper()
+	until(t, n, what, func() bool {
+		c, ok, _ := u.Completion()
+		return ok && c.Status == shm.StatusOK
+	})
 }
 
 // TestUAPProtocol runs every protocol case over every implementation.
