@@ -269,6 +269,11 @@ func (u *UAP) next() (uint64, int, bool) {
 			return n, mb, true
 		}
 		if u.told() {
+			// A call handed over between take's look and the flag's is
+			// still ours to serve: leave only with none to take.
+			if n, mb := u.take(); n != 0 {
+				return n, mb, true
+			}
 			return 0, 0, false
 		}
 		if !spun {

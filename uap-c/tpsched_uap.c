@@ -513,8 +513,10 @@ static uint64_t next(tpsched_uap *u, unsigned *mb)
 			learn(u, clock_ns(CLOCK_MONOTONIC) - start);
 			return n;
 		}
+		/* A call handed over between take's look and the flag's is
+		 * still ours to serve: leave only with none to take. */
 		if (told(u))
-			return 0;
+			return take(u, mb);
 		if (!spun) {
 			spun = true;
 			if (spin(u, start))
