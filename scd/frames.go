@@ -96,7 +96,7 @@ func (n *Node) buildFrames() {
 		lookup:  n.answerLookup,
 		refuse: func(c *rpcport.Conn, f *netio.Frame) {
 			n.badRequests.Inc()
-			c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "a node takes calls, not "+f.Kind.String()))
+			c.Refuse(netio.AppendError(nil, f.ID, netio.CodeProtocol, "a node takes calls, not "+f.Kind.String()))
 		},
 	}
 	if n.wlm != nil {

@@ -77,6 +77,17 @@ func (c *Conn) expectAnswer() {
 	c.rcv.calls.Add(1)
 }
 
+// Refuse answers a frame that is not a call (a reply or error sent to the
+// node, a kind it does not take) with the error frame b, as SendNow does.
+// Such a frame was never counted as owed an answer, so it is counted now:
+// the error must not settle one of the connection's real calls, whose
+// answer a half-close would then find not owed and leave unwritten.
+func (c *Conn) Refuse(b []byte) {
+	c.inFlight.Add(1)
+	c.rcv.inFlight.Add(1)
+	c.SendNow(b)
+}
+
 // answered takes the answers among the frames of b (replies and errors)
 // off c's calls in flight and its receiver's. b holds whole frames, as
 // every Send does; a count that would go below zero (an answer to no call
