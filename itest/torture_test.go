@@ -251,6 +251,12 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 //     application error carrying a local call's error, 'network down'):
 //     executed at most once; a b-flagged call's answer can only be an
 //     error (its process broke the protocol: 'server terminated');
+//   - answered 'server terminated' because the process serving it died
+//     or broke the protocol: executed, unless a SIGKILL came between the
+//     process's take and its log line (counted); the other deaths (x and
+//     b) come after the line, so a call handed over behind the one a
+//     process died holding, which it never took, must not be answered so
+//     (it goes to another process);
 //   - not answered, its caller having closed or reset mid-call: executed
 //     at most once, no answer owed (its answers are the node's to drop);
 //   - not answered, its caller still reading, the node having closed the
@@ -964,6 +970,11 @@ func (tt *torture) restartOnce(rng *rand.Rand) {
 	tt.fail("no new process took over within 30 s of SIGUSR2 to pid %d", old)
 }
 
+// diedServing reports whether a 'server terminated' message says that the
+// call's process died or broke the protocol holding it (scd/local), not
+// that the server could not start or the call could not be handed over.
+func diedServing(msg string) bool { return strings.HasPrefix(msg, "the UAP process serving the call ") }
+
 // check accounts for every call at the end (see TestTorture for what it
 // accepts).
 func (tt *torture) check() {
@@ -1019,6 +1030,14 @@ func (tt *torture) check() {
 				netio.CodeNoSuchService, netio.CodeMessageTooBig:
 				if ex > 0 {
 					report(c, "answered %q (%s), yet executed", c.code.String(), c.msg)
+				}
+			case netio.CodeServerTerminated:
+				if diedServing(c.msg) && ex == 0 {
+					if strings.Contains(c.msg, "(signal: killed)") {
+						outcomes["of which killed before its log line"]++
+					} else {
+						report(c, "answered %q (%s), yet its process never ran it", c.code.String(), c.msg)
+					}
 				}
 			}
 		case c.abandoned != "":
