@@ -92,8 +92,12 @@ type SlotView struct {
 type Delegate interface {
 	// Prepare readies slot for a process about to start and returns the
 	// files it gets as fd 3, 4, ... It runs on the goroutine that starts
-	// the process, after the slot's last Exited. The files stay the
-	// delegate's: procmgr never closes them.
+	// the process, after the slot's last Exited, with one exception: a
+	// server stopped while a process it killed was not reaped (Stop
+	// returns at its bound) and started again prepares the slot before
+	// the old process's Exited, which may then come at any time, even
+	// before the new process's Started. The files stay the delegate's:
+	// procmgr never closes them.
 	Prepare(slot int) ([]*os.File, error)
 	// Started runs once the process prepared for slot has started, with
 	// its pid as the node sees it (what a process says of itself is not

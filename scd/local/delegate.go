@@ -1,6 +1,7 @@
 package local
 
 import (
+	"errors"
 	"os"
 	"slices"
 
@@ -23,6 +24,16 @@ type delegate Group
 func (d *delegate) Prepare(slot int) ([]*os.File, error) {
 	g := (*Group)(d)
 	g.mu.Lock()
+	if old := g.slots[slot].p; old != nil && old.PID() != 0 {
+		// The slot's last process was never reaped: its server was
+		// stopped, killed it, gave up waiting for its exit (uninterruptible
+		// sleep) and is starting again. It runs no more code; its calls
+		// are settled now as at its exit, which will find another process
+		// here and do nothing. Left to that exit, they would wait for it
+		// (forever, maybe), and the slot with them.
+		g.settleExit(slot, old, errNotReaped) // releases mu
+		g.mu.Lock()
+	}
 	defer g.mu.Unlock()
 	g.slots[slot] = slotState{}
 	g.q.Renew(slot)
@@ -55,13 +66,25 @@ func (d *delegate) Exited(slot, pid int, exitErr error) {
 	g.mu.Lock()
 	si := &g.slots[slot]
 	p := si.p
-	if p == nil || pid != 0 && p.PID() != 0 && p.PID() != pid {
+	if p == nil || pid != 0 && p.PID() != pid {
 		// Nothing, or another process: a server stopped while a process
 		// it killed was not yet reaped, and started again, has a new
-		// process in the slot, which the old one's exit must not end.
+		// process in the slot (started or about to), which the old one's
+		// exit must not end.
 		g.mu.Unlock()
 		return
 	}
+	g.settleExit(slot, p, exitErr)
+}
+
+// errNotReaped is why the calls of a process settled before its exit was
+// seen (Prepare) end.
+var errNotReaped = errors.New("killed, not reaped")
+
+// settleExit is Exited's work for the process p of slot, which runs no
+// more code. mu is held, and released before the answers go out.
+func (g *Group) settleExit(slot int, p proc, exitErr error) {
+	si := &g.slots[slot]
 	g.q.Retire(slot) // no new call for it; its prefetched one is asked back
 	g.act()
 	type answer struct {

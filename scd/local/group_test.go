@@ -925,3 +925,54 @@ func TestLateExitSparesTheSlotsNewProcess(t *testing.T) {
 	tg.complete(0)
 	wantAnswers(t, []*recorder{a}, netio.CodeOK, [][]byte{[]byte("x")})
 }
+
+// TestRestartedServerSettlesTheUnreapedProcess: a server is stopped while
+// its process holds a call it took, the process is killed and not reaped
+// (uninterruptible sleep: procmgr's Stop returns without its exit), and
+// the server starts again in the same slot. The old process's calls are
+// settled when the new one is prepared: the taken call is answered
+// 'server terminated', the one it never took goes to the new process, and
+// the old process's exit, whenever it comes (before the new one's start
+// too), ends nothing of the new one's. Before, the slot kept the old
+// process's calls until that exit: the taken call waited, and the new
+// process attached and was never handed a call.
+func TestRestartedServerSettlesTheUnreapedProcess(t *testing.T) {
+	for _, exitBeforeStart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exit_before_start=%v", exitBeforeStart), func(t *testing.T) {
+			tg := newTestGroup(t, 1, 16, 2)
+			tg.start(t)
+			tg.Started(0, 101)
+			a, b, c := &recorder{}, &recorder{}, &recorder{}
+			for i, r := range []*recorder{a, b} {
+				if code, msg := tg.call(r, uint64(i+1), []byte{'a' + byte(i)}); code != netio.CodeOK {
+					t.Fatal(code, msg)
+				}
+			}
+			tg.with(func() { tg.tr.procs[0].taken = 1 }) // a taken, b prefetched
+			(*delegate)(tg.Group).Stop(0)
+			if _, err := tg.Prepare(0); err != nil { // started again; 101 not reaped
+				t.Fatal(err)
+			}
+			if exitBeforeStart {
+				tg.Exited(0, 101, errors.New("signal: killed"))
+			}
+			tg.Started(0, 102)
+			tg.with(func() { tg.tr.procs[0].ready = true })
+			tg.look()
+			if !exitBeforeStart {
+				tg.Exited(0, 101, errors.New("signal: killed"))
+			}
+			wantAnswers(t, []*recorder{a}, netio.CodeServerTerminated, nil)
+			tg.complete(0)
+			wantAnswers(t, []*recorder{b}, netio.CodeOK, [][]byte{[]byte("b")})
+			if code, msg := tg.call(c, 3, []byte("c")); code != netio.CodeOK {
+				t.Fatal(code, msg)
+			}
+			tg.complete(0)
+			wantAnswers(t, []*recorder{c}, netio.CodeOK, [][]byte{[]byte("c")})
+			if n := tg.InFlight(); n != 0 {
+				t.Errorf("%d calls in flight at the end", n)
+			}
+		})
+	}
+}
