@@ -109,6 +109,13 @@ func (s *fakeServer) run(slot int) error {
 		svc, payload, _ := strings.Cut(rest, "/")
 		return u.Call(context.Background(), g, svc, []byte(payload))
 	})
+	u.Handle("callhour", func(req []byte) ([]byte, error) { // asks for an hour, whatever it serves
+		g, rest, _ := strings.Cut(string(req), "/")
+		svc, payload, _ := strings.Cut(rest, "/")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		defer cancel()
+		return u.Call(ctx, g, svc, []byte(payload))
+	})
 	s.mu.Lock()
 	if s.uaps == nil {
 		s.uaps = map[int]*shm.UAP{}
@@ -295,7 +302,7 @@ func frame(id uint64, group, service, payload string) *netio.Frame {
 	return &netio.Frame{Header: netio.Header{Kind: netio.KindCall, ID: id}, Group: []byte(group), Service: []byte(service), Payload: []byte(payload)}
 }
 
-const echoServer = "set service_group = g\nset service = echo, fail, hang, call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+const echoServer = "set service_group = g\nset service = echo, fail, hang, call, callhour\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 
 // TestTimeoutAfterQuiet: the first call after a quiet spell, when the
 // expiry loop looks only every expireIdle (here an hour), has its timeout
@@ -435,6 +442,30 @@ func TestUAPCallsGoToPlace(t *testing.T) {
 	if _, ok := placed.Load("elsewhere/echo"); !ok {
 		t.Error("the UAP's call did not go to Place")
 	}
+}
+
+// TestUAPCallIsBoundByTheCallItServes: a process serving a call with a
+// deadline that makes a call of its own asking for an hour has it placed
+// with no more than the served call's time left: an answer later than that
+// reaches nobody, and the wait would keep the process and the target's
+// room meanwhile.
+func TestUAPCallIsBoundByTheCallItServes(t *testing.T) {
+	timeouts := make(chan uint32, 1)
+	place := func(c call.Caller, f *netio.Frame) (netio.Code, string) {
+		timeouts <- f.TimeoutMs
+		return netio.CodeNoSuchGroup, "elsewhere"
+	}
+	s, _ := testScheduler(t, map[string]string{"g": echoServer}, place)
+	a := newAnswers()
+	f := frame(1, "g", "callhour", "elsewhere/echo/x")
+	f.TimeoutMs = 2000
+	if code, msg := s.Serve(a, f); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
+	}
+	if got := <-timeouts; got == 0 || got > 2000 {
+		t.Errorf("the UAP's call was placed with timeout_ms %d, want at most the served call's 2000", got)
+	}
+	a.one(t, 1)
 }
 
 // logBuffer is a log's output that tests read while the node writes it.

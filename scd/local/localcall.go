@@ -81,6 +81,24 @@ func (u *uapCaller) answer(no uint64, c *shm.Completion) bool {
 	return fits
 }
 
+// boundOutCall is the timeout of a call a process makes while serving a
+// call whose deadline is served (unix ns, 0 none): the one it asked for
+// (0: the target group's watch_time), but never past served. The process
+// writes its own timeout, and an answer after the served call's deadline
+// reaches nobody: a call left waiting so long would only keep the process
+// and the target's queue room (a cycle of too few processes, until the
+// target's watch_time, or for good where that is 0).
+func boundOutCall(timeoutMs uint32, served int64, now time.Time) uint32 {
+	if served == 0 {
+		return timeoutMs
+	}
+	left := max(time.Duration(served-now.UnixNano()).Milliseconds(), 1)
+	if timeoutMs == 0 || int64(timeoutMs) > left {
+		return uint32(min(left, math.MaxUint32))
+	}
+	return timeoutMs
+}
+
 // placeLocalCalls routes the calls the group's processes made, as a
 // client's are routed (g.place: the node's line for a UAP's calls, which
 // ends at this node's queue of the group they name), and answers at once

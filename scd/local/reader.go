@@ -249,6 +249,7 @@ func (r *reader) collect() {
 				if si.caller == nil || si.caller.p != oc {
 					si.caller = &uapCaller{p: oc, maxMsg: g.def.MaxMessageSize}
 				}
+				c.TimeoutMs = boundOutCall(c.TimeoutMs, g.q.CurrentDeadline(slot), now)
 				r.calls = append(r.calls, localCall{si.caller, c})
 			}
 		}

@@ -613,6 +613,15 @@ func (q *Queue[C]) Held(slot int) (n int) {
 	return len(q.slots[slot].calls)
 }
 
+// CurrentDeadline is the deadline (unix ns, 0 none) of the call slot's
+// process serves now; 0 when it holds none.
+func (q *Queue[C]) CurrentDeadline(slot int) int64 {
+	if !q.valid(slot) || len(q.slots[slot].calls) == 0 {
+		return 0
+	}
+	return q.slots[slot].calls[0].deadline
+}
+
 // Waiting is the number of calls waiting for a process, prefetched ones
 // included (the documents' q).
 func (q *Queue[C]) Waiting() int { return q.wait.n + q.prefetched }
