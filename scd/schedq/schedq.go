@@ -245,7 +245,7 @@ func (q *Queue[C]) Submit(call C, deadline int64) error {
 		q.hold(s, call, deadline)
 		return nil
 	}
-	if q.Waiting() >= q.cfg.QueueSize {
+	if q.Waiting() >= q.cfg.QueueSize && q.waitingUnanswered() >= q.cfg.QueueSize {
 		q.st.Refused++
 		return ErrFull
 	}
@@ -256,6 +256,22 @@ func (q *Queue[C]) Submit(call C, deadline int64) error {
 	}
 	q.wait.push(waitingCall[C]{call, deadline})
 	return nil
+}
+
+// waitingUnanswered is Waiting without the prefetched calls answered
+// already ('timed out'): they wait for nobody, though their processes, busy
+// with a long call, hold them until they get to them. Counted only when
+// the queue looks full.
+func (q *Queue[C]) waitingUnanswered() int {
+	n := q.Waiting()
+	for s := range q.slots {
+		for _, h := range q.slots[s].calls[min(1, len(q.slots[s].calls)):] {
+			if h.answered {
+				n--
+			}
+		}
+	}
+	return n
 }
 
 // hold gives call to slot s (as its current call, or after the ones it
@@ -393,6 +409,11 @@ func (q *Queue[C]) Done(slot int) (c Completion[C], ok bool) {
 	sl.calls = sl.calls[:n]
 	sl.taken = max(sl.taken-1, 0)
 	sl.noPrefetch = false
+	if n > 1 {
+		// Its next call waits for the others' completions from now on
+		// (stuck), not from when it was handed over with this one.
+		sl.calls[1].at = q.st.Processed
+	}
 	if n > 0 {
 		q.prefetched--
 	} else {
