@@ -20,7 +20,10 @@ import (
 // over the number of groups): the group that filled the budget is refused,
 // the others are still served. Each group may also hold one call whatever
 // its size, so that a budget below max_message_size lets calls through one
-// at a time. So the count stays below twice the budget.
+// at a time. So the count stays below the budget, plus the call that
+// crossed it, plus for each other group its share or one call of its
+// max_message_size, whichever is more (not twice the budget: ten groups of
+// 8 MiB messages under a budget of 64 MiB may hold 136 MiB).
 type requestBudget struct {
 	held  atomic.Int64
 	limit int64 // rpc_buffer_budget
