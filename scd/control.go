@@ -481,6 +481,10 @@ func (d *doors) handOff() (metricsF, controlF *os.File, err error) {
 // resume serves the metrics and control listeners again after a failed
 // hand-over.
 func (d *doors) resume(metricsF, controlF *os.File) {
+	// FileListener works on duplicates: the files themselves are closed
+	// here, not left to the garbage collector (two descriptors for each
+	// restart undone).
+	defer closeFiles([]*os.File{metricsF, controlF})
 	if metricsF != nil {
 		if ln, err := net.FileListener(metricsF); err == nil {
 			d.httpLn = ln
