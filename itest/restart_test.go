@@ -428,3 +428,51 @@ func TestRestartInAClusterDropsNoCall(t *testing.T) {
 		t.Errorf("too few calls: %d through n0, %d through n1", ok0, ok1)
 	}
 }
+
+var restartStartedLine = regexp.MustCompile(`restart: new process started.* pid=(\d+)`)
+
+// TestStopDuringRestartStopsTheNode: a stop (SIGTERM) that comes while a
+// restart (SIGUSR2) is under way stops the node, whether it comes before
+// the new process is ready, or after it took the sockets over: no scdd
+// serves afterwards. Before, a stop during the hand-over waited for it and
+// then ended only the old process, leaving the new one serving (under
+// systemd, killed at the stop's end with its calls).
+func TestStopDuringRestartStopsTheNode(t *testing.T) {
+	testenv.Slow(t, "three nodes started, restarted and stopped")
+	skipShort(t)
+	for _, when := range []string{"at once", "once the new process started", "once it took over"} {
+		t.Run(strings.ReplaceAll(when, " ", "_"), func(t *testing.T) {
+			n := startRestartingNode(t, defDir(t, "", map[string]string{"light": lightServer}))
+			first := n.cmd.Process.Pid
+			must(t, syscall.Kill(first, syscall.SIGUSR2))
+			newPID := 0
+			switch when {
+			case "once the new process started":
+				waitFor(t, 30*time.Second, "the new process to start", func() bool {
+					m := restartStartedLine.FindStringSubmatch(n.logText())
+					if m != nil {
+						newPID, _ = strconv.Atoi(m[1])
+					}
+					return m != nil
+				}, n.logText)
+			case "once it took over":
+				waitFor(t, 30*time.Second, "the hand-over", func() bool {
+					return strings.Contains(n.logText(), "restart: the new process serves")
+				}, n.logText)
+			}
+			must(t, syscall.Kill(first, syscall.SIGTERM))
+			n.waitExit(t, "the first scdd to exit")
+			if m := restartStartedLine.FindStringSubmatch(n.logText()); m != nil {
+				newPID, _ = strconv.Atoi(m[1])
+			}
+			if newPID != 0 {
+				waitFor(t, 30*time.Second, "the new scdd to exit too", func() bool { return !pidAliveInt(newPID) }, n.logText)
+			}
+			if st, err := statusOf(n.http); err == nil {
+				t.Fatalf("pid %d still serves the node after the stop", st.PID)
+			}
+			lines := strings.Split(strings.TrimSpace(n.logText()), "\n")
+			t.Logf("new process %d; the log ends:\n%s", newPID, strings.Join(lines[max(0, len(lines)-4):], "\n"))
+		})
+	}
+}

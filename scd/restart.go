@@ -65,9 +65,15 @@ type RestartResult struct {
 // process.
 type restarter struct {
 	n          *Node
-	mu         sync.Mutex  // held by Restart until the hand-over is done or undone
-	running    atomic.Bool // a Restart is under way
-	handedOver atomic.Bool // this (old) process gave its sockets away
+	mu         sync.Mutex   // held by Restart until the hand-over is done or undone
+	running    atomic.Bool  // a Restart is under way
+	handedOver atomic.Bool  // this (old) process gave its sockets away
+	newPID     atomic.Int64 // the process it gave them to
+	// stopping: a Drain was asked (SIGTERM): no restart starts, and one
+	// under way is undone unless it committed already.
+	stopping   atomic.Bool
+	cancelMu   sync.Mutex
+	cancel     context.CancelFunc // ends the waits of the restart under way
 	retiredOne sync.Once
 	retired    chan struct{} // made by retiredCh
 	retireErr  error         // set before retired closes
@@ -196,7 +202,15 @@ func (r *restarter) restart(ctx context.Context) (RestartResult, error) {
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r.cancelMu.Lock()
+	r.cancel = cancel
+	r.cancelMu.Unlock()
 	res, err := r.restart1(ctx)
+	r.cancelMu.Lock()
+	r.cancel = nil
+	r.cancelMu.Unlock()
 	if err != nil {
 		rs.running.Store(false)
 		n.log.Error("restart failed; this process serves on", "err", err)
@@ -209,7 +223,7 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	n := r.n
 	start := time.Now()
 	res := RestartResult{OldPID: os.Getpid()}
-	if n.draining.Load() || r.handedOver.Load() {
+	if n.draining.Load() || r.handedOver.Load() || r.stopping.Load() {
 		return res, errors.New("restart: the node is draining")
 	}
 	if n.rpc == nil {
@@ -312,8 +326,16 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	if m, _, err = r.waitStep(ctx, conn, exit, "serving", takeoverServingTime); err != nil {
 		return undo(err)
 	}
+	if r.stopping.Load() {
+		// A stop came during the hand-over: it is for the node, so the
+		// new process, which commits only on "left", is let go and this
+		// one drains. Past this point the stop finds the hand-over done
+		// and passes itself on (drainedByRestart).
+		return undo(errors.New("restart: the node is stopping"))
+	}
 	// The new process serves: the sockets are its own now.
 	closeFiles(files)
+	r.newPID.Store(int64(res.NewPID))
 	r.handedOver.Store(true)
 	res.Took = time.Since(start).Round(time.Millisecond).String()
 	// Stop without leaving: the other nodes keep sending to this node's
@@ -414,13 +436,31 @@ func (n *Node) Retired() <-chan struct{} { return n.restart.retiredCh() }
 // drainedByRestart is Drain's way around a restart: it waits for one under
 // way to settle, and when this process handed its sockets over, waits for
 // its own drain instead of starting another.
+//
+// A stop is for the node, whichever of its processes gets it: a restart
+// under way is undone (its waits end now), none starts from here on, and
+// when the hand-over was done already the new process is asked to stop
+// too (SIGTERM), as under systemd before the new process named itself
+// the main one.
 func (r *restarter) drainedByRestart() (bool, error) {
 	rs := r
+	rs.stopping.Store(true)
+	rs.cancelMu.Lock()
+	if rs.cancel != nil {
+		rs.cancel()
+	}
+	rs.cancelMu.Unlock()
 	rs.mu.Lock()
 	handed := rs.handedOver.Load()
 	rs.mu.Unlock()
 	if !handed {
 		return false, nil
+	}
+	if pid := int(rs.newPID.Load()); pid > 0 {
+		r.n.log.Info("stop: passing it on to the process the node was handed to", "pid", pid)
+		if err := unix.Kill(pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+			r.n.log.Warn("stop: the new process could not be told", "pid", pid, "err", err)
+		}
 	}
 	<-rs.retiredCh()
 	return true, rs.retireErr
