@@ -158,18 +158,24 @@ func Decode(b []byte, maxPayload int) (Frame, int, error) {
 	}
 	gl, sl := int(b[5]), int(b[6])
 	f := Frame{
-		Header: Header{
-			Kind:      Kind(b[3]),
-			Flags:     Flags(b[4]),
-			Code:      Code(b[7]),
-			ID:        binary.BigEndian.Uint64(b[8:16]),
-			TimeoutMs: binary.BigEndian.Uint32(b[16:20]),
-		},
+		Header:  header(b),
 		Group:   b[HeaderSize : HeaderSize+gl : HeaderSize+gl],
 		Service: b[HeaderSize+gl : HeaderSize+gl+sl : HeaderSize+gl+sl],
 		Payload: b[HeaderSize+gl+sl : n : n],
 	}
 	return f, n, nil
+}
+
+// header reads the fixed fields of the header at the start of b, which
+// holds at least HeaderSize bytes.
+func header(b []byte) Header {
+	return Header{
+		Kind:      Kind(b[3]),
+		Flags:     Flags(b[4]),
+		Code:      Code(b[7]),
+		ID:        binary.BigEndian.Uint64(b[8:16]),
+		TimeoutMs: binary.BigEndian.Uint32(b[16:20]),
+	}
 }
 
 // MaxNameLen is the longest group or service name a frame can carry.

@@ -3,6 +3,7 @@ package netio
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -32,10 +33,29 @@ var (
 type FrameReader struct {
 	r          *bufio.Reader
 	maxPayload int
+	skip       int64 // bytes of a frame over maxPayload the next Read drops first
 }
 
+// FrameSizeError is a frame whose good header announces a payload over
+// the reader's limit. The frame is not read: the next Read drops its bytes
+// as they come, never holding them, so a reader that goes on stays in
+// step with the stream (as the node's port does with a call over its cap).
+// errors.Is(err, ErrFrameSize) holds.
+type FrameSizeError struct {
+	Header        // the frame's header: whose answer it is
+	Size   uint32 // the payload length it announces
+	Limit  int    // the reader's limit
+}
+
+func (e *FrameSizeError) Error() string {
+	return fmt.Sprintf("netio: %v frame of %d bytes, over the limit of %d", e.Kind, e.Size, e.Limit)
+}
+
+func (e *FrameSizeError) Unwrap() error { return ErrFrameSize }
+
 // NewFrameReader reads frames from r; a frame whose payload exceeds
-// maxPayload is an error (ErrFrameSize), as are bad magic, version or kind.
+// maxPayload is a *FrameSizeError, which the reader may go on after; bad
+// magic, version or kind is an error it may not.
 func NewFrameReader(r io.Reader, maxPayload int) *FrameReader {
 	return &FrameReader{r: bufio.NewReaderSize(r, 64<<10), maxPayload: maxPayload}
 }
@@ -45,6 +65,18 @@ func NewFrameReader(r io.Reader, maxPayload int) *FrameReader {
 // io.EOF only when the stream ends between frames; a stream that ends
 // inside a frame is io.ErrUnexpectedEOF.
 func (fr *FrameReader) Read(buf []byte) (Frame, []byte, error) {
+	for fr.skip > 0 {
+		// Discard goes through bufio's own buffer: nothing the size of
+		// the frame is allocated. In steps, for an int of 32 bits.
+		n, err := fr.r.Discard(int(min(fr.skip, 1<<30)))
+		fr.skip -= int64(n)
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return Frame{}, buf, err
+		}
+	}
 	hdr, err := fr.r.Peek(HeaderSize)
 	if err != nil {
 		if err == io.EOF && len(hdr) > 0 {
@@ -53,6 +85,11 @@ func (fr *FrameReader) Read(buf []byte) (Frame, []byte, error) {
 		return Frame{}, buf, err
 	}
 	n, err := FrameLen(hdr, fr.maxPayload)
+	if err == ErrFrameSize {
+		total, size, _ := CheckHeader(hdr) // good: FrameLen checked it
+		fr.skip = total
+		return Frame{}, buf, &FrameSizeError{Header: header(hdr), Size: size, Limit: fr.maxPayload}
+	}
 	if err != nil {
 		return Frame{}, buf, err
 	}
@@ -70,19 +107,30 @@ func (fr *FrameReader) Read(buf []byte) (Frame, []byte, error) {
 	return f, buf, err
 }
 
+// tooBig is the answer a call gets when its own is over the connection's
+// limit: a 'message too big' error frame, as the node sends for a call
+// over its cap. The service may have run; only its answer is lost.
+func tooBig(e *FrameSizeError) Frame {
+	msg := fmt.Sprintf("the answer has %d bytes, this caller takes at most %d", e.Size, e.Limit)
+	return Frame{Header: Header{Kind: KindError, Code: CodeMessageTooBig, ID: e.ID}, Payload: []byte(msg)}
+}
+
 // Answerer receives the answer to one call of a MuxConn, exactly once: the
 // answering frame (err nil; its buffer belongs to the Answerer), or the
-// reason there is none (the connection closed, the deadline passed). It is
-// called on the connection's reader goroutine, or on whichever goroutine
-// closes or expires, and must not block.
+// reason there is none (the connection closed, the deadline passed). An
+// answer over MaxPayload comes as an error frame 'message too big' made by
+// the MuxConn. It is called on the connection's reader goroutine, or on
+// whichever goroutine closes or expires, and must not block.
 type Answerer interface {
 	Answer(f Frame, err error)
 }
 
 // MuxOptions configure a MuxConn.
 type MuxOptions struct {
-	// MaxPayload bounds the answers read; a larger one closes the
-	// connection. Default 1 MiB.
+	// MaxPayload bounds the answers read. A larger one is skipped, its
+	// bytes never held, and its call alone is answered 'message too big'
+	// (the service may have run); the connection and its other calls go
+	// on. Default 1 MiB.
 	MaxPayload int
 	// Reader, if set, is the FrameReader already used on the connection (a
 	// handshake), so that bytes it buffered are not lost.
@@ -159,9 +207,11 @@ func NewMuxConn(nc net.Conn, opts MuxOptions) *MuxConn {
 
 // RoundTrip, on a connection made with CallerReads, sends one call and
 // reads frames until its answer, which it returns in buf (grown when too
-// small); answers to other ids are dropped. A deadline that passes fails
-// it with os.ErrDeadlineExceeded. Any error closes the connection. One
-// RoundTrip at a time.
+// small); answers to other ids are dropped. Its answer over MaxPayload is
+// skipped, and RoundTrip returns an error frame 'message too big' in its
+// place, as a reader goroutine would. A deadline that passes fails it with
+// os.ErrDeadlineExceeded. Any error closes the connection. One RoundTrip at
+// a time.
 func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, deadline time.Time, buf []byte) (Frame, []byte, error) {
 	m.mu.Lock()
 	err := m.err
@@ -191,7 +241,15 @@ func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, dea
 	}
 	for {
 		var f Frame
-		if f, buf, err = m.fr.Read(buf); err != nil {
+		f, buf, err = m.fr.Read(buf)
+		var fse *FrameSizeError
+		if errors.As(err, &fse) {
+			if fse.ID == h.ID {
+				return tooBig(fse), buf, nil
+			}
+			continue // the next Read skips it
+		}
+		if err != nil {
 			if err == io.EOF {
 				err = ErrClosedByPeer
 			}
@@ -464,12 +522,19 @@ func (m *MuxConn) Err() error {
 
 // readLoop hands each answer to the call waiting for its id until the
 // connection fails; an answer nobody waits for (expired, forgotten) is
-// dropped.
+// dropped. An answer over MaxPayload does not fail the connection: its
+// call gets 'message too big' and the reader skips its bytes, so the
+// calls beside it, which may have run too, keep their answers.
 func (m *MuxConn) readLoop() {
 	var err error
 	for {
 		var f Frame
-		if f, _, err = m.fr.Read(nil); err != nil {
+		f, _, err = m.fr.Read(nil)
+		var fse *FrameSizeError
+		if errors.As(err, &fse) {
+			f, err = tooBig(fse), nil // the next Read skips its bytes
+		}
+		if err != nil {
 			break
 		}
 		if f.Kind == KindGoAway && f.ID == 0 {

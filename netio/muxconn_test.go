@@ -2,12 +2,15 @@ package netio
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -352,15 +355,63 @@ func TestFrameReader(t *testing.T) {
 	}
 }
 
+// TestFrameReaderSkipsOversize: a frame over the limit is a
+// *FrameSizeError naming its id and size; the next Read drops its bytes
+// without holding them (64 MiB of payload, read through a buffer of 64 KiB)
+// and returns the frame after it.
+func TestFrameReaderSkipsOversize(t *testing.T) {
+	const size = 64 << 20
+	hdr := AppendFrame(nil, Header{Kind: KindReply, ID: 7}, "", "", nil)
+	binary.BigEndian.PutUint32(hdr[20:24], size)
+	stream := io.MultiReader(bytes.NewReader(hdr), io.LimitReader(zeros{}, size),
+		bytes.NewReader(AppendReply(nil, 8, []byte("next"))))
+	fr := NewFrameReader(stream, 1<<20)
+	_, _, err := fr.Read(nil)
+	var fse *FrameSizeError
+	if !errors.As(err, &fse) || !errors.Is(err, ErrFrameSize) || fse.ID != 7 || fse.Kind != KindReply || fse.Size != size || fse.Limit != 1<<20 {
+		t.Fatalf("Read of the big frame: %#v", err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f, _, err := fr.Read(nil)
+	runtime.ReadMemStats(&after)
+	if err != nil || f.ID != 8 || string(f.Payload) != "next" {
+		t.Fatalf("Read after the big frame: id %d %q, %v", f.ID, f.Payload, err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Errorf("skipping %d bytes allocated %d", size, n)
+	}
+	if _, _, err := fr.Read(nil); err != io.EOF {
+		t.Errorf("Read at the end: %v", err)
+	}
+	// A stream that ends inside the skipped frame was cut.
+	fr = NewFrameReader(io.MultiReader(bytes.NewReader(hdr), io.LimitReader(zeros{}, 100)), 1<<20)
+	if _, _, err := fr.Read(nil); !errors.Is(err, ErrFrameSize) {
+		t.Fatalf("Read of the big frame: %v", err)
+	}
+	if _, _, err := fr.Read(nil); err != io.ErrUnexpectedEOF {
+		t.Errorf("Read of a stream cut in the skipped frame: %v", err)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(b []byte) (int, error) { clear(b); return len(b), nil }
+
 // TestMuxConnRoundTrip: with CallerReads the caller reads its own answer,
-// into its own buffer; an answer to another id is skipped; a deadline that
-// passes ends the call and the connection.
+// into its own buffer; an answer to another id is skipped, one over
+// MaxPayload too, and its own over MaxPayload is 'message too big' with
+// the connection kept; a deadline that passes ends the call and the
+// connection.
 func TestMuxConnRoundTrip(t *testing.T) {
 	addr := frameServer(t, func(f Frame, reply func([]byte), _ net.Conn) {
 		switch string(f.Service) {
 		case "stray":
 			reply(AppendReply(nil, f.ID+100, []byte("not yours")))
 			reply(AppendReply(nil, f.ID, []byte("yours")))
+		case "big": // over the default MaxPayload: another id's, then its own
+			reply(AppendReply(nil, f.ID+100, make([]byte, 1<<20+1)))
+			reply(AppendReply(nil, f.ID, make([]byte, 1<<20+2)))
 		case "never":
 		default:
 			reply(AppendReply(nil, f.ID, f.Payload))
@@ -379,7 +430,14 @@ func TestMuxConnRoundTrip(t *testing.T) {
 	if f, _, err := m.RoundTrip(Header{Kind: KindCall}, "g", "stray", nil, time.Time{}, buf); err != nil || string(f.Payload) != "yours" {
 		t.Fatalf("round trip after a stray answer: %q, %v", f.Payload, err)
 	}
-	_, _, err := m.RoundTrip(Header{Kind: KindCall}, "g", "never", nil, time.Now().Add(50*time.Millisecond), buf)
+	f, _, err := m.RoundTrip(Header{Kind: KindCall}, "g", "big", nil, time.Now().Add(testDeadline), buf)
+	if err != nil || f.Kind != KindError || f.Code != CodeMessageTooBig || !strings.Contains(string(f.Payload), fmt.Sprint(1<<20+2)) {
+		t.Fatalf("round trip answered over MaxPayload: %v %v %q, %v; want 'message too big' naming its size", f.Kind, f.Code, f.Payload, err)
+	}
+	if f, _, err := m.RoundTrip(Header{Kind: KindCall}, "g", "echo", []byte("after"), time.Now().Add(testDeadline), buf); err != nil || string(f.Payload) != "after" {
+		t.Fatalf("round trip after one answered over MaxPayload: %q, %v", f.Payload, err)
+	}
+	_, _, err = m.RoundTrip(Header{Kind: KindCall}, "g", "never", nil, time.Now().Add(50*time.Millisecond), buf)
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("round trip past its deadline: %v", err)
 	}
@@ -423,5 +481,67 @@ func TestMuxConnRetire(t *testing.T) {
 	}
 	if a.count.Load() != 3 {
 		t.Errorf("%d answers, want 3", a.count.Load())
+	}
+}
+
+// TestMuxConnOversizeAnswer: an answer over MaxPayload fails only its own
+// call, 'message too big' with the answer's size and the limit, as the
+// node answers a call over its own limit; its bytes are skipped, and the
+// connection and the calls waiting beside it go on. Before, the reader
+// closed the connection and every call on it lost its answer.
+func TestMuxConnOversizeAnswer(t *testing.T) {
+	const limit = 1 << 10
+	big := make(chan struct{})
+	addr := frameServer(t, func(f Frame, reply func([]byte), _ net.Conn) {
+		payload := bytes.Clone(f.Payload)
+		if string(f.Service) == "big" {
+			// An error frame, not a reply: its message counts too.
+			reply(AppendError(nil, f.ID, CodeApplication, string(bytes.Repeat([]byte{'x'}, 3*limit))))
+			close(big)
+			return
+		}
+		go func() { // answered after the big one: behind its bytes
+			<-big
+			reply(AppendReply(nil, f.ID, payload))
+		}()
+	})
+	var closed atomic.Int64
+	m := dialMux(t, addr, MuxOptions{MaxPayload: limit, OnClose: func(error) { closed.Add(1) }})
+	a := newAnswers()
+	for i := range 3 {
+		if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", []byte{'0' + byte(i)}, time.Time{}, a); !sent || err != nil {
+			t.Fatalf("Call: %v, %v", sent, err)
+		}
+	}
+	tooBig := newAnswers()
+	if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "big", nil, time.Time{}, tooBig); !sent || err != nil {
+		t.Fatalf("Call: %v, %v", sent, err)
+	}
+	r := tooBig.next(t)
+	if r.err != nil || r.f.Kind != KindError || r.f.Code != CodeMessageTooBig {
+		t.Fatalf("the call answered over the limit: %v %v, %v; want an error frame 'message too big'", r.f.Kind, r.f.Code, r.err)
+	}
+	if msg := string(r.f.Payload); !strings.Contains(msg, fmt.Sprint(3*limit)) || !strings.Contains(msg, fmt.Sprint(limit)) {
+		t.Errorf("message %q does not say the answer's size (%d) and the limit (%d)", msg, 3*limit, limit)
+	}
+	got := map[string]bool{}
+	for range 3 {
+		r := a.next(t)
+		if r.err != nil {
+			t.Fatalf("a call beside the big answer: %v", r.err)
+		}
+		got[string(r.f.Payload)] = true
+	}
+	if len(got) != 3 {
+		t.Errorf("the calls beside got %v, want 0, 1 and 2", got)
+	}
+	if _, _, err := m.Call(Header{Kind: KindCall}, "g", "s", []byte("after"), time.Time{}, a); err != nil {
+		t.Fatal(err)
+	}
+	if r := a.next(t); r.err != nil || string(r.f.Payload) != "after" {
+		t.Errorf("a call after: %q, %v", r.f.Payload, r.err)
+	}
+	if m.Err() != nil || closed.Load() != 0 {
+		t.Errorf("the connection closed: %v", m.Err())
 	}
 }

@@ -13,7 +13,10 @@
 //
 // A call that was sent is never sent again to another node: a broken
 // connection fails it with 'network down', because the service may already
-// have run. Only calls that could not be sent move to the next host.
+// have run. Only calls that could not be sent move to the next host. A
+// reply over MaxMessageSize and 64 KiB fails its own call 'message too big'
+// (the service may have run; the reply is dropped unread); the connection
+// and the other calls on it go on.
 package client
 
 import (
@@ -406,6 +409,7 @@ func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
 	var mc *netio.MuxConn
 	mc = netio.NewMuxConn(nc, netio.MuxOptions{
 		// Error messages ride in the payload too, so allow a little slack.
+		// A larger answer fails only its own call ('message too big').
 		MaxPayload: c.opts.MaxMessageSize + 64<<10,
 		OnClose:    func(err error) { c.forget(idx, mc) },
 		OnGoAway:   func() { c.retire(idx, mc) },

@@ -28,6 +28,7 @@ const waitLimit = 10 * time.Second // bound on every wait in these tests
 //	"slow"  echoes after the delay the service name gives (time.ParseDuration)
 //	"drop"  closes the connection
 //	"who"   answers the node's name
+//	"big"   answers as many bytes as the service name says
 //	other   echoes the payload
 type testNode struct {
 	name string
@@ -115,6 +116,9 @@ func (n *testNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
 		return
 	case "who":
 		answer = netio.AppendReply(nil, f.ID, []byte(n.name))
+	case "big":
+		size, _ := strconv.Atoi(service)
+		answer = netio.AppendReply(nil, f.ID, make([]byte, size))
 	default:
 		answer = netio.AppendReply(nil, f.ID, payload)
 	}
@@ -304,6 +308,41 @@ func TestPayloadOverMaxMessageSize(t *testing.T) {
 	}
 	if _, err := c.Call(testCtx(t), "demo", "echo", make([]byte, 1000)); err != nil {
 		t.Errorf("Call at the limit: %v", err)
+	}
+}
+
+// TestReplyOverMaxMessageSize: a reply over what the client reads
+// (MaxMessageSize and 64 KiB for error messages) fails its own call
+// 'message too big', saying the reply's size and the limit; the calls in
+// flight beside it on the same connection get their replies, and the
+// connection stays. Before, the connection closed and every call on it
+// failed 'network down'.
+func TestReplyOverMaxMessageSize(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}, MaxMessageSize: 1000})
+	const slow = 5
+	errc := inFlight(c, slow, "slow", "300ms")
+	waitUntil(t, "the slow calls to arrive", func() bool { return n.framesOf("slow") == slow })
+	limit := 1000 + 64<<10
+	_, err := c.Call(testCtx(t), "big", strconv.Itoa(limit+1), nil)
+	var te *netio.Error
+	switch {
+	case !errors.As(err, &te) || te.Code != netio.CodeMessageTooBig:
+		t.Errorf("the call answered over the limit: %v, want 'message too big'", err)
+	case !strings.Contains(te.Message, strconv.Itoa(limit+1)) || !strings.Contains(te.Message, strconv.Itoa(limit)):
+		t.Errorf("message %q does not say the reply's size (%d) and the limit (%d)", te.Message, limit+1, limit)
+	}
+	for range slow {
+		if err := <-errc; err != nil {
+			t.Errorf("a call in flight beside the big reply: %v", err)
+		}
+	}
+	if got, err := c.Call(testCtx(t), "big", strconv.Itoa(limit), nil); err != nil || len(got) != limit {
+		t.Errorf("a reply at the limit: %d bytes, %v", len(got), err)
+	}
+	if got := n.accepted(); got != 1 {
+		t.Errorf("server accepted %d connections, want 1: the big reply closed one", got)
 	}
 }
 
