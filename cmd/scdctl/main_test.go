@@ -2,6 +2,11 @@ package main
 
 import (
 	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -55,5 +60,79 @@ func TestCommandsAreTheUsages(t *testing.T) {
 	}
 	if !slices.Equal(described, commands) {
 		t.Errorf("usage describes %v, commands lists %v", described, commands)
+	}
+}
+
+// fakeControl serves answer to every request on a control socket under a
+// new directory of its own (a unix socket's path must be short: not
+// t.TempDir's) and returns the socket's path.
+func fakeControl(t *testing.T, answer string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "scdctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "control.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer)
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return sock
+}
+
+// TestEnvActionFailedNodes: quiesce, resume, refresh and policy exit 1
+// when a node reports an error, with -json too (it printed the answer and
+// exited 0), and text mode prints no success headline for nodes that
+// failed: it says which failed and which did it.
+func TestEnvActionFailedNodes(t *testing.T) {
+	const allFailed = `{"action":"quiesce","env":"e","nodes":[{"node":"n2","error":"unreachable"}]}`
+	const oneFailed = `{"action":"quiesce","env":"e","nodes":[{"node":"n1","done":"quiesced"},{"node":"n2","error":"unreachable"}]}`
+	const noneFailed = `{"action":"quiesce","env":"e","nodes":[{"node":"n1","done":"quiesced"}]}`
+	for _, c := range []struct {
+		name, answer string
+		json         bool
+		code         int
+		stdout       []string // each must be in stdout
+		notStdout    string
+		stderr       string
+	}{
+		{"json, every node failed", allFailed, true, 1, []string{allFailed}, "", "quiesce failed on node(s) n2"},
+		{"json, one node failed", oneFailed, true, 1, []string{oneFailed}, "", "quiesce failed on node(s) n2"},
+		{"json, none failed", noneFailed, true, 0, []string{noneFailed}, "", ""},
+		{"text, every node failed", allFailed, false, 1, []string{"quiesce e: failed on n2\n", "error: unreachable"}, "quiesced e", "quiesce failed on node(s) n2"},
+		{"text, one node failed", oneFailed, false, 1, []string{"quiesce e: failed on n2; done on n1\n"}, "quiesced e", "quiesce failed on node(s) n2"},
+		{"text, none failed", noneFailed, false, 0, []string{"quiesced e: its servers"}, "failed", ""},
+		{"text, one instance failed", `{"action":"quiesce","env":"e","nodes":[{"node":"n1","env":"e@east","done":"quiesced"},{"node":"n1","env":"e@west","error":"x"}]}`,
+			false, 1, []string{"quiesce e: failed on n1 (e@west); done on n1 (e@east)\n", "INSTANCE"}, "quiesced e", "quiesce failed on node(s) n1 (e@west)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sock := fakeControl(t, c.answer)
+			args := []string{"-s", sock, "-H", "127.0.0.1:1", "-a", "127.0.0.1:1", "quiesce", "e"}
+			if c.json {
+				args = append(args, "-json")
+			}
+			var stdout, stderr bytes.Buffer
+			if code := run(args, &stdout, &stderr); code != c.code {
+				t.Errorf("exit %d, want %d", code, c.code)
+			}
+			for _, s := range c.stdout {
+				if !strings.Contains(stdout.String(), s) {
+					t.Errorf("stdout lacks %q:\n%s", s, stdout.String())
+				}
+			}
+			if c.notStdout != "" && strings.Contains(stdout.String(), c.notStdout) {
+				t.Errorf("stdout has %q:\n%s", c.notStdout, stdout.String())
+			}
+			if !strings.Contains(stderr.String(), c.stderr) || (c.stderr == "") != (stderr.Len() == 0) {
+				t.Errorf("stderr %q, want %q", stderr.String(), c.stderr)
+			}
+		})
 	}
 }

@@ -49,7 +49,10 @@ func find(ctx context.Context, nd node, args []string, stdout io.Writer) error {
 }
 
 // envAction runs quiesce, resume or refresh of ENV, or policy, on every
-// node of the cluster through the local node's control socket.
+// node of the cluster through the local node's control socket. It fails
+// (exit 1) when any node reports an error, with -json too, so that a
+// script sees it; text mode then says which nodes failed and which did it
+// instead of the success headline.
 func envAction(ctx context.Context, nd node, asJSON bool, verb string, args []string, stdout io.Writer) error {
 	u := "http://scdd/" + verb
 	if verb == "policy" {
@@ -67,49 +70,77 @@ func envAction(ctx context.Context, nd node, asJSON bool, verb string, args []st
 		return err
 	}
 	if asJSON {
-		_, err := stdout.Write(body)
-		return err
+		if _, err := stdout.Write(body); err != nil {
+			return err
+		}
 	}
 	var res scd.EnvActionResult
 	if err := json.Unmarshal(body, &res); err != nil {
 		return fmt.Errorf("%s: answer from %s: %w", verb, nd.sock, err)
 	}
-	what := map[string]string{
-		"quiesce": "quiesced %s: its servers finished their calls and stopped; none starts until scdctl resume %[1]s",
-		"resume":  "resumed %s: a server starts on the next find or call",
-		"refresh": "refreshed %s: its processes were replaced one at a time",
-		"policy":  "read svcpolicy again",
-	}[verb]
-	if strings.Contains(what, "%") {
-		fmt.Fprintf(stdout, what+"\n", res.Env)
-	} else {
+	perInstance := slices.ContainsFunc(res.Nodes, func(r scd.NodeResult) bool { return r.Env != "" })
+	var failed, done []string
+	for _, r := range res.Nodes {
+		who := r.Node
+		if perInstance {
+			who += " (" + r.Env + ")" // a node fails or not per instance
+		}
+		if r.Error != "" {
+			failed = append(failed, who)
+		} else {
+			done = append(done, who)
+		}
+	}
+	var failure error
+	if len(failed) > 0 {
+		failure = fmt.Errorf("%s failed on node(s) %s", verb, strings.Join(failed, ", "))
+	}
+	if asJSON {
+		return failure
+	}
+	if len(failed) > 0 {
+		// The success headline would claim what the failed nodes did not do.
+		what := verb
+		if res.Env != "" {
+			what += " " + res.Env
+		}
+		what += ": failed on " + strings.Join(failed, ", ")
+		if len(done) > 0 {
+			what += "; done on " + strings.Join(done, ", ")
+		}
 		fmt.Fprintln(stdout, what)
+	} else {
+		what := map[string]string{
+			"quiesce": "quiesced %s: its servers finished their calls and stopped; none starts until scdctl resume %[1]s",
+			"resume":  "resumed %s: a server starts on the next find or call",
+			"refresh": "refreshed %s: its processes were replaced one at a time",
+			"policy":  "read svcpolicy again",
+		}[verb]
+		if strings.Contains(what, "%") {
+			fmt.Fprintf(stdout, what+"\n", res.Env)
+		} else {
+			fmt.Fprintln(stdout, what)
+		}
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	perInstance := slices.ContainsFunc(res.Nodes, func(r scd.NodeResult) bool { return r.Env != "" })
 	if perInstance {
 		fmt.Fprintln(tw, "NODE\tINSTANCE\tRESULT")
 	} else {
 		fmt.Fprintln(tw, "NODE\tRESULT")
 	}
-	var failed []string
 	for _, r := range res.Nodes {
 		node := r.Node
 		if perInstance {
 			node += "\t" + r.Env
 		}
 		if r.Error != "" {
-			failed = append(failed, r.Node)
 			fmt.Fprintf(tw, "%s\terror: %s\n", node, r.Error)
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", node, r.Done)
 	}
 	tw.Flush()
-	if len(failed) > 0 {
-		return fmt.Errorf("%s failed on node(s) %s", verb, strings.Join(failed, ", "))
-	}
-	return nil
+	return failure
 }
 
 // report prints the node's workload activity report: per service class,
