@@ -119,8 +119,8 @@ func TestProcessThatLeftItsGroupIsKilled(t *testing.T) {
 	var err error
 	select {
 	case err = <-done:
-	case <-time.After(killWait + waitLimit):
-		t.Fatalf("Stop did not return %v after its deadline", killWait+waitLimit)
+	case <-time.After(KillWait + waitLimit):
+		t.Fatalf("Stop did not return %v after its deadline", KillWait+waitLimit)
 	}
 	if err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Errorf("Stop = %v, want the kill reported", err)

@@ -153,7 +153,7 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	for _, sl := range s.slots[:spec.Resident] {
 		if err := s.spawn(sl, false); err != nil {
 			s.kill()
-			s.waitLive(killWait)
+			s.waitLive(KillWait)
 			_ = bx.remove()
 			return nil, err
 		}
@@ -480,15 +480,15 @@ func (s *Server) CPUSample() CPUSample { return s.usage.lastSample() }
 // CPUGroup is where the server's processes get their CPU priority.
 func (s *Server) CPUGroup() *CPUGroup { return s.cpu }
 
-// killWait bounds how long a stop waits for killed processes to be
+// KillWait bounds how long a stop waits for killed processes to be
 // reaped: a process in uninterruptible sleep (a hung NFS read) may take
 // longer, and the node's stop must not hang on it.
-const killWait = 5 * time.Second
+const KillWait = 5 * time.Second
 
 // Stop stops supervising and waits for the processes to exit, which they do
 // once the caller has closed their segment. At ctx's end every process in
 // the server's cgroups is killed (its process groups where there is no
-// cgroup), and Stop waits at most killWait more. Then whatever the
+// cgroup), and Stop waits at most KillWait more. Then whatever the
 // processes left behind in the cgroups (children in a process group or
 // session of their own, daemons) is killed too, and the cgroups are
 // removed.
@@ -515,9 +515,9 @@ func (s *Server) Stop(ctx context.Context) error {
 		}
 		select {
 		case <-done:
-		case <-time.After(killWait):
+		case <-time.After(KillWait):
 			err = errors.Join(err, fmt.Errorf("procmgr: %s: processes still not reaped %v after SIGKILL: %v",
-				s.spec.Server, killWait, s.livePIDs()))
+				s.spec.Server, KillWait, s.livePIDs()))
 		}
 	}
 	s.m.vacate()

@@ -512,8 +512,8 @@ func (s *Scheduler) InFlight() int {
 // Stop stops taking calls and stops the processes: each group's queue
 // closes (its processes leave once they hold no call) and the calls still
 // waiting are answered 'node shutting down'; the processes are waited for
-// until ctx ends (then killed), and calls their exits put back in the
-// queue are answered the same. The readers go on until Close, so the
+// until ctx ends (then killed, and waited for procmgr.KillWait more), and
+// calls their exits put back in the queue are answered the same. The readers go on until Close, so the
 // processes' last answers are delivered.
 func (s *Scheduler) Stop(ctx context.Context) error {
 	const why = "the node stopped before the call reached a process"
@@ -526,15 +526,22 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 		g.close() // the processes leave once they hold no call
 		g.flush(netio.CodeShuttingDown, why)
 	}
-	var errs []error
-	for _, g := range s.order {
-		if g.procs != nil {
-			errs = append(errs, g.procs.Stop(ctx))
-		}
-		// A call the last processes were handed and never took went back
-		// to the queue when they were reaped: nobody takes it now.
-		g.flush(netio.CodeShuttingDown, why)
+	// The servers stop side by side: each may wait procmgr.KillWait past
+	// ctx for processes it killed, and one after another those waits
+	// would add up past any stop bound the node gives.
+	errs := make([]error, len(s.order))
+	var wg sync.WaitGroup
+	for i, g := range s.order {
+		wg.Go(func() {
+			if g.procs != nil {
+				errs[i] = g.procs.Stop(ctx)
+			}
+			// A call the last processes were handed and never took went
+			// back to the queue when they were reaped: nobody takes it now.
+			g.flush(netio.CodeShuttingDown, why)
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
