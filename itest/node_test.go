@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -353,6 +355,60 @@ func TestSIGTERMDrains(t *testing.T) {
 	if strings.Contains(n.stderr.String(), "restarting") {
 		t.Errorf("a UAP ending at shutdown was taken for a crash:\n%s", n.stderr.String())
 	}
+}
+
+// TestHangupLeavesScddServing: SIGHUP (an operator's dropped ssh session,
+// scdd started with &) and a log write to a stderr pipe whose reader is
+// gone (the same session) must not end scdd: a call in flight is answered
+// and the node serves the next one.
+func TestHangupLeavesScddServing(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"one": echoDef("one", 1, 16, 1<<20)})
+	var pr, pw *os.File
+	n := startCommandWith(t, func(c *exec.Cmd) {
+		// stderr is a pipe this test can close the reading end of; what
+		// comes through it goes on to the node's buffer.
+		var err error
+		pr, pw, err = os.Pipe()
+		must(t, err)
+		log := c.Stderr
+		c.Stderr = pw
+		go func() { _, _ = io.Copy(log, pr) }()
+	}, bin("scdd"), "-c", dir)
+	pw.Close() // scdd has its own copy
+	c := n.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	callThrough := func(sig syscall.Signal, what string) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Call(ctx, "one", "sleep", []byte("1000"))
+			done <- err
+		}()
+		waitFor(t, 5*time.Second, "the sleep call to be taken", func() bool {
+			return groupStatus(t, n, "one").InFlight == 1
+		})
+		n.signal(sig)
+		if err := <-done; err != nil {
+			t.Fatalf("%s: the call in flight: %v", what, err)
+		}
+		if reply, err := c.Call(ctx, "one", "echo", []byte("after")); err != nil || string(reply) != "after" {
+			t.Fatalf("%s: a call after it: %q, %v", what, reply, err)
+		}
+		select {
+		case <-n.done:
+			t.Fatalf("%s: scdd exited: %v", what, n.err)
+		default:
+		}
+	}
+	callThrough(syscall.SIGHUP, "SIGHUP")
+	waitFor(t, 5*time.Second, "scdd to log the SIGHUP", func() bool {
+		return strings.Contains(n.stderr.String(), "SIGHUP ignored")
+	})
+	// The reader leaves: scdd's next log line (this SIGHUP's) meets EPIPE.
+	pr.Close()
+	callThrough(syscall.SIGHUP, "SIGHUP with stderr's reader gone")
 }
 
 // TestEmbeddedDefault runs the README's demo: scdd with no definitions,

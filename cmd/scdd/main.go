@@ -4,7 +4,9 @@
 // their shared-memory queues. SIGTERM or SIGINT drains: new calls are
 // refused, queued ones finish, the UAPs stop. SIGUSR2 (or scdctl restart)
 // starts a new scdd with the same command line that takes the listening
-// sockets over, while this one lets its callers go and drains.
+// sockets over, while this one lets its callers go and drains. SIGHUP does
+// nothing but log that it came, and a log write to a stderr nobody reads
+// any more fails without ending scdd (SIGPIPE is caught).
 package main
 
 import (
@@ -123,6 +125,7 @@ func run() int {
 	if *check {
 		return checkDefinitions(*dir, *entries, scd.Options{Logger: log, ModuleDirs: moduleDirs, SchedProbes: *probes, Steering: *steering})
 	}
+	keepOnHangup(log)
 	var cfg *def.Config
 	if *dir == "" {
 		cfg, err = def.LoadDefault()
@@ -211,6 +214,36 @@ func run() int {
 	}
 	log.Info("scdd stopped")
 	return 0
+}
+
+// keepOnHangup keeps scdd serving through the two signals whose default
+// action would end it without a drain (the UAPs killed by Pdeathsig, the
+// calls in flight reset):
+//
+//   - SIGHUP, which a shell sends its background jobs when the operator's
+//     ssh session drops (scdd started with `bin/scdd ... &`, as
+//     docs/CLUSTER.md shows). It only logs: reloading is SIGUSR2 or scdctl
+//     restart, stopping SIGTERM.
+//   - SIGPIPE, which a write to stderr raises once the pipe's reader (that
+//     same session, a `| tee`) is gone: Go's runtime ends a program on
+//     SIGPIPE from a write to fd 1 or 2 unless the program asked for the
+//     signal (os/signal, "SIGPIPE"). Asked for, the write fails with EPIPE
+//     and the log line is lost. It is never logged: that write would raise
+//     it again.
+//
+// Notify, not signal.Ignore: an ignored signal stays ignored across exec,
+// so every UAP (and the scdd of a restart) would inherit SIG_IGN, and a C
+// UAP writing to a closed pipe would no longer die as it expects; a caught
+// one goes back to the default in the child.
+func keepOnHangup(log *slog.Logger) {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE) // never read: delivery does not block
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	go func() {
+		for range hups {
+			log.Info("SIGHUP ignored: scdd goes on serving (reload with scdctl restart or SIGUSR2, stop with SIGTERM)")
+		}
+	}()
 }
 
 // blockingThreads is how many of the node's goroutines sleep in a system
