@@ -237,7 +237,8 @@ func (d *doors) startControl(ln *net.UnixListener) error {
 
 // listenControl binds the unix socket at path, replacing a socket that
 // nobody answers on (left by a node that was killed) but never a live one
-// or a file that is not a socket.
+// or a file that is not a socket. Its directory must be private
+// (checkControlDir), whoever made it.
 func listenControl(path string) (*net.UnixListener, error) {
 	if len(path) > def.MaxSocketPath {
 		return nil, fmt.Errorf("%s: %d bytes, a unix socket path has at most %d (set a shorter control_socket in sysconf)",
@@ -248,6 +249,11 @@ func listenControl(path string) (*net.UnixListener, error) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("make its directory: %w (set control_socket in sysconf to a writable place)", err)
 		}
+	}
+	// Checked after MkdirAll too: another user may have made dir between
+	// the Stat and it, and MkdirAll takes a directory that is there.
+	if err := checkControlDir(dir, os.Geteuid()); err != nil {
+		return nil, err
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != os.ModeSocket {
@@ -275,6 +281,55 @@ func listenControl(path string) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("chmod 0600 %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// checkControlDir refuses a control socket directory that another user
+// could change: one whose owner is neither euid (scdd's) nor root, or that
+// group or others may write (even with the sticky bit: another user could
+// still put a socket of their own at the path while no scdd runs, and
+// scdctl would talk to it). In such a directory its owner or writers could
+// replace the socket, or swap a symlink in for it between the bind and the
+// chmod, and have scdctl's actions or scdd's chmod go where they choose.
+// The embedded default's $TMPDIR/tpsched-<uid> is the case to fear: any
+// user can make it first. Root's own directory is trusted as root can do
+// all this anyway. A link to a directory is judged by the directory and by
+// who owns the link.
+func checkControlDir(dir string, euid int) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("control socket directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("control socket directory %s is not a directory (set control_socket in sysconf to a path in a directory of scdd's user, mode 0700)", dir)
+	}
+	owner := func(fi os.FileInfo) int {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			return int(st.Uid)
+		}
+		return -1
+	}
+	refuse := func(what string, uid int, fi os.FileInfo) error {
+		mode := uint32(fi.Mode().Perm()) // with the sticky bit where it is set, as ls and chmod write it
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			mode = st.Mode & 0o7777
+		}
+		return fmt.Errorf("control socket directory %s %s (owner uid %d, mode %04o): another user could replace the socket; "+
+			"remove it so that scdd makes it (mode 0700), make it scdd's uid %d and not writable by group or others (chmod go-w), "+
+			"or set control_socket in sysconf to a path in a directory of scdd's user",
+			dir, what, uid, mode, euid)
+	}
+	if uid := owner(fi); uid != euid && uid != 0 {
+		return refuse("belongs to another user", uid, fi)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return refuse("is writable by group or others", owner(fi), fi)
+	}
+	if li, err := os.Lstat(dir); err == nil && li.Mode().Type() == os.ModeSymlink {
+		if uid := owner(li); uid != euid && uid != 0 {
+			return refuse("is a link that belongs to another user", uid, li)
+		}
+	}
+	return nil
 }
 
 // controlPeer is who is at the other end of a control connection, as the kernel

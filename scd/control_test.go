@@ -107,6 +107,43 @@ func TestListenControl(t *testing.T) {
 			t.Error("the file was touched")
 		}
 	})
+	t.Run("refuses a directory others can write", func(t *testing.T) {
+		// As another user's $TMPDIR/tpsched-<uid> would be: it could
+		// replace the socket or race a link in before the chmod.
+		dir := shortTemp(t)
+		if err := os.Chmod(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		ln, err := listenControl(filepath.Join(dir, "n.sock"))
+		if err == nil {
+			ln.Close()
+			t.Fatal("listened in a directory of mode 0777")
+		}
+		for _, want := range []string{dir, "writable by group or others", "mode 0777", "chmod go-w"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+		}
+	})
+	t.Run("refuses a directory of another user", func(t *testing.T) {
+		dir := shortTemp(t)
+		var err error
+		if os.Geteuid() == 0 {
+			// root gives it away (to nobody) and listens for real.
+			if err := os.Chown(dir, 65534, -1); err != nil {
+				t.Fatal(err)
+			}
+			var ln *net.UnixListener
+			if ln, err = listenControl(filepath.Join(dir, "n.sock")); err == nil {
+				ln.Close()
+			}
+		} else {
+			err = checkControlDir(dir, os.Geteuid()+1) // as seen by a daemon of the next uid
+		}
+		if err == nil || !strings.Contains(err.Error(), "belongs to another user") {
+			t.Errorf("got %v, want 'belongs to another user'", err)
+		}
+	})
 	t.Run("a path too long for a unix socket", func(t *testing.T) {
 		path := "/tmp/" + strings.Repeat("x", 110) + ".sock"
 		if _, err := listenControl(path); err == nil || !strings.Contains(err.Error(), "at most 107") {
