@@ -41,12 +41,12 @@ func nodeGoroutines() []string {
 	return out
 }
 
-// TestDrainEndsTheRoutingManagersGoroutines: a find that waits for a
-// server that never gets a process ends when the node drains: Drain
-// returns with no goroutine of the node left (scd/wlmnode's are tracked
-// and end with it). On the old code the find's goroutine and the one
-// waiting to answer it ran on for up to 30 s.
-func TestDrainEndsTheRoutingManagersGoroutines(t *testing.T) {
+// policyNode starts a node whose service policy makes group orders an
+// application environment (its server starts on the first call or find),
+// with pm's processes. The test drains it with drain (Drain once only),
+// else it is drained when the test ends.
+func policyNode(t *testing.T, pm local.ProcessManager, drainTimeout time.Duration) (n *Node, drain func() error) {
+	t.Helper()
 	dir := t.TempDir()
 	files := map[string]string{
 		"sysconf":    `set node_id = "inproc"` + "\nset rpc_port = 0\nset metrics_address = \"127.0.0.1:0\"\nset control_socket = \"ctl.sock\"\n",
@@ -65,11 +65,11 @@ func TestDrainEndsTheRoutingManagersGoroutines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := New(cfg, Options{Logger: slog.New(slog.DiscardHandler), SchedProbes: "off", DrainTimeout: 2 * time.Second})
+	n, err = New(cfg, Options{Logger: slog.New(slog.DiscardHandler), SchedProbes: "off", DrainTimeout: drainTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.pm = stuckProcesses{}
+	n.pm = pm
 	if err := n.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +79,19 @@ func TestDrainEndsTheRoutingManagersGoroutines(t *testing.T) {
 			_ = n.Drain(context.Background())
 		}
 	})
+	return n, func() error {
+		drained = true
+		return n.Drain(context.Background())
+	}
+}
+
+// TestDrainEndsTheRoutingManagersGoroutines: a find that waits for a
+// server that never gets a process ends when the node drains: Drain
+// returns with no goroutine of the node left (scd/wlmnode's are tracked
+// and end with it). On the old code the find's goroutine and the one
+// waiting to answer it ran on for up to 30 s.
+func TestDrainEndsTheRoutingManagersGoroutines(t *testing.T) {
+	n, drain := policyNode(t, stuckProcesses{}, 2*time.Second)
 	mc := dialNode(t, n.RPCAddr())
 	answers := make(chan netio.Frame, 1)
 	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup, TimeoutMs: 60_000}, "orders", netio.LookupFind, nil,
@@ -86,10 +99,9 @@ func TestDrainEndsTheRoutingManagersGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond) // the find waits for the server
-	if err := n.Drain(context.Background()); err != nil {
+	if err := drain(); err != nil {
 		t.Logf("drain: %v", err)
 	}
-	drained = true
 	deadline := time.Now().Add(time.Second)
 	for len(nodeGoroutines()) > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
@@ -104,6 +116,61 @@ func TestDrainEndsTheRoutingManagersGoroutines(t *testing.T) {
 		}
 	case <-time.After(testWait):
 		t.Error("the find got no answer")
+	}
+}
+
+// lateProcesses is a local.ProcessManager whose servers' processes attach
+// after delay, as a UAP that takes a while to start.
+type lateProcesses struct {
+	inProcess
+	delay time.Duration
+}
+
+func (l lateProcesses) Start(spec procmgr.Spec, d procmgr.Delegate) (local.Processes, error) {
+	s := &inProcServer{spec: spec, d: d}
+	s.wg.Add(1) // Stop waits for the late start too
+	go func() {
+		defer s.wg.Done()
+		time.Sleep(l.delay)
+		for slot := range spec.Resident {
+			if err := s.run(slot); err != nil {
+				d.Exited(slot, 1, err)
+			}
+		}
+	}()
+	return s, nil
+}
+
+// TestDrainServesParkedCalls: a call parked by the routing manager until
+// its environment's server starts is served when the server attaches
+// during the drain, within the drain timeout. Drain used to count only the
+// queued calls and the peer pool's, so it closed the manager at once and
+// the call was answered 'node shutting down'.
+func TestDrainServesParkedCalls(t *testing.T) {
+	n, drain := policyNode(t, lateProcesses{delay: 300 * time.Millisecond}, 5*time.Second)
+	mc := dialNode(t, n.RPCAddr())
+	answers := make(chan netio.Frame, 1)
+	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindCall, TimeoutMs: 10_000}, "orders", "echo", []byte("parked"),
+		time.Time{}, answerFunc(func(f netio.Frame, err error) { answers <- f })); !sent {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(testWait)
+	for n.wlm.Parked() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the call was never parked")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := drain(); err != nil {
+		t.Errorf("drain: %v", err)
+	}
+	select {
+	case f := <-answers:
+		if f.Kind != netio.KindReply || string(f.Payload) != "parked" {
+			t.Errorf("the parked call was answered %v %v %q, want its reply", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Error("the parked call got no answer")
 	}
 }
 

@@ -466,6 +466,12 @@ func (n *Node) drain(ctx context.Context) error {
 	var left int
 	for {
 		left = n.pool.TotalInFlight() + n.local.InFlight()
+		if n.wlm != nil {
+			// Calls parked for a server that is starting: the drain
+			// timeout is theirs too, else shutdown answers them 'node
+			// shutting down' at once (wlm.Close).
+			left += n.wlm.Parked()
+		}
 		if left == 0 {
 			break
 		}

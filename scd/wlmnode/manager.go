@@ -234,6 +234,12 @@ func (w *Manager) Route(c call.Caller, from call.From, f *netio.Frame) (bool, ne
 	return w.envs.park.schedule(c, from, f)
 }
 
+// Parked is how many calls wait for a server of an application
+// environment to start (or are being handed to it): the node's drain
+// waits for them as for its queued calls, since Close answers them
+// 'node shutting down'.
+func (w *Manager) Parked() int { return w.envs.park.held() }
+
 // AnswerFind answers a find server lookup (netio.LookupFind), on the
 // event loop (find.go).
 func (w *Manager) AnswerFind(c *rpcport.Conn, f *netio.Frame) {

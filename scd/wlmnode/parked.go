@@ -20,6 +20,11 @@ type parking struct {
 	m      *envs
 	parked map[string][]*peers.Call // by environment; guarded by m.mu
 	closed bool                     // guarded by m.mu: the manager closed, no call is parked any more
+	// handing is how many calls a find took off parked and dispatch has
+	// not yet served, sent on or answered (guarded by m.mu): held counts
+	// them, so that a drain does not see none between the take and the
+	// local queue or the peer pool that counts them next.
+	handing int
 }
 
 // waiting is the calls waiting for a server, every environment's.
@@ -27,6 +32,18 @@ func (p *parking) waiting() int {
 	p.m.mu.Lock()
 	defer p.m.mu.Unlock()
 	total := 0
+	for _, l := range p.parked {
+		total += len(l)
+	}
+	return total
+}
+
+// held is the calls the routing manager holds: parked, or being handed on
+// by dispatch.
+func (p *parking) held() int {
+	p.m.mu.Lock()
+	defer p.m.mu.Unlock()
+	total := p.handing
 	for _, l := range p.parked {
 		total += len(l)
 	}
@@ -102,6 +119,11 @@ func (p *parking) schedule(c call.Caller, from call.From, f *netio.Frame) (bool,
 // dispatch serves, sends on or answers the calls that waited for a find.
 func (p *parking) dispatch(parked []*peers.Call, fl *flight) {
 	m := p.m
+	defer func() { // each is counted by the local queue or the peer pool now, or answered
+		m.mu.Lock()
+		p.handing -= len(parked)
+		m.mu.Unlock()
+	}()
 	if fl.err != nil {
 		code, msg := netio.CodeNoSuchGroup, fl.err.Error()
 		var ne *netio.Error
@@ -200,9 +222,11 @@ func (p *parking) close() {
 }
 
 // take takes the calls parked for env, which the find that ended now
-// serves, sends on or answers (dispatch). Under m.mu.
+// serves, sends on or answers (dispatch, which it must be given to).
+// Under m.mu.
 func (p *parking) takeLocked(env string) []*peers.Call {
 	parked := p.parked[env]
 	delete(p.parked, env)
+	p.handing += len(parked)
 	return parked
 }
