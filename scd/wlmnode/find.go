@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"tpsched/netio"
-	"tpsched/netio/rpcport"
 )
 
 // findLocked starts a find for env unless one runs. Under mu.
@@ -16,8 +15,15 @@ func (m *envs) findLocked(env string) *flight {
 		return fl
 	}
 	fl := &flight{done: make(chan struct{})}
+	if !m.w.goTracked(func(ctx context.Context) { m.runFind(ctx, env, fl) }) {
+		// The manager is closing: the find ends at once (its waiters
+		// answer its error) and is not kept, and Close answers the
+		// parked calls.
+		fl.err = &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
+		close(fl.done)
+		return fl
+	}
 	m.finds[env] = fl
-	m.w.goTracked(func(ctx context.Context) { m.runFind(ctx, env, fl) })
 	return fl
 }
 
@@ -96,7 +102,7 @@ func retryable(err error) bool {
 
 // answerFind answers a find server lookup: the servers of the group, once
 // there is one, within the frame's timeout.
-func (m *envs) answerFind(c *rpcport.Conn, f *netio.Frame) {
+func (m *envs) answerFind(c conn, f *netio.Frame) {
 	env := string(f.Group)
 	reply := func(id uint64, s []serverAt, send func([]byte) error) {
 		nodes := make([]netio.NodeLevel, len(s))
@@ -134,7 +140,7 @@ func (m *envs) answerFind(c *rpcport.Conn, f *netio.Frame) {
 	m.mu.Lock()
 	fl := m.findLocked(env)
 	m.mu.Unlock()
-	m.w.goTracked(func(ctx context.Context) {
+	started := m.w.goTracked(func(ctx context.Context) {
 		defer m.waiters.Add(-1)
 		t := time.NewTimer(max(time.Until(deadline), time.Millisecond))
 		defer t.Stop()
@@ -158,4 +164,8 @@ func (m *envs) answerFind(c *rpcport.Conn, f *netio.Frame) {
 		}
 		reply(id, fl.servers, c.Send)
 	})
+	if !started { // Close began after AnswerFind's check
+		m.waiters.Add(-1)
+		c.SendNow(netio.AppendError(nil, id, netio.CodeShuttingDown, "the node stopped before a server of "+env+" was ready"))
+	}
 }

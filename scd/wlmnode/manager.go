@@ -194,18 +194,29 @@ func (w *Manager) Start() {
 }
 
 // goTracked runs f on a goroutine of the manager, which Close waits for;
-// f must return soon after ctx ends.
-func (w *Manager) goTracked(f func(ctx context.Context)) {
+// f must return soon after ctx ends. Once Close began it runs nothing and
+// returns false: a caller whose f would have answered someone answers
+// 'node shutting down' itself (the entry points' closed check comes
+// before and Close may begin in between).
+func (w *Manager) goTracked(f func(ctx context.Context)) bool {
 	w.goMu.Lock()
 	defer w.goMu.Unlock()
 	if w.closing {
-		return // the entry points answer 'node shutting down' themselves
+		return false
 	}
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
 		f(w.ctx)
 	}()
+	return true
+}
+
+// conn is where the manager answers a lookup or request: the rpcport.Conn
+// it came on (an interface, so tests can record the answers).
+type conn interface {
+	Send(b []byte) error // from any goroutine
+	SendNow(b []byte)    // on the event loop
 }
 
 // Close ends the manager: its waits end, the calls still waiting for a
@@ -255,6 +266,11 @@ func (w *Manager) AnswerFind(c *rpcport.Conn, f *netio.Frame) {
 func (w *Manager) ServeRequest(c *rpcport.Conn, f *netio.Frame) {
 	if w.closed() {
 		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeShuttingDown, ""))
+		return
+	}
+	if peers.Hop(c, f) == "" {
+		w.opts.BadRequests.Inc()
+		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "routing manager requests are taken only from a node that proved the cluster key (peer hello)"))
 		return
 	}
 	w.envs.serveRequest(c, f)

@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"tpsched/netio"
-	"tpsched/netio/rpcport"
 	"tpsched/scd/names"
-	"tpsched/scd/peers"
 	"tpsched/scd/wlm"
 )
 
@@ -30,20 +28,16 @@ const (
 // manager's requests between nodes (ServeRequest answers them).
 var Requests = []string{wlmDecide, wlmStart, wlmQuiesce, wlmResume, wlmRefresh, wlmPolicy, wlmMeasure}
 
-// serveRequest answers another node's request; it runs on the event loop,
-// so the work is done on a goroutine of the manager's own.
-func (m *envs) serveRequest(c *rpcport.Conn, f *netio.Frame) {
-	if peers.Hop(c, f) == "" {
-		m.opts.BadRequests.Inc()
-		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeProtocol, "routing manager requests are taken only from a node that proved the cluster key (peer hello)"))
-		return
-	}
+// serveRequest answers another node's request, whose sender ServeRequest
+// checked; it runs on the event loop, so the work is done on a goroutine
+// of the manager's own.
+func (m *envs) serveRequest(c conn, f *netio.Frame) {
 	id, service, env, payload := f.ID, string(f.Service), string(f.Group), append([]byte(nil), f.Payload...)
 	deadline := time.Now().Add(envStartTimeout)
 	if f.TimeoutMs > 0 {
 		deadline = time.Now().Add(min(time.Duration(f.TimeoutMs)*time.Millisecond, 2*envStartTimeout))
 	}
-	m.w.goTracked(func(ctx context.Context) {
+	started := m.w.goTracked(func(ctx context.Context) {
 		out, err := m.handle(ctx, service, env, payload, deadline)
 		if err != nil {
 			code := netio.CodeNoSuchGroup
@@ -60,6 +54,9 @@ func (m *envs) serveRequest(c *rpcport.Conn, f *netio.Frame) {
 		}
 		_ = c.Send(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: id}, "", "", out))
 	})
+	if !started { // Close began after ServeRequest's check
+		c.SendNow(netio.AppendError(nil, id, netio.CodeShuttingDown, "the node is stopping"))
+	}
 }
 
 // handle does what another node asks (service) and returns the answer's

@@ -142,6 +142,9 @@ func (a *answers) Send(b []byte) error {
 	return nil
 }
 
+// SendNow is Send: the manager's answers on the event loop.
+func (a *answers) SendNow(b []byte) { _ = a.Send(b) }
+
 func (a *answers) wait(t *testing.T, id uint64) netio.Frame {
 	t.Helper()
 	deadline := time.Now().Add(testWait)
@@ -269,6 +272,42 @@ func TestCloseEndsWaitsAndAnswersParkedCalls(t *testing.T) {
 	if handled, code, _ := w.Route(a, call.From{}, callFrame(2, "orders")); !handled || code != netio.CodeShuttingDown {
 		t.Errorf("a call after Close: %v %v, want refused 'node shutting down'", handled, code)
 	}
+}
+
+// TestFindAndRequestAfterCloseAreAnswered: AnswerFind and ServeRequest
+// check that the manager is not closed, then start a goroutine that
+// answers; when Close begins in between, goTracked starts nothing and the
+// find or the other node's request must still be answered 'node shutting
+// down'. The test calls what follows the check after Close, as that race
+// would. They used to get no answer at all.
+func TestFindAndRequestAfterCloseAreAnswered(t *testing.T) {
+	orders := &fakeGroup{never: true}
+	w, _ := testManager(t, orders)
+	w.Close()
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	t.Run("find", func(t *testing.T) {
+		w.envs.answerFind(a, &netio.Frame{Header: netio.Header{Kind: netio.KindNameLookup, ID: 1, TimeoutMs: 20_000},
+			Group: []byte("orders"), Service: []byte(netio.LookupFind)})
+		if f := a.wait(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeShuttingDown {
+			t.Errorf("the find: %v %v %q, want 'node shutting down'", f.Kind, f.Code, f.Payload)
+		}
+		if n := w.envs.waiters.Load(); n != 0 {
+			t.Errorf("%d find waiters counted after the answer, want 0", n)
+		}
+		w.envs.mu.Lock()
+		finds := len(w.envs.finds)
+		w.envs.mu.Unlock()
+		if finds != 0 {
+			t.Errorf("%d finds kept after Close, which no goroutine will end; want none", finds)
+		}
+	})
+	t.Run("request", func(t *testing.T) {
+		w.envs.serveRequest(a, &netio.Frame{Header: netio.Header{Kind: netio.KindNameLookup, ID: 2, TimeoutMs: 20_000},
+			Service: []byte(wlmMeasure)})
+		if f := a.wait(t, 2); f.Kind != netio.KindError || f.Code != netio.CodeShuttingDown {
+			t.Errorf("the request: %v %v %q, want 'node shutting down'", f.Kind, f.Code, f.Payload)
+		}
+	})
 }
 
 // TestStartCutByCloseIsShuttingDown: a start of the server here that the
