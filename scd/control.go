@@ -225,7 +225,7 @@ func (d *doors) startControl(ln *net.UnixListener) error {
 		// An answer being written gets a moment (scdctl restart's: the old
 		// process stops as soon as the new one serves); a profile being
 		// taken is cut short, not waited for.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), controlStopTime)
 		_ = srv.Shutdown(ctx)
 		cancel()
 		_ = srv.Close()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -187,4 +188,32 @@ func dialNode(t *testing.T, addr string) *netio.MuxConn {
 	mc := netio.NewMuxConn(nc, netio.MuxOptions{})
 	t.Cleanup(func() { mc.Close(errors.New("test ends")) })
 	return mc
+}
+
+// TestUnitOutwaitsTheStop: the systemd unit's TimeoutStopSec is longer
+// than the stop of the node it starts takes at most (its -drain-timeout,
+// in a cluster, with every part of the shutdown bounded), so systemd's
+// SIGKILL never cuts the port's last answers short.
+func TestUnitOutwaitsTheStop(t *testing.T) {
+	b, err := os.ReadFile("../dist/tpsched.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := string(b)
+	get := func(re string) time.Duration {
+		m := regexp.MustCompile(re).FindStringSubmatch(unit)
+		if m == nil {
+			t.Fatalf("the unit has no %s", re)
+		}
+		d, err := time.ParseDuration(m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	drain, stop := get(`(?m)^ExecStart=.*-drain-timeout (\S+)`), get(`(?m)^TimeoutStopSec=(\S+)`)
+	n := &Node{inCluster: true, opts: Options{DrainTimeout: drain}}
+	if bound := n.StopBound(); stop <= bound {
+		t.Errorf("TimeoutStopSec=%v, but a node with -drain-timeout %v may take %v to stop", stop, drain, bound)
+	}
 }

@@ -445,6 +445,12 @@ func (n *Node) DrainBound() time.Duration {
 	return n.opts.DrainTimeout
 }
 
+// StopBound is the longest a stop (Drain) takes: DrainBound, then the
+// shutdown's parts, each bounded on its own (shutdownBound). A supervisor
+// that kills scdd sooner (systemd's TimeoutStopSec) cuts the port's last
+// answers short.
+func (n *Node) StopBound() time.Duration { return n.DrainBound() + shutdownBound }
+
 // Drain refuses new calls, waits until every queued call is answered (or
 // ctx or DrainTimeout ends), then stops the UAPs and closes the ports.
 // After a Restart handed the sockets over it waits for that drain instead.
@@ -495,9 +501,15 @@ func (n *Node) drain(ctx context.Context) error {
 // endpoint. Each part has its own, so UAPs that had to be killed do not
 // leave the port no time to answer their calls.
 const (
-	uapStopTime  = local.UAPStopTime
-	rpcStopTime  = 5 * time.Second
-	httpStopTime = 2 * time.Second
+	uapStopTime     = local.UAPStopTime
+	rpcStopTime     = 5 * time.Second
+	httpStopTime    = 2 * time.Second
+	controlStopTime = time.Second
+
+	// shutdownBound: the UAPs, the wait for those killed (the servers
+	// stop side by side), the port, the HTTP endpoint and the control
+	// socket, one after another.
+	shutdownBound = uapStopTime + procmgr.KillWait + rpcStopTime + httpStopTime + controlStopTime
 )
 
 // shutdown stops whatever has been started, in the reverse order.

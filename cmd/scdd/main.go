@@ -201,8 +201,8 @@ func run() int {
 	}
 	// An operator at a terminal waits on this line: it says how long, and
 	// how not to (issue 31 item 6).
-	log.Info(fmt.Sprintf("signal received; draining: new calls are refused, queued calls are answered (at most %v); "+
-		"a second Ctrl-C (SIGINT or SIGTERM) exits at once without draining", node.DrainBound()), "signal", sig.String())
+	log.Info(fmt.Sprintf("signal received; draining: new calls are refused, queued calls are answered (at most %v, and scdd is down within %v); "+
+		"a second Ctrl-C (SIGINT or SIGTERM) exits at once without draining", node.DrainBound(), node.StopBound()), "signal", sig.String())
 	go func() { // a second signal stops at once
 		<-sigs
 		log.Warn("second signal: exiting without draining")
