@@ -54,9 +54,10 @@ func (g *fakeGroup) InFlight() int          { return 0 }
 // fakeLocal is the node's own groups; Serve answers every call with its
 // payload prefixed "here:" and counts it.
 type fakeLocal struct {
-	mu     sync.Mutex
-	groups map[string]*fakeGroup
-	served int
+	mu       sync.Mutex
+	groups   map[string]*fakeGroup
+	served   int
+	timeouts []uint32 // the TimeoutMs of each call Serve got
 }
 
 func (l *fakeLocal) Group(name string) (Group, bool) {
@@ -72,6 +73,7 @@ func (l *fakeLocal) Serve(c call.Caller, f *netio.Frame) (netio.Code, string) {
 	l.mu.Lock()
 	g := l.groups[string(f.Group)]
 	l.served++
+	l.timeouts = append(l.timeouts, f.TimeoutMs)
 	l.mu.Unlock()
 	if g == nil {
 		return netio.CodeNoSuchGroup, string(f.Group)
@@ -367,6 +369,110 @@ func TestRerouteServesHereWhenThisNodeRunsTheGroup(t *testing.T) {
 		}
 	case <-time.After(testWait):
 		t.Fatal("no answer")
+	}
+}
+
+// TestRerouteKeepsTheCallsDeadline: a call sent on after its node could
+// not be reached keeps its caller's deadline. One whose deadline passed
+// (it waited in the peer's queue while the lane dialled) is answered
+// 'timed out' and served nowhere: served here it would run after its
+// caller was told 'timed out'. One still in time is served here with the
+// time it has left, not its first budget again.
+func TestRerouteKeepsTheCallsDeadline(t *testing.T) {
+	local := &fakeLocal{groups: map[string]*fakeGroup{"both": {serving: true}}}
+	r := newTestRouter(t, Options{Policy: policy(), Retries: 1}, local,
+		names.NodeInfo{Node: "n1", Addr: "127.0.0.1:1", Groups: []names.GroupInfo{{Group: "both"}}})
+	a := &recorder{ch: make(chan netio.Frame, 1)}
+	start := time.Now().Add(-time.Second)
+	fc := &peers.Call{Caller: a, CallerID: 9, Kind: netio.KindCall, Group: "both", Service: "echo", Payload: []byte("y"),
+		TimeoutMs: 500, Start: start, Deadline: start.Add(500 * time.Millisecond), Retries: 1}
+	if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
+		t.Fatalf("transfer: %v %s", code, msg)
+	}
+	select {
+	case f := <-a.ch:
+		if f.Kind != netio.KindError || f.Code != netio.CodeTimedOut {
+			t.Errorf("a rerouted call past its deadline: %v %v %q, want 'timed out'", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+	local.mu.Lock()
+	served := local.served
+	local.mu.Unlock()
+	if served != 0 {
+		t.Errorf("a call past its deadline was served here %d times", served)
+	}
+
+	start = time.Now().Add(-50 * time.Second)
+	fc = &peers.Call{Caller: a, CallerID: 10, Kind: netio.KindCall, Group: "both", Service: "echo", Payload: []byte("z"),
+		TimeoutMs: 60_000, Start: start, Deadline: start.Add(60 * time.Second), Retries: 1}
+	if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
+		t.Fatalf("transfer: %v %s", code, msg)
+	}
+	select {
+	case f := <-a.ch:
+		if f.Kind != netio.KindReply {
+			t.Fatalf("a rerouted call in time: %v %v %q, want served here", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+	local.mu.Lock()
+	defer local.mu.Unlock()
+	if len(local.timeouts) != 1 || local.timeouts[0] == 0 || local.timeouts[0] > 10_000 {
+		t.Errorf("served here with timeouts %v ms, want one of at most the 10,000 left", local.timeouts)
+	}
+}
+
+// TestQueuedCallPastItsDeadlineIsNotSent: a call whose deadline passed
+// before its lane could write it is answered 'timed out' and never reaches
+// the other node, which would run it after its caller gave up.
+func TestQueuedCallPastItsDeadlineIsNotSent(t *testing.T) {
+	var mu sync.Mutex
+	got := 0
+	n1 := fakeNode(t, "n1", func(c *rpcport.Conn, f netio.Frame) {
+		mu.Lock()
+		got++
+		mu.Unlock()
+		echoing("n1")(c, f)
+	})
+	r := newTestRouter(t, Options{Policy: policy()}, &fakeLocal{groups: map[string]*fakeGroup{}},
+		names.NodeInfo{Node: "n1", Addr: n1, Groups: []names.GroupInfo{{Group: "theirs"}}})
+	a := &recorder{ch: make(chan netio.Frame, 2)}
+	start := time.Now().Add(-time.Second)
+	late := &peers.Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "theirs", Service: "echo", Payload: []byte("late"),
+		TimeoutMs: 500, Start: start, Deadline: start.Add(500 * time.Millisecond)}
+	if code, msg := r.transfer(late, "n1"); code != netio.CodeOK {
+		t.Fatalf("transfer: %v %s", code, msg)
+	}
+	select {
+	case f := <-a.ch:
+		if f.Kind != netio.KindError || f.Code != netio.CodeTimedOut {
+			t.Errorf("a queued call past its deadline: %v %v %q, want 'timed out'", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+	// A call in time after it: once it is answered, the late one would
+	// have reached n1 before it, on the same connection.
+	ok := &peers.Call{Caller: a, CallerID: 2, Kind: netio.KindCall, Group: "theirs", Service: "echo", Payload: []byte("ok"),
+		Start: time.Now(), Deadline: time.Now().Add(testWait)}
+	if code, msg := r.transfer(ok, "n1"); code != netio.CodeOK {
+		t.Fatalf("transfer: %v %s", code, msg)
+	}
+	select {
+	case f := <-a.ch:
+		if f.Kind != netio.KindReply || string(f.Payload) != "n1:ok" {
+			t.Errorf("a call in time: %v %v %q, want n1's echo", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got != 1 {
+		t.Errorf("n1 got %d calls, want 1 (the late one must not be sent)", got)
 	}
 }
 

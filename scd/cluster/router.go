@@ -299,8 +299,16 @@ func (r *Router) transfer(fc *peers.Call, node string) (netio.Code, string) {
 // Reroute is the pool's way back (peers.Delegate) after a node could not
 // be reached, or refused a call before running it: up to
 // scd_retry_of_comm_error other nodes, this one included, are tried. When
-// none is left the caller gets the refusal, or 'network down'.
+// none is left the caller gets the refusal, or 'network down'. A call
+// whose deadline passed (it waited in a peer's queue while a lane dialled)
+// is answered 'timed out' and sent nowhere; one still in time is sent on
+// with the time it has left, never a fresh budget.
 func (r *Router) Reroute(fc *peers.Call, err error) {
+	timeout, inTime := fc.TimeLeft(time.Now())
+	if !inTime {
+		fc.FailLate("before a node took it (" + err.Error() + ")")
+		return
+	}
 	if fc.Retries <= 0 || r.opts.Draining() {
 		fc.FailUnsent(err, "")
 		return
@@ -321,7 +329,7 @@ func (r *Router) Reroute(fc *peers.Call, err error) {
 	}
 	if cands[i].Local {
 		f := netio.Frame{
-			Header:  netio.Header{Kind: fc.Kind, ID: fc.CallerID, TimeoutMs: fc.TimeoutMs},
+			Header:  netio.Header{Kind: fc.Kind, ID: fc.CallerID, TimeoutMs: timeout},
 			Group:   []byte(fc.Group),
 			Service: []byte(fc.Service),
 			Payload: fc.Payload,

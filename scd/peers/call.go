@@ -60,6 +60,31 @@ func RefusedBeforeRunning(code netio.Code) bool {
 	return false
 }
 
+// TimeLeft is what a call may still be given when it is sent on (to a
+// node's queue or another node): the milliseconds until its deadline, at
+// least 1, or its TimeoutMs when it has no deadline. ok is false once the
+// deadline has passed: its caller has been told, or is about to be told,
+// 'timed out', so the call must not be sent anywhere (it would run after
+// that), and is answered 'timed out' instead. A call that waited (in a
+// peer's queue while a lane dialled, before a reroute, parked for a
+// server) never gets a fresh budget.
+func (c *Call) TimeLeft(now time.Time) (ms uint32, ok bool) {
+	if c.Deadline.IsZero() {
+		return c.TimeoutMs, true
+	}
+	left := c.Deadline.Sub(now)
+	if left <= 0 {
+		return 0, false
+	}
+	return uint32(min(max(left.Milliseconds(), 1), 1<<32-1)), true
+}
+
+// FailLate answers 'timed out' to a call whose deadline passed before any
+// node took it (TimeLeft said so); where names the stage it waited in.
+func (c *Call) FailLate(where string) {
+	c.Fail(netio.CodeTimedOut, fmt.Sprintf("its deadline (%v) passed %s", call.RoundLimit(c.Deadline.Sub(c.Start)), where))
+}
+
 // wantsAnswer reports whether somebody waits for the call's answer.
 func (c *Call) wantsAnswer() bool { return c.Kind != netio.KindCallNoReply }
 

@@ -283,12 +283,15 @@ func (t *target) redirect(mc *netio.MuxConn, cl *Call) bool {
 }
 
 // frame appends cl's frame under a fresh id of mc, which answers it; false
-// if mc has closed or is going away.
+// if mc has closed or is going away. A call whose deadline passed while it
+// was queued (a lane dialling) is answered 'timed out' here and not sent:
+// the other node would have run it after its caller gave up.
 func (p *peer) frame(dst []byte, mc *netio.MuxConn, cl *Call) ([]byte, bool) {
-	timeout := cl.TimeoutMs
-	if !cl.Deadline.IsZero() {
-		left := time.Until(cl.Deadline).Milliseconds()
-		timeout = uint32(max(1, left))
+	timeout, ok := cl.TimeLeft(time.Now())
+	if !ok {
+		p.count(cl, -1)
+		cl.FailLate("while it waited to be sent to node " + p.node)
+		return dst, true
 	}
 	h := netio.Header{Kind: cl.Kind, Flags: netio.FlagForwarded, TimeoutMs: timeout}
 	if cl.wantsAnswer() {
