@@ -139,9 +139,16 @@ func (p *parking) dispatch(parked []*peers.Call, fl *flight) {
 	for i, fc := range parked {
 		s := fl.servers[i%len(fl.servers)]
 		fc.Retries = route.Retries(m.opts.Retries, len(fl.servers))
+		timeout, inTime := fc.TimeLeft(time.Now())
+		if !inTime {
+			// expire has not come to it yet: served now, it would run
+			// after its caller was told 'timed out'.
+			fc.FailLate("before a server of " + fc.Group + " was ready")
+			continue
+		}
 		if s.node == self {
 			f := netio.Frame{
-				Header:  netio.Header{Kind: fc.Kind, ID: fc.CallerID, TimeoutMs: remainingMs(fc)},
+				Header:  netio.Header{Kind: fc.Kind, ID: fc.CallerID, TimeoutMs: timeout},
 				Group:   []byte(fc.Group),
 				Service: []byte(fc.Service),
 				Payload: fc.Payload,
@@ -160,14 +167,6 @@ func (p *parking) dispatch(parked []*peers.Call, fl *flight) {
 			fc.Fail(code, msg)
 		}
 	}
-}
-
-// remainingMs is the time a parked call's caller still waits, for a frame.
-func remainingMs(fc *peers.Call) uint32 {
-	if fc.Deadline.IsZero() {
-		return fc.TimeoutMs
-	}
-	return uint32(max(time.Until(fc.Deadline).Milliseconds(), 1))
 }
 
 // expire answers 'timed out' to the parked calls whose deadline passed.

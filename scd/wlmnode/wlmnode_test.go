@@ -452,3 +452,27 @@ func TestConcurrentFirstFindsPlaceOnce(t *testing.T) {
 		t.Fatalf("%d servers placed for two finds at once, want 1", placed)
 	}
 }
+
+// TestParkedCallPastItsDeadlineIsNotServed: a parked call whose deadline
+// passed before expire came to it is answered 'timed out' when its find
+// ends, not served (it would run after its caller was told 'timed out');
+// one still in time is served.
+func TestParkedCallPastItsDeadlineIsNotServed(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	orders.serving.Store(true)
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	start := time.Now().Add(-time.Second)
+	late := &peers.Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "orders", Service: "echo", Payload: []byte("x"),
+		TimeoutMs: 500, Start: start, Deadline: start.Add(500 * time.Millisecond)}
+	inTime := &peers.Call{Caller: a, CallerID: 2, Kind: netio.KindCall, Group: "orders", Service: "echo", Payload: []byte("y"),
+		TimeoutMs: 20_000, Start: time.Now(), Deadline: time.Now().Add(20 * time.Second)}
+	w.envs.park.dispatch([]*peers.Call{late, inTime}, &flight{servers: []serverAt{{node: "n0"}}})
+	if f := a.wait(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeTimedOut {
+		t.Errorf("a parked call past its deadline: %v %v %q, want 'timed out'", f.Kind, f.Code, f.Payload)
+	}
+	if f := a.wait(t, 2); f.Kind != netio.KindReply {
+		t.Errorf("a parked call in time: %v %v %q, want served", f.Kind, f.Code, f.Payload)
+	}
+}
