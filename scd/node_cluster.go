@@ -125,7 +125,7 @@ func (n *Node) joinCluster() error {
 		Logger:    n.log,
 		OnChange:  n.namesChanged,
 		Transport: t,
-	}, n.localInfo())
+	}, n.localInfo)
 }
 
 // localInfo is what this node announces: its groups, their levels (LEVEL0
@@ -154,8 +154,11 @@ func (n *Node) localInfo() names.NodeInfo {
 // advertisedRPC is the RPC address other nodes send to.
 func (n *Node) advertisedRPC() string { return cluster.AdvertisedAddr(n.rpc, n.cfg.System.NodeID) }
 
-// announce tells the other nodes this node's state now.
-func (n *Node) announce() { n.router.Announce(n.localInfo()) }
+// announce tells the other nodes this node's state now. localInfo runs
+// under the gossip's announce lock: built before it, a hold and a level
+// change announced at once could go out newest first, and the older state,
+// numbered last, overwrite the hold everywhere.
+func (n *Node) announce() { n.router.Announce(n.localInfo) }
 
 // answerLookup tells a balancing client which nodes run a group, with
 // their levels: the cluster's name table, or this node alone.

@@ -28,7 +28,7 @@
 //
 //	r := cluster.New(cluster.Options{Self: "n0", Local: sched, Pool: pool, Policy: policy, ...})
 //	line := call.Line{..., r, sched}          // r is a stage
-//	err := r.Join(gossipConfig, localInfo())  // once the RPC port serves
-//	r.Announce(localInfo())                   // when a level or a hold changes
+//	err := r.Join(gossipConfig, localInfo)    // once the RPC port serves
+//	r.Announce(localInfo)                     // when a level or a hold changes
 //	r.LeaveAndWait(ctx)                       // drain: the others stop sending first
 package cluster

@@ -14,10 +14,10 @@ import (
 // announcing its groups, and leaving; and what status shows of the
 // cluster.
 
-// Join joins the other nodes (cfg.Seeds) with info as this node's first
+// Join joins the other nodes (cfg.Seeds) with state's as this node's first
 // announce; the name table is the router's, and /metrics gets the
-// gossip's series.
-func (r *Router) Join(cfg names.GossipConfig, info names.NodeInfo) error {
+// gossip's series. state also builds the periodic refresh (cfg.State).
+func (r *Router) Join(cfg names.GossipConfig, state func() names.NodeInfo) error {
 	// A node out of the tables keeps no peer connection: calls queued for
 	// it go elsewhere, and when it comes back it gets new connections,
 	// not one from before a cut that waits on TCP's backoff.
@@ -28,11 +28,15 @@ func (r *Router) Join(cfg names.GossipConfig, info names.NodeInfo) error {
 			onLeave(node)
 		}
 	}
-	g, err := names.Join(cfg, r.names, info)
+	cfg.State = state
+	g, err := names.Join(cfg, r.names, state())
 	if err != nil {
 		return err
 	}
 	r.gossip.Store(g)
+	// A change made while Join ran announced nothing (no gossip yet):
+	// this one carries it.
+	g.AnnounceFunc(state)
 	r.registerMetrics(g)
 	r.log.Info("cluster joined", "name_port", g.Port(), "seeds", cfg.Seeds, "rule", r.policy.Rule.String(),
 		"announce", r.policy.Announce, "this_node_first", r.policy.ThisNodeFirst)
@@ -53,11 +57,13 @@ func (r *Router) registerMetrics(g *names.Gossip) {
 	}
 }
 
-// Announce tells the other nodes this node's state now; nothing before
+// Announce tells the other nodes this node's state now, as state builds
+// it under the lock that numbers announces (names.Gossip.AnnounceFunc), so
+// of two announces at once the newer state goes out last; nothing before
 // Join.
-func (r *Router) Announce(info names.NodeInfo) {
+func (r *Router) Announce(state func() names.NodeInfo) {
 	if g := r.gossip.Load(); g != nil {
-		g.Announce(info)
+		g.AnnounceFunc(state)
 	}
 }
 

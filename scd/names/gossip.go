@@ -52,6 +52,12 @@ type GossipConfig struct {
 	// Refresh is how often this node announces even without a change;
 	// default 20 s (the documents ask for at least every 30 s).
 	Refresh time.Duration
+	// State, when set, builds this node's state for the refresh (under
+	// the lock that numbers announces, like AnnounceFunc's build), so a
+	// change whose own announce was lost (made before the node joined)
+	// goes out at the next refresh. Nil: the refresh sends the state
+	// announced last again.
+	State func() NodeInfo
 	// Detector is the failure detection's timing; zero: LANDetector, or
 	// FastDetector with Fast (detector.go).
 	Detector Detector
@@ -242,7 +248,19 @@ func (c *Gossip) Transport() *Transport { return c.transport }
 func (c *Gossip) Trusted() bool { return !c.codec.Authenticated() }
 
 // Announce tells every node this node's groups now. Callers pass the whole
-// state; the cluster numbers it.
+// state; the cluster numbers it. A caller whose state may change while it
+// announces (another goroutine announcing too) uses AnnounceFunc: with
+// Announce, a state built before another caller's newer one can be
+// numbered after it and overwrite it everywhere.
+func (c *Gossip) Announce(info NodeInfo) {
+	c.AnnounceFunc(func() NodeInfo { return info })
+}
+
+// AnnounceFunc tells every node the state build returns. build runs under
+// the lock that numbers announces, so the announce numbered last holds the
+// state read last: an older state never goes out under a newer number (a
+// hold announced at once with a level change was overwritten so). build
+// must not block nor announce.
 //
 // Lock order: memberlist calls NotifyJoin and NotifyLeave, which take mu,
 // with its node lock held, and GetBroadcasts asks for the member count
@@ -250,9 +268,14 @@ func (c *Gossip) Trusted() bool { return !c.codec.Authenticated() }
 // while calling into memberlist, or the three make a cycle (seen in the
 // 128-node bench); announceMu, which memberlist's callbacks never take,
 // keeps announces queued in the order they are numbered.
-func (c *Gossip) Announce(info NodeInfo) {
+func (c *Gossip) AnnounceFunc(build func() NodeInfo) {
 	c.announceMu.Lock()
 	defer c.announceMu.Unlock()
+	c.announceLocked(build())
+}
+
+// announceLocked numbers info and sends it; c.announceMu is held.
+func (c *Gossip) announceLocked(info NodeInfo) {
 	c.mu.Lock()
 	info.Node, info.Boot, info.Seq = c.self.Node, c.self.Boot, c.self.Seq+1
 	c.self = info
@@ -354,12 +377,21 @@ func fingers(ring []string, self string, peers map[string]memberlist.Node) []mem
 	return out
 }
 
-// reannounce sends this node's current state again.
+// reannounce sends this node's current state again: State's, or the one
+// announced last. Read under announceMu: read before it, the state
+// announced last could be replaced by a newer announce before this one
+// numbered it again, and then overwrite it (and be refreshed every 20 s).
 func (c *Gossip) reannounce() {
+	c.announceMu.Lock()
+	defer c.announceMu.Unlock()
+	if c.cfg.State != nil {
+		c.announceLocked(c.cfg.State())
+		return
+	}
 	c.mu.Lock()
 	self := c.self
 	c.mu.Unlock()
-	c.Announce(self)
+	c.announceLocked(self)
 }
 
 // run re-announces periodically and retries the seeds that are not members.

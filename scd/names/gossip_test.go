@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,6 +88,52 @@ func TestClusterSpreadsAnnouncesAndLeaves(t *testing.T) {
 	}
 	if st := ms[0].c.Stats(); st.Sent == 0 || st.Received == 0 || st.BytesSent == 0 || st.Trusted {
 		t.Errorf("stats %+v: want announces sent, received and bytes counted, not trusted blindly", st)
+	}
+}
+
+// TestRefreshNeverOverwritesANewerAnnounce: the refresh and announces of
+// alternating holds run at once; after each announce the member's table
+// (and the state it refreshes) shows what was announced last. Before, the
+// refresh read the state, another announce came, and the refresh then
+// numbered the older state after it: the hold was overwritten, and every
+// refresh sent the stale state again.
+func TestRefreshNeverOverwritesANewerAnnounce(t *testing.T) {
+	ms := startMembers(t, 1, func(int) []byte { return nil })
+	c, table := ms[0].c, ms[0].table
+	state := func(held bool) NodeInfo {
+		return NodeInfo{Addr: "127.0.0.1:1", Announce: true, Groups: []GroupInfo{{Group: "g", Held: held}}}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					c.reannounce()
+				}
+			}
+		}()
+	}
+	wrong := 0
+	for i := range 2000 {
+		held := i%2 == 0
+		c.Announce(state(held))
+		if info, _ := table.Get("m0"); info.Groups[0].Held != held {
+			wrong++
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if info, _ := table.Get("m0"); info.Groups[0].Held != false {
+		t.Error("at the end the table holds the state announced before the last")
+	}
+	if wrong > 0 {
+		t.Errorf("%d of 2000 announces overwritten by an older state", wrong)
 	}
 }
 
