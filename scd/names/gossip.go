@@ -108,8 +108,9 @@ type Gossip struct {
 	self       NodeInfo
 	peers      map[string]memberlist.Node // memberlist's live members but this node, by name (copies made under its lock)
 	ring       []string                   // the live members' names, this node's included, sorted; nil: rebuild
-	latest     map[string][]byte          // the newest authenticated announce of each node, as received
-	unrelayed  map[string]bool            // nodes whose latest came by gossip before they were alive: relay it when they are
+	latest     map[string][]byte          // the newest authenticated announce of this node and of each live member, as received
+	early      map[string][]byte          // the newest of nodes not alive now (not joined yet, or left): at most MaxNodes (rememberEarly)
+	unrelayed  map[string]bool            // nodes whose early announce came by gossip before they were alive: relay it when they are
 	pending    map[string][]byte          // changes waiting for the pusher, the newest of each node
 	wake       chan struct{}              // tells the pusher that pending has something (capacity 1)
 	stopping   bool                       // Stop or Leave is waiting for the goroutines: start no more
@@ -219,7 +220,7 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 func newGossip(cfg GossipConfig, table *Table) *Gossip {
 	c := &Gossip{
 		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
-		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, unrelayed: map[string]bool{},
+		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, early: map[string][]byte{}, unrelayed: map[string]bool{},
 		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
 		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
 		stop: make(chan struct{}), ready: make(chan struct{}),
@@ -516,23 +517,50 @@ func (c *Gossip) receive(msg []byte, relay bool) {
 	}
 	raw := bytes.Clone(msg)
 	c.mu.Lock()
-	if old, ok := c.latest[info.Node]; ok && !newer(info, old, c.codec) {
+	_, alive := c.peers[info.Node]
+	known := c.latest
+	if !alive {
+		known = c.early
+	}
+	if old, ok := known[info.Node]; ok && !newer(info, old, c.codec) {
+		c.mu.Unlock()
+		return
+	}
+	if !alive {
+		// Kept for when memberlist says it joined (applied then, and
+		// relayed if it came by gossip), in a bounded place: anyone with
+		// the key (or anyone, without one) can send announces of nodes
+		// that never join, and latest goes out in every push/pull.
+		c.rememberEarlyLocked(info.Node, raw)
+		if relay {
+			c.unrelayed[info.Node] = true
+		}
 		c.mu.Unlock()
 		return
 	}
 	c.latest[info.Node] = raw
-	_, alive := c.peers[info.Node]
-	if !alive && relay {
-		c.unrelayed[info.Node] = true
-	}
 	c.mu.Unlock()
-	if !alive {
-		return // applied, and relayed if it came by gossip, when memberlist says it joined
-	}
 	if c.apply(info) && relay {
 		c.relayed.Add(1)
 		c.push(info.Node, raw)
 	}
+}
+
+// rememberEarlyLocked keeps raw as the newest announce of node, which is
+// not alive now. early holds at most MaxNodes nodes: a newcomer beyond
+// that evicts another at random (map order), so announces of nodes that
+// never join cannot grow it, nor keep out for long those of a node about
+// to join (which sends its own again when it sees this node, and is in
+// the next push/pull). c.mu is held.
+func (c *Gossip) rememberEarlyLocked(node string, raw []byte) {
+	if _, ok := c.early[node]; !ok && len(c.early) >= MaxNodes {
+		for other := range c.early {
+			delete(c.early, other)
+			delete(c.unrelayed, other)
+			break
+		}
+	}
+	c.early[node] = raw
 }
 
 // apply applies info to the table and reports whether the table changed.
@@ -598,8 +626,9 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return out
 }
 
-// LocalState is every announce this node holds, so one push/pull teaches
-// a joining node the whole table.
+// LocalState is this node's announce and every live member's, so one
+// push/pull teaches a joining node the whole table (and no more: the
+// announces of nodes not alive here stay out of it).
 func (d *delegate) LocalState(join bool) []byte {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -634,9 +663,13 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 	c.mu.Lock()
 	c.peers[n.Name] = *n
 	c.ring = nil
-	raw := c.latest[n.Name]
+	raw := c.early[n.Name]
+	delete(c.early, n.Name)
 	relay := c.unrelayed[n.Name]
 	delete(c.unrelayed, n.Name)
+	if raw != nil {
+		c.latest[n.Name] = raw
+	}
 	c.mu.Unlock()
 	if raw != nil {
 		// An announce that came by gossip before its node was alive was
@@ -683,6 +716,12 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	c.mu.Lock()
 	delete(c.peers, n.Name)
 	delete(c.unrelayed, n.Name)
+	if raw, ok := c.latest[n.Name]; ok {
+		// Kept (bounded) among the nodes not alive, so that an older
+		// announce of it relayed late is still known to be older.
+		delete(c.latest, n.Name)
+		c.rememberEarlyLocked(n.Name, raw)
+	}
 	c.ring = nil
 	c.mu.Unlock()
 	if c.cfg.OnLeave != nil {

@@ -1,6 +1,7 @@
 package names
 
 import (
+	"bytes"
 	"fmt"
 	"log/slog"
 	"net"
@@ -193,4 +194,59 @@ func TestCallbacksBeforeMemberlistStarts(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // give the announce to the newcomer its chance to run
 	close(c.stop)
 	c.waitGoroutines()
+}
+
+// TestAnnouncesOfNodesNeverJoiningAreBounded: announces of 10,000 nodes
+// that never join (anyone can send them without a key, any keyed peer
+// with one) keep at most MaxNodes of them, and none goes out in a
+// push/pull; an announce that came before its node joined is still
+// applied, and relayed, when it joins, and its node's announce leaves
+// the push/pull state when it leaves.
+func TestAnnouncesOfNodesNeverJoiningAreBounded(t *testing.T) {
+	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler)}, NewTable("m0"))
+	defer func() {
+		close(c.stop)
+		c.waitGoroutines()
+	}()
+	codec := NewCodec(nil)
+	msg := func(node string) []byte {
+		return codec.Encode(nil, NodeInfo{Node: node, Addr: "127.0.0.1:2", Boot: 1, Seq: 1, Groups: []GroupInfo{{Group: "g"}}})
+	}
+	(*delegate)(c).NotifyMsg(msg("m1")) // before m1 joins
+	for i := range 10_000 {
+		(*delegate)(c).NotifyMsg(msg(fmt.Sprintf("x%d", i)))
+	}
+	c.mu.Lock()
+	latest, early := len(c.latest), len(c.early)
+	c.mu.Unlock()
+	if latest > MaxNodes || early > MaxNodes {
+		t.Errorf("kept %d announces of members and %d of others, want at most %d each", latest, early, MaxNodes)
+	}
+	if st := (*delegate)(c).LocalState(false); len(st) != 0 {
+		t.Errorf("push/pull state of %d bytes with no member and no own announce, want none", len(st))
+	}
+	// m1's early announce may have been evicted by the flood; it comes
+	// again (m1 sends its own to each node it sees join).
+	(*delegate)(c).NotifyMsg(msg("m1"))
+	(*events)(c).NotifyJoin(&memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1})
+	if _, ok := c.table.Get("m1"); !ok {
+		t.Error("an announce that came before its node joined was not applied when it joined")
+	}
+	c.mu.Lock()
+	_, pending := c.pending["m1"]
+	c.mu.Unlock()
+	if !pending {
+		t.Error("an announce that came by gossip before its node joined was not relayed when it joined")
+	}
+	if st := (*delegate)(c).LocalState(false); !bytes.Contains(st, msg("m1")) {
+		t.Error("a member's announce is not in the push/pull state")
+	}
+	(*events)(c).NotifyLeave(&memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1})
+	if st := (*delegate)(c).LocalState(false); len(st) != 0 {
+		t.Errorf("push/pull state of %d bytes after the only member left, want none", len(st))
+	}
+	(*delegate)(c).NotifyMsg(msg("m1")) // the same one, relayed late
+	if _, ok := c.table.Get("m1"); ok {
+		t.Error("a late relay of an announce put a node that left back in the table")
+	}
 }
