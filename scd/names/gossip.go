@@ -539,8 +539,14 @@ func (c *Gossip) receive(msg []byte, relay bool) {
 		return
 	}
 	c.latest[info.Node] = raw
+	// Applied under mu, as NotifyLeave deletes the node from peers under
+	// it before it removes it from the table: applied after the unlock,
+	// an announce that found the node alive could put it back in the
+	// table once NotifyLeave had removed it.
+	changed := c.applyTable(info)
 	c.mu.Unlock()
-	if c.apply(info) && relay {
+	c.changed(changed)
+	if changed && relay {
 		c.relayed.Add(1)
 		c.push(info.Node, raw)
 	}
@@ -565,6 +571,21 @@ func (c *Gossip) rememberEarlyLocked(node string, raw []byte) {
 
 // apply applies info to the table and reports whether the table changed.
 func (c *Gossip) apply(info NodeInfo) bool {
+	changed := c.applyTable(info)
+	c.changed(changed)
+	return changed
+}
+
+// changed tells OnChange when the table changed; never with c.mu held.
+func (c *Gossip) changed(changed bool) {
+	if changed && c.cfg.OnChange != nil {
+		c.cfg.OnChange()
+	}
+}
+
+// applyTable applies info to the table and reports whether the table
+// changed, without calling OnChange: c.mu may be held.
+func (c *Gossip) applyTable(info NodeInfo) bool {
 	changed, err := c.table.Apply(info)
 	switch {
 	case errors.Is(err, ErrFull):
@@ -582,9 +603,6 @@ func (c *Gossip) apply(info NodeInfo) bool {
 		return false
 	}
 	c.received.Add(1)
-	if changed && c.cfg.OnChange != nil {
-		c.cfg.OnChange()
-	}
 	return changed
 }
 

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,5 +250,55 @@ func TestAnnouncesOfNodesNeverJoiningAreBounded(t *testing.T) {
 	(*delegate)(c).NotifyMsg(msg("m1")) // the same one, relayed late
 	if _, ok := c.table.Get("m1"); ok {
 		t.Error("a late relay of an announce put a node that left back in the table")
+	}
+}
+
+// TestLateAnnounceNeverBringsBackADeadNode: announces of m1 keep coming
+// while memberlist finds m1 alive and then dead, again and again; once it
+// is dead and the announces have stopped, it is in no table. Before, an
+// announce that found m1 alive and was applied after NotifyLeave removed
+// it put the dead node back.
+func TestLateAnnounceNeverBringsBackADeadNode(t *testing.T) {
+	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler)}, NewTable("m0"))
+	defer func() {
+		close(c.stop)
+		c.waitGoroutines()
+	}()
+	codec := NewCodec(nil)
+	m1 := &memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1}
+	seq := uint64(0)
+	back := 0
+	for range 500 {
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Boot: 1,
+						Seq: atomic.AddUint64(&seq, 1), Groups: []GroupInfo{{Group: "g"}}}))
+				}
+			}()
+		}
+		(*events)(c).NotifyJoin(m1)
+		for from := atomic.LoadUint64(&seq); atomic.LoadUint64(&seq) < from+4; {
+			runtime.Gosched() // the announces come while m1 is alive, and as it leaves
+		}
+		(*events)(c).NotifyLeave(m1)
+		close(stop)
+		wg.Wait()
+		if _, ok := c.table.Get("m1"); ok {
+			back++
+			c.table.Remove("m1")
+		}
+	}
+	if back > 0 {
+		t.Errorf("a dead node was back in the table after %d of 500 leaves", back)
 	}
 }
