@@ -742,10 +742,15 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	}
 	c.ring = nil
 	c.mu.Unlock()
+	// Out of the table before OnLeave lets its peer go: a call routed in
+	// between would find the node still there and make it a fresh peer,
+	// which no later leave ends, and the calls OnLeave sends elsewhere
+	// could be routed back to it.
+	removed := c.table.Remove(n.Name)
 	if c.cfg.OnLeave != nil {
 		c.cfg.OnLeave(n.Name)
 	}
-	if c.table.Remove(n.Name) {
+	if removed {
 		c.log.Info("node left or died", "node", n.Name, "addr", n.Address())
 		if c.cfg.OnChange != nil {
 			c.cfg.OnChange()

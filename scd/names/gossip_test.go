@@ -302,3 +302,30 @@ func TestLateAnnounceNeverBringsBackADeadNode(t *testing.T) {
 		t.Errorf("a dead node was back in the table after %d of 500 leaves", back)
 	}
 }
+
+// TestLeftNodeIsOutOfTheTableBeforeOnLeave: when OnLeave lets a node's
+// peer go (the calls queued for it are sent elsewhere), the node is out of
+// the table already: a call routed meanwhile would otherwise find it, make
+// it a fresh peer that no later leave ends, or have the calls sent back.
+func TestLeftNodeIsOutOfTheTableBeforeOnLeave(t *testing.T) {
+	table := NewTable("m0")
+	var inTable []bool
+	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler), OnLeave: func(node string) {
+		_, ok := table.Get(node)
+		inTable = append(inTable, ok)
+	}}, table)
+	defer func() {
+		close(c.stop)
+		c.waitGoroutines()
+	}()
+	m1 := &memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1}
+	(*events)(c).NotifyJoin(m1)
+	(*delegate)(c).NotifyMsg(NewCodec(nil).Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Boot: 1, Seq: 1, Groups: []GroupInfo{{Group: "g"}}}))
+	if _, ok := table.Get("m1"); !ok {
+		t.Fatal("m1's announce was not applied")
+	}
+	(*events)(c).NotifyLeave(m1)
+	if len(inTable) != 1 || inTable[0] {
+		t.Errorf("OnLeave called %d times, finding m1 in the table %v; want once, out of it", len(inTable), inTable)
+	}
+}
