@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -542,5 +543,51 @@ func TestScheduleRateOnlyForSchedulerDirectCalls(t *testing.T) {
 	// 50:50 over n1 and n2: 100 ± 7 each (one sigma); 60 is far out.
 	if weighted["n1"] < 60 || weighted["n2"] < 60 {
 		t.Errorf("scheduler-direct calls %v: want them spread over n1 and n2 (schedule_rate 50)", weighted)
+	}
+}
+
+// TestCallsQueuedForALeftNodeGoElsewhereFree: calls queued for a node that
+// never answered its hello, which then leaves the cluster, were never
+// written: they go to another node, free of the retry budget (here 0),
+// as a call routed to a node that left before its transfer does. Before,
+// each was charged, and with no retry left answered 'network down'.
+func TestCallsQueuedForALeftNodeGoElsewhereFree(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() { // accepts and never answers the hello
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	n2 := fakeNode(t, "n2", echoing("n2"))
+	r := newTestRouter(t, Options{Policy: policy()}, &fakeLocal{groups: map[string]*fakeGroup{}},
+		names.NodeInfo{Node: "n1", Addr: ln.Addr().String(), Groups: []names.GroupInfo{{Group: "theirs"}}},
+		names.NodeInfo{Node: "n2", Addr: n2, Groups: []names.GroupInfo{{Group: "theirs"}}})
+	a := &recorder{ch: make(chan netio.Frame, 2)}
+	for id := uint64(1); id <= 2; id++ {
+		fc := &peers.Call{Caller: a, CallerID: id, Kind: netio.KindCall, Group: "theirs", Service: "echo", Payload: []byte("x"),
+			Start: time.Now(), Deadline: time.Now().Add(testWait)}
+		if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
+			t.Fatalf("transfer: %v %s", code, msg)
+		}
+	}
+	r.names.Remove("n1")
+	r.pool.NodeLeft("n1")
+	for range 2 {
+		select {
+		case f := <-a.ch:
+			if f.Kind != netio.KindReply || string(f.Payload) != "n2:x" {
+				t.Errorf("a call queued for n1 when it left: %v %v %q, want n2's echo", f.Kind, f.Code, f.Payload)
+			}
+		case <-time.After(testWait):
+			t.Fatal("no answer")
+		}
 	}
 }

@@ -395,7 +395,11 @@ func (pr *peer) handOn(c *Call) {
 	replaced, left := pr.replaced, pr.left
 	pr.mu.Unlock()
 	if left {
-		// Never sent: it may go to another node (scd_retry_of_comm_error).
+		// Never sent: it goes to another node free of the retry budget
+		// (scd_retry_of_comm_error), as a call routed to a node that left
+		// before its transfer does: the node's leaving is not a failure
+		// of this call.
+		c.Retries++
 		pr.retry(c, fmt.Errorf("node %s left the cluster", pr.node))
 		return
 	}
