@@ -143,7 +143,8 @@ type MuxOptions struct {
 	// leave the connection (KindGoAway), before the connection closes:
 	// its owner should stop handing it calls (they would get ErrGoingAway)
 	// and open another. Calls already sent are answered as usual, and
-	// the connection closes itself once none waits.
+	// the connection closes itself once none waits and every frame queued
+	// is written.
 	OnGoAway func()
 	// CallerReads starts no reader goroutine: calls are made with
 	// RoundTrip, which reads its own answer on the caller's goroutine. For
@@ -298,12 +299,25 @@ func (m *MuxConn) GoingAway() bool {
 }
 
 // closeIfLeft closes a connection the node asked to leave once no call
-// waits on it. m.mu is not held.
+// waits on it and no frame is queued or being written: a call without an
+// answer is in no pending set, and its frame, queued behind another
+// writer's, must go out whole before the close (its caller was told it
+// was sent). The writer calls it again when it is done. Neither lock is
+// held.
 func (m *MuxConn) closeIfLeft() {
 	m.mu.Lock()
 	left := m.goingAway && m.err == nil && len(m.pending) == 0
 	m.mu.Unlock()
-	if left {
+	if !left {
+		return
+	}
+	// A call that passed the go-away check before it was set may append a
+	// frame after this look: it then finds the connection closed and is
+	// told its frame was not sent.
+	m.wmu.Lock()
+	writing := m.flushing || len(m.wbuf) > 0
+	m.wmu.Unlock()
+	if !writing {
 		m.Close(ErrGoingAway)
 	}
 }
@@ -322,8 +336,8 @@ func (m *MuxConn) goAway() {
 
 // Retire is its owner's go-away: the connection takes no new call (as
 // after the node's KindGoAway, a new one fails with ErrGoingAway and
-// GoingAway reports true) and closes itself once no call waits on it. The
-// calls sent on it are answered as usual. OnGoAway is not called: the
+// GoingAway reports true) and closes itself once no call waits on it and
+// every frame queued is written. The calls sent on it are answered as usual. OnGoAway is not called: the
 // owner knows.
 func (m *MuxConn) Retire() {
 	m.mu.Lock()
@@ -454,6 +468,9 @@ func (m *MuxConn) flushLocked(direct []byte) (sent bool, err error) {
 		m.wbuf = nil
 	}
 	m.wmu.Unlock()
+	if err == nil {
+		m.closeIfLeft() // a go-away's close waited for these writes
+	}
 	return sent, err
 }
 

@@ -545,3 +545,111 @@ func TestMuxConnOversizeAnswer(t *testing.T) {
 		t.Errorf("the connection closed: %v", m.Err())
 	}
 }
+
+// TestMuxConnGoAwayWaitsForQueuedWrites: a call without an answer queued
+// behind another call's write is written whole before a go-away closes
+// the connection. Its caller was told it was sent; before, the close that
+// followed the last answer cut the write under way (or left the frame
+// unsent in the buffer), and the call was lost.
+func TestMuxConnGoAwayWaitsForQueuedWrites(t *testing.T) {
+	const size = 8 << 20
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	proceed := make(chan struct{})
+	type outcome struct {
+		frames []Frame
+		err    error
+	}
+	served := make(chan outcome, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			served <- outcome{err: err}
+			return
+		}
+		defer nc.Close()
+		<-proceed // read nothing while A and C are queued
+		fr := NewFrameReader(nc, 2*size)
+		a, _, err := fr.Read(nil)
+		if err != nil {
+			served <- outcome{err: err}
+			return
+		}
+		var out []byte
+		out = AppendFrame(out, Header{Kind: KindGoAway}, "", "", nil)
+		out = AppendReply(out, a.ID, []byte("a"))
+		if _, err := nc.Write(out); err != nil {
+			served <- outcome{err: err}
+			return
+		}
+		time.Sleep(200 * time.Millisecond) // the answer and go-away are read meanwhile
+		var frames []Frame
+		for {
+			f, _, err := fr.Read(nil)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				served <- outcome{frames, err}
+				return
+			}
+			frames = append(frames, f)
+		}
+		served <- outcome{frames, nil}
+	}()
+	m := dialMux(t, l.Addr().String(), MuxOptions{})
+	a := newAnswers()
+	aSent := make(chan error, 1)
+	go func() {
+		_, _, err := m.Call(Header{Kind: KindCall}, "g", "a", make([]byte, size), time.Time{}, a)
+		aSent <- err
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(testDeadline); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatal(what)
+			}
+		}
+	}
+	waitFor("A's write did not begin", func() bool {
+		m.wmu.Lock()
+		defer m.wmu.Unlock()
+		return m.flushing
+	})
+	if _, sent, err := m.Call(Header{Kind: KindCallNoReply}, "g", "c", bytes.Repeat([]byte{'c'}, size), time.Time{}, nil); !sent || err != nil {
+		t.Fatalf("C: sent %v, %v", sent, err)
+	}
+	m.wmu.Lock()
+	queued := len(m.wbuf)
+	m.wmu.Unlock()
+	if queued == 0 {
+		t.Fatal("C was written at once, not queued behind A: the test needs A's write to block")
+	}
+	close(proceed)
+	if r := a.next(t); r.err != nil || string(r.f.Payload) != "a" {
+		t.Fatalf("A: %q, %v", r.f.Payload, r.err)
+	}
+	if err := <-aSent; err != nil {
+		t.Errorf("A's writer: %v", err)
+	}
+	var o outcome
+	select {
+	case o = <-served:
+	case <-time.After(testDeadline):
+		t.Fatal("the connection did not close after the go-away")
+	}
+	if o.err != nil {
+		t.Errorf("the node read %d frames after A, then %v", len(o.frames), o.err)
+	}
+	if len(o.frames) != 1 || string(o.frames[0].Service) != "c" || len(o.frames[0].Payload) != size {
+		t.Errorf("the node read %d frames after A, want C whole", len(o.frames))
+	}
+	<-m.Done()
+	if !errors.Is(m.Err(), ErrGoingAway) {
+		t.Errorf("closed with %v, want ErrGoingAway", m.Err())
+	}
+}
