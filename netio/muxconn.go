@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -27,7 +28,33 @@ var (
 	// away from (KindGoAway): the call was not sent and may go on a new
 	// connection. It is also the close reason once the last answer came.
 	ErrGoingAway = errors.New("netio: the node asked for a new connection (it is handing its port over)")
+	// ErrWriteTimeout is a write the node did not take in time: as the
+	// close reason, a write that did not finish by the deadline of the
+	// calls whose frames it held (and at least writePatience); as a call's
+	// own error, its deadline passed before its frame was (all) written,
+	// and the connection goes on.
+	ErrWriteTimeout = errors.New("netio: the node did not take the frames written to it in time (it reads slowly or not at all)")
 )
+
+// writePatience is the least time a write is given before it fails the
+// connection, however early the deadlines of the calls in it: frames that
+// waited behind a long write may carry deadlines already past, and a node
+// that reads, slowly, must not lose its connection for them. The peer
+// pool counts a link silent after as long (TCP_USER_TIMEOUT, 5 s).
+const writePatience = 5 * time.Second
+
+// sendTimeout is a call's own deadline passing before its frame was
+// written (or all of it): the call's error, not the connection's.
+type sendTimeout struct{ why string }
+
+func (e *sendTimeout) Error() string { return "netio: the call's deadline passed " + e.why }
+func (e *sendTimeout) Unwrap() error { return ErrWriteTimeout }
+
+// failsConn reports whether err, from a write, fails the connection.
+func failsConn(err error) bool {
+	var st *sendTimeout
+	return err != nil && !errors.As(err, &st)
+}
 
 // FrameReader reads whole frames off a byte stream.
 type FrameReader struct {
@@ -146,6 +173,11 @@ type MuxOptions struct {
 	// the connection closes itself once none waits and every frame queued
 	// is written.
 	OnGoAway func()
+	// MaxQueued bounds the bytes of frames that wait behind a write under
+	// way: a call that would queue more waits for room until its deadline
+	// (then it is not sent, ErrWriteTimeout) or the close. A frame always
+	// fits an empty queue. Default 8 MiB.
+	MaxQueued int
 	// CallerReads starts no reader goroutine: calls are made with
 	// RoundTrip, which reads its own answer on the caller's goroutine. For
 	// a connection that carries one call at a time, it saves a goroutine
@@ -161,18 +193,27 @@ type MuxOptions struct {
 //
 // Writers share write syscalls: a frame is appended to one buffer, and
 // whoever finds no write under way writes the buffer, taking along what
-// others appended meanwhile.
+// others appended meanwhile. A node that stops reading cannot hold them:
+// each write is bounded by the earliest deadline of the calls whose
+// frames it holds (at least writePatience), and one that does not finish
+// fails the connection (ErrWriteTimeout); the writer's own caller leaves
+// at its own deadline, handing the rest of the write to a goroutine; and
+// the frames queued behind a write are bounded (MuxOptions.MaxQueued).
 type MuxConn struct {
 	nc       net.Conn
 	fr       *FrameReader
 	onClose  func(error)
 	onGoAway func()
 
-	wmu      sync.Mutex
-	wbuf     []byte
-	spare    []byte
-	flushing bool
-	werr     error // the first write error, or the close reason
+	wmu       sync.Mutex
+	wbuf      []byte
+	wdl       time.Time // the earliest deadline of the calls in wbuf; zero: none
+	spare     []byte
+	flushing  bool
+	werr      error         // the first write error, or the close reason
+	ndl       time.Time     // the write deadline set on nc
+	room      chan struct{} // closed when wbuf is taken for writing; nil: nobody waits
+	maxQueued int
 
 	readDeadline bool // RoundTrip set one on nc
 
@@ -199,7 +240,11 @@ func NewMuxConn(nc net.Conn, opts MuxOptions) *MuxConn {
 		fr = NewFrameReader(nc, opts.MaxPayload)
 	}
 	fr.maxPayload = opts.MaxPayload
-	m := &MuxConn{nc: nc, fr: fr, onClose: opts.OnClose, onGoAway: opts.OnGoAway, pending: map[uint64]waiting{}, done: make(chan struct{})}
+	if opts.MaxQueued <= 0 {
+		opts.MaxQueued = 8 << 20 // one frame of the largest max_message_size
+	}
+	m := &MuxConn{nc: nc, fr: fr, onClose: opts.OnClose, onGoAway: opts.OnGoAway, pending: map[uint64]waiting{},
+		done: make(chan struct{}), maxQueued: opts.MaxQueued}
 	if !opts.CallerReads {
 		go m.readLoop()
 	}
@@ -236,7 +281,7 @@ func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, dea
 	if m.werr == nil {
 		m.wbuf = AppendFrame(m.wbuf, h, group, service, payload)
 	}
-	if _, err := m.flushLocked(nil); err != nil {
+	if _, err := m.flushLocked(nil, time.Time{}); err != nil {
 		m.Close(err)
 		return Frame{}, buf, err
 	}
@@ -370,7 +415,20 @@ func (m *MuxConn) Forget(id uint64) bool {
 // own must not make its own, already written call look unsent. When sent is
 // false the frame certainly did not go out and a is never called: the call
 // may be tried elsewhere. When sent is true a gets exactly one answer.
+//
+// A non-zero deadline bounds the call's stay: a frame queued behind
+// others over MaxQueued waits for room until then; Call returns by then
+// even when it is the writer (the rest of its write goes on in another
+// goroutine), and the writes of its frame fail the connection when the
+// node takes none of it by then (or writePatience). Its own deadline
+// passing is ErrWriteTimeout with the connection open, and sent says
+// whether any of the frame left. Call returns once the frame is written
+// or queued behind a write under way.
 func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline time.Time, a Answerer) (id uint64, sent bool, err error) {
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		// Written now, it would fail the connection at once.
+		return 0, false, &sendTimeout{"before the call was sent"}
+	}
 	if a != nil {
 		if h.ID, err = m.Expect(deadline, a); err != nil {
 			return 0, false, err
@@ -388,18 +446,53 @@ func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline
 		}
 	}
 	m.wmu.Lock()
-	if m.werr == nil {
-		m.wbuf = AppendFrame(m.wbuf, h, group, service, payload)
+	if err = m.roomLocked(HeaderSize+len(group)+len(service)+len(payload), deadline); err != nil {
+		m.wmu.Unlock()
+	} else {
+		if m.werr == nil {
+			m.wbuf = AppendFrame(m.wbuf, h, group, service, payload)
+			if !deadline.IsZero() && (m.wdl.IsZero() || deadline.Before(m.wdl)) {
+				m.wdl = deadline
+			}
+		}
+		sent, err = m.flushLocked(nil, deadline)
 	}
-	sent, err = m.flushLocked(nil)
 	if !sent && a != nil && !m.Forget(h.ID) {
 		// The connection closed under us and answered a already.
 		sent = true
 	}
-	if err != nil {
+	if failsConn(err) {
 		m.Close(err) // after Forget: an unsent call is not answered
 	}
 	return h.ID, sent, err
+}
+
+// roomLocked waits until a frame of n bytes may join wbuf: while a write
+// is under way and wbuf holds more than maxQueued with it, until deadline
+// (zero: none) or the close. wmu is held, and is again on return.
+func (m *MuxConn) roomLocked(n int, deadline time.Time) error {
+	var expired <-chan time.Time
+	for m.werr == nil && m.flushing && len(m.wbuf) > 0 && len(m.wbuf)+n > m.maxQueued {
+		if expired == nil && !deadline.IsZero() {
+			t := time.NewTimer(time.Until(deadline))
+			defer t.Stop()
+			expired = t.C
+		}
+		if m.room == nil {
+			m.room = make(chan struct{})
+		}
+		room, queued := m.room, len(m.wbuf)
+		m.wmu.Unlock()
+		select {
+		case <-room:
+		case <-m.done: // werr is set by then
+		case <-expired:
+			m.wmu.Lock()
+			return &sendTimeout{fmt.Sprintf("while %d bytes waited to be written ahead of it (the node reads slowly or not at all)", queued)}
+		}
+		m.wmu.Lock()
+	}
+	return nil
 }
 
 // Write sends frames already encoded (their ids from Expect). sent is as
@@ -407,7 +500,7 @@ func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline
 // close that a failed write causes.
 func (m *MuxConn) Write(frames []byte) (sent bool, err error) {
 	m.wmu.Lock()
-	sent, err = m.flushLocked(frames)
+	sent, err = m.flushLocked(frames, time.Time{})
 	if err != nil {
 		m.Close(err)
 	}
@@ -415,11 +508,13 @@ func (m *MuxConn) Write(frames []byte) (sent bool, err error) {
 }
 
 // flushLocked writes direct (if not nil) and then wbuf, unless another
-// writer is at it: then direct joins wbuf for that writer. wmu is held and
-// is released on return. err is the write error this call met, or the
-// connection's if it could not write at all; a close that comes after its
-// writes succeeded is not its error.
-func (m *MuxConn) flushLocked(direct []byte) (sent bool, err error) {
+// writer is at it: then direct joins wbuf for that writer. own is the
+// deadline of the caller (zero: none), past which it hands the write to
+// another goroutine and returns. wmu is held and is released on return.
+// err is the write error this call met, or the connection's if it could
+// not write at all; a close that comes after its writes succeeded is not
+// its error.
+func (m *MuxConn) flushLocked(direct []byte, own time.Time) (sent bool, err error) {
 	if m.werr != nil {
 		err := m.werr
 		m.wmu.Unlock()
@@ -431,22 +526,78 @@ func (m *MuxConn) flushLocked(direct []byte) (sent bool, err error) {
 		return true, nil // the writer under way takes our frame with it
 	}
 	m.flushing = true
-	out, ours := direct, direct != nil
-	if !ours {
-		out, m.wbuf = m.wbuf, m.spare[:0]
+	if direct != nil {
+		return m.writeOn(direct, time.Time{}, true, own)
 	}
+	out, dl := m.takeLocked()
+	return m.writeOn(out, dl, false, own)
+}
+
+// takeLocked takes wbuf for writing, with its calls' earliest deadline.
+func (m *MuxConn) takeLocked() ([]byte, time.Time) {
+	// wbuf and spare never share an array: appends during the next
+	// write must not touch the bytes being written.
+	out, dl := m.wbuf, m.wdl
+	m.wbuf, m.wdl = m.spare[:0], time.Time{}
+	if m.room != nil {
+		close(m.room) // the calls waiting for room may queue again
+		m.room = nil
+	}
+	return out, dl
+}
+
+// writeOn writes out, whose calls' earliest deadline is dl (zero: none),
+// and then what others queue meanwhile, until wbuf is empty; flushing is
+// set and wmu held, and released on return. ours says out is the caller's
+// own buffer (Write's frames), never kept as spare. sent says whether the
+// first write took any byte. own is as for flushLocked.
+func (m *MuxConn) writeOn(out []byte, dl time.Time, ours bool, own time.Time) (sent bool, err error) {
 	first := true // our frame is in the first write
 	for len(out) > 0 {
-		m.wmu.Unlock()
-		n, werr := m.nc.Write(out)
-		m.wmu.Lock()
-		if !ours {
-			m.spare = out
+		limit := dl
+		if !limit.IsZero() {
+			limit = later(limit, time.Now().Add(writePatience))
 		}
+		stop, handOff := limit, false
+		if !own.IsZero() && (stop.IsZero() || own.Before(stop)) {
+			stop, handOff = own, true // the caller leaves earlier than the write must end
+		}
+		m.wmu.Unlock()
+		n, werr := m.writeBy(out, stop)
+		m.wmu.Lock()
+		wasFirst := first
 		if first {
 			sent, first = werr == nil || n > 0, false
 		}
+		if werr != nil && handOff && m.werr == nil && errors.Is(werr, os.ErrDeadlineExceeded) && !time.Now().Before(own) {
+			// Our caller's deadline, not the frames': the caller goes, and
+			// another goroutine writes on (a frame begun must not be cut).
+			// Write's frames (ours) have no deadline: never here.
+			if wasFirst && n == 0 {
+				// None of our frame left (the first write holds it
+				// alone: wbuf was empty before it): it is dropped, and
+				// the call was not sent.
+				m.spare = out
+				err = &sendTimeout{"before its frame could be written (the node reads slowly or not at all)"}
+				if len(m.wbuf) == 0 {
+					break
+				}
+				go m.carry(nil, time.Time{}) // what others queued meanwhile
+			} else {
+				sent = sent || wasFirst // the rest of our frame goes on
+				err = &sendTimeout{"while its frame, or frames queued with it, were being written (the node reads slowly or not at all)"}
+				go m.carry(out[n:], dl)
+			}
+			m.wmu.Unlock()
+			return sent, err
+		}
+		if !ours {
+			m.spare = out
+		}
 		if werr != nil {
+			if errors.Is(werr, os.ErrDeadlineExceeded) {
+				werr = fmt.Errorf("%w: %w", ErrWriteTimeout, werr)
+			}
 			err = werr
 			if m.werr == nil {
 				m.werr = werr
@@ -456,9 +607,8 @@ func (m *MuxConn) flushLocked(direct []byte) (sent bool, err error) {
 		if m.werr != nil || len(m.wbuf) == 0 {
 			break // closed meanwhile (what others appended stays unsent), or all written
 		}
-		// wbuf and spare never share an array: appends during the next
-		// write must not touch the bytes being written.
-		out, m.wbuf, ours = m.wbuf, m.spare[:0], false
+		out, dl = m.takeLocked()
+		ours = false
 	}
 	m.flushing = false
 	if cap(m.spare) > 1<<20 {
@@ -468,10 +618,39 @@ func (m *MuxConn) flushLocked(direct []byte) (sent bool, err error) {
 		m.wbuf = nil
 	}
 	m.wmu.Unlock()
-	if err == nil {
+	if !failsConn(err) {
 		m.closeIfLeft() // a go-away's close waited for these writes
 	}
 	return sent, err
+}
+
+// carry writes on what a caller that left at its deadline had begun.
+func (m *MuxConn) carry(rest []byte, dl time.Time) {
+	m.wmu.Lock()
+	if len(rest) == 0 {
+		rest, dl = m.takeLocked()
+	}
+	if _, err := m.writeOn(rest, dl, false, time.Time{}); err != nil {
+		m.Close(err)
+	}
+}
+
+// writeBy writes b with the write deadline stop (zero: none).
+func (m *MuxConn) writeBy(b []byte, stop time.Time) (int, error) {
+	if !stop.Equal(m.ndl) { // only the writer touches ndl
+		if err := m.nc.SetWriteDeadline(stop); err != nil {
+			return 0, err
+		}
+		m.ndl = stop
+	}
+	return m.nc.Write(b)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Expire answers ErrCallExpired to the calls whose deadline is before now

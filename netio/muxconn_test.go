@@ -235,7 +235,9 @@ func TestMuxConnExpireAndForget(t *testing.T) {
 	m := dialMux(t, addr, MuxOptions{})
 	now := time.Now()
 	late, forgotten, onTime := newAnswers(), newAnswers(), newAnswers()
-	if _, _, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, now.Add(time.Millisecond), late); err != nil {
+	// Sent before its deadline (Call refuses a call already late), and
+	// expired by an Expire that looks later.
+	if _, _, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, now.Add(time.Minute), late); err != nil {
 		t.Fatal(err)
 	}
 	id, _, err := m.Call(Header{Kind: KindCall}, "g", "s", nil, time.Time{}, forgotten)
@@ -248,7 +250,7 @@ func TestMuxConnExpireAndForget(t *testing.T) {
 	if !m.Forget(id) || m.Forget(id) {
 		t.Error("Forget: want true, then false")
 	}
-	if n := m.Expire(now.Add(time.Second)); n != 1 {
+	if n := m.Expire(now.Add(2 * time.Minute)); n != 1 {
 		t.Errorf("Expire answered %d calls, want 1", n)
 	}
 	if r := late.next(t); !errors.Is(r.err, ErrCallExpired) {
@@ -651,5 +653,96 @@ func TestMuxConnGoAwayWaitsForQueuedWrites(t *testing.T) {
 	<-m.Done()
 	if !errors.Is(m.Err(), ErrGoingAway) {
 		t.Errorf("closed with %v, want ErrGoingAway", m.Err())
+	}
+}
+
+// TestMuxConnCallsLeaveAtTheirDeadline: on a connection whose node does
+// not read, the writer's call returns at its deadline, sent, while another
+// goroutine writes the rest of its frame on; a call that would queue over
+// MaxQueued waits for room and, its deadline passing, is not sent, and
+// never answered. The connection stays open, and once the node reads, the
+// frames sent arrive whole and the unsent one not at all. Before, the
+// writer stayed in its write for ever and the queue grew without bound.
+func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	read := make(chan struct{})
+	got := make(chan []string, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer nc.Close()
+		<-read
+		fr := NewFrameReader(nc, 16<<20)
+		var services []string
+		for {
+			f, _, err := fr.Read(nil)
+			if err != nil {
+				break // after A and B, nothing more comes: the read times out
+			}
+			services = append(services, string(f.Service))
+			if len(services) == 2 {
+				nc.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+			}
+		}
+		got <- services
+	}()
+	m := dialMux(t, l.Addr().String(), MuxOptions{MaxQueued: 1 << 20})
+	a, c := newAnswers(), newAnswers()
+	type result struct {
+		sent bool
+		err  error
+		took time.Duration
+	}
+	aDone := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		_, sent, err := m.Call(Header{Kind: KindCall}, "g", "a", make([]byte, 8<<20), start.Add(300*time.Millisecond), a)
+		aDone <- result{sent, err, time.Since(start)}
+	}()
+	for end := time.Now().Add(testDeadline); ; time.Sleep(time.Millisecond) {
+		m.wmu.Lock()
+		flushing := m.flushing
+		m.wmu.Unlock()
+		if flushing {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("A's write did not begin")
+		}
+	}
+	// B fits the empty queue whatever its size; C does not fit behind it.
+	if _, sent, err := m.Call(Header{Kind: KindCallNoReply}, "g", "b", make([]byte, 2<<20), time.Time{}, nil); !sent || err != nil {
+		t.Fatalf("B: sent %v, %v", sent, err)
+	}
+	start := time.Now()
+	_, sent, err := m.Call(Header{Kind: KindCall}, "g", "c", make([]byte, 1<<10), start.Add(200*time.Millisecond), c)
+	if took := time.Since(start); sent || !errors.Is(err, ErrWriteTimeout) || took > time.Second {
+		t.Errorf("C, over the queue's bound: sent %v, %v after %v; want unsent, ErrWriteTimeout, at its deadline", sent, err, took)
+	}
+	r := <-aDone
+	if !r.sent || !errors.Is(r.err, ErrWriteTimeout) || r.took > time.Second {
+		t.Errorf("A, the writer: sent %v, %v after %v; want sent, ErrWriteTimeout, at its deadline", r.sent, r.err, r.took)
+	}
+	if m.Err() != nil {
+		t.Fatalf("the connection closed: %v", m.Err())
+	}
+	close(read)
+	select {
+	case services := <-got:
+		if !slices.Equal(services, []string{"a", "b"}) {
+			t.Errorf("the node read %q, want A and B whole", services)
+		}
+	case <-time.After(testDeadline):
+		t.Fatal("the node did not read A and B")
+	}
+	if m.Err() != nil || c.count.Load() != 0 {
+		t.Errorf("after: connection %v, C answered %d times (want open, 0)", m.Err(), c.count.Load())
 	}
 }

@@ -99,6 +99,9 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 	}
 	h.Flags = h.Flags&^netio.FlagSchedulerDirect | netio.FlagBalanced // the client chose: the node does not balance it again
 	reply, err, sent := c.deliver(ctx, idx, mc, h, group, service, payload, timeout)
+	if !sent && errors.Is(err, netio.ErrWriteTimeout) {
+		return nil, timedOut(err), true // its time is up: not the dchost way either
+	}
 	var te *netio.Error
 	if !sent || (errors.As(err, &te) && te.Code == netio.CodeNetworkDown) {
 		c.cache.forget(group)
@@ -154,12 +157,12 @@ func (c *Client) lookup(ctx context.Context, group string) ([]netio.NodeLevel, e
 	if err != nil {
 		return nil, err
 	}
-	id, w, sent, err := c.start(idx, mc, netio.Header{Kind: netio.KindNameLookup}, group, "", nil)
+	id, w, sent, err := c.start(idx, mc, netio.Header{Kind: netio.KindNameLookup}, group, "", nil, sendBy(ctx, 5*time.Second))
 	if !sent {
 		return nil, err
 	}
 	if err != nil {
-		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+		return nil, sentErr(err)
 	}
 	answer, err := wait(ctx, mc, id, w, 5*time.Second)
 	if err != nil {

@@ -168,7 +168,9 @@ func (c *Client) Call(ctx context.Context, group, service string, payload []byte
 }
 
 // CallNoReply sends a request whose answer nobody waits for. It returns
-// once the request is written to a node.
+// once the request is written to a node, or queued behind another call's
+// write on the same connection, which takes it along. It fails 'timed
+// out' when ctx's deadline (or WatchTime) passes before that.
 func (c *Client) CallNoReply(ctx context.Context, group, service string, payload []byte) error {
 	_, err := c.call(ctx, netio.KindCallNoReply, group, service, payload)
 	return err
@@ -207,8 +209,11 @@ func (c *Client) callTo(ctx context.Context, kind netio.Kind, host, group, servi
 	if err != nil {
 		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
 	}
-	id, w, sent, err := c.start(idx, mc, h, group, service, payload)
+	id, w, sent, err := c.start(idx, mc, h, group, service, payload, sendBy(ctx, timeout))
 	if !sent {
+		if errors.Is(err, netio.ErrWriteTimeout) {
+			return nil, timedOut(err)
+		}
 		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
 	}
 	return finish(ctx, mc, id, w, err, timeout)
@@ -263,6 +268,9 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 		}
 		reply, err, sent := c.deliver(ctx, idx, mc, h, group, service, payload, timeout)
 		if !sent {
+			if errors.Is(err, netio.ErrWriteTimeout) {
+				return nil, timedOut(err) // its time is up: no other host
+			}
 			lastErr = err
 			continue
 		}
@@ -281,7 +289,7 @@ func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h neti
 	payload []byte, timeout time.Duration) (reply []byte, err error, sent bool) {
 	for attempt := 0; ; attempt++ {
 		sidx, smc := c.routed(ctx, idx, mc, group)
-		id, w, sent, err := c.start(sidx, smc, h, group, service, payload)
+		id, w, sent, err := c.start(sidx, smc, h, group, service, payload, sendBy(ctx, timeout))
 		if !sent {
 			if errors.Is(err, netio.ErrGoingAway) && attempt < 3 {
 				if mc, err = c.connFor(idx); err == nil {
@@ -305,23 +313,30 @@ func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h neti
 // start sends a call on mc, the connection to host idx; w waits for its
 // answer (nil for a call without one). sent is false when the frame
 // certainly did not leave: the connection is dropped and the call may go to
-// another host. A call that may have been written is never sent again: it
-// fails 'network down' if its connection breaks.
-func (c *Client) start(idx int, mc *netio.MuxConn, h netio.Header, group, service string, payload []byte) (
+// another host, unless its deadline passed first (netio.ErrWriteTimeout:
+// the connection goes on, or closed itself if a write failed). A call that
+// may have been written is never sent again: it fails 'network down' if
+// its connection breaks. by bounds the call's stay in mc.Call, which
+// returns by then even when the node does not read (zero: none).
+func (c *Client) start(idx int, mc *netio.MuxConn, h netio.Header, group, service string, payload []byte, by time.Time) (
 	id uint64, w *waiter, sent bool, err error) {
 	var a netio.Answerer
 	if h.Kind != netio.KindCallNoReply {
 		w = waiterPool.Get().(*waiter)
 		a = w
 	}
-	id, sent, err = mc.Call(h, group, service, payload, time.Time{}, a)
+	id, sent, err = mc.Call(h, group, service, payload, by, a)
 	if !sent {
 		if w != nil {
 			waiterPool.Put(w) // never answered: reusable
 		}
-		if errors.Is(err, netio.ErrGoingAway) {
+		switch {
+		case errors.Is(err, netio.ErrGoingAway):
 			c.retire(idx, mc) // its calls still get their answers
-		} else {
+		case errors.Is(err, netio.ErrWriteTimeout):
+			// The caller's time ran out; the connection is not broken
+			// by it (a write that failed closed it, and OnClose forgot it).
+		default:
 			c.drop(idx, mc, err)
 		}
 		return 0, nil, false, err
@@ -329,11 +344,38 @@ func (c *Client) start(idx int, mc *netio.MuxConn, h netio.Header, group, servic
 	return id, w, true, err
 }
 
+// sendBy is how long a call may take to be sent: the caller's deadline,
+// or (without one) as long as wait waits; zero: for ever.
+func sendBy(ctx context.Context, timeout time.Duration) time.Time {
+	if dl, ok := ctx.Deadline(); ok {
+		return dl
+	}
+	if timeout > 0 {
+		return time.Now().Add(timeout + time.Second)
+	}
+	return time.Time{}
+}
+
+// sentErr is the error of a call that may have been sent when its write
+// met err: 'timed out' when its deadline passed while it was written (the
+// rest goes on), else 'network down'. Either way it may run.
+func sentErr(err error) error {
+	if errors.Is(err, netio.ErrWriteTimeout) {
+		return timedOut(err)
+	}
+	return &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+}
+
+// timedOut is a call whose deadline passed before it was (all) written.
+func timedOut(err error) error {
+	return &netio.Error{Code: netio.CodeTimedOut, Message: err.Error()}
+}
+
 // finish waits for the answer of a call start sent; err is start's.
 func finish(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, err error, timeout time.Duration) ([]byte, error) {
 	if w == nil {
 		if err != nil {
-			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+			return nil, sentErr(err)
 		}
 		return nil, nil
 	}

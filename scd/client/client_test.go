@@ -779,3 +779,61 @@ func TestSchedulerDirectMarksPlainCalls(t *testing.T) {
 		t.Error("FromDefinition drops dcscddirect = Y")
 	}
 }
+
+// TestNodeThatDoesNotReadCannotHoldCalls: a node that accepts and never
+// reads (stopped, partitioned) fills the socket's buffers; every call
+// still returns by its deadline, 'timed out' or 'network down'. Before,
+// the call whose turn it was to write blocked in the write for ever, and
+// the calls behind it queued their frames without bound and were told
+// they were sent.
+func TestNodeThatDoesNotReadCannotHoldCalls(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err == nil {
+			accepted <- nc // held open, never read
+		}
+		close(accepted)
+	}()
+	defer func() {
+		l.Close()
+		for nc := range accepted {
+			nc.Close()
+		}
+	}()
+	c := newClient(t, Options{Hosts: []string{l.Addr().String()}})
+	const calls, limit = 10, 200 * time.Millisecond
+	payload := make([]byte, 1<<20)
+	type outcome struct {
+		took time.Duration
+		err  error
+	}
+	done := make(chan outcome, calls)
+	for range calls {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), limit)
+			defer cancel()
+			start := time.Now()
+			_, err := c.Call(ctx, "g", "s", payload)
+			done <- outcome{time.Since(start), err}
+		}()
+	}
+	for range calls {
+		select {
+		case o := <-done:
+			var te *netio.Error
+			if !errors.As(o.err, &te) || (te.Code != netio.CodeTimedOut && te.Code != netio.CodeNetworkDown) {
+				t.Errorf("a call to a node that does not read: %v, want 'timed out' or 'network down'", o.err)
+			}
+			if o.took > time.Second {
+				t.Errorf("a call with a %v deadline returned after %v", limit, o.took)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a call to a node that does not read did not return (5 s; its deadline was 200 ms)")
+		}
+	}
+}

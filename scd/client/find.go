@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 
 	"tpsched/netio"
 )
@@ -26,13 +27,16 @@ func (c *Client) FindServer(ctx context.Context, env string) ([]netio.NodeLevel,
 			lastErr = err
 			continue
 		}
-		id, w, sent, err := c.start(idx, mc, h, env, netio.LookupFind, nil)
+		id, w, sent, err := c.start(idx, mc, h, env, netio.LookupFind, nil, sendBy(ctx, timeout))
 		if !sent {
+			if errors.Is(err, netio.ErrWriteTimeout) {
+				return nil, timedOut(err)
+			}
 			lastErr = err
 			continue
 		}
 		if err != nil {
-			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
+			return nil, sentErr(err)
 		}
 		answer, err := wait(ctx, mc, id, w, timeout)
 		if err != nil {

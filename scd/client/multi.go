@@ -92,7 +92,7 @@ func (c *Client) learnRoute(ctx context.Context, idx int, mc *netio.MuxConn, gro
 // askReceivers sends a receivers lookup for group on mc.
 func askReceivers(ctx context.Context, mc *netio.MuxConn, group string) (netio.Receivers, error) {
 	w := waiterPool.Get().(*waiter)
-	id, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, group, netio.LookupReceivers, nil, time.Time{}, w)
+	id, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, group, netio.LookupReceivers, nil, sendBy(ctx, 5*time.Second), w)
 	if !sent {
 		waiterPool.Put(w)
 		return netio.Receivers{}, &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
