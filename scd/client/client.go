@@ -453,8 +453,16 @@ func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
 		// Error messages ride in the payload too, so allow a little slack.
 		// A larger answer fails only its own call ('message too big').
 		MaxPayload: c.opts.MaxMessageSize + 64<<10,
-		OnClose:    func(err error) { c.forget(idx, mc) },
-		OnGoAway:   func() { c.retire(idx, mc) },
+		OnClose: func(err error) {
+			if errors.Is(err, netio.ErrGoingAway) {
+				// The clean end of a go-away (its last answer came):
+				// the node is fine and the next call dials it again.
+				c.retire(idx, mc)
+				return
+			}
+			c.forget(idx, mc)
+		},
+		OnGoAway: func() { c.retire(idx, mc) },
 	})
 	c.conns[idx] = mc
 	return mc, nil

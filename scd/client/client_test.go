@@ -837,3 +837,29 @@ func TestNodeThatDoesNotReadCannotHoldCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestGoAwayKeepsTheHost: after a node's go-away the client's next call
+// goes to the same node on a new connection (the process taking its port
+// over). Before, the old connection's clean close, once its last answer
+// came, moved the client to the next dchost host.
+func TestGoAwayKeepsTheHost(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	c := newClient(t, Options{Hosts: []string{a.addr, b.addr}})
+	if reply, err := c.Call(testCtx(t), "who", "s", nil); err != nil || string(reply) != "a" {
+		t.Fatalf("first call: %q, %v", reply, err)
+	}
+	c.mu.Lock()
+	old := c.conns[0]
+	c.mu.Unlock()
+	if n := a.srv.GoAway("test"); n != 1 {
+		t.Fatalf("go-away told %d connections, want 1", n)
+	}
+	select {
+	case <-old.Done():
+	case <-time.After(waitLimit):
+		t.Fatal("the old connection did not close after the go-away")
+	}
+	if reply, err := c.Call(testCtx(t), "who", "s", nil); err != nil || string(reply) != "a" {
+		t.Errorf("the call after the go-away: %q, %v; want a", reply, err)
+	}
+}
