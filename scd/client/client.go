@@ -205,18 +205,26 @@ func (c *Client) callTo(ctx context.Context, kind netio.Kind, host, group, servi
 	}
 	addr := net.JoinHostPort(hostName, strconv.Itoa(port))
 	idx := c.hostIndex(addr)
-	mc, err := c.connFor(idx)
-	if err != nil {
-		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
-	}
-	id, w, sent, err := c.start(idx, mc, h, group, service, payload, sendBy(ctx, timeout))
-	if !sent {
-		if errors.Is(err, netio.ErrWriteTimeout) {
-			return nil, timedOut(err)
+	for attempt := 0; ; attempt++ {
+		mc, err := c.connFor(idx)
+		if err != nil {
+			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
 		}
-		return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
+		id, w, sent, err := c.start(idx, mc, h, group, service, payload, sendBy(ctx, timeout))
+		if !sent {
+			if errors.Is(err, netio.ErrGoingAway) && attempt < 3 {
+				// It did not leave, and the node hands its port over:
+				// a new connection reaches the process taking it, as
+				// deliver does.
+				continue
+			}
+			if errors.Is(err, netio.ErrWriteTimeout) {
+				return nil, timedOut(err)
+			}
+			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
+		}
+		return finish(ctx, mc, id, w, err, timeout)
 	}
-	return finish(ctx, mc, id, w, err, timeout)
 }
 
 // header checks a call and makes its frame header; timeout is how long the

@@ -863,3 +863,24 @@ func TestGoAwayKeepsTheHost(t *testing.T) {
 		t.Errorf("the call after the go-away: %q, %v; want a", reply, err)
 	}
 }
+
+// TestCallToAfterGoAwayIsSentAgain: a CallTo refused as unsent by a
+// connection going away (the node's go-away read, the client not yet told)
+// goes on a new connection to the same node. Before, it failed 'network
+// down', which says the call may have run, for a call that did not leave.
+func TestCallToAfterGoAwayIsSentAgain(t *testing.T) {
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	slow := inFlight(c, 1, "slow", "300ms") // keeps the old connection open
+	waitUntil(t, "the slow call to arrive", func() bool { return n.framesOf("slow") == 1 })
+	c.mu.Lock()
+	old := c.conns[0]
+	c.mu.Unlock()
+	old.Retire() // refuses new calls; OnGoAway not called: the client still holds it
+	if reply, err := c.CallTo(testCtx(t), n.addr, "who", "s", nil); err != nil || string(reply) != "a" {
+		t.Errorf("CallTo on a connection going away: %q, %v; want a, sent on a new connection", reply, err)
+	}
+	if err := <-slow; err != nil {
+		t.Errorf("the call sent before: %v", err)
+	}
+}
