@@ -884,3 +884,34 @@ func TestCallToAfterGoAwayIsSentAgain(t *testing.T) {
 		t.Errorf("the call sent before: %v", err)
 	}
 }
+
+// TestSpreadKeepsNoClosedConnection: a connection of a MultiSchedule
+// spread that the node closes before the fill keeps it (here during the
+// receivers lookup) is not kept. Before, its OnClose had already run drop,
+// the dead connection counted as one of the receiver group's sockets, and
+// every call picked onto it failed 'network down', for good.
+func TestSpreadKeepsNoClosedConnection(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			nc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			nc.Close() // closes every connection at once
+		}
+	}()
+	c := newClient(t, Options{Hosts: []string{l.Addr().String()}, MultiSchedule: true})
+	s := c.spreadFor(receiverRoute{addr: l.Addr().String(), count: 2}, "g")
+	s.fill()
+	s.mu.Lock()
+	kept := len(s.conns)
+	s.mu.Unlock()
+	if kept != 0 {
+		t.Errorf("the spread keeps %d connections the node closed", kept)
+	}
+}

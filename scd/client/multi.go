@@ -200,6 +200,15 @@ func (s *spread) fill() {
 			return
 		}
 		s.mu.Lock()
+		if mc.Err() != nil {
+			// It closed already (the node closed it during the receivers
+			// lookup): its OnClose ran drop before it was here to be
+			// dropped, and Close runs once. Kept, it would count as a
+			// socket's connection and fail every call picked onto it.
+			// A close after this look finds it here: drop takes s.mu.
+			s.mu.Unlock()
+			continue
+		}
 		dup := false
 		for _, h := range s.here {
 			dup = dup || (h == here && here >= 0)
