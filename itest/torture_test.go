@@ -494,9 +494,23 @@ func (tt *torture) connection(rng *rand.Rand) {
 	tt.mu.Unlock()
 	// Pipelined: every frame at once, or one by one with small gaps.
 	gaps := rng.IntN(2) == 0
+	// Now and then an answer frame among the calls, which no node asks
+	// for: its 'protocol error' must settle none of the real calls (a
+	// half-close after it would then end the connection with one owed).
+	stray, strayID := -1, uint64(0)
+	if tt.attacks["callers"] && rng.IntN(10) == 0 {
+		stray, strayID = rng.IntN(k), tt.nextID.Add(1)
+	}
+	strayAnswered := false
 	var out []byte
-	for _, c := range calls {
-		out = netio.AppendFrame(out[:0], netio.Header{Kind: netio.KindCall, ID: c.id}, c.group, c.service, c.req)
+	for i, c := range calls {
+		out = out[:0]
+		if i == stray {
+			kind := []netio.Kind{netio.KindReply, netio.KindError}[rng.IntN(2)]
+			out = netio.AppendFrame(out, netio.Header{Kind: kind, ID: strayID}, "", "", []byte("stray"))
+			tt.count("stray answer frames sent", 1)
+		}
+		out = netio.AppendFrame(out, netio.Header{Kind: netio.KindCall, ID: c.id}, c.group, c.service, c.req)
 		if _, err := nc.Write(out); err != nil {
 			tt.count("writes failed", 1)
 			break
@@ -557,6 +571,9 @@ func (tt *torture) connection(rng *rand.Rand) {
 		}
 		c := byID[f.ID]
 		switch {
+		case strayID != 0 && f.ID == strayID && f.Kind == netio.KindError && !strayAnswered:
+			strayAnswered = true // the node's refusal of the stray frame
+			continue
 		case c == nil || !c.sent:
 			tt.fail("a frame (kind %v, id %d) answering no call of its connection", f.Kind, f.ID)
 			return
