@@ -92,8 +92,11 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 	if !ok {
 		return nil, nil, false
 	}
-	mc, err := c.connFor(idx)
+	mc, err := c.connFor(ctx, idx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, notSent(ctx), true // its time is up: not the dchost way either
+		}
 		c.cache.forget(group)
 		return nil, nil, false
 	}
@@ -101,6 +104,9 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 	reply, err, sent := c.deliver(ctx, idx, mc, h, group, service, payload, timeout)
 	if !sent && errors.Is(err, netio.ErrWriteTimeout) {
 		return nil, timedOut(err), true // its time is up: not the dchost way either
+	}
+	if !sent && ctx.Err() != nil {
+		return nil, notSent(ctx), true
 	}
 	var te *netio.Error
 	if !sent || (errors.As(err, &te) && te.Code == netio.CodeNetworkDown) {
@@ -153,7 +159,7 @@ func (c *Client) lookup(ctx context.Context, group string) ([]netio.NodeLevel, e
 	if c.opts.FindServer {
 		return c.FindServer(ctx, group)
 	}
-	idx, mc, err := c.pick()
+	idx, mc, err := c.pick(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,11 @@
 // reply over MaxMessageSize and 64 KiB fails its own call 'message too big'
 // (the service may have run; the reply is dropped unread); the connection
 // and the other calls on it go on.
+//
+// A call waits for nothing past its ctx: not for a dial (its own or one
+// another call started, which goes on and serves the calls after it), nor
+// for a receivers lookup. A call whose ctx ends before it is sent fails
+// 'timed out' (ctx's error if cancelled) and goes to no other host.
 package client
 
 import (
@@ -113,10 +118,18 @@ type Client struct {
 	routes  map[routeKey]receiverRoute
 	spreads map[string]*spread // MultiSchedule: by receiver group address
 	closed  bool
+
+	// stop ends the dials under way at Close: they run on goroutines of
+	// their own, which no caller's ctx bounds.
+	stop      context.Context
+	stopDials context.CancelFunc
 }
 
 // dialing lets calls that find a dial under way wait for it instead of
-// opening connections of their own.
+// opening connections of their own. The dial runs on a goroutine of its
+// own, so each caller, the one that started it too, waits for it or its
+// own ctx, whichever ends first; a connection made after its caller left
+// serves the next calls.
 type dialing struct {
 	done chan struct{}
 	err  error // valid after done
@@ -155,6 +168,7 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{opts: opts, nDC: len(hosts), hosts: hosts, conns: make(map[int]*netio.MuxConn), dialing: make(map[int]*dialing),
 		cache: newLevelCache(opts.CacheEntries), routes: map[routeKey]receiverRoute{}, spreads: map[string]*spread{}}
+	c.stop, c.stopDials = context.WithCancel(context.Background())
 	if opts.HostSelect {
 		c.cur = rand.IntN(len(hosts))
 	}
@@ -206,8 +220,11 @@ func (c *Client) callTo(ctx context.Context, kind netio.Kind, host, group, servi
 	addr := net.JoinHostPort(hostName, strconv.Itoa(port))
 	idx := c.hostIndex(addr)
 	for attempt := 0; ; attempt++ {
-		mc, err := c.connFor(idx)
+		mc, err := c.connFor(ctx, idx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, notSent(ctx)
+			}
 			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
 		}
 		id, w, sent, err := c.start(idx, mc, h, group, service, payload, sendBy(ctx, timeout))
@@ -220,6 +237,9 @@ func (c *Client) callTo(ctx context.Context, kind netio.Kind, host, group, servi
 			}
 			if errors.Is(err, netio.ErrWriteTimeout) {
 				return nil, timedOut(err)
+			}
+			if ctx.Err() != nil {
+				return nil, notSent(ctx)
 			}
 			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
 		}
@@ -269,8 +289,11 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 	}
 	var lastErr error
 	for range c.nDC {
-		idx, mc, err := c.pick()
+		idx, mc, err := c.pick(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, notSent(ctx) // its time is up: no other host
+			}
 			lastErr = err
 			continue
 		}
@@ -278,6 +301,9 @@ func (c *Client) call(ctx context.Context, kind netio.Kind, group, service strin
 		if !sent {
 			if errors.Is(err, netio.ErrWriteTimeout) {
 				return nil, timedOut(err) // its time is up: no other host
+			}
+			if ctx.Err() != nil {
+				return nil, notSent(ctx)
 			}
 			lastErr = err
 			continue
@@ -297,10 +323,15 @@ func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h neti
 	payload []byte, timeout time.Duration) (reply []byte, err error, sent bool) {
 	for attempt := 0; ; attempt++ {
 		sidx, smc := c.routed(ctx, idx, mc, group)
+		if ctx.Err() != nil {
+			// Its ctx ended while the route was learned or dialled: it
+			// was not sent, and goes nowhere else.
+			return nil, notSent(ctx), false
+		}
 		id, w, sent, err := c.start(sidx, smc, h, group, service, payload, sendBy(ctx, timeout))
 		if !sent {
 			if errors.Is(err, netio.ErrGoingAway) && attempt < 3 {
-				if mc, err = c.connFor(idx); err == nil {
+				if mc, err = c.connFor(ctx, idx); err == nil {
 					continue
 				}
 			}
@@ -374,6 +405,16 @@ func sentErr(err error) error {
 	return &netio.Error{Code: netio.CodeNetworkDown, Message: err.Error()}
 }
 
+// notSent is the error of a call whose caller's ctx ended before the call
+// was sent (while its connection was dialled, say): it did not run, and
+// goes to no other host. A cancelled call gets ctx's error, as in wait.
+func notSent(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	return &netio.Error{Code: netio.CodeTimedOut, Message: "the caller's deadline passed before the call was sent"}
+}
+
 // timedOut is a call whose deadline passed before it was (all) written.
 func timedOut(err error) error {
 	return &netio.Error{Code: netio.CodeTimedOut, Message: err.Error()}
@@ -390,9 +431,10 @@ func finish(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, err er
 	return wait(ctx, mc, id, w, timeout)
 }
 
-// pick returns the connection of the current host, dialing it if needed.
-// With HostChange every call advances to the next host.
-func (c *Client) pick() (int, *netio.MuxConn, error) {
+// pick returns the connection of the current host, dialing it if needed
+// (waiting at most until ctx ends). With HostChange every call advances to
+// the next host.
+func (c *Client) pick(ctx context.Context) (int, *netio.MuxConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -403,12 +445,14 @@ func (c *Client) pick() (int, *netio.MuxConn, error) {
 		c.cur = (c.cur + 1) % c.nDC
 	}
 	c.mu.Unlock()
-	mc, err := c.connFor(idx)
+	mc, err := c.connFor(ctx, idx)
 	return idx, mc, err
 }
 
-// connFor returns the connection to host idx, dialing it if needed.
-func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
+// connFor returns the connection to host idx, dialing it if needed. It
+// waits for the dial until ctx ends, and then fails with ctx's error (the
+// dial goes on for the calls after it).
+func (c *Client) connFor(ctx context.Context, idx int) (*netio.MuxConn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -418,28 +462,38 @@ func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
 		c.mu.Unlock()
 		return mc, nil
 	}
-	if d := c.dialing[idx]; d != nil { // another call is dialling: share its outcome
-		c.mu.Unlock()
-		<-d.done
-		if d.err != nil {
-			return nil, d.err
-		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.closed {
-			return nil, errors.New("client closed")
-		}
-		if mc := c.conns[idx]; mc != nil {
-			return mc, nil
-		}
-		return nil, errors.New("connection closed by the node")
+	d := c.dialing[idx]
+	if d == nil { // else another call is dialling: share its outcome
+		d = &dialing{done: make(chan struct{})}
+		c.dialing[idx] = d
+		go c.dial(idx, c.hosts[idx], d)
 	}
-	d := &dialing{done: make(chan struct{})}
-	c.dialing[idx] = d
-	addr := c.hosts[idx]
 	c.mu.Unlock()
+	select {
+	case <-d.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, errors.New("client closed")
+	}
+	if mc := c.conns[idx]; mc != nil {
+		return mc, nil
+	}
+	return nil, errors.New("connection closed by the node")
+}
 
-	nc, err := net.DialTimeout("tcp", addr, c.opts.DialTimeout)
+// dial connects to host idx for the calls waiting on d, bounded by
+// DialTimeout and Close, never by a caller's ctx: the connection is the
+// client's, not one call's.
+func (c *Client) dial(idx int, addr string, d *dialing) {
+	dialer := net.Dialer{Timeout: c.opts.DialTimeout}
+	nc, err := dialer.DialContext(c.stop, "tcp", addr)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.dialing, idx)
@@ -449,12 +503,12 @@ func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
 		if c.cur == idx {
 			c.cur = (idx + 1) % c.nDC
 		}
-		return nil, err
+		return
 	}
 	if c.closed {
 		nc.Close()
 		d.err = errors.New("client closed")
-		return nil, d.err
+		return
 	}
 	var mc *netio.MuxConn
 	mc = netio.NewMuxConn(nc, netio.MuxOptions{
@@ -473,7 +527,6 @@ func (c *Client) connFor(idx int) (*netio.MuxConn, error) {
 		OnGoAway: func() { c.retire(idx, mc) },
 	})
 	c.conns[idx] = mc
-	return mc, nil
 }
 
 // advance moves off a host that failed, unless another call already did.
@@ -517,6 +570,7 @@ func (c *Client) drop(idx int, mc *netio.MuxConn, err error) {
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
+	c.stopDials()
 	conns := c.conns
 	c.conns = map[int]*netio.MuxConn{}
 	spreads := c.spreads

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -913,5 +914,69 @@ func TestSpreadKeepsNoClosedConnection(t *testing.T) {
 	s.mu.Unlock()
 	if kept != 0 {
 		t.Errorf("the spread keeps %d connections the node closed", kept)
+	}
+}
+
+// hangingAddr is an address whose dials hang: a socket listening with a
+// backlog of 0 that never accepts, its queue filled, so the kernel drops
+// every further SYN and connect waits for DialTimeout.
+func hangingAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
+	for range 16 {
+		nc, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return addr // the queue is full
+		}
+		t.Cleanup(func() { nc.Close() })
+	}
+	t.Skip("cannot fill a listen queue here: every dial is accepted")
+	return ""
+}
+
+// TestDialPastDeadlineTimesOut: callers whose deadline passes while their
+// host is dialled leave at it, 'timed out', the one that started the dial
+// and those that wait for it alike, and try no other host. Before, the
+// first waited for DialTimeout (3 s) in net.DialTimeout, the others for it
+// on the dial's done (the test's calls returned after 3.0 s).
+func TestDialPastDeadlineTimesOut(t *testing.T) {
+	t.Parallel()
+	hang := hangingAddr(t)
+	n := startNode(t, "b")
+	c := newClient(t, Options{Hosts: []string{hang, n.addr}})
+	errc := make(chan error, 3)
+	t0 := time.Now()
+	for range 3 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err := c.Call(ctx, "demo", "echo", nil)
+			errc <- err
+		}()
+	}
+	for range 3 {
+		err := <-errc
+		wantCode(t, err, netio.CodeTimedOut)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("the calls returned after %v with 200ms deadlines", d)
+	}
+	if got := n.framesOf("demo"); got != 0 {
+		t.Errorf("the other host got %d calls, want none: a call whose time is up fails over nowhere", got)
 	}
 }

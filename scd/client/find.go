@@ -22,8 +22,11 @@ func (c *Client) FindServer(ctx context.Context, env string) ([]netio.NodeLevel,
 	}
 	var lastErr error
 	for range c.nDC {
-		idx, mc, err := c.pick()
+		idx, mc, err := c.pick(ctx)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil, notSent(ctx)
+			}
 			lastErr = err
 			continue
 		}

@@ -135,9 +135,11 @@ func (c *Client) routed(ctx context.Context, idx int, mc *netio.MuxConn, group s
 		return idx, mc
 	}
 	ridx := c.hostIndex(r.addr)
-	rmc, err := c.connFor(ridx)
+	rmc, err := c.connFor(ctx, ridx)
 	if err != nil {
-		c.forgetRoute(idx, group)
+		if ctx.Err() == nil { // else the receivers were not at fault
+			c.forgetRoute(idx, group)
+		}
 		return idx, mc
 	}
 	return ridx, rmc
