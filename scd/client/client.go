@@ -510,12 +510,16 @@ func (c *Client) dial(idx int, addr string, d *dialing) {
 		d.err = errors.New("client closed")
 		return
 	}
+	// The connection's read loop may close it (and run OnClose) before
+	// NewMuxConn returns: the callbacks wait for mc to be set.
 	var mc *netio.MuxConn
+	set := make(chan struct{})
 	mc = netio.NewMuxConn(nc, netio.MuxOptions{
 		// Error messages ride in the payload too, so allow a little slack.
 		// A larger answer fails only its own call ('message too big').
 		MaxPayload: c.opts.MaxMessageSize + 64<<10,
 		OnClose: func(err error) {
+			<-set
 			if errors.Is(err, netio.ErrGoingAway) {
 				// The clean end of a go-away (its last answer came):
 				// the node is fine and the next call dials it again.
@@ -524,8 +528,9 @@ func (c *Client) dial(idx int, addr string, d *dialing) {
 			}
 			c.forget(idx, mc)
 		},
-		OnGoAway: func() { c.retire(idx, mc) },
+		OnGoAway: func() { <-set; c.retire(idx, mc) },
 	})
+	close(set)
 	c.conns[idx] = mc
 }
 

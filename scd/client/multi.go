@@ -233,12 +233,16 @@ func (s *spread) dial() (*netio.MuxConn, int, error) {
 	if err != nil {
 		return nil, -1, err
 	}
+	// The connection's read loop may close it (and run OnClose) before
+	// NewMuxConn returns: the callbacks wait for mc to be set.
 	var mc *netio.MuxConn
+	set := make(chan struct{})
 	mc = netio.NewMuxConn(nc, netio.MuxOptions{
 		MaxPayload: s.c.opts.MaxMessageSize + 64<<10,
-		OnClose:    func(error) { s.drop(mc) },
-		OnGoAway:   func() { s.drop(mc) },
+		OnClose:    func(error) { <-set; s.drop(mc) },
+		OnGoAway:   func() { <-set; s.drop(mc) },
 	})
+	close(set)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	here := -1
