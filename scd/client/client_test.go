@@ -43,6 +43,10 @@ type testNode struct {
 	flags    map[string]netio.Flags // of the last frame per group
 	closed   atomic.Int64
 	noReply  chan []byte
+	// receivers answers receivers lookups after receiversDelay (no
+	// answer while its Count is 0).
+	receivers      netio.Receivers
+	receiversDelay time.Duration
 }
 
 func startNode(t *testing.T, name string) *testNode {
@@ -87,6 +91,16 @@ func (n *testNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
 		return
 	case netio.KindCall:
 	case netio.KindNameLookup:
+		if service == netio.LookupReceivers {
+			n.mu.Lock()
+			r, d := n.receivers, n.receiversDelay
+			n.mu.Unlock()
+			if r.Count > 0 {
+				answer := netio.AppendReply(nil, f.ID, netio.AppendReceivers(nil, r))
+				time.AfterFunc(d, func() { _ = c.Send(answer) })
+			}
+			return
+		}
 		if service != netio.LookupFind {
 			return // this node answers no plain name lookup
 		}
@@ -908,7 +922,7 @@ func TestSpreadKeepsNoClosedConnection(t *testing.T) {
 	}()
 	c := newClient(t, Options{Hosts: []string{l.Addr().String()}, MultiSchedule: true})
 	s := c.spreadFor(receiverRoute{addr: l.Addr().String(), count: 2}, "g")
-	s.fill()
+	s.fill(testCtx(t))
 	s.mu.Lock()
 	kept := len(s.conns)
 	s.mu.Unlock()
@@ -978,5 +992,58 @@ func TestDialPastDeadlineTimesOut(t *testing.T) {
 	}
 	if got := n.framesOf("demo"); got != 0 {
 		t.Errorf("the other host got %d calls, want none: a call whose time is up fails over nowhere", got)
+	}
+}
+
+// silentAddr is a listener that accepts connections and reads them but
+// never answers.
+func silentAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			nc, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer nc.Close()
+				_, _ = io.Copy(io.Discard, nc)
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+// TestSpreadFillPastDeadlineTimesOut: with MultiSchedule, a caller that
+// fills a spread whose receivers never answer the lookup leaves at its
+// deadline, 'timed out'. Before, the fill ran on the caller's goroutine
+// with a 5 s lookup on context.Background per connection (the call
+// returned after 10 s).
+func TestSpreadFillPastDeadlineTimesOut(t *testing.T) {
+	t.Parallel()
+	silent := silentAddr(t)
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.receivers = netio.Receivers{Group: "r", Addr: silent, Count: 2, Here: -1}
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, MultiSchedule: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	_, err := c.Call(ctx, "demo", "echo", nil)
+	d := time.Since(t0)
+	wantCode(t, err, netio.CodeTimedOut)
+	if d > time.Second {
+		t.Errorf("the call returned after %v with a 200ms deadline", d)
 	}
 }

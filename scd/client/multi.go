@@ -127,7 +127,7 @@ func (c *Client) routed(ctx context.Context, idx int, mc *netio.MuxConn, group s
 		return idx, mc
 	}
 	if c.opts.MultiSchedule && r.count > 1 {
-		if smc := c.spreadFor(r, group).pick(); smc != nil {
+		if smc := c.spreadFor(r, group).pick(ctx); smc != nil {
 			return -1, smc
 		}
 	}
@@ -161,8 +161,10 @@ func (c *Client) spreadFor(r receiverRoute, group string) *spread {
 }
 
 // pick is the next connection of the spread, filling it first when it
-// has fewer than one per socket (at most once a second after a fill).
-func (s *spread) pick() *netio.MuxConn {
+// has fewer than one per socket (at most once a second after a fill). The
+// fill is the caller's and ends with its ctx; other callers meanwhile
+// take the connections there are.
+func (s *spread) pick(ctx context.Context) *netio.MuxConn {
 	s.mu.Lock()
 	fill := len(s.conns) < s.count && !s.filling && time.Since(s.filled) > time.Second
 	if fill {
@@ -170,7 +172,7 @@ func (s *spread) pick() *netio.MuxConn {
 	}
 	s.mu.Unlock()
 	if fill {
-		s.fill()
+		s.fill(ctx)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -182,9 +184,10 @@ func (s *spread) pick() *netio.MuxConn {
 }
 
 // fill dials until the spread has a connection on every socket or has
-// tried three times as often as there are sockets; a connection on a
-// socket it has already is closed.
-func (s *spread) fill() {
+// tried three times as often as there are sockets, or ctx ends (the
+// caller's: its dials and lookups are made while it waits); a connection
+// on a socket it has already is closed.
+func (s *spread) fill(ctx context.Context) {
 	defer func() {
 		s.mu.Lock()
 		s.filling, s.filled = false, time.Now()
@@ -197,7 +200,7 @@ func (s *spread) fill() {
 		if full {
 			return
 		}
-		mc, here, err := s.dial()
+		mc, here, err := s.dial(ctx)
 		if err != nil {
 			return
 		}
@@ -227,9 +230,11 @@ func (s *spread) fill() {
 }
 
 // dial opens one connection to the spread's address and asks which
-// receiving socket it landed on.
-func (s *spread) dial() (*netio.MuxConn, int, error) {
-	nc, err := net.DialTimeout("tcp", s.addr, s.c.opts.DialTimeout)
+// receiving socket it landed on, by ctx; a connection whose lookup ctx
+// cut is closed.
+func (s *spread) dial(ctx context.Context) (*netio.MuxConn, int, error) {
+	dialer := net.Dialer{Timeout: s.c.opts.DialTimeout}
+	nc, err := dialer.DialContext(ctx, "tcp", s.addr)
 	if err != nil {
 		return nil, -1, err
 	}
@@ -243,11 +248,16 @@ func (s *spread) dial() (*netio.MuxConn, int, error) {
 		OnGoAway:   func() { <-set; s.drop(mc) },
 	})
 	close(set)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	here := -1
-	if r, err := askReceivers(ctx, mc, s.group); err == nil {
+	r, err := askReceivers(lctx, mc, s.group)
+	switch {
+	case err == nil:
 		here = r.Here
+	case ctx.Err() != nil:
+		mc.Close(err)
+		return nil, -1, err
 	}
 	return mc, here, nil
 }
