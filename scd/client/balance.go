@@ -163,7 +163,7 @@ func (c *Client) lookup(ctx context.Context, group string) ([]netio.NodeLevel, e
 	if err != nil {
 		return nil, err
 	}
-	id, w, sent, err := c.start(idx, mc, netio.Header{Kind: netio.KindNameLookup}, group, "", nil, sendBy(ctx, 5*time.Second))
+	id, w, sent, err := c.start(ctx, idx, mc, netio.Header{Kind: netio.KindNameLookup}, group, "", nil, 5*time.Second)
 	if !sent {
 		return nil, err
 	}

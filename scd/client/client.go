@@ -227,7 +227,7 @@ func (c *Client) callTo(ctx context.Context, kind netio.Kind, host, group, servi
 			}
 			return nil, &netio.Error{Code: netio.CodeNetworkDown, Message: fmt.Sprintf("destination %s: %v", addr, err)}
 		}
-		id, w, sent, err := c.start(idx, mc, h, group, service, payload, sendBy(ctx, timeout))
+		id, w, sent, err := c.start(ctx, idx, mc, h, group, service, payload, timeout)
 		if !sent {
 			if errors.Is(err, netio.ErrGoingAway) && attempt < 3 {
 				// It did not leave, and the node hands its port over:
@@ -328,7 +328,7 @@ func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h neti
 			// was not sent, and goes nowhere else.
 			return nil, notSent(ctx), false
 		}
-		id, w, sent, err := c.start(sidx, smc, h, group, service, payload, sendBy(ctx, timeout))
+		id, w, sent, err := c.start(ctx, sidx, smc, h, group, service, payload, timeout)
 		if !sent {
 			if errors.Is(err, netio.ErrGoingAway) && attempt < 3 {
 				if mc, err = c.connFor(ctx, idx); err == nil {
@@ -355,10 +355,24 @@ func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h neti
 // another host, unless its deadline passed first (netio.ErrWriteTimeout:
 // the connection goes on, or closed itself if a write failed). A call that
 // may have been written is never sent again: it fails 'network down' if
-// its connection breaks. by bounds the call's stay in mc.Call, which
+// its connection breaks. sendBy(ctx, timeout) bounds the call's stay in mc.Call, which
 // returns by then even when the node does not read (zero: none).
-func (c *Client) start(idx int, mc *netio.MuxConn, h netio.Header, group, service string, payload []byte, by time.Time) (
-	id uint64, w *waiter, sent bool, err error) {
+//
+// A frame that carries a timeout (h.TimeoutMs, from header) is given what
+// is left of ctx's deadline now, not what was left when the call began: a
+// dial or a receivers lookup since must not let the node work for a
+// caller that has gone. A call with less than 1 ms left is not sent
+// (netio.ErrWriteTimeout).
+func (c *Client) start(ctx context.Context, idx int, mc *netio.MuxConn, h netio.Header, group, service string, payload []byte,
+	timeout time.Duration) (id uint64, w *waiter, sent bool, err error) {
+	by := sendBy(ctx, timeout)
+	if dl, ok := ctx.Deadline(); ok && h.TimeoutMs != 0 {
+		left := time.Until(dl).Milliseconds() // rounded down: never more than the caller has
+		if left < 1 {
+			return 0, nil, false, errLate{}
+		}
+		h.TimeoutMs = uint32(min(left, 1<<32-1))
+	}
 	var a netio.Answerer
 	if h.Kind != netio.KindCallNoReply {
 		w = waiterPool.Get().(*waiter)
@@ -382,6 +396,13 @@ func (c *Client) start(idx int, mc *netio.MuxConn, h netio.Header, group, servic
 	}
 	return id, w, true, err
 }
+
+// errLate is a call whose deadline left it too little to be sent: as
+// netio.ErrWriteTimeout, it fails 'timed out' and tries no other host.
+type errLate struct{}
+
+func (errLate) Error() string { return "the caller's deadline passed before the call was sent" }
+func (errLate) Unwrap() error { return netio.ErrWriteTimeout }
 
 // sendBy is how long a call may take to be sent: the caller's deadline,
 // or (without one) as long as wait waits; zero: for ever.

@@ -1047,3 +1047,33 @@ func TestSpreadFillPastDeadlineTimesOut(t *testing.T) {
 		t.Errorf("the call returned after %v with a 200ms deadline", d)
 	}
 }
+
+// TestFrameTimeoutIsWhatIsLeft: a call's frame tells the node what is left
+// of the caller's deadline when it is sent, not what was left when the
+// call began: here a receivers lookup answered after 150 ms of a 500 ms
+// deadline leaves at most 350 ms. Before, the frame carried 500 ms, and
+// the node could work for a caller gone 150 ms before.
+func TestFrameTimeoutIsWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.receivers = netio.Receivers{Addr: n.addr, Count: 1, Here: 0}
+	n.receiversDelay = 150 * time.Millisecond
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, MultiSchedule: true})
+	if _, err := c.Call(testCtx(t), "warm", "echo", nil); err != nil { // the connection first
+		t.Fatal(err)
+	}
+	const deadline = 500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	if _, err := c.Call(ctx, "tm", "echo", nil); err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	ms := n.timeouts["tm"]
+	n.mu.Unlock()
+	if left := (deadline - n.receiversDelay).Milliseconds(); ms == 0 || int64(ms) > left {
+		t.Errorf("the frame carried %d ms; the caller had at most %d ms left when it was sent", ms, left)
+	}
+}

@@ -30,7 +30,7 @@ func (c *Client) FindServer(ctx context.Context, env string) ([]netio.NodeLevel,
 			lastErr = err
 			continue
 		}
-		id, w, sent, err := c.start(idx, mc, h, env, netio.LookupFind, nil, sendBy(ctx, timeout))
+		id, w, sent, err := c.start(ctx, idx, mc, h, env, netio.LookupFind, nil, timeout)
 		if !sent {
 			if errors.Is(err, netio.ErrWriteTimeout) {
 				return nil, timedOut(err)
