@@ -1077,3 +1077,55 @@ func TestFrameTimeoutIsWhatIsLeft(t *testing.T) {
 		t.Errorf("the frame carried %d ms; the caller had at most %d ms left when it was sent", ms, left)
 	}
 }
+
+// TestReplacedSpreadIsRetired: a spread replaced when its receiver group's
+// number of sockets changes lets the calls in flight on its connections
+// get their answers, then closes them; a fill still running on it keeps
+// nothing. Before, its connections were closed at once (the call in flight
+// failed 'network down', though it ran), and what a late fill made was
+// kept by a spread no one closed.
+func TestReplacedSpreadIsRetired(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.receivers = netio.Receivers{Addr: n.addr, Count: 2, Here: -1}
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, MultiSchedule: true})
+	slow := inFlight(c, 1, "slow", "300ms")
+	waitUntil(t, "the slow call to arrive", func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return n.timeouts["slow"] != 0 // the receivers lookups before it carry none
+	})
+	c.mu.Lock()
+	old := c.spreads[n.addr]
+	c.mu.Unlock()
+	old.mu.Lock()
+	conns := append([]*netio.MuxConn(nil), old.conns...)
+	old.mu.Unlock()
+	if len(conns) != 2 {
+		t.Fatalf("the spread has %d connections, want 2", len(conns))
+	}
+	c.spreadFor(receiverRoute{addr: n.addr, count: 3}, "slow")
+	if err := <-slow; err != nil {
+		t.Errorf("the call in flight on the replaced spread: %v", err)
+	}
+	for _, mc := range conns {
+		select {
+		case <-mc.Done():
+		case <-time.After(waitLimit):
+			t.Fatal("a connection of the replaced spread is still open after its calls were answered")
+		}
+	}
+
+	// A fill on a spread replaced meanwhile keeps nothing.
+	s := c.spreadFor(receiverRoute{addr: n.addr, count: 4}, "g")
+	c.spreadFor(receiverRoute{addr: n.addr, count: 5}, "g")
+	s.fill(testCtx(t))
+	s.mu.Lock()
+	kept := len(s.conns)
+	s.mu.Unlock()
+	if kept != 0 {
+		t.Errorf("the replaced spread's fill kept %d connections nothing closes", kept)
+	}
+}

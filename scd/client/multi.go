@@ -48,6 +48,7 @@ type spread struct {
 	next    int
 	filling bool
 	filled  time.Time // when the last fill ended: refills are at most once a second
+	retired bool      // replaced: its connections end once answered, a fill keeps none
 }
 
 // routeFor is the route learned for group on host idx, if any.
@@ -146,16 +147,22 @@ func (c *Client) routed(ctx context.Context, idx int, mc *netio.MuxConn, group s
 }
 
 // spreadFor is the spread of the receiver group at r, which receives group.
+// A spread the receiver group's new number of sockets replaces is
+// retired, not closed: calls in flight on its connections may run, and
+// get their answers.
 func (c *Client) spreadFor(r receiverRoute, group string) *spread {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	s := c.spreads[r.addr]
-	if s == nil || s.count != r.count {
-		if s != nil {
-			go s.close(errors.New("the receiver group changed its number of sockets"))
-		}
-		s = &spread{c: c, addr: r.addr, group: group, count: r.count, here: map[*netio.MuxConn]int{}}
-		c.spreads[r.addr] = s
+	if s != nil && s.count == r.count {
+		c.mu.Unlock()
+		return s
+	}
+	old := s
+	s = &spread{c: c, addr: r.addr, group: group, count: r.count, here: map[*netio.MuxConn]int{}}
+	c.spreads[r.addr] = s
+	c.mu.Unlock()
+	if old != nil {
+		old.retire() // after c.mu: a fill holds s.mu and then takes c.mu
 	}
 	return s
 }
@@ -218,14 +225,20 @@ func (s *spread) fill(ctx context.Context) {
 		for _, h := range s.here {
 			dup = dup || (h == here && here >= 0)
 		}
-		if !dup && s.c.isOpen() {
+		if !dup && !s.retired && s.c.isOpen() {
 			s.conns = append(s.conns, mc)
 			s.here[mc] = here
 			s.mu.Unlock()
 			continue
 		}
 		s.mu.Unlock()
-		mc.Close(errors.New("another connection of the client is on this receiving socket"))
+		// Not kept, nothing else would close it: a spread retired or a
+		// client closed meanwhile must not leak what its fill made.
+		reason := errors.New("another connection of the client is on this receiving socket")
+		if !dup {
+			reason = errors.New("the spread was replaced or the client closed")
+		}
+		mc.Close(reason)
 	}
 }
 
@@ -273,6 +286,18 @@ func (s *spread) drop(mc *netio.MuxConn) {
 		}
 	}
 	delete(s.here, mc)
+}
+
+// retire makes the spread's connections end once their calls are answered
+// (netio.MuxConn.Retire) and a fill still running close what it makes.
+func (s *spread) retire() {
+	s.mu.Lock()
+	s.retired = true
+	conns := append([]*netio.MuxConn(nil), s.conns...)
+	s.mu.Unlock()
+	for _, mc := range conns {
+		mc.Retire()
+	}
 }
 
 // close closes the spread's connections.
