@@ -446,7 +446,7 @@ func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline
 		}
 	}
 	m.wmu.Lock()
-	if err = m.roomLocked(HeaderSize+len(group)+len(service)+len(payload), deadline); err != nil {
+	if err = m.roomLocked(HeaderSize+len(group)+len(service)+len(payload), deadline); err != nil { // lockcheck: it lets go of wmu while it waits
 		m.wmu.Unlock()
 	} else {
 		if m.werr == nil {
@@ -483,7 +483,7 @@ func (m *MuxConn) roomLocked(n int, deadline time.Time) error {
 		}
 		room, queued := m.room, len(m.wbuf)
 		m.wmu.Unlock()
-		select {
+		select { // lockcheck: wmu was let go just above, and is taken again after
 		case <-room:
 		case <-m.done: // werr is set by then
 		case <-expired:
