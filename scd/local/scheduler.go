@@ -513,8 +513,8 @@ func (s *Scheduler) InFlight() int {
 // closes (its processes leave once they hold no call) and the calls still
 // waiting are answered 'node shutting down'; the processes are waited for
 // until ctx ends (then killed, and waited for procmgr.KillWait more), and
-// calls their exits put back in the queue are answered the same. The readers go on until Close, so the
-// processes' last answers are delivered.
+// calls their exits put back in the queue are answered the same. The
+// readers go on until Close, so the processes' last answers are delivered.
 func (s *Scheduler) Stop(ctx context.Context) error {
 	const why = "the node stopped before the call reached a process"
 	for _, g := range s.order {
