@@ -266,13 +266,9 @@ func TestRouteNeverTransfersATransferredCall(t *testing.T) {
 	if code, msg := pool.Send("n0", r.addr, fc); code != netio.CodeOK {
 		t.Fatalf("send: %v %s", code, msg)
 	}
-	select {
-	case f := <-a.ch:
-		if f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup {
-			t.Errorf("a transferred call for a group not here: %v %v %q, want 'no such service group' from n0 itself", f.Kind, f.Code, f.Payload)
-		}
-	case <-time.After(testWait):
-		t.Fatal("no answer")
+	f := a.next(t)
+	if f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup {
+		t.Errorf("a transferred call for a group not here: %v %v %q, want 'no such service group' from n0 itself", f.Kind, f.Code, f.Payload)
 	}
 	if got := metricValue(r.metrics, `tpsched_forwarded_total{to="n1"}`); got != 0 {
 		t.Errorf("the transferred call was sent on %d times", got)
@@ -284,6 +280,19 @@ func TestRouteNeverTransfersATransferredCall(t *testing.T) {
 
 // recorder is a caller that keeps the one answer it gets.
 type recorder struct{ ch chan netio.Frame }
+
+// next is the next frame the caller was sent; none within testWait fails
+// the test.
+func (r *recorder) next(t *testing.T) netio.Frame {
+	t.Helper()
+	select {
+	case f := <-r.ch:
+		return f
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+		return netio.Frame{}
+	}
+}
 
 func (r *recorder) Send(b []byte) error {
 	f, _, err := netio.Decode(b, 1<<20)
@@ -352,24 +361,16 @@ func TestRerouteServesHereWhenThisNodeRunsTheGroup(t *testing.T) {
 	if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
 		t.Fatalf("transfer: %v %s", code, msg)
 	}
-	select {
-	case f := <-a.ch:
-		if f.Kind != netio.KindReply || string(f.Payload) != "here:y" {
-			t.Errorf("rerouted call: %v %v %q, want served here", f.Kind, f.Code, f.Payload)
-		}
-	case <-time.After(testWait):
-		t.Fatal("no answer")
+	f := a.next(t)
+	if f.Kind != netio.KindReply || string(f.Payload) != "here:y" {
+		t.Errorf("rerouted call: %v %v %q, want served here", f.Kind, f.Code, f.Payload)
 	}
 	fc = &peers.Call{Caller: a, CallerID: 10, Kind: netio.KindCall, Group: "theirs", Service: "echo",
 		Start: time.Now(), Deadline: time.Now().Add(testWait), Retries: 1}
 	_, _ = r.transfer(fc, "n1")
-	select {
-	case f := <-a.ch:
-		if f.Kind != netio.KindError || f.Code != netio.CodeNetworkDown {
-			t.Errorf("a call for a group only the unreachable node runs: %v %v %q, want 'network down'", f.Kind, f.Code, f.Payload)
-		}
-	case <-time.After(testWait):
-		t.Fatal("no answer")
+	f = a.next(t)
+	if f.Kind != netio.KindError || f.Code != netio.CodeNetworkDown {
+		t.Errorf("a call for a group only the unreachable node runs: %v %v %q, want 'network down'", f.Kind, f.Code, f.Payload)
 	}
 }
 
@@ -390,13 +391,9 @@ func TestRerouteKeepsTheCallsDeadline(t *testing.T) {
 	if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
 		t.Fatalf("transfer: %v %s", code, msg)
 	}
-	select {
-	case f := <-a.ch:
-		if f.Kind != netio.KindError || f.Code != netio.CodeTimedOut {
-			t.Errorf("a rerouted call past its deadline: %v %v %q, want 'timed out'", f.Kind, f.Code, f.Payload)
-		}
-	case <-time.After(testWait):
-		t.Fatal("no answer")
+	f := a.next(t)
+	if f.Kind != netio.KindError || f.Code != netio.CodeTimedOut {
+		t.Errorf("a rerouted call past its deadline: %v %v %q, want 'timed out'", f.Kind, f.Code, f.Payload)
 	}
 	local.mu.Lock()
 	served := local.served
@@ -411,13 +408,9 @@ func TestRerouteKeepsTheCallsDeadline(t *testing.T) {
 	if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
 		t.Fatalf("transfer: %v %s", code, msg)
 	}
-	select {
-	case f := <-a.ch:
-		if f.Kind != netio.KindReply {
-			t.Fatalf("a rerouted call in time: %v %v %q, want served here", f.Kind, f.Code, f.Payload)
-		}
-	case <-time.After(testWait):
-		t.Fatal("no answer")
+	f = a.next(t)
+	if f.Kind != netio.KindReply {
+		t.Fatalf("a rerouted call in time: %v %v %q, want served here", f.Kind, f.Code, f.Payload)
 	}
 	local.mu.Lock()
 	defer local.mu.Unlock()
@@ -447,13 +440,9 @@ func TestQueuedCallPastItsDeadlineIsNotSent(t *testing.T) {
 	if code, msg := r.transfer(late, "n1"); code != netio.CodeOK {
 		t.Fatalf("transfer: %v %s", code, msg)
 	}
-	select {
-	case f := <-a.ch:
-		if f.Kind != netio.KindError || f.Code != netio.CodeTimedOut {
-			t.Errorf("a queued call past its deadline: %v %v %q, want 'timed out'", f.Kind, f.Code, f.Payload)
-		}
-	case <-time.After(testWait):
-		t.Fatal("no answer")
+	f := a.next(t)
+	if f.Kind != netio.KindError || f.Code != netio.CodeTimedOut {
+		t.Errorf("a queued call past its deadline: %v %v %q, want 'timed out'", f.Kind, f.Code, f.Payload)
 	}
 	// A call in time after it: once it is answered, the late one would
 	// have reached n1 before it, on the same connection.
@@ -462,13 +451,9 @@ func TestQueuedCallPastItsDeadlineIsNotSent(t *testing.T) {
 	if code, msg := r.transfer(ok, "n1"); code != netio.CodeOK {
 		t.Fatalf("transfer: %v %s", code, msg)
 	}
-	select {
-	case f := <-a.ch:
-		if f.Kind != netio.KindReply || string(f.Payload) != "n1:ok" {
-			t.Errorf("a call in time: %v %v %q, want n1's echo", f.Kind, f.Code, f.Payload)
-		}
-	case <-time.After(testWait):
-		t.Fatal("no answer")
+	f = a.next(t)
+	if f.Kind != netio.KindReply || string(f.Payload) != "n1:ok" {
+		t.Errorf("a call in time: %v %v %q, want n1's echo", f.Kind, f.Code, f.Payload)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -581,13 +566,9 @@ func TestCallsQueuedForALeftNodeGoElsewhereFree(t *testing.T) {
 	r.names.Remove("n1")
 	r.pool.NodeLeft("n1")
 	for range 2 {
-		select {
-		case f := <-a.ch:
-			if f.Kind != netio.KindReply || string(f.Payload) != "n2:x" {
-				t.Errorf("a call queued for n1 when it left: %v %v %q, want n2's echo", f.Kind, f.Code, f.Payload)
-			}
-		case <-time.After(testWait):
-			t.Fatal("no answer")
+		f := a.next(t)
+		if f.Kind != netio.KindReply || string(f.Payload) != "n2:x" {
+			t.Errorf("a call queued for n1 when it left: %v %v %q, want n2's echo", f.Kind, f.Code, f.Payload)
 		}
 	}
 }

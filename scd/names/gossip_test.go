@@ -106,22 +106,7 @@ func TestRefreshNeverOverwritesANewerAnnounce(t *testing.T) {
 	state := func(held bool) NodeInfo {
 		return NodeInfo{Addr: "127.0.0.1:1", Announce: true, Groups: []GroupInfo{{Group: "g", Held: held}}}
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-					c.reannounce()
-				}
-			}
-		}()
-	}
+	stop := repeatInTwo(c.reannounce)
 	wrong := 0
 	for i := range 2000 {
 		held := i%2 == 0
@@ -130,8 +115,7 @@ func TestRefreshNeverOverwritesANewerAnnounce(t *testing.T) {
 			wrong++
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	if info, _ := table.Get("m0"); info.Groups[0].Held != false {
 		t.Error("at the end the table holds the state announced before the last")
 	}
@@ -269,30 +253,16 @@ func TestLateAnnounceNeverBringsBackADeadNode(t *testing.T) {
 	seq := uint64(0)
 	back := 0
 	for range 500 {
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Boot: 1,
-						Seq: atomic.AddUint64(&seq, 1), Groups: []GroupInfo{{Group: "g"}}}))
-				}
-			}()
-		}
+		stop := repeatInTwo(func() {
+			(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Boot: 1,
+				Seq: atomic.AddUint64(&seq, 1), Groups: []GroupInfo{{Group: "g"}}}))
+		})
 		(*events)(c).NotifyJoin(m1)
 		for from := atomic.LoadUint64(&seq); atomic.LoadUint64(&seq) < from+4; {
 			runtime.Gosched() // the announces come while m1 is alive, and as it leaves
 		}
 		(*events)(c).NotifyLeave(m1)
-		close(stop)
-		wg.Wait()
+		stop()
 		if _, ok := c.table.Get("m1"); ok {
 			back++
 			c.table.Remove("m1")
@@ -328,4 +298,24 @@ func TestLeftNodeIsOutOfTheTableBeforeOnLeave(t *testing.T) {
 	if len(inTable) != 1 || inTable[0] {
 		t.Errorf("OnLeave called %d times, finding m1 in the table %v; want once, out of it", len(inTable), inTable)
 	}
+}
+
+// repeatInTwo runs f over and over on two goroutines until the stop it
+// returns is called, which waits for them.
+func repeatInTwo(f func()) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+					f()
+				}
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
 }
