@@ -701,9 +701,13 @@ func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
 		took time.Duration
 	}
 	aDone := make(chan result, 1)
+	payload := make([]byte, 8<<20)
 	go func() {
+		// A second, not less: a busy machine may stall this goroutine
+		// between its start and the Call's look at the deadline, which
+		// would then refuse A unsent.
 		start := time.Now()
-		_, sent, err := m.Call(Header{Kind: KindCall}, "g", "a", make([]byte, 8<<20), start.Add(300*time.Millisecond), a)
+		_, sent, err := m.Call(Header{Kind: KindCall}, "g", "a", payload, start.Add(time.Second), a)
 		aDone <- result{sent, err, time.Since(start)}
 	}()
 	for end := time.Now().Add(testDeadline); ; time.Sleep(time.Millisecond) {
@@ -712,6 +716,11 @@ func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
 		m.wmu.Unlock()
 		if flushing {
 			break
+		}
+		select {
+		case r := <-aDone:
+			t.Fatalf("A returned before its write began: sent %v, %v after %v", r.sent, r.err, r.took)
+		default:
 		}
 		if time.Now().After(end) {
 			t.Fatal("A's write did not begin")
@@ -727,7 +736,7 @@ func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
 		t.Errorf("C, over the queue's bound: sent %v, %v after %v; want unsent, ErrWriteTimeout, at its deadline", sent, err, took)
 	}
 	r := <-aDone
-	if !r.sent || !errors.Is(r.err, ErrWriteTimeout) || r.took > time.Second {
+	if !r.sent || !errors.Is(r.err, ErrWriteTimeout) || r.took > 3*time.Second {
 		t.Errorf("A, the writer: sent %v, %v after %v; want sent, ErrWriteTimeout, at its deadline", r.sent, r.err, r.took)
 	}
 	if m.Err() != nil {
