@@ -163,16 +163,19 @@ type MuxOptions struct {
 	// handshake), so that bytes it buffered are not lost.
 	Reader *FrameReader
 	// OnClose, if set, is called once when the connection closes, with the
-	// reason, before any waiting call is answered: by the time a caller
-	// hears of the close, its owner has forgotten the connection.
-	OnClose func(err error)
+	// connection and the reason, before any waiting call is answered: by
+	// the time a caller hears of the close, its owner has forgotten the
+	// connection. It may come before NewMuxConn returns (the read loop
+	// runs at once), so it is given the connection rather than left to
+	// read the owner's variable.
+	OnClose func(m *MuxConn, err error)
 	// OnGoAway, if set, is called once when the node asks the caller to
 	// leave the connection (KindGoAway), before the connection closes:
 	// its owner should stop handing it calls (they would get ErrGoingAway)
 	// and open another. Calls already sent are answered as usual, and
 	// the connection closes itself once none waits and every frame queued
-	// is written.
-	OnGoAway func()
+	// is written. It is given the connection, as OnClose is.
+	OnGoAway func(m *MuxConn)
 	// MaxQueued bounds the bytes of frames that wait behind a write under
 	// way: a call that would queue more waits for room until its deadline
 	// (then it is not sent, ErrWriteTimeout) or the close. A frame always
@@ -202,8 +205,8 @@ type MuxOptions struct {
 type MuxConn struct {
 	nc       net.Conn
 	fr       *FrameReader
-	onClose  func(error)
-	onGoAway func()
+	onClose  func(*MuxConn, error)
+	onGoAway func(*MuxConn)
 
 	wmu       sync.Mutex
 	wbuf      []byte
@@ -374,7 +377,7 @@ func (m *MuxConn) goAway() {
 	m.goingAway = true
 	m.mu.Unlock()
 	if first && m.onGoAway != nil {
-		m.onGoAway()
+		m.onGoAway(m)
 	}
 	m.closeIfLeft()
 }
@@ -698,7 +701,7 @@ func (m *MuxConn) Close(reason error) error {
 	err := m.nc.Close()
 	close(m.done)
 	if m.onClose != nil {
-		m.onClose(reason)
+		m.onClose(m, reason)
 	}
 	for _, w := range waiters {
 		w.a.Answer(Frame{}, reason)

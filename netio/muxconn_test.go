@@ -134,7 +134,7 @@ func TestMuxConnCloseAnswersEveryWaiterOnce(t *testing.T) {
 	var onClose atomic.Int64
 	var answeredBeforeOnClose atomic.Int64
 	a := newAnswers()
-	m := dialMux(t, addr, MuxOptions{OnClose: func(err error) {
+	m := dialMux(t, addr, MuxOptions{OnClose: func(_ *MuxConn, err error) {
 		onClose.Add(1)
 		answeredBeforeOnClose.Store(a.count.Load())
 	}})
@@ -508,7 +508,7 @@ func TestMuxConnOversizeAnswer(t *testing.T) {
 		}()
 	})
 	var closed atomic.Int64
-	m := dialMux(t, addr, MuxOptions{MaxPayload: limit, OnClose: func(error) { closed.Add(1) }})
+	m := dialMux(t, addr, MuxOptions{MaxPayload: limit, OnClose: func(*MuxConn, error) { closed.Add(1) }})
 	a := newAnswers()
 	for i := range 3 {
 		if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "s", []byte{'0' + byte(i)}, time.Time{}, a); !sent || err != nil {

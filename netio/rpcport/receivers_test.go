@@ -269,7 +269,7 @@ func TestGoAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	toldCh := make(chan struct{})
-	mc := netio.NewMuxConn(nc, netio.MuxOptions{OnGoAway: func() { close(toldCh) }})
+	mc := netio.NewMuxConn(nc, netio.MuxOptions{OnGoAway: func(*netio.MuxConn) { close(toldCh) }})
 	defer mc.Close(nil)
 	held := make(chan result1, 1)
 	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindCall}, "g", "s", []byte("hold"), time.Time{}, answerFunc(func(f netio.Frame, err error) {

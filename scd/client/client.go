@@ -531,16 +531,9 @@ func (c *Client) dial(idx int, addr string, d *dialing) {
 		d.err = errors.New("client closed")
 		return
 	}
-	// The connection's read loop may close it (and run OnClose) before
-	// NewMuxConn returns: the callbacks wait for mc to be set.
-	var mc *netio.MuxConn
-	set := make(chan struct{})
-	mc = netio.NewMuxConn(nc, netio.MuxOptions{
-		// Error messages ride in the payload too, so allow a little slack.
-		// A larger answer fails only its own call ('message too big').
-		MaxPayload: c.opts.MaxMessageSize + 64<<10,
-		OnClose: func(err error) {
-			<-set
+	mc := netio.NewMuxConn(nc, netio.MuxOptions{
+		MaxPayload: c.maxPayload(),
+		OnClose: func(mc *netio.MuxConn, err error) {
 			if errors.Is(err, netio.ErrGoingAway) {
 				// The clean end of a go-away (its last answer came):
 				// the node is fine and the next call dials it again.
@@ -549,11 +542,16 @@ func (c *Client) dial(idx int, addr string, d *dialing) {
 			}
 			c.forget(idx, mc)
 		},
-		OnGoAway: func() { <-set; c.retire(idx, mc) },
+		OnGoAway: func(mc *netio.MuxConn) { c.retire(idx, mc) },
 	})
-	close(set)
 	c.conns[idx] = mc
 }
+
+// maxPayload bounds the answers read on the client's connections: error
+// messages ride in the payload too, so it allows a little slack over
+// MaxMessageSize. A larger answer fails only its own call ('message too
+// big').
+func (c *Client) maxPayload() int { return c.opts.MaxMessageSize + 64<<10 }
 
 // advance moves off a host that failed, unless another call already did.
 func (c *Client) advance(failed int) {

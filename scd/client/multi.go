@@ -251,16 +251,11 @@ func (s *spread) dial(ctx context.Context) (*netio.MuxConn, int, error) {
 	if err != nil {
 		return nil, -1, err
 	}
-	// The connection's read loop may close it (and run OnClose) before
-	// NewMuxConn returns: the callbacks wait for mc to be set.
-	var mc *netio.MuxConn
-	set := make(chan struct{})
-	mc = netio.NewMuxConn(nc, netio.MuxOptions{
-		MaxPayload: s.c.opts.MaxMessageSize + 64<<10,
-		OnClose:    func(error) { <-set; s.drop(mc) },
-		OnGoAway:   func() { <-set; s.drop(mc) },
+	mc := netio.NewMuxConn(nc, netio.MuxOptions{
+		MaxPayload: s.c.maxPayload(),
+		OnClose:    func(mc *netio.MuxConn, _ error) { s.drop(mc) },
+		OnGoAway:   s.drop,
 	})
-	close(set)
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	here := -1
