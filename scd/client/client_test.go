@@ -923,10 +923,7 @@ func TestSpreadKeepsNoClosedConnection(t *testing.T) {
 	c := newClient(t, Options{Hosts: []string{l.Addr().String()}, MultiSchedule: true})
 	s := c.spreadFor(receiverRoute{addr: l.Addr().String(), count: 2}, "g")
 	s.fill(testCtx(t))
-	s.mu.Lock()
-	kept := len(s.conns)
-	s.mu.Unlock()
-	if kept != 0 {
+	if kept := s.held(); kept != 0 {
 		t.Errorf("the spread keeps %d connections the node closed", kept)
 	}
 }
@@ -1122,10 +1119,14 @@ func TestReplacedSpreadIsRetired(t *testing.T) {
 	s := c.spreadFor(receiverRoute{addr: n.addr, count: 4}, "g")
 	c.spreadFor(receiverRoute{addr: n.addr, count: 5}, "g")
 	s.fill(testCtx(t))
-	s.mu.Lock()
-	kept := len(s.conns)
-	s.mu.Unlock()
-	if kept != 0 {
+	if kept := s.held(); kept != 0 {
 		t.Errorf("the replaced spread's fill kept %d connections nothing closes", kept)
 	}
+}
+
+// held is how many connections the spread keeps.
+func (s *spread) held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
 }

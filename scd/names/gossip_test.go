@@ -168,7 +168,7 @@ func TestClusterDropsWronglyTaggedAnnounce(t *testing.T) {
 // Memberlist where they need it (a 32-node start crashed a node on a nil
 // Memberlist in NotifyJoin's announce to the newcomer).
 func TestCallbacksBeforeMemberlistStarts(t *testing.T) {
-	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler)}, NewTable("m0"))
+	c := unjoinedGossip(t, GossipConfig{}, NewTable("m0"))
 	peer := &memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1}
 	(*events)(c).NotifyJoin(peer)
 	(*delegate)(c).NotifyMsg(NewCodec(nil).Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Boot: 1, Seq: 1, Groups: []GroupInfo{{Group: "g"}}}))
@@ -178,8 +178,6 @@ func TestCallbacksBeforeMemberlistStarts(t *testing.T) {
 		t.Error("a peer's announce that came before memberlist started was not applied")
 	}
 	time.Sleep(50 * time.Millisecond) // give the announce to the newcomer its chance to run
-	close(c.stop)
-	c.waitGoroutines()
 }
 
 // TestAnnouncesOfNodesNeverJoiningAreBounded: announces of 10,000 nodes
@@ -189,11 +187,7 @@ func TestCallbacksBeforeMemberlistStarts(t *testing.T) {
 // applied, and relayed, when it joins, and its node's announce leaves
 // the push/pull state when it leaves.
 func TestAnnouncesOfNodesNeverJoiningAreBounded(t *testing.T) {
-	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler)}, NewTable("m0"))
-	defer func() {
-		close(c.stop)
-		c.waitGoroutines()
-	}()
+	c := unjoinedGossip(t, GossipConfig{}, NewTable("m0"))
 	codec := NewCodec(nil)
 	msg := func(node string) []byte {
 		return codec.Encode(nil, NodeInfo{Node: node, Addr: "127.0.0.1:2", Boot: 1, Seq: 1, Groups: []GroupInfo{{Group: "g"}}})
@@ -243,11 +237,7 @@ func TestAnnouncesOfNodesNeverJoiningAreBounded(t *testing.T) {
 // announce that found m1 alive and was applied after NotifyLeave removed
 // it put the dead node back.
 func TestLateAnnounceNeverBringsBackADeadNode(t *testing.T) {
-	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler)}, NewTable("m0"))
-	defer func() {
-		close(c.stop)
-		c.waitGoroutines()
-	}()
+	c := unjoinedGossip(t, GossipConfig{}, NewTable("m0"))
 	codec := NewCodec(nil)
 	m1 := &memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1}
 	seq := uint64(0)
@@ -280,14 +270,10 @@ func TestLateAnnounceNeverBringsBackADeadNode(t *testing.T) {
 func TestLeftNodeIsOutOfTheTableBeforeOnLeave(t *testing.T) {
 	table := NewTable("m0")
 	var inTable []bool
-	c := newGossip(GossipConfig{Self: "m0", Logger: slog.New(slog.DiscardHandler), OnLeave: func(node string) {
+	c := unjoinedGossip(t, GossipConfig{OnLeave: func(node string) {
 		_, ok := table.Get(node)
 		inTable = append(inTable, ok)
 	}}, table)
-	defer func() {
-		close(c.stop)
-		c.waitGoroutines()
-	}()
 	m1 := &memberlist.Node{Name: "m1", Addr: net.IPv4(127, 0, 0, 1), Port: 1}
 	(*events)(c).NotifyJoin(m1)
 	(*delegate)(c).NotifyMsg(NewCodec(nil).Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Boot: 1, Seq: 1, Groups: []GroupInfo{{Group: "g"}}}))
@@ -318,4 +304,16 @@ func repeatInTwo(f func()) (stop func()) {
 		})
 	}
 	return func() { close(done); wg.Wait() }
+}
+
+// unjoinedGossip is node m0's Gossip without memberlist, its callbacks
+// called by the test; its goroutines end at the test's end.
+func unjoinedGossip(t *testing.T, cfg GossipConfig, table *Table) *Gossip {
+	cfg.Self, cfg.Logger = "m0", slog.New(slog.DiscardHandler)
+	c := newGossip(cfg, table)
+	t.Cleanup(func() {
+		close(c.stop)
+		c.waitGoroutines()
+	})
+	return c
 }
