@@ -240,24 +240,33 @@ func (m *envs) state(env string) wlm.EnvState {
 // the next interval.
 func (m *envs) observe() map[string]int {
 	p := m.policy()
-	if nodes := m.names.Nodes(); len(nodes) > 0 {
-		m.mu.Lock()
-		for _, info := range nodes {
-			if info.WLM == nil || info.Node == m.self {
-				continue
-			}
-			for _, e := range info.WLM.Envs {
-				m.states[e.Env] = m.states[e.Env].Merge(wlm.EnvState{Epoch: e.Epoch, HWM: int(e.HWM), Quiesced: e.Quiesced})
-			}
+	nodes := m.names.Nodes()
+	epochs := make(map[string]uint32, len(p.Environments))
+	m.mu.Lock()
+	for _, info := range nodes {
+		if info.WLM == nil || info.Node == m.self {
+			continue
 		}
-		m.mu.Unlock()
+		for _, e := range info.WLM.Envs {
+			m.states[e.Env] = m.states[e.Env].Merge(wlm.EnvState{Epoch: e.Epoch, HWM: int(e.HWM), Quiesced: e.Quiesced})
+		}
 	}
+	for _, env := range p.Environments {
+		epochs[env] = m.states[env].Epoch
+	}
+	m.mu.Unlock()
 	counts := map[string]int{}
 	for _, env := range p.Environments {
 		counts[env] = len(m.servers(env, false))
 	}
 	m.mu.Lock()
 	for env, c := range counts {
+		// A count belongs to the epoch and the policy it was taken under:
+		// a resume or a policy that dropped env while it was taken starts
+		// from none, and the servers counted may be the ones it stopped.
+		if m.states[env].Epoch != epochs[env] || !m.isEnv(env) {
+			continue
+		}
 		m.states[env] = m.states[env].Saw(c)
 	}
 	m.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,9 @@ type fakeGroup struct {
 	// servingGate, when set, runs at each Serving: a test's way to hold
 	// the callers of Serving until several are in it at once.
 	servingGate atomic.Pointer[func()]
+	// afterServing, when set, runs at each Serving after the answer was
+	// read: a test's way to act between a count of servers and its use.
+	afterServing atomic.Pointer[func()]
 }
 
 func (g *fakeGroup) Name() string     { return g.def.ServiceGroup }
@@ -55,7 +59,11 @@ func (g *fakeGroup) Serving() bool {
 	if f := g.servingGate.Load(); f != nil {
 		(*f)()
 	}
-	return g.serving.Load()
+	on := g.serving.Load()
+	if f := g.afterServing.Load(); f != nil {
+		(*f)()
+	}
+	return on
 }
 func (g *fakeGroup) Level() loadlevel.Level    { return loadlevel.Level0 }
 func (g *fakeGroup) InFlight() int             { return 0 }
@@ -474,5 +482,62 @@ func TestParkedCallPastItsDeadlineIsNotServed(t *testing.T) {
 	}
 	if f := a.wait(t, 2); f.Kind != netio.KindReply {
 		t.Errorf("a parked call in time: %v %v %q, want served", f.Kind, f.Code, f.Payload)
+	}
+}
+
+// TestServersCountedAcrossAPolicyDropAreNotKept: a count of servers taken
+// under the policy that still named the environment, kept after a reload
+// dropped it (and resumed it from none), raised the new epoch's
+// high-water mark; named again, the environment had a server started for
+// a mark the dropped policy left (make check saw it once in
+// TestWLMPolicyDropQuiesces).
+func TestServersCountedAcrossAPolicyDropAreNotKept(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	w.Route(a, call.From{}, callFrame(1, "orders"))
+	a.wait(t, 1)
+	m := w.envs
+	before := m.state("orders")
+	if before.HWM != 1 {
+		t.Fatalf("after the first call: %+v, want high-water mark 1", before)
+	}
+	svcpolicy := filepath.Join(w.opts.Dir, "svcpolicy")
+	if err := os.WriteFile(svcpolicy, []byte(strings.Replace(ordersPolicy, "environment -g orders\n", "", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var dropped atomic.Bool
+	drop := func() {
+		if !strings.Contains(string(debug.Stack()), "(*envs).observe") {
+			return
+		}
+		once.Do(func() {
+			if out, err := w.reloadLocal(); err != nil {
+				t.Errorf("policy without orders: %s, %v", out, err)
+			}
+			dropped.Store(true)
+		})
+	}
+	orders.afterServing.Store(&drop)
+	m.observe() // the interval's observe may have taken the drop first
+	orders.afterServing.Store(nil)
+	if !dropped.Load() {
+		t.Fatal("the policy was not dropped while servers were counted")
+	}
+	after := m.state("orders")
+	if after.Epoch <= before.Epoch || after.HWM != 0 || after.Quiesced {
+		t.Errorf("dropped while its servers were counted: %+v (was %+v), want a new epoch from none", after, before)
+	}
+	if err := os.WriteFile(svcpolicy, []byte(ordersPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := w.reloadLocal(); err != nil {
+		t.Fatalf("policy naming orders again: %s, %v", out, err)
+	}
+	m.interval() // would start a server for a high-water mark left behind
+	if st := m.state("orders"); st.HWM != 0 || orders.started.Load() != 1 {
+		t.Errorf("named again: %+v, server started %d times; want high-water mark 0 and no new start", st, orders.started.Load())
 	}
 }
