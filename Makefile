@@ -212,15 +212,23 @@ chaos: build ## the fault experiments at full length on real processes, one pack
 	GO=$(GO) bash tools/chaos.sh
 
 # make torture: issue 27's randomized torture of one node (itest
-# TestTorture), alone and verbose. SEED empty: a random seed, printed;
-# ATTACKS empty: every class (callers,uapkill,uapstop,uapexit,badexit,
-# localcalls,fdpressure,restart).
-DURATION ?= 10m
-SEED     ?=
-ATTACKS  ?=
-torture: ## the torture test (itest TestTorture) for DURATION (default 10m) with SEED (default random, printed) and ATTACKS (default all), under the race detector
+# TestTorture) for DURATION, then of a cluster of three nodes
+# (TestTortureCluster: the serving nodes' scdd killed, stopped and
+# restarted too) for CLUSTER_DURATION, each alone and verbose; both run
+# even if the first fails. SEED empty: a random seed, printed; ATTACKS
+# empty: every class (callers,uapkill,uapstop,uapexit,badexit,localcalls,
+# fdpressure,restart; the cluster's also peerkill,peerstop,peerrestart).
+DURATION         ?= 10m
+CLUSTER_DURATION ?= 5m
+SEED             ?=
+ATTACKS          ?=
+torture: ## the torture tests (itest TestTorture for DURATION, default 10m; TestTortureCluster for CLUSTER_DURATION, default 5m) with SEED (default random, printed) and ATTACKS (default all), under the race detector
+	@st=0; \
 	TPSCHED_TORTURE_DURATION=$(DURATION) TPSCHED_TORTURE_SEED=$(SEED) TPSCHED_TORTURE_ATTACKS=$(ATTACKS) \
-		$(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) -run '^TestTorture$$' ./itest/
+		$(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) -run '^TestTorture$$' ./itest/ || st=1; \
+	TPSCHED_TEST_FULL=1 TPSCHED_TORTURE_DURATION=$(CLUSTER_DURATION) TPSCHED_TORTURE_SEED=$(SEED) TPSCHED_TORTURE_ATTACKS=$(ATTACKS) \
+		$(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) -run '^TestTortureCluster$$' ./itest/ || st=1; \
+	exit $$st
 
 fuzz: ## run every fuzz target in the module (found, not listed) for FUZZTIME each (default 30s)
 	GO=$(GO) FUZZTIME=$(FUZZTIME) bash tools/fuzz.sh

@@ -349,9 +349,13 @@ func TestRestartWithBadDefinitionsServesOn(t *testing.T) {
 	}
 }
 
+// statusClient bounds a look at a node's status: a node stopped on
+// purpose (SIGSTOP) must not hold its caller.
+var statusClient = &http.Client{Timeout: 10 * time.Second}
+
 func statusOf(addr string) (scd.Status, error) {
 	var st scd.Status
-	resp, err := http.Get("http://" + addr + "/status")
+	resp, err := statusClient.Get("http://" + addr + "/status")
 	if err != nil {
 		return st, err
 	}

@@ -110,7 +110,8 @@ type torture struct {
 	start    time.Time
 	dir      string // the UAPs' marker files and the execution log (mode 0777: a root scdd runs UAPs as users of their own)
 	execLog  string
-	n        *restartingNode
+	n        *restartingNode // the node the callers and the probes call
+	uapNodes func() []string // the HTTP addresses of the nodes whose UAPs are attacked
 
 	pid        atomic.Int64 // the scdd that serves now (a restart changes it)
 	restarting atomic.Bool  // a hand-over is under way: the old pid may exit
@@ -270,6 +271,23 @@ func TestTorture(t *testing.T) {
 	if err := buildTortureUAP(); err != nil {
 		t.Fatal(err)
 	}
+	tt := newTorture(t, tortureAttacks)
+	dir := defDir(t, "", map[string]string{
+		"probe": tortureProbe,
+		"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
+		"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
+	})
+	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
+	tt.n = startRestartingNode(t, dir, "-drain-timeout", "5s")
+	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
+	tt.uapNodes = func() []string { return []string{tt.n.http} }
+	waitFor(t, 15*time.Second, "the groups' processes to start", func() bool { return len(tt.uapPIDsOf()) >= 4 }, tt.n.logText)
+	tt.run(nil)
+}
+
+// newTorture reads the knobs (the seed, the duration, the attacks among
+// known, the callers) and makes the UAPs' directory and execution log.
+func newTorture(t *testing.T, known []string) *torture {
 	tt := &torture{t: t, figures: map[string]int{}, conns: map[net.Conn]bool{}, stopped: map[int]bool{}}
 	tt.seed = rand.Uint64() >> 1
 	if v := os.Getenv("TPSCHED_TORTURE_SEED"); v != "" {
@@ -289,22 +307,25 @@ func TestTorture(t *testing.T) {
 		}
 		tt.callersN = k
 	}
+	// TPSCHED_TORTURE_ATTACKS names the classes of both torture tests;
+	// each takes those it knows.
 	tt.attacks = map[string]bool{}
 	if v := os.Getenv("TPSCHED_TORTURE_ATTACKS"); v != "" && v != "all" {
 		for _, a := range strings.Split(v, ",") {
 			a = strings.TrimSpace(a)
-			if !contains(tortureAttacks, a) {
-				t.Fatalf("TPSCHED_TORTURE_ATTACKS: unknown attack %q (known: %s)", a, strings.Join(tortureAttacks, ","))
+			if !contains(tortureAttacks, a) && !contains(clusterTortureAttacks, a) {
+				t.Fatalf("TPSCHED_TORTURE_ATTACKS: unknown attack %q (known: %s; across a cluster also %s)", a,
+					strings.Join(tortureAttacks, ","), strings.Join(clusterTortureAttacks[len(tortureAttacks):], ","))
 			}
-			tt.attacks[a] = true
+			tt.attacks[a] = contains(known, a)
 		}
 	} else {
-		for _, a := range tortureAttacks {
+		for _, a := range known {
 			tt.attacks[a] = true
 		}
 	}
 	var on []string
-	for _, a := range tortureAttacks {
+	for _, a := range known {
 		if tt.attacks[a] {
 			on = append(on, a)
 		}
@@ -322,31 +343,13 @@ func TestTorture(t *testing.T) {
 	tt.execLog = filepath.Join(tt.dir, "exec.log")
 	must(t, os.WriteFile(tt.execLog, nil, 0o666))
 	must(t, os.Chmod(tt.execLog, 0o666))
+	return tt
+}
 
-	dir := defDir(t, "", map[string]string{
-		"probe": tortureProbe,
-		"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
-		"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
-	})
-	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
-	tt.n = startRestartingNode(t, dir, "-drain-timeout", "5s")
-	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
-	waitFor(t, 15*time.Second, "the groups' processes to start", func() bool {
-		st, err := statusOf(tt.n.http)
-		if err != nil {
-			return false
-		}
-		ready := 0
-		for _, g := range st.Groups {
-			for _, p := range g.Processes {
-				if p.PID > 0 {
-					ready++
-				}
-			}
-		}
-		return ready >= 5
-	}, tt.n.logText)
-
+// run attacks the node (and with more, the cluster's other nodes) for the
+// run's duration, then checks every call.
+func (tt *torture) run(more func(spawn func(func()), rng func(uint64) *rand.Rand)) {
+	t := tt.t
 	tt.ctx, tt.cancel = context.WithCancel(context.Background())
 	defer tt.cancel()
 	t.Cleanup(func() { // never leave a UAP stopped
@@ -383,6 +386,9 @@ func TestTorture(t *testing.T) {
 	}
 	if tt.attacks["fdpressure"] || tt.attacks["restart"] {
 		spawn(func() { tt.machine(rng(3)) })
+	}
+	if more != nil {
+		more(spawn, rng)
 	}
 
 	select {
@@ -829,18 +835,20 @@ func (tt *torture) scanOnce() {
 
 // uapPIDsOf are the pids of the attacked groups' processes now.
 func (tt *torture) uapPIDsOf() []int {
-	st, err := statusOf(tt.n.http)
-	if err != nil {
-		return nil
-	}
 	var pids []int
-	for _, g := range st.Groups {
-		if g.Group != "front" && g.Group != "back" {
+	for _, addr := range tt.uapNodes() {
+		st, err := statusOf(addr)
+		if err != nil {
 			continue
 		}
-		for _, p := range g.Processes {
-			if p.PID > 0 {
-				pids = append(pids, p.PID)
+		for _, g := range st.Groups {
+			if g.Group != "front" && g.Group != "back" {
+				continue
+			}
+			for _, p := range g.Processes {
+				if p.PID > 0 {
+					pids = append(pids, p.PID)
+				}
 			}
 		}
 	}

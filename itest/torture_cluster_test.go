@@ -1,0 +1,302 @@
+package itest
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"tpsched/internal/testenv"
+)
+
+// clusterTortureAttacks are TestTortureCluster's classes: the single
+// node's (the UAPs' on the serving nodes, the machine's on the entry
+// node) and three on the serving nodes' scdd.
+var clusterTortureAttacks = append(append([]string(nil), tortureAttacks...), "peerkill", "peerstop", "peerrestart")
+
+// TestTortureCluster is TestTorture across three nodes: the callers and
+// the probes call n0 (127.0.0.2), which serves only probe; front and back
+// run on n1 and n2 (127.0.0.3 and .4) alone, so every front or back call
+// crosses to one of them, and front/call's local call stays there. Each
+// class of TestTorture is on (UAPs killed, stopped, exiting on the
+// serving nodes; n0's descriptor table filled, n0 restarted), and on
+// n1's and n2's scdd, at random moments: "peerkill" SIGKILL, and the node
+// started again (its UAPs, left over, are killed by the new scdd) after
+// up to 1.5 s; "peerstop" SIGSTOP for up to 2.5 s (longer than the fast
+// failure detection's verdict); "peerrestart" a hand-over (SIGUSR2).
+//
+// The checks are TestTorture's: every call n0 read is answered once
+// ('network down' for a call whose node died or was taken for dead with
+// it: executed at most once), executed at most once, ok only if executed
+// once with its own reply; n0 answers its probe throughout; a serving
+// node that dies when no attack asked is a break.
+func TestTortureCluster(t *testing.T) {
+	testenv.Slow(t, "three nodes under attack; 30 s (TPSCHED_TORTURE_DURATION)")
+	skipShort(t)
+	if err := buildTortureUAP(); err != nil {
+		t.Fatal(err)
+	}
+	tt := newTorture(t, clusterTortureAttacks)
+	rpc, name := clusterPorts(t)
+	var all []string
+	for _, ip := range clusterIPs {
+		all = append(all, strconv.Quote(ip))
+	}
+	// Node i's definitions: defDir's, with a sysconf of the cluster's.
+	defs := func(i int, servers map[string]string) string {
+		dir := defDir(t, "", servers)
+		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
+			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, clusterIPs[i], rpc, name, clusterIPs[i], strings.Join(all, ", ")) + ownControlSocket
+		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
+		return dir
+	}
+	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
+	var peers []*tpeer
+	for i := 1; i < len(clusterIPs); i++ {
+		p := &tpeer{tt: tt, name: fmt.Sprintf("n%d", i), log: filepath.Join(t.TempDir(), "scdd.log")}
+		p.dir = defs(i, map[string]string{
+			"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
+			"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
+		})
+		t.Cleanup(p.stop)
+		if err := p.start(); err != nil {
+			t.Fatal(err)
+		}
+		peers = append(peers, p)
+	}
+	entry := defs(0, map[string]string{"probe": tortureProbe})
+	tt.n = startRestartingNode(t, entry, "-drain-timeout", "5s", "-fast-failure-detection")
+	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
+	tt.uapNodes = func() []string {
+		var addrs []string
+		for _, p := range peers {
+			if addr, up := p.state(); up {
+				addrs = append(addrs, addr)
+			}
+		}
+		return addrs
+	}
+	waitFor(t, 20*time.Second, "the serving nodes' processes to start", func() bool { return len(tt.uapPIDsOf()) >= 8 }, tt.n.logText)
+	waitFor(t, 20*time.Second, "n0 to know front and back on n1 and n2", func() bool {
+		st, err := statusOf(tt.n.http)
+		if err != nil {
+			return false
+		}
+		served := 0
+		for _, ns := range st.Cluster.Nodes {
+			for _, g := range ns.Groups {
+				if g.Group == "front" || g.Group == "back" {
+					served++
+				}
+			}
+		}
+		return served == 4
+	}, tt.n.logText)
+	tt.run(func(spawn func(func()), rng func(uint64) *rand.Rand) {
+		var acts []func(*tpeer, *rand.Rand)
+		for _, a := range []struct {
+			name string
+			f    func(*tpeer, *rand.Rand)
+		}{{"peerkill", (*tpeer).kill}, {"peerstop", (*tpeer).pause}, {"peerrestart", (*tpeer).restart}} {
+			if tt.attacks[a.name] {
+				acts = append(acts, a.f)
+			}
+		}
+		for i, p := range peers {
+			spawn(func() { p.watch() })
+			if len(acts) == 0 {
+				continue
+			}
+			spawn(func() {
+				r := rng(10 + uint64(i))
+				for tt.sleep(time.Duration(1500+r.IntN(3500)) * time.Millisecond) {
+					acts[r.IntN(len(acts))](p, r)
+				}
+			})
+		}
+	})
+	for _, p := range peers {
+		b, _ := os.ReadFile(p.log)
+		checkRace(t, p.name+"'s scdd (any incarnation) or one of its UAPs", string(b))
+		if t.Failed() {
+			t.Logf("%s's scdd log:\n%s", p.name, b)
+		}
+	}
+}
+
+// tpeer is a serving node of TestTortureCluster: an scdd the attacks kill,
+// stop and restart, and start again. Its log (every incarnation's, one
+// after another) is a file.
+type tpeer struct {
+	tt   *torture
+	name string
+	dir  string
+	log  string
+
+	mu      sync.Mutex
+	pid     int    // the scdd serving now
+	http    string // its metrics address (a new one at each start)
+	down    bool   // killed, or stopped, or handing over: on purpose
+	pgids   []int  // every incarnation's process group, for the cleanup
+	started int    // "scdd started" lines in the log so far
+}
+
+var tpeerStarted = regexp.MustCompile(`msg="scdd started" .*http=(\S+)`)
+
+// start starts an scdd on the node's definitions and waits for it to
+// serve.
+func (p *tpeer) start() error {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	cmd := exec.Command(bin("scdd"), "-c", p.dir, "-drain-timeout", "5s", "-fast-failure-detection")
+	cmd.Env = append(os.Environ(), "DCCONFPATH=")
+	cmd.Stderr = f // a file: a new process of a hand-over inherits it
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go func() { _ = cmd.Wait() }()
+	p.mu.Lock()
+	p.pgids = append(p.pgids, cmd.Process.Pid)
+	before := p.started
+	p.mu.Unlock()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(p.log)
+		if m := tpeerStarted.FindAllStringSubmatch(string(b), -1); len(m) > before {
+			p.mu.Lock()
+			p.pid, p.http, p.started, p.down = cmd.Process.Pid, m[len(m)-1][1], len(m), false
+			p.mu.Unlock()
+			return nil
+		}
+		if !pidAliveInt(cmd.Process.Pid) {
+			return fmt.Errorf("%s: scdd exited at its start; its log:\n%s", p.name, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s: scdd did not start within 30 s", p.name)
+}
+
+// state is the node's metrics address and whether it serves (not down on
+// purpose).
+func (p *tpeer) state() (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.http, !p.down
+}
+
+func (p *tpeer) setDown(down bool) (pid int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	return p.pid
+}
+
+// kill is "peerkill": SIGKILL of scdd, then a new one after up to 1.5 s.
+func (p *tpeer) kill(r *rand.Rand) {
+	pid := p.setDown(true)
+	if syscall.Kill(pid, syscall.SIGKILL) != nil {
+		return
+	}
+	p.tt.count("serving nodes killed", 1)
+	for pidAliveInt(pid) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
+	if err := p.start(); err != nil {
+		p.tt.fail("%s killed and started again: %v", p.name, err)
+	}
+}
+
+// pause is "peerstop": SIGSTOP of scdd for up to 2.5 s.
+func (p *tpeer) pause(r *rand.Rand) {
+	pid := p.setDown(true)
+	defer p.setDown(false)
+	if syscall.Kill(pid, syscall.SIGSTOP) != nil {
+		return
+	}
+	p.tt.count("serving nodes stopped", 1)
+	time.Sleep(time.Duration(100+r.IntN(2400)) * time.Millisecond)
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+}
+
+// restart is "peerrestart": a hand-over (SIGUSR2), waited for.
+func (p *tpeer) restart(*rand.Rand) {
+	b, _ := os.ReadFile(p.log)
+	before := len(newPIDLine.FindAllStringSubmatch(string(b), -1))
+	old := p.setDown(true)
+	if syscall.Kill(old, syscall.SIGUSR2) != nil {
+		return
+	}
+	p.tt.count("serving nodes' hand-overs", 1)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(p.log)
+		if m := newPIDLine.FindAllStringSubmatch(string(b), -1); len(m) > before {
+			pid, _ := strconv.Atoi(m[len(m)-1][1])
+			p.mu.Lock()
+			p.pid, p.down = pid, false
+			p.mu.Unlock()
+			return
+		}
+		if !pidAliveInt(old) {
+			p.tt.fail("%s: scdd pid %d died during a hand-over with no new process serving", p.name, old)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.tt.fail("%s: no new process took over within 30 s of SIGUSR2 to pid %d", p.name, old)
+}
+
+// watch fails the run when the node's scdd dies and no attack killed it.
+func (p *tpeer) watch() {
+	for p.tt.sleep(50 * time.Millisecond) {
+		p.mu.Lock()
+		pid, down := p.pid, p.down
+		p.mu.Unlock()
+		if !down && !pidAliveInt(pid) && !p.tt.aborted() {
+			p.tt.fail("%s: scdd pid %d died when no attack asked it to: its log is below", p.name, pid)
+			return
+		}
+	}
+}
+
+// stop ends every incarnation of the node: SIGTERM, then SIGKILL of what
+// is left after 15 s.
+func (p *tpeer) stop() {
+	p.mu.Lock()
+	pgids := p.pgids
+	pid := p.pid
+	p.mu.Unlock()
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+	for _, g := range pgids {
+		_ = syscall.Kill(-g, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		alive := 0
+		for _, g := range pgids {
+			if syscall.Kill(-g, 0) == nil {
+				alive++
+			}
+		}
+		if alive == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, g := range pgids {
+		_ = syscall.Kill(-g, syscall.SIGKILL)
+	}
+}
