@@ -11,14 +11,17 @@ package itest
 //	TPSCHED_TORTURE_DURATION  how long to attack (default 20s; CI 10m)
 //	TPSCHED_TORTURE_ATTACKS   comma-separated attack classes (default all):
 //	                          callers, uapkill, uapstop, uapexit, badexit,
-//	                          localcalls, fdpressure, restart
+//	                          localcalls, fdpressure, restart; across a
+//	                          cluster (TestTortureCluster) also peerkill,
+//	                          peerstop, peerrestart
 //	TPSCHED_TORTURE_CALLERS   callers at once (default 6)
 //	TPSCHED_TORTURE_STALL     how long the probe may go unanswered before
 //	                          the watchdog dumps scdd's goroutines and
 //	                          fails (default 1s), plus a 1s margin for a
 //	                          busy machine
 //
-// make torture DURATION=10m SEED=42 runs it alone, verbose.
+// make torture DURATION=10m SEED=42 runs it alone, verbose (and then
+// TestTortureCluster for CLUSTER_DURATION).
 
 import (
 	"context"
