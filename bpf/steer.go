@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -33,9 +34,10 @@ const SteerMechanism = "bpf"
 // CAP_BPF and CAP_NET_ADMIN (or root), and RLIMIT_MEMLOCK high enough
 // before Linux 5.11.
 type Steering struct {
-	objs steerObjects
-	mem  []byte // the load map, mmapped
-	n    int
+	objs   steerObjects
+	mem    []byte // the load map, mmapped; after Close, private memory in its place
+	n      int
+	closed bool
 }
 
 // receiverLoadSize is the size of steer.c's struct receiver_load.
@@ -162,11 +164,30 @@ func (s *Steering) Mechanism() string { return SteerMechanism }
 // program: the sockets may belong to a process that took them over and
 // attached its own, which a detach would remove; closing the sockets ends
 // the attachment.
+//
+// The cells Load gave stay valid after Close, with their last values:
+// netio reads them for /metrics and /status after its port stopped (a
+// scrape during shutdown), and an unmapped cell is a fault that kills the
+// process. So the load map's pages give way to private memory at the same
+// address instead of being unmapped; those few pages stay for the
+// process's life, and a Steering is closed once, with its port.
 func (s *Steering) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
 	var errs []error
 	if s.mem != nil {
-		errs = append(errs, unix.Munmap(s.mem))
-		s.mem = nil
+		last := bytes.Clone(s.mem)
+		_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&s.mem[0]), uintptr(len(s.mem)),
+			unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
+		if err != nil {
+			// The map stays mapped, and alive, rather than leave the
+			// cells' pointers to nothing.
+			errs = append(errs, fmt.Errorf("steer: keep the load cells: %w", os.NewSyscallError("mmap", err)))
+		} else {
+			copy(s.mem, last)
+		}
 	}
 	errs = append(errs, s.objs.Close())
 	return errors.Join(errs...)

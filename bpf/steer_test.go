@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime/debug"
 	"syscall"
 	"testing"
 	"time"
@@ -168,4 +169,36 @@ func TestSteeringTakenOver(t *testing.T) {
 		t.Fatalf("after reattaching the first: receiver %d, want 1", got)
 	}
 	must(t, Detach(fds[0]))
+}
+
+// TestSteeringCellsOutliveClose: netio reads a receiver's cells for
+// /metrics and /status after its port stopped and closed the steering (a
+// scrape during scdd's shutdown). Close unmapped the load map under those
+// pointers, and the read was a fault that killed the node; the cells now
+// keep their last values.
+func TestSteeringCellsOutliveClose(t *testing.T) {
+	needProbes(t)
+	_, fds, _ := reuseListeners(t, 2)
+	s, err := Steer(fds)
+	if err != nil {
+		testenv.SkipOrFail(t, "the steering program does not load here: %v", err)
+	}
+	inFlight, conns, rate := s.Load(1)
+	inFlight.Store(3)
+	conns.Store(2)
+	rate.Store(4096)
+	must(t, s.Close())
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("reading a cell after Close: %v", r)
+			}
+		}()
+		if a, b, c := inFlight.Load(), conns.Load(), rate.Load(); a != 3 || b != 2 || c != 4096 {
+			t.Errorf("after Close the cells read %d, %d, %d; want 3, 2, 4096", a, b, c)
+		}
+		inFlight.Add(-1) // a loop's last answer: written, not a fault
+	}()
+	must(t, s.Close()) // twice is harmless
 }

@@ -56,9 +56,10 @@ type Steered interface {
 	// Reattach steers the sockets again after another process had them (a
 	// hand-off that was taken back: Resume).
 	Reattach(fds []int) error
-	// Close releases what the steering holds. netio touches no Load cell
-	// after it. The sockets keep whatever program is attached until they
-	// close (another process's, after a hand-off).
+	// Close releases what the steering holds. The Load cells must stay
+	// readable after it, with their last values: /metrics and /status
+	// read them after the port stopped. The sockets keep whatever program
+	// is attached until they close (another process's, after a hand-off).
 	Close() error
 	// Mechanism names what steers ("bpf").
 	Mechanism() string
