@@ -28,7 +28,7 @@ var metricHelp = map[string]string{
 	"tpsched_requests_queued_total":            "Calls put on the group's schedule queue.",
 	"tpsched_requests_processed_total":         "Calls the group's UAP processes completed (a reply or an application error).",
 	"tpsched_request_duration_seconds":         "Time from a call's arrival to its completion by a UAP process, by group.",
-	"tpsched_requests_refused_total":           "Calls refused before queueing: reason busy (the group's queue was full: 'server busy'), budget (the requests of admitted calls would pass rpc_buffer_budget: 'server busy') or protocol (a frame the node does not take).",
+	"tpsched_requests_refused_total":           "Calls refused before queueing: reason busy (the group's queue was full: 'server busy'), budget (the requests of admitted calls would pass rpc_buffer_budget: 'server busy'), protocol (a frame the node does not take) or wrong_receiver (it came on another receiver group than its group's).",
 	"tpsched_admitted_request_bytes":           "Bytes of the requests of the calls admitted and not yet ended (waiting, prefetched or running), node-wide; kept within rpc_buffer_budget.",
 	"tpsched_requests_timed_out_total":         "Calls answered 'timed out': their watch_time or the caller's deadline passed.",
 	"tpsched_requests_server_terminated_total": "Calls answered 'server terminated': the UAP process serving them died.",
@@ -68,16 +68,17 @@ var metricHelp = map[string]string{
 	// Control socket.
 	"tpsched_control_refused_total": "Requests on the control socket refused: the peer was neither scdd's user nor root.",
 	// Cluster.
-	"tpsched_forwarded_total":           "Calls this node transferred to another node, by node.",
-	"tpsched_requests_received_total":   "Calls other nodes transferred here, by node (unknown: not a proved member of the name table).",
-	"tpsched_transfer_retries_total":    "Calls sent on to another node: reason unreachable (the node could not be reached) or refused (it refused the call before running it).",
-	"tpsched_peer_hellos_refused_total": "Peer hellos refused (bad key, replay, malformed, out of order); the connection is closed.",
-	"tpsched_cluster_members":           "Nodes memberlist counts alive, this one included.",
-	"tpsched_cluster_nodes_known":       "Nodes in the name table (their groups and levels are known here).",
-	"tpsched_announces_sent_total":      "This node's own announces handed to the gossip.",
-	"tpsched_announces_received_total":  "Announces applied to the name table, relays included.",
-	"tpsched_announce_bytes_sent_total": "Bytes of announces handed to the gossip.",
-	"tpsched_announces_dropped_total":   "Announces dropped, by reason (unauthenticated, malformed, full: the 128-node table is full, invalid).",
+	"tpsched_forwarded_total":            "Calls this node transferred to another node, by node.",
+	"tpsched_requests_received_total":    "Calls other nodes transferred here, by node (unknown: not a proved member of the name table).",
+	"tpsched_receiver_misdirected_total": "Calls without an answer (call-no-reply) that came on another receiver group than their group's, by the group they came on: taken there, since no one would hear a refusal.",
+	"tpsched_transfer_retries_total":     "Calls sent on to another node: reason unreachable (the node could not be reached) or refused (it refused the call before running it).",
+	"tpsched_peer_hellos_refused_total":  "Peer hellos refused (bad key, replay, malformed, out of order); the connection is closed.",
+	"tpsched_cluster_members":            "Nodes memberlist counts alive, this one included.",
+	"tpsched_cluster_nodes_known":        "Nodes in the name table (their groups and levels are known here).",
+	"tpsched_announces_sent_total":       "This node's own announces handed to the gossip.",
+	"tpsched_announces_received_total":   "Announces applied to the name table, relays included.",
+	"tpsched_announce_bytes_sent_total":  "Bytes of announces handed to the gossip.",
+	"tpsched_announces_dropped_total":    "Announces dropped, by reason (unauthenticated, malformed, full: the 128-node table is full, invalid).",
 }
 
 // scrapedCounter is a counter whose value is kept elsewhere and read at
