@@ -267,3 +267,65 @@ func TestEachMechanismLoadsOnlyItsMaps(t *testing.T) {
 		}
 	}
 }
+
+// threadState is sched.c's struct thread_state, the threads map's value.
+type threadState struct {
+	Tgid        uint32
+	_           uint32
+	RuntimeSeen uint64
+	QueuedSince uint64
+}
+
+// TestProbesTakeAReusedThreadID: the threads map keeps a thread's entry
+// after the thread ends (an LRU map of 65536 entries, more than the 32768
+// ids of a default pid_max), so once ids wrap, a new UAP's thread can find
+// the entry of an ended process's thread with the same id. The probes took
+// that entry as the thread's own and added its CPU time to the ended
+// process, which nobody tracks: a group whose UAPs were restarted for long
+// enough read no CPU at all. Here every thread of the burner starts with
+// such an entry, as after a wrap.
+func TestProbesTakeAReusedThreadID(t *testing.T) {
+	needProbes(t)
+	for _, mech := range []string{TPBTF, RawTP, Tracepoint} {
+		t.Run(mech, func(t *testing.T) {
+			m := Open(Options{Force: mech})
+			defer m.Close()
+			pm, ok := m.(*probeMeter)
+			if !ok {
+				t.Fatalf("mechanism %+v, want %s", m.Mechanism(), mech)
+			}
+			b := startBurner(t)
+			pid := b.cmd.Process.Pid
+			tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+			if err != nil {
+				t.Fatal(err)
+			}
+			const ended = 1<<22 + 1 // above any pid_max: a process long gone
+			for _, task := range tasks {
+				tid, err := strconv.Atoi(task.Name())
+				if err != nil {
+					t.Fatal(err)
+				}
+				stale := threadState{Tgid: ended, RuntimeSeen: uint64(time.Second)}
+				if err := pm.coll.Maps["threads"].Put(uint32(tid), stale); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := m.Track(pid); err != nil {
+				t.Fatal(err)
+			}
+			b.start(t)
+			b.wait(t)
+			time.Sleep(20 * time.Millisecond) // it sleeps on stdin: its last slice is counted
+			got, want := m.Read(pid).OnCPU, procCPU(t, pid)
+			if want < burnFor*9/10 {
+				t.Fatalf("/proc says %v, the burner burned at least %v", want, burnFor)
+			}
+			// A thread of the burner that ran before it was tracked and not
+			// since keeps its stale entry; what it ran is small.
+			if got < want*8/10 {
+				t.Errorf("eBPF on-CPU %v, /proc %v: the burner's threads were counted to an ended process", got, want)
+			}
+		})
+	}
+}

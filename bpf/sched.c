@@ -9,7 +9,8 @@
  * Threads are known by tid in `threads`. A thread enters it the first time
  * it is seen with its tgid: at wake-up or switch-in when the program can
  * read the task (tp_btf, raw_tp), or at switch-out, when it is `current`
- * (any attach type). On-CPU time is the kernel's own sum_exec_runtime of
+ * (any attach type). An entry found with another tgid is an ended thread's
+ * whose id was reused, and is replaced. On-CPU time is the kernel's own sum_exec_runtime of
  * the thread, taken at each switch-out, so a thread that was already
  * running when it was first seen loses nothing. The classic tracepoint
  * gives only tids, so there a thread's first run-queue wait may go
@@ -109,10 +110,17 @@ static __always_inline __u32 log2_slot(__u64 v)
 }
 
 /* thread finds tid's state; with tgid != 0 it creates it when the process
- * is tracked. */
+ * is tracked. An entry stays after its thread ends (the LRU holds more
+ * entries than a default pid_max has ids), so one of another process is
+ * an ended thread's whose id was reused: it is dropped, not taken, or the
+ * new thread's time would go to the ended process. */
 static __always_inline struct thread_state *thread(__u32 tid, __u32 tgid)
 {
 	struct thread_state *t = bpf_map_lookup_elem(&threads, &tid);
+	if (t && tgid != 0 && t->tgid != tgid) {
+		bpf_map_delete_elem(&threads, &tid);
+		t = NULL;
+	}
 	if (t || tgid == 0 || !bpf_map_lookup_elem(&procs, &tgid))
 		return t;
 	struct thread_state fresh = { .tgid = tgid };
