@@ -51,7 +51,8 @@ type box struct {
 	retryV2  bool // the last start with clone3 failed: place by cgroup.procs once
 	retryErr error
 	removed  bool
-	fallback bool // a start was placed after it began
+	fallback bool        // a start was placed after it began
+	caught   LimitStatus // once removed: what its limits caught, read just before
 }
 
 // newBox creates the server's cgroups and sets its limits (pidsMax tasks,
@@ -313,7 +314,9 @@ func (b *box) freezeKill(file, freeze, thaw string, frozen func() bool, killKnow
 	return len(members), err
 }
 
-// limits reads the server's limits and what they caught.
+// limits reads the server's limits and what they caught. Once the
+// cgroups are removed, what they caught is what they held at the end: the
+// counts are counters and must not fall to 0 with the server's stop.
 func (b *box) limits() LimitStatus {
 	l := LimitStatus{KillMechanism: string(b.c.kill), Cgroup: b.memberDir()}
 	if b.limitErr != nil {
@@ -321,7 +324,12 @@ func (b *box) limits() LimitStatus {
 	}
 	b.mu.Lock()
 	l.Pending = b.fallback
+	removed, caught := b.removed, b.caught
 	b.mu.Unlock()
+	if removed {
+		l.PidsHits, l.OOMKills = caught.PidsHits, caught.OOMKills
+		return l
+	}
 	var pdir string
 	switch b.c.pids {
 	case LimitCgroup2:
@@ -354,8 +362,9 @@ func (b *box) limits() LimitStatus {
 // remove deletes the server's cgroups once its processes are gone,
 // waiting up to removeWait for exiting tasks to leave each.
 func (b *box) remove() error {
+	caught := b.limits()
 	b.mu.Lock()
-	b.removed = true
+	b.removed, b.caught = true, caught
 	if b.v2fd >= 0 {
 		_ = unix.Close(b.v2fd)
 		b.v2fd = -1

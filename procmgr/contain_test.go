@@ -129,8 +129,8 @@ func TestProcessThatLeftItsGroupIsKilled(t *testing.T) {
 }
 
 // A fork bomb stops at its server's pids limit; the limit and what it
-// caught are reported, and every child dies with the server (issue 19
-// item 5).
+// caught are reported, also after the server stopped, and every child dies
+// with the server (issue 19 item 5).
 func TestForkBombIsContained(t *testing.T) {
 	t.Parallel()
 	m, _ := loggedManager(t, Options{})
@@ -161,6 +161,10 @@ func TestForkBombIsContained(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_ = srv.Stop(ctx)
+	// Its cgroups are gone, but what they caught is a counter: it stays.
+	if after := srv.Limits(); after.PidsHits < l.PidsHits || after.Pids != 0 {
+		t.Errorf("after Stop: limits %+v, want at least the %d hits seen before and no tasks", after, l.PidsHits)
+	}
 	waitUntil(t, "every child of the bomb dead", func() bool {
 		for _, pid := range members {
 			if !gone(pid) {

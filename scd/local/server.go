@@ -39,6 +39,10 @@ type server struct {
 
 	usageMu sync.Mutex
 	retired bpf.Usage // what servers that stopped used, so usage never goes back
+	// What stopped servers' limits caught and their output counted, for
+	// the same reason (tpsched_uap_pids_limit_hits_total and the like).
+	retiredLimits procmgr.LimitStatus
+	retiredOutput procmgr.OutputStats
 }
 
 type procBox struct{ p processes }
@@ -90,8 +94,13 @@ func (e *server) stop(ctx context.Context) error {
 		e.g.stopSlot(slot)
 	}
 	err := p.Stop(ctx)
+	l, o := p.Limits(), p.Output()
 	e.usageMu.Lock() // one step: a reader never counts p twice
 	e.retired.Add(p.Usage())
+	e.retiredLimits.PidsHits += l.PidsHits
+	e.retiredLimits.OOMKills += l.OOMKills
+	e.retiredOutput.Lines += o.Lines
+	e.retiredOutput.Dropped += o.Dropped
 	e.inner.Store(nil)
 	e.usageMu.Unlock()
 	return err
@@ -139,18 +148,31 @@ func (e *server) Replace(slot int) {
 	}
 }
 
+// Limits are the running server's limits and gauges, with the counts of
+// what its limits caught since the group's first server.
 func (e *server) Limits() procmgr.LimitStatus {
+	e.usageMu.Lock()
+	defer e.usageMu.Unlock()
+	var l procmgr.LimitStatus
 	if p := e.cur(); p != nil {
-		return p.Limits()
+		l = p.Limits()
 	}
-	return procmgr.LimitStatus{}
+	l.PidsHits += e.retiredLimits.PidsHits
+	l.OOMKills += e.retiredLimits.OOMKills
+	return l
 }
 
+// Output counts the lines of every server the group had.
 func (e *server) Output() procmgr.OutputStats {
+	e.usageMu.Lock()
+	defer e.usageMu.Unlock()
+	var o procmgr.OutputStats
 	if p := e.cur(); p != nil {
-		return p.Output()
+		o = p.Output()
 	}
-	return procmgr.OutputStats{}
+	o.Lines += e.retiredOutput.Lines
+	o.Dropped += e.retiredOutput.Dropped
+	return o
 }
 
 func (e *server) Running() (resident, nonResident int) {
