@@ -152,9 +152,19 @@ func (d *doors) writeScraped(w io.Writer) {
 // writeWaitHistogram writes the eBPF run-queue wait histogram of u, whose
 // log2 slots the kernel counts: the library's histograms count their own
 // observations and cannot be given counts, so these lines are written here.
+//
+// The kernel counts a wait in Waits and then in its slot, on any CPU, and
+// a read of the map copies Waits before the slots: a read while waits are
+// counted can hold more in the slots than in Waits. The count written is
+// the larger of the two, so the buckets never pass +Inf.
 func writeWaitHistogram(w io.Writer, family, lbl string, u bpf.Usage) {
 	var b []byte
 	var cum uint64
+	for _, c := range u.Hist {
+		cum += c
+	}
+	count := max(cum, u.Waits)
+	cum = 0
 	for i, c := range u.Hist[:len(u.Hist)-1] {
 		cum += c
 		b = append(b, family+"_bucket{"+lbl+`,le="`...)
@@ -164,11 +174,11 @@ func writeWaitHistogram(w io.Writer, family, lbl string, u bpf.Usage) {
 		b = append(b, '\n')
 	}
 	b = append(b, family+"_bucket{"+lbl+`,le="+Inf"} `...)
-	b = strconv.AppendUint(b, u.Waits, 10)
+	b = strconv.AppendUint(b, count, 10)
 	b = append(b, "\n"+family+"_sum{"+lbl+"} "...)
 	b = strconv.AppendFloat(b, u.Wait.Seconds(), 'g', -1, 64)
 	b = append(b, "\n"+family+"_count{"+lbl+"} "...)
-	b = strconv.AppendUint(b, u.Waits, 10)
+	b = strconv.AppendUint(b, count, 10)
 	b = append(b, '\n')
 	_, _ = w.Write(b)
 }

@@ -156,6 +156,29 @@ func TestRunqueueWaitHistogram(t *testing.T) {
 	}
 }
 
+// TestRunqueueWaitHistogramOfATornRead: a read of the kernel's counters
+// while a wait is being counted holds it in its slot but not yet in Waits.
+// The +Inf bucket and _count were Waits, below the last finite bucket: a
+// histogram whose buckets fall, which promcheck (and Prometheus'
+// histogram_quantile) refuse.
+func TestRunqueueWaitHistogramOfATornRead(t *testing.T) {
+	var u bpf.Usage
+	u.Hist[3], u.Hist[5] = 2, 1
+	u.Waits = 2 // the third wait is in its slot, not yet in Waits
+	u.Wait = 300 * time.Microsecond
+	var b bytes.Buffer
+	const family = "tpsched_group_runqueue_wait_duration_seconds"
+	b.WriteString("# HELP " + family + "\n# TYPE " + family + " histogram\n")
+	writeWaitHistogram(&b, family, `group="a"`, u)
+	var out bytes.Buffer
+	if err := exposition.Write(&out, b.Bytes(), metricHelp); err != nil {
+		t.Fatal(err)
+	}
+	if h := checkExposition(t, out.String()).Histogram(family, "group", "a"); h == nil || h.GetSampleCount() != 3 {
+		t.Fatalf("histogram %v, want a count of 3", h)
+	}
+}
+
 // TestPromtoolCheckMetrics runs Prometheus' own linter (promtool check
 // metrics) on a node's /metrics: the whole endpoint passes, the library's
 // go_* and process_* families included (issue 23, item 8).
