@@ -636,6 +636,10 @@ func TestGroupRequestBudget(t *testing.T) {
 	if tg.overBudget.Get() != 1 {
 		t.Errorf("refusals for the budget counted %d, want 1", tg.overBudget.Get())
 	}
+	// The status page's 'busy' is every call answered 'server busy' here.
+	if busy := tg.errors().Busy; busy != 1 {
+		t.Errorf("status: %d calls refused 'server busy', want 1", busy)
+	}
 	if code, _ := tg.call(discard{}, 5, nil); code != netio.CodeOK {
 		t.Errorf("an empty call is refused: %v", code)
 	}

@@ -62,7 +62,7 @@ type Running struct {
 // GroupErrors count a group's calls that failed here, by why, since the
 // node started.
 type GroupErrors struct {
-	Busy               uint64 `json:"server_busy"`       // refused: the queue was full
+	Busy               uint64 `json:"server_busy"`       // refused: the queue was full, or rpc_buffer_budget
 	TimedOut           uint64 `json:"timed_out"`         // watch_time or the caller's deadline passed
 	ServerTerminated   uint64 `json:"server_terminated"` // the UAP died during the call
 	ProtocolViolations uint64 `json:"protocol_violations"`
@@ -174,16 +174,23 @@ func (g *Group) Status(hist bool) GroupStatus {
 		Processed:  s.Processed,
 		Processes:  processStatuses(g),
 		Running:    running(g),
-		Errors: GroupErrors{Busy: g.refused.Get(), TimedOut: g.timedOut.Get(),
-			ServerTerminated: g.terminated.Get(), ProtocolViolations: g.misbehaved.Get()},
-		Load:    g.load.status(&g.def),
-		Usage:   usageStatus(g, hist),
-		Latency: g.latency.status(),
-		Limits:  g.procs.Limits(),
-		WorkDir: g.workDir,
-		Output:  g.procs.Output(),
+		Errors:     g.errors(),
+		Load:       g.load.status(&g.def),
+		Usage:      usageStatus(g, hist),
+		Latency:    g.latency.status(),
+		Limits:     g.procs.Limits(),
+		WorkDir:    g.workDir,
+		Output:     g.procs.Output(),
 	}
 }
 
 // CPUSample is the CPU guard's last window of the group's processes.
 func (g *Group) CPUSample() procmgr.CPUSample { return g.procs.CPUSample() }
+
+// errors are the group's failed calls by why. Busy counts every call the
+// group answered 'server busy', whichever limit refused it, as the caller
+// saw it; /metrics keeps the reasons apart.
+func (g *Group) errors() GroupErrors {
+	return GroupErrors{Busy: g.refused.Get() + g.overBudget.Get(), TimedOut: g.timedOut.Get(),
+		ServerTerminated: g.terminated.Get(), ProtocolViolations: g.misbehaved.Get()}
+}
