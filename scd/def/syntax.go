@@ -73,6 +73,9 @@ func Parse(file string, src []byte) ([]Stmt, error) {
 	seenEnv := map[string]int{}
 	for _, r := range raws {
 		st, err := parseStatement(file, r)
+		if err == nil {
+			err = checkNUL(file, st)
+		}
 		if errs.add(err) {
 			continue
 		}
@@ -96,6 +99,34 @@ func Parse(file string, src []byte) ([]Stmt, error) {
 		out = append(out, st)
 	}
 	return out, errs.err()
+}
+
+// checkNUL refuses a value that holds a NUL byte: the kernel ends a path,
+// an environment variable or an argument there, so the value would mean
+// less than it says (or make every start of the server fail), and a text
+// file has none.
+func checkNUL(file string, st Stmt) error {
+	const why = "a NUL byte in the value (a definition file is text)"
+	fail := func(op, why string) error { return &Error{File: file, Line: st.Line, Operand: op, Reason: why} }
+	switch st.Kind {
+	case StmtSet:
+		for _, v := range st.Values {
+			if strings.IndexByte(v, 0) >= 0 {
+				return fail(st.Name, why)
+			}
+		}
+	case StmtPutenv:
+		if strings.IndexByte(st.Values[0], 0) >= 0 {
+			return fail("putenv", st.Name+": "+why)
+		}
+	case StmtCommand:
+		for _, f := range st.Flags {
+			if strings.IndexByte(f.Value, 0) >= 0 {
+				return fail(st.Name, "option -"+f.Name+": "+why)
+			}
+		}
+	}
+	return nil
 }
 
 // rawStmt is one logical statement: comments removed, continuation lines

@@ -69,6 +69,10 @@ var syntaxCases = []struct {
 	{name: "putenv without value", src: "putenv A\n", err: `x:1: putenv: A: missing value (write "" for an empty one)`},
 	{name: "putenv bad name", src: "putenv 1A b\n", err: `x:1: putenv: want an environment variable name, got "1A"`},
 	{name: "putenv two values", src: "putenv A b c\n", err: `x:1: putenv: A: unexpected "c" after the value (quote values that hold blanks)`},
+	{name: "NUL in a value", src: "set a = \"x\x00y\"\n", err: `x:1: a: a NUL byte in the value (a definition file is text)`},
+	{name: "NUL in a list", src: "set a = b,\\\n c\x00\n", err: `x:1: a: a NUL byte in the value (a definition file is text)`},
+	{name: "NUL in putenv", src: "putenv A \"x\x00\"\n", err: `x:1: putenv: A: a NUL byte in the value (a definition file is text)`},
+	{name: "NUL in a command", src: "scdmulti -g a\x00 -p 1\n", err: `x:1: scdmulti: option -g: a NUL byte in the value (a definition file is text)`},
 	{name: "error line after continuation", src: "set a = 1, \\\n 2\nset b = \n", err: `x:3: b: missing value after '='`},
 }
 
