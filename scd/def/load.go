@@ -20,7 +20,8 @@ var defaultFS embed.FS
 // Load reads the definition directory dir: sysconf, scdsvcdef, usrrc and
 // svcpolicy (each optional), and every regular file in usr/ (one user server each;
 // names starting with '.' or ending with '~' are skipped). At least one user
-// server is required. An error in one file does not stop the others being
+// server is required. A file that is there but no regular file (a named
+// pipe, a directory in place of sysconf) or a link to nothing is an error. An error in one file does not stop the others being
 // read: the error is every one found (Errors when there are several).
 func Load(dir string) (*Config, error) {
 	cfg, err := Check(dir)
@@ -151,8 +152,14 @@ func load(fsys fs.FS, label, osDir string) (*Config, error) {
 			continue
 		}
 		file := path.Join("usr", name)
-		if fi, err := fs.Stat(fsys, file); err != nil || !fi.Mode().IsRegular() {
+		fi, err := fs.Stat(fsys, file)
+		if err != nil {
+			_, err = statFile(fsys, file) // a link to nothing is an error; a file gone since ReadDir is not
+			errs.add(err)
 			continue
+		}
+		if !fi.Mode().IsRegular() {
+			continue // a directory or the like: no user server
 		}
 		files++
 		src, err := fs.ReadFile(fsys, file)
@@ -192,15 +199,51 @@ func load(fsys fs.FS, label, osDir string) (*Config, error) {
 
 // readOptional parses file if it exists.
 func readOptional(fsys fs.FS, file string) ([]Stmt, int, error) {
-	src, err := fs.ReadFile(fsys, file)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, nil
+	if there, err := statFile(fsys, file); !there {
+		return nil, 0, err
 	}
+	src, err := fs.ReadFile(fsys, file)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s: %w", file, err)
 	}
 	stmts, err := Parse(file, src)
 	return stmts, countLines(src), err
+}
+
+// statFile reports whether the definition file is there to be read. It
+// refuses, rather than reads, what is no regular file: a named pipe or a
+// device would hold the read for ever (or without end). A symbolic link
+// to nothing is an error, not a file left out: the operator meant one.
+func statFile(fsys fs.FS, file string) (bool, error) {
+	fi, err := fs.Stat(fsys, file)
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, lerr := fs.Lstat(fsys, file); lerr == nil {
+			return false, fmt.Errorf("%s: a symbolic link to a file that does not exist", file)
+		}
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", file, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return false, fmt.Errorf("%s: not a regular file (%s)", file, fileType(fi.Mode()))
+	}
+	return true, nil
+}
+
+// fileType names what a file that is not a regular one is.
+func fileType(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "mode " + m.String()
 }
 
 func countLines(src []byte) int {
@@ -333,22 +376,22 @@ func loadClusterKey(fsys fs.FS, osDir string, s *System, lines map[string]int) e
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(osDir, path)
 		}
-		if fi, err = os.Stat(path); err == nil {
+		if fi, err = os.Stat(path); err == nil && fi.Mode().IsRegular() {
 			key, err = os.ReadFile(path)
 		}
 	default:
 		if osDir != "" {
 			path = filepath.Join(osDir, path)
 		}
-		if fi, err = fs.Stat(fsys, s.clusterKeyFile); err == nil {
+		if fi, err = fs.Stat(fsys, s.clusterKeyFile); err == nil && fi.Mode().IsRegular() {
 			key, err = fs.ReadFile(fsys, s.clusterKeyFile)
 		}
 	}
 	if err != nil {
 		return fail("%v", err)
 	}
-	if !fi.Mode().IsRegular() {
-		return fail("%s is not a regular file", path)
+	if !fi.Mode().IsRegular() { // not read: a named pipe would hold the read for ever
+		return fail("%s is not a regular file (%s)", path, fileType(fi.Mode()))
 	}
 	if perm := fi.Mode().Perm(); perm&0o004 != 0 {
 		return fail("%s is readable by every user (mode %04o), so every UAP can read the key: chmod 600 it", path, perm)

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -839,5 +840,53 @@ func TestWarningsAreShortAndDocumented(t *testing.T) {
 		if !strings.Contains(string(doc), "(#"+m[1]+")") {
 			t.Errorf("docs/WARNINGS.md has no #%s in its contents: %s", m[1], w)
 		}
+	}
+}
+
+// TestDefinitionFilesThatAreNoFiles: a definition file that is a named
+// pipe, a directory or a link to nothing is refused, naming the file:
+// Load does not wait on the pipe for a writer that never comes, and does
+// not run on defaults as though the file were not there.
+func TestDefinitionFilesThatAreNoFiles(t *testing.T) {
+	for _, c := range []struct {
+		file string
+		make func(p string) error
+		err  string
+	}{
+		{"sysconf", func(p string) error { return syscall.Mkfifo(p, 0o600) }, "sysconf: not a regular file (a named pipe)"},
+		{"scdsvcdef", func(p string) error { return syscall.Mkfifo(p, 0o600) }, "scdsvcdef: not a regular file (a named pipe)"},
+		{"usrrc", func(p string) error { return os.Mkdir(p, 0o755) }, "usrrc: not a regular file (a directory)"},
+		{"svcpolicy", func(p string) error { return syscall.Mkfifo(p, 0o600) }, "svcpolicy: not a regular file (a named pipe)"},
+		{"k", func(p string) error { return syscall.Mkfifo(p, 0o600) }, "sysconf:1: cluster_key_file: "},
+		{"sysconf", func(p string) error { return os.Symlink("nowhere", p) }, "sysconf: a symbolic link to a file that does not exist"},
+		{"usr/y", func(p string) error { return os.Symlink("nowhere", p) }, "usr/y: a symbolic link to a file that does not exist"},
+	} {
+		t.Run(c.file, func(t *testing.T) {
+			files := map[string]string{"usr/x": baseUsr}
+			if c.file == "k" {
+				files["sysconf"] = "set cluster_key_file = k\n"
+			}
+			dir := writeDir(t, files)
+			p := filepath.Join(dir, filepath.FromSlash(c.file))
+			if err := c.make(p); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := Load(dir); done <- err }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				// Let the read end: open the pipe for writing and close it.
+				if f, oerr := os.OpenFile(p, os.O_WRONLY, 0); oerr == nil {
+					f.Close()
+				}
+				<-done
+				t.Fatalf("Load waited on %s for 10 s", c.file)
+			}
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Fatalf("Load: error = %v, want one with %q", err, c.err)
+			}
+		})
 	}
 }

@@ -250,8 +250,8 @@ func LoadPolicy(dir string) (*Policy, error) {
 }
 
 func loadPolicy(fsys fs.FS) (*Policy, error) {
-	if _, err := fs.Stat(fsys, FilePolicy); errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+	if there, err := statFile(fsys, FilePolicy); !there {
+		return nil, err
 	}
 	var errs collector
 	stmts, lines, err := readOptional(fsys, FilePolicy)
