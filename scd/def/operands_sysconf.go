@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The operands of sysconf: the node (operands.go has the tables' shape).
@@ -35,15 +37,22 @@ var systemOperands = map[string]operand[System]{
 			if s.NodeID == "" || len(s.NodeID) > 255 {
 				return fmt.Errorf("want 1..255 bytes, got %d", len(s.NodeID))
 			}
-			for i := 0; i < len(s.NodeID); i++ {
-				if c := s.NodeID[i]; c <= ' ' || c == 0x7f || c == '"' || c == ',' {
-					return fmt.Errorf("%q: %q not allowed", s.NodeID, c)
+			// The id is a label of metrics, a key of /status's JSON and
+			// what scdctl -node matches: bytes that are no UTF-8 come back
+			// from JSON as U+FFFD, and a blank nobody sees (a no-break
+			// space) makes an id that no one can type.
+			if !utf8.ValidString(s.NodeID) {
+				return fmt.Errorf("%q is not UTF-8", s.NodeID)
+			}
+			for _, r := range s.NodeID {
+				if unicode.IsSpace(r) || !unicode.IsGraphic(r) || r == '"' || r == ',' {
+					return fmt.Errorf("%q: %q not allowed", s.NodeID, r)
 				}
 			}
 			return nil
 		},
 		dflt:    "the host name",
-		values:  "1..255 bytes without blanks, control characters, quotes or commas",
+		values:  "1..255 bytes of UTF-8 without blanks, control characters, quotes or commas",
 		tpsched: "The node's name towards its peers, in announces, in `scdctl status` and in metric labels. Every node of a cluster needs its own.",
 	},
 	"rpc_address": {
