@@ -182,6 +182,9 @@ var policyCommands = map[string]command[Policy]{
 			if _, ok := flags["c"]; !ok {
 				return errors.New("-c CLASS is required")
 			}
+			if err := checkIdent("class", r.Class); err != nil {
+				return fmt.Errorf("-c: %w", err)
+			}
 			for _, pat := range []struct{ opt, v string }{{"g", r.Group}, {"s", r.Service}} {
 				if _, err := path.Match(pat.v, ""); err != nil || len(pat.v) > maxNameLen {
 					return fmt.Errorf("-%s: %q is not a pattern (letters, digits, '*', '?', [...])", pat.opt, pat.v)
@@ -285,7 +288,9 @@ func loadPolicy(fsys fs.FS) (*Policy, error) {
 		errs.add(&Error{File: FilePolicy, Line: given["default_class"], Operand: "default_class", Reason: err.Error()})
 	}
 	for _, st := range stmts {
-		if c, ok := flagValue(st, "c"); ok && st.Kind == StmtCommand && st.Name == "classify" {
+		if c, ok := flagValue(st, "c"); ok && st.Kind == StmtCommand && st.Name == "classify" && checkIdent("class", c) == nil {
+			// A malformed name was refused above; a long one would take
+			// known's did-you-mean a while.
 			if err := known(c); err != nil {
 				errs.add(&Error{File: FilePolicy, Line: st.Line, Operand: "classify", Reason: "-c: " + err.Error()})
 			}

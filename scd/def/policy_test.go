@@ -80,6 +80,9 @@ func TestPolicyErrors(t *testing.T) {
 		{"bad name", base + "class -n a/b -i 2 -t 10\n", "svcpolicy:3: class: -n: class \"a/b\""},
 		{"unknown option", base + "class -n B -i 2 -t 10 -x 1\n", "svcpolicy:3: class: unknown option -x"},
 		{"rule to unknown class", base + "classify -g g -c B\n", `svcpolicy:3: classify: -c: class "B" is not defined`},
+		{"rule to a class name too long", base + "classify -g g -c " + strings.Repeat("x", 1000) + "\n",
+			`svcpolicy:3: classify: -c: class "` + strings.Repeat("x", 1000) + `" is 1000 bytes, at most 31`},
+		{"rule to a malformed class", base + "classify -g g -c a/b\n", `svcpolicy:3: classify: -c: class "a/b": '/' not allowed`},
 		{"rule without class", base + "classify -g g\n", "svcpolicy:3: classify: -c CLASS is required"},
 		{"bad pattern", base + "classify -g \"[\" -c A\n", `svcpolicy:3: classify: -g: "[" is not a pattern`},
 		{"environment twice", base + "environment -g e\nenvironment -g e\n", "svcpolicy:4: environment: environment e named twice"},
@@ -100,6 +103,11 @@ func TestPolicyErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
 		}
+	}
+	// A class name refused for its form is not also looked up among the
+	// classes (a did-you-mean over a name of any length).
+	if _, err := LoadFS(policyFS(base + "classify -c a/b\n")); len(List(err)) != 1 {
+		t.Errorf("classify -c a/b: want one error, got %v", err)
 	}
 }
 
