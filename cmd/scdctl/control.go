@@ -182,6 +182,9 @@ func restart(ctx context.Context, nd node, args []string, stdout io.Writer) erro
 
 var profileName = regexp.MustCompile(`^[a-z_]+$`)
 
+// maxProfileSeconds bounds a CPU profile or trace: an hour.
+const maxProfileSeconds = 3600
+
 // profile writes one of scdd's Go profiles to stdout.
 func profile(nd node, timeout time.Duration, args []string, stdout io.Writer) error {
 	if len(args) < 1 || len(args) > 2 || !profileName.MatchString(args[0]) {
@@ -194,9 +197,11 @@ func profile(nd node, timeout time.Duration, args []string, stdout io.Writer) er
 			secs = 1
 		}
 		if len(args) == 2 {
+			// Past the bound the seconds would overflow a time.Duration,
+			// here and in scdd, which then stops the profile at once.
 			n, err := strconv.Atoi(args[1])
-			if err != nil || n < 1 {
-				return usageError("pprof " + args[0] + " [SECONDS]: SECONDS is a whole number >= 1")
+			if err != nil || n < 1 || n > maxProfileSeconds {
+				return usageError(fmt.Sprintf("pprof %s [SECONDS]: SECONDS is a whole number, 1..%d", args[0], maxProfileSeconds))
 			}
 			secs = n
 		}

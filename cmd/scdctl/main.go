@@ -59,6 +59,7 @@ Commands:
                               servers and high-water mark per application environment
   pprof PROFILE [SECONDS]     write a profile of scdd to stdout: heap, goroutine, allocs,
                               block, mutex, threadcreate; profile (CPU) or trace for SECONDS
+                              (1..3600)
 
 call and find use the node's RPC port, status and report its HTTP address (metrics_address);
 prc, chprc, hold, release, restart, quiesce, resume, refresh, policy and pprof go over its

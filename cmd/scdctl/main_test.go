@@ -136,3 +136,19 @@ func TestEnvActionFailedNodes(t *testing.T) {
 		})
 	}
 }
+
+// TestProfileSecondsBounded: pprof profile with more seconds than a
+// time.Duration holds is a usage error; it overflowed, and scdd stopped
+// the profile at once and scdctl printed it, exit 0.
+func TestProfileSecondsBounded(t *testing.T) {
+	sock := fakeControl(t, "profile")
+	for _, secs := range []string{"9999999999", "3601", "0"} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"-s", sock, "pprof", "profile", secs}, &stdout, &stderr); code != 2 {
+			t.Errorf("scdctl pprof profile %s: exit %d, want 2 (stderr %q)", secs, code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), "1..3600") || stdout.Len() != 0 {
+			t.Errorf("scdctl pprof profile %s: stdout %q, stderr %q", secs, stdout.String(), stderr.String())
+		}
+	}
+}
