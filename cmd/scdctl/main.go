@@ -151,6 +151,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if *timeout <= 0 {
+		// A context that has already ended fails every command with
+		// 'context deadline exceeded', which reads as a node that is down.
+		fmt.Fprintf(stderr, "scdctl: -t %s: want a duration above 0 (30s, 2m)\n", *timeout)
+		fs.Usage()
+		return 2
+	}
 	if err := resolve(*dir, &nd); err != nil {
 		fmt.Fprintln(stderr, "scdctl:", err)
 		return 1

@@ -152,3 +152,18 @@ func TestProfileSecondsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeoutAboveZero: -t 0 or below is a usage error; it failed every
+// command with 'context deadline exceeded (is scdd running?...)'.
+func TestTimeoutAboveZero(t *testing.T) {
+	sock := fakeControl(t, `{"group":"g","held":true,"changed":true}`)
+	for _, tv := range []string{"0", "-1s"} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"-s", sock, "-t", tv, "hold", "g"}, &stdout, &stderr); code != 2 {
+			t.Errorf("scdctl -t %s hold g: exit %d, want 2 (stderr %q)", tv, code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), "want a duration above 0") {
+			t.Errorf("scdctl -t %s: stderr %q", tv, stderr.String())
+		}
+	}
+}
