@@ -151,6 +151,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if msg := misplacedFlag(fs, words[0]); msg != "" {
+		fmt.Fprintln(stderr, "scdctl:", msg)
+		fs.Usage()
+		return 2
+	}
 	if *timeout <= 0 {
 		// A context that has already ended fails every command with
 		// 'context deadline exceeded', which reads as a node that is down.
@@ -198,6 +203,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// flagCommands are the flags that only some commands take, with those
+// commands.
+var flagCommands = map[string][]string{
+	"json":        {"status", "prc", "chprc", "report", "quiesce", "resume", "refresh", "policy"},
+	"no-reply":    {"call"},
+	"balanced":    {"call"},
+	"direct":      {"call"},
+	"loadbalance": {"call"},
+	"node":        {"call"},
+}
+
+// misplacedFlag says why a flag given does not go with cmd, or "": one
+// that cmd would leave unused misleads (status -node n2 would show this
+// node's status, hold -json print no JSON).
+func misplacedFlag(fs *flag.FlagSet, cmd string) string {
+	msg := ""
+	fs.Visit(func(f *flag.Flag) {
+		if cmds, ok := flagCommands[f.Name]; ok && msg == "" && !slices.Contains(cmds, cmd) && f.Value.String() != f.DefValue {
+			msg = fmt.Sprintf("-%s is not for %s (only for %s)", f.Name, cmd, strings.Join(cmds, ", "))
+		}
+	})
+	return msg
 }
 
 // parseInterspersed parses flags wherever they stand among the words, as

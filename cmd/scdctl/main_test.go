@@ -167,3 +167,30 @@ func TestTimeoutAboveZero(t *testing.T) {
 		}
 	}
 }
+
+// TestFlagOfAnotherCommand: a flag that only other commands take is a
+// usage error, not left unused: status -node n2 showed this node's
+// status, hold -json printed text.
+func TestFlagOfAnotherCommand(t *testing.T) {
+	sock := fakeControl(t, `{"group":"g","held":true,"changed":true}`)
+	for _, args := range [][]string{
+		{"status", "-node", "n2"},
+		{"hold", "g", "-json"},
+		{"-balanced", "prc"},
+		{"release", "-no-reply", "g"},
+	} {
+		var stdout, stderr bytes.Buffer
+		all := append([]string{"-s", sock, "-H", "127.0.0.1:1", "-a", "127.0.0.1:1"}, args...)
+		if code := run(all, &stdout, &stderr); code != 2 {
+			t.Errorf("scdctl %v: exit %d, want 2 (stderr %q)", args, code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), " is not for ") || stdout.Len() != 0 {
+			t.Errorf("scdctl %v: stdout %q, stderr %q", args, stdout.String(), stderr.String())
+		}
+	}
+	// Given as its default, it changes nothing and is let be.
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-s", sock, "hold", "g", "-json=false"}, &stdout, &stderr); code != 0 {
+		t.Errorf("scdctl hold g -json=false: exit %d: %s", code, stderr.String())
+	}
+}
