@@ -314,7 +314,7 @@ func checkAllNodes(s *System, lines map[string]int) error {
 	seen := map[string]string{}
 	for _, n := range s.AllNodes {
 		h, p, _ := SplitHostPort(n, s.RPCPort)
-		key := fmt.Sprintf("%s:%d", h, p)
+		key := fmt.Sprintf("%s:%d", sameHost(h), p)
 		if prev, ok := seen[key]; ok {
 			return &Error{File: "sysconf", Line: lines["all_node"], Operand: "all_node",
 				Reason: fmt.Sprintf("%q and %q are the same node", prev, n)}
@@ -333,6 +333,16 @@ func checkAllNodes(s *System, lines map[string]int) error {
 		}
 	}
 	return nil
+}
+
+// sameHost is h spelt as every spelling of the same host is: an address
+// in its shortest form (::1 for 0:0::1), a host name in lower case (host
+// names are not told apart by case).
+func sameHost(h string) string {
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.String()
+	}
+	return strings.ToLower(h)
 }
 
 // isLoopbackHost reports whether h is a loopback address or names one by
