@@ -29,7 +29,7 @@ func hold(ctx context.Context, nd node, verb string, args []string, stdout io.Wr
 	if len(args) != 1 {
 		return usageError(verb + " GROUP")
 	}
-	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/"+verb+"?group="+url.QueryEscape(args[0]), "")
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/"+verb+"?group="+url.QueryEscape(args[0]), nd.where(), "")
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func prc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.Wri
 	if len(args) == 1 {
 		u += "?group=" + url.QueryEscape(args[0])
 	}
-	body, err := httpDo(ctx, controlClient(nd), http.MethodGet, u, "")
+	body, err := httpDo(ctx, controlClient(nd), http.MethodGet, u, nd.where(), "")
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ func chprc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.W
 		}
 		q.Set("max", maxProcs)
 	}
-	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/chprc?"+q.Encode(), "")
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/chprc?"+q.Encode(), nd.where(), "")
 	if err != nil {
 		return err
 	}
@@ -163,7 +163,7 @@ func restart(ctx context.Context, nd node, args []string, stdout io.Writer) erro
 	if len(args) != 0 {
 		return usageError("restart")
 	}
-	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/restart", "")
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/restart", nd.where(), "")
 	if err != nil {
 		return err
 	}
@@ -213,13 +213,16 @@ func profile(nd node, timeout time.Duration, args []string, stdout io.Writer) er
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	body, err := httpDo(ctx, controlClient(nd), http.MethodGet, u, "")
+	body, err := httpDo(ctx, controlClient(nd), http.MethodGet, u, nd.where(), "")
 	if err != nil {
 		return err
 	}
 	_, err = stdout.Write(body)
 	return err
 }
+
+// where names the node's control socket in an error.
+func (nd node) where() string { return "control socket " + nd.sock }
 
 // controlClient speaks HTTP over the node's control socket.
 func controlClient(nd node) *http.Client {
@@ -250,11 +253,20 @@ func controlClient(nd node) *http.Client {
 	}}
 }
 
-// httpDo runs one request; hint is added to an error in reaching the node.
-func httpDo(ctx context.Context, hc *http.Client, method, u, hint string) ([]byte, error) {
+// httpDo runs one request to where (the control socket's path, or the
+// node's HTTP address); hint is added to an error in reaching the node.
+func httpDo(ctx context.Context, hc *http.Client, method, u, where, hint string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
 		return nil, err
+	}
+	// A node that takes the request and never answers leaves only the
+	// context's 'deadline exceeded', which names no node.
+	late := func(err error) error {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("no answer from %s before -t ran out (%w)", where, err)
+		}
+		return err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
@@ -262,6 +274,7 @@ func httpDo(ctx context.Context, hc *http.Client, method, u, hint string) ([]byt
 		if errors.As(err, &ue) {
 			err = ue.Err // the method and URL say nothing the message does not
 		}
+		err = late(err)
 		if hint != "" {
 			err = fmt.Errorf("%w (%s)", err, hint)
 		}
@@ -270,7 +283,7 @@ func httpDo(ctx context.Context, hc *http.Client, method, u, hint string) ([]byt
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return nil, late(err)
 	}
 	if resp.StatusCode >= 300 {
 		return nil, errors.New(strings.TrimSpace(string(bytes.TrimSpace(body))))

@@ -362,7 +362,7 @@ func destination(ctx context.Context, nd node, name string) (string, error) {
 	if net.ParseIP(name) != nil {
 		return name, nil
 	}
-	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+nd.http+"/status",
+	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+nd.http+"/status", nd.http,
 		"-node "+name+" names a node id, looked up in the local node's status; give host:port to call an address")
 	if err != nil {
 		return "", err

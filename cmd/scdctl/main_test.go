@@ -194,3 +194,50 @@ func TestFlagOfAnotherCommand(t *testing.T) {
 		t.Errorf("scdctl hold g -json=false: exit %d: %s", code, stderr.String())
 	}
 }
+
+// TestNoAnswerNamesTheNode: a node that takes the request and never
+// answers is named when -t runs out: the control socket's path, or the
+// HTTP address. It said only 'context deadline exceeded'.
+func TestNoAnswerNamesTheNode(t *testing.T) {
+	dir, err := os.MkdirTemp("", "scdctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "control.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-stuck:
+		case <-r.Context().Done():
+		}
+	})}
+	go srv.Serve(ul)
+	srv2 := &http.Server{Handler: srv.Handler}
+	go srv2.Serve(tl)
+	t.Cleanup(func() { close(stuck); srv.Close(); srv2.Close() })
+	for _, c := range []struct {
+		args  []string
+		where string
+	}{
+		{[]string{"hold", "g"}, "no answer from control socket " + sock + " before -t ran out"},
+		{[]string{"status"}, "no answer from " + tl.Addr().String() + " before -t ran out"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"-s", sock, "-a", tl.Addr().String(), "-H", "127.0.0.1:1", "-t", "300ms"}, c.args...)
+		if code := run(args, &stdout, &stderr); code != 1 {
+			t.Errorf("scdctl %v: exit %d, want 1", c.args, code)
+		}
+		if !strings.Contains(stderr.String(), c.where) {
+			t.Errorf("scdctl %v: stderr %q, want %q", c.args, stderr.String(), c.where)
+		}
+	}
+}

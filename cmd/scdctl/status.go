@@ -24,7 +24,7 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	if len(args) > 0 {
 		return usageError("status [-json]")
 	}
-	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+addr+"/status",
+	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+addr+"/status", addr,
 		"is scdd running? -a or sysconf's metrics_address names its HTTP address")
 	if err != nil {
 		return err

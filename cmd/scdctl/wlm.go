@@ -65,7 +65,7 @@ func envAction(ctx context.Context, nd node, asJSON bool, verb string, args []st
 		}
 		u += "?env=" + url.QueryEscape(args[0])
 	}
-	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, u, "")
+	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, u, nd.where(), "")
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func report(ctx context.Context, nd node, asJSON bool, args []string, stdout io.
 	if len(args) != 0 {
 		return usageError("report [-json]")
 	}
-	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+nd.http+"/report",
+	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+nd.http+"/report", nd.http,
 		"report reads the node's HTTP address (metrics_address); -a names it")
 	if err != nil {
 		return err
