@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -112,8 +113,70 @@ func loadSystem(fsys fs.FS, errs *collector) (System, map[string]int) {
 	bad = errs.add(err) || bad
 	if !bad { // all_node against rpc_address, once both read right
 		errs.add(checkAllNodes(&sys, lines))
+		errs.add(checkPorts(&sys, lines))
 	}
 	return sys, lines
+}
+
+// checkPorts refuses two of the node's listeners on one port of one
+// address: the RPC port, the HTTP address and, in a cluster, the name
+// port. scdd would stop at the second with 'port taken', naming itself as
+// the process that holds it, and scdd -check found nothing.
+func checkPorts(s *System, lines map[string]int) error {
+	type door struct {
+		op, host string
+		port     int
+	}
+	doors := []door{{"rpc_port", s.RPCAddress, s.RPCPort}, {"metrics_address", metricsHost(*s), metricsPort(*s)}}
+	if otherNode(s) != "" {
+		doors = append(doors, door{"name_port", s.RPCAddress, s.NamePort})
+	}
+	for i, a := range doors {
+		for _, b := range doors[:i] {
+			if a.port == 0 || a.port != b.port || !sameAddress(a.host, b.host) {
+				continue
+			}
+			op, other := a.op, b.op
+			if lines[b.op] > lines[a.op] {
+				op, other = b.op, a.op
+			}
+			return &Error{File: "sysconf", Line: lines[op], Operand: op,
+				Reason: fmt.Sprintf("port %d is %s's too, on the same address: give each its own", a.port, other)}
+		}
+	}
+	return nil
+}
+
+// otherNode is an all_node entry that is not this node, or "": with one,
+// the node is in a cluster and listens on name_port.
+func otherNode(s *System) string {
+	for _, n := range s.AllNodes {
+		h, p, err := SplitHostPort(n, s.RPCPort)
+		if err == nil && (sameHost(h) != sameHost(s.RPCAddress) || p != s.RPCPort) {
+			return n
+		}
+	}
+	return ""
+}
+
+// sameAddress reports whether listeners on hosts a and b of one port would
+// collide: the same address, or either is every address (0.0.0.0, ::).
+func sameAddress(a, b string) bool {
+	norm := func(h string) string {
+		if h = sameHost(h); h == "localhost" {
+			return "127.0.0.1"
+		}
+		return h
+	}
+	for _, h := range []string{a, b} {
+		if h == "" {
+			return true
+		}
+		if ip := net.ParseIP(h); ip != nil && ip.IsUnspecified() {
+			return true
+		}
+	}
+	return norm(a) == norm(b)
 }
 
 // load reads the whole directory. It always returns a Config, with what
@@ -693,6 +756,8 @@ func checkReceiverGroups(cfg *Config, stmts []Stmt) error {
 			fail("receiver group %s: port %d is rpc_port, the default group's", g.Name, g.Port)
 		case g.Port != 0 && g.Port == cfg.System.NamePort:
 			fail("receiver group %s: port %d is name_port", g.Name, g.Port)
+		case g.Port != 0 && g.Port == metricsPort(cfg.System) && sameAddress(cfg.System.RPCAddress, metricsHost(cfg.System)):
+			fail("receiver group %s: port %d is metrics_address's", g.Name, g.Port)
 		}
 		total += g.Count
 		if total > maxReceivingSockets {
@@ -701,6 +766,19 @@ func checkReceiverGroups(cfg *Config, stmts []Stmt) error {
 		}
 	}
 	return errs.err()
+}
+
+// metricsHost and metricsPort are metrics_address's host and port (0 when
+// it has none).
+func metricsHost(s System) string {
+	h, _, _ := net.SplitHostPort(s.MetricsAddress)
+	return h
+}
+
+func metricsPort(s System) int {
+	_, p, _ := net.SplitHostPort(s.MetricsAddress)
+	n, _ := strconv.Atoi(p)
+	return n
 }
 
 // maxReceivingSockets is the most receiving sockets of all groups together

@@ -118,7 +118,7 @@ var systemOperands = map[string]operand[System]{
 			return err
 		},
 		value:   DefaultMetricsAddress,
-		values:  "host:port; port 0 picks a free one",
+		values:  "host:port; port 0 picks a free one; not rpc_port or, in a cluster, name_port on the same address",
 		tpsched: "The read-only HTTP endpoint of `/metrics` and `/status`. Control actions (hold, release, pprof) go to control_socket.",
 		own:     true,
 	},
