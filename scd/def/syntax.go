@@ -1,6 +1,7 @@
 package def
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 )
@@ -67,6 +68,9 @@ type Flag struct {
 // statements it could read with every error (one *Error, or Errors).
 func Parse(file string, src []byte) ([]Stmt, error) {
 	var errs collector
+	// A byte-order mark, which some editors put before UTF-8, is no part
+	// of the first statement.
+	src = bytes.TrimPrefix(src, []byte("\xef\xbb\xbf"))
 	raws := splitStatements(file, src, &errs)
 	var out []Stmt
 	seenSet := map[string]int{}
