@@ -186,6 +186,12 @@ var policyCommands = map[string]command[Policy]{
 				return fmt.Errorf("-c: %w", err)
 			}
 			for _, pat := range []struct{ opt, v string }{{"g", r.Group}, {"s", r.Service}} {
+				if v, given := flags[pat.opt]; given && v == "" {
+					// An empty pattern is read as the option left out: a
+					// rule for no group (an empty variable in a template)
+					// would classify every call.
+					return fmt.Errorf("-%s: empty pattern (leave -%s out to match every one, or write \"*\")", pat.opt, pat.opt)
+				}
 				if _, err := path.Match(pat.v, ""); err != nil || len(pat.v) > maxNameLen {
 					return fmt.Errorf("-%s: %q is not a pattern (letters, digits, '*', '?', [...])", pat.opt, pat.v)
 				}
@@ -199,7 +205,7 @@ var policyCommands = map[string]command[Policy]{
 		synopsis: "classify -g GROUP -s SERVICE -c CLASS",
 		dflt:     "none: every call is of default_class",
 		values: "any number: -g and -s patterns ('*' any characters, '?' one, [...] a set; each optional, meaning every group " +
-			"or service), -c a class of this file",
+			"or service; not empty), -c a class of this file",
 		opentp1: "Classification rules assign incoming work to a service class by its attributes (004).",
 		tpsched: "A call is of the class of the first rule, in the order written, whose patterns match its service group and service. " +
 			"Quote a pattern with '*' at its start.",

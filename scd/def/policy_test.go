@@ -83,6 +83,8 @@ func TestPolicyErrors(t *testing.T) {
 		{"rule to a class name too long", base + "classify -g g -c " + strings.Repeat("x", 1000) + "\n",
 			`svcpolicy:3: classify: -c: class "` + strings.Repeat("x", 1000) + `" is 1000 bytes, at most 31`},
 		{"rule to a malformed class", base + "classify -g g -c a/b\n", `svcpolicy:3: classify: -c: class "a/b": '/' not allowed`},
+		{"rule with an empty group", base + "classify -g \"\" -c A\n", `svcpolicy:3: classify: -g: empty pattern (leave -g out to match every one, or write "*")`},
+		{"rule with an empty service", base + "classify -g g -s \"\" -c A\n", `svcpolicy:3: classify: -s: empty pattern`},
 		{"rule without class", base + "classify -g g\n", "svcpolicy:3: classify: -c CLASS is required"},
 		{"bad pattern", base + "classify -g \"[\" -c A\n", `svcpolicy:3: classify: -g: "[" is not a pattern`},
 		{"environment twice", base + "environment -g e\nenvironment -g e\n", "svcpolicy:4: environment: environment e named twice"},
