@@ -151,6 +151,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if msg := badAddress(nd); msg != "" {
+		fmt.Fprintln(stderr, "scdctl:", msg)
+		fs.Usage()
+		return 2
+	}
 	if msg := misplacedFlag(fs, words[0]); msg != "" {
 		fmt.Fprintln(stderr, "scdctl:", msg)
 		fs.Usage()
@@ -203,6 +208,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// badAddress says why -H or -a (or the variable behind it) is no address
+// of a node, or "". -a without a port went to port 80, and a URL there
+// to a host named http.
+func badAddress(nd node) string {
+	for _, a := range []struct {
+		flag, addr string
+		port       int // 0: the port is required
+	}{{"-H (or $TPSCHED_RPC)", nd.rpc, def.DefaultRPCPort}, {"-a (or $TPSCHED_HTTP)", nd.http, 0}} {
+		if a.addr == "" {
+			continue
+		}
+		if strings.Contains(a.addr, "://") {
+			return fmt.Sprintf("%s %q: give host:port, not a URL", a.flag, a.addr)
+		}
+		if _, _, err := def.SplitHostPort(a.addr, a.port); err != nil {
+			return fmt.Sprintf("%s %q: %v", a.flag, a.addr, err)
+		}
+	}
+	return ""
 }
 
 // flagCommands are the flags that only some commands take, with those

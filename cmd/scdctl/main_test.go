@@ -241,3 +241,25 @@ func TestNoAnswerNamesTheNode(t *testing.T) {
 		}
 	}
 }
+
+// TestAddressFlagsChecked: -a without a port, or a URL, and -H without a
+// host are usage errors naming the flag. -a 127.0.0.1 asked port 80, and
+// -a http://host:port a host named http.
+func TestAddressFlagsChecked(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-a", "127.0.0.1", "status"}, `-a (or $TPSCHED_HTTP) "127.0.0.1": missing port`},
+		{[]string{"-a", "http://127.0.0.1:12001", "status"}, `-a (or $TPSCHED_HTTP) "http://127.0.0.1:12001": give host:port, not a URL`},
+		{[]string{"-H", ":12000", "call", "g", "s"}, `-H (or $TPSCHED_RPC) ":12000": missing host`},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"-t", "2s"}, c.args...), &stdout, &stderr); code != 2 {
+			t.Errorf("scdctl %v: exit %d, want 2 (stderr %q)", c.args, code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("scdctl %v: stderr %q, want %q", c.args, stderr.String(), c.want)
+		}
+	}
+}
