@@ -19,10 +19,11 @@ import (
 var defaultFS embed.FS
 
 // Load reads the definition directory dir: sysconf, scdsvcdef, usrrc and
-// svcpolicy (each optional), and every regular file in usr/ (one user server each;
-// names starting with '.' or ending with '~' are skipped). At least one user
-// server is required. A file that is there but no regular file (a named
-// pipe, a directory in place of sysconf) or a link to nothing is an error. An error in one file does not stop the others being
+// svcpolicy (each optional), and every regular file in usr/ (one user
+// server each; names starting with '.' or ending with '~' are skipped). At
+// least one user server is required. A file that is there but no regular
+// file (a named pipe, a directory in place of sysconf) or a link to
+// nothing is an error. An error in one file does not stop the others being
 // read: the error is every one found (Errors when there are several).
 func Load(dir string) (*Config, error) {
 	cfg, err := Check(dir)
