@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +21,7 @@ import (
 // clusterTortureAttacks are TestTortureCluster's classes: the single
 // node's (the UAPs' on the serving nodes, the machine's on the entry
 // node) and three on the serving nodes' scdd.
-var clusterTortureAttacks = append(append([]string(nil), tortureAttacks...), "peerkill", "peerstop", "peerrestart")
+var clusterTortureAttacks = append(append([]string(nil), tortureAttacks...), "peerkill", "peerstop", "peerrestart", "peercut", "peerloss")
 
 // TestTortureCluster is TestTorture across three nodes: the callers and
 // the probes call n0 (127.0.0.2), which serves only probe; front and back
@@ -31,7 +32,11 @@ var clusterTortureAttacks = append(append([]string(nil), tortureAttacks...), "pe
 // n1's and n2's scdd, at random moments: "peerkill" SIGKILL, and the node
 // started again (its UAPs, left over, are killed by the new scdd) after
 // up to 1.5 s; "peerstop" SIGSTOP for up to 2.5 s (longer than the fast
-// failure detection's verdict); "peerrestart" a hand-over (SIGUSR2).
+// failure detection's verdict); "peerrestart" a hand-over (SIGUSR2);
+// "peercut" the node cut from the cluster (nftables drops every packet to
+// or from its address on the cluster's ports, both ways, as a failed link
+// does: nothing is reset) for up to 4 s; "peerloss" 5 to 30% of those
+// packets dropped at random for up to 5 s.
 //
 // The checks are TestTorture's: every call n0 read is answered once
 // ('network down' for a call whose node died or was taken for dead with
@@ -61,7 +66,7 @@ func TestTortureCluster(t *testing.T) {
 	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
 	var peers []*tpeer
 	for i := 1; i < len(clusterIPs); i++ {
-		p := &tpeer{tt: tt, name: fmt.Sprintf("n%d", i), log: filepath.Join(t.TempDir(), "scdd.log")}
+		p := &tpeer{tt: tt, name: fmt.Sprintf("n%d", i), addr: clusterIPs[i], log: filepath.Join(t.TempDir(), "scdd.log")}
 		p.dir = defs(i, map[string]string{
 			"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
 			"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
@@ -71,6 +76,13 @@ func TestTortureCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		peers = append(peers, p)
+	}
+	var lo *loFaults
+	if tt.attacks["peercut"] || tt.attacks["peerloss"] {
+		lo = newLoFaults(tt, rpc, name)
+		if lo == nil {
+			tt.attacks["peercut"], tt.attacks["peerloss"] = false, false
+		}
 	}
 	entry := defs(0, map[string]string{"probe": tortureProbe})
 	tt.n = startRestartingNode(t, entry, "-drain-timeout", "5s", "-fast-failure-detection")
@@ -105,7 +117,11 @@ func TestTortureCluster(t *testing.T) {
 		for _, a := range []struct {
 			name string
 			f    func(*tpeer, *rand.Rand)
-		}{{"peerkill", (*tpeer).kill}, {"peerstop", (*tpeer).pause}, {"peerrestart", (*tpeer).restart}} {
+		}{{"peerkill", (*tpeer).kill}, {"peerstop", (*tpeer).pause}, {"peerrestart", (*tpeer).restart},
+			{"peercut", func(p *tpeer, r *rand.Rand) { lo.fault(p, 100, time.Duration(200+r.IntN(3800))*time.Millisecond) }},
+			{"peerloss", func(p *tpeer, r *rand.Rand) {
+				lo.fault(p, 5+r.IntN(26), time.Duration(500+r.IntN(4500))*time.Millisecond)
+			}}} {
 			if tt.attacks[a.name] {
 				acts = append(acts, a.f)
 			}
@@ -138,6 +154,7 @@ func TestTortureCluster(t *testing.T) {
 type tpeer struct {
 	tt   *torture
 	name string
+	addr string // its RPC and name address
 	dir  string
 	log  string
 
@@ -299,4 +316,112 @@ func (p *tpeer) stop() {
 	for _, g := range pgids {
 		_ = syscall.Kill(-g, syscall.SIGKILL)
 	}
+}
+
+// loFaults cuts and thins out a serving node's links on the loopback
+// interface, where the cluster's nodes talk: an nftables table of the
+// test's own drops every packet (or pct percent, at random) to or from the
+// node's address whose either port is the cluster's RPC or name port. The
+// callers' and the probes' packets (to n0) and the status look-ups (the
+// metrics ports) pass. The table is removed when the test ends.
+type loFaults struct {
+	tt    *torture
+	table string
+	ports string // "{ rpc, name }"
+
+	mu  sync.Mutex // one change at a time, the whole table in one transaction
+	pct map[string]int
+}
+
+// newLoFaults makes the table, or returns nil (the attacks left out, with
+// the reason logged) where nft or root is missing; where the run must be
+// complete that fails the test.
+func newLoFaults(tt *torture, rpc, name int) *loFaults {
+	t := tt.t
+	why := ""
+	if _, err := exec.LookPath("nft"); err != nil {
+		why = "needs nft (Debian's nftables)"
+	} else if os.Geteuid() != 0 {
+		why = "needs root (nftables)"
+	}
+	if why != "" {
+		if req := testenv.Required(); req != "" {
+			t.Fatalf("peercut and peerloss %s, and %s asks for every test", why, req)
+		}
+		t.Logf("peercut and peerloss left out: %s", why)
+		return nil
+	}
+	lo := &loFaults{tt: tt, table: fmt.Sprintf("tpsched_torture_%d", os.Getpid()), ports: fmt.Sprintf("{ %d, %d }", rpc, name),
+		pct: map[string]int{}}
+	lo.apply()
+	t.Cleanup(func() { _ = exec.Command("nft", "delete", "table", "inet", lo.table).Run() })
+	return lo
+}
+
+// fault drops pct percent of p's cluster packets for d, then heals.
+func (lo *loFaults) fault(p *tpeer, pct int, d time.Duration) {
+	lo.set(p.addr, pct)
+	defer lo.set(p.addr, 0)
+	what := "serving nodes cut off"
+	if pct < 100 {
+		what = "serving nodes' links made lossy"
+	}
+	p.tt.count(what, 1)
+	p.tt.sleep(d)
+}
+
+func (lo *loFaults) set(addr string, pct int) {
+	lo.mu.Lock()
+	defer lo.mu.Unlock()
+	if pct <= 0 {
+		delete(lo.pct, addr)
+	} else {
+		lo.pct[addr] = pct
+	}
+	lo.apply()
+}
+
+// apply replaces the table with the faults now, in one transaction. Under
+// mu (or before the table is shared).
+func (lo *loFaults) apply() {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\ntable inet %s {\n\tchain in {\n"+
+		"\t\ttype filter hook input priority filter; policy accept;\n", lo.table, lo.table, lo.table)
+	addrs := make([]string, 0, len(lo.pct))
+	for a := range lo.pct {
+		addrs = append(addrs, a)
+	}
+	sort.Strings(addrs)
+	for _, a := range addrs {
+		drop := "counter drop"
+		if pct := lo.pct[a]; pct < 100 {
+			drop = fmt.Sprintf("numgen random mod 100 < %d counter drop", pct)
+		}
+		for _, dir := range []string{"saddr", "daddr"} {
+			for _, port := range []string{"sport", "dport"} {
+				fmt.Fprintf(&b, "\t\tip %s %s th %s %s %s\n", dir, a, port, lo.ports, drop)
+			}
+		}
+	}
+	b.WriteString("\t}\n}\n")
+	lo.tt.count("packets dropped by cuts and losses", lo.counted()) // by the table replaced
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		lo.tt.t.Errorf("nft: %v\n%s\n%s", err, out, b.String())
+	}
+}
+
+var nftPackets = regexp.MustCompile(`counter packets (\d+)`)
+
+// counted is the packets the table's rules have dropped since it was
+// made. Under mu.
+func (lo *loFaults) counted() int {
+	out, _ := exec.Command("nft", "list", "table", "inet", lo.table).Output()
+	n := 0
+	for _, m := range nftPackets.FindAllStringSubmatch(string(out), -1) {
+		k, _ := strconv.Atoi(m[1])
+		n += k
+	}
+	return n
 }

@@ -13,7 +13,7 @@ package itest
 //	                          callers, uapkill, uapstop, uapexit, badexit,
 //	                          localcalls, fdpressure, restart; across a
 //	                          cluster (TestTortureCluster) also peerkill,
-//	                          peerstop, peerrestart
+//	                          peerstop, peerrestart, peercut, peerloss
 //	TPSCHED_TORTURE_CALLERS   callers at once (default 6)
 //	TPSCHED_TORTURE_STALL     how long the probe may go unanswered before
 //	                          the watchdog dumps scdd's goroutines and
