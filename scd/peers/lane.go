@@ -30,6 +30,7 @@ type target struct {
 	group string // a service group received here, for its lanes' receivers lookups
 	queue chan *Call
 	lanes int         // guarded by p.mu: lanes started
+	held  int         // guarded by p.mu: calls a dialling lane took off the queue, counted in its bound
 	taken map[int]int // guarded by p.mu: receiving socket -> lanes connected to it
 }
 
@@ -62,7 +63,12 @@ func (t *target) runLane() {
 			return
 		default:
 		}
-		mc, err := t.dial(&here)
+		var mc *netio.MuxConn
+		var err error
+		mc, carried, err = t.dialWatching(&here, carried)
+		if errors.Is(err, errPeerStopped) {
+			continue // its calls were handed on; the loop's top ends the lane
+		}
 		if err != nil {
 			if errors.Is(err, ErrHelloRefused) {
 				p.pool.log.Warn("peer hello failed", "node", p.node, "addr", t.addr, "err", err)
@@ -81,6 +87,106 @@ func (t *target) runLane() {
 		}
 		carried = t.serve(mc, carried)
 		t.release(&here)
+	}
+}
+
+// errPeerStopped ends a dial the peer stopped during: the calls waiting
+// for it were handed on, and its connection, if it came, closed.
+var errPeerStopped = errors.New("the peer stopped while its lane dialled")
+
+// dialWatching dials (dial) on another goroutine while the lane keeps the
+// calls that wait for the connection: carried, and those queued meanwhile,
+// which it takes off the queue (held counts them against the queue's
+// bound). A call whose deadline passes meanwhile is answered 'timed out'
+// then, not when the dial ends (the connect and the hello may take their
+// bounds): the lane is the one owner of every call it holds, so each gets
+// one answer. When the peer stops meanwhile its calls are handed on at
+// once, and the dial is waited for and its connection closed
+// (errPeerStopped). It returns the calls still waiting, in their order.
+func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Call, error) {
+	p := t.p
+	type dialled struct {
+		mc   *netio.MuxConn
+		here int
+		err  error
+	}
+	res := make(chan dialled, 1)
+	go func() {
+		d := dialled{here: -1}
+		d.mc, d.err = t.dial(&d.here)
+		res <- d
+	}()
+	defer func() {
+		p.mu.Lock()
+		t.held = 0
+		p.mu.Unlock()
+	}()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var next time.Time // the earliest deadline in carried; zero: none
+	watch := func(cl *Call) {
+		if !cl.Deadline.IsZero() && (next.IsZero() || cl.Deadline.Before(next)) {
+			next = cl.Deadline
+			timer.Reset(time.Until(next))
+		}
+	}
+	for _, cl := range carried {
+		watch(cl)
+	}
+	stop := p.stop
+	for {
+		select {
+		case d := <-res:
+			if stop == nil { // stopped: its calls went on already
+				if d.mc != nil {
+					d.mc.Close(fmt.Errorf("connection to node %s closed: its peer stopped", p.node))
+				}
+				t.release(&d.here)
+				return nil, nil, errPeerStopped
+			}
+			*here = d.here
+			return d.mc, carried, d.err
+		case <-stop:
+			for _, cl := range carried {
+				p.handOn(cl)
+			}
+			carried = nil
+			t.emptyQueue()
+			stop = nil // and wait for the dial
+		case cl := <-t.queue:
+			if stop == nil {
+				p.handOn(cl) // queued before the stop, taken after it
+				continue
+			}
+			p.mu.Lock()
+			t.held++
+			p.mu.Unlock()
+			carried = append(carried, cl)
+			watch(cl)
+		case <-timer.C:
+			now := time.Now()
+			kept := carried[:0]
+			next = time.Time{}
+			for _, cl := range carried {
+				if _, ok := cl.TimeLeft(now); !ok {
+					p.count(cl, -1)
+					cl.FailLate("while a connection to node " + p.node + " was dialled")
+					p.mu.Lock()
+					t.held = max(t.held-1, 0)
+					p.mu.Unlock()
+					continue
+				}
+				kept = append(kept, cl)
+				if !cl.Deadline.IsZero() && (next.IsZero() || cl.Deadline.Before(next)) {
+					next = cl.Deadline
+				}
+			}
+			clear(carried[len(kept):])
+			carried = kept
+			if !next.IsZero() {
+				timer.Reset(time.Until(next))
+			}
+		}
 	}
 }
 

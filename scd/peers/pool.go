@@ -302,6 +302,9 @@ func (pr *peer) enqueue(c *Call) enqueueResult {
 		return peerStopped
 	}
 	t := pr.targetLocked(c, multi)
+	if len(t.queue)+t.held >= cap(t.queue) {
+		return queueFull
+	}
 	pr.count(c, 1)
 	c.via = pr
 	select {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -570,4 +573,201 @@ func TestReplacedPeerCallsExpireAndClose(t *testing.T) {
 	closed = true
 	answer(long, netio.CodeNetworkDown, time.Second)
 	answer(other, netio.CodeNetworkDown, time.Second)
+}
+
+// holdingPeer is a TCP listener that accepts connections and reads
+// nothing from them until release; then it relays each to target (a
+// fakeNode), or, with no target, holds it without a word. Its connections
+// close at the test's end.
+type holdingPeer struct {
+	addr     string
+	released chan struct{}
+	once     sync.Once
+	closed   chan struct{} // one value per connection the dialer closed before release
+}
+
+func startHoldingPeer(t *testing.T, target string) *holdingPeer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &holdingPeer{addr: ln.Addr().String(), released: make(chan struct{}), closed: make(chan struct{}, 64)}
+	var mu sync.Mutex
+	var conns []net.Conn
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		h.release()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				// A byte read before release is the dialer's hello, left
+				// unanswered; EOF is the dialer giving up.
+				buf := make([]byte, 4<<10)
+				var early []byte
+				for {
+					_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+					n, err := c.Read(buf)
+					early = append(early, buf[:n]...)
+					select {
+					case <-h.released:
+					default:
+						if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+							h.closed <- struct{}{}
+							return
+						}
+						continue
+					}
+					break
+				}
+				_ = c.SetReadDeadline(time.Time{})
+				if target == "" {
+					_, _ = io.Copy(io.Discard, c)
+					return
+				}
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, up)
+				mu.Unlock()
+				if _, err := up.Write(early); err != nil {
+					return
+				}
+				wg.Go(func() { _, _ = io.Copy(c, up); c.Close() })
+				_, _ = io.Copy(up, c)
+				up.Close()
+			})
+		}
+	})
+	return h
+}
+
+func (h *holdingPeer) release() { h.once.Do(func() { close(h.released) }) }
+
+// answersOf collects what a's caller was sent until the pool has closed
+// (its lanes have ended: no answer can come later).
+func answersOf(a *answerRecorder) []netio.Frame {
+	var out []netio.Frame
+	for {
+		select {
+		case b := <-a.ch:
+			f, _, err := netio.Decode(b, 1<<20)
+			if err != nil {
+				f = netio.Frame{Header: netio.Header{Kind: netio.KindError, Code: 255}}
+			}
+			out = append(out, f)
+		default:
+			return out
+		}
+	}
+}
+
+// TestQueuedCallsLeaveAtTheirDeadlineWhileTheLaneDials: a call queued
+// while its lane dials a node that takes the connection but does not
+// answer the hello is answered 'timed out' at its deadline, not when the
+// hello's bound ends the dial, and once; a call still in time when the
+// dial succeeds is sent and gets the node's answer, once; the late one
+// never reaches the node.
+func TestQueuedCallsLeaveAtTheirDeadlineWhileTheLaneDials(t *testing.T) {
+	var reached atomic.Int32
+	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
+		reached.Add(1)
+		noSuchGroup(c, f, hop)
+	})
+	for _, succeeds := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dial succeeds %v", succeeds), func(t *testing.T) {
+			reached.Store(0)
+			target := ""
+			if succeeds {
+				target = node.addr
+			}
+			peer := startHoldingPeer(t, target)
+			pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+			closed := false
+			t.Cleanup(func() {
+				if !closed {
+					pool.Close()
+				}
+			})
+			send := func(id uint64, d time.Duration) *answerRecorder {
+				a := &answerRecorder{ch: make(chan []byte, 4)}
+				c := &Call{Caller: a, CallerID: id, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(d)}
+				if code, msg := pool.Send("x", peer.addr, c); code != netio.CodeOK {
+					t.Fatalf("send: %v %s", code, msg)
+				}
+				return a
+			}
+			start := time.Now()
+			short := send(1, 100*time.Millisecond)
+			var long *answerRecorder
+			if succeeds {
+				long = send(2, testWait)
+			}
+			select {
+			case b := <-short.ch:
+				short.ch <- b // answersOf counts it below
+				if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != netio.CodeTimedOut {
+					t.Errorf("a call whose deadline passed while its lane dialled: %v %v, want 'timed out'", f.Code, err)
+				}
+				if took := time.Since(start); took >= helloTimeout {
+					t.Errorf("a call with a 100ms deadline was answered after %v, when the dial ended", took)
+				}
+			case <-time.After(testWait):
+				t.Fatal("a call queued while its lane dialled got no answer")
+			}
+			select {
+			case <-peer.closed:
+				t.Fatalf("the dial ended before the short call was answered")
+			default:
+			}
+			if succeeds {
+				peer.release()
+				select {
+				case b := <-long.ch:
+					long.ch <- b
+				case <-time.After(testWait):
+					t.Fatal("a call in time when the dial succeeded got no answer")
+				}
+			} else {
+				select { // the hello's bound ends the dial
+				case <-peer.closed:
+				case <-time.After(testWait):
+					t.Fatal("the dial to a node that never answers its hello did not end")
+				}
+			}
+			pool.Close()
+			closed = true
+			if got := answersOf(short); len(got) != 1 {
+				t.Errorf("the late call got %d answers, want 1: %v", len(got), got)
+			}
+			if succeeds {
+				if got := answersOf(long); len(got) != 1 || got[0].Code != netio.CodeNoSuchGroup {
+					t.Errorf("the call in time got %v, want the node's one answer", got)
+				}
+				if n := reached.Load(); n != 1 {
+					t.Errorf("%d calls reached the node, want 1 (the late one must not be sent)", n)
+				}
+			}
+			if n := pool.TotalInFlight(); n != 0 {
+				t.Errorf("%d calls in flight after every answer", n)
+			}
+		})
+	}
 }
