@@ -284,7 +284,7 @@ func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, dea
 	if m.werr == nil {
 		m.wbuf = AppendFrame(m.wbuf, h, group, service, payload)
 	}
-	if _, err := m.flushLocked(nil, time.Time{}); err != nil {
+	if _, err := m.flushLocked(nil, time.Time{}, time.Time{}); err != nil {
 		m.Close(err)
 		return Frame{}, buf, err
 	}
@@ -458,7 +458,7 @@ func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline
 				m.wdl = deadline
 			}
 		}
-		sent, err = m.flushLocked(nil, deadline)
+		sent, err = m.flushLocked(nil, time.Time{}, deadline)
 	}
 	if !sent && a != nil && !m.Forget(h.ID) {
 		// The connection closed under us and answered a already.
@@ -498,26 +498,30 @@ func (m *MuxConn) roomLocked(n int, deadline time.Time) error {
 	return nil
 }
 
-// Write sends frames already encoded (their ids from Expect). sent is as
-// for Call; the Answerers of frames that were not sent are answered by the
-// close that a failed write causes.
-func (m *MuxConn) Write(frames []byte) (sent bool, err error) {
+// Write sends frames already encoded (their ids from Expect). deadline is
+// the earliest of their calls' (zero: none): as for Call's frames, a write
+// of them that does not finish by then, and at least writePatience, fails
+// the connection (ErrWriteTimeout), so a node that stops reading cannot
+// hold the writer. sent is as for Call; the Answerers of frames that were
+// not sent are answered by the close that a failed write causes.
+func (m *MuxConn) Write(frames []byte, deadline time.Time) (sent bool, err error) {
 	m.wmu.Lock()
-	sent, err = m.flushLocked(frames, time.Time{})
+	sent, err = m.flushLocked(frames, deadline, time.Time{})
 	if err != nil {
 		m.Close(err)
 	}
 	return sent, err
 }
 
-// flushLocked writes direct (if not nil) and then wbuf, unless another
-// writer is at it: then direct joins wbuf for that writer. own is the
+// flushLocked writes direct (if not nil; dl is the earliest deadline of
+// its calls, zero: none) and then wbuf, unless another writer is at it:
+// then direct joins wbuf for that writer. own is the
 // deadline of the caller (zero: none), past which it hands the write to
 // another goroutine and returns. wmu is held and is released on return.
 // err is the write error this call met, or the connection's if it could
 // not write at all; a close that comes after its writes succeeded is not
 // its error.
-func (m *MuxConn) flushLocked(direct []byte, own time.Time) (sent bool, err error) {
+func (m *MuxConn) flushLocked(direct []byte, dl, own time.Time) (sent bool, err error) {
 	if m.werr != nil {
 		err := m.werr
 		m.wmu.Unlock()
@@ -525,12 +529,15 @@ func (m *MuxConn) flushLocked(direct []byte, own time.Time) (sent bool, err erro
 	}
 	if m.flushing {
 		m.wbuf = append(m.wbuf, direct...)
+		if !dl.IsZero() && (m.wdl.IsZero() || dl.Before(m.wdl)) {
+			m.wdl = dl
+		}
 		m.wmu.Unlock()
 		return true, nil // the writer under way takes our frame with it
 	}
 	m.flushing = true
 	if direct != nil {
-		return m.writeOn(direct, time.Time{}, true, own)
+		return m.writeOn(direct, dl, true, own)
 	}
 	out, dl := m.takeLocked()
 	return m.writeOn(out, dl, false, own)
@@ -575,7 +582,7 @@ func (m *MuxConn) writeOn(out []byte, dl time.Time, ours bool, own time.Time) (s
 		if werr != nil && handOff && m.werr == nil && errors.Is(werr, os.ErrDeadlineExceeded) && !time.Now().Before(own) {
 			// Our caller's deadline, not the frames': the caller goes, and
 			// another goroutine writes on (a frame begun must not be cut).
-			// Write's frames (ours) have no deadline: never here.
+			// Write (ours) has no own deadline: never here.
 			if wasFirst && n == 0 {
 				// None of our frame left (the first write holds it
 				// alone: wbuf was empty before it): it is dropped, and

@@ -308,6 +308,7 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 		mc.Close(fmt.Errorf("connection to node %s closed", p.node)) // answers what was sent
 	}()
 	buf := make([]byte, 0, writeBatch)
+	var dl time.Time // the earliest deadline of the calls in buf, which bounds its write
 	add := func(cl *Call) {
 		if len(unsent) > 0 {
 			unsent = append(unsent, cl) // keep their order
@@ -319,6 +320,14 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 		var ok bool
 		if buf, ok = p.frame(buf, mc, cl); !ok {
 			unsent = append(unsent, cl)
+			return
+		}
+		d := cl.Deadline
+		if d.IsZero() {
+			d = time.Now() // none: its write still ends (netio's least bound)
+		}
+		if dl.IsZero() || d.Before(dl) {
+			dl = d
 		}
 	}
 	for _, cl := range calls {
@@ -335,7 +344,10 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 			}
 		}
 		if len(buf) > 0 {
-			if _, err := mc.Write(buf); err != nil {
+			// Bounded: a node that stops reading fails the connection
+			// (its calls are answered) instead of holding the lane and
+			// the calls queued behind it.
+			if _, err := mc.Write(buf, dl); err != nil {
 				return unsent
 			}
 		}
@@ -345,7 +357,7 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 		if cap(buf) > 4*writeBatch {
 			buf = make([]byte, 0, writeBatch) // a huge call's buffer is not kept
 		}
-		buf = buf[:0]
+		buf, dl = buf[:0], time.Time{}
 		select {
 		case <-p.stop:
 			return nil

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -769,5 +770,135 @@ func TestQueuedCallsLeaveAtTheirDeadlineWhileTheLaneDials(t *testing.T) {
 				t.Errorf("%d calls in flight after every answer", n)
 			}
 		})
+	}
+}
+
+// deafPeer is a node that completes the peer hello (without a key) on
+// every connection and then never reads again, its receive buffer small:
+// a node stopped (SIGSTOP) or wedged while its kernel keeps the link
+// alive. Its connections close at the test's end, or at closeAll.
+type deafPeer struct {
+	addr  string
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func startDeafPeer(t *testing.T, name string) *deafPeer {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		return rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 64<<10) })
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deafPeer{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	quit := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); close(quit); d.closeAll(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			d.mu.Lock()
+			d.conns = append(d.conns, c)
+			d.mu.Unlock()
+			wg.Go(func() {
+				fr := netio.NewFrameReader(c, 4<<10)
+				if _, _, err := fr.Read(nil); err != nil { // hello
+					return
+				}
+				var nonce [helloNonceSize]byte
+				if _, err := c.Write(helloFrame(nil, name, helloStepChallenge, nonce[:])); err != nil {
+					return
+				}
+				if _, _, err := fr.Read(nil); err != nil { // proof
+					return
+				}
+				_, _ = c.Write(helloFrame(nil, "", helloStepWelcome))
+				<-quit // and reads nothing more
+				c.Close()
+			})
+		}
+	})
+	return d
+}
+
+func (d *deafPeer) closeAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		c.Close()
+	}
+}
+
+// TestNodeThatStopsReadingCannotHoldTheLane: a node that completed the
+// hello and then reads nothing more gets large calls until the lane's
+// write of them stops, and a call queued behind that write waits for it.
+// The write is bounded (its calls' deadlines, at least netio's least
+// bound), not left to the link's TCP_USER_TIMEOUT (here longer than the
+// test, as a node may set to fit a slower failure detector): the
+// connection fails and the call behind it is answered 'timed out', once;
+// so is every call in the stopped write.
+func TestNodeThatStopsReadingCannotHoldTheLane(t *testing.T) {
+	peer := startDeafPeer(t, "x")
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet(), UserTimeout: time.Minute})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); pool.RunExpiry(stop) }()
+	var closeOnce sync.Once
+	closePool := func() {
+		closeOnce.Do(func() {
+			close(stop)
+			<-done
+			peer.closeAll() // without the bound, the lane's write ends only so
+			pool.Close()
+		})
+	}
+	t.Cleanup(closePool)
+	send := func(id uint64, payload []byte, d time.Duration) *answerRecorder {
+		a := &answerRecorder{ch: make(chan []byte, 4)}
+		c := &Call{Caller: a, CallerID: id, Kind: netio.KindCall, Group: "g", Payload: payload,
+			Start: time.Now(), Deadline: time.Now().Add(d)}
+		if code, msg := pool.Send("x", peer.addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+		return a
+	}
+	answer := func(what string, a *answerRecorder) {
+		t.Helper()
+		select {
+		case b := <-a.ch:
+			a.ch <- b // answersOf counts it below
+			if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != netio.CodeTimedOut {
+				t.Errorf("%s: %v %v, want 'timed out'", what, f.Code, err)
+			}
+		case <-time.After(testWait):
+			t.Fatalf("%s: no answer within %v", what, testWait)
+		}
+	}
+	const calls = 16 // 16 MiB: far more than the two sockets' buffers hold
+	payload := make([]byte, 1<<20)
+	recs := make([]*answerRecorder, calls)
+	for i := range recs {
+		recs[i] = send(uint64(i+1), payload, time.Second)
+	}
+	// Answered at their deadline (the pool's expiry) once they were put
+	// in the write: it cannot end while the node does not read.
+	for i, a := range recs {
+		answer(fmt.Sprintf("large call %d", i+1), a)
+	}
+	behind := send(calls+1, nil, 500*time.Millisecond)
+	answer("a call queued behind a write the node does not take", behind)
+	closePool()
+	for i, a := range append(recs, behind) {
+		if got := answersOf(a); len(got) != 1 {
+			t.Errorf("call %d got %d answers, want 1", i+1, len(got))
+		}
+	}
+	if n := pool.TotalInFlight(); n != 0 {
+		t.Errorf("%d calls in flight after every answer", n)
 	}
 }
