@@ -279,6 +279,14 @@ func (w *lookupWaiter) Answer(f netio.Frame, err error) { w.ch <- lookupResult{f
 func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 	p := t.p
 	p.mu.Lock()
+	if p.stopped {
+		// Stopped while it dialled: Close (or NodeLeft) may have looked
+		// at conns already, so nothing is written here; the lane hands
+		// the calls on.
+		p.mu.Unlock()
+		mc.Close(fmt.Errorf("connection to node %s closed: its peer stopped", p.node))
+		return calls
+	}
 	p.conns[mc] = true
 	p.mu.Unlock()
 	defer func() {

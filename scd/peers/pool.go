@@ -182,7 +182,18 @@ func (p *Pool) Close() {
 		pr.halt(false)
 	}
 	p.mu.Unlock()
+	// Before the lanes are waited for: a lane in a write the other node
+	// does not take (bounded by its calls' deadlines) or in a receivers
+	// lookup ends now, not at that bound. A stopped peer registers no new
+	// connection (serve), so none escapes this.
+	p.closeConns()
 	p.wg.Wait()
+	p.closeConns()
+}
+
+// closeConns closes every connection of every peer, answering the calls on
+// them 'network down'.
+func (p *Pool) closeConns() {
 	p.mu.Lock()
 	peers := p.allPeersLocked()
 	p.mu.Unlock()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"golang.org/x/sys/unix"
 
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
@@ -901,4 +902,76 @@ func TestNodeThatStopsReadingCannotHoldTheLane(t *testing.T) {
 	if n := pool.TotalInFlight(); n != 0 {
 		t.Errorf("%d calls in flight after every answer", n)
 	}
+}
+
+// TestCloseDoesNotWaitForAStuckWrite: the pool's Close (the node's stop)
+// ends a lane stuck in a write to a node that stopped reading at once,
+// not at the write's bound (its calls' deadlines, here a minute away), and
+// every call on it is answered once.
+func TestCloseDoesNotWaitForAStuckWrite(t *testing.T) {
+	peer := startDeafPeer(t, "x")
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet(), UserTimeout: time.Minute})
+	closed := make(chan struct{})
+	t.Cleanup(func() {
+		peer.closeAll() // without the fix, the stuck write ends only so
+		<-closed
+	})
+	const calls = 16 // 16 MiB: far more than the two sockets' buffers hold
+	payload := make([]byte, 1<<20)
+	recs := make([]*answerRecorder, calls)
+	for i := range recs {
+		recs[i] = &answerRecorder{ch: make(chan []byte, 4)}
+		c := &Call{Caller: recs[i], CallerID: uint64(i + 1), Kind: netio.KindCall, Group: "g", Payload: payload,
+			Start: time.Now(), Deadline: time.Now().Add(time.Minute)}
+		if code, msg := pool.Send("x", peer.addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+	}
+	waitUntil(t, func() bool { return stuckWrite(pool, "x") })
+	start := time.Now()
+	go func() { defer close(closed); pool.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(3 * time.Second): // below netio's least write bound
+		t.Fatalf("Close did not return within 3s of a lane's write stopping (it waited for the write's bound)")
+	}
+	t.Logf("Close took %v", time.Since(start))
+	for i, a := range recs {
+		got := answersOf(a)
+		if len(got) != 1 {
+			t.Errorf("call %d got %d answers, want 1", i+1, len(got))
+			continue
+		}
+		if got[0].Code != netio.CodeNetworkDown {
+			t.Errorf("call %d: %v %s, want 'network down'", i+1, got[0].Code, got[0].Payload)
+		}
+	}
+	if n := pool.TotalInFlight(); n != 0 {
+		t.Errorf("%d calls in flight after Close", n)
+	}
+}
+
+// stuckWrite reports whether a connection of node's peer has bytes its
+// kernel cannot send: the other side's window is full.
+func stuckWrite(pool *Pool, node string) bool {
+	pool.mu.Lock()
+	pr := pool.peers[node]
+	pool.mu.Unlock()
+	if pr == nil {
+		return false
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	for mc := range pr.conns {
+		rc, err := mc.NetConn().(syscall.Conn).SyscallConn()
+		if err != nil {
+			continue
+		}
+		var info *unix.TCPInfo
+		_ = rc.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+		if err == nil && info.Notsent_bytes > 0 && info.Snd_wnd == 0 {
+			return true
+		}
+	}
+	return false
 }
