@@ -29,9 +29,12 @@ type target struct {
 	addr  string
 	group string // a service group received here, for its lanes' receivers lookups
 	queue chan *Call
-	lanes int         // guarded by p.mu: lanes started
-	held  int         // guarded by p.mu: calls a dialling lane took off the queue, counted in its bound
-	taken map[int]int // guarded by p.mu: receiving socket -> lanes connected to it
+	lanes int // guarded by p.mu: lanes started
+	held  int // guarded by p.mu: calls dialling lanes took off the queue, counted in its bound
+	// serving is the lanes with a connection; guarded by p.mu. While one
+	// has, a dialling lane leaves the queue to it.
+	serving int
+	taken   map[int]int // guarded by p.mu: receiving socket -> lanes connected to it
 }
 
 // runLane keeps one connection to the target while calls come.
@@ -90,6 +93,11 @@ func (t *target) runLane() {
 	}
 }
 
+// siblingRecheck is how often a dialling lane that leaves the queue to
+// another lane of its target looks whether that one still has its
+// connection.
+const siblingRecheck = 50 * time.Millisecond
+
 // errPeerStopped ends a dial the peer stopped during: the calls waiting
 // for it were handed on, and its connection, if it came, closed.
 var errPeerStopped = errors.New("the peer stopped while its lane dialled")
@@ -97,7 +105,8 @@ var errPeerStopped = errors.New("the peer stopped while its lane dialled")
 // dialWatching dials (dial) on another goroutine while the lane keeps the
 // calls that wait for the connection: carried, and those queued meanwhile,
 // which it takes off the queue (held counts them against the queue's
-// bound). A call whose deadline passes meanwhile is answered 'timed out'
+// bound) unless another lane of the target has a connection to send them
+// on. A call whose deadline passes meanwhile is answered 'timed out'
 // then, not when the dial ends (the connect and the hello may take their
 // bounds): the lane is the one owner of every call it holds, so each gets
 // one answer. When the peer stops meanwhile its calls are handed on at
@@ -116,11 +125,16 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 		d.mc, d.err = t.dial(&d.here)
 		res <- d
 	}()
-	defer func() {
+	// carried[:before] came with the lane; the rest it took off the
+	// queue, mine of t.held (each lane gives back its own).
+	before, mine := len(carried), 0
+	setMine := func(n int) {
 		p.mu.Lock()
-		t.held = 0
+		t.held += n - mine
 		p.mu.Unlock()
-	}()
+		mine = n
+	}
+	defer setMine(0)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var next time.Time // the earliest deadline in carried; zero: none
@@ -135,7 +149,17 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 	}
 	stop := p.stop
 	for {
+		queue := t.queue
+		var recheck <-chan time.Time
+		p.mu.Lock()
+		if t.serving > 0 {
+			// Another lane sends them at once; look again soon, in case
+			// its connection ends.
+			queue, recheck = nil, time.After(siblingRecheck)
+		}
+		p.mu.Unlock()
 		select {
+		case <-recheck:
 		case d := <-res:
 			if stop == nil { // stopped: its calls went on already
 				if d.mc != nil {
@@ -150,31 +174,30 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 			for _, cl := range carried {
 				p.handOn(cl)
 			}
-			carried = nil
+			carried, before = nil, 0
+			setMine(0)
 			t.emptyQueue()
 			stop = nil // and wait for the dial
-		case cl := <-t.queue:
+		case cl := <-queue:
 			if stop == nil {
 				p.handOn(cl) // queued before the stop, taken after it
 				continue
 			}
-			p.mu.Lock()
-			t.held++
-			p.mu.Unlock()
+			setMine(mine + 1)
 			carried = append(carried, cl)
 			watch(cl)
 		case <-timer.C:
 			now := time.Now()
-			kept := carried[:0]
+			kept, keptBefore := carried[:0], 0
 			next = time.Time{}
-			for _, cl := range carried {
+			for i, cl := range carried {
 				if _, ok := cl.TimeLeft(now); !ok {
 					p.count(cl, -1)
 					cl.FailLate("while a connection to node " + p.node + " was dialled")
-					p.mu.Lock()
-					t.held = max(t.held-1, 0)
-					p.mu.Unlock()
 					continue
+				}
+				if i < before {
+					keptBefore++
 				}
 				kept = append(kept, cl)
 				if !cl.Deadline.IsZero() && (next.IsZero() || cl.Deadline.Before(next)) {
@@ -182,7 +205,8 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 				}
 			}
 			clear(carried[len(kept):])
-			carried = kept
+			carried, before = kept, keptBefore
+			setMine(len(kept) - keptBefore)
 			if !next.IsZero() {
 				timer.Reset(time.Until(next))
 			}
@@ -288,9 +312,11 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 		return calls
 	}
 	p.conns[mc] = true
+	t.serving++
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
+		t.serving--
 		replaced, left := p.replaced, p.left
 		p.mu.Unlock()
 		if replaced || left {

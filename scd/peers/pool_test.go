@@ -578,23 +578,26 @@ func TestReplacedPeerCallsExpireAndClose(t *testing.T) {
 }
 
 // holdingPeer is a TCP listener that accepts connections and reads
-// nothing from them until release; then it relays each to target (a
-// fakeNode), or, with no target, holds it without a word. Its connections
-// close at the test's end.
+// nothing from them until release (but for the first free ones); then it
+// relays each to target (a fakeNode), or, with no target, holds it
+// without a word. Its connections close at the test's end.
 type holdingPeer struct {
 	addr     string
 	released chan struct{}
 	once     sync.Once
 	closed   chan struct{} // one value per connection the dialer closed before release
+	accepted atomic.Int32
 }
 
-func startHoldingPeer(t *testing.T, target string) *holdingPeer {
+func startHoldingPeer(t *testing.T, target string, free int32) *holdingPeer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := &holdingPeer{addr: ln.Addr().String(), released: make(chan struct{}), closed: make(chan struct{}, 64)}
+	freed := make(chan struct{})
+	close(freed)
 	var mu sync.Mutex
 	var conns []net.Conn
 	var wg sync.WaitGroup
@@ -617,6 +620,10 @@ func startHoldingPeer(t *testing.T, target string) *holdingPeer {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			released := h.released
+			if h.accepted.Add(1) <= free {
+				released = freed
+			}
 			wg.Go(func() {
 				// A byte read before release is the dialer's hello, left
 				// unanswered; EOF is the dialer giving up.
@@ -627,7 +634,7 @@ func startHoldingPeer(t *testing.T, target string) *holdingPeer {
 					n, err := c.Read(buf)
 					early = append(early, buf[:n]...)
 					select {
-					case <-h.released:
+					case <-released:
 					default:
 						if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 							h.closed <- struct{}{}
@@ -700,7 +707,7 @@ func TestQueuedCallsLeaveAtTheirDeadlineWhileTheLaneDials(t *testing.T) {
 			if succeeds {
 				target = node.addr
 			}
-			peer := startHoldingPeer(t, target)
+			peer := startHoldingPeer(t, target, 0)
 			pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
 			closed := false
 			t.Cleanup(func() {
@@ -974,4 +981,81 @@ func stuckWrite(pool *Pool, node string) bool {
 		}
 	}
 	return false
+}
+
+// multiDelegate spreads every group over the receiving sockets
+// (multi_schedule) and answers what it cannot send.
+type multiDelegate struct{}
+
+func (multiDelegate) Reroute(c *Call, err error) { c.FailUnsent(err, "") }
+func (multiDelegate) MultiSchedule(string) bool  { return true }
+
+// TestDiallingLaneLeavesQueuedCallsToAConnectedOne: of a target's two
+// lanes (multi_schedule), one has its connection and the other dials a
+// hello that hangs: the calls queued meanwhile go out on the connection
+// and get the node's answer, none waits for the dial (to be answered
+// 'timed out' at its deadline, or 'network down' when the dial fails).
+func TestDiallingLaneLeavesQueuedCallsToAConnectedOne(t *testing.T) {
+	var proxyAddr atomic.Pointer[string]
+	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
+		if f.Kind == netio.KindNameLookup {
+			c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "",
+				netio.AppendReceivers(nil, netio.Receivers{Addr: *proxyAddr.Load(), Count: 2, Here: -1})))
+			return
+		}
+		noSuchGroup(c, f, hop)
+	})
+	proxy := startHoldingPeer(t, node.addr, 1) // the first connection goes through, the next hangs in its hello
+	proxyAddr.Store(&proxy.addr)
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	pool.SetDelegate(multiDelegate{})
+	t.Cleanup(pool.Close)
+	pool.peerFor("x", proxy.addr).learned("g", recvRoute{addr: proxy.addr, count: 2})
+	send := func(id uint64, d time.Duration) *answerRecorder {
+		a := &answerRecorder{ch: make(chan []byte, 4)}
+		c := &Call{Caller: a, CallerID: id, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(d)}
+		if code, msg := pool.Send("x", proxy.addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+		return a
+	}
+	code := func(a *answerRecorder, within time.Duration) (netio.Code, bool) {
+		select {
+		case b := <-a.ch:
+			f, _, err := netio.Decode(b, 1<<20)
+			if err != nil {
+				return 255, true
+			}
+			return f.Code, true
+		case <-time.After(within):
+			return 0, false
+		}
+	}
+	// Calls until the second lane took one and dials: its call waits for
+	// that dial, the others are answered by the node.
+	id := uint64(0)
+	for proxy.accepted.Load() < 2 {
+		id++
+		if id > 100 {
+			t.Fatal("the second lane never dialled")
+		}
+		a := send(id, testWait)
+		if c, ok := code(a, 100*time.Millisecond); ok && c != netio.CodeNoSuchGroup {
+			t.Fatalf("call %d before the second lane dialled: %v", id, c)
+		}
+	}
+	const calls = 20
+	recs := make([]*answerRecorder, calls)
+	for i := range recs {
+		recs[i] = send(id+uint64(i)+1, time.Second)
+	}
+	for i, a := range recs {
+		c, ok := code(a, testWait)
+		switch {
+		case !ok:
+			t.Fatalf("call %d queued while a lane dialled: no answer", i+1)
+		case c != netio.CodeNoSuchGroup:
+			t.Errorf("call %d queued while a lane dialled and the other had its connection: %v, want the node's answer", i+1, c)
+		}
+	}
 }
