@@ -671,13 +671,15 @@ func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
 	defer l.Close()
 	read := make(chan struct{})
 	got := make(chan []string, 1)
+	finished := make(chan struct{}) // the node closes only then: its close is no finding
+	defer close(finished)
 	go func() {
 		nc, err := l.Accept()
 		if err != nil {
 			got <- nil
 			return
 		}
-		defer nc.Close()
+		defer func() { <-finished; nc.Close() }()
 		<-read
 		fr := NewFrameReader(nc, 16<<20)
 		var services []string
