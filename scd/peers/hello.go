@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -90,17 +91,23 @@ var ErrHelloRefused = errors.New("peer hello refused")
 
 // dial connects to the RPC port of node at addr as self and runs the
 // hello. It returns the connection and the reader that read the node's
-// side of the handshake, for the calls that follow.
-func dial(addr, self, node string, key []byte, userTimeout time.Duration) (net.Conn, *netio.FrameReader, error) {
+// side of the handshake, for the calls that follow. ctx ending ends the
+// connect and the hello at once (the pool stops), not at their bounds.
+func dial(ctx context.Context, addr, self, node string, key []byte, userTimeout time.Duration) (net.Conn, *netio.FrameReader, error) {
 	d := peerDialer(userTimeout)
-	nc, err := d.Dial("tcp", addr)
+	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	cut := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
 	fr, err := Handshake(nc, self, node, key)
+	if !cut() && err == nil {
+		// ctx ended: the deadline it set may outlive the hello's.
+		err = ctx.Err()
+	}
 	if err != nil {
 		nc.Close()
 		return nil, nil, err

@@ -84,7 +84,7 @@ func TestHelloMutual(t *testing.T) {
 			if tc.dialerKey != "" {
 				key = []byte(tc.dialerKey)
 			}
-			nc, fr, err := dial(n.addr, "n0", tc.want, key, DefaultUserTimeout)
+			nc, fr, err := dial(context.Background(), n.addr, "n0", tc.want, key, DefaultUserTimeout)
 			if tc.refused {
 				if !errors.Is(err, ErrHelloRefused) {
 					t.Fatalf("dial = %v, want a refused hello", err)

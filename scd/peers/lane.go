@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -120,9 +121,11 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 		err  error
 	}
 	res := make(chan dialled, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	go func() {
 		d := dialled{here: -1}
-		d.mc, d.err = t.dial(&d.here)
+		d.mc, d.err = t.dial(ctx, &d.here)
 		res <- d
 	}()
 	// carried[:before] came with the lane; the rest it took off the
@@ -177,7 +180,8 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 			carried, before = nil, 0
 			setMine(0)
 			t.emptyQueue()
-			stop = nil // and wait for the dial
+			cancel()   // the dial ends at once
+			stop = nil // and is waited for
 		case cl := <-queue:
 			if stop == nil {
 				p.handOn(cl) // queued before the stop, taken after it
@@ -220,10 +224,10 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 // target has already is dialled again, a few times (the kernel's hash
 // places connections; the steering program gives each new one to the
 // socket with the least work, so it rarely needs to).
-func (t *target) dial(here *int) (*netio.MuxConn, error) {
+func (t *target) dial(ctx context.Context, here *int) (*netio.MuxConn, error) {
 	p := t.p
 	for attempt := 0; ; attempt++ {
-		nc, fr, err := dial(t.addr, p.pool.self, p.node, p.pool.key, p.pool.userTimeout)
+		nc, fr, err := dial(ctx, t.addr, p.pool.self, p.node, p.pool.key, p.pool.userTimeout)
 		if err != nil {
 			return nil, err
 		}
@@ -234,7 +238,11 @@ func (t *target) dial(here *int) (*netio.MuxConn, error) {
 		if lanes < 2 {
 			return mc, nil
 		}
+		// ctx ending (the peer stops) ends the lookup too: its
+		// connection closes, and the lane closes it at once after.
+		cut := context.AfterFunc(ctx, func() { mc.Close(ctx.Err()) })
 		r, err := lookupReceivers(mc, t.group)
+		cut()
 		if err != nil || r.Here < 0 {
 			return mc, nil // served all the same; the node answers what it cannot take
 		}

@@ -1059,3 +1059,35 @@ func TestDiallingLaneLeavesQueuedCallsToAConnectedOne(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseDoesNotWaitForAHangingHello: the pool's Close (the node's stop)
+// ends a lane's dial to a node that took the connection and does not
+// answer the hello at once, not at the hello's bound; the call that
+// waited for it is answered once.
+func TestCloseDoesNotWaitForAHangingHello(t *testing.T) {
+	peer := startHoldingPeer(t, "", 0)
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	closed := make(chan struct{})
+	t.Cleanup(func() { <-closed })
+	a := &answerRecorder{ch: make(chan []byte, 4)}
+	c := &Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(time.Minute)}
+	if code, msg := pool.Send("x", peer.addr, c); code != netio.CodeOK {
+		t.Fatalf("send: %v %s", code, msg)
+	}
+	waitUntil(t, func() bool { return peer.accepted.Load() == 1 })
+	start := time.Now()
+	go func() { defer close(closed); pool.Close() }()
+	select {
+	case <-closed:
+		// Without the dial's end at the stop, Close returns only at the
+		// hello's bound, most of which is still ahead here.
+		if took := time.Since(start); took > helloTimeout*3/4 {
+			t.Errorf("Close took %v: it waited for a dial whose hello hung, until the hello's bound (%v)", took, helloTimeout)
+		}
+	case <-time.After(testWait):
+		t.Fatal("Close did not return")
+	}
+	if got := answersOf(a); len(got) != 1 || got[0].Code != netio.CodeNetworkDown {
+		t.Errorf("the call that waited for the dial got %v, want one 'network down'", got)
+	}
+}
