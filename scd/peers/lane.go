@@ -82,11 +82,17 @@ func (t *target) runLane() {
 			if t.addr != p.addr {
 				p.forgetAddr(t.addr)
 			}
+			// While another lane of the target has its connection, the
+			// node is reached: the calls go out there.
+			var sibling bool
+			carried, sibling = t.requeue(carried)
 			for _, cl := range carried {
 				p.retry(cl, err)
 			}
 			carried = carried[:0]
-			t.retryQueued(err)
+			if !sibling {
+				t.retryQueued(err)
+			}
 			continue
 		}
 		carried = t.serve(mc, carried)
@@ -155,12 +161,19 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 		queue := t.queue
 		var recheck <-chan time.Time
 		p.mu.Lock()
-		if t.serving > 0 {
-			// Another lane sends them at once; look again soon, in case
-			// its connection ends.
+		sibling := t.serving > 0
+		p.mu.Unlock()
+		if sibling && stop != nil {
+			// Another lane sends them at once: those held go back to
+			// the queue, and it is left to that lane; look again soon,
+			// in case its connection ends.
+			rest, _ := t.requeue(carried)
+			back := len(carried) - len(rest)
+			clear(carried[:back])
+			carried, before = rest, max(before-back, 0)
+			setMine(len(carried) - before)
 			queue, recheck = nil, time.After(siblingRecheck)
 		}
-		p.mu.Unlock()
 		select {
 		case <-recheck:
 		case d := <-res:
@@ -216,6 +229,27 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 			}
 		}
 	}
+}
+
+// requeue puts calls back in the queue, in their order, while another
+// lane of the target has its connection to send them on. It returns those
+// it did not put back (no lane has a connection, the peer stopped, or the
+// queue is full), and whether a lane has one.
+func (t *target) requeue(calls []*Call) (rest []*Call, sibling bool) {
+	p := t.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped || t.serving == 0 {
+		return calls, false
+	}
+	for i, cl := range calls {
+		select {
+		case t.queue <- cl: // never waits: the queue is full or not
+		default:
+			return calls[i:], true
+		}
+	}
+	return nil, true
 }
 
 // dial connects a lane: the hello, then, when the target has several

@@ -1020,42 +1020,44 @@ func TestDiallingLaneLeavesQueuedCallsToAConnectedOne(t *testing.T) {
 		return a
 	}
 	code := func(a *answerRecorder, within time.Duration) (netio.Code, bool) {
+		var b []byte
 		select {
-		case b := <-a.ch:
-			f, _, err := netio.Decode(b, 1<<20)
-			if err != nil {
-				return 255, true
+		case b = <-a.ch:
+		default:
+			select {
+			case b = <-a.ch:
+			case <-time.After(within):
+				return 0, false
 			}
-			return f.Code, true
-		case <-time.After(within):
-			return 0, false
 		}
+		f, _, err := netio.Decode(b, 1<<20)
+		if err != nil {
+			return 255, true
+		}
+		return f.Code, true
 	}
-	// Calls until the second lane took one and dials: its call waits for
-	// that dial, the others are answered by the node.
-	id := uint64(0)
-	for proxy.accepted.Load() < 2 {
-		id++
-		if id > 100 {
+	// Calls until the second lane took one and dials: that one goes back
+	// to the first lane too.
+	var recs []*answerRecorder
+	for id := uint64(1); proxy.accepted.Load() < 2; id++ {
+		if id > 200 {
 			t.Fatal("the second lane never dialled")
 		}
-		a := send(id, testWait)
-		if c, ok := code(a, 100*time.Millisecond); ok && c != netio.CodeNoSuchGroup {
-			t.Fatalf("call %d before the second lane dialled: %v", id, c)
-		}
+		recs = append(recs, send(id, testWait))
+		time.Sleep(10 * time.Millisecond)
 	}
-	const calls = 20
-	recs := make([]*answerRecorder, calls)
-	for i := range recs {
-		recs[i] = send(id+uint64(i)+1, time.Second)
+	early := len(recs)
+	for i := range 20 {
+		recs = append(recs, send(uint64(early+i+1), time.Second))
 	}
+	end := time.Now().Add(helloTimeout * 3 / 4) // within the hello's bound: none waits for the dial to fail
 	for i, a := range recs {
-		c, ok := code(a, testWait)
+		c, ok := code(a, max(time.Until(end), 0))
 		switch {
 		case !ok:
-			t.Fatalf("call %d queued while a lane dialled: no answer", i+1)
+			t.Errorf("call %d (of %d sent before the second lane dialled): no answer while that lane dialled", i+1, early)
 		case c != netio.CodeNoSuchGroup:
-			t.Errorf("call %d queued while a lane dialled and the other had its connection: %v, want the node's answer", i+1, c)
+			t.Errorf("call %d (of %d sent before the second lane dialled): %v, want the node's answer", i+1, early, c)
 		}
 	}
 }
@@ -1090,4 +1092,42 @@ func TestCloseDoesNotWaitForAHangingHello(t *testing.T) {
 	if got := answersOf(a); len(got) != 1 || got[0].Code != netio.CodeNetworkDown {
 		t.Errorf("the call that waited for the dial got %v, want one 'network down'", got)
 	}
+}
+
+// TestUnreachableNodeAnswersOnce: a call for a node nobody listens for is
+// answered 'network down' once (its lane dials again for the next call,
+// never for an answered one).
+func TestUnreachableNodeAnswersOnce(t *testing.T) {
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	a := &countingCaller{first: make(chan []byte, 1)}
+	c := &Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(testWait)}
+	if code, msg := pool.Send("x", "127.0.0.1:1", c); code != netio.CodeOK {
+		t.Fatalf("send: %v %s", code, msg)
+	}
+	select {
+	case b := <-a.first:
+		if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != netio.CodeNetworkDown {
+			t.Errorf("a call for an unreachable node: %v %v, want 'network down'", f.Code, err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("no answer")
+	}
+	time.Sleep(100 * time.Millisecond) // a second answer, if any, comes from the lane's next dial at once
+	pool.Close()
+	if n := a.n.Load(); n != 1 {
+		t.Errorf("a call for an unreachable node got %d answers, want 1", n)
+	}
+}
+
+// countingCaller counts its answers and keeps the first; it never blocks.
+type countingCaller struct {
+	n     atomic.Int32
+	first chan []byte
+}
+
+func (c *countingCaller) Send(b []byte) error {
+	if c.n.Add(1) == 1 {
+		c.first <- append([]byte(nil), b...)
+	}
+	return nil
 }
