@@ -572,3 +572,43 @@ func TestCallsQueuedForALeftNodeGoElsewhereFree(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreachableNodeIsLeftOutWhileAnotherServes: a node whose port
+// refuses connections (killed, not yet out of the name table) meets one
+// call a second at most while another node serves the group; without
+// retries each call sent there was answered 'network down', about half of
+// them.
+func TestUnreachableNodeIsLeftOutWhileAnotherServes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // connections to it are refused
+	serving := fakeNode(t, "n2", echoing("n2"))
+	work := []names.GroupInfo{{Group: "work"}}
+	r := newTestRouter(t, Options{Policy: policy()}, &fakeLocal{groups: map[string]*fakeGroup{}},
+		names.NodeInfo{Node: "n1", Addr: dead, Groups: work}, names.NodeInfo{Node: "n2", Addr: serving, Groups: work})
+	c := r.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	began := time.Now()
+	var served, down int
+	for i := range 200 {
+		want := strconv.Itoa(i)
+		out, err := c.Call(ctx, "work", "echo", []byte(want))
+		switch {
+		case err == nil && string(out) == "n2:"+want:
+			served++
+		case codeOf(err) == netio.CodeNetworkDown:
+			down++
+		default:
+			t.Fatalf("call %d: %q, %v", i, out, err)
+		}
+	}
+	took := time.Since(began)
+	t.Logf("served %d, 'network down' %d, in %v", served, down, took.Round(time.Millisecond))
+	if limit := 1 + int(took/time.Second); down == 0 || down > limit {
+		t.Errorf("%d calls answered 'network down' in %v, want 1 to %d (the first, then one a second)", down, took, limit)
+	}
+}

@@ -146,7 +146,14 @@ func (r *Router) serving(name string) Group {
 // candidates appends the nodes that can take a call for group: the others
 // that run it and are not held, and this node when lg (the group here, if
 // it takes calls) says so.
+//
+// A node the pool could not connect to a moment ago (peers'
+// Unreachable) is left out while another candidate remains: every call
+// sent there would meet the same error (with scd_retry_of_comm_error 0,
+// the default, as its answer) until the failure detector takes the node
+// out of the table. Alone, it stays, and the call tries it.
 func (r *Router) candidates(dst []route.Candidate, group string, lg Group, tried []string) []route.Candidate {
+	first := len(dst)
 	for _, e := range r.names.Lookup(group) {
 		if e.Local || e.Held || contains(tried, e.Node) {
 			continue
@@ -155,6 +162,15 @@ func (r *Router) candidates(dst []route.Candidate, group string, lg Group, tried
 	}
 	if lg != nil && !lg.Held() && lg.Serving() && !contains(tried, r.self) {
 		dst = append(dst, route.Candidate{Node: r.self, Local: true, Level: lg.Level(), InFlight: lg.InFlight()})
+	}
+	reachable := dst[:first]
+	for _, c := range dst[first:] {
+		if c.Local || !r.pool.Unreachable(c.Node) {
+			reachable = append(reachable, c) // never ahead of the reading: in place
+		}
+	}
+	if len(reachable) > first {
+		return reachable
 	}
 	return dst
 }

@@ -54,7 +54,9 @@ var schedOperands = map[string]operand[Sched]{
 		values: "0..128",
 		opentp1: "How many other nodes a request is scheduled to after a communication error, never more than the nodes that run the service group; 0 returns the error (000). " +
 			"On a retry LEVEL1 nodes are avoided unless only LEVEL1 and LEVEL2 nodes remain.",
-		tpsched: "A transferred call is retried when the node chosen for it could not be reached.",
+		tpsched: "A transferred call is retried when the node chosen for it could not be reached. " +
+			"Whatever the value, a node this node could not connect to in the last second (and has not since) is left out of the choice " +
+			"while another node runs the group, so a node that died meets one call a second, not its share, until the failure detector takes it out.",
 	},
 	"scdmulti": {
 		set: func(s *Sched, v []string) (err error) {

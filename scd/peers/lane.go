@@ -91,6 +91,7 @@ func (t *target) runLane() {
 			}
 			carried = carried[:0]
 			if !sibling {
+				p.dialFailed.Store(time.Now().UnixNano())
 				t.retryQueued(err)
 			}
 			continue
@@ -356,6 +357,7 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 	p.conns[mc] = true
 	t.serving++
 	p.mu.Unlock()
+	p.dialFailed.Store(0)
 	defer func() {
 		p.mu.Lock()
 		t.serving--

@@ -138,6 +138,26 @@ func (p *Pool) InFlight(node string) int {
 	return int(pr.inFlight.Load())
 }
 
+// unreachableFor is how long a node whose connection could not be made is
+// left out of the choice while another node can take its calls: each call
+// sent there meanwhile would meet the same error, until the failure
+// detector takes the node out of the name table. Past it one call tries
+// the node again.
+const unreachableFor = time.Second
+
+// Unreachable reports whether the last connection to node could not be
+// made, less than unreachableFor ago, and none was made since.
+func (p *Pool) Unreachable(node string) bool {
+	p.mu.Lock()
+	pr := p.peers[node]
+	p.mu.Unlock()
+	if pr == nil {
+		return false
+	}
+	at := pr.dialFailed.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < unreachableFor
+}
+
 // TotalInFlight is every call this node has handed to other nodes and not
 // yet answered (requests are not calls: they are not counted).
 func (p *Pool) TotalInFlight() int {
@@ -269,6 +289,9 @@ type peer struct {
 
 	inFlight atomic.Int64 // calls queued or sent, not yet answered: P2C's second key
 	sentTo   *metrics.Counter
+	// dialFailed is when a lane last failed to connect with no other lane
+	// of its target connected (unix ns; 0: a connection was made since).
+	dialFailed atomic.Int64
 
 	mu       sync.Mutex
 	stopped  bool // guarded by mu: no call is queued any more
