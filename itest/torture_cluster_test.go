@@ -44,7 +44,7 @@ var clusterTortureAttacks = append(append([]string(nil), tortureAttacks...), "pe
 // once with its own reply; n0 answers its probe throughout; a serving
 // node that dies when no attack asked is a break.
 func TestTortureCluster(t *testing.T) {
-	testenv.Slow(t, "three nodes under attack; 30 s (TPSCHED_TORTURE_DURATION)")
+	testenv.Slow(t, "three nodes under attack for TPSCHED_TORTURE_DURATION (20 s by default)")
 	skipShort(t)
 	if err := buildTortureUAP(); err != nil {
 		t.Fatal(err)
