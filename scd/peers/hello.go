@@ -102,10 +102,12 @@ func dial(ctx context.Context, addr, self, node string, key []byte, userTimeout 
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	cut := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
+	// Closed, not given a deadline: the hello sets its own deadline
+	// first, which could undo one set before it.
+	cut := context.AfterFunc(ctx, func() { nc.Close() })
 	fr, err := Handshake(nc, self, node, key)
 	if !cut() && err == nil {
-		// ctx ended: the deadline it set may outlive the hello's.
+		// ctx ended as the hello did: its close may have come after.
 		err = ctx.Err()
 	}
 	if err != nil {

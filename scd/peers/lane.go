@@ -91,7 +91,7 @@ func (t *target) runLane() {
 			}
 			carried = carried[:0]
 			if !sibling {
-				p.dialFailed.Store(time.Now().UnixNano())
+				p.dialFailedUnlessConnected()
 				t.retryQueued(err)
 			}
 			continue
@@ -162,8 +162,13 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 		queue := t.queue
 		var recheck <-chan time.Time
 		p.mu.Lock()
-		sibling := t.serving > 0
+		sibling, multi := t.serving > 0, t.lanes > 1
 		p.mu.Unlock()
+		if multi {
+			// A sibling lane that connects wakes nobody: look again
+			// soon (calls held here would wait for this dial).
+			recheck = time.After(siblingRecheck)
+		}
 		if sibling && stop != nil {
 			// Another lane sends them at once: those held go back to
 			// the queue, and it is left to that lane; look again soon,
@@ -356,8 +361,8 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 	}
 	p.conns[mc] = true
 	t.serving++
+	p.dialFailed.Store(0) // under mu: dialFailedUnlessConnected looks at serving and stores under it
 	p.mu.Unlock()
-	p.dialFailed.Store(0)
 	defer func() {
 		p.mu.Lock()
 		t.serving--

@@ -138,6 +138,21 @@ func (p *Pool) InFlight(node string) int {
 	return int(pr.inFlight.Load())
 }
 
+// dialFailedUnlessConnected records a lane's failed dial, unless a lane of
+// the node has its connection (a receiving address that failed while the
+// RPC port's lane serves does not make the node unreachable). The look
+// and the store are one step under mu, as serve's count and clear are.
+func (pr *peer) dialFailedUnlessConnected() {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	for _, t := range pr.targets {
+		if t.serving > 0 {
+			return
+		}
+	}
+	pr.dialFailed.Store(time.Now().UnixNano())
+}
+
 // unreachableFor is how long a node whose connection could not be made is
 // left out of the choice while another node can take its calls: each call
 // sent there meanwhile would meet the same error, until the failure

@@ -1131,3 +1131,126 @@ func (c *countingCaller) Send(b []byte) error {
 	}
 	return nil
 }
+
+// proxyFirstHangs takes its first connection and never answers on it; it
+// relays the others to target.
+func proxyFirstHangs(t *testing.T, target string) (string, *atomic.Int32) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n atomic.Int32
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			if n.Add(1) == 1 {
+				go func() { _, _ = io.Copy(io.Discard, c) }()
+				continue
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, up)
+			mu.Unlock()
+			go func() { _, _ = io.Copy(c, up); c.Close() }()
+			go func() { _, _ = io.Copy(up, c); up.Close() }()
+		}
+	}()
+	return ln.Addr().String(), &n
+}
+
+// TestHeldCallGoesToASiblingThatConnects: a call a dialling lane holds
+// (its hello hangs) goes out on a sibling lane of its target as soon as
+// that one connects, also when no other call comes to wake the lane; it
+// waited for its own dial's 2 s bound (a finding of the review of the
+// dialling lanes).
+func TestHeldCallGoesToASiblingThatConnects(t *testing.T) {
+	var proxyAddr atomic.Pointer[string]
+	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
+		if f.Kind == netio.KindNameLookup {
+			c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "",
+				netio.AppendReceivers(nil, netio.Receivers{Addr: *proxyAddr.Load(), Count: 2, Here: -1})))
+			return
+		}
+		noSuchGroup(c, f, hop)
+	})
+	addr, accepted := proxyFirstHangs(t, node.addr)
+	proxyAddr.Store(&addr)
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	pool.SetDelegate(multiDelegate{})
+	t.Cleanup(pool.Close)
+	pool.peerFor("x", addr).learned("g", recvRoute{addr: addr, count: 2})
+	send := func(id uint64, d time.Duration) *answerRecorder {
+		a := &answerRecorder{ch: make(chan []byte, 4)}
+		c := &Call{Caller: a, CallerID: id, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(d)}
+		if code, msg := pool.Send("x", addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+		return a
+	}
+	first := send(1, 5*time.Second)
+	waitUntil(t, func() bool { return accepted.Load() >= 1 })
+	time.Sleep(20 * time.Millisecond)
+	for id := uint64(2); accepted.Load() < 2; id++ {
+		if id > 200 {
+			t.Fatal("second lane never dialled")
+		}
+		send(id, 5*time.Second)
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	select {
+	case b := <-first.ch:
+		f, _, _ := netio.Decode(b, 1<<20)
+		t.Logf("call 1 answered %v after %v", f.Code, time.Since(start))
+		if time.Since(start) > 500*time.Millisecond {
+			t.Errorf("call 1 waited %v for its own lane's hung dial though a sibling lane was connected", time.Since(start))
+		}
+	case <-time.After(testWait):
+		t.Fatal("call 1 never answered")
+	}
+}
+
+// TestUnreachableIsTheNodes: a failed dial to one of a node's receiving
+// addresses does not make the node unreachable while its RPC port's lane
+// serves (the router would leave it out for every group).
+func TestUnreachableIsTheNodes(t *testing.T) {
+	node := startFakeNode(t, "x", "", noSuchGroup)
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	t.Cleanup(pool.Close)
+	a := &answerRecorder{ch: make(chan []byte, 4)}
+	c := &Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "g", Start: time.Now(), Deadline: time.Now().Add(testWait)}
+	if code, msg := pool.Send("x", node.addr, c); code != netio.CodeOK {
+		t.Fatalf("send: %v %s", code, msg)
+	}
+	<-a.ch // connected on the RPC port
+	pool.peerFor("x", node.addr).learned("h", recvRoute{addr: "127.0.0.1:1", count: 1})
+	b := &answerRecorder{ch: make(chan []byte, 4)}
+	c2 := &Call{Caller: b, CallerID: 2, Kind: netio.KindCall, Group: "h", Start: time.Now(), Deadline: time.Now().Add(testWait)}
+	if code, msg := pool.Send("x", node.addr, c2); code != netio.CodeOK {
+		t.Fatalf("send: %v %s", code, msg)
+	}
+	<-b.ch
+	if pool.Unreachable("x") {
+		t.Errorf("node x reported unreachable while its RPC port's connection serves")
+	}
+}
