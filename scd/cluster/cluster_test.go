@@ -612,3 +612,43 @@ func TestUnreachableNodeIsLeftOutWhileAnotherServes(t *testing.T) {
 		t.Errorf("%d calls answered 'network down' in %v, want 1 to %d (the first, then one a second)", down, took, limit)
 	}
 }
+
+// TestBalancedCallStaysHereWhenTheOtherNodeIsUnreachable: a balanced call
+// at a node whose group is LEVEL2, where the only other node announced
+// LEVEL0 and cannot be connected to, is served here once that node is
+// left out (no lower node remains), not sent on to meet the refusal.
+func TestBalancedCallStaysHereWhenTheOtherNodeIsUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // connections to it are refused
+	local := &fakeLocal{groups: map[string]*fakeGroup{
+		"work": {def: def.Server{ServiceGroup: "work"}, serving: true, level: loadlevel.Level2}}}
+	r := newTestRouter(t, Options{Policy: policy()}, local,
+		names.NodeInfo{Node: "n1", Addr: dead, Groups: []names.GroupInfo{{Group: "work", Level: loadlevel.Level0}}})
+	c, err := client.New(client.Options{Hosts: []string{r.addr}, Balanced: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	var here, down int
+	for i := range 20 {
+		want := strconv.Itoa(i)
+		out, err := c.Call(ctx, "work", "echo", []byte(want))
+		switch {
+		case err == nil && string(out) == "here:"+want:
+			here++
+		case codeOf(err) == netio.CodeNetworkDown:
+			down++
+		default:
+			t.Fatalf("call %d: %q, %v", i, out, err)
+		}
+	}
+	if down > 1 {
+		t.Errorf("%d of 20 balanced calls sent to the node that cannot be reached ('network down'), %d served here; want the first only", down, here)
+	}
+}

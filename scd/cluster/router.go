@@ -148,11 +148,13 @@ func (r *Router) serving(name string) Group {
 // it takes calls) says so.
 //
 // A node the pool could not connect to a moment ago (peers'
-// Unreachable) is left out while another candidate remains: every call
-// sent there would meet the same error (with scd_retry_of_comm_error 0,
-// the default, as its answer) until the failure detector takes the node
-// out of the table. Alone, it stays, and the call tries it.
-func (r *Router) candidates(dst []route.Candidate, group string, lg Group, tried []string) []route.Candidate {
+// Unreachable) is left out while another candidate remains, or orHere
+// (this node takes the call if no other does: a balanced call, whose
+// candidates are the others only): every call sent there would meet the
+// same error (with scd_retry_of_comm_error 0, the default, as its answer)
+// until the failure detector takes the node out of the table. With
+// nowhere else to go, it stays, and the call tries it.
+func (r *Router) candidates(dst []route.Candidate, group string, lg Group, tried []string, orHere bool) []route.Candidate {
 	first := len(dst)
 	for _, e := range r.names.Lookup(group) {
 		if e.Local || e.Held || contains(tried, e.Node) {
@@ -169,7 +171,7 @@ func (r *Router) candidates(dst []route.Candidate, group string, lg Group, tried
 			reachable = append(reachable, c) // never ahead of the reading: in place
 		}
 	}
-	if len(reachable) > first {
+	if len(reachable) > first || orHere {
 		return reachable
 	}
 	return dst
@@ -217,12 +219,12 @@ func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled b
 	if balanced {
 		// The sender chose this node: stay unless held, or LEVEL2 while
 		// another node is lower.
-		cands = r.candidates((*buf)[:0], group, nil, nil)
+		cands = r.candidates((*buf)[:0], group, nil, nil, !g.Held())
 		if !route.Transfer(g.Held(), g.Level(), cands, r.policy) {
 			return false, 0, ""
 		}
 	} else {
-		cands = r.candidates((*buf)[:0], group, g, nil)
+		cands = r.candidates((*buf)[:0], group, g, nil, false)
 	}
 	cands = r.opts.Steer(group, cands)
 	*buf = cands
@@ -330,7 +332,7 @@ func (r *Router) Reroute(fc *peers.Call, err error) {
 		return
 	}
 	g, _ := r.opts.Local.Group(fc.Group)
-	cands := r.candidates(nil, fc.Group, g, fc.Tried)
+	cands := r.candidates(nil, fc.Group, g, fc.Tried, false)
 	i := route.Choose(cands, r.policy, route.Request{Direct: true, Retry: true,
 		Socket: r.socketGroup(fc.Group, g)}, globalRand{})
 	if i < 0 {
