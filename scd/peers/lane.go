@@ -82,6 +82,8 @@ func (t *target) runLane() {
 			if t.addr != p.addr {
 				p.forgetAddr(t.addr)
 			}
+			// Before any answer: the caller told may call again at once.
+			p.dialFailedUnlessConnected()
 			// While another lane of the target has its connection, the
 			// node is reached: the calls go out there.
 			var sibling bool
@@ -91,7 +93,6 @@ func (t *target) runLane() {
 			}
 			carried = carried[:0]
 			if !sibling {
-				p.dialFailedUnlessConnected()
 				t.retryQueued(err)
 			}
 			continue
