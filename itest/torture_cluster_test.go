@@ -233,7 +233,35 @@ func (p *tpeer) kill(r *rand.Rand) {
 	time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
 	if err := p.start(); err != nil {
 		p.tt.fail("%s killed and started again: %v", p.name, err)
+		return
 	}
+	p.back("killed and started again")
+}
+
+// back waits until n0's name table holds the node's groups again after an
+// attack that took it out (a node that never comes back is a break), and
+// counts how long that took.
+func (p *tpeer) back(after string) {
+	tt := p.tt
+	began := time.Now()
+	for time.Since(began) < 15*time.Second {
+		if st, err := statusOf(tt.n.http); err == nil {
+			for _, ns := range st.Cluster.Nodes {
+				if ns.Node == p.name && len(ns.Groups) > 0 {
+					ms := int(time.Since(began).Milliseconds())
+					tt.count("serving nodes back in n0's table after an attack", 1)
+					tt.mu.Lock()
+					tt.figures["ms until back in n0's table, the longest"] = max(tt.figures["ms until back in n0's table, the longest"], ms)
+					tt.mu.Unlock()
+					return
+				}
+			}
+		}
+		if !tt.sleep(20 * time.Millisecond) {
+			return
+		}
+	}
+	tt.fail("%s %s: not back in n0's name table 15 s later", p.name, after)
 }
 
 // pause is "peerstop": SIGSTOP of scdd for up to 2.5 s.
@@ -246,6 +274,7 @@ func (p *tpeer) pause(r *rand.Rand) {
 	p.tt.count("serving nodes stopped", 1)
 	time.Sleep(time.Duration(100+r.IntN(2400)) * time.Millisecond)
 	_ = syscall.Kill(pid, syscall.SIGCONT)
+	p.back("stopped and continued")
 }
 
 // restart is "peerrestart": a hand-over (SIGUSR2), waited for.
@@ -361,13 +390,15 @@ func newLoFaults(tt *torture, rpc, name int) *loFaults {
 // fault drops pct percent of p's cluster packets for d, then heals.
 func (lo *loFaults) fault(p *tpeer, pct int, d time.Duration) {
 	lo.set(p.addr, pct)
-	defer lo.set(p.addr, 0)
+	defer lo.set(p.addr, 0) // also when the run ends meanwhile
 	what := "serving nodes cut off"
 	if pct < 100 {
 		what = "serving nodes' links made lossy"
 	}
 	p.tt.count(what, 1)
 	p.tt.sleep(d)
+	lo.set(p.addr, 0)
+	p.back("cut off or lossy")
 }
 
 func (lo *loFaults) set(addr string, pct int) {
