@@ -304,8 +304,8 @@ type peer struct {
 
 	inFlight atomic.Int64 // calls queued or sent, not yet answered: P2C's second key
 	sentTo   *metrics.Counter
-	// dialFailed is when a lane last failed to connect with no other lane
-	// of its target connected (unix ns; 0: a connection was made since).
+	// dialFailed is when a lane last failed to connect with no lane of
+	// the node connected (unix ns; 0: a connection was made since).
 	dialFailed atomic.Int64
 
 	mu       sync.Mutex
