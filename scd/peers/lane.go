@@ -102,9 +102,9 @@ func (t *target) runLane() {
 	}
 }
 
-// siblingRecheck is how often a dialling lane that leaves the queue to
-// another lane of its target looks whether that one still has its
-// connection.
+// siblingRecheck is how often a dialling lane of a target with several
+// lanes looks whether another has its connection (to leave it the calls)
+// or, having left them to one, whether it still has.
 const siblingRecheck = 50 * time.Millisecond
 
 // errPeerStopped ends a dial the peer stopped during: the calls waiting
