@@ -578,9 +578,10 @@ func TestReplacedPeerCallsExpireAndClose(t *testing.T) {
 }
 
 // holdingPeer is a TCP listener that accepts connections and reads
-// nothing from them until release (but for the first free ones); then it
-// relays each to target (a fakeNode), or, with no target, holds it
-// without a word. Its connections close at the test's end.
+// nothing from them until release (but for those free says of their
+// number, from 1, in the order accepted; nil: none); then it relays each
+// to target (a fakeNode), or, with no target, holds it without a word.
+// Its connections close at the test's end.
 type holdingPeer struct {
 	addr     string
 	released chan struct{}
@@ -589,7 +590,7 @@ type holdingPeer struct {
 	accepted atomic.Int32
 }
 
-func startHoldingPeer(t *testing.T, target string, free int32) *holdingPeer {
+func startHoldingPeer(t *testing.T, target string, free func(nth int32) bool) *holdingPeer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -621,7 +622,7 @@ func startHoldingPeer(t *testing.T, target string, free int32) *holdingPeer {
 			conns = append(conns, c)
 			mu.Unlock()
 			released := h.released
-			if h.accepted.Add(1) <= free {
+			if n := h.accepted.Add(1); free != nil && free(n) {
 				released = freed
 			}
 			wg.Go(func() {
@@ -707,7 +708,7 @@ func TestQueuedCallsLeaveAtTheirDeadlineWhileTheLaneDials(t *testing.T) {
 			if succeeds {
 				target = node.addr
 			}
-			peer := startHoldingPeer(t, target, 0)
+			peer := startHoldingPeer(t, target, nil)
 			pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
 			closed := false
 			t.Cleanup(func() {
@@ -990,6 +991,20 @@ type multiDelegate struct{}
 func (multiDelegate) Reroute(c *Call, err error) { c.FailUnsent(err, "") }
 func (multiDelegate) MultiSchedule(string) bool  { return true }
 
+// startTwoReceiverNode is node x whose receivers lookups answer that a
+// group is received on two sockets at *at (set before the first lookup),
+// and which answers every call 'no such service group'.
+func startTwoReceiverNode(t *testing.T, at *atomic.Pointer[string]) *fakeNode {
+	return startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
+		if f.Kind == netio.KindNameLookup {
+			c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "",
+				netio.AppendReceivers(nil, netio.Receivers{Addr: *at.Load(), Count: 2, Here: -1})))
+			return
+		}
+		noSuchGroup(c, f, hop)
+	})
+}
+
 // TestDiallingLaneLeavesQueuedCallsToAConnectedOne: of a target's two
 // lanes (multi_schedule), one has its connection and the other dials a
 // hello that hangs: the calls queued meanwhile go out on the connection
@@ -997,15 +1012,9 @@ func (multiDelegate) MultiSchedule(string) bool  { return true }
 // 'timed out' at its deadline, or 'network down' when the dial fails).
 func TestDiallingLaneLeavesQueuedCallsToAConnectedOne(t *testing.T) {
 	var proxyAddr atomic.Pointer[string]
-	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
-		if f.Kind == netio.KindNameLookup {
-			c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "",
-				netio.AppendReceivers(nil, netio.Receivers{Addr: *proxyAddr.Load(), Count: 2, Here: -1})))
-			return
-		}
-		noSuchGroup(c, f, hop)
-	})
-	proxy := startHoldingPeer(t, node.addr, 1) // the first connection goes through, the next hangs in its hello
+	node := startTwoReceiverNode(t, &proxyAddr)
+	// The first connection goes through, the next hangs in its hello.
+	proxy := startHoldingPeer(t, node.addr, func(n int32) bool { return n == 1 })
 	proxyAddr.Store(&proxy.addr)
 	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
 	pool.SetDelegate(multiDelegate{})
@@ -1067,7 +1076,7 @@ func TestDiallingLaneLeavesQueuedCallsToAConnectedOne(t *testing.T) {
 // answer the hello at once, not at the hello's bound; the call that
 // waited for it is answered once.
 func TestCloseDoesNotWaitForAHangingHello(t *testing.T) {
-	peer := startHoldingPeer(t, "", 0)
+	peer := startHoldingPeer(t, "", nil)
 	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
 	closed := make(chan struct{})
 	t.Cleanup(func() { <-closed })
@@ -1132,52 +1141,6 @@ func (c *countingCaller) Send(b []byte) error {
 	return nil
 }
 
-// proxyFirstHangs takes its first connection and never answers on it; it
-// relays the others to target.
-func proxyFirstHangs(t *testing.T, target string) (string, *atomic.Int32) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n atomic.Int32
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			if n.Add(1) == 1 {
-				go func() { _, _ = io.Copy(io.Discard, c) }()
-				continue
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, up)
-			mu.Unlock()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-		}
-	}()
-	return ln.Addr().String(), &n
-}
-
 // TestHeldCallGoesToASiblingThatConnects: a call a dialling lane holds
 // (its hello hangs) goes out on a sibling lane of its target as soon as
 // that one connects, also when no other call comes to wake the lane; it
@@ -1185,15 +1148,10 @@ func proxyFirstHangs(t *testing.T, target string) (string, *atomic.Int32) {
 // dialling lanes).
 func TestHeldCallGoesToASiblingThatConnects(t *testing.T) {
 	var proxyAddr atomic.Pointer[string]
-	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
-		if f.Kind == netio.KindNameLookup {
-			c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "",
-				netio.AppendReceivers(nil, netio.Receivers{Addr: *proxyAddr.Load(), Count: 2, Here: -1})))
-			return
-		}
-		noSuchGroup(c, f, hop)
-	})
-	addr, accepted := proxyFirstHangs(t, node.addr)
+	node := startTwoReceiverNode(t, &proxyAddr)
+	// The first connection hangs in its hello, the next go through.
+	proxy := startHoldingPeer(t, node.addr, func(n int32) bool { return n > 1 })
+	addr, accepted := proxy.addr, &proxy.accepted
 	proxyAddr.Store(&addr)
 	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
 	pool.SetDelegate(multiDelegate{})
