@@ -573,32 +573,30 @@ func TestCallsQueuedForALeftNodeGoElsewhereFree(t *testing.T) {
 	}
 }
 
-// TestUnreachableNodeIsLeftOutWhileAnotherServes: a node whose port
-// refuses connections (killed, not yet out of the name table) meets one
-// call a second at most while another node serves the group; without
-// retries each call sent there was answered 'network down', about half of
-// them.
-func TestUnreachableNodeIsLeftOutWhileAnotherServes(t *testing.T) {
+// refusingAddr is an address on loopback whose connections are refused
+// (a node killed, not yet out of the name table).
+func refusingAddr(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := ln.Addr().String()
-	ln.Close() // connections to it are refused
-	serving := fakeNode(t, "n2", echoing("n2"))
-	work := []names.GroupInfo{{Group: "work"}}
-	r := newTestRouter(t, Options{Policy: policy()}, &fakeLocal{groups: map[string]*fakeGroup{}},
-		names.NodeInfo{Node: "n1", Addr: dead, Groups: work}, names.NodeInfo{Node: "n2", Addr: serving, Groups: work})
-	c := r.client(t)
+	ln.Close()
+	return ln.Addr().String()
+}
+
+// servedOrDown makes n calls of work/echo through c, one after another,
+// and counts those echoed by the node whose replies start with by and
+// those answered 'network down'; any other outcome fails the test.
+func servedOrDown(t *testing.T, c *client.Client, n int, by string) (served, down int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), testWait)
 	defer cancel()
-	began := time.Now()
-	var served, down int
-	for i := range 200 {
+	for i := range n {
 		want := strconv.Itoa(i)
 		out, err := c.Call(ctx, "work", "echo", []byte(want))
 		switch {
-		case err == nil && string(out) == "n2:"+want:
+		case err == nil && string(out) == by+want:
 			served++
 		case codeOf(err) == netio.CodeNetworkDown:
 			down++
@@ -606,6 +604,23 @@ func TestUnreachableNodeIsLeftOutWhileAnotherServes(t *testing.T) {
 			t.Fatalf("call %d: %q, %v", i, out, err)
 		}
 	}
+	return served, down
+}
+
+// TestUnreachableNodeIsLeftOutWhileAnotherServes: a node whose port
+// refuses connections (killed, not yet out of the name table) meets one
+// call a second at most while another node serves the group; without
+// retries each call sent there was answered 'network down', about half of
+// them.
+func TestUnreachableNodeIsLeftOutWhileAnotherServes(t *testing.T) {
+	dead := refusingAddr(t)
+	serving := fakeNode(t, "n2", echoing("n2"))
+	work := []names.GroupInfo{{Group: "work"}}
+	r := newTestRouter(t, Options{Policy: policy()}, &fakeLocal{groups: map[string]*fakeGroup{}},
+		names.NodeInfo{Node: "n1", Addr: dead, Groups: work}, names.NodeInfo{Node: "n2", Addr: serving, Groups: work})
+	c := r.client(t)
+	began := time.Now()
+	served, down := servedOrDown(t, c, 200, "n2:")
 	took := time.Since(began)
 	t.Logf("served %d, 'network down' %d, in %v", served, down, took.Round(time.Millisecond))
 	if limit := 1 + int(took/time.Second); down == 0 || down > limit {
@@ -618,12 +633,7 @@ func TestUnreachableNodeIsLeftOutWhileAnotherServes(t *testing.T) {
 // LEVEL0 and cannot be connected to, is served here once that node is
 // left out (no lower node remains), not sent on to meet the refusal.
 func TestBalancedCallStaysHereWhenTheOtherNodeIsUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close() // connections to it are refused
+	dead := refusingAddr(t)
 	local := &fakeLocal{groups: map[string]*fakeGroup{
 		"work": {def: def.Server{ServiceGroup: "work"}, serving: true, level: loadlevel.Level2}}}
 	r := newTestRouter(t, Options{Policy: policy()}, local,
@@ -633,21 +643,7 @@ func TestBalancedCallStaysHereWhenTheOtherNodeIsUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), testWait)
-	defer cancel()
-	var here, down int
-	for i := range 20 {
-		want := strconv.Itoa(i)
-		out, err := c.Call(ctx, "work", "echo", []byte(want))
-		switch {
-		case err == nil && string(out) == "here:"+want:
-			here++
-		case codeOf(err) == netio.CodeNetworkDown:
-			down++
-		default:
-			t.Fatalf("call %d: %q, %v", i, out, err)
-		}
-	}
+	here, down := servedOrDown(t, c, 20, "here:")
 	if down > 1 {
 		t.Errorf("%d of 20 balanced calls sent to the node that cannot be reached ('network down'), %d served here; want the first only", down, here)
 	}
