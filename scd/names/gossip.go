@@ -126,6 +126,10 @@ type Gossip struct {
 	ml      *memberlist.Memberlist // set once Create returns; callbacks wait for ready before they use it
 	members atomic.Pointer[memberlist.Memberlist]
 	ready   chan struct{} // closed once ml is set and this node has announced
+	// merged is closed once a push/pull has merged another node's table
+	// into this one's (this node's join, or another's sync with it).
+	merged     chan struct{}
+	mergedOnce sync.Once
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -223,7 +227,7 @@ func newGossip(cfg GossipConfig, table *Table) *Gossip {
 		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, early: map[string][]byte{}, unrelayed: map[string]bool{},
 		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
 		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
-		stop: make(chan struct{}), ready: make(chan struct{}),
+		stop: make(chan struct{}), ready: make(chan struct{}), merged: make(chan struct{}),
 	}
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: c.numMembers, RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult}
 	return c
@@ -439,6 +443,11 @@ func (c *Gossip) joinSeeds() {
 		c.log.Debug("name port: no seed answered yet", "seeds", want, "err", err)
 	}
 }
+
+// Merged is closed once this node's table holds what another node's held:
+// a push/pull merged that node's whole table here (the first join with a
+// seed, or a seed's sync with this node).
+func (c *Gossip) Merged() <-chan struct{} { return c.merged }
 
 // Stats reports the announce counters.
 func (c *Gossip) Stats() GossipStats {
@@ -659,6 +668,9 @@ func (d *delegate) LocalState(join bool) []byte {
 }
 
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	// memberlist has applied the other node's membership first, so every
+	// announce here of a node alive there finds it alive here too.
+	defer d.mergedOnce.Do(func() { close(d.merged) })
 	for len(buf) > 0 {
 		n, k := binary.Uvarint(buf)
 		if k <= 0 || uint64(len(buf)-k) < n {

@@ -317,3 +317,34 @@ func unjoinedGossip(t *testing.T, cfg GossipConfig, table *Table) *Gossip {
 	})
 	return c
 }
+
+// TestMergedMeansTheSeedsTableIsHere: when Merged closes, a newcomer's
+// table already holds every node its seed knew: the router waits for it
+// before it answers a call for a group no known node runs (a restarted
+// node would otherwise refuse calls for the others' groups).
+func TestMergedMeansTheSeedsTableIsHere(t *testing.T) {
+	key := func(int) []byte { return []byte("same-key-for-all-members") }
+	ms := startMembers(t, 3, key)
+	eventually(t, "m0 to know all three", func() bool { return ms[0].table.Len() == 3 })
+	table := NewTable("m3")
+	c, err := Join(GossipConfig{Self: "m3", BindAddr: "127.0.0.1", Port: 0, Fast: true, Key: key(3),
+		Seeds: []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(ms[0].c.Port()))},
+		// Each change applied slowly: a Merged closed before the seed's
+		// state was all applied would show in the table.
+		OnChange: func() { time.Sleep(20 * time.Millisecond) }},
+		table, NodeInfo{Addr: "127.0.0.1:1", Groups: []GroupInfo{{Group: "g"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Leave(100 * time.Millisecond) })
+	select {
+	case <-c.Merged():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Merged not closed within 10 s of joining a live seed")
+	}
+	for _, node := range []string{"m0", "m1", "m2"} {
+		if _, ok := table.Get(node); !ok {
+			t.Errorf("Merged closed before the table had %s (%d nodes)", node, table.Len())
+		}
+	}
+}
