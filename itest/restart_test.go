@@ -392,10 +392,10 @@ func TestRestartInAClusterDropsNoCall(t *testing.T) {
 		}
 		dirs[i] = dir
 	}
-	n0 := startNode(t, "-c", dirs[0], "-fast-failure-detection")
+	n0 := startRestartingNode(t, dirs[0], "-fast-failure-detection")
 	n1 := startRestartingNode(t, dirs[1], "-fast-failure-detection")
 	knowsHeavy := func() bool {
-		st, err := n0.status()
+		st, err := statusOf(n0.http)
 		if err != nil || st.Cluster == nil {
 			return false
 		}
@@ -408,7 +408,7 @@ func TestRestartInAClusterDropsNoCall(t *testing.T) {
 		}
 		return false
 	}
-	waitFor(t, 15*time.Second, "n0 to know that n1 runs heavy", knowsHeavy, n0.stderr.String)
+	waitFor(t, 15*time.Second, "n0 to know that n1 runs heavy", knowsHeavy, n0.logText)
 
 	via0 := startLoad(t, n0.rpc) // heavy transferred to n1; light served by n0 or n1
 	via1 := startLoad(t, n1.rpc)
@@ -424,7 +424,20 @@ func TestRestartInAClusterDropsNoCall(t *testing.T) {
 		t.Errorf("the new process did not take the name port over:\n%s", grep(n1.logText(), "take over"))
 	}
 	time.Sleep(time.Second)
-	waitFor(t, 15*time.Second, "n0 to know the new n1", knowsHeavy, n0.stderr.String)
+	waitFor(t, 15*time.Second, "n0 to know the new n1", knowsHeavy, n0.logText)
+	// Then the node that transfers: each new process of n0 must know that
+	// n1 runs heavy before it takes a call for it.
+	for i := range 2 {
+		out, err := n0.scdctl("restart")
+		m := restartedLine.FindStringSubmatch(out)
+		if err != nil || m == nil {
+			t.Fatalf("scdctl restart of n0 (%d): %v\n%s", i+1, err, out)
+		}
+		old, _ := strconv.Atoi(m[2])
+		waitFor(t, 30*time.Second, "the old n0 to exit", func() bool { return !pidAliveInt(old) }, n0.logText)
+		waitFor(t, 15*time.Second, "the new n0 to know n1", knowsHeavy, n0.logText)
+		time.Sleep(300 * time.Millisecond)
+	}
 	ok0, failed0 := via0.finish(t)
 	ok1, failed1 := via1.finish(t)
 	t.Logf("through n0: %d calls answered, %d failed; through n1: %d answered, %d failed", ok0, failed0, ok1, failed1)

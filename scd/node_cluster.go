@@ -58,7 +58,11 @@ func (n *Node) prepareCluster(inCluster bool) error {
 			return fmt.Errorf("scdsvcdef: scd_balance_rule: %w", err)
 		}
 	}
+	others, _ := seeds(n.cfg) // checked when the node was made
 	opts := cluster.Options{
+		// A test's node in a cluster without membership fills its table
+		// itself: it joins nobody, and waits for no one.
+		AwaitJoin:   inCluster && len(others) > 0,
 		Self:        n.cfg.System.NodeID,
 		Log:         n.log,
 		Metrics:     metrics.NewSet(), // not exposed

@@ -149,6 +149,15 @@ type testRouter struct {
 
 func newTestRouter(t *testing.T, opts Options, local *fakeLocal, members ...names.NodeInfo) *testRouter {
 	t.Helper()
+	r := unlistenedRouter(t, opts, local, members...)
+	r.addr = listen(t, r)
+	return r
+}
+
+// unlistenedRouter is newTestRouter's router before its port opens, for
+// a test to change what the port's loops will read.
+func unlistenedRouter(t *testing.T, opts Options, local *fakeLocal, members ...names.NodeInfo) *testRouter {
+	t.Helper()
 	set := metrics.NewSet()
 	pool := peers.New(peers.Options{Self: "n0", Key: []byte(testKey), Log: slog.New(slog.DiscardHandler), Metrics: set})
 	t.Cleanup(pool.Close)
@@ -162,13 +171,16 @@ func newTestRouter(t *testing.T, opts Options, local *fakeLocal, members ...name
 			t.Fatal(err)
 		}
 	}
-	r.addr = listen(t, r)
 	return r
 }
 
 func (r *testRouter) OnFrame(c *rpcport.Conn, f netio.Frame) {
 	if f.Kind == netio.KindAnnounce {
 		r.hello.Accept(c, &f)
+		return
+	}
+	if f.Kind == netio.KindNameLookup {
+		r.AnswerLookup(c, &f)
 		return
 	}
 	if f.Kind != netio.KindCall && f.Kind != netio.KindCallNoReply {

@@ -15,7 +15,9 @@
 //
 //   - Route, AnswerLookup and Receivers' methods run on gnet event loops:
 //     they never block. A call Route transfers has been copied; it is
-//     answered by the peer pool or, when no node takes it, by Reroute.
+//     answered by the peer pool or, when no node takes it, by Reroute. A
+//     node that joins others keeps, copied, a call or a lookup for a
+//     group no known node runs until its table settles (settle.go).
 //   - Local's methods are called on event loops and the pool's lanes:
 //     they must not block.
 //   - The name table is read without locks (scd/names); a node that is

@@ -31,9 +31,23 @@ func (r *Router) Join(cfg names.GossipConfig, state func() names.NodeInfo) error
 	cfg.State = state
 	g, err := names.Join(cfg, r.names, state())
 	if err != nil {
+		r.parking.settle() // the waiting calls meet the table as it is
 		return err
 	}
 	r.gossip.Store(g)
+	if r.parking != nil {
+		go func() {
+			start, by := time.Now(), "a push/pull with another node"
+			select {
+			case <-g.Merged():
+			case <-time.After(settleBound):
+				by = "the bound: no node answered yet" // this node may be the first up
+			}
+			r.parking.settle()
+			r.log.Info("name table settled", "by", by, "after", time.Since(start).Round(time.Millisecond),
+				"nodes", r.names.Len(), "calls_waited", r.parking.waited())
+		}()
+	}
 	// A change made while Join ran announced nothing (no gossip yet):
 	// this one carries it.
 	g.AnnounceFunc(state)
@@ -67,9 +81,10 @@ func (r *Router) Announce(state func() names.NodeInfo) {
 	}
 }
 
-// Leave tells the other nodes this node is going, once; nothing before
-// Join.
+// Leave tells the other nodes this node is going, once; before Join it
+// only places the calls still waiting for the table (settle.go).
 func (r *Router) Leave() {
+	r.parking.settle() // the calls still waiting are placed while the node serves
 	g := r.gossip.Load()
 	if g == nil {
 		return
@@ -83,9 +98,10 @@ func (r *Router) Leave() {
 
 // StopWithoutLeaving ends this node's membership without telling the
 // others it leaves: they keep sending to its address, where a new process
-// (a restart) accepts and soon announces with a newer boot. Once; nothing
-// before Join.
+// (a restart) accepts and soon announces with a newer boot. Once; before
+// Join it only places the calls still waiting for the table.
 func (r *Router) StopWithoutLeaving() {
+	r.parking.settle() // the calls still waiting are placed while the node serves
 	g := r.gossip.Load()
 	if g == nil {
 		return

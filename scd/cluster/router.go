@@ -69,6 +69,10 @@ type Options struct {
 	// Draining reports whether the node drains: a call that comes back
 	// from another node is not served here then.
 	Draining func() bool
+	// AwaitJoin says the node will Join other nodes: until its table
+	// settles, a call for a group no known node runs waits (settle.go)
+	// instead of meeting 'no such service group'.
+	AwaitJoin bool
 	// Steer drops from the candidates of a call the nodes where its
 	// group's calls miss their goals (the routing manager); nil: none is
 	// dropped. It runs on the event loop.
@@ -99,6 +103,9 @@ type Router struct {
 	// member of the name table: no name becomes a label value unless the
 	// node has proved it (hello) and is known (announced).
 	receivedOther *metrics.Counter
+	// parking holds the calls no known node takes until the table has
+	// settled (settle.go); nil for a node that joins no other.
+	parking *parking
 	// retried counts calls sent on to another node, by why.
 	retriedUnreachable, retriedRefused *metrics.Counter
 }
@@ -120,6 +127,9 @@ func New(opts Options) *Router {
 		receivedOther:      opts.Metrics.NewCounter(`tpsched_requests_received_total{from="unknown"}`),
 		retriedUnreachable: opts.Metrics.NewCounter(`tpsched_transfer_retries_total{reason="unreachable"}`),
 		retriedRefused:     opts.Metrics.NewCounter(`tpsched_transfer_retries_total{reason="refused"}`),
+	}
+	if opts.AwaitJoin {
+		r.parking = newParking()
 	}
 	r.candPool.New = func() any { s := make([]route.Candidate, 0, 8); return &s }
 	opts.Pool.SetDelegate(r)
@@ -202,6 +212,13 @@ func contains(list []string, s string) bool {
 // served here otherwise. A call a node transferred here (from.Peer) is
 // never transferred again, nor one that names this node.
 func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled bool, code netio.Code, msg string) {
+	return r.route(c, from, f, true)
+}
+
+// route is Route; mayPark says whether a call no known node takes may
+// wait for the table to settle (settle.go), which a call that waited
+// already may not.
+func (r *Router) route(c call.Caller, from call.From, f *netio.Frame, mayPark bool) (handled bool, code netio.Code, msg string) {
 	if from.Peer != "" {
 		r.countReceived(from.Peer)
 		return false, 0, "" // the hop mark: served here or refused, never transferred again
@@ -236,6 +253,9 @@ func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled b
 		if msg, ok := r.heldElsewhere(group, g); ok {
 			return true, netio.CodeServiceClosed, msg
 		}
+		if mayPark && r.parkCall(c, from, f, r.deadline(f, g, time.Now())) {
+			return true, netio.CodeOK, ""
+		}
 		return false, 0, ""
 	}
 	if cands[i].Local {
@@ -248,15 +268,24 @@ func (r *Router) Route(c call.Caller, from call.From, f *netio.Frame) (handled b
 		TimeoutMs: f.TimeoutMs, Start: time.Now(),
 		Retries: route.Retries(r.opts.Retries, len(entries)),
 	}
-	if f.TimeoutMs > 0 {
-		fc.Deadline = fc.Start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
-	} else if g != nil && g.Def().WatchTime > 0 {
-		fc.Deadline = fc.Start.Add(g.Def().WatchTime)
-	} else if w := r.opts.WatchTime; w > 0 {
-		fc.Deadline = fc.Start.Add(w)
-	}
+	fc.Deadline = r.deadline(f, g, fc.Start)
 	code, msg = r.transfer(fc, cands[i].Node)
 	return true, code, msg
+}
+
+// deadline is when a call that came at start must be answered: its own
+// timeout, else its group's watch_time here (g, when it has a server
+// here), else sysconf's; zero for none.
+func (r *Router) deadline(f *netio.Frame, g Group, start time.Time) time.Time {
+	switch {
+	case f.TimeoutMs > 0:
+		return start.Add(time.Duration(f.TimeoutMs) * time.Millisecond)
+	case g != nil && g.Def().WatchTime > 0:
+		return start.Add(g.Def().WatchTime)
+	case r.opts.WatchTime > 0:
+		return start.Add(r.opts.WatchTime)
+	}
+	return time.Time{}
 }
 
 // heldElsewhere says where group is held when no node takes its calls and
@@ -393,14 +422,22 @@ func (r *Router) countReceived(node string) {
 // AnswerLookup tells a balancing client which nodes run a group, with
 // their levels, from the name table. It runs on the event loop.
 func (r *Router) AnswerLookup(c *rpcport.Conn, f *netio.Frame) {
-	group := string(f.Group)
+	nodes := r.lookupNodes(string(f.Group))
+	if len(nodes) == 0 && r.parkLookup(c, f) {
+		return
+	}
+	c.SendNow(lookupAnswer(f.ID, string(f.Group), nodes))
+}
+
+// lookupNodes are the nodes that take group's calls now, from the table.
+func (r *Router) lookupNodes(group string) []netio.NodeLevel {
 	var nodes []netio.NodeLevel
 	for _, e := range r.names.Lookup(group) {
 		if !e.Held {
 			nodes = append(nodes, netio.NodeLevel{Addr: e.Addr, Level: uint8(e.Level)})
 		}
 	}
-	answerLookup(c, f, nodes)
+	return nodes
 }
 
 // AnswerLookupAlone is AnswerLookup for a node whose all_node names no
@@ -410,15 +447,15 @@ func AnswerLookupAlone(c *rpcport.Conn, f *netio.Frame, local Local, self string
 	if g, ok := local.Group(string(f.Group)); ok && !g.Held() && g.Serving() {
 		nodes = append(nodes, netio.NodeLevel{Addr: AdvertisedAddr(c.Port(), self), Level: uint8(g.Level())})
 	}
-	answerLookup(c, f, nodes)
+	c.SendNow(lookupAnswer(f.ID, string(f.Group), nodes))
 }
 
-func answerLookup(c *rpcport.Conn, f *netio.Frame, nodes []netio.NodeLevel) {
+// lookupAnswer is the answer frame to lookup id for group.
+func lookupAnswer(id uint64, group string, nodes []netio.NodeLevel) []byte {
 	if len(nodes) == 0 {
-		c.SendNow(netio.AppendError(nil, f.ID, netio.CodeNoSuchGroup, string(f.Group)+": no node serves it now"))
-		return
+		return netio.AppendError(nil, id, netio.CodeNoSuchGroup, group+": no node serves it now")
 	}
-	c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "", netio.AppendLookupAnswer(nil, nodes)))
+	return netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: id}, "", "", netio.AppendLookupAnswer(nil, nodes))
 }
 
 // AdvertisedAddr is the address other nodes and clients reach port p of
