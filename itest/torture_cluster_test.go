@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"tpsched/internal/testenv"
+	"tpsched/netio"
 )
 
 // clusterTortureAttacks are TestTortureCluster's classes: the single
@@ -112,6 +113,27 @@ func TestTortureCluster(t *testing.T) {
 		}
 		return served == 4
 	}, tt.n.logText)
+	// A front or back call n0 found no node for, or whose node could not
+	// be reached, is counted apart by whether both serving nodes were out
+	// (an attack took them out and they were not yet back in n0's table)
+	// at some moment while it ran. With both out there is nowhere to go,
+	// and callers answered at once call again at once: a few hundred ms
+	// both out give thousands of such answers. 'no such service group'
+	// while a node was in says n0's table lost a node nothing took out.
+	tt.explain = func(c *tcall) string {
+		if c.kind != netio.KindError || (c.code != netio.CodeNoSuchGroup && c.code != netio.CodeNetworkDown) || c.group == "probe" {
+			return ""
+		}
+		both := true
+		for _, p := range peers {
+			both = both && p.outDuring(c.sentAt, c.answeredAt)
+		}
+		if both {
+			return fmt.Sprintf("of which %q with both serving nodes out", c.code.String())
+		}
+		return fmt.Sprintf("of which %q while a serving node was in", c.code.String())
+	}
+	defer func() { t.Logf("both serving nodes out at once: %v in all", bothOut(peers).Round(time.Millisecond)) }()
 	tt.run(func(spawn func(func()), rng func(uint64) *rand.Rand) {
 		var acts []func(*tpeer, *rand.Rand)
 		for _, a := range []struct {
@@ -159,11 +181,12 @@ type tpeer struct {
 	log  string
 
 	mu      sync.Mutex
-	pid     int    // the scdd serving now
-	http    string // its metrics address (a new one at each start)
-	down    bool   // killed, or stopped, or handing over: on purpose
-	pgids   []int  // every incarnation's process group, for the cleanup
-	started int    // "scdd started" lines in the log so far
+	outs    [][2]time.Duration // since the run's start: from an attack that takes it out until it is back in n0's table
+	pid     int                // the scdd serving now
+	http    string             // its metrics address (a new one at each start)
+	down    bool               // killed, or stopped, or handing over: on purpose
+	pgids   []int              // every incarnation's process group, for the cleanup
+	started int                // "scdd started" lines in the log so far
 }
 
 var tpeerStarted = regexp.MustCompile(`msg="scdd started" .*http=(\S+)`)
@@ -220,8 +243,62 @@ func (p *tpeer) setDown(down bool) (pid int) {
 	return p.pid
 }
 
+// goOut marks the node out of the cluster from now until the call of
+// the function it returns (made once the node is back in n0's table, or
+// the attack ended without it).
+func (p *tpeer) goOut() (back func()) {
+	from := time.Since(p.tt.start)
+	return func() {
+		p.mu.Lock()
+		p.outs = append(p.outs, [2]time.Duration{from, time.Since(p.tt.start)})
+		p.mu.Unlock()
+	}
+}
+
+// outDuring reports whether the node was out at any moment of [from, to].
+func (p *tpeer) outDuring(from, to time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, o := range p.outs {
+		if o[0] <= to && from <= o[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// bothOut is how long every one of peers was out at once.
+func bothOut(peers []*tpeer) time.Duration {
+	type edge struct {
+		at    time.Duration
+		delta int
+	}
+	var edges []edge
+	for _, p := range peers {
+		p.mu.Lock()
+		for _, o := range p.outs {
+			edges = append(edges, edge{o[0], 1}, edge{o[1], -1})
+		}
+		p.mu.Unlock()
+	}
+	sort.Slice(edges, func(i, j int) bool {
+		return edges[i].at < edges[j].at || (edges[i].at == edges[j].at && edges[i].delta > edges[j].delta)
+	})
+	var total, since time.Duration
+	out := 0
+	for _, e := range edges {
+		if out == len(peers) {
+			total += e.at - since
+		}
+		out += e.delta
+		since = e.at
+	}
+	return total
+}
+
 // kill is "peerkill": SIGKILL of scdd, then a new one after up to 1.5 s.
 func (p *tpeer) kill(r *rand.Rand) {
+	defer p.goOut()()
 	pid := p.setDown(true)
 	if syscall.Kill(pid, syscall.SIGKILL) != nil {
 		return
@@ -266,6 +343,7 @@ func (p *tpeer) back(after string) {
 
 // pause is "peerstop": SIGSTOP of scdd for up to 2.5 s.
 func (p *tpeer) pause(r *rand.Rand) {
+	defer p.goOut()()
 	pid := p.setDown(true)
 	defer p.setDown(false)
 	if syscall.Kill(pid, syscall.SIGSTOP) != nil {
@@ -389,6 +467,7 @@ func newLoFaults(tt *torture, rpc, name int) *loFaults {
 
 // fault drops pct percent of p's cluster packets for d, then heals.
 func (lo *loFaults) fault(p *tpeer, pct int, d time.Duration) {
+	defer p.goOut()()
 	lo.set(p.addr, pct)
 	defer lo.set(p.addr, 0) // also when the run ends meanwhile
 	what := "serving nodes cut off"

@@ -92,6 +92,8 @@ type tcall struct {
 	req     []byte
 	sentAt  time.Duration // since the run's start
 
+	answeredAt time.Duration // since the run's start, when answered
+
 	// Set by the caller goroutine that owns the connection, read after.
 	sent      bool // the whole frame was written
 	answers   int  // answer frames addressed to it
@@ -115,6 +117,9 @@ type torture struct {
 	execLog  string
 	n        *restartingNode // the node the callers and the probes call
 	uapNodes func() []string // the HTTP addresses of the nodes whose UAPs are attacked
+	// explain names what an answered call says beyond its outcome (an
+	// outcome "of which ..."), or ""; nil: nothing. Called after the run.
+	explain func(c *tcall) string
 
 	pid        atomic.Int64 // the scdd that serves now (a restart changes it)
 	restarting atomic.Bool  // a hand-over is under way: the old pid may exit
@@ -591,7 +596,7 @@ func (tt *torture) connection(rng *rand.Rand) {
 			tt.fail("call %d answered twice (second: kind %v code %v)", c.id, f.Kind, f.Code)
 			return
 		}
-		c.answers = 1
+		c.answers, c.answeredAt = 1, time.Since(tt.start)
 		pending--
 		c.kind, c.code = f.Kind, f.Code
 		switch f.Kind {
@@ -1053,6 +1058,11 @@ func (tt *torture) check() {
 		case c.answers == 1:
 			key := fmt.Sprintf("error %q", c.code.String())
 			outcomes[key]++
+			if tt.explain != nil {
+				if more := tt.explain(c); more != "" {
+					outcomes[more]++
+				}
+			}
 			switch c.code {
 			case netio.CodeServerBusy, netio.CodeServiceClosed, netio.CodeShuttingDown, netio.CodeNoSuchGroup,
 				netio.CodeNoSuchService, netio.CodeMessageTooBig:
