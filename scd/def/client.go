@@ -23,11 +23,13 @@ import (
 // dcnamuse has no field: the Go client asks the name service exactly when
 // it balances, so it is only checked against dccltloadbalance (see
 // checkClientModes).
+//
+// betranrc must be a regular file of at most 16 MiB, as a definition file.
 func LoadClient(path string) (*Client, error) {
 	c := defaultClient()
 	modes := map[string]modeGiven{}
 	if path != "" {
-		src, err := os.ReadFile(path)
+		src, err := readOS(path)
 		if err != nil {
 			return nil, fmt.Errorf("client definition: %w", err)
 		}

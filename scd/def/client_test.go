@@ -139,3 +139,17 @@ func TestLoadClientErrors(t *testing.T) {
 		t.Error("missing file: no error")
 	}
 }
+
+// TestLoadClientPastTheBound: betranrc is bounded as a definition file is.
+func TestLoadClientPastTheBound(t *testing.T) {
+	clearClientEnv(t)
+	path := writeFile(t, "")
+	if err := os.Truncate(path, maxDefinitionSize+1); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadClient(path)
+	want := "client definition: " + path + ": 16777217 bytes, more than a definition file may have (16777216, 16 MiB)"
+	if err == nil || err.Error() != want {
+		t.Fatalf("error = %.300v\nwant    %s", err, want)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -23,7 +24,8 @@ var defaultFS embed.FS
 // server each; names starting with '.' or ending with '~' are skipped). At
 // least one user server is required. A file that is there but no regular
 // file (a named pipe, a directory in place of sysconf) or a link to
-// nothing is an error. An error in one file does not stop the others being
+// nothing is an error, and so is a file of more than 16 MiB
+// (maxDefinitionSize). An error in one file does not stop the others being
 // read: the error is every one found (Errors when there are several).
 func Load(dir string) (*Config, error) {
 	cfg, err := Check(dir)
@@ -226,7 +228,7 @@ func load(fsys fs.FS, label, osDir string) (*Config, error) {
 			continue // a directory or the like: no user server
 		}
 		files++
-		src, err := fs.ReadFile(fsys, file)
+		src, err := readFS(fsys, file, file)
 		if errs.add(err) {
 			continue
 		}
@@ -266,12 +268,79 @@ func readOptional(fsys fs.FS, file string) ([]Stmt, int, error) {
 	if there, err := statFile(fsys, file); !there {
 		return nil, 0, err
 	}
-	src, err := fs.ReadFile(fsys, file)
+	src, err := readFS(fsys, file, file)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", file, err)
+		return nil, 0, err
 	}
 	stmts, err := Parse(file, src)
 	return stmts, countLines(src), err
+}
+
+// maxDefinitionSize is the most bytes a definition file (and betranrc, and
+// a cluster_key_file) may have. Real ones are far below it: the longest
+// this package takes, a svcpolicy with 1024 classes, 1024 rules and 1024
+// environments, is a few hundred KB. The bound is there because every file
+// is read whole before it is parsed: without one, a sparse file of 2 GiB
+// or a log written into the directory by mistake made scdd and scdd -check
+// take as much memory, and its statements as much again.
+const maxDefinitionSize = 16 << 20
+
+// readFS reads the definition file file of fsys whole, up to
+// maxDefinitionSize bytes. Errors name it once, as name.
+func readFS(fsys fs.FS, file, name string) ([]byte, error) {
+	f, err := fsys.Open(file)
+	if err != nil {
+		return nil, fileError(name, err)
+	}
+	defer f.Close()
+	return readOpened(name, f)
+}
+
+// readOS is readFS for a path of the file system (outside the definition
+// directory's fs.FS: betranrc, an absolute cluster_key_file).
+func readOS(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fileError(path, err)
+	}
+	defer f.Close()
+	return readOpened(path, f)
+}
+
+// readOpened reads f, the opened file name, whole. What is no regular file
+// is refused (statFile looked before the open, but the file may have been
+// replaced since). A file whose size is past maxDefinitionSize is refused
+// before a byte is read; one that grows past it while it is read (a log
+// being written) is cut off by the LimitReader and refused too.
+func readOpened(name string, f fs.File) ([]byte, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fileError(name, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s)", name, fileType(fi.Mode()))
+	}
+	if fi.Size() > maxDefinitionSize {
+		return nil, fmt.Errorf("%s: %d bytes, more than a definition file may have (%d, 16 MiB)", name, fi.Size(), int64(maxDefinitionSize))
+	}
+	src, err := io.ReadAll(io.LimitReader(f, maxDefinitionSize+1))
+	if err != nil {
+		return nil, fileError(name, err)
+	}
+	if len(src) > maxDefinitionSize {
+		return nil, fmt.Errorf("%s: grew past %d bytes while it was read, more than a definition file may have (16 MiB)", name, int64(maxDefinitionSize))
+	}
+	return src, nil
+}
+
+// fileError is err about the file name, naming it once: a PathError's own
+// path (the same name) and operation are left out.
+func fileError(name string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return fmt.Errorf("%s: %w", name, err)
 }
 
 // statFile reports whether the definition file is there to be read. It
@@ -451,14 +520,14 @@ func loadClusterKey(fsys fs.FS, osDir string, s *System, lines map[string]int) e
 			path = filepath.Join(osDir, path)
 		}
 		if fi, err = os.Stat(path); err == nil && fi.Mode().IsRegular() {
-			key, err = os.ReadFile(path)
+			key, err = readOS(path)
 		}
 	default:
 		if osDir != "" {
 			path = filepath.Join(osDir, path)
 		}
 		if fi, err = fs.Stat(fsys, s.clusterKeyFile); err == nil && fi.Mode().IsRegular() {
-			key, err = fs.ReadFile(fsys, s.clusterKeyFile)
+			key, err = readFS(fsys, s.clusterKeyFile, path)
 		}
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package def
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -904,5 +905,88 @@ func TestDefinitionFilesThatAreNoFiles(t *testing.T) {
 				t.Fatalf("Load: error = %v, want one with %q", err, c.err)
 			}
 		})
+	}
+}
+
+// TestDefinitionFilesPastTheBound: a definition file of more than 16 MiB
+// is refused by its size, before it is read (a sparse file here: its bytes
+// are never written), naming the file, its size and the bound. Each was
+// read whole.
+func TestDefinitionFilesPastTheBound(t *testing.T) {
+	const size = maxDefinitionSize + 1
+	abs := filepath.Join(t.TempDir(), "key")
+	for _, c := range []struct {
+		file    string // in the directory, or abs
+		sysconf string
+		err     string
+	}{
+		{"sysconf", "", "sysconf: 16777217 bytes, more than a definition file may have (16777216, 16 MiB)"},
+		{"scdsvcdef", "", "scdsvcdef: 16777217 bytes, more than"},
+		{"usrrc", "", "usrrc: 16777217 bytes, more than"},
+		{"usr/y", "", "usr/y: 16777217 bytes, more than"},
+		{"svcpolicy", "", "svcpolicy: 16777217 bytes, more than"},
+		{"k", "set cluster_key_file = k\n", "sysconf:1: cluster_key_file: DIR/k: 16777217 bytes, more than"},
+		{abs, "set cluster_key_file = \"" + abs + "\"\n", "sysconf:1: cluster_key_file: " + abs + ": 16777217 bytes, more than"},
+	} {
+		t.Run(filepath.Base(c.file), func(t *testing.T) {
+			files := map[string]string{"usr/x": baseUsr}
+			if c.sysconf != "" {
+				files["sysconf"] = c.sysconf
+			}
+			dir := writeDir(t, files)
+			p := c.file
+			if !filepath.IsAbs(p) {
+				p = filepath.Join(dir, filepath.FromSlash(p))
+			}
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = f.Truncate(size)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Load(dir)
+			want := strings.ReplaceAll(c.err, "DIR", dir)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Load: error = %.300v, want one with %q", err, want)
+			}
+		})
+	}
+}
+
+// growingFile is a file whose Stat says it is empty and whose reads never
+// end: a file that grows while it is read.
+type growingFile struct{ read int64 }
+
+func (g *growingFile) Stat() (fs.FileInfo, error) { return growingInfo{}, nil }
+func (g *growingFile) Close() error               { return nil }
+func (g *growingFile) Read(b []byte) (int, error) {
+	clear(b)
+	g.read += int64(len(b))
+	return len(b), nil
+}
+
+type growingInfo struct{}
+
+func (growingInfo) Name() string       { return "sysconf" }
+func (growingInfo) Size() int64        { return 0 }
+func (growingInfo) Mode() fs.FileMode  { return 0o644 }
+func (growingInfo) ModTime() time.Time { return time.Time{} }
+func (growingInfo) IsDir() bool        { return false }
+func (growingInfo) Sys() any           { return nil }
+
+// TestDefinitionFileThatGrowsWhileRead: the bound holds for a file whose
+// size said less when it was opened: the read stops just past it.
+func TestDefinitionFileThatGrowsWhileRead(t *testing.T) {
+	g := &growingFile{}
+	_, err := readOpened("sysconf", g)
+	const want = "sysconf: grew past 16777216 bytes while it was read, more than a definition file may have (16 MiB)"
+	if err == nil || err.Error() != want {
+		t.Fatalf("error = %v, want %s", err, want)
+	}
+	if g.read > maxDefinitionSize+64<<10 {
+		t.Fatalf("read %d bytes, want the bound and little more", g.read)
 	}
 }
