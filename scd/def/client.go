@@ -24,7 +24,8 @@ import (
 // it balances, so it is only checked against dccltloadbalance (see
 // checkClientModes).
 //
-// betranrc must be a regular file of at most 16 MiB, as a definition file.
+// betranrc must be a regular file of at most 16 MiB, as a definition file:
+// a named pipe or a device is refused, not read.
 func LoadClient(path string) (*Client, error) {
 	c := defaultClient()
 	modes := map[string]modeGiven{}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -151,5 +152,44 @@ func TestLoadClientPastTheBound(t *testing.T) {
 	want := "client definition: " + path + ": 16777217 bytes, more than a definition file may have (16777216, 16 MiB)"
 	if err == nil || err.Error() != want {
 		t.Fatalf("error = %.300v\nwant    %s", err, want)
+	}
+}
+
+// TestLoadClientRefusesWhatIsNoFile: a named pipe as betranrc held
+// LoadClient for ever (the open waits for a writer), as it held Load
+// (2a117ca); it is refused at once, and so is a device.
+func TestLoadClientRefusesWhatIsNoFile(t *testing.T) {
+	clearClientEnv(t)
+	for _, c := range []struct {
+		name string
+		make func(p string) error
+		err  string
+	}{
+		{"fifo", func(p string) error { return syscall.Mkfifo(p, 0o600) }, ": not a regular file (a named pipe)"},
+		{"device", func(p string) error { return os.Symlink("/dev/zero", p) }, ": not a regular file (a device)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "betranrc")
+			if err := c.make(p); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := LoadClient(p); done <- err }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				// Let the open end: open the pipe for writing and close it.
+				if f, oerr := os.OpenFile(p, os.O_WRONLY, 0); oerr == nil {
+					f.Close()
+				}
+				<-done
+				t.Fatal("LoadClient waited on a named pipe for 10 s")
+			}
+			want := "client definition: " + p + c.err
+			if err == nil || err.Error() != want {
+				t.Fatalf("error = %v\nwant    %s", err, want)
+			}
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 //go:embed default
@@ -297,9 +298,13 @@ func readFS(fsys fs.FS, file, name string) ([]byte, error) {
 }
 
 // readOS is readFS for a path of the file system (outside the definition
-// directory's fs.FS: betranrc, an absolute cluster_key_file).
+// directory's fs.FS: betranrc, an absolute cluster_key_file). It opens
+// with O_NONBLOCK: a named pipe there is then refused by readOpened at
+// once, where a plain open waited for a writer, for ever (nothing looks at
+// betranrc before the open, as statFile does for the directory's files).
+// O_NONBLOCK changes nothing for a regular file.
 func readOS(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fileError(path, err)
 	}
