@@ -2,8 +2,12 @@ package def
 
 import (
 	"errors"
+	"fmt"
+	"io"
 	"sort"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Errors is every error found in the definitions when there is more than
@@ -97,4 +101,38 @@ func errPlace(err error) (string, int) {
 		rank = "4"
 	}
 	return rank + e.File, e.Line
+}
+
+// maxShown is how many runes of a value an error repeats.
+const maxShown = 64
+
+// shown is a value read from a definition (an operand's value, a token of
+// a statement) as an error repeats it: whole when it is short, else its
+// first maxShown runes, an ellipsis and its length. A value of 200 KB made
+// an error line of 200 KB, in scdd's log and on scdd -check's screen,
+// where the start of it says which value it is. Every error of this
+// package that repeats such a value formats it through shown: %q quotes
+// the runes kept, "aaa…" (200000 bytes); %s and %v give them bare,
+// aaa… (200000 bytes).
+type shown string
+
+func (v shown) Format(f fmt.State, verb rune) {
+	s, cut := v.head()
+	if verb == 'q' {
+		s = strconv.Quote(s)
+	}
+	io.WriteString(f, s)
+	if cut {
+		fmt.Fprintf(f, "… (%d bytes)", len(v))
+	}
+}
+
+// head is what Format keeps of v, and whether that is less than v.
+func (v shown) head() (string, bool) {
+	end := 0
+	for runes := 0; end < len(v) && runes < maxShown; runes++ {
+		_, n := utf8.DecodeRuneInString(string(v[end:])) // a byte that is no UTF-8 counts as one
+		end += n
+	}
+	return string(v[:end]), end < len(v)
 }

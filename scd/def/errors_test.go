@@ -2,7 +2,9 @@ package def
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -108,5 +110,133 @@ func TestLoadSysconfReadsOnlySysconf(t *testing.T) {
 	}
 	if _, err := LoadSysconf(t.TempDir() + "/none"); err == nil {
 		t.Error("LoadSysconf of a missing directory: no error")
+	}
+}
+
+// TestLongValuesAreShortInErrors: an error about a value of 200 KB is a
+// line of a few hundred bytes that starts the value and gives its length
+// (it repeated the value whole). Every operand and every command option of
+// every kind of file gets such values, of a few shapes, and so do the
+// statements Parse refuses.
+func TestLongValuesAreShortInErrors(t *testing.T) {
+	cutShort := regexp.MustCompile(`…( \(\d+ bytes\))`)
+	const size = 200000
+	x, nine := strings.Repeat("x", size), strings.Repeat("9", size)
+	longs := []string{x, nine, "x:" + nine, "[" + x, "[::1]" + x, x + ":1", "a:b:" + x, "é" + x[2:], x + "/", "-" + x}
+	const policyBase = "set default_class = A\nclass -n A -i 1 -t 100\n"
+	check := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if err == nil {
+			return // the value is taken (a path, say): nothing repeats it
+		}
+		for _, line := range strings.Split(err.Error(), "\n") {
+			if len(line) > 400 {
+				t.Errorf("%s: an error line of %d bytes: %.200s...", what, len(line), line)
+			} else if strings.Count(line, "…") != len(cutShort.FindAllString(line, -1)) {
+				t.Errorf("%s: a value cut short without its length: %s", what, line)
+			}
+		}
+	}
+	load := func(file, text string) error {
+		files := map[string]string{"usr/x": baseUsr}
+		if file == "usr/x" {
+			text += baseUsr
+		}
+		if file == FilePolicy {
+			text = policyBase + text
+		}
+		files[file] = text
+		dir := writeDir(t, files)
+		_, err := Check(dir)
+		return err
+	}
+	sets := map[string][]string{}
+	for op := range systemOperands {
+		sets["sysconf"] = append(sets["sysconf"], op)
+	}
+	for op := range schedOperands {
+		sets["scdsvcdef"] = append(sets["scdsvcdef"], op)
+	}
+	for op := range serverOperands {
+		sets["usr/x"] = append(sets["usr/x"], op)
+	}
+	for op := range policyOperands {
+		sets[FilePolicy] = append(sets[FilePolicy], op)
+	}
+	for file, ops := range sets {
+		for _, op := range ops {
+			for _, v := range longs {
+				check(t, file+" "+op, load(file, "set "+op+" = \""+v+"\"\n"))
+			}
+		}
+	}
+	cmds := map[string]map[string]string{ // file: command: its options' letters
+		"scdsvcdef": {}, "usr/x": {}, FilePolicy: {},
+	}
+	for name, c := range schedCommands {
+		cmds["scdsvcdef"][name] = c.options()
+	}
+	for name, c := range serverCommands {
+		cmds["usr/x"][name] = c.options()
+	}
+	for name, c := range policyCommands {
+		cmds[FilePolicy][name] = c.options()
+	}
+	for file, byName := range cmds {
+		for name, letters := range byName {
+			for i := range letters {
+				for _, v := range longs {
+					stmt := name
+					for j := range letters {
+						val := "1"
+						if i == j {
+							val = "\"" + v + "\""
+						}
+						stmt += " -" + letters[j:j+1] + " " + val
+					}
+					check(t, file+" "+name+" -"+letters[i:i+1], load(file, stmt+"\n"))
+				}
+			}
+		}
+	}
+	for _, op := range []string{"dchost", "dcscddirect", "dccache", "dcwatchtim", "watch_time"} {
+		for _, v := range longs {
+			clearClientEnv(t)
+			_, err := LoadClient(writeFile(t, "set "+op+" = \""+v+"\"\n"))
+			check(t, "betranrc "+op, err)
+			t.Setenv(strings.ToUpper(op), v)
+			_, err = LoadClient("")
+			check(t, "environment "+op, err)
+		}
+	}
+	for _, src := range []string{
+		x + " = 1", "set " + x + " = 1", "set a " + x, "set a = b " + x, "set a = " + x + " b",
+		"putenv " + x + " 1", "putenv A b " + x, "cmd -g 1 " + x, "set a = " + x + `"b"`, "=" + x,
+	} {
+		_, err := Parse("f", []byte(src+"\n"))
+		check(t, "parse "+src[:12], err)
+	}
+}
+
+// TestShown: a value of up to maxShown runes is shown whole, a longer one
+// cut after maxShown runes (not bytes, and not inside a rune) with its
+// length in bytes.
+func TestShown(t *testing.T) {
+	a64, e64 := strings.Repeat("a", 64), strings.Repeat("é", 64)
+	for _, c := range []struct{ in, q, s string }{
+		{"", `""`, ""},
+		{"yes", `"yes"`, "yes"},
+		{a64, `"` + a64 + `"`, a64},
+		{a64 + "b", `"` + a64 + `"… (65 bytes)`, a64 + "… (65 bytes)"},
+		{e64, `"` + e64 + `"`, e64},
+		{e64 + "é", `"` + e64 + `"… (130 bytes)`, e64 + "… (130 bytes)"},
+		{strings.Repeat("\xff", 100), `"` + strings.Repeat(`\xff`, 64) + `"… (100 bytes)`, strings.Repeat("\xff", 64) + "… (100 bytes)"},
+	} {
+		if got := fmt.Sprintf("%q", shown(c.in)); got != c.q {
+			t.Errorf("%%q of %d bytes: %s, want %s", len(c.in), got, c.q)
+		}
+		if got := fmt.Sprintf("%s", shown(c.in)); got != c.s {
+			t.Errorf("%%s of %d bytes: %s, want %s", len(c.in), got, c.s)
+		}
 	}
 }

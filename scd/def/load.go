@@ -455,7 +455,7 @@ func checkAllNodes(s *System, lines map[string]int) error {
 		key := fmt.Sprintf("%s:%d", sameHost(h), p)
 		if prev, ok := seen[key]; ok {
 			return &Error{File: "sysconf", Line: lines["all_node"], Operand: "all_node",
-				Reason: fmt.Sprintf("%q and %q are the same node", prev, n)}
+				Reason: fmt.Sprintf("%q and %q are the same node", shown(prev), shown(n))}
 		}
 		seen[key] = n
 		// A node listening on loopback cannot be reached from another
@@ -467,7 +467,7 @@ func checkAllNodes(s *System, lines map[string]int) error {
 				addr += " (the default)"
 			}
 			return &Error{File: "sysconf", Line: lines["all_node"], Operand: "all_node",
-				Reason: fmt.Sprintf("%q is on another host, but this node listens on %s, which no other host can reach: set rpc_address to this node's address", n, addr)}
+				Reason: fmt.Sprintf("%q is on another host, but this node listens on %s, which no other host can reach: set rpc_address to this node's address", shown(n), addr)}
 		}
 	}
 	return nil
@@ -750,7 +750,7 @@ func (u *userDef) checkReceiverGroup(cfg *Config) error {
 			for _, g := range cfg.Sched.ReceiverGroups {
 				names = append(names, g.Name)
 			}
-			why := fmt.Sprintf("receiver group %q is not defined in scdsvcdef (scdmulti -g %s -m COUNT -p PORT)", s.ReceiverGroup, s.ReceiverGroup)
+			why := fmt.Sprintf("receiver group %q is not defined in scdsvcdef (scdmulti -g %s -m COUNT -p PORT)", shown(s.ReceiverGroup), shown(s.ReceiverGroup))
 			if sug := Suggest(s.ReceiverGroup, names); sug != "" {
 				why += " (did you mean " + sug + "?)"
 			}
@@ -761,7 +761,7 @@ func (u *userDef) checkReceiverGroup(cfg *Config) error {
 		}
 		if _, given := u.set["scdmulti"]; given && !s.multi {
 			return u.fail(ops("scdmulti", "scdmulti command"), "set scdmulti = N contradicts scdmulti -g %s, which binds the server to a receiver group: remove one",
-				s.ReceiverGroup)
+				shown(s.ReceiverGroup))
 		}
 	} else if _, given := u.set["scdmulti"]; given {
 		if s.multi && cfg.Sched.Multi < 2 {
@@ -828,15 +828,15 @@ func checkReceiverGroups(cfg *Config, stmts []Stmt) error {
 		}
 		switch {
 		case g.Port != 0 && g.Port == cfg.System.RPCPort:
-			fail("receiver group %s: port %d is rpc_port, the default group's", g.Name, g.Port)
+			fail("receiver group %s: port %d is rpc_port, the default group's", shown(g.Name), g.Port)
 		case g.Port != 0 && g.Port == cfg.System.NamePort:
-			fail("receiver group %s: port %d is name_port", g.Name, g.Port)
+			fail("receiver group %s: port %d is name_port", shown(g.Name), g.Port)
 		case g.Port != 0 && g.Port == metricsPort(cfg.System) && sameAddress(cfg.System.RPCAddress, metricsHost(cfg.System)):
-			fail("receiver group %s: port %d is metrics_address's", g.Name, g.Port)
+			fail("receiver group %s: port %d is metrics_address's", shown(g.Name), g.Port)
 		}
 		total += g.Count
 		if total > maxReceivingSockets {
-			fail("receiver group %s: %d receiving sockets in all, at most %d", g.Name, total, maxReceivingSockets)
+			fail("receiver group %s: %d receiving sockets in all, at most %d", shown(g.Name), total, maxReceivingSockets)
 			break
 		}
 	}
@@ -878,7 +878,7 @@ func checkServers(cfg *Config, users []*userDef, sysLines map[string]int, errs *
 		// A service group is one user server's: its schedule queue, its
 		// processes and their CPU priority are the server's.
 		errs.add(u.fail(ops("service_group"), "service group %q is served by %s already (one user server per group)",
-			u.srv.ServiceGroup, prev.file))
+			shown(u.srv.ServiceGroup), prev.file))
 	}
 	if m := cfg.System.MaxProcesses; m > 0 && resident > m {
 		errs.add(&Error{File: "sysconf", Line: sysLines["max_processes"], Operand: "max_processes",

@@ -77,7 +77,7 @@ var schedOperands = map[string]operand[Sched]{
 				return err
 			}
 			if s.BalanceRule != "opentp1" && s.BalanceRule != "p2c" {
-				return fmt.Errorf("want opentp1 or p2c, got %q", s.BalanceRule)
+				return fmt.Errorf("want opentp1 or p2c, got %q", shown(s.BalanceRule))
 			}
 			return nil
 		},
@@ -114,10 +114,10 @@ var schedCommands = map[string]command[Sched]{
 			}
 			for _, o := range s.ReceiverGroups {
 				if o.Name == g.Name {
-					return fmt.Errorf("receiver group %q defined twice", g.Name)
+					return fmt.Errorf("receiver group %q defined twice", shown(g.Name))
 				}
 				if o.Port == g.Port && g.Port != 0 {
-					return fmt.Errorf("port %d is receiver group %s's already", g.Port, o.Name)
+					return fmt.Errorf("port %d is receiver group %s's already", g.Port, shown(o.Name))
 				}
 			}
 			s.ReceiverGroups = append(s.ReceiverGroups, g)

@@ -79,7 +79,7 @@ var serverOperands = map[string]operand[Server]{
 					return err
 				}
 				if seen[name] {
-					return fmt.Errorf("service %q listed twice", name)
+					return fmt.Errorf("service %q listed twice", shown(name))
 				}
 				seen[name] = true
 				s.Services = append(s.Services, Service{Name: name, Entry: entry})
@@ -123,7 +123,7 @@ var serverOperands = map[string]operand[Server]{
 			case "socket":
 				s.ReceiveFrom = ReceiveSocket
 			default:
-				return fmt.Errorf("want queue or socket, got %q", r)
+				return fmt.Errorf("want queue or socket, got %q", shown(r))
 			}
 			return nil
 		},

@@ -1,7 +1,6 @@
 package def
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -42,11 +41,11 @@ var systemOperands = map[string]operand[System]{
 			// from JSON as U+FFFD, and a blank nobody sees (a no-break
 			// space) makes an id that no one can type.
 			if !utf8.ValidString(s.NodeID) {
-				return fmt.Errorf("%q is not UTF-8", s.NodeID)
+				return fmt.Errorf("%q is not UTF-8", shown(s.NodeID))
 			}
 			for _, r := range s.NodeID {
 				if unicode.IsSpace(r) || !unicode.IsGraphic(r) || r == '"' || r == ',' {
-					return fmt.Errorf("%q: %q not allowed", s.NodeID, r)
+					return fmt.Errorf("%q: %q not allowed", shown(s.NodeID), r)
 				}
 			}
 			return nil
@@ -61,7 +60,7 @@ var systemOperands = map[string]operand[System]{
 				return err
 			}
 			if !validHost(s.RPCAddress) {
-				return fmt.Errorf("%q is not an IP address or host name (the port goes in rpc_port)", s.RPCAddress)
+				return fmt.Errorf("%q is not an IP address or host name (the port goes in rpc_port)", shown(s.RPCAddress))
 			}
 			return nil
 		},
@@ -110,7 +109,7 @@ var systemOperands = map[string]operand[System]{
 			if host, port, perr := net.SplitHostPort(s.MetricsAddress); perr == nil && port == "0" {
 				// Port 0 picks a free port, as rpc_port 0 does.
 				if !validHost(host) {
-					return fmt.Errorf("%q is not an IP address or host name", host)
+					return fmt.Errorf("%q is not an IP address or host name", shown(host))
 				}
 				return nil
 			}
@@ -185,16 +184,22 @@ var systemOperands = map[string]operand[System]{
 	},
 	"cluster_key_file": {
 		set: func(s *System, v []string) (err error) {
-			if s.clusterKeyFile, err = one(v); err != nil {
+			path, err := one(v)
+			if err != nil {
 				return err
 			}
-			if s.clusterKeyFile == "" {
-				return errors.New("empty path")
+			// Load's errors about the file repeat the path: it is bounded
+			// as a path is (PATH_MAX less its NUL), not cut short there.
+			// One refused is not kept: Load reads the file even when sysconf
+			// has errors.
+			if path == "" || len(path) > maxModuleLen {
+				return fmt.Errorf("want a path of 1..%d bytes, got %d", maxModuleLen, len(path))
 			}
+			s.clusterKeyFile = path
 			return nil // read by Load, which knows the directory
 		},
 		dflt:   "none",
-		values: "a path, relative to the definition directory or absolute; the file holds the key (16..1024 bytes, a final newline is not part of it), not with cluster_key",
+		values: "a path of 1..4095 bytes, relative to the definition directory or absolute; the file holds the key (16..1024 bytes, a final newline is not part of it), not with cluster_key",
 		tpsched: "cluster_key kept in a file of its own, so that sysconf can stay readable to others and the key not: " +
 			"a key file that others can read is refused, one its group can read gives a warning at start.",
 		own: true,

@@ -136,7 +136,7 @@ var policyCommands = map[string]command[Policy]{
 			}
 			for _, o := range p.Classes {
 				if o.Name == c.Name {
-					return fmt.Errorf("class %s defined twice", c.Name)
+					return fmt.Errorf("class %s defined twice", shown(c.Name))
 				}
 			}
 			var err error
@@ -193,7 +193,7 @@ var policyCommands = map[string]command[Policy]{
 					return fmt.Errorf("-%s: empty pattern (leave -%s out to match every one, or write \"*\")", pat.opt, pat.opt)
 				}
 				if _, err := path.Match(pat.v, ""); err != nil || len(pat.v) > maxNameLen {
-					return fmt.Errorf("-%s: %q is not a pattern (letters, digits, '*', '?', [...])", pat.opt, pat.v)
+					return fmt.Errorf("-%s: %q is not a pattern (letters, digits, '*', '?', [...])", pat.opt, shown(pat.v))
 				}
 			}
 			if len(p.Rules) >= maxPolicyEntries {
@@ -282,7 +282,7 @@ func loadPolicy(fsys fs.FS) (*Policy, error) {
 			}
 			names = append(names, c.Name)
 		}
-		why := fmt.Sprintf("class %q is not defined in this file", name)
+		why := fmt.Sprintf("class %q is not defined in this file", shown(name))
 		if s := Suggest(name, names); s != "" {
 			why += " (did you mean " + s + "?)"
 		}
@@ -334,7 +334,7 @@ func appendName(names []string, flags map[string]string, flag, meta, ident, noun
 		return names, fmt.Errorf("-%s: %w", flag, err)
 	}
 	if slices.Contains(names, v) {
-		return names, fmt.Errorf("%s %s named twice", noun, v)
+		return names, fmt.Errorf("%s %s named twice", noun, shown(v))
 	}
 	if len(names) >= max {
 		return names, fmt.Errorf("more than %d %ss", max, noun)

@@ -81,7 +81,7 @@ func TestPolicyErrors(t *testing.T) {
 		{"unknown option", base + "class -n B -i 2 -t 10 -x 1\n", "svcpolicy:3: class: unknown option -x"},
 		{"rule to unknown class", base + "classify -g g -c B\n", `svcpolicy:3: classify: -c: class "B" is not defined`},
 		{"rule to a class name too long", base + "classify -g g -c " + strings.Repeat("x", 1000) + "\n",
-			`svcpolicy:3: classify: -c: class "` + strings.Repeat("x", 1000) + `" is 1000 bytes, at most 31`},
+			`svcpolicy:3: classify: -c: class "` + strings.Repeat("x", 64) + `"… (1000 bytes), at most 31`},
 		{"rule to a malformed class", base + "classify -g g -c a/b\n", `svcpolicy:3: classify: -c: class "a/b": '/' not allowed`},
 		{"rule with an empty group", base + "classify -g \"\" -c A\n", `svcpolicy:3: classify: -g: empty pattern (leave -g out to match every one, or write "*")`},
 		{"rule with an empty service", base + "classify -g g -s \"\" -c A\n", `svcpolicy:3: classify: -s: empty pattern`},

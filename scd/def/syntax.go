@@ -281,7 +281,7 @@ func (sc *scanner) next(valueMode bool) (tokKind, string, error) {
 			break
 		}
 		if c == '"' {
-			return 0, "", fmt.Errorf("unexpected quote inside %q", sc.s[start:sc.pos+1])
+			return 0, "", fmt.Errorf("unexpected quote inside %q", shown(sc.s[start:sc.pos+1]))
 		}
 		sc.pos++
 	}
@@ -298,7 +298,7 @@ func parseStatement(file string, r rawStmt) (Stmt, error) {
 		return fail("syntax", "%v", err)
 	}
 	if k != tokWord {
-		return fail("syntax", "statement starts with %q, want set or putenv", kw)
+		return fail("syntax", "statement starts with %q, want set or putenv", shown(kw))
 	}
 	switch strings.ToLower(kw) {
 	case StmtSet:
@@ -307,13 +307,13 @@ func parseStatement(file string, r rawStmt) (Stmt, error) {
 			return fail("syntax", "%v", err)
 		}
 		if k != tokWord || !isName(name) {
-			return fail("syntax", "set: want an operand name, got %q", name)
+			return fail("syntax", "set: want an operand name, got %q", shown(name))
 		}
 		name = strings.ToLower(name)
 		if k, t, err := sc.next(false); err != nil {
 			return fail(name, "%v", err)
 		} else if k != tokEqual {
-			return fail(name, "want '=' after the operand, got %q", t)
+			return fail(name, "want '=' after the operand, got %q", shown(t))
 		}
 		st := Stmt{Line: r.line, Kind: StmtSet, Name: name}
 		for {
@@ -336,7 +336,7 @@ func parseStatement(file string, r rawStmt) (Stmt, error) {
 				return st, nil
 			}
 			if k != tokComma {
-				return fail(name, "unexpected %q after value %q (quote values that hold blanks)", t, v)
+				return fail(name, "unexpected %q after value %q (quote values that hold blanks)", shown(t), shown(v))
 			}
 		}
 	case StmtPutenv:
@@ -345,7 +345,7 @@ func parseStatement(file string, r rawStmt) (Stmt, error) {
 			return fail("putenv", "%v", err)
 		}
 		if k != tokWord || !isEnvName(name) {
-			return fail("putenv", "want an environment variable name, got %q", name)
+			return fail("putenv", "want an environment variable name, got %q", shown(name))
 		}
 		k, v, err := sc.next(true)
 		if err != nil {
@@ -357,7 +357,7 @@ func parseStatement(file string, r rawStmt) (Stmt, error) {
 		if k, t, err := sc.next(true); err != nil {
 			return fail("putenv", "%s: %v", name, err)
 		} else if k != tokEOF {
-			return fail("putenv", "%s: unexpected %q after the value (quote values that hold blanks)", name, t)
+			return fail("putenv", "%s: unexpected %q after the value (quote values that hold blanks)", name, shown(t))
 		}
 		return Stmt{Line: r.line, Kind: StmtPutenv, Name: name, Values: []string{v}}, nil
 	}
@@ -367,7 +367,7 @@ func parseStatement(file string, r rawStmt) (Stmt, error) {
 		}
 		return st, nil
 	}
-	return fail("syntax", "unknown statement %q, want set, putenv or a command (name -option value ...)", kw)
+	return fail("syntax", "unknown statement %q, want set, putenv or a command (name -option value ...)", shown(kw))
 }
 
 // parseCommand reads a definition command whose name kw the scanner has
@@ -394,7 +394,7 @@ func parseCommand(sc *scanner, kw string, line int) (st Stmt, ok bool, err error
 			return st, true, nil
 		}
 		if k != tokWord || !isOption(opt) {
-			return st, true, fmt.Errorf("want an option (-letter value), got %q", opt)
+			return st, true, fmt.Errorf("want an option (-letter value), got %q", shown(opt))
 		}
 		name := opt[1:]
 		if seen[name] {

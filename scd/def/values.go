@@ -40,41 +40,41 @@ func SplitHostPort(hostport string, defaultPort int) (string, int, error) {
 	case strings.HasPrefix(hostport, "["):
 		end := strings.IndexByte(hostport, ']')
 		if end < 0 {
-			return "", 0, fmt.Errorf("missing ']' in %q", hostport)
+			return "", 0, fmt.Errorf("missing ']' in %q", shown(hostport))
 		}
 		host = hostport[1:end]
 		if rest := hostport[end+1:]; rest != "" {
 			if rest[0] != ':' {
-				return "", 0, fmt.Errorf("unexpected %q after ']' in %q", rest, hostport)
+				return "", 0, fmt.Errorf("unexpected %q after ']' in %q", shown(rest), shown(hostport))
 			}
 			port, hasPort = rest[1:], true
 		}
 		if ip := net.ParseIP(host); ip == nil || !strings.Contains(host, ":") {
-			return "", 0, fmt.Errorf("%q in brackets is not an IPv6 address", host)
+			return "", 0, fmt.Errorf("%q in brackets is not an IPv6 address", shown(host))
 		}
 	case strings.Count(hostport, ":") > 1:
 		if net.ParseIP(hostport) == nil {
-			return "", 0, fmt.Errorf("bad address %q (write an IPv6 address with a port as [addr]:port)", hostport)
+			return "", 0, fmt.Errorf("bad address %q (write an IPv6 address with a port as [addr]:port)", shown(hostport))
 		}
 	case strings.Contains(hostport, ":"):
 		i := strings.IndexByte(hostport, ':')
 		host, port, hasPort = hostport[:i], hostport[i+1:], true
 	}
 	if host == "" {
-		return "", 0, fmt.Errorf("missing host in %q", hostport)
+		return "", 0, fmt.Errorf("missing host in %q", shown(hostport))
 	}
 	if !validHost(host) {
-		return "", 0, fmt.Errorf("bad host %q", host)
+		return "", 0, fmt.Errorf("bad host %q", shown(host))
 	}
 	if !hasPort {
 		if defaultPort <= 0 {
-			return "", 0, fmt.Errorf("missing port in %q (want host:port)", hostport)
+			return "", 0, fmt.Errorf("missing port in %q (want host:port)", shown(hostport))
 		}
 		return host, defaultPort, nil
 	}
 	p, err := parseUint(port, 1, 65535)
 	if err != nil {
-		return "", 0, fmt.Errorf("port in %q: %w", hostport, err)
+		return "", 0, fmt.Errorf("port in %q: %w", shown(hostport), err)
 	}
 	return host, p, nil
 }
@@ -108,12 +108,15 @@ func checkIdent(what, s string) error {
 		return fmt.Errorf("empty %s", what)
 	}
 	if len(s) > maxNameLen {
+		if _, cut := shown(s).head(); cut { // shown says the length
+			return fmt.Errorf("%s %q, at most %d", what, shown(s), maxNameLen)
+		}
 		return fmt.Errorf("%s %q is %d bytes, at most %d", what, s, len(s), maxNameLen)
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		if !(c == '-' || c == '_' || c == '.' || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || ('0' <= c && c <= '9')) {
-			return fmt.Errorf("%s %q: %q not allowed (letters, digits, '_', '-', '.')", what, s, c)
+			return fmt.Errorf("%s %q: %q not allowed (letters, digits, '_', '-', '.')", what, shown(s), c)
 		}
 	}
 	return nil
@@ -125,12 +128,12 @@ func parseUint(s string, lo, hi int) (int, error) {
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return 0, fmt.Errorf("want an unsigned integer, got %q", s)
+			return 0, fmt.Errorf("want an unsigned integer, got %q", shown(s))
 		}
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < lo || n > hi {
-		return 0, fmt.Errorf("%s out of range %d..%d", s, lo, hi)
+		return 0, fmt.Errorf("%s out of range %d..%d", shown(s), lo, hi)
 	}
 	return n, nil
 }
@@ -166,7 +169,7 @@ func boolYN(v []string) (bool, error) {
 	case "N":
 		return false, nil
 	}
-	return false, fmt.Errorf("want Y or N, got %q", s)
+	return false, fmt.Errorf("want Y or N, got %q", shown(s))
 }
 
 // maxID is the largest user or group id: (uid_t)-1 means "unchanged" to
@@ -220,13 +223,13 @@ func lookupID(v []string, kind string) (int, error) {
 	var unknownGroup user.UnknownGroupError
 	switch {
 	case errors.As(err, &unknownUser) || errors.As(err, &unknownGroup):
-		return 0, fmt.Errorf("no %s %q on this machine", kind, s)
+		return 0, fmt.Errorf("no %s %q on this machine", kind, shown(s))
 	case err != nil:
-		return 0, fmt.Errorf("looking up %s %q: %w", kind, s, err)
+		return 0, fmt.Errorf("looking up %s %q: %w", kind, shown(s), err)
 	}
 	n, err := strconv.Atoi(id)
 	if err != nil || n < 0 || n > maxID {
-		return 0, fmt.Errorf("%s %q has id %q, want 0..%d", kind, s, id, maxID)
+		return 0, fmt.Errorf("%s %q has id %q, want 0..%d", kind, shown(s), id, maxID)
 	}
 	return n, nil
 }
