@@ -3,36 +3,32 @@ package scd
 import (
 	"bytes"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"tpsched/netio"
 )
 
-// fuzzNodes are two nodes started once per fuzzing process: one without a
-// cluster_key and one with a key and inter-node state (so hellos and
-// forwarded calls take their real paths).
-var (
-	fuzzOnce  sync.Once
-	fuzzNodes [2]*Node
-)
-
+// startFuzzNodes starts the two nodes of one run of FuzzNodeFrames: one
+// without a cluster_key and one with a key and inter-node state (so hellos
+// and forwarded calls take their real paths). They are the run's, stopped
+// at its end: a run is once per process when fuzzing (f.Fuzz takes every
+// input in that one run), once per -count otherwise. Nodes kept for the
+// process (a sync.Once) were stopped by the first run's cleanup, and every
+// later run of -count met their closed ports.
 func startFuzzNodes(f *testing.F) [2]*Node {
-	fuzzOnce.Do(func() {
-		const server = "set service_group = g\nset service = echo, sleep\nset module = MODULE\n" +
-			"set parallel_count = 2\nset queue_size = 4\nset max_message_size = 4096\n"
-		fuzzNodes[0] = inProcNode(f, "", map[string]string{"g": server})
-		fuzzNodes[1] = inProcNodeWith(f, `set cluster_key = "the-right-key-0123456789"`+"\n", map[string]string{"g": server},
-			func(n *Node) {
-				if err := n.prepareCluster(true); err != nil { // in a cluster, without membership
-					f.Fatal(err)
-				}
-				n.buildFrames()
-				f.Cleanup(n.pool.Close)
-			})
-	})
-	return fuzzNodes
+	const server = "set service_group = g\nset service = echo, sleep\nset module = MODULE\n" +
+		"set parallel_count = 2\nset queue_size = 4\nset max_message_size = 4096\n"
+	plain := inProcNode(f, "", map[string]string{"g": server})
+	keyed := inProcNodeWith(f, `set cluster_key = "the-right-key-0123456789"`+"\n", map[string]string{"g": server},
+		func(n *Node) {
+			if err := n.prepareCluster(true); err != nil { // in a cluster, without membership
+				f.Fatal(err)
+			}
+			n.buildFrames()
+			f.Cleanup(n.pool.Close)
+		})
+	return [2]*Node{plain, keyed}
 }
 
 // fuzzFrames cuts the input into frames, each from a small header
