@@ -132,3 +132,24 @@ func TestNodeServesWhileStarting(t *testing.T) {
 		t.Errorf("drain: %v", err)
 	}
 }
+
+// TestSeedsLeaveThisNodeOut: this node's own all_node entry is no seed,
+// however it is spelled (an IPv6 address written out, a host name in
+// another case): as a seed, its first join asked itself, and a node whose
+// only other seeds hang settled its table on its own state at once.
+func TestSeedsLeaveThisNodeOut(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		all  []string
+	}{
+		{"127.0.0.2", []string{"127.0.0.2", "127.0.0.3"}},
+		{"::1", []string{"[0:0:0:0:0:0:0:1]:7000", "[::2]:7000"}},
+		{"NodeA", []string{"nodea:7000", "nodeb:7000"}},
+	} {
+		cfg := &def.Config{System: def.System{RPCAddress: tc.addr, RPCPort: 7000, NamePort: 7001, AllNodes: tc.all}}
+		got, err := seeds(cfg)
+		if err != nil || len(got) != 1 {
+			t.Errorf("rpc_address %s, all_node %v: seeds %v (%v); want the other node's name port alone", tc.addr, tc.all, got, err)
+		}
+	}
+}

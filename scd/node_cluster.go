@@ -37,8 +37,8 @@ func seeds(cfg *def.Config) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		if host == sys.RPCAddress && port == sys.RPCPort {
-			continue // this node
+		if sys.IsThisNode(host, port) {
+			continue
 		}
 		seeds = append(seeds, net.JoinHostPort(host, strconv.Itoa(sys.NamePort)))
 	}

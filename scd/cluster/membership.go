@@ -37,11 +37,13 @@ func (r *Router) Join(cfg names.GossipConfig, state func() names.NodeInfo) error
 	r.gossip.Store(g)
 	if r.parking != nil {
 		go func() {
-			start, by := time.Now(), "a push/pull with another node"
+			start, by := time.Now(), "every seed asked"
 			select {
-			case <-g.Merged():
+			case <-g.Joined():
 			case <-time.After(settleBound):
-				by = "the bound: no node answered yet" // this node may be the first up
+				by = "the bound: a seed has not answered yet"
+			case <-r.parking.settled:
+				return // the node left first
 			}
 			r.parking.settle()
 			r.log.Info("name table settled", "by", by, "after", time.Since(start).Round(time.Millisecond),
@@ -84,7 +86,7 @@ func (r *Router) Announce(state func() names.NodeInfo) {
 // Leave tells the other nodes this node is going, once; before Join it
 // only places the calls still waiting for the table (settle.go).
 func (r *Router) Leave() {
-	r.parking.settle() // the calls still waiting are placed while the node serves
+	r.parking.settle() // the calls still waiting are placed now, on what the table holds
 	g := r.gossip.Load()
 	if g == nil {
 		return
@@ -101,7 +103,7 @@ func (r *Router) Leave() {
 // (a restart) accepts and soon announces with a newer boot. Once; before
 // Join it only places the calls still waiting for the table.
 func (r *Router) StopWithoutLeaving() {
-	r.parking.settle() // the calls still waiting are placed while the node serves
+	r.parking.settle() // the calls still waiting are placed now, on what the table holds
 	g := r.gossip.Load()
 	if g == nil {
 		return

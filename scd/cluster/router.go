@@ -226,6 +226,9 @@ func (r *Router) route(c call.Caller, from call.From, f *netio.Frame, mayPark bo
 	if f.Flags&netio.FlagDestination != 0 {
 		return false, 0, "" // the caller named this node: served here or refused
 	}
+	// Read before the table: a table that settles after its read has not
+	// been seen settled.
+	settled := !mayPark || r.parking.isSettled()
 	group := string(f.Group)
 	g := r.serving(group)
 	socket := r.socketGroup(group, g)
@@ -253,8 +256,15 @@ func (r *Router) route(c call.Caller, from call.From, f *netio.Frame, mayPark bo
 		if msg, ok := r.heldElsewhere(group, g); ok {
 			return true, netio.CodeServiceClosed, msg
 		}
-		if mayPark && r.parkCall(c, from, f, r.deadline(f, g, time.Now())) {
-			return true, netio.CodeOK, ""
+		if !settled {
+			if r.parkCall(c, from, f, r.deadline(f, g, time.Now())) {
+				return true, netio.CodeOK, ""
+			}
+			if r.parking.isSettled() {
+				// It settled since the table was read: the table may
+				// name a node now.
+				return r.route(c, from, f, false)
+			}
 		}
 		return false, 0, ""
 	}
@@ -422,11 +432,16 @@ func (r *Router) countReceived(node string) {
 // AnswerLookup tells a balancing client which nodes run a group, with
 // their levels, from the name table. It runs on the event loop.
 func (r *Router) AnswerLookup(c *rpcport.Conn, f *netio.Frame) {
-	nodes := r.lookupNodes(string(f.Group))
-	if len(nodes) == 0 && r.parkLookup(c, f) {
-		return
+	group := string(f.Group)
+	settled := r.parking.isSettled() // before the table, as in route
+	nodes := r.lookupNodes(group)
+	if !settled && len(r.names.Lookup(group)) == 0 { // known and held is an answer already
+		if r.parkLookup(c, f) {
+			return
+		}
+		nodes = r.lookupNodes(group) // it may have settled since the table was read
 	}
-	c.SendNow(lookupAnswer(f.ID, string(f.Group), nodes))
+	c.SendNow(lookupAnswer(f.ID, group, nodes))
 }
 
 // lookupNodes are the nodes that take group's calls now, from the table.

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"tpsched/netio"
@@ -14,11 +15,11 @@ import (
 // serving (its RPC port, or the sockets a restart handed it) before its
 // first push/pull with a seed has told it which node runs which group. A
 // call or a name lookup for a group no known node runs then waits, and is
-// routed again once the table has settled: at the first push/pull merged
-// here, or settleBound after Join began when no seed answered. Answered
-// at once, it met 'no such service group' for a group another node runs
-// (a restart of the node that transfers: 8 calls in 17,000 over two
-// hand-overs).
+// routed again once the table has settled: when its first join has asked
+// every seed (names.Gossip.Joined), or settleBound after Join began when a
+// seed has not answered by then. Answered at once, it met 'no such service
+// group' for a group another node runs (a restart of the node that
+// transfers: 8 calls in 17,000 over two hand-overs).
 //
 // A waiting call is answered 'timed out' at its deadline, and routed
 // anyway (to the same refusal it would have met) after parkBound, so that
@@ -33,7 +34,8 @@ const (
 
 // parking is the router's waiting room until its table settles.
 type parking struct {
-	settled    chan struct{}
+	settled    chan struct{} // closed by settle
+	done       atomic.Bool   // settled is closed: the look on every call's path
 	settleOnce sync.Once
 	wake       chan struct{} // a call came with an earlier bound (capacity 1)
 	bound      time.Duration // parkBound; shorter in tests
@@ -58,21 +60,13 @@ func newParking() *parking {
 // isSettled reports whether the table has settled; a nil parking (a node
 // that joins nobody) always has.
 func (p *parking) isSettled() bool {
-	if p == nil {
-		return true
-	}
-	select {
-	case <-p.settled:
-		return true
-	default:
-		return false
-	}
+	return p == nil || p.done.Load()
 }
 
 // settle releases every waiting call and lets no more wait. Once.
 func (p *parking) settle() {
 	if p != nil {
-		p.settleOnce.Do(func() { close(p.settled) })
+		p.settleOnce.Do(func() { p.done.Store(true); close(p.settled) })
 	}
 }
 
@@ -175,8 +169,10 @@ func (r *Router) parkCall(c call.Caller, from call.From, f *netio.Frame, deadlin
 		pc.until = deadline
 	}
 	pc.route = func() {
-		if fc.TimeoutMs > 0 {
-			fc.TimeoutMs = uint32(max(time.Until(deadline).Milliseconds(), 1))
+		if !deadline.IsZero() {
+			// The time it has left, never a fresh budget: a call timed by
+			// watch_time would have it measured again from here.
+			fc.TimeoutMs = uint32(min(max(time.Until(deadline).Milliseconds(), 1), 1<<32-1))
 		}
 		handled, code, msg := r.route(c, from, &fc, false)
 		if !handled {

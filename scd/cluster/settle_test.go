@@ -5,12 +5,14 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"tpsched/netio"
 	"tpsched/scd/call"
 	"tpsched/scd/names"
+	"tpsched/scd/route"
 )
 
 // awaitingRouter is n0's router before its table settled: it will join
@@ -190,3 +192,80 @@ func dialRouter(t *testing.T, addr string) *netio.MuxConn {
 type answerFunc func(netio.Frame, error)
 
 func (a answerFunc) Answer(f netio.Frame, err error) { a(f, err) }
+
+// TestCallMeetsATableThatSettledWhileItWasRouted: a table that fills and
+// settles after a call's look found no node, and before the call could
+// wait, is looked at again: the call goes to the node it names now (it
+// was passed on to this node's queue, and refused 'no such service
+// group').
+func TestCallMeetsATableThatSettledWhileItWasRouted(t *testing.T) {
+	n1 := fakeNode(t, "n1", echoing("n1"))
+	var r *testRouter
+	var once sync.Once
+	steer := func(_ string, cands []route.Candidate) []route.Candidate {
+		once.Do(func() { // between the look and the wait
+			if _, err := r.names.Apply(names.NodeInfo{Node: "n1", Addr: n1, Boot: 1, Seq: 1, Groups: []names.GroupInfo{{Group: "theirs"}}}); err != nil {
+				t.Error(err)
+			}
+			r.parking.settle()
+		})
+		return cands
+	}
+	r = unlistenedRouter(t, Options{Policy: policy(), AwaitJoin: true, Steer: steer}, &fakeLocal{groups: map[string]*fakeGroup{}})
+	r.addr = listen(t, r)
+	ctx, cancel := context.WithTimeout(context.Background(), testWait)
+	defer cancel()
+	out, err := r.client(t).Call(ctx, "theirs", "echo", []byte("x"))
+	if err != nil || string(out) != "n1:x" {
+		t.Errorf("a call whose table settled under it: %q, %v; want n1's answer", out, err)
+	}
+}
+
+// TestWaitingCallKeepsItsWatchTime: a call without a timeout of its own,
+// bounded by watch_time, leaves the waiting room with what is left of it,
+// not a fresh watch_time from there.
+func TestWaitingCallKeepsItsWatchTime(t *testing.T) {
+	local := &fakeLocal{groups: map[string]*fakeGroup{}}
+	r := unlistenedRouter(t, Options{Policy: policy(), AwaitJoin: true, WatchTime: 10 * time.Second}, local)
+	r.addr = listen(t, r)
+	a := make(answers, 1)
+	f := netio.Frame{Header: netio.Header{Kind: netio.KindCall, ID: 1}, Group: []byte("theirs"), Service: []byte("echo")}
+	if handled, code, _ := r.Route(a, call.From{}, &f); !handled || code != netio.CodeOK {
+		t.Fatalf("handled %v, code %v; want kept", handled, code)
+	}
+	time.Sleep(300 * time.Millisecond)
+	r.parking.settle()
+	select {
+	case <-a:
+	case <-time.After(testWait):
+		t.Fatal("no answer once the table settled")
+	}
+	local.mu.Lock()
+	defer local.mu.Unlock()
+	if len(local.timeouts) != 1 || local.timeouts[0] == 0 || local.timeouts[0] > 9_700 {
+		t.Errorf("placed with timeouts %v ms, want one of at most the 9,700 left of its watch_time", local.timeouts)
+	}
+}
+
+// TestLookupOfAHeldGroupDoesNotWait: a group the table knows, held on
+// every node that runs it, is an answer already: its lookup is answered
+// at once ('no node serves it now'), as a call for it is ('held on').
+func TestLookupOfAHeldGroupDoesNotWait(t *testing.T) {
+	r := unlistenedRouter(t, Options{Policy: policy(), AwaitJoin: true}, &fakeLocal{groups: map[string]*fakeGroup{}},
+		names.NodeInfo{Node: "n1", Addr: "127.0.0.1:1", Groups: []names.GroupInfo{{Group: "theirs", Held: true}}})
+	r.addr = listen(t, r)
+	mc := dialRouter(t, r.addr)
+	looked := make(chan netio.Frame, 1)
+	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, "theirs", "", nil, time.Time{},
+		answerFunc(func(f netio.Frame, err error) { looked <- f })); !sent {
+		t.Fatal(err)
+	}
+	select {
+	case f := <-looked:
+		if f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup {
+			t.Errorf("lookup of a group held everywhere: %v %v %q; want 'no node serves it now'", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(time.Second):
+		t.Error("the lookup of a group held everywhere waited for the table")
+	}
+}

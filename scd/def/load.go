@@ -156,11 +156,19 @@ func checkPorts(s *System, lines map[string]int) error {
 func otherNode(s *System) string {
 	for _, n := range s.AllNodes {
 		h, p, err := SplitHostPort(n, s.RPCPort)
-		if err == nil && (sameHost(h) != sameHost(s.RPCAddress) || p != s.RPCPort) {
+		if err == nil && !s.IsThisNode(h, p) {
 			return n
 		}
 	}
 	return ""
+}
+
+// IsThisNode reports whether an all_node entry's host and port name this
+// node: its rpc_address and rpc_port, an IP address in any spelling and a
+// host name in any case (a name that resolves to this node's address is
+// not seen: nothing here resolves names).
+func (s *System) IsThisNode(host string, port int) bool {
+	return sameHost(host) == sameHost(s.RPCAddress) && port == s.RPCPort
 }
 
 // sameAddress reports whether listeners on hosts a and b of one port would

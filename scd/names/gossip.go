@@ -126,10 +126,9 @@ type Gossip struct {
 	ml      *memberlist.Memberlist // set once Create returns; callbacks wait for ready before they use it
 	members atomic.Pointer[memberlist.Memberlist]
 	ready   chan struct{} // closed once ml is set and this node has announced
-	// merged is closed once a push/pull has merged another node's table
-	// into this one's (this node's join, or another's sync with it).
-	merged     chan struct{}
-	mergedOnce sync.Once
+	// joined is closed once this node's first join has asked every seed
+	// (joinSeeds' first round ended).
+	joined chan struct{}
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -227,7 +226,7 @@ func newGossip(cfg GossipConfig, table *Table) *Gossip {
 		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, early: map[string][]byte{}, unrelayed: map[string]bool{},
 		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
 		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
-		stop: make(chan struct{}), ready: make(chan struct{}), merged: make(chan struct{}),
+		stop: make(chan struct{}), ready: make(chan struct{}), joined: make(chan struct{}),
 	}
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: c.numMembers, RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult}
 	return c
@@ -403,6 +402,7 @@ func (c *Gossip) reannounce() {
 func (c *Gossip) run() {
 	defer c.wg.Done()
 	c.joinSeeds()
+	close(c.joined)
 	refresh := time.NewTicker(c.cfg.Refresh)
 	defer refresh.Stop()
 	rejoin := time.NewTicker(2 * time.Second)
@@ -439,15 +439,40 @@ func (c *Gossip) joinSeeds() {
 	if len(want) == 0 {
 		return
 	}
-	if n, err := c.ml.Join(want); err != nil && n == 0 {
-		c.log.Debug("name port: no seed answered yet", "seeds", want, "err", err)
+	// Each seed on its own goroutine (at most joinAtOnce): memberlist's Join
+	// asks its seeds one after another, so one that hangs (a stopped node,
+	// a link that drops everything) held the others' answers for its TCP
+	// timeout, and the table stayed empty meanwhile.
+	var wg sync.WaitGroup
+	var answered atomic.Int32
+	sem := make(chan struct{}, joinAtOnce)
+	for _, s := range want {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if n, _ := c.ml.Join([]string{s}); n > 0 {
+				answered.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if answered.Load() == 0 {
+		c.log.Debug("name port: no seed answered yet", "seeds", want)
 	}
 }
 
-// Merged is closed once this node's table holds what another node's held:
-// a push/pull merged that node's whole table here (the first join with a
-// seed, or a seed's sync with this node).
-func (c *Gossip) Merged() <-chan struct{} { return c.merged }
+// joinAtOnce bounds the seeds joinSeeds asks at once (a cluster of 128
+// nodes has 127).
+const joinAtOnce = 16
+
+// Joined is closed once this node's first join has asked every seed and
+// each answered, refused or failed: the table then holds what the seeds
+// that answered knew (their push/pull states are applied before their
+// joins end). A seed that hangs holds it until memberlist's TCP timeout;
+// a caller that cannot wait that long bounds its own wait.
+func (c *Gossip) Joined() <-chan struct{} { return c.joined }
 
 // Stats reports the announce counters.
 func (c *Gossip) Stats() GossipStats {
@@ -670,7 +695,6 @@ func (d *delegate) LocalState(join bool) []byte {
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
 	// memberlist has applied the other node's membership first, so every
 	// announce here of a node alive there finds it alive here too.
-	defer d.mergedOnce.Do(func() { close(d.merged) })
 	for len(buf) > 0 {
 		n, k := binary.Uvarint(buf)
 		if k <= 0 || uint64(len(buf)-k) < n {

@@ -318,33 +318,79 @@ func unjoinedGossip(t *testing.T, cfg GossipConfig, table *Table) *Gossip {
 	return c
 }
 
-// TestMergedMeansTheSeedsTableIsHere: when Merged closes, a newcomer's
-// table already holds every node its seed knew: the router waits for it
-// before it answers a call for a group no known node runs (a restarted
-// node would otherwise refuse calls for the others' groups).
-func TestMergedMeansTheSeedsTableIsHere(t *testing.T) {
-	key := func(int) []byte { return []byte("same-key-for-all-members") }
-	ms := startMembers(t, 3, key)
-	eventually(t, "m0 to know all three", func() bool { return ms[0].table.Len() == 3 })
+// joinM3 joins a fourth member, m3, to seeds, its changes applied
+// slowly (onChange) when slow is set.
+func joinM3(t *testing.T, seeds []string, slow bool) (*Gossip, *Table) {
+	t.Helper()
 	table := NewTable("m3")
-	c, err := Join(GossipConfig{Self: "m3", BindAddr: "127.0.0.1", Port: 0, Fast: true, Key: key(3),
-		Seeds: []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(ms[0].c.Port()))},
-		// Each change applied slowly: a Merged closed before the seed's
+	cfg := GossipConfig{Self: "m3", BindAddr: "127.0.0.1", Port: 0, Fast: true, Key: []byte("same-key-for-all-members"), Seeds: seeds}
+	if slow {
+		// Each change applied slowly: a Joined closed before the seed's
 		// state was all applied would show in the table.
-		OnChange: func() { time.Sleep(20 * time.Millisecond) }},
-		table, NodeInfo{Addr: "127.0.0.1:1", Groups: []GroupInfo{{Group: "g"}}})
+		cfg.OnChange = func() { time.Sleep(20 * time.Millisecond) }
+	}
+	c, err := Join(cfg, table, NodeInfo{Addr: "127.0.0.1:1", Groups: []GroupInfo{{Group: "g"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Leave(100 * time.Millisecond) })
-	select {
-	case <-c.Merged():
-	case <-time.After(10 * time.Second):
-		t.Fatal("Merged not closed within 10 s of joining a live seed")
-	}
+	return c, table
+}
+
+// knowsAll reports whether table holds m0, m1 and m2.
+func knowsAll(table *Table) bool {
 	for _, node := range []string{"m0", "m1", "m2"} {
 		if _, ok := table.Get(node); !ok {
-			t.Errorf("Merged closed before the table had %s (%d nodes)", node, table.Len())
+			return false
 		}
+	}
+	return true
+}
+
+// TestJoinedMeansTheSeedsTablesAreHere: when Joined closes, a newcomer's
+// table already holds every node its seed knew: the router waits for it
+// before it answers a call for a group no known node runs (a restarted
+// node would otherwise refuse calls for the others' groups).
+func TestJoinedMeansTheSeedsTablesAreHere(t *testing.T) {
+	key := func(int) []byte { return []byte("same-key-for-all-members") }
+	ms := startMembers(t, 3, key)
+	eventually(t, "m0 to know all three", func() bool { return ms[0].table.Len() == 3 })
+	c, table := joinM3(t, []string{net.JoinHostPort("127.0.0.1", strconv.Itoa(ms[0].c.Port()))}, true)
+	select {
+	case <-c.Joined():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Joined not closed within 10 s of joining a live seed")
+	}
+	if !knowsAll(table) {
+		t.Errorf("Joined closed before the table had m0, m1 and m2 (%d nodes)", table.Len())
+	}
+}
+
+// TestAHungSeedDoesNotHoldTheOthers: a seed that takes the connection and
+// never answers (a stopped node) does not keep the newcomer from learning
+// the table from the seed after it: the seeds are asked at once, not one
+// after another (then m0's answer waited for memberlist's TCP timeout,
+// 10 s). Joined waits for every seed, so it is not closed yet.
+func TestAHungSeedDoesNotHoldTheOthers(t *testing.T) {
+	key := func(int) []byte { return []byte("same-key-for-all-members") }
+	ms := startMembers(t, 3, key)
+	eventually(t, "m0 to know all three", func() bool { return ms[0].table.Len() == 3 })
+	hung, err := net.Listen("tcp", "127.0.0.1:0") // connections wait in its backlog, unanswered
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	c, table := joinM3(t, []string{hung.Addr().String(), net.JoinHostPort("127.0.0.1", strconv.Itoa(ms[0].c.Port()))}, false)
+	deadline := time.Now().Add(3 * time.Second)
+	for !knowsAll(table) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !knowsAll(table) {
+		t.Errorf("3 s after the join began, with the first seed hanging, the table has %d nodes, want m0, m1, m2 and m3", table.Len())
+	}
+	select {
+	case <-c.Joined():
+		t.Error("Joined closed while a seed had not answered")
+	default:
 	}
 }
