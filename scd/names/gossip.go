@@ -693,8 +693,6 @@ func (d *delegate) LocalState(join bool) []byte {
 }
 
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
-	// memberlist has applied the other node's membership first, so every
-	// announce here of a node alive there finds it alive here too.
 	for len(buf) > 0 {
 		n, k := binary.Uvarint(buf)
 		if k <= 0 || uint64(len(buf)-k) < n {
