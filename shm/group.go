@@ -281,6 +281,7 @@ type Proc struct {
 	cur      atomic.Uint64 // number of the current call, 0 none: for pending's lock-free look
 	attached atomic.Bool   // seen ready by the reader
 	rings    atomic.Uint64 // doorbell events seen (see Rings)
+	ignored  atomic.Bool   // Ignore: its area pends nothing, its doorbell is out of the reader's epoll
 
 	// The process's own call (UAP.Call): the number of the last one the
 	// reader took (for pending's look), and, under outMu, whether it waits
@@ -331,6 +332,9 @@ func (p *Proc) PID() int { return int(p.pid.Load()) }
 func (p *Proc) SetPID(pid int) { p.pid.Store(int32(pid)) }
 
 func (p *Proc) pending() bool {
+	if p.ignored.Load() {
+		return false
+	}
 	if p.ctl.out.no.Load() != p.outSeen.Load() {
 		return true // it made a call
 	}
@@ -474,6 +478,20 @@ func (p *Proc) Revoke() bool {
 // Rings is how many times the reader was woken by this process's
 // doorbell. A process that completes nothing and keeps ringing misbehaves.
 func (p *Proc) Rings() uint64 { return p.rings.Load() }
+
+// Ignore makes the reader deaf to the process until it is removed: its
+// doorbell leaves the reader's epoll and nothing in its area counts as
+// pending any more. For a process the scheduler has ruled killed and no
+// longer reads: until its exit is seen, which may be long (a process in
+// uninterruptible sleep, or dead under a tracer that does not wait for
+// it), neither it nor a child that holds its area and doorbell can keep
+// the reader awake. Its area is still there to read when its exit is
+// settled.
+func (p *Proc) Ignore() {
+	if !p.ignored.Swap(true) && p.g.bells != nil {
+		p.g.bells.remove(int(p.bell.Fd()))
+	}
+}
 
 // Stop asks the process to take no further call: it leaves once it holds
 // none. Wake it afterwards.

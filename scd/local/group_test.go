@@ -110,6 +110,7 @@ func (p *fakeProc) Revoke() bool {
 	return true
 }
 func (p *fakeProc) Rings() uint64 { return p.rings }
+func (p *fakeProc) Ignore()       {}
 func (p *fakeProc) Stop()         { p.stopped = true }
 func (p *fakeProc) Left() bool    { p.area(); return p.left }
 

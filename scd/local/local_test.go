@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
@@ -604,4 +606,67 @@ func looks(s *Scheduler, span time.Duration) int {
 		}
 	}
 	return changes
+}
+
+// TestKilledProcessKeepsNoDispatcherAwake: once the reader has ruled a
+// process killed (here for a call of its own whose number skips), nothing
+// it writes or rings wakes the dispatcher until its exit is seen. The
+// fake process manager's Kill does nothing, which stands for a process
+// killed and not reaped yet (in uninterruptible sleep, or dead under a
+// tracer that does not wait for it) while a child it forked holds its
+// area and doorbell. Before, its area's next call number kept the
+// doorbells' Wait returning at once, and its doorbell woke it at every
+// ring: the dispatcher of every shared-memory group spun a core.
+func TestKilledProcessKeepsNoDispatcherAwake(t *testing.T) {
+	s, _ := testScheduler(t, map[string]string{"g": echoServer}, nil)
+	g, _ := s.Group("g")
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
+	}
+	a.one(t, 1) // attached and serving
+	g.mu.Lock()
+	files := g.slots[0].p.Files()
+	g.mu.Unlock()
+	area, err := unix.Mmap(int(files[0].Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(area)
+	outNo := (*atomic.Uint64)(unsafe.Pointer(&area[0xF80])) // docs/SHM.md: the out-call line's no
+	outNo.Store(2)                                          // call 2 before call 1: killed
+	deadline := time.Now().Add(testWait)
+	for g.misbehaved.Get() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the process was not ruled killed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	outNo.Store(3) // another call of its own, which nobody reads now
+	// Measured past the dispatcher's longest wait, which ends unrung.
+	if changes := looks(s, 2*dispatchIdleWait); changes > 30 {
+		t.Errorf("with a killed process's area saying it made a call, the dispatcher looked %d times in %v, want a few: it spins", changes, 2*dispatchIdleWait)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // its doorbell, rung without pause
+		defer close(done)
+		var one [8]byte
+		one[0] = 1
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			unix.Write(int(files[2].Fd()), one[:])
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	changes := looks(s, 300*time.Millisecond)
+	close(stop)
+	<-done
+	if changes > 30 {
+		t.Errorf("with a killed process's doorbell rung without pause, the dispatcher looked %d times in 300ms, want a few", changes)
+	}
 }

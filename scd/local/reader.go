@@ -210,6 +210,7 @@ func (r *reader) collect() {
 				}
 				freeRequest(cl)
 				si.killed = true
+				p.Ignore() // until its exit, which reads it once more
 				r.bad = append(r.bad, slotPID{slot, p.PID()})
 				break
 			}
@@ -242,6 +243,7 @@ func (r *reader) collect() {
 				g.q.Retire(slot)
 				g.act()
 				si.killed = true
+				p.Ignore()
 				r.bad = append(r.bad, slotPID{slot, p.PID()})
 				continue
 			} else if made {
@@ -264,6 +266,7 @@ func (r *reader) collect() {
 			g.q.Retire(slot)
 			g.act()
 			si.killed = true
+			p.Ignore()
 			r.bad = append(r.bad, slotPID{slot, p.PID()})
 		}
 	}

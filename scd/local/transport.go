@@ -23,6 +23,7 @@ type proc interface {
 	Taken() int
 	Revoke() bool
 	Rings() uint64
+	Ignore()
 	Stop()
 	Left() bool
 }

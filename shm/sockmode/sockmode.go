@@ -299,6 +299,11 @@ func (p *Proc) Revoke() bool { return false }
 // Rings is 0: the socket has no doorbell to abuse.
 func (p *Proc) Rings() uint64 { return 0 }
 
+// Ignore does nothing: the reader's Wait takes the process's mark as it
+// wakes (consume), so a process the node no longer reads cannot keep it
+// awake.
+func (p *Proc) Ignore() {}
+
 // Stop asks the process to leave after the call it holds.
 func (p *Proc) Stop() {
 	p.mu.Lock()
