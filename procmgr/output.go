@@ -35,20 +35,28 @@ type OutputStats struct {
 type outputBook struct {
 	rate, burst float64
 
-	mu      sync.Mutex
-	tokens  float64
-	last    time.Time
-	pending uint64 // dropped since the last record that said so
-	stats   OutputStats
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+	// dropping: lines are being dropped, said when it began; it ends when
+	// a line is logged with a token to spare (the output fits the rate
+	// again), and pending, the lines dropped since, are said then. A line
+	// let through by a token the flood's next line finds gone does not end
+	// it: under a steady flood that made three records of every line the
+	// rate let through (the line, "dropped N" and "over the rate").
+	dropping bool
+	pending  uint64
+	stats    OutputStats
 }
 
 func newOutputBook(rate, burst int) *outputBook {
 	return &outputBook{rate: float64(rate), burst: float64(burst), tokens: float64(burst), last: time.Now()}
 }
 
-// take reports whether a line may be logged now, and how many were dropped
-// before it (to be reported first); first says that this line is the first
-// one dropped since the output last fitted the rate.
+// take reports whether a line may be logged now, and, when this line ends
+// a time of dropping, how many were dropped in it (to be reported first);
+// first says that this line is the first one dropped since the output last
+// fitted the rate.
 func (b *outputBook) take(now time.Time) (ok bool, dropped uint64, first bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -57,11 +65,16 @@ func (b *outputBook) take(now time.Time) (ok bool, dropped uint64, first bool) {
 	if b.tokens < 1 {
 		b.pending++
 		b.stats.Dropped++
-		return false, 0, b.pending == 1
+		first = !b.dropping
+		b.dropping = true
+		return false, 0, first
 	}
 	b.tokens--
 	b.stats.Lines++
-	dropped, b.pending = b.pending, 0
+	if b.dropping && b.tokens >= min(1, b.burst-1) {
+		b.dropping = false
+		dropped, b.pending = b.pending, 0
+	}
 	return true, dropped, false
 }
 
@@ -70,7 +83,7 @@ func (b *outputBook) flush() uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := b.pending
-	b.pending = 0
+	b.pending, b.dropping = 0, false
 	return n
 }
 
