@@ -1,6 +1,7 @@
 package procmgr
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -46,6 +47,7 @@ import (
 //	inherit    report its descriptors, working directory and NoNewPrivs,
 //	           write a line to stdout and one to stderr, sleep
 //	chatty     write 3000 lines to stdout at once, report, sleep
+//	flood      report, then write lines to stdout as fast as it can
 //
 // The report is a JSON object in $PROCMGR_TEST_DIR/slot-N, written by rename
 // so a reader never sees half of it.
@@ -215,6 +217,13 @@ func runChild(mode string) int {
 	case "report":
 		_, _ = io.Copy(io.Discard, os.NewFile(3, "segment"))
 		return 0
+	case "flood":
+		w := bufio.NewWriterSize(os.Stdout, 64<<10)
+		for {
+			if _, err := w.WriteString("flood line\n"); err != nil {
+				return 2
+			}
+		}
 	case "sleep", "stubborn", "burn", "escape", "bomb", "initfork", "inherit", "chatty":
 		time.Sleep(time.Hour)
 		return 0
