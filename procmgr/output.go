@@ -26,10 +26,11 @@ const (
 	// While a server's output is over the rate, the reader of each of its
 	// processes' pipes reads at most skipChunk bytes every skipPause and
 	// counts the lines in them as dropped, until a token is due: a process
-	// that writes faster waits on its full pipe. Read and dropped line by
-	// line as fast as the process wrote, one process printing in a loop
-	// (/usr/bin/yes) cost scdd a CPU.
-	skipPause = 10 * time.Millisecond
+	// that writes faster (tens of MB a second) waits on its full pipe.
+	// Read and dropped line by line as fast as the process wrote, one
+	// process printing in a loop (/usr/bin/yes) cost scdd a CPU. The pause
+	// is short enough that a chatty but honest process is not slowed.
+	skipPause = 2 * time.Millisecond
 	skipChunk = 64 << 10
 	// dropQuiet: a time of dropping lines ends with the first line logged
 	// this long after the last drop.
