@@ -54,12 +54,7 @@ func TestCallWaitsForTheTableToSettle(t *testing.T) {
 		out, err := c.Call(context.Background(), "theirs", "echo", []byte("x"))
 		called <- result{out, err}
 	}()
-	mc := dialRouter(t, r.addr)
-	looked := make(chan netio.Frame, 1)
-	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, "theirs", "", nil, time.Time{},
-		answerFunc(func(f netio.Frame, err error) { looked <- f })); !sent {
-		t.Fatal(err)
-	}
+	looked := sendRaw(t, r.addr, netio.Header{Kind: netio.KindNameLookup}, "theirs", "")
 	select {
 	case res := <-called:
 		t.Fatalf("the call was answered before the table settled: %q, %v", res.out, res.err)
@@ -100,13 +95,8 @@ func TestCallWaitsForTheTableToSettle(t *testing.T) {
 // is answered 'timed out' at its own deadline, and never served.
 func TestWaitingCallTimesOutAtItsDeadline(t *testing.T) {
 	r := awaitingRouter(t, time.Minute)
-	mc := dialRouter(t, r.addr)
-	answered := make(chan netio.Frame, 1)
 	start := time.Now()
-	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindCall, TimeoutMs: 300}, "theirs", "echo", nil, time.Time{},
-		answerFunc(func(f netio.Frame, err error) { answered <- f })); !sent {
-		t.Fatal(err)
-	}
+	answered := sendRaw(t, r.addr, netio.Header{Kind: netio.KindCall, TimeoutMs: 300}, "theirs", "echo")
 	select {
 	case f := <-answered:
 		if f.Kind != netio.KindError || f.Code != netio.CodeTimedOut || !strings.Contains(string(f.Payload), "learned which nodes run theirs") ||
@@ -177,8 +167,10 @@ func TestWaitingRoomIsBounded(t *testing.T) {
 	}
 }
 
-// dialRouter is a raw connection to the test router's port.
-func dialRouter(t *testing.T, addr string) *netio.MuxConn {
+// sendRaw sends one frame (a call or a lookup) to the test router's port
+// on a connection of its own, not the client's, and returns where its
+// answer comes.
+func sendRaw(t *testing.T, addr string, h netio.Header, group, service string) <-chan netio.Frame {
 	t.Helper()
 	nc, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -186,7 +178,11 @@ func dialRouter(t *testing.T, addr string) *netio.MuxConn {
 	}
 	mc := netio.NewMuxConn(nc, netio.MuxOptions{})
 	t.Cleanup(func() { mc.Close(errors.New("test ends")) })
-	return mc
+	answered := make(chan netio.Frame, 1)
+	if _, sent, err := mc.Call(h, group, service, nil, time.Time{}, answerFunc(func(f netio.Frame, err error) { answered <- f })); !sent {
+		t.Fatal(err)
+	}
+	return answered
 }
 
 type answerFunc func(netio.Frame, error)
@@ -254,12 +250,7 @@ func TestLookupOfAHeldGroupDoesNotWait(t *testing.T) {
 	r := unlistenedRouter(t, Options{Policy: policy(), AwaitJoin: true}, &fakeLocal{groups: map[string]*fakeGroup{}},
 		names.NodeInfo{Node: "n1", Addr: "127.0.0.1:1", Groups: []names.GroupInfo{{Group: "theirs", Held: true}}})
 	r.addr = listen(t, r)
-	mc := dialRouter(t, r.addr)
-	looked := make(chan netio.Frame, 1)
-	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, "theirs", "", nil, time.Time{},
-		answerFunc(func(f netio.Frame, err error) { looked <- f })); !sent {
-		t.Fatal(err)
-	}
+	looked := sendRaw(t, r.addr, netio.Header{Kind: netio.KindNameLookup}, "theirs", "")
 	select {
 	case f := <-looked:
 		if f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup {

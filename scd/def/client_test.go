@@ -173,19 +173,7 @@ func TestLoadClientRefusesWhatIsNoFile(t *testing.T) {
 			if err := c.make(p); err != nil {
 				t.Fatal(err)
 			}
-			done := make(chan error, 1)
-			go func() { _, err := LoadClient(p); done <- err }()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(10 * time.Second):
-				// Let the open end: open the pipe for writing and close it.
-				if f, oerr := os.OpenFile(p, os.O_WRONLY, 0); oerr == nil {
-					f.Close()
-				}
-				<-done
-				t.Fatal("LoadClient waited on a named pipe for 10 s")
-			}
+			err := notWaitingOn(t, p, func() error { _, err := LoadClient(p); return err })
 			want := "client definition: " + p + c.err
 			if err == nil || err.Error() != want {
 				t.Fatalf("error = %v\nwant    %s", err, want)
