@@ -2,9 +2,12 @@ package local
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,6 +83,8 @@ type fakeServer struct {
 	hanging chan int      // slots whose process entered hang
 	mu      sync.Mutex
 	uaps    map[int]*shm.UAP
+	socks   map[int]net.Conn // receive_from = socket: the process's end, which the test speaks on
+	killed  []int            // slots Kill was asked for
 	stopped bool
 	wg      sync.WaitGroup
 }
@@ -88,6 +93,19 @@ func (s *fakeServer) run(slot int) error {
 	files, err := s.d.Prepare(slot)
 	if err != nil {
 		return err
+	}
+	if len(files) == 1 { // socket mode: the test is the process
+		c, err := net.FileConn(files[0])
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		if s.socks == nil {
+			s.socks = map[int]net.Conn{}
+		}
+		s.socks[slot] = c
+		s.mu.Unlock()
+		return nil
 	}
 	var fds [3]int // the UAP owns its descriptors, as a process would
 	for i, f := range files {
@@ -150,9 +168,13 @@ func (s *fakeServer) kill(slot int) error {
 	return s.run(slot)
 }
 
-func (s *fakeServer) Kick(int)                      {}
-func (s *fakeServer) Attached(int, int)             {}
-func (s *fakeServer) Kill(int, int)                 {}
+func (s *fakeServer) Kick(int)          {}
+func (s *fakeServer) Attached(int, int) {}
+func (s *fakeServer) Kill(slot, _ int) {
+	s.mu.Lock()
+	s.killed = append(s.killed, slot)
+	s.mu.Unlock()
+}
 func (s *fakeServer) Replace(int)                   {}
 func (s *fakeServer) Limits() procmgr.LimitStatus   { return procmgr.LimitStatus{} }
 func (s *fakeServer) Output() procmgr.OutputStats   { return procmgr.OutputStats{} }
@@ -668,5 +690,82 @@ func TestKilledProcessKeepsNoDispatcherAwake(t *testing.T) {
 	<-done
 	if changes > 30 {
 		t.Errorf("with a killed process's doorbell rung without pause, the dispatcher looked %d times in 300ms, want a few", changes)
+	}
+}
+
+// sockMsg is a socket-mode message header (docs/SHM.md, shm/internal/sockwire):
+// kind, status, name length, payload length, a, b.
+func sockMsg(kind, status byte, nameLen uint16, payLen uint32, a, b uint64) []byte {
+	h := make([]byte, 24)
+	h[0], h[1] = kind, status
+	binary.LittleEndian.PutUint16(h[2:], nameLen)
+	binary.LittleEndian.PutUint32(h[4:], payLen)
+	binary.LittleEndian.PutUint64(h[8:], a)
+	binary.LittleEndian.PutUint64(h[16:], b)
+	return h
+}
+
+// TestSocketProcessBreakingTheProtocolIsKilled: a socket-mode process that
+// breaks the protocol is answered as a shared-memory one is: the call it
+// holds 'server terminated', and the process killed (then restarted by
+// procmgr), whether it held a call or not. Before, only its socket was
+// closed: a process that stayed alive after it held its slot for ever.
+func TestSocketProcessBreakingTheProtocolIsKilled(t *testing.T) {
+	for _, holding := range []bool{true, false} {
+		t.Run(fmt.Sprintf("holding_%v", holding), func(t *testing.T) {
+			s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
+			srv := pm.server("g")
+			srv.mu.Lock()
+			c := srv.socks[0]
+			srv.mu.Unlock()
+			if c == nil {
+				t.Fatal("no socket-mode process")
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(testWait))
+			if _, err := c.Write(sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)); err != nil { // hello
+				t.Fatal(err)
+			}
+			h := make([]byte, 24+32+1024)
+			if _, err := io.ReadFull(c, h[:24]); err != nil || h[0] != 2 {
+				t.Fatalf("welcome: %v %v", h[0], err)
+			}
+			a := newAnswers()
+			bad := sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2) // a second hello
+			if holding {
+				if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
+					t.Fatalf("call: %v %s", code, msg)
+				}
+				if _, err := io.ReadFull(c, h[:24]); err != nil || h[0] != 3 {
+					t.Fatalf("request: %v %v", h[0], err)
+				}
+				n := binary.LittleEndian.Uint16(h[2:]) // the entry's name, then the payload
+				if _, err := io.ReadFull(c, h[24:24+int(n)+int(binary.LittleEndian.Uint32(h[4:]))]); err != nil {
+					t.Fatal(err)
+				}
+				bad = sockMsg(4, 9, 0, 0, binary.LittleEndian.Uint64(h[8:]), 0) // a reply with status 9
+			}
+			if _, err := c.Write(bad); err != nil {
+				t.Fatal(err)
+			}
+			if holding {
+				if f := a.one(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeServerTerminated {
+					t.Errorf("the call held: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
+				}
+			}
+			deadline := time.Now().Add(testWait)
+			for {
+				srv.mu.Lock()
+				killed := len(srv.killed)
+				srv.mu.Unlock()
+				if killed == 1 {
+					break
+				}
+				if killed > 1 || time.Now().After(deadline) {
+					t.Fatalf("the process was asked to be killed %d times, want once", killed)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
 	}
 }

@@ -201,14 +201,15 @@ func (r *reader) collect() {
 				g.misbehaved.Inc()
 				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
 				g.q.Retire(slot)
-				done, _ := g.q.Done(slot)
+				done, held := g.q.Done(slot) // a socket process may break it holding nothing
 				g.act()
-				cl := done.Call
-				if !done.Answered && !cl.noReply {
-					r.batches[cl.to] = netio.AppendError(r.batches[cl.to], cl.id, netio.CodeServerTerminated,
-						"the UAP process serving the call broke the protocol and was killed")
+				if cl := done.Call; held {
+					if !done.Answered && !cl.noReply {
+						r.batches[cl.to] = netio.AppendError(r.batches[cl.to], cl.id, netio.CodeServerTerminated,
+							"the UAP process serving the call broke the protocol and was killed")
+					}
+					freeRequest(cl)
 				}
-				freeRequest(cl)
 				si.killed = true
 				p.Ignore() // until its exit, which reads it once more
 				r.bad = append(r.bad, slotPID{slot, p.PID()})

@@ -190,6 +190,7 @@ type Proc struct {
 	status                                shm.Status
 	replied                               bool
 	protoErr                              error
+	protoSaid                             bool // Completion has returned protoErr
 
 	attachSeen atomic.Bool
 	pend       atomic.Bool // a hello or reply the reader has not looked at
@@ -257,10 +258,20 @@ func (p *Proc) Dispatch(entry string, req []byte, deadline int64) error {
 // Wake does nothing: Dispatch and Stop already told the writer.
 func (p *Proc) Wake() {}
 
-// Completion returns the reply to the call the process holds, once.
+// Completion returns the reply to the call the process holds, once; or,
+// once, the protocol error the process made (its socket is closed then).
 func (p *Proc) Completion() (shm.Completion, bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.protoErr != nil && !p.protoSaid {
+		// Once, whether it holds a call or not: the reader answers the
+		// call, if any, 'server terminated' and has the process killed.
+		// Left alive with its socket closed, a process that stays (a
+		// hostile one: an honest one exits at EOF) held its slot for
+		// ever, and each call handed to it waited for its deadline.
+		p.protoSaid = true
+		return shm.Completion{}, true, p.protoErr
+	}
 	if p.dispatched == 0 || !p.replied {
 		return shm.Completion{}, false, nil
 	}
@@ -401,11 +412,16 @@ func (p *Proc) read() {
 			continue
 		}
 		p.mu.Lock()
-		if errors.Is(err, sockwire.ErrProtocol) {
+		broke := errors.Is(err, sockwire.ErrProtocol)
+		if broke {
 			p.protoErr = err
 		}
 		p.kill()
 		p.mu.Unlock()
+		if broke {
+			p.pend.Store(true) // for the reader's look (Completion)
+			p.t.wake()
+		}
 		return
 	}
 }

@@ -1,6 +1,7 @@
 package sockmode
 
 import (
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -35,13 +36,19 @@ func until(tb testing.TB, tr *Transport, what string, cond func() bool) {
 }
 
 // A reply over max_message_size, or to a call the process was not given,
-// is a protocol error: the node closes the socket and takes no reply.
+// or a second hello, is a protocol error: the node closes the socket,
+// takes no reply, and its Completion says the error once, whether the
+// process holds a call or not, so that the reader answers the call and has
+// the process killed. Before, it said nothing: a process that stayed
+// alive after it (a hostile one) held its slot for ever.
 func TestSocketProtocolErrorFromUAP(t *testing.T) {
 	for _, bad := range []sockwire.Msg{
 		{Kind: sockwire.KindReply, PayLen: 65, A: 1},
 		{Kind: sockwire.KindReply, A: 7},
 		{Kind: sockwire.KindReply, Status: 9, A: 1},
+		{Kind: sockwire.KindHello, A: 4242, B: sockwire.Version}, // idle: no call dispatched
 	} {
+		idle := bad.Kind == sockwire.KindHello
 		tr := newTransport(t, 64)
 		p, err := tr.NewProc(0)
 		if err != nil {
@@ -60,21 +67,26 @@ func TestSocketProtocolErrorFromUAP(t *testing.T) {
 			t.Fatalf("welcome: %+v %v", m, err)
 		}
 		until(t, tr, "hello", p.Attach)
-		if err := p.Dispatch("echo", []byte("abc"), 0); err != nil {
-			t.Fatal(err)
+		if !idle {
+			if err := p.Dispatch("echo", []byte("abc"), 0); err != nil {
+				t.Fatal(err)
+			}
+			m, err = sockwire.Read(c, h, 64, statusEnd)
+			if err != nil || m.Kind != sockwire.KindRequest || m.A != 1 || m.NameLen != 4 || m.PayLen != 3 {
+				t.Fatalf("request: %+v %v", m, err)
+			}
+			io.ReadFull(c, h[:7])
 		}
-		m, err = sockwire.Read(c, h, 64, statusEnd)
-		if err != nil || m.Kind != sockwire.KindRequest || m.A != 1 || m.NameLen != 4 || m.PayLen != 3 {
-			t.Fatalf("request: %+v %v", m, err)
-		}
-		io.ReadFull(c, h[:7])
 		sockwire.Put(h, bad)
 		c.Write(h[:sockwire.HeaderSize])
 		if _, err := c.Read(h); err != io.EOF {
 			t.Fatalf("%+v: read after the protocol error: %v, want EOF", bad, err)
 		}
-		if _, ok, _ := p.Completion(); ok {
-			t.Fatalf("%+v: the node took a bad reply", bad)
+		if got, ok, err := p.Completion(); !ok || !errors.Is(err, sockwire.ErrProtocol) || got.Reply != nil {
+			t.Fatalf("%+v: completion %+v, %v, %v; want the protocol error and no reply", bad, got, ok, err)
+		}
+		if _, ok, err := p.Completion(); ok {
+			t.Fatalf("%+v: the protocol error said twice, or a reply taken (%v)", bad, err)
 		}
 		c.Close()
 	}
