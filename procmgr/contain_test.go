@@ -532,3 +532,26 @@ func TestCgroupWithoutFreezerKillsEveryMember(t *testing.T) {
 	_ = srv.Stop(ctx)
 	waitUntil(t, "the child and its grandchild dead", func() bool { return gone(pid) && gone(gpid) })
 }
+
+// A working directory that is not there is named in the error: at the
+// server's start, and at a process's start when it went away since (the
+// exec's own error named /proc/self/fd/N, the module's descriptor).
+func TestMissingWorkingDirectoryIsNamed(t *testing.T) {
+	m, _ := loggedManager(t, Options{})
+	sp := uapSpec("sleep", t.TempDir(), 1)
+	sp.Dir = filepath.Join(t.TempDir(), "gone")
+	if _, err := m.Start(sp, &hooks{}); err == nil || !strings.Contains(err.Error(), "working directory: stat "+sp.Dir) {
+		t.Errorf("start with a missing working directory: %v", err)
+	}
+	sp.Dir, sp.Max = filepath.Join(t.TempDir(), "here"), 2
+	if err := os.Mkdir(sp.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, m, sp, &hooks{})
+	if err := os.Remove(sp.Dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.SetParallelCount(2, 2); err == nil || !strings.Contains(err.Error(), "working directory: stat "+sp.Dir) {
+		t.Errorf("a process started in a working directory that went away: %v", err)
+	}
+}

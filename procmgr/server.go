@@ -130,6 +130,9 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	if _, err := os.Stat(spec.Module); err != nil {
 		return nil, fmt.Errorf("procmgr: %s: module: %w", spec.Server, err)
 	}
+	if err := checkDir(spec.Dir); err != nil {
+		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
+	}
 	cpu, err := m.cpu.NewGroup(spec.Server, spec.Priority)
 	if err != nil {
 		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)

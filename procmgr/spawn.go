@@ -337,6 +337,12 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 			if try < 3 && s.box.startFailed(pl, attr, res.err) {
 				continue // clone into the cgroup refused: place by cgroup.procs
 			}
+			if derr := checkDir(s.spec.Dir); derr != nil {
+				// The child's failed chdir comes back as the exec's own
+				// error, naming the module's path ("fork/exec
+				// /proc/self/fd/14: no such file or directory").
+				res.err = fmt.Errorf("%w (%v)", derr, res.err)
+			}
 			return fmt.Errorf("procmgr: %s: start %s: %w", s.spec.Server, s.spec.Module, res.err)
 		}
 		s.live.Add(1)
@@ -393,6 +399,22 @@ func (l *launch) abandon() {
 		_ = l.r.Close()
 		l.r = nil
 	}
+}
+
+// checkDir reports why dir cannot be a UAP's working directory, as scdd
+// sees it; nil for "" (the default, /).
+func checkDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("working directory: %w", err)
+	case !fi.IsDir():
+		return fmt.Errorf("working directory %s: not a directory", dir)
+	}
+	return nil
 }
 
 // command builds one start of the server's module in slot, with files as
