@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -553,5 +554,54 @@ func TestMissingWorkingDirectoryIsNamed(t *testing.T) {
 	}
 	if _, err := srv.SetParallelCount(2, 2); err == nil || !strings.Contains(err.Error(), "working directory: stat "+sp.Dir) {
 		t.Errorf("a process started in a working directory that went away: %v", err)
+	}
+}
+
+// A UAP holds exactly fds 0-2 and the delegate's files, read from outside
+// (its /proc/PID/fd) with a module that opens nothing of its own (sleep,
+// not Go): TestWhatAUAPInherits's Go child must let its runtime's
+// descriptors (anon_inode, cgroup files) pass, so a leaked eventfd or
+// cgroup descriptor of scdd's would pass there too. A descriptor the
+// daemon opened without close-on-exec after the manager was made (a
+// library's raw open) does not reach it either: New's marking alone let
+// it through.
+func TestANonGoUAPHoldsOnlyItsFiles(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep(1) here")
+	}
+	m, _ := loggedManager(t, Options{})
+	r, _ := testPipe(t)
+	raw, err := syscall.Open(os.Args[0], syscall.O_RDONLY, 0) // no O_CLOEXEC
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(raw)
+	sp := uapSpec("sleep", t.TempDir(), 1)
+	sp.Module, sp.Args, sp.Env = sleep, []string{"3600"}, nil
+	srv := startServer(t, m, sp, &hooks{file: r})
+	var pid int
+	waitUntil(t, "the process to start", func() bool {
+		for _, p := range srv.Processes() {
+			pid = p.PID
+		}
+		return pid > 0
+	})
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	var ents []os.DirEntry
+	waitUntil(t, "sleep to be exec'd", func() bool { // before the exec, the fork's copy holds the module's descriptor
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		ents, err = os.ReadDir(dir)
+		return err == nil && exe == sleep
+	})
+	var fds []string
+	for _, e := range ents {
+		target, _ := os.Readlink(filepath.Join(dir, e.Name()))
+		fds = append(fds, e.Name()+"="+target)
+	}
+	rTarget, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", r.Fd()))
+	if len(fds) != 4 || !strings.HasPrefix(fds[0], "0=/dev/null") || !strings.HasPrefix(fds[1], "1=pipe:") ||
+		!strings.HasPrefix(fds[2], "2=pipe:") || fds[3] != "3="+rTarget {
+		t.Errorf("the UAP holds %v; want 0 /dev/null, 1 and 2 its output pipe, 3 the delegate's %s", fds, rTarget)
 	}
 }

@@ -159,6 +159,11 @@ func (m *Manager) joinAndStart(r spawnReq, joined []string, tid string) ([]strin
 		}
 		joined = now
 	}
+	// Again at each start, not only in New: a descriptor opened since
+	// without close-on-exec (a library's raw open) would reach this UAP.
+	// One system call; a descriptor opened between it and the fork still
+	// could, which Go's own opens never are.
+	_ = CloseOnExec()
 	err := r.cmd.Start()
 	if len(r.tasks) > 0 {
 		m.contain.threadJoined(joinErr)
