@@ -669,13 +669,62 @@ func staleDaemonGroups(dir string) []string {
 		if !e.IsDir() || name == self || !strings.HasPrefix(name, "scdd-") || err != nil || pid <= 0 {
 			continue
 		}
-		if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) {
+		if err := unix.Kill(pid, 0); !errors.Is(err, unix.ESRCH) && !startedAfter(pid, filepath.Join(base, name)) {
 			continue // alive (or not ours to judge)
 		}
 		out = append(out, filepath.Join(base, name))
 	}
 	return out
 }
+
+// startedAfter reports whether process pid started after the cgroup dir
+// was made: then it is not the daemon that made it (which made it after it
+// started) but another process that has its pid now, the daemon being
+// dead. Taken for alive, a reused pid kept the dead daemon's escaped UAPs
+// alive through every later start. Any doubt (a time not read, a second
+// either way: the directory's change time, which a later chmod moves on,
+// against a start read in ticks of the boot clock) says no.
+func startedAfter(pid int, dir string) bool {
+	var st unix.Stat_t
+	if unix.Stat(dir, &st) != nil {
+		return false
+	}
+	started, ok := procStarted(pid)
+	return ok && started.After(time.Unix(st.Ctim.Unix()).Add(time.Second))
+}
+
+// procStarted is when process pid started, from /proc/PID/stat; a test
+// may replace it.
+var procStarted = func(pid int) (time.Time, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return time.Time{}, false
+	}
+	// Field 22, starttime, in clock ticks since boot; fields 3 on follow
+	// the command's closing parenthesis (the command may hold spaces).
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return time.Time{}, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return time.Time{}, false
+	}
+	ticks, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	var boot unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot) != nil {
+		return time.Time{}, false
+	}
+	sinceBoot := time.Duration(ticks) * time.Second / clockTicks
+	return time.Now().Add(sinceBoot - time.Duration(boot.Nano())), true
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every
+// Linux architecture Go runs on.
+const clockTicks = 100
 
 // staleWait bounds how long removeStaleGroups waits for the processes it
 // killed to leave a dead daemon's cgroups. Longer than removeWait: it runs

@@ -667,3 +667,44 @@ func TestStaleDaemonGroupKilledByEachMechanism(t *testing.T) {
 		})
 	}
 }
+
+// procStarted reads a process's start from /proc: this test process
+// started before now, and not long before (the package's tests are short).
+func TestProcStarted(t *testing.T) {
+	started, ok := procStarted(os.Getpid())
+	if !ok || started.After(time.Now()) || time.Since(started) > 10*time.Minute {
+		t.Errorf("this process started at %v (%v), %v ago", started, ok, time.Since(started))
+	}
+	if _, ok := procStarted(1 << 30); ok {
+		t.Error("a start time for a pid that cannot exist")
+	}
+}
+
+// A scdd-<pid> group whose pid is alive counts as a running daemon's only
+// if that process started before the group was made: one that started
+// after has the dead daemon's pid again, and the group is stale (before,
+// a reused pid kept the dead daemon's escaped UAPs alive through every
+// later start).
+func TestStaleDaemonGroupOfAReusedPid(t *testing.T) {
+	base := t.TempDir()
+	self := filepath.Join(base, "scdd-1")
+	alive := os.Getpid() // alive, and started before the group below was made
+	dir := filepath.Join(base, "scdd-"+strconv.Itoa(alive))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if stale := staleDaemonGroups(self); len(stale) != 0 {
+		t.Fatalf("stale groups %v; want none: its daemon runs", stale)
+	}
+	real := procStarted
+	t.Cleanup(func() { procStarted = real })
+	procStarted = func(pid int) (time.Time, bool) { // the pid taken by a process started later
+		if pid == alive {
+			return time.Now().Add(5 * time.Second), true
+		}
+		return real(pid)
+	}
+	if stale := staleDaemonGroups(self); len(stale) != 1 || stale[0] != dir {
+		t.Fatalf("stale groups %v; want [%s]: its pid is another process's now", stale, dir)
+	}
+}
