@@ -329,3 +329,15 @@ func TestProbesTakeAReusedThreadID(t *testing.T) {
 		})
 	}
 }
+
+// ProcStarted reads a process's start from /proc: this test process
+// started before now, and not long before (the package's tests are short).
+func TestProcStarted(t *testing.T) {
+	started, err := ProcStarted(os.Getpid())
+	if err != nil || started.After(time.Now()) || time.Since(started) > 10*time.Minute {
+		t.Errorf("this process started at %v (%v), %v ago", started, err, time.Since(started))
+	}
+	if _, err := ProcStarted(1 << 30); err == nil {
+		t.Error("a start time for a pid that cannot exist")
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // procMeter is the fallback: on-CPU time from /proc/<pid>/stat (utime +
@@ -94,16 +96,22 @@ func (m *procMeter) read(pid int) (Usage, error) {
 	return u, nil
 }
 
-// statCPUTicks is utime + stime from a /proc/<pid>/stat line.
-func statCPUTicks(stat []byte) (uint64, error) {
-	// The command may hold spaces and parentheses; the fields after it
-	// start after the last ')'. utime and stime are fields 14 and 15.
+// statFields are the fields of a /proc/<pid>/stat line from field 3 (the
+// state) on: the command may hold spaces and parentheses, so they start
+// after the last ')'. Field N is [N-3].
+func statFields(stat []byte) ([][]byte, error) {
 	i := bytes.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("bad stat %q", stat)
+		return nil, fmt.Errorf("bad stat %q", stat)
 	}
-	f := bytes.Fields(stat[i+1:])
-	if len(f) < 13 {
+	return bytes.Fields(stat[i+1:]), nil
+}
+
+// statCPUTicks is utime + stime (fields 14 and 15) from a /proc/<pid>/stat
+// line.
+func statCPUTicks(stat []byte) (uint64, error) {
+	f, err := statFields(stat)
+	if err != nil || len(f) < 13 {
 		return 0, fmt.Errorf("bad stat %q", stat)
 	}
 	utime, err1 := strconv.ParseUint(string(f[11]), 10, 64)
@@ -129,4 +137,26 @@ func readSchedstat(path string) (run, wait uint64, err error) {
 	}
 	wait, err = strconv.ParseUint(string(f[1]), 10, 64)
 	return run, wait, err
+}
+
+// ProcStarted is when process pid started: its /proc/<pid>/stat's
+// starttime (field 22, clock ticks since boot) on the boot clock.
+func ProcStarted(pid int) (time.Time, error) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return time.Time{}, err
+	}
+	f, err := statFields(stat)
+	if err != nil || len(f) < 20 {
+		return time.Time{}, fmt.Errorf("bad stat %q", stat)
+	}
+	ticks, err := strconv.ParseUint(string(f[19]), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("bad stat %q", stat)
+	}
+	var boot unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot); err != nil {
+		return time.Time{}, err
+	}
+	return time.Now().Add(time.Duration(ticks)*clockTick - time.Duration(boot.Nano())), nil
 }

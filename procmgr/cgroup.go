@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tpsched/bpf"
 )
 
 // Mechanism says how UAP CPU priority is enforced on this host.
@@ -689,42 +691,12 @@ func startedAfter(pid int, dir string) bool {
 	if unix.Stat(dir, &st) != nil {
 		return false
 	}
-	started, ok := procStarted(pid)
-	return ok && started.After(time.Unix(st.Ctim.Unix()).Add(time.Second))
+	started, err := procStarted(pid)
+	return err == nil && started.After(time.Unix(st.Ctim.Unix()).Add(time.Second))
 }
 
-// procStarted is when process pid started, from /proc/PID/stat; a test
-// may replace it.
-var procStarted = func(pid int) (time.Time, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return time.Time{}, false
-	}
-	// Field 22, starttime, in clock ticks since boot; fields 3 on follow
-	// the command's closing parenthesis (the command may hold spaces).
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return time.Time{}, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return time.Time{}, false
-	}
-	ticks, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return time.Time{}, false
-	}
-	var boot unix.Timespec
-	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot) != nil {
-		return time.Time{}, false
-	}
-	sinceBoot := time.Duration(ticks) * time.Second / clockTicks
-	return time.Now().Add(sinceBoot - time.Duration(boot.Nano())), true
-}
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every
-// Linux architecture Go runs on.
-const clockTicks = 100
+// procStarted is bpf.ProcStarted; a test may replace it.
+var procStarted = bpf.ProcStarted
 
 // staleWait bounds how long removeStaleGroups waits for the processes it
 // killed to leave a dead daemon's cgroups. Longer than removeWait: it runs
