@@ -434,20 +434,21 @@ func (r *Router) countReceived(node string) {
 func (r *Router) AnswerLookup(c *rpcport.Conn, f *netio.Frame) {
 	group := string(f.Group)
 	settled := r.parking.isSettled() // before the table, as in route
-	nodes := r.lookupNodes(group)
-	if !settled && len(r.names.Lookup(group)) == 0 { // known and held is an answer already
+	entries := r.names.Lookup(group)
+	if !settled && len(entries) == 0 { // known and held is an answer already
 		if r.parkLookup(c, f) {
 			return
 		}
-		nodes = r.lookupNodes(group) // it may have settled since the table was read
+		entries = r.names.Lookup(group) // it may have settled since the table was read
 	}
-	c.SendNow(lookupAnswer(f.ID, group, nodes))
+	c.SendNow(lookupAnswer(f.ID, group, lookupNodes(entries)))
 }
 
-// lookupNodes are the nodes that take group's calls now, from the table.
-func (r *Router) lookupNodes(group string) []netio.NodeLevel {
+// lookupNodes are the nodes of a group's table entries that take its
+// calls now.
+func lookupNodes(entries []names.Entry) []netio.NodeLevel {
 	var nodes []netio.NodeLevel
-	for _, e := range r.names.Lookup(group) {
+	for _, e := range entries {
 		if !e.Held {
 			nodes = append(nodes, netio.NodeLevel{Addr: e.Addr, Level: uint8(e.Level)})
 		}

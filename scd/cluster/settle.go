@@ -153,12 +153,10 @@ func (p *parking) release() {
 }
 
 // parkCall keeps a call Route could place nowhere while the table has not
-// settled; false when it is not kept. The frame is copied: its bytes are
+// settled; false when it is not kept (park's look: it settled meanwhile,
+// or the room is full). The frame is copied: its bytes are
 // the event loop's.
 func (r *Router) parkCall(c call.Caller, from call.From, f *netio.Frame, deadline time.Time) bool {
-	if r.parking.isSettled() {
-		return false
-	}
 	fc := *f
 	fc.Group = append([]byte(nil), f.Group...)
 	fc.Service = append([]byte(nil), f.Service...)
@@ -194,10 +192,7 @@ func (r *Router) parkCall(c call.Caller, from call.From, f *netio.Frame, deadlin
 // parkLookup keeps a balancing client's lookup for a group no known node
 // runs while the table has not settled; false when it is not kept.
 func (r *Router) parkLookup(c *rpcport.Conn, f *netio.Frame) bool {
-	if r.parking.isSettled() {
-		return false
-	}
 	group, id := string(f.Group), f.ID
-	answer := func() { _ = c.Send(lookupAnswer(id, group, r.lookupNodes(group))) }
+	answer := func() { _ = c.Send(lookupAnswer(id, group, lookupNodes(r.names.Lookup(group)))) }
 	return r.parking.park(parked{until: time.Now().Add(r.parking.bound), route: answer, expire: answer})
 }
