@@ -589,10 +589,18 @@ func TestANonGoUAPHoldsOnlyItsFiles(t *testing.T) {
 	})
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	var ents []os.DirEntry
-	waitUntil(t, "sleep to be exec'd", func() bool { // before the exec, the fork's copy holds the module's descriptor
+	// Before the exec ends, the fork's copy still holds the module's
+	// descriptor and the exec's own; /proc/<pid>/exe names sleep before
+	// the close-on-exec descriptors are closed, so wait for sleep to sleep.
+	waitUntil(t, "sleep to be exec'd and asleep", func() bool {
 		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		_, state, _ := strings.Cut(string(stat), ") ")
+		if exe != sleep || !strings.HasPrefix(state, "S") {
+			return false
+		}
 		ents, err = os.ReadDir(dir)
-		return err == nil && exe == sleep
+		return err == nil
 	})
 	var fds []string
 	for _, e := range ents {
