@@ -19,6 +19,11 @@
 // the announce with the highest (Boot, Seq); anything older or equal is
 // ignored, so gossip may deliver duplicates and reorder freely. A restarted
 // node has a higher Boot and wins even though its Seq starts again from 0.
+// One whose clock was set back between its starts has a lower Boot than
+// the incarnation the others remember: it learns that one's announce (from
+// a push/pull, or from a node that ignored its own as older and sends it
+// the newer one it holds, at most once a second) and moves its Boot past
+// it, as memberlist's incarnation numbers refute a suspicion.
 //
 // Remove forgets a node entirely, its (Boot, Seq) included: an old announce
 // that arrives after Remove adds the node back. Apply announces only from

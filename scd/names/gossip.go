@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -114,6 +115,9 @@ type Gossip struct {
 	pending    map[string][]byte          // changes waiting for the pusher, the newest of each node
 	wake       chan struct{}              // tells the pusher that pending has something (capacity 1)
 	stopping   bool                       // Stop or Leave is waiting for the goroutines: start no more
+	outliving  bool                       // outlive's announce is on its way
+	outlived   time.Time                  // when outlive last moved the Boot on
+	told       map[string]time.Time       // live nodes last sent their newer announce (tellOfNewerLocked)
 	port       int                        // the name port, as memberlist bound it
 
 	sent, received, relayed, msgsSent, bytesSent atomic.Uint64
@@ -225,7 +229,7 @@ func newGossip(cfg GossipConfig, table *Table) *Gossip {
 		cfg: cfg, log: cfg.Logger, table: table, codec: NewCodec(cfg.Key),
 		peers: map[string]memberlist.Node{}, latest: map[string][]byte{}, early: map[string][]byte{}, unrelayed: map[string]bool{},
 		pending: map[string][]byte{}, wake: make(chan struct{}, 1),
-		dropped: map[string]uint64{}, warnedFull: map[string]bool{},
+		dropped: map[string]uint64{}, warnedFull: map[string]bool{}, told: map[string]time.Time{},
 		stop: make(chan struct{}), ready: make(chan struct{}), joined: make(chan struct{}),
 	}
 	c.queue = &memberlist.TransmitLimitedQueue{NumNodes: c.numMembers, RetransmitMult: memberlist.DefaultLANConfig().RetransmitMult}
@@ -547,7 +551,8 @@ func (c *Gossip) receive(msg []byte, relay bool) {
 		return
 	}
 	if info.Node == c.cfg.Self {
-		return // our own, relayed back
+		c.outlive(info) // our own, relayed back; or a past incarnation's
+		return
 	}
 	raw := bytes.Clone(msg)
 	c.mu.Lock()
@@ -556,9 +561,15 @@ func (c *Gossip) receive(msg []byte, relay bool) {
 	if !alive {
 		known = c.early
 	}
-	if old, ok := known[info.Node]; ok && !newer(info, old, c.codec) {
-		c.mu.Unlock()
-		return
+	if old, ok := known[info.Node]; ok {
+		prev, err := c.codec.Decode(old)
+		if err == nil && !info.newer(&prev) {
+			if alive && info.Boot < prev.Boot {
+				c.tellOfNewerLocked(info.Node, old)
+			}
+			c.mu.Unlock()
+			return
+		}
 	}
 	if !alive {
 		// Kept for when memberlist says it joined (applied then, and
@@ -640,13 +651,82 @@ func (c *Gossip) applyTable(info NodeInfo) bool {
 	return changed
 }
 
-// newer reports whether info is newer than the announce old.
-func newer(info NodeInfo, old []byte, codec *Codec) bool {
-	prev, err := codec.Decode(old)
-	if err != nil {
-		return true
+// outlive answers an announce of this node that is newer than its own: a
+// past incarnation's, made while the clock was ahead of where it is now
+// (set back between two starts). The other nodes order a node's announces
+// by (Boot, Seq) and take this incarnation's for older for as long as they
+// remember that one, so this node moves its Boot past it and announces
+// again, as memberlist's incarnation numbers refute a suspicion. At most
+// once a second: two live nodes given one name would otherwise pass each
+// other's Boot in a storm of announces. The announce goes out on a
+// goroutine: memberlist's callbacks, which call this, never take
+// announceMu.
+func (c *Gossip) outlive(info NodeInfo) {
+	c.mu.Lock()
+	if !info.newer(&c.self) {
+		c.mu.Unlock()
+		return
 	}
-	return info.Boot > prev.Boot || (info.Boot == prev.Boot && info.Seq > prev.Seq)
+	if info.Boot == math.MaxUint64 {
+		c.mu.Unlock()
+		c.drop(DropInvalid, fmt.Errorf("an announce of this node with the largest boot, %d, which no later boot can pass", info.Boot))
+		return
+	}
+	if time.Since(c.outlived) < time.Second {
+		c.mu.Unlock()
+		return
+	}
+	c.outlived = time.Now()
+	c.log.Warn("an announce of this node newer than its own (a past incarnation's, with the clock set back since; or another node has this node's name): announcing with a later boot",
+		"boot", c.self.Boot, "other_boot", info.Boot)
+	c.self.Boot, c.self.Seq = info.Boot+1, 0
+	if c.outliving || c.stopping {
+		c.mu.Unlock()
+		return // the announce on its way reads the Boot set here
+	}
+	c.outliving = true
+	c.wg.Add(1) // under mu, before Stop's Wait, which sets stopping first
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		select {
+		case <-c.ready:
+		case <-c.stop:
+			return
+		}
+		c.mu.Lock()
+		c.outliving = false
+		c.mu.Unlock()
+		c.reannounce()
+	}()
+}
+
+// tellOfNewerLocked sends node, which is alive, the announce of it this
+// node holds, newer than the one it just sent: a node restarted with its
+// clock set back learns so of its past incarnation (outlive). A stale
+// relay of a past incarnation sends it its current one, which it ignores;
+// at most once a second per node, so a flood of stale announces makes no
+// flood of answers. c.mu is held.
+func (c *Gossip) tellOfNewerLocked(node string, newer []byte) {
+	if c.stopping || time.Since(c.told[node]) < time.Second {
+		return
+	}
+	c.told[node] = time.Now()
+	to := c.peers[node]
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		select {
+		case <-c.ready:
+		case <-c.stop:
+			return
+		}
+		if err := c.ml.SendReliable(&to, newer); err != nil {
+			c.log.Debug("telling a node of its newer announce", "node", to.Name, "err", err)
+			return
+		}
+		c.counted(newer)
+	}()
 }
 
 // announce is a queued broadcast: only the newest of a node is kept.
@@ -768,6 +848,7 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	c.mu.Lock()
 	delete(c.peers, n.Name)
 	delete(c.unrelayed, n.Name)
+	delete(c.told, n.Name)
 	if raw, ok := c.latest[n.Name]; ok {
 		// Kept (bounded) among the nodes not alive, so that an older
 		// announce of it relayed late is still known to be older.

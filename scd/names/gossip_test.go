@@ -2,6 +2,7 @@ package names
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
@@ -392,5 +393,66 @@ func TestAHungSeedDoesNotHoldTheOthers(t *testing.T) {
 	case <-c.Joined():
 		t.Error("Joined closed while a seed had not answered")
 	default:
+	}
+}
+
+// A node restarted with its clock set back, its new Boot lower than the
+// incarnation the others remember, is heard at once: it takes a Boot after
+// the remembered one as soon as it learns of it (as memberlist's
+// incarnation numbers refute a suspicion). Taken for older, its announces
+// were ignored for as long as the old incarnation was remembered.
+func TestANodeRestartedWithItsClockSetBackIsHeard(t *testing.T) {
+	m0 := startMembers(t, 1, func(int) []byte { return nil })[0]
+	// m1's last incarnation, an hour ahead, as m0 remembers it after its
+	// death: an announce of a node not alive now, which m0 does not relay
+	// when the node joins (it had it from a push/pull, not by gossip).
+	past := NewCodec(nil).Encode(nil, NodeInfo{Node: "m1", Addr: "127.0.0.1:2", Announce: true,
+		Boot: uint64(time.Now().Add(time.Hour).UnixNano()), Seq: 9, Groups: []GroupInfo{{Group: "old"}}})
+	(*delegate)(m0.c).MergeRemoteState(append(binary.AppendUvarint(nil, uint64(len(past))), past...), false)
+	seed := net.JoinHostPort("127.0.0.1", strconv.Itoa(m0.c.Port()))
+	c, err := Join(GossipConfig{Self: "m1", BindAddr: "127.0.0.1", Seeds: []string{seed}, Fast: true},
+		NewTable("m1"), NodeInfo{Addr: "127.0.0.1:3", Announce: true, Groups: []GroupInfo{{Group: "new"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Leave(100 * time.Millisecond) })
+	eventually(t, "m0 to take the restarted m1's announce", func() bool {
+		info, ok := m0.table.Get("m1")
+		return ok && info.Addr == "127.0.0.1:3"
+	})
+}
+
+// An announce of this node newer than its own (a past incarnation's, from
+// a clock that was ahead) moves this node's Boot past it and is announced
+// again; not again within a second (two live nodes of one name would pass
+// each other in a storm), and one that cannot be passed (the largest Boot)
+// is dropped as invalid.
+func TestOwnNewerAnnounceMovesTheBootOn(t *testing.T) {
+	c := unjoinedGossip(t, GossipConfig{}, NewTable("m0"))
+	c.self = NodeInfo{Node: "m0", Boot: 100, Seq: 3}
+	close(c.ready)
+	codec := NewCodec(nil)
+	(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m0", Boot: 99, Seq: 50}))
+	(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m0", Boot: 100, Seq: 3}))
+	if c.self.Boot != 100 {
+		t.Fatalf("an older or equal own announce moved the Boot to %d", c.self.Boot)
+	}
+	(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m0", Boot: 500, Seq: 1}))
+	eventually(t, "the Boot to move past 500 and be announced", func() bool {
+		c.announceMu.Lock()
+		defer c.announceMu.Unlock()
+		info, ok := c.table.Get("m0")
+		return ok && info.Boot == 501
+	})
+	(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m0", Boot: 600, Seq: 1}))
+	(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m0", Boot: 1<<64 - 1, Seq: 1}))
+	c.dropMu.Lock()
+	got := c.dropped[DropInvalid]
+	c.dropMu.Unlock()
+	if got != 1 {
+		t.Errorf("an own announce with the largest Boot: %d dropped as invalid, want 1", got)
+	}
+	if info, _ := c.table.Get("m0"); info.Boot != 501 {
+		t.Errorf("the Boot is %d after two more own newer announces within a second, want 501", info.Boot)
 	}
 }
