@@ -105,6 +105,7 @@ func (s *fakeServer) run(slot int) error {
 		}
 		s.socks[slot] = c
 		s.mu.Unlock()
+		s.d.Started(slot, os.Getpid()) // as procmgr does once the process runs
 		return nil
 	}
 	var fds [3]int // the UAP owns its descriptors, as a process would
@@ -748,6 +749,63 @@ func TestSocketProcessBreakingTheProtocolIsKilled(t *testing.T) {
 			if _, err := c.Write(bad); err != nil {
 				t.Fatal(err)
 			}
+			if holding {
+				if f := a.one(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeServerTerminated {
+					t.Errorf("the call held: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
+				}
+			}
+			deadline := time.Now().Add(testWait)
+			for {
+				srv.mu.Lock()
+				killed := len(srv.killed)
+				srv.mu.Unlock()
+				if killed == 1 {
+					break
+				}
+				if killed > 1 || time.Now().After(deadline) {
+					t.Fatalf("the process was asked to be killed %d times, want once", killed)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestSocketProcessClosingItsSocketIsKilled: a socket-mode process that
+// closes its socket without a bye and does not exit is ruled as breaking
+// the protocol once its grace has passed: the call it holds is answered
+// 'server terminated' and the process killed. The node held the child end
+// of the socket too, so the close was never seen: the call waited for its
+// deadline, and the slot was held for ever.
+func TestSocketProcessClosingItsSocketIsKilled(t *testing.T) {
+	for _, holding := range []bool{true, false} {
+		t.Run(fmt.Sprintf("holding_%v", holding), func(t *testing.T) {
+			s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
+			srv := pm.server("g")
+			srv.mu.Lock()
+			c := srv.socks[0]
+			srv.mu.Unlock()
+			if c == nil {
+				t.Fatal("no socket-mode process")
+			}
+			_ = c.SetDeadline(time.Now().Add(testWait))
+			if _, err := c.Write(sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)); err != nil { // hello
+				t.Fatal(err)
+			}
+			h := make([]byte, 24)
+			if _, err := io.ReadFull(c, h); err != nil || h[0] != 2 {
+				t.Fatalf("welcome: %v %v", h[0], err)
+			}
+			a := newAnswers()
+			if holding {
+				if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
+					t.Fatalf("call: %v %s", code, msg)
+				}
+				if _, err := io.ReadFull(c, h); err != nil || h[0] != 3 {
+					t.Fatalf("request: %v %v", h[0], err)
+				}
+			}
+			c.Close()
 			if holding {
 				if f := a.one(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeServerTerminated {
 					t.Errorf("the call held: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)

@@ -14,9 +14,12 @@
 // end, to pass as fd 3. A reader goroutine takes the hello, replies and bye;
 // a writer goroutine sends the welcome, the call, stop and close, so that
 // Dispatch never blocks on the socket. The node learns of a death from the
-// process manager, not from an EOF (the child end stays open here until
-// Remove). A protocol error the node detects closes its end, which the UAP
-// sees as EOF.
+// process manager, not from an EOF. The child end is closed here once the
+// process started (SetPID), so an EOF without a bye is a process that
+// closed its socket: one still alive eofGrace later, whose exit has not
+// removed it, is ruled as breaking the protocol (killed, its call answered
+// 'server terminated'). A protocol error the node detects closes its end,
+// which the UAP sees as EOF.
 package sockmode
 
 import (
@@ -38,6 +41,11 @@ import (
 
 // statusEnd bounds the statuses a reply may carry.
 const statusEnd = uint8(shm.StatusTimedOut) + 1
+
+// eofGrace is how long a process whose socket ended without a bye has to
+// exit (a dying one closes it on its way out) before it is ruled as one
+// that closed its socket and lives on.
+var eofGrace = 2 * time.Second
 
 // Transport is the node's side of a socket-receiving server: one process
 // slot. NewProc, Remove, Close and the Proc methods run under the caller's
@@ -100,7 +108,7 @@ func (t *Transport) NewProc(slot int) (*Proc, error) {
 		unix.Close(fds[1])
 		return nil, fmt.Errorf("sockmode: %s: %w", t.name, err)
 	}
-	p := &Proc{t: t, parent: fc.(*net.UnixConn), child: os.NewFile(uintptr(fds[1]), "socket:"+t.name)}
+	p := &Proc{t: t, parent: fc.(*net.UnixConn), child: os.NewFile(uintptr(fds[1]), "socket:"+t.name), shutting: make(chan struct{})}
 	p.cond.L = &p.mu
 	p.wg.Add(2)
 	go p.read()
@@ -172,6 +180,8 @@ type Proc struct {
 	parent *net.UnixConn
 	child  *os.File
 	wg     sync.WaitGroup
+	// shutting is closed by shut: the reader stops waiting out eofGrace.
+	shutting chan struct{}
 
 	mu   sync.Mutex
 	cond sync.Cond // the writer waits on it
@@ -210,11 +220,14 @@ func (p *Proc) PID() int {
 	return p.pid
 }
 
-// SetPID records the pid the process was started with.
+// SetPID records the pid the process was started with, and closes the
+// node's copy of the child end, which the process has its own of now: the
+// process closing its end is then an EOF here.
 func (p *Proc) SetPID(pid int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pid = pid
+	p.child.Close()
 }
 
 func (p *Proc) pending() bool { return p.pend.Load() }
@@ -352,6 +365,7 @@ func (p *Proc) shut() {
 	p.mu.Lock()
 	p.kill()
 	p.mu.Unlock()
+	close(p.shutting)
 	p.wg.Wait()
 	p.child.Close()
 }
@@ -416,14 +430,40 @@ func (p *Proc) read() {
 		if broke {
 			p.protoErr = err
 		}
+		// The process closed its end (or died) without a bye; the node did
+		// not close its own (kill, before a read that then fails).
+		ended := !broke && !p.dead && !p.left
 		p.kill()
 		p.mu.Unlock()
+		if ended {
+			broke = p.outliveEOF()
+		}
 		if broke {
 			p.pend.Store(true) // for the reader's look (Completion)
 			p.t.wake()
 		}
 		return
 	}
+}
+
+// outliveEOF waits eofGrace for the exit of a process whose socket ended
+// without a bye, which removes it (shut). Still here then, the process
+// closed its socket and lives on: as the node never sends it a call again,
+// its call would wait for its deadline and its slot be held for ever, so
+// it is ruled as breaking the protocol, which has it killed. Reports
+// whether it was.
+func (p *Proc) outliveEOF() bool {
+	t := time.NewTimer(eofGrace)
+	defer t.Stop()
+	select {
+	case <-p.shutting:
+		return false
+	case <-t.C:
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.protoErr = fmt.Errorf("%w: closed its socket without a bye and did not exit within %v", sockwire.ErrProtocol, eofGrace)
+	return true
 }
 
 func (p *Proc) readOne(br *bufio.Reader, h []byte) error {
