@@ -117,7 +117,11 @@ type Client struct {
 	dialing map[int]*dialing       // dial under way per host index
 	routes  map[routeKey]receiverRoute
 	spreads map[string]*spread // MultiSchedule: by receiver group address
-	closed  bool
+	// open is every connection the client made that has not closed,
+	// those above and those it left but whose calls still wait (a
+	// node's go-away, a replaced spread): Close closes them all.
+	open   map[*netio.MuxConn]struct{}
+	closed bool
 
 	// stop ends the dials under way at Close: they run on goroutines of
 	// their own, which no caller's ctx bounds.
@@ -167,7 +171,8 @@ func New(opts Options) (*Client, error) {
 		opts.CacheTime = def.DefaultCacheTime
 	}
 	c := &Client{opts: opts, nDC: len(hosts), hosts: hosts, conns: make(map[int]*netio.MuxConn), dialing: make(map[int]*dialing),
-		cache: newLevelCache(opts.CacheEntries), routes: map[routeKey]receiverRoute{}, spreads: map[string]*spread{}}
+		cache: newLevelCache(opts.CacheEntries), routes: map[routeKey]receiverRoute{}, spreads: map[string]*spread{},
+		open: map[*netio.MuxConn]struct{}{}}
 	c.stop, c.stopDials = context.WithCancel(context.Background())
 	if opts.HostSelect {
 		c.cur = rand.IntN(len(hosts))
@@ -538,13 +543,22 @@ func (c *Client) dial(idx int, addr string, d *dialing) {
 				// The clean end of a go-away (its last answer came):
 				// the node is fine and the next call dials it again.
 				c.retire(idx, mc)
-				return
+			} else {
+				c.forget(idx, mc)
 			}
-			c.forget(idx, mc)
+			c.closedConn(mc)
 		},
 		OnGoAway: func(mc *netio.MuxConn) { c.retire(idx, mc) },
 	})
 	c.conns[idx] = mc
+	c.open[mc] = struct{}{} // an OnClose meanwhile waits for c.mu
+}
+
+// closedConn forgets a connection that closed: Close has nothing to close.
+func (c *Client) closedConn(mc *netio.MuxConn) {
+	c.mu.Lock()
+	delete(c.open, mc)
+	c.mu.Unlock()
 }
 
 // maxPayload bounds the answers read on the client's connections: error
@@ -591,20 +605,21 @@ func (c *Client) drop(idx int, mc *netio.MuxConn, err error) {
 }
 
 // Close closes every connection; calls in flight fail with 'network down'.
+// That includes the connections the client left (a node's go-away, a
+// replaced spread) whose calls still wait for their answers.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.stopDials()
-	conns := c.conns
 	c.conns = map[int]*netio.MuxConn{}
-	spreads := c.spreads
 	c.spreads = map[string]*spread{}
-	c.mu.Unlock()
-	for _, mc := range conns {
-		mc.Close(errClientClosed)
+	open := make([]*netio.MuxConn, 0, len(c.open))
+	for mc := range c.open {
+		open = append(open, mc)
 	}
-	for _, s := range spreads {
-		s.close(errClientClosed)
+	c.mu.Unlock()
+	for _, mc := range open {
+		mc.Close(errClientClosed) // its OnClose takes c.mu: not held
 	}
 	return nil
 }

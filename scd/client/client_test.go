@@ -1130,3 +1130,44 @@ func (s *spread) held() int {
 	defer s.mu.Unlock()
 	return len(s.conns)
 }
+
+// TestCloseFailsCallsOnConnectionsGoingAway: Close fails the calls waiting
+// on a connection the node asked the client to leave (go-away), and closes
+// it, as it does those on the connections it still uses. Before, a
+// go-away took the connection out of the client's table while its calls
+// waited on, so Close left it open: the call outlived Close (here it got
+// its reply 2 s later) and so did the connection and its reader.
+func TestCloseFailsCallsOnConnectionsGoingAway(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	errc := inFlight(c, 1, "slow", "2s")
+	waitUntil(t, "the call to arrive", func() bool { return n.framesOf("slow") == 1 })
+	c.mu.Lock()
+	old := c.conns[0]
+	c.mu.Unlock()
+	if told := n.srv.GoAway("test"); told != 1 {
+		t.Fatalf("go-away told %d connections, want 1", told)
+	}
+	waitUntil(t, "the client to leave the connection", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.conns[0] != old
+	})
+	t0 := time.Now()
+	c.Close()
+	select {
+	case err := <-errc:
+		wantCode(t, err, netio.CodeNetworkDown)
+	case <-time.After(waitLimit):
+		t.Fatal("the call outlived Close")
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("the call ended %v after Close", d)
+	}
+	select {
+	case <-old.Done():
+	default:
+		t.Error("the connection going away is still open after Close")
+	}
+}

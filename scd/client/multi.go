@@ -251,11 +251,24 @@ func (s *spread) dial(ctx context.Context) (*netio.MuxConn, int, error) {
 	if err != nil {
 		return nil, -1, err
 	}
+	// Made under c.mu, as Client.dial does: a client closed meanwhile
+	// gets none, and Close finds every one made before.
+	s.c.mu.Lock()
+	if s.c.closed {
+		s.c.mu.Unlock()
+		nc.Close()
+		return nil, -1, errClientClosed
+	}
 	mc := netio.NewMuxConn(nc, netio.MuxOptions{
 		MaxPayload: s.c.maxPayload(),
-		OnClose:    func(mc *netio.MuxConn, _ error) { s.drop(mc) },
-		OnGoAway:   s.drop,
+		OnClose: func(mc *netio.MuxConn, _ error) {
+			s.drop(mc)
+			s.c.closedConn(mc)
+		},
+		OnGoAway: s.drop,
 	})
+	s.c.open[mc] = struct{}{} // an OnClose meanwhile waits for c.mu
+	s.c.mu.Unlock()
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	here := -1
@@ -292,16 +305,6 @@ func (s *spread) retire() {
 	s.mu.Unlock()
 	for _, mc := range conns {
 		mc.Retire()
-	}
-}
-
-// close closes the spread's connections.
-func (s *spread) close(reason error) {
-	s.mu.Lock()
-	conns := append([]*netio.MuxConn(nil), s.conns...)
-	s.mu.Unlock()
-	for _, mc := range conns {
-		mc.Close(reason)
 	}
 }
 
