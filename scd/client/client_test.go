@@ -1171,3 +1171,32 @@ func TestCloseFailsCallsOnConnectionsGoingAway(t *testing.T) {
 		t.Error("the connection going away is still open after Close")
 	}
 }
+
+// TestReceiversLookupTimeoutIsNotAnAnswer: with MultiSchedule, a first
+// call whose deadline passes while the node's receivers lookup is under
+// way leaves the group's route unlearned, and the next call asks again.
+// Before, the caller's own 'timed out' was taken for the node's answer
+// that it does not define the group: the group was remembered as received
+// on the node's own port, one socket, and its calls were never spread.
+func TestReceiversLookupTimeoutIsNotAnAnswer(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.receivers = netio.Receivers{Addr: n.addr, Count: 2, Here: -1}
+	n.receiversDelay = 300 * time.Millisecond
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, MultiSchedule: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := c.Call(ctx, "g", "echo", nil)
+	wantCode(t, err, netio.CodeTimedOut)
+	if r, ok := c.routeFor(0, "g"); ok {
+		t.Errorf("a lookup that timed out on the caller's side was remembered as route %+v", r)
+	}
+	if _, err := c.Call(testCtx(t), "g", "echo", nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := c.routeFor(0, "g"); r.count != 2 {
+		t.Errorf("route %+v after the node answered, want its 2 sockets", r)
+	}
+}

@@ -73,7 +73,9 @@ func (c *Client) forgetRoute(idx int, group string) {
 
 // learnRoute asks the node on mc (host idx) where group is received. A
 // node that does not define the group is remembered as receiving it on
-// its own port: it answers such calls itself.
+// its own port: it answers such calls itself. No answer (the connection
+// broke, or the caller's time ran out first: 'timed out' is the client's
+// own) teaches nothing, and the next call asks again.
 func (c *Client) learnRoute(ctx context.Context, idx int, mc *netio.MuxConn, group string) (receiverRoute, error) {
 	r, err := askReceivers(ctx, mc, group)
 	var te *netio.Error
@@ -82,7 +84,7 @@ func (c *Client) learnRoute(ctx context.Context, idx int, mc *netio.MuxConn, gro
 		rr := receiverRoute{addr: r.Addr, count: r.Count}
 		c.setRoute(idx, group, rr)
 		return rr, nil
-	case errors.As(err, &te) && te.Code != netio.CodeNetworkDown:
+	case errors.As(err, &te) && te.Code != netio.CodeNetworkDown && te.Code != netio.CodeTimedOut:
 		rr := receiverRoute{addr: c.hostAddr(idx), count: 1}
 		c.setRoute(idx, group, rr)
 		return rr, nil
