@@ -1200,3 +1200,24 @@ func TestReceiversLookupTimeoutIsNotAnAnswer(t *testing.T) {
 		t.Errorf("route %+v after the node answered, want its 2 sockets", r)
 	}
 }
+
+// TestFillOfAReplacedSpreadStops: a fill that finds its spread replaced
+// (or the client closed) stops at the first connection it cannot keep.
+// Before, it went on dialling and asking, and closing, three times as
+// many connections as the receiver group has sockets, on its caller's
+// time (here 12 for 4 sockets).
+func TestFillOfAReplacedSpreadStops(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.receivers = netio.Receivers{Addr: n.addr, Count: 4, Here: -1}
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, MultiSchedule: true})
+	s := c.spreadFor(receiverRoute{addr: n.addr, count: 4}, "g")
+	c.spreadFor(receiverRoute{addr: n.addr, count: 5}, "g")
+	before := n.accepted()
+	s.fill(testCtx(t))
+	if dialled := n.accepted() - before; dialled > 1 {
+		t.Errorf("the fill of a replaced spread dialled %d connections, want at most 1", dialled)
+	}
+}

@@ -236,11 +236,12 @@ func (s *spread) fill(ctx context.Context) {
 		s.mu.Unlock()
 		// Not kept, nothing else would close it: a spread retired or a
 		// client closed meanwhile must not leak what its fill made.
-		reason := errors.New("another connection of the client is on this receiving socket")
 		if !dup {
-			reason = errors.New("the spread was replaced or the client closed")
+			// Nor would it keep any other: the fill is over.
+			mc.Close(errors.New("the spread was replaced or the client closed"))
+			return
 		}
-		mc.Close(reason)
+		mc.Close(errors.New("another connection of the client is on this receiving socket"))
 	}
 }
 
