@@ -673,8 +673,16 @@ func wait(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, timeout 
 	case <-ctx.Done():
 	case <-timer:
 	}
-	// The answer may still arrive; leave the waiter to it and the pool.
-	mc.Forget(id)
+	if !mc.Forget(id) {
+		// Its answer came as the caller left: the reader (or a close)
+		// took it off the connection and hands it to w now, without
+		// blocking. It is the call's result, not 'timed out': the
+		// service's reply is in hand.
+		r := <-w.ch
+		waiterPool.Put(w)
+		return r.payload, r.err
+	}
+	// Never answered now; the waiter is left to the garbage collector.
 	if ctx.Err() == context.Canceled {
 		return nil, ctx.Err()
 	}

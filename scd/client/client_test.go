@@ -1221,3 +1221,26 @@ func TestFillOfAReplacedSpreadStops(t *testing.T) {
 		t.Errorf("the fill of a replaced spread dialled %d connections, want at most 1", dialled)
 	}
 }
+
+// TestAnswerThatCameIsNotDroppedAtTheDeadline: an answer that came when
+// the caller's deadline passed is the call's result, not 'timed out': the
+// service ran and its reply is in hand. Before, wait chose at random
+// between the two, and half the time dropped the reply.
+func TestAnswerThatCameIsNotDroppedAtTheDeadline(t *testing.T) {
+	t.Parallel()
+	a, b := net.Pipe()
+	defer b.Close()
+	mc := netio.NewMuxConn(a, netio.MuxOptions{})
+	defer mc.Close(nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 32 {
+		w := &waiter{ch: make(chan result, 1)}
+		w.Answer(netio.Frame{Header: netio.Header{Kind: netio.KindReply}, Payload: []byte("ran")}, nil)
+		// The id is no longer pending: the reader handed its answer on.
+		reply, err := wait(ctx, mc, uint64(1000+i), w, 0)
+		if err != nil || string(reply) != "ran" {
+			t.Fatalf("try %d: %q, %v; want the reply that came", i, reply, err)
+		}
+	}
+}
