@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -491,5 +492,45 @@ func TestStopDuringRestartStopsTheNode(t *testing.T) {
 			lines := strings.Split(strings.TrimSpace(n.logText()), "\n")
 			t.Logf("new process %d; the log ends:\n%s", newPID, strings.Join(lines[max(0, len(lines)-4):], "\n"))
 		})
+	}
+}
+
+// TestAStopToBothProcessesDrainsTheNewOne: a stop that reaches both
+// processes of a restart while the old one still lets its callers go
+// (Ctrl-C at a terminal, kill of the process group, pkill scdd) drains
+// the new one: the old process passing the stop on must not count as the
+// operator's second signal, which exits at once, dropping the calls the
+// new process holds.
+func TestAStopToBothProcessesDrainsTheNewOne(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "sleep=sleep"`)})
+	n := startRestartingNode(t, dir, "-drain-timeout", "10s")
+	pgid := n.cmd.Process.Pid
+	// A caller that ignores go-away keeps the old process letting its
+	// callers go (up to -drain-timeout).
+	held, err := net.Dial("tcp", n.rpc)
+	must(t, err)
+	defer held.Close()
+	time.Sleep(100 * time.Millisecond)
+	if out, err := n.scdctl("restart"); err != nil || !restartedLine.MatchString(out) {
+		t.Fatalf("scdctl restart: %v\n%s", err, out)
+	}
+	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
+	must(t, err)
+	defer c.Close()
+	answered := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := c.Call(ctx, "light", "sleep", []byte("1500"))
+		answered <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the call runs in the new process
+	must(t, syscall.Kill(-pgid, syscall.SIGTERM))
+	if err := <-answered; err != nil {
+		t.Errorf("a call the new process held when the stop came: %v", err)
+	}
+	if text := n.logText(); strings.Contains(text, "second signal") {
+		t.Errorf("a process of the node took the stop for a second one:\n%s", grep(text, "signal"))
 	}
 }

@@ -550,5 +550,8 @@ func (n *Node) shutdown() error {
 	if n.meter != nil {
 		errs = append(errs, n.meter.Close()) // after procmgr: no process is read any more
 	}
+	// Last: while it is open, an old process that passes a stop on does
+	// not fall back to a signal, which this one would take for a second.
+	n.restart.closeOld()
 	return errors.Join(errs...)
 }

@@ -16,6 +16,8 @@ package scd
 //	     call on it, the answers of the calls sent still come; serves until
 //	     the callers have closed them (at most DrainTimeout), then drains as
 //	     on SIGTERM: queued calls finish, its UAPs stop; exits 0.
+//	     A stop it gets meanwhile is the node's: it goes on to the new
+//	     process  -> "stop"
 //
 // The listening sockets are never closed on the way, so no connection is
 // refused or reset; a caller that obeys the go-away (tpsched's client, the
@@ -69,6 +71,9 @@ type restarter struct {
 	running    atomic.Bool  // a Restart is under way
 	handedOver atomic.Bool  // this (old) process gave its sockets away
 	newPID     atomic.Int64 // the process it gave them to
+	// handedTo is the hand-over socket to that process, kept open after
+	// the commit: a stop is passed on over it (drainedByRestart).
+	handedTo *net.UnixConn
 	// stopping: a Drain was asked (SIGTERM): no restart starts, and one
 	// under way is undone unless it committed already.
 	stopping   atomic.Bool
@@ -79,9 +84,15 @@ type restarter struct {
 	retireErr  error         // set before retired closes
 
 	// The new process's side: the socket to the old one and what came
-	// over it.
+	// over it; after the commit, watched for a stop the old one passes on
+	// (stopAsked, closed once by stopOnce), until shutdown closes it
+	// (oldConn).
 	peer           *net.UnixConn
-	oldPID         int // the old process: this one's parent while it runs
+	oldConn        atomic.Pointer[net.UnixConn]
+	stopMade       sync.Once
+	stopOnce       sync.Once
+	stopAsked      chan struct{} // made by stopAskedCh
+	oldPID         int           // the old process: this one's parent while it runs
 	inheritRPC     []rpcport.Listener
 	inheritMetrics net.Listener
 	inheritControl *net.UnixListener
@@ -119,7 +130,7 @@ func (rs *restarter) closeInherited() {
 
 // takeoverMsg is one message of the hand-over.
 type takeoverMsg struct {
-	Step    string             `json:"step"` // ready, listeners, serving, left, failed
+	Step    string             `json:"step"` // ready, listeners, serving, left, failed; stop (after left)
 	PID     int                `json:"pid,omitempty"`
 	Error   string             `json:"error,omitempty"`
 	RPC     []rpcport.Listener `json:"rpc,omitempty"`     // the descriptors follow in this order...
@@ -245,7 +256,12 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 		return res, fmt.Errorf("restart: %w", err)
 	}
 	conn := fc.(*net.UnixConn)
-	defer conn.Close()
+	committed := false
+	defer func() {
+		if !committed {
+			conn.Close()
+		}
+	}()
 	cmd := exec.Command(exe, n.opts.RestartArgs...)
 	cmd.Env = append(os.Environ(), TakeoverEnv+"=3")
 	cmd.ExtraFiles = []*os.File{theirs}
@@ -336,6 +352,7 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	// The new process serves: the sockets are its own now.
 	closeFiles(files)
 	r.newPID.Store(int64(res.NewPID))
+	r.handedTo, committed = conn, true // left open for the process's life: a stop goes over it
 	r.handedOver.Store(true)
 	res.Took = time.Since(start).Round(time.Millisecond).String()
 	// Stop without leaving: the other nodes keep sending to this node's
@@ -440,8 +457,12 @@ func (n *Node) Retired() <-chan struct{} { return n.restart.retiredCh() }
 // A stop is for the node, whichever of its processes gets it: a restart
 // under way is undone (its waits end now), none starts from here on, and
 // when the hand-over was done already the new process is asked to stop
-// too (SIGTERM), as under systemd before the new process named itself
-// the main one.
+// too, as under systemd before the new process named itself the main one.
+// It is asked over the hand-over socket ("stop"), not by a signal: a stop
+// sent to both processes (Ctrl-C at a terminal, a kill of the process
+// group, pkill) reaches the new one twice then, and a second signal is the
+// operator's way to exit at once, without draining. SIGTERM only when the
+// message cannot go (a new process of an older version closed its end).
 func (r *restarter) drainedByRestart() (bool, error) {
 	rs := r
 	rs.stopping.Store(true)
@@ -451,15 +472,17 @@ func (r *restarter) drainedByRestart() (bool, error) {
 	}
 	rs.cancelMu.Unlock()
 	rs.mu.Lock()
-	handed := rs.handedOver.Load()
+	handed, to := rs.handedOver.Load(), rs.handedTo
 	rs.mu.Unlock()
 	if !handed {
 		return false, nil
 	}
 	if pid := int(rs.newPID.Load()); pid > 0 {
 		r.n.log.Info("stop: passing it on to the process the node was handed to", "pid", pid)
-		if err := unix.Kill(pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
-			r.n.log.Warn("stop: the new process could not be told", "pid", pid, "err", err)
+		if to == nil || sendMsg(to, takeoverMsg{Step: "stop"}, nil) != nil {
+			if err := unix.Kill(pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+				r.n.log.Warn("stop: the new process could not be told", "pid", pid, "err", err)
+			}
 		}
 	}
 	<-rs.retiredCh()
@@ -585,12 +608,21 @@ func (r *restarter) takeoverServing() error {
 	if rs.peer == nil {
 		return nil
 	}
-	defer func() { rs.peer.Close(); rs.peer = nil }()
+	peer := rs.peer
+	rs.peer = nil
 	oldRuns := func() bool { return rs.oldPID != 0 && os.Getppid() == rs.oldPID }
 	var m takeoverMsg
-	err := sendMsg(rs.peer, takeoverMsg{Step: "serving", PID: os.Getpid()}, nil)
+	err := sendMsg(peer, takeoverMsg{Step: "serving", PID: os.Getpid()}, nil)
 	if err == nil {
-		m, _, err = recvMsg(rs.peer, time.Now().Add(takeoverLeftTime))
+		m, _, err = recvMsg(peer, time.Now().Add(takeoverLeftTime))
+	}
+	if err == nil && m.Step == "left" {
+		// Committed: the old process may pass a stop on over the socket
+		// (drainedByRestart) while it drains.
+		rs.oldConn.Store(peer)
+		go rs.watchOld(peer)
+	} else {
+		peer.Close()
 	}
 	switch {
 	case err == nil && m.Step == "left":
@@ -604,6 +636,40 @@ func (r *restarter) takeoverServing() error {
 	}
 	return nil
 }
+
+// watchOld waits for a stop the old process passes on (it got one after
+// the commit), until the old process ends or closeOld closes the socket.
+func (r *restarter) watchOld(c *net.UnixConn) {
+	for {
+		m, files, err := recvMsg(c, time.Time{})
+		closeFiles(files) // the old process sends none now
+		if err != nil {
+			return
+		}
+		if m.Step == "stop" {
+			r.stopOnce.Do(func() { close(r.stopAskedCh()) })
+		}
+	}
+}
+
+func (r *restarter) stopAskedCh() chan struct{} {
+	r.stopMade.Do(func() { r.stopAsked = make(chan struct{}) })
+	return r.stopAsked
+}
+
+// closeOld closes the socket to the old process (the node stops), which
+// ends watchOld.
+func (r *restarter) closeOld() {
+	if c := r.oldConn.Swap(nil); c != nil {
+		c.Close()
+	}
+}
+
+// StopAsked is closed when the old process of the restart that started
+// this one passes a stop on (it got SIGTERM after the hand-over): the
+// node stops as on a signal, but this is no signal of the operator's, and
+// a second one must not exit at once (scdd).
+func (n *Node) StopAsked() <-chan struct{} { return n.restart.stopAskedCh() }
 
 // RefuseTakeover tells the old process that this one cannot take over
 // (its definitions did not load, say), so the restart reports why; conn

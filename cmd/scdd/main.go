@@ -181,12 +181,18 @@ func run() int {
 		}
 	}()
 	var sig os.Signal
+	passedOn := false
 	select {
 	case <-node.Retired():
 		signal.Stop(restarts)
 		log.Info("scdd stopped: a new process serves the node")
 		return 0
 	case sig = <-sigs:
+	case <-node.StopAsked():
+		// The old process of the restart that started this one got the
+		// stop: it is for the node. The same stop may reach this process
+		// too (a signal to the process group): that is not a second one.
+		passedOn = true
 	case err := <-node.Failed():
 		// The port takes no calls: exit non-zero so that a supervisor
 		// restarts the node, after a short drain of what is in flight.
@@ -201,9 +207,16 @@ func run() int {
 	}
 	// An operator at a terminal waits on this line: it says how long, and
 	// how not to (issue 31 item 6).
-	log.Info(fmt.Sprintf("signal received; draining: new calls are refused, queued calls are answered (at most %v, and scdd is down within %v); "+
-		"a second Ctrl-C (SIGINT or SIGTERM) exits at once without draining", node.DrainBound(), node.StopBound()), "signal", sig.String())
+	what := "signal received"
+	if passedOn {
+		what, sig = "the old process passed a stop on", syscall.SIGTERM
+	}
+	log.Info(fmt.Sprintf("%s; draining: new calls are refused, queued calls are answered (at most %v, and scdd is down within %v); "+
+		"a second Ctrl-C (SIGINT or SIGTERM) exits at once without draining", what, node.DrainBound(), node.StopBound()), "signal", sig.String())
 	go func() { // a second signal stops at once
+		if passedOn {
+			<-sigs // the first
+		}
 		<-sigs
 		log.Warn("second signal: exiting without draining")
 		os.Exit(1)
