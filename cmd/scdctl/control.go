@@ -164,6 +164,12 @@ func restart(ctx context.Context, nd node, args []string, stdout io.Writer) erro
 		return usageError("restart")
 	}
 	body, err := httpDo(ctx, controlClient(nd), http.MethodPost, "http://scdd/restart", nd.where(), "")
+	if errors.Is(err, context.DeadlineExceeded) {
+		// The node takes the request's end for its caller giving up, and
+		// undoes a hand-over not yet done: -t (30 s by default) is shorter
+		// than the new process's 60 s to start its groups.
+		return fmt.Errorf("%w; the node undoes a restart its caller stops waiting for: the process it had serves on, unless the hand-over was done by then (give -t more time, e.g. -t 2m)", err)
+	}
 	if err != nil {
 		return err
 	}

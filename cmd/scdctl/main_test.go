@@ -242,6 +242,39 @@ func TestNoAnswerNamesTheNode(t *testing.T) {
 	}
 }
 
+// TestRestartGivenUpSaysUndone: a restart scdctl stops waiting for (-t,
+// 30 s by default, where the new process has 60 s to start its groups)
+// is undone by the node, which takes the request's end for its caller
+// giving up; scdctl must say so, and how to wait longer. It said only
+// that no answer came, leaving the operator to guess which process serves.
+func TestRestartGivenUpSaysUndone(t *testing.T) {
+	dir, err := os.MkdirTemp("", "scdctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "control.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // as Node.Restart: the caller gone, the hand-over is undone
+		http.Error(w, "restart: context canceled", http.StatusConflict)
+	})}
+	go srv.Serve(ul)
+	t.Cleanup(func() { srv.Close() })
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-s", sock, "-H", "127.0.0.1:1", "-a", "127.0.0.1:1", "-t", "300ms", "restart"}, &stdout, &stderr); code != 1 {
+		t.Errorf("exit %d, want 1", code)
+	}
+	for _, want := range []string{"before -t ran out", "undoes a restart", "give -t more time"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr %q lacks %q", stderr.String(), want)
+		}
+	}
+}
+
 // TestAddressFlagsChecked: -a without a port, or a URL, and -H without a
 // host are usage errors naming the flag. -a 127.0.0.1 asked port 80, and
 // -a http://host:port a host named http.
