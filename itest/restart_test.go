@@ -462,6 +462,12 @@ func TestStopDuringRestartStopsTheNode(t *testing.T) {
 		t.Run(strings.ReplaceAll(when, " ", "_"), func(t *testing.T) {
 			n := startRestartingNode(t, defDir(t, "", map[string]string{"light": lightServer}))
 			first := n.cmd.Process.Pid
+			// A caller that ignores go-away keeps the old process letting
+			// its callers go after the hand-over: without one it drains and
+			// exits at once, and the stop could find it gone.
+			held, err := net.Dial("tcp", n.rpc)
+			must(t, err)
+			defer held.Close()
 			must(t, syscall.Kill(first, syscall.SIGUSR2))
 			newPID := 0
 			switch when {
@@ -479,6 +485,7 @@ func TestStopDuringRestartStopsTheNode(t *testing.T) {
 				}, n.logText)
 			}
 			must(t, syscall.Kill(first, syscall.SIGTERM))
+			held.Close()
 			n.waitExit(t, "the first scdd to exit")
 			if m := restartStartedLine.FindStringSubmatch(n.logText()); m != nil {
 				newPID, _ = strconv.Atoi(m[1])
@@ -522,10 +529,23 @@ func TestAStopToBothProcessesDrainsTheNewOne(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		_, err := c.Call(ctx, "light", "sleep", []byte("1500"))
+		_, err := c.Call(ctx, "light", "sleep", []byte("2000"))
 		answered <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // the call runs in the new process
+	waitFor(t, 10*time.Second, "the call to run in the new process", func() bool {
+		st, err := statusOf(n.http)
+		if err != nil || st.PID == pgid {
+			return false
+		}
+		for _, g := range st.Groups {
+			for _, p := range g.Processes {
+				if g.Group == "light" && p.Calls > 0 {
+					return true
+				}
+			}
+		}
+		return false
+	}, n.logText)
 	must(t, syscall.Kill(-pgid, syscall.SIGTERM))
 	if err := <-answered; err != nil {
 		t.Errorf("a call the new process held when the stop came: %v", err)
