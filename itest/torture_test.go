@@ -51,6 +51,10 @@ import (
 // tortureAttacks are the attack classes, each switchable.
 var tortureAttacks = []string{"callers", "uapkill", "uapstop", "uapexit", "badexit", "localcalls", "fdpressure", "restart"}
 
+// nodeTortureAttacks are TestTorture's: those and "sockclose", on the
+// socket-mode group only TestTorture has.
+var nodeTortureAttacks = append(append([]string(nil), tortureAttacks...), "sockclose")
+
 var buildTortureUAP = sync.OnceValue(func() error {
 	args := []string{"build", "-o", bin("uap-torture")}
 	if raceBuild {
@@ -75,6 +79,19 @@ putenv TORTURE_EXECLOG %q
 putenv TORTURE_CALL_TARGET "back/work"
 `
 
+// tortureSocketServer is the socket-mode group (receive_from = socket:
+// one process, each call over a socketpair).
+const tortureSocketServer = `set service_group = "sock"
+set service = "work=work"
+set module = %q
+set parallel_count = 1
+set receive_from = socket
+set queue_size = 256
+set watch_time = 8
+putenv TORTURE_DIR %q
+putenv TORTURE_EXECLOG %q
+`
+
 const tortureProbe = `set service_group = "probe"
 set service = "echo=echo"
 set module = MODULE
@@ -88,7 +105,7 @@ type tcall struct {
 	id      uint64
 	group   string
 	service string
-	flag    string // n, x (UAP exits holding it), b (bad completion, then exit)
+	flag    string // n, x (UAP exits holding it), b (bad completion, then exit), c (socket closed, process lives on)
 	req     []byte
 	sentAt  time.Duration // since the run's start
 
@@ -117,6 +134,7 @@ type torture struct {
 	execLog  string
 	n        *restartingNode // the node the callers and the probes call
 	uapNodes func() []string // the HTTP addresses of the nodes whose UAPs are attacked
+	sock     bool            // the node has the socket-mode group "sock" (TestTorture's)
 	// explain names what an answered call says beyond its outcome (an
 	// outcome "of which ..."), or ""; nil: nothing. Called after the run.
 	explain func(c *tcall) string
@@ -223,19 +241,22 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 // TestTorture attacks one node at random for TPSCHED_TORTURE_DURATION and
 // accounts for every call. Groups: front and back (uap-torture, 2 to 3
 // processes each; front/call makes a local call to back/work) take every
-// attack; probe (uap-echo, 1 process) is never attacked and is the
-// watchdog's.
+// attack; sock (uap-torture in socket mode, 1 process, 6% of the calls)
+// every attack on UAPs but badexit; probe (uap-echo, 1 process) is never
+// attacked and is the watchdog's.
 //
 // Callers (TPSCHED_TORTURE_CALLERS at once, each on connections of its
 // own, in a loop): one call or 2 to 8 pipelined, then read every answer,
 // or half-close and read every answer then the node's FIN; with
 // "callers": close, or reset (SO_LINGER 0), at a random moment while
 // calls are in flight. The machine, each at random moments: "uapkill"
-// SIGKILL of a front or back process; "uapstop" SIGSTOP of one for up to
-// 0.8 s; "uapexit" calls (flag x) whose process exits holding them (and
-// what was handed over behind them); "badexit" calls (flag b) completed
-// with status 7 and done_no stored by a process that exits at once
-// (break 4); "localcalls" front/call; "fdpressure" RLIMIT_NOFILE of scdd
+// SIGKILL of a front, back or sock process; "uapstop" SIGSTOP of one for
+// up to 0.8 s; "uapexit" calls (flag x) whose process exits holding them
+// (and what was handed over behind them); "badexit" calls (flag b)
+// completed with status 7 and done_no stored by a process that exits at
+// once (break 4); "sockclose" sock calls (flag c) whose process closes
+// its socket and lives on (ruled after 2 s: 'server terminated', never
+// 'timed out'); "localcalls" front/call; "fdpressure" RLIMIT_NOFILE of scdd
 // lowered to its open descriptors + 40 with 100 idle connections and a
 // UAP killed (break 2), for 1.5 s; "restart" a hand-over (SIGUSR2).
 //
@@ -279,12 +300,14 @@ func TestTorture(t *testing.T) {
 	if err := buildTortureUAP(); err != nil {
 		t.Fatal(err)
 	}
-	tt := newTorture(t, tortureAttacks)
+	tt := newTorture(t, nodeTortureAttacks)
 	dir := defDir(t, "", map[string]string{
 		"probe": tortureProbe,
 		"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
 		"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
+		"sock":  fmt.Sprintf(tortureSocketServer, bin("uap-torture"), tt.dir, tt.execLog),
 	})
+	tt.sock = true
 	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
 	tt.n = startRestartingNode(t, dir, "-drain-timeout", "5s")
 	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
@@ -321,9 +344,10 @@ func newTorture(t *testing.T, known []string) *torture {
 	if v := os.Getenv("TPSCHED_TORTURE_ATTACKS"); v != "" && v != "all" {
 		for _, a := range strings.Split(v, ",") {
 			a = strings.TrimSpace(a)
-			if !contains(tortureAttacks, a) && !contains(clusterTortureAttacks, a) {
-				t.Fatalf("TPSCHED_TORTURE_ATTACKS: unknown attack %q (known: %s; across a cluster also %s)", a,
-					strings.Join(tortureAttacks, ","), strings.Join(clusterTortureAttacks[len(tortureAttacks):], ","))
+			if !contains(nodeTortureAttacks, a) && !contains(clusterTortureAttacks, a) {
+				t.Fatalf("TPSCHED_TORTURE_ATTACKS: unknown attack %q (known: %s; on one node also %s; across a cluster also %s)", a,
+					strings.Join(tortureAttacks, ","), strings.Join(nodeTortureAttacks[len(tortureAttacks):], ","),
+					strings.Join(clusterTortureAttacks[len(tortureAttacks):], ","))
 			}
 			tt.attacks[a] = contains(known, a)
 		}
@@ -441,14 +465,18 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 		c.group, c.service = "front", "call"
 	case p < 60:
 		c.group, c.service = "front", "work"
+	case p >= 94 && tt.sock:
+		c.group, c.service = "sock", "work"
 	default:
 		c.group, c.service = "back", "work"
 	}
 	switch p := rng.IntN(1000); {
 	case p < 15 && tt.attacks["uapexit"]:
 		c.flag = "x"
-	case p >= 15 && p < 35 && tt.attacks["badexit"]:
+	case p >= 15 && p < 35 && tt.attacks["badexit"] && c.group != "sock": // its bad completion is in a shared-memory area
 		c.flag = "b"
+	case p >= 35 && p < 65 && tt.attacks["sockclose"] && c.group == "sock":
+		c.flag = "c"
 	}
 	ms := rng.IntN(30)
 	if rng.IntN(4) == 0 {
@@ -850,7 +878,7 @@ func (tt *torture) uapPIDsOf() []int {
 			continue
 		}
 		for _, g := range st.Groups {
-			if g.Group != "front" && g.Group != "back" {
+			if g.Group != "front" && g.Group != "back" && g.Group != "sock" {
 				continue
 			}
 			for _, p := range g.Processes {
@@ -1041,6 +1069,9 @@ func (tt *torture) check() {
 			report(c, "its local call executed %d times: %v", inner, execs[id+".in"])
 			continue
 		}
+		if c.flag == "c" {
+			outcomes["sock calls whose process closed its socket (flag c)"]++
+		}
 		switch {
 		case !c.sent:
 			outcomes["not sent (write failed)"]++
@@ -1055,6 +1086,9 @@ func (tt *torture) check() {
 			if c.flag == "b" {
 				report(c, "answered ok, though its first process completed it with status 7 and exited")
 			}
+			if c.flag == "c" {
+				report(c, "answered ok, though its first process closed its socket holding it")
+			}
 		case c.answers == 1:
 			key := fmt.Sprintf("error %q", c.code.String())
 			outcomes[key]++
@@ -1068,6 +1102,12 @@ func (tt *torture) check() {
 				netio.CodeNoSuchService, netio.CodeMessageTooBig:
 				if ex > 0 {
 					report(c, "answered %q (%s), yet executed", c.code.String(), c.msg)
+				}
+			case netio.CodeTimedOut:
+				if c.flag == "c" {
+					// The process closed its socket and lives on: the node
+					// rules it 2 s later, well inside watch_time.
+					report(c, "answered %q (%s): its process closed its socket holding it, which the node must rule 'server terminated'", c.code.String(), c.msg)
 				}
 			case netio.CodeServerTerminated:
 				if diedServing(c.msg) && ex == 0 {

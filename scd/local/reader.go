@@ -199,7 +199,7 @@ func (r *reader) collect() {
 				// call: the revoke of a call behind it must meet a queue
 				// that no longer holds it either.
 				g.misbehaved.Inc()
-				g.logLater(slog.LevelError, "uap broke the shared-memory protocol; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
+				g.logLater(slog.LevelError, "uap broke the protocol; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
 				g.q.Retire(slot)
 				done, held := g.q.Done(slot) // a socket process may break it holding nothing
 				g.act()

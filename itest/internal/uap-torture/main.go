@@ -29,6 +29,9 @@
 //	   violation), store done_no and exit at once, before the node's
 //	   reader looks (issue 27 break 4: the node must answer the call
 //	   'server terminated', docs/SHM.md "Die", never hand it to a sibling)
+//	c  (socket mode) close the socket to the node and live on without
+//	   answering: the node must rule the process as breaking the protocol
+//	   (kill it, answer the call 'server terminated')
 //
 // "The first process" is decided with a marker file created O_EXCL in
 // $TORTURE_DIR, so the test needs no state in the UAP.
@@ -162,6 +165,26 @@ func special(flag string, req []byte) {
 	case "b":
 		if first(req) {
 			badCompletion()
+		}
+	case "c":
+		if first(req) {
+			closeSockets()
+			for {
+				time.Sleep(time.Hour) // alive, never answering; a select{} would be a deadlock the runtime ends
+			}
+		}
+	}
+}
+
+// closeSockets closes every socket this process holds: in socket mode the
+// one to the node (the process has no other).
+func closeSockets() {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if target, _ := os.Readlink("/proc/self/fd/" + e.Name()); strings.HasPrefix(target, "socket:") {
+			if fd, err := strconv.Atoi(e.Name()); err == nil {
+				syscall.Close(fd)
+			}
 		}
 	}
 }
