@@ -217,6 +217,8 @@ func (c *Client) callTo(ctx context.Context, kind netio.Kind, host, group, servi
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := watched(ctx, timeout)
+	defer cancel()
 	h.Flags = netio.FlagDestination
 	hostName, port, err := def.SplitHostPort(host, def.DefaultRPCPort)
 	if err != nil {
@@ -276,11 +278,37 @@ func (c *Client) header(ctx context.Context, kind netio.Kind, group, service str
 	return h, timeout, nil
 }
 
+// watchGrace is how much longer than WatchTime a call without a deadline
+// of its own waits: the node answers 'timed out' itself at WatchTime, and
+// its answer, not the client's, is what the caller should see.
+const watchGrace = time.Second
+
+// watchKey marks a ctx whose deadline is WatchTime's (watched).
+type watchKey struct{}
+
+// watched bounds a call whose ctx has no deadline by timeout (WatchTime)
+// and watchGrace, from now: every step of it, the dials, lookups and a
+// spread's fill before it is sent as well as the wait for its answer.
+// Bounded at the wait alone, a call behind a receivers lookup that hung
+// took 6 s with a WatchTime of 100 ms.
+func watched(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok || timeout <= 0 {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout+watchGrace)
+	return context.WithValue(ctx, watchKey{}, true), cancel
+}
+
+// byWatch reports whether ctx's deadline is WatchTime's, not the caller's.
+func byWatch(ctx context.Context) bool { return ctx.Value(watchKey{}) != nil }
+
 func (c *Client) call(ctx context.Context, kind netio.Kind, group, service string, payload []byte) ([]byte, error) {
 	h, timeout, err := c.header(ctx, kind, group, service, payload)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := watched(ctx, timeout)
+	defer cancel()
 	switch {
 	case c.opts.Balanced:
 		h.Flags = netio.FlagBalanced
@@ -372,6 +400,9 @@ func (c *Client) start(ctx context.Context, idx int, mc *netio.MuxConn, h netio.
 	timeout time.Duration) (id uint64, w *waiter, sent bool, err error) {
 	by := sendBy(ctx, timeout)
 	if dl, ok := ctx.Deadline(); ok && h.TimeoutMs != 0 {
+		if byWatch(ctx) {
+			dl = dl.Add(-watchGrace) // the node's limit is WatchTime's, less what the steps before took
+		}
 		left := time.Until(dl).Milliseconds() // rounded down: never more than the caller has
 		if left < 1 {
 			return 0, nil, false, errLate{}
@@ -437,6 +468,9 @@ func sentErr(err error) error {
 func notSent(ctx context.Context) error {
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return ctx.Err()
+	}
+	if byWatch(ctx) {
+		return &netio.Error{Code: netio.CodeTimedOut, Message: "watch_time passed before the call was sent"}
 	}
 	return &netio.Error{Code: netio.CodeTimedOut, Message: "the caller's deadline passed before the call was sent"}
 }
@@ -659,10 +693,12 @@ func (w *waiter) Answer(f netio.Frame, err error) {
 func wait(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, timeout time.Duration) ([]byte, error) {
 	limit := timeout // for the message: what the caller had when the call began (header)
 	var timer <-chan time.Time
-	if _, ok := ctx.Deadline(); !ok && timeout > 0 {
-		// The node answers 'timed out' itself at the deadline; wait a
-		// little longer so its answer, not ours, is what the caller sees.
-		t := time.NewTimer(timeout + time.Second)
+	if dl, ok := ctx.Deadline(); timeout > 0 && (!ok || byWatch(ctx) && time.Until(dl) > timeout+watchGrace) {
+		// No deadline, or WatchTime's and longer than this wait's own (a
+		// lookup's): the node answers 'timed out' itself at the limit;
+		// wait a little longer so its answer, not ours, is what the
+		// caller sees.
+		t := time.NewTimer(timeout + watchGrace)
 		defer t.Stop()
 		timer = t.C
 	}
@@ -687,7 +723,7 @@ func wait(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, timeout 
 		return nil, ctx.Err()
 	}
 	whose := "the caller's deadline"
-	if timer != nil {
+	if timer != nil || byWatch(ctx) {
 		whose = "watch_time, and no 'timed out' from the node either"
 	}
 	return nil, &netio.Error{Code: netio.CodeTimedOut, Message: fmt.Sprintf("no answer within %v (%s)", roundLimit(limit), whose)}

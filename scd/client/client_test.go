@@ -676,8 +676,33 @@ func TestWatchTimeWithoutDeadline(t *testing.T) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if ms := n.timeouts["slow"]; ms != 101 {
-		t.Errorf("frame carried timeout %d ms, want 101", ms)
+	if ms := n.timeouts["slow"]; ms < 50 || ms > 101 {
+		t.Errorf("frame carried timeout %d ms, want what was left of 100 ms when it was sent", ms)
+	}
+}
+
+// TestWatchTimeBoundsTheStepsBeforeTheCall: without a deadline of the
+// caller's, WatchTime bounds the whole call, not only the wait for its
+// answer: here a receivers lookup (MultiSchedule) that the node never
+// answers. Bounded at the wait alone, the call took 6 s with a WatchTime
+// of 100 ms.
+func TestWatchTimeBoundsTheStepsBeforeTheCall(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.receivers = netio.Receivers{Addr: n.addr, Count: 2, Here: -1}
+	n.receiversDelay = 10 * time.Second
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, MultiSchedule: true, WatchTime: 100 * time.Millisecond})
+	t0 := time.Now()
+	_, err := c.Call(context.Background(), "g", "echo", nil)
+	d := time.Since(t0)
+	wantCode(t, err, netio.CodeTimedOut)
+	if d > 3*time.Second {
+		t.Errorf("a call with a 100ms watch time, behind a lookup never answered, returned after %v", d)
+	}
+	if want := "watch_time"; !strings.Contains(err.Error(), want) {
+		t.Errorf("error = %q, want it to name %s", err, want)
 	}
 }
 

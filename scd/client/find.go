@@ -20,6 +20,8 @@ func (c *Client) FindServer(ctx context.Context, env string) ([]netio.NodeLevel,
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := watched(ctx, timeout)
+	defer cancel()
 	var lastErr error
 	for range c.nDC {
 		idx, mc, err := c.pick(ctx)
