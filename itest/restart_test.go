@@ -44,11 +44,18 @@ type restartingNode struct {
 
 func startRestartingNode(t *testing.T, dir string, args ...string) *restartingNode {
 	t.Helper()
+	return startRestartingNodeAs(t, bin("scdd"), dir, args...)
+}
+
+// startRestartingNodeAs is startRestartingNode with scdd started by the
+// path program.
+func startRestartingNodeAs(t *testing.T, program, dir string, args ...string) *restartingNode {
+	t.Helper()
 	n := &restartingNode{t: t, dir: dir, log: filepath.Join(t.TempDir(), "scdd.log"), done: make(chan struct{})}
 	f, err := os.Create(n.log)
 	must(t, err)
 	defer f.Close()
-	n.cmd = exec.Command(bin("scdd"), append([]string{"-c", dir}, args...)...)
+	n.cmd = exec.Command(program, append([]string{"-c", dir}, args...)...)
 	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
 	n.cmd.Stderr = f // a file: the new process inherits it, and Wait does not wait for it
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -552,5 +559,36 @@ func TestAStopToBothProcessesDrainsTheNewOne(t *testing.T) {
 	}
 	if text := n.logText(); strings.Contains(text, "second signal") {
 		t.Errorf("a process of the node took the stop for a second one:\n%s", grep(text, "signal"))
+	}
+}
+
+// TestRestartStartsTheBinaryTheLinkNamesNow: scdd started by a symbolic
+// link restarts the binary the link names at the restart, the usual way
+// to upgrade (scdd -> scdd-1.2). Before, the restart started the binary
+// the process ran (os.Executable resolves links): the old one, and
+// reported success.
+func TestRestartStartsTheBinaryTheLinkNamesNow(t *testing.T) {
+	skipShort(t)
+	tmp := t.TempDir()
+	exe, err := os.ReadFile(bin("scdd"))
+	must(t, err)
+	for _, v := range []string{"a", "b"} {
+		must(t, os.Mkdir(filepath.Join(tmp, v), 0o755))
+		must(t, os.WriteFile(filepath.Join(tmp, v, "scdd"), exe, 0o755))
+	}
+	link := filepath.Join(tmp, "scdd")
+	must(t, os.Symlink("a/scdd", link))
+	n := startRestartingNodeAs(t, link, defDir(t, "", map[string]string{"light": lightServer}))
+	must(t, os.Symlink("b/scdd", link+".new")) // the upgrade: the link names b now
+	must(t, os.Rename(link+".new", link))
+	out, err := n.scdctl("restart")
+	m := restartedLine.FindStringSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("scdctl restart: %v\n%s", err, out)
+	}
+	running, err := os.Readlink("/proc/" + m[1] + "/exe")
+	must(t, err)
+	if want := filepath.Join(tmp, "b", "scdd"); running != want {
+		t.Errorf("the new process runs %s, want %s (the binary the link names now)", running, want)
 	}
 }

@@ -77,6 +77,11 @@ type Options struct {
 	// RestartArgs is the command line (after the program) that starts this
 	// daemon again, for Restart; scdd passes its own.
 	RestartArgs []string
+	// RestartProgram is the program Restart starts: scdd passes the path
+	// it was started by, so that an upgrade that switched a symbolic link
+	// starts the binary the link names now. Empty: os.Executable (the
+	// binary this process runs, links resolved).
+	RestartProgram string
 	// Takeover is the hand-over socket from an old scdd whose sockets this
 	// node takes over (restart.go); nil for a plain start.
 	Takeover *net.UnixConn

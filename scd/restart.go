@@ -240,9 +240,12 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	if n.rpc == nil {
 		return res, errors.New("restart: the node has not started")
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		return res, fmt.Errorf("restart: %w", err)
+	exe := n.opts.RestartProgram
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return res, fmt.Errorf("restart: %w", err)
+		}
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

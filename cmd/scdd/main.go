@@ -15,10 +15,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
@@ -157,7 +159,7 @@ func run() int {
 	// New checks the definitions against the machine (modules found and
 	// executable) without starting anything, as -check does.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
-		FastFailureDetection: *fastDetect, Detector: det, Steering: *steering, RestartArgs: os.Args[1:], Takeover: takeover, ProcStat: *cpuLoad})
+		FastFailureDetection: *fastDetect, Detector: det, Steering: *steering, RestartArgs: os.Args[1:], RestartProgram: startedAs(), Takeover: takeover, ProcStat: *cpuLoad})
 	if err != nil {
 		scd.RefuseTakeover(takeover, err)
 		printErrors(err)
@@ -332,4 +334,24 @@ func printErrors(err error) {
 	for _, e := range def.List(err) {
 		fmt.Fprintln(os.Stderr, "scdd:", e)
 	}
+}
+
+// startedAs is the path scdd was started by (its argv[0], looked up in
+// PATH when it names no directory), made absolute: a restart starts the
+// binary at that path then. os.Executable resolves symbolic links, so an
+// upgrade that switched a link (scdd -> scdd-1.2) restarted the old
+// binary. Empty when it cannot be told: Restart uses os.Executable.
+func startedAs() string {
+	p := os.Args[0]
+	if !strings.Contains(p, "/") {
+		var err error
+		if p, err = exec.LookPath(p); err != nil {
+			return ""
+		}
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return ""
+	}
+	return abs
 }
