@@ -146,7 +146,13 @@ func (s *Port) Resume(ls []Listener) error {
 		for _, ln := range byPos {
 			_ = ln.Close()
 		}
-		return fmt.Errorf("netio: resume: %d of %d listening sockets came back: %w", len(byPos), len(s.rcv), errors.Join(errs...))
+		// The port cannot accept on every socket again: it ends (Done,
+		// Err), so that the node stops and its supervisor starts it
+		// afresh. Left handed off, it accepted nothing and said so only
+		// to the restart's caller: a node alive and deaf.
+		err := fmt.Errorf("netio: resume: %d of %d listening sockets came back: %w", len(byPos), len(s.rcv), errors.Join(errs...))
+		s.fail(err)
+		return err
 	}
 	s.lnMu.Lock()
 	defer s.lnMu.Unlock()

@@ -166,6 +166,41 @@ func TestReceiverInFlight(t *testing.T) {
 	}
 }
 
+// TestResumeThatFailsEndsThePort: a Port that cannot take back every
+// socket it handed off (a descriptor limit, say) ends with the reason, so
+// that its node stops and is started afresh. Before, it stayed handed off,
+// accepting nothing, and only Resume's caller heard why.
+func TestResumeThatFailsEndsThePort(t *testing.T) {
+	s, err := Listen(Options{Addr: "127.0.0.1:0", Loops: 1,
+		Receivers: []ReceiverGroup{{Name: "heavy", Addr: "127.0.0.1:0", Count: 1}}}, &groupHandler{release: make(chan struct{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(context.Background())
+	ls, err := s.HandOff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe() // one socket does not come back: a pipe in its place
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	ls[len(ls)-1].File.Close()
+	ls[len(ls)-1].File = r
+	if err := s.Resume(ls); err == nil {
+		t.Fatal("resume with a pipe for a socket: no error")
+	}
+	select {
+	case <-s.Done():
+		if s.Err() == nil {
+			t.Error("the port ended without a reason")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a port that could not take its sockets back did not end")
+	}
+}
+
 // TestHandOffAndResume: the listening sockets leave the Port without
 // closing (a connection made meanwhile waits in the backlog), a second
 // Port takes them over and serves that connection; and a Port that gets
