@@ -63,6 +63,16 @@ func (m *envs) serveRequest(c conn, f *netio.Frame) {
 // payload.
 func (m *envs) handle(ctx context.Context, service, env string, payload []byte, deadline time.Time) ([]byte, error) {
 	switch service {
+	case wlmQuiesce, wlmResume, wlmRefresh:
+		// Only an environment of this node's policy: quiesceLocal would
+		// stop a plain server, which nothing starts again, and every name
+		// a peer sends would stay in states. A peer may lie, or have read
+		// a policy this node has not yet.
+		if !m.isEnv(env) {
+			return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment of node " + m.self + "'s policy"}
+		}
+	}
+	switch service {
 	case wlmDecide:
 		if len(payload) != 1 || payload[0] < purposeFirst || payload[0] > purposeReplenish {
 			return nil, &netio.Error{Code: netio.CodeProtocol, Message: "decide: bad purpose"}

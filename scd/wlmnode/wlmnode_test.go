@@ -2,6 +2,7 @@ package wlmnode
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"os"
@@ -539,5 +540,33 @@ func TestServersCountedAcrossAPolicyDropAreNotKept(t *testing.T) {
 	m.interval() // would start a server for a high-water mark left behind
 	if st := m.state("orders"); st.HWM != 0 || orders.started.Load() != 1 {
 		t.Errorf("named again: %+v, server started %d times; want high-water mark 0 and no new start", st, orders.started.Load())
+	}
+}
+
+// TestPeerRequestForAPlainGroupStopsNothing: another node's quiesce,
+// resume or refresh names a group that is no application environment of
+// this node's policy (a peer that lies, or one whose policy was read again
+// before this node's): the request is refused, and this node's plain
+// server of the group keeps serving. quiesceLocal stopped it, and nothing
+// would start it again (only an environment's server starts on demand).
+func TestPeerRequestForAPlainGroupStopsNothing(t *testing.T) {
+	orders := &fakeGroup{}
+	w, local := testManager(t, orders)
+	defer w.Close()
+	front := local.groups[0]
+	ctx := context.Background()
+	for _, service := range []string{wlmQuiesce, wlmResume, wlmRefresh} {
+		_, err := w.envs.handle(ctx, service, "front", binary.AppendUvarint(nil, 1), time.Now().Add(testWait))
+		var ne *netio.Error
+		if !errors.As(err, &ne) || ne.Code != netio.CodeNoSuchGroup {
+			t.Errorf("%s of a plain group: %v, want refused 'no such service group'", service, err)
+		}
+	}
+	if !front.Serving() || front.stopped.Load() != 0 {
+		t.Errorf("after a peer's quiesce of plain group front: serving %v, stopped %d times; want serving, never stopped",
+			front.Serving(), front.stopped.Load())
+	}
+	if st := w.envs.state("front"); st != (wlm.EnvState{}) {
+		t.Errorf("state of plain group front after the requests: %+v, want none", st)
 	}
 }
