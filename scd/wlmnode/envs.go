@@ -248,6 +248,13 @@ func (m *envs) observe() map[string]int {
 			continue
 		}
 		for _, e := range info.WLM.Envs {
+			if !p.IsEnvironment(e.Env) {
+				// Not ours: a peer may announce any names, new ones each
+				// time, and a state kept for each would grow for ever
+				// (holding the announce its name is cut from). A policy
+				// that names it later learns it from the next announce.
+				continue
+			}
 			m.states[e.Env] = m.states[e.Env].Merge(wlm.EnvState{Epoch: e.Epoch, HWM: int(e.HWM), Quiesced: e.Quiesced})
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -568,5 +569,33 @@ func TestPeerRequestForAPlainGroupStopsNothing(t *testing.T) {
 	}
 	if st := w.envs.state("front"); st != (wlm.EnvState{}) {
 		t.Errorf("state of plain group front after the requests: %+v, want none", st)
+	}
+}
+
+// TestAnnouncedEnvironmentsOutsideThePolicyAreNotKept: a peer announces
+// application environments this node's policy does not name, different
+// ones in each announce (a peer may send any names): observe kept a state
+// for every name it ever saw, and each held on to the announce it came in,
+// so the node's memory grew for as long as the peer announced.
+func TestAnnouncedEnvironmentsOutsideThePolicyAreNotKept(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	for seq := range 20 {
+		info := names.NodeInfo{Node: "evil", Addr: "127.0.0.1:2", Boot: 1, Seq: uint64(seq + 1), WLM: &names.WLMInfo{}}
+		for i := range 100 {
+			info.WLM.Envs = append(info.WLM.Envs, names.EnvInfo{Env: fmt.Sprintf("junk%04d-%04d", seq, i), Epoch: 1, HWM: 1})
+		}
+		if _, err := w.opts.Names.Apply(info); err != nil {
+			t.Fatal(err)
+		}
+		w.envs.observe()
+	}
+	w.envs.mu.Lock()
+	n := len(w.envs.states)
+	w.envs.mu.Unlock()
+	if n > len(w.policy.Load().p.Environments) {
+		t.Errorf("%d environment states kept after 2,000 names a peer announced; want at most the policy's %d",
+			n, len(w.policy.Load().p.Environments))
 	}
 }
