@@ -1,6 +1,9 @@
 package wlm
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // ClassState is a class as Decide sees it: its importance and its
 // performance index over the last window, if it had calls.
@@ -183,12 +186,22 @@ type EnvState struct {
 // Merge is the state that holds after a and b were both seen.
 func (a EnvState) Merge(b EnvState) EnvState {
 	switch {
-	case b.Epoch > a.Epoch:
+	case epochAfter(b.Epoch, a.Epoch):
 		return b
-	case b.Epoch < a.Epoch:
+	case epochAfter(a.Epoch, b.Epoch):
 		return a
 	}
 	return EnvState{Epoch: a.Epoch, HWM: max(a.HWM, b.HWM), Quiesced: a.Quiesced || b.Quiesced}
+}
+
+// epochAfter reports whether epoch a is newer than b, in serial number
+// arithmetic (RFC 1982): a peer may announce any epoch, the last one
+// too, and Quiesce and Resume after it wrap to 0, which must still win
+// or the environment keeps that peer's state whatever the operator does.
+// Epochs half the circle apart: the higher.
+func epochAfter(a, b uint32) bool {
+	d := int32(a - b)
+	return d > 0 || d == math.MinInt32 && a > b
 }
 
 // Saw raises the high-water mark to servers, unless quiesced.

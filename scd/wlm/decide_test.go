@@ -188,6 +188,11 @@ func TestEnvState(t *testing.T) {
 		{"same epoch: quiesced sticks", EnvState{1, 0, true}, EnvState{1, 0, false}, EnvState{1, 0, true}},
 		{"newer epoch wins whole (a quiesce over a stale mark)", EnvState{1, 5, false}, EnvState{2, 0, true}, EnvState{2, 0, true}},
 		{"older epoch loses (a stale mark after a quiesce)", EnvState{2, 0, true}, EnvState{1, 5, false}, EnvState{2, 0, true}},
+		// A peer announced the last epoch (it may send any number): the
+		// resume after it, epoch 0 again, is still the newer one, or the
+		// environment would stay quiesced whatever the operator did.
+		{"a resume after the last epoch wins", EnvState{math.MaxUint32, 0, true}, EnvState{math.MaxUint32, 0, true}.Resume(), EnvState{0, 0, false}},
+		{"epochs half the circle apart: the higher", EnvState{1, 0, false}, EnvState{1 + 1<<31, 0, true}, EnvState{1 + 1<<31, 0, true}},
 	}
 	for _, tc := range cases {
 		if got := tc.a.Merge(tc.b); got != tc.want {
