@@ -23,6 +23,7 @@ const (
 	hintLife          = 15 * time.Second // the decider counts a server it started this long before its announce
 	maxParked         = 4096             // calls waiting for a server, per environment
 	maxFindWaiters    = 4096             // finds waiting for a server, node-wide
+	maxRequests       = 4096             // other nodes' requests in progress, node-wide
 	growMinSpare      = 0.1              // CPUs a node needs at the importance to get one more server
 	growIntervals     = 3                // policy intervals between two servers started for a missed goal
 )
@@ -82,6 +83,8 @@ type envs struct {
 	growAsked map[string]time.Time    // the last time this node asked for one more server
 
 	changed chan struct{} // poke: the name table changed
+
+	requests atomic.Int32 // other nodes' requests in progress (serveRequest)
 
 	waiters atomic.Int32
 	started *metrics.Counter

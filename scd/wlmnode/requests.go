@@ -37,7 +37,16 @@ func (m *envs) serveRequest(c conn, f *netio.Frame) {
 	if f.TimeoutMs > 0 {
 		deadline = time.Now().Add(min(time.Duration(f.TimeoutMs)*time.Millisecond, 2*envStartTimeout))
 	}
+	// Each request waits on a goroutine of its own, up to a minute (a
+	// start in progress, a quiesce's calls): a peer may send them without
+	// end, so past maxRequests it is told 'server busy', as finds are.
+	if m.requests.Add(1) > maxRequests {
+		m.requests.Add(-1)
+		c.SendNow(netio.AppendError(nil, id, netio.CodeServerBusy, "too many routing manager requests in progress on node "+m.self))
+		return
+	}
 	started := m.w.goTracked(func(ctx context.Context) {
+		defer m.requests.Add(-1)
 		out, err := m.handle(ctx, service, env, payload, deadline)
 		if err != nil {
 			code := netio.CodeNoSuchGroup
@@ -55,6 +64,7 @@ func (m *envs) serveRequest(c conn, f *netio.Frame) {
 		_ = c.Send(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: id}, "", "", out))
 	})
 	if !started { // Close began after ServeRequest's check
+		m.requests.Add(-1)
 		c.SendNow(netio.AppendError(nil, id, netio.CodeShuttingDown, "the node is stopping"))
 	}
 }

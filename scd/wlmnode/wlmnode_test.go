@@ -599,3 +599,45 @@ func TestAnnouncedEnvironmentsOutsideThePolicyAreNotKept(t *testing.T) {
 			n, len(w.policy.Load().p.Environments))
 	}
 }
+
+// TestPeerRequestsInProgressAreBounded: another node's requests each wait
+// on a goroutine of their own (a start in progress, a quiesce's calls) for
+// up to a minute; a peer that sends them without end (it may) made one
+// goroutine for each, without bound. Past maxRequests in progress a
+// request is answered 'server busy' at once, as finds past
+// maxFindWaiters are; every one is answered once.
+func TestPeerRequestsInProgressAreBounded(t *testing.T) {
+	orders := &fakeGroup{never: true} // the start never ends: every wlm-start waits
+	w, _ := testManager(t, orders)
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	const extra = 10
+	for id := range uint64(maxRequests + extra) {
+		w.envs.serveRequest(a, &netio.Frame{Header: netio.Header{Kind: netio.KindNameLookup, ID: id + 1, TimeoutMs: 20_000},
+			Group: []byte("orders"), Service: []byte(wlmStart)})
+	}
+	busy := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		n := 0
+		for _, got := range a.got {
+			for _, f := range got {
+				if f.Code == netio.CodeServerBusy {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if n := busy(); n != extra {
+		t.Errorf("%d of %d requests answered 'server busy' at once, want the %d past %d in progress", n, maxRequests+extra, extra, maxRequests)
+	}
+	w.Close()
+	for id := range uint64(maxRequests + extra) {
+		a.mu.Lock()
+		n := len(a.got[id+1])
+		a.mu.Unlock()
+		if n != 1 {
+			t.Fatalf("request %d answered %d times after Close, want once", id+1, n)
+		}
+	}
+}
