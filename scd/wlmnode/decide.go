@@ -123,6 +123,12 @@ func (d *decider) decide(ctx context.Context, env string, purpose byte, deadline
 			return nil, &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
 		}
 		if purpose == purposeFirst {
+			if len(fl.servers) > 0 {
+				// The servers there are, even when the start we waited
+				// for failed: a grow's or a replenish's failure is not
+				// this find's (it asks for one server, not one more).
+				return fl.servers, nil
+			}
 			return fl.servers, fl.err
 		}
 		m.mu.Lock()

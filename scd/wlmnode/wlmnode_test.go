@@ -641,3 +641,46 @@ func TestPeerRequestsInProgressAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstFindAfterAFailedGrowGetsTheServers: a find (purpose first)
+// reaches the decider while it places one more server for a missed goal,
+// and waits for that placement. The placement fails (no node has the spare
+// CPU), but the environment has servers: the find is answered them, not
+// the grow's 'no server started' ('server busy'), which failed the calls
+// parked for it though a server was there.
+func TestFirstFindAfterAFailedGrowGetsTheServers(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	d := w.envs.dec
+	// A grow's placement that has just failed, its claim still held: the
+	// find finds the claim and waits for it (done already).
+	fl := &flight{done: make(chan struct{}), servers: []serverAt{{node: "n1", addr: "127.0.0.1:2"}},
+		err: &netio.Error{Code: netio.CodeServerBusy, Message: "no server of orders started: a node needs 0.10 spare CPU"}}
+	close(fl.done)
+	w.envs.mu.Lock()
+	d.decides["orders"] = fl
+	w.envs.mu.Unlock()
+	defer func() {
+		w.envs.mu.Lock()
+		delete(d.decides, "orders")
+		w.envs.mu.Unlock()
+	}()
+	type result struct {
+		s   []serverAt
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		s, err := d.decide(context.Background(), "orders", purposeFirst, time.Now().Add(testWait))
+		got <- result{s, err}
+	}()
+	select {
+	case r := <-got:
+		if r.err != nil || len(r.s) != 1 || r.s[0].node != "n1" {
+			t.Errorf("a first find after a failed grow: %v, %v; want the server on n1", r.s, r.err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("the find did not end")
+	}
+}
