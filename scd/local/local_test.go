@@ -827,3 +827,53 @@ func TestSocketProcessClosingItsSocketIsKilled(t *testing.T) {
 		})
 	}
 }
+
+// TestSocketProcessRefusingToReadIsKilled: a socket-mode process that
+// shuts down the reading side of its socket (or closes it as the node
+// writes to it) and lives on is ruled as breaking the protocol, as one
+// that closes it: the node's write of the call fails first, and the
+// reader then meets its own closed end, not the process's EOF. Before,
+// that was taken for the node's own close: the call waited for its
+// deadline and the slot was held for ever.
+func TestSocketProcessRefusingToReadIsKilled(t *testing.T) {
+	s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
+	srv := pm.server("g")
+	srv.mu.Lock()
+	c := srv.socks[0]
+	srv.mu.Unlock()
+	if c == nil {
+		t.Fatal("no socket-mode process")
+	}
+	_ = c.SetDeadline(time.Now().Add(testWait))
+	if _, err := c.Write(sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)); err != nil { // hello
+		t.Fatal(err)
+	}
+	h := make([]byte, 24)
+	if _, err := io.ReadFull(c, h); err != nil || h[0] != 2 {
+		t.Fatalf("welcome: %v %v", h[0], err)
+	}
+	if err := c.(*net.UnixConn).CloseRead(); err != nil { // the node's writes fail now (EPIPE)
+		t.Fatal(err)
+	}
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
+	}
+	if f := a.one(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeServerTerminated {
+		t.Errorf("the call held: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
+	}
+	deadline := time.Now().Add(testWait)
+	for {
+		srv.mu.Lock()
+		killed := len(srv.killed)
+		srv.mu.Unlock()
+		if killed == 1 {
+			break
+		}
+		if killed > 1 || time.Now().After(deadline) {
+			t.Fatalf("the process was asked to be killed %d times, want once", killed)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.Close()
+}

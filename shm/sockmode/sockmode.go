@@ -15,10 +15,11 @@
 // a writer goroutine sends the welcome, the call, stop and close, so that
 // Dispatch never blocks on the socket. The node learns of a death from the
 // process manager, not from an EOF. The child end is closed here once the
-// process started (SetPID), so an EOF without a bye is a process that
-// closed its socket: one still alive eofGrace later, whose exit has not
-// removed it, is ruled as breaking the protocol (killed, its call answered
-// 'server terminated'). A protocol error the node detects closes its end,
+// process started (SetPID), so an EOF without a bye (or a write that
+// fails: the process shut its reading side) is a process that closed its
+// socket: one still alive eofGrace later, whose exit has not removed it,
+// is ruled as breaking the protocol (killed, its call answered 'server
+// terminated'). A protocol error the node detects closes its end,
 // which the UAP sees as EOF.
 package sockmode
 
@@ -201,6 +202,11 @@ type Proc struct {
 	replied                               bool
 	protoErr                              error
 	protoSaid                             bool // Completion has returned protoErr
+	// writeFailed: a write failed on a socket the node had not closed:
+	// the process closed its end, or shut its reading side, which the
+	// reader never sees as an EOF of its own (it meets the close the
+	// failure makes).
+	writeFailed bool
 
 	attachSeen atomic.Bool
 	pend       atomic.Bool // a hello or reply the reader has not looked at
@@ -409,6 +415,7 @@ func (p *Proc) write() {
 		_, err := bufs.WriteTo(p.parent) // writev; may block on a slow UAP
 		p.mu.Lock()
 		if err != nil {
+			p.writeFailed = !p.dead
 			p.kill()
 		}
 	}
@@ -431,8 +438,9 @@ func (p *Proc) read() {
 			p.protoErr = err
 		}
 		// The process closed its end (or died) without a bye; the node did
-		// not close its own (kill, before a read that then fails).
-		ended := !broke && !p.dead && !p.left
+		// not close its own (kill, before a read that then fails), or did
+		// only because a write failed for the same reason.
+		ended := !broke && (!p.dead || p.writeFailed) && !p.left
 		p.kill()
 		p.mu.Unlock()
 		if ended {
