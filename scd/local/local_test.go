@@ -716,21 +716,9 @@ func TestSocketProcessBreakingTheProtocolIsKilled(t *testing.T) {
 		t.Run(fmt.Sprintf("holding_%v", holding), func(t *testing.T) {
 			s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
 			srv := pm.server("g")
-			srv.mu.Lock()
-			c := srv.socks[0]
-			srv.mu.Unlock()
-			if c == nil {
-				t.Fatal("no socket-mode process")
-			}
+			c := sockHello(t, srv)
 			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(testWait))
-			if _, err := c.Write(sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)); err != nil { // hello
-				t.Fatal(err)
-			}
 			h := make([]byte, 24+32+1024)
-			if _, err := io.ReadFull(c, h[:24]); err != nil || h[0] != 2 {
-				t.Fatalf("welcome: %v %v", h[0], err)
-			}
 			a := newAnswers()
 			bad := sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2) // a second hello
 			if holding {
@@ -754,19 +742,7 @@ func TestSocketProcessBreakingTheProtocolIsKilled(t *testing.T) {
 					t.Errorf("the call held: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
 				}
 			}
-			deadline := time.Now().Add(testWait)
-			for {
-				srv.mu.Lock()
-				killed := len(srv.killed)
-				srv.mu.Unlock()
-				if killed == 1 {
-					break
-				}
-				if killed > 1 || time.Now().After(deadline) {
-					t.Fatalf("the process was asked to be killed %d times, want once", killed)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			killedOnce(t, srv)
 		})
 	}
 }
@@ -782,20 +758,8 @@ func TestSocketProcessClosingItsSocketIsKilled(t *testing.T) {
 		t.Run(fmt.Sprintf("holding_%v", holding), func(t *testing.T) {
 			s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
 			srv := pm.server("g")
-			srv.mu.Lock()
-			c := srv.socks[0]
-			srv.mu.Unlock()
-			if c == nil {
-				t.Fatal("no socket-mode process")
-			}
-			_ = c.SetDeadline(time.Now().Add(testWait))
-			if _, err := c.Write(sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)); err != nil { // hello
-				t.Fatal(err)
-			}
+			c := sockHello(t, srv)
 			h := make([]byte, 24)
-			if _, err := io.ReadFull(c, h); err != nil || h[0] != 2 {
-				t.Fatalf("welcome: %v %v", h[0], err)
-			}
 			a := newAnswers()
 			if holding {
 				if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
@@ -811,20 +775,87 @@ func TestSocketProcessClosingItsSocketIsKilled(t *testing.T) {
 					t.Errorf("the call held: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
 				}
 			}
-			deadline := time.Now().Add(testWait)
-			for {
-				srv.mu.Lock()
-				killed := len(srv.killed)
-				srv.mu.Unlock()
-				if killed == 1 {
-					break
-				}
-				if killed > 1 || time.Now().After(deadline) {
-					t.Fatalf("the process was asked to be killed %d times, want once", killed)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			killedOnce(t, srv)
 		})
+	}
+}
+
+// sockHello waits for the socket-mode process of srv's slot 0 (the test
+// speaks for it), says its hello and reads the welcome.
+func sockHello(t *testing.T, srv *fakeServer) net.Conn {
+	t.Helper()
+	var c net.Conn
+	deadline := time.Now().Add(testWait)
+	for c == nil && time.Now().Before(deadline) {
+		srv.mu.Lock()
+		c = srv.socks[0]
+		srv.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	if c == nil {
+		t.Fatal("no socket-mode process")
+	}
+	_ = c.SetDeadline(time.Now().Add(testWait))
+	if _, err := c.Write(sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)); err != nil {
+		t.Fatal(err)
+	}
+	h := make([]byte, 24)
+	if _, err := io.ReadFull(c, h); err != nil || h[0] != 2 {
+		t.Fatalf("welcome: %v %v", h[0], err)
+	}
+	return c
+}
+
+// killedOnce waits until srv was asked to kill its process, once.
+func killedOnce(t *testing.T, srv *fakeServer) {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for {
+		srv.mu.Lock()
+		killed := len(srv.killed)
+		srv.mu.Unlock()
+		if killed == 1 {
+			return
+		}
+		if killed > 1 || time.Now().After(deadline) {
+			t.Fatalf("the process was asked to be killed %d times, want once", killed)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// nextServes has the killed process of srv's slot 0 exit and the next one
+// start (the test speaks for it), and checks that call id, which the dead
+// one never had, is served there, once.
+func nextServes(t *testing.T, srv *fakeServer, a *answers, id uint64) {
+	t.Helper()
+	a.mu.Lock()
+	early := a.got[id]
+	a.mu.Unlock()
+	if len(early) > 0 {
+		t.Fatalf("call %d, never written whole to the process, was answered %v %q", id, early[0].Code, early[0].Payload)
+	}
+	srv.mu.Lock()
+	delete(srv.socks, 0)
+	srv.mu.Unlock()
+	if err := srv.kill(0); err != nil { // its exit, and the next process
+		t.Fatal(err)
+	}
+	next := sockHello(t, srv)
+	defer next.Close()
+	h := make([]byte, 24+64)
+	if _, err := io.ReadFull(next, h[:24]); err != nil || h[0] != 3 {
+		t.Fatalf("request to the next process: %v %v", h[0], err)
+	}
+	n := int(binary.LittleEndian.Uint16(h[2:])) + int(binary.LittleEndian.Uint32(h[4:]))
+	if _, err := io.ReadFull(next, h[24:24+n]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Write(append(sockMsg(4, 0, 0, 2, binary.LittleEndian.Uint64(h[8:]), 0), "ok"...)); err != nil {
+		t.Fatal(err)
+	}
+	if f := a.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != "ok" {
+		t.Errorf("call %d: %v %v %q, want the next process's reply", id, f.Kind, f.Code, f.Payload)
 	}
 }
 
@@ -834,24 +865,13 @@ func TestSocketProcessClosingItsSocketIsKilled(t *testing.T) {
 // that closes it: the node's write of the call fails first, and the
 // reader then meets its own closed end, not the process's EOF. Before,
 // that was taken for the node's own close: the call waited for its
-// deadline and the slot was held for ever.
+// deadline and the slot was held for ever. The call, which the write did
+// not deliver whole, goes to the next process.
 func TestSocketProcessRefusingToReadIsKilled(t *testing.T) {
 	s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
 	srv := pm.server("g")
-	srv.mu.Lock()
-	c := srv.socks[0]
-	srv.mu.Unlock()
-	if c == nil {
-		t.Fatal("no socket-mode process")
-	}
-	_ = c.SetDeadline(time.Now().Add(testWait))
-	if _, err := c.Write(sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)); err != nil { // hello
-		t.Fatal(err)
-	}
-	h := make([]byte, 24)
-	if _, err := io.ReadFull(c, h); err != nil || h[0] != 2 {
-		t.Fatalf("welcome: %v %v", h[0], err)
-	}
+	c := sockHello(t, srv)
+	defer c.Close()
 	if err := c.(*net.UnixConn).CloseRead(); err != nil { // the node's writes fail now (EPIPE)
 		t.Fatal(err)
 	}
@@ -859,21 +879,24 @@ func TestSocketProcessRefusingToReadIsKilled(t *testing.T) {
 	if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
 		t.Fatalf("call: %v %s", code, msg)
 	}
-	if f := a.one(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeServerTerminated {
-		t.Errorf("the call held: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
+	killedOnce(t, srv)
+	nextServes(t, srv, a, 1)
+}
+
+// TestSocketCallNeverSentGoesBackToTheQueue: a call handed to a socket
+// process that had closed its socket while idle (handed over during the
+// grace, never written) is not answered for when the process is ruled
+// broken: it goes back to the queue at the process's exit and the next
+// process serves it. Before, it was answered 'server terminated', as if
+// the process had run it.
+func TestSocketCallNeverSentGoesBackToTheQueue(t *testing.T) {
+	s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
+	srv := pm.server("g")
+	sockHello(t, srv).Close() // idle, and lives on
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
 	}
-	deadline := time.Now().Add(testWait)
-	for {
-		srv.mu.Lock()
-		killed := len(srv.killed)
-		srv.mu.Unlock()
-		if killed == 1 {
-			break
-		}
-		if killed > 1 || time.Now().After(deadline) {
-			t.Fatalf("the process was asked to be killed %d times, want once", killed)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	c.Close()
+	killedOnce(t, srv)
+	nextServes(t, srv, a, 1)
 }

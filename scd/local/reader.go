@@ -1,12 +1,15 @@
 package local
 
 import (
+	"errors"
 	"log/slog"
 	"time"
 
 	"tpsched/netio"
 	"tpsched/scd/call"
+	"tpsched/scd/schedq"
 	"tpsched/shm"
+	"tpsched/shm/sockmode"
 )
 
 // This file is the reply reader: the one place where the node waits for
@@ -201,7 +204,14 @@ func (r *reader) collect() {
 				g.misbehaved.Inc()
 				g.logLater(slog.LevelError, "uap broke the protocol; killing it", "group", g.name, "slot", slot, "pid", p.PID(), "err", err)
 				g.q.Retire(slot)
-				done, held := g.q.Done(slot) // a socket process may break it holding nothing
+				var done schedq.Completion[*request]
+				held := false
+				if !errors.Is(err, sockmode.ErrNothingTaken) {
+					// A socket process may break it holding no call it
+					// was sent: what it holds was never run, and goes back
+					// to the queue at its exit (settleExit), not answered.
+					done, held = g.q.Done(slot)
+				}
 				g.act()
 				if cl := done.Call; held {
 					if !done.Answered && !cl.noReply {

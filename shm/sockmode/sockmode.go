@@ -43,6 +43,12 @@ import (
 // statusEnd bounds the statuses a reply may carry.
 const statusEnd = uint8(shm.StatusTimedOut) + 1
 
+// ErrNothingTaken marks a protocol error of a process that held no call
+// it had been sent (Completion): the call it holds, handed over but never
+// written to its socket, goes back to the queue at its exit, as a dead
+// process's untaken calls do, rather than being answered for.
+var ErrNothingTaken = errors.New("holding no call it was sent")
+
 // eofGrace is how long a process whose socket ended without a bye has to
 // exit (a dying one closes it on its way out) before it is ruled as one
 // that closed its socket and lives on.
@@ -289,6 +295,9 @@ func (p *Proc) Completion() (shm.Completion, bool, error) {
 		// hostile one: an honest one exits at EOF) held its slot for
 		// ever, and each call handed to it waited for its deadline.
 		p.protoSaid = true
+		if p.dispatched == 0 || !p.sent {
+			return shm.Completion{}, true, fmt.Errorf("%w (%w)", p.protoErr, ErrNothingTaken)
+		}
 		return shm.Completion{}, true, p.protoErr
 	}
 	if p.dispatched == 0 || !p.replied {
@@ -416,6 +425,12 @@ func (p *Proc) write() {
 		p.mu.Lock()
 		if err != nil {
 			p.writeFailed = !p.dead
+			if m.Kind == sockwire.KindRequest && p.dispatched == m.A {
+				// Not all of it reached the process, which can read no
+				// more: it never had the call whole, so never ran it. The
+				// call goes back to the queue at the exit (Taken).
+				p.sent = false
+			}
 			p.kill()
 		}
 	}
