@@ -68,6 +68,15 @@ func TestCommandsAreTheUsages(t *testing.T) {
 // t.TempDir's) and returns the socket's path.
 func fakeControl(t *testing.T, answer string) string {
 	t.Helper()
+	return fakeControlOf(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, answer)
+	}))
+}
+
+// fakeControlOf is fakeControl with h answering.
+func fakeControlOf(t *testing.T, h http.Handler) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "scdctl")
 	if err != nil {
 		t.Fatal(err)
@@ -78,10 +87,7 @@ func fakeControl(t *testing.T, answer string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, answer)
-	})}
+	srv := &http.Server{Handler: h}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return sock
@@ -248,22 +254,10 @@ func TestNoAnswerNamesTheNode(t *testing.T) {
 // giving up; scdctl must say so, and how to wait longer. It said only
 // that no answer came, leaving the operator to guess which process serves.
 func TestRestartGivenUpSaysUndone(t *testing.T) {
-	dir, err := os.MkdirTemp("", "scdctl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "control.sock")
-	ul, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	sock := fakeControlOf(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done() // as Node.Restart: the caller gone, the hand-over is undone
 		http.Error(w, "restart: context canceled", http.StatusConflict)
-	})}
-	go srv.Serve(ul)
-	t.Cleanup(func() { srv.Close() })
+	}))
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"-s", sock, "-H", "127.0.0.1:1", "-a", "127.0.0.1:1", "-t", "300ms", "restart"}, &stdout, &stderr); code != 1 {
 		t.Errorf("exit %d, want 1", code)

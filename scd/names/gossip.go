@@ -685,20 +685,13 @@ func (c *Gossip) outlive(info NodeInfo) {
 		return // the announce on its way reads the Boot set here
 	}
 	c.outliving = true
-	c.wg.Add(1) // under mu, before Stop's Wait, which sets stopping first
-	c.mu.Unlock()
-	go func() {
-		defer c.wg.Done()
-		select {
-		case <-c.ready:
-		case <-c.stop:
-			return
-		}
+	c.goReadyLocked(func() {
 		c.mu.Lock()
 		c.outliving = false
 		c.mu.Unlock()
 		c.reannounce()
-	}()
+	})
+	c.mu.Unlock()
 }
 
 // tellOfNewerLocked sends node, which is alive, the announce of it this
@@ -713,6 +706,19 @@ func (c *Gossip) tellOfNewerLocked(node string, newer []byte) {
 	}
 	c.told[node] = time.Now()
 	to := c.peers[node]
+	c.goReadyLocked(func() {
+		if err := c.ml.SendReliable(&to, newer); err != nil {
+			c.log.Debug("telling a node of its newer announce", "node", to.Name, "err", err)
+			return
+		}
+		c.counted(newer)
+	})
+}
+
+// goReadyLocked runs f on a goroutine that Stop and Leave wait for, once
+// memberlist runs (c.ml is set), unless the gossip stops first. c.mu is
+// held and c.stopping false: Stop sets stopping under mu before it waits.
+func (c *Gossip) goReadyLocked(f func()) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -721,11 +727,7 @@ func (c *Gossip) tellOfNewerLocked(node string, newer []byte) {
 		case <-c.stop:
 			return
 		}
-		if err := c.ml.SendReliable(&to, newer); err != nil {
-			c.log.Debug("telling a node of its newer announce", "node", to.Name, "err", err)
-			return
-		}
-		c.counted(newer)
+		f()
 	}()
 }
 
@@ -820,14 +822,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 		return // memberlist's handlers outlive Shutdown by a moment
 	}
 	node := *n
-	c.wg.Add(1) // under mu, before Stop's Wait, which sets stopping first
-	go func() {
-		defer c.wg.Done()
-		select {
-		case <-c.ready:
-		case <-c.stop:
-			return
-		}
+	c.goReadyLocked(func() {
 		c.mu.Lock()
 		own := c.latest[c.cfg.Self]
 		c.mu.Unlock()
@@ -837,7 +832,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 		}
 		c.counted(own)
 		c.newcomerMsgs.Add(1)
-	}()
+	})
 }
 
 func (e *events) NotifyLeave(n *memberlist.Node) {
