@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,12 @@ type RestartResult struct {
 	NewPID int    `json:"new_pid"`
 	Took   string `json:"took"`  // from the request to the new process serving
 	Conns  int    `json:"conns"` // connections the old process tells to go away
+	// Held and Changed are what the new process, which reads the
+	// definitions afresh, does not keep: the groups the old one held
+	// (they take calls again) and those whose parallel_count chprc had
+	// changed (they run as defined again).
+	Held    []string `json:"held,omitempty"`
+	Changed []string `json:"chprc_changed,omitempty"`
 }
 
 // restarter is a node's part in a hand-over, as the old or the new
@@ -369,6 +376,11 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	res.Conns = n.rpc.Stats().Conns
 	n.log.Info("restart: the new process serves; letting callers go and draining", "new_pid", m.PID, "took", res.Took,
 		"connections", res.Conns)
+	if res.Held, res.Changed = n.local.NotKeptByRestart(); len(res.Held)+len(res.Changed) > 0 {
+		n.log.Warn("restart: the new process read the definitions: groups held here take calls again, "+
+			"parallel_count changed by chprc is as defined again (scdctl hold, chprc to have them back)",
+			"held", strings.Join(res.Held, ","), "chprc_changed", strings.Join(res.Changed, ","))
+	}
 	go r.retire()
 	return res, nil
 }

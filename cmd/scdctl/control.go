@@ -142,7 +142,7 @@ func chprc(ctx context.Context, nd node, asJSON bool, args []string, stdout io.W
 	if res.Before == res.Count {
 		fmt.Fprintf(stdout, "service group %s: parallel_count was %s already; nothing changed\n", res.Group, res.Count)
 	} else {
-		fmt.Fprintf(stdout, "service group %s: parallel_count %s -> %s (defined %s; until the node stops)", res.Group, res.Before, res.Count, res.Def)
+		fmt.Fprintf(stdout, "service group %s: parallel_count %s -> %s (defined %s; until the node stops or restarts)", res.Group, res.Before, res.Count, res.Def)
 		if res.Count.Resident > res.Before.Resident {
 			fmt.Fprintf(stdout, "; %d more resident process(es) start", res.Count.Resident-res.Before.Resident)
 		}
@@ -183,6 +183,16 @@ func restart(ctx context.Context, nd node, args []string, stdout io.Writer) erro
 	// %1) and would signal a process that is gone (issue 31 item 6).
 	fmt.Fprintf(stdout, "stop the node with kill %d from now on (a shell's $! or %%1 names pid %d, which exits once drained)\n",
 		res.NewPID, res.OldPID)
+	// A restart reads the definitions afresh: what the operator changed
+	// in the old process is gone, and a held group takes calls again.
+	if len(res.Held) > 0 {
+		fmt.Fprintf(stdout, "held in pid %d, taking calls again in pid %d (a restart reads the definitions): %s; scdctl hold GROUP holds one again\n",
+			res.OldPID, res.NewPID, strings.Join(res.Held, ", "))
+	}
+	if len(res.Changed) > 0 {
+		fmt.Fprintf(stdout, "parallel_count changed by chprc in pid %d, as defined again in pid %d: %s; scdctl chprc GROUP RESIDENT[,MAX] changes one again\n",
+			res.OldPID, res.NewPID, strings.Join(res.Changed, ", "))
+	}
 	return nil
 }
 

@@ -35,7 +35,7 @@ Commands:
   status [-json]              service groups, queue depths, processes and restarts
   prc [GROUP] [-json]         processes: pid, kind, state, calls held and served, CPU time, since
   chprc GROUP RESIDENT[,MAX] [-json]
-                              change GROUP's parallel_count while it runs (until the node stops):
+                              change GROUP's parallel_count while it runs (until it stops or restarts):
                               extra residents start, surplus ones stop after their current call;
                               within the definition's maximum and the node's max_processes
   hold GROUP                  refuse new calls to GROUP ('service closed'); queued calls finish

@@ -290,3 +290,31 @@ func TestAddressFlagsChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartSaysWhatIsNotKept: a restart's new process reads the
+// definitions afresh, so a group held in the old one takes calls again
+// and a chprc is undone; scdctl restart said only the new pid, and an
+// operator who had held a group for maintenance found it open.
+func TestRestartSaysWhatIsNotKept(t *testing.T) {
+	sock := fakeControl(t, `{"old_pid":10,"new_pid":11,"took":"200ms","conns":0,"held":["alpha","gamma"],"chprc_changed":["beta"]}`)
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-s", sock, "restart"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	for _, want := range []string{
+		"held in pid 10, taking calls again in pid 11 (a restart reads the definitions): alpha, gamma; scdctl hold GROUP holds one again",
+		"parallel_count changed by chprc in pid 10, as defined again in pid 11: beta",
+	} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout %q lacks %q", stdout.String(), want)
+		}
+	}
+	stdout.Reset()
+	sock = fakeControl(t, `{"old_pid":10,"new_pid":11,"took":"200ms","conns":0}`)
+	if code := run([]string{"-s", sock, "restart"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	if strings.Contains(stdout.String(), "held") || strings.Contains(stdout.String(), "chprc") {
+		t.Errorf("nothing lost, yet stdout %q", stdout.String())
+	}
+}

@@ -53,6 +53,22 @@ func processList(g *Group) GroupProcesses {
 		Def: ParallelCount{Resident: g.def.Resident, Max: g.def.MaxProcesses}, Processes: processStatuses(g)}
 }
 
+// NotKeptByRestart lists what a restart, whose new process reads the
+// definitions afresh, does not keep: the groups held now (scdctl hold)
+// and those whose parallel_count is not their definition's (scdctl
+// chprc), in the order of the definitions.
+func (s *Scheduler) NotKeptByRestart() (held, changed []string) {
+	for _, g := range s.order {
+		if g.held.Load() {
+			held = append(held, g.name)
+		}
+		if c := parallelCount(g); c.Resident != g.def.Resident || c.Max != g.def.MaxProcesses {
+			changed = append(changed, g.name)
+		}
+	}
+	return held, changed
+}
+
 // Processes lists the processes of group, or of every group when group is
 // empty; a group that is not here is a 'no such service group' error.
 func (s *Scheduler) Processes(group string) ([]GroupProcesses, error) {

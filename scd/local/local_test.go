@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -899,4 +900,22 @@ func TestSocketCallNeverSentGoesBackToTheQueue(t *testing.T) {
 	}
 	killedOnce(t, srv)
 	nextServes(t, srv, a, 1)
+}
+
+// TestNotKeptByRestart: the groups held now are what a restart's new
+// process, which reads the definitions, does not keep (scdctl restart
+// says so); an untouched scheduler loses nothing. A chprc'd count is
+// found the same way, from ParallelCount against the definition.
+func TestNotKeptByRestart(t *testing.T) {
+	other := strings.ReplaceAll(echoServer, "service_group = g", "service_group = h")
+	s, _ := testScheduler(t, map[string]string{"g": echoServer, "h": other}, nil)
+	if held, changed := s.NotKeptByRestart(); held != nil || changed != nil {
+		t.Fatalf("nothing changed: held %v, chprc changed %v", held, changed)
+	}
+	if _, err := s.Hold("h"); err != nil {
+		t.Fatal(err)
+	}
+	if held, changed := s.NotKeptByRestart(); !slices.Equal(held, []string{"h"}) || changed != nil {
+		t.Errorf("h held: held %v, chprc changed %v; want [h], none", held, changed)
+	}
 }
