@@ -145,19 +145,29 @@ func controlSocketCandidates(cfg *def.Config, euid int, runtimeDir string) []str
 // the sockets of other node ids in the candidates' directories: the one
 // that answers is used; with several, the error lists them (-s picks one).
 // With nothing found it returns the first candidate, for the error of the
-// connection that fails there.
+// connection that fails there, or the first it may not look at (a root
+// scdd's /run/tpsched, 0700, to another user): the connection there
+// fails with 'permission denied', not 'no control socket'.
 func FindControlSocket(cfg *def.Config) (string, error) {
 	return findControlSocket(ControlSocketCandidates(cfg), cfg.Dir == "" && cfg.System.ControlSocket == "")
 }
 
 func findControlSocket(candidates []string, scan bool) (string, error) {
+	first := ""
 	for _, p := range candidates {
-		if isSocket(p) {
+		fi, err := os.Stat(p)
+		if err == nil && fi.Mode().Type() == os.ModeSocket {
 			return p, nil
 		}
+		if first == "" && errors.Is(err, os.ErrPermission) {
+			first = p
+		}
+	}
+	if first == "" {
+		first = candidates[0]
 	}
 	if !scan {
-		return candidates[0], nil
+		return first, nil
 	}
 	var live []string
 	seen := map[string]bool{}
@@ -176,7 +186,7 @@ func findControlSocket(candidates []string, scan bool) (string, error) {
 	}
 	switch len(live) {
 	case 0:
-		return candidates[0], nil
+		return first, nil
 	case 1:
 		return live[0], nil
 	}

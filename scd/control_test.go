@@ -5,8 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"tpsched/scd/def"
 )
@@ -192,5 +195,54 @@ func TestFindControlSocket(t *testing.T) {
 	listen(candidates[1])
 	if got, err := findControlSocket(candidates, true); err != nil || got != candidates[1] {
 		t.Errorf("the node_id's own socket: %q, %v; want %s", got, err, candidates[1])
+	}
+}
+
+// TestFindControlSocketNotSearchable: a candidate scdctl may not look at
+// (a root scdd's /run/tpsched, 0700, to another user) is the one chosen
+// when no socket is found, so that the connection's error says
+// 'permission denied' and who the socket admits. scdctl run as another
+// user said "no control socket at DIR/NODE.sock (is scdd running?)" of a
+// node that ran. As root the test looks as another user on a thread of its
+// own (fsuid): root may look everywhere.
+func TestFindControlSocketNotSearchable(t *testing.T) {
+	var dirs []string
+	for range 2 {
+		d, err := os.MkdirTemp("", "ctl") // t.TempDir's parent is 0700: another user could not look in either
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		dirs = append(dirs, d)
+	}
+	mine, closed := dirs[0], dirs[1]
+	candidates := []string{filepath.Join(mine, "n.sock"), filepath.Join(closed, "n.sock")}
+	asOther := os.Geteuid() == 0
+	if asOther {
+		if err := os.Chown(mine, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := os.Chmod(closed, 0); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Cleanup(func() { os.Chmod(closed, 0o700) })
+	}
+	for _, scan := range []bool{false, true} {
+		var got string
+		var err error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if asOther {
+				runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+				unix.Setfsuid(65534)
+				unix.Setfsgid(65534)
+			}
+			got, err = findControlSocket(candidates, scan)
+		}()
+		<-done
+		if err != nil || got != candidates[1] {
+			t.Errorf("scan %v: %q, %v; want %s, which may not be looked at", scan, got, err, candidates[1])
+		}
 	}
 }
