@@ -571,9 +571,14 @@ func (s *System) Warnings() []string {
 		w = append(w, s.keyWarning)
 	}
 	if !isLoopbackHost(s.RPCAddress) && s.ClusterKey == "" {
+		// The name port is listened on only in a cluster.
+		ports := fmt.Sprintf("port %d", s.RPCPort)
+		if otherNode(s) != "" {
+			ports = fmt.Sprintf("ports %d and %d", s.RPCPort, s.NamePort)
+		}
 		w = append(w, fmt.Sprintf("sysconf: rpc_address %s is not loopback and there is no cluster_key: "+
-			"anyone who reaches ports %d and %d can pose as a node; set cluster_key (docs/WARNINGS.md#no-cluster_key-off-loopback)",
-			s.RPCAddress, s.RPCPort, s.NamePort))
+			"anyone who reaches %s can pose as a node; set cluster_key (docs/WARNINGS.md#no-cluster_key-off-loopback)",
+			s.RPCAddress, ports))
 	}
 	return w
 }

@@ -577,12 +577,23 @@ func TestWarnings(t *testing.T) {
 			t.Errorf("rpc_address %s, key %q: warnings %q, want a warning: %v", tc.addr, tc.key, w, tc.warn)
 		}
 	}
-	s := defaultSystem("h")
-	s.RPCAddress = "0.0.0.0"
-	want := "sysconf: rpc_address 0.0.0.0 is not loopback and there is no cluster_key: " +
-		"anyone who reaches ports 12000 and 12002 can pose as a node; set cluster_key (docs/WARNINGS.md#no-cluster_key-off-loopback)"
-	if w := s.Warnings(); len(w) != 1 || w[0] != want {
-		t.Errorf("warning %q\nwant      %q", w, want)
+	// The name port is named only in a cluster: a node alone does not
+	// listen on it, and the warning named it all the same.
+	for _, tc := range []struct {
+		allNode []string
+		ports   string
+	}{
+		{nil, "port 12000"},
+		{[]string{"0.0.0.0"}, "port 12000"}, // only this node
+		{[]string{"0.0.0.0", "10.0.0.3"}, "ports 12000 and 12002"},
+	} {
+		s := defaultSystem("h")
+		s.RPCAddress, s.AllNodes = "0.0.0.0", tc.allNode
+		want := "sysconf: rpc_address 0.0.0.0 is not loopback and there is no cluster_key: " +
+			"anyone who reaches " + tc.ports + " can pose as a node; set cluster_key (docs/WARNINGS.md#no-cluster_key-off-loopback)"
+		if w := s.Warnings(); len(w) != 1 || w[0] != want {
+			t.Errorf("all_node %q: warning %q\nwant      %q", tc.allNode, w, want)
+		}
 	}
 }
 
