@@ -90,7 +90,8 @@ func run() int {
 	}
 	flag.Parse()
 	if flag.NArg() > 0 {
-		flag.Usage()
+		// The whole usage alone did not say what was wrong: `scdd /etc/tpsched`.
+		fmt.Fprintf(os.Stderr, "scdd: unexpected argument %q: scdd takes flags only (the definition directory is -c DIR; scdd -h lists the flags)\n", flag.Arg(0))
 		return 2
 	}
 	if *steering != "" && *steering != scd.SteeringOff {

@@ -162,3 +162,22 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestArgumentNotAFlag: `scdd /etc/tpsched` (the directory without -c)
+// says what is wrong and what to give instead, and exits 2. It printed the
+// whole usage and nothing about the argument.
+func TestArgumentNotAFlag(t *testing.T) {
+	bin := buildScdd(t)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin, "-check", "/etc/tpsched")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("exit %v, want 2 (stderr %q)", err, stderr.String())
+	}
+	want := `scdd: unexpected argument "/etc/tpsched": scdd takes flags only (the definition directory is -c DIR; scdd -h lists the flags)` + "\n"
+	if stderr.String() != want || stdout.Len() != 0 {
+		t.Errorf("stderr %q, stdout %q; want stderr %q", stderr.String(), stdout.String(), want)
+	}
+}
