@@ -316,6 +316,15 @@ func resolve(dir string, nd *node) error {
 	return nil
 }
 
+// Where to look when the node's RPC port or HTTP address does not answer:
+// without -c scdctl reaches the embedded default's, which a node started
+// on definitions of its own does not use, though the control actions find
+// its socket.
+const (
+	rpcHint  = "-c DIR reads the node's address from its sysconf's rpc_address and rpc_port, -H names it"
+	httpHint = "is scdd running? -c DIR reads the node's HTTP address from its sysconf's metrics_address, -a names it"
+)
+
 // callOptions are the flags that shape a call.
 type callOptions struct {
 	noReply, balanced, loadBalance, direct bool
@@ -368,7 +377,7 @@ func call(ctx context.Context, nd node, co callOptions, args []string, stdout io
 	if err != nil {
 		var te *netio.Error
 		if errors.As(err, &te) && te.Code == netio.CodeNetworkDown {
-			return fmt.Errorf("%w (is scdd running at %s?)", err, rpc)
+			return fmt.Errorf("%w (is scdd running at %s? %s)", err, rpc, rpcHint)
 		}
 		return err
 	}

@@ -318,3 +318,29 @@ func TestRestartSaysWhatIsNotKept(t *testing.T) {
 		t.Errorf("nothing lost, yet stdout %q", stdout.String())
 	}
 }
+
+// TestNotRunningSaysMinusC: a port or address that refuses the connection
+// is met with where scdctl took it from and how to name the right one:
+// without -c it is the embedded default's, while a node started on its own
+// definitions is elsewhere (and prc, hold... found its socket all the
+// same). status said only "-a or sysconf's metrics_address", call nothing.
+func TestNotRunningSaysMinusC(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status"}, "connection refused (is scdd running? -c DIR reads the node's HTTP address from its sysconf's metrics_address, -a names it)"},
+		{[]string{"report"}, "connection refused (is scdd running? -c DIR reads the node's HTTP address from its sysconf's metrics_address, -a names it)"},
+		{[]string{"call", "g", "s"}, "(is scdd running at 127.0.0.1:1? -c DIR reads the node's address from its sysconf's rpc_address and rpc_port, -H names it)"},
+		{[]string{"find", "e"}, "(is scdd running at 127.0.0.1:1? -c DIR reads the node's address from its sysconf's rpc_address and rpc_port, -H names it)"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"-s", "/nonexistent/ctl.sock", "-a", "127.0.0.1:1", "-H", "127.0.0.1:1", "-t", "5s"}, c.args...)
+		if code := run(args, &stdout, &stderr); code != 1 {
+			t.Errorf("scdctl %v: exit %d, want 1", c.args, code)
+		}
+		if !strings.Contains(stderr.String(), c.want) {
+			t.Errorf("scdctl %v: stderr %q, want %q", c.args, stderr.String(), c.want)
+		}
+	}
+}

@@ -25,7 +25,7 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 		return usageError("status [-json]")
 	}
 	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+addr+"/status", addr,
-		"is scdd running? -a or sysconf's metrics_address names its HTTP address")
+		httpHint)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func find(ctx context.Context, nd node, args []string, stdout io.Writer) error {
 	if err != nil {
 		var te *netio.Error
 		if errors.As(err, &te) && te.Code == netio.CodeNetworkDown {
-			return fmt.Errorf("%w (is scdd running at %s?)", err, nd.rpc)
+			return fmt.Errorf("%w (is scdd running at %s? %s)", err, nd.rpc, rpcHint)
 		}
 		return fmt.Errorf("find %s: %w", args[0], err)
 	}
@@ -151,7 +151,7 @@ func report(ctx context.Context, nd node, asJSON bool, args []string, stdout io.
 		return usageError("report [-json]")
 	}
 	body, err := httpDo(ctx, http.DefaultClient, http.MethodGet, "http://"+nd.http+"/report", nd.http,
-		"report reads the node's HTTP address (metrics_address); -a names it")
+		httpHint)
 	if err != nil {
 		return err
 	}
