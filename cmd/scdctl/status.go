@@ -85,6 +85,7 @@ func status(ctx context.Context, addr string, asJSON bool, args []string, stdout
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintln(stdout, "QUEUE is calls waiting now/queue_size; QUEUED and PROCESSED count calls since this scdd started.")
 	fmt.Fprintln(stdout, "PROCESSES is resident+non-resident/most; * marks a non-resident process; RESTARTS counts resident processes started again after they died,")
 	fmt.Fprintln(stdout, "REPLACED those replaced at an operator's request (scdctl refresh).")
 	if envs {
