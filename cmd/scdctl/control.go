@@ -10,7 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -196,15 +196,17 @@ func restart(ctx context.Context, nd node, args []string, stdout io.Writer) erro
 	return nil
 }
 
-var profileName = regexp.MustCompile(`^[a-z_]+$`)
+// profiles are the profiles scdd serves (net/http/pprof's and Go's
+// runtime/pprof's); another name got only scdd's "Unknown profile".
+var profiles = []string{"heap", "goroutine", "allocs", "block", "mutex", "threadcreate", "profile", "trace"}
 
 // maxProfileSeconds bounds a CPU profile or trace: an hour.
 const maxProfileSeconds = 3600
 
 // profile writes one of scdd's Go profiles to stdout.
 func profile(nd node, timeout time.Duration, args []string, stdout io.Writer) error {
-	if len(args) < 1 || len(args) > 2 || !profileName.MatchString(args[0]) {
-		return usageError("pprof PROFILE [SECONDS]")
+	if len(args) < 1 || len(args) > 2 || !slices.Contains(profiles, args[0]) {
+		return usageError("pprof PROFILE [SECONDS]: PROFILE is " + strings.Join(profiles, ", "))
 	}
 	u := "http://scdd/debug/pprof/" + args[0]
 	if timed := args[0] == "profile" || args[0] == "trace"; timed {

@@ -344,3 +344,23 @@ func TestNotRunningSaysMinusC(t *testing.T) {
 		}
 	}
 }
+
+// TestProfileNameChecked: a profile scdd does not serve is a usage error
+// that lists those it does; it went to the node and came back as scdd's
+// bare "Unknown profile".
+func TestProfileNameChecked(t *testing.T) {
+	sock := fakeControl(t, "profile")
+	for _, name := range []string{"cpu", "goroutines", "Heap"} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"-s", sock, "pprof", name}, &stdout, &stderr); code != 2 {
+			t.Errorf("scdctl pprof %s: exit %d, want 2 (stderr %q)", name, code, stderr.String())
+		}
+		if !strings.Contains(stderr.String(), "PROFILE is heap, goroutine, allocs, block, mutex, threadcreate, profile, trace") || stdout.Len() != 0 {
+			t.Errorf("scdctl pprof %s: stdout %q, stderr %q", name, stdout.String(), stderr.String())
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-s", sock, "pprof", "goroutine"}, &stdout, &stderr); code != 0 || stdout.String() != "profile" {
+		t.Errorf("scdctl pprof goroutine: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}
