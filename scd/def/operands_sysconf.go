@@ -68,7 +68,8 @@ var systemOperands = map[string]operand[System]{
 		values: "an IP address or a host name, without a port",
 		tpsched: "The address the RPC port listens on; in a cluster the name port (membership and announces) listens there too. " +
 			"Together with rpc_port it tells which all_node entry is this node. Loopback unless a definition names another address: " +
-			"an all_node entry on another host then is an error, and a non-loopback address without cluster_key a warning at start-up.",
+			"an all_node entry on another host then is an error, and a non-loopback address without cluster_key a warning at start-up. " +
+			"On 0.0.0.0 or :: alike the RPC port listens on every address, IPv6's too.",
 	},
 	"rpc_port": {
 		set: func(s *System, v []string) (err error) {
@@ -116,10 +117,11 @@ var systemOperands = map[string]operand[System]{
 			_, _, err = SplitHostPort(s.MetricsAddress, 0)
 			return err
 		},
-		value:   DefaultMetricsAddress,
-		values:  "host:port; port 0 picks a free one; not rpc_port or, in a cluster, name_port on the same address",
-		tpsched: "The read-only HTTP endpoint of `/metrics` and `/status`. Control actions (hold, release, pprof) go to control_socket.",
-		own:     true,
+		value:  DefaultMetricsAddress,
+		values: "host:port; port 0 picks a free one; not rpc_port or, in a cluster, name_port on the same address",
+		tpsched: "The read-only HTTP endpoint of `/metrics` and `/status`. Control actions (hold, release, pprof) go to control_socket. " +
+			"A host of 0.0.0.0 or :: alike listens on every address, IPv6's too.",
+		own: true,
 	},
 	"control_socket": {
 		set: func(s *System, v []string) (err error) {
