@@ -919,3 +919,65 @@ func TestNotKeptByRestart(t *testing.T) {
 		t.Errorf("h held: held %v, chprc changed %v; want [h], none", held, changed)
 	}
 }
+
+// TestSocketReplyThenBrokenMessage: a socket-mode process that replies to
+// its call and breaks the protocol in the same write has its call answered
+// once ('server terminated': the reader sees the break first) and its exit
+// settled. Before, the exit read the reply again as a completion of a call
+// the queue no longer held, and the node crashed on it (a nil call).
+func TestSocketReplyThenBrokenMessage(t *testing.T) {
+	for range 20 { // until the reader does not look between the two
+		if replyThenBrokenMessage(t) {
+			return
+		}
+	}
+	t.Skip("the reader looked between the reply and the break every time: the interleaving under test did not happen")
+}
+
+// replyThenBrokenMessage is one try of TestSocketReplyThenBrokenMessage;
+// false when the reader saw the reply before the break.
+func replyThenBrokenMessage(t *testing.T) bool {
+	s, pm := testScheduler(t, map[string]string{"g": echoServer + "set receive_from = socket\n"}, nil)
+	srv := pm.server("g")
+	c := sockHello(t, srv)
+	defer c.Close()
+	a := newAnswers()
+	if code, msg := s.Serve(a, frame(1, "g", "echo", "x")); code != netio.CodeOK {
+		t.Fatalf("call: %v %s", code, msg)
+	}
+	h := make([]byte, 24+64)
+	if _, err := io.ReadFull(c, h[:24]); err != nil || h[0] != 3 {
+		t.Fatalf("request: %v %v", h[0], err)
+	}
+	n := int(binary.LittleEndian.Uint16(h[2:])) + int(binary.LittleEndian.Uint32(h[4:]))
+	if _, err := io.ReadFull(c, h[24:24+n]); err != nil {
+		t.Fatal(err)
+	}
+	// The reply and a second hello, in one write: the node's socket reader
+	// takes both, most often before the group's reader looks.
+	b := append(sockMsg(4, 0, 0, 2, binary.LittleEndian.Uint64(h[8:]), 0), "ok"...)
+	b = append(b, sockMsg(1, 0, 0, 0, uint64(os.Getpid()), 2)...)
+	if _, err := c.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	f := a.one(t, 1)
+	killedOnce(t, srv)
+	srv.mu.Lock()
+	delete(srv.socks, 0)
+	srv.mu.Unlock()
+	if err := srv.kill(0); err != nil { // its exit (and the next process)
+		t.Fatal(err)
+	}
+	if f.Kind == netio.KindReply {
+		return false
+	}
+	if f.Code != netio.CodeServerTerminated {
+		t.Errorf("call 1: %v %v %q, want 'server terminated'", f.Kind, f.Code, f.Payload)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.got[1]) != 1 {
+		t.Errorf("call 1 answered %d times after the exit", len(a.got[1]))
+	}
+	return true
+}

@@ -298,6 +298,10 @@ func (p *Proc) Completion() (shm.Completion, bool, error) {
 		if p.dispatched == 0 || !p.sent {
 			return shm.Completion{}, true, fmt.Errorf("%w (%w)", p.protoErr, ErrNothingTaken)
 		}
+		// The error is the call's completion: a reply the process sent
+		// before it broke the protocol is not returned later (at its exit)
+		// as a second one, for a call the caller no longer holds.
+		p.dispatched, p.replied = 0, false
 		return shm.Completion{}, true, p.protoErr
 	}
 	if p.dispatched == 0 || !p.replied {
