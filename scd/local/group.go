@@ -239,6 +239,15 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 	cl.class = g.classes.Load().Of(f.Service)
 	cl.copyPayload(f.Payload) // the frame's is valid only until submit returns
 	g.mu.Lock()
+	if err := g.failing.Load(); err != nil {
+		// Reported failing since the look above: Failing's flush, under
+		// mu, may have answered the calls waiting already, and this one,
+		// queued after it, would wait for its deadline (for ever with
+		// watch_time 0) while no process can start.
+		g.mu.Unlock()
+		freeRequest(cl)
+		return netio.CodeServerTerminated, (*err).Error()
+	}
 	if err := g.q.Submit(cl, cl.deadline); err != nil {
 		g.mu.Unlock()
 		freeRequest(cl)

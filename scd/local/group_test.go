@@ -981,3 +981,42 @@ func TestRestartedServerSettlesTheUnreapedProcess(t *testing.T) {
 		})
 	}
 }
+
+// TestCallAdmittedAsTheServerFailsIsAnswered: a call that passed submit's
+// look at failing just before the server was reported failing, and reached
+// the queue after Failing answered the calls waiting, is answered too, not
+// left to wait for its deadline (for ever with watch_time 0) while no
+// process can start.
+func TestCallAdmittedAsTheServerFailsIsAnswered(t *testing.T) {
+	tg := newTestGroup(t, 1, 16, 1) // its process never attaches
+	if _, err := tg.Prepare(0); err != nil {
+		t.Fatal(err)
+	}
+	a := &recorder{}
+	tg.mu.Lock() // the submit below waits for mu past its look at failing
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if code, msg := tg.call(a, 1, []byte("x")); code != netio.CodeOK && code != netio.CodeServerTerminated {
+			t.Errorf("call: %v %s", code, msg)
+		} else if code == netio.CodeServerTerminated {
+			_ = a.Send(netio.AppendError(nil, 1, code, msg)) // refused: its answer
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // it looked at failing (nil) and waits for mu
+	// Failing, as it runs: failing stored, then the calls waiting answered
+	// (flush, whose turn at mu comes before the submit's).
+	err := errors.New("processes die before they attach")
+	tg.failing.Store(&err)
+	left := tg.q.Flush(nil)
+	tg.mu.Unlock()
+	for _, cl := range left {
+		cl.fail(netio.CodeServerTerminated, err.Error())
+		freeRequest(cl)
+	}
+	<-done
+	wantAnswers(t, []*recorder{a}, netio.CodeServerTerminated, nil)
+	if n := tg.InFlight(); n != 0 {
+		t.Errorf("%d calls in flight while the server fails", n)
+	}
+}
