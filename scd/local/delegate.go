@@ -9,6 +9,7 @@ import (
 	"tpsched/procmgr"
 	"tpsched/scd/call"
 	"tpsched/scd/schedq"
+	"tpsched/shm/sockmode"
 )
 
 // delegate is a group as procmgr's Delegate for its server's processes
@@ -97,10 +98,22 @@ func (g *Group) settleExit(slot int, p proc, exitErr error) {
 		if !ok {
 			break
 		}
+		if errors.Is(err, sockmode.ErrNothingTaken) {
+			g.misbehaved.Inc()
+			break // what it holds it never had whole: Exited below requeues it
+		}
 		// A completion is the end of its call even when it is unusable:
 		// the queue is told, or it would count the call among those never
 		// taken and hand it to another process, to run a second time.
-		done, _ := g.q.Done(slot)
+		done, held := g.q.Done(slot)
+		if !held {
+			// A completion of no call the queue holds: the transport is
+			// out of step with the queue (a fault of ours, not the
+			// process's). Nothing to answer; a nil call here took the
+			// node down once (5248678).
+			g.log.Error("a completion of no call held, at a process's exit", "group", g.name, "slot", slot, "pid", p.PID())
+			break
+		}
 		if err != nil {
 			g.misbehaved.Inc()
 			if !done.Answered && !done.Call.noReply {

@@ -225,7 +225,14 @@ func (r *reader) collect() {
 				r.bad = append(r.bad, slotPID{slot, p.PID()})
 				break
 			}
-			done, _ := g.q.Done(slot)
+			done, held := g.q.Done(slot)
+			if !held {
+				// A completion of no call the queue holds: the transport
+				// is out of step with the queue (a fault of ours). Nothing
+				// to answer, and a nil call must not take the node down.
+				g.logLater(slog.LevelError, "a completion of no call held", "group", g.name, "slot", slot, "pid", p.PID())
+				break
+			}
 			cl := done.Call
 			si.served++
 			if !done.Answered && !cl.noReply {
