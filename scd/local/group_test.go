@@ -1020,3 +1020,31 @@ func TestCallAdmittedAsTheServerFailsIsAnswered(t *testing.T) {
 		t.Errorf("%d calls in flight while the server fails", n)
 	}
 }
+
+// TestTimedOutCallIsMeasuredOnce: a call answered 'timed out' and then
+// completed by its process counts once in its class's figures (what the
+// routing manager reads for goals): at its timeout. Before, the
+// completion recorded it a second time.
+func TestTimedOutCallIsMeasuredOnce(t *testing.T) {
+	tg := newTestGroup(t, 1, 16, 1)
+	p, err := wlm.NewPolicy([]wlm.Class{{Name: "ONLINE", Importance: 1, Goal: wlm.Goal{Kind: wlm.GoalAverage, Target: time.Second}}},
+		"ONLINE", nil, nil, nil, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg.classes.Store(wlm.NewClasses(p, "g", []string{"echo"}))
+	tg.start(t)
+	tg.watch = time.Second
+	r := &recorder{}
+	if code, msg := tg.call(r, 1, []byte("x")); code != netio.CodeOK {
+		t.Fatal(code, msg)
+	}
+	tg.expire(time.Now().Add(time.Hour))
+	tg.complete(0)
+	wantAnswers(t, []*recorder{r}, netio.CodeTimedOut, nil)
+	var samples []wlm.Sample
+	tg.with(func() { samples = tg.classes.Load().Take() })
+	if len(samples) != 1 || samples[0].Calls != 1 {
+		t.Errorf("class figures %+v, want the one call once", samples)
+	}
+}

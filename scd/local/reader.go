@@ -245,7 +245,9 @@ func (r *reader) collect() {
 				}
 			}
 			g.latency.Update(now.Sub(cl.start).Seconds())
-			classes.Record(cl.class, cl.start, si.since, now)
+			if !done.Answered { // one answered 'timed out' was measured then (expire)
+				classes.Record(cl.class, cl.start, si.since, now)
+			}
 			si.since = now
 			freeRequest(cl)
 			g.act() // after the reply was copied out of the mailbox
