@@ -18,9 +18,10 @@
 // process started (SetPID), so an EOF without a bye (or a write that
 // fails: the process shut its reading side) is a process that closed its
 // socket: one still alive eofGrace later, whose exit has not removed it,
-// is ruled as breaking the protocol (killed, its call answered 'server
-// terminated'). A protocol error the node detects closes its end,
-// which the UAP sees as EOF.
+// is ruled as breaking the protocol (killed; a call it was sent answered
+// 'server terminated', one it never had whole back to the queue at its
+// exit, ErrNothingTaken). A protocol error the node detects closes its
+// end, which the UAP sees as EOF.
 package sockmode
 
 import (
@@ -52,7 +53,7 @@ var ErrNothingTaken = errors.New("holding no call it was sent")
 // eofGrace is how long a process whose socket ended without a bye has to
 // exit (a dying one closes it on its way out) before it is ruled as one
 // that closed its socket and lives on.
-var eofGrace = 2 * time.Second
+const eofGrace = 2 * time.Second
 
 // Transport is the node's side of a socket-receiving server: one process
 // slot. NewProc, Remove, Close and the Proc methods run under the caller's
