@@ -155,8 +155,8 @@ func FindControlSocket(cfg *def.Config) (string, error) {
 func findControlSocket(candidates []string, scan bool) (string, error) {
 	first := ""
 	for _, p := range candidates {
-		fi, err := os.Stat(p)
-		if err == nil && fi.Mode().Type() == os.ModeSocket {
+		ok, err := isSocket(p)
+		if ok {
 			return p, nil
 		}
 		if first == "" && errors.Is(err, os.ErrPermission) {
@@ -179,7 +179,7 @@ func findControlSocket(candidates []string, scan bool) (string, error) {
 		seen[dir] = true
 		found, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
 		for _, p := range found {
-			if isSocket(p) && answers(p) {
+			if ok, _ := isSocket(p); ok && answers(p) {
 				live = append(live, p)
 			}
 		}
@@ -194,9 +194,11 @@ func findControlSocket(candidates []string, scan bool) (string, error) {
 		strings.TrimSuffix(filepath.Base(candidates[0]), ".sock"), len(live), strings.Join(live, ", "))
 }
 
-func isSocket(p string) bool {
+// isSocket reports whether p is a socket; err is Stat's (a directory the
+// caller may not look in says so: os.ErrPermission).
+func isSocket(p string) (bool, error) {
 	fi, err := os.Stat(p)
-	return err == nil && fi.Mode().Type() == os.ModeSocket
+	return err == nil && fi.Mode().Type() == os.ModeSocket, err
 }
 
 // answers reports whether a node listens on the unix socket p: one that a

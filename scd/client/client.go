@@ -447,7 +447,7 @@ func sendBy(ctx context.Context, timeout time.Duration) time.Time {
 		return dl
 	}
 	if timeout > 0 {
-		return time.Now().Add(timeout + time.Second)
+		return time.Now().Add(timeout + watchGrace)
 	}
 	return time.Time{}
 }
