@@ -51,9 +51,6 @@ Commands:
   refresh ENV                 replace the processes of every server of ENV, one at a time
   policy                      make every node read svcpolicy again (an environment it drops
                               is quiesced)
-                              With subsystem instances (svcpolicy instance -n NAME) ENV@NAME is
-                              one instance's servers; find needs it, quiesce, resume, refresh
-                              and prc take ENV for every instance
   report [-json]              goals against actuals per service class (performance index,
                               response-time distribution, queue and service time, CPU per call);
                               servers and high-water mark per application environment
@@ -64,10 +61,20 @@ Commands:
 call and find use the node's RPC port, status and report its HTTP address (metrics_address);
 prc, chprc, hold, release, restart, quiesce, resume, refresh, policy and pprof go over its
 control socket, which admits only scdd's own user and root. Flags may come before or after the command; "--"
-ends them (for DATA that starts with "-").
+ends them (for DATA that starts with "-"). scdctl help COMMAND (or COMMAND -h) describes one command.
 
+` + instancesNote + `
 Flags:
 `
+
+// instancesNote is said of the commands that take an application
+// environment, in the whole usage and in theirs.
+const instancesNote = `With subsystem instances (svcpolicy instance -n NAME) ENV@NAME is one instance's servers;
+find needs it, quiesce, resume, refresh and prc take ENV for every instance.
+`
+
+// instanceCommands are the commands instancesNote speaks of.
+var instanceCommands = []string{"find", "quiesce", "resume", "refresh", "prc"}
 
 // commands are scdctl's commands, in the order of usage, for the short
 // usage and a misspelt command's did-you-mean.
@@ -131,6 +138,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch {
+	case len(words) > 0 && words[0] == "help" && len(words) > 1:
+		return commandHelp(fs, words[1], stdout, stderr)
+	case *help && len(words) > 0 && slices.Contains(commands, words[0]):
+		return commandHelp(fs, words[0], stdout, stderr)
 	case *help || (len(words) > 0 && words[0] == "help"):
 		printUsage(stdout)
 		return 0
@@ -208,6 +219,80 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// commandHelp prints cmd's part of the usage and the flags it takes
+// (scdctl help CMD, scdctl CMD -h): the whole usage is 60 lines, most of
+// them about other commands.
+func commandHelp(fs *flag.FlagSet, cmd string, stdout, stderr io.Writer) int {
+	text := commandUsage(cmd)
+	if text == "" {
+		msg := fmt.Sprintf("scdctl: help: unknown command %q", cmd)
+		if s := def.Suggest(cmd, commands); s != "" {
+			msg += " (did you mean " + s + "?)"
+		}
+		fmt.Fprintln(stderr, msg)
+		fmt.Fprint(stderr, shortUsage())
+		return 2
+	}
+	fmt.Fprint(stdout, text)
+	if slices.Contains(instanceCommands, cmd) {
+		fmt.Fprint(stdout, "\n"+instancesNote)
+	}
+	fmt.Fprintf(stdout, "\nFlags of %s:\n", cmd)
+	door := "s" // the control socket
+	switch cmd {
+	case "call", "find":
+		door = "H"
+	case "status", "report":
+		door = "a"
+	}
+	names := []string{"c", door, "t"}
+	for name, cmds := range flagCommands {
+		if slices.Contains(cmds, cmd) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names[3:])
+	for _, name := range names {
+		f := fs.Lookup(name)
+		kind, usage := flag.UnquoteUsage(f)
+		if kind != "" {
+			kind = " " + kind
+		}
+		if f.DefValue != "" && f.DefValue != "false" {
+			usage += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(stdout, "  -%s%s\n    \t%s\n", name, kind, usage)
+	}
+	return 0
+}
+
+// commandUsage is cmd's entry in usage, its synopsis first ("usage:
+// scdctl [flags] hold GROUP") and then what it does, or "" for no command.
+func commandUsage(cmd string) string {
+	list := usage[strings.Index(usage, "Commands:"):strings.Index(usage, "\ncall and find")]
+	var b strings.Builder
+	in := false
+	for _, l := range strings.Split(list, "\n") {
+		if len(l) > 2 && l[:2] == "  " && l[2] != ' ' { // a command's first line
+			if in {
+				break
+			}
+			synopsis, what, _ := strings.Cut(strings.TrimSpace(l), "  ")
+			if in = strings.Fields(synopsis)[0] == cmd; in {
+				fmt.Fprintf(&b, "usage: scdctl [flags] %s\n", synopsis)
+				if what = strings.TrimSpace(what); what != "" {
+					fmt.Fprintf(&b, "%s\n", what)
+				}
+			}
+			continue
+		}
+		if l = strings.TrimSpace(l); in && l != "" {
+			fmt.Fprintf(&b, "%s\n", l)
+		}
+	}
+	return b.String()
 }
 
 // badAddress says why -H or -a (or the variable behind it) is no address

@@ -364,3 +364,50 @@ func TestProfileNameChecked(t *testing.T) {
 		t.Errorf("scdctl pprof goroutine: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }
+
+// TestCommandHelp: scdctl help CMD and scdctl CMD -h print that command's
+// part of the usage and the flags it takes, not the 60 lines of -h, and
+// need no node; a misspelt one gets a did-you-mean.
+func TestCommandHelp(t *testing.T) {
+	for _, cmd := range commands {
+		var byHelp, byFlag, stderr bytes.Buffer
+		if code := run([]string{"help", cmd}, &byHelp, &stderr); code != 0 {
+			t.Fatalf("scdctl help %s: exit %d: %s", cmd, code, stderr.String())
+		}
+		if code := run([]string{cmd, "-h"}, &byFlag, &stderr); code != 0 {
+			t.Fatalf("scdctl %s -h: exit %d: %s", cmd, code, stderr.String())
+		}
+		out := byHelp.String()
+		if byFlag.String() != out {
+			t.Errorf("scdctl %s -h differs from scdctl help %s:\n%s\n---\n%s", cmd, cmd, byFlag.String(), out)
+		}
+		if !strings.HasPrefix(out, "usage: scdctl [flags] "+cmd) || strings.Count(out, "usage:") != 1 {
+			t.Errorf("scdctl help %s does not begin with its own synopsis alone:\n%s", cmd, out)
+		}
+		if n := strings.Count(out, "\n"); n > 30 {
+			t.Errorf("scdctl help %s prints %d lines:\n%s", cmd, n, out)
+		}
+		for _, c := range []struct {
+			flag string
+			want bool
+		}{
+			{"-t duration", true},
+			{"-node", cmd == "call"},
+			{"-json", slices.Contains(flagCommands["json"], cmd)},
+			{"-H", cmd == "call" || cmd == "find"},
+			{"-a", cmd == "status" || cmd == "report"},
+			{"ENV@NAME", slices.Contains(instanceCommands, cmd)},
+		} {
+			if got := strings.Contains(out, "\n  "+c.flag) || (c.flag == "ENV@NAME" && strings.Contains(out, c.flag)); got != c.want {
+				t.Errorf("scdctl help %s: shows %s %v, want %v:\n%s", cmd, c.flag, got, c.want, out)
+			}
+		}
+	}
+	if got := commandUsage("chprc"); !strings.Contains(got, "within the definition's maximum") {
+		t.Errorf("chprc's help misses the lines after its synopsis:\n%s", got)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"help", "stauts"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "did you mean status?") {
+		t.Errorf("scdctl help stauts: exit %d, stderr %q, want 2 and a did-you-mean", code, stderr.String())
+	}
+}
