@@ -109,6 +109,18 @@ func TestChprcOnline(t *testing.T) {
 			t.Fatalf("scdctl chprc g 3: %v\n%s", err, out)
 		}
 		t.Logf("scdctl chprc g 3:\n%s", out)
+		// One line says the change, one who asked it; a chprc that changes
+		// nothing says nothing changed.
+		if log := n.stderr.String(); strings.Count(log, "parallel_count changed") != 1 ||
+			!strings.Contains(log, `msg="control request" path=/chprc query="group=g&resident=3" uid=0`) {
+			t.Errorf("scdd's log of chprc g 3: want one change line and the asker's:\n%s", grep(log, "parallel_count")+"\n"+grep(log, "control request"))
+		}
+		if out, err := n.scdctl("chprc", "g", "3"); err != nil || !strings.Contains(out, "nothing changed") {
+			t.Errorf("scdctl chprc g 3 again: %v\n%s", err, out)
+		}
+		if log := n.stderr.String(); strings.Count(log, "parallel_count changed") != 1 {
+			t.Errorf("a chprc that changed nothing was logged as a change:\n%s", grep(log, "parallel_count"))
+		}
 		var pids []int
 		waitFor(t, 10*time.Second, "three resident processes running", func() bool { pids = residentPIDs(t, n, "g", 3); return pids != nil })
 		if pids[0] != first[0] {

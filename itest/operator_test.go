@@ -138,6 +138,16 @@ func TestChaosControlFromOtherUser(t *testing.T) {
 		if err != nil || !bytes.HasPrefix(prof, []byte{0x1f, 0x8b}) {
 			t.Errorf("scdctl pprof goroutine: %v, %d bytes, want a gzipped profile", err, len(prof))
 		}
+		// Who asked is logged for each action, not for a look.
+		log := n.stderr.String()
+		for _, path := range []string{"/hold", "/release"} {
+			if !strings.Contains(log, `msg="control request" path=`+path+` query="group=g" uid=0 pid=`) {
+				t.Errorf("%s not logged with its asker:\n%s", path, grep(log, "control request"))
+			}
+		}
+		if strings.Contains(log, `msg="control request" path=/debug`) {
+			t.Errorf("a profile logged as a control action:\n%s", grep(log, "control request"))
+		}
 	})
 }
 

@@ -50,7 +50,8 @@ func (s *Server) SetParallelCount(resident, maxProcs int) ([]bool, error) {
 	// and Prepare may call back into the manager. A change that comes
 	// meanwhile finds the counts already changed; a slot it takes back is
 	// skipped below (errNotResident).
-	s.m.log.Info("parallel_count changed", "server", s.spec.Server, "resident", resident, "max", maxProcs,
+	// Debug: the scheduler logs the change an operator made (scd/local).
+	s.m.log.Debug("parallel_count changed", "server", s.spec.Server, "resident", resident, "max", maxProcs,
 		"starting", len(start), "stopping", len(stop))
 	for _, slot := range stop {
 		s.delegate.Stop(slot)

@@ -119,8 +119,10 @@ func (s *Scheduler) ChangeProcesses(group string, resident, maxProcs int) (Chprc
 	}
 	// Logged after chprcMu is let go, as everywhere a lock is held: a log
 	// write waits for stderr.
-	s.log.Info("chprc: parallel_count changed", "group", group, "server", g.def.Name,
-		"from", res.Before.String(), "to", res.Count.String())
+	if res.Count != res.Before {
+		s.log.Info("chprc: parallel_count changed", "group", group, "server", g.def.Name,
+			"from", res.Before.String(), "to", res.Count.String())
+	}
 	if startErr != nil {
 		// The change is made; a process did not start and is retried.
 		s.log.Warn("chprc: a new resident process did not start; retrying with back-off", "group", group, "err", startErr)
