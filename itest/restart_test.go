@@ -562,6 +562,63 @@ func TestAStopToBothProcessesDrainsTheNewOne(t *testing.T) {
 	}
 }
 
+// TestASecondSignalAfterAPassedOnStopExits: a stop sent to the old
+// process of a restart alone (kill PID) is passed on to the new one; the
+// operator's next signal to the new one is the second, which exits at
+// once. The new process took the first signal after a pass-on for the
+// pass-on's echo whenever it came, so that signal was ignored and only a
+// third one exited.
+func TestASecondSignalAfterAPassedOnStopExits(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "sleep=sleep"`)})
+	n := startRestartingNode(t, dir, "-drain-timeout", "20s")
+	old := n.cmd.Process.Pid
+	held, err := net.Dial("tcp", n.rpc) // keeps the old process letting its callers go
+	must(t, err)
+	defer held.Close()
+	time.Sleep(100 * time.Millisecond)
+	out, err := n.scdctl("restart")
+	m := restartedLine.FindStringSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("scdctl restart: %v\n%s", err, out)
+	}
+	newPID, _ := strconv.Atoi(m[1])
+	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
+	must(t, err)
+	defer c.Close()
+	go func() { // holds the new process's drain for up to 15 s
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, _ = c.Call(ctx, "light", "sleep", []byte("15000"))
+	}()
+	waitFor(t, 10*time.Second, "the sleep to run in the new process", func() bool {
+		st, err := statusOf(n.http)
+		if err != nil || st.PID != newPID {
+			return false
+		}
+		for _, g := range st.Groups {
+			for _, p := range g.Processes {
+				if g.Group == "light" && p.Calls > 0 {
+					return true
+				}
+			}
+		}
+		return false
+	}, n.logText)
+	must(t, syscall.Kill(old, syscall.SIGTERM))
+	waitFor(t, 10*time.Second, "the new process to drain on the stop passed on", func() bool {
+		return strings.Contains(n.logText(), "the old process passed a stop on")
+	}, n.logText)
+	time.Sleep(2 * time.Second) // past the echo of a process-group signal
+	must(t, syscall.Kill(newPID, syscall.SIGTERM))
+	waitFor(t, 5*time.Second, "the new process to exit on the second signal", func() bool {
+		return !pidAliveInt(newPID)
+	}, n.logText)
+	if text := n.logText(); !strings.Contains(text, "second signal: exiting without draining") {
+		t.Errorf("the new process exited without saying it was the second signal:\n%s", grep(text, "signal"))
+	}
+}
+
 // TestRestartStartsTheBinaryTheLinkNamesNow: scdd started by a symbolic
 // link restarts the binary the link names at the restart, the usual way
 // to upgrade (scdd -> scdd-1.2). Before, the restart started the binary

@@ -218,7 +218,14 @@ func run() int {
 		"a second Ctrl-C (SIGINT or SIGTERM) exits at once without draining", what, node.DrainBound(), node.StopBound()), "signal", sig.String())
 	go func() { // a second signal stops at once
 		if passedOn {
-			<-sigs // the first
+			// A signal to the process group reached this process at the
+			// moment it reached the old one: the same stop. A later one
+			// is the operator's second (the stop may have reached the
+			// old process alone: kill PID).
+			select {
+			case <-sigs:
+			case <-time.After(passedOnEcho):
+			}
 		}
 		<-sigs
 		log.Warn("second signal: exiting without draining")
@@ -231,6 +238,12 @@ func run() int {
 	log.Info("scdd stopped")
 	return 0
 }
+
+// passedOnEcho is how long after a stop the old process passed on a
+// signal is taken for that stop's echo, not a second one: both processes
+// of a restart are in one process group (a terminal's Ctrl-C, kill -PGID),
+// and the pass-on takes a message over a socket.
+const passedOnEcho = time.Second
 
 // keepOnHangup keeps scdd serving through the two signals whose default
 // action would end it without a drain (the UAPs killed by Pdeathsig, the
