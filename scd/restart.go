@@ -7,7 +7,8 @@ package scd
 //	new: starts its groups (its own shared memory and UAPs)  -> "ready"
 //	old: duplicates its listening sockets (RPC port and every receiver
 //	     group, metrics_address, the control socket) and stops accepting;
-//	     connections that arrive meanwhile wait in the backlogs  -> "listeners" + the descriptors (SCM_RIGHTS)
+//	     connections that arrive meanwhile wait in the backlogs  -> "listeners" + the descriptors (SCM_RIGHTS;
+//	     past 253 in messages "more")
 //	new: serves on them (its steering program replaces the old one)  -> "serving"
 //	old: stops its cluster membership without leaving (the others keep
 //	     sending to the node's address), freeing the name port  -> "left"
@@ -146,9 +147,33 @@ type takeoverMsg struct {
 	// Names: in "ready", the new process takes the name port's sockets;
 	// in "listeners", they follow (TCP, then UDP).
 	Names bool `json:"names,omitempty"`
+	// Files is how many descriptors come with the message: more than one
+	// message carries (scmMaxFD) follow it in messages "more".
+	Files int `json:"files,omitempty"`
 }
 
+// scmMaxFD is the most descriptors one message carries (the kernel's
+// SCM_MAX_FD): a node with 256 receiving sockets hands over 260, and one
+// message of them failed with 'invalid argument'.
+const scmMaxFD = 253
+
+// sendMsg sends m with files, in as many messages as they need.
 func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
+	m.Files = len(files)
+	for first := true; first || len(files) > 0; first = false {
+		part := files[:min(len(files), scmMaxFD)]
+		files = files[len(part):]
+		if !first {
+			m = takeoverMsg{Step: "more"}
+		}
+		if err := sendOne(c, m, part); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sendOne(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
@@ -165,11 +190,31 @@ func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
 	return err
 }
 
-// recvMsg reads one message and the descriptors that came with it.
+// recvMsg reads a message and the descriptors that came with it (and
+// with the messages "more" after it).
 func recvMsg(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, error) {
+	m, files, err := recvOne(c, deadline)
+	for err == nil && len(files) < m.Files {
+		var more takeoverMsg
+		var part []*os.File
+		more, part, err = recvOne(c, deadline)
+		files = append(files, part...)
+		if err == nil && (more.Step != "more" || len(part) == 0) {
+			err = fmt.Errorf("hand-over: got %q with %d descriptors after %d of %d", more.Step, len(part), len(files)-len(part), m.Files)
+		}
+	}
+	if err != nil {
+		closeFiles(files)
+		return m, nil, err
+	}
+	return m, files, nil
+}
+
+// recvOne reads one message and the descriptors that came with it.
+func recvOne(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, error) {
 	var m takeoverMsg
 	_ = c.SetReadDeadline(deadline)
-	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*(rpcport.MaxReceivingSockets+4)))
+	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*scmMaxFD))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return m, nil, err
@@ -186,6 +231,7 @@ func recvMsg(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, erro
 		for i := range msgs {
 			fds, err := unix.ParseUnixRights(&msgs[i])
 			if err != nil {
+				closeFiles(files)
 				return m, nil, fmt.Errorf("hand-over: %w", err)
 			}
 			for _, fd := range fds {

@@ -110,3 +110,53 @@ func handOverPair(t *testing.T) (a, b *net.UnixConn) {
 	}
 	return conn(fds[0]), conn(fds[1])
 }
+
+// TestHandOverCarriesMoreDescriptorsThanOneMessage: a hand-over's
+// descriptors go over in as many messages as they need. A node with 256
+// receiving sockets hands over 260; one message carries at most 253 (the
+// kernel's SCM_MAX_FD), so the restart failed with 'invalid argument'.
+func TestHandOverCarriesMoreDescriptorsThanOneMessage(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "hand-over")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	old, new := conn(fds[0]), conn(fds[1])
+	for _, n := range []int{1, scmMaxFD, scmMaxFD + 1, 260, 2*scmMaxFD + 1} {
+		var sent []*os.File
+		for range n {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			sent = append(sent, r)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- sendMsg(old, takeoverMsg{Step: "listeners", PID: n}, sent) }()
+		m, got, err := recvMsg(new, time.Now().Add(5*time.Second))
+		if serr := <-errc; serr != nil || err != nil {
+			t.Fatalf("%d descriptors: send %v, receive %v", n, serr, err)
+		}
+		if m.Step != "listeners" || m.PID != n || len(got) != n {
+			t.Fatalf("%d descriptors: got %q (pid %d) with %d", n, m.Step, m.PID, len(got))
+		}
+		for i := range sent { // each is the pipe sent in its place
+			var a, b unix.Stat_t
+			if unix.Fstat(int(sent[i].Fd()), &a) != nil || unix.Fstat(int(got[i].Fd()), &b) != nil || a.Ino != b.Ino {
+				t.Fatalf("%d descriptors: the %dth received is not the %dth sent (inode %d, want %d)", n, i, i, b.Ino, a.Ino)
+			}
+		}
+		closeFiles(sent)
+		closeFiles(got)
+	}
+}
