@@ -119,7 +119,18 @@ func TestTortureCluster(t *testing.T) {
 	// at some moment while it ran. With both out there is nowhere to go,
 	// and callers answered at once call again at once: a few hundred ms
 	// both out give thousands of such answers. 'no such service group'
-	// while a node was in says n0's table lost a node nothing took out.
+	// while a node was in says n0's table lost a node nothing took out;
+	// 'network down' while a node was in is most often a call n0 sent to
+	// the node that was out before it knew ("connection to node n1 lost",
+	// "connection refused"). The first few of each are logged with their
+	// messages and the attacks' windows, to be read.
+	var examplesMu sync.Mutex
+	examples := map[netio.Code][]string{}
+	defer func() {
+		for code, ex := range examples {
+			t.Logf("%q while a serving node was in, the first %d:\n%s", code.String(), len(ex), strings.Join(ex, "\n"))
+		}
+	}()
 	tt.explain = func(c *tcall) string {
 		if c.kind != netio.KindError || (c.code != netio.CodeNoSuchGroup && c.code != netio.CodeNetworkDown) || c.group == "probe" {
 			return ""
@@ -131,6 +142,16 @@ func TestTortureCluster(t *testing.T) {
 		if both {
 			return fmt.Sprintf("of which %q with both serving nodes out", c.code.String())
 		}
+		examplesMu.Lock()
+		if len(examples[c.code]) < 5 {
+			var out strings.Builder
+			for _, p := range peers {
+				fmt.Fprintf(&out, " %s out %s;", p.name, p.outsNear(c.sentAt, c.answeredAt))
+			}
+			examples[c.code] = append(examples[c.code], fmt.Sprintf("  %s/%s sent %v answered %v:%s %q",
+				c.group, c.service, c.sentAt.Round(time.Millisecond), c.answeredAt.Round(time.Millisecond), out.String(), c.msg))
+		}
+		examplesMu.Unlock()
 		return fmt.Sprintf("of which %q while a serving node was in", c.code.String())
 	}
 	defer func() { t.Logf("both serving nodes out at once: %v in all", bothOut(peers).Round(time.Millisecond)) }()
@@ -265,6 +286,22 @@ func (p *tpeer) outDuring(from, to time.Duration) bool {
 		}
 	}
 	return false
+}
+
+// outsNear lists the windows the node was out within 5 s of [from, to].
+func (p *tpeer) outsNear(from, to time.Duration) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var near []string
+	for _, o := range p.outs {
+		if o[0] <= to+5*time.Second && from-5*time.Second <= o[1] {
+			near = append(near, fmt.Sprintf("%v-%v", o[0].Round(time.Millisecond), o[1].Round(time.Millisecond)))
+		}
+	}
+	if len(near) == 0 {
+		return "never"
+	}
+	return strings.Join(near, ", ")
 }
 
 // bothOut is how long every one of peers was out at once.
