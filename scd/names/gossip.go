@@ -699,7 +699,10 @@ func (c *Gossip) outlive(info NodeInfo) {
 // clock set back learns so of its past incarnation (outlive). A stale
 // relay of a past incarnation sends it its current one, which it ignores;
 // at most once a second per node, so a flood of stale announces makes no
-// flood of answers. c.mu is held.
+// flood of answers. A packet when the announce fits one: a TCP send to a
+// node that stopped answering holds Stop for memberlist's 10 s, and a
+// packet lost is sent again at the node's next stale announce. c.mu is
+// held.
 func (c *Gossip) tellOfNewerLocked(node string, newer []byte) {
 	if c.stopping || time.Since(c.told[node]) < time.Second {
 		return
@@ -707,7 +710,11 @@ func (c *Gossip) tellOfNewerLocked(node string, newer []byte) {
 	c.told[node] = time.Now()
 	to := c.peers[node]
 	c.goReadyLocked(func() {
-		if err := c.ml.SendReliable(&to, newer); err != nil {
+		send := c.ml.SendBestEffort // c.ml is set once ready
+		if len(newer) > maxPacketAnnounce {
+			send = c.ml.SendReliable
+		}
+		if err := send(&to, newer); err != nil {
 			c.log.Debug("telling a node of its newer announce", "node", to.Name, "err", err)
 			return
 		}
