@@ -172,6 +172,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if msg := repeatedFlag(fs, args); msg != "" {
+		fmt.Fprintln(stderr, "scdctl:", msg)
+		fs.Usage()
+		return 2
+	}
 	if *timeout <= 0 {
 		// A context that has already ended fails every command with
 		// 'context deadline exceeded', which reads as a node that is down.
@@ -338,6 +343,35 @@ func misplacedFlag(fs *flag.FlagSet, cmd string) string {
 		}
 	})
 	return msg
+}
+
+// repeatedFlag says which flag args give twice, or "": the flag package
+// keeps the last, so scdctl -c a status -c b read b's sysconf with nothing
+// said. args parsed already (parseInterspersed), so every flag is known.
+func repeatedFlag(fs *flag.FlagSet, args []string) string {
+	seen := map[string]bool{}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			continue
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && bf.IsBoolFlag()) {
+			i++ // its value, which may begin with "-"
+		}
+		if seen[f.Name] {
+			return fmt.Sprintf("-%s given twice: give it once", f.Name)
+		}
+		seen[f.Name] = true
+	}
+	return ""
 }
 
 // parseInterspersed parses flags wherever they stand among the words, as

@@ -411,3 +411,29 @@ func TestCommandHelp(t *testing.T) {
 		t.Errorf("scdctl help stauts: exit %d, stderr %q, want 2 and a did-you-mean", code, stderr.String())
 	}
 }
+
+// TestRepeatedFlag: a flag given twice is a usage error naming it; the
+// flag package kept the last, so scdctl -c a status -c b read b's sysconf
+// with nothing said. A value that looks like a flag, and DATA after --,
+// are not flags.
+func TestRepeatedFlag(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string // "" when no flag is repeated
+	}{
+		{[]string{"-c", "a", "status", "-c", "b"}, "-c given twice"},
+		{[]string{"-t=1s", "status", "-t", "2s"}, "-t given twice"},
+		{[]string{"-json", "status", "--json"}, "-json given twice"},
+		{[]string{"-h", "status", "-help=false"}, ""}, // two names, two flags
+		{[]string{"-H", "127.0.0.1:1", "-t", "1s", "call", "g", "s", "--", "-t"}, ""},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(c.args, &stdout, &stderr)
+		switch {
+		case c.want != "" && (code != 2 || !strings.Contains(stderr.String(), c.want)):
+			t.Errorf("scdctl %v: exit %d, %q, want 2 and %q", c.args, code, stderr.String(), c.want)
+		case c.want == "" && strings.Contains(stderr.String(), "given twice"):
+			t.Errorf("scdctl %v: %q", c.args, stderr.String())
+		}
+	}
+}
