@@ -62,7 +62,7 @@ var metricHelp = map[string]string{
 	"tpsched_cpu_measurement":                      "How UAP CPU time and run-queue wait are measured (tp_btf, raw_tp, tracepoint: eBPF; proc: /proc): 1 for the mechanism in use.",
 	"tpsched_group_cpu_seconds_total":              "CPU time the group's UAP processes ran, ended processes included.",
 	"tpsched_group_runqueue_wait_seconds_total":    "Time the group's UAP processes waited for a CPU while runnable, ended processes included.",
-	"tpsched_group_runqueue_wait_ratio":            "Share of the group's processes' runnable time spent waiting for a CPU over the CPU guard's last window (absent when the mechanism cannot see waits).",
+	"tpsched_group_runqueue_wait_ratio":            "Share of the group's processes' runnable time spent waiting for a CPU over the CPU guard's last window (absent when the mechanism cannot see waits); read it beside tpsched_group_runnable_ratio: a group runnable under 0.2 of the time has too little runnable time for the ratio to mean much (the status page shows -).",
 	"tpsched_group_runnable_ratio":                 "Runnable time per process of the group over the CPU guard's last window, as a ratio of the window (above 1 for several busy threads).",
 	"tpsched_group_runqueue_wait_duration_seconds": "Run-queue waits of the group's UAP processes by length (eBPF only).",
 	// Control socket.
