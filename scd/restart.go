@@ -210,29 +210,34 @@ func recvMsg(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, erro
 	return m, files, nil
 }
 
-// recvOne reads one message and the descriptors that came with it.
+// recvOne reads one message and the descriptors that came with it. On
+// any error the descriptors that came are closed: a message whose control
+// part was cut (MSG_CTRUNC: the kernel dropped the descriptors past the
+// buffer, or those this process had no room for, at its RLIMIT_NOFILE)
+// is refused at once, not taken for fewer descriptors (recvMsg would then
+// wait for the rest until its deadline, watchOld for ever).
 func recvOne(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, error) {
 	var m takeoverMsg
 	_ = c.SetReadDeadline(deadline)
 	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*scmMaxFD))
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return m, nil, err
 	}
-	if n == 0 {
-		return m, nil, errors.New("the other process closed the hand-over socket")
-	}
 	var files []*os.File
 	if oobn > 0 {
-		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-		if err != nil {
-			return m, nil, fmt.Errorf("hand-over: %w", err)
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr != nil {
+			err = fmt.Errorf("hand-over: %w", perr)
 		}
 		for i := range msgs {
-			fds, err := unix.ParseUnixRights(&msgs[i])
-			if err != nil {
-				closeFiles(files)
-				return m, nil, fmt.Errorf("hand-over: %w", err)
+			if msgs[i].Header.Level != unix.SOL_SOCKET || msgs[i].Header.Type != unix.SCM_RIGHTS {
+				continue // credentials, say: no descriptors
+			}
+			fds, perr := unix.ParseUnixRights(&msgs[i])
+			if perr != nil {
+				err = fmt.Errorf("hand-over: %w", perr)
+				continue
 			}
 			for _, fd := range fds {
 				unix.CloseOnExec(fd)
@@ -240,9 +245,22 @@ func recvOne(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, erro
 			}
 		}
 	}
-	if err := json.Unmarshal(buf[:n], &m); err != nil {
+	switch {
+	case err != nil:
+	case flags&unix.MSG_CTRUNC != 0:
+		err = fmt.Errorf("hand-over: a message's descriptors were cut short (%d came; is the open files limit reached?)", len(files))
+	case flags&unix.MSG_TRUNC != 0:
+		err = fmt.Errorf("hand-over: a message longer than %d bytes", len(buf))
+	case n == 0:
+		err = errors.New("the other process closed the hand-over socket")
+	default:
+		if uerr := json.Unmarshal(buf[:n], &m); uerr != nil {
+			err = fmt.Errorf("hand-over: %w", uerr)
+		}
+	}
+	if err != nil {
 		closeFiles(files)
-		return m, nil, fmt.Errorf("hand-over: %w", err)
+		return m, nil, err
 	}
 	return m, files, nil
 }
@@ -702,8 +720,11 @@ func (r *restarter) takeoverServing() error {
 // the commit), until the old process ends or closeOld closes the socket.
 func (r *restarter) watchOld(c *net.UnixConn) {
 	for {
-		m, files, err := recvMsg(c, time.Time{})
-		closeFiles(files) // the old process sends none now
+		// One message at a time: the old process sends no descriptors
+		// now, and a message that said some follow (Files) would have
+		// recvMsg wait for them, with no deadline, and the stop unheard.
+		m, files, err := recvOne(c, time.Time{})
+		closeFiles(files)
 		if err != nil {
 			return
 		}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,5 +159,132 @@ func TestHandOverCarriesMoreDescriptorsThanOneMessage(t *testing.T) {
 		}
 		closeFiles(sent)
 		closeFiles(got)
+	}
+}
+
+// TestHandOverClosesTheDescriptorsOfAMessageItRefuses: a message whose
+// control part came cut (MSG_CTRUNC: here the receiver's credentials
+// take part of the buffer; in earnest, a new process at its open files
+// limit) is refused at once, and no descriptor that came with it, nor
+// with a message carrying another control message before its own, stays
+// open. recvOne took the credentials for a bad SCM_RIGHTS and returned
+// leaving every descriptor of the message open, and took a cut message
+// for fewer descriptors (recvMsg then waited for the rest to its
+// deadline).
+func TestHandOverClosesTheDescriptorsOfAMessageItRefuses(t *testing.T) {
+	open := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip(err)
+		}
+		return len(ents)
+	}
+	for _, n := range []int{3, scmMaxFD} {
+		old, new := handOverPair(t)
+		raw, err := new.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = raw.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sent []*os.File
+		for range n {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			sent = append(sent, r)
+		}
+		before := open()
+		if err := sendMsg(old, takeoverMsg{Step: "listeners"}, sent); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, got, err := recvMsg(new, time.Now().Add(5*time.Second))
+		switch {
+		case n <= 3 && (err != nil || len(got) != n):
+			t.Errorf("%d descriptors with credentials: got %d, %v; want them all", n, len(got), err)
+		case n > 3 && err == nil:
+			t.Errorf("%d descriptors cut short: got %d and no error", n, len(got))
+		case n > 3 && time.Since(start) > 2*time.Second:
+			t.Errorf("%d descriptors cut short: refused only after %v", n, time.Since(start))
+		}
+		closeFiles(got)
+		if leaked := open() - before; leaked > 2 {
+			t.Errorf("%d descriptors sent with credentials: %d left open", n, leaked)
+		}
+		closeFiles(sent)
+		old.Close()
+		new.Close()
+	}
+}
+
+// TestWatchOldHearsAStopWhateverItSaysOfDescriptors: the new process
+// watches the hand-over socket, with no deadline, for a stop the old one
+// passes on. A message saying descriptors follow (Files) had it wait for
+// them, so the stop went unheard while the old process lived.
+func TestWatchOldHearsAStopWhateverItSaysOfDescriptors(t *testing.T) {
+	newEnd, oldEnd := handOverPair(t)
+	defer oldEnd.Close()
+	defer newEnd.Close()
+	r := &restarter{}
+	go r.watchOld(newEnd)
+	if err := sendOne(oldEnd, takeoverMsg{Step: "stop", Files: 1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.stopAskedCh():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stop passed on was not heard within 5 s")
+	}
+}
+
+// TestHandOverRefusesDescriptorsCutAtTheOpenFilesLimit: a new process
+// with no room for every descriptor of a message gets those it has room
+// for, and MSG_CTRUNC: recvMsg took them for all that came and waited
+// for the rest until its deadline (the restart undone half a minute
+// later, for "the other process closed the hand-over socket").
+func TestHandOverRefusesDescriptorsCutAtTheOpenFilesLimit(t *testing.T) {
+	old, new := handOverPair(t)
+	defer old.Close()
+	defer new.Close()
+	var sent []*os.File
+	for range 20 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		sent = append(sent, r)
+	}
+	defer closeFiles(sent)
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip(err)
+	}
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendMsg(old, takeoverMsg{Step: "listeners"}, sent); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(len(ents) + 5) // room for a few of the 20
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Skip(err)
+	}
+	start := time.Now()
+	_, got, err := recvMsg(new, time.Now().Add(3*time.Second))
+	took := time.Since(start)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	closeFiles(got)
+	if err == nil || !strings.Contains(err.Error(), "cut short") || took > 2*time.Second {
+		t.Errorf("20 descriptors, room for fewer: got %d, %v after %v; want a cut short refused at once", len(got), err, took)
 	}
 }
