@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,7 +113,7 @@ func TestChprcOnline(t *testing.T) {
 		// One line says the change, one who asked it; a chprc that changes
 		// nothing says nothing changed.
 		if log := n.stderr.String(); strings.Count(log, "parallel_count changed") != 1 ||
-			!strings.Contains(log, `msg="control request" path=/chprc query="group=g&resident=3" uid=0`) {
+			!strings.Contains(log, `msg="control request" path=/chprc query="group=g&resident=3" uid=`+strconv.Itoa(os.Getuid())+` `) {
 			t.Errorf("scdd's log of chprc g 3: want one change line and the asker's:\n%s", grep(log, "parallel_count")+"\n"+grep(log, "control request"))
 		}
 		if out, err := n.scdctl("chprc", "g", "3"); err != nil || !strings.Contains(out, "nothing changed") {
