@@ -224,6 +224,16 @@ func runChild(mode string) int {
 				return 2
 			}
 		}
+	case "hog": // touches memory until its cgroup's limit kills it
+		var held [][]byte
+		for range 4096 {
+			b := make([]byte, 1<<20)
+			for i := 0; i < len(b); i += 4096 {
+				b[i] = 1
+			}
+			held = append(held, b)
+		}
+		return len(held) // not reached under a limit below 4 GiB
 	case "sleep", "stubborn", "burn", "escape", "bomb", "initfork", "inherit", "chatty":
 		time.Sleep(time.Hour)
 		return 0
