@@ -40,7 +40,7 @@ CHECK_FUZZTIME ?= 10s
 MODULES := . bench
 ABSBIN   = $(abspath $(BIN))
 
-.PHONY: help build uap-c install uninstall test check check-cgroup2 test-short slowest bench bench-bin bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos torture clean
+.PHONY: help build uap-c install uninstall test check check-purev2 check-cgroup2 test-short slowest bench bench-bin bench-quick bench-deps demo policy-demo cluster-demo screenshots generate check-generate bpf-tools lint fuzz chaos torture clean
 
 help: ## list the targets
 	@awk -F':.*## ' '/^[a-zA-Z0-9_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -140,9 +140,10 @@ test: ## the README's test command, 4-12 minutes on 2 cores: unit tests of both 
 check: build ## the full suite, what CI runs: every test of both modules with -race (itest's scdd and UAPs built with -race too; TPSCHED_TEST_FULL=1 runs the slow ones), then make fuzz and make chaos; about 30 min
 	@st=0; \
 	TEST_TIMEOUT=$(TEST_TIMEOUT) GO=$(GO) bash tools/gotest.sh check || st=1; \
+	$(MAKE) --no-print-directory check-purev2 || st=1; \
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(CHECK_FUZZTIME) || st=1; \
 	$(MAKE) --no-print-directory chaos || st=1; \
-	if [ $$st -ne 0 ]; then echo "check: FAILED (see above: go test, fuzz or chaos)"; fi; \
+	if [ $$st -ne 0 ]; then echo "check: FAILED (see above: go test, pure cgroup v2, fuzz or chaos)"; fi; \
 	exit $$st
 
 test-short: ## go test -short of both modules: no race detector, itest not run (nothing builds scdd); unit tests still start helper processes (procmgr, shm, bpf, scd/local re-run the test binary as a UAP)
@@ -150,6 +151,9 @@ test-short: ## go test -short of both modules: no race detector, itest not run (
 
 slowest: ## the slowest tests of the last make test, check and test-short runs (.testtimes/)
 	@$(GO) run ./tools/testtimes -n 25 .testtimes/*.json
+
+check-purev2: ## procmgr's tests on cgroup v2 alone (every controller there): Debian's kernel booted with cgroup_no_v1=all under qemu, no KVM needed (tools/purev2.sh; about 30 s; needs qemu-system-x86 and cpio, skips without them unless CI=true)
+	GO=$(GO) sh tools/purev2.sh
 
 check-cgroup2: ## root: move cpu and pids (memory too when its v1 hierarchy is empty) to cgroup v2, run procmgr's containment and priority tests there, move them back (tools/cgroup2-ci.sh)
 	sh tools/cgroup2-ci.sh
