@@ -7,7 +7,9 @@
 # check-cgroup2 tries that). So this boots Debian's kernel with
 # cgroup_no_v1=all in a virtual machine (qemu, software emulation: no
 # KVM needed; about 30 s) whose init, tools/purev2, mounts cgroup2 with
-# every controller, runs the procmgr test binary and powers off.
+# every controller, runs the procmgr test binary, then starts the real
+# scdd on its embedded default, calls its demo with scdctl and checks
+# where its UAPs run, and powers off.
 #
 # Needs qemu-system-x86_64 and cpio (Debian's qemu-system-x86 and cpio)
 # and apt-get download for the kernel and busybox (its sleep and sh are
@@ -71,9 +73,10 @@ for a in sh sleep cat true; do ln -s busybox "$root/bin/$a"; done
 # Static binaries: the machine has no C library.
 CGO_ENABLED=0 "$GO" build -o "$root/init" ./tools/purev2 || exit 2
 CGO_ENABLED=0 "$GO" test -c -o "$root/procmgr.test" ./procmgr || exit 2
+CGO_ENABLED=0 "$GO" build -o "$root/bin/" ./cmd/scdd ./cmd/scdctl ./cmd/uap-echo || exit 2
 (cd "$root" && find . | cpio -o -H newc 2>/dev/null | gzip -1) >"$work/initrd.gz" || exit 2
 
-say "booting $(basename "$kernel") with cgroup_no_v1=all; procmgr's tests -run '$RUN' -skip '$SKIP'"
+say "booting $(basename "$kernel") with cgroup_no_v1=all; procmgr's tests -run '$RUN' -skip '$SKIP', then scdd"
 start=$(date +%s)
 timeout 900 qemu-system-x86_64 -m 2048 -smp 2 -nographic -no-reboot -kernel "$kernel" -initrd "$work/initrd.gz" \
 	-append "console=ttyS0 quiet panic=-1 cgroup_no_v1=all PUREV2_RUN=$RUN PUREV2_SKIP=$SKIP" </dev/null >"$work/console" 2>&1
