@@ -35,6 +35,7 @@ say() { echo "purev2: $*" >&2; }
 missing=""
 command -v qemu-system-x86_64 >/dev/null || missing="$missing qemu-system-x86"
 command -v cpio >/dev/null || missing="$missing cpio"
+command -v apt-get >/dev/null || missing="$missing apt-get (a Debian host, for the kernel's package)"
 if [ -n "$missing" ]; then
 	if [ "${CI:-}" = true ] || [ "${TPSCHED_REQUIRE_BPF:-}" = 1 ]; then
 		say "needs Debian's$missing (apt-get install$missing), and this run asks for every test"
@@ -63,7 +64,8 @@ kdeb=$(fetch "$kpkg") || exit 2
 bdeb=$(fetch busybox-static) || exit 2
 
 work=$(mktemp -d) || exit 2
-trap 'rm -rf "$work"' EXIT INT TERM
+trap 'rm -rf "$work"' EXIT
+trap 'exit 2' INT TERM
 dpkg-deb -x "$kdeb" "$work/k" && dpkg-deb -x "$bdeb" "$work/b" || exit 2
 kernel=$(ls "$work"/k/boot/vmlinuz-* | head -1)
 root="$work/root"
