@@ -540,18 +540,8 @@ func TestAStopToBothProcessesDrainsTheNewOne(t *testing.T) {
 		answered <- err
 	}()
 	waitFor(t, 10*time.Second, "the call to run in the new process", func() bool {
-		st, err := statusOf(n.http)
-		if err != nil || st.PID == pgid {
-			return false
-		}
-		for _, g := range st.Groups {
-			for _, p := range g.Processes {
-				if g.Group == "light" && p.Calls > 0 {
-					return true
-				}
-			}
-		}
-		return false
+		pid, held := lightCallHeld(n)
+		return held && pid != pgid
 	}, n.logText)
 	must(t, syscall.Kill(-pgid, syscall.SIGTERM))
 	if err := <-answered; err != nil {
@@ -592,18 +582,8 @@ func TestASecondSignalAfterAPassedOnStopExits(t *testing.T) {
 		_, _ = c.Call(ctx, "light", "sleep", []byte("15000"))
 	}()
 	waitFor(t, 10*time.Second, "the sleep to run in the new process", func() bool {
-		st, err := statusOf(n.http)
-		if err != nil || st.PID != newPID {
-			return false
-		}
-		for _, g := range st.Groups {
-			for _, p := range g.Processes {
-				if g.Group == "light" && p.Calls > 0 {
-					return true
-				}
-			}
-		}
-		return false
+		pid, held := lightCallHeld(n)
+		return held && pid == newPID
 	}, n.logText)
 	must(t, syscall.Kill(old, syscall.SIGTERM))
 	waitFor(t, 10*time.Second, "the new process to drain on the stop passed on", func() bool {
@@ -617,6 +597,23 @@ func TestASecondSignalAfterAPassedOnStopExits(t *testing.T) {
 	if text := n.logText(); !strings.Contains(text, "second signal: exiting without draining") {
 		t.Errorf("the new process exited without saying it was the second signal:\n%s", grep(text, "signal"))
 	}
+}
+
+// lightCallHeld says which scdd answers the node's status and whether a
+// process of its group light holds a call.
+func lightCallHeld(n *restartingNode) (pid int, held bool) {
+	st, err := statusOf(n.http)
+	if err != nil {
+		return 0, false
+	}
+	for _, g := range st.Groups {
+		for _, p := range g.Processes {
+			if g.Group == "light" && p.Calls > 0 {
+				return st.PID, true
+			}
+		}
+	}
+	return st.PID, false
 }
 
 // TestRestartStartsTheBinaryTheLinkNamesNow: scdd started by a symbolic

@@ -178,7 +178,7 @@ func TestForkBombIsContained(t *testing.T) {
 
 // A process that takes more memory than its server's limit is killed by
 // the kernel's OOM killer in its own cgroup, which the server's limits
-// count; the manager, over the limit too as a whole, lives on. On this
+// count; the manager (this test's process) lives on. On this
 // development host the memory controller is on cgroup v1; make
 // check-purev2 runs it where it is on v2 (tools/purev2.sh).
 func TestMemoryHogIsKilledAtItsLimit(t *testing.T) {

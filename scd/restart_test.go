@@ -117,21 +117,9 @@ func handOverPair(t *testing.T) (a, b *net.UnixConn) {
 // receiving sockets hands over 260; one message carries at most 253 (the
 // kernel's SCM_MAX_FD), so the restart failed with 'invalid argument'.
 func TestHandOverCarriesMoreDescriptorsThanOneMessage(t *testing.T) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "hand-over")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*net.UnixConn)
-	}
-	old, new := conn(fds[0]), conn(fds[1])
+	old, new := handOverPair(t)
+	defer old.Close()
+	defer new.Close()
 	for _, n := range []int{1, scmMaxFD, scmMaxFD + 1, 260, 2*scmMaxFD + 1} {
 		var sent []*os.File
 		for range n {
