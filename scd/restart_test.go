@@ -112,6 +112,22 @@ func handOverPair(t *testing.T) (a, b *net.UnixConn) {
 	return conn(fds[0]), conn(fds[1])
 }
 
+// pipeEnds opens n pipes and returns their reading ends (each a file of
+// its own inode, to be told apart when received).
+func pipeEnds(t *testing.T, n int) []*os.File {
+	t.Helper()
+	var ends []*os.File
+	for range n {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		ends = append(ends, r)
+	}
+	return ends
+}
+
 // TestHandOverCarriesMoreDescriptorsThanOneMessage: a hand-over's
 // descriptors go over in as many messages as they need. A node with 256
 // receiving sockets hands over 260; one message carries at most 253 (the
@@ -121,15 +137,7 @@ func TestHandOverCarriesMoreDescriptorsThanOneMessage(t *testing.T) {
 	defer old.Close()
 	defer new.Close()
 	for _, n := range []int{1, scmMaxFD, scmMaxFD + 1, 260, 2*scmMaxFD + 1} {
-		var sent []*os.File
-		for range n {
-			r, w, err := os.Pipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			w.Close()
-			sent = append(sent, r)
-		}
+		sent := pipeEnds(t, n)
 		errc := make(chan error, 1)
 		go func() { errc <- sendMsg(old, takeoverMsg{Step: "listeners", PID: n}, sent) }()
 		m, got, err := recvMsg(new, time.Now().Add(5*time.Second))
@@ -177,15 +185,7 @@ func TestHandOverClosesTheDescriptorsOfAMessageItRefuses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var sent []*os.File
-		for range n {
-			r, w, err := os.Pipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			w.Close()
-			sent = append(sent, r)
-		}
+		sent := pipeEnds(t, n)
 		before := open()
 		if err := sendMsg(old, takeoverMsg{Step: "listeners"}, sent); err != nil {
 			t.Fatal(err)
@@ -239,15 +239,7 @@ func TestHandOverRefusesDescriptorsCutAtTheOpenFilesLimit(t *testing.T) {
 	old, new := handOverPair(t)
 	defer old.Close()
 	defer new.Close()
-	var sent []*os.File
-	for range 20 {
-		r, w, err := os.Pipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.Close()
-		sent = append(sent, r)
-	}
+	sent := pipeEnds(t, 20)
 	defer closeFiles(sent)
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
