@@ -417,7 +417,7 @@ func (d *doors) controlAllowed(next http.Handler, refused *metrics.Counter) http
 			// from the operator.
 			why = "control socket: the caller runs in another user namespace (a UAP of this node?): only scdd's own user and root, outside"
 		default:
-			if r.Method != http.MethodGet && !strings.HasPrefix(r.URL.Path, "/debug/") {
+			if r.Method == http.MethodPost && !strings.HasPrefix(r.URL.Path, "/debug/") {
 				// Who changed the node: every action, whatever it logs of
 				// its outcome (hold's "service group held" has no asker).
 				n.log.Info("control request", "path", r.URL.Path, "query", r.URL.RawQuery,
