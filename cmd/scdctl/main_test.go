@@ -424,7 +424,6 @@ func TestRepeatedFlag(t *testing.T) {
 		{[]string{"-c", "a", "status", "-c", "b"}, "-c given twice"},
 		{[]string{"-t=1s", "status", "-t", "2s"}, "-t given twice"},
 		{[]string{"-json", "status", "--json"}, "-json given twice"},
-		{[]string{"-h", "status", "-help=false"}, ""}, // two names, two flags
 		{[]string{"-H", "127.0.0.1:1", "-t", "1s", "call", "g", "s", "--", "-t"}, ""},
 	} {
 		var stdout, stderr bytes.Buffer
