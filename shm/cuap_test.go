@@ -60,6 +60,26 @@ func gcc(dir string, args ...string) error {
 // flags) and returns its path; the test is skipped if there is no gcc.
 func cUAP(tb testing.TB, extra ...string) string {
 	tb.Helper()
+	root := cBuildDir(tb)
+	key := strings.Join(extra, " ")
+	if p, ok := cBuilt[key]; ok {
+		return p
+	}
+	out := filepath.Join(cDir, fmt.Sprintf("uap-echo-c-%d", len(cBuilt)))
+	args := append(append(append([]string{}, cFlags...), extra...),
+		"-I", filepath.Join(root, "uap-c"), "-o", out,
+		filepath.Join(root, "examples/uap-c/uap_echo.c"), filepath.Join(root, "uap-c/tpsched_uap.c"))
+	if err := gcc(root, args...); err != nil {
+		tb.Fatal(err)
+	}
+	cBuilt[key] = out
+	return out
+}
+
+// cBuildDir makes cDir once and returns the repository's root; the test
+// is skipped if there is no gcc.
+func cBuildDir(tb testing.TB) string {
+	tb.Helper()
 	cOnce.Do(func() {
 		if _, err := exec.LookPath("gcc"); err != nil {
 			cSkip = fmt.Sprintf("the C UAP library needs gcc: %v", err)
@@ -73,22 +93,27 @@ func cUAP(tb testing.TB, extra ...string) string {
 	if cErr != nil {
 		tb.Fatal(cErr)
 	}
-	key := strings.Join(extra, " ")
-	if p, ok := cBuilt[key]; ok {
-		return p
-	}
 	root, err := filepath.Abs(repoFile())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	out := filepath.Join(cDir, fmt.Sprintf("uap-echo-c-%d", len(cBuilt)))
-	args := append(append(append([]string{}, cFlags...), extra...),
-		"-I", filepath.Join(root, "uap-c"), "-o", out,
-		filepath.Join(root, "examples/uap-c/uap_echo.c"), filepath.Join(root, "uap-c/tpsched_uap.c"))
+	return root
+}
+
+// CProgram builds a test's own C UAP, the C source src, with the library
+// (for package shm_test, as CUAP); the test is skipped without gcc.
+func CProgram(tb testing.TB, name, src string) string {
+	tb.Helper()
+	root := cBuildDir(tb)
+	c := filepath.Join(cDir, name+".c")
+	if err := os.WriteFile(c, []byte(src), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	out := filepath.Join(cDir, name)
+	args := append(append([]string{}, cFlags...), "-I", filepath.Join(root, "uap-c"), "-o", out, c, filepath.Join(root, "uap-c/tpsched_uap.c"))
 	if err := gcc(root, args...); err != nil {
 		tb.Fatal(err)
 	}
-	cBuilt[key] = out
 	return out
 }
 

@@ -790,14 +790,20 @@ static tpsched_uap *attach_socket(int fd, bool refresh, char *err, size_t errlen
 	return u;
 }
 
-/* sock_leave says bye and closes the socket. */
-static void sock_leave(tpsched_uap *u)
+/* sock_bye says the process leaves: socket mode's leave(). */
+static void sock_bye(tpsched_uap *u)
 {
 	unsigned char h[SW_HEADER];
 	struct sw_msg bye = {.kind = SW_BYE};
 	sw_put(h, &bye);
 	struct iovec iov = {.iov_base = h, .iov_len = sizeof h};
 	(void)write_all(u->sock, &iov, 1);
+}
+
+/* sock_leave says bye and closes the socket. */
+static void sock_leave(tpsched_uap *u)
+{
+	sock_bye(u);
 	close(u->sock);
 	u->sock = -1;
 }
@@ -864,9 +870,14 @@ int tpsched_close(tpsched_uap *u)
 			saved = errno;
 		}
 	}
-	if (u->sock >= 0 && close(u->sock) != 0) {
-		rc = -1;
-		saved = errno;
+	if (u->sock >= 0) {
+		/* Serving did not leave: say so, as leave() does above, or the
+		 * node takes the process for a ready one until it exits. */
+		sock_bye(u);
+		if (close(u->sock) != 0) {
+			rc = -1;
+			saved = errno;
+		}
 	}
 	free(u->sock_buf);
 	free(u);
