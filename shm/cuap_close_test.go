@@ -1,6 +1,8 @@
 package shm_test
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"tpsched/shm"
@@ -41,19 +43,22 @@ int main(void)
 }
 `
 
-// TestCUAPCloseSaysItLeaves: tpsched_close of a process that serving did
-// not make leave says it leaves, as the header has it, on shared memory
-// (state left) and on a socket (a bye): the node hands it nothing more.
-// Without the bye a socket process that closed was a ready one to the
-// node, and after eofGrace one that broke the protocol.
-func TestCUAPCloseSaysItLeaves(t *testing.T) {
+// TestUAPCloseSaysItLeaves: tpsched_close (and the Go library's Close)
+// of a process that serving did not make leave says it leaves, as their
+// docs have it, on shared memory (state left) and on a socket (a bye):
+// the node hands it nothing more. Without the bye a socket process that
+// closed was a ready one to the node, and after eofGrace one that broke
+// the protocol.
+func TestUAPCloseSaysItLeaves(t *testing.T) {
 	prog := shm.CProgram(t, "close-after-one", closeAfterOneC)
 	for _, im := range impls {
-		if im.name != "c/shm" && im.name != "c/socket" {
-			continue
-		}
 		t.Run(im.name, func(t *testing.T) {
 			im.prog = func(testing.TB) (string, []string, []string) { return prog, nil, nil }
+			if strings.HasPrefix(im.name, "go/") {
+				im.prog = func(testing.TB) (string, []string, []string) {
+					return os.Args[0], []string{"-test.run=^TestHelperUAP$", "-test.count=1"}, []string{shm.HelperUAPEnv + "=closeafterone"}
+				}
+			}
 			n := im.group(t, 64)
 			u := im.start(t, n)
 			if c := call(t, n, u, "echo", []byte("one"), 0); c.Status != shm.StatusOK || string(c.Reply) != "one" {

@@ -117,17 +117,17 @@ func (s *sockUAP) serveOne(u *UAP) error {
 }
 
 // leave says bye and closes the socket.
-func (s *sockUAP) leave() {
-	sockwire.Put(s.h[:], sockwire.Msg{Kind: sockwire.KindBye})
-	_, _ = s.conn.Write(s.h[:])
-	s.conn.Close()
-	s.conn = nil
-}
+func (s *sockUAP) leave() { _ = s.close() }
 
+// close is leave for Close: without the bye a process that closed and
+// lived on was a ready one to the node, until its eofGrace ruled it one
+// that broke the protocol.
 func (s *sockUAP) close() error {
 	if s.conn == nil {
 		return nil
 	}
+	sockwire.Put(s.h[:], sockwire.Msg{Kind: sockwire.KindBye})
+	_, _ = s.conn.Write(s.h[:])
 	err := s.conn.Close()
 	s.conn = nil
 	return err

@@ -33,6 +33,22 @@ func TestHelperUAP(t *testing.T) {
 	case "1":
 	case "hostile":
 		hostileUAP()
+	case "closeafterone": // serves one call, closes without being told to leave, lives on
+		u, err := Attach()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+		if err := u.ServeOne(); err != nil {
+			fmt.Fprintln(os.Stderr, "serve one:", err)
+			os.Exit(1)
+		}
+		if err := u.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "close:", err)
+			os.Exit(1)
+		}
+		time.Sleep(time.Hour) // the node learns that it left from the process, not its exit
 	default:
 		t.Skip("helper process for the cross-process tests")
 	}
