@@ -570,7 +570,8 @@ int tpsched_call_service(tpsched_uap *u, const char *group, const char *service,
 	if (n > u->max_msg)
 		n = u->max_msg;
 	size_t cp = n < out_cap ? n : out_cap;
-	memcpy(out, u->out_buf, cp);
+	if (cp > 0) /* out may be NULL with out_cap 0: memcpy's arguments must be valid even for 0 bytes */
+		memcpy(out, u->out_buf, cp);
 	*out_len = cp;
 	if (cp < n) {
 		errno = EMSGSIZE;
@@ -865,9 +866,13 @@ int tpsched_close(tpsched_uap *u)
 	int rc = 0, saved = 0;
 	if (u->area != NULL) {
 		leave(u);
-		if (munmap(u->area, u->area_len) != 0 || munmap((void *)u->page, u->page_len) != 0 || close(u->bell) != 0) {
+		/* All three, whichever fails. */
+		int e1 = munmap(u->area, u->area_len) != 0 ? errno : 0;
+		int e2 = munmap((void *)u->page, u->page_len) != 0 ? errno : 0;
+		int e3 = close(u->bell) != 0 ? errno : 0;
+		if (e1 || e2 || e3) {
 			rc = -1;
-			saved = errno;
+			saved = e1 ? e1 : e2 ? e2 : e3;
 		}
 	}
 	if (u->sock >= 0) {
