@@ -7,9 +7,12 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"tpsched/internal/testenv"
 )
@@ -22,6 +25,10 @@ const childEnv = "TPSCHED_BPF_TEST_BURN"
 const burnFor = 400 * time.Millisecond
 
 func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "threads" {
+		threadsChild()
+		os.Exit(0)
+	}
 	if os.Getenv(childEnv) != "" {
 		in := bufio.NewReader(os.Stdin)
 		in.ReadString('\n')
@@ -31,6 +38,45 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// threadsChild is the measured process of TestProcMeterWaitOutlivesThreads:
+// at the first line on stdin it starts more threads than there are CPUs,
+// each burning burnFor/4 of CPU, so that they wait on the run queues; it
+// says "burned" when all have, and at the next line lets the threads end
+// (a goroutine that returns locked to its thread ends the thread), says
+// "done", and waits for stdin to close.
+func threadsChild() {
+	in := bufio.NewReader(os.Stdin)
+	in.ReadString('\n')
+	var burned, ended sync.WaitGroup
+	end := make(chan struct{})
+	for range 2*runtime.NumCPU() + 2 {
+		burned.Add(1)
+		ended.Add(1)
+		go func() {
+			defer ended.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			var ru unix.Rusage
+			for x := 0; ; x++ {
+				if x%100000 == 0 {
+					unix.Getrusage(unix.RUSAGE_THREAD, &ru)
+					if time.Duration(ru.Utime.Nano()+ru.Stime.Nano()) >= burnFor/4 {
+						break
+					}
+				}
+			}
+			burned.Done()
+			<-end
+		}()
+	}
+	burned.Wait()
+	os.Stdout.WriteString("burned\n")
+	in.ReadString('\n')
+	close(end)
+	ended.Wait()
+	os.Stdout.WriteString("done\n")
+	io.Copy(io.Discard, in)
 }
 
 func burnCPU(d time.Duration) {
@@ -223,6 +269,54 @@ func TestProcMeterReadsProc(t *testing.T) {
 	b.cmd.Wait()
 	if f := m.Forget(pid); f.OnCPU != got.OnCPU {
 		t.Errorf("after exit Forget gave %v; the last reading was %v", f.OnCPU, got.OnCPU)
+	}
+}
+
+// TestProcMeterWaitOutlivesThreads: the /proc meter sums the run-queue
+// wait of the threads it finds in /proc/<pid>/task, and a thread that ended
+// is not there: its wait dropped out of the process's total, which went
+// back (a counter, tpsched_group_runqueue_wait_seconds_total, that
+// decreases; a CPU guard window with negative wait).
+func TestProcMeterWaitOutlivesThreads(t *testing.T) {
+	m := Open(Options{Force: Proc})
+	if !m.Mechanism().Waits {
+		t.Skipf("no run-queue wait here: %s", m.Mechanism().Reason)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=threads")
+	in, err := cmd.StdinPipe()
+	must(t, err)
+	outPipe, err := cmd.StdoutPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	out := bufio.NewReader(outPipe)
+	expect := func(want string) {
+		t.Helper()
+		timer := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
+		defer timer.Stop()
+		if line, err := out.ReadString('\n'); err != nil || line != want+"\n" {
+			t.Fatalf("child: %q, %v; want %q", line, err, want)
+		}
+	}
+	pid := cmd.Process.Pid
+	must(t, m.Track(pid))
+	_, err = in.Write([]byte("go\n"))
+	must(t, err)
+	expect("burned")
+	during := m.Read(pid)
+	if during.Wait <= 0 {
+		t.Fatalf("%d threads burned on %d CPUs and waited %v", 2*runtime.NumCPU()+2, runtime.NumCPU(), during.Wait)
+	}
+	_, err = in.Write([]byte("end\n"))
+	must(t, err)
+	expect("done")
+	time.Sleep(20 * time.Millisecond) // the ended threads leave /proc/<pid>/task
+	if after := m.Read(pid); after.Wait < during.Wait || after.OnCPU < during.OnCPU {
+		t.Errorf("after the threads ended the process read %v on CPU, %v waiting; before, %v and %v", after.OnCPU, after.Wait, during.OnCPU, during.Wait)
+	}
+	if f := m.Forget(pid); f.Wait < during.Wait {
+		t.Errorf("Forget gave %v waiting; before the threads ended, %v", f.Wait, during.Wait)
 	}
 }
 

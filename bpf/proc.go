@@ -2,9 +2,10 @@ package bpf
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -14,14 +15,27 @@ import (
 
 // procMeter is the fallback: on-CPU time from /proc/<pid>/stat (utime +
 // stime, every thread that ever lived) and run-queue wait from each live
-// thread's /proc/<pid>/task/<tid>/schedstat. It has no histogram, and no
-// wait at all when the kernel does not keep sched_info.
+// thread's /proc/<pid>/task/<tid>/schedstat. A thread that ended is gone
+// from task/, so each process keeps its threads' waits as last read and
+// adds those of the threads that ended (its total never goes back). It
+// has no histogram, and no wait at all when the kernel does not keep
+// sched_info.
 type procMeter struct {
 	mech    Mechanism
 	hasWait bool
 
-	mu   sync.Mutex
-	last map[int]Usage // what Read saw last: all Forget can give once the process is gone
+	mu    sync.Mutex
+	procs map[int]*procState // the tracked processes
+}
+
+// procState is what the /proc meter keeps of one process.
+type procState struct {
+	// mu makes the process's reads one at a time: each one takes what it
+	// read against what the one before saw.
+	mu      sync.Mutex
+	last    Usage                 // what Read saw last: all Forget can give once the process is gone
+	threads map[int]time.Duration // each thread's wait at the last read, by tid
+	ended   time.Duration         // the waits of the threads that ended since Track
 }
 
 // clockTick is USER_HZ, the unit of /proc/<pid>/stat times; it is 100 on
@@ -29,7 +43,7 @@ type procMeter struct {
 const clockTick = time.Second / 100
 
 func newProcMeter() *procMeter {
-	m := &procMeter{mech: Mechanism{Name: Proc}, last: map[int]Usage{}}
+	m := &procMeter{mech: Mechanism{Name: Proc}, procs: map[int]*procState{}}
 	// Our own process has surely run: zeros mean sched_info is off.
 	if run, _, err := readSchedstat("/proc/self/schedstat"); err == nil && run > 0 {
 		m.hasWait, m.mech.Waits = true, true
@@ -45,55 +59,101 @@ func (m *procMeter) Close() error          { return nil }
 
 func (m *procMeter) Track(pid int) error {
 	m.mu.Lock()
-	m.last[pid] = Usage{}
+	m.procs[pid] = &procState{}
 	m.mu.Unlock()
 	return nil
 }
 
 func (m *procMeter) Read(pid int) Usage {
-	u, err := m.read(pid)
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, tracked := m.last[pid]; !tracked {
+	st := m.procs[pid]
+	m.mu.Unlock()
+	if st == nil {
 		return Usage{}
 	}
-	if err != nil {
-		return m.last[pid] // it has just ended: keep what was seen
-	}
-	m.last[pid] = u
-	return u
+	return m.readState(pid, st)
 }
 
 func (m *procMeter) Forget(pid int) Usage {
-	u := m.Read(pid)
 	m.mu.Lock()
-	delete(m.last, pid)
+	st := m.procs[pid]
+	m.mu.Unlock()
+	if st == nil {
+		return Usage{}
+	}
+	u := m.readState(pid, st)
+	m.mu.Lock()
+	if m.procs[pid] == st {
+		delete(m.procs, pid)
+	}
 	m.mu.Unlock()
 	return u
 }
 
-func (m *procMeter) read(pid int) (Usage, error) {
-	var u Usage
+// readState reads pid and takes it into st.
+func (m *procMeter) readState(pid int, st *procState) Usage {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	u, waits, err := m.read(pid)
+	if err != nil {
+		return st.last // it has just ended: keep what was seen
+	}
+	if m.hasWait {
+		for tid, w := range st.threads {
+			// Gone, or its id taken by a new thread whose wait is below
+			// the ended one's: what the ended one waited stays counted.
+			if now, ok := waits[tid]; !ok || now < w {
+				st.ended += w
+			}
+		}
+		st.threads = waits
+		u.Wait = st.ended
+		for _, w := range waits {
+			u.Wait += w
+		}
+	}
+	st.last = u
+	return u
+}
+
+// read is pid's on-CPU time and its live threads' waits by tid.
+func (m *procMeter) read(pid int) (u Usage, waits map[int]time.Duration, err error) {
 	dir := "/proc/" + strconv.Itoa(pid)
 	stat, err := os.ReadFile(dir + "/stat")
 	if err != nil {
-		return u, err
+		return u, nil, err
 	}
 	ticks, err := statCPUTicks(stat)
 	if err != nil {
-		return u, err
+		return u, nil, err
 	}
 	u.OnCPU = time.Duration(ticks) * clockTick
 	if !m.hasWait {
-		return u, nil
+		return u, nil, nil
 	}
-	tasks, _ := filepath.Glob(dir + "/task/*/schedstat")
+	tasks, err := os.ReadDir(dir + "/task")
+	if err != nil {
+		return u, nil, err
+	}
+	waits = make(map[int]time.Duration, len(tasks))
 	for _, t := range tasks {
-		if _, wait, err := readSchedstat(t); err == nil {
-			u.Wait += time.Duration(wait)
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		_, wait, err := readSchedstat(dir + "/task/" + t.Name() + "/schedstat")
+		switch {
+		case err == nil:
+			waits[tid] = time.Duration(wait)
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
+			// it has just ended
+		default:
+			// Not read (out of descriptors): taken for ended, the thread
+			// would be counted again once read.
+			return u, nil, err
 		}
 	}
-	return u, nil
+	return u, waits, nil
 }
 
 // statFields are the fields of a /proc/<pid>/stat line from field 3 (the
