@@ -107,6 +107,16 @@ func runChild(mode string) int {
 			return 1
 		}
 		mode = "sleep"
+	case "burnexit": // burn and exit 0 until $PROCMGR_TEST_DIR/burned exists, then sleep
+		burned := filepath.Join(os.Getenv(envDir), "burned")
+		if _, err := os.Stat(burned); err != nil {
+			burnCPU(burnFor)
+			if err := os.WriteFile(burned, nil, 0o600); err != nil {
+				return 2
+			}
+			return 0
+		}
+		mode = "sleep"
 	case "grandchild":
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 		time.Sleep(time.Hour)

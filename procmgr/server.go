@@ -210,11 +210,13 @@ func (s *Server) reap(sl *slot) (proc *os.Process, exitErr error, healthy bool) 
 	proc = sl.proc
 	s.mu.Unlock()
 	waitExited(proc.Pid) // not reaped: see reapGate
+	// Read for the last time before the reap: until then /proc/<pid> is
+	// the zombie's, with all it used, and the pid no other process's.
+	s.usage.forget(proc.Pid)
 	s.reapGate.Lock()
 	state, err := proc.Wait() // lockcheck: it has exited (waitExited): this only reaps
 	s.reapGate.Unlock()
 	served := s.delegate.Slot(sl.index).Served // before Exited clears it
-	s.usage.forget(proc.Pid)
 	if err != nil {
 		exitErr = err
 	} else if !state.Success() {

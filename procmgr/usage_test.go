@@ -78,3 +78,38 @@ func TestUsageCountsRunningAndEndedProcesses(t *testing.T) {
 		})
 	}
 }
+
+// A process that ends is read once more before it is reaped: its
+// /proc/<pid>/stat is there until then, with all it used. It was read after
+// the reap, when the /proc meter found nothing and gave what it had last
+// read (the scaler reads once a second): a process that burned and ended
+// between two reads counted for nothing. (Reaped, its pid may also be
+// another process's by the time it is read.)
+func TestUsageKeepsWhatAnEndedProcessUsedSinceTheLastRead(t *testing.T) {
+	mechs := []string{bpf.Proc}
+	if os.Geteuid() == 0 {
+		mechs = append(mechs, bpf.TPBTF)
+	}
+	for _, mech := range mechs {
+		t.Run(mech, func(t *testing.T) {
+			meter := bpf.Open(bpf.Options{Force: mech})
+			t.Cleanup(func() { meter.Close() })
+			if meter.Mechanism().Name != mech {
+				t.Fatalf("meter %+v", meter.Mechanism())
+			}
+			m := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CPUParent: uniqueParent(), Meter: meter})
+			t.Cleanup(m.Close)
+			dir := t.TempDir()
+			exits := newExitLog()
+			srv := startServer(t, m, uapSpec("burnexit", dir, 1), &hooks{exited: exits.hook})
+			e := exits.next(t) // it burned and exited; the one started after it sleeps
+			if e.err != nil {
+				t.Fatalf("the burner ended with %v", e.err)
+			}
+			// /proc counts in 10 ms ticks.
+			if u := srv.Usage(); u.OnCPU < burnFor-10*time.Millisecond {
+				t.Errorf("usage %v after a process burned %v and ended", u.OnCPU, burnFor)
+			}
+		})
+	}
+}
