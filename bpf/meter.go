@@ -149,6 +149,11 @@ var programs = map[string][3]string{
 
 var events = [3]string{"sched_switch", "sched_wakeup", "sched_wakeup_new"}
 
+// freeProgram drops a thread's entry when its task is freed, for every
+// mechanism: a raw_tp, since the classic tracepoint's record of
+// sched_process_free differs between kernels (comm inline or __data_loc).
+const freeProgram, freeEvent = schedProgRawFree, "sched_process_free"
+
 func openProbes(name string) (m *probeMeter, err error) {
 	if err := canTrace(); err != nil {
 		return nil, err
@@ -166,7 +171,7 @@ func openProbes(name string) (m *probeMeter, err error) {
 		return nil, err
 	}
 	keep := programs[name]
-	keepOnly(spec, keep[:])
+	keepOnly(spec, append(keep[:], freeProgram))
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
@@ -193,6 +198,11 @@ func openProbes(name string) (m *probeMeter, err error) {
 		}
 		m.links = append(m.links, l)
 	}
+	l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: freeEvent, Program: coll.Programs[freeProgram]})
+	if err != nil {
+		return nil, fmt.Errorf("attach %s: %w", freeEvent, err)
+	}
+	m.links = append(m.links, l)
 	if name != Tracepoint {
 		if m.rq, err = mapRunQueues(coll.Maps[schedMapRunqueue]); err != nil {
 			return nil, err

@@ -348,8 +348,8 @@ func TestEachMechanismLoadsOnlyItsMaps(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		keepOnly(spec, progs[:])
-		if len(spec.Programs) != 3 {
+		keepOnly(spec, append(progs[:], freeProgram))
+		if len(spec.Programs) != 4 {
 			t.Errorf("%s: %d programs left", name, len(spec.Programs))
 		}
 		_, rq := spec.Maps[schedMapRunqueue]
@@ -370,10 +370,10 @@ type threadState struct {
 	QueuedSince uint64
 }
 
-// TestProbesTakeAReusedThreadID: the threads map keeps a thread's entry
-// after the thread ends (an LRU map of 65536 entries, more than the 32768
-// ids of a default pid_max), so once ids wrap, a new UAP's thread can find
-// the entry of an ended process's thread with the same id. The probes took
+// TestProbesTakeAReusedThreadID: the threads map kept a thread's entry
+// after the thread ended (now it goes when the task is freed, a grace
+// period later), so once ids wrapped, a new UAP's thread could find the
+// entry of an ended process's thread with the same id. The probes took
 // that entry as the thread's own and added its CPU time to the ended
 // process, which nobody tracks: a group whose UAPs were restarted for long
 // enough read no CPU at all. Here every thread of the burner starts with
@@ -419,6 +419,86 @@ func TestProbesTakeAReusedThreadID(t *testing.T) {
 			// since keeps its stale entry; what it ran is small.
 			if got < want*8/10 {
 				t.Errorf("eBPF on-CPU %v, /proc %v: the burner's threads were counted to an ended process", got, want)
+			}
+		})
+	}
+}
+
+// TestProbesDropEndedThreads: a thread's entry in the threads map goes
+// when the thread ends. Entries stayed until the LRU (65536) evicted them,
+// and with a pid_max above that (systemd sets 4194304) UAPs that start and
+// end threads filled it: then a live thread that had not run for a while
+// was evicted, and when it ran again it counted from 0, its whole CPU time
+// added a second time. The ended threads' time still counts, to their last
+// switch-out.
+func TestProbesDropEndedThreads(t *testing.T) {
+	needProbes(t)
+	for _, mech := range []string{TPBTF, RawTP, Tracepoint} {
+		t.Run(mech, func(t *testing.T) {
+			m := Open(Options{Force: mech})
+			defer m.Close()
+			pm, ok := m.(*probeMeter)
+			if !ok {
+				t.Fatalf("mechanism %+v, want %s", m.Mechanism(), mech)
+			}
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), childEnv+"=threads")
+			in, err := cmd.StdinPipe()
+			must(t, err)
+			outPipe, err := cmd.StdoutPipe()
+			must(t, err)
+			must(t, cmd.Start())
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+			out := bufio.NewReader(outPipe)
+			expect := func(want string) {
+				t.Helper()
+				timer := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
+				defer timer.Stop()
+				if line, err := out.ReadString('\n'); err != nil || line != want+"\n" {
+					t.Fatalf("child: %q, %v; want %q", line, err, want)
+				}
+			}
+			pid := cmd.Process.Pid
+			must(t, m.Track(pid))
+			_, err = in.Write([]byte("go\n"))
+			must(t, err)
+			expect("burned")
+			entries := func() int {
+				n := 0
+				var tid uint32
+				var st threadState
+				it := pm.coll.Maps["threads"].Iterate()
+				for it.Next(&tid, &st) {
+					if st.Tgid == uint32(pid) {
+						n++
+					}
+				}
+				must(t, it.Err())
+				return n
+			}
+			burners := 2*runtime.NumCPU() + 2
+			if n := entries(); n < burners {
+				t.Fatalf("%d entries of the process while its %d burners run", n, burners)
+			}
+			_, err = in.Write([]byte("end\n"))
+			must(t, err)
+			expect("done")
+			// The entries go a grace period after the threads end.
+			var live, n int
+			for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+				must(t, err)
+				if live, n = len(tasks), entries(); n <= live {
+					break
+				}
+			}
+			if n > live {
+				t.Errorf("%d entries of the process in the threads map; it has %d threads, %d ended", n, live, burners)
+			}
+			time.Sleep(20 * time.Millisecond) // it sleeps on stdin: its last slice is counted
+			got, want := m.Read(pid).OnCPU, procCPU(t, pid)
+			if diff := got - want; diff < -want/10 || diff > want/10 {
+				t.Errorf("eBPF on-CPU %v, /proc %v: more than 10%% apart", got, want)
 			}
 		})
 	}

@@ -9,16 +9,25 @@
  * Threads are known by tid in `threads`. A thread enters it the first time
  * it is seen with its tgid: at wake-up or switch-in when the program can
  * read the task (tp_btf, raw_tp), or at switch-out, when it is `current`
- * (any attach type). An entry found with another tgid is an ended thread's
- * whose id was reused, and is replaced. On-CPU time is the kernel's own sum_exec_runtime of
+ * (any attach type). On-CPU time is the kernel's own sum_exec_runtime of
  * the thread, taken at each switch-out, so a thread that was already
  * running when it was first seen loses nothing. The classic tracepoint
  * gives only tids, so there a thread's first run-queue wait may go
  * uncounted.
  *
+ * A thread's entry goes when its task is freed (sched_process_free, after
+ * its last switch-out), so the map holds live threads only. It held ended
+ * threads' until the LRU evicted them, and with a pid_max above its size
+ * (systemd's 4194304) a long-idle live thread's entry went too: seen again,
+ * the thread counted from 0, and all it had run was added a second time.
+ * An entry found with another tgid (its thread's free not seen yet) is an
+ * ended thread's whose id was reused, and is replaced.
+ *
  * The same three handlers serve each attach type; only how the arguments
  * are read differs. All of them need kernel BTF (CO-RE reads the task);
- * without it the Go side falls back to /proc.
+ * without it the Go side falls back to /proc. The free handler is a raw_tp
+ * for all three (sched_process_free's record layout differs between
+ * kernels, and it runs after the task is gone from `current`).
  *
  * `runqueue` holds, per CPU, how many tasks its run queue held at the last
  * switch on it or wake-up onto it (rq->nr_running, the one running
@@ -110,9 +119,8 @@ static __always_inline __u32 log2_slot(__u64 v)
 }
 
 /* thread finds tid's state; with tgid != 0 it creates it when the process
- * is tracked. An entry stays after its thread ends (the LRU holds more
- * entries than a default pid_max has ids), so one of another process is
- * an ended thread's whose id was reused: it is dropped, not taken, or the
+ * is tracked. An entry of another process is an ended thread's whose id
+ * was reused before its free was seen: it is dropped, not taken, or the
  * new thread's time would go to the ended process. */
 static __always_inline struct thread_state *thread(__u32 tid, __u32 tgid)
 {
@@ -160,6 +168,24 @@ static __always_inline void on_switch(__u32 prev_tid, int prev_runnable, __u32 n
 	__sync_fetch_and_add(&st->wait_ns, waited);
 	__sync_fetch_and_add(&st->waits, 1);
 	__sync_fetch_and_add(&st->hist[log2_slot(waited / 1000)], 1);
+}
+
+/* on_free drops a freed thread's entry: its last switch-out has been
+ * counted (the scheduler lets go of a dead task after it, and the free
+ * comes a grace period later). An entry of another process is a new
+ * thread's that took the id meanwhile. */
+static __always_inline void on_free(__u32 tid, __u32 tgid)
+{
+	struct thread_state *t = bpf_map_lookup_elem(&threads, &tid);
+	if (t && t->tgid == tgid)
+		bpf_map_delete_elem(&threads, &tid);
+}
+
+SEC("raw_tp/sched_process_free")
+int BPF_PROG(raw_free, struct task_struct *p)
+{
+	on_free(BPF_CORE_READ(p, pid), BPF_CORE_READ(p, tgid));
+	return 0;
 }
 
 /* tp_btf: typed arguments, no tracefs. */

@@ -39,6 +39,7 @@ const (
 	schedProgBtfSwitch    = "btf_switch"
 	schedProgBtfWakeup    = "btf_wakeup"
 	schedProgBtfWakeupNew = "btf_wakeup_new"
+	schedProgRawFree      = "raw_free"
 	schedProgRawSwitch    = "raw_switch"
 	schedProgRawWakeup    = "raw_wakeup"
 	schedProgRawWakeupNew = "raw_wakeup_new"
@@ -92,6 +93,7 @@ type schedProgramSpecs struct {
 	BtfSwitch    *ebpf.ProgramSpec `ebpf:"btf_switch"`
 	BtfWakeup    *ebpf.ProgramSpec `ebpf:"btf_wakeup"`
 	BtfWakeupNew *ebpf.ProgramSpec `ebpf:"btf_wakeup_new"`
+	RawFree      *ebpf.ProgramSpec `ebpf:"raw_free"`
 	RawSwitch    *ebpf.ProgramSpec `ebpf:"raw_switch"`
 	RawWakeup    *ebpf.ProgramSpec `ebpf:"raw_wakeup"`
 	RawWakeupNew *ebpf.ProgramSpec `ebpf:"raw_wakeup_new"`
@@ -161,6 +163,7 @@ type schedPrograms struct {
 	BtfSwitch    *ebpf.Program `ebpf:"btf_switch"`
 	BtfWakeup    *ebpf.Program `ebpf:"btf_wakeup"`
 	BtfWakeupNew *ebpf.Program `ebpf:"btf_wakeup_new"`
+	RawFree      *ebpf.Program `ebpf:"raw_free"`
 	RawSwitch    *ebpf.Program `ebpf:"raw_switch"`
 	RawWakeup    *ebpf.Program `ebpf:"raw_wakeup"`
 	RawWakeupNew *ebpf.Program `ebpf:"raw_wakeup_new"`
@@ -174,6 +177,7 @@ func (p *schedPrograms) Close() error {
 		p.BtfSwitch,
 		p.BtfWakeup,
 		p.BtfWakeupNew,
+		p.RawFree,
 		p.RawSwitch,
 		p.RawWakeup,
 		p.RawWakeupNew,
