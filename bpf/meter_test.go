@@ -483,9 +483,11 @@ func TestProbesDropEndedThreads(t *testing.T) {
 			_, err = in.Write([]byte("end\n"))
 			must(t, err)
 			expect("done")
-			// The entries go a grace period after the threads end.
+			// The entries go a grace period after the threads end (RCU's:
+			// seconds on a loaded machine; without the free's program,
+			// never).
 			var live, n int
-			for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 				tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
 				must(t, err)
 				if live, n = len(tasks), entries(); n <= live {
