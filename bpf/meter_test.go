@@ -272,6 +272,37 @@ func TestProcMeterReadsProc(t *testing.T) {
 	}
 }
 
+// startThreadsChild starts this test binary as the "threads" child: it burns
+// on more threads than CPUs when told "go" (and says "burned"), and ends
+// them when told "end" (and says "done"). expect fails the test on any
+// other line, or none within 30 s.
+func startThreadsChild(t *testing.T) (pid int, tell func(string), expect func(string)) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=threads")
+	in, err := cmd.StdinPipe()
+	must(t, err)
+	outPipe, err := cmd.StdoutPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	out := bufio.NewReader(outPipe)
+	tell = func(what string) {
+		t.Helper()
+		_, err := in.Write([]byte(what + "\n"))
+		must(t, err)
+	}
+	expect = func(want string) {
+		t.Helper()
+		timer := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
+		defer timer.Stop()
+		if line, err := out.ReadString('\n'); err != nil || line != want+"\n" {
+			t.Fatalf("child: %q, %v; want %q", line, err, want)
+		}
+	}
+	return cmd.Process.Pid, tell, expect
+}
+
 // TestProcMeterWaitOutlivesThreads: the /proc meter sums the run-queue
 // wait of the threads it finds in /proc/<pid>/task, and a thread that ended
 // is not there: its wait dropped out of the process's total, which went
@@ -282,34 +313,15 @@ func TestProcMeterWaitOutlivesThreads(t *testing.T) {
 	if !m.Mechanism().Waits {
 		t.Skipf("no run-queue wait here: %s", m.Mechanism().Reason)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=threads")
-	in, err := cmd.StdinPipe()
-	must(t, err)
-	outPipe, err := cmd.StdoutPipe()
-	must(t, err)
-	must(t, cmd.Start())
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	out := bufio.NewReader(outPipe)
-	expect := func(want string) {
-		t.Helper()
-		timer := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
-		defer timer.Stop()
-		if line, err := out.ReadString('\n'); err != nil || line != want+"\n" {
-			t.Fatalf("child: %q, %v; want %q", line, err, want)
-		}
-	}
-	pid := cmd.Process.Pid
+	pid, tell, expect := startThreadsChild(t)
 	must(t, m.Track(pid))
-	_, err = in.Write([]byte("go\n"))
-	must(t, err)
+	tell("go")
 	expect("burned")
 	during := m.Read(pid)
 	if during.Wait <= 0 {
 		t.Fatalf("%d threads burned on %d CPUs and waited %v", 2*runtime.NumCPU()+2, runtime.NumCPU(), during.Wait)
 	}
-	_, err = in.Write([]byte("end\n"))
-	must(t, err)
+	tell("end")
 	expect("done")
 	time.Sleep(20 * time.Millisecond) // the ended threads leave /proc/<pid>/task
 	if after := m.Read(pid); after.Wait < during.Wait || after.OnCPU < during.OnCPU {
@@ -370,6 +382,19 @@ type threadState struct {
 	QueuedSince uint64
 }
 
+// forcedProbes opens the probes of mechanism mech, closed when the test
+// ends; it fails the test where they do not load.
+func forcedProbes(t *testing.T, mech string) *probeMeter {
+	t.Helper()
+	m := Open(Options{Force: mech})
+	t.Cleanup(func() { m.Close() })
+	pm, ok := m.(*probeMeter)
+	if !ok {
+		t.Fatalf("mechanism %+v, want %s", m.Mechanism(), mech)
+	}
+	return pm
+}
+
 // TestProbesTakeAReusedThreadID: the threads map kept a thread's entry
 // after the thread ended (now it goes when the task is freed, a grace
 // period later), so once ids wrapped, a new UAP's thread could find the
@@ -382,12 +407,8 @@ func TestProbesTakeAReusedThreadID(t *testing.T) {
 	needProbes(t)
 	for _, mech := range []string{TPBTF, RawTP, Tracepoint} {
 		t.Run(mech, func(t *testing.T) {
-			m := Open(Options{Force: mech})
-			defer m.Close()
-			pm, ok := m.(*probeMeter)
-			if !ok {
-				t.Fatalf("mechanism %+v, want %s", m.Mechanism(), mech)
-			}
+			pm := forcedProbes(t, mech)
+			m := Meter(pm)
 			b := startBurner(t)
 			pid := b.cmd.Process.Pid
 			tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
@@ -435,33 +456,11 @@ func TestProbesDropEndedThreads(t *testing.T) {
 	needProbes(t)
 	for _, mech := range []string{TPBTF, RawTP, Tracepoint} {
 		t.Run(mech, func(t *testing.T) {
-			m := Open(Options{Force: mech})
-			defer m.Close()
-			pm, ok := m.(*probeMeter)
-			if !ok {
-				t.Fatalf("mechanism %+v, want %s", m.Mechanism(), mech)
-			}
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), childEnv+"=threads")
-			in, err := cmd.StdinPipe()
-			must(t, err)
-			outPipe, err := cmd.StdoutPipe()
-			must(t, err)
-			must(t, cmd.Start())
-			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-			out := bufio.NewReader(outPipe)
-			expect := func(want string) {
-				t.Helper()
-				timer := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
-				defer timer.Stop()
-				if line, err := out.ReadString('\n'); err != nil || line != want+"\n" {
-					t.Fatalf("child: %q, %v; want %q", line, err, want)
-				}
-			}
-			pid := cmd.Process.Pid
+			pm := forcedProbes(t, mech)
+			m := Meter(pm)
+			pid, tell, expect := startThreadsChild(t)
 			must(t, m.Track(pid))
-			_, err = in.Write([]byte("go\n"))
-			must(t, err)
+			tell("go")
 			expect("burned")
 			entries := func() int {
 				n := 0
@@ -480,8 +479,7 @@ func TestProbesDropEndedThreads(t *testing.T) {
 			if n := entries(); n < burners {
 				t.Fatalf("%d entries of the process while its %d burners run", n, burners)
 			}
-			_, err = in.Write([]byte("end\n"))
-			must(t, err)
+			tell("end")
 			expect("done")
 			// The entries go a grace period after the threads end (RCU's:
 			// seconds on a loaded machine; without the free's program,
