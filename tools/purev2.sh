@@ -23,7 +23,7 @@ GO=${GO:-go}
 RUN=${RUN:-.}
 # A CPU-cost bound, which emulation makes meaningless.
 SKIP=${SKIP:-TestFloodingUAPCostsScddLittleCPU}
-CACHE=${PUREV2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpsched-purev2}
+CACHE=${PUREV2_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/tpsched-purev2}
 # The tests that must pass here, not skip: each needs cgroup v2 with its
 # controllers, or is the reason this machine exists.
 MUST="TestCPUGroupCgroup2 TestSetWeightCgroup2 TestForkBombIsContained TestMemoryHogIsKilledAtItsLimit
