@@ -230,6 +230,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 // (scdctl help CMD, scdctl CMD -h): the whole usage is 60 lines, most of
 // them about other commands.
 func commandHelp(fs *flag.FlagSet, cmd string, stdout, stderr io.Writer) int {
+	if cmd == "help" {
+		fmt.Fprint(stdout, "usage: scdctl help [COMMAND]\nDescribes COMMAND and the flags it takes (as scdctl COMMAND -h); without COMMAND, every command and flag (as scdctl -h).\n")
+		return 0
+	}
 	text := commandUsage(cmd)
 	if text == "" {
 		msg := fmt.Sprintf("scdctl: help: unknown command %q", cmd)

@@ -407,6 +407,11 @@ func TestCommandHelp(t *testing.T) {
 		t.Errorf("chprc's help misses the lines after its synopsis:\n%s", got)
 	}
 	var stdout, stderr bytes.Buffer
+	if code := run([]string{"help", "help"}, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "usage: scdctl help [COMMAND]") {
+		t.Errorf("scdctl help help: exit %d, stdout %q, stderr %q, want its own usage", code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
 	if code := run([]string{"help", "stauts"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "did you mean status?") {
 		t.Errorf("scdctl help stauts: exit %d, stderr %q, want 2 and a did-you-mean", code, stderr.String())
 	}
