@@ -589,6 +589,9 @@ func TestASecondSignalAfterAPassedOnStopExits(t *testing.T) {
 	waitFor(t, 10*time.Second, "the new process to drain on the stop passed on", func() bool {
 		return strings.Contains(n.logText(), "the old process passed a stop on")
 	}, n.logText)
+	if line := grep(n.logText(), "passed a stop on"); !strings.Contains(line, "a Ctrl-C (SIGINT or SIGTERM) from 1s after this line on exits at once") {
+		t.Errorf("the drain line does not say when a second signal counts:\n%s", line)
+	}
 	time.Sleep(2 * time.Second) // past the echo of a process-group signal
 	must(t, syscall.Kill(newPID, syscall.SIGTERM))
 	waitFor(t, 5*time.Second, "the new process to exit on the second signal", func() bool {

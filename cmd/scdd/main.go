@@ -210,12 +210,13 @@ func run() int {
 	}
 	// An operator at a terminal waits on this line: it says how long, and
 	// how not to (issue 31 item 6).
-	what := "signal received"
+	what, second := "signal received", "a second Ctrl-C (SIGINT or SIGTERM)"
 	if passedOn {
 		what, sig = "the old process passed a stop on", syscall.SIGTERM
+		second = fmt.Sprintf("a Ctrl-C (SIGINT or SIGTERM) from %v after this line on", passedOnEcho)
 	}
 	log.Info(fmt.Sprintf("%s; draining: new calls are refused, queued calls are answered (at most %v, and scdd is down within %v); "+
-		"a second Ctrl-C (SIGINT or SIGTERM) exits at once without draining", what, node.DrainBound(), node.StopBound()), "signal", sig.String())
+		"%s exits at once without draining", what, node.DrainBound(), node.StopBound(), second), "signal", sig.String())
 	go func() { // a second signal stops at once
 		if passedOn {
 			// A signal to the process group reached this process at the
