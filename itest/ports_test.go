@@ -195,6 +195,9 @@ func TestChaosSecondScddOnPort(t *testing.T) {
 			if !want.MatchString(msg) {
 				t.Errorf("the second scdd did not say which port and process:\n%s", msg)
 			}
+			if strings.Contains(msg, "cgroup") {
+				t.Errorf("the second scdd set up its UAPs' cgroups before it found its port taken:\n%s", msg)
+			}
 			if st, err := a.status(); err != nil || st.Draining {
 				t.Fatalf("the first node after the refusal: %v draining=%v", err, st.Draining)
 			}

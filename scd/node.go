@@ -214,6 +214,24 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 // and the control/metrics endpoint on what it bound. On error everything
 // already started is stopped again.
 func (n *Node) Start() (err error) {
+	for _, w := range n.Warnings() {
+		n.log.Warn(w)
+	}
+	n.restart.peer = n.opts.Takeover
+	if n.restart.peer != nil {
+		n.restart.oldPID = os.Getppid() // the old process started this one
+	}
+	defer func() {
+		if err != nil {
+			n.restart.takeoverFailed(err)
+			n.shutdown()
+		}
+	}()
+	if n.ports, err = bindPorts(n.cfg, rpcOptions(n.cfg, n.opts, n.metrics, n.log), n.restart.peer != nil); err != nil {
+		return err
+	}
+	// The UAPs' measurement and cgroups are set up once the ports are
+	// bound: a node that cannot have its ports says so and nothing else.
 	force := n.opts.SchedProbes
 	if force == "off" {
 		force = bpf.Proc
@@ -237,22 +255,6 @@ func (n *Node) Start() (err error) {
 		}))
 	}
 	registerProcMetrics(n.metrics, &n.scraped, n.pm)
-	for _, w := range n.Warnings() {
-		n.log.Warn(w)
-	}
-	n.restart.peer = n.opts.Takeover
-	if n.restart.peer != nil {
-		n.restart.oldPID = os.Getppid() // the old process started this one
-	}
-	defer func() {
-		if err != nil {
-			n.restart.takeoverFailed(err)
-			n.shutdown()
-		}
-	}()
-	if n.ports, err = bindPorts(n.cfg, rpcOptions(n.cfg, n.opts, n.metrics, n.log), n.restart.peer != nil); err != nil {
-		return err
-	}
 	if err := n.local.Start(n.pm); err != nil {
 		return err
 	}
