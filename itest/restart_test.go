@@ -573,6 +573,22 @@ func TestASecondSignalAfterAPassedOnStopExits(t *testing.T) {
 		t.Fatalf("scdctl restart: %v\n%s", err, out)
 	}
 	newPID, _ := strconv.Atoi(m[1])
+	// From the restart on, both processes write to one log: each line
+	// says whose it is, and the lines before need not.
+	waitFor(t, 10*time.Second, "the old process to say the new one serves", func() bool {
+		return strings.Contains(n.logText(), "restart: the new process serves")
+	}, n.logText)
+	text := n.logText()
+	for _, c := range []struct {
+		line string
+		pid  int
+	}{{"msg=\"scdd started", 0}, {"restart: new process started", old}, {"take over: got the listening sockets", newPID}, {"restart: the new process serves", old}} {
+		line, _, _ := strings.Cut(grep(text, c.line), "\n") // the first such line
+		want := fmt.Sprintf("scdd_pid=%d", c.pid)
+		if c.pid == 0 && strings.Contains(line, "scdd_pid=") || c.pid != 0 && !strings.Contains(line, want) {
+			t.Errorf("the log line %q, want scdd_pid=%d (0: none):\n%s", c.line, c.pid, line)
+		}
+	}
 	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
 	must(t, err)
 	defer c.Close()

@@ -82,6 +82,10 @@ type Options struct {
 	// starts the binary the link names now. Empty: os.Executable (the
 	// binary this process runs, links resolved).
 	RestartProgram string
+	// Restarting, if set, is called as Restart starts the new process:
+	// from then on two processes write to one stderr (scdd tags its lines
+	// with its pid).
+	Restarting func()
 	// Takeover is the hand-over socket from an old scdd whose sockets this
 	// node takes over (restart.go); nil for a plain start.
 	Takeover *net.UnixConn

@@ -340,6 +340,9 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	cmd.Env = append(os.Environ(), TakeoverEnv+"=3")
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if n.opts.Restarting != nil {
+		n.opts.Restarting()
+	}
 	err = cmd.Start()
 	theirs.Close()
 	if err != nil {

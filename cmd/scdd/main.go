@@ -21,6 +21,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -107,7 +108,8 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd: -log-level:", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	tag := &pidTag{Handler: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), on: new(atomic.Bool)}
+	log := slog.New(tag)
 	for _, err := range hardenErrs {
 		log.Warn("scdd could not harden itself", "err", err)
 	}
@@ -117,6 +119,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd:", err)
 		return 1
 	}
+	tag.on.Store(takeover != nil)
 	if *entries && !*check {
 		fmt.Fprintln(os.Stderr, "scdd: -entries goes with -check")
 		return 2
@@ -160,7 +163,8 @@ func run() int {
 	// New checks the definitions against the machine (modules found and
 	// executable) without starting anything, as -check does.
 	node, err := scd.New(cfg, scd.Options{Logger: log, ModuleDirs: moduleDirs, DrainTimeout: *drain, SchedProbes: *probes,
-		FastFailureDetection: *fastDetect, Detector: det, Steering: *steering, RestartArgs: os.Args[1:], RestartProgram: startedAs(), Takeover: takeover, ProcStat: *cpuLoad})
+		FastFailureDetection: *fastDetect, Detector: det, Steering: *steering, RestartArgs: os.Args[1:], RestartProgram: startedAs(), Takeover: takeover,
+		Restarting: func() { tag.on.Store(true) }, ProcStat: *cpuLoad})
 	if err != nil {
 		scd.RefuseTakeover(takeover, err)
 		printErrors(err)
