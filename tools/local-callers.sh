@@ -7,8 +7,10 @@
 # and prints the calls/s of each run. N = 0: no call; it prints the CPU the
 # idle callers and scdd use over two spans of 10 s, as S10's resident
 # callers between its runs (scdd's from schedstat, all its threads).
+# CALLER_DEF: more lines for the callers' definition, as printf %b reads
+# them (CALLER_DEF='putenv GOMAXPROCS 1\n').
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n 2,9p "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,11p "$0" >&2; exit 2; }
 BIN=$(readlink -f "$1") N=${2:-5} R=${3:-8} PORT=${PORT:-23211}
 for f in scdd uap-echo uap-caller localrun; do
 	[ -x "$BIN/$f" ] || { echo "local-callers: no $BIN/$f" >&2; exit 2; }
@@ -24,7 +26,7 @@ set control_socket = "ctl.sock"
 EOT
 echo 'set scdmulti = 2' >"$D/conf/scdsvcdef"
 printf 'set service_group = "bench"\nset service = "echo=echo"\nset module = "%s"\nset parallel_count = 2\nset queue_size = 1024\nset max_message_size = 1048576\n' "$BIN/uap-echo" >"$D/conf/usr/bench"
-printf 'set service_group = "callers"\nset service = "run=run"\nset module = "%s"\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n' "$BIN/uap-caller" "$R" "$((R > 1024 ? R : 1024))" >"$D/conf/usr/callers"
+printf 'set service_group = "callers"\nset service = "run=run"\nset module = "%s"\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n%b' "$BIN/uap-caller" "$R" "$((R > 1024 ? R : 1024))" "${CALLER_DEF:-}" >"$D/conf/usr/callers"
 "$BIN/scdd" -c "$D/conf" -log-level warn >"$D/log" 2>&1 &
 SCDD=$!
 if [ "$N" -gt 0 ]; then
