@@ -117,6 +117,7 @@ type Gossip struct {
 	stopping   bool                       // Stop or Leave is waiting for the goroutines: start no more
 	outliving  bool                       // outlive's announce is on its way
 	outlived   time.Time                  // when outlive last moved the Boot on
+	namesake   time.Time                  // when outlive last said another live node has this node's name
 	told       map[string]time.Time       // live nodes last sent their newer announce (tellOfNewerLocked)
 	port       int                        // the name port, as memberlist bound it
 
@@ -676,9 +677,22 @@ func (c *Gossip) outlive(info NodeInfo) {
 		c.mu.Unlock()
 		return
 	}
-	c.outlived = time.Now()
-	c.log.Warn("an announce of this node newer than its own (a past incarnation's, with the clock set back since; or another node has this node's name): announcing with a later boot",
-		"boot", c.self.Boot, "other_boot", info.Boot)
+	// A past incarnation is outlived once; being outlived again soon
+	// after is another live node of this name, which passes this one's
+	// Boot as this one passes its: said once as an error, then quiet
+	// for a while, instead of a warning every second.
+	now := time.Now()
+	switch {
+	case now.Sub(c.outlived) > namesakeWindow:
+		c.log.Warn("an announce of this node newer than its own (a past incarnation's, with the clock set back since; or another node has this node's name): announcing with a later boot",
+			"boot", c.self.Boot, "other_boot", info.Boot)
+	case now.Sub(c.namesake) > namesakeQuiet:
+		c.namesake = now
+		c.log.Error(fmt.Sprintf("another live node announces itself as %s (its node_id given to two nodes?): each passes the other's boot once a second, "+
+			"and the other nodes send this name's calls to whichever announced last; said again in %v if it goes on", c.self.Node, namesakeQuiet),
+			"boot", c.self.Boot, "other_boot", info.Boot)
+	}
+	c.outlived = now
 	c.self.Boot, c.self.Seq = info.Boot+1, 0
 	if c.outliving || c.stopping {
 		c.mu.Unlock()
@@ -693,6 +707,14 @@ func (c *Gossip) outlive(info NodeInfo) {
 	})
 	c.mu.Unlock()
 }
+
+// namesakeWindow is how soon a second outlive means another live node of
+// this name rather than a past incarnation; namesakeQuiet how long outlive
+// then keeps quiet about it.
+const (
+	namesakeWindow = 30 * time.Second
+	namesakeQuiet  = 5 * time.Minute
+)
 
 // tellOfNewerLocked sends node, which is alive, the announce of it this
 // node holds, newer than the one it just sent: a node restarted with its

@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -458,4 +459,52 @@ func TestOwnNewerAnnounceMovesTheBootOn(t *testing.T) {
 	if info, _ := c.table.Get("m0"); info.Boot != 501 {
 		t.Errorf("the Boot is %d after two more own newer announces within a second, want 501", info.Boot)
 	}
+}
+
+// Two live nodes given one name outlive each other once a second, for as
+// long as both run: the first time is said as a warning (it may be a past
+// incarnation), the second as an error naming the likely cause, and then
+// nothing for namesakeQuiet, where every one was a warning before.
+func TestANamesakeIsSaidOnceNotEverySecond(t *testing.T) {
+	c := unjoinedGossip(t, GossipConfig{}, NewTable("m0"))
+	var log lockedLog
+	c.log = slog.New(slog.NewTextHandler(&log, nil))
+	c.self = NodeInfo{Node: "m0", Boot: 100, Seq: 3}
+	close(c.ready)
+	codec := NewCodec(nil)
+	for i := range 10 {
+		(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m0", Boot: uint64(200 + 100*i), Seq: 1}))
+		c.mu.Lock()
+		c.outlived = c.outlived.Add(-1100 * time.Millisecond) // a second went by
+		c.mu.Unlock()
+	}
+	text := log.String()
+	if w, e := strings.Count(text, "level=WARN"), strings.Count(text, "level=ERROR"); w != 1 || e != 1 ||
+		!strings.Contains(text, "another live node announces itself as m0") {
+		t.Errorf("ten outlives a second apart: %d warnings and %d errors, want 1 and 1 naming the namesake:\n%s", w, e, text)
+	}
+	eventually(t, "the Boot to move past the last", func() bool {
+		c.announceMu.Lock()
+		defer c.announceMu.Unlock()
+		info, ok := c.table.Get("m0")
+		return ok && info.Boot == 1101
+	})
+}
+
+// lockedLog is a log's text, written by any goroutine.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
