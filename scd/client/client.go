@@ -386,7 +386,9 @@ func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h neti
 // answer (nil for a call without one). sent is false when the frame
 // certainly did not leave: the connection is dropped and the call may go to
 // another host, unless its deadline passed first (netio.ErrWriteTimeout:
-// the connection goes on, or closed itself if a write failed). A call that
+// the connection goes on, or closed itself if a write failed) or its ctx
+// ended before it was handed over (ctx's error: the connection goes on,
+// and the call goes nowhere else). A call that
 // may have been written is never sent again: it fails 'network down' if
 // its connection breaks. sendBy(ctx, timeout) bounds the call's stay in mc.Call, which
 // returns by then even when the node does not read (zero: none).
@@ -398,6 +400,11 @@ func (c *Client) deliver(ctx context.Context, idx int, mc *netio.MuxConn, h neti
 // (netio.ErrWriteTimeout).
 func (c *Client) start(ctx context.Context, idx int, mc *netio.MuxConn, h netio.Header, group, service string, payload []byte,
 	timeout time.Duration) (id uint64, w *waiter, sent bool, err error) {
+	if err := ctx.Err(); err != nil {
+		// Its caller has gone (cancelled, or out of time): it is not
+		// sent, and its connection is not at fault.
+		return 0, nil, false, err
+	}
 	by := sendBy(ctx, timeout)
 	if dl, ok := ctx.Deadline(); ok && h.TimeoutMs != 0 {
 		if byWatch(ctx) {

@@ -1269,3 +1269,37 @@ func TestAnswerThatCameIsNotDroppedAtTheDeadline(t *testing.T) {
 		}
 	}
 }
+
+// TestCanceledCallIsNotSent: a call whose ctx is cancelled before it is
+// sent fails with ctx's error and is not sent, on a connection already
+// open too, whichever way it goes (Call, CallTo, FindServer). Before,
+// CallTo and FindServer handed the frame to the open connection all the
+// same: the service ran for a caller that had already gone.
+func TestCanceledCallIsNotSent(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "a")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	if _, err := c.Call(testCtx(t), "warm", "echo", nil); err != nil { // the connection first
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.Call(ctx, "gone", "echo", nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("Call = %v, want context.Canceled", err)
+	}
+	if _, err := c.CallTo(ctx, n.addr, "gone", "echo", nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("CallTo = %v, want context.Canceled", err)
+	}
+	if err := c.CallNoReplyTo(ctx, n.addr, "gone", "echo", nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("CallNoReplyTo = %v, want context.Canceled", err)
+	}
+	if _, err := c.FindServer(ctx, "gone"); !errors.Is(err, context.Canceled) {
+		t.Errorf("FindServer = %v, want context.Canceled", err)
+	}
+	if _, err := c.Call(testCtx(t), "after", "echo", nil); err != nil { // the node read all before it
+		t.Fatal(err)
+	}
+	if got := n.framesOf("gone"); got != 0 {
+		t.Errorf("the node got %d frames of calls cancelled before they were sent", got)
+	}
+}

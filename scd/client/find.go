@@ -37,6 +37,9 @@ func (c *Client) FindServer(ctx context.Context, env string) ([]netio.NodeLevel,
 			if errors.Is(err, netio.ErrWriteTimeout) {
 				return nil, timedOut(err)
 			}
+			if ctx.Err() != nil {
+				return nil, notSent(ctx)
+			}
 			lastErr = err
 			continue
 		}
