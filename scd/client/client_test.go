@@ -1303,3 +1303,33 @@ func TestCanceledCallIsNotSent(t *testing.T) {
 		t.Errorf("the node got %d frames of calls cancelled before they were sent", got)
 	}
 }
+
+// TestCloseEndsASpreadFill: Close ends the wait of a call whose spread
+// fill dials a receiver group that does not answer the dial. Before, the
+// fill dialled on the caller's ctx alone, and the call outlived Close by
+// up to DialTimeout (here 5 s).
+func TestCloseEndsASpreadFill(t *testing.T) {
+	t.Parallel()
+	hang := hangingAddr(t)
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.receivers = netio.Receivers{Group: "r", Addr: hang, Count: 2, Here: -1}
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, MultiSchedule: true, DialTimeout: 5 * time.Second})
+	errc := inFlight(c, 1, "g", "echo")
+	waitUntil(t, "the receivers lookup", func() bool { return n.framesOf("g") == 1 })
+	time.Sleep(100 * time.Millisecond) // into the fill's dial
+	t0 := time.Now()
+	c.Close()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Error("the call succeeded after Close")
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("the call outlived Close")
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("the call ended %v after Close", d)
+	}
+}

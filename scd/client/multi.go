@@ -246,11 +246,16 @@ func (s *spread) fill(ctx context.Context) {
 }
 
 // dial opens one connection to the spread's address and asks which
-// receiving socket it landed on, by ctx; a connection whose lookup ctx
-// cut is closed.
+// receiving socket it landed on, by ctx and Close (the dial, as the
+// client's own; the lookup is on a connection Close closes); a
+// connection whose lookup ctx cut is closed.
 func (s *spread) dial(ctx context.Context) (*netio.MuxConn, int, error) {
 	dialer := net.Dialer{Timeout: s.c.opts.DialTimeout}
-	nc, err := dialer.DialContext(ctx, "tcp", s.addr)
+	dctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.c.stop, cancel)
+	nc, err := dialer.DialContext(dctx, "tcp", s.addr)
+	stop()
+	cancel()
 	if err != nil {
 		return nil, -1, err
 	}
