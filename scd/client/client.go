@@ -700,11 +700,12 @@ func (w *waiter) Answer(f netio.Frame, err error) {
 func wait(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, timeout time.Duration) ([]byte, error) {
 	limit := timeout // for the message: what the caller had when the call began (header)
 	var timer <-chan time.Time
-	if dl, ok := ctx.Deadline(); timeout > 0 && (!ok || byWatch(ctx) && time.Until(dl) > timeout+watchGrace) {
-		// No deadline, or WatchTime's and longer than this wait's own (a
-		// lookup's): the node answers 'timed out' itself at the limit;
-		// wait a little longer so its answer, not ours, is what the
-		// caller sees.
+	dl, hasDeadline := ctx.Deadline()
+	if timeout > 0 && (!hasDeadline || time.Until(dl) > timeout+watchGrace) {
+		// No deadline, or one longer than this wait's own (a lookup's,
+		// under WatchTime's or the caller's deadline): the node answers
+		// 'timed out' itself at the limit; wait a little longer so its
+		// answer, not ours, is what the caller sees.
 		t := time.NewTimer(timeout + watchGrace)
 		defer t.Stop()
 		timer = t.C
@@ -730,7 +731,10 @@ func wait(ctx context.Context, mc *netio.MuxConn, id uint64, w *waiter, timeout 
 		return nil, ctx.Err()
 	}
 	whose := "the caller's deadline"
-	if timer != nil || byWatch(ctx) {
+	switch {
+	case timer != nil && hasDeadline && !byWatch(ctx):
+		whose = "the lookup's own limit, within the caller's deadline"
+	case timer != nil || byWatch(ctx):
 		whose = "watch_time, and no 'timed out' from the node either"
 	}
 	return nil, &netio.Error{Code: netio.CodeTimedOut, Message: fmt.Sprintf("no answer within %v (%s)", roundLimit(limit), whose)}

@@ -1333,3 +1333,38 @@ func TestCloseEndsASpreadFill(t *testing.T) {
 		t.Errorf("the call ended %v after Close", d)
 	}
 }
+
+// TestLookupLimitHoldsUnderACallersDeadline: a name lookup (LoadBalance)
+// or receivers lookup (MultiSchedule) the node does not answer ends at
+// its own limit (5 s and the grace) when the caller's deadline is longer,
+// as it does under WatchTime, and the call goes on the dchost way or the
+// node's own port. Before, the limit held only for calls without a
+// deadline of their own: a caller with a longer one waited the whole of
+// it for the lookup, and its call failed 'timed out' without being sent.
+func TestLookupLimitHoldsUnderACallersDeadline(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opts Options
+	}{
+		{"name lookup", Options{LoadBalance: true}}, // the test node answers no plain name lookup
+		{"receivers lookup", Options{MultiSchedule: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n := startNode(t, "a")
+			n.mu.Lock()
+			n.receivers = netio.Receivers{Addr: n.addr, Count: 2, Here: -1}
+			n.receiversDelay = time.Minute
+			n.mu.Unlock()
+			tc.opts.Hosts = []string{n.addr}
+			c := newClient(t, tc.opts)
+			ctx, cancel := context.WithTimeout(context.Background(), 9*time.Second)
+			defer cancel()
+			t0 := time.Now()
+			if _, err := c.Call(ctx, "g", "echo", nil); err != nil {
+				t.Errorf("Call after %v: %v", time.Since(t0), err)
+			}
+		})
+	}
+}
