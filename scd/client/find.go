@@ -33,6 +33,14 @@ func (c *Client) FindServer(ctx context.Context, env string) ([]netio.NodeLevel,
 			continue
 		}
 		id, w, sent, err := c.start(ctx, idx, mc, h, env, netio.LookupFind, nil, timeout)
+		for attempt := 0; !sent && errors.Is(err, netio.ErrGoingAway) && attempt < 3; attempt++ {
+			// It did not leave, and the node hands its port over: a new
+			// connection reaches the process taking it, as deliver does.
+			if mc, err = c.connFor(ctx, idx); err != nil {
+				break
+			}
+			id, w, sent, err = c.start(ctx, idx, mc, h, env, netio.LookupFind, nil, timeout)
+		}
 		if !sent {
 			if errors.Is(err, netio.ErrWriteTimeout) {
 				return nil, timedOut(err)

@@ -33,3 +33,24 @@ func TestFindServer(t *testing.T) {
 		t.Error("a find of a 300-byte name was sent")
 	}
 }
+
+// TestFindAfterGoAwayIsSentAgain: a find refused as unsent by a connection
+// going away (the node's go-away read, the client not yet told) goes on a
+// new connection to the same node, as a call does. Before, it went on to
+// the next dchost host, and with none left failed 'network down'.
+func TestFindAfterGoAwayIsSentAgain(t *testing.T) {
+	n := startNode(t, "n")
+	c := newClient(t, Options{Hosts: []string{n.addr}})
+	slow := inFlight(c, 1, "slow", "300ms") // keeps the old connection open
+	waitUntil(t, "the slow call to arrive", func() bool { return n.framesOf("slow") == 1 })
+	c.mu.Lock()
+	old := c.conns[0]
+	c.mu.Unlock()
+	old.Retire() // refuses new calls; OnGoAway not called: the client still holds it
+	if nodes, err := c.FindServer(testCtx(t), "orders"); err != nil || len(nodes) != 1 {
+		t.Errorf("FindServer on a connection going away: %+v, %v; want the answer, sent on a new connection", nodes, err)
+	}
+	if err := <-slow; err != nil {
+		t.Errorf("the call sent before: %v", err)
+	}
+}
