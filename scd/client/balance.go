@@ -29,7 +29,7 @@ type levelCache struct {
 
 type cacheEntry struct {
 	group   string
-	hosts   []int // host indexes of the least loaded nodes
+	hosts   []int // host indexes of the least loaded nodes; none left: the dchost way
 	next    int   // round-robin position
 	expires time.Time
 }
@@ -38,8 +38,9 @@ func newLevelCache(max int) *levelCache {
 	return &levelCache{max: max, order: list.New(), byKey: map[string]*list.Element{}}
 }
 
-// next is the host to send group's next call to, if a fresh entry has one.
-func (lc *levelCache) next(group string, now time.Time) (int, bool) {
+// next is the host to send group's next call to, if a fresh entry has one
+// (host < 0: the entry has none left, the call goes the dchost way).
+func (lc *levelCache) next(group string, now time.Time) (host int, fresh bool) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	el := lc.byKey[group]
@@ -53,9 +54,29 @@ func (lc *levelCache) next(group string, now time.Time) (int, bool) {
 		return 0, false
 	}
 	lc.order.MoveToFront(el)
+	if len(e.hosts) == 0 {
+		return -1, true
+	}
 	h := e.hosts[e.next%len(e.hosts)]
 	e.next++
 	return h, true
+}
+
+// leave takes host out of group's entry, after it could not be reached:
+// the entry's other nodes, or none (the dchost way), until it expires.
+func (lc *levelCache) leave(group string, host int) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if el := lc.byKey[group]; el != nil {
+		e := el.Value.(*cacheEntry)
+		kept := make([]int, 0, len(e.hosts))
+		for _, h := range e.hosts {
+			if h != host {
+				kept = append(kept, h)
+			}
+		}
+		e.hosts = kept
+	}
 }
 
 // put keeps hosts for group until expires; start is the first one's
@@ -97,7 +118,10 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 		if ctx.Err() != nil {
 			return nil, notSent(ctx), true // its time is up: not the dchost way either
 		}
-		c.cache.forget(group)
+		// Left out while the group's nodes are kept: asked again now,
+		// the dchost node would name it again, and every call would
+		// wait for its dial.
+		c.cache.leave(group, idx)
 		return nil, nil, false
 	}
 	h.Flags = h.Flags&^netio.FlagSchedulerDirect | netio.FlagBalanced // the client chose: the node does not balance it again
@@ -122,8 +146,8 @@ func (c *Client) callBalanced(ctx context.Context, h netio.Header, group, servic
 // cache has nothing fresh.
 func (c *Client) balancedHost(ctx context.Context, group string) (int, bool) {
 	now := time.Now()
-	if h, ok := c.cache.next(group, now); ok {
-		return h, true
+	if h, fresh := c.cache.next(group, now); fresh {
+		return h, h >= 0
 	}
 	nodes, err := c.lookup(ctx, group)
 	if err != nil || len(nodes) == 0 {
@@ -149,7 +173,7 @@ func (c *Client) balancedHost(ctx context.Context, group string) (int, bool) {
 	}
 	c.cache.put(group, hosts, start, now.Add(c.opts.CacheTime))
 	h, _ := c.cache.next(group, now)
-	return h, true
+	return h, h >= 0
 }
 
 // lookup asks a dchost node which nodes run group, with their levels;

@@ -47,6 +47,8 @@ type testNode struct {
 	// answer while its Count is 0).
 	receivers      netio.Receivers
 	receiversDelay time.Duration
+	// lookup, if set, answers plain name lookups.
+	lookup []netio.NodeLevel
 }
 
 func startNode(t *testing.T, name string) *testNode {
@@ -102,7 +104,14 @@ func (n *testNode) OnFrame(c *rpcport.Conn, f netio.Frame) {
 			return
 		}
 		if service != netio.LookupFind {
-			return // this node answers no plain name lookup
+			n.mu.Lock()
+			nodes := n.lookup
+			n.mu.Unlock()
+			if nodes != nil {
+				answer := netio.AppendReply(nil, f.ID, netio.AppendLookupAnswer(nil, nodes))
+				go func() { _ = c.Send(answer) }()
+			}
+			return // else this node answers no plain name lookup
 		}
 		// find: "none" has no server; any other group is served at
 		// findAddr.
@@ -1366,5 +1375,34 @@ func TestLookupLimitHoldsUnderACallersDeadline(t *testing.T) {
 				t.Errorf("Call after %v: %v", time.Since(t0), err)
 			}
 		})
+	}
+}
+
+// TestUnreachableBalancedNodeIsLeftOut: a node a name lookup named that
+// cannot be reached is left out of its group's nodes for as long as they
+// are kept (dccltcachetim): the group's calls go the dchost way meanwhile
+// without asking again. Before, the group's entry was forgotten, and the
+// next call asked again, was told the same node and dialled it again: each
+// call waited DialTimeout (here 300 ms) before it went the dchost way.
+func TestUnreachableBalancedNodeIsLeftOut(t *testing.T) {
+	t.Parallel()
+	hang := hangingAddr(t)
+	n := startNode(t, "a")
+	n.mu.Lock()
+	n.lookup = []netio.NodeLevel{{Addr: hang, Level: 0}}
+	n.mu.Unlock()
+	c := newClient(t, Options{Hosts: []string{n.addr}, LoadBalance: true, DialTimeout: 300 * time.Millisecond})
+	t0 := time.Now()
+	for i := range 4 {
+		if reply, err := c.Call(testCtx(t), "who", "s", nil); err != nil || string(reply) != "a" {
+			t.Fatalf("call %d: %q, %v; want the dchost node's answer", i, reply, err)
+		}
+	}
+	if d := time.Since(t0); d > 900*time.Millisecond {
+		t.Errorf("4 calls took %v: the unreachable node was dialled again (DialTimeout 300ms)", d)
+	}
+	// the lookups: the first call's alone
+	if got := n.framesOf("who"); got != 5 {
+		t.Errorf("the dchost node got %d frames of the group, want 1 lookup and 4 calls", got)
 	}
 }
