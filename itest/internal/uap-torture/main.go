@@ -137,7 +137,7 @@ func run(req []byte) (flag string, ms int) {
 		return "n", 0
 	}
 	ms, _ = strconv.Atoi(f[2])
-	if _, err := fmt.Fprintf(execLog, "%s %d %s\n", f[0], os.Getpid(), f[1]); err != nil {
+	if _, err := fmt.Fprintf(execLog, "%s %d %s %d\n", f[0], os.Getpid(), f[1], time.Now().UnixMilli()); err != nil {
 		fmt.Fprintln(os.Stderr, "uap-torture: recording an execution:", err)
 		os.Exit(2)
 	}
