@@ -3,12 +3,15 @@ package procmgr
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -656,5 +659,67 @@ func TestANonGoUAPHoldsOnlyItsFiles(t *testing.T) {
 	if len(fds) != 4 || !strings.HasPrefix(fds[0], "0=/dev/null") || !strings.HasPrefix(fds[1], "1=pipe:") ||
 		!strings.HasPrefix(fds[2], "2=pipe:") || fds[3] != "3="+rTarget {
 		t.Errorf("the UAP holds %v; want 0 /dev/null, 1 and 2 its output pipe, 3 the delegate's %s", fds, rTarget)
+	}
+}
+
+// runDaemon is the "daemon" child: a daemon that calls New on its main
+// goroutine, as scdd does, starts a server with a v1 memory limit, then
+// touches 128 MiB of its own memory, and writes on stdout by how much the
+// server's memory cgroup grew meanwhile.
+func runDaemon() int {
+	m := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), CPUParent: uniqueParent()})
+	defer m.Close()
+	rep := map[string]string{}
+	if m.contain.mem != LimitCgroup1 {
+		rep["skip"] = "no v1 memory controller: " + m.contain.memWhy
+	} else {
+		sp := uapSpec("sleep", "", 1)
+		sp.MemoryMax = 1 << 30
+		srv, err := m.Start(sp, &hooks{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "procmgr test daemon:", err)
+			return 2
+		}
+		before := srv.Limits().Memory
+		held := make([]byte, 128<<20)
+		for i := 0; i < len(held); i += 4096 {
+			held[i] = 1
+		}
+		rep["grew"] = strconv.FormatInt(srv.Limits().Memory-before, 10)
+		runtime.KeepAlive(held)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = srv.Stop(ctx)
+	}
+	b, _ := json.Marshal(rep)
+	fmt.Println(string(b))
+	return 0
+}
+
+// A daemon's own memory is not charged to a server's v1 memory cgroup. The
+// spawning thread joins the server's v1 cgroups for each fork; a goroutine
+// that locks itself while the main goroutine waits for it runs on the main
+// thread, and the main thread owns the address space, which v1 charges by
+// its owner's memory cgroup: all of scdd's memory was charged to the last
+// server it started a process for, and counted against its memory limit.
+func TestDaemonMemoryIsNotChargedToAServer(t *testing.T) {
+	t.Parallel()
+	needRoot(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envMode+"=daemon")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("daemon: %v: %s", err, out)
+	}
+	var rep map[string]string
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("daemon's report %q: %v", out, err)
+	}
+	if rep["skip"] != "" {
+		skipOrFail(t, rep["skip"])
+	}
+	if grew, _ := strconv.ParseInt(rep["grew"], 10, 64); grew > 64<<20 {
+		t.Errorf("the server's memory cgroup grew by %d MiB as the daemon touched 128 MiB of its own", grew>>20)
 	}
 }

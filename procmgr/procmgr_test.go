@@ -48,6 +48,8 @@ import (
 //	           write a line to stdout and one to stderr, sleep
 //	chatty     write 3000 lines to stdout at once, report, sleep
 //	flood      report, then write lines to stdout as fast as it can
+//	daemon     a daemon: New on its main goroutine, as scdd's main calls it
+//	           (runDaemon)
 //
 // The report is a JSON object in $PROCMGR_TEST_DIR/slot-N, written by rename
 // so a reader never sees half of it.
@@ -117,6 +119,8 @@ func runChild(mode string) int {
 			return 0
 		}
 		mode = "sleep"
+	case "daemon": // a daemon of its own, not a UAP: see runDaemon
+		return runDaemon()
 	case "grandchild":
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 		time.Sleep(time.Hour)

@@ -79,11 +79,25 @@ func CloseOnExec() error {
 // cgroup_threadgroup_rwsem for writing, which costs a grace period when
 // the lock was idle (milliseconds on a busy host), so the non-resident
 // starts of one busy server pay for none.
-func (m *Manager) spawnLoop(started chan<- struct{}) {
+func (m *Manager) spawnLoop(started chan struct{}) {
 	defer m.wg.Done()
 	// Never unlocked: when the loop ends the thread ends with it, so no
 	// other goroutine runs with its no_new_privs or in a server's cgroup.
 	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		// The main thread: a goroutine started while the main goroutine
+		// waits for it (scdd calls New from main) runs there. It owns the
+		// address space, and v1 charges all the process's memory to its
+		// owner's memory cgroup: joined to a server's, scdd's memory
+		// counted against that server's limit, and scdd stood in its
+		// OOM killer's way. Held here, the main thread leaves the loop to
+		// another until that one runs.
+		m.wg.Add(1)
+		go m.spawnLoop(started)
+		<-started
+		runtime.UnlockOSThread()
+		return
+	}
 	if m.opts.SchedBatch {
 		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_BATCH}, 0); err != nil {
 			m.log.Warn("uap_sched_batch: processes start under the default policy", "err", err)
