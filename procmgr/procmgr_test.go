@@ -1202,3 +1202,24 @@ func TestStaleFailingReportIsDropped(t *testing.T) {
 		t.Fatal("no Failing for the server that fails")
 	}
 }
+
+// A start that comes once the server has begun stopping (the scaler's,
+// decided just before, or a restart whose back-off ended as Stop began)
+// prepares nothing: it called the Delegate's Prepare, which readied a
+// fresh area in the slot of a server being stopped, for a process that
+// then never started.
+func TestNoPrepareOnceStopping(t *testing.T) {
+	t.Parallel()
+	var prepared atomic.Int32
+	sp := uapSpec("sleep", t.TempDir(), 1)
+	sp.Max = 2
+	srv := startServer(t, testManager(t), sp, &hooks{prepare: func(int) error { prepared.Add(1); return nil }})
+	prepared.Store(0)
+	srv.Stopping()
+	if srv.startNonResident() {
+		t.Error("a non-resident process started in a stopping server")
+	}
+	if n := prepared.Load(); n != 0 {
+		t.Errorf("Prepare called %d time(s) after the server began stopping", n)
+	}
+}

@@ -295,7 +295,14 @@ var afterStart atomic.Pointer[func()]
 // stops, gives the slot up (not watched).
 func (s *Server) spawn(sl *slot, residentOnly bool) error {
 	s.mu.Lock()
-	if residentOnly && !sl.resident && !s.stopping {
+	if s.stopping {
+		// Not even prepared: the delegate's slot of a stopping server
+		// would be readied for a process that never starts.
+		sl.state, sl.watched = StateStopped, false
+		s.mu.Unlock()
+		return errStopping
+	}
+	if residentOnly && !sl.resident {
 		sl.state, sl.watched = StateStopped, false
 		s.mu.Unlock()
 		return errNotResident
