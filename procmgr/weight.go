@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 )
 
 // This file changes a server's CPU weight while it runs: the routing
@@ -34,6 +35,11 @@ func (s *Server) SetCPUWeight(weight int) error {
 	if weight < MinWeight || weight > MaxWeight {
 		return fmt.Errorf("procmgr: %s: cpu weight %d: want %d..%d", s.spec.Server, weight, MinWeight, MaxWeight)
 	}
+	// Without a cgroup the nice values are set by pid: none of these
+	// processes may be reaped before, or its pid could be a stranger's
+	// (see reapGate).
+	s.reapGate.RLock()
+	defer s.reapGate.RUnlock()
 	s.mu.Lock()
 	var pids []int
 	for _, sl := range s.slots {
@@ -42,8 +48,17 @@ func (s *Server) SetCPUWeight(weight int) error {
 		}
 	}
 	s.mu.Unlock()
+	if f := beforeRenice.Load(); f != nil {
+		for _, pid := range pids {
+			(*f)(pid)
+		}
+	}
 	return s.cpu.SetWeight(weight, pids)
 }
+
+// beforeRenice, when set by a test, runs in SetCPUWeight for each pid
+// between taking the slots' processes and setting their weight.
+var beforeRenice atomic.Pointer[func(pid int)]
 
 // CPUWeight is the server's CPU weight now (cgroup v2 scale).
 func (s *Server) CPUWeight() int { return s.cpu.Weight() }

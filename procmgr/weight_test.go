@@ -1,9 +1,14 @@
 package procmgr
 
 import (
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"tpsched/internal/testenv"
 )
@@ -125,5 +130,45 @@ func TestSetWeightBounds(t *testing.T) {
 	}
 	if s.CPUWeight() != Weight(8) {
 		t.Errorf("weight %d after refused changes, want %d", s.CPUWeight(), Weight(8))
+	}
+}
+
+// Without a cgroup SetCPUWeight sets the nice value of each process's
+// threads by pid: the process must not be reaped meanwhile, or its pid
+// may be a stranger's by then, and root renices it (up to nice -20).
+// Here the process dies just as SetCPUWeight took the pids.
+func TestSetCPUWeightNeverRenicesAReapedPid(t *testing.T) {
+	mi := hostWithout(t, func(l string) bool { return strings.Contains(l, " - cgroup") })
+	m, _ := loggedManager(t, Options{mountinfo: mi})
+	if m.cpu.mech != MechanismNice {
+		t.Fatalf("mechanism %s on a host without cgroups", m.cpu.mech)
+	}
+	dir := t.TempDir()
+	exits := newExitLog()
+	srv := startServer(t, m, uapSpec("sleep", dir, 1), &hooks{exited: exits.hook})
+	pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
+	var reapedAt atomic.Int64
+	hook := func(p int) {
+		if p != pid {
+			return
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL) // it dies on its own
+		start := time.Now()
+		for time.Since(start) < 300*time.Millisecond {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+				reapedAt.Store(int64(time.Since(start)))
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	beforeRenice.Store(&hook)
+	defer beforeRenice.Store(nil)
+	_ = srv.SetCPUWeight(50)
+	if e := exits.next(t); e.pid != pid {
+		t.Fatalf("Exited(%d, %d), want pid %d", e.slot, e.pid, pid)
+	}
+	if d := reapedAt.Load(); d != 0 {
+		t.Errorf("pid %d was reaped %v after its death, while SetCPUWeight was about to renice it by number", pid, time.Duration(d))
 	}
 }
