@@ -65,15 +65,16 @@ func (m *Manager) check(now time.Time) (watching bool) {
 		m.mu.Lock()
 		m.memErr = err
 		low := err == nil && avail < m.opts.MemoryReserve
-		if low != m.memLow {
-			m.log.Info("memory gate", "closed", low, "available_mib", avail>>20, "reserve_mib", m.opts.MemoryReserve>>20)
-		}
+		changed := low != m.memLow
 		if !low {
 			m.permits = 0 // permits are owed only while the gate is closed
 		}
 		m.memLow = low
 		lim.MemoryLow, lim.MemoryPermit = low, m.permits
 		m.mu.Unlock()
+		if changed { // one check at a time (checking): said in order
+			m.log.Info("memory gate", "closed", low, "available_mib", avail>>20, "reserve_mib", m.opts.MemoryReserve>>20) // lockcheck: only the scaler takes checking
+		}
 		watching = watching || low
 	}
 	decisions := Plan(loads, lim)

@@ -258,7 +258,7 @@ func (s *Server) watch(sl *slot) {
 		s.mu.Lock()
 		sl.proc = nil
 		if !sl.resident || s.stopping {
-			s.ended(sl, proc, exitErr, healthy) // unlocks
+			s.ended(sl, proc, exitErr, healthy) // lockcheck: ended unlocks mu before it logs
 			return
 		}
 		sl.state = StateRestarting

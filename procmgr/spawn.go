@@ -262,9 +262,12 @@ func (m *Manager) namespaces() bool {
 // failed with err where one without worked.
 func (m *Manager) noNamespaces(err error) {
 	m.nsMu.Lock()
-	defer m.nsMu.Unlock()
-	if m.userns {
+	was := m.userns
+	if was {
 		m.userns, m.nsErr = false, fmt.Errorf("the kernel refused a user and pid namespace: %w", err)
+	}
+	m.nsMu.Unlock()
+	if was {
 		m.log.Warn("uap processes run without a namespace of their own", "err", err)
 	}
 }
@@ -523,17 +526,21 @@ func (m *Manager) moduleLink(module string, extra int) (string, bool) {
 	link := filepath.Join(m.opts.LinkDir, filepath.Base(module))
 	target := "/proc/self/fd/" + strconv.Itoa(m.execFD)
 	m.linkMu.Lock()
-	defer m.linkMu.Unlock()
 	if got, err := os.Readlink(link); err == nil && got == target {
+		m.linkMu.Unlock()
 		return link, true
 	}
 	_ = os.Remove(link)
 	err := os.Symlink(target, link)
+	first := err != nil && m.linkErr == nil
+	if first {
+		m.linkErr = err
+	}
+	m.linkMu.Unlock()
+	if first {
+		m.log.Warn("modules run through a descriptor show its number as their name", "err", err)
+	}
 	if err != nil {
-		if m.linkErr == nil {
-			m.linkErr = err
-			m.log.Warn("modules run through a descriptor show its number as their name", "err", err)
-		}
 		return "", false
 	}
 	return link, true
