@@ -72,10 +72,18 @@ func (c *Containment) newBox(server string, cpu *CPUGroup, pidsMax int, memMax i
 	}
 	mk := func(parent string) (string, error) {
 		dir := filepath.Join(parent, server)
-		if err := os.Mkdir(dir, 0o755); err == nil {
+		err := os.Mkdir(dir, 0o755)
+		switch {
+		case err == nil:
 			created = append(created, dir)
-		} else if !errors.Is(err, fs.ErrExist) {
+		case !errors.Is(err, fs.ErrExist):
 			return "", err
+		default:
+			// Left by an earlier run, or a file of the parent's own
+			// (a server named pids.max): that is no cgroup of the server.
+			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+				return "", fmt.Errorf("%s exists and is not a cgroup", dir)
+			}
 		}
 		return dir, nil
 	}

@@ -723,3 +723,30 @@ func TestDaemonMemoryIsNotChargedToAServer(t *testing.T) {
 		t.Errorf("the server's memory cgroup grew by %d MiB as the daemon touched 128 MiB of its own", grew>>20)
 	}
 }
+
+// A server named as a file of its cgroups' parent in one hierarchy (v1
+// pids' pids.max; memory.* likewise) is refused with that file named: the
+// file was taken for the server's cgroup there, and the server ran without
+// its pids limit, outside its pids cgroup, and left a Stop that could not
+// remove it.
+func TestServerNamedAsACgroupFileIsRefused(t *testing.T) {
+	t.Parallel()
+	m, _ := loggedManager(t, Options{})
+	needCgroupKill(t, m)
+	if m.contain.pids != LimitCgroup1 {
+		skipOrFail(t, "no v1 pids controller: "+m.contain.pidsWhy)
+	}
+	sp := uapSpec("sleep", t.TempDir(), 1)
+	sp.Server, sp.PidsMax = "pids.max", 100
+	srv, err := m.Start(sp, &hooks{})
+	if err == nil {
+		stopNow(t, srv)
+		t.Fatalf("a server named pids.max started, limits %+v", srv.Limits())
+	}
+	if want := filepath.Join(m.contain.v1dir("pids"), "pids.max") + " exists and is not a cgroup"; !strings.Contains(err.Error(), want) {
+		t.Errorf("Start = %v, want %q", err, want)
+	}
+	if _, err := os.Stat(filepath.Join(m.cpu.dir, "pids.max")); err == nil && m.cpu.dir != "" {
+		t.Errorf("the refused server's cpu group %s is left", filepath.Join(m.cpu.dir, "pids.max"))
+	}
+}
