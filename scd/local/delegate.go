@@ -2,6 +2,7 @@ package local
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"slices"
 
@@ -111,7 +112,7 @@ func (g *Group) settleExit(slot int, p proc, exitErr error) {
 			// out of step with the queue (a fault of ours, not the
 			// process's). Nothing to answer; a nil call here took the
 			// node down once (5248678).
-			g.log.Error("a completion of no call held, at a process's exit", "group", g.name, "slot", slot, "pid", p.PID())
+			g.logLater(slog.LevelError, "a completion of no call held, at a process's exit", "group", g.name, "slot", slot, "pid", p.PID())
 			break
 		}
 		if err != nil {

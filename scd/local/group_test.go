@@ -744,6 +744,11 @@ func TestGroupLogsWithoutMu(t *testing.T) {
 			func(tg *testGroup) { tg.rd.collect(); tg.rd.deliver() }},
 		{"the transport refuses a hand-over", func(p *fakeProc) { p.dispatchErr = errors.New("refused") },
 			func(tg *testGroup) { tg.call(discard{}, 2, []byte("x")) }},
+		// A completion of no call the queue holds, found at the process's
+		// exit (settleExit runs under mu, which Exited took).
+		{"an exit finds a completion of no call held", func(p *fakeProc) {
+			p.held, p.done = append(p.held, fakeCall{"echo", []byte("x")}), 1
+		}, func(tg *testGroup) { tg.Exited(0, 0, nil) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tg := newTestGroup(t, 1, 16, 1)
