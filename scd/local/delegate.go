@@ -117,6 +117,9 @@ func (g *Group) settleExit(slot int, p proc, exitErr error) {
 		}
 		if err != nil {
 			g.misbehaved.Inc()
+			if !done.Answered {
+				g.terminated.Inc()
+			}
 			if !done.Answered && !done.Call.noReply {
 				answers = append(answers, answer{done.Call.to, netio.AppendError(nil, done.Call.id,
 					netio.CodeServerTerminated, "the UAP process serving the call broke the protocol and died")})

@@ -1053,3 +1053,34 @@ func TestTimedOutCallIsMeasuredOnce(t *testing.T) {
 		t.Errorf("class figures %+v, want the one call once", samples)
 	}
 }
+
+// TestBrokenCompletionCountsAsTerminated: a call whose process completes
+// it with a status the protocol does not know is answered 'server
+// terminated', whether the reader sees the break or the process's exit
+// does, and counts in tpsched_requests_server_terminated_total ("calls
+// answered 'server terminated'") as every other such answer does. Both
+// paths counted only the protocol violation.
+func TestBrokenCompletionCountsAsTerminated(t *testing.T) {
+	for _, seenBy := range []string{"reader", "exit"} {
+		t.Run(seenBy, func(t *testing.T) {
+			tg := newTestGroup(t, 1, 16, 1)
+			tg.start(t)
+			a := &recorder{}
+			if code, msg := tg.call(a, 1, []byte("x")); code != netio.CodeOK {
+				t.Fatal(code, msg)
+			}
+			tg.with(func() {
+				p := tg.tr.procs[0]
+				p.taken, p.done, p.badDone = 1, 1, true
+			})
+			if seenBy == "reader" {
+				tg.look()
+			}
+			tg.Exited(0, 0, errors.New("signal: killed"))
+			wantAnswers(t, []*recorder{a}, netio.CodeServerTerminated, nil)
+			if got := tg.terminated.Get(); got != 1 {
+				t.Errorf("server terminated counter %d, want 1", got)
+			}
+		})
+	}
+}

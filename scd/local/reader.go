@@ -214,6 +214,9 @@ func (r *reader) collect() {
 				}
 				g.act()
 				if cl := done.Call; held {
+					if !done.Answered {
+						g.terminated.Inc()
+					}
 					if !done.Answered && !cl.noReply {
 						r.batches[cl.to] = netio.AppendError(r.batches[cl.to], cl.id, netio.CodeServerTerminated,
 							"the UAP process serving the call broke the protocol and was killed")
