@@ -303,8 +303,13 @@ func (q *Queue[C]) prefetchable() int {
 	best := -1
 	for s := range q.slots {
 		sl := &q.slots[s]
-		if sl.state == slotBusy && len(sl.calls) < q.cfg.Depth && !sl.noPrefetch && !sl.revokeAsked &&
-			(best < 0 || len(sl.calls) < len(q.slots[best].calls)) {
+		if sl.state != slotBusy || len(sl.calls) >= q.cfg.Depth || sl.noPrefetch || sl.revokeAsked {
+			continue
+		}
+		// Which slots serve residents is SetResident's, not the lowest
+		// indexes once chprc has changed them.
+		if best < 0 || len(sl.calls) < len(q.slots[best].calls) ||
+			len(sl.calls) == len(q.slots[best].calls) && q.ready.resident[s] && !q.ready.resident[best] {
 			best = s
 		}
 	}
