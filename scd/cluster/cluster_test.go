@@ -660,3 +660,48 @@ func TestBalancedCallStaysHereWhenTheOtherNodeIsUnreachable(t *testing.T) {
 		t.Errorf("%d of 20 balanced calls sent to the node that cannot be reached ('network down'), %d served here; want the first only", down, here)
 	}
 }
+
+// TestRetryIsWeighedAsTheFirstChoice: with the P2C rule, a call refused
+// before it ran and sent on is chosen for as it was the first time:
+// schedule_rate weighs the draw only for a scheduler-direct call. With
+// n2 at LEVEL0 and n3, n4 at LEVEL1, rate 100 (weights 100, 1, 1), a
+// plain call goes to n2 when n2 is one of the two drawn, 2 in 3 (60 of
+// 90, ± 4.5); a scheduler-direct one almost always (89 of 90). Every
+// retry was weighed as scheduler-direct.
+func TestRetryIsWeighedAsTheFirstChoice(t *testing.T) {
+	refused := fakeNode(t, "n1", refusing(netio.CodeShuttingDown))
+	r := newTestRouter(t, Options{Policy: route.Policy{Rule: route.P2C, Announce: true, ScheduleRate: 100}, Retries: 1},
+		&fakeLocal{groups: map[string]*fakeGroup{}},
+		names.NodeInfo{Node: "n1", Addr: refused, Groups: []names.GroupInfo{{Group: "g"}}},
+		names.NodeInfo{Node: "n2", Addr: fakeNode(t, "n2", echoing("n2")), Groups: []names.GroupInfo{{Group: "g"}}},
+		names.NodeInfo{Node: "n3", Addr: fakeNode(t, "n3", echoing("n3")), Groups: []names.GroupInfo{{Group: "g", Level: loadlevel.Level1}}},
+		names.NodeInfo{Node: "n4", Addr: fakeNode(t, "n4", echoing("n4")), Groups: []names.GroupInfo{{Group: "g", Level: loadlevel.Level1}}})
+	const calls = 90
+	toN2 := func(direct bool) int {
+		n := 0
+		for i := range calls {
+			a := &recorder{ch: make(chan netio.Frame, 1)}
+			fc := &peers.Call{Caller: a, CallerID: uint64(i + 1), Kind: netio.KindCall, Group: "g", Service: "echo",
+				Payload: []byte("x"), Start: time.Now(), Deadline: time.Now().Add(testWait), Retries: 1, Direct: direct}
+			if code, msg := r.transfer(fc, "n1"); code != netio.CodeOK {
+				t.Fatalf("transfer: %v %s", code, msg)
+			}
+			f := a.next(t)
+			if f.Kind != netio.KindReply {
+				t.Fatalf("call %d: %v %v %q, want an echo from n2, n3 or n4", i, f.Kind, f.Code, f.Payload)
+			}
+			if string(f.Payload) == "n2:x" {
+				n++
+			}
+		}
+		return n
+	}
+	plain, direct := toN2(false), toN2(true)
+	t.Logf("sent on to n2: %d of %d plain calls, %d of %d scheduler-direct ones", plain, calls, direct, calls)
+	if plain > 78 {
+		t.Errorf("%d of %d plain calls sent on to n2, want about 60: schedule_rate weighed a call that is not scheduler-direct", plain, calls)
+	}
+	if direct < 79 {
+		t.Errorf("%d of %d scheduler-direct calls sent on to n2, want about 89 (schedule_rate 100)", direct, calls)
+	}
+}

@@ -248,7 +248,8 @@ func (r *Router) route(c call.Caller, from call.From, f *netio.Frame, mayPark bo
 	}
 	cands = r.opts.Steer(group, cands)
 	*buf = cands
-	i := route.Choose(cands, r.policy, route.Request{Direct: !balanced && schedulerDirect(from, f), Socket: socket}, globalRand{})
+	direct := !balanced && schedulerDirect(from, f)
+	i := route.Choose(cands, r.policy, route.Request{Direct: direct, Socket: socket}, globalRand{})
 	if i < 0 {
 		// Without this, a group held on the only nodes that run it passes
 		// to this node's queue, which knows no such group and says so:
@@ -276,7 +277,7 @@ func (r *Router) route(c call.Caller, from call.From, f *netio.Frame, mayPark bo
 		Caller: c, CallerID: f.ID, Kind: f.Kind,
 		Group: group, Service: string(f.Service), Payload: append([]byte(nil), f.Payload...),
 		TimeoutMs: f.TimeoutMs, Start: time.Now(),
-		Retries: route.Retries(r.opts.Retries, len(entries)),
+		Retries: route.Retries(r.opts.Retries, len(entries)), Direct: direct,
 	}
 	fc.Deadline = r.deadline(f, g, fc.Start)
 	code, msg = r.transfer(fc, cands[i].Node)
@@ -372,7 +373,7 @@ func (r *Router) Reroute(fc *peers.Call, err error) {
 	}
 	g, _ := r.opts.Local.Group(fc.Group)
 	cands := r.candidates(nil, fc.Group, g, fc.Tried, false)
-	i := route.Choose(cands, r.policy, route.Request{Direct: true, Retry: true,
+	i := route.Choose(cands, r.policy, route.Request{Direct: fc.Direct, Retry: true,
 		Socket: r.socketGroup(fc.Group, g)}, globalRand{})
 	if i < 0 {
 		fc.FailUnsent(err, "; no other node runs "+fc.Group)

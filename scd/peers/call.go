@@ -22,6 +22,9 @@ type Call struct {
 	Start     time.Time
 	Tried     []string // nodes tried, for a retry after a communication error
 	Retries   int      // retries left (scd_retry_of_comm_error)
+	// Direct: a scheduler-direct call (dcscddirect client), which
+	// schedule_rate weighs when it is sent on as when it was first routed.
+	Direct bool
 
 	via       *peer // the peer it was last handed to
 	lookup    bool  // ask the node where the group is received before sending it
