@@ -432,6 +432,11 @@ func (d *doors) controlAllowed(next http.Handler, refused *metrics.Counter) http
 			attrs = append(attrs, "uid", p.cred.Uid, "pid", p.cred.Pid)
 		}
 		n.log.Warn("control request refused", attrs...)
+		// Its connection is closed after the answer: kept alive, a
+		// caller that sends requests without reading the refusals holds
+		// it for ever (these answers have no write timeout), and
+		// controlMaxConns of them the whole socket.
+		w.Header().Set("Connection", "close")
 		http.Error(w, why, http.StatusForbidden)
 	})
 }

@@ -1,14 +1,21 @@
 package scd
 
 import (
+	"context"
+	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
 	"tpsched/scd/def"
@@ -244,5 +251,64 @@ func TestFindControlSocketNotSearchable(t *testing.T) {
 		if err != nil || got != candidates[1] {
 			t.Errorf("scan %v: %q, %v; want %s, which may not be looked at", scan, got, err, candidates[1])
 		}
+	}
+}
+
+// TestControlRefusalCannotHoldTheSocket: a caller the peer check refuses
+// (another uid, a UAP in a user namespace of its own) is answered 403
+// and its connection closed. It was kept alive: such a caller sent its
+// requests one after another without reading the answers, the server's
+// write of a refusal blocked once the socket's buffer was full (the
+// control socket's answers have no write timeout), and with
+// controlMaxConns such connections, none ever idle, scdctl's connection
+// waited in the backlog for ever.
+func TestControlRefusalCannotHoldTheSocket(t *testing.T) {
+	d := &doors{n: &Node{log: slog.New(slog.DiscardHandler)}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /prc", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, "ok") })
+	srv, lim := newHTTPServer(d.controlAllowed(mux, metrics.NewSet().NewCounter("refused")), controlMaxConns, 0)
+	var accepted atomic.Int32
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		if accepted.Add(1) <= controlMaxConns { // the hostile callers, as the kernel would name another user
+			return context.WithValue(ctx, controlPeerKey{}, controlPeer{cred: &unix.Ucred{Uid: 65534, Pid: 1}})
+		}
+		return withControlPeer(ctx, c)
+	}
+	path := filepath.Join(shortTemp(t), "n.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(lim.listener(ln)) }()
+	defer func() { srv.Close(); <-served }()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	req := []byte(strings.Repeat("GET /prc HTTP/1.1\r\nHost: x\r\n\r\n", 4000))
+	for range controlMaxConns {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		wg.Add(1)
+		go func() { defer wg.Done(); _, _ = c.Write(req) }() // and never reads
+	}
+	time.Sleep(time.Second) // the server's writes fill the sockets
+
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		},
+	}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://control/prc")
+	if err != nil {
+		t.Fatalf("the operator's request, after %d refused callers that do not read: %v", controlMaxConns, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the operator's request: %s", resp.Status)
 	}
 }
