@@ -15,7 +15,8 @@ import (
 // (httpTimeouts) and a cap on its connections well below the RPC port's
 // share of the fd table: at the cap, the connection idle the longest (or
 // one that has sent nothing yet) is closed for the new one; when none is
-// idle, a new one waits in the listen backlog until one ends.
+// idle, the new one waits, accepted but not served, until one ends (those
+// after it in the listen backlog).
 
 // Time limits of the node's HTTP servers.
 const (
@@ -111,20 +112,23 @@ type limitedListener struct {
 	doneOnce sync.Once
 }
 
-// Accept waits until the server has room for the connection, then takes
-// it from the backlog.
+// Accept takes a connection from the backlog, then waits until the
+// server has room for it. Room is made only for a connection that came:
+// made before, at the cap it closed an idle connection with no other
+// waiting, often the one just accepted, whose request had not come yet.
 func (l *limitedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
 	for !l.lim.room() {
 		select {
 		case <-l.lim.freed:
 		case <-time.After(100 * time.Millisecond): // an eviction's close takes a moment to be reported
 		case <-l.done:
+			_ = c.Close()
 			return nil, net.ErrClosed
 		}
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
 	}
 	l.lim.mu.Lock()
 	l.lim.conns[c] = time.Now()
