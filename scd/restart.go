@@ -519,6 +519,11 @@ func (r *restarter) retire() {
 	left := n.rpc.Stats().Conns
 	n.log.Info("restart: callers gone; draining", "told", told, "still_open", left, "took", time.Since(start).Round(time.Millisecond))
 	rs.retireErr = n.drain(context.Background())
+	if rs.retireErr != nil {
+		// Said here: scdd ends on Retired, and only a stop passed on
+		// after it (Drain) gets the error too.
+		n.log.Error("restart: the old process's drain", "err", rs.retireErr)
+	}
 	close(rs.retiredCh())
 }
 

@@ -1,11 +1,14 @@
 package scd
 
 import (
+	"bytes"
+	"context"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,4 +270,59 @@ func TestHandOverRefusesDescriptorsCutAtTheOpenFilesLimit(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cut short") || took > 2*time.Second {
 		t.Errorf("20 descriptors, room for fewer: got %d, %v after %v; want a cut short refused at once", len(got), err, took)
 	}
+}
+
+// lockedBuffer is a log's text, written from the node's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestRetireSaysWhatItsDrainLeft: the old process of a restart drains
+// once its callers have gone (retire), and what the drain could not do
+// (a call still running at the drain timeout) is logged. It went nowhere:
+// scdd exits on Retired, and only a Drain called after it returned the
+// error, so the old process ended as if all went well.
+func TestRetireSaysWhatItsDrainLeft(t *testing.T) {
+	var logged lockedBuffer
+	n := inProcNodeWith(t, "", map[string]string{
+		"g": "set service_group = g\nset service = sleep\nset module = MODULE\nset parallel_count = 1\n",
+	}, func(n *Node) {
+		n.log = slog.New(slog.NewTextHandler(&logged, nil))
+		n.opts.DrainTimeout = 300 * time.Millisecond
+	})
+	c := inProcClient(t, n)
+	answered := make(chan error, 1)
+	go func() {
+		_, err := c.Call(context.Background(), "g", "sleep", []byte("1500ms"))
+		answered <- err
+	}()
+	waitInFlight(t, n, "g", 1)
+	n.restart.handedOver.Store(true) // as a restart's commit: the Drain at the test's end waits for this one
+	go n.restart.retire()
+	select {
+	case <-n.Retired():
+	case <-time.After(testWait):
+		t.Fatal("not retired")
+	}
+	<-answered
+	if err := n.restart.retireErr; err == nil || !strings.Contains(err.Error(), "still in flight") {
+		t.Fatalf("retire's drain: %v, want the call still in flight", err)
+	}
+	if !strings.Contains(logged.String(), "still in flight") {
+		t.Errorf("the drain's error was not logged:\n%s", logged.String())
+	}
+	n.restart.retireErr = nil // seen: the test's Drain at the end returns it again
 }
