@@ -1,8 +1,10 @@
 package scd
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"syscall"
 
 	"tpsched/netio/rpcport"
 	"tpsched/scd/def"
@@ -42,7 +44,9 @@ func bindPorts(cfg *def.Config, rpcOpts rpcport.Options, takingOver bool) (p por
 		switch {
 		case err == nil:
 			p.http = ln
-		case !takingOver:
+		case !takingOver || !errors.Is(err, syscall.EADDRINUSE):
+			// Taking over, only a port held is left for the hand-over
+			// (takeInherited checks that the old process holds it).
 			return p, fmt.Errorf("metrics_address %s: %w", maddr, rpcport.InUseError(maddr, err))
 		}
 	}
@@ -74,7 +78,10 @@ func bindPorts(cfg *def.Config, rpcOpts rpcport.Options, takingOver bool) (p por
 func (p *ports) takeInherited(rs *restarter) {
 	if inh := rs.inheritMetrics; inh != nil {
 		rs.inheritMetrics = nil
-		if p.http == nil {
+		// Not the old process's when the definitions moved
+		// metrics_address to a port another program holds: then nothing
+		// is bound, and the doors' own bind says so.
+		if p.http == nil && listensAt(inh, rs.n.cfg.System.MetricsAddress) {
 			p.http = inh
 		} else {
 			_ = inh.Close()
@@ -115,6 +122,24 @@ func (p *ports) close() {
 		p.names.Close()
 		p.names = nil
 	}
+}
+
+// listensAt reports whether ln listens where addr (host:port) says: on
+// its port, unless that is 0, and on its IP address, unless it names a
+// host.
+func listensAt(ln net.Listener, addr string) bool {
+	ta, ok := ln.Addr().(*net.TCPAddr)
+	host, ps, err := net.SplitHostPort(addr)
+	if !ok || err != nil {
+		return false
+	}
+	if !portZero(addr) {
+		if port, err := net.LookupPort("tcp", ps); err != nil || port != ta.Port {
+			return false
+		}
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || ip.Equal(ta.IP) || ip.IsUnspecified() && ta.IP.IsUnspecified()
 }
 
 // portZero reports whether host:port asks for a port the kernel picks.
