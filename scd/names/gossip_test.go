@@ -508,3 +508,33 @@ func (l *lockedLog) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// TestStopIsBoundedWhileSeedsHang: a node whose seeds take the connection
+// and never answer (stopped nodes, a link that drops everything) stops at
+// once. Before, Stop waited for every join in progress to reach
+// memberlist's TCP timeout (10 s), and for a second wave of joins after
+// it when more than joinAtOnce seeds hung.
+func TestStopIsBoundedWhileSeedsHang(t *testing.T) {
+	var seeds []string
+	for range joinAtOnce + 1 {
+		hung, err := net.Listen("tcp", "127.0.0.1:0") // connections wait in its backlog, unanswered
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer hung.Close()
+		seeds = append(seeds, hung.Addr().String())
+	}
+	c, err := Join(GossipConfig{Self: "m0", BindAddr: "127.0.0.1", Seeds: seeds, Fast: true},
+		NewTable("m0"), NodeInfo{Addr: "127.0.0.1:1", Groups: []GroupInfo{{Group: "g"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the joins are waiting for their seeds
+	start := time.Now()
+	for _, stop := range []func() error{c.Stop, func() error { return c.Leave(100 * time.Millisecond) }} {
+		_ = stop()
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Stop took %v with its seeds hanging, want well under memberlist's 10 s TCP timeout", took)
+	}
+}

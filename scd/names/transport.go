@@ -1,6 +1,7 @@
 package names
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,6 +35,15 @@ type Transport struct {
 	stop      chan struct{}
 	stopping  atomic.Bool
 	wg        sync.WaitGroup
+
+	// dialed are the stream connections memberlist opened and has not
+	// closed (joins, reliable sends): Shutdown closes them, so that a
+	// peer that takes a connection and never answers does not hold the
+	// node's Stop for memberlist's TCP timeout (10 s) per connection.
+	dialMu sync.Mutex
+	dialed map[*dialedConn]struct{}
+	life   context.Context // ends at Shutdown: dials in progress end with it
+	end    context.CancelFunc
 }
 
 var _ memberlist.NodeAwareTransport = (*Transport)(nil)
@@ -102,13 +112,16 @@ func TransportFromFiles(tcpF, udpF *os.File) (*Transport, error) {
 func newTransport(tcp *net.TCPListener, udp *net.UDPConn) *Transport {
 	for size := udpRecvBuf; size > 0 && udp.SetReadBuffer(size) != nil; size /= 2 {
 	}
-	return &Transport{
+	t := &Transport{
 		tcp: tcp, udp: udp,
 		packetCh: make(chan *memberlist.Packet),
 		streamCh: make(chan net.Conn),
 		log:      slog.New(slog.DiscardHandler),
 		stop:     make(chan struct{}),
+		dialed:   map[*dialedConn]struct{}{},
 	}
+	t.life, t.end = context.WithCancel(context.Background())
+	return t
 }
 
 // Port is the name port.
@@ -267,10 +280,41 @@ func (t *Transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, e
 	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
 }
 
-// DialAddressTimeout implements memberlist.NodeAwareTransport.
+// DialAddressTimeout implements memberlist.NodeAwareTransport. A dial in
+// progress ends when the transport shuts down, and the connection it
+// returns is closed then.
 func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
-	d := net.Dialer{Timeout: timeout}
-	return d.Dial("tcp", a.Addr)
+	ctx, cancel := context.WithTimeout(t.life, timeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", a.Addr)
+	if err != nil {
+		return nil, err
+	}
+	dc := &dialedConn{Conn: c, t: t}
+	t.dialMu.Lock()
+	if t.stopping.Load() {
+		t.dialMu.Unlock()
+		c.Close()
+		return nil, errors.New("name port: shut down")
+	}
+	t.dialed[dc] = struct{}{}
+	t.dialMu.Unlock()
+	return dc, nil
+}
+
+// dialedConn is a connection DialAddressTimeout made, known to the
+// transport until it is closed.
+type dialedConn struct {
+	net.Conn
+	t *Transport
+}
+
+func (c *dialedConn) Close() error {
+	c.t.dialMu.Lock()
+	delete(c.t.dialed, c)
+	c.t.dialMu.Unlock()
+	return c.Conn.Close()
 }
 
 // StreamCh implements memberlist.Transport.
@@ -281,10 +325,18 @@ func (t *Transport) StreamCh() <-chan net.Conn { return t.streamCh }
 // readers.
 func (t *Transport) Shutdown() error {
 	t.stopOnce.Do(func() {
+		t.dialMu.Lock()
 		t.stopping.Store(true)
+		dialed := t.dialed
+		t.dialed = nil
+		t.dialMu.Unlock()
 		close(t.stop)
+		t.end()
 		_ = t.tcp.Close()
 		_ = t.udp.Close()
+		for c := range dialed {
+			_ = c.Conn.Close()
+		}
 	})
 	t.wg.Wait()
 	return nil
