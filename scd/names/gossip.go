@@ -589,8 +589,9 @@ func (c *Gossip) receive(msg []byte, relay bool) {
 	// it before it removes it from the table: applied after the unlock,
 	// an announce that found the node alive could put it back in the
 	// table once NotifyLeave had removed it.
-	changed := c.applyTable(info)
+	changed, err := c.applyTable(info)
 	c.mu.Unlock()
+	c.refused(info.Node, err) // logs: never with c.mu held
 	c.changed(changed)
 	if changed && relay {
 		c.relayed.Add(1)
@@ -617,7 +618,8 @@ func (c *Gossip) rememberEarlyLocked(node string, raw []byte) {
 
 // apply applies info to the table and reports whether the table changed.
 func (c *Gossip) apply(info NodeInfo) bool {
-	changed := c.applyTable(info)
+	changed, err := c.applyTable(info)
+	c.refused(info.Node, err)
 	c.changed(changed)
 	return changed
 }
@@ -630,26 +632,33 @@ func (c *Gossip) changed(changed bool) {
 }
 
 // applyTable applies info to the table and reports whether the table
-// changed, without calling OnChange: c.mu may be held.
-func (c *Gossip) applyTable(info NodeInfo) bool {
+// changed, or why it refused info, without calling OnChange or logging:
+// c.mu may be held. The caller hands the error to refused.
+func (c *Gossip) applyTable(info NodeInfo) (bool, error) {
 	changed, err := c.table.Apply(info)
+	if err != nil {
+		return false, err
+	}
+	c.received.Add(1)
+	return changed, nil
+}
+
+// refused counts and logs node's announce that the table refused with err;
+// nothing when err is nil. Never with c.mu held: it logs.
+func (c *Gossip) refused(node string, err error) {
 	switch {
 	case errors.Is(err, ErrFull):
 		c.dropMu.Lock()
 		c.dropped[DropFull]++
-		warn := !c.warnedFull[info.Node]
-		c.warnedFull[info.Node] = true
+		warn := !c.warnedFull[node]
+		c.warnedFull[node] = true
 		c.dropMu.Unlock()
 		if warn {
 			c.log.Error("node refused", "err", err)
 		}
-		return false
 	case err != nil:
 		c.drop(DropInvalid, err)
-		return false
 	}
-	c.received.Add(1)
-	return changed
 }
 
 // outlive answers an announce of this node that is newer than its own: a
@@ -681,31 +690,39 @@ func (c *Gossip) outlive(info NodeInfo) {
 	// after is another live node of this name, which passes this one's
 	// Boot as this one passes its: said once as an error, then quiet
 	// for a while, instead of a warning every second.
+	// Said after c.mu is let go: memberlist's callbacks take it with
+	// memberlist's lock held, and a log write may wait for its output.
 	now := time.Now()
-	switch {
+	var say func()
+	switch boot := c.self.Boot; {
 	case now.Sub(c.outlived) > namesakeWindow:
-		c.log.Warn("an announce of this node newer than its own (a past incarnation's, with the clock set back since; or another node has this node's name): announcing with a later boot",
-			"boot", c.self.Boot, "other_boot", info.Boot)
+		say = func() {
+			c.log.Warn("an announce of this node newer than its own (a past incarnation's, with the clock set back since; or another node has this node's name): announcing with a later boot",
+				"boot", boot, "other_boot", info.Boot)
+		}
 	case now.Sub(c.namesake) > namesakeQuiet:
 		c.namesake = now
-		c.log.Error(fmt.Sprintf("another live node announces itself as %s (its node_id given to two nodes?): each passes the other's boot once a second, "+
-			"and the other nodes send this name's calls to whichever announced last; said again in %v if it goes on", c.self.Node, namesakeQuiet),
-			"boot", c.self.Boot, "other_boot", info.Boot)
+		say = func() {
+			c.log.Error(fmt.Sprintf("another live node announces itself as %s (its node_id given to two nodes?): each passes the other's boot once a second, "+
+				"and the other nodes send this name's calls to whichever announced last; said again in %v if it goes on", c.cfg.Self, namesakeQuiet),
+				"boot", boot, "other_boot", info.Boot)
+		}
 	}
 	c.outlived = now
 	c.self.Boot, c.self.Seq = info.Boot+1, 0
-	if c.outliving || c.stopping {
-		c.mu.Unlock()
-		return // the announce on its way reads the Boot set here
+	if !c.outliving && !c.stopping { // else the announce on its way reads the Boot set here
+		c.outliving = true
+		c.goReadyLocked(func() {
+			c.mu.Lock()
+			c.outliving = false
+			c.mu.Unlock()
+			c.reannounce()
+		})
 	}
-	c.outliving = true
-	c.goReadyLocked(func() {
-		c.mu.Lock()
-		c.outliving = false
-		c.mu.Unlock()
-		c.reannounce()
-	})
 	c.mu.Unlock()
+	if say != nil {
+		say()
+	}
 }
 
 // namesakeWindow is how soon a second outlive means another live node of

@@ -2,6 +2,7 @@ package names
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"log/slog"
@@ -537,4 +538,52 @@ func TestStopIsBoundedWhileSeedsHang(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("Stop took %v with its seeds hanging, want well under memberlist's 10 s TCP timeout", took)
 	}
+}
+
+// TestNoLogWriteUnderMu: the lines the receive path writes (a 129th
+// node refused, an own announce newer than this node's) are written with
+// c.mu let go. memberlist's NotifyJoin and NotifyLeave take c.mu with its
+// node lock held, so a log write that waits for its output (a stderr not
+// read) under c.mu held up memberlist's whole membership.
+func TestNoLogWriteUnderMu(t *testing.T) {
+	table := NewTable("m0")
+	c := unjoinedGossip(t, GossipConfig{}, table)
+	h := &muCheckHandler{c: c}
+	c.log = slog.New(h)
+	c.self = NodeInfo{Node: "m0", Boot: 100, Seq: 3}
+	codec := NewCodec(nil)
+	for i := range MaxNodes {
+		if _, err := table.Apply(NodeInfo{Node: fmt.Sprintf("n%03d", i), Boot: 1, Seq: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	(*events)(c).NotifyJoin(&memberlist.Node{Name: "x", Addr: net.IPv4(127, 0, 0, 1), Port: 1})
+	(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "x", Addr: "127.0.0.1:2", Boot: 1, Seq: 1}))
+	(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: "m0", Boot: 500, Seq: 1}))
+	if h.lines.Load() < 2 {
+		t.Fatalf("%d lines logged, want the 129th node's refusal and the outlive", h.lines.Load())
+	}
+	if n := h.underMu.Load(); n > 0 {
+		t.Errorf("%d of %d log lines written with c.mu held", n, h.lines.Load())
+	}
+}
+
+// muCheckHandler counts the lines logged and those logged while c.mu is
+// held (by anyone: the test runs nothing beside).
+type muCheckHandler struct {
+	c              *Gossip
+	lines, underMu atomic.Int32
+}
+
+func (h *muCheckHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *muCheckHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *muCheckHandler) WithGroup(string) slog.Handler            { return h }
+func (h *muCheckHandler) Handle(_ context.Context, r slog.Record) error {
+	h.lines.Add(1)
+	if h.c.mu.TryLock() {
+		h.c.mu.Unlock()
+	} else {
+		h.underMu.Add(1)
+	}
+	return nil
 }
