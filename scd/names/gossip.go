@@ -126,7 +126,7 @@ type Gossip struct {
 
 	dropMu     sync.Mutex
 	dropped    map[string]uint64
-	warnedFull map[string]bool
+	warnedFull map[string]bool // live nodes the full table refused, said once each
 
 	ml      *memberlist.Memberlist // set once Create returns; callbacks wait for ready before they use it
 	members atomic.Pointer[memberlist.Memberlist]
@@ -651,6 +651,11 @@ func (c *Gossip) refused(node string, err error) {
 		c.dropMu.Lock()
 		c.dropped[DropFull]++
 		warn := !c.warnedFull[node]
+		if warn && len(c.warnedFull) >= MaxNodes {
+			// A leave that ran between the refusal and this leaves its
+			// node here: bounded all the same (some said again).
+			clear(c.warnedFull)
+		}
 		c.warnedFull[node] = true
 		c.dropMu.Unlock()
 		if warn {
@@ -898,6 +903,9 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	}
 	c.ring = nil
 	c.mu.Unlock()
+	c.dropMu.Lock()
+	delete(c.warnedFull, n.Name) // refused while the table was full: said again if it comes back
+	c.dropMu.Unlock()
 	// Out of the table before OnLeave lets its peer go: a call routed in
 	// between would find the node still there and make it a fresh peer,
 	// which no later leave ends, and the calls OnLeave sends elsewhere

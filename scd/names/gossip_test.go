@@ -587,3 +587,33 @@ func (h *muCheckHandler) Handle(_ context.Context, r slog.Record) error {
 	}
 	return nil
 }
+
+// TestRefusedNodesAreForgottenWhenTheyLeave: with the table full, nodes
+// that join, are refused and leave again (a new name each time, as
+// anyone can join without a key) leave nothing behind. Before, the note
+// that each had been warned about stayed for ever.
+func TestRefusedNodesAreForgottenWhenTheyLeave(t *testing.T) {
+	table := NewTable("m0")
+	c := unjoinedGossip(t, GossipConfig{}, table)
+	for i := range MaxNodes {
+		if _, err := table.Apply(NodeInfo{Node: fmt.Sprintf("n%03d", i), Boot: 1, Seq: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	codec := NewCodec(nil)
+	for i := range 1000 {
+		n := &memberlist.Node{Name: fmt.Sprintf("x%d", i), Addr: net.IPv4(127, 0, 0, 1), Port: 1}
+		(*events)(c).NotifyJoin(n)
+		(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: n.Name, Addr: "127.0.0.1:2", Boot: 1, Seq: 1}))
+		(*events)(c).NotifyLeave(n)
+	}
+	c.dropMu.Lock()
+	warned, full := len(c.warnedFull), c.dropped[DropFull]
+	c.dropMu.Unlock()
+	if full != 1000 {
+		t.Errorf("%d announces dropped as table_full, want 1000", full)
+	}
+	if warned > 0 {
+		t.Errorf("%d refused nodes that left are still remembered, want none", warned)
+	}
+}
