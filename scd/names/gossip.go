@@ -911,15 +911,50 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	// which no later leave ends, and the calls OnLeave sends elsewhere
 	// could be routed back to it.
 	removed := c.table.Remove(n.Name)
+	admitted := removed && c.table.Len() == MaxNodes-1 && c.admitRefused()
 	if c.cfg.OnLeave != nil {
 		c.cfg.OnLeave(n.Name)
 	}
 	if removed {
 		c.log.Info("node left or died", "node", n.Name, "addr", n.Address())
-		if c.cfg.OnChange != nil {
-			c.cfg.OnChange()
+	}
+	c.changed(removed || admitted)
+}
+
+// admitRefused applies the announce this node holds of a live member the
+// table does not hold (refused when it was full), now that a node left
+// the table: every copy of that announce that comes again is ignored as
+// no newer, and the member would stay out until it announced anew (its
+// refresh, up to 20 s). It reports whether the table changed.
+func (c *Gossip) admitRefused() bool {
+	var changed bool
+	var errs []error
+	var refused []string
+	c.mu.Lock()
+	for node := range c.peers {
+		raw := c.latest[node]
+		if raw == nil || c.table.Len() >= MaxNodes {
+			continue
+		}
+		if _, ok := c.table.Get(node); ok {
+			continue
+		}
+		info, err := c.codec.Decode(raw)
+		if err != nil {
+			continue
+		}
+		// Under mu, as receive applies: a leave cannot slip in between.
+		ch, err := c.applyTable(info)
+		changed = changed || ch
+		if err != nil {
+			errs, refused = append(errs, err), append(refused, node)
 		}
 	}
+	c.mu.Unlock()
+	for i, err := range errs {
+		c.refused(refused[i], err)
+	}
+	return changed
 }
 
 func (e *events) NotifyUpdate(n *memberlist.Node) {

@@ -617,3 +617,39 @@ func TestRefusedNodesAreForgottenWhenTheyLeave(t *testing.T) {
 		t.Errorf("%d refused nodes that left are still remembered, want none", warned)
 	}
 }
+
+// TestANodeRefusedWhileTheTableWasFullIsTakenWhenOneLeaves: a live node
+// refused as the 129th enters the table as soon as another leaves, from
+// the announce of it this node holds. Before, that announce was kept
+// (and went out in push/pull) while the table held nothing of it, and
+// every copy of it was ignored as no newer: the node stayed out until
+// it announced again (its refresh, up to 20 s later).
+func TestANodeRefusedWhileTheTableWasFullIsTakenWhenOneLeaves(t *testing.T) {
+	table := NewTable("m0")
+	c := unjoinedGossip(t, GossipConfig{}, table)
+	codec := NewCodec(nil)
+	join := func(name string) *memberlist.Node {
+		n := &memberlist.Node{Name: name, Addr: net.IPv4(127, 0, 0, 1), Port: 1}
+		(*events)(c).NotifyJoin(n)
+		(*delegate)(c).NotifyMsg(codec.Encode(nil, NodeInfo{Node: name, Addr: "127.0.0.1:2", Boot: 1, Seq: 1, Groups: []GroupInfo{{Group: "g"}}}))
+		return n
+	}
+	var first *memberlist.Node
+	for i := range MaxNodes {
+		n := join(fmt.Sprintf("n%03d", i))
+		if i == 0 {
+			first = n
+		}
+	}
+	join("x")
+	if _, ok := table.Get("x"); ok || table.Len() != MaxNodes {
+		t.Fatalf("the 129th node is in the table (%d nodes)", table.Len())
+	}
+	(*events)(c).NotifyLeave(first)
+	if _, ok := table.Get("x"); !ok {
+		t.Error("a node refused while the table was full is still out of it after another left")
+	}
+	if table.Len() != MaxNodes {
+		t.Errorf("%d nodes in the table, want %d", table.Len(), MaxNodes)
+	}
+}
