@@ -279,12 +279,22 @@ func (c *Gossip) Announce(info NodeInfo) {
 // keeps announces queued in the order they are numbered.
 func (c *Gossip) AnnounceFunc(build func() NodeInfo) {
 	c.announceMu.Lock()
-	defer c.announceMu.Unlock()
-	c.announceLocked(build())
+	err := c.announceLocked(build()) // lockcheck: build must not block (its contract above)
+	c.announceMu.Unlock()
+	c.ownRefused(err)
 }
 
-// announceLocked numbers info and sends it; c.announceMu is held.
-func (c *Gossip) announceLocked(info NodeInfo) {
+// ownRefused logs why the table refused this node's own announce, if it
+// did; never under announceMu or mu.
+func (c *Gossip) ownRefused(err error) {
+	if err != nil {
+		c.log.Error("own announce refused by the name table", "err", err)
+	}
+}
+
+// announceLocked numbers info and sends it, and returns the table's
+// refusal of it, if any; c.announceMu is held.
+func (c *Gossip) announceLocked(info NodeInfo) error {
 	c.mu.Lock()
 	info.Node, info.Boot, info.Seq = c.self.Node, c.self.Boot, c.self.Seq+1
 	c.self = info
@@ -292,14 +302,12 @@ func (c *Gossip) announceLocked(info NodeInfo) {
 	c.latest[info.Node] = raw
 	c.mu.Unlock()
 	changed, err := c.table.Apply(info)
-	if err != nil {
-		c.log.Error("own announce refused by the name table", "err", err)
-	}
 	c.sent.Add(1)
 	c.queue.QueueBroadcast(announce{node: info.Node, msg: raw})
 	if changed {
 		c.push(info.Node, raw)
 	}
+	return err
 }
 
 // push hands raw, node's announce, to the pusher, replacing an older one
@@ -392,15 +400,17 @@ func fingers(ring []string, self string, peers map[string]memberlist.Node) []mem
 // numbered it again, and then overwrite it (and be refreshed every 20 s).
 func (c *Gossip) reannounce() {
 	c.announceMu.Lock()
-	defer c.announceMu.Unlock()
+	var err error
 	if c.cfg.State != nil {
-		c.announceLocked(c.cfg.State())
-		return
+		err = c.announceLocked(c.cfg.State()) // lockcheck: State must not block, as AnnounceFunc's build
+	} else {
+		c.mu.Lock()
+		self := c.self
+		c.mu.Unlock()
+		err = c.announceLocked(self)
 	}
-	c.mu.Lock()
-	self := c.self
-	c.mu.Unlock()
-	c.announceLocked(self)
+	c.announceMu.Unlock()
+	c.ownRefused(err)
 }
 
 // run re-announces periodically and retries the seeds that are not members.
