@@ -34,12 +34,13 @@ func TestFindsTheOldReserve(t *testing.T) {
 func TestNoLockHeldAcrossAWait(t *testing.T) {
 	_, self, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(self), "..", "..")
-	for _, dir := range []string{"netio", "netio/rpcport", "scd/local", "shm", "procmgr", "scd/names"} {
+	for _, dir := range []string{"netio", "netio/rpcport", "scd/local", "shm", "procmgr", "scd/names", "scd/wlm", "scd/wlmnode"} {
 		// A log write under a lock is a wait where the dispatcher and the
 		// event loops take the lock (issue 29 item 7), in procmgr
 		// where the reapers, the scaler and status reads take it, and in
 		// scd/names, whose mu memberlist's callbacks take under its
-		// node lock. rpcport
+		// node lock, and in the routing manager (scd/wlm, scd/wlmnode),
+		// whose locks the event loops take (finds, steering). rpcport
 		// still logs under its locks (budget.go, conn.go, write.go's
 		// countSlow): not yet checked.
 		cfg := Config{Logs: dir != "netio/rpcport"}

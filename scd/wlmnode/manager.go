@@ -105,10 +105,11 @@ type Manager struct {
 	policy atomic.Pointer[activePolicy]
 	load   *cpuSampler
 
-	// measureMu is held while a policy interval ends (interval,
+	// measuring holds a token while a policy interval ends (interval,
 	// measureNow): the CPU sampler and the groups' figures are one
-	// interval's at a time.
-	measureMu sync.Mutex
+	// interval's at a time. A channel, not a mutex, so that measureNow
+	// waits for it no longer than its context allows.
+	measuring chan struct{} // capacity 1
 
 	mu        sync.Mutex // guards what follows, read by reports and /metrics
 	classes   []classFigures
@@ -147,7 +148,8 @@ func New(opts Options) (*Manager, error) {
 	if opts.ProcStat == "" {
 		opts.ProcStat = "/proc/stat"
 	}
-	w := &Manager{opts: opts, log: opts.Log, local: opts.Local, load: newCPUSampler(opts.ProcStat), groups: map[string]*groupFigures{}}
+	w := &Manager{opts: opts, log: opts.Log, local: opts.Local, load: newCPUSampler(opts.ProcStat), groups: map[string]*groupFigures{},
+		measuring: make(chan struct{}, 1)}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	w.install(&activePolicy{def: opts.Policy, p: p, since: time.Now()})
 	w.envs = newEnvs(w)

@@ -14,8 +14,8 @@ import (
 // class's performance index and acts on it. One interval ends at a time
 // (the policy loop's, or measureNow's).
 func (w *Manager) interval(now time.Time) {
-	w.measureMu.Lock()
-	defer w.measureMu.Unlock()
+	w.measuring <- struct{}{} // waits at most for a measureNow, which its ctx bounds
+	defer func() { <-w.measuring }()
 	w.endInterval(now)
 }
 
@@ -29,15 +29,31 @@ const minMeasure = 250 * time.Millisecond
 // first interval (then the first server went to the lowest node id, busy
 // or not: issue 22 item 4). It waits until minMeasure has passed since the
 // node began measuring (Start). Once an interval has ended it does
-// nothing: the figures of the last one stand.
+// nothing: the figures of the last one stand. It waits for the measuring
+// token no longer than ctx lets it (a placement bounds its wait by
+// measureTimeout), and logs after letting it go.
 func (w *Manager) measureNow(ctx context.Context) error {
-	w.measureMu.Lock()
-	defer w.measureMu.Unlock()
+	select {
+	case w.measuring <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	ended, err := w.measureFirst(ctx)
+	<-w.measuring
+	if ended {
+		w.log.Info("routing manager: measured spare cpu at once for a placement before the first policy interval ended")
+	}
+	return err
+}
+
+// measureFirst is measureNow's work, with the measuring token held: it
+// reports whether it ended the first interval.
+func (w *Manager) measureFirst(ctx context.Context) (bool, error) {
 	w.mu.Lock()
 	measured, since := w.intervals > 0, w.lastTick
 	w.mu.Unlock()
 	if measured || since.IsZero() { // measured, or not started: nothing to measure from
-		return nil
+		return false, nil
 	}
 	if wait := time.Until(since.Add(minMeasure)); wait > 0 {
 		t := time.NewTimer(wait)
@@ -45,15 +61,14 @@ func (w *Manager) measureNow(ctx context.Context) error {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 	}
-	w.log.Info("routing manager: measuring spare cpu at once for a placement before the first policy interval ended")
 	w.endInterval(time.Now())
-	return nil
+	return true, nil
 }
 
-// endInterval is interval's work, under measureMu.
+// endInterval is interval's work, with the measuring token held.
 func (w *Manager) endInterval(now time.Time) {
 	ap := w.policy.Load()
 	p := ap.p

@@ -185,6 +185,12 @@ const ordersPolicy = "set policy_interval = 1\nset default_class = BATCH\nclass 
 // start).
 func testManager(t *testing.T, orders *fakeGroup) (*Manager, *fakeLocal) {
 	t.Helper()
+	return testManagerLog(t, orders, slog.New(slog.DiscardHandler))
+}
+
+// testManagerLog is testManager with log as the manager's log.
+func testManagerLog(t *testing.T, orders *fakeGroup, log *slog.Logger) (*Manager, *fakeLocal) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644); err != nil {
 		t.Fatal(err)
@@ -199,7 +205,7 @@ func testManager(t *testing.T, orders *fakeGroup) (*Manager, *fakeLocal) {
 	local := &fakeLocal{groups: []*fakeGroup{front, orders}}
 	set := metrics.NewSet()
 	w, err := New(Options{
-		Self: "n0", Dir: dir, Policy: p, Log: slog.New(slog.DiscardHandler), Metrics: set,
+		Self: "n0", Dir: dir, Policy: p, Log: log, Metrics: set,
 		BadRequests: set.NewCounter("bad"), Local: local, Peers: fakePeers{},
 		Names: names.NewTable("n0"), Alone: true,
 		Addr: func() string { return "127.0.0.1:1" }, Announce: func() {}, MeasuresWaits: func() bool { return false },
@@ -683,4 +689,60 @@ func TestFirstFindAfterAFailedGrowGetsTheServers(t *testing.T) {
 	case <-time.After(testWait):
 		t.Fatal("the find did not end")
 	}
+}
+
+// TestMeasureNowIsBoundedByItsContext: a placement asks this node to
+// measure at once (freshen, within measureTimeout) while another
+// measurement holds the measuring lock and its log line waits for its
+// output (a stderr not read). The ask ends at its context's deadline.
+// Before, measureNow took measureMu whatever its context said, and the
+// first measurement wrote its log line with measureMu held: the ask
+// waited for that log write, past its deadline.
+func TestMeasureNowIsBoundedByItsContext(t *testing.T) {
+	release := make(chan struct{})
+	h := &blockingHandler{release: release, match: "at once"}
+	w, _ := testManagerLog(t, &fakeGroup{}, slog.New(h))
+	defer w.Close()
+	first := make(chan error, 1)
+	go func() { first <- w.measureNow(context.Background()) }()
+	deadline := time.Now().Add(testWait)
+	for !h.blocked.Load() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if !h.blocked.Load() {
+		t.Fatal("the first measurement logged nothing")
+	}
+	stuck := time.AfterFunc(3*time.Second, func() { close(release) }) // the log's output drains, at last
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	start := time.Now()
+	_ = w.measureNow(ctx)
+	took := time.Since(start)
+	cancel()
+	if stuck.Stop() {
+		close(release)
+	}
+	if err := <-first; err != nil {
+		t.Errorf("the first measurement: %v", err)
+	}
+	if took > time.Second {
+		t.Errorf("a measurement asked for within 200 ms took %v while another's log line waited", took)
+	}
+}
+
+// blockingHandler holds the first log line whose message contains match
+// until release is closed.
+type blockingHandler struct {
+	release chan struct{}
+	match   string
+	blocked atomic.Bool
+}
+
+func (h *blockingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *blockingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *blockingHandler) WithGroup(string) slog.Handler            { return h }
+func (h *blockingHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, h.match) && h.blocked.CompareAndSwap(false, true) {
+		<-h.release
+	}
+	return nil
 }
