@@ -436,7 +436,14 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	// address, where the new process now accepts, and take the new
 	// process's announces (a newer boot) when it has joined on the name
 	// port this frees.
+	stopped := time.Now()
 	n.router.StopWithoutLeaving()
+	if took := time.Since(stopped); took > time.Second {
+		// Until the new process joins, which waits for "left", no
+		// process of this node answers on the name port, and the other
+		// nodes may take it for dead.
+		n.log.Warn("restart: stopping the cluster membership was slow", "took", took.Round(time.Millisecond))
+	}
 	if err := sendMsg(conn, takeoverMsg{Step: "left"}, nil); err != nil {
 		n.log.Warn("restart: telling the new process the cluster was left", "err", err)
 	}
