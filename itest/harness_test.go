@@ -4,7 +4,6 @@
 package itest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -16,11 +15,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"tpsched/internal/testenv"
 	"tpsched/scd"
 	"tpsched/scd/client"
 )
@@ -133,26 +132,9 @@ type node struct {
 	rpc    string
 	ctl    string // the HTTP address of /status and /metrics
 	sock   string // the control socket
-	stderr *syncBuffer
+	stderr *testenv.SyncBuffer
 	done   chan struct{}
 	err    error // exit status, once done is closed
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startedLine is scdd's log line with the addresses it listens on.
@@ -198,7 +180,7 @@ func startCommandWith(t *testing.T, setup func(*exec.Cmd), prog string, args ...
 // stopped at the test's end either way.
 func tryStartCommand(t *testing.T, setup func(*exec.Cmd), prog string, args ...string) (*node, error) {
 	t.Helper()
-	n := &node{t: t, stderr: &syncBuffer{}, done: make(chan struct{})}
+	n := &node{t: t, stderr: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	n.cmd = exec.Command(prog, args...)
 	n.cmd.Env = append(os.Environ(), "DCCONFPATH=")
 	n.cmd.Stderr = n.stderr

@@ -580,7 +580,7 @@ func TestStaleDaemonGroupsProcessesAreKilled(t *testing.T) {
 	t.Logf("dead daemon's cgroups: %v", dead)
 	pid, gpid, exited := startDeadDaemonsUAP(t, dead)
 
-	buf := &safeBuffer{}
+	buf := &testenv.SyncBuffer{}
 	m := New(Options{Logger: slog.New(slog.NewTextHandler(buf, nil)),
 		CPUParent: base + "/scdd-" + strconv.Itoa(os.Getpid())})
 	m.Close()

@@ -1,7 +1,6 @@
 package procmgr
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,34 +13,17 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
-// safeBuffer is a log destination the tests read while procmgr writes.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // loggedManager is testManager with its log kept for the test to read.
-func loggedManager(t *testing.T, opts Options) (*Manager, *safeBuffer) {
+func loggedManager(t *testing.T, opts Options) (*Manager, *testenv.SyncBuffer) {
 	t.Helper()
-	buf := &safeBuffer{}
+	buf := &testenv.SyncBuffer{}
 	opts.Logger = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if opts.CPUParent == "" {
 		opts.CPUParent = uniqueParent()

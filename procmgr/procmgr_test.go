@@ -1012,30 +1012,11 @@ func TestNotFailingWhileAProcessServes(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log destination the test reads while the server
-// writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A UAP that dies after every call it served is restarted at once each
 // time (it is healthy): the log says so at most once a second, and says
 // how many restarts it did not log (issue 27: 46 WARN lines a second).
 func TestRestartWarningsAreRateLimited(t *testing.T) {
-	var logged lockedBuffer
+	var logged testenv.SyncBuffer
 	m := New(Options{Logger: slog.New(slog.NewTextHandler(&logged, nil)), CPUParent: uniqueParent()})
 	t.Cleanup(m.Close)
 	var exits atomic.Int32

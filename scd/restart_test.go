@@ -1,19 +1,18 @@
 package scd
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/testenv"
 	"tpsched/scd/def"
 )
 
@@ -272,31 +271,13 @@ func TestHandOverRefusesDescriptorsCutAtTheOpenFilesLimit(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log's text, written from the node's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestRetireSaysWhatItsDrainLeft: the old process of a restart drains
 // once its callers have gone (retire), and what the drain could not do
 // (a call still running at the drain timeout) is logged. It went nowhere:
 // scdd exits on Retired, and only a Drain called after it returned the
 // error, so the old process ended as if all went well.
 func TestRetireSaysWhatItsDrainLeft(t *testing.T) {
-	var logged lockedBuffer
+	var logged testenv.SyncBuffer
 	n := inProcNodeWith(t, "", map[string]string{
 		"g": "set service_group = g\nset service = sleep\nset module = MODULE\nset parallel_count = 1\n",
 	}, func(n *Node) {

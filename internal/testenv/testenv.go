@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -161,3 +162,22 @@ func Slow(t testing.TB, why string) {
 
 // Full reports whether the full suite runs (TPSCHED_TEST_FULL=1).
 func Full() bool { return os.Getenv(FullEnv) == "1" }
+
+// SyncBuffer is text written by any goroutine (a logger's output) that a
+// test reads while the writers go on.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tpsched/bpf"
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 	"tpsched/procmgr"
 	"tpsched/scd/call"
@@ -494,24 +495,6 @@ func TestUAPCallIsBoundByTheCallItServes(t *testing.T) {
 	a.one(t, 1)
 }
 
-// logBuffer is a log's output that tests read while the node writes it.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestDispatcherWatchdog: a dispatcher stuck in a look (here in Place,
 // which must not block and does) is seen: the age of its last look, a
 // metric, passes a second, and the node warns once; once it looks again,
@@ -524,7 +507,7 @@ func TestDispatcherWatchdog(t *testing.T) {
 		<-release
 		return netio.CodeNoSuchGroup, string(f.Group)
 	}
-	logs := &logBuffer{}
+	logs := &testenv.SyncBuffer{}
 	set := metrics.NewSet()
 	s, _ := testSchedulerOpts(t, map[string]string{"g": echoServer},
 		Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), Metrics: set, Place: place})

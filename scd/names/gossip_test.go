@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"tpsched/internal/testenv"
 	"tpsched/scd/loadlevel"
 )
 
@@ -468,7 +469,7 @@ func TestOwnNewerAnnounceMovesTheBootOn(t *testing.T) {
 // nothing for namesakeQuiet, where every one was a warning before.
 func TestANamesakeIsSaidOnceNotEverySecond(t *testing.T) {
 	c := unjoinedGossip(t, GossipConfig{}, NewTable("m0"))
-	var log lockedLog
+	var log testenv.SyncBuffer
 	c.log = slog.New(slog.NewTextHandler(&log, nil))
 	c.self = NodeInfo{Node: "m0", Boot: 100, Seq: 3}
 	close(c.ready)
@@ -490,24 +491,6 @@ func TestANamesakeIsSaidOnceNotEverySecond(t *testing.T) {
 		info, ok := c.table.Get("m0")
 		return ok && info.Boot == 1101
 	})
-}
-
-// lockedLog is a log's text, written by any goroutine.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestStopIsBoundedWhileSeedsHang: a node whose seeds take the connection
