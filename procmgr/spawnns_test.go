@@ -88,20 +88,7 @@ func startSleeper(t *testing.T) (*Server, *exitLog, int) {
 func TestKillNeverSignalsAReapedPid(t *testing.T) {
 	srv, exits, pid := startSleeper(t)
 	var reapedAt atomic.Int64
-	hook := func(p int) {
-		if p != pid {
-			return
-		}
-		_ = syscall.Kill(pid, syscall.SIGKILL) // it dies on its own
-		start := time.Now()
-		for time.Since(start) < 300*time.Millisecond {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-				reapedAt.Store(int64(time.Since(start)))
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	hook := killWatchingTheReap(pid, &reapedAt)
 	beforeKill.Store(&hook)
 	defer beforeKill.Store(nil)
 	srv.Kill(0, pid)
@@ -127,5 +114,25 @@ func TestKillSparesAReplacement(t *testing.T) {
 	srv.Kill(0, pid)
 	if e := exits.next(t); e.pid != pid {
 		t.Fatalf("Exited(%d, %d), want pid %d", e.slot, e.pid, pid)
+	}
+}
+
+// killWatchingTheReap is a hook for pid: it SIGKILLs the process and
+// waits up to 300 ms for its /proc entry to go (reaped), storing in
+// reapedAt how long that took; other pids pass.
+func killWatchingTheReap(pid int, reapedAt *atomic.Int64) func(int) {
+	return func(p int) {
+		if p != pid {
+			return
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL) // it dies on its own
+		start := time.Now()
+		for time.Since(start) < 300*time.Millisecond {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+				reapedAt.Store(int64(time.Since(start)))
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 }

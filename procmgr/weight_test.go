@@ -1,12 +1,10 @@
 package procmgr
 
 import (
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -148,20 +146,7 @@ func TestSetCPUWeightNeverRenicesAReapedPid(t *testing.T) {
 	srv := startServer(t, m, uapSpec("sleep", dir, 1), &hooks{exited: exits.hook})
 	pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
 	var reapedAt atomic.Int64
-	hook := func(p int) {
-		if p != pid {
-			return
-		}
-		_ = syscall.Kill(pid, syscall.SIGKILL) // it dies on its own
-		start := time.Now()
-		for time.Since(start) < 300*time.Millisecond {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-				reapedAt.Store(int64(time.Since(start)))
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	hook := killWatchingTheReap(pid, &reapedAt)
 	beforeRenice.Store(&hook)
 	defer beforeRenice.Store(nil)
 	_ = srv.SetCPUWeight(50)
