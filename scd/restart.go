@@ -75,7 +75,6 @@ type RestartResult struct {
 // process.
 type restarter struct {
 	n          *Node
-	mu         sync.Mutex   // held by Restart until the hand-over is done or undone
 	running    atomic.Bool  // a Restart is under way
 	handedOver atomic.Bool  // this (old) process gave its sockets away
 	newPID     atomic.Int64 // the process it gave them to
@@ -87,6 +86,7 @@ type restarter struct {
 	stopping   atomic.Bool
 	cancelMu   sync.Mutex
 	cancel     context.CancelFunc // ends the waits of the restart under way
+	settled    chan struct{}      // closed once the restart under way is done or undone; nil before any
 	retiredOne sync.Once
 	retired    chan struct{} // made by retiredCh
 	retireErr  error         // set before retired closes
@@ -282,17 +282,17 @@ func (r *restarter) restart(ctx context.Context) (RestartResult, error) {
 	if !rs.running.CompareAndSwap(false, true) {
 		return RestartResult{}, errors.New("restart: one is under way already")
 	}
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	settled := make(chan struct{})
 	r.cancelMu.Lock()
-	r.cancel = cancel
+	r.cancel, r.settled = cancel, settled
 	r.cancelMu.Unlock()
 	res, err := r.restart1(ctx)
 	r.cancelMu.Lock()
 	r.cancel = nil
 	r.cancelMu.Unlock()
+	close(settled) // after restart1's writes (handedTo), which a stop reads then
 	if err != nil {
 		rs.running.Store(false)
 		n.log.Error("restart failed; this process serves on", "err", err)
@@ -564,10 +564,12 @@ func (r *restarter) drainedByRestart() (bool, error) {
 	if rs.cancel != nil {
 		rs.cancel()
 	}
+	settled := rs.settled
 	rs.cancelMu.Unlock()
-	rs.mu.Lock()
+	if settled != nil {
+		<-settled // the restart under way is undone (or had committed)
+	}
 	handed, to := rs.handedOver.Load(), rs.handedTo
-	rs.mu.Unlock()
 	if !handed {
 		return false, nil
 	}
