@@ -116,6 +116,7 @@ type Node struct {
 	metrics   *metrics.Set
 	scraped   scrapedSeries // series of n.metrics read at scrape time (metrics.go)
 	draining  atomic.Bool
+	started   atomic.Bool // Start returned without error
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	failed    chan error // the RPC port ended while the node was not draining
@@ -291,6 +292,7 @@ func (n *Node) Start() (err error) {
 	}
 	n.wg.Add(1)
 	go n.expireLoop()
+	n.started.Store(true)
 	n.log.Info("scdd started", "node", n.cfg.System.NodeID, "rpc", n.rpc.Addr(), "http", n.doors.httpLn.Addr().String(),
 		"control_socket", ControlSocketPath(n.cfg), "groups", len(n.local.Groups()))
 	return nil

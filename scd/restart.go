@@ -308,8 +308,11 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	if n.draining.Load() || r.handedOver.Load() || r.stopping.Load() {
 		return res, errors.New("restart: the node is draining")
 	}
-	if n.rpc == nil {
-		return res, errors.New("restart: the node has not started")
+	if !n.started.Load() {
+		// Its control socket serves before Start has joined the cluster
+		// (or, in a new process, before the old one left it): a hand-over
+		// from there would give a node half started.
+		return res, errors.New("restart: the node has not finished starting")
 	}
 	exe := n.opts.RestartProgram
 	if exe == "" {

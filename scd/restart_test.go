@@ -307,3 +307,22 @@ func TestRetireSaysWhatItsDrainLeft(t *testing.T) {
 	}
 	n.restart.retireErr = nil // seen: the test's Drain at the end returns it again
 }
+
+// TestRestartRefusedUntilStartReturns: the control socket serves before
+// Start has joined the cluster (in a new process, before the old one has
+// left it), and a restart asked then would hand over a node half started:
+// it is refused until Start returns. The node's state is set back by hand,
+// as the window in Start is too short to hit.
+func TestRestartRefusedUntilStartReturns(t *testing.T) {
+	n := inProcNode(t, "", map[string]string{
+		"g": "set service_group = g\nset service = echo\nset module = MODULE\nset parallel_count = 1\n",
+	})
+	n.started.Store(false)
+	_, err := n.Restart(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "has not finished starting") {
+		t.Fatalf("a restart before Start returned: %v, want refused as not finished starting", err)
+	}
+	if n.restart.running.Load() {
+		t.Error("a refused restart left the node marked as restarting: a later one would be refused as under way")
+	}
+}
