@@ -21,6 +21,13 @@ const writeBatch = 64 << 10
 // maxRedirects bounds the 'wrong receiver' answers one call may meet.
 const maxRedirects = 2
 
+// maxPeerLanes bounds a peer's lanes, over all its targets: twice the
+// receiving sockets a node can have (256, netio's and the definitions'
+// limit), room for a node whose receivers moved. The receivers lookups that
+// start lanes are the other node's answers; past the bound a call goes to
+// the node's RPC port, which answers what it cannot take.
+const maxPeerLanes = 512
+
 // lookupTimeout bounds a receivers lookup.
 const lookupTimeout = 2 * time.Second
 

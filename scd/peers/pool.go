@@ -386,14 +386,19 @@ func (pr *peer) targetLocked(c *Call, multi bool) *target {
 }
 
 // targetAtLocked returns the target at addr with at least lanes lanes,
-// starting what is missing. pr.mu is held.
+// starting what is missing, within maxPeerLanes: past it a new address's
+// calls go to the node's RPC port, and a target gets no more lanes (the
+// addresses and counts are the node's lookup answers). pr.mu is held.
 func (pr *peer) targetAtLocked(addr, group string, lanes int) *target {
 	t := pr.targets[addr]
 	if t == nil {
+		if addr != pr.addr && pr.lanesRunning >= maxPeerLanes {
+			return pr.targetAtLocked(pr.addr, group, 1)
+		}
 		t = &target{p: pr, addr: addr, group: group, queue: make(chan *Call, peerQueue), taken: map[int]int{}}
 		pr.targets[addr] = t
 	}
-	for t.lanes < lanes {
+	for t.lanes < lanes && (t.lanes == 0 || pr.lanesRunning < maxPeerLanes) {
 		t.lanes++
 		pr.lanesRunning++
 		pr.pool.wg.Add(1)

@@ -1212,3 +1212,57 @@ func TestUnreachableIsTheNodes(t *testing.T) {
 		t.Errorf("node x reported unreachable while its RPC port's connection serves")
 	}
 }
+
+// TestLookupAnswersCannotGrowLanesWithoutBound: a node's receivers lookup
+// answers say where its groups are received; a node that answers each with
+// another address and 64 sockets (a hostile node, or one whose receivers
+// keep moving) must not make the pool start 64 more lanes (goroutines,
+// each with a queue of its target) for every group it is asked about:
+// their number stays bounded by what a node can have, and every call still
+// gets one answer.
+func TestLookupAnswersCannotGrowLanesWithoutBound(t *testing.T) {
+	const groups = 12 // 12 x 64 lanes: beyond what any node has
+	addrs := make([]string, groups)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[i] = ln.Addr().String() // closed at once: nobody listens there
+		ln.Close()
+	}
+	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
+		if f.Kind == netio.KindNameLookup {
+			var i int
+			fmt.Sscanf(string(f.Group), "g%d", &i)
+			c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: f.ID}, "", "",
+				netio.AppendReceivers(nil, netio.Receivers{Addr: addrs[i%groups], Count: 64, Here: -1})))
+			return
+		}
+		noSuchGroup(c, f, hop)
+	})
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	pool.SetDelegate(multiDelegate{})
+	t.Cleanup(pool.Close)
+	for i := range groups {
+		a := &countingCaller{first: make(chan []byte, 1)}
+		c := &Call{Caller: a, CallerID: uint64(i + 1), Kind: netio.KindCall, Group: fmt.Sprint("g", i),
+			Start: time.Now(), Deadline: time.Now().Add(testWait)}
+		if code, msg := pool.Send("x", node.addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+		select {
+		case <-a.first:
+		case <-time.After(testWait):
+			t.Fatalf("call %d got no answer", i+1)
+		}
+	}
+	pr := pool.peerFor("x", node.addr)
+	pr.mu.Lock()
+	lanes, targets := pr.lanesRunning, len(pr.targets)
+	pr.mu.Unlock()
+	t.Logf("%d lanes on %d targets after %d lookups", lanes, targets, groups)
+	if lanes > maxPeerLanes {
+		t.Errorf("%d lanes to one node after %d lookup answers, want at most %d", lanes, groups, maxPeerLanes)
+	}
+}
