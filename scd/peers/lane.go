@@ -405,8 +405,21 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 			unsent = append(unsent, cl) // keep their order
 			return
 		}
-		if cl.lookup && t.redirect(mc, cl) {
-			return
+		if cl.lookup {
+			// The lookup waits for the node (lookupTimeout at most): the
+			// calls framed before it go out now, not after it, when their
+			// deadlines may have passed and their callers been answered
+			// 'timed out' (the connection's expiry answers them).
+			if len(buf) > 0 {
+				if _, err := mc.Write(buf, dl); err != nil {
+					unsent = append(unsent, cl) // those in buf: the close answered them
+					return
+				}
+				buf, dl = buf[:0], time.Time{}
+			}
+			if t.redirect(mc, cl) {
+				return
+			}
 		}
 		var ok bool
 		if buf, ok = p.frame(buf, mc, cl); !ok {

@@ -1266,3 +1266,71 @@ func TestLookupAnswersCannotGrowLanesWithoutBound(t *testing.T) {
 		t.Errorf("%d lanes to one node after %d lookup answers, want at most %d", lanes, groups, maxPeerLanes)
 	}
 }
+
+// TestCallsDoNotWaitForAnotherCallsLookup: a call that must ask the node
+// where its group is received (multi_schedule, route not yet known) comes
+// after another, already framed, in a lane's batch. The lookup takes the
+// node a second; the call before it must not wait for that in the lane's
+// buffer, where its deadline passed (its caller told 'timed out') and it
+// was written to the node after all, to run there with its caller gone.
+func TestCallsDoNotWaitForAnotherCallsLookup(t *testing.T) {
+	var addr atomic.Pointer[string]
+	type arrival struct {
+		group string
+		at    time.Time
+	}
+	arrived := make(chan arrival, 16)
+	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
+		if f.Kind == netio.KindNameLookup {
+			id := f.ID
+			go func() {
+				time.Sleep(time.Second)
+				_ = c.Send(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: id}, "", "",
+					netio.AppendReceivers(nil, netio.Receivers{Addr: *addr.Load(), Count: 1, Here: -1})))
+			}()
+			return
+		}
+		arrived <- arrival{string(f.Group), time.Now()}
+		noSuchGroup(c, f, hop)
+	})
+	addr.Store(&node.addr)
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	pool.SetDelegate(multiDelegate{})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); pool.RunExpiry(stop) }()
+	t.Cleanup(func() { close(stop); <-done; pool.Close() })
+	pool.peerFor("x", node.addr).learned("a", recvRoute{addr: node.addr, count: 1}) // a: no lookup
+	send := func(id uint64, group string, d time.Duration) *answerRecorder {
+		a := &answerRecorder{ch: make(chan []byte, 4)}
+		c := &Call{Caller: a, CallerID: id, Kind: netio.KindCall, Group: group, Start: time.Now(), Deadline: time.Now().Add(d)}
+		if code, msg := pool.Send("x", node.addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+		return a
+	}
+	// Both queued while the lane dials: they make one batch.
+	first := send(1, "a", 300*time.Millisecond)
+	second := send(2, "b", testWait)
+	var answeredAt time.Time
+	select {
+	case b := <-first.ch:
+		answeredAt = time.Now()
+		if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != netio.CodeNoSuchGroup {
+			t.Errorf("the call before another's lookup: %v %v, want the node's answer in time", f.Code, err)
+		}
+	case <-time.After(testWait):
+		t.Fatal("the call before another's lookup got no answer")
+	}
+	select {
+	case <-second.ch:
+	case <-time.After(testWait):
+		t.Fatal("the call that asked where its group is received got no answer")
+	}
+	for range 2 {
+		a := <-arrived
+		if a.group == "a" && a.at.After(answeredAt) {
+			t.Errorf("call 1 reached the node %v after its caller was answered", a.at.Sub(answeredAt))
+		}
+	}
+}
