@@ -114,7 +114,8 @@ func (c *Call) FailUnsent(err error, more string) {
 // call's netio.Answerer) and passes it to the caller under the caller's
 // id; a refusal before running goes to the Delegate's Reroute instead, and
 // a 'wrong receiver' back to the peer, which asks where the group is
-// received. A request's answer always goes to its caller.
+// received. A request's answer always goes to its caller. A frame that is
+// neither a reply nor an error is no answer: 'protocol error'.
 func (c *Call) Answer(f netio.Frame, err error) {
 	p := c.via
 	p.count(c, -1)
@@ -126,7 +127,11 @@ func (c *Call) Answer(f netio.Frame, err error) {
 	case err != nil:
 		// Not retried: the other node may have run it.
 		c.Fail(netio.CodeNetworkDown, "connection to node "+p.node+" lost")
-	case c.request || f.Kind != netio.KindError:
+	case f.Kind != netio.KindReply && f.Kind != netio.KindError:
+		// No answer: the node broke the protocol (not retried: the call
+		// may have run there).
+		c.Fail(netio.CodeProtocol, fmt.Sprintf("node %s answered with a %v frame", p.node, f.Kind))
+	case c.request || f.Kind == netio.KindReply:
 		c.pass(f)
 	case f.Code == netio.CodeWrongReceiver && c.redirects < maxRedirects:
 		// It did not run: ask where the group is received, then send it there.

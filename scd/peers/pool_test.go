@@ -1334,3 +1334,40 @@ func TestCallsDoNotWaitForAnotherCallsLookup(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswerThatIsNoAnswerIsRefused: a node that answers a transferred
+// call or a request under its id with a frame that is neither a reply nor
+// an error (a call, a lookup, an announce, a go-away) gives its caller no
+// answer: the caller gets 'protocol error' naming the node, once, never
+// the frame as if it were one (a UAP's local call takes any frame but an
+// error as its reply; a client given a go-away under id 0 leaves the
+// connection).
+func TestAnswerThatIsNoAnswerIsRefused(t *testing.T) {
+	kinds := []netio.Kind{netio.KindCall, netio.KindCallNoReply, netio.KindNameLookup, netio.KindAnnounce, netio.KindGoAway}
+	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, _ string) {
+		var k int
+		fmt.Sscanf(string(f.Group), "k%d", &k)
+		c.SendNow(netio.AppendFrame(nil, netio.Header{Kind: kinds[k], ID: f.ID}, "g", "s", []byte("not an answer")))
+	})
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	t.Cleanup(pool.Close)
+	for k, kind := range kinds {
+		a := &answerRecorder{ch: make(chan []byte, 4)}
+		c := &Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: fmt.Sprint("k", k), Start: time.Now(), Deadline: time.Now().Add(testWait)}
+		if code, msg := pool.Send("x", node.addr, c); code != netio.CodeOK {
+			t.Fatalf("send: %v %s", code, msg)
+		}
+		select {
+		case b := <-a.ch:
+			if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Kind != netio.KindError || f.Code != netio.CodeProtocol {
+				t.Errorf("a call answered with a %v frame: the caller got a %v frame (%v %q), want 'protocol error'", kind, f.Kind, f.Code, f.Payload)
+			}
+		case <-time.After(testWait):
+			t.Fatalf("a call answered with a %v frame got no answer", kind)
+		}
+		_, err := pool.Request(context.Background(), "x", node.addr, "wlm-start", fmt.Sprint("k", k), nil, time.Now().Add(testWait))
+		if codeOf(err) != netio.CodeProtocol {
+			t.Errorf("a request answered with a %v frame: %v, want 'protocol error'", kind, err)
+		}
+	}
+}
