@@ -289,7 +289,7 @@ func (t *target) dial(ctx context.Context, here *int) (*netio.MuxConn, error) {
 		// ctx ending (the peer stops) ends the lookup too: its
 		// connection closes, and the lane closes it at once after.
 		cut := context.AfterFunc(ctx, func() { mc.Close(ctx.Err()) })
-		r, err := lookupReceivers(mc, t.group)
+		r, err := lookupReceivers(mc, t.group, time.Now().Add(lookupTimeout))
 		cut()
 		if err != nil || r.Here < 0 {
 			return mc, nil // served all the same; the node answers what it cannot take
@@ -321,14 +321,16 @@ func (t *target) release(here *int) {
 	*here = -1
 }
 
-// lookupReceivers asks the node on mc where group is received.
-func lookupReceivers(mc *netio.MuxConn, group string) (netio.Receivers, error) {
+// lookupReceivers asks the node on mc where group is received, waiting
+// for the answer until deadline.
+func lookupReceivers(mc *netio.MuxConn, group string, deadline time.Time) (netio.Receivers, error) {
 	w := &lookupWaiter{ch: make(chan lookupResult, 1)}
-	_, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, group, netio.LookupReceivers, nil,
-		time.Now().Add(lookupTimeout), w)
+	_, sent, err := mc.Call(netio.Header{Kind: netio.KindNameLookup}, group, netio.LookupReceivers, nil, deadline, w)
 	if !sent {
 		return netio.Receivers{}, err
 	}
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
 	select {
 	case r := <-w.ch:
 		if r.err != nil {
@@ -338,8 +340,8 @@ func lookupReceivers(mc *netio.MuxConn, group string) (netio.Receivers, error) {
 			return netio.Receivers{}, &netio.Error{Code: r.f.Code, Message: string(r.f.Payload)}
 		}
 		return netio.ParseReceivers(r.f.Payload)
-	case <-time.After(lookupTimeout):
-		return netio.Receivers{}, fmt.Errorf("receivers lookup: no answer within %v", lookupTimeout)
+	case <-wait.C:
+		return netio.Receivers{}, errors.New("receivers lookup: no answer in time")
 	}
 }
 
@@ -476,11 +478,16 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 // redirect asks the node on mc where cl's group is received and, when that
 // is another target (or more lanes), hands cl there; it reports whether it
 // did. A failed lookup leaves cl to be sent here: the node answers what it
-// cannot take.
+// cannot take. The lookup waits no longer than cl may: past its deadline
+// cl is answered 'timed out' (frame), not when the lookup ends.
 func (t *target) redirect(mc *netio.MuxConn, cl *Call) bool {
 	p := t.p
 	cl.lookup = false
-	r, err := lookupReceivers(mc, cl.Group)
+	limit := time.Now().Add(lookupTimeout)
+	if !cl.Deadline.IsZero() && cl.Deadline.Before(limit) {
+		limit = cl.Deadline
+	}
+	r, err := lookupReceivers(mc, cl.Group, limit)
 	if err != nil {
 		return false
 	}

@@ -1371,3 +1371,51 @@ func TestAnswerThatIsNoAnswerIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestLookupEndsAtItsCallsDeadline: a call that must first ask the node
+// where its group is received (multi_schedule, route not yet known) is
+// answered 'timed out' at its deadline when the node's answer to the
+// lookup is slow, not when the lookup's own bound (2 s) or the answer
+// comes; and it is not sent.
+func TestLookupEndsAtItsCallsDeadline(t *testing.T) {
+	var reached atomic.Int32
+	var addr atomic.Pointer[string]
+	node := startFakeNode(t, "x", "", func(c *rpcport.Conn, f netio.Frame, hop string) {
+		if f.Kind == netio.KindNameLookup {
+			id := f.ID
+			go func() {
+				time.Sleep(1500 * time.Millisecond)
+				_ = c.Send(netio.AppendFrame(nil, netio.Header{Kind: netio.KindReply, ID: id}, "", "",
+					netio.AppendReceivers(nil, netio.Receivers{Addr: *addr.Load(), Count: 1, Here: -1})))
+			}()
+			return
+		}
+		reached.Add(1)
+		noSuchGroup(c, f, hop)
+	})
+	addr.Store(&node.addr)
+	pool := New(Options{Self: "self", Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	pool.SetDelegate(multiDelegate{})
+	t.Cleanup(pool.Close)
+	a := &answerRecorder{ch: make(chan []byte, 4)}
+	start := time.Now()
+	c := &Call{Caller: a, CallerID: 1, Kind: netio.KindCall, Group: "g", Start: start, Deadline: start.Add(200 * time.Millisecond)}
+	if code, msg := pool.Send("x", node.addr, c); code != netio.CodeOK {
+		t.Fatalf("send: %v %s", code, msg)
+	}
+	select {
+	case b := <-a.ch:
+		took := time.Since(start)
+		if f, _, err := netio.Decode(b, 1<<20); err != nil || f.Code != netio.CodeTimedOut {
+			t.Errorf("a call whose lookup outlasts its deadline: %v %v, want 'timed out'", f.Code, err)
+		}
+		if took > time.Second {
+			t.Errorf("a call with a 200ms deadline was answered after %v, when its lookup ended", took)
+		}
+	case <-time.After(testWait):
+		t.Fatal("a call whose lookup outlasts its deadline got no answer")
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("%d calls reached the node after their deadline", n)
+	}
+}
