@@ -415,6 +415,7 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 			if len(buf) > 0 {
 				if _, err := mc.Write(buf, dl); err != nil {
 					unsent = append(unsent, cl) // those in buf: the close answered them
+					buf, dl = buf[:0], time.Time{} // never written again below
 					return
 				}
 				buf, dl = buf[:0], time.Time{}
