@@ -618,14 +618,20 @@ func (u *userDef) clone(file string) *userDef {
 }
 
 func (u *userDef) apply(file string, stmts []Stmt) error {
+	// Where each variable is in Env: looking through Env for each putenv
+	// made a file of many of them take time in the square of their number.
+	at := make(map[string]int, len(u.srv.Env))
+	for i, e := range u.srv.Env {
+		name, _, _ := strings.Cut(e, "=")
+		at[name] = i
+	}
 	putenv := func(st Stmt) error {
 		kv := st.Name + "=" + st.Values[0]
-		for i, e := range u.srv.Env {
-			if strings.HasPrefix(e, st.Name+"=") { // usrrc's value, overridden
-				u.srv.Env[i] = kv
-				return nil
-			}
+		if i, ok := at[st.Name]; ok { // usrrc's value, overridden
+			u.srv.Env[i] = kv
+			return nil
 		}
+		at[st.Name] = len(u.srv.Env)
 		u.srv.Env = append(u.srv.Env, kv)
 		return nil
 	}
