@@ -26,8 +26,9 @@ var defaultFS embed.FS
 // least one user server is required. A file that is there but no regular
 // file (a named pipe, a directory in place of sysconf) or a link to
 // nothing is an error, and so is a file of more than 16 MiB
-// (maxDefinitionSize). An error in one file does not stop the others being
-// read: the error is every one found (Errors when there are several).
+// (maxDefinitionSize) or 65536 statements (maxStatements). An error in
+// one file does not stop the others being read: the error is every one
+// found (Errors when there are several).
 func Load(dir string) (*Config, error) {
 	cfg, err := Check(dir)
 	if err != nil {

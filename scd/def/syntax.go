@@ -65,7 +65,9 @@ type Flag struct {
 // names and values.
 //
 // A statement in error is left out and Parse goes on: it returns the
-// statements it could read with every error (one *Error, or Errors).
+// statements it could read with every error (one *Error, or Errors). A
+// file of more than maxStatements (65536) statements is an error at the
+// first past them, and the rest is not read.
 func Parse(file string, src []byte) ([]Stmt, error) {
 	var errs collector
 	// A byte-order mark, which some editors put before UTF-8, is no part
@@ -133,6 +135,14 @@ func checkNUL(file string, st Stmt) error {
 	return nil
 }
 
+// maxStatements is the most statements one definition file may have.
+// The longest real one, a svcpolicy of 1024 classes, rules and
+// environments each, has some 3000. The bound is there because a
+// statement and an error about it take a few hundred bytes each: within
+// maxDefinitionSize alone, a file of one-letter lines made 8 M of both,
+// gigabytes and a minute of scdd -check.
+const maxStatements = 1 << 16
+
 // rawStmt is one logical statement: comments removed, continuation lines
 // joined, quotes and escapes still in place.
 type rawStmt struct {
@@ -183,6 +193,9 @@ func splitStatements(file string, src []byte, errs *collector) []rawStmt {
 		switch c {
 		case '\n':
 			flush()
+			if len(out) > maxStatements {
+				return tooMany(file, out, errs)
+			}
 			line++
 			continue
 		case '#':
@@ -218,7 +231,18 @@ func splitStatements(file string, src []byte, errs *collector) []rawStmt {
 		return out
 	}
 	flush()
+	if len(out) > maxStatements {
+		return tooMany(file, out, errs)
+	}
 	return out
+}
+
+// tooMany adds the error of a file of more than maxStatements statements,
+// at the first one past the bound, and returns those within it.
+func tooMany(file string, out []rawStmt, errs *collector) []rawStmt {
+	errs.add(&Error{File: file, Line: out[maxStatements].line, Operand: "syntax",
+		Reason: fmt.Sprintf("more than %d statements in the file: the rest is not read", maxStatements)})
+	return out[:maxStatements]
 }
 
 func isBlank(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v' }
