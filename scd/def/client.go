@@ -47,11 +47,14 @@ func LoadClient(path string) (*Client, error) {
 		}
 		given := map[string]Stmt{}
 		for _, st := range stmts {
+			if st.Kind != StmtSet { // a putenv or a command: apply refuses it
+				continue
+			}
 			canon := st.Name
 			if a, ok := clientAliases[canon]; ok {
 				canon = a
 			}
-			if first, ok := given[canon]; ok && st.Kind == StmtSet {
+			if first, ok := given[canon]; ok {
 				return nil, &Error{File: path, Line: st.Line, Operand: st.Name,
 					Reason: fmt.Sprintf("already set as %s at line %d", first.Name, first.Line)}
 			}

@@ -111,6 +111,10 @@ func TestLoadClientErrors(t *testing.T) {
 		{"env two values", "", map[string]string{"DCWATCHTIM": "1,2"}, `environment: DCWATCHTIM: want one value, got 2`},
 		{"multi_schedule", "set multi_schedule = Y\n", nil, `FILE:1: multi_schedule: unknown operand here (it belongs in usrrc or usr/<server>)`},
 		{"command", "scdmulti -g a -p 1\n", nil, `FILE:1: scdmulti: unknown command (this file takes set statements only)`},
+		// A putenv or a command named as an operand is no setting of it:
+		// the set after it was said to be set twice, at the putenv's line.
+		{"putenv of an operand's name", "putenv dchost a\nset dchost = b\n", nil, `FILE:1: putenv: only allowed in usrrc and usr files`},
+		{"command of an operand's name", "dcwatchtim -t 1\nset watch_time = 2\n", nil, `FILE:1: dcwatchtim: unknown command (this file takes set statements only)`},
 		{"namuse Y alone", "set dcnamuse = Y\n", nil, `FILE:1: dcnamuse: Y is not supported with dccltloadbalance = N (its default): tpsched's client asks the name service only to balance; set dccltloadbalance = Y or remove dcnamuse`},
 		{"namuse N, balance Y", "set dcnamuse = N\nset dccltloadbalance = Y\n", nil, `FILE:1: dcnamuse: N contradicts dccltloadbalance = Y (FILE:2), which asks the name service (client-side balancing needs dcnamuse = Y); set Y or remove dcnamuse`},
 	} {
