@@ -304,7 +304,10 @@ func httpDo(ctx context.Context, hc *http.Client, method, u, where, hint string)
 		return nil, late(err)
 	}
 	if resp.StatusCode >= 300 {
-		return nil, errors.New(strings.TrimSpace(string(bytes.TrimSpace(body))))
+		if msg := strings.TrimSpace(string(bytes.TrimSpace(body))); msg != "" {
+			return nil, errors.New(msg)
+		}
+		return nil, fmt.Errorf("%s answered %s, with no reason", where, resp.Status)
 	}
 	return body, nil
 }

@@ -441,3 +441,35 @@ func TestRepeatedFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalWithoutText: a refusal whose body is empty (a proxy's 502, a
+// node's handler that wrote no reason) says who refused and its status.
+// scdctl printed "scdctl: " and nothing else.
+func TestRefusalWithoutText(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) })
+	sock := fakeControlOf(t, h)
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(tl)
+	t.Cleanup(func() { srv.Close() })
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"hold", "g"}, "scdctl: control socket " + sock + " answered 502 Bad Gateway, with no reason\n"},
+		{[]string{"status"}, "scdctl: " + tl.Addr().String() + " answered 502 Bad Gateway, with no reason\n"},
+		{[]string{"report"}, "scdctl: " + tl.Addr().String() + " answered 502 Bad Gateway, with no reason\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"-s", sock, "-a", tl.Addr().String(), "-H", "127.0.0.1:1"}, c.args...)
+		if code := run(args, &stdout, &stderr); code != 1 {
+			t.Errorf("scdctl %v: exit %d, want 1", c.args, code)
+		}
+		if stderr.String() != c.want {
+			t.Errorf("scdctl %v: stderr %q, want %q", c.args, stderr.String(), c.want)
+		}
+	}
+}
