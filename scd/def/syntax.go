@@ -51,8 +51,8 @@ type Flag struct {
 //
 //	set operand = value            # a comment
 //	set operand = v1, "v 2", v3    # a list; "..." may hold spaces, commas, # and \"
-//	set operand = v1, \
-//	              v2               # a trailing \ continues the statement
+//	set operand = v1, \            # a trailing \ continues the statement,
+//	              v2               # before a comment too
 //	putenv NAME value              # value may be quoted
 //
 //	scdmulti -g heavy -m 2 -p 12010  # a definition command, as OpenTP1 writes some
@@ -204,11 +204,18 @@ func splitStatements(file string, src []byte, errs *collector) []rawStmt {
 			}
 			continue
 		case '\\':
-			// A backslash followed only by blanks up to the end of the
-			// line continues the statement on the next line.
+			// A backslash followed only by blanks, and maybe a comment, up
+			// to the end of the line continues the statement on the next
+			// line (the backslash is the last of the line once the comment
+			// is removed: before a comment it was a value of its own, "\\").
 			j := i + 1
 			for j < len(src) && (src[j] == ' ' || src[j] == '\t' || src[j] == '\r') {
 				j++
+			}
+			if j < len(src) && src[j] == '#' {
+				for j < len(src) && src[j] != '\n' {
+					j++
+				}
 			}
 			if j == len(src) || src[j] == '\n' {
 				buf.WriteByte(' ')

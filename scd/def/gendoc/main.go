@@ -58,7 +58,7 @@ func render(docs []def.OperandDoc) []byte {
 	p("A node reads a definition directory (`scdd -c DIR`, or `$DCCONFPATH`): `sysconf`, `scdsvcdef`, `usrrc` and `svcpolicy` (each optional) ")
 	p("and one file per user server in `usr/`. Every file uses OpenTP1's syntax:\n\n")
 	p("```\nset operand = value            # a comment\nset operand = v1, \"v 2\", v3    # a list; quote values with blanks, commas or #\n")
-	p("set operand = v1, \\\n              v2               # a trailing \\ continues the statement\nputenv NAME value              # usrrc and usr files only\n")
+	p("set operand = v1, \\            # a trailing \\ continues the statement,\n              v2               # before a comment too\nputenv NAME value              # usrrc and usr files only\n")
 	p("scdmulti -g heavy -m 2 -p 12010  # a definition command: scdsvcdef, usrrc and usr files\n```\n\n")
 	p("Operand names are case-insensitive; Y and N too. An unknown operand, a value out of range, an operand set twice or a contradiction ")
 	p("between operands stops start-up (and `scdd -check`) with `file:line: operand: why`, and a misspelt operand gets a \"did you mean\". ")
