@@ -691,6 +691,12 @@ func TestUIDGID(t *testing.T) {
 			`usr/x:1: gid: no group "no_such_group_tpsched" on this machine`},
 		{"too big", map[string]string{"usr/x": baseUsr + "set uid = 4294967295\n"}, 0, 0,
 			"usr/x:4: uid: 4294967295 out of range 0..4294967294"},
+		// A signed number is no name (useradd takes none starting with
+		// '-'): it was looked up as one, 'no user "-1" on this machine'.
+		{"negative", map[string]string{"usr/x": baseUsr + "set uid = -1\n"}, 0, 0,
+			`usr/x:4: uid: "-1": want a user name or a number 0..4294967294`},
+		{"signed", map[string]string{"usr/x": baseUsr + "set gid = +7\n"}, 0, 0,
+			`usr/x:4: gid: "+7": want a group name or a number 0..4294967294`},
 		{"empty", map[string]string{"usr/x": baseUsr + "set gid = \"\"\n"}, 0, 0, "usr/x:4: gid: empty group name"},
 		{"two values", map[string]string{"usr/x": baseUsr + "set uid = a, b\n"}, 0, 0, "usr/x:4: uid: want one value, got 2"},
 		{"in sysconf", map[string]string{"sysconf": "set uid = 5\n", "usr/x": baseUsr}, 0, 0,

@@ -207,6 +207,10 @@ func lookupID(v []string, kind string) (int, error) {
 	if s == "" {
 		return 0, fmt.Errorf("empty %s name", kind)
 	}
+	if n := strings.TrimLeft(s, "+-"); n != s && n != "" && strings.Trim(n, "0123456789") == "" {
+		// A signed number, -1 say, is no name that could exist.
+		return 0, fmt.Errorf("%q: want a %s name or a number 0..%d", shown(s), kind, maxID)
+	}
 	var id string
 	if kind == "user" {
 		var u *user.User
