@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -416,6 +418,8 @@ func apply[T any](file string, stmts []Stmt, table map[string]operand[T], cmds m
 				why := "unknown command"
 				if len(cmds) == 0 {
 					why += " (this file takes set statements only)"
+				} else if s := Suggest(st.Name, slices.Collect(maps.Keys(cmds))); s != "" {
+					why += " (did you mean " + s + "?)"
 				}
 				errs.add(&Error{File: file, Line: st.Line, Operand: st.Name, Reason: why})
 				continue

@@ -91,6 +91,7 @@ func TestPolicyErrors(t *testing.T) {
 		{"environment without group", base + "environment\n", "svcpolicy:3: environment: -g GROUP is required"},
 		{"interval 0", base + "set policy_interval = 0\n", "svcpolicy:3: policy_interval: 0 out of range 1..3600"},
 		{"unknown operand", base + "set policy_intervall = 3\n", "svcpolicy:3: policy_intervall: unknown operand"},
+		{"misspelt command", base + "clasify -g g -c A\n", "svcpolicy:3: clasify: unknown command (did you mean classify?)"},
 		{"putenv", base + "putenv A b\n", "svcpolicy:3: putenv: only allowed in usrrc and usr files"},
 		{"goal_management not Y or N", base + "set goal_management = off\n", "svcpolicy:3: goal_management:"},
 		{"instance without name", base + "environment -g e\ninstance\n", "svcpolicy:4: instance: -n NAME is required"},
