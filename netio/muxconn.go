@@ -259,8 +259,8 @@ func NewMuxConn(nc net.Conn, opts MuxOptions) *MuxConn {
 // small); answers to other ids are dropped. Its answer over MaxPayload is
 // skipped, and RoundTrip returns an error frame 'message too big' in its
 // place, as a reader goroutine would. A deadline that passes fails it with
-// os.ErrDeadlineExceeded. Any error closes the connection. One RoundTrip at
-// a time.
+// os.ErrDeadlineExceeded, while its frame is written as while its answer
+// is awaited. Any error closes the connection. One RoundTrip at a time.
 func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, deadline time.Time, buf []byte) (Frame, []byte, error) {
 	m.mu.Lock()
 	err := m.err
@@ -283,8 +283,15 @@ func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, dea
 	m.wmu.Lock()
 	if m.werr == nil {
 		m.wbuf = AppendFrame(m.wbuf, h, group, service, payload)
+		m.wdl = deadline
 	}
-	if _, err := m.flushLocked(nil, time.Time{}, time.Time{}); err != nil {
+	// The write leaves at the deadline too: a node that does not read must
+	// not hold the round trip past it. What is cut goes nowhere: the close
+	// below ends the connection.
+	if _, err := m.flushLocked(nil, time.Time{}, deadline); err != nil {
+		if !failsConn(err) {
+			err = fmt.Errorf("%w: %w", err, os.ErrDeadlineExceeded)
+		}
 		m.Close(err)
 		return Frame{}, buf, err
 	}

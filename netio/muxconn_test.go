@@ -448,6 +448,58 @@ func TestMuxConnRoundTrip(t *testing.T) {
 	}
 }
 
+// TestMuxConnRoundTripWriteLeavesAtItsDeadline: a round trip to a node
+// that does not read returns at its deadline, os.ErrDeadlineExceeded,
+// even while its frame is still being written, and closes the
+// connection. Before, its write had no deadline (only its read had one)
+// and the round trip waited for the node for ever.
+func TestMuxConnRoundTripWriteLeavesAtItsDeadline(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		accepted <- nc // read nothing
+	}()
+	m := dialMux(t, l.Addr().String(), MuxOptions{CallerReads: true})
+	defer func() {
+		select {
+		case nc := <-accepted:
+			nc.Close()
+		default:
+		}
+	}()
+	type result struct {
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		_, _, err := m.RoundTrip(Header{Kind: KindCall}, "g", "s", make([]byte, 16<<20), start.Add(300*time.Millisecond), nil)
+		done <- result{err, time.Since(start)}
+	}()
+	select {
+	case r := <-done:
+		if !errors.Is(r.err, os.ErrDeadlineExceeded) || r.took > 3*time.Second {
+			t.Errorf("round trip to a node that does not read: %v after %v; want os.ErrDeadlineExceeded at its deadline", r.err, r.took)
+		}
+	case <-time.After(5 * time.Second):
+		m.Close(nil) // lets the round trip go
+		<-done
+		t.Fatal("the round trip did not return at its deadline: its write waited for the node")
+	}
+	if m.Err() == nil {
+		t.Error("the connection stays open after a round trip failed")
+	}
+}
+
 // TestMuxConnRetire: a retired connection refuses new calls as unsent,
 // answers the calls sent before as usual and closes once the last is
 // answered.
