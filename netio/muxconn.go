@@ -198,10 +198,11 @@ type MuxOptions struct {
 // whoever finds no write under way writes the buffer, taking along what
 // others appended meanwhile. A node that stops reading cannot hold them:
 // each write is bounded by the earliest deadline of the calls whose
-// frames it holds (at least writePatience), and one that does not finish
-// fails the connection (ErrWriteTimeout); the writer's own caller leaves
-// at its own deadline, handing the rest of the write to a goroutine; and
-// the frames queued behind a write are bounded (MuxOptions.MaxQueued).
+// frames it holds or that queue behind it (at least writePatience), and
+// one that does not finish fails the connection (ErrWriteTimeout); the
+// writer's own caller leaves at its own deadline, handing the rest of the
+// write to a goroutine; and the frames queued behind a write are bounded
+// (MuxOptions.MaxQueued).
 type MuxConn struct {
 	nc       net.Conn
 	fr       *FrameReader
@@ -214,7 +215,7 @@ type MuxConn struct {
 	spare     []byte
 	flushing  bool
 	werr      error         // the first write error, or the close reason
-	ndl       time.Time     // the write deadline set on nc
+	ndl       time.Time     // the write deadline set on nc (under wmu)
 	room      chan struct{} // closed when wbuf is taken for writing; nil: nobody waits
 	maxQueued int
 
@@ -465,7 +466,7 @@ func (m *MuxConn) Call(h Header, group, service string, payload []byte, deadline
 				m.wdl = deadline
 			}
 		}
-		sent, err = m.flushLocked(nil, time.Time{}, deadline)
+		sent, err = m.flushLocked(nil, time.Time{}, deadline) // bounds a write under way by deadline
 	}
 	if !sent && a != nil && !m.Forget(h.ID) {
 		// The connection closed under us and answered a already.
@@ -539,6 +540,7 @@ func (m *MuxConn) flushLocked(direct []byte, dl, own time.Time) (sent bool, err 
 		if !dl.IsZero() && (m.wdl.IsZero() || dl.Before(m.wdl)) {
 			m.wdl = dl
 		}
+		m.boundLocked()
 		m.wmu.Unlock()
 		return true, nil // the writer under way takes our frame with it
 	}
@@ -572,6 +574,9 @@ func (m *MuxConn) writeOn(out []byte, dl time.Time, ours bool, own time.Time) (s
 	first := true // our frame is in the first write
 	for len(out) > 0 {
 		limit := dl
+		if !m.wdl.IsZero() && (limit.IsZero() || m.wdl.Before(limit)) {
+			limit = m.wdl // the frames queued behind wait for this write too
+		}
 		if !limit.IsZero() {
 			limit = later(limit, time.Now().Add(writePatience))
 		}
@@ -579,9 +584,13 @@ func (m *MuxConn) writeOn(out []byte, dl time.Time, ours bool, own time.Time) (s
 		if !own.IsZero() && (stop.IsZero() || own.Before(stop)) {
 			stop, handOff = own, true // the caller leaves earlier than the write must end
 		}
-		m.wmu.Unlock()
-		n, werr := m.writeBy(out, stop)
-		m.wmu.Lock()
+		var n int
+		werr := m.deadlineLocked(stop)
+		if werr == nil {
+			m.wmu.Unlock()
+			n, werr = m.nc.Write(out)
+			m.wmu.Lock()
+		}
 		wasFirst := first
 		if first {
 			sent, first = werr == nil || n > 0, false
@@ -652,15 +661,31 @@ func (m *MuxConn) carry(rest []byte, dl time.Time) {
 	}
 }
 
-// writeBy writes b with the write deadline stop (zero: none).
-func (m *MuxConn) writeBy(b []byte, stop time.Time) (int, error) {
-	if !stop.Equal(m.ndl) { // only the writer touches ndl
+// deadlineLocked sets the write deadline stop (zero: none) on nc. wmu is
+// held.
+func (m *MuxConn) deadlineLocked(stop time.Time) error {
+	if !stop.Equal(m.ndl) {
 		if err := m.nc.SetWriteDeadline(stop); err != nil {
-			return 0, err
+			return err
 		}
 		m.ndl = stop
 	}
-	return m.nc.Write(b)
+	return nil
+}
+
+// boundLocked bounds the write under way by the deadline of the frames
+// queued behind it (wdl), at least writePatience from now, as if they were
+// in it: they wait for it, and a node that does not read must not hold
+// them past that. The deadline of a write only comes nearer here; the
+// writer sets the next write's. wmu is held.
+func (m *MuxConn) boundLocked() {
+	if !m.flushing || m.wdl.IsZero() {
+		return
+	}
+	b := later(m.wdl, time.Now().Add(writePatience))
+	if m.ndl.IsZero() || b.Before(m.ndl) {
+		_ = m.deadlineLocked(b) // a failure is the write's to meet
+	}
 }
 
 func later(a, b time.Time) time.Time {

@@ -809,3 +809,77 @@ func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
 		t.Errorf("after: connection %v, C answered %d times (want open, 0)", m.Err(), c.count.Load())
 	}
 }
+
+// TestMuxConnQueuedDeadlineBoundsTheWriteAhead: a call with a near
+// deadline queued behind a write to a node that does not read bounds that
+// write as if its frame were in it: by its deadline, and at least
+// writePatience, the connection fails (ErrWriteTimeout) and the call is
+// answered, and its owner can go to another node. Before, the write ahead
+// kept its own bound (a minute here; a Go client's call without a deadline
+// of its own is given WatchTime, 180 s by default, or none), the queued
+// frame never left, and every call after it on the connection waited for
+// room until its deadline and was refused, for as long.
+func TestMuxConnQueuedDeadlineBoundsTheWriteAhead(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		accepted <- nc // read nothing
+	}()
+	m := dialMux(t, l.Addr().String(), MuxOptions{})
+	defer func() {
+		select {
+		case nc := <-accepted:
+			nc.Close()
+		default:
+		}
+	}()
+	a, b := newAnswers(), newAnswers()
+	aDone := make(chan error, 1)
+	go func() {
+		_, _, err := m.Call(Header{Kind: KindCall}, "g", "a", make([]byte, 16<<20), time.Now().Add(time.Minute), a)
+		aDone <- err
+	}()
+	for end := time.Now().Add(testDeadline); ; time.Sleep(time.Millisecond) {
+		m.wmu.Lock()
+		flushing := m.flushing
+		m.wmu.Unlock()
+		if flushing {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("A's write did not begin")
+		}
+	}
+	start := time.Now()
+	if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "b", []byte("b"), start.Add(200*time.Millisecond), b); !sent || err != nil {
+		t.Fatalf("B, queued behind A: sent %v, %v", sent, err)
+	}
+	select {
+	case <-m.Done():
+	case <-time.After(writePatience + 5*time.Second):
+		t.Fatal("the connection is still open: the write ahead of B is not bounded by B's deadline")
+	}
+	if took := time.Since(start); took > writePatience+3*time.Second {
+		t.Errorf("the connection failed %v after B was queued, want about writePatience (%v)", took, writePatience)
+	}
+	if !errors.Is(m.Err(), ErrWriteTimeout) {
+		t.Errorf("closed with %v, want ErrWriteTimeout", m.Err())
+	}
+	if r := b.next(t); !errors.Is(r.err, ErrWriteTimeout) {
+		t.Errorf("B answered %v, want the close reason", r.err)
+	}
+	if r := a.next(t); !errors.Is(r.err, ErrWriteTimeout) {
+		t.Errorf("A answered %v, want the close reason", r.err)
+	}
+	if err := <-aDone; !errors.Is(err, ErrWriteTimeout) {
+		t.Errorf("A's writer: %v", err)
+	}
+}
