@@ -301,10 +301,12 @@ func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, dea
 		f, buf, err = m.fr.Read(buf)
 		var fse *FrameSizeError
 		if errors.As(err, &fse) {
-			if fse.ID == h.ID {
+			if err = notAnswer(Frame{Header: fse.Header}); err == nil && fse.ID == h.ID {
 				return tooBig(fse), buf, nil
 			}
-			continue // the next Read skips it
+			if err == nil {
+				continue // the next Read skips it
+			}
 		}
 		if err != nil {
 			if err == io.EOF {
@@ -313,15 +315,31 @@ func (m *MuxConn) RoundTrip(h Header, group, service string, payload []byte, dea
 			m.Close(err)
 			return Frame{}, buf, err
 		}
-		if f.ID == h.ID {
-			return f, buf, nil
-		}
-		if f.Kind == KindGoAway {
+		if f.Kind == KindGoAway && f.ID == 0 {
 			m.mu.Lock()
 			m.goingAway = true // the next RoundTrip is refused; this one's answer still comes
 			m.mu.Unlock()
+			continue
+		}
+		if err := notAnswer(f); err != nil {
+			m.Close(err)
+			return Frame{}, buf, err
+		}
+		if f.ID == h.ID {
+			return f, buf, nil
 		}
 	}
+}
+
+// notAnswer is the error of a frame a node never sends a caller: all it
+// sends are answers (reply, error) and the go-away (id 0). Any other is a
+// peer that speaks another protocol, and closes the connection; it is
+// never handed to a call as its answer.
+func notAnswer(f Frame) error {
+	if f.Kind == KindReply || f.Kind == KindError {
+		return nil
+	}
+	return fmt.Errorf("%w: a %v frame (id %d) from the node, which sends only answers", ErrBadKind, f.Kind, f.ID)
 }
 
 // NetConn is the underlying connection (for its addresses and socket
@@ -762,7 +780,8 @@ func (m *MuxConn) Err() error {
 // connection fails; an answer nobody waits for (expired, forgotten) is
 // dropped. An answer over MaxPayload does not fail the connection: its
 // call gets 'message too big' and the reader skips its bytes, so the
-// calls beside it, which may have run too, keep their answers.
+// calls beside it, which may have run too, keep their answers. A frame
+// that is no answer (notAnswer) closes it, as a bad header does.
 func (m *MuxConn) readLoop() {
 	var err error
 	for {
@@ -770,7 +789,9 @@ func (m *MuxConn) readLoop() {
 		f, _, err = m.fr.Read(nil)
 		var fse *FrameSizeError
 		if errors.As(err, &fse) {
-			f, err = tooBig(fse), nil // the next Read skips its bytes
+			if err = notAnswer(Frame{Header: fse.Header}); err == nil {
+				f = tooBig(fse) // the next Read skips its bytes
+			}
 		}
 		if err != nil {
 			break
@@ -778,6 +799,9 @@ func (m *MuxConn) readLoop() {
 		if f.Kind == KindGoAway && f.ID == 0 {
 			m.goAway()
 			continue
+		}
+		if err = notAnswer(f); err != nil {
+			break
 		}
 		m.mu.Lock()
 		w, ok := m.pending[f.ID]

@@ -196,6 +196,15 @@ func TestMuxConnPeerCloses(t *testing.T) {
 			_, _ = nc.Write(AppendReply(nil, 1, []byte("cut short"))[:HeaderSize+3])
 			nc.Close()
 		}, io.ErrUnexpectedEOF},
+		// A frame of a kind a node never answers with, under a call's id,
+		// is no answer: before, it was handed to the call as its answer
+		// (and the forwarder passed it on to its own caller as it was).
+		{"call as an answer", func(nc net.Conn) {
+			_, _ = nc.Write(AppendFrame(nil, Header{Kind: KindCall, ID: 2}, "g", "s", nil))
+		}, ErrBadKind},
+		{"go-away as an answer", func(nc net.Conn) {
+			_, _ = nc.Write(AppendFrame(nil, Header{Kind: KindGoAway, ID: 1}, "", "", nil))
+		}, ErrBadKind},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			arrived := make(chan struct{}, 2)
