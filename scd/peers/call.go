@@ -115,7 +115,8 @@ func (c *Call) FailUnsent(err error, more string) {
 // id; a refusal before running goes to the Delegate's Reroute instead, and
 // a 'wrong receiver' back to the peer, which asks where the group is
 // received. A request's answer always goes to its caller. A frame that is
-// neither a reply nor an error is no answer: 'protocol error'.
+// neither a reply nor an error is no answer: its connection closes
+// (netio.MuxConn), and the calls on it get 'protocol error'.
 func (c *Call) Answer(f netio.Frame, err error) {
 	p := c.via
 	p.count(c, -1)
@@ -124,13 +125,13 @@ func (c *Call) Answer(f netio.Frame, err error) {
 		c.Fail(netio.CodeTimedOut, fmt.Sprintf("node %s did not answer %s in time", p.node, c.Service))
 	case errors.Is(err, netio.ErrCallExpired):
 		c.Fail(netio.CodeTimedOut, fmt.Sprintf("no answer from node %s within %v", p.node, call.RoundLimit(c.Deadline.Sub(c.Start))))
+	case errors.Is(err, netio.ErrBadKind):
+		// The node sent a frame that is no answer (or of no kind), which
+		// closed the connection (not retried: the call may have run there).
+		c.Fail(netio.CodeProtocol, fmt.Sprintf("node %s broke the protocol: %v", p.node, err))
 	case err != nil:
 		// Not retried: the other node may have run it.
 		c.Fail(netio.CodeNetworkDown, "connection to node "+p.node+" lost")
-	case f.Kind != netio.KindReply && f.Kind != netio.KindError:
-		// No answer: the node broke the protocol (not retried: the call
-		// may have run there).
-		c.Fail(netio.CodeProtocol, fmt.Sprintf("node %s answered with a %v frame", p.node, f.Kind))
 	case c.request || f.Kind == netio.KindReply:
 		c.pass(f)
 	case f.Code == netio.CodeWrongReceiver && c.redirects < maxRedirects:

@@ -414,7 +414,7 @@ func (t *target) serve(mc *netio.MuxConn, calls []*Call) (unsent []*Call) {
 			// 'timed out' (the connection's expiry answers them).
 			if len(buf) > 0 {
 				if _, err := mc.Write(buf, dl); err != nil {
-					unsent = append(unsent, cl) // those in buf: the close answered them
+					unsent = append(unsent, cl)    // those in buf: the close answered them
 					buf, dl = buf[:0], time.Time{} // never written again below
 					return
 				}

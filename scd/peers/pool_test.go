@@ -1338,8 +1338,8 @@ func TestCallsDoNotWaitForAnotherCallsLookup(t *testing.T) {
 // TestAnswerThatIsNoAnswerIsRefused: a node that answers a transferred
 // call or a request under its id with a frame that is neither a reply nor
 // an error (a call, a lookup, an announce, a go-away) gives its caller no
-// answer: the caller gets 'protocol error' naming the node, once, never
-// the frame as if it were one (a UAP's local call takes any frame but an
+// answer: its connection closes (netio.MuxConn) and the caller gets
+// 'protocol error' naming the node, once, never the frame as if it were one (a UAP's local call takes any frame but an
 // error as its reply; a client given a go-away under id 0 leaves the
 // connection).
 func TestAnswerThatIsNoAnswerIsRefused(t *testing.T) {
