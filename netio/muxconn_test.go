@@ -463,19 +463,7 @@ func TestMuxConnRoundTrip(t *testing.T) {
 // connection. Before, its write had no deadline (only its read had one)
 // and the round trip waited for the node for ever.
 func TestMuxConnRoundTripWriteLeavesAtItsDeadline(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		nc, err := l.Accept()
-		if err != nil {
-			return
-		}
-		accepted <- nc // read nothing
-	}()
+	l, accepted := nodeNotReading(t)
 	m := dialMux(t, l.Addr().String(), MuxOptions{CallerReads: true})
 	defer func() {
 		select {
@@ -829,19 +817,7 @@ func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
 // frame never left, and every call after it on the connection waited for
 // room until its deadline and was refused, for as long.
 func TestMuxConnQueuedDeadlineBoundsTheWriteAhead(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		nc, err := l.Accept()
-		if err != nil {
-			return
-		}
-		accepted <- nc // read nothing
-	}()
+	l, accepted := nodeNotReading(t)
 	m := dialMux(t, l.Addr().String(), MuxOptions{})
 	defer func() {
 		select {
@@ -891,4 +867,25 @@ func TestMuxConnQueuedDeadlineBoundsTheWriteAhead(t *testing.T) {
 	if err := <-aDone; !errors.Is(err, ErrWriteTimeout) {
 		t.Errorf("A's writer: %v", err)
 	}
+}
+
+// nodeNotReading listens on loopback and hands over the one connection it
+// accepts without ever reading from it (closed with the listener at the
+// test's end).
+func nodeNotReading(t *testing.T) (net.Listener, <-chan net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		accepted <- nc // read nothing
+	}()
+	return l, accepted
 }
