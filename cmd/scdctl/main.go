@@ -140,8 +140,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case len(words) > 0 && words[0] == "help" && len(words) > 1:
 		return commandHelp(fs, words[1], stdout, stderr)
-	case *help && len(words) > 0 && slices.Contains(commands, words[0]):
-		return commandHelp(fs, words[0], stdout, stderr)
+	case *help && len(words) > 0 && words[0] != "help":
+		return commandHelp(fs, words[0], stdout, stderr) // an unknown one is a usage error
 	case *help || (len(words) > 0 && words[0] == "help"):
 		printUsage(stdout)
 		return 0

@@ -412,6 +412,11 @@ func TestCommandHelp(t *testing.T) {
 	}
 	stdout.Reset()
 	stderr.Reset()
+	if code := run([]string{"stauts", "-h"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "did you mean status?") || stdout.Len() != 0 {
+		t.Errorf("scdctl stauts -h: exit %d, stdout %q, stderr %q, want 2 and a did-you-mean (it printed the whole help, exit 0)", code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	stderr.Reset()
 	if code := run([]string{"help", "stauts"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "did you mean status?") {
 		t.Errorf("scdctl help stauts: exit %d, stderr %q, want 2 and a did-you-mean", code, stderr.String())
 	}
