@@ -761,22 +761,13 @@ func TestMuxConnCallsLeaveAtTheirDeadline(t *testing.T) {
 		_, sent, err := m.Call(Header{Kind: KindCall}, "g", "a", payload, start.Add(time.Second), a)
 		aDone <- result{sent, err, time.Since(start)}
 	}()
-	for end := time.Now().Add(testDeadline); ; time.Sleep(time.Millisecond) {
-		m.wmu.Lock()
-		flushing := m.flushing
-		m.wmu.Unlock()
-		if flushing {
-			break
-		}
+	waitForWrite(t, m, func() {
 		select {
 		case r := <-aDone:
 			t.Fatalf("A returned before its write began: sent %v, %v after %v", r.sent, r.err, r.took)
 		default:
 		}
-		if time.Now().After(end) {
-			t.Fatal("A's write did not begin")
-		}
-	}
+	})
 	// B fits the empty queue whatever its size; C does not fit behind it.
 	if _, sent, err := m.Call(Header{Kind: KindCallNoReply}, "g", "b", make([]byte, 2<<20), time.Time{}, nil); !sent || err != nil {
 		t.Fatalf("B: sent %v, %v", sent, err)
@@ -832,17 +823,7 @@ func TestMuxConnQueuedDeadlineBoundsTheWriteAhead(t *testing.T) {
 		_, _, err := m.Call(Header{Kind: KindCall}, "g", "a", make([]byte, 16<<20), time.Now().Add(time.Minute), a)
 		aDone <- err
 	}()
-	for end := time.Now().Add(testDeadline); ; time.Sleep(time.Millisecond) {
-		m.wmu.Lock()
-		flushing := m.flushing
-		m.wmu.Unlock()
-		if flushing {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatal("A's write did not begin")
-		}
-	}
+	waitForWrite(t, m, nil)
 	start := time.Now()
 	if _, sent, err := m.Call(Header{Kind: KindCall}, "g", "b", []byte("b"), start.Add(200*time.Millisecond), b); !sent || err != nil {
 		t.Fatalf("B, queued behind A: sent %v, %v", sent, err)
@@ -888,4 +869,24 @@ func nodeNotReading(t *testing.T) (net.Listener, <-chan net.Conn) {
 		accepted <- nc // read nothing
 	}()
 	return l, accepted
+}
+
+// waitForWrite waits until m has a write under way (A's, in the tests that
+// call it), running meanwhile, if set, at each look.
+func waitForWrite(t *testing.T, m *MuxConn, meanwhile func()) {
+	t.Helper()
+	for end := time.Now().Add(testDeadline); ; time.Sleep(time.Millisecond) {
+		m.wmu.Lock()
+		flushing := m.flushing
+		m.wmu.Unlock()
+		if flushing {
+			return
+		}
+		if meanwhile != nil {
+			meanwhile()
+		}
+		if time.Now().After(end) {
+			t.Fatal("A's write did not begin")
+		}
+	}
 }

@@ -913,6 +913,21 @@ func TestGoAwayKeepsTheHost(t *testing.T) {
 	}
 }
 
+// goingAwayWithACall makes the client's connection to n go away as a
+// node's go-away would before the client is told: a slow call keeps it
+// open, and it refuses new calls (Retire; OnGoAway not called, so the
+// client still holds it). The slow call's outcome comes on the channel.
+func goingAwayWithACall(t *testing.T, n *testNode, c *Client) <-chan error {
+	t.Helper()
+	slow := inFlight(c, 1, "slow", "300ms")
+	waitUntil(t, "the slow call to arrive", func() bool { return n.framesOf("slow") == 1 })
+	c.mu.Lock()
+	old := c.conns[0]
+	c.mu.Unlock()
+	old.Retire()
+	return slow
+}
+
 // TestCallToAfterGoAwayIsSentAgain: a CallTo refused as unsent by a
 // connection going away (the node's go-away read, the client not yet told)
 // goes on a new connection to the same node. Before, it failed 'network
@@ -920,12 +935,7 @@ func TestGoAwayKeepsTheHost(t *testing.T) {
 func TestCallToAfterGoAwayIsSentAgain(t *testing.T) {
 	n := startNode(t, "a")
 	c := newClient(t, Options{Hosts: []string{n.addr}})
-	slow := inFlight(c, 1, "slow", "300ms") // keeps the old connection open
-	waitUntil(t, "the slow call to arrive", func() bool { return n.framesOf("slow") == 1 })
-	c.mu.Lock()
-	old := c.conns[0]
-	c.mu.Unlock()
-	old.Retire() // refuses new calls; OnGoAway not called: the client still holds it
+	slow := goingAwayWithACall(t, n, c)
 	if reply, err := c.CallTo(testCtx(t), n.addr, "who", "s", nil); err != nil || string(reply) != "a" {
 		t.Errorf("CallTo on a connection going away: %q, %v; want a, sent on a new connection", reply, err)
 	}

@@ -41,12 +41,7 @@ func TestFindServer(t *testing.T) {
 func TestFindAfterGoAwayIsSentAgain(t *testing.T) {
 	n := startNode(t, "n")
 	c := newClient(t, Options{Hosts: []string{n.addr}})
-	slow := inFlight(c, 1, "slow", "300ms") // keeps the old connection open
-	waitUntil(t, "the slow call to arrive", func() bool { return n.framesOf("slow") == 1 })
-	c.mu.Lock()
-	old := c.conns[0]
-	c.mu.Unlock()
-	old.Retire() // refuses new calls; OnGoAway not called: the client still holds it
+	slow := goingAwayWithACall(t, n, c)
 	if nodes, err := c.FindServer(testCtx(t), "orders"); err != nil || len(nodes) != 1 {
 		t.Errorf("FindServer on a connection going away: %+v, %v; want the answer, sent on a new connection", nodes, err)
 	}
