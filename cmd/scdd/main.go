@@ -108,7 +108,7 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "scdd: -log-level:", err)
 		return 2
 	}
-	tag := &pidTag{Handler: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), on: new(atomic.Bool)}
+	tag := &pidTag{Handler: slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}), on: new(atomic.Bool), pid: os.Getpid()}
 	log := slog.New(tag)
 	for _, err := range hardenErrs {
 		log.Warn("scdd could not harden itself", "err", err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 	"sync/atomic"
 )
 
@@ -13,21 +12,22 @@ import (
 // node's lines go without it.
 type pidTag struct {
 	slog.Handler
-	on *atomic.Bool
+	on  *atomic.Bool
+	pid int
 }
 
 func (h *pidTag) Handle(ctx context.Context, r slog.Record) error {
 	if h.on.Load() {
 		r = r.Clone()
-		r.AddAttrs(slog.Int("scdd_pid", os.Getpid()))
+		r.AddAttrs(slog.Int("scdd_pid", h.pid))
 	}
 	return h.Handler.Handle(ctx, r)
 }
 
 func (h *pidTag) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return &pidTag{Handler: h.Handler.WithAttrs(attrs), on: h.on}
+	return &pidTag{Handler: h.Handler.WithAttrs(attrs), on: h.on, pid: h.pid}
 }
 
 func (h *pidTag) WithGroup(name string) slog.Handler {
-	return &pidTag{Handler: h.Handler.WithGroup(name), on: h.on}
+	return &pidTag{Handler: h.Handler.WithGroup(name), on: h.on, pid: h.pid}
 }
