@@ -146,6 +146,7 @@ const (
 	slotReady                     // attached, holds no call, in a ready stack
 	slotBusy                      // holds its current call, maybe a prefetched one
 	slotRetiring                  // asked to leave: gets no further call (may hold some)
+	slotLent                      // lent to a lane (Lend): gets no call until Return
 )
 
 type heldCall[C any] struct {
@@ -169,6 +170,9 @@ type procSlot[C any] struct {
 	// noPrefetch: a call was asked back from it; it gets no other until its
 	// current call ends (its transport's mailbox ring needs that too).
 	noPrefetch bool
+	// lent: the process serves a lane (Lend) and gets no call from the
+	// queue until Return; it counts as busy.
+	lent bool
 }
 
 // Queue is one group's schedule queue. It is not safe for concurrent use:
@@ -492,8 +496,10 @@ func (q *Queue[C]) Exited(slot int, taken int, out []ExitedCall[C]) []ExitedCall
 		q.ready.remove(slot)
 	}
 	n := len(sl.calls)
-	if n > 0 {
+	if n > 0 || sl.lent {
 		q.st.Busy--
+	}
+	if n > 0 {
 		q.prefetched -= n - 1
 	}
 	taken = max(taken, sl.taken)
@@ -581,6 +587,43 @@ func (q *Queue[C]) Retire(slot int) (holds bool) {
 	return len(sl.calls) > 0
 }
 
+// Lend takes a ready process that holds no call out of the queue's hands
+// for a lane (a caller's calls straight to it, outside the queue): the
+// one ready longest among those ok accepts, residents first. It counts as
+// busy and gets no call until Return. -1 if no ready process is accepted.
+func (q *Queue[C]) Lend(ok func(slot int) bool) int {
+	for k := range q.ready.stacks {
+		for _, s := range q.ready.stacks[k] { // bottom first: ready longest
+			if ok(s) {
+				q.ready.remove(s)
+				sl := &q.slots[s]
+				sl.state, sl.lent = slotLent, true
+				q.st.Busy++
+				return s
+			}
+		}
+	}
+	return -1
+}
+
+// Return gives back a process Lend took: it is ready again (unless it
+// was retired meanwhile: it then leaves, holding nothing).
+func (q *Queue[C]) Return(slot int) {
+	if !q.valid(slot) || !q.slots[slot].lent {
+		return
+	}
+	sl := &q.slots[slot]
+	sl.lent = false
+	q.st.Busy--
+	if sl.state == slotLent {
+		q.makeReady(slot)
+	}
+	q.balance()
+}
+
+// Lent reports whether slot's process is lent (Lend) and not returned.
+func (q *Queue[C]) Lent(slot int) bool { return q.valid(slot) && q.slots[slot].lent }
+
 // Renew says a new process is about to start in slot. A retire asked of
 // the slot while no process ran there (a stop that came just after its
 // process exited, or after a start that failed) is over: only an exit
@@ -592,6 +635,9 @@ func (q *Queue[C]) Renew(slot int) {
 		return
 	}
 	if sl := &q.slots[slot]; sl.state == slotRetiring && len(sl.calls) == 0 {
+		if sl.lent { // never returned: its process is gone
+			q.st.Busy--
+		}
 		sl.reset(slotEmpty)
 	}
 }

@@ -21,11 +21,12 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output in testda
 //	slots: 0:a+b 1:r  per slot: - empty, r ready, a busy with a, a+b busy
 //	                  with a and b prefetched (x! once its process is known
 //	                  to have taken x), x* a call whose caller was answered,
-//	                  ~ retiring
+//	                  ~ retiring, L lent to a lane
 //
 // Commands: new queue=N slots=N [resident=N] [depth=N] [refresh], submit
 // CALL [deadline=T], ready SLOT, done SLOT, exit SLOT [taken=N] (the calls
-// it had taken), retire SLOT, revoked SLOT, notrevoked SLOT, resident
+// it had taken), retire SLOT, lend [SLOT] (to a lane: any ready slot, or
+// that one), return SLOT, revoked SLOT, notrevoked SLOT, resident
 // SLOT, nonresident SLOT (chprc changed its kind), undelivered SLOT n=N
 // (its transport refused the last N calls handed over), expire NOW,
 // close, flush, stats. Run with -rewrite to regenerate the outputs,
@@ -217,6 +218,14 @@ func step(qp **Queue[string], line string) ([]string, error) {
 		} else {
 			out = append(out, "holds no call")
 		}
+	case "lend":
+		if s := q.Lend(func(s int) bool { return len(pos) == 0 || s == num }); s < 0 {
+			out = append(out, "nothing to lend")
+		} else {
+			out = append(out, fmt.Sprintf("lent %d", s))
+		}
+	case "return":
+		q.Return(num)
 	case "revoked":
 		if c, free := q.Revoked(num); free {
 			out = append(out, "free "+c+" (answered already)")
@@ -264,7 +273,10 @@ func describe(q *Queue[string]) []string {
 	var s []string
 	for i := range q.slots {
 		sl := &q.slots[i]
-		v := map[slotState]string{slotEmpty: "-", slotReady: "r", slotBusy: "", slotRetiring: "~"}[sl.state]
+		v := map[slotState]string{slotEmpty: "-", slotReady: "r", slotBusy: "", slotRetiring: "~", slotLent: "L"}[sl.state]
+		if sl.lent && sl.state == slotRetiring {
+			v = "~L"
+		}
 		for j, h := range sl.calls {
 			if j > 0 {
 				v += "+"
@@ -333,6 +345,7 @@ func FuzzExactlyOnce(f *testing.F) {
 		with := map[int]int{}  // call -> slot it was handed to
 		held := [slots][]int{} // what each process was handed, oldest first
 		taken := [slots]int{}  // how many of them, from the oldest, the process took
+		lent := [slots]bool{}  // lent to a lane: the queue must hand it nothing
 		next, now := 0, int64(0)
 		answer := func(c int) { answered[c]++ }
 		// act carries out the actions as scd's group does. With fail, the
@@ -350,6 +363,9 @@ func FuzzExactlyOnce(f *testing.F) {
 				for _, a := range acts {
 					s := a.Slot
 					if a.Kind == Hand {
+						if lent[s] {
+							t.Fatalf("call %d handed to slot %d, which is lent to a lane", a.Call, s)
+						}
 						if o, ok := with[a.Call]; ok {
 							t.Fatalf("call %d handed to slot %d while slot %d has it", a.Call, s, o)
 						}
@@ -415,7 +431,14 @@ func FuzzExactlyOnce(f *testing.F) {
 					admitted[next] = true
 				}
 			case 2:
-				q.Ready(s)
+				if op&0x40 == 0 {
+					q.Ready(s)
+				} else if got := q.Lend(func(x int) bool { return x == s }); got >= 0 {
+					if got != s || len(held[s]) != 0 {
+						t.Fatalf("lent slot %d (asked for %d), which holds %v", got, s, held[s])
+					}
+					lent[s] = true
+				}
 			case 3: // the process takes one more of its calls
 				taken[s] = min(taken[s]+1+int(op>>6), len(held[s]))
 			case 4:
@@ -438,16 +461,20 @@ func FuzzExactlyOnce(f *testing.F) {
 						answer(e.Call)
 					}
 				}
-				held[s], taken[s] = nil, 0
+				held[s], taken[s], lent[s] = nil, 0, false
 			case 6:
 				now += int64(op >> 4)
 				for _, c := range q.Expire(now, nil) {
 					answer(c)
 				}
 			case 7:
-				if op&0x80 != 0 { // chprc: the slot changes kind
+				switch {
+				case op&0x80 != 0: // chprc: the slot changes kind
 					q.SetResident(s, op&0x40 != 0)
-				} else {
+				case op&0x40 != 0: // its lane ends
+					q.Return(s)
+					lent[s] = false
+				default:
 					q.Retire(s)
 				}
 			}
