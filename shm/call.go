@@ -35,6 +35,11 @@ type outState struct {
 	abandoned bool   // the last call's context ended before its answer came
 	spin      spinner
 	closing   atomic.Bool // Close began: a call waiting returns ErrClosed
+
+	// lane is the lane the process calls on (lane_uap.go), laneTried the
+	// last generation it tried to map.
+	lane      *laneEnd
+	laneTried uint32
 }
 
 // ErrCallFromSocket is Call's error in socket mode (receive_from = socket).
@@ -90,6 +95,13 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 			return nil, context.DeadlineExceeded
 		}
 		timeoutMs = uint32(min(max(left.Milliseconds(), 1), 1<<31))
+	}
+	var dl int64
+	if ok {
+		dl = deadline.UnixNano()
+	}
+	if reply, err, sent := u.callLane(ctx, group, service, req, dl); sent { // lockcheck: see o.mu above
+		return reply, err
 	}
 	c := &u.ctl.out
 	gl := copy(o.buf, group)

@@ -166,6 +166,10 @@ func (g *Group) NewProc(slot int) (*Proc, error) {
 		return nil, fmt.Errorf("shm: %s: %w", name, os.NewSyscallError("eventfd", err))
 	}
 	p.bell = os.NewFile(uintptr(bell), "eventfd:tpsched-"+name)
+	if p.line, p.lineChild, err = newControlLine(name); err != nil {
+		p.unmap()
+		return nil, fmt.Errorf("shm: %s: %w", name, err)
+	}
 	if err := g.bells.add(g, slot, bell); err != nil {
 		p.unmap()
 		return nil, fmt.Errorf("shm: %s: %w", name, err)
@@ -225,6 +229,9 @@ func (g *Group) Close() {
 		if p := g.procs[i].Load(); p != nil {
 			p.ctl.wake.Add(1)
 			futexWake(&p.ctl.wake, 1)
+			if p.laneIn != nil {
+				p.laneIn.wakeCallee()
+			}
 		}
 	}
 }
@@ -293,6 +300,13 @@ type Proc struct {
 	outCopy []byte // OutCall's copy of the call, reused
 	outGone bool
 	outBuf  []byte
+
+	// Lanes (lane.go): the process's control line (ours, and its end until
+	// it started), the lane it serves as callee (under the group lock),
+	// and whether it is refused lanes.
+	line, lineChild *os.File
+	laneIn          *Lane
+	noLanes         atomic.Bool
 }
 
 type handed struct {
@@ -317,9 +331,10 @@ func (e *ProtocolError) Error() string {
 	return fmt.Sprintf("shm: uap pid %d broke the protocol: %s", e.PID, e.Why)
 }
 
-// Files are what the process is started with, in order as fd 3, 4 and 5:
-// its area (read-write), the group page (read-only) and its doorbell.
-func (p *Proc) Files() []*os.File { return []*os.File{p.area, p.g.page, p.bell} }
+// Files are what the process is started with, in order as fd 3, 4, 5 and
+// 6: its area (read-write), the group page (read-only), its doorbell and
+// its end of its control line (lane.go).
+func (p *Proc) Files() []*os.File { return []*os.File{p.area, p.g.page, p.bell, p.lineChild} }
 
 // Slot is the process slot.
 func (p *Proc) Slot() int { return p.slot }
@@ -328,8 +343,15 @@ func (p *Proc) Slot() int { return p.slot }
 // pid the process wrote in its area is its own claim, never repeated.
 func (p *Proc) PID() int { return int(p.pid.Load()) }
 
-// SetPID records the pid the process was started with.
-func (p *Proc) SetPID(pid int) { p.pid.Store(int32(pid)) }
+// SetPID records the pid the process was started with. Its end of the
+// control line is its own from then on: ours is closed.
+func (p *Proc) SetPID(pid int) {
+	p.pid.Store(int32(pid))
+	if p.lineChild != nil {
+		p.lineChild.Close()
+		p.lineChild = nil
+	}
+}
 
 func (p *Proc) pending() bool {
 	if p.ignored.Load() {
@@ -408,6 +430,9 @@ func (p *Proc) Dispatch(entry string, req []byte, deadline int64) error {
 func (p *Proc) Wake() {
 	if s := &p.ctl.sleeping; s.Load() != 0 && s.Swap(0) != 0 {
 		futexWake(&p.ctl.wake, 1)
+	}
+	if p.laneIn != nil { // it sleeps on the lane's word while it serves one
+		p.laneIn.wakeCallee()
 	}
 }
 
@@ -523,6 +548,11 @@ func (p *Proc) unmap() {
 	}
 	if p.bell != nil {
 		p.bell.Close()
+	}
+	for _, f := range []*os.File{p.line, p.lineChild} {
+		if f != nil {
+			f.Close()
+		}
 	}
 }
 

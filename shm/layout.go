@@ -63,6 +63,8 @@ const (
 	pStop       = 0x14 // u32 1: leave once you hold no call
 	pDispatchNo = 0x18 // u64 number of the latest call handed over; 0 before the first
 	pMailboxes  = 0x20 // u32 the number of mailboxes, 1..MaxMailboxes
+	pLaneIn     = 0x24 // u32 the lane the process serves as its callee (its generation); 0 none (lane.go)
+	pLaneOut    = 0x28 // u32 the lane the process calls on; 0 none
 
 	// Page 0, line 1: written by the UAP.
 	pState    = 0x40 // u32 stateNew, stateReady (serving) or stateLeft
@@ -70,6 +72,7 @@ const (
 	pDoneNo   = 0x48 // u64 number of the last call completed, stored after its status and reply
 	pPID      = 0x50 // u32 the UAP's process id
 	pEntries  = 0x54 // u32 number of entry names registered in page 1
+	pLanes    = 0x58 // u32 1: the UAP reads its control line and takes lanes
 
 	// Page 0, lines 2 onwards: the mailboxes, one line each. The
 	// scheduler writes the request's fields, the UAP the completion's; the
@@ -162,13 +165,16 @@ type procCtl struct {
 	stop       atomic.Uint32
 	dispatchNo atomic.Uint64
 	mailboxes  uint32
-	_          [pState - 0x24]byte
+	laneIn     atomic.Uint32
+	laneOut    atomic.Uint32
+	_          [pState - 0x2C]byte
 	state      atomic.Uint32
 	sleeping   atomic.Uint32
 	doneNo     atomic.Uint64
 	pid        atomic.Uint32
 	entries    atomic.Uint32
-	_          [pMailbox - 0x58]byte
+	lanes      atomic.Uint32
+	_          [pMailbox - 0x5C]byte
 	mb         [MaxMailboxes]mailbox
 	out        outCall
 }

@@ -40,6 +40,13 @@ type UAP struct {
 	entry    [maxName]byte
 	sock     *sockUAP // socket mode (receive_from = socket); nil for shared memory
 
+	// Lanes (lane_uap.go): the control line (nil: the process takes
+	// none), and the lane it serves as callee, on Serve's goroutine, with
+	// the last generation it tried to map.
+	line        *controlLine
+	laneIn      *laneEnd
+	laneInTried uint32
+
 	// The process's own calls (Call): the out buffer, the number of the
 	// last call made, and the deadline of the call being served, which a
 	// call made without one of its own inherits.
@@ -74,6 +81,7 @@ func Attach() (*UAP, error) {
 		return nil, err
 	}
 	u.refresh = refresh
+	u.line = openControlLine(base + 3)
 	return u, nil
 }
 
@@ -201,7 +209,11 @@ func (u *UAP) ServeOne() error {
 		u.leave()
 		return ErrClosed
 	}
-	u.serve(no, mb)
+	if mb < 0 {
+		u.serveLane(no)
+	} else {
+		u.serve(no, mb)
+	}
 	u.served = true
 	return nil
 }
@@ -217,6 +229,9 @@ func (u *UAP) publish() {
 		n++
 	}
 	u.ctl.entries.Store(uint32(n))
+	if u.line != nil && !u.refresh {
+		u.ctl.lanes.Store(1)
+	}
 	u.ctl.state.Store(stateReady)
 	u.started = true
 	ring(u.bell) // the scheduler hands over calls only to a ready process
@@ -256,14 +271,27 @@ func (u *UAP) take() (uint64, int) {
 }
 
 // next waits for the next call, spinning and then sleeping; false when the
-// process is to leave.
+// process is to leave. A call on the lane the process serves comes back
+// with mailbox -1.
 func (u *UAP) next() (uint64, int, bool) {
 	c := u.ctl
 	start := time.Now()
 	spun := false
-	ready := func() bool { return u.newCall() || u.told() }
+	news := func() bool {
+		e := u.laneIn
+		if e == nil {
+			return u.newCall() || c.laneIn.Load() != 0 && c.laneIn.Load() != u.laneInTried
+		}
+		return u.newCall() || e.pending() || c.laneIn.Load() != e.grant.gen
+	}
+	ready := func() bool { return news() || u.told() }
 	sleep := maxSleep
 	for {
+		u.syncLaneIn()
+		if n := u.takeLane(); n != 0 {
+			u.laneIn.spin.learn(time.Since(start))
+			return n, -1, true
+		}
 		if n, mb := u.take(); n != 0 {
 			u.spin.learn(time.Since(start))
 			return n, mb, true
@@ -274,16 +302,31 @@ func (u *UAP) next() (uint64, int, bool) {
 			if n, mb := u.take(); n != 0 {
 				return n, mb, true
 			}
+			if e := u.laneIn; e != nil {
+				e.h.calleeOn.Store(0)
+				e.unmap()
+				u.laneIn = nil
+			}
 			return 0, 0, false
 		}
 		if !spun {
 			spun = true
-			if u.spin.spin(start, u.newCall) {
+			sp := &u.spin
+			if u.laneIn != nil {
+				sp = &u.laneIn.spin
+			}
+			if sp.spin(start, news) {
 				continue
 			}
-			u.spin.learn(-1)
+			sp.learn(-1)
 		}
-		sleepOn(&c.wake, &c.sleeping, ready, sleep)
+		if e := u.laneIn; e != nil {
+			// The lane's word: the caller moves it at every call, the
+			// scheduler at a revoke, a stop and the node's close.
+			sleepOn(&e.h.calleeWake, &e.h.calleeSleeping, ready, sleep)
+		} else {
+			sleepOn(&c.wake, &c.sleeping, ready, sleep)
+		}
 		sleep = min(2*sleep, max(maxSleep, idleSleepMax))
 	}
 }
@@ -352,6 +395,15 @@ func (u *UAP) Close() error {
 	futexWake(&c.wake, 1)
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.dropLane()
+	if e := u.laneIn; e != nil {
+		e.h.calleeOn.Store(0)
+		e.unmap()
+		u.laneIn = nil
+	}
+	if u.line != nil {
+		u.line.close()
+	}
 	u.leave()
 	err := errors.Join(
 		os.NewSyscallError("munmap", unix.Munmap(u.area)),

@@ -81,6 +81,26 @@ func TestHelperUAP(t *testing.T) {
 		}
 		return reply, nil
 	})
+	// loop calls the service its request names ("group/service/N") N
+	// times with a 128-byte request and says how long the calls took.
+	u.Handle("loop", func(req []byte) ([]byte, error) {
+		parts := bytes.SplitN(req, []byte("/"), 3)
+		if len(parts) != 3 {
+			return nil, errors.New("loop wants group/service/N")
+		}
+		n, err := strconv.Atoi(string(parts[2]))
+		if err != nil {
+			return nil, err
+		}
+		payload := make([]byte, 128)
+		start := time.Now()
+		for range n {
+			if _, err := u.Call(context.Background(), string(parts[0]), string(parts[1]), payload); err != nil {
+				return nil, err
+			}
+		}
+		return strconv.AppendInt(nil, int64(time.Since(start)), 10), nil
+	})
 	// cancel calls other/svc with a context cancelled after the duration
 	// its request names, and says what the call returned and when.
 	u.Handle("cancel", func(req []byte) ([]byte, error) {

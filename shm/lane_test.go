@@ -1,0 +1,210 @@
+package shm
+
+import (
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// laneTestSpec is a lane to the helper UAP's entry, called as test/svc.
+func laneTestSpec(entry string) LaneSpec {
+	return LaneSpec{Group: "test", Service: "svc", Entry: entry, Watch: 10 * time.Second}
+}
+
+// relay hands the caller a relay call of req (group/service/request) and
+// returns what its Call returned, as the helper UAP says it.
+func relay(tb testing.TB, g *Group, p *Proc, req string) string {
+	tb.Helper()
+	if err := p.Dispatch("relay", []byte(req), time.Now().Add(10*time.Second).UnixNano()); err != nil {
+		tb.Fatal(err)
+	}
+	p.Wake()
+	c := waitCompletion(tb, g, p)
+	if c.Status != StatusOK {
+		tb.Fatalf("relay %q: %v %q", req, c.Status, c.Reply)
+	}
+	return string(c.Reply)
+}
+
+func lanesOK(tb testing.TB, g *Group, ps ...*uapProc) {
+	tb.Helper()
+	for _, p := range ps {
+		until(tb, g, 10*time.Second, "the UAP to take lanes", p.LanesOK)
+	}
+}
+
+// TestLaneCalls: a caller with a lane to a callee calls it straight, the
+// scheduler seeing no call of its own and counting the completions; the
+// callee's errors reach the caller as the node would say them.
+func TestLaneCalls(t *testing.T) {
+	g := newGroup(t, 4096, 2)
+	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1)
+	attached(t, g, caller, callee)
+	lanesOK(t, g, caller, callee)
+	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for i := range 50 {
+		if got := relay(t, g, caller.Proc, "test/svc/ping"); got != "ping" {
+			t.Fatalf("call %d on the lane: %q", i, got)
+		}
+	}
+	if _, made, _ := caller.OutCall(); made {
+		t.Fatal("a call on the lane reached the scheduler")
+	}
+	lk := l.Look()
+	if lk.Completed != 50 || lk.Made != 50 || lk.Open || !lk.CalleeOn || !lk.CallerOn {
+		t.Fatalf("look after 50 calls: %+v", lk)
+	}
+	// Another service of the group goes the usual way.
+	if err := caller.Dispatch("relay", []byte("test/other/x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	oc := awaitOutCall(t, g, caller.Proc)
+	caller.AnswerOutCall(oc.No, 0, []byte("usual"))
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual" {
+		t.Fatalf("a call to another service: %q", c.Reply)
+	}
+	l.Revoke()
+	until(t, g, 10*time.Second, "the callee to leave the revoked lane", func() bool { return !l.Look().CalleeOn })
+	// Revoked: the usual way again, and the callee takes mailbox calls.
+	if err := caller.Dispatch("relay", []byte("test/svc/y"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	oc = awaitOutCall(t, g, caller.Proc)
+	caller.AnswerOutCall(oc.No, 0, []byte("usual again"))
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual again" {
+		t.Fatalf("a call after the revoke: %q", c.Reply)
+	}
+	if c := call(t, g, callee.Proc, "echo", []byte("mailbox")); string(c.Reply) != "mailbox" {
+		t.Fatalf("the callee after the revoke: %q", c.Reply)
+	}
+}
+
+// TestLaneErrors: the callee's error answers, and the scheduler's rulings
+// (the callee killed holding the call; a call it never took given back).
+func TestLaneErrors(t *testing.T) {
+	g := newGroup(t, 4096, 3)
+	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1)
+	attached(t, g, caller, callee)
+	lanesOK(t, g, caller, callee)
+	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("fail"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := relay(t, g, caller.Proc, "test/svc/boom"); got != "error 10: application error: failed: boom" {
+		t.Fatalf("an application error on the lane: %q", got)
+	}
+	l.Revoke()
+	until(t, g, 10*time.Second, "the callee to leave", func() bool { return !l.Look().CalleeOn })
+	l.Close()
+
+	// Killed holding the call: the ruling answers it.
+	l, err = NewLane(caller.Proc, callee.Proc, 2, laneTestSpec("sleep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caller.Dispatch("relay", []byte("test/svc/10s"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	until(t, g, 10*time.Second, "the callee to take the call", func() bool { return l.Look().Taken })
+	if l.Rule(laneMoved, "") {
+		t.Fatal("a taken call was given back as never run")
+	}
+	callee.cmd.Process.Kill()
+	callee.wait(t, 10*time.Second)
+	if !l.Rule(7, "server terminated: the UAP process serving the call died") {
+		t.Fatal("the ruling of a taken call lost")
+	}
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "error 7: server terminated: the UAP process serving the call died" {
+		t.Fatalf("a call whose callee died: %q", c.Reply)
+	}
+	l.Revoke()
+	l.Close()
+
+	// A callee that never takes the call (stopped): given back, the
+	// caller makes it the usual way.
+	stopped := startUAP(t, g, 2)
+	attached(t, g, stopped)
+	lanesOK(t, g, stopped)
+	l, err = NewLane(caller.Proc, stopped.Proc, 3, laneTestSpec("echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look().CalleeOn })
+	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGSTOP)
+	defer syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
+	if err := caller.Dispatch("relay", []byte("test/svc/z"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	until(t, g, 10*time.Second, "the call on the lane", func() bool { return l.Look().Open })
+	if !l.Rule(laneMoved, "") {
+		t.Fatal("an untaken call was not given back")
+	}
+	oc := awaitOutCall(t, g, caller.Proc)
+	if string(oc.Request) != "z" {
+		t.Fatalf("the call given back came the usual way as %q", oc.Request)
+	}
+	caller.AnswerOutCall(oc.No, 0, []byte("the usual way"))
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "the usual way" {
+		t.Fatalf("the call given back: %q", c.Reply)
+	}
+	if lk := l.Look(); lk.Completed != 0 || lk.Open {
+		t.Fatalf("the lane after the give-back: %+v", lk)
+	}
+	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
+	// The callee, woken, still serves its lane: nothing is left to take.
+	time.Sleep(50 * time.Millisecond)
+	if lk := l.Look(); lk.Taken || lk.Completed != 0 || lk.CallerOn {
+		t.Fatalf("the callee took a call given back, or the caller kept the lane: %+v", lk)
+	}
+	// The caller let the lane go: its calls go the usual way.
+	if err := caller.Dispatch("relay", []byte("test/svc/again"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	oc = awaitOutCall(t, g, caller.Proc)
+	caller.AnswerOutCall(oc.No, 0, []byte("again"))
+	if c := waitCompletion(t, g, caller.Proc); !strings.Contains(string(c.Reply), "again") {
+		t.Fatalf("after a give-back: %q", c.Reply)
+	}
+}
+
+// BenchmarkLaneCall: a UAP's calls to another process on a lane, 128
+// bytes each, nobody else on the path (ns/op is one call).
+func BenchmarkLaneCall(b *testing.B) {
+	g := newGroup(b, 4096, 2)
+	caller, callee := startUAP(b, g, 0), startUAP(b, g, 1)
+	attached(b, g, caller, callee)
+	lanesOK(b, g, caller, callee)
+	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	b.ResetTimer()
+	got := relay(b, g, caller.Proc, "test/svc/x") // maps the lane
+	_ = got
+	if err := caller.Dispatch("loop", []byte("test/svc/"+strconv.Itoa(b.N)), 0); err != nil {
+		b.Fatal(err)
+	}
+	caller.Wake()
+	c := waitCompletion(b, g, caller.Proc)
+	ns, err := strconv.ParseInt(string(c.Reply), 10, 64)
+	if c.Status != StatusOK || err != nil {
+		b.Fatalf("loop: %v %q", c.Status, c.Reply)
+	}
+	b.ReportMetric(float64(ns)/float64(b.N), "ns/call")
+	if lk := l.Look(); lk.Completed != uint64(b.N)+1 {
+		b.Fatalf("%d calls on the lane, want %d", lk.Completed, b.N+1)
+	}
+}
