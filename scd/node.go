@@ -185,6 +185,9 @@ func New(cfg *def.Config, opts Options) (*Node, error) {
 		Place: func(c call.Caller, f *netio.Frame) (netio.Code, string) {
 			return n.uapLine.Route(c, call.From{}, f) // a UAP's own call: the line without the drain and receivers
 		},
+		// A lane skips the routing: only where a UAP's call to a group
+		// served here stays here while the group is at LEVEL0.
+		Lanes: func() bool { return n.wlm == nil && (!n.inCluster || cfg.Sched.ThisNodeFirst) },
 		LevelChanged: func(*local.Group) {
 			if cfg.Sched.AnnounceServerStatus {
 				n.announce()

@@ -279,8 +279,9 @@ type LaneLook struct {
 }
 
 // Look reads the lane's words: nothing in them is trusted beyond the
-// counts and rulings the scheduler makes from them.
-func (l *Lane) Look() LaneLook {
+// counts and rulings the scheduler makes from them. Completed counts from
+// the last Look that counted (count true) on.
+func (l *Lane) Look(count bool) LaneLook {
 	h := l.h
 	c, made := h.claim.Load(), h.seq.Load()
 	n := c >> 8
@@ -289,15 +290,15 @@ func (l *Lane) Look() LaneLook {
 		done = n - 1
 	}
 	var lk LaneLook
-	if done > l.seen && done-l.seen < 1<<32 {
+	if count && done > l.seen && done-l.seen < 1<<32 {
 		// Its own rulings are not the callee's completions. (A call the
 		// caller took back as the lane was revoked counts as one: a
 		// race of a moment, once per lane at most.)
 		ended := done - l.seen
 		r := min(l.ruled, ended)
 		lk.Completed, l.ruled = ended-r, l.ruled-r
+		l.seen = done
 	}
-	l.seen = max(l.seen, done)
 	lk.Made = made
 	lk.Taken = c&3 == laneTaken
 	lk.Open = lk.Taken || made != n

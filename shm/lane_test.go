@@ -56,7 +56,7 @@ func TestLaneCalls(t *testing.T) {
 	if _, made, _ := caller.OutCall(); made {
 		t.Fatal("a call on the lane reached the scheduler")
 	}
-	lk := l.Look()
+	lk := l.Look(true)
 	if lk.Completed != 50 || lk.Made != 50 || lk.Open || !lk.CalleeOn || !lk.CallerOn {
 		t.Fatalf("look after 50 calls: %+v", lk)
 	}
@@ -71,7 +71,7 @@ func TestLaneCalls(t *testing.T) {
 		t.Fatalf("a call to another service: %q", c.Reply)
 	}
 	l.Revoke()
-	until(t, g, 10*time.Second, "the callee to leave the revoked lane", func() bool { return !l.Look().CalleeOn })
+	until(t, g, 10*time.Second, "the callee to leave the revoked lane", func() bool { return !l.Look(true).CalleeOn })
 	// Revoked: the usual way again, and the callee takes mailbox calls.
 	if err := caller.Dispatch("relay", []byte("test/svc/y"), 0); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestLaneErrors(t *testing.T) {
 		t.Fatalf("an application error on the lane: %q", got)
 	}
 	l.Revoke()
-	until(t, g, 10*time.Second, "the callee to leave", func() bool { return !l.Look().CalleeOn })
+	until(t, g, 10*time.Second, "the callee to leave", func() bool { return !l.Look(true).CalleeOn })
 	l.Close()
 
 	// Killed holding the call: the ruling answers it.
@@ -114,7 +114,7 @@ func TestLaneErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	caller.Wake()
-	until(t, g, 10*time.Second, "the callee to take the call", func() bool { return l.Look().Taken })
+	until(t, g, 10*time.Second, "the callee to take the call", func() bool { return l.Look(true).Taken })
 	if l.Rule(laneMoved, "") {
 		t.Fatal("a taken call was given back as never run")
 	}
@@ -139,14 +139,14 @@ func TestLaneErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look().CalleeOn })
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(true).CalleeOn })
 	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGSTOP)
 	defer syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
 	if err := caller.Dispatch("relay", []byte("test/svc/z"), 0); err != nil {
 		t.Fatal(err)
 	}
 	caller.Wake()
-	until(t, g, 10*time.Second, "the call on the lane", func() bool { return l.Look().Open })
+	until(t, g, 10*time.Second, "the call on the lane", func() bool { return l.Look(true).Open })
 	if !l.Rule(laneMoved, "") {
 		t.Fatal("an untaken call was not given back")
 	}
@@ -158,13 +158,13 @@ func TestLaneErrors(t *testing.T) {
 	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "the usual way" {
 		t.Fatalf("the call given back: %q", c.Reply)
 	}
-	if lk := l.Look(); lk.Completed != 0 || lk.Open {
+	if lk := l.Look(true); lk.Completed != 0 || lk.Open {
 		t.Fatalf("the lane after the give-back: %+v", lk)
 	}
 	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
 	// The callee, woken, still serves its lane: nothing is left to take.
 	time.Sleep(50 * time.Millisecond)
-	if lk := l.Look(); lk.Taken || lk.Completed != 0 || lk.CallerOn {
+	if lk := l.Look(true); lk.Taken || lk.Completed != 0 || lk.CallerOn {
 		t.Fatalf("the callee took a call given back, or the caller kept the lane: %+v", lk)
 	}
 	// The caller let the lane go: its calls go the usual way.
@@ -204,7 +204,7 @@ func BenchmarkLaneCall(b *testing.B) {
 		b.Fatalf("loop: %v %q", c.Status, c.Reply)
 	}
 	b.ReportMetric(float64(ns)/float64(b.N), "ns/call")
-	if lk := l.Look(); lk.Completed != uint64(b.N)+1 {
+	if lk := l.Look(true); lk.Completed != uint64(b.N)+1 {
 		b.Fatalf("%d calls on the lane, want %d", lk.Completed, b.N+1)
 	}
 }

@@ -11,7 +11,7 @@
 # them (CALLER_DEF='putenv GOMAXPROCS 1\n').
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n 2,11p "$0" >&2; exit 2; }
-BIN=$(readlink -f "$1") N=${2:-5} R=${3:-8} PORT=${PORT:-23211}
+BIN=$(readlink -f "$1") N=${2:-5} R=${3:-8} PORT=${PORT:-23211} W=${WORKERS:-2}
 for f in scdd uap-echo uap-caller localrun; do
 	[ -x "$BIN/$f" ] || { echo "local-callers: no $BIN/$f" >&2; exit 2; }
 done
@@ -25,7 +25,7 @@ set metrics_address = "127.0.0.1:$((PORT + 1))"
 set control_socket = "ctl.sock"
 EOT
 echo 'set scdmulti = 2' >"$D/conf/scdsvcdef"
-printf 'set service_group = "bench"\nset service = "echo=echo"\nset module = "%s"\nset parallel_count = 2\nset queue_size = 1024\nset max_message_size = 1048576\n' "$BIN/uap-echo" >"$D/conf/usr/bench"
+printf 'set service_group = "bench"\nset service = "echo=echo"\nset module = "%s"\nset parallel_count = %d\nset queue_size = 1024\nset max_message_size = 1048576\n' "$BIN/uap-echo" "$W" >"$D/conf/usr/bench"
 printf 'set service_group = "callers"\nset service = "run=run"\nset module = "%s"\nset parallel_count = %d\nset queue_size = %d\nset max_message_size = 1048576\n%b' "$BIN/uap-caller" "$R" "$((R > 1024 ? R : 1024))" "${CALLER_DEF:-}" >"$D/conf/usr/callers"
 "$BIN/scdd" -c "$D/conf" -log-level warn >"$D/log" 2>&1 &
 SCDD=$!

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"time"
 
 	"tpsched/netio"
 	"tpsched/procmgr"
@@ -89,6 +90,13 @@ func (g *Group) settleExit(slot int, p proc, exitErr error) {
 	si := &g.slots[slot]
 	g.q.Retire(slot) // no new call for it; its prefetched one is asked back
 	g.act()
+	why := "the UAP process serving the call died"
+	if exitErr != nil {
+		why += " (" + exitErr.Error() + ")"
+	}
+	if g.endLaneOf(slot, why) {
+		g.terminated.Inc()
+	}
 	type answer struct {
 		to call.Caller
 		b  []byte
@@ -153,10 +161,6 @@ func (g *Group) settleExit(slot int, p proc, exitErr error) {
 	for _, a := range answers {
 		_ = a.to.Send(a.b)
 	}
-	why := "the UAP process serving the call died"
-	if exitErr != nil {
-		why += " (" + exitErr.Error() + ")"
-	}
 	for _, e := range settle {
 		if e.Outcome == schedq.Terminated {
 			g.terminated.Inc()
@@ -191,6 +195,11 @@ func (g *Group) stopSlot(slot int) {
 	g.mu.Lock()
 	g.q.Retire(slot)
 	g.act()
+	for _, ls := range g.lanes.open {
+		if ls.slot == slot {
+			g.revokeLane(ls, time.Now())
+		}
+	}
 	if p := g.slots[slot].p; p != nil {
 		p.Stop()
 		p.Wake()

@@ -71,6 +71,8 @@ type Group struct {
 
 	load groupLoad
 
+	lanes groupLanes // the lanes its processes serve (lanes.go), under mu
+
 	bytes      groupBytes       // its admitted calls' requests, within the node's budget (budget.go)
 	refused    *metrics.Counter // calls refused server busy: the queue was full
 	overBudget *metrics.Counter // calls refused server busy: their request would pass the budget
@@ -110,6 +112,9 @@ type slotState struct {
 	// caller answers the calls it makes of its own (localcall.go); nil
 	// until its first.
 	caller *uapCaller
+	// laneLeft: a lane it served was closed at this look, after it left
+	// it (and rang for that).
+	laneLeft bool
 
 	// since is its last attach or completion: when its next call's
 	// service began (the routing manager's service time).
@@ -259,6 +264,12 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 	}
 	g.act()
 	waiting := g.q.Waiting()
+	if waiting > 0 && len(g.lanes.open) > 0 {
+		// A call waits for a process while some serve lanes: they go
+		// back to the queue.
+		g.lanes.quiet = now.Add(laneQuiet)
+		g.revokeLanes(now)
+	}
 	u := g.takeUndelivered()
 	g.mu.Unlock()
 	g.expiry.Wake() // after the Submit, where its InFlight sees the call
@@ -425,6 +436,9 @@ func (cl *request) fail(code netio.Code, msg string) {
 // completion is dropped) until the process finishes or dies.
 func (g *Group) expire(now time.Time) {
 	g.mu.Lock()
+	for range g.expireLanes(now) {
+		g.timedOut.Inc()
+	}
 	late := g.q.Expire(now.UnixNano(), g.late[:0])
 	type answer struct {
 		to      call.Caller
@@ -461,6 +475,7 @@ func (g *Group) close() {
 	g.mu.Lock()
 	g.q.Close()
 	g.closed.Store(true)
+	g.revokeLanes(time.Now())
 	if g.tr != nil {
 		g.tr.Close()
 	}
@@ -475,6 +490,9 @@ func (g *Group) close() {
 func (g *Group) forgetProcesses() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	for i := range g.slots {
+		g.endLaneOf(i, "the node stopped")
+	}
 	for i := range g.slots {
 		g.slots[i] = slotState{}
 	}

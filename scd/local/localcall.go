@@ -3,6 +3,7 @@ package local
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"tpsched/netio"
@@ -35,6 +36,11 @@ type localCall struct {
 type uapCaller struct {
 	p      outCaller
 	maxMsg int // the calling group's max_message_size
+
+	// Its lane (lanes.go): whether it holds one (in any group), and when
+	// it may be offered one next (unix ns).
+	laneHeld atomic.Bool
+	laneNext atomic.Int64
 }
 
 // Send answers every frame in b (call.Caller: one or more whole frames).

@@ -169,6 +169,9 @@ func (r *reader) collect() {
 	defer g.mu.Unlock()
 	now := time.Now() // under mu: every call seen here was admitted before
 	classes := g.classes.Load()
+	if len(g.lanes.open) > 0 {
+		g.lookLanes(now)
+	}
 	for slot := range g.slots {
 		si := &g.slots[slot]
 		p := si.p
@@ -179,6 +182,10 @@ func (r *reader) collect() {
 		// rung after its cause was published, so this look sees the cause
 		// (or an earlier one saw it).
 		rings, causes := p.Rings(), uint64(0)
+		if si.laneLeft {
+			si.laneLeft = false
+			causes++
+		}
 		if p.Attach() {
 			si.attached = true
 			si.since = now

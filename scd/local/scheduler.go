@@ -51,6 +51,12 @@ type Options struct {
 	// LevelChanged is told that a group's load level changed (the node
 	// announces it); on the load loop, it must not block for long.
 	LevelChanged func(g *Group)
+	// Lanes reports whether the node routes a call a UAP makes to a group
+	// served here to this node's queue whenever the group is at LEVEL0
+	// (no service policy, and no cluster or scd_this_node_first = Y):
+	// only then may a caller be granted a lane (lanes.go), which skips the
+	// routing. nil: never.
+	Lanes func() bool
 	// OnDemand reports whether a group's server starts only when asked
 	// (Group.StartServer: an application environment of the routing
 	// manager), and every group's server may be stopped and started again;
@@ -83,8 +89,11 @@ type Scheduler struct {
 	lastLook atomic.Int64
 	stalled  bool
 	// expiry paces expireLoop: every expireEvery while calls are in
-	// flight, every expireIdle on a quiet node; a submit wakes it.
+	// flight or lanes are open, every expireIdle on a quiet node; a
+	// submit wakes it.
 	expiry *pace.Loop
+
+	lanes laneRules
 
 	stop chan struct{}
 	wg   sync.WaitGroup // the readers, the load loop, the expiry loop
@@ -101,6 +110,7 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 	}
 	s := &Scheduler{cfg: cfg, opts: opts, log: opts.Logger, groups: make(map[string]*Group), stop: make(chan struct{}),
 		expiry: pace.New(expireEvery, expireIdle)}
+	s.lanes = laneRules{on: lanesFromEnv(), gen: new(atomic.Uint32), open: new(atomic.Int64)}
 	s.requests.limit = cfg.System.BufferBudget
 	var bad []error // every server's missing module, not only the first (scdd -check)
 	for _, srv := range cfg.Servers {
@@ -379,6 +389,9 @@ func (s *Scheduler) admitCalls(g *Group) {
 	g.localCalls = set.NewCounter(`tpsched_local_calls_total` + lbl)
 	g.stalls = set.NewCounter(`tpsched_local_call_stalls_total` + lbl)
 	g.latency = newLatencyHistogram(set.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
+	g.lanes = groupLanes{rules: &s.lanes,
+		grants: set.NewCounter(`tpsched_lane_grants_total` + lbl),
+		calls:  set.NewCounter(`tpsched_lane_calls_total` + lbl)}
 }
 
 // startProcesses starts g's processes: procmgr's; on a node whose servers
@@ -418,7 +431,7 @@ func (s *Scheduler) expireLoop() {
 			g.checkStall(now)
 		}
 		s.checkDispatcher(now)
-	}, func() bool { return s.InFlight() > 0 })
+	}, func() bool { return s.InFlight() > 0 || s.lanes.open.Load() > 0 })
 }
 
 // expireEvery is how often expireLoop looks while calls are in flight, and
@@ -446,7 +459,11 @@ func (s *Scheduler) Serve(c call.Caller, f *netio.Frame) (netio.Code, string) {
 	if g == nil {
 		return netio.CodeNoSuchGroup, s.UnknownGroup(string(f.Group))
 	}
-	return g.admit(c, f, s.cfg.System.NodeID)
+	code, msg := g.admit(c, f, s.cfg.System.NodeID)
+	if u, ok := c.(*uapCaller); ok && code == netio.CodeOK && s.opts.Lanes != nil && s.opts.Lanes() {
+		g.offerLane(u, string(f.Service), time.Now())
+	}
+	return code, msg
 }
 
 // UnknownGroup names a group that is not here, with the nearest that is
@@ -486,6 +503,11 @@ func (s *Scheduler) setHeld(name string, held bool) (bool, error) {
 	}
 	if g.held.Swap(held) == held {
 		return false, nil
+	}
+	if held {
+		g.mu.Lock()
+		g.revokeLanes(time.Now()) // a held group takes no call, on a lane neither
+		g.mu.Unlock()
 	}
 	s.log.Info("service group "+map[bool]string{true: "held", false: "released"}[held], "group", name)
 	return true, nil

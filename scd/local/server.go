@@ -345,7 +345,14 @@ func (g *Group) StopServer(ctx context.Context, quiesce time.Duration, flushMsg 
 
 // SetServing makes the group take calls here, or stop taking them, with
 // its server (StartServer, StopServer).
-func (g *Group) SetServing(on bool) { g.serving.Store(on) }
+func (g *Group) SetServing(on bool) {
+	g.serving.Store(on)
+	if !on {
+		g.mu.Lock()
+		g.revokeLanes(time.Now())
+		g.mu.Unlock()
+	}
+}
 
 // SetCPUWeight gives the group's processes CPU weight weight (cgroup v2
 // scale; goal management).

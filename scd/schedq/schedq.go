@@ -131,7 +131,7 @@ type Stats struct {
 	Terminated uint64 // callers answered 'server terminated'
 	Requeued   uint64 // calls put back after their process died, or gave them back, before taking them
 	Waiting    int    // calls waiting for a process, prefetched ones included (the documents' q)
-	Busy       int    // processes holding a call now
+	Busy       int    // processes holding a call now, or lent to a lane
 }
 
 type waitingCall[C any] struct {
@@ -184,6 +184,7 @@ type Queue[C any] struct {
 	ready readyStacks
 
 	prefetched int // calls handed to busy processes ahead of their current one
+	lent       int // processes lent to lanes (counted in Busy, not in InFlight)
 	closed     bool
 	st         Stats
 	actions    []Action[C]
@@ -499,6 +500,9 @@ func (q *Queue[C]) Exited(slot int, taken int, out []ExitedCall[C]) []ExitedCall
 	if n > 0 || sl.lent {
 		q.st.Busy--
 	}
+	if sl.lent {
+		q.lent--
+	}
 	if n > 0 {
 		q.prefetched -= n - 1
 	}
@@ -599,6 +603,7 @@ func (q *Queue[C]) Lend(ok func(slot int) bool) int {
 				sl := &q.slots[s]
 				sl.state, sl.lent = slotLent, true
 				q.st.Busy++
+				q.lent++
 				return s
 			}
 		}
@@ -615,6 +620,7 @@ func (q *Queue[C]) Return(slot int) {
 	sl := &q.slots[slot]
 	sl.lent = false
 	q.st.Busy--
+	q.lent--
 	if sl.state == slotLent {
 		q.makeReady(slot)
 	}
@@ -637,6 +643,7 @@ func (q *Queue[C]) Renew(slot int) {
 	if sl := &q.slots[slot]; sl.state == slotRetiring && len(sl.calls) == 0 {
 		if sl.lent { // never returned: its process is gone
 			q.st.Busy--
+			q.lent--
 		}
 		sl.reset(slotEmpty)
 	}
@@ -698,8 +705,9 @@ func (q *Queue[C]) CurrentDeadline(slot int) int64 {
 // included (the documents' q).
 func (q *Queue[C]) Waiting() int { return q.wait.n + q.prefetched }
 
-// InFlight counts the calls not yet finished: waiting or held by a process.
-func (q *Queue[C]) InFlight() int { return q.wait.n + q.st.Busy + q.prefetched }
+// InFlight counts the calls not yet finished: waiting or held by a
+// process. A process lent to a lane holds none of the queue's.
+func (q *Queue[C]) InFlight() int { return q.wait.n + q.st.Busy - q.lent + q.prefetched }
 
 // Stats returns the counters.
 func (q *Queue[C]) Stats() Stats {

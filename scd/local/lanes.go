@@ -1,0 +1,291 @@
+package local
+
+import (
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"tpsched/netio"
+	"tpsched/scd/loadlevel"
+	"tpsched/shm"
+)
+
+// This file grants, watches and ends the lanes of the group's processes
+// (shm.Lane): a caller process's calls to one service of the group made
+// straight to one of its processes, which the queue lends out for it
+// (schedq.Lend), with no thread of the node on the call's path. The
+// dispatcher and the scheduler made both wake-ups of every local call; on
+// a lane the caller wakes the callee and the callee the caller, each on
+// its own CPU (docs/ARCHITECTURE.md, "Lanes").
+//
+// A lane is granted only where the call would have been the queue's
+// anyway: the group serves, is not held, is at LEVEL0 and no call waits
+// for it, and the node routes a UAP's calls to itself (Options.Lanes). It
+// ends, and the process goes back to the queue, when any of that stops
+// being true (a call that waits ends every lane of the group at once), when
+// it is idle, and when either process ends. The node keeps the rulings:
+// a call the callee never took is given back to the caller, unrun, to make
+// the usual way; one it took and did not finish by its deadline, or whose
+// process died, is answered 'timed out' or 'server terminated' through the
+// lane's claim word, which the callee and the node move with a
+// compare-and-swap, so exactly one of them ends each call.
+//
+// Everything here runs under the group's mu, but for offerLane's first
+// looks, and the caller's part of a lane is reached through shm's
+// out-call lock: the caller may be another group's process.
+
+// laneRules are a node's lanes: its generations, whether it grants them,
+// and its counters.
+type laneRules struct {
+	on   bool           // the node grants lanes (Options.Lanes, TPSCHED_LANES)
+	gen  *atomic.Uint32 // the node's last lane generation
+	open *atomic.Int64  // the node's lanes not yet closed (the expiry loop's pace)
+}
+
+// groupLanes are the lanes a group's processes serve, under mu.
+type groupLanes struct {
+	rules  *laneRules
+	open   []*laneState
+	quiet  time.Time // no grant before: a call waited for a process
+	grants *metrics.Counter
+	calls  *metrics.Counter
+}
+
+// laneState is one lane as the node follows it.
+type laneState struct {
+	l       *shm.Lane
+	slot    int        // the callee's
+	from    *uapCaller // the caller's end of its calls
+	granted time.Time
+	made    uint64    // the caller's count of calls at the last look
+	active  time.Time // when that count last moved (or the grant)
+	open    uint64    // the open call, as first seen
+	since   time.Time // when it was first seen
+	revoked time.Time // zero while granted
+}
+
+const (
+	// laneIdle ends a lane no call was made on for so long: the process
+	// goes back to the queue.
+	laneIdle = 250 * time.Millisecond
+	// laneMapWithin is how long a callee has to map a lane it was
+	// granted; one that does not takes none again.
+	laneMapWithin = time.Second
+	// laneLeaveWithin is how long after its revoke a callee may go on
+	// saying it serves a lane whose calls are over; then it is given back
+	// to the queue anyway.
+	laneLeaveWithin = time.Second
+	// laneQuiet is how long a group grants no lane after a call had to
+	// wait for one of its processes.
+	laneQuiet = time.Second
+	// laneRetry is how long a caller that was not granted a lane waits
+	// before it is considered again; laneRetryUnused after it left a
+	// lane unmapped.
+	laneRetry       = 50 * time.Millisecond
+	laneRetryUnused = 5 * time.Second
+)
+
+// lanesFromEnv is whether scdd grants lanes: TPSCHED_LANES=off turns them
+// off (to measure the node without them, or if they misbehave).
+func lanesFromEnv() bool { return os.Getenv("TPSCHED_LANES") != "off" }
+
+// offerLane grants the calling process a lane to service if the group can
+// spare a process for it now. The call that prompted it was admitted
+// already and goes the usual way; the next ones take the lane. On the
+// dispatcher, without mu.
+func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
+	r := g.lanes.rules
+	if r == nil || !r.on {
+		return
+	}
+	cp, ok := u.p.(*shm.Proc)
+	if !ok || u.laneHeld.Load() || now.UnixNano() < u.laneNext.Load() || !cp.LanesOK() {
+		return
+	}
+	u.laneNext.Store(now.Add(laneRetry).UnixNano())
+	entry, ok := g.entries[service]
+	if !ok || g.held.Load() || !g.serving.Load() || g.closed.Load() || !g.started.Load() || g.load.level() != loadlevel.Level0 {
+		return
+	}
+	g.mu.Lock()
+	granted := g.grantLane(u, cp, service, entry, now)
+	un := g.takeUndelivered()
+	g.mu.Unlock()
+	un.settle(g)
+	if granted {
+		g.lanes.grants.Inc()
+	}
+}
+
+// grantLane is offerLane's work under mu.
+func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now time.Time) bool {
+	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) {
+		return false
+	}
+	slot := g.q.Lend(func(s int) bool {
+		si := &g.slots[s]
+		p, ok := si.p.(*shm.Proc)
+		return ok && si.attached && !si.killed && p != cp && p.LanesOK()
+	})
+	if slot < 0 {
+		return false
+	}
+	gen := g.lanes.rules.gen.Add(1)
+	if gen == 0 {
+		gen = g.lanes.rules.gen.Add(1)
+	}
+	callee := g.slots[slot].p.(*shm.Proc)
+	l, err := shm.NewLane(cp, callee, gen, shm.LaneSpec{Group: g.name, Service: service, Entry: entry, Watch: g.watch})
+	if err != nil {
+		g.q.Return(slot)
+		g.act()
+		return false
+	}
+	g.lanes.open = append(g.lanes.open, &laneState{l: l, slot: slot, from: u, granted: now, active: now})
+	u.laneHeld.Store(true)
+	g.lanes.rules.open.Add(1)
+	return true
+}
+
+// lookLanes counts what the lanes served since the last look, ends those
+// that should end, and closes those ended and over, giving their
+// processes back to the queue. Under mu, on the dispatcher (collect).
+func (g *Group) lookLanes(now time.Time) {
+	for i := 0; i < len(g.lanes.open); {
+		ls := g.lanes.open[i]
+		if !ls.revoked.IsZero() {
+			ls.l.Rule(0, "") // a call made on it after the revoke: back to its caller, unrun
+		}
+		lk := ls.l.Look(true)
+		si := &g.slots[ls.slot]
+		if lk.Completed > 0 {
+			si.served += lk.Completed
+			si.since = now
+			g.lanes.calls.AddInt64(int64(lk.Completed))
+		}
+		if lk.Made != ls.made {
+			ls.made, ls.active = lk.Made, now
+		}
+		if lk.Open && lk.Made != ls.open {
+			ls.open, ls.since = lk.Made, now
+		}
+		if ls.revoked.IsZero() && g.laneOver(ls, lk, now) {
+			g.revokeLane(ls, now)
+			continue // looked at again at once: it may be over already
+		}
+		if !ls.revoked.IsZero() && !lk.Taken && (!lk.CalleeOn || now.Sub(ls.revoked) > laneLeaveWithin) {
+			g.closeLane(i)
+			si.laneLeft = true // its ring for leaving the lane has a cause
+			continue
+		}
+		i++
+	}
+}
+
+// laneOver reports whether a granted lane should end now.
+func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) bool {
+	switch {
+	case g.q.Waiting() > 0:
+		g.lanes.quiet = now.Add(laneQuiet)
+		return true
+	case g.held.Load() || !g.serving.Load() || g.closed.Load() || g.load.level() != loadlevel.Level0:
+		return true
+	case ls.l.CallerGone():
+		return true
+	case !lk.CalleeOn && now.Sub(ls.granted) > laneMapWithin:
+		ls.l.Callee().NoLanes() // it said it takes lanes and did not take this one
+		return true
+	case now.Sub(ls.active) > laneIdle && !lk.Open:
+		if !lk.CallerOn {
+			ls.from.laneNext.Store(now.Add(laneRetryUnused).UnixNano())
+		}
+		return true
+	}
+	return false
+}
+
+// revokeLane ends the grant of a lane: both processes are told, a call
+// made and not taken goes back to its caller. The lane stays open until
+// its callee left it (lookLanes). Under mu.
+func (g *Group) revokeLane(ls *laneState, now time.Time) {
+	if ls.revoked.IsZero() {
+		ls.revoked = now
+		ls.l.Revoke()
+	}
+}
+
+// revokeLanes ends the grant of every lane of the group: the node closes,
+// the group is held or stops serving, or a call waits for a process.
+// Under mu.
+func (g *Group) revokeLanes(now time.Time) {
+	for _, ls := range g.lanes.open {
+		g.revokeLane(ls, now)
+	}
+}
+
+// closeLane releases lane i: its process goes back to the queue (if it is
+// still the slot's), its caller may be granted another.
+func (g *Group) closeLane(i int) {
+	ls := g.lanes.open[i]
+	callee := ls.l.Callee()
+	ls.l.Close()
+	if p, ok := g.slots[ls.slot].p.(*shm.Proc); ok && p == callee {
+		g.q.Return(ls.slot)
+		g.act()
+	}
+	ls.from.laneHeld.Store(false)
+	g.lanes.rules.open.Add(-1)
+	g.lanes.open = append(g.lanes.open[:i], g.lanes.open[i+1:]...)
+}
+
+// endLaneOf ends the lane the process of slot serves, at its death: a call
+// it never took goes back to its caller, one it took is answered 'server
+// terminated' (true when the ruling answered one). Under mu, before the
+// slot's transport end is removed.
+func (g *Group) endLaneOf(slot int, why string) (terminated bool) {
+	for i, ls := range g.lanes.open {
+		if ls.slot != slot {
+			continue
+		}
+		ls.l.Rule(0, "")
+		terminated = ls.l.Rule(uint32(netio.CodeServerTerminated), "server terminated: "+why)
+		ls.l.Revoke()
+		ls.l.Close()
+		ls.from.laneHeld.Store(false)
+		g.lanes.rules.open.Add(-1)
+		g.lanes.open = append(g.lanes.open[:i], g.lanes.open[i+1:]...)
+		return terminated
+	}
+	return false
+}
+
+// expireLanes answers 'timed out' the calls on lanes whose deadline
+// passed: the caller's, or the group's watch_time from when the node first
+// saw the call. Under mu, on the expiry loop.
+func (g *Group) expireLanes(now time.Time) (expired int) {
+	for _, ls := range g.lanes.open {
+		lk := ls.l.Look(false)
+		if !lk.Open {
+			continue
+		}
+		if lk.Made != ls.open {
+			ls.open, ls.since = lk.Made, now
+		}
+		deadline, limit := lk.Deadline, time.Duration(0)
+		if g.watch > 0 {
+			if bound := ls.since.Add(g.watch).UnixNano(); deadline == 0 || deadline > bound {
+				deadline = bound
+			}
+		}
+		if deadline == 0 || now.UnixNano() < deadline {
+			continue
+		}
+		limit = time.Duration(deadline - ls.since.UnixNano())
+		if ls.l.Rule(uint32(netio.CodeTimedOut), "timed out: "+timedOutMessage(limit, g.watch)) {
+			expired++
+		}
+	}
+	return expired
+}
