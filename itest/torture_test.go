@@ -11,9 +11,11 @@ package itest
 //	TPSCHED_TORTURE_DURATION  how long to attack (default 20s; CI 10m)
 //	TPSCHED_TORTURE_ATTACKS   comma-separated attack classes (default all):
 //	                          callers, uapkill, uapstop, uapexit, badexit,
-//	                          localcalls, fdpressure, restart; across a
-//	                          cluster (TestTortureCluster) also peerkill,
-//	                          peerstop, peerrestart, peercut, peerloss
+//	                          localcalls, fdpressure, restart; on one node
+//	                          (TestTorture) also sockclose and lanes;
+//	                          across a cluster (TestTortureCluster) also
+//	                          peerkill, peerstop, peerrestart, peercut,
+//	                          peerloss
 //	TPSCHED_TORTURE_CALLERS   callers at once (default 6)
 //	TPSCHED_TORTURE_STALL     how long the probe may go unanswered before
 //	                          the watchdog dumps scdd's goroutines and
@@ -30,6 +32,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,8 +55,10 @@ import (
 var tortureAttacks = []string{"callers", "uapkill", "uapstop", "uapexit", "badexit", "localcalls", "fdpressure", "restart"}
 
 // nodeTortureAttacks are TestTorture's: those and "sockclose", on the
-// socket-mode group only TestTorture has.
-var nodeTortureAttacks = append(append([]string(nil), tortureAttacks...), "sockclose")
+// socket-mode group only TestTorture has, and "lanes", front/burst's runs
+// of local calls to lback, a group nothing else calls, so that lanes are
+// granted and held while every attack on UAPs goes on.
+var nodeTortureAttacks = append(append([]string(nil), tortureAttacks...), "sockclose", "lanes")
 
 var buildTortureUAP = sync.OnceValue(func() error {
 	args := []string{"build", "-o", bin("uap-torture")}
@@ -68,7 +73,7 @@ var buildTortureUAP = sync.OnceValue(func() error {
 })
 
 const tortureServer = `set service_group = %q
-set service = "work=work", "call=call"
+set service = "work=work", "call=call", "burst=burst"
 set module = %q
 set parallel_count = 2,3
 set balance_count = 4
@@ -77,6 +82,19 @@ set watch_time = 8
 putenv TORTURE_DIR %q
 putenv TORTURE_EXECLOG %q
 putenv TORTURE_CALL_TARGET "back/work"
+putenv TORTURE_BURST_TARGET "lback/work"
+`
+
+// tortureLaneBack is the group only front/burst calls (TestTorture's
+// "lanes"): three processes, so that lanes to it are granted and held.
+const tortureLaneBack = `set service_group = "lback"
+set service = "work=work"
+set module = %q
+set parallel_count = 3
+set queue_size = 256
+set watch_time = 8
+putenv TORTURE_DIR %q
+putenv TORTURE_EXECLOG %q
 `
 
 // tortureSocketServer is the socket-mode group (receive_from = socket:
@@ -106,6 +124,7 @@ type tcall struct {
 	group   string
 	service string
 	flag    string // n, x (UAP exits holding it), b (bad completion, then exit), c (socket closed, process lives on)
+	burst   int    // front/burst: its local calls (<id>.in1 to .in<burst>)
 	req     []byte
 	sentAt  time.Duration // since the run's start
 
@@ -135,6 +154,7 @@ type torture struct {
 	n        *restartingNode // the node the callers and the probes call
 	uapNodes func() []string // the HTTP addresses of the nodes whose UAPs are attacked
 	sock     bool            // the node has the socket-mode group "sock" (TestTorture's)
+	lanes    bool            // the node has the group "lback" (TestTorture's)
 	// explain names what an answered call says beyond its outcome (an
 	// outcome "of which ..."), or ""; nil: nothing. Called after the run.
 	explain func(c *tcall) string
@@ -306,8 +326,9 @@ func TestTorture(t *testing.T) {
 		"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
 		"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
 		"sock":  fmt.Sprintf(tortureSocketServer, bin("uap-torture"), tt.dir, tt.execLog),
+		"lback": fmt.Sprintf(tortureLaneBack, bin("uap-torture"), tt.dir, tt.execLog),
 	})
-	tt.sock = true
+	tt.sock, tt.lanes = true, true
 	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
 	tt.n = startRestartingNode(t, dir, "-drain-timeout", "5s")
 	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
@@ -401,7 +422,7 @@ func (tt *torture) run(more func(spawn func(func()), rng func(uint64) *rand.Rand
 	// Background: watchdog (probes), crash monitor, execution log scanner.
 	var bg sync.WaitGroup
 	bgCtx, bgCancel := context.WithCancel(context.Background())
-	for _, f := range []func(context.Context){tt.probeFresh, tt.probeKept, tt.watchdog, tt.monitor, tt.scanExecLog} {
+	for _, f := range []func(context.Context){tt.probeFresh, tt.probeKept, tt.watchdog, tt.monitor, tt.scanExecLog, tt.countLanes} {
 		bg.Add(1)
 		go func() { defer bg.Done(); f(bgCtx) }()
 	}
@@ -436,6 +457,70 @@ func (tt *torture) run(more func(spawn func(func()), rng func(uint64) *rand.Rand
 	tt.check()
 }
 
+// countLanes follows the nodes' lane counters through the run (a
+// hand-over starts them again from zero), for the figures: the lanes the
+// local calls took, so that a run says whether it attacked them.
+func (tt *torture) countLanes(ctx context.Context) {
+	type counter struct{ banked, last float64 }
+	seen := map[string]*counter{}
+	hc := &http.Client{Timeout: time.Second}
+	look := func() {
+		for _, addr := range tt.uapNodes() {
+			resp, err := hc.Get("http://" + addr + "/metrics")
+			if err != nil {
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, name := range []string{"tpsched_lane_grants_total", "tpsched_lane_calls_total"} {
+				v := sumMetric(string(b), name)
+				c := seen[addr+" "+name]
+				if c == nil {
+					c = &counter{}
+					seen[addr+" "+name] = c
+				}
+				if v < c.last {
+					c.banked += c.last
+				}
+				c.last = v
+			}
+		}
+	}
+	for tick := time.NewTicker(250 * time.Millisecond); ; {
+		select {
+		case <-ctx.Done():
+			tick.Stop()
+			look()
+			for k, c := range seen {
+				_, name, _ := strings.Cut(k, " ")
+				what := map[string]string{"tpsched_lane_grants_total": "lanes granted", "tpsched_lane_calls_total": "calls on lanes"}[name]
+				tt.count(what, int(c.banked+c.last))
+			}
+			return
+		case <-tick.C:
+			look()
+		}
+	}
+}
+
+// sumMetric adds the values of every series of a family in a /metrics
+// text.
+func sumMetric(metrics, family string) float64 {
+	sum := 0.0
+	for _, line := range strings.Split(metrics, "\n") {
+		rest, ok := strings.CutPrefix(line, family)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		if i := strings.LastIndexByte(rest, ' '); i >= 0 {
+			if v, err := strconv.ParseFloat(rest[i+1:], 64); err == nil {
+				sum += v
+			}
+		}
+	}
+	return sum
+}
+
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {
@@ -463,6 +548,8 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 	switch p := rng.IntN(100); {
 	case p < 20 && tt.attacks["localcalls"]:
 		c.group, c.service = "front", "call"
+	case p < 30 && tt.lanes && tt.attacks["lanes"]:
+		c.group, c.service, c.burst = "front", "burst", 2+rng.IntN(40)
 	case p < 60:
 		c.group, c.service = "front", "work"
 	case p >= 94 && tt.sock:
@@ -482,12 +569,15 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 	if rng.IntN(4) == 0 {
 		ms = 0
 	}
-	if c.service == "call" {
+	if c.service == "call" || c.service == "burst" {
 		inner := "n"
 		if c.flag == "n" && rng.IntN(40) == 0 && tt.attacks["uapexit"] {
 			inner = "x" // the called process dies instead
 		}
 		c.req = fmt.Appendf(nil, "%d %s %d %s", c.id, c.flag, ms, inner)
+		if c.burst > 0 {
+			c.req = fmt.Appendf(c.req, " %d", c.burst)
+		}
 	} else {
 		c.req = fmt.Appendf(nil, "%d %s %d", c.id, c.flag, ms)
 	}
@@ -631,8 +721,11 @@ func (tt *torture) connection(rng *rand.Rand) {
 		case netio.KindReply:
 			want := string(c.req)
 			got := string(f.Payload)
-			if c.service == "call" {
+			if c.service == "call" || c.service == "burst" {
 				inner := fmt.Sprintf("%d.in ", c.id)
+				if c.burst > 0 {
+					inner = fmt.Sprintf("%d.in1 ", c.id)
+				}
 				if !strings.HasPrefix(got, want+" | "+inner) {
 					c.wrong = fmt.Sprintf("reply %.80q, want %q | %q...", got, want, inner)
 				}
@@ -900,7 +993,7 @@ func (tt *torture) uapPIDsOf() []int {
 			continue
 		}
 		for _, g := range st.Groups {
-			if g.Group != "front" && g.Group != "back" && g.Group != "sock" {
+			if g.Group != "front" && g.Group != "back" && g.Group != "sock" && g.Group != "lback" {
 				continue
 			}
 			for _, p := range g.Processes {
@@ -1091,6 +1184,27 @@ func (tt *torture) check() {
 			report(c, "its local call executed %d times: %v", inner, execs[id+".in"])
 			continue
 		}
+		if c.burst > 0 { // each of its local calls at most once; all of them once if it answered ok
+			twice, missing := "", 0
+			for j := 1; j <= c.burst; j++ {
+				in := id + ".in" + strconv.Itoa(j)
+				seen[in] = true
+				switch n := len(execs[in]); {
+				case n > 1 && twice == "":
+					twice = fmt.Sprintf("its local call %d of %d executed %d times: %v", j, c.burst, n, execs[in])
+				case n == 0:
+					missing++
+				}
+			}
+			if twice != "" {
+				report(c, "%s", twice)
+				continue
+			}
+			inner = 1
+			if missing > 0 {
+				inner = 0
+			}
+		}
 		if c.flag == "c" {
 			outcomes["sock calls whose process closed its socket (flag c)"]++
 		}
@@ -1102,7 +1216,7 @@ func (tt *torture) check() {
 			}
 		case c.answers == 1 && c.kind == netio.KindReply:
 			outcomes["ok"]++
-			if ex != 1 || (c.service == "call" && inner != 1) {
+			if ex != 1 || ((c.service == "call" || c.burst > 0) && inner != 1) {
 				report(c, "answered ok, executed %d times (its local call %d)", ex, inner)
 			}
 			if c.flag == "b" {

@@ -65,8 +65,8 @@ func (s *inProcServer) run(slot int) error {
 	if err != nil {
 		return err
 	}
-	var fds [3]int // the UAP owns its descriptors, as a process would
-	for i, f := range files {
+	var fds [3]int                // the UAP owns its descriptors, as a process would
+	for i, f := range files[:3] { // no control line: these take no lanes
 		if fds[i], err = unix.Dup(int(f.Fd())); err != nil {
 			return err
 		}

@@ -166,6 +166,9 @@ func (g *Group) lookLanes(now time.Time) {
 			g.lanes.calls.AddInt64(int64(lk.Completed))
 		}
 		if lk.Made != ls.made {
+			if d := lk.Made - ls.made; d < 1<<32 && ls.from.calls != nil {
+				ls.from.calls.AddInt64(int64(d))
+			}
 			ls.made, ls.active = lk.Made, now
 		}
 		if lk.Open && lk.Made != ls.open {

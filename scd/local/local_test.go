@@ -110,7 +110,7 @@ func (s *fakeServer) run(slot int) error {
 		s.d.Started(slot, os.Getpid()) // as procmgr does once the process runs
 		return nil
 	}
-	var fds [3]int // the UAP owns its descriptors, as a process would
+	var fds [3]int                // the UAP owns its descriptors, as a process would
 	for i, f := range files[:3] { // no control line: these take no lanes
 		if fds[i], err = unix.Dup(int(f.Fd())); err != nil {
 			return err

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
+
 	"tpsched/netio"
 	"tpsched/shm"
 )
@@ -35,7 +37,8 @@ type localCall struct {
 // there.
 type uapCaller struct {
 	p      outCaller
-	maxMsg int // the calling group's max_message_size
+	maxMsg int              // the calling group's max_message_size
+	calls  *metrics.Counter // the calling group's local calls (lane calls are counted by the callee's group's look)
 
 	// Its lane (lanes.go): whether it holds one (in any group), and when
 	// it may be offered one next (unix ns).

@@ -17,6 +17,13 @@
 //	      call (shm.UAP.Call) to $TORTURE_CALL_TARGET (group/service) with
 //	      the request "<id>.in <inner flag> <ms>" and replies
 //	      "<its request> | <that call's reply>", or fails with its error
+//	burst the request is "<id> <flag> <ms> <inner flag> <k>": makes k
+//	      local calls one after the other to $TORTURE_BURST_TARGET, the
+//	      j-th with the request "<id>.in<j> <f> <m>" (f the inner flag
+//	      and m ms for the last, n and 0 for the others: a caller's calls
+//	      in a row, which the node may put on a lane), and replies
+//	      "<its request> | <the first call's reply>", or fails with the
+//	      first error
 //
 // Flags (the first process to run such a call does it; another process
 // that runs the same call again, which must never happen, serves it
@@ -123,6 +130,37 @@ func main() {
 		}
 		time.Sleep(time.Duration(ms) * time.Millisecond)
 		return append(append(append([]byte{}, req...), " | "...), reply...), nil
+	})
+	burstGroup, burstService, _ := strings.Cut(os.Getenv("TORTURE_BURST_TARGET"), "/")
+	u.Handle("burst", func(req []byte) ([]byte, error) {
+		flag, ms := run(req)
+		special(flag, req)
+		f := strings.Fields(string(req))
+		k := 0
+		if len(f) == 5 {
+			k, _ = strconv.Atoi(f[4])
+		}
+		if k < 1 {
+			return nil, fmt.Errorf("want \"<id> <flag> <ms> <inner flag> <k>\", got %.40q", req)
+		}
+		var first []byte
+		for j := 1; j <= k; j++ {
+			innerFlag, innerMs := "n", 0
+			if j == k {
+				innerFlag, innerMs = f[3], ms
+			}
+			inner := fmt.Appendf(nil, "%s.in%d %s %d", f[0], j, innerFlag, innerMs)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			reply, err := u.Call(ctx, burstGroup, burstService, inner)
+			cancel()
+			if err != nil {
+				return nil, fmt.Errorf("local call %d of %d: %w", j, k, err)
+			}
+			if j == 1 {
+				first = reply
+			}
+		}
+		return append(append(append([]byte{}, req...), " | "...), first...), nil
 	})
 	if err := u.Serve(); err != nil {
 		fmt.Fprintln(os.Stderr, "uap-torture:", err)
