@@ -25,7 +25,10 @@ import (
 // and the callee, and by nobody else: its descriptor reaches each process
 // over the process's control line (a SOCK_SEQPACKET socket, fd 6), and a
 // word of the process's own area (pLaneIn, pLaneOut), which only the
-// scheduler writes for it, says which lane it holds. Both processes may
+// scheduler writes for it, says which lane it holds, and a word of its
+// own (pLaneInOn, pLaneOutOn) says when it mapped it and when it let it go:
+// what the node decides from never rests on a word the other process can
+// write. Both processes may
 // write all of the lane: what either can spoil is the calls made on it, the
 // caller's own and the callee's handed ones. The size is sealed, so that
 // neither can make the other's mapping fault. docs/SHM.md, "Lanes", is the
@@ -41,15 +44,13 @@ const (
 	lDeadline       = 0x08 // i64 unix ns after which the callee must not start it; 0 none
 	lReqLen         = 0x10 // u32 request length in the buffer
 	lCallerSleeping = 0x14 // u32 1: the caller sleeps (or is about to) on lCallerWake
-	lCallerOn       = 0x18 // u32 1: the caller mapped the lane
-	lCalleeWake     = 0x1C // u32 futex word: +1 at every call (caller) and revoke, stop, close (scheduler)
+	lCalleeWake     = 0x18 // u32 futex word: +1 at every call (caller) and revoke, stop, close (scheduler)
 
 	// Line 1: written by the callee.
 	lCalleeSleeping = 0x40 // u32 1: the callee sleeps (or is about to) on lCalleeWake
-	lCalleeOn       = 0x44 // u32 1: the callee mapped the lane and serves it; 0 again once it left it
-	lStatus         = 0x48 // u32 Status of the completion
-	lReplyLen       = 0x4C // u32 reply length in the buffer
-	lCallerWake     = 0x50 // u32 futex word: +1 at every completion (callee) and ruling (scheduler)
+	lStatus         = 0x44 // u32 Status of the completion
+	lReplyLen       = 0x48 // u32 reply length in the buffer
+	lCallerWake     = 0x4C // u32 futex word: +1 at every completion (callee) and ruling (scheduler)
 
 	// Line 2: the claim, moved by the callee and the scheduler (and by the
 	// caller to take back a call it made as the lane was revoked).
@@ -90,15 +91,13 @@ type laneHdr struct {
 	deadline       atomic.Int64
 	reqLen         atomic.Uint32
 	callerSleeping atomic.Uint32
-	callerOn       atomic.Uint32
 	calleeWake     atomic.Uint32
-	_              [lCalleeSleeping - 0x20]byte
+	_              [lCalleeSleeping - 0x1C]byte
 	calleeSleeping atomic.Uint32
-	calleeOn       atomic.Uint32
 	status         atomic.Uint32
 	replyLen       atomic.Uint32
 	callerWake     atomic.Uint32
-	_              [lClaim - 0x54]byte
+	_              [lClaim - 0x50]byte
 	claim          atomic.Uint64
 	_              [lMagic - 0x88]byte
 	magic          uint64
@@ -228,6 +227,15 @@ func (l *Lane) CallerGone() bool {
 	return l.caller.outGone
 }
 
+// CallerOn reports whether the caller says it mapped the lane (and has
+// not let it go).
+func (l *Lane) CallerOn() bool {
+	c := l.caller
+	c.outMu.Lock()
+	defer c.outMu.Unlock()
+	return !c.outGone && c.ctl.laneOutOn.Load() == l.gen
+}
+
 // Revoke ends the grant: both areas say so, and both processes are woken
 // to see it. The callee finishes a call it took and leaves the lane (Look:
 // CalleeOn false); the caller makes no new call on it; a call made and not
@@ -274,8 +282,7 @@ type LaneLook struct {
 	Open      bool   // a call is made and not ended
 	Taken     bool   // the callee took it
 	Deadline  int64  // the open call's deadline as the caller wrote it (unix ns, 0 none)
-	CalleeOn  bool   // the callee mapped the lane and has not left it
-	CallerOn  bool   // the caller mapped it
+	CalleeOn  bool   // the callee says (in its area) it mapped the lane and has not left it
 }
 
 // Look reads the lane's words: nothing in them is trusted beyond the
@@ -303,8 +310,7 @@ func (l *Lane) Look(count bool) LaneLook {
 	lk.Taken = c&3 == laneTaken
 	lk.Open = lk.Taken || made != n
 	lk.Deadline = h.deadline.Load()
-	lk.CalleeOn = h.calleeOn.Load() == 1
-	lk.CallerOn = h.callerOn.Load() == 1
+	lk.CalleeOn = l.callee.ctl.laneInOn.Load() == l.gen
 	return lk
 }
 
@@ -421,6 +427,13 @@ func newControlLine(name string) (ours, theirs *os.File, err error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, os.NewSyscallError("socketpair", err)
+	}
+	// The node never reads the line: what a process sends on it (even
+	// descriptors) is refused at its send rather than held in our end.
+	if err := unix.Shutdown(fds[0], unix.SHUT_RD); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, os.NewSyscallError("shutdown", err)
 	}
 	return os.NewFile(uintptr(fds[0]), "control:tpsched-"+name), os.NewFile(uintptr(fds[1]), "control:tpsched-"+name), nil
 }

@@ -57,7 +57,7 @@ func TestLaneCalls(t *testing.T) {
 		t.Fatal("a call on the lane reached the scheduler")
 	}
 	lk := l.Look(true)
-	if lk.Completed != 50 || lk.Made != 50 || lk.Open || !lk.CalleeOn || !lk.CallerOn {
+	if lk.Completed != 50 || lk.Made != 50 || lk.Open || !lk.CalleeOn || !l.CallerOn() {
 		t.Fatalf("look after 50 calls: %+v", lk)
 	}
 	// Another service of the group goes the usual way.
@@ -164,7 +164,7 @@ func TestLaneErrors(t *testing.T) {
 	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
 	// The callee, woken, still serves its lane: nothing is left to take.
 	time.Sleep(50 * time.Millisecond)
-	if lk := l.Look(true); lk.Taken || lk.Completed != 0 || lk.CallerOn {
+	if lk := l.Look(true); lk.Taken || lk.Completed != 0 || l.CallerOn() {
 		t.Fatalf("the callee took a call given back, or the caller kept the lane: %+v", lk)
 	}
 	// The caller let the lane go: its calls go the usual way.

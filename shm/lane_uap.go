@@ -158,9 +158,7 @@ func (u *UAP) syncLaneIn() {
 		if e.grant.gen == gen {
 			return
 		}
-		e.h.calleeOn.Store(0) // it takes no call on it from here
-		e.unmap()
-		u.laneIn = nil
+		u.leaveLaneIn()
 	}
 	if gen == 0 || gen == u.laneInTried || u.line == nil {
 		return
@@ -174,8 +172,8 @@ func (u *UAP) syncLaneIn() {
 	if err != nil {
 		return
 	}
-	e.h.calleeOn.Store(1)
 	u.laneIn = e
+	u.ctl.laneInOn.Store(gen)
 }
 
 // takeLane claims the call the caller made on the lane the process
@@ -230,7 +228,7 @@ func (u *UAP) syncLaneOut() {
 		if e.grant.gen == gen {
 			return
 		}
-		o.dropLane()
+		u.dropLane()
 	}
 	if gen == 0 || gen == o.laneTried || u.line == nil {
 		return
@@ -244,15 +242,29 @@ func (u *UAP) syncLaneOut() {
 	if err != nil {
 		return
 	}
-	e.h.callerOn.Store(1)
 	o.lane = e
+	u.ctl.laneOutOn.Store(gen)
+}
+
+// leaveLaneIn unmaps the lane the process serves and says so: it takes no
+// call on it from here. Between calls.
+func (u *UAP) leaveLaneIn() {
+	if e := u.laneIn; e != nil {
+		u.ctl.laneInOn.Store(0)
+		e.unmap()
+		u.laneIn = nil
+		if u.gp.sleeping.Load() != 0 {
+			ring(u.bell) // the node gives the process back to the queue at its next look
+		}
+	}
 }
 
 // dropLane unmaps the lane the process called on: revoked, or out of
 // step with it (a call abandoned on it, an answer that breaks it).
-func (o *outState) dropLane() {
+func (u *UAP) dropLane() {
+	o := &u.out
 	if e := o.lane; e != nil {
-		e.h.callerOn.Store(0)
+		u.ctl.laneOutOn.Store(0)
 		e.unmap()
 		o.lane = nil
 	}
@@ -272,7 +284,7 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 	h := e.h
 	c := h.claim.Load()
 	if !laneFinal(c) || h.seq.Load() != c>>8 {
-		o.dropLane() // its last call is not over: abandoned, or the lane broken
+		u.dropLane() // its last call is not over: abandoned, or the lane broken
 		return nil, nil, false
 	}
 	n := c>>8 + 1
@@ -289,7 +301,7 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 		// Revoked as it was made: take it back unless the callee took
 		// it (or the scheduler gave it back: the claim says which).
 		if h.claim.CompareAndSwap(c, n<<8|laneMoved<<2|laneRuled) {
-			o.dropLane()
+			u.dropLane()
 			return nil, nil, false
 		}
 	}
@@ -299,14 +311,14 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 	}
 	ended := func() bool { c := h.claim.Load(); return c>>8 == n && laneFinal(c) }
 	if err := u.awaitLane(ctx, e, ended); err != nil {
-		o.dropLane() // the call is not over: the lane is out of step
+		u.dropLane() // the call is not over: the lane is out of step
 		return nil, err, true
 	}
 	c = h.claim.Load()
 	if c&3 == laneRuled {
 		code := uint32(c>>2) & 0x3F
 		if code == laneMoved {
-			o.dropLane()
+			u.dropLane()
 			return nil, nil, false
 		}
 		msg := h.ruleText[:min(int(h.ruleLen.Load()), laneRuleMax)]
@@ -323,7 +335,7 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 	case StatusTimedOut:
 		return nil, &CallError{Code: codeTimedOut, Message: "timed out: its deadline passed before the UAP process started it"}, true
 	default:
-		o.dropLane()
+		u.dropLane()
 		return nil, &CallError{Code: codeProtocol, Message: "protocol error: the UAP process answered with an unknown status"}, true
 	}
 }

@@ -73,6 +73,8 @@ const (
 	pPID      = 0x50 // u32 the UAP's process id
 	pEntries  = 0x54 // u32 number of entry names registered in page 1
 	pLanes    = 0x58 // u32 1: the UAP reads its control line and takes lanes
+	pLaneInOn  = 0x5C // u32 the lane it serves, once mapped (pLaneIn's generation); 0 once it left it
+	pLaneOutOn = 0x60 // u32 the lane it calls on, once mapped; 0 once it let it go
 
 	// Page 0, lines 2 onwards: the mailboxes, one line each. The
 	// scheduler writes the request's fields, the UAP the completion's; the
@@ -174,7 +176,9 @@ type procCtl struct {
 	pid        atomic.Uint32
 	entries    atomic.Uint32
 	lanes      atomic.Uint32
-	_          [pMailbox - 0x5C]byte
+	laneInOn   atomic.Uint32
+	laneOutOn  atomic.Uint32
+	_          [pMailbox - 0x64]byte
 	mb         [MaxMailboxes]mailbox
 	out        outCall
 }

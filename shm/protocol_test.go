@@ -70,7 +70,7 @@ func goUAP(tb testing.TB) (string, []string, []string) {
 func cUAP(tb testing.TB) (string, []string, []string) { return shm.CUAP(tb), nil, nil }
 
 var impls = []impl{
-	{name: "go/shm", prog: goUAP, fail: "failed: x", sleep: func(d time.Duration) string { return d.String() }, entries: 8, huge: true},
+	{name: "go/shm", prog: goUAP, fail: "failed: x", sleep: func(d time.Duration) string { return d.String() }, entries: 9, huge: true},
 	{name: "c/shm", prog: cUAP, fail: "failure requested", sleep: ms, entries: 9},
 	{name: "go/socket", socket: true, prog: goUAP, fail: "failed: x", sleep: func(d time.Duration) string { return d.String() }, huge: true},
 	{name: "c/socket", socket: true, prog: cUAP, fail: "failure requested", sleep: ms},

@@ -302,11 +302,7 @@ func (u *UAP) next() (uint64, int, bool) {
 			if n, mb := u.take(); n != 0 {
 				return n, mb, true
 			}
-			if e := u.laneIn; e != nil {
-				e.h.calleeOn.Store(0)
-				e.unmap()
-				u.laneIn = nil
-			}
+			u.leaveLaneIn()
 			return 0, 0, false
 		}
 		if !spun {
@@ -395,12 +391,8 @@ func (u *UAP) Close() error {
 	futexWake(&c.wake, 1)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.dropLane()
-	if e := u.laneIn; e != nil {
-		e.h.calleeOn.Store(0)
-		e.unmap()
-		u.laneIn = nil
-	}
+	u.dropLane()
+	u.leaveLaneIn()
 	if u.line != nil {
 		u.line.close()
 	}

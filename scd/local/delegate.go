@@ -184,7 +184,7 @@ func (d *delegate) Slot(slot int) procmgr.SlotView {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	si := &g.slots[slot]
-	return procmgr.SlotView{Busy: g.q.Held(slot) > 0, Ready: si.attached && si.p != nil && !si.p.Left(), Served: si.served}
+	return procmgr.SlotView{Busy: g.q.Held(slot) > 0 || g.q.Lent(slot), Ready: si.attached && si.p != nil && !si.p.Left(), Served: si.served}
 }
 
 // Stop asks the process in slot to leave after the call it holds.

@@ -121,7 +121,9 @@ func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 
 // grantLane is offerLane's work under mu.
 func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now time.Time) bool {
-	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) {
+	// Again under mu: a hold, a stop or the node's close revokes the
+	// group's lanes under mu, and a grant after it would outlive it.
+	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() {
 		return false
 	}
 	slot := g.q.Lend(func(s int) bool {
@@ -178,7 +180,10 @@ func (g *Group) lookLanes(now time.Time) {
 			g.revokeLane(ls, now)
 			continue // looked at again at once: it may be over already
 		}
-		if !ls.revoked.IsZero() && !lk.Taken && (!lk.CalleeOn || now.Sub(ls.revoked) > laneLeaveWithin) {
+		// Over once the callee left it (an honest one leaves between
+		// calls), or long after the revoke with no call taken: its own
+		// word, not the claim, which the caller can write too.
+		if !ls.revoked.IsZero() && (!lk.CalleeOn || !lk.Taken && now.Sub(ls.revoked) > laneLeaveWithin) {
 			g.closeLane(i)
 			si.laneLeft = true // its ring for leaving the lane has a cause
 			continue
@@ -201,7 +206,7 @@ func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) bool {
 		ls.l.Callee().NoLanes() // it said it takes lanes and did not take this one
 		return true
 	case now.Sub(ls.active) > laneIdle && !lk.Open:
-		if !lk.CallerOn {
+		if !ls.l.CallerOn() {
 			ls.from.laneNext.Store(now.Add(laneRetryUnused).UnixNano())
 		}
 		return true
