@@ -274,3 +274,100 @@ set watch_time = 10
 		}
 	}
 }
+
+// TestLaneLocalCalls: a caller's calls in a row to one service of a group
+// with processes to spare go on a lane (a process lent to the caller,
+// no scdd thread on the call's path), and answer as the queue would: every
+// reply its own, the node counting them; a hold ends the lane at once
+// ('service closed'); a callee killed under a call on the lane fails it
+// 'server terminated'; a call on the lane past its deadline is answered
+// 'timed out'. The node serves on after each.
+func TestLaneLocalCalls(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{
+		"front": fmt.Sprintf(callerServer, "front", 1),
+		"back":  echoDef("back", 3, 64, 1<<20) + "set watch_time = 2\n",
+	})
+	n := startNode(t, "-c", dir)
+	c := n.client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	laneCalls := func() float64 { return sumMetric(n.metrics(), `tpsched_lane_calls_total{group="back"}`) }
+	inARow := func(what, service, req string, k int) {
+		t.Helper()
+		for i := range k {
+			want := fmt.Sprintf("%s %d", req, i)
+			if service != "echo" {
+				want = req
+			}
+			got, err := c.Call(ctx, "front", "call", []byte("back/"+service+"/"+want))
+			if err != nil || string(got) != want {
+				t.Fatalf("%s: call %d: %.60q, %v", what, i, got, err)
+			}
+		}
+	}
+
+	inARow("echo", "echo", "x", 200)
+	m := n.metrics()
+	if got := sumMetric(m, `tpsched_lane_calls_total{group="back"}`); got < 150 {
+		t.Errorf("%v of 200 calls in a row on lanes, want most:\n%s", got, grepLines(m, "lane"))
+	}
+	if !strings.Contains(m, `tpsched_local_calls_total{group="front"} 200`) {
+		t.Errorf("/metrics does not count the 200 local calls, lanes included:\n%s", grepLines(m, "local_calls"))
+	}
+
+	// Held: the next call is refused, lane or none.
+	_, err := n.scdctl("hold", "back")
+	must(t, err)
+	if _, err := c.Call(ctx, "front", "call", []byte("back/echo/held")); codeOf(err) != netio.CodeApplication || !strings.Contains(err.Error(), "service closed") {
+		t.Errorf("a call to a held group: %v; want an application error carrying 'service closed'", err)
+	}
+	_, err = n.scdctl("release", "back")
+	must(t, err)
+
+	// The callee dies under a call on the lane. The echo lane idles out
+	// first (a caller holds one lane), then sleep's is granted.
+	time.Sleep(time.Second)
+	before := laneCalls()
+	inARow("sleep lane", "sleep", "1", 20)
+	if laneCalls()-before < 10 {
+		t.Fatalf("the calls to sleep did not take a lane: %v of 20", laneCalls()-before)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Call(ctx, "front", "call", []byte("back/sleep/10000"))
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	for _, p := range groupStatus(t, n, "back").Processes { // the lane's callee among them
+		if p.PID > 0 {
+			_ = syscall.Kill(p.PID, syscall.SIGKILL)
+		}
+	}
+	select {
+	case err := <-done:
+		if codeOf(err) != netio.CodeApplication || !strings.Contains(err.Error(), "server terminated") {
+			t.Errorf("callee killed on a lane: %v; want the caller's application error carrying 'server terminated'", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("callee killed on a lane: no answer within 10 s")
+	}
+	waitFor(t, 20*time.Second, "back's processes to come back", func() bool {
+		_, err := c.Call(ctx, "back", "echo", []byte("back"))
+		return err == nil
+	})
+
+	// Past its deadline (back's watch_time, 2 s) on the lane.
+	time.Sleep(time.Second)
+	before = laneCalls()
+	inARow("sleep lane again", "sleep", "1", 20)
+	if laneCalls()-before < 10 {
+		t.Fatalf("the calls to sleep did not take a lane again: %v of 20", laneCalls()-before)
+	}
+	start := time.Now()
+	_, err = c.Call(ctx, "front", "call", []byte("back/sleep/5000"))
+	if codeOf(err) != netio.CodeApplication || !strings.Contains(err.Error(), "timed out") || time.Since(start) > 4*time.Second {
+		t.Errorf("a call on the lane past watch_time: %v after %v; want the caller's application error carrying 'timed out' after about 2 s", err, time.Since(start))
+	}
+	inARow("after", "echo", "y", 20)
+}

@@ -1,6 +1,9 @@
 package shm
 
 import (
+	"errors"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -206,5 +209,149 @@ func BenchmarkLaneCall(b *testing.B) {
 	b.ReportMetric(float64(ns)/float64(b.N), "ns/call")
 	if lk := l.Look(true); lk.Completed != uint64(b.N)+1 {
 		b.Fatalf("%d calls on the lane, want %d", lk.Completed, b.N+1)
+	}
+}
+
+// hostileLaneCaller is a UAP that, handed any call, takes the lane it was
+// granted and attacks its callee through it: a call made with the claim
+// forged as taken (so the callee cannot take it, and a node reading the
+// claim would think it runs), and a flood of wake-ups; then it answers.
+func hostileLaneCaller() {
+	u, err := Attach()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	u.Handle("attack", func(req []byte) ([]byte, error) {
+		u.out.mu.Lock()
+		defer u.out.mu.Unlock()
+		u.syncLaneOut()
+		e := u.out.lane
+		if e == nil {
+			return nil, errors.New("no lane")
+		}
+		n := e.h.claim.Load()>>8 + 1
+		e.h.seq.Store(n)
+		e.h.claim.Store(n<<8 | laneTaken)
+		for range 20000 {
+			e.h.calleeWake.Add(1)
+			futexWake(&e.h.calleeWake, 1)
+		}
+		return []byte("attacked"), nil
+	})
+	if err := u.Serve(); err != nil {
+		os.Exit(3)
+	}
+	os.Exit(0)
+}
+
+// hostileLaneCallee is a UAP that serves its mailbox calls honestly and
+// the calls on its lanes not: the first it answers right after a flood of
+// wake-ups of its caller, the others with a status no UAP may write.
+func hostileLaneCallee() {
+	u, err := Attach()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	u.publish()
+	for first := true; ; {
+		u.syncLaneIn()
+		if n := u.takeLane(); n != 0 {
+			h := u.laneIn.h
+			if first {
+				for range 5000 {
+					h.callerWake.Add(1)
+					futexWake(&h.callerWake, 1)
+					time.Sleep(time.Microsecond) // the caller, woken, goes back to sleep in between
+				}
+				h.status.Store(uint32(StatusOK))
+				h.replyLen.Store(h.reqLen.Load())
+			} else {
+				h.status.Store(99)
+			}
+			first = false
+			h.claim.Store(n<<8 | laneDone)
+			h.callerWake.Add(1)
+			futexWake(&h.callerWake, 1)
+			continue
+		}
+		if n, mb := u.take(); n != 0 {
+			u.serve(n, mb)
+			continue
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestLaneHostileCaller: a caller that forges its lane's claim and floods
+// its callee spoils only its own lane: revoked, the callee leaves it (its
+// own word says so, whatever the claim), and serves the queue's calls.
+func TestLaneHostileCaller(t *testing.T) {
+	g := newGroup(t, 4096, 2)
+	caller, callee := startUAP(t, g, 0, helperEnv+"=lanecaller"), startUAP(t, g, 1)
+	attached(t, g, caller, callee)
+	lanesOK(t, g, caller, callee)
+	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
+	if c := call(t, g, caller.Proc, "attack", nil); string(c.Reply) != "attacked" {
+		t.Fatalf("the attack: %v %q", c.Status, c.Reply)
+	}
+	if lk := l.Look(true); !lk.Taken || lk.Completed != 0 {
+		t.Fatalf("after the forged claim: %+v", lk)
+	}
+	l.Revoke()
+	until(t, g, 10*time.Second, "the callee to leave the lane whose claim says taken", func() bool { return !l.Look(false).CalleeOn })
+	if c := call(t, g, callee.Proc, "echo", []byte("after")); c.Status != StatusOK || string(c.Reply) != "after" {
+		t.Fatalf("the callee after the attack: %v %q", c.Status, c.Reply)
+	}
+}
+
+// TestLaneHostileCallee: a callee that answers its lane's calls with a
+// status no UAP may write, after a flood of wake-ups, spoils only those
+// answers: the caller gets a protocol error, lets the lane go, and its
+// next call goes the usual way.
+func TestLaneHostileCallee(t *testing.T) {
+	g := newGroup(t, 4096, 2)
+	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1, helperEnv+"=lanecallee")
+	attached(t, g, caller, callee)
+	lanesOK(t, g, caller, callee)
+	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := relay(t, g, caller.Proc, "test/svc/x"); got != "x" {
+		t.Fatalf("a call the callee answered after a flood of wake-ups: %q", got)
+	}
+	if l.CallerOn() {
+		t.Fatal("the caller kept the lane whose callee woke it for nothing thousands of times")
+	}
+	l.Revoke()
+	until(t, g, 10*time.Second, "the callee to leave the lane", func() bool { return !l.Look(false).CalleeOn })
+	l.Close()
+	l, err = NewLane(caller.Proc, callee.Proc, 2, laneTestSpec("echo"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := relay(t, g, caller.Proc, "test/svc/x"); !strings.HasPrefix(got, "error 9: protocol error") {
+		t.Fatalf("a call the callee answered with status 99: %q", got)
+	}
+	if l.CallerOn() {
+		t.Fatal("the caller kept the lane after a broken answer")
+	}
+	if err := caller.Dispatch("relay", []byte("test/svc/y"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	oc := awaitOutCall(t, g, caller.Proc)
+	caller.AnswerOutCall(oc.No, 0, []byte("usual"))
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual" {
+		t.Fatalf("the caller's next call: %q", c.Reply)
 	}
 }

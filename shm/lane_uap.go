@@ -310,9 +310,13 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 		futexWake(&h.calleeWake, 1)
 	}
 	ended := func() bool { c := h.claim.Load(); return c>>8 == n && laneFinal(c) }
-	if err := u.awaitLane(ctx, e, ended); err != nil {
+	idle, err := u.awaitLane(ctx, e, ended)
+	if err != nil {
 		u.dropLane() // the call is not over: the lane is out of step
 		return nil, err, true
+	}
+	if idle > laneIdleWakes {
+		defer u.dropLane() // woken for nothing again and again: a callee that floods its caller
 	}
 	c = h.claim.Load()
 	if c&3 == laneRuled {
@@ -350,15 +354,21 @@ const (
 	codeApplication   = 10
 )
 
+// laneIdleWakes bounds the wake-ups that bring no answer in one call on a
+// lane: past it the caller lets the lane go after the call (the node's
+// own wake-ups, a revoke or a ruling, are one or two).
+const laneIdleWakes = 64
+
 // awaitLane waits until ended, spinning briefly and then sleeping on the
 // lane's word for the caller; ctx.Err() if ctx ends first, ErrClosed if
-// the UAP closes (seen within maxSleep).
-func (u *UAP) awaitLane(ctx context.Context, e *laneEnd, ended func() bool) error {
+// the UAP closes (seen within maxSleep). It counts the wake-ups that
+// brought no answer.
+func (u *UAP) awaitLane(ctx context.Context, e *laneEnd, ended func() bool) (idle int, err error) {
 	h, o := e.h, &u.out
 	start := time.Now()
 	if e.spin.spin(start, ended) {
 		e.spin.learn(time.Since(start))
-		return nil
+		return 0, nil
 	}
 	e.spin.learn(-1)
 	if ctx.Done() != nil {
@@ -377,20 +387,24 @@ func (u *UAP) awaitLane(ctx context.Context, e *laneEnd, ended func() bool) erro
 	ready := func() bool { return ended() || o.closing.Load() }
 	for !ended() {
 		if o.closing.Load() {
-			return ErrClosed
+			return idle, ErrClosed
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return idle, err
 		}
 		sleep := maxSleep
 		if d, ok := ctx.Deadline(); ok {
 			left := time.Until(d)
 			if left <= 0 {
-				return context.DeadlineExceeded
+				return idle, context.DeadlineExceeded
 			}
 			sleep = min(sleep, left)
 		}
+		w := h.callerWake.Load()
 		sleepOn(&h.callerWake, &h.callerSleeping, ready, sleep)
+		if h.callerWake.Load() != w && !ended() {
+			idle++
+		}
 	}
-	return nil
+	return idle, nil
 }

@@ -33,6 +33,10 @@ func TestHelperUAP(t *testing.T) {
 	case "1":
 	case "hostile":
 		hostileUAP()
+	case "lanecaller":
+		hostileLaneCaller()
+	case "lanecallee":
+		hostileLaneCallee()
 	case "closeafterone": // serves one call, closes without being told to leave, lives on
 		u, err := Attach()
 		if err != nil {
