@@ -23,7 +23,7 @@ import (
 
 // specField is one row of an offset table of docs/SHM.md.
 type specField struct {
-	area   string // "group", "proc", "mailbox" or "out"
+	area   string // "group", "proc", "mailbox", "out" or "lane"
 	name   string // as the document spells it, e.g. "done_no", "status" (of status[2])
 	off    int
 	size   int // of the whole field
@@ -114,6 +114,8 @@ func parseSpec(t *testing.T) spec {
 			area = "mailbox"
 		case strings.HasPrefix(line, "### Page 0, lines 62 and 63"):
 			area = "out"
+		case strings.HasPrefix(line, "### The lane's page 0"):
+			area = "lane"
 		case strings.HasPrefix(line, "#"):
 			area = ""
 		}
@@ -149,8 +151,8 @@ func parseSpec(t *testing.T) spec {
 		}
 		s.fields = append(s.fields, f)
 	}
-	if len(s.fields) != 34 {
-		t.Fatalf("docs/SHM.md: %d fields in the offset tables, want the 34 this test knows (add a new one to both sides and here)", len(s.fields))
+	if len(s.fields) != 55 {
+		t.Fatalf("docs/SHM.md: %d fields in the offset tables, want the 55 this test knows (add a new one to both sides and here)", len(s.fields))
 	}
 	return s
 }
@@ -189,7 +191,7 @@ func TestSpecGo(t *testing.T) {
 	}
 	types := map[string]reflect.Type{
 		"group": reflect.TypeFor[groupPage](), "proc": reflect.TypeFor[procCtl](), "mailbox": reflect.TypeFor[mailbox](),
-		"out": reflect.TypeFor[outCall](),
+		"out": reflect.TypeFor[outCall](), "lane": reflect.TypeFor[laneHdr](),
 	}
 	for _, f := range s.fields {
 		sf, ok := types[f.area].FieldByName(goField(f))
@@ -262,6 +264,9 @@ func cSpecProgram(s spec) string {
 	assert(fmt.Sprintf("TPSCHED_BUFFERS == %#x", s.buffers), "buffers at %#x", s.buffers)
 	assert(fmt.Sprintf("sizeof(struct tpsched_group_page) <= %d && sizeof(struct tpsched_proc_ctl) <= %d", s.pageSize, s.pageSize), "page 0 and the group page fit a page")
 	for _, f := range s.fields {
+		if f.area == "lane" {
+			continue // the C library takes no lanes
+		}
 		st := structs[f.area]
 		member := fmt.Sprintf("((%s *)0)->%s", st, f.name)
 		elem := member

@@ -271,13 +271,20 @@ struct tpsched_proc_ctl {
 	_Atomic uint32_t stop;
 	_Atomic uint64_t dispatch_no;
 	uint32_t mailboxes;
-	unsigned char pad0[0x40 - 0x24];
+	/* Lanes (docs/SHM.md, "Lanes"): this library takes none, so it
+	 * never sets lanes and scdd never grants it one. */
+	_Atomic uint32_t lane_in;
+	_Atomic uint32_t lane_out;
+	unsigned char pad0[0x40 - 0x2C];
 	_Atomic uint32_t state;
 	_Atomic uint32_t sleeping;
 	_Atomic uint64_t done_no;
 	_Atomic uint32_t pid;
 	_Atomic uint32_t entries;
-	unsigned char pad1[0x80 - 0x58];
+	_Atomic uint32_t lanes;
+	_Atomic uint32_t lane_in_on;
+	_Atomic uint32_t lane_out_on;
+	unsigned char pad1[0x80 - 0x64];
 	struct tpsched_mailbox mailbox[TPSCHED_MAX_MAILBOXES];
 	struct tpsched_out_call out;
 };
