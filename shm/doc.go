@@ -49,12 +49,21 @@
 // run part of it, so the caller gets 'server terminated') or had not (the
 // call never started and can go to another process).
 //
+// # Lanes
+//
+// A UAP's calls in a row to one service may go on a lane (lane.go): one
+// process of the called group lent to the caller, the two meeting in a
+// memfd of their own, which the scheduler sends each on its control line
+// (fd 6) and rules through a claim word when the callee dies, the deadline
+// passes or the lane is revoked. UAP.Call uses a lane when the process has
+// one, and Serve serves the lane its process is lent to.
+//
 // # Usage
 //
 // A UAP program:
 //
 //	func main() {
-//		u, err := shm.Attach() // fds 3, 4, 5, set up by scdd
+//		u, err := shm.Attach() // fds 3 to 6, set up by scdd
 //		if err != nil {
 //			log.Fatal(err)
 //		}
