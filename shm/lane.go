@@ -178,7 +178,17 @@ func NewLane(caller, callee *Proc, gen uint32, spec LaneSpec) (*Lane, error) {
 	l.h.claim.Store(laneDone) // call 0 is done: call 1 may be made
 	atomic.StoreUint64(&l.h.magic, laneMagicValue)
 	watchMs := uint32(min(spec.Watch.Milliseconds(), 1<<31))
+	// The caller first: a grant that fails there has reached nobody. One
+	// that then fails at the callee is revoked at once (a call the caller
+	// made on it meanwhile is given back), and the callee, which never
+	// got it, never sleeps on it.
+	if err := caller.grantOut(l, laneGrant{gen: gen, role: roleCaller, watchMs: watchMs, maxMsg: uint32(maxMsg), group: spec.Group, service: spec.Service}); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("shm: granting a lane to pid %d: %w", caller.PID(), err)
+	}
 	if err := sendLane(callee.line, laneGrant{gen: gen, role: roleCallee, watchMs: watchMs, maxMsg: uint32(maxMsg), entry: spec.Entry}, f); err != nil {
+		callee.NoLanes() // its line is full or gone: it does not read it
+		l.Revoke()
 		l.Close()
 		return nil, fmt.Errorf("shm: granting a lane to pid %d: %w", callee.PID(), err)
 	}
@@ -186,11 +196,6 @@ func NewLane(caller, callee *Proc, gen uint32, spec LaneSpec) (*Lane, error) {
 	callee.laneIn = l
 	callee.ctl.wake.Add(1)
 	callee.Wake()
-	if err := caller.grantOut(l, laneGrant{gen: gen, role: roleCaller, watchMs: watchMs, maxMsg: uint32(maxMsg), group: spec.Group, service: spec.Service}); err != nil {
-		l.Revoke()
-		l.Close()
-		return nil, fmt.Errorf("shm: granting a lane to pid %d: %w", caller.PID(), err)
-	}
 	return l, nil
 }
 

@@ -92,7 +92,11 @@ func printProcesses(stdout io.Writer, groups []scd.GroupProcesses, now time.Time
 			if !p.Started.IsZero() {
 				since = p.Started.Local().Format("2006-01-02 15:04:05") + " (" + now.Sub(p.Started).Round(time.Second).String() + ")"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, p.State,
+			state := string(p.State)
+			if p.LaneFor != 0 {
+				state += fmt.Sprintf(" (lane for pid %d)", p.LaneFor)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%.3f\t%d\t%d\t%s\n", g.Group, p.Slot, pid, p.Kind, state,
 				p.Calls, p.Served, p.CPUSeconds, p.Restarts, p.Replaced, since)
 		}
 	}

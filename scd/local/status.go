@@ -73,7 +73,10 @@ type GroupErrors struct {
 type ProcessStatus struct {
 	procmgr.ProcInfo
 	Calls  int    `json:"calls"`  // calls it holds now: its current one, and one handed over ahead
-	Served uint64 `json:"served"` // calls it completed
+	Served uint64 `json:"served"` // calls it completed, on a lane too
+	// LaneFor is the pid of the process whose calls it serves on a lane
+	// (lent out of the queue: lanes.go); 0 none.
+	LaneFor int `json:"lane_for,omitempty"`
 }
 
 // processStatuses lists g's processes with their calls.
@@ -86,6 +89,11 @@ func processStatuses(g *Group) []ProcessStatus {
 		out[i] = ProcessStatus{ProcInfo: pi, Calls: g.q.Held(pi.Slot)}
 		if si := &g.slots[pi.Slot]; si.p != nil {
 			out[i].Served = si.served
+		}
+		for _, ls := range g.lanes.open {
+			if ls.slot == pi.Slot && ls.revoked.IsZero() {
+				out[i].LaneFor = ls.l.Caller().PID()
+			}
 		}
 	}
 	return out
