@@ -67,12 +67,12 @@ const (
 	pLaneOut    = 0x28 // u32 the lane the process calls on; 0 none
 
 	// Page 0, line 1: written by the UAP.
-	pState    = 0x40 // u32 stateNew, stateReady (serving) or stateLeft
-	pSleeping = 0x44 // u32 1: the UAP sleeps (or is about to) on pWake
-	pDoneNo   = 0x48 // u64 number of the last call completed, stored after its status and reply
-	pPID      = 0x50 // u32 the UAP's process id
-	pEntries  = 0x54 // u32 number of entry names registered in page 1
-	pLanes    = 0x58 // u32 1: the UAP reads its control line and takes lanes
+	pState     = 0x40 // u32 stateNew, stateReady (serving) or stateLeft
+	pSleeping  = 0x44 // u32 1: the UAP sleeps (or is about to) on pWake
+	pDoneNo    = 0x48 // u64 number of the last call completed, stored after its status and reply
+	pPID       = 0x50 // u32 the UAP's process id
+	pEntries   = 0x54 // u32 number of entry names registered in page 1
+	pLanes     = 0x58 // u32 1: the UAP reads its control line and takes lanes
 	pLaneInOn  = 0x5C // u32 the lane it serves, once mapped (pLaneIn's generation); 0 once it left it
 	pLaneOutOn = 0x60 // u32 the lane it calls on, once mapped; 0 once it let it go
 

@@ -12,6 +12,7 @@ func TestLayoutOffsets(t *testing.T) {
 	var g groupPage
 	var p procCtl
 	var m mailbox
+	var l laneHdr
 	for _, c := range []struct {
 		name      string
 		got, want uintptr
@@ -28,11 +29,16 @@ func TestLayoutOffsets(t *testing.T) {
 		{"proc stop", unsafe.Offsetof(p.stop), pStop},
 		{"proc dispatch no", unsafe.Offsetof(p.dispatchNo), pDispatchNo},
 		{"proc mailboxes", unsafe.Offsetof(p.mailboxes), pMailboxes},
+		{"proc lane in", unsafe.Offsetof(p.laneIn), pLaneIn},
+		{"proc lane out", unsafe.Offsetof(p.laneOut), pLaneOut},
 		{"proc state", unsafe.Offsetof(p.state), pState},
 		{"proc sleeping", unsafe.Offsetof(p.sleeping), pSleeping},
 		{"proc done no", unsafe.Offsetof(p.doneNo), pDoneNo},
 		{"proc pid", unsafe.Offsetof(p.pid), pPID},
 		{"proc entries", unsafe.Offsetof(p.entries), pEntries},
+		{"proc lanes", unsafe.Offsetof(p.lanes), pLanes},
+		{"proc lane in on", unsafe.Offsetof(p.laneInOn), pLaneInOn},
+		{"proc lane out on", unsafe.Offsetof(p.laneOutOn), pLaneOutOn},
 		{"proc mailbox 0", unsafe.Offsetof(p.mb), pMailbox},
 		{"proc mailbox 1", unsafe.Offsetof(p.mb) + unsafe.Sizeof(p.mb[0]), pMailbox + mailboxSize},
 		{"mailbox claim", unsafe.Offsetof(m.claim), mClaim},
@@ -54,6 +60,22 @@ func TestLayoutOffsets(t *testing.T) {
 		{"out reply length", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.replyLen), pOutReplyLen},
 		{"out wake", unsafe.Offsetof(p.out) + unsafe.Offsetof(p.out.wake), pOutWake},
 		{"page 0 ends at the page", unsafe.Sizeof(p), pageSize},
+		{"lane seq", unsafe.Offsetof(l.seq), lSeq},
+		{"lane deadline", unsafe.Offsetof(l.deadline), lDeadline},
+		{"lane request length", unsafe.Offsetof(l.reqLen), lReqLen},
+		{"lane caller sleeping", unsafe.Offsetof(l.callerSleeping), lCallerSleeping},
+		{"lane callee wake", unsafe.Offsetof(l.calleeWake), lCalleeWake},
+		{"lane callee sleeping", unsafe.Offsetof(l.calleeSleeping), lCalleeSleeping},
+		{"lane status", unsafe.Offsetof(l.status), lStatus},
+		{"lane reply length", unsafe.Offsetof(l.replyLen), lReplyLen},
+		{"lane caller wake", unsafe.Offsetof(l.callerWake), lCallerWake},
+		{"lane claim", unsafe.Offsetof(l.claim), lClaim},
+		{"lane magic", unsafe.Offsetof(l.magic), lMagic},
+		{"lane version", unsafe.Offsetof(l.version), lVersion},
+		{"lane gen", unsafe.Offsetof(l.gen), lGen},
+		{"lane max message", unsafe.Offsetof(l.maxMessage), lMaxMessage},
+		{"lane rule length", unsafe.Offsetof(l.ruleLen), lRuleLen},
+		{"lane rule text", unsafe.Offsetof(l.ruleText), lRuleText},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at offset %#x, the layout says %#x", c.name, c.got, c.want)
