@@ -197,7 +197,7 @@ func (g *Group) stopSlot(slot int) {
 	g.act()
 	for _, ls := range g.lanes.open {
 		if ls.slot == slot {
-			g.revokeLane(ls, time.Now())
+			g.revokeLane(ls, time.Now(), revokeStopped)
 		}
 	}
 	if p := g.slots[slot].p; p != nil {

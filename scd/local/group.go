@@ -268,7 +268,7 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 		// A call waits for a process while some serve lanes: they go
 		// back to the queue.
 		g.lanes.quiet = now.Add(laneQuiet)
-		g.revokeLanes(now)
+		g.revokeLanes(now, revokeWaiting)
 	}
 	u := g.takeUndelivered()
 	g.mu.Unlock()
@@ -475,7 +475,7 @@ func (g *Group) close() {
 	g.mu.Lock()
 	g.q.Close()
 	g.closed.Store(true)
-	g.revokeLanes(time.Now())
+	g.revokeLanes(time.Now(), revokeClosed)
 	if g.tr != nil {
 		g.tr.Close()
 	}

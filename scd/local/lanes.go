@@ -46,11 +46,38 @@ type laneRules struct {
 
 // groupLanes are the lanes a group's processes serve, under mu.
 type groupLanes struct {
-	rules  *laneRules
-	open   []*laneState
-	quiet  time.Time // no grant before: a call waited for a process
-	grants *metrics.Counter
-	calls  *metrics.Counter
+	rules   *laneRules
+	open    []*laneState
+	quiet   time.Time // no grant before: a call waited for a process
+	grants  *metrics.Counter
+	calls   *metrics.Counter
+	revokes [revokeReasons]*metrics.Counter
+	served  uint64 // calls completed on its lanes, for the load level
+}
+
+// Why a lane ends (tpsched_lane_revokes_total's reason).
+const (
+	revokeWaiting    = iota // a call waited for a process of the group
+	revokeClosed            // held, no longer serving here, the node closing
+	revokeLevel             // the group left LEVEL0
+	revokeCallerGone        // the caller died
+	revokeUnmapped          // the callee did not map its grant
+	revokeIdle              // no call for laneIdle
+	revokeStopped           // the callee is to stop (its server, chprc, Multiserver)
+	revokeDied              // the callee died
+	revokeReasons
+)
+
+var revokeReasonNames = [revokeReasons]string{"waiting", "closed", "level", "caller_gone", "unmapped", "idle", "stopped", "died"}
+
+func newGroupLanes(rules *laneRules, set *metrics.Set, group string) groupLanes {
+	gl := groupLanes{rules: rules,
+		grants: set.NewCounter(`tpsched_lane_grants_total{group="` + group + `"}`),
+		calls:  set.NewCounter(`tpsched_lane_calls_total{group="` + group + `"}`)}
+	for i, r := range revokeReasonNames {
+		gl.revokes[i] = set.NewCounter(`tpsched_lane_revokes_total{group="` + group + `",reason="` + r + `"}`)
+	}
+	return gl
 }
 
 // laneState is one lane as the node follows it.
@@ -166,6 +193,7 @@ func (g *Group) lookLanes(now time.Time) {
 			si.served += lk.Completed
 			si.since = now
 			g.lanes.calls.AddInt64(int64(lk.Completed))
+			g.lanes.served += lk.Completed
 		}
 		if lk.Made != ls.made {
 			if d := lk.Made - ls.made; d < 1<<32 && ls.from.calls != nil {
@@ -176,8 +204,8 @@ func (g *Group) lookLanes(now time.Time) {
 		if lk.Open && lk.Made != ls.open {
 			ls.open, ls.since = lk.Made, now
 		}
-		if ls.revoked.IsZero() && g.laneOver(ls, lk, now) {
-			g.revokeLane(ls, now)
+		if why := g.laneOver(ls, lk, now); why >= 0 {
+			g.revokeLane(ls, now, why)
 			continue // looked at again at once: it may be over already
 		}
 		// Over once the callee left it (an honest one leaves between
@@ -192,44 +220,50 @@ func (g *Group) lookLanes(now time.Time) {
 	}
 }
 
-// laneOver reports whether a granted lane should end now.
-func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) bool {
+// laneOver says why a granted lane should end now (a revoke reason), or
+// -1. A lane revoked already is not looked at.
+func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) int {
 	switch {
+	case !ls.revoked.IsZero():
+		return -1
 	case g.q.Waiting() > 0:
 		g.lanes.quiet = now.Add(laneQuiet)
-		return true
-	case g.held.Load() || !g.serving.Load() || g.closed.Load() || g.load.level() != loadlevel.Level0:
-		return true
+		return revokeWaiting
+	case g.held.Load() || !g.serving.Load() || g.closed.Load():
+		return revokeClosed
+	case g.load.level() != loadlevel.Level0:
+		return revokeLevel
 	case ls.l.CallerGone():
-		return true
+		return revokeCallerGone
 	case !lk.CalleeOn && now.Sub(ls.granted) > laneMapWithin:
 		ls.l.Callee().NoLanes() // it said it takes lanes and did not take this one
-		return true
+		return revokeUnmapped
 	case now.Sub(ls.active) > laneIdle && !lk.Open:
 		if !ls.l.CallerOn() {
 			ls.from.laneNext.Store(now.Add(laneRetryUnused).UnixNano())
 		}
-		return true
+		return revokeIdle
 	}
-	return false
+	return -1
 }
 
 // revokeLane ends the grant of a lane: both processes are told, a call
 // made and not taken goes back to its caller. The lane stays open until
 // its callee left it (lookLanes). Under mu.
-func (g *Group) revokeLane(ls *laneState, now time.Time) {
+func (g *Group) revokeLane(ls *laneState, now time.Time, why int) {
 	if ls.revoked.IsZero() {
 		ls.revoked = now
 		ls.l.Revoke()
+		g.lanes.revokes[why].Inc()
 	}
 }
 
 // revokeLanes ends the grant of every lane of the group: the node closes,
 // the group is held or stops serving, or a call waits for a process.
 // Under mu.
-func (g *Group) revokeLanes(now time.Time) {
+func (g *Group) revokeLanes(now time.Time, why int) {
 	for _, ls := range g.lanes.open {
-		g.revokeLane(ls, now)
+		g.revokeLane(ls, now, why)
 	}
 }
 
@@ -259,6 +293,9 @@ func (g *Group) endLaneOf(slot int, why string) (terminated bool) {
 		}
 		ls.l.Rule(0, "")
 		terminated = ls.l.Rule(uint32(netio.CodeServerTerminated), "server terminated: "+why)
+		if ls.revoked.IsZero() {
+			g.lanes.revokes[revokeDied].Inc()
+		}
 		ls.l.Revoke()
 		ls.l.Close()
 		ls.from.laneHeld.Store(false)

@@ -389,9 +389,7 @@ func (s *Scheduler) admitCalls(g *Group) {
 	g.localCalls = set.NewCounter(`tpsched_local_calls_total` + lbl)
 	g.stalls = set.NewCounter(`tpsched_local_call_stalls_total` + lbl)
 	g.latency = newLatencyHistogram(set.NewPrometheusHistogramExt(`tpsched_request_duration_seconds`+lbl, requestDurationBuckets))
-	g.lanes = groupLanes{rules: &s.lanes,
-		grants: set.NewCounter(`tpsched_lane_grants_total` + lbl),
-		calls:  set.NewCounter(`tpsched_lane_calls_total` + lbl)}
+	g.lanes = newGroupLanes(&s.lanes, set, g.name)
 }
 
 // startProcesses starts g's processes: procmgr's; on a node whose servers
@@ -506,7 +504,7 @@ func (s *Scheduler) setHeld(name string, held bool) (bool, error) {
 	}
 	if held {
 		g.mu.Lock()
-		g.revokeLanes(time.Now()) // a held group takes no call, on a lane neither
+		g.revokeLanes(time.Now(), revokeClosed) // a held group takes no call, on a lane neither
 		g.mu.Unlock()
 	}
 	s.log.Info("service group "+map[bool]string{true: "held", false: "released"}[held], "group", name)

@@ -349,7 +349,7 @@ func (g *Group) SetServing(on bool) {
 	g.serving.Store(on)
 	if !on {
 		g.mu.Lock()
-		g.revokeLanes(time.Now())
+		g.revokeLanes(time.Now(), revokeClosed)
 		g.mu.Unlock()
 	}
 }

@@ -15,7 +15,7 @@
 //   - signal scdd;
 //   - reach what scdd holds: write a forged record into scdd's log (a line
 //     that looks like one), seek and truncate its stdout, set O_NONBLOCK on
-//     it; read any descriptor it holds beyond 0-5; run with NoNewPrivs 0;
+//     it; read any descriptor it holds beyond 0-6; run with NoNewPrivs 0;
 //     run in scdd's working directory;
 //   - hold a group through the control socket ($TPSCHED_HOSTILE_CONTROL);
 //
