@@ -30,7 +30,12 @@ type Figures struct {
 	IdlePeersCPU float64 `json:"idle_peers_cores"`    // CPU of the other running systems (not measured now) over the window, in cores
 	OtherCPU     float64 `json:"other_cores"`         // CPU of every other process on the machine (other tenants) over the window, in cores
 	StealCPU     float64 `json:"steal_cores"`         // CPU stolen by the hypervisor over the window, in cores
-	Disturbed    bool    `json:"disturbed,omitempty"` // other tenants and steal over the quiet bound in the window
+	Disturbed    bool    `json:"disturbed,omitempty"` // other tenants and steal over the quiet bound in the window, or a window sampled short
+	// Sampled is the share of the calls' window that the CPU and wake-up
+	// samples covered, when other processes count the calls on their own
+	// clocks (S10's callers); 0 when the harness counts them between its
+	// samples. The per-call figures count the calls of that share.
+	Sampled float64 `json:"sampled_share,omitempty"`
 	// Wake-ups per answered call over the window: the context switches of
 	// the server's processes and of the load generator's, voluntary (a
 	// thread slept: a wait for a call, a reply, a lock) and involuntary (it
@@ -212,8 +217,8 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 				last := fig
 				kept, attempts := 1, 1 // which attempt's figures are fig, of how many
 				for try := 0; err == nil && opts.Quiet.retry(last, try); try++ {
-					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: attempt %d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f): again\n",
-						r+1, s.Name, c.Service, c.Payload, c.Conns, attempts, last.Throughput, last.OtherCPU, last.StealCPU)
+					fmt.Fprintf(opts.Log, "  run %d %-22s %-5s %6d B x %3d: attempt %d: %9.0f/s disturbed (other tenants %.2f cores, steal %.2f%s): again\n",
+						r+1, s.Name, c.Service, c.Payload, c.Conns, attempts, last.Throughput, last.OtherCPU, last.StealCPU, sampledNote(last.Sampled))
 					m.Retried++
 					t0, usedBefore := time.Now(), opts.Quiet.used()
 					f2, res2, err2 := measureOne(ctx, opts, s, c, rt)
@@ -239,7 +244,7 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 					r+1, s.Name, c.Service, c.Payload, c.Conns, fig.Throughput, fig.P50us, fig.P99us, fig.MeanUs, fig.CPUus, fig.LoadgenCPUus,
 					fig.ServerVolCS, fig.ServerInvolCS, fig.LoadgenVolCS, fig.LoadgenInvolCS, fig.ServerSyscalls, fig.LoadgenSyscalls,
 					fig.PeakRSSKiB/1024, 100*fig.RefusedShare, fig.IdlePeersCPU, fig.OtherCPU, fig.StealCPU,
-					keptNote(kept, attempts, fig.Disturbed))
+					keptNote(kept, attempts, fig.Disturbed)+sampledNote(fig.Sampled))
 			}
 		}
 		// Each system's runs of the cell are steps of the plan, also those
@@ -280,6 +285,15 @@ func keptNote(kept, attempts int, disturbed bool) string {
 		still = ", still disturbed"
 	}
 	return fmt.Sprintf(" (attempt %d of %d kept: the least disturbed%s)", kept, attempts, still)
+}
+
+// sampledNote says in the run's line how much of the callers' window the
+// samples covered, when not all of it.
+func sampledNote(share float64) string {
+	if share <= 0 || share >= 0.995 {
+		return ""
+	}
+	return fmt.Sprintf(" (the samples covered %.0f%% of the window)", 100*share)
 }
 
 func cmpFloat(a, b float64) int {
@@ -353,7 +367,8 @@ func measureOne(ctx context.Context, opts runOptions, s *system, c *gridCell, ra
 		return Figures{}, res, err
 	}
 	f := figuresOf(res, opts.Duration, rate > 0, acc.server.ticks, acc.loadgen.ticks, acc.rssKiB)
-	f.perCall(acc, res.Calls+res.Refused+res.Failed)
+	f.perCall(acc, res.Calls+res.Refused+res.Failed, res.Sampled)
+	f.Sampled = res.Sampled
 	secs := acc.elapsed.Seconds()
 	f.IdlePeersCPU, f.OtherCPU = float64(acc.peersTicks)/clockTicks/secs, float64(acc.otherTicks)/clockTicks/secs
 	f.StealCPU = acc.stealSeconds / secs
@@ -362,13 +377,13 @@ func measureOne(ctx context.Context, opts runOptions, s *system, c *gridCell, ra
 
 // figuresOf turns a run's result and accounting into figures.
 func figuresOf(res result, window time.Duration, open bool, serverTicks, loadgenTicks uint64, rssKiB int64) Figures {
-	answered := res.Calls + res.Refused + res.Failed
+	answered := sampledCalls(res.Calls+res.Refused+res.Failed, res.Sampled)
 	made := max(res.Offered, 1)
 	perCall := func(ticks uint64) float64 {
-		if answered == 0 {
+		if answered <= 0 {
 			return 0
 		}
-		return float64(ticks) / clockTicks * 1e6 / float64(answered)
+		return float64(ticks) / clockTicks * 1e6 / answered
 	}
 	f := Figures{
 		Throughput:   res.Throughput,

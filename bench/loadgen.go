@@ -89,6 +89,12 @@ type result struct {
 	// (S10's caller UAPs), and Idle those of the system's tree that took
 	// no part in this run (callers not needed in this cell).
 	Loadgen, Idle []int
+	// Sampled is the share of the calls' window that the window's CPU and
+	// wake-up samples cover, when the calls are counted by other
+	// processes on their own clocks (S10's callers: the harness, short of
+	// CPU, may sample late); 0: the same window (the harness counts the
+	// calls between its samples).
+	Sampled float64
 }
 
 // closedLoop runs l with Rate 0.

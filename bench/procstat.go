@@ -135,7 +135,8 @@ func readStats() map[int]procStat {
 // and its waited-for children's), with the measured server's process tree
 // and the other running systems' trees picked out.
 type cpuSample struct {
-	at      time.Time
+	from    time.Time      // when its reading of /proc began
+	at      time.Time      // and ended
 	ticks   map[int]uint64 // own and waited-for children's
 	own     map[int]uint64 // own only
 	start   map[int]uint64 // starttime of each process
@@ -144,8 +145,13 @@ type cpuSample struct {
 	peers   []int
 }
 
+// mid is the middle of the sample's reading of /proc: its time, within
+// half of the reading's length.
+func (s cpuSample) mid() time.Time { return s.from.Add(s.at.Sub(s.from) / 2) }
+
 // sampleCPU reads every process once.
 func sampleCPU(server, peers []int) cpuSample {
+	from := time.Now()
 	stats := readStats()
 	parents := make(map[int]int, len(stats))
 	ticks := make(map[int]uint64, len(stats))
@@ -157,7 +163,7 @@ func sampleCPU(server, peers []int) cpuSample {
 		own[pid] = s.Utime + s.Stime
 		start[pid] = s.Start
 	}
-	return cpuSample{at: time.Now(), ticks: ticks, own: own, start: start, parents: parents,
+	return cpuSample{from: from, at: time.Now(), ticks: ticks, own: own, start: start, parents: parents,
 		server: processTree(parents, server), peers: processTree(parents, peers)}
 }
 

@@ -27,10 +27,16 @@ type Quiet struct {
 // agent, kdamond) use under 0.05 cores; 0.1 is 5% of two cores.
 var DefaultQuiet = Quiet{Cores: 0.1, MaxWait: 10 * time.Second, Retries: 2, Budget: 10 * time.Minute}
 
-// disturbed says whether a run's window had other tenants over the bound.
+// disturbed says whether a run's window had other tenants over the bound,
+// or the harness, short of CPU, sampled less than minSampled of a window
+// whose calls other processes counted.
 func (q Quiet) disturbed(f Figures) bool {
-	return q.Cores > 0 && f.OtherCPU+f.StealCPU >= q.Cores
+	return q.Cores > 0 && f.OtherCPU+f.StealCPU >= q.Cores || f.Sampled > 0 && f.Sampled < minSampled
 }
+
+// minSampled is the least share of the calls' window a run's samples must
+// cover to be kept undisturbed.
+const minSampled = 0.9
 
 // withBudget gives q a budget counter of its own, shared by its copies.
 func (q Quiet) withBudget() Quiet {

@@ -158,7 +158,30 @@ func driveLocal(ctx context.Context, s *system, callers int, o runOptions, c *gr
 		return result{}, err
 	}
 	res.Idle = slices.DeleteFunc(all, func(p int) bool { return slices.Contains(res.Loadgen, p) })
+	began, ended := w.span()
+	res.Sampled = sampledShare(start, end, began, ended)
 	return res, nil
+}
+
+// sampledShare is the part of the callers' window [start, end) that the
+// harness's samples, taken at began and ended, cover: a sample late by
+// the time the harness waited for a CPU leaves that much of the window
+// out.
+func sampledShare(start, end, began, ended time.Time) float64 {
+	if began.IsZero() || ended.IsZero() || !end.After(start) {
+		return 0
+	}
+	from, to := start, end
+	if began.After(from) {
+		from = began
+	}
+	if ended.Before(to) {
+		to = ended
+	}
+	if !to.After(from) {
+		return 1e-9 // nothing of the window sampled
+	}
+	return float64(to.Sub(from)) / float64(end.Sub(start))
 }
 
 // mergeSummaries is the run's result from the callers' summaries: their

@@ -175,3 +175,27 @@ func TestS10RatioTable(t *testing.T) {
 		t.Error("tpsched's own variants are set against it as peers")
 	}
 }
+
+// TestSampledShare: the part of the callers' window the harness's samples
+// cover, when it samples late (short of CPU) or early.
+func TestSampledShare(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, tc := range []struct {
+		began, ended int
+		want         float64
+	}{
+		{0, 800, 1},      // on time
+		{200, 800, 0.75}, // began late
+		{0, 900, 1},      // ended late: the samples cover the whole window
+		{900, 950, 1e-9}, // began after the window's end: nothing of it sampled
+		{400, 600, 0.25},
+	} {
+		if got := sampledShare(at(0), at(800), at(tc.began), at(tc.ended)); got != tc.want {
+			t.Errorf("samples at %d and %d ms of a window of 800: share %v, want %v", tc.began, tc.ended, got, tc.want)
+		}
+	}
+	if got := sampledShare(at(0), at(800), time.Time{}, time.Time{}); got != 0 {
+		t.Errorf("no samples: share %v, want 0 (the harness's own count)", got)
+	}
+}

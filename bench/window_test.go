@@ -143,20 +143,26 @@ func TestWindowAttribute(t *testing.T) {
 		t.Errorf("got  %+v\nwant %+v", acc, want)
 	}
 	var f Figures
-	f.perCall(acc, 8)
+	f.perCall(acc, 8, 0)
 	if f.ServerVolCS != 3 || f.ServerInvolCS != 0.25 || f.ServerSyscalls != 27.5 || f.LoadgenVolCS != 2 || f.LoadgenInvolCS != 0.25 || f.LoadgenSyscalls != 5.5 {
 		t.Errorf("per call: %+v", f)
 	}
 	// Without the syscall counter the figures say so (-1), not 0.
 	w.last.sys = nil
 	acc, _ = w.attribute([]int{12}, []int{13})
-	f.perCall(acc, 8)
+	f.perCall(acc, 8, 0)
 	if f.ServerSyscalls != -1 || f.LoadgenSyscalls != -1 || f.ServerVolCS != 3 {
 		t.Errorf("not counted: %+v", f)
 	}
-	f.perCall(acc, 0)
+	f.perCall(acc, 0, 0)
 	if f.ServerVolCS != 0 {
 		t.Errorf("no calls: %v switches per call", f.ServerVolCS)
+	}
+	// Calls counted by other processes over a window the samples covered
+	// a quarter of: a quarter of them are the samples' (S10's callers).
+	f.perCall(acc, 32, 0.25)
+	if f.ServerVolCS != 3 {
+		t.Errorf("a quarter sampled: %v switches per call, want 3", f.ServerVolCS)
 	}
 	if _, err := (&window{begun: true}).attribute(nil, nil); err == nil {
 		t.Error("a window never ended was accounted")
