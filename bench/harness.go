@@ -227,7 +227,7 @@ func measure(ctx context.Context, opts runOptions, systems []*system, cells []gr
 						break
 					}
 					attempts++
-					if last = f2; f2.OtherCPU+f2.StealCPU < fig.OtherCPU+fig.StealCPU {
+					if last = f2; badness(f2) < badness(fig) {
 						fig, res, kept = f2, res2, attempts
 					}
 				}

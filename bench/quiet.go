@@ -38,6 +38,17 @@ func (q Quiet) disturbed(f Figures) bool {
 // cover to be kept undisturbed.
 const minSampled = 0.9
 
+// badness orders the attempts of a run, the least disturbed first: one
+// whose samples covered too little of the window after any that covered
+// enough, then by the other tenants' and the hypervisor's share.
+func badness(f Figures) float64 {
+	b := f.OtherCPU + f.StealCPU
+	if f.Sampled > 0 && f.Sampled < minSampled {
+		b += 1000
+	}
+	return b
+}
+
 // withBudget gives q a budget counter of its own, shared by its copies.
 func (q Quiet) withBudget() Quiet {
 	q.spent = new(atomic.Int64)

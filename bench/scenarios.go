@@ -274,7 +274,10 @@ func Run(ctx context.Context, cfg Config) error {
 	loadgen := "The load generator (Go, one goroutine and one connection per simulated client; hand-written tpsched-frame, HTTP/1.1 keep-alive and " +
 		"gRPC-over-HTTP/2 clients, so it spends about the same CPU per call for every peer) runs on the same cores as the servers; its own CPU per call is in the wake-ups table (with, in S10, the caller UAPs' and exbenchcl's, which make the load there). " +
 		"CPU/call is utime+stime of the server's whole process tree (children included) over the measured window, divided by the calls answered; " +
-		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run. " + wakeupsMethod(opts.syscallsOff)
+		"peak RSS is VmHWM summed over those processes, reset (clear_refs) before each run. " +
+		"The window's samples are read by a thread of the harness of its own at nice -10, with raw system calls, so that they are not queued behind the processes measured; " +
+		"where the calls are counted by other processes on their own clocks (S10's callers), the figures per call count the calls of the share of the window the samples covered, " +
+		"and a run whose samples covered less than 90% of it counts as disturbed. " + wakeupsMethod(opts.syscallsOff)
 
 	capacity := map[string]float64{} // S2 closed-loop throughput at 64 conns, for S4
 	var run []grid

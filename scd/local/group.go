@@ -265,10 +265,7 @@ func (g *Group) submit(c call.Caller, f *netio.Frame, entry string, now time.Tim
 	g.act()
 	waiting := g.q.Waiting()
 	if waiting > 0 && len(g.lanes.open) > 0 {
-		// A call waits for a process while some serve lanes: they go
-		// back to the queue.
-		g.lanes.quiet = now.Add(laneQuiet)
-		g.revokeLanes(now, revokeWaiting)
+		g.makeRoom(waiting, now)
 	}
 	u := g.takeUndelivered()
 	g.mu.Unlock()

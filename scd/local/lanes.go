@@ -105,8 +105,11 @@ const (
 	// to the queue anyway.
 	laneLeaveWithin = time.Second
 	// laneQuiet is how long a group grants no lane after a call had to
-	// wait for one of its processes.
-	laneQuiet = time.Second
+	// wait for one of its processes: long enough that callers who
+	// outnumber the processes do not have lanes granted and revoked at
+	// every call, short enough that as many callers as processes settle
+	// on a lane each within a run of a second.
+	laneQuiet = 200 * time.Millisecond
 	// laneRetry is how long a caller that was not granted a lane waits
 	// before it is considered again; laneRetryUnused after it left a
 	// lane unmapped.
@@ -226,7 +229,7 @@ func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) int {
 	switch {
 	case !ls.revoked.IsZero():
 		return -1
-	case g.q.Waiting() > 0:
+	case g.q.Waiting() > lanesRevoked(g.lanes.open):
 		g.lanes.quiet = now.Add(laneQuiet)
 		return revokeWaiting
 	case g.held.Load() || !g.serving.Load() || g.closed.Load():
@@ -247,6 +250,18 @@ func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) int {
 	return -1
 }
 
+// lanesRevoked counts the lanes revoked and not yet closed: processes on
+// their way back to the queue.
+func lanesRevoked(open []*laneState) int {
+	n := 0
+	for _, ls := range open {
+		if !ls.revoked.IsZero() {
+			n++
+		}
+	}
+	return n
+}
+
 // revokeLane ends the grant of a lane: both processes are told, a call
 // made and not taken goes back to its caller. The lane stays open until
 // its callee left it (lookLanes). Under mu.
@@ -255,6 +270,26 @@ func (g *Group) revokeLane(ls *laneState, now time.Time, why int) {
 		ls.revoked = now
 		ls.l.Revoke()
 		g.lanes.revokes[why].Inc()
+	}
+}
+
+// makeRoom ends the grant of a lane for each of the waiting calls (as
+// many as are granted), those of callers that called least lately first:
+// a call waits for a process while others serve lanes. No lane is granted
+// in the group for laneQuiet. Under mu.
+func (g *Group) makeRoom(waiting int, now time.Time) {
+	g.lanes.quiet = now.Add(laneQuiet)
+	for ; waiting > 0; waiting-- {
+		var pick *laneState
+		for _, ls := range g.lanes.open {
+			if ls.revoked.IsZero() && (pick == nil || ls.active.Before(pick.active)) {
+				pick = ls
+			}
+		}
+		if pick == nil {
+			return
+		}
+		g.revokeLane(pick, now, revokeWaiting)
 	}
 }
 
