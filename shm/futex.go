@@ -186,26 +186,53 @@ func spinMaxFromEnv(v string, def time.Duration) time.Duration {
 // wake-up), 50 µs gives ~1.5 µs (both sides stay on CPU). A rule that also
 // grew the budget after short sleeps oscillated and reached 35-58 µs at
 // 10-20 µs bounds, so only spin successes grow it.
+//
+// A spin that finds the process was preempted in it (a gap between two of
+// its looks at the clock) stops, and the spinner does not spin again for
+// spinQuiet: the CPUs are oversubscribed, and a process that spins there
+// takes the CPU the woken side, or anything else, needs. Five callers on
+// lanes and their five callees, each spinning between calls, kept ten
+// tasks runnable on two CPUs; scdd's dispatcher then went 1.6 s without a
+// look (2026-12-06, docs/ARCHITECTURE.md "Lanes").
 type spinner struct {
 	budget, max time.Duration
+	quiet       time.Time // no spin before
 }
 
 func newSpinner(max time.Duration) spinner {
 	return spinner{budget: max / 4, max: max}
 }
 
+const (
+	// preemptedGap is a gap between two looks at the clock in a spin (16
+	// polls, well under a microsecond) that only a preemption (or a page
+	// fault) makes.
+	preemptedGap = 50 * time.Microsecond
+	// spinQuiet is how long a spinner preempted in a spin does not spin.
+	spinQuiet = 20 * time.Millisecond
+)
+
 // spin polls ready until it reports true or the budget, counted from start,
-// is spent.
+// is spent; false at once within spinQuiet of a spin that was preempted.
 func (sp *spinner) spin(start time.Time, ready func() bool) bool {
-	if sp.budget <= 0 {
+	if sp.budget <= 0 || start.Before(sp.quiet) {
 		return false
 	}
+	last := time.Now()
 	for i := 1; ; i++ {
 		if ready() {
 			return true
 		}
-		if i%16 == 0 && time.Since(start) >= sp.budget {
-			return false
+		if i%16 == 0 {
+			now := time.Now()
+			if now.Sub(last) > preemptedGap {
+				sp.quiet = now.Add(spinQuiet)
+				return false
+			}
+			if now.Sub(start) >= sp.budget {
+				return false
+			}
+			last = now
 		}
 	}
 }

@@ -95,3 +95,38 @@ func TestRawWaitsFollowTheWaits(t *testing.T) {
 		t.Error("a raw wait timed out and raw waits stayed on")
 	}
 }
+
+// TestSpinStopsWhenPreempted: a spin in which the process lost its CPU (a
+// gap between two of its looks at the clock, here a poll that sleeps)
+// stops, and the spinner does not spin again for spinQuiet.
+func TestSpinStopsWhenPreempted(t *testing.T) {
+	sp := newSpinner(time.Second)
+	sp.budget = time.Second
+	polls := 0
+	start := time.Now()
+	if sp.spin(start, func() bool {
+		polls++
+		if polls == 5 {
+			time.Sleep(time.Millisecond) // as if preempted here
+		}
+		return false
+	}) {
+		t.Fatal("nothing was ready")
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Fatalf("a preempted spin went on for %v of its 1 s budget", took)
+	}
+	polls = 0
+	if sp.spin(time.Now(), func() bool { polls++; return true }) || polls != 0 {
+		t.Fatalf("spun (%d polls) within spinQuiet of a preempted spin", polls)
+	}
+	time.Sleep(spinQuiet + 5*time.Millisecond)
+	if !sp.spin(time.Now(), func() bool { return true }) {
+		t.Fatal("no spin after spinQuiet")
+	}
+	// An undisturbed spin finds what comes within its budget.
+	n := 0
+	if !sp.spin(time.Now(), func() bool { n++; return n == 1000 }) {
+		t.Fatal("an undisturbed spin gave up before its budget")
+	}
+}

@@ -38,18 +38,28 @@ func lanesOK(tb testing.TB, g *Group, ps ...*uapProc) {
 	}
 }
 
+// lanePair starts a caller in slot 0 and a callee in slot 1 of a fresh
+// group of slots (each the helper UAP, in the mode its env says, if any),
+// waits until both take lanes, and grants the caller a lane of generation
+// 1 to the callee's entry.
+func lanePair(tb testing.TB, slots int, callerEnv, calleeEnv []string, entry string) (*Group, *uapProc, *uapProc, *Lane) {
+	tb.Helper()
+	g := newGroup(tb, 4096, slots)
+	caller, callee := startUAP(tb, g, 0, callerEnv...), startUAP(tb, g, 1, calleeEnv...)
+	attached(tb, g, caller, callee)
+	lanesOK(tb, g, caller, callee)
+	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec(entry))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return g, caller, callee, l
+}
+
 // TestLaneCalls: a caller with a lane to a callee calls it straight, the
 // scheduler seeing no call of its own and counting the completions; the
 // callee's errors reach the caller as the node would say them.
 func TestLaneCalls(t *testing.T) {
-	g := newGroup(t, 4096, 2)
-	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1)
-	attached(t, g, caller, callee)
-	lanesOK(t, g, caller, callee)
-	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
 	defer l.Close()
 	for i := range 50 {
 		if got := relay(t, g, caller.Proc, "test/svc/ping"); got != "ping" {
@@ -93,14 +103,7 @@ func TestLaneCalls(t *testing.T) {
 // TestLaneErrors: the callee's error answers, and the scheduler's rulings
 // (the callee killed holding the call; a call it never took given back).
 func TestLaneErrors(t *testing.T) {
-	g := newGroup(t, 4096, 3)
-	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1)
-	attached(t, g, caller, callee)
-	lanesOK(t, g, caller, callee)
-	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("fail"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, caller, callee, l := lanePair(t, 3, nil, nil, "fail")
 	if got := relay(t, g, caller.Proc, "test/svc/boom"); got != "error 10: application error: failed: boom" {
 		t.Fatalf("an application error on the lane: %q", got)
 	}
@@ -109,7 +112,7 @@ func TestLaneErrors(t *testing.T) {
 	l.Close()
 
 	// Killed holding the call: the ruling answers it.
-	l, err = NewLane(caller.Proc, callee.Proc, 2, laneTestSpec("sleep"))
+	l, err := NewLane(caller.Proc, callee.Proc, 2, laneTestSpec("sleep"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,14 +188,7 @@ func TestLaneErrors(t *testing.T) {
 // BenchmarkLaneCall: a UAP's calls to another process on a lane, 128
 // bytes each, nobody else on the path (ns/op is one call).
 func BenchmarkLaneCall(b *testing.B) {
-	g := newGroup(b, 4096, 2)
-	caller, callee := startUAP(b, g, 0), startUAP(b, g, 1)
-	attached(b, g, caller, callee)
-	lanesOK(b, g, caller, callee)
-	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	g, caller, _, l := lanePair(b, 2, nil, nil, "echo")
 	defer l.Close()
 	b.ResetTimer()
 	got := relay(b, g, caller.Proc, "test/svc/x") // maps the lane
@@ -289,14 +285,7 @@ func hostileLaneCallee() {
 // its callee spoils only its own lane: revoked, the callee leaves it (its
 // own word says so, whatever the claim), and serves the queue's calls.
 func TestLaneHostileCaller(t *testing.T) {
-	g := newGroup(t, 4096, 2)
-	caller, callee := startUAP(t, g, 0, helperEnv+"=lanecaller"), startUAP(t, g, 1)
-	attached(t, g, caller, callee)
-	lanesOK(t, g, caller, callee)
-	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, caller, callee, l := lanePair(t, 2, []string{helperEnv + "=lanecaller"}, nil, "echo")
 	defer l.Close()
 	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
 	if c := call(t, g, caller.Proc, "attack", nil); string(c.Reply) != "attacked" {
@@ -317,14 +306,7 @@ func TestLaneHostileCaller(t *testing.T) {
 // answers: the caller gets a protocol error, lets the lane go, and its
 // next call goes the usual way.
 func TestLaneHostileCallee(t *testing.T) {
-	g := newGroup(t, 4096, 2)
-	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1, helperEnv+"=lanecallee")
-	attached(t, g, caller, callee)
-	lanesOK(t, g, caller, callee)
-	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, caller, callee, l := lanePair(t, 2, nil, []string{helperEnv + "=lanecallee"}, "echo")
 	if got := relay(t, g, caller.Proc, "test/svc/x"); got != "x" {
 		t.Fatalf("a call the callee answered after a flood of wake-ups: %q", got)
 	}
@@ -334,7 +316,7 @@ func TestLaneHostileCallee(t *testing.T) {
 	l.Revoke()
 	until(t, g, 10*time.Second, "the callee to leave the lane", func() bool { return !l.Look(false).CalleeOn })
 	l.Close()
-	l, err = NewLane(caller.Proc, callee.Proc, 2, laneTestSpec("echo"))
+	l, err := NewLane(caller.Proc, callee.Proc, 2, laneTestSpec("echo"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -160,20 +160,31 @@ func (u *UAP) syncLaneIn() {
 		}
 		u.leaveLaneIn()
 	}
-	if gen == 0 || gen == u.laneInTried || u.line == nil {
+	if gen == 0 || gen == u.laneInTried {
 		return
 	}
 	u.laneInTried = gen // one try per grant: a grant that fails is the scheduler's to revoke
-	m, fd, ok := u.line.take(roleCallee, gen)
+	if e := u.mapGranted(roleCallee, gen); e != nil {
+		u.laneIn = e
+		u.ctl.laneInOn.Store(gen)
+	}
+}
+
+// mapGranted maps the lane of generation gen that the node granted the
+// process in role; nil if its grant has not come or cannot be mapped.
+func (u *UAP) mapGranted(role, gen uint32) *laneEnd {
+	if u.line == nil {
+		return nil
+	}
+	m, fd, ok := u.line.take(role, gen)
 	if !ok {
-		return
+		return nil
 	}
 	e, err := mapLane(m, fd)
 	if err != nil {
-		return
+		return nil
 	}
-	u.laneIn = e
-	u.ctl.laneInOn.Store(gen)
+	return e
 }
 
 // takeLane claims the call the caller made on the lane the process
@@ -230,20 +241,14 @@ func (u *UAP) syncLaneOut() {
 		}
 		u.dropLane()
 	}
-	if gen == 0 || gen == o.laneTried || u.line == nil {
+	if gen == 0 || gen == o.laneTried {
 		return
 	}
 	o.laneTried = gen
-	m, fd, ok := u.line.take(roleCaller, gen)
-	if !ok {
-		return
+	if e := u.mapGranted(roleCaller, gen); e != nil {
+		o.lane = e
+		u.ctl.laneOutOn.Store(gen)
 	}
-	e, err := mapLane(m, fd)
-	if err != nil {
-		return
-	}
-	o.lane = e
-	u.ctl.laneOutOn.Store(gen)
 }
 
 // leaveLaneIn unmaps the lane the process serves and says so: it takes no

@@ -40,9 +40,21 @@ import (
 // and its counters.
 type laneRules struct {
 	on   bool           // the node grants lanes (Options.Lanes, TPSCHED_LANES)
+	max  int64          // the most lanes open at once on the node (maxLanes)
 	gen  *atomic.Uint32 // the node's last lane generation
 	open *atomic.Int64  // the node's lanes not yet closed (the expiry loop's pace)
 }
+
+// maxLanes is how many lanes a node keeps open at once: one per two CPUs,
+// at least one. A lane is two processes that each run, spin and wake the
+// other without pause, so more lanes than that keep more tasks runnable
+// than there are CPUs, and the node's own threads, and every other Go
+// program on the machine, then waited seconds for theirs: with five lanes
+// on two CPUs a Go program's 20 ms sleep took up to 2.3 s (a Python one's
+// 6 ms at most) and scdd's dispatcher went 1.2-2.3 s without a look;
+// with two, 0.3 s; with one, 1 ms (2026-12-06, docs/ARCHITECTURE.md
+// "Lanes").
+func maxLanes(cpus int) int64 { return int64(max(1, cpus/2)) }
 
 // groupLanes are the lanes a group's processes serve, under mu.
 type groupLanes struct {
@@ -153,7 +165,8 @@ func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now time.Time) bool {
 	// Again under mu: a hold, a stop or the node's close revokes the
 	// group's lanes under mu, and a grant after it would outlive it.
-	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() {
+	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() ||
+		g.lanes.rules.open.Load() >= g.lanes.rules.max {
 		return false
 	}
 	slot := g.q.Lend(func(s int) bool {
