@@ -337,3 +337,68 @@ func TestLaneHostileCallee(t *testing.T) {
 		t.Fatalf("the caller's next call: %q", c.Reply)
 	}
 }
+
+// TestLaneTimedOutCallStillRunning: a call the scheduler ruled 'timed
+// out' while the callee ran it is over for the caller, not for the
+// callee, which goes on using the lane's buffer and writes its reply
+// there when it finishes. The caller's next call must not share that
+// buffer with it: written into the lane, its request would be overwritten
+// by the late reply and run as that (and the late handler would read it
+// as its own request). The caller lets such a lane go: the next call
+// goes the usual way, with its own request.
+func TestLaneTimedOutCallStillRunning(t *testing.T) {
+	g, caller, callee, l := lanePair(t, 2, nil, nil, "relay")
+	defer l.Close()
+	// Call 1 on the lane: the callee relays it to x/y and waits for our
+	// answer, running it.
+	if err := caller.Dispatch("relay", []byte("test/svc/x/y/first"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	first := awaitOutCall(t, g, callee.Proc)
+	if string(first.Request) != "first" {
+		t.Fatalf("call 1 reached the callee as %q", first.Request)
+	}
+	if !l.Rule(5, "timed out: the test") {
+		t.Fatal("the ruling of the running call lost")
+	}
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "error 5: timed out: the test" {
+		t.Fatalf("call 1: %q", c.Reply)
+	}
+	// Call 2, while the callee still runs call 1.
+	if err := caller.Dispatch("relay", []byte("test/svc/x/y/second"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	until(t, g, 10*time.Second, "call 2 to be made", func() bool {
+		return caller.ctl.out.no.Load() > caller.outSeen.Load() || l.Look(false).Made >= 2
+	})
+	// Call 1 ends late, its reply written into the lane's buffer.
+	callee.AnswerOutCall(first.No, 0, []byte("a/b/late reply of call 1"))
+	var got OutCall
+	var from string
+	until(t, g, 10*time.Second, "call 2 to reach a service", func() bool {
+		for _, p := range []*uapProc{caller, callee} {
+			oc, ok, err := p.OutCall()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				got, from = oc, map[*uapProc]string{caller: "the caller", callee: "the callee"}[p]
+				return true
+			}
+		}
+		return false
+	})
+	switch {
+	case from == "the caller" && string(got.Request) == "x/y/second":
+		caller.AnswerOutCall(got.No, 0, []byte("second done"))
+	case from == "the callee" && string(got.Group) == "x" && string(got.Request) == "second":
+		callee.AnswerOutCall(got.No, 0, []byte("second done"))
+	default:
+		t.Fatalf("call 2 reached %s as %s/%s %q: it ran with another call's bytes", from, got.Group, got.Service, got.Request)
+	}
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "second done" {
+		t.Fatalf("call 2: %q", c.Reply)
+	}
+}

@@ -330,8 +330,12 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 			u.dropLane()
 			return nil, nil, false
 		}
-		msg := h.ruleText[:min(int(h.ruleLen.Load()), laneRuleMax)]
-		return nil, &CallError{Code: code, Message: string(msg)}, true
+		msg := string(h.ruleText[:min(int(h.ruleLen.Load()), laneRuleMax)])
+		// Over for the caller, maybe not for the callee ('timed out'
+		// while it ran): it may still read the buffer and write its
+		// reply there, so no further call shares the buffer with it.
+		u.dropLane()
+		return nil, &CallError{Code: code, Message: msg}, true
 	}
 	rl := min(int(h.replyLen.Load()), len(e.buf))
 	switch st := Status(h.status.Load()); st {
