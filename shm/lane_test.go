@@ -402,3 +402,65 @@ func TestLaneTimedOutCallStillRunning(t *testing.T) {
 		t.Fatalf("call 2: %q", c.Reply)
 	}
 }
+
+// forgingLaneCallee is a UAP that takes the calls on its lanes and ends
+// each with a claim of another number, so the node's rulings, which
+// follow the claim, miss the call its caller waits for.
+func forgingLaneCallee() {
+	u, err := Attach()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
+	u.publish()
+	for {
+		u.syncLaneIn()
+		if n := u.takeLane(); n != 0 {
+			h := u.laneIn.h
+			h.claim.Store((n+5)<<8 | laneDone)
+			h.callerWake.Add(1)
+			futexWake(&h.callerWake, 1)
+			continue
+		}
+		if n, mb := u.take(); n != 0 {
+			u.serve(n, mb)
+			continue
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestLaneCalleeForgesTheClaim: a callee that ends a call with a claim of
+// another number spoils that call's answer, but the call still gets one:
+// the node's ruling, which follows the forged claim, misses it, and the
+// caller, waiting for its own number, gives up on its own a little after
+// the call's deadline (bounded by watch_time), 'timed out', as the node
+// would have answered it, and lets the lane go.
+func TestLaneCalleeForgesTheClaim(t *testing.T) {
+	g := newGroup(t, 4096, 2)
+	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1, helperEnv+"=lanecalleeforge")
+	attached(t, g, caller, callee)
+	lanesOK(t, g, caller, callee)
+	spec := laneTestSpec("echo")
+	spec.Watch = 300 * time.Millisecond
+	l, err := NewLane(caller.Proc, callee.Proc, 1, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
+	if err := caller.Dispatch("relay", []byte("test/svc/x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	until(t, g, 10*time.Second, "the call on the lane", func() bool { return l.Look(false).Made == 1 })
+	time.Sleep(spec.Watch + 50*time.Millisecond)
+	l.Rule(5, "timed out: the node's ruling") // as expireLanes would, past the deadline
+	if c := waitCompletion(t, g, caller.Proc); !strings.HasPrefix(string(c.Reply), "error 5: timed out") {
+		t.Fatalf("the call whose claim the callee forged: %q", c.Reply)
+	}
+	if l.CallerOn() {
+		t.Fatal("the caller kept the lane")
+	}
+}

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"time"
@@ -315,7 +316,15 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 		futexWake(&h.calleeWake, 1)
 	}
 	ended := func() bool { c := h.claim.Load(); return c>>8 == n && laneFinal(c) }
-	idle, err := u.awaitLane(ctx, e, ended)
+	var late int64 // past it the node's ruling did not reach the call: a claim forged
+	if deadline != 0 {
+		late = deadline + int64(laneLate)
+	}
+	idle, err := u.awaitLane(ctx, e, ended, late)
+	if err == errLaneLate {
+		u.dropLane()
+		return nil, &CallError{Code: codeTimedOut, Message: "timed out: no answer on the lane by its deadline"}, true
+	}
 	if err != nil {
 		u.dropLane() // the call is not over: the lane is out of step
 		return nil, err, true
@@ -368,11 +377,19 @@ const (
 // own wake-ups, a revoke or a ruling, are one or two).
 const laneIdleWakes = 64
 
+// laneLate is how long after its deadline a call on a lane waits for the
+// node's ruling before the caller ends it itself, 'timed out': the ruling
+// follows the claim word, which the callee can forge.
+const laneLate = time.Second
+
+// errLaneLate is awaitLane's error past late.
+var errLaneLate = errors.New("shm: no answer on the lane past its deadline")
+
 // awaitLane waits until ended, spinning briefly and then sleeping on the
 // lane's word for the caller; ctx.Err() if ctx ends first, ErrClosed if
-// the UAP closes (seen within maxSleep). It counts the wake-ups that
-// brought no answer.
-func (u *UAP) awaitLane(ctx context.Context, e *laneEnd, ended func() bool) (idle int, err error) {
+// the UAP closes (seen within maxSleep), errLaneLate past late (unix ns;
+// 0 none). It counts the wake-ups that brought no answer.
+func (u *UAP) awaitLane(ctx context.Context, e *laneEnd, ended func() bool, late int64) (idle int, err error) {
 	h, o := e.h, &u.out
 	start := time.Now()
 	if e.spin.spin(start, ended) {
@@ -408,6 +425,9 @@ func (u *UAP) awaitLane(ctx context.Context, e *laneEnd, ended func() bool) (idl
 				return idle, context.DeadlineExceeded
 			}
 			sleep = min(sleep, left)
+		}
+		if late != 0 && time.Now().UnixNano() > late {
+			return idle, errLaneLate
 		}
 		w := h.callerWake.Load()
 		sleepOn(&h.callerWake, &h.callerSleeping, ready, sleep)

@@ -37,6 +37,8 @@ func TestHelperUAP(t *testing.T) {
 		hostileLaneCaller()
 	case "lanecallee":
 		hostileLaneCallee()
+	case "lanecalleeforge":
+		forgingLaneCallee()
 	case "closeafterone": // serves one call, closes without being told to leave, lives on
 		u, err := Attach()
 		if err != nil {
