@@ -183,6 +183,9 @@ func NewLane(caller, callee *Proc, gen uint32, spec LaneSpec) (*Lane, error) {
 	// made on it meanwhile is given back), and the callee, which never
 	// got it, never sleeps on it.
 	if err := caller.grantOut(l, laneGrant{gen: gen, role: roleCaller, watchMs: watchMs, maxMsg: uint32(maxMsg), group: spec.Group, service: spec.Service}); err != nil {
+		if !errors.Is(err, ErrClosed) {
+			caller.NoLanes() // its line is full or gone: it does not read it
+		}
 		l.Close()
 		return nil, fmt.Errorf("shm: granting a lane to pid %d: %w", caller.PID(), err)
 	}

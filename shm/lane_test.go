@@ -464,3 +464,33 @@ func TestLaneCalleeForgesTheClaim(t *testing.T) {
 		t.Fatal("the caller kept the lane")
 	}
 }
+
+// TestLaneCallerNotReadingItsLine: a caller that says it takes lanes and
+// never reads its control line fills it; a grant that cannot reach it
+// refuses it lanes from then on, as one that cannot reach a callee does
+// (else the node makes and drops a lane, lending a callee out of its
+// queue and back, at every call it makes).
+func TestLaneCallerNotReadingItsLine(t *testing.T) {
+	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
+	l.Revoke()
+	l.Close()
+	for gen := uint32(2); ; gen++ {
+		if gen > 5000 {
+			t.Fatal("5000 grants reached a caller that reads none")
+		}
+		l, err := NewLane(caller.Proc, callee.Proc, gen, laneTestSpec("echo"))
+		if err != nil {
+			if !callee.LanesOK() {
+				t.Fatalf("grant %d: %v, and the callee refused lanes", gen, err)
+			}
+			break
+		}
+		until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
+		l.Revoke()
+		until(t, g, 10*time.Second, "the callee to leave the lane", func() bool { return !l.Look(false).CalleeOn })
+		l.Close()
+	}
+	if caller.LanesOK() {
+		t.Fatal("a caller whose control line is full still takes lanes")
+	}
+}
