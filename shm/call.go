@@ -84,17 +84,12 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 		}
 		o.abandoned = false
 	}
-	var timeoutMs uint32
 	deadline, ok := ctx.Deadline()
 	if cur := u.curDeadline.Load(); !ok && cur != 0 {
 		deadline, ok = time.Unix(0, cur), true
 	}
-	if ok {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, context.DeadlineExceeded
-		}
-		timeoutMs = uint32(min(max(left.Milliseconds(), 1), 1<<31))
+	if ok && time.Until(deadline) <= 0 {
+		return nil, context.DeadlineExceeded
 	}
 	var dl int64
 	if ok {
@@ -102,6 +97,15 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 	}
 	if reply, err, sent := u.callLane(ctx, group, service, req, dl); sent { // lockcheck: see o.mu above
 		return reply, err
+	}
+	// What is left of it now: a call given back by its lane waited there.
+	var timeoutMs uint32
+	if ok {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, context.DeadlineExceeded
+		}
+		timeoutMs = uint32(min(max(left.Milliseconds(), 1), 1<<31))
 	}
 	c := &u.ctl.out
 	gl := copy(o.buf, group)

@@ -494,3 +494,32 @@ func TestLaneCallerNotReadingItsLine(t *testing.T) {
 		t.Fatal("a caller whose control line is full still takes lanes")
 	}
 }
+
+// TestLaneGivenBackKeepsItsDeadline: a call given back unrun after it
+// waited on the lane goes the usual way with the time it has left, not
+// the time it had when it was made (the node would hold it, and start
+// it, past the caller's deadline).
+func TestLaneGivenBackKeepsItsDeadline(t *testing.T) {
+	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
+	defer l.Close()
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
+	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
+	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
+	if err := caller.Dispatch("relay", []byte("test/svc/z"), time.Now().Add(3*time.Second).UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	until(t, g, 10*time.Second, "the call on the lane", func() bool { return l.Look(false).Open })
+	time.Sleep(1500 * time.Millisecond)
+	if !l.Rule(laneMoved, "") {
+		t.Fatal("an untaken call was not given back")
+	}
+	oc := awaitOutCall(t, g, caller.Proc)
+	if oc.TimeoutMs > 1600 {
+		t.Fatalf("the call given back after 1.5 s of its 3 went the usual way with a timeout of %d ms", oc.TimeoutMs)
+	}
+	caller.AnswerOutCall(oc.No, 0, []byte("usual"))
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual" {
+		t.Fatalf("the call given back: %q", c.Reply)
+	}
+}
