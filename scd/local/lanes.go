@@ -103,6 +103,9 @@ type laneState struct {
 	open    uint64    // the open call, as first seen
 	since   time.Time // when it was first seen
 	revoked time.Time // zero while granted
+	// ranOver: a call the callee had taken was ruled 'timed out'; it may
+	// run it still, so only its leaving the lane ends the lane.
+	ranOver bool
 }
 
 const (
@@ -226,8 +229,10 @@ func (g *Group) lookLanes(now time.Time) {
 		}
 		// Over once the callee left it (an honest one leaves between
 		// calls), or long after the revoke with no call taken: its own
-		// word, not the claim, which the caller can write too.
-		if !ls.revoked.IsZero() && (!lk.CalleeOn || !lk.Taken && now.Sub(ls.revoked) > laneLeaveWithin) {
+		// word, not the claim, which the caller can write too. A call it
+		// took and was ruled on it may still run (ranOver): as a queue's
+		// call past its deadline, it keeps its process until it ends.
+		if !ls.revoked.IsZero() && (!lk.CalleeOn || !lk.Taken && !ls.ranOver && now.Sub(ls.revoked) > laneLeaveWithin) {
 			g.closeLane(i)
 			si.laneLeft = true // its ring for leaving the lane has a cause
 			continue
@@ -378,6 +383,7 @@ func (g *Group) expireLanes(now time.Time) (expired int) {
 		limit = time.Duration(deadline - ls.since.UnixNano())
 		if ls.l.Rule(uint32(netio.CodeTimedOut), "timed out: "+timedOutMessage(limit, g.watch)) {
 			expired++
+			ls.ranOver = ls.ranOver || lk.Taken
 		}
 	}
 	return expired

@@ -110,13 +110,18 @@ func (s *fakeServer) run(slot int) error {
 		s.d.Started(slot, os.Getpid()) // as procmgr does once the process runs
 		return nil
 	}
-	var fds [3]int                // the UAP owns its descriptors, as a process would
-	for i, f := range files[:3] { // no control line: these take no lanes
-		if fds[i], err = unix.Dup(int(f.Fd())); err != nil {
-			return err
+	var u *shm.UAP
+	if fakeTakesLanes.Load() {
+		u, err = attachWithLine(files)
+	} else {
+		var fds [3]int                // the UAP owns its descriptors, as a process would
+		for i, f := range files[:3] { // no control line: these take no lanes
+			if fds[i], err = unix.Dup(int(f.Fd())); err != nil {
+				return err
+			}
 		}
+		u, err = shm.AttachFDs(fds[0], fds[1], fds[2])
 	}
-	u, err := shm.AttachFDs(fds[0], fds[1], fds[2])
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,125 @@
+package local
+
+import (
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"golang.org/x/sys/unix"
+
+	"tpsched/netio"
+	"tpsched/scd/call"
+	"tpsched/shm"
+)
+
+// fakeTakesLanes makes fakeProcs' processes attach with their control
+// line, as a Go UAP started by scdd does: they take lanes.
+var fakeTakesLanes atomic.Bool
+
+var attachMu sync.Mutex
+
+// attachWithLine attaches to files (Proc.Files) as shm.Attach does in a
+// process started with them as fds 3 to 6: the UAP owns copies of them at
+// four free descriptors in a row.
+func attachWithLine(files []*os.File) (*shm.UAP, error) {
+	attachMu.Lock()
+	defer attachMu.Unlock()
+	base := 4000
+	for free := 0; free < 4; base++ {
+		free = 0
+		for i := range 4 {
+			if _, err := unix.FcntlInt(uintptr(base+i), unix.F_GETFD, 0); err == unix.EBADF {
+				free++
+			}
+		}
+		if free == 4 {
+			break
+		}
+	}
+	for i, f := range files[:4] {
+		if err := unix.Dup3(int(f.Fd()), base+i, unix.O_CLOEXEC); err != nil {
+			return nil, err
+		}
+	}
+	old, had := os.LookupEnv("TPSCHED_SHM_FD")
+	os.Setenv("TPSCHED_SHM_FD", strconv.Itoa(base))
+	defer func() {
+		if had {
+			os.Setenv("TPSCHED_SHM_FD", old)
+		} else {
+			os.Unsetenv("TPSCHED_SHM_FD")
+		}
+	}()
+	return shm.Attach()
+}
+
+// lanesScheduler is a scheduler of servers whose processes take lanes,
+// routing the processes' own calls to itself (a node where lanes are
+// granted).
+func lanesScheduler(t *testing.T, servers map[string]string) *Scheduler {
+	t.Helper()
+	fakeTakesLanes.Store(true)
+	t.Cleanup(func() { fakeTakesLanes.Store(false) })
+	var s *Scheduler
+	opts := Options{Logger: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet(),
+		Place: func(c call.Caller, f *netio.Frame) (netio.Code, string) { return s.Serve(c, f) },
+		Lanes: func() bool { return true }}
+	s, _ = testSchedulerOpts(t, servers, opts)
+	return s
+}
+
+func lanesOpen(g *Group) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.lanes.open)
+}
+
+// TestLaneCalleeRuledTimedOutStaysLent: a call on a lane answered 'timed
+// out' (watch_time) while its callee still runs it leaves the callee busy
+// until it finishes, as a queue's call past its deadline does: the lane,
+// revoked when it idles, ends when the callee leaves it, not a second
+// after the revoke (the claim says ruled, not taken, and the process went
+// back to the queue running the call, first in line for the next one,
+// which then waited behind it and timed out with another process free).
+func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
+	const caller = "set service_group = a\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	const callee = "set service_group = b\nset service = echo, callhour\nset module = MODULE\nset parallel_count = 2\nset max_message_size = 1024\nset watch_time = 1\n"
+	const hang = "set service_group = c\nset service = echo, hang\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	s := lanesScheduler(t, map[string]string{"a": caller, "b": callee, "c": hang})
+	b := s.groups["b"]
+	ans := newAnswers()
+	id := uint64(0)
+	callOK := func(group, service, payload string) netio.Frame {
+		t.Helper()
+		id++
+		if code, msg := s.Serve(ans, frame(id, group, service, payload)); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", id, code, msg)
+		}
+		return ans.one(t, id)
+	}
+	// a's calls to b/callhour, until they take a lane.
+	deadline := time.Now().Add(testWait)
+	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no lane granted")
+		}
+		if f := callOK("a", "call", "b/callhour/c/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+			t.Fatalf("a call through b: %+v", f)
+		}
+	}
+	// On the lane, b's process runs a call that hangs: ruled 'timed out'.
+	if f := callOK("a", "call", "b/callhour/c/hang/y"); f.Kind == netio.KindReply {
+		t.Fatalf("a call whose callee hangs: %+v", f)
+	}
+	// Once the lane idled out and would have closed: b's next call goes to
+	// its free process.
+	time.Sleep(laneIdle + laneLeaveWithin + 300*time.Millisecond)
+	if f := callOK("b", "echo", "z"); f.Kind != netio.KindReply || string(f.Payload) != "z" {
+		t.Fatalf("b's next call, a process free: %v %q", f.Kind, f.Payload)
+	}
+}
