@@ -36,7 +36,7 @@ var metricHelp = map[string]string{
 	"tpsched_local_calls_total":                "Calls the group's UAPs made to services through their shared memory (UAP.Call), by calling group, on lanes too.",
 	"tpsched_lane_grants_total":                "Lanes granted to callers of the group's services: one of its processes lent to one caller process's calls.",
 	"tpsched_lane_calls_total":                 "Calls the group's processes completed on lanes (not in the queue's counters).",
-	"tpsched_lane_revokes_total":               "Lanes of the group ended, by why: waiting (a call waited for a process), closed (held, not serving here, the node closing), level, caller_gone, unmapped (the callee did not take its grant), idle, stopped, died (the callee).",
+	"tpsched_lane_revokes_total":               "Lanes of the group ended, by why: waiting (a call waited for a process), closed (held, not serving here, the node closing), level, caller_gone, unmapped (the callee did not take its grant), idle, stopped, died (the callee), timed_out (the node ruled a call on it).",
 	"tpsched_local_call_stalls_total":          "Times every process of the group waited for a call of its own for a second while calls waited for it (a call cycle with too few processes).",
 	"tpsched_dispatcher_last_look_age_seconds": "Seconds since the dispatcher, the one reader of every shared-memory group, last looked at the groups; it looks at least every 0.1 s while its processes ring, every 0.5 s on a quiet node, and above 1 the node logs a warning: it is stuck and those groups' calls go unanswered.",
 	"tpsched_group_held":                       "1 while the group is held (scdctl hold: new calls get 'service closed'), else 0.",

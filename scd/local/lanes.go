@@ -77,10 +77,11 @@ const (
 	revokeIdle              // no call for laneIdle
 	revokeStopped           // the callee is to stop (its server, chprc, Multiserver)
 	revokeDied              // the callee died
+	revokeTimedOut          // the node ruled a call on it 'timed out'
 	revokeReasons
 )
 
-var revokeReasonNames = [revokeReasons]string{"waiting", "closed", "level", "caller_gone", "unmapped", "idle", "stopped", "died"}
+var revokeReasonNames = [revokeReasons]string{"waiting", "closed", "level", "caller_gone", "unmapped", "idle", "stopped", "died", "timed_out"}
 
 func newGroupLanes(rules *laneRules, set *metrics.Set, group string) groupLanes {
 	gl := groupLanes{rules: rules,
@@ -361,7 +362,7 @@ func (g *Group) endLaneOf(slot int, why string) (terminated bool) {
 
 // expireLanes answers 'timed out' the calls on lanes whose deadline
 // passed: the caller's, or the group's watch_time from when the node first
-// saw the call. Under mu, on the expiry loop.
+// saw the call, and revokes their lanes. Under mu, on the expiry loop.
 func (g *Group) expireLanes(now time.Time) (expired int) {
 	for _, ls := range g.lanes.open {
 		lk := ls.l.Look(false)
@@ -384,6 +385,10 @@ func (g *Group) expireLanes(now time.Time) (expired int) {
 		if ls.l.Rule(uint32(netio.CodeTimedOut), "timed out: "+timedOutMessage(limit, g.watch)) {
 			expired++
 			ls.ranOver = ls.ranOver || lk.Taken
+			// Its caller lets it go at a ruling; one that does not (its
+			// claim forged 'taken' again) would have it ruled at every
+			// look, its callee lent for as long as nobody waits.
+			g.revokeLane(ls, now, revokeTimedOut)
 		}
 	}
 	return expired

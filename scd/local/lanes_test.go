@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
@@ -121,5 +122,80 @@ func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
 	time.Sleep(laneIdle + laneLeaveWithin + 300*time.Millisecond)
 	if f := callOK("b", "echo", "z"); f.Kind != netio.KindReply || string(f.Payload) != "z" {
 		t.Fatalf("b's next call, a process free: %v %q", f.Kind, f.Payload)
+	}
+}
+
+// laneMemory maps the lane of generation gen as a process holding it
+// could: its memfd, found among the test process's descriptors (the
+// node's own end of it).
+func laneMemory(t *testing.T, gen uint32) []byte {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "/memfd:tpsched-lane-" + strconv.FormatUint(uint64(gen), 10) + " (deleted)"
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && target == want {
+			fd, err := strconv.Atoi(e.Name())
+			if err != nil {
+				t.Fatal(err)
+			}
+			mem, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Munmap(mem) })
+			return mem
+		}
+	}
+	t.Fatalf("no descriptor of lane %d", gen)
+	return nil
+}
+
+// TestLaneForgedTakenCallIsRevoked: a caller that forges its lane's claim
+// as 'taken' again after every ruling keeps the lane open (never idle,
+// its call never over) and has the node rule it 'timed out' at every
+// look of the expiry loop, counting each in the callee group's
+// tpsched_requests_timed_out_total, for as long as nobody waits for the
+// group. A lane whose call the node ruled is revoked: its (honest)
+// callee leaves it and goes back to its queue, and the count stops.
+func TestLaneForgedTakenCallIsRevoked(t *testing.T) {
+	const caller = "set service_group = a\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 2\nset max_message_size = 1024\nset watch_time = 1\n"
+	s := lanesScheduler(t, map[string]string{"a": caller, "b": callee})
+	b := s.groups["b"]
+	ans := newAnswers()
+	deadline := time.Now().Add(testWait)
+	for id := uint64(1); lanesOpen(b) == 0 || b.lanes.calls.Get() == 0; id++ {
+		if time.Now().After(deadline) {
+			t.Fatal("no lane granted")
+		}
+		if code, msg := s.Serve(ans, frame(id, "a", "call", "b/echo/x")); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", id, code, msg)
+		}
+		if f := ans.one(t, id); f.Kind != netio.KindReply {
+			t.Fatalf("a call through b: %+v", f)
+		}
+	}
+	b.mu.Lock()
+	gen := b.lanes.open[0].l.Gen()
+	b.mu.Unlock()
+	mem := laneMemory(t, gen)
+	seq := (*atomic.Uint64)(unsafe.Pointer(&mem[0x00]))
+	claim := (*atomic.Uint64)(unsafe.Pointer(&mem[0x80]))
+	n := claim.Load()>>8 + 1
+	seq.Store(n)
+	claim.Store(n<<8 | 1) // taken
+	before := b.timedOut.Get()
+	stop := time.Now().Add(3 * time.Second)
+	for time.Now().Before(stop) && lanesOpen(b) > 0 {
+		if c := claim.Load(); c&3 != 1 {
+			claim.Store(c>>8<<8 | 1) // ruled: taken again
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if lanesOpen(b) > 0 {
+		t.Errorf("the lane whose claim the caller forges is open 3 s on, %d calls on it ruled 'timed out'", b.timedOut.Get()-before)
 	}
 }
