@@ -327,7 +327,14 @@ func (l *Lane) Look(count bool) LaneLook {
 // the usual way) and msg, and wakes the caller: true if the ruling won
 // the claim. A call the callee took can only end with an answer code
 // (never laneMoved): it may have run.
-func (l *Lane) Rule(code uint32, msg string) bool {
+func (l *Lane) Rule(code uint32, msg string) bool { return l.rule(code, msg, false) }
+
+// RuleTaken is Rule for a call the callee took only: a call made and not
+// taken is left as it is (the callee's death: it goes back to its caller,
+// Rule with laneMoved, never answered 'server terminated').
+func (l *Lane) RuleTaken(code uint32, msg string) bool { return l.rule(code, msg, true) }
+
+func (l *Lane) rule(code uint32, msg string, takenOnly bool) bool {
 	h := l.h
 	c, made := h.claim.Load(), h.seq.Load()
 	n := c >> 8
@@ -335,7 +342,7 @@ func (l *Lane) Rule(code uint32, msg string) bool {
 	switch {
 	case c&3 == laneTaken && code != laneMoved:
 		next = n<<8 | uint64(code&0x3F)<<2 | laneRuled
-	case laneFinal(c) && made != n:
+	case !takenOnly && laneFinal(c) && made != n:
 		next = (n+1)<<8 | uint64(code&0x3F)<<2 | laneRuled
 	default:
 		return false

@@ -523,3 +523,30 @@ func TestLaneGivenBackKeepsItsDeadline(t *testing.T) {
 		t.Fatalf("the call given back: %q", c.Reply)
 	}
 }
+
+// TestLaneRuleTakenLeavesAnUntakenCall: at a callee's death the node
+// answers 'server terminated' only a call the callee took (RuleTaken); one
+// it never took is left to be given back to its caller unrun.
+func TestLaneRuleTakenLeavesAnUntakenCall(t *testing.T) {
+	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
+	defer l.Close()
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
+	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
+	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
+	if err := caller.Dispatch("relay", []byte("test/svc/z"), 0); err != nil {
+		t.Fatal(err)
+	}
+	caller.Wake()
+	until(t, g, 10*time.Second, "the call on the lane", func() bool { return l.Look(false).Open })
+	if l.RuleTaken(7, "server terminated: never taken") {
+		t.Fatal("a call the callee never took was answered 'server terminated'")
+	}
+	if !l.Rule(laneMoved, "") {
+		t.Fatal("the untaken call was not left to be given back")
+	}
+	oc := awaitOutCall(t, g, caller.Proc)
+	caller.AnswerOutCall(oc.No, 0, []byte("usual"))
+	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual" {
+		t.Fatalf("the call given back: %q", c.Reply)
+	}
+}

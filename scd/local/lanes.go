@@ -298,7 +298,9 @@ func (g *Group) revokeLane(ls *laneState, now time.Time, why int) {
 // in the group for laneQuiet. Under mu.
 func (g *Group) makeRoom(waiting int, now time.Time) {
 	g.lanes.quiet = now.Add(laneQuiet)
-	for ; waiting > 0; waiting-- {
+	// Lanes revoked already give their processes back soon: a waiting
+	// call each of those does not need another revoke.
+	for waiting -= lanesRevoked(g.lanes.open); waiting > 0; waiting-- {
 		var pick *laneState
 		for _, ls := range g.lanes.open {
 			if ls.revoked.IsZero() && (pick == nil || ls.active.Before(pick.active)) {
@@ -345,12 +347,16 @@ func (g *Group) endLaneOf(slot int, why string) (terminated bool) {
 		if ls.slot != slot {
 			continue
 		}
-		ls.l.Rule(0, "")
-		terminated = ls.l.Rule(uint32(netio.CodeServerTerminated), "server terminated: "+why)
+		// Revoked first: a call the caller makes from here it takes back
+		// itself (it sees lane_out moved), and one made before is given
+		// back unrun unless the callee took it. Only a taken call is
+		// answered 'server terminated'.
 		if ls.revoked.IsZero() {
 			g.lanes.revokes[revokeDied].Inc()
 		}
 		ls.l.Revoke()
+		ls.l.Rule(0, "")
+		terminated = ls.l.RuleTaken(uint32(netio.CodeServerTerminated), "server terminated: "+why)
 		ls.l.Close()
 		ls.from.laneHeld.Store(false)
 		g.lanes.rules.open.Add(-1)
