@@ -55,6 +55,24 @@ func lanePair(tb testing.TB, slots int, callerEnv, calleeEnv []string, entry str
 	return g, caller, callee, l
 }
 
+// usualWay hands the caller a relay of req and expects its call to come
+// the usual way (through the scheduler, not a lane): it answers it with
+// answer, checks that the caller's relay says so, and returns the call as
+// the scheduler saw it.
+func usualWay(tb testing.TB, g *Group, caller *Proc, req, answer string) OutCall {
+	tb.Helper()
+	if err := caller.Dispatch("relay", []byte(req), 0); err != nil {
+		tb.Fatal(err)
+	}
+	caller.Wake()
+	oc := awaitOutCall(tb, g, caller)
+	caller.AnswerOutCall(oc.No, 0, []byte(answer))
+	if c := waitCompletion(tb, g, caller); string(c.Reply) != answer {
+		tb.Fatalf("relay %q, answered %q the usual way: the caller says %q", req, answer, c.Reply)
+	}
+	return oc
+}
+
 // TestLaneCalls: a caller with a lane to a callee calls it straight, the
 // scheduler seeing no call of its own and counting the completions; the
 // callee's errors reach the caller as the node would say them.
@@ -74,27 +92,11 @@ func TestLaneCalls(t *testing.T) {
 		t.Fatalf("look after 50 calls: %+v", lk)
 	}
 	// Another service of the group goes the usual way.
-	if err := caller.Dispatch("relay", []byte("test/other/x"), 0); err != nil {
-		t.Fatal(err)
-	}
-	caller.Wake()
-	oc := awaitOutCall(t, g, caller.Proc)
-	caller.AnswerOutCall(oc.No, 0, []byte("usual"))
-	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual" {
-		t.Fatalf("a call to another service: %q", c.Reply)
-	}
+	usualWay(t, g, caller.Proc, "test/other/x", "usual")
 	l.Revoke()
 	until(t, g, 10*time.Second, "the callee to leave the revoked lane", func() bool { return !l.Look(true).CalleeOn })
 	// Revoked: the usual way again, and the callee takes mailbox calls.
-	if err := caller.Dispatch("relay", []byte("test/svc/y"), 0); err != nil {
-		t.Fatal(err)
-	}
-	caller.Wake()
-	oc = awaitOutCall(t, g, caller.Proc)
-	caller.AnswerOutCall(oc.No, 0, []byte("usual again"))
-	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual again" {
-		t.Fatalf("a call after the revoke: %q", c.Reply)
-	}
+	usualWay(t, g, caller.Proc, "test/svc/y", "usual again")
 	if c := call(t, g, callee.Proc, "echo", []byte("mailbox")); string(c.Reply) != "mailbox" {
 		t.Fatalf("the callee after the revoke: %q", c.Reply)
 	}
@@ -174,15 +176,7 @@ func TestLaneErrors(t *testing.T) {
 		t.Fatalf("the callee took a call given back, or the caller kept the lane: %+v", lk)
 	}
 	// The caller let the lane go: its calls go the usual way.
-	if err := caller.Dispatch("relay", []byte("test/svc/again"), 0); err != nil {
-		t.Fatal(err)
-	}
-	caller.Wake()
-	oc = awaitOutCall(t, g, caller.Proc)
-	caller.AnswerOutCall(oc.No, 0, []byte("again"))
-	if c := waitCompletion(t, g, caller.Proc); !strings.Contains(string(c.Reply), "again") {
-		t.Fatalf("after a give-back: %q", c.Reply)
-	}
+	usualWay(t, g, caller.Proc, "test/svc/again", "again")
 }
 
 // BenchmarkLaneCall: a UAP's calls to another process on a lane, 128
@@ -327,15 +321,7 @@ func TestLaneHostileCallee(t *testing.T) {
 	if l.CallerOn() {
 		t.Fatal("the caller kept the lane after a broken answer")
 	}
-	if err := caller.Dispatch("relay", []byte("test/svc/y"), 0); err != nil {
-		t.Fatal(err)
-	}
-	caller.Wake()
-	oc := awaitOutCall(t, g, caller.Proc)
-	caller.AnswerOutCall(oc.No, 0, []byte("usual"))
-	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "usual" {
-		t.Fatalf("the caller's next call: %q", c.Reply)
-	}
+	usualWay(t, g, caller.Proc, "test/svc/y", "usual")
 }
 
 // TestLaneTimedOutCallStillRunning: a call the scheduler ruled 'timed
