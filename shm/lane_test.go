@@ -239,6 +239,27 @@ func hostileLaneCaller() {
 // the calls on its lanes not: the first it answers right after a flood of
 // wake-ups of its caller, the others with a status no UAP may write.
 func hostileLaneCallee() {
+	first := true
+	misserveLanes(func(h *laneHdr, n uint64) {
+		if first {
+			for range 5000 {
+				h.callerWake.Add(1)
+				futexWake(&h.callerWake, 1)
+				time.Sleep(time.Microsecond) // the caller, woken, goes back to sleep in between
+			}
+			h.status.Store(uint32(StatusOK))
+			h.replyLen.Store(h.reqLen.Load())
+		} else {
+			h.status.Store(99)
+		}
+		first = false
+		h.claim.Store(n<<8 | laneDone)
+	})
+}
+
+// misserveLanes is a UAP that serves its mailbox calls honestly and ends
+// each call it takes on a lane with end, then wakes its caller.
+func misserveLanes(end func(h *laneHdr, n uint64)) {
 	u, err := Attach()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -246,23 +267,11 @@ func hostileLaneCallee() {
 	}
 	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
 	u.publish()
-	for first := true; ; {
+	for {
 		u.syncLaneIn()
 		if n := u.takeLane(); n != 0 {
 			h := u.laneIn.h
-			if first {
-				for range 5000 {
-					h.callerWake.Add(1)
-					futexWake(&h.callerWake, 1)
-					time.Sleep(time.Microsecond) // the caller, woken, goes back to sleep in between
-				}
-				h.status.Store(uint32(StatusOK))
-				h.replyLen.Store(h.reqLen.Load())
-			} else {
-				h.status.Store(99)
-			}
-			first = false
-			h.claim.Store(n<<8 | laneDone)
+			end(h, n)
 			h.callerWake.Add(1)
 			futexWake(&h.callerWake, 1)
 			continue
@@ -393,28 +402,7 @@ func TestLaneTimedOutCallStillRunning(t *testing.T) {
 // each with a claim of another number, so the node's rulings, which
 // follow the claim, miss the call its caller waits for.
 func forgingLaneCallee() {
-	u, err := Attach()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	u.Handle("echo", func(req []byte) ([]byte, error) { return req, nil })
-	u.publish()
-	for {
-		u.syncLaneIn()
-		if n := u.takeLane(); n != 0 {
-			h := u.laneIn.h
-			h.claim.Store((n+5)<<8 | laneDone)
-			h.callerWake.Add(1)
-			futexWake(&h.callerWake, 1)
-			continue
-		}
-		if n, mb := u.take(); n != 0 {
-			u.serve(n, mb)
-			continue
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	misserveLanes(func(h *laneHdr, n uint64) { h.claim.Store((n+5)<<8 | laneDone) })
 }
 
 // TestLaneCalleeForgesTheClaim: a callee that ends a call with a claim of
