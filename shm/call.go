@@ -133,14 +133,24 @@ func (u *UAP) Call(ctx context.Context, group, service string, req []byte) ([]by
 // ends first.
 func (u *UAP) awaitOut(ctx context.Context) error {
 	o, c := &u.out, &u.ctl.out
-	answered := func() bool { return c.done.Load() >= o.no }
+	_, err := u.awaitAnswer(ctx, &o.spin, &c.wake, &c.sleeping, func() bool { return c.done.Load() >= o.no }, 0)
+	return err
+}
+
+// awaitAnswer waits until answered, spinning briefly (sp) and then
+// sleeping on the futex word wake, saying so in sleeping; ctx.Err() if ctx
+// ends first, ErrClosed if the UAP closes, errLaneLate past late (unix ns;
+// 0 none). It counts the wake-ups that brought no answer. The out-call
+// line's wait and a lane's (awaitLane) are this one on their own words.
+func (u *UAP) awaitAnswer(ctx context.Context, sp *spinner, wake, sleeping *atomic.Uint32, answered func() bool, late int64) (idle int, err error) {
+	o := &u.out
 	ready := func() bool { return answered() || o.closing.Load() }
 	start := time.Now()
-	if o.spin.spin(start, answered) {
-		o.spin.learn(time.Since(start))
-		return nil
+	if sp.spin(start, answered) {
+		sp.learn(time.Since(start))
+		return 0, nil
 	}
-	o.spin.learn(-1)
+	sp.learn(-1)
 	// A cancel wakes the wait at once (a deadline bounds the sleep
 	// anyway): the wake word moves, and the loop looks at ctx. A wake
 	// under way when the wait ends is waited for: Close may unmap the word
@@ -149,8 +159,8 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 		woke := make(chan struct{})
 		stop := context.AfterFunc(ctx, func() {
 			defer close(woke)
-			c.wake.Add(1)
-			futexWake(&c.wake, 1)
+			wake.Add(1)
+			futexWake(wake, 1)
 		})
 		defer func() {
 			if !stop() {
@@ -160,10 +170,10 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 	}
 	for !answered() {
 		if o.closing.Load() {
-			return ErrClosed
+			return idle, ErrClosed
 		}
 		if err := ctx.Err(); err != nil {
-			return err
+			return idle, err
 		}
 		sleep := maxSleep
 		if d, ok := ctx.Deadline(); ok {
@@ -171,11 +181,18 @@ func (u *UAP) awaitOut(ctx context.Context) error {
 			if left <= 0 {
 				// Past the deadline, before ctx's own timer says so: a
 				// sleep of nothing would spin until it does.
-				return context.DeadlineExceeded
+				return idle, context.DeadlineExceeded
 			}
 			sleep = min(sleep, left)
 		}
-		sleepOn(&c.wake, &c.sleeping, ready, sleep)
+		if late != 0 && time.Now().UnixNano() > late {
+			return idle, errLaneLate
+		}
+		w := wake.Load()
+		sleepOn(wake, sleeping, ready, sleep)
+		if wake.Load() != w && !answered() {
+			idle++
+		}
 	}
-	return nil
+	return idle, nil
 }

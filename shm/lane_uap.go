@@ -385,55 +385,8 @@ const laneLate = time.Second
 // errLaneLate is awaitLane's error past late.
 var errLaneLate = errors.New("shm: no answer on the lane past its deadline")
 
-// awaitLane waits until ended, spinning briefly and then sleeping on the
-// lane's word for the caller; ctx.Err() if ctx ends first, ErrClosed if
-// the UAP closes (seen within maxSleep), errLaneLate past late (unix ns;
-// 0 none). It counts the wake-ups that brought no answer.
+// awaitLane waits until ended on the lane's word for the caller
+// (awaitAnswer), errLaneLate past late (unix ns; 0 none).
 func (u *UAP) awaitLane(ctx context.Context, e *laneEnd, ended func() bool, late int64) (idle int, err error) {
-	h, o := e.h, &u.out
-	start := time.Now()
-	if e.spin.spin(start, ended) {
-		e.spin.learn(time.Since(start))
-		return 0, nil
-	}
-	e.spin.learn(-1)
-	if ctx.Done() != nil {
-		woke := make(chan struct{})
-		stop := context.AfterFunc(ctx, func() {
-			defer close(woke)
-			h.callerWake.Add(1)
-			futexWake(&h.callerWake, 1)
-		})
-		defer func() {
-			if !stop() {
-				<-woke
-			}
-		}()
-	}
-	ready := func() bool { return ended() || o.closing.Load() }
-	for !ended() {
-		if o.closing.Load() {
-			return idle, ErrClosed
-		}
-		if err := ctx.Err(); err != nil {
-			return idle, err
-		}
-		sleep := maxSleep
-		if d, ok := ctx.Deadline(); ok {
-			left := time.Until(d)
-			if left <= 0 {
-				return idle, context.DeadlineExceeded
-			}
-			sleep = min(sleep, left)
-		}
-		if late != 0 && time.Now().UnixNano() > late {
-			return idle, errLaneLate
-		}
-		w := h.callerWake.Load()
-		sleepOn(&h.callerWake, &h.callerSleeping, ready, sleep)
-		if h.callerWake.Load() != w && !ended() {
-			idle++
-		}
-	}
-	return idle, nil
+	return u.awaitAnswer(ctx, &e.spin, &e.h.callerWake, &e.h.callerSleeping, ended, late)
 }
