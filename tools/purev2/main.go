@@ -50,7 +50,7 @@ func run() int {
 		fmt.Println("purev2: enable cpu, pids and memory below the root:", err)
 		return 2
 	}
-	cmd := exec.Command("/procmgr.test", "-test.v", "-test.timeout", "10m",
+	cmd := exec.Command("/procmgr.test", "-test.v", "-test.timeout", "4m",
 		"-test.run", os.Getenv("PUREV2_RUN"), "-test.skip", os.Getenv("PUREV2_SKIP"))
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
 	cmd.Env = []string{"PATH=/bin", "TMPDIR=/tmp", "HOME=/tmp"}
