@@ -67,7 +67,7 @@ func TestTortureCluster(t *testing.T) {
 	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
 	var peers []*tpeer
 	for i := 1; i < len(clusterIPs); i++ {
-		p := &tpeer{tt: tt, name: fmt.Sprintf("n%d", i), addr: clusterIPs[i], log: filepath.Join(t.TempDir(), "scdd.log")}
+		p := &tpeer{tt: tt, name: fmt.Sprintf("n%d", i), addr: clusterIPs[i], log: filepath.Join(t.TempDir(), "scdd.log"), exits: map[int]string{}}
 		p.dir = defs(i, map[string]string{
 			"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
 			"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
@@ -201,16 +201,18 @@ type tpeer struct {
 	dir  string
 	log  string
 
-	mu      sync.Mutex
-	outs    [][2]time.Duration // since the run's start: from an attack that takes it out until it is back in n0's table
-	pid     int                // the scdd serving now
-	http    string             // its metrics address (a new one at each start)
-	down    bool               // killed, or stopped, or handing over: on purpose
-	pgids   []int              // every incarnation's process group, for the cleanup
-	started int                // "scdd started" lines in the log so far
+	mu    sync.Mutex
+	outs  [][2]time.Duration // since the run's start: from an attack that takes it out until it is back in n0's table
+	pid   int                // the scdd serving now
+	http  string             // its metrics address (a new one at each start)
+	down  bool               // killed, or stopped, or handing over: on purpose
+	pgids []int              // every incarnation's process group, for the cleanup
+	exits map[int]string     // how each scdd the test started ended, by pid
 }
 
-var tpeerStarted = regexp.MustCompile(`msg="scdd started" .*http=(\S+)`)
+// tpeerStarted is a fresh scdd's "scdd started" line (a hand-over's new
+// process adds scdd_pid=).
+var tpeerStarted = regexp.MustCompile(`msg="scdd started" [^\n]*http=(\S+) [^\n]*groups=\d+\n`)
 
 // start starts an scdd on the node's definitions and waits for it to
 // serve.
@@ -224,20 +226,32 @@ func (p *tpeer) start() error {
 	cmd.Env = append(os.Environ(), "DCCONFPATH=")
 	cmd.Stderr = f // a file: a new process of a hand-over inherits it
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Only what this process writes counts: the log before it holds the
+	// "scdd started" lines of earlier incarnations, hand-overs' too.
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	from := st.Size()
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	go func() { _ = cmd.Wait() }()
+	pid := cmd.Process.Pid
+	go func() {
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.exits[pid] = fmt.Sprint(err)
+		p.mu.Unlock()
+	}()
 	p.mu.Lock()
-	p.pgids = append(p.pgids, cmd.Process.Pid)
-	before := p.started
+	p.pgids = append(p.pgids, pid)
 	p.mu.Unlock()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		b, _ := os.ReadFile(p.log)
-		if m := tpeerStarted.FindAllStringSubmatch(string(b), -1); len(m) > before {
+		if m := tpeerStarted.FindSubmatch(b[min(from, int64(len(b))):]); m != nil {
 			p.mu.Lock()
-			p.pid, p.http, p.started, p.down = cmd.Process.Pid, m[len(m)-1][1], len(m), false
+			p.pid, p.http, p.down = pid, string(m[1]), false
 			p.mu.Unlock()
 			return nil
 		}
@@ -421,16 +435,40 @@ func (p *tpeer) restart(*rand.Rand) {
 }
 
 // watch fails the run when the node's scdd dies and no attack killed it.
+// An attack marks the node down before it signals, so the state is read
+// again after a death is seen: read only before, a kill that came between
+// the read and the look at the process passed for a death of its own.
 func (p *tpeer) watch() {
-	for p.tt.sleep(50 * time.Millisecond) {
+	state := func() (int, bool) {
 		p.mu.Lock()
-		pid, down := p.pid, p.down
-		p.mu.Unlock()
-		if !down && !pidAliveInt(pid) && !p.tt.aborted() {
-			p.tt.fail("%s: scdd pid %d died when no attack asked it to: its log is below", p.name, pid)
+		defer p.mu.Unlock()
+		return p.pid, p.down
+	}
+	for p.tt.sleep(50 * time.Millisecond) {
+		pid, down := state()
+		if down || pidAliveInt(pid) {
+			continue
+		}
+		if pid2, down2 := state(); pid2 == pid && !down2 && !p.tt.aborted() {
+			p.tt.fail("%s: scdd pid %d died when no attack asked it to (%s): its log is below", p.name, pid, p.exitOf(pid))
 			return
 		}
 	}
+}
+
+// exitOf says how process pid ended, when the test started it: its
+// status is read by a goroutine of its own, so it waits a little for it.
+func (p *tpeer) exitOf(pid int) string {
+	for range 50 {
+		p.mu.Lock()
+		e, ok := p.exits[pid]
+		p.mu.Unlock()
+		if ok {
+			return e
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return "a hand-over's process, or its status not read"
 }
 
 // stop ends every incarnation of the node: SIGTERM, then SIGKILL of what
