@@ -39,13 +39,14 @@ import (
 // laneRules are a node's lanes: its generations, whether it grants them,
 // and its counters.
 type laneRules struct {
-	on   bool           // the node grants lanes (Options.Lanes, TPSCHED_LANES)
-	max  int64          // the most lanes open at once on the node (maxLanes)
-	gen  *atomic.Uint32 // the node's last lane generation
-	open *atomic.Int64  // the node's lanes not yet closed (the expiry loop's pace)
+	on      bool           // the node grants lanes (Options.Lanes, TPSCHED_LANES)
+	max     int64          // the most lanes granted at once on the node (maxLanes)
+	gen     *atomic.Uint32 // the node's last lane generation
+	open    *atomic.Int64  // the node's lanes not yet closed (the expiry loop's pace)
+	granted *atomic.Int64  // the node's lanes granted and not revoked: what max bounds
 }
 
-// maxLanes is how many lanes a node keeps open at once: one per two CPUs,
+// maxLanes is how many lanes a node grants at once: one per two CPUs,
 // at least one. A lane is two processes that each run, spin and wake the
 // other without pause, so more lanes than that keep more tasks runnable
 // than there are CPUs, and the node's own threads, and every other Go
@@ -170,7 +171,7 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 	// Again under mu: a hold, a stop or the node's close revokes the
 	// group's lanes under mu, and a grant after it would outlive it.
 	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() ||
-		g.lanes.rules.open.Load() >= g.lanes.rules.max {
+		g.lanes.rules.granted.Load() >= g.lanes.rules.max {
 		return false
 	}
 	slot := g.q.Lend(func(s int) bool {
@@ -195,6 +196,7 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 	g.lanes.open = append(g.lanes.open, &laneState{l: l, slot: slot, from: u, granted: now, active: now})
 	u.laneHeld.Store(true)
 	g.lanes.rules.open.Add(1)
+	g.lanes.rules.granted.Add(1)
 	return true
 }
 
@@ -283,12 +285,16 @@ func lanesRevoked(open []*laneState) int {
 
 // revokeLane ends the grant of a lane: both processes are told, a call
 // made and not taken goes back to its caller. The lane stays open until
-// its callee left it (lookLanes). Under mu.
+// its callee left it (lookLanes), but no longer counts against the
+// node's maxLanes: no call is made on it from here, and a callee that
+// runs a call ruled 'timed out' on it for ever (ranOver), or never
+// leaves, would otherwise keep every other caller off lanes. Under mu.
 func (g *Group) revokeLane(ls *laneState, now time.Time, why int) {
 	if ls.revoked.IsZero() {
 		ls.revoked = now
 		ls.l.Revoke()
 		g.lanes.revokes[why].Inc()
+		g.lanes.rules.granted.Add(-1)
 	}
 }
 
@@ -353,6 +359,7 @@ func (g *Group) endLaneOf(slot int, why string) (terminated bool) {
 		// answered 'server terminated'.
 		if ls.revoked.IsZero() {
 			g.lanes.revokes[revokeDied].Inc()
+			g.lanes.rules.granted.Add(-1)
 		}
 		ls.l.Revoke()
 		ls.l.Rule(0, "")

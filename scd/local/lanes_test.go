@@ -1,6 +1,7 @@
 package local
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -122,6 +123,63 @@ func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
 	time.Sleep(laneIdle + laneLeaveWithin + 300*time.Millisecond)
 	if f := callOK("b", "echo", "z"); f.Kind != netio.KindReply || string(f.Payload) != "z" {
 		t.Fatalf("b's next call, a process free: %v %q", f.Kind, f.Payload)
+	}
+}
+
+// TestLaneRanOverCalleeLeavesTheCapFree: a lane whose callee runs on a
+// call ruled 'timed out' stays open until the callee leaves it, which it
+// may never do; revoked, it no longer counts against the node's
+// maxLanes, so another caller is granted a lane meanwhile (on two CPUs
+// the cap is one lane: a callee stuck in a call kept every caller of
+// the node off lanes until it died).
+func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
+	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	const callee = "set service_group = b\nset service = echo, callhour\nset module = MODULE\nset parallel_count = 3\nset max_message_size = 1024\nset watch_time = 1\n"
+	const hang = "set service_group = c\nset service = echo, hang\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"), "b": callee, "c": hang})
+	s.lanes.max = 1 // as on two CPUs, whatever this machine has
+	b := s.groups["b"]
+	ans := newAnswers()
+	id := uint64(0)
+	call := func(group, payload string) netio.Frame {
+		t.Helper()
+		id++
+		if code, msg := s.Serve(ans, frame(id, group, "call", payload)); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", id, code, msg)
+		}
+		return ans.one(t, id)
+	}
+	deadline := time.Now().Add(testWait)
+	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no lane granted to a")
+		}
+		if f := call("a", "b/callhour/c/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+			t.Fatalf("a call through b: %+v", f)
+		}
+	}
+	if f := call("a", "b/callhour/c/hang/y"); f.Kind == netio.KindReply {
+		t.Fatalf("a call whose callee hangs: %+v", f)
+	}
+	// a2's calls to b: two of its processes are free (one for the call
+	// that prompts a grant, one to lend), and so is the one lane the node
+	// grants, the first one revoked.
+	grants := b.lanes.grants.Get()
+	deadline = time.Now().Add(testWait)
+	for b.lanes.grants.Get() == grants {
+		if time.Now().After(deadline) {
+			b.mu.Lock()
+			open := len(b.lanes.open)
+			b.mu.Unlock()
+			t.Fatalf("no lane granted to a2 while a's callee runs on a call ruled 'timed out' (%d lanes open, %d granted)",
+				open, s.lanes.granted.Load())
+		}
+		if f := call("a2", "b/echo/z"); f.Kind != netio.KindReply || string(f.Payload) != "z" {
+			t.Fatalf("a2's call through b: %v %q", f.Kind, f.Payload)
+		}
+	}
+	if n := lanesOpen(b); n != 2 {
+		t.Errorf("%d lanes open, want 2: a's, revoked, whose callee still runs its call, and a2's", n)
 	}
 }
 
