@@ -44,6 +44,7 @@ type laneRules struct {
 	gen     *atomic.Uint32 // the node's last lane generation
 	open    *atomic.Int64  // the node's lanes not yet closed (the expiry loop's pace)
 	granted *atomic.Int64  // the node's lanes granted and not revoked: what max bounds
+	wanted  *atomic.Int64  // unix ns: when max last kept a caller from a lane
 }
 
 // maxLanes is how many lanes a node grants at once: one per two CPUs,
@@ -79,10 +80,11 @@ const (
 	revokeStopped           // the callee is to stop (its server, chprc, Multiserver)
 	revokeDied              // the callee died
 	revokeTimedOut          // the node ruled a call on it 'timed out'
+	revokeTurn              // held laneTurn while another caller waited for one
 	revokeReasons
 )
 
-var revokeReasonNames = [revokeReasons]string{"waiting", "closed", "level", "caller_gone", "unmapped", "idle", "stopped", "died", "timed_out"}
+var revokeReasonNames = [revokeReasons]string{"waiting", "closed", "level", "caller_gone", "unmapped", "idle", "stopped", "died", "timed_out", "turn"}
 
 func newGroupLanes(rules *laneRules, set *metrics.Set, group string) groupLanes {
 	gl := groupLanes{rules: rules,
@@ -132,6 +134,12 @@ const (
 	// lane unmapped.
 	laneRetry       = 50 * time.Millisecond
 	laneRetryUnused = 5 * time.Second
+	// laneTurn is how long a caller keeps its lane once maxLanes kept
+	// another from one; then it takes no lane for as long, and the others
+	// take turns. Without it the first caller kept the node's lanes (one,
+	// on two CPUs) for as long as it called, or, forging its calls, for
+	// good.
+	laneTurn = time.Second
 )
 
 // lanesFromEnv is whether scdd grants lanes: TPSCHED_LANES=off turns them
@@ -170,8 +178,11 @@ func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now time.Time) bool {
 	// Again under mu: a hold, a stop or the node's close revokes the
 	// group's lanes under mu, and a grant after it would outlive it.
-	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() ||
-		g.lanes.rules.granted.Load() >= g.lanes.rules.max {
+	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() {
+		return false
+	}
+	if g.lanes.rules.granted.Load() >= g.lanes.rules.max {
+		g.lanes.rules.wanted.Store(now.UnixNano())
 		return false
 	}
 	slot := g.q.Lend(func(s int) bool {
@@ -262,6 +273,9 @@ func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) int {
 	case !lk.CalleeOn && now.Sub(ls.granted) > laneMapWithin:
 		ls.l.Callee().NoLanes() // it said it takes lanes and did not take this one
 		return revokeUnmapped
+	case now.Sub(ls.granted) > laneTurn && g.lanes.rules.wanted.Load() > ls.granted.UnixNano():
+		ls.from.laneNext.Store(now.Add(laneTurn).UnixNano())
+		return revokeTurn
 	case now.Sub(ls.active) > laneIdle && !lk.Open:
 		if !ls.l.CallerOn() {
 			ls.from.laneNext.Store(now.Add(laneRetryUnused).UnixNano())

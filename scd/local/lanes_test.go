@@ -183,6 +183,48 @@ func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
 	}
 }
 
+// TestLanesTakeTurns: two callers that call without pause, and the node
+// grants one lane (as on two CPUs): the first one's lane is revoked a
+// laneTurn after the second was kept from one, and the second is granted
+// its turn. Without turns the first kept the lane for as long as it
+// called.
+func TestLanesTakeTurns(t *testing.T) {
+	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 3\nset max_message_size = 1024\n"
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"), "b": callee})
+	s.lanes.max = 1
+	b := s.groups["b"]
+	ans := newAnswers()
+	id := uint64(0)
+	call := func(group string) {
+		t.Helper()
+		id++
+		if code, msg := s.Serve(ans, frame(id, group, "call", "b/echo/x")); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", id, code, msg)
+		}
+		if f := ans.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+			t.Fatalf("%s's call through b: %v %q", group, f.Kind, f.Payload)
+		}
+	}
+	deadline := time.Now().Add(testWait)
+	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no lane granted to a")
+		}
+		call("a")
+	}
+	turns := b.lanes.revokes[revokeTurn]
+	deadline = time.Now().Add(laneTurn + testWait)
+	for turns.Get() == 0 || b.lanes.grants.Get() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a kept its lane %v while a2 called too: %d grants, %d revoked for a turn",
+				laneTurn+testWait, b.lanes.grants.Get(), turns.Get())
+		}
+		call("a2")
+		call("a")
+	}
+}
+
 // laneMemory maps the lane of generation gen as a process holding it
 // could: its memfd, found among the test process's descriptors (the
 // node's own end of it).
