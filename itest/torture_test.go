@@ -125,6 +125,7 @@ type tcall struct {
 	service string
 	flag    string // n, x (UAP exits holding it), b (bad completion, then exit), c (socket closed, process lives on)
 	burst   int    // front/burst: its local calls (<id>.in1 to .in<burst>)
+	each    int    // front/burst: ms each of its local calls but the last sleeps
 	req     []byte
 	sentAt  time.Duration // since the run's start
 
@@ -457,6 +458,15 @@ func (tt *torture) run(more func(spawn func(func()), rng func(uint64) *rand.Rand
 	tt.check()
 }
 
+// laneFigures are the lane counters countLanes follows, by the figure
+// each gives.
+var laneFigures = map[string]string{
+	"tpsched_lane_grants_total":                                    "lanes granted",
+	"tpsched_lane_calls_total":                                     "calls on lanes",
+	`tpsched_lane_revokes_total{group="lback",reason="turn"}`:      "lanes revoked for another caller's turn",
+	`tpsched_lane_revokes_total{group="lback",reason="timed_out"}`: "lanes revoked at a call ruled 'timed out'",
+}
+
 // countLanes follows the nodes' lane counters through the run (a
 // hand-over starts them again from zero), for the figures: the lanes the
 // local calls took, so that a run says whether it attacked them.
@@ -472,7 +482,7 @@ func (tt *torture) countLanes(ctx context.Context) {
 			}
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			for _, name := range []string{"tpsched_lane_grants_total", "tpsched_lane_calls_total"} {
+			for name := range laneFigures {
 				v := sumMetric(string(b), name)
 				c := seen[addr+" "+name]
 				if c == nil {
@@ -493,8 +503,7 @@ func (tt *torture) countLanes(ctx context.Context) {
 			look()
 			for k, c := range seen {
 				_, name, _ := strings.Cut(k, " ")
-				what := map[string]string{"tpsched_lane_grants_total": "lanes granted", "tpsched_lane_calls_total": "calls on lanes"}[name]
-				tt.count(what, int(c.banked+c.last))
+				tt.count(laneFigures[name], int(c.banked+c.last))
 			}
 			return
 		case <-tick.C:
@@ -550,6 +559,12 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 		c.group, c.service = "front", "call"
 	case p < 30 && tt.lanes && tt.attacks["lanes"]:
 		c.group, c.service, c.burst = "front", "burst", 2+rng.IntN(40)
+		if rng.IntN(4) == 0 {
+			// A long run, about a second: a lane held while other
+			// callers' runs are kept from one by the node's cap, so
+			// lanes are revoked for their turns.
+			c.burst, c.each = 50+rng.IntN(100), 5+rng.IntN(10)
+		}
 	case p < 60:
 		c.group, c.service = "front", "work"
 	case p >= 94 && tt.sock:
@@ -576,7 +591,7 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 		}
 		c.req = fmt.Appendf(nil, "%d %s %d %s", c.id, c.flag, ms, inner)
 		if c.burst > 0 {
-			c.req = fmt.Appendf(c.req, " %d", c.burst)
+			c.req = fmt.Appendf(c.req, " %d %d", c.burst, c.each)
 		}
 	} else {
 		c.req = fmt.Appendf(nil, "%d %s %d", c.id, c.flag, ms)

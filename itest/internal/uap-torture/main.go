@@ -17,13 +17,15 @@
 //	      call (shm.UAP.Call) to $TORTURE_CALL_TARGET (group/service) with
 //	      the request "<id>.in <inner flag> <ms>" and replies
 //	      "<its request> | <that call's reply>", or fails with its error
-//	burst the request is "<id> <flag> <ms> <inner flag> <k>": makes k
-//	      local calls one after the other to $TORTURE_BURST_TARGET, the
-//	      j-th with the request "<id>.in<j> <f> <m>" (f the inner flag
-//	      and m ms for the last, n and 0 for the others: a caller's calls
-//	      in a row, which the node may put on a lane), and replies
-//	      "<its request> | <the first call's reply>", or fails with the
-//	      first error
+//	burst the request is "<id> <flag> <ms> <inner flag> <k> [<each ms>]":
+//	      makes k local calls one after the other to
+//	      $TORTURE_BURST_TARGET, the j-th with the request
+//	      "<id>.in<j> <f> <m>" (f the inner flag and m ms for the last, n
+//	      and each ms, or 0, for the others: a caller's calls in a row,
+//	      which the node may put on a lane, for long enough, with each ms,
+//	      that other callers wait for their turn on the node's lanes),
+//	      and replies "<its request> | <the first call's reply>", or fails
+//	      with the first error
 //
 // Flags (the first process to run such a call does it; another process
 // that runs the same call again, which must never happen, serves it
@@ -136,16 +138,19 @@ func main() {
 		flag, ms := run(req)
 		special(flag, req)
 		f := strings.Fields(string(req))
-		k := 0
-		if len(f) == 5 {
+		k, each := 0, 0
+		if len(f) == 5 || len(f) == 6 {
 			k, _ = strconv.Atoi(f[4])
 		}
+		if len(f) == 6 {
+			each, _ = strconv.Atoi(f[5])
+		}
 		if k < 1 {
-			return nil, fmt.Errorf("want \"<id> <flag> <ms> <inner flag> <k>\", got %.40q", req)
+			return nil, fmt.Errorf("want \"<id> <flag> <ms> <inner flag> <k> [<each ms>]\", got %.40q", req)
 		}
 		var first []byte
 		for j := 1; j <= k; j++ {
-			innerFlag, innerMs := "n", 0
+			innerFlag, innerMs := "n", each
 			if j == k {
 				innerFlag, innerMs = f[3], ms
 			}
