@@ -44,7 +44,7 @@ type laneRules struct {
 	gen     *atomic.Uint32 // the node's last lane generation
 	open    *atomic.Int64  // the node's lanes not yet closed (the expiry loop's pace)
 	granted *atomic.Int64  // the node's lanes granted and not revoked: what max bounds
-	wanted  *atomic.Int64  // unix ns: when max last kept a caller from a lane
+	wanted  *atomic.Int64  // unix ns: when max last kept a caller from a lane it could have had
 }
 
 // maxLanes is how many lanes a node grants at once: one per two CPUs,
@@ -181,15 +181,23 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() {
 		return false
 	}
-	if g.lanes.rules.granted.Load() >= g.lanes.rules.max {
-		g.lanes.rules.wanted.Store(now.UnixNano())
-		return false
-	}
-	slot := g.q.Lend(func(s int) bool {
+	lendable := func(s int) bool {
 		si := &g.slots[s]
 		p, ok := si.p.(*shm.Proc)
 		return ok && si.attached && !si.killed && p != cp && p.LanesOK()
-	})
+	}
+	if g.lanes.rules.granted.Load() >= g.lanes.rules.max {
+		// A turn only for a caller the cap alone keeps from a lane: one
+		// the group has no process to lend (its one process runs the
+		// call, a socket-mode group) would be granted none at its turn,
+		// and the holder would lose its lane every other second for
+		// nobody.
+		if g.q.Lendable(lendable) {
+			g.lanes.rules.wanted.Store(now.UnixNano())
+		}
+		return false
+	}
+	slot := g.q.Lend(lendable)
 	if slot < 0 {
 		return false
 	}

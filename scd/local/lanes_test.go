@@ -225,6 +225,53 @@ func TestLanesTakeTurns(t *testing.T) {
 	}
 }
 
+// TestLaneTurnNotForACallerNoLaneServes: a caller the cap keeps from a
+// lane to a group that has no process to lend it (c's one process runs
+// the call itself) could not be granted one anyway, so it takes no turn
+// from the lane's holder: a, calling b on the node's one lane, keeps it
+// while a2 calls c in alternation. Without the check the lane was
+// revoked for a turn a second after a2's first call, and every two
+// seconds after, for nobody.
+func TestLaneTurnNotForACallerNoLaneServes(t *testing.T) {
+	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	const callee = "set service_group = %s\nset service = echo\nset module = MODULE\nset parallel_count = %d\nset max_message_size = 1024\n"
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"),
+		"b": fmt.Sprintf(callee, "b", 3), "c": fmt.Sprintf(callee, "c", 1)})
+	s.lanes.max = 1
+	b, c := s.groups["b"], s.groups["c"]
+	ans := newAnswers()
+	id := uint64(0)
+	call := func(group, to string) {
+		t.Helper()
+		id++
+		if code, msg := s.Serve(ans, frame(id, group, "call", to+"/echo/x")); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", id, code, msg)
+		}
+		if f := ans.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+			t.Fatalf("%s's call through %s: %v %q", group, to, f.Kind, f.Payload)
+		}
+	}
+	deadline := time.Now().Add(testWait)
+	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no lane granted to a")
+		}
+		call("a", "b")
+	}
+	grants := b.lanes.grants.Get()
+	for end := time.Now().Add(laneTurn + 2*time.Second); time.Now().Before(end); {
+		call("a2", "c")
+		call("a", "b")
+	}
+	if n := b.lanes.revokes[revokeTurn].Get(); n != 0 || c.lanes.grants.Get() != 0 {
+		t.Errorf("a's lane revoked %d times for a turn (%d more grants to a) while a2, kept from one, could not be granted one to c (%d grants)",
+			n, b.lanes.grants.Get()-grants, c.lanes.grants.Get())
+	}
+	if w := s.lanes.wanted.Load(); w != 0 {
+		t.Errorf("the cap recorded a caller kept from a lane at %v: none could have had one", time.Unix(0, w))
+	}
+}
+
 // laneMemory maps the lane of generation gen as a process holding it
 // could: its memfd, found among the test process's descriptors (the
 // node's own end of it).

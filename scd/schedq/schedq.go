@@ -611,6 +611,19 @@ func (q *Queue[C]) Lend(ok func(slot int) bool) int {
 	return -1
 }
 
+// Lendable reports whether Lend(ok) would lend a process now, lending
+// none.
+func (q *Queue[C]) Lendable(ok func(slot int) bool) bool {
+	for k := range q.ready.stacks {
+		for _, s := range q.ready.stacks[k] {
+			if ok(s) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Return gives back a process Lend took: it is ready again (unless it
 // was retired meanwhile: it then leaves, holding nothing).
 func (q *Queue[C]) Return(slot int) {
