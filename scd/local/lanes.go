@@ -281,7 +281,7 @@ func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) int {
 	case !lk.CalleeOn && now.Sub(ls.granted) > laneMapWithin:
 		ls.l.Callee().NoLanes() // it said it takes lanes and did not take this one
 		return revokeUnmapped
-	case now.Sub(ls.granted) > laneTurn && g.lanes.rules.wanted.Load() > ls.granted.UnixNano():
+	case now.Sub(ls.granted) > laneTurn && g.lanes.rules.takeTurn(ls.granted):
 		ls.from.laneNext.Store(now.Add(laneTurn).UnixNano())
 		return revokeTurn
 	case now.Sub(ls.active) > laneIdle && !lk.Open:
@@ -291,6 +291,14 @@ func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) int {
 		return revokeIdle
 	}
 	return -1
+}
+
+// takeTurn says whether a caller was kept from a lane after one granted
+// at granted was, and if so uses the refusal up: one refusal ends one
+// lane, not every lane older than a turn.
+func (r *laneRules) takeTurn(granted time.Time) bool {
+	w := r.wanted.Load()
+	return w > granted.UnixNano() && r.wanted.CompareAndSwap(w, 0)
 }
 
 // lanesRevoked counts the lanes revoked and not yet closed: processes on

@@ -272,6 +272,55 @@ func TestLaneTurnNotForACallerNoLaneServes(t *testing.T) {
 	}
 }
 
+// TestLaneTurnEndsOneLane: with two lanes granted a second ago, one
+// caller kept from a third by the cap ends one of them, not both.
+func TestLaneTurnEndsOneLane(t *testing.T) {
+	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 5\nset max_message_size = 1024\n"
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"),
+		"a3": fmt.Sprintf(caller, "a3"), "b": callee})
+	s.lanes.max = 2
+	b := s.groups["b"]
+	ans := newAnswers()
+	id := uint64(0)
+	call := func(group string) {
+		t.Helper()
+		id++
+		if code, msg := s.Serve(ans, frame(id, group, "call", "b/echo/x")); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", id, code, msg)
+		}
+		if f := ans.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+			t.Fatalf("%s's call through b: %v %q", group, f.Kind, f.Payload)
+		}
+	}
+	deadline := time.Now().Add(testWait)
+	for want, group := range []string{"a", "a2"} {
+		for lanesOpen(b) <= want {
+			if time.Now().After(deadline) {
+				t.Fatalf("no lane granted to %s", group)
+			}
+			call(group)
+		}
+	}
+	// Both keep their lanes busy past a turn, then a3 is kept from one.
+	for end := time.Now().Add(laneTurn + 200*time.Millisecond); time.Now().Before(end); {
+		call("a")
+		call("a2")
+	}
+	turns := b.lanes.revokes[revokeTurn]
+	if n := turns.Get(); n != 0 {
+		t.Fatalf("%d lanes revoked for a turn before anyone was kept from one", n)
+	}
+	call("a3")
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
+		call("a")
+		call("a2")
+	}
+	if n := turns.Get(); n != 1 {
+		t.Errorf("one caller kept from a lane ended %d lanes, want 1", n)
+	}
+}
+
 // laneMemory maps the lane of generation gen as a process holding it
 // could: its memfd, found among the test process's descriptors (the
 // node's own end of it).
