@@ -80,7 +80,7 @@ const (
 	revokeStopped           // the callee is to stop (its server, chprc, Multiserver)
 	revokeDied              // the callee died
 	revokeTimedOut          // the node ruled a call on it 'timed out'
-	revokeTurn              // held laneTurn while another caller waited for one
+	revokeTurn              // held laneTurn while the cap kept another caller from one
 	revokeReasons
 )
 
