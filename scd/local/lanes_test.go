@@ -81,6 +81,38 @@ func lanesOpen(g *Group) int {
 	return len(g.lanes.open)
 }
 
+// laneCaller is a caller group of one process (%s its name): its service
+// call makes the local call its request names ("<group>/<service>/<its
+// request>").
+const laneCaller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+
+// serveCalls returns a function that makes a call to s and returns its
+// answer, failing t if s refuses it.
+func serveCalls(t *testing.T, s *Scheduler) func(group, service, payload string) netio.Frame {
+	ans := newAnswers()
+	id := uint64(0)
+	return func(group, service, payload string) netio.Frame {
+		t.Helper()
+		id++
+		if code, msg := s.Serve(ans, frame(id, group, service, payload)); code != netio.CodeOK {
+			t.Fatalf("call %d: %v %s", id, code, msg)
+		}
+		return ans.one(t, id)
+	}
+}
+
+// echoVia returns a function that has group's process call to/echo with
+// x, failing t unless x comes back.
+func echoVia(t *testing.T, s *Scheduler) func(group, to string) {
+	call := serveCalls(t, s)
+	return func(group, to string) {
+		t.Helper()
+		if f := call(group, "call", to+"/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+			t.Fatalf("%s's call through %s: %v %q", group, to, f.Kind, f.Payload)
+		}
+	}
+}
+
 // TestLaneCalleeRuledTimedOutStaysLent: a call on a lane answered 'timed
 // out' (watch_time) while its callee still runs it leaves the callee busy
 // until it finishes, as a queue's call past its deadline does: the lane,
@@ -94,16 +126,7 @@ func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
 	const hang = "set service_group = c\nset service = echo, hang\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 	s := lanesScheduler(t, map[string]string{"a": caller, "b": callee, "c": hang})
 	b := s.groups["b"]
-	ans := newAnswers()
-	id := uint64(0)
-	callOK := func(group, service, payload string) netio.Frame {
-		t.Helper()
-		id++
-		if code, msg := s.Serve(ans, frame(id, group, service, payload)); code != netio.CodeOK {
-			t.Fatalf("call %d: %v %s", id, code, msg)
-		}
-		return ans.one(t, id)
-	}
+	callOK := serveCalls(t, s)
 	// a's calls to b/callhour, until they take a lane.
 	deadline := time.Now().Add(testWait)
 	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
@@ -133,32 +156,22 @@ func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
 // the cap is one lane: a callee stuck in a call kept every caller of
 // the node off lanes until it died).
 func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
-	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 	const callee = "set service_group = b\nset service = echo, callhour\nset module = MODULE\nset parallel_count = 3\nset max_message_size = 1024\nset watch_time = 1\n"
 	const hang = "set service_group = c\nset service = echo, hang\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
-	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"), "b": callee, "c": hang})
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": callee, "c": hang})
 	s.lanes.max = 1 // as on two CPUs, whatever this machine has
 	b := s.groups["b"]
-	ans := newAnswers()
-	id := uint64(0)
-	call := func(group, payload string) netio.Frame {
-		t.Helper()
-		id++
-		if code, msg := s.Serve(ans, frame(id, group, "call", payload)); code != netio.CodeOK {
-			t.Fatalf("call %d: %v %s", id, code, msg)
-		}
-		return ans.one(t, id)
-	}
+	call := serveCalls(t, s)
 	deadline := time.Now().Add(testWait)
 	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("no lane granted to a")
 		}
-		if f := call("a", "b/callhour/c/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+		if f := call("a", "call", "b/callhour/c/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
 			t.Fatalf("a call through b: %+v", f)
 		}
 	}
-	if f := call("a", "b/callhour/c/hang/y"); f.Kind == netio.KindReply {
+	if f := call("a", "call", "b/callhour/c/hang/y"); f.Kind == netio.KindReply {
 		t.Fatalf("a call whose callee hangs: %+v", f)
 	}
 	// a2's calls to b: two of its processes are free (one for the call
@@ -174,7 +187,7 @@ func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
 			t.Fatalf("no lane granted to a2 while a's callee runs on a call ruled 'timed out' (%d lanes open, %d granted)",
 				open, s.lanes.granted.Load())
 		}
-		if f := call("a2", "b/echo/z"); f.Kind != netio.KindReply || string(f.Payload) != "z" {
+		if f := call("a2", "call", "b/echo/z"); f.Kind != netio.KindReply || string(f.Payload) != "z" {
 			t.Fatalf("a2's call through b: %v %q", f.Kind, f.Payload)
 		}
 	}
@@ -189,23 +202,12 @@ func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
 // its turn. Without turns the first kept the lane for as long as it
 // called.
 func TestLanesTakeTurns(t *testing.T) {
-	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 3\nset max_message_size = 1024\n"
-	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"), "b": callee})
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": callee})
 	s.lanes.max = 1
 	b := s.groups["b"]
-	ans := newAnswers()
-	id := uint64(0)
-	call := func(group string) {
-		t.Helper()
-		id++
-		if code, msg := s.Serve(ans, frame(id, group, "call", "b/echo/x")); code != netio.CodeOK {
-			t.Fatalf("call %d: %v %s", id, code, msg)
-		}
-		if f := ans.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != "x" {
-			t.Fatalf("%s's call through b: %v %q", group, f.Kind, f.Payload)
-		}
-	}
+	echo := echoVia(t, s)
+	call := func(group string) { t.Helper(); echo(group, "b") }
 	deadline := time.Now().Add(testWait)
 	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
 		if time.Now().After(deadline) {
@@ -233,24 +235,12 @@ func TestLanesTakeTurns(t *testing.T) {
 // revoked for a turn a second after a2's first call, and every two
 // seconds after, for nobody.
 func TestLaneTurnNotForACallerNoLaneServes(t *testing.T) {
-	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 	const callee = "set service_group = %s\nset service = echo\nset module = MODULE\nset parallel_count = %d\nset max_message_size = 1024\n"
-	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"),
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"),
 		"b": fmt.Sprintf(callee, "b", 3), "c": fmt.Sprintf(callee, "c", 1)})
 	s.lanes.max = 1
 	b, c := s.groups["b"], s.groups["c"]
-	ans := newAnswers()
-	id := uint64(0)
-	call := func(group, to string) {
-		t.Helper()
-		id++
-		if code, msg := s.Serve(ans, frame(id, group, "call", to+"/echo/x")); code != netio.CodeOK {
-			t.Fatalf("call %d: %v %s", id, code, msg)
-		}
-		if f := ans.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != "x" {
-			t.Fatalf("%s's call through %s: %v %q", group, to, f.Kind, f.Payload)
-		}
-	}
+	call := echoVia(t, s)
 	deadline := time.Now().Add(testWait)
 	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
 		if time.Now().After(deadline) {
@@ -275,24 +265,13 @@ func TestLaneTurnNotForACallerNoLaneServes(t *testing.T) {
 // TestLaneTurnEndsOneLane: with two lanes granted a second ago, one
 // caller kept from a third by the cap ends one of them, not both.
 func TestLaneTurnEndsOneLane(t *testing.T) {
-	const caller = "set service_group = %s\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 5\nset max_message_size = 1024\n"
-	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(caller, "a"), "a2": fmt.Sprintf(caller, "a2"),
-		"a3": fmt.Sprintf(caller, "a3"), "b": callee})
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"),
+		"a3": fmt.Sprintf(laneCaller, "a3"), "b": callee})
 	s.lanes.max = 2
 	b := s.groups["b"]
-	ans := newAnswers()
-	id := uint64(0)
-	call := func(group string) {
-		t.Helper()
-		id++
-		if code, msg := s.Serve(ans, frame(id, group, "call", "b/echo/x")); code != netio.CodeOK {
-			t.Fatalf("call %d: %v %s", id, code, msg)
-		}
-		if f := ans.one(t, id); f.Kind != netio.KindReply || string(f.Payload) != "x" {
-			t.Fatalf("%s's call through b: %v %q", group, f.Kind, f.Payload)
-		}
-	}
+	echo := echoVia(t, s)
+	call := func(group string) { t.Helper(); echo(group, "b") }
 	deadline := time.Now().Add(testWait)
 	for want, group := range []string{"a", "a2"} {
 		for lanesOpen(b) <= want {
