@@ -121,26 +121,12 @@ func echoVia(t *testing.T, s *Scheduler) func(group, to string) {
 // back to the queue running the call, first in line for the next one,
 // which then waited behind it and timed out with another process free).
 func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
-	const caller = "set service_group = a\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
-	const callee = "set service_group = b\nset service = echo, callhour\nset module = MODULE\nset parallel_count = 2\nset max_message_size = 1024\nset watch_time = 1\n"
-	const hang = "set service_group = c\nset service = echo, hang\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
-	s := lanesScheduler(t, map[string]string{"a": caller, "b": callee, "c": hang})
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "b": fmt.Sprintf(hangCallee, 2), "c": hangGroup})
 	b := s.groups["b"]
 	callOK := serveCalls(t, s)
-	// a's calls to b/callhour, until they take a lane.
-	deadline := time.Now().Add(testWait)
-	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no lane granted")
-		}
-		if f := callOK("a", "call", "b/callhour/c/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
-			t.Fatalf("a call through b: %+v", f)
-		}
-	}
-	// On the lane, b's process runs a call that hangs: ruled 'timed out'.
-	if f := callOK("a", "call", "b/callhour/c/hang/y"); f.Kind == netio.KindReply {
-		t.Fatalf("a call whose callee hangs: %+v", f)
-	}
+	// a's calls to b/callhour take a lane; on it, b's process runs a call
+	// that hangs: ruled 'timed out'.
+	hangOnLane(t, b, callOK)
 	// Once the lane idled out and would have closed: b's next call goes to
 	// its free process.
 	time.Sleep(laneIdle + laneLeaveWithin + 300*time.Millisecond)
@@ -156,29 +142,16 @@ func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
 // the cap is one lane: a callee stuck in a call kept every caller of
 // the node off lanes until it died).
 func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
-	const callee = "set service_group = b\nset service = echo, callhour\nset module = MODULE\nset parallel_count = 3\nset max_message_size = 1024\nset watch_time = 1\n"
-	const hang = "set service_group = c\nset service = echo, hang\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
-	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": callee, "c": hang})
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": fmt.Sprintf(hangCallee, 3), "c": hangGroup})
 	s.lanes.max = 1 // as on two CPUs, whatever this machine has
 	b := s.groups["b"]
 	call := serveCalls(t, s)
-	deadline := time.Now().Add(testWait)
-	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no lane granted to a")
-		}
-		if f := call("a", "call", "b/callhour/c/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
-			t.Fatalf("a call through b: %+v", f)
-		}
-	}
-	if f := call("a", "call", "b/callhour/c/hang/y"); f.Kind == netio.KindReply {
-		t.Fatalf("a call whose callee hangs: %+v", f)
-	}
+	hangOnLane(t, b, call)
 	// a2's calls to b: two of its processes are free (one for the call
 	// that prompts a grant, one to lend), and so is the one lane the node
 	// grants, the first one revoked.
 	grants := b.lanes.grants.Get()
-	deadline = time.Now().Add(testWait)
+	deadline := time.Now().Add(testWait)
 	for b.lanes.grants.Get() == grants {
 		if time.Now().After(deadline) {
 			b.mu.Lock()
@@ -208,15 +181,9 @@ func TestLanesTakeTurns(t *testing.T) {
 	b := s.groups["b"]
 	echo := echoVia(t, s)
 	call := func(group string) { t.Helper(); echo(group, "b") }
-	deadline := time.Now().Add(testWait)
-	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no lane granted to a")
-		}
-		call("a")
-	}
+	untilLane(t, b, "a", func() { call("a") })
 	turns := b.lanes.revokes[revokeTurn]
-	deadline = time.Now().Add(laneTurn + testWait)
+	deadline := time.Now().Add(laneTurn + testWait)
 	for turns.Get() == 0 || b.lanes.grants.Get() < 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("a kept its lane %v while a2 called too: %d grants, %d revoked for a turn",
@@ -241,13 +208,7 @@ func TestLaneTurnNotForACallerNoLaneServes(t *testing.T) {
 	s.lanes.max = 1
 	b, c := s.groups["b"], s.groups["c"]
 	call := echoVia(t, s)
-	deadline := time.Now().Add(testWait)
-	for lanesOpen(b) == 0 || b.lanes.calls.Get() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no lane granted to a")
-		}
-		call("a", "b")
-	}
+	untilLane(t, b, "a", func() { call("a", "b") })
 	grants := b.lanes.grants.Get()
 	for end := time.Now().Add(laneTurn + 2*time.Second); time.Now().Before(end); {
 		call("a2", "c")
@@ -300,6 +261,42 @@ func TestLaneTurnEndsOneLane(t *testing.T) {
 	}
 }
 
+// hangCallee is group b of %d processes whose callhour calls another
+// service (watch_time 1 s), and hangGroup the group c whose hang never
+// answers: a's calls through b/callhour/c/hang hang b's process.
+const (
+	hangCallee = "set service_group = b\nset service = echo, callhour\nset module = MODULE\nset parallel_count = %d\nset max_message_size = 1024\nset watch_time = 1\n"
+	hangGroup  = "set service_group = c\nset service = echo, hang\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
+)
+
+// hangOnLane has a's calls through b/callhour take a lane, then makes
+// one on it whose callee hangs in c/hang: answered, but not a reply
+// ('timed out' at b's watch_time), with b's process still running it.
+func hangOnLane(t *testing.T, b *Group, call func(group, service, payload string) netio.Frame) {
+	t.Helper()
+	untilLane(t, b, "a", func() {
+		if f := call("a", "call", "b/callhour/c/echo/x"); f.Kind != netio.KindReply || string(f.Payload) != "x" {
+			t.Fatalf("a call through b: %+v", f)
+		}
+	})
+	if f := call("a", "call", "b/callhour/c/hang/y"); f.Kind == netio.KindReply {
+		t.Fatalf("a call whose callee hangs: %+v", f)
+	}
+}
+
+// untilLane makes calls until g has a lane with calls on it, failing t
+// after testWait (who names the caller for the failure).
+func untilLane(t *testing.T, g *Group, who string, call func()) {
+	t.Helper()
+	deadline := time.Now().Add(testWait)
+	for lanesOpen(g) == 0 || g.lanes.calls.Get() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no lane granted to %s", who)
+		}
+		call()
+	}
+}
+
 // laneMemory maps the lane of generation gen as a process holding it
 // could: its memfd, found among the test process's descriptors (the
 // node's own end of it).
@@ -336,23 +333,15 @@ func laneMemory(t *testing.T, gen uint32) []byte {
 // group. A lane whose call the node ruled is revoked: its (honest)
 // callee leaves it and goes back to its queue, and the count stops.
 func TestLaneForgedTakenCallIsRevoked(t *testing.T) {
-	const caller = "set service_group = a\nset service = call\nset module = MODULE\nset parallel_count = 1\nset max_message_size = 1024\n"
 	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 2\nset max_message_size = 1024\nset watch_time = 1\n"
-	s := lanesScheduler(t, map[string]string{"a": caller, "b": callee})
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "b": callee})
 	b := s.groups["b"]
-	ans := newAnswers()
-	deadline := time.Now().Add(testWait)
-	for id := uint64(1); lanesOpen(b) == 0 || b.lanes.calls.Get() == 0; id++ {
-		if time.Now().After(deadline) {
-			t.Fatal("no lane granted")
-		}
-		if code, msg := s.Serve(ans, frame(id, "a", "call", "b/echo/x")); code != netio.CodeOK {
-			t.Fatalf("call %d: %v %s", id, code, msg)
-		}
-		if f := ans.one(t, id); f.Kind != netio.KindReply {
+	call := serveCalls(t, s)
+	untilLane(t, b, "a", func() {
+		if f := call("a", "call", "b/echo/x"); f.Kind != netio.KindReply {
 			t.Fatalf("a call through b: %+v", f)
 		}
-	}
+	})
 	b.mu.Lock()
 	gen := b.lanes.open[0].l.Gen()
 	b.mu.Unlock()
