@@ -149,6 +149,7 @@ func TestLaneErrors(t *testing.T) {
 	defer l.Close()
 	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(true).CalleeOn })
 	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGSTOP)
+	waitStopped(t, stopped.cmd.Process.Pid)
 	defer syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
 	if err := caller.Dispatch("relay", []byte("test/svc/z"), 0); err != nil {
 		t.Fatal(err)
@@ -478,6 +479,7 @@ func TestLaneGivenBackKeepsItsDeadline(t *testing.T) {
 	defer l.Close()
 	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
 	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
+	waitStopped(t, callee.cmd.Process.Pid)
 	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
 	if err := caller.Dispatch("relay", []byte("test/svc/z"), time.Now().Add(3*time.Second).UnixNano()); err != nil {
 		t.Fatal(err)
@@ -506,6 +508,7 @@ func TestLaneRuleTakenLeavesAnUntakenCall(t *testing.T) {
 	defer l.Close()
 	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
 	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
+	waitStopped(t, callee.cmd.Process.Pid)
 	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
 	if err := caller.Dispatch("relay", []byte("test/svc/z"), 0); err != nil {
 		t.Fatal(err)

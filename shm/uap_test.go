@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -667,23 +668,40 @@ func TestCrossProcessRevoke(t *testing.T) {
 	}
 }
 
-// waitStopped waits until process pid is stopped (state T in /proc): a
-// SIGSTOP takes effect some time after kill returns.
+// waitStopped waits until every thread of process pid is stopped (state T
+// in /proc): a SIGSTOP takes effect some time after kill returns, and one
+// thread at a time. The thread it wakes to stop the others may wait for a
+// CPU while another, running, goes on: a Go UAP's serving thread took a
+// call made after kill had returned (TestLaneErrors, on a busy machine).
 func waitStopped(tb testing.TB, pid int) {
 	tb.Helper()
 	end := time.Now().Add(10 * time.Second)
 	for time.Now().Before(end) {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		// pid (comm) state ...: the state follows the last ')'.
-		if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) && b[i+2] == 'T' {
+		if allStopped(tb, pid) {
 			return
 		}
 		time.Sleep(time.Millisecond)
 	}
 	tb.Fatalf("process %d did not stop", pid)
+}
+
+func allStopped(tb testing.TB, pid int) bool {
+	tb.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		tb.Fatalf("the threads of process %d: %v", pid, err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(task)
+		if err != nil {
+			return false // a thread that ended as we looked: look again
+		}
+		// tid (comm) state ...: the state follows the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i <= 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // A call a process took may have run, so it must not run again elsewhere:
