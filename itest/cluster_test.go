@@ -59,18 +59,26 @@ type clusterOpts struct {
 // each sees all three with the work group.
 func startCluster(t *testing.T, o clusterOpts) []*node {
 	t.Helper()
-	// The ports are found free before the nodes bind them, and one may be
-	// taken in between (make chaos saw a name port in use by the time the
-	// third node bound it): then the cluster starts again on new ports.
+	return startOnFreePorts(t, func(rpc, name int) ([]*node, error) { return tryStartCluster(t, o, rpc, name) })
+}
+
+// startOnFreePorts runs start, which starts a cluster's nodes on an RPC and
+// a name port clusterPorts found free, and runs it again on new ports when
+// a node found its port taken: the ports are found free before the nodes
+// bind them, and one may be taken in between (make chaos saw a name port
+// in use by the time the third node bound it, make test a WLM cluster's).
+// The nodes a failed start returns are stopped first.
+func startOnFreePorts(t *testing.T, start func(rpc, name int) ([]*node, error)) []*node {
+	t.Helper()
 	for attempt := 1; ; attempt++ {
-		nodes, err := tryStartCluster(t, o)
+		nodes, err := start(clusterPorts(t))
 		if err == nil {
 			return nodes
 		}
 		if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
 			t.Fatal(err)
 		}
-		t.Logf("starting the cluster again on other ports: %v", err)
+		t.Logf("starting the nodes again on other ports: %v", err)
 		for _, n := range nodes {
 			n.signal(syscall.SIGTERM)
 			<-n.done
@@ -78,11 +86,11 @@ func startCluster(t *testing.T, o clusterOpts) []*node {
 	}
 }
 
-// tryStartCluster starts the three nodes of startCluster; on a node that
-// does not start it returns the nodes started so far and why.
-func tryStartCluster(t *testing.T, o clusterOpts) ([]*node, error) {
+// tryStartCluster starts the three nodes of startCluster on ports rpc and
+// name; on a node that does not start it returns the nodes started so far
+// and why.
+func tryStartCluster(t *testing.T, o clusterOpts, rpc, name int) ([]*node, error) {
 	t.Helper()
-	rpc, name := clusterPorts(t)
 	var all []string
 	for _, ip := range clusterIPs {
 		all = append(all, strconv.Quote(ip))

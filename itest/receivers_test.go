@@ -258,36 +258,42 @@ func TestMultiScheduleForwarding(t *testing.T) {
 }
 
 func testForwarding(t *testing.T, multi bool) {
-	rpc, name := clusterPorts(t)
-	heavyPort := rpc + 2
-	if l, err := net.Listen("tcp", net.JoinHostPort(clusterIPs[1], strconv.Itoa(heavyPort))); err != nil {
-		t.Skipf("port %d taken: %v", heavyPort, err)
-	} else {
-		l.Close()
-	}
 	ips := clusterIPs[:2]
 	all := strconv.Quote(ips[0]) + ", " + strconv.Quote(ips[1])
-	var nodes []*node
-	for i, ip := range ips {
-		dir := t.TempDir()
-		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, all) + ownControlSocket
-		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
-		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
-		servers := map[string]string{"light": lightServer}
-		if i == 0 {
-			yn := map[bool]string{true: "Y", false: "N"}[multi]
-			must(t, os.WriteFile(filepath.Join(dir, "usrrc"), []byte("set multi_schedule = "+yn+"\n"), 0o644))
-		} else {
-			servers["heavy"] = heavyServer
-			must(t, os.WriteFile(filepath.Join(dir, "scdsvcdef"),
-				[]byte(fmt.Sprintf("scdmulti -g heavy -m 3 -p %d\n", heavyPort)), 0o644))
+	nodes := startOnFreePorts(t, func(rpc, name int) ([]*node, error) {
+		heavyPort := rpc + 2
+		l, err := net.Listen("tcp", net.JoinHostPort(clusterIPs[1], strconv.Itoa(heavyPort)))
+		if err != nil {
+			return nil, fmt.Errorf("heavy's port %d: %w", heavyPort, err)
 		}
-		for s, body := range servers {
-			must(t, os.WriteFile(filepath.Join(dir, "usr", s), []byte(strings.ReplaceAll(body, "MODULE", strconv.Quote(bin("uap-echo")))), 0o644))
+		l.Close()
+		var nodes []*node
+		for i, ip := range ips {
+			dir := t.TempDir()
+			sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
+				"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, all) + ownControlSocket
+			must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
+			must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
+			servers := map[string]string{"light": lightServer}
+			if i == 0 {
+				yn := map[bool]string{true: "Y", false: "N"}[multi]
+				must(t, os.WriteFile(filepath.Join(dir, "usrrc"), []byte("set multi_schedule = "+yn+"\n"), 0o644))
+			} else {
+				servers["heavy"] = heavyServer
+				must(t, os.WriteFile(filepath.Join(dir, "scdsvcdef"),
+					[]byte(fmt.Sprintf("scdmulti -g heavy -m 3 -p %d\n", heavyPort)), 0o644))
+			}
+			for s, body := range servers {
+				must(t, os.WriteFile(filepath.Join(dir, "usr", s), []byte(strings.ReplaceAll(body, "MODULE", strconv.Quote(bin("uap-echo")))), 0o644))
+			}
+			n, err := tryStartCommand(t, nil, bin("scdd"), "-c", dir, "-fast-failure-detection")
+			if err != nil {
+				return append(nodes, n), err
+			}
+			nodes = append(nodes, n)
 		}
-		nodes = append(nodes, startNode(t, "-c", dir, "-fast-failure-detection"))
-	}
+		return nodes, nil
+	})
 	waitFor(t, 15*time.Second, "n0 to know that n1 runs heavy", func() bool { return knowsGroup(t, nodes[0], "n1", "heavy") },
 		nodes[0].stderr.String)
 	c := nodes[0].client()

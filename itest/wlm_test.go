@@ -86,43 +86,51 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 	if o.goal != "" {
 		o.policy = strings.Replace(o.policy, "-t 100", o.goal, 1)
 	}
-	rpc, name := clusterPorts(t)
-	var all []string
-	for _, ip := range clusterIPs {
-		all = append(all, strconv.Quote(ip))
-	}
-	wc := &wlmCluster{}
-	for i, ip := range clusterIPs {
-		dir := t.TempDir()
-		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", ")) + ownControlSocket
-		if o.extra != nil {
-			sys += o.extra(i)
+	var wc *wlmCluster
+	startOnFreePorts(t, func(rpc, name int) ([]*node, error) {
+		wc = &wlmCluster{}
+		var all []string
+		for _, ip := range clusterIPs {
+			all = append(all, strconv.Quote(ip))
 		}
-		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
-		must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(o.policy), 0o644))
-		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
-		module := bin("uap-echo")
-		if o.module != nil {
-			module = o.module(i)
+		for i, ip := range clusterIPs {
+			dir := t.TempDir()
+			sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
+				"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", ")) + ownControlSocket
+			if o.extra != nil {
+				sys += o.extra(i)
+			}
+			must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
+			must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(o.policy), 0o644))
+			must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
+			module := bin("uap-echo")
+			if o.module != nil {
+				module = o.module(i)
+			}
+			body := strings.ReplaceAll(ordersServer, "MODULE", strconv.Quote(module))
+			if o.server != nil {
+				body += o.server(i)
+			}
+			must(t, os.WriteFile(filepath.Join(dir, "usr", "orders"), []byte(body), 0o644))
+			args := []string{"-c", dir, "-fast-failure-detection"}
+			if o.detection != "" {
+				args = []string{"-c", dir, "-failure-detection", o.detection}
+			}
+			busy := 0.0
+			if o.busy != nil {
+				busy = o.busy(i)
+			}
+			load := fakeCPULoad(t, busy)
+			n, err := tryStartCommand(t, func(c *exec.Cmd) { c.Env = append(c.Env, load.env()...) }, bin("scdd"), args...)
+			if err != nil {
+				return append(wc.nodes, n), err
+			}
+			wc.nodes = append(wc.nodes, n)
+			wc.loads = append(wc.loads, load)
+			wc.dirs = append(wc.dirs, dir)
 		}
-		body := strings.ReplaceAll(ordersServer, "MODULE", strconv.Quote(module))
-		if o.server != nil {
-			body += o.server(i)
-		}
-		must(t, os.WriteFile(filepath.Join(dir, "usr", "orders"), []byte(body), 0o644))
-		args := []string{"-c", dir, "-fast-failure-detection"}
-		if o.detection != "" {
-			args = []string{"-c", dir, "-failure-detection", o.detection}
-		}
-		busy := 0.0
-		if o.busy != nil {
-			busy = o.busy(i)
-		}
-		wc.loads = append(wc.loads, fakeCPULoad(t, busy))
-		wc.nodes = append(wc.nodes, startCommandEnv(t, wc.loads[i].env(), bin("scdd"), args...))
-		wc.dirs = append(wc.dirs, dir)
-	}
+		return wc.nodes, nil
+	})
 	isEnv := strings.Contains(o.policy, "environment -g orders")
 	if o.envs == nil {
 		o.envs = []string{"orders"}
