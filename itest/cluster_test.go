@@ -49,6 +49,18 @@ func clusterPorts(t *testing.T) (rpc, name int) {
 	return p[0], p[1]
 }
 
+// clusterSysconf is the sysconf of node i of a cluster of the nodes at
+// ips, on ports rpc and name: every node in all_node, its metrics on its
+// own address, its own control socket.
+func clusterSysconf(i int, ips []string, rpc, name int) string {
+	all := make([]string, len(ips))
+	for j, ip := range ips {
+		all[j] = strconv.Quote(ip)
+	}
+	return fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
+		"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ips[i], rpc, name, ips[i], strings.Join(all, ", ")) + ownControlSocket
+}
+
 type clusterOpts struct {
 	sched string                        // scdsvcdef lines
 	key   func(i int) string            // cluster_key of node i; nil: none
@@ -91,15 +103,10 @@ func startOnFreePorts(t *testing.T, start func(rpc, name int) ([]*node, error)) 
 // and why.
 func tryStartCluster(t *testing.T, o clusterOpts, rpc, name int) ([]*node, error) {
 	t.Helper()
-	var all []string
-	for _, ip := range clusterIPs {
-		all = append(all, strconv.Quote(ip))
-	}
 	nodes := make([]*node, len(clusterIPs))
-	for i, ip := range clusterIPs {
+	for i := range clusterIPs {
 		dir := t.TempDir()
-		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", ")) + ownControlSocket
+		sys := clusterSysconf(i, clusterIPs, rpc, name)
 		if o.key != nil {
 			sys += fmt.Sprintf("set cluster_key = %q\n", o.key(i))
 		}

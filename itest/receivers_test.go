@@ -259,7 +259,6 @@ func TestMultiScheduleForwarding(t *testing.T) {
 
 func testForwarding(t *testing.T, multi bool) {
 	ips := clusterIPs[:2]
-	all := strconv.Quote(ips[0]) + ", " + strconv.Quote(ips[1])
 	nodes := startOnFreePorts(t, func(rpc, name int) ([]*node, error) {
 		heavyPort := rpc + 2
 		l, err := net.Listen("tcp", net.JoinHostPort(clusterIPs[1], strconv.Itoa(heavyPort)))
@@ -268,10 +267,9 @@ func testForwarding(t *testing.T, multi bool) {
 		}
 		l.Close()
 		var nodes []*node
-		for i, ip := range ips {
+		for i := range ips {
 			dir := t.TempDir()
-			sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-				"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, all) + ownControlSocket
+			sys := clusterSysconf(i, ips, rpc, name)
 			must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
 			must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
 			servers := map[string]string{"light": lightServer}

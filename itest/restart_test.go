@@ -382,12 +382,10 @@ func TestRestartInAClusterDropsNoCall(t *testing.T) {
 	skipShort(t)
 	rpc, name := clusterPorts(t)
 	ips := clusterIPs[:2]
-	all := strconv.Quote(ips[0]) + ", " + strconv.Quote(ips[1])
 	dirs := make([]string, 2)
-	for i, ip := range ips {
+	for i := range ips {
 		dir := t.TempDir()
-		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, all) + ownControlSocket
+		sys := clusterSysconf(i, ips, rpc, name)
 		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
 		must(t, os.MkdirAll(filepath.Join(dir, "usr"), 0o755))
 		servers := map[string]string{"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "pid=pid"`)}

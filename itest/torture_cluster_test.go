@@ -52,15 +52,10 @@ func TestTortureCluster(t *testing.T) {
 	}
 	tt := newTorture(t, clusterTortureAttacks)
 	rpc, name := clusterPorts(t)
-	var all []string
-	for _, ip := range clusterIPs {
-		all = append(all, strconv.Quote(ip))
-	}
 	// Node i's definitions: defDir's, with a sysconf of the cluster's.
 	defs := func(i int, servers map[string]string) string {
 		dir := defDir(t, "", servers)
-		sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-			"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, clusterIPs[i], rpc, name, clusterIPs[i], strings.Join(all, ", ")) + ownControlSocket
+		sys := clusterSysconf(i, clusterIPs, rpc, name)
 		must(t, os.WriteFile(filepath.Join(dir, "sysconf"), []byte(sys), 0o644))
 		return dir
 	}

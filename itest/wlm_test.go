@@ -89,14 +89,9 @@ func startWLMCluster(t *testing.T, o wlmOpts) *wlmCluster {
 	var wc *wlmCluster
 	startOnFreePorts(t, func(rpc, name int) ([]*node, error) {
 		wc = &wlmCluster{}
-		var all []string
-		for _, ip := range clusterIPs {
-			all = append(all, strconv.Quote(ip))
-		}
-		for i, ip := range clusterIPs {
+		for i := range clusterIPs {
 			dir := t.TempDir()
-			sys := fmt.Sprintf("set node_id = \"n%d\"\nset rpc_address = %q\nset rpc_port = %d\nset name_port = %d\n"+
-				"set metrics_address = \"%s:0\"\nset all_node = %s\n", i, ip, rpc, name, ip, strings.Join(all, ", ")) + ownControlSocket
+			sys := clusterSysconf(i, clusterIPs, rpc, name)
 			if o.extra != nil {
 				sys += o.extra(i)
 			}
