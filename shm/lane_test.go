@@ -38,14 +38,78 @@ func lanesOK(tb testing.TB, g *Group, ps ...*uapProc) {
 	}
 }
 
+// A lane's two ends may be either library's: the lane tests run their
+// honest processes as the Go helper UAP (TestHelperUAP) and as its twin
+// on the C library (testdata/lane_uap.c: the same entries, requests and
+// answers), in every pairing of caller and callee.
+type laneImpl string
+
+const (
+	goLanes laneImpl = "go"
+	cLanes  laneImpl = "c"
+)
+
+// laneUAP is how a lane test starts one end: the helper UAP of impl, with
+// env (the Go helper's hostile modes are helperEnv values).
+type laneUAP struct {
+	impl laneImpl
+	env  []string
+}
+
+func honest(impl laneImpl) laneUAP { return laneUAP{impl: impl} }
+
+func hostile(mode string) laneUAP {
+	return laneUAP{impl: goLanes, env: []string{helperEnv + "=" + mode}}
+}
+
+// start runs the UAP in slot with a fresh area, killed at cleanup.
+func (l laneUAP) start(tb testing.TB, g *Group, slot int) *uapProc {
+	tb.Helper()
+	if l.impl == cLanes {
+		return startCUAP(tb, cLaneUAP(tb), g, slot, l.env...)
+	}
+	return startUAP(tb, g, slot, l.env...)
+}
+
+var cLaneUAPPath string
+
+// cLaneUAP builds testdata/lane_uap.c once; the test is skipped without gcc.
+func cLaneUAP(tb testing.TB) string {
+	tb.Helper()
+	if cLaneUAPPath == "" {
+		src, err := os.ReadFile("testdata/lane_uap.c")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cLaneUAPPath = CProgram(tb, "lane_uap", string(src))
+	}
+	return cLaneUAPPath
+}
+
+// eachLaneImpl runs f as a subtest for each library.
+func eachLaneImpl(t *testing.T, f func(t *testing.T, impl laneImpl)) {
+	for _, impl := range []laneImpl{goLanes, cLanes} {
+		t.Run(string(impl), func(t *testing.T) { f(t, impl) })
+	}
+}
+
+// eachLanePairing runs f as a subtest for each pairing of the libraries
+// of the caller and the callee.
+func eachLanePairing(t *testing.T, f func(t *testing.T, caller, callee laneImpl)) {
+	for _, caller := range []laneImpl{goLanes, cLanes} {
+		for _, callee := range []laneImpl{goLanes, cLanes} {
+			t.Run(string(caller)+"_to_"+string(callee), func(t *testing.T) { f(t, caller, callee) })
+		}
+	}
+}
+
 // lanePair starts a caller in slot 0 and a callee in slot 1 of a fresh
-// group of slots (each the helper UAP, in the mode its env says, if any),
-// waits until both take lanes, and grants the caller a lane of generation
-// 1 to the callee's entry.
-func lanePair(tb testing.TB, slots int, callerEnv, calleeEnv []string, entry string) (*Group, *uapProc, *uapProc, *Lane) {
+// group of slots, waits until both take lanes, and grants the caller a
+// lane of generation 1 to the callee's entry.
+func lanePair(tb testing.TB, slots int, callerUAP, calleeUAP laneUAP, entry string) (*Group, *uapProc, *uapProc, *Lane) {
 	tb.Helper()
 	g := newGroup(tb, 4096, slots)
-	caller, callee := startUAP(tb, g, 0, callerEnv...), startUAP(tb, g, 1, calleeEnv...)
+	caller, callee := callerUAP.start(tb, g, 0), calleeUAP.start(tb, g, 1)
 	attached(tb, g, caller, callee)
 	lanesOK(tb, g, caller, callee)
 	l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec(entry))
@@ -76,8 +140,10 @@ func usualWay(tb testing.TB, g *Group, caller *Proc, req, answer string) OutCall
 // TestLaneCalls: a caller with a lane to a callee calls it straight, the
 // scheduler seeing no call of its own and counting the completions; the
 // callee's errors reach the caller as the node would say them.
-func TestLaneCalls(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
+func TestLaneCalls(t *testing.T) { eachLanePairing(t, testLaneCalls) }
+
+func testLaneCalls(t *testing.T, callerImpl, calleeImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), honest(calleeImpl), "echo")
 	defer l.Close()
 	for i := range 50 {
 		if got := relay(t, g, caller.Proc, "test/svc/ping"); got != "ping" {
@@ -104,8 +170,10 @@ func TestLaneCalls(t *testing.T) {
 
 // TestLaneErrors: the callee's error answers, and the scheduler's rulings
 // (the callee killed holding the call; a call it never took given back).
-func TestLaneErrors(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 3, nil, nil, "fail")
+func TestLaneErrors(t *testing.T) { eachLanePairing(t, testLaneErrors) }
+
+func testLaneErrors(t *testing.T, callerImpl, calleeImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 3, honest(callerImpl), honest(calleeImpl), "fail")
 	if got := relay(t, g, caller.Proc, "test/svc/boom"); got != "error 10: application error: failed: boom" {
 		t.Fatalf("an application error on the lane: %q", got)
 	}
@@ -139,7 +207,7 @@ func TestLaneErrors(t *testing.T) {
 
 	// A callee that never takes the call (stopped): given back, the
 	// caller makes it the usual way.
-	stopped := startUAP(t, g, 2)
+	stopped := honest(calleeImpl).start(t, g, 2)
 	attached(t, g, stopped)
 	lanesOK(t, g, stopped)
 	l, err = NewLane(caller.Proc, stopped.Proc, 3, laneTestSpec("echo"))
@@ -183,7 +251,13 @@ func TestLaneErrors(t *testing.T) {
 // BenchmarkLaneCall: a UAP's calls to another process on a lane, 128
 // bytes each, nobody else on the path (ns/op is one call).
 func BenchmarkLaneCall(b *testing.B) {
-	g, caller, _, l := lanePair(b, 2, nil, nil, "echo")
+	for _, impl := range []laneImpl{goLanes, cLanes} {
+		b.Run(string(impl), func(b *testing.B) { benchmarkLaneCall(b, impl) })
+	}
+}
+
+func benchmarkLaneCall(b *testing.B, impl laneImpl) {
+	g, caller, _, l := lanePair(b, 2, honest(impl), honest(impl), "echo")
 	defer l.Close()
 	b.ResetTimer()
 	got := relay(b, g, caller.Proc, "test/svc/x") // maps the lane
@@ -288,8 +362,10 @@ func misserveLanes(end func(h *laneHdr, n uint64)) {
 // TestLaneHostileCaller: a caller that forges its lane's claim and floods
 // its callee spoils only its own lane: revoked, the callee leaves it (its
 // own word says so, whatever the claim), and serves the queue's calls.
-func TestLaneHostileCaller(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 2, []string{helperEnv + "=lanecaller"}, nil, "echo")
+func TestLaneHostileCaller(t *testing.T) { eachLaneImpl(t, testLaneHostileCaller) }
+
+func testLaneHostileCaller(t *testing.T, calleeImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 2, hostile("lanecaller"), honest(calleeImpl), "echo")
 	defer l.Close()
 	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
 	if c := call(t, g, caller.Proc, "attack", nil); string(c.Reply) != "attacked" {
@@ -309,8 +385,10 @@ func TestLaneHostileCaller(t *testing.T) {
 // status no UAP may write, after a flood of wake-ups, spoils only those
 // answers: the caller gets a protocol error, lets the lane go, and its
 // next call goes the usual way.
-func TestLaneHostileCallee(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 2, nil, []string{helperEnv + "=lanecallee"}, "echo")
+func TestLaneHostileCallee(t *testing.T) { eachLaneImpl(t, testLaneHostileCallee) }
+
+func testLaneHostileCallee(t *testing.T, callerImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), hostile("lanecallee"), "echo")
 	if got := relay(t, g, caller.Proc, "test/svc/x"); got != "x" {
 		t.Fatalf("a call the callee answered after a flood of wake-ups: %q", got)
 	}
@@ -343,7 +421,11 @@ func TestLaneHostileCallee(t *testing.T) {
 // as its own request). The caller lets such a lane go: the next call
 // goes the usual way, with its own request.
 func TestLaneTimedOutCallStillRunning(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 2, nil, nil, "relay")
+	eachLanePairing(t, testLaneTimedOutCallStillRunning)
+}
+
+func testLaneTimedOutCallStillRunning(t *testing.T, callerImpl, calleeImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), honest(calleeImpl), "relay")
 	defer l.Close()
 	// Call 1 on the lane: the callee relays it to x/y and waits for our
 	// answer, running it.
@@ -412,9 +494,11 @@ func forgingLaneCallee() {
 // caller, waiting for its own number, gives up on its own a little after
 // the call's deadline (bounded by watch_time), 'timed out', as the node
 // would have answered it, and lets the lane go.
-func TestLaneCalleeForgesTheClaim(t *testing.T) {
+func TestLaneCalleeForgesTheClaim(t *testing.T) { eachLaneImpl(t, testLaneCalleeForgesTheClaim) }
+
+func testLaneCalleeForgesTheClaim(t *testing.T, callerImpl laneImpl) {
 	g := newGroup(t, 4096, 2)
-	caller, callee := startUAP(t, g, 0), startUAP(t, g, 1, helperEnv+"=lanecalleeforge")
+	caller, callee := honest(callerImpl).start(t, g, 0), hostile("lanecalleeforge").start(t, g, 1)
 	attached(t, g, caller, callee)
 	lanesOK(t, g, caller, callee)
 	spec := laneTestSpec("echo")
@@ -446,7 +530,11 @@ func TestLaneCalleeForgesTheClaim(t *testing.T) {
 // (else the node makes and drops a lane, lending a callee out of its
 // queue and back, at every call it makes).
 func TestLaneCallerNotReadingItsLine(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
+	eachLanePairing(t, testLaneCallerNotReadingItsLine)
+}
+
+func testLaneCallerNotReadingItsLine(t *testing.T, callerImpl, calleeImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), honest(calleeImpl), "echo")
 	l.Revoke()
 	l.Close()
 	for gen := uint32(2); ; gen++ {
@@ -475,7 +563,11 @@ func TestLaneCallerNotReadingItsLine(t *testing.T) {
 // the time it had when it was made (the node would hold it, and start
 // it, past the caller's deadline).
 func TestLaneGivenBackKeepsItsDeadline(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
+	eachLanePairing(t, testLaneGivenBackKeepsItsDeadline)
+}
+
+func testLaneGivenBackKeepsItsDeadline(t *testing.T, callerImpl, calleeImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), honest(calleeImpl), "echo")
 	defer l.Close()
 	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
 	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
@@ -504,7 +596,11 @@ func TestLaneGivenBackKeepsItsDeadline(t *testing.T) {
 // answers 'server terminated' only a call the callee took (RuleTaken); one
 // it never took is left to be given back to its caller unrun.
 func TestLaneRuleTakenLeavesAnUntakenCall(t *testing.T) {
-	g, caller, callee, l := lanePair(t, 2, nil, nil, "echo")
+	eachLanePairing(t, testLaneRuleTakenLeavesAnUntakenCall)
+}
+
+func testLaneRuleTakenLeavesAnUntakenCall(t *testing.T, callerImpl, calleeImpl laneImpl) {
+	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), honest(calleeImpl), "echo")
 	defer l.Close()
 	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
 	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)

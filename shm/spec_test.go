@@ -37,6 +37,8 @@ type spec struct {
 	pageSize      int
 	groupMagic    uint64
 	procMagic     uint64
+	laneMagic     uint64
+	laneBuffer    int // offset of a lane's buffer
 	fields        []specField
 	mailbox       int // offset of mailbox 0 in page 0
 	outCall       int // offset of the out-call lines in page 0
@@ -90,6 +92,7 @@ func parseSpec(t *testing.T) spec {
 	s.entryTable = num("page 1", find("the entry table's offset", `(?m)^### Page 1 \((0x[0-9A-Fa-f]+)\)`)[1])
 	m = find("the entry table's size", `Up to (\d+) entry names of (\d+) bytes each`)
 	s.maxEntries, s.maxName = num("entries", m[1]), num("name", m[2])
+	s.laneBuffer = num("a lane's buffer", find("a lane's buffer's offset", "(?m)^The buffer, at (0x[0-9A-Fa-f]+), `stride` bytes")[1])
 	s.buffers = num("buffers", find("the buffers' offset", `(?m)^### The buffers \(mailbox i's at (0x[0-9A-Fa-f]+) \+ i \* stride\)`)[1])
 	numbered := func(into map[string]int, what, line string) {
 		for _, m := range specNumbered.FindAllStringSubmatch(line, -1) {
@@ -139,6 +142,8 @@ func parseSpec(t *testing.T) spec {
 			s.groupMagic = uint64(num("group magic", specHex.FindString(rest)))
 		case "proc.magic":
 			s.procMagic = uint64(num("process magic", specHex.FindString(rest)))
+		case "lane.magic":
+			s.laneMagic = uint64(num("lane magic", specHex.FindString(rest)))
 		case "group.version", "proc.version":
 			if v := num("version", strings.Trim(rest, " |")); v != s.version {
 				t.Errorf("docs/SHM.md: the %s page's version is %d, the title says %d", area, v, s.version)
@@ -176,6 +181,9 @@ func TestSpecGo(t *testing.T) {
 	if s.version != Version || s.pageSize != pageSize || s.groupMagic != groupMagic || s.procMagic != procMagic {
 		t.Errorf("docs/SHM.md says version %d, page %d, magics %#x %#x; layout.go has %d, %d, %#x %#x",
 			s.version, s.pageSize, s.groupMagic, s.procMagic, Version, pageSize, uint64(groupMagic), uint64(procMagic))
+	}
+	if s.laneMagic != laneMagicValue || s.laneBuffer != lBuffer {
+		t.Errorf("docs/SHM.md says a lane's magic is %#x and its buffer at %#x; lane.go %#x and %#x", s.laneMagic, s.laneBuffer, uint64(laneMagicValue), lBuffer)
 	}
 	if s.outCall != pOut || s.outNames != outNames {
 		t.Errorf("docs/SHM.md puts the out-call lines at %#x and %d bytes for names in the out buffer; layout.go %#x and %d", s.outCall, s.outNames, pOut, outNames)
@@ -249,11 +257,13 @@ func cSpecProgram(s spec) string {
 	assert := func(cond, msg string, args ...any) {
 		fmt.Fprintf(&b, "_Static_assert(%s, %q);\n", cond, fmt.Sprintf(msg, args...))
 	}
-	structs := map[string]string{"group": "struct tpsched_group_page", "proc": "struct tpsched_proc_ctl", "mailbox": "struct tpsched_mailbox", "out": "struct tpsched_out_call"}
+	structs := map[string]string{"group": "struct tpsched_group_page", "proc": "struct tpsched_proc_ctl", "mailbox": "struct tpsched_mailbox", "out": "struct tpsched_out_call", "lane": "struct tpsched_lane"}
 	assert(fmt.Sprintf("TPSCHED_LAYOUT_VERSION == %d", s.version), "layout version %d", s.version)
 	assert(fmt.Sprintf("TPSCHED_PAGE_SIZE == %d", s.pageSize), "page size %d", s.pageSize)
 	assert(fmt.Sprintf("TPSCHED_GROUP_MAGIC == UINT64_C(%#x)", s.groupMagic), "group magic %#x", s.groupMagic)
 	assert(fmt.Sprintf("TPSCHED_PROC_MAGIC == UINT64_C(%#x)", s.procMagic), "process magic %#x", s.procMagic)
+	assert(fmt.Sprintf("TPSCHED_LANE_MAGIC == UINT64_C(%#x)", s.laneMagic), "lane magic %#x", s.laneMagic)
+	assert(fmt.Sprintf("TPSCHED_LANE_BUFFER == %#x && sizeof(struct tpsched_lane) <= %#x", s.laneBuffer, s.laneBuffer), "a lane's buffer at %#x", s.laneBuffer)
 	assert(fmt.Sprintf("offsetof(struct tpsched_proc_ctl, mailbox[0]) == %#x", s.mailbox), "mailbox 0 at %#x", s.mailbox)
 	assert(fmt.Sprintf("offsetof(struct tpsched_proc_ctl, mailbox[1]) == %#x", s.mailbox+s.mailboxStride), "mailbox 1 at %#x", s.mailbox+s.mailboxStride)
 	assert(fmt.Sprintf("offsetof(struct tpsched_proc_ctl, out) == %#x && TPSCHED_OUT_CALL == %#x", s.outCall, s.outCall), "out-call lines at %#x", s.outCall)
@@ -264,9 +274,6 @@ func cSpecProgram(s spec) string {
 	assert(fmt.Sprintf("TPSCHED_BUFFERS == %#x", s.buffers), "buffers at %#x", s.buffers)
 	assert(fmt.Sprintf("sizeof(struct tpsched_group_page) <= %d && sizeof(struct tpsched_proc_ctl) <= %d", s.pageSize, s.pageSize), "page 0 and the group page fit a page")
 	for _, f := range s.fields {
-		if f.area == "lane" {
-			continue // the C library takes no lanes
-		}
 		st := structs[f.area]
 		member := fmt.Sprintf("((%s *)0)->%s", st, f.name)
 		elem := member
@@ -275,7 +282,7 @@ func cSpecProgram(s spec) string {
 		}
 		assert(fmt.Sprintf("offsetof(%s, %s) == %#x", st, f.name, f.off), "%s %s at offset %#x", f.area, f.name, f.off)
 		assert(fmt.Sprintf("sizeof(%s) == %d", member, f.size), "%s %s of %d bytes", f.area, f.name, f.size)
-		isAtomic := fmt.Sprintf("_Generic(&%s, _Atomic uint32_t *: 1, _Atomic uint64_t *: 1, default: 0)", elem)
+		isAtomic := fmt.Sprintf("_Generic(&%s, _Atomic uint32_t *: 1, _Atomic uint64_t *: 1, _Atomic int64_t *: 1, default: 0)", elem)
 		if f.atomic {
 			assert(isAtomic+" == 1", "%s %s is atomic", f.area, f.name)
 		} else {

@@ -10,6 +10,7 @@
 #include "tpsched_uap.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -34,6 +35,7 @@ _Static_assert(sizeof(_Atomic uint64_t) == 8 && _Alignof(_Atomic uint64_t) == 8,
 /* futex(2) operations, without FUTEX_PRIVATE_FLAG: the word is in a
  * MAP_SHARED memfd mapping and waited on and woken from two processes. */
 #define FUTEX_WAIT_OP 0
+#define FUTEX_WAKE_OP 1
 
 /* Every sleep is bounded (100 ms), so that a flag is seen even if a wake-up
  * is lost. A test builds the library with a longer bound, so that a lost
@@ -58,6 +60,56 @@ enum {
 	STATUS_END = 4
 };
 
+/* An adaptive spin budget, as shm's spinner: it doubles when spinning
+ * found work and halves when work came only after a sleep, between max/16
+ * and max (0 never spins). A spin that finds itself preempted (a gap
+ * between two looks at the clock that only a preemption makes) stops, and
+ * the spinner does not spin for SPIN_QUIET_NS: the CPUs are
+ * oversubscribed, and a spin there takes the CPU the woken side needs. */
+struct spinner {
+	int64_t budget, max, quiet;
+};
+#define PREEMPTED_GAP_NS 50000LL
+#define SPIN_QUIET_NS 20000000LL
+
+/* Lanes (docs/SHM.md, "Lanes"): the roles of a grant, its message on the
+ * control line, and the claim word's states (a ruling's code 0, LANE_MOVED,
+ * gives the call back unrun). */
+enum { ROLE_CALLEE = 1, ROLE_CALLER = 2 };
+#define LANE_MSG_MAGIC UINT32_C(0x4C4E4154) /* "TANL" */
+#define LANE_MSG_SIZE (9 * 4 + 3 * TPSCHED_MAX_NAME)
+enum { LANE_TAKEN = 1, LANE_DONE = 2, LANE_RULED = 3, LANE_MOVED = 0 };
+
+/* A caller woken more than LANE_IDLE_WAKES times in one call for nothing
+ * lets the lane go after it (a callee that floods its caller); one whose
+ * call is not ended LANE_LATE_NS past the deadline it wrote ends it itself,
+ * 'timed out' (scdd's ruling follows the claim word, which the callee can
+ * forge). */
+#define LANE_IDLE_WAKES 64
+#define LANE_LATE_NS 1000000000LL
+
+/* The frame protocol's codes that a call on a lane answers by itself,
+ * without the node (the Go library's, shm/lane_uap.go). */
+enum { CODE_NO_SUCH_SERVICE = 2, CODE_TIMED_OUT = 5, CODE_PROTOCOL = 9, CODE_APPLICATION = 10 };
+
+/* tpsched_serve_one's mailbox number for a call on the lane it serves. */
+#define LANE_MAILBOX UINT_MAX
+
+struct lane_grant {
+	uint32_t gen, role, watch_ms, max_msg;
+	char group[TPSCHED_MAX_NAME + 1], service[TPSCHED_MAX_NAME + 1], entry[TPSCHED_MAX_NAME + 1];
+	size_t entry_len;
+};
+
+/* A process's mapping of one lane; h is NULL when it has none. */
+struct lane_end {
+	struct lane_grant grant;
+	struct tpsched_lane *h;
+	size_t len;
+	unsigned char *buf;
+	struct spinner spin;
+};
+
 struct entry {
 	char name[TPSCHED_MAX_NAME + 1];
 	size_t len;
@@ -80,7 +132,21 @@ struct tpsched_uap {
 	unsigned char *out_buf; /* tpsched_call_service's names, request and answer */
 	uint64_t out_no;        /* the number of the last call made */
 	int64_t cur_deadline;   /* of the call being served, which a call made inherits */
-	int64_t spin_budget, spin_max;
+	int64_t spin_max;       /* TPSCHED_SPIN_US, in ns */
+	struct spinner spin;    /* waiting for calls in the mailboxes */
+
+	/* Lanes: the control line (-1: none), the latest grant read from it
+	 * and not yet mapped, per role, the lane the process serves and the
+	 * one it calls on, the generation of each it last tried to map (one
+	 * try per grant), and the number of the call made on lane_out. */
+	int line;
+	struct {
+		struct lane_grant m;
+		int fd; /* -1: none */
+	} got[ROLE_CALLER + 1];
+	struct lane_end lane_in, lane_out;
+	uint32_t lane_in_tried, lane_out_tried;
+	uint64_t lane_out_no;
 
 	/* Socket mode: socket_mode, and sock >= 0 until the UAP left. */
 	bool socket_mode;
@@ -149,6 +215,9 @@ static tpsched_uap *new_uap(void)
 		return NULL;
 	u->bell = -1;
 	u->sock = -1;
+	u->line = -1;
+	for (int r = 0; r <= ROLE_CALLER; r++)
+		u->got[r].fd = -1;
 	/* The adaptive spin of shm/futex.go: TPSCHED_SPIN_US bounds it
 	 * (default 10 us, 0 never spins, at most 1000). */
 	int us;
@@ -157,11 +226,12 @@ static tpsched_uap *new_uap(void)
 	if (us > 1000)
 		us = 1000;
 	u->spin_max = (int64_t)us * 1000;
-	u->spin_budget = u->spin_max / 4;
+	u->spin = (struct spinner){.budget = u->spin_max / 4, .max = u->spin_max};
 	return u;
 }
 
 static tpsched_uap *attach_socket(int fd, bool refresh, char *err, size_t errlen);
+static void open_line(tpsched_uap *u, int fd);
 
 tpsched_uap *tpsched_attach(char *err, size_t errlen)
 {
@@ -180,8 +250,10 @@ tpsched_uap *tpsched_attach(char *err, size_t errlen)
 		return NULL;
 	}
 	tpsched_uap *u = tpsched_attach_fds(base, base + 1, base + 2, err, errlen);
-	if (u != NULL)
+	if (u != NULL) {
 		u->refresh = refresh;
+		open_line(u, base + 3);
+	}
 	return u;
 }
 
@@ -407,6 +479,8 @@ static void publish(tpsched_uap *u)
 		memcpy(slot, u->entries[i].name, u->entries[i].len);
 	}
 	atomic_store(&u->ctl->entries, (uint32_t)u->n_entries);
+	if (u->line >= 0 && !u->refresh)
+		atomic_store(&u->ctl->lanes, 1);
 	atomic_store(&u->ctl->state, (uint32_t)TPSCHED_STATE_READY);
 	u->started = true;
 	ring(u->bell); /* the node hands calls only to a ready process */
@@ -453,28 +527,38 @@ static uint64_t take(tpsched_uap *u, unsigned *mb)
 	return 0;
 }
 
-/* learn adapts the spin budget as shm's spinner does: it doubles when
- * spinning found work and halves when work came only after a sleep. */
-static void learn(tpsched_uap *u, int64_t waited)
+/* learn records that work came after waited ns (negative: it never came). */
+static void learn(struct spinner *sp, int64_t waited)
 {
-	if (waited >= 0 && waited <= u->spin_budget) {
-		int64_t b = 2 * u->spin_budget + 250;
-		u->spin_budget = b < u->spin_max ? b : u->spin_max;
+	if (waited >= 0 && waited <= sp->budget) {
+		int64_t b = 2 * sp->budget + 250;
+		sp->budget = b < sp->max ? b : sp->max;
 	} else {
-		int64_t b = u->spin_budget / 2;
-		u->spin_budget = b > u->spin_max / 16 ? b : u->spin_max / 16;
+		int64_t b = sp->budget / 2;
+		sp->budget = b > sp->max / 16 ? b : sp->max / 16;
 	}
 }
 
-static bool spin(const tpsched_uap *u, int64_t start)
+/* spin polls ready until it is true or the budget, counted from start, is
+ * spent; false at once within SPIN_QUIET_NS of a spin that was preempted. */
+static bool spin(struct spinner *sp, int64_t start, bool (*ready)(const tpsched_uap *), const tpsched_uap *u)
 {
-	if (u->spin_budget <= 0)
+	if (sp->budget <= 0 || start < sp->quiet)
 		return false;
+	int64_t last = clock_ns(CLOCK_MONOTONIC);
 	for (unsigned i = 1;; i++) {
-		if (new_call(u))
+		if (ready(u))
 			return true;
-		if (i % 16 == 0 && clock_ns(CLOCK_MONOTONIC) - start >= u->spin_budget)
-			return false;
+		if (i % 16 == 0) {
+			int64_t now = clock_ns(CLOCK_MONOTONIC);
+			if (now - last > PREEMPTED_GAP_NS) {
+				sp->quiet = now + SPIN_QUIET_NS;
+				return false;
+			}
+			if (now - start >= sp->budget)
+				return false;
+			last = now;
+		}
 	}
 }
 
@@ -495,35 +579,460 @@ static void sleep_on(_Atomic uint32_t *wake, _Atomic uint32_t *sleeping, bool (*
 	atomic_store(sleeping, 0);
 }
 
-static bool call_or_told(const tpsched_uap *u) { return new_call(u) || told(u); }
-
 /* out_answered: the node answered the last call the process made. */
 static bool out_answered(const tpsched_uap *u) { return atomic_load(&u->ctl->out.done) >= u->out_no; }
 
+/* ---- lanes (docs/SHM.md, "Lanes"; the Go library's shm/lane_uap.go) ---- */
+
+static uint64_t le(const unsigned char *p, int n);
+
+static void futex_wake(_Atomic uint32_t *word)
+{
+	syscall(SYS_futex, (void *)word, FUTEX_WAKE_OP, 1, NULL, NULL, 0);
+}
+
+/* wake moves the other side's futex word and wakes it if it said it sleeps. */
+static void wake(_Atomic uint32_t *word, _Atomic uint32_t *sleeping)
+{
+	atomic_fetch_add(word, 1);
+	if (atomic_load(sleeping) != 0 && atomic_exchange(sleeping, 0) != 0)
+		futex_wake(word);
+}
+
+static bool lane_final(uint64_t claim) { return (claim & 3) >= LANE_DONE; }
+
+/* open_line takes fd as the process's control line if it is one (a
+ * SOCK_SEQPACKET socket); otherwise the process takes no lanes. */
+static void open_line(tpsched_uap *u, int fd)
+{
+	int type;
+	socklen_t len = sizeof type;
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET)
+		return;
+	fcntl(fd, F_SETFD, FD_CLOEXEC); /* the UAP's own children get none of its lanes */
+	u->line = fd;
+}
+
+static bool decode_grant(const unsigned char *b, size_t n, struct lane_grant *m)
+{
+	if (n != LANE_MSG_SIZE || le(b, 4) != LANE_MSG_MAGIC || le(b + 4, 4) != TPSCHED_LAYOUT_VERSION)
+		return false;
+	m->gen = (uint32_t)le(b + 8, 4);
+	m->role = (uint32_t)le(b + 12, 4);
+	m->watch_ms = (uint32_t)le(b + 16, 4);
+	m->max_msg = (uint32_t)le(b + 20, 4);
+	uint64_t gl = le(b + 24, 4), sl = le(b + 28, 4), el = le(b + 32, 4);
+	if (gl > TPSCHED_MAX_NAME || sl > TPSCHED_MAX_NAME || el > TPSCHED_MAX_NAME || m->gen == 0 ||
+	    (m->role != ROLE_CALLEE && m->role != ROLE_CALLER))
+		return false;
+	memcpy(m->group, b + 36, gl);
+	m->group[gl] = '\0';
+	memcpy(m->service, b + 36 + TPSCHED_MAX_NAME, sl);
+	m->service[sl] = '\0';
+	memcpy(m->entry, b + 36 + 2 * TPSCHED_MAX_NAME, el);
+	m->entry[el] = '\0';
+	m->entry_len = el;
+	return true;
+}
+
+/* line_read takes every message waiting on the control line, keeping the
+ * latest grant per role and closing the descriptors of those it replaces or
+ * cannot use; at the line's end (or an error) it closes the line. */
+static void line_read(tpsched_uap *u)
+{
+	while (u->line >= 0) {
+		unsigned char buf[LANE_MSG_SIZE + 1];
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(4 * sizeof(int))];
+		} cm;
+		struct iovec iov = {.iov_base = buf, .iov_len = sizeof buf};
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof cm.b};
+		ssize_t n = recvmsg(u->line, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 || (n == 0 && mh.msg_controllen == 0)) {
+			if (n == 0 || errno != EAGAIN) {
+				close(u->line); /* ended: no more lanes */
+				u->line = -1;
+			}
+			return;
+		}
+		int fds[4], nfd = 0;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+				if (nfd < 4)
+					fds[nfd++] = fd;
+				else
+					close(fd);
+			}
+		}
+		struct lane_grant m;
+		if (!decode_grant(buf, (size_t)n, &m) || nfd != 1) {
+			for (int i = 0; i < nfd; i++)
+				close(fds[i]);
+			continue;
+		}
+		if (u->got[m.role].fd >= 0)
+			close(u->got[m.role].fd);
+		u->got[m.role].m = m;
+		u->got[m.role].fd = fds[0];
+	}
+}
+
+/* map_granted maps into e the lane of generation gen that the node granted
+ * the process in role; false if its grant has not come or cannot be mapped
+ * (the node revokes such a grant). */
+static bool map_granted(tpsched_uap *u, uint32_t role, uint32_t gen, struct lane_end *e)
+{
+	line_read(u);
+	if (u->got[role].fd < 0 || u->got[role].m.gen != gen)
+		return false;
+	const struct lane_grant *m = &u->got[role].m;
+	int fd = u->got[role].fd;
+	u->got[role].fd = -1;
+	bool ok = false;
+	char why[128];
+	size_t len;
+	/* A callee serves into the lane's buffer as into a mailbox's, of
+	 * max_message bytes: the node's grant is the callee group's. */
+	unsigned char *mem = m->max_msg < 1 || m->max_msg > TPSCHED_MAX_MESSAGE ||
+					     (role == ROLE_CALLEE && m->max_msg != u->max_msg)
+				     ? NULL
+				     : map_fd(fd, PROT_READ | PROT_WRITE, &len, why, sizeof why);
+	if (mem != NULL) {
+		struct tpsched_lane *h = (struct tpsched_lane *)mem;
+		if (len == TPSCHED_LANE_SIZE(m->max_msg) && h->magic == TPSCHED_LANE_MAGIC &&
+		    h->version == TPSCHED_LAYOUT_VERSION && h->gen == gen && h->max_message == m->max_msg) {
+			*e = (struct lane_end){.grant = *m, .h = h, .len = len, .buf = mem + TPSCHED_LANE_BUFFER,
+					       .spin = {.budget = u->spin_max / 4, .max = u->spin_max}};
+			ok = true;
+		} else {
+			munmap(mem, len);
+		}
+	}
+	close(fd);
+	return ok;
+}
+
+static void unmap_lane(struct lane_end *e)
+{
+	munmap(e->h, e->len);
+	e->h = NULL;
+	e->buf = NULL;
+}
+
+/* leave_lane_in unmaps the lane the process serves and says so: it takes no
+ * call on it from here, and the node gives it back to its queue at its next
+ * look. Between calls. */
+static void leave_lane_in(tpsched_uap *u)
+{
+	if (u->lane_in.h == NULL)
+		return;
+	atomic_store(&u->ctl->lane_in_on, 0);
+	unmap_lane(&u->lane_in);
+	if (atomic_load(&u->gp->reader_sleeping) != 0)
+		ring(u->bell);
+}
+
+/* drop_lane unmaps the lane the process calls on: revoked, or out of step
+ * with it (a call abandoned on it, an answer that breaks it). */
+static void drop_lane(tpsched_uap *u)
+{
+	if (u->lane_out.h == NULL)
+		return;
+	atomic_store(&u->ctl->lane_out_on, 0);
+	unmap_lane(&u->lane_out);
+}
+
+/* sync_lane_in brings the lane the process serves in step with its area: it
+ * leaves one the node revoked and maps one granted. Between calls. */
+static void sync_lane_in(tpsched_uap *u)
+{
+	uint32_t gen = atomic_load(&u->ctl->lane_in);
+	if (u->lane_in.h != NULL) {
+		if (u->lane_in.grant.gen == gen)
+			return;
+		leave_lane_in(u);
+	}
+	if (gen == 0 || gen == u->lane_in_tried)
+		return;
+	u->lane_in_tried = gen;
+	if (map_granted(u, ROLE_CALLEE, gen, &u->lane_in))
+		atomic_store(&u->ctl->lane_in_on, gen);
+}
+
+/* sync_lane_out is sync_lane_in for the lane the process calls on. */
+static void sync_lane_out(tpsched_uap *u)
+{
+	uint32_t gen = atomic_load(&u->ctl->lane_out);
+	if (u->lane_out.h != NULL) {
+		if (u->lane_out.grant.gen == gen)
+			return;
+		drop_lane(u);
+	}
+	if (gen == 0 || gen == u->lane_out_tried)
+		return;
+	u->lane_out_tried = gen;
+	if (map_granted(u, ROLE_CALLER, gen, &u->lane_out))
+		atomic_store(&u->ctl->lane_out_on, gen);
+}
+
+/* lane_pending: the caller made a call on the lane served that the process
+ * has not taken. */
+static bool lane_pending(const struct lane_end *e)
+{
+	uint64_t c = atomic_load(&e->h->claim);
+	return lane_final(c) && atomic_load(&e->h->seq) != c >> 8;
+}
+
+/* take_lane claims the call the caller made on the lane the process serves;
+ * 0 when there is none (or the lane was revoked, or the node ruled it). */
+static uint64_t take_lane(tpsched_uap *u)
+{
+	struct lane_end *e = &u->lane_in;
+	if (e->h == NULL || atomic_load(&u->ctl->lane_in) != e->grant.gen || !lane_pending(e))
+		return 0;
+	uint64_t c = atomic_load(&e->h->claim);
+	uint64_t n = (c >> 8) + 1;
+	if (!lane_final(c) || !atomic_compare_exchange_strong(&e->h->claim, &c, n << 8 | LANE_TAKEN))
+		return 0;
+	return n;
+}
+
+/* bounded_deadline is deadline bounded by watch_ms from now (0: none). */
+static int64_t bounded_deadline(int64_t deadline, uint32_t watch_ms)
+{
+	if (watch_ms == 0)
+		return deadline;
+	int64_t bound = clock_ns(CLOCK_REALTIME) + (int64_t)watch_ms * 1000000;
+	return deadline == 0 || deadline > bound ? bound : deadline;
+}
+
+/* serve_lane runs call n, which take_lane claimed, and answers it into the
+ * lane: the lane is the process's until it stores done. */
+static void serve_lane(tpsched_uap *u, uint64_t n)
+{
+	struct lane_end *e = &u->lane_in;
+	struct tpsched_lane *h = e->h;
+	size_t len = atomic_load(&h->req_len);
+	if (len > e->grant.max_msg)
+		len = e->grant.max_msg;
+	memcpy(u->entry, e->grant.entry, e->grant.entry_len + 1);
+	uint32_t rl;
+	int st = run(u, e->buf, len, bounded_deadline(atomic_load(&h->deadline), e->grant.watch_ms), e->grant.entry_len, &rl);
+	atomic_store(&h->status, (uint32_t)st);
+	atomic_store(&h->reply_len, rl);
+	uint64_t taken = n << 8 | LANE_TAKEN;
+	if (atomic_compare_exchange_strong(&h->claim, &taken, n << 8 | LANE_DONE))
+		wake(&h->caller_wake, &h->caller_sleeping);
+}
+
+/* lane_answered: the call made on lane_out is over (done or ruled). */
+static bool lane_answered(const tpsched_uap *u)
+{
+	uint64_t c = atomic_load(&u->lane_out.h->claim);
+	return c >> 8 == u->lane_out_no && lane_final(c);
+}
+
+/* await_lane waits for the call made on lane_out, spinning and then
+ * sleeping on the lane's word for the caller: 0, or -1 past late (unix ns;
+ * 0 none). *idle counts the wake-ups that brought no answer. */
+static int await_lane(tpsched_uap *u, int64_t late, int *idle)
+{
+	struct lane_end *e = &u->lane_out;
+	int64_t start = clock_ns(CLOCK_MONOTONIC);
+	if (spin(&e->spin, start, lane_answered, u)) {
+		learn(&e->spin, clock_ns(CLOCK_MONOTONIC) - start);
+		return 0;
+	}
+	learn(&e->spin, -1);
+	while (!lane_answered(u)) {
+		if (late != 0 && clock_ns(CLOCK_REALTIME) > late)
+			return -1;
+		uint32_t w = atomic_load(&e->h->caller_wake);
+		sleep_on(&e->h->caller_wake, &e->h->caller_sleeping, lane_answered, u);
+		if (atomic_load(&e->h->caller_wake) != w && !lane_answered(u))
+			(*idle)++;
+	}
+	return 0;
+}
+
+/* answer copies an answer, prefix then b[0:n], into out[0:*out_len] as
+ * tpsched_call_service does the node's: code, or -1 with EMSGSIZE when it
+ * does not fit out_cap (out holds its start). */
+static int answer(int code, const char *prefix, const unsigned char *b, size_t n, void *out, size_t out_cap, size_t *out_len)
+{
+	size_t pl = strlen(prefix), got = 0;
+	const struct {
+		const void *p;
+		size_t n;
+	} parts[2] = {{prefix, pl}, {b, n}};
+	for (int i = 0; i < 2; i++) {
+		size_t k = parts[i].n < out_cap - got ? parts[i].n : out_cap - got;
+		if (k > 0)
+			memcpy((unsigned char *)out + got, parts[i].p, k);
+		got += k;
+	}
+	*out_len = got;
+	if (got < pl + n) {
+		errno = EMSGSIZE;
+		return -1;
+	}
+	return code;
+}
+
+/* call_lane makes a call on the lane to group/service, if the process has
+ * one for it, and answers it as tpsched_call_service does. *sent is false
+ * when it has none, or the call was given back unrun (the lane was revoked
+ * before the callee took it): the caller then makes it the usual way. */
+static int call_lane(tpsched_uap *u, const char *group, const char *service, const void *req, size_t req_len, int64_t deadline,
+		     void *out, size_t out_cap, size_t *out_len, bool *sent)
+{
+	*sent = false;
+	sync_lane_out(u);
+	struct lane_end *e = &u->lane_out;
+	if (e->h == NULL || strcmp(e->grant.group, group) != 0 || strcmp(e->grant.service, service) != 0 ||
+	    req_len > e->grant.max_msg)
+		return 0;
+	struct tpsched_lane *h = e->h;
+	uint64_t c = atomic_load(&h->claim);
+	if (!lane_final(c) || atomic_load(&h->seq) != c >> 8) {
+		drop_lane(u); /* its last call is not over: abandoned, or the lane broken */
+		return 0;
+	}
+	uint64_t n = (c >> 8) + 1;
+	deadline = bounded_deadline(deadline, e->grant.watch_ms);
+	if (req_len > 0)
+		memcpy(e->buf, req, req_len);
+	atomic_store(&h->req_len, (uint32_t)req_len);
+	atomic_store(&h->deadline, deadline);
+	atomic_store(&h->seq, n); /* publishes the call */
+	if (atomic_load(&u->ctl->lane_out) != e->grant.gen) {
+		/* Revoked as it was made: take it back unless the callee took
+		 * it (or the node gave it back: the claim says which). */
+		if (atomic_compare_exchange_strong(&h->claim, &c, n << 8 | LANE_MOVED << 2 | LANE_RULED)) {
+			drop_lane(u);
+			return 0;
+		}
+	}
+	wake(&h->callee_wake, &h->callee_sleeping);
+	*sent = true;
+	u->lane_out_no = n;
+	int idle = 0;
+	if (await_lane(u, deadline != 0 ? deadline + LANE_LATE_NS : 0, &idle) != 0) {
+		drop_lane(u);
+		return answer(CODE_TIMED_OUT, "timed out: no answer on the lane by its deadline", NULL, 0, out, out_cap, out_len);
+	}
+	c = atomic_load(&h->claim);
+	if ((c & 3) == LANE_RULED) {
+		uint32_t code = (uint32_t)(c >> 2) & 0x3F;
+		size_t ml = atomic_load(&h->rule_len);
+		unsigned char msg[TPSCHED_LANE_RULE_MAX];
+		memcpy(msg, h->rule_text, ml < sizeof msg ? ml : sizeof msg);
+		/* Over for the caller, maybe not for the callee ('timed out'
+		 * while it ran): it may still read the buffer and write its
+		 * reply there, so no further call shares the buffer with it. */
+		drop_lane(u);
+		if (code == LANE_MOVED) {
+			*sent = false;
+			return 0;
+		}
+		return answer((int)code, "", msg, ml < sizeof msg ? ml : sizeof msg, out, out_cap, out_len);
+	}
+	size_t rl = atomic_load(&h->reply_len);
+	if (rl > e->grant.max_msg)
+		rl = e->grant.max_msg;
+	int rc;
+	switch (atomic_load(&h->status)) {
+	case TPSCHED_OK:
+		rc = answer(0, "", e->buf, rl, out, out_cap, out_len);
+		break;
+	case TPSCHED_APP_ERROR:
+		rc = answer(CODE_APPLICATION, "application error: ", e->buf, rl, out, out_cap, out_len);
+		break;
+	case TPSCHED_NO_SUCH_SERVICE: {
+		char msg[96];
+		snprintf(msg, sizeof msg, "no such service: entry %.*s is not registered by the UAP", (int)(rl < TPSCHED_MAX_NAME ? rl : TPSCHED_MAX_NAME),
+			 (const char *)e->buf);
+		rc = answer(CODE_NO_SUCH_SERVICE, msg, NULL, 0, out, out_cap, out_len);
+		break;
+	}
+	case TPSCHED_TIMED_OUT:
+		rc = answer(CODE_TIMED_OUT, "timed out: its deadline passed before the UAP process started it", NULL, 0, out, out_cap,
+			    out_len);
+		break;
+	default:
+		drop_lane(u);
+		return answer(CODE_PROTOCOL, "protocol error: the UAP process answered with an unknown status", NULL, 0, out, out_cap,
+			      out_len);
+	}
+	if (idle > LANE_IDLE_WAKES)
+		drop_lane(u); /* woken for nothing again and again: a callee that floods its caller */
+	return rc;
+}
+
+/* news: a call handed over, a call made on the lane the process serves,
+ * or a lane granted or revoked. */
+static bool news(const tpsched_uap *u)
+{
+	uint32_t gen = atomic_load(&u->ctl->lane_in);
+	if (u->lane_in.h == NULL)
+		return new_call(u) || (gen != 0 && gen != u->lane_in_tried);
+	return new_call(u) || lane_pending(&u->lane_in) || gen != u->lane_in.grant.gen;
+}
+
+static bool news_or_told(const tpsched_uap *u) { return news(u) || told(u); }
+
 /* next waits for the next call, spinning and then sleeping on the futex
- * word: the spec's "Wait". 0 when the process is to leave. */
+ * word: the spec's "Wait" (and "Serve a lane"). 0 when the process is to
+ * leave; a call on the lane the process serves comes back with mailbox
+ * LANE_MAILBOX. */
 static uint64_t next(tpsched_uap *u, unsigned *mb)
 {
 	struct tpsched_proc_ctl *c = u->ctl;
 	int64_t start = clock_ns(CLOCK_MONOTONIC);
 	bool spun = false;
 	for (;;) {
-		uint64_t n = take(u, mb);
+		sync_lane_in(u);
+		uint64_t n = take_lane(u);
 		if (n != 0) {
-			learn(u, clock_ns(CLOCK_MONOTONIC) - start);
+			learn(&u->lane_in.spin, clock_ns(CLOCK_MONOTONIC) - start);
+			*mb = LANE_MAILBOX;
+			return n;
+		}
+		n = take(u, mb);
+		if (n != 0) {
+			learn(&u->spin, clock_ns(CLOCK_MONOTONIC) - start);
 			return n;
 		}
 		/* A call handed over between take's look and the flag's is
 		 * still ours to serve: leave only with none to take. */
-		if (told(u))
-			return take(u, mb);
+		if (told(u)) {
+			n = take(u, mb);
+			if (n == 0)
+				leave_lane_in(u);
+			return n;
+		}
+		struct tpsched_lane *lane = u->lane_in.h;
 		if (!spun) {
 			spun = true;
-			if (spin(u, start))
+			struct spinner *sp = lane != NULL ? &u->lane_in.spin : &u->spin;
+			if (spin(sp, start, news, u))
 				continue;
-			learn(u, -1);
+			learn(sp, -1);
 		}
-		sleep_on(&c->wake, &c->sleeping, call_or_told, u);
+		/* On a lane, its word: the caller moves it at every call, the
+		 * node at a revoke, a stop and its close. */
+		if (lane != NULL)
+			sleep_on(&lane->callee_wake, &lane->callee_sleeping, news_or_told, u);
+		else
+			sleep_on(&c->wake, &c->sleeping, news_or_told, u);
 	}
 }
 
@@ -540,8 +1049,18 @@ int tpsched_call_service(tpsched_uap *u, const char *group, const char *service,
 		errno = EINVAL;
 		return -1;
 	}
-	if (timeout_ms == 0 && u->cur_deadline != 0) {
-		int64_t left = u->cur_deadline - clock_ns(CLOCK_REALTIME);
+	int64_t deadline = 0;
+	if (timeout_ms != 0)
+		deadline = clock_ns(CLOCK_REALTIME) + (int64_t)timeout_ms * 1000000;
+	else if (u->cur_deadline != 0)
+		deadline = u->cur_deadline;
+	bool sent;
+	int rc = call_lane(u, group, service, req, req_len, deadline, out, out_cap, out_len, &sent);
+	if (sent)
+		return rc;
+	/* What is left of it now: a call given back by its lane waited there. */
+	if (deadline != 0) {
+		int64_t left = deadline - clock_ns(CLOCK_REALTIME);
 		if (left <= 0) {
 			errno = ETIMEDOUT;
 			return -1;
@@ -619,7 +1138,10 @@ int tpsched_serve_one(tpsched_uap *u)
 		leave(u);
 		return 0;
 	}
-	serve(u, no, mb);
+	if (mb == LANE_MAILBOX)
+		serve_lane(u, no);
+	else
+		serve(u, no, mb);
 	u->served = true;
 	return 1;
 }
@@ -865,6 +1387,8 @@ int tpsched_close(tpsched_uap *u)
 		return 0;
 	int rc = 0, saved = 0;
 	if (u->area != NULL) {
+		drop_lane(u);
+		leave_lane_in(u);
 		leave(u);
 		/* All three, whichever fails. */
 		int e1 = munmap(u->area, u->area_len) != 0 ? errno : 0;
@@ -884,6 +1408,11 @@ int tpsched_close(tpsched_uap *u)
 			saved = errno;
 		}
 	}
+	for (int r = 0; r <= ROLE_CALLER; r++)
+		if (u->got[r].fd >= 0)
+			close(u->got[r].fd);
+	if (u->line >= 0)
+		close(u->line);
 	free(u->sock_buf);
 	free(u);
 	if (rc != 0)

@@ -45,6 +45,16 @@
  * starts another process in its place. A call it had not yet started goes to
  * another process.
  *
+ * Lanes: nothing to do either. When a process calls one service of another
+ * group again and again (tpsched_call_service), the node may lend it one
+ * process of that group, and the calls then go straight to it through a
+ * shared memfd, with no thread of the node on their way (docs/SHM.md,
+ * "Lanes"); the answers, errors included, are those of the node's way. A
+ * process serves a lane in tpsched_serve as it serves its mailboxes. The
+ * node grants lanes to processes started with a control line (fd
+ * TPSCHED_SHM_FD + 3, which tpsched_attach takes), not in refresh mode;
+ * TPSCHED_LANES=off in scdd's environment grants none.
+ *
  * Where this is tested: shm/cuap_test.go drives the example UAP
  * (examples/uap-c) through the Go scheduler side of package shm, the spec
  * test there checks this header's layout against the tables of docs/SHM.md,
@@ -122,7 +132,8 @@ tpsched_uap *tpsched_attach(char *err, size_t errlen);
 
 /* tpsched_attach_fds is tpsched_attach for shared memory with the
  * descriptors given: the process area, the group page and the doorbell
- * eventfd. The UAP owns them from then on. */
+ * eventfd. The UAP owns them from then on. It takes no control line, so
+ * the process takes no lanes. */
 tpsched_uap *tpsched_attach_fds(int area, int group, int bell, char *err, size_t errlen);
 
 /* tpsched_handle registers the handler of an entry before serving; arg is
@@ -271,8 +282,8 @@ struct tpsched_proc_ctl {
 	_Atomic uint32_t stop;
 	_Atomic uint64_t dispatch_no;
 	uint32_t mailboxes;
-	/* Lanes (docs/SHM.md, "Lanes"): this library takes none, so it
-	 * never sets lanes and scdd never grants it one. */
+	/* Lanes (docs/SHM.md, "Lanes"): the generation of the lane the
+	 * process serves and of the one it calls on, written by scdd. */
 	_Atomic uint32_t lane_in;
 	_Atomic uint32_t lane_out;
 	unsigned char pad0[0x40 - 0x2C];
@@ -289,11 +300,42 @@ struct tpsched_proc_ctl {
 	struct tpsched_out_call out;
 };
 
+/* A lane (docs/SHM.md, "Lanes"): page 0 of the memfd scdd grants a caller
+ * and a callee, then the buffer at TPSCHED_LANE_BUFFER. Line 0 is the
+ * caller's, line 1 the callee's, line 2 the claim, lines 3 on scdd's. */
+#define TPSCHED_LANE_MAGIC UINT64_C(0x454E414C48435054) /* "TPCHLANE" */
+#define TPSCHED_LANE_BUFFER TPSCHED_PAGE_SIZE
+#define TPSCHED_LANE_RULE_MAX 256
+struct tpsched_lane {
+	_Atomic uint64_t seq;
+	_Atomic int64_t deadline;
+	_Atomic uint32_t req_len;
+	_Atomic uint32_t caller_sleeping;
+	_Atomic uint32_t callee_wake;
+	unsigned char pad0[0x40 - 0x1C];
+	_Atomic uint32_t callee_sleeping;
+	_Atomic uint32_t status;
+	_Atomic uint32_t reply_len;
+	_Atomic uint32_t caller_wake;
+	unsigned char pad1[0x80 - 0x50];
+	_Atomic uint64_t claim;
+	unsigned char pad2[0xC0 - 0x88];
+	uint64_t magic;
+	uint32_t version;
+	uint32_t gen;
+	uint32_t max_message;
+	_Atomic uint32_t rule_len;
+	unsigned char pad3[0x100 - 0xD8];
+	unsigned char rule_text[TPSCHED_LANE_RULE_MAX];
+};
+
 /* The size of each buffer for max_message_size m, of the out buffer, and
  * of a process area with k mailboxes. */
 #define TPSCHED_BUF_STRIDE(m) (((uint64_t)(m) + TPSCHED_PAGE_SIZE - 1) / TPSCHED_PAGE_SIZE * TPSCHED_PAGE_SIZE)
 #define TPSCHED_OUT_STRIDE(m) TPSCHED_BUF_STRIDE((uint64_t)(m) + TPSCHED_OUT_NAMES)
 #define TPSCHED_AREA_SIZE(m, k) (TPSCHED_BUFFERS + (uint64_t)(k) * TPSCHED_BUF_STRIDE(m) + TPSCHED_OUT_STRIDE(m))
+/* The size of a lane whose buffer holds max_message m. */
+#define TPSCHED_LANE_SIZE(m) (TPSCHED_LANE_BUFFER + TPSCHED_BUF_STRIDE(m))
 #endif /* !__cplusplus */
 
 #endif /* TPSCHED_UAP_H */
