@@ -281,12 +281,18 @@ set watch_time = 10
 // reply its own, the node counting them; a hold ends the lane at once
 // ('service closed'); a callee killed under a call on the lane fails it
 // 'server terminated'; a call on the lane past its deadline is answered
-// 'timed out'. The node serves on after each.
+// 'timed out'. The node serves on after each. Both groups run the Go
+// UAP (uap-echo) and then the C one (uap-echo-c, the C library's lanes).
 func TestLaneLocalCalls(t *testing.T) {
 	skipShort(t)
+	t.Run("go", func(t *testing.T) { testLaneLocalCalls(t, fmt.Sprintf("%q", bin("uap-echo"))) })
+	t.Run("c", func(t *testing.T) { testLaneLocalCalls(t, fmt.Sprintf("%q", cuapModule(t))) })
+}
+
+func testLaneLocalCalls(t *testing.T, module string) {
 	dir := defDir(t, "", map[string]string{
-		"front": fmt.Sprintf(callerServer, "front", 1),
-		"back":  echoDef("back", 3, 64, 1<<20) + "set watch_time = 2\n",
+		"front": strings.ReplaceAll(fmt.Sprintf(callerServer, "front", 1), "MODULE", module),
+		"back":  strings.ReplaceAll(echoDef("back", 3, 64, 1<<20), "MODULE", module) + "set watch_time = 2\n",
 	})
 	n := startNode(t, "-c", dir)
 	c := n.client()
