@@ -796,12 +796,17 @@ static bool lane_pending(const struct lane_end *e)
 static uint64_t take_lane(tpsched_uap *u)
 {
 	struct lane_end *e = &u->lane_in;
-	if (e->h == NULL || atomic_load(&u->ctl->lane_in) != e->grant.gen || !lane_pending(e))
+	if (e->h == NULL || atomic_load(&u->ctl->lane_in) != e->grant.gen)
 		return 0;
+	/* One look at the claim decides: the call after the one it ends,
+	 * if the caller made it (a claim read again may be the node's ruling
+	 * of that very call, and there is nothing to take after it). */
 	uint64_t c = atomic_load(&e->h->claim);
-	uint64_t n = (c >> 8) + 1;
-	if (!lane_final(c) || !atomic_compare_exchange_strong(&e->h->claim, &c, n << 8 | LANE_TAKEN))
+	if (!lane_final(c) || atomic_load(&e->h->seq) == c >> 8)
 		return 0;
+	uint64_t n = (c >> 8) + 1;
+	if (!atomic_compare_exchange_strong(&e->h->claim, &c, n << 8 | LANE_TAKEN))
+		return 0; /* ruled meanwhile: given back to the caller */
 	return n;
 }
 
