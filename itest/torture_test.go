@@ -12,7 +12,9 @@ package itest
 //	TPSCHED_TORTURE_ATTACKS   comma-separated attack classes (default all):
 //	                          callers, uapkill, uapstop, uapexit, badexit,
 //	                          localcalls, fdpressure, restart; on one node
-//	                          (TestTorture) also sockclose and lanes;
+//	                          (TestTorture) also sockclose, lanes and
+//	                          clanes (lanes with the C UAP library: needs
+//	                          gcc, left out with a logged reason without);
 //	                          across a cluster (TestTortureCluster) also
 //	                          peerkill, peerstop, peerrestart, peercut,
 //	                          peerloss
@@ -55,10 +57,28 @@ import (
 var tortureAttacks = []string{"callers", "uapkill", "uapstop", "uapexit", "badexit", "localcalls", "fdpressure", "restart"}
 
 // nodeTortureAttacks are TestTorture's: those and "sockclose", on the
-// socket-mode group only TestTorture has, and "lanes", front/burst's runs
-// of local calls to lback, a group nothing else calls, so that lanes are
-// granted and held while every attack on UAPs goes on.
-var nodeTortureAttacks = append(append([]string(nil), tortureAttacks...), "sockclose", "lanes")
+// socket-mode group only TestTorture has, and the attacks of
+// tortureBurstGroups: "lanes" and "clanes".
+var nodeTortureAttacks = append(append([]string(nil), tortureAttacks...), "sockclose", "lanes", "clanes")
+
+// burstGroup is a pair of groups for lanes: front's service burst makes
+// runs of local calls to back's service work, a group nothing else calls,
+// so that the node grants lanes from front's processes to back's and they
+// are granted, held and revoked while every attack on UAPs goes on.
+type burstGroup struct {
+	attack string // the attack class whose calls front gets
+	front  string // calls back (burst=burst)
+	back   string // called by front only (work=work), three processes
+	c      bool   // both served by uap-torture-c (the C UAP library), which has no flags b and c
+}
+
+// tortureBurstGroups are TestTorture's burst groups: the Go UAP library's
+// lanes (front, which also serves the other attacks, to lback) and the C
+// library's (cfront to clback).
+var tortureBurstGroups = []burstGroup{
+	{attack: "lanes", front: "front", back: "lback"},
+	{attack: "clanes", front: "cfront", back: "clback", c: true},
+}
 
 var buildTortureUAP = sync.OnceValue(func() error {
 	args := []string{"build", "-o", bin("uap-torture")}
@@ -70,6 +90,33 @@ var buildTortureUAP = sync.OnceValue(func() error {
 		return fmt.Errorf("building uap-torture: %v\n%s", err, out)
 	}
 	return nil
+})
+
+// uapCFlags are the Makefile's UAP_CFLAGS, the C UAP library's flags.
+var uapCFlags = []string{"-O2", "-Wall", "-Wextra", "-Werror", "-std=c11"}
+
+// buildTortureCUAP compiles uap-torture-c into the binaries' directory
+// with the C UAP library from source (uap-c/tpsched_uap.c, not a built
+// libtpsched_uap.a), so that the run always attacks the library as it is
+// in the checkout. Without gcc it builds nothing and says why in leftOut.
+var buildTortureCUAP = sync.OnceValues(func() (leftOut string, err error) {
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		return fmt.Sprintf("no C compiler to build uap-torture-c: %v", err), nil
+	}
+	wd, err := os.Getwd() // the package's directory, itest
+	if err != nil {
+		return "", err
+	}
+	root := filepath.Dir(wd)
+	args := append(append([]string(nil), uapCFlags...), "-I", filepath.Join(root, "uap-c"), "-o", bin("uap-torture-c"),
+		filepath.Join(root, "itest", "internal", "uap-torture-c", "uap_torture.c"), filepath.Join(root, "uap-c", "tpsched_uap.c"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, cc, args...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building uap-torture-c: %s %s: %v\n%s", cc, strings.Join(args, " "), err, out)
+	}
+	return "", nil
 })
 
 const tortureServer = `set service_group = %q
@@ -85,9 +132,9 @@ putenv TORTURE_CALL_TARGET "back/work"
 putenv TORTURE_BURST_TARGET "lback/work"
 `
 
-// tortureLaneBack is the group only front/burst calls (TestTorture's
-// "lanes"): three processes, so that lanes to it are granted and held.
-const tortureLaneBack = `set service_group = "lback"
+// tortureLaneBack is a burst group's back, which only its front's burst
+// calls: three processes, so that lanes to it are granted and held.
+const tortureLaneBack = `set service_group = %q
 set service = "work=work"
 set module = %q
 set parallel_count = 3
@@ -95,6 +142,21 @@ set queue_size = 256
 set watch_time = 8
 putenv TORTURE_DIR %q
 putenv TORTURE_EXECLOG %q
+`
+
+// tortureCFront is a C burst group's front (uap-torture-c): front's
+// watch_time and queue size, two processes. Its arguments: the group, the
+// module, the UAPs' directory and execution log, and the back its burst
+// calls.
+const tortureCFront = `set service_group = %q
+set service = "burst=burst"
+set module = %q
+set parallel_count = 2
+set queue_size = 256
+set watch_time = 8
+putenv TORTURE_DIR %q
+putenv TORTURE_EXECLOG %q
+putenv TORTURE_BURST_TARGET "%s/work"
 `
 
 // tortureSocketServer is the socket-mode group (receive_from = socket:
@@ -124,8 +186,8 @@ type tcall struct {
 	group   string
 	service string
 	flag    string // n, x (UAP exits holding it), b (bad completion, then exit), c (socket closed, process lives on)
-	burst   int    // front/burst: its local calls (<id>.in1 to .in<burst>)
-	each    int    // front/burst: ms each of its local calls but the last sleeps
+	burst   int    // a burst group's front/burst: its local calls (<id>.in1 to .in<burst>)
+	each    int    // a burst group's front/burst: ms each of its local calls but the last sleeps
 	req     []byte
 	sentAt  time.Duration // since the run's start
 
@@ -155,7 +217,7 @@ type torture struct {
 	n        *restartingNode // the node the callers and the probes call
 	uapNodes func() []string // the HTTP addresses of the nodes whose UAPs are attacked
 	sock     bool            // the node has the socket-mode group "sock" (TestTorture's)
-	lanes    bool            // the node has the group "lback" (TestTorture's)
+	bursts   []burstGroup    // the node's burst groups (TestTorture's)
 	// explain names what an answered call says beyond its outcome (an
 	// outcome "of which ..."), or ""; nil: nothing. Called after the run.
 	explain func(c *tcall) string
@@ -262,9 +324,13 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 // TestTorture attacks one node at random for TPSCHED_TORTURE_DURATION and
 // accounts for every call. Groups: front and back (uap-torture, 2 to 3
 // processes each; front/call makes a local call to back/work) take every
-// attack; sock (uap-torture in socket mode, 1 process, 6% of the calls)
-// every attack on UAPs but badexit; probe (uap-echo, 1 process) is never
-// attacked and is the watchdog's.
+// attack; lback (uap-torture, 3 processes) is called by front/burst only;
+// cfront (uap-torture-c, 2 processes) and clback (3), with "clanes" and
+// gcc only, are their twins in C: cfront/burst calls clback/work, and
+// they take every attack on UAPs but badexit and sockclose; sock
+// (uap-torture in socket mode, 1 process, 6% of the calls) every attack
+// on UAPs but badexit; probe (uap-echo, 1 process) is never attacked and
+// is the watchdog's.
 //
 // Callers (TPSCHED_TORTURE_CALLERS at once, each on connections of its
 // own, in a loop): one call or 2 to 8 pipelined, then read every answer,
@@ -277,7 +343,10 @@ func envDuration(t *testing.T, name string, def time.Duration) time.Duration {
 // completed with status 7 and done_no stored by a process that exits at
 // once (break 4); "sockclose" sock calls (flag c) whose process closes
 // its socket and lives on (ruled after 2 s: 'server terminated', never
-// 'timed out'); "localcalls" front/call; "fdpressure" RLIMIT_NOFILE of scdd
+// 'timed out'); "localcalls" front/call; "lanes" front/burst, runs of 2
+// to 41 local calls to lback, a quarter of them long (50 to 149 calls of
+// 5 to 14 ms); "clanes" the same runs of cfront/burst to clback, in C;
+// "fdpressure" RLIMIT_NOFILE of scdd
 // lowered to its open descriptors + 40 with 100 idle connections and a
 // UAP killed (break 2), for 1.5 s; "restart" a hand-over (SIGUSR2).
 //
@@ -322,14 +391,41 @@ func TestTorture(t *testing.T) {
 		t.Fatal(err)
 	}
 	tt := newTorture(t, nodeTortureAttacks)
-	dir := defDir(t, "", map[string]string{
+	servers := map[string]string{
 		"probe": tortureProbe,
 		"front": fmt.Sprintf(tortureServer, "front", bin("uap-torture"), tt.dir, tt.execLog),
 		"back":  fmt.Sprintf(tortureServer, "back", bin("uap-torture"), tt.dir, tt.execLog),
 		"sock":  fmt.Sprintf(tortureSocketServer, bin("uap-torture"), tt.dir, tt.execLog),
-		"lback": fmt.Sprintf(tortureLaneBack, bin("uap-torture"), tt.dir, tt.execLog),
-	})
-	tt.sock, tt.lanes = true, true
+	}
+	tt.sock = true
+	for _, b := range tortureBurstGroups {
+		if !b.c {
+			// front is defined above; lback is there whether "lanes"
+			// is on or not, as before the C groups came.
+			servers[b.back] = fmt.Sprintf(tortureLaneBack, b.back, bin("uap-torture"), tt.dir, tt.execLog)
+			tt.bursts = append(tt.bursts, b)
+			continue
+		}
+		// The C groups are there for their attack only: nothing else
+		// calls them, and the attacks on UAPs would spend their picks
+		// on idle processes.
+		if !tt.attacks[b.attack] {
+			continue
+		}
+		leftOut, err := buildTortureCUAP()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if leftOut != "" {
+			t.Logf("torture: %s and %s (attack %s) left out: %s", b.front, b.back, b.attack, leftOut)
+			tt.attacks[b.attack] = false
+			continue
+		}
+		servers[b.front] = fmt.Sprintf(tortureCFront, b.front, bin("uap-torture-c"), tt.dir, tt.execLog, b.back)
+		servers[b.back] = fmt.Sprintf(tortureLaneBack, b.back, bin("uap-torture-c"), tt.dir, tt.execLog)
+		tt.bursts = append(tt.bursts, b)
+	}
+	dir := defDir(t, "", servers)
 	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
 	tt.n = startRestartingNode(t, dir, "-drain-timeout", "5s")
 	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
@@ -459,18 +555,30 @@ func (tt *torture) run(more func(spawn func(func()), rng func(uint64) *rand.Rand
 }
 
 // laneFigures are the lane counters countLanes follows, by the figure
-// each gives.
-var laneFigures = map[string]string{
-	"tpsched_lane_grants_total":                                    "lanes granted",
-	"tpsched_lane_calls_total":                                     "calls on lanes",
-	`tpsched_lane_revokes_total{group="lback",reason="turn"}`:      "lanes revoked for another caller's turn",
-	`tpsched_lane_revokes_total{group="lback",reason="timed_out"}`: "lanes revoked at a call ruled 'timed out'",
+// each gives: those of the back of each burst group whose attack is on,
+// the group its lanes go to.
+func (tt *torture) laneFigures() map[string]string {
+	figures := map[string]string{}
+	for _, b := range tt.bursts {
+		if !tt.attacks[b.attack] {
+			continue
+		}
+		figures[`tpsched_lane_grants_total{group="`+b.back+`"}`] = "lanes granted to " + b.back
+		figures[`tpsched_lane_calls_total{group="`+b.back+`"}`] = "calls on lanes to " + b.back
+		figures[`tpsched_lane_revokes_total{group="`+b.back+`",reason="turn"}`] = "lanes to " + b.back + " revoked for another caller's turn"
+		figures[`tpsched_lane_revokes_total{group="`+b.back+`",reason="timed_out"}`] = "lanes to " + b.back + " revoked at a call ruled 'timed out'"
+	}
+	return figures
 }
 
 // countLanes follows the nodes' lane counters through the run (a
 // hand-over starts them again from zero), for the figures: the lanes the
 // local calls took, so that a run says whether it attacked them.
 func (tt *torture) countLanes(ctx context.Context) {
+	laneFigures := tt.laneFigures()
+	if len(laneFigures) == 0 {
+		return // no burst groups (TestTortureCluster): no lanes
+	}
 	type counter struct{ banked, last float64 }
 	seen := map[string]*counter{}
 	hc := &http.Client{Timeout: time.Second}
@@ -554,11 +662,12 @@ func (tt *torture) dial(timeout time.Duration) (net.Conn, error) {
 // request.
 func (tt *torture) newCall(rng *rand.Rand) *tcall {
 	c := &tcall{id: tt.nextID.Add(1), flag: "n", sentAt: time.Since(tt.start)}
-	switch p := rng.IntN(100); {
+	p := rng.IntN(100)
+	switch b := tt.burstGroupAt(p); {
 	case p < 20 && tt.attacks["localcalls"]:
 		c.group, c.service = "front", "call"
-	case p < 30 && tt.lanes && tt.attacks["lanes"]:
-		c.group, c.service, c.burst = "front", "burst", 2+rng.IntN(40)
+	case b != nil:
+		c.group, c.service, c.burst = b.front, "burst", 2+rng.IntN(40)
 		if rng.IntN(4) == 0 {
 			// A long run, about a second: a lane held while other
 			// callers' runs are kept from one by the node's cap, so
@@ -575,7 +684,7 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 	switch p := rng.IntN(1000); {
 	case p < 15 && tt.attacks["uapexit"]:
 		c.flag = "x"
-	case p >= 15 && p < 35 && tt.attacks["badexit"] && c.group != "sock": // its bad completion is in a shared-memory area
+	case p >= 15 && p < 35 && tt.attacks["badexit"] && c.group != "sock" && !tt.inC(c.group): // its bad completion is in a shared-memory area, written by uap-torture
 		c.flag = "b"
 	case p >= 35 && p < 65 && tt.attacks["sockclose"] && c.group == "sock":
 		c.flag = "c"
@@ -597,6 +706,34 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 		c.req = fmt.Appendf(nil, "%d %s %d", c.id, c.flag, ms)
 	}
 	return c
+}
+
+// burstGroupAt is the burst group whose calls a draw p (0 to 99) of
+// newCall makes, or nil: each burst group whose attack is on takes 10 in
+// turn from 20 up, the first of them also what is below 20 when
+// "localcalls" is off.
+func (tt *torture) burstGroupAt(p int) *burstGroup {
+	upTo := 30
+	for i := range tt.bursts {
+		if !tt.attacks[tt.bursts[i].attack] {
+			continue
+		}
+		if p < upTo {
+			return &tt.bursts[i]
+		}
+		upTo += 10
+	}
+	return nil
+}
+
+// inC reports whether group is served by uap-torture-c.
+func (tt *torture) inC(group string) bool {
+	for _, b := range tt.bursts {
+		if b.c && (group == b.front || group == b.back) {
+			return true
+		}
+	}
+	return false
 }
 
 // caller is one caller, connection after connection, until the run ends.
@@ -999,6 +1136,20 @@ func (tt *torture) scanOnce() {
 	}
 }
 
+// attacked reports whether the attacks on UAPs (uapkill, uapstop,
+// fdpressure's kill) pick group's processes: every group but probe.
+func (tt *torture) attacked(group string) bool {
+	if group == "front" || group == "back" || group == "sock" {
+		return true
+	}
+	for _, b := range tt.bursts {
+		if group == b.front || group == b.back {
+			return true
+		}
+	}
+	return false
+}
+
 // uapPIDsOf are the pids of the attacked groups' processes now.
 func (tt *torture) uapPIDsOf() []int {
 	var pids []int
@@ -1008,7 +1159,7 @@ func (tt *torture) uapPIDsOf() []int {
 			continue
 		}
 		for _, g := range st.Groups {
-			if g.Group != "front" && g.Group != "back" && g.Group != "sock" && g.Group != "lback" {
+			if !tt.attacked(g.Group) {
 				continue
 			}
 			for _, p := range g.Processes {
@@ -1187,10 +1338,20 @@ func (tt *torture) check() {
 		outcomes["FAILED"]++
 	}
 	seen := map[string]bool{}
+	// What each group/service got, for the figures: so that a run says
+	// how much each burst group, Go's and C's, was attacked.
+	type served struct{ calls, ok, localRuns int }
+	byService := map[string]*served{}
 	for _, c := range calls {
 		id := strconv.FormatUint(c.id, 10)
 		seen[id], seen[id+".in"] = true, true
 		ex, inner := len(execs[id]), len(execs[id+".in"])
+		sv := byService[c.group+"/"+c.service]
+		if sv == nil {
+			sv = &served{}
+			byService[c.group+"/"+c.service] = sv
+		}
+		sv.calls++
 		if ex > 1 {
 			report(c, "executed %d times: %v", ex, execs[id])
 			continue
@@ -1204,6 +1365,7 @@ func (tt *torture) check() {
 			for j := 1; j <= c.burst; j++ {
 				in := id + ".in" + strconv.Itoa(j)
 				seen[in] = true
+				sv.localRuns += len(execs[in])
 				switch n := len(execs[in]); {
 				case n > 1 && twice == "":
 					twice = fmt.Sprintf("its local call %d of %d executed %d times: %v", j, c.burst, n, execs[in])
@@ -1231,6 +1393,7 @@ func (tt *torture) check() {
 			}
 		case c.answers == 1 && c.kind == netio.KindReply:
 			outcomes["ok"]++
+			sv.ok++
 			if ex != 1 || ((c.service == "call" || c.burst > 0) && inner != 1) {
 				report(c, "answered ok, executed %d times (its local call %d)", ex, inner)
 			}
@@ -1304,8 +1467,17 @@ func (tt *torture) check() {
 	found := tt.found
 	tt.mu.Unlock()
 	sort.Strings(figs)
-	chaosFigures(t, "torture seed %d, %v of attacks: %d calls: %s; %s", tt.seed, time.Since(tt.start).Round(time.Second),
-		len(calls), strings.Join(keys, ", "), strings.Join(figs, ", "))
+	var services []string
+	for name, sv := range byService {
+		s := fmt.Sprintf("%s %d calls, %d ok", name, sv.calls, sv.ok)
+		if sv.localRuns > 0 {
+			s += fmt.Sprintf(", %d local calls run", sv.localRuns)
+		}
+		services = append(services, s)
+	}
+	sort.Strings(services)
+	chaosFigures(t, "torture seed %d, %v of attacks: %d calls: %s; %s; by service: %s", tt.seed, time.Since(tt.start).Round(time.Second),
+		len(calls), strings.Join(keys, ", "), strings.Join(figs, ", "), strings.Join(services, "; "))
 	if len(bad) > 0 {
 		t.Errorf("torture (seed %d): %d calls broke a promise:\n%s", tt.seed, outcomes["FAILED"], strings.Join(bad, "\n"))
 	}
