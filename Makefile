@@ -221,8 +221,8 @@ chaos: build ## the fault experiments at full length on real processes, one pack
 # restarted too) for CLUSTER_DURATION, each alone and verbose; both run
 # even if the first fails. SEED empty: a random seed, printed; ATTACKS
 # empty: every class (callers,uapkill,uapstop,uapexit,badexit,localcalls,
-# fdpressure,restart; the one node's also sockclose; the cluster's also
-# peerkill,peerstop,peerrestart,peercut,peerloss).
+# fdpressure,restart; the one node's also sockclose,lanes,clanes; the
+# cluster's also peerkill,peerstop,peerrestart,peercut,peerloss).
 DURATION         ?= 10m
 CLUSTER_DURATION ?= 5m
 SEED             ?=
