@@ -48,14 +48,13 @@ type laneRules struct {
 }
 
 // maxLanes is how many lanes a node grants at once: one per two CPUs,
-// at least one. A lane is two processes that each run, spin and wake the
-// other without pause, so more lanes than that keep more tasks runnable
-// than there are CPUs, and the node's own threads, and every other Go
-// program on the machine, then waited seconds for theirs: with five lanes
-// on two CPUs a Go program's 20 ms sleep took up to 2.3 s (a Python one's
-// 6 ms at most) and scdd's dispatcher went 1.2-2.3 s without a look;
-// with two, 0.3 s; with one, 1 ms (2026-12-06, docs/ARCHITECTURE.md
-// "Lanes").
+// at least one. A lane is two processes that each run and wake the other
+// without pause, and with more lanes than that in the UAPs' cpu cgroup the
+// kernel's group scheduling kept every process outside it, the node's own
+// threads included, from the CPU for seconds: with five lanes on two CPUs
+// a 20 ms sleep (of a Go program or a C one) took up to 2.3 s and scdd's
+// dispatcher went 1.2-2.3 s without a look; with two, 0.3 s; with one,
+// 1 ms (2026-12-06, docs/ARCHITECTURE.md "Lanes", tools/cgroup-stall).
 func maxLanes(cpus int) int64 { return int64(max(1, cpus/2)) }
 
 // groupLanes are the lanes a group's processes serve, under mu.
