@@ -3,7 +3,9 @@
  * layout version 5) and of its socket mode (shm/internal/sockwire), in C11
  * with libc only. The rules it keeps are the spec's, in the order the spec
  * gives them: attach, start serving, take a call, wait, serve, complete,
- * leave. The Go package tpsched/shm is the reference implementation.
+ * leave; the lanes' rules (a call on one, serving one) come before the
+ * wait, which serves them. The Go package tpsched/shm is the reference
+ * implementation.
  */
 #define _GNU_SOURCE /* syscall(), MAP_SHARED details, MSG_NOSIGNAL */
 

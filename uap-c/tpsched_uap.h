@@ -58,7 +58,10 @@
  * Where this is tested: shm/cuap_test.go drives the example UAP
  * (examples/uap-c) through the Go scheduler side of package shm, the spec
  * test there checks this header's layout against the tables of docs/SHM.md,
- * and itest/cuap_test.go runs the example under a real scdd.
+ * shm/lane_test.go runs the lane tests with this library at either end of a
+ * lane (shm/testdata/lane_uap.c), and itest/cuap_test.go runs the example
+ * under a real scdd (itest's TestLaneLocalCalls and the torture test's
+ * clanes attack, its lanes).
  */
 #ifndef TPSCHED_UAP_H
 #define TPSCHED_UAP_H
