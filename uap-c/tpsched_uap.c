@@ -870,9 +870,9 @@ static int await_lane(tpsched_uap *u, int64_t late, int *idle)
 	return 0;
 }
 
-/* answer copies an answer, prefix then b[0:n], into out[0:*out_len] as
- * tpsched_call_service does the node's: code, or -1 with EMSGSIZE when it
- * does not fit out_cap (out holds its start). */
+/* answer copies an answer, prefix then b[0:n], into out[0:*out_len] for
+ * tpsched_call_service, the node's or a lane's: code, or -1 with EMSGSIZE
+ * when it does not fit out_cap (out holds its start). */
 static int answer(int code, const char *prefix, const unsigned char *b, size_t n, void *out, size_t out_cap, size_t *out_len)
 {
 	size_t pl = strlen(prefix), got = 0;
@@ -882,7 +882,7 @@ static int answer(int code, const char *prefix, const unsigned char *b, size_t n
 	} parts[2] = {{prefix, pl}, {b, n}};
 	for (int i = 0; i < 2; i++) {
 		size_t k = parts[i].n < out_cap - got ? parts[i].n : out_cap - got;
-		if (k > 0)
+		if (k > 0) /* out may be NULL with out_cap 0: memcpy's arguments must be valid even for 0 bytes */
 			memcpy((unsigned char *)out + got, parts[i].p, k);
 		got += k;
 	}
@@ -1095,15 +1095,7 @@ int tpsched_call_service(tpsched_uap *u, const char *group, const char *service,
 	size_t n = atomic_load(&c->reply_len);
 	if (n > u->max_msg)
 		n = u->max_msg;
-	size_t cp = n < out_cap ? n : out_cap;
-	if (cp > 0) /* out may be NULL with out_cap 0: memcpy's arguments must be valid even for 0 bytes */
-		memcpy(out, u->out_buf, cp);
-	*out_len = cp;
-	if (cp < n) {
-		errno = EMSGSIZE;
-		return -1;
-	}
-	return (int)code;
+	return answer((int)code, "", u->out_buf, n, out, out_cap, out_len);
 }
 
 /* serve runs call no, which take claimed, and completes it: the spec's
