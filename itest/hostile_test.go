@@ -291,8 +291,16 @@ func TestChaosForkBeforeMain(t *testing.T) {
 		}
 		want[h] = p
 	}
-	if st.CPU.Path != "" && st.CPU.Mechanism == "cgroup1" {
+	if st.CPU.Mechanism == "cgroup1" {
 		want["cpu"] = st.CPU.Path
+	}
+	if st.Groups[0].CPUGroup == "" && want["cpu"] != "" {
+		// A shared CPU group (uap_cpu_groups = priority, the default
+		// priority): the child is where scdd is on the cpu hierarchy.
+		delete(want, "cpu")
+		if got, scdd := cgroupOf(child, "cpu"), cgroupOf(n.cmd.Process.Pid, "cpu"); got != scdd {
+			t.Errorf("the child forked before main is in cpu cgroup %s, want scdd's %s (its server has no cpu cgroup of its own)", got, scdd)
+		}
 	}
 	if len(want) == 0 {
 		t.Fatalf("no cgroup to place UAPs in: %+v", st.Contain)

@@ -217,12 +217,15 @@ func TestRefreshReplacesProcessAfterEachCall(t *testing.T) {
 
 // TestCPUPriorityCgroups: each server's processes sit in a cgroup of their
 // own whose CPU weight follows schedule_priority; the cgroups go with the
-// node. Needs root and a writable cpu cgroup.
+// node. On cgroup v1 a server at the default priority has none: its
+// processes share scdd's cpu cgroup (uap_cpu_groups = priority). Needs root
+// and a writable cpu cgroup.
 func TestCPUPriorityCgroups(t *testing.T) {
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{
 		"high": fmt.Sprintf(multiServer, "high", "1", 3, 500, 1, ""),
 		"low":  fmt.Sprintf(multiServer, "low", "1", 3, 500, 16, ""),
+		"mid":  fmt.Sprintf(multiServer, "mid", "1", 3, 500, 8, ""),
 	})
 	n := startNode(t, "-c", dir)
 	st, err := n.status()
@@ -233,10 +236,18 @@ func TestCPUPriorityCgroups(t *testing.T) {
 	file := map[string]string{"cgroup1": "cpu.shares", "cgroup2": "cpu.weight"}[string(st.CPU.Mechanism)]
 	want := map[string]map[string]string{
 		"cgroup1": {"high": "17500", "low": "40"},
-		"cgroup2": {"high": "1709", "low": "4"},
+		"cgroup2": {"high": "1709", "low": "4", "mid": "100"},
 	}[string(st.CPU.Mechanism)]
 	var dirs []string
 	for _, g := range st.Groups {
+		if want[g.Group] == "" {
+			// Shared: its processes are where scdd is on the cpu hierarchy.
+			scdd, uap := cpuCgroupOf(t, n.cmd.Process.Pid), cpuCgroupOf(t, g.Processes[0].PID)
+			if g.CPUGroup != "" || uap != scdd {
+				t.Errorf("%s (priority %d): cpu group %q, its process in %q; want none, the process in scdd's %q", g.Group, g.Priority, g.CPUGroup, uap, scdd)
+			}
+			continue
+		}
 		b, err := os.ReadFile(filepath.Join(g.CPUGroup, file))
 		must(t, err)
 		if got := strings.TrimSpace(string(b)); got != want[g.Group] {

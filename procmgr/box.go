@@ -140,8 +140,11 @@ func (c *Containment) newBox(server string, cpu *CPUGroup, pidsMax int, memMax i
 type placement struct {
 	tasks []string // v1 "tasks" files the spawning thread joins for the fork
 	byBox bool     // attr.CgroupFD is the box's own v2 cgroup (not the CPU group's)
-	after func(pid int) error
-	cpu   func(pid int) error // the CPU group's after (nice, or cgroup.procs after a clone3 failure)
+	// cpuHome: the spawning thread goes back to its own v1 cpu cgroup for
+	// the fork (a shared CPU group; it may be in another server's).
+	cpuHome bool
+	after   func(pid int) error
+	cpu     func(pid int) error // the CPU group's after (nice, or cgroup.procs after a clone3 failure)
 }
 
 // prepare readies attr for a start in the server's cgroups.
@@ -156,10 +159,15 @@ func (b *box) prepare(attr *syscall.SysProcAttr) (*placement, error) {
 	b.mu.Unlock()
 	pl := &placement{}
 	if b.cpu.c.mech == MechanismCgroup1 {
-		// Like the other v1 cgroups: joined by the spawning thread.
+		// Like the other v1 cgroups: joined by the spawning thread; a
+		// shared group's is scdd's own (the thread's home).
 		attr.UseCgroupFD, attr.CgroupFD = false, 0
-		pl.tasks = append(pl.tasks, filepath.Join(b.cpu.dir, "tasks"))
-		pl.cpu = func(int) error { return nil }
+		if dir := b.cpu.Path(); dir != "" {
+			pl.tasks = append(pl.tasks, filepath.Join(dir, "tasks"))
+			pl.cpu = func(int) error { return nil }
+		} else {
+			pl.cpuHome, pl.cpu = true, b.cpu.joinOwn
+		}
 	} else {
 		after, err := b.cpu.Prepare(attr)
 		if err != nil {
@@ -244,7 +252,7 @@ func (b *box) memberDir() string {
 	case len(b.v1) > 0:
 		return b.v1[0]
 	case b.cpu != nil && b.cpu.c.mech == MechanismCgroup1:
-		return b.cpu.dir
+		return b.cpu.Path()
 	}
 	return ""
 }

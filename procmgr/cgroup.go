@@ -351,9 +351,12 @@ type CPUGroup struct {
 	server string
 	weight int
 	nice   int
-	dir    string // "" with nice
 
-	mu       sync.Mutex
+	mu  sync.Mutex
+	dir string // "" with nice, and while shared
+	// shared (cgroup1, NewSharedGroup): no cgroup of its own yet; the
+	// processes are born in scdd's own cpu cgroup until SetWeight makes one.
+	shared   bool
 	fd       int // cgroup2: O_PATH directory fd for SysProcAttr.CgroupFD
 	closed   bool
 	retry    bool  // cgroup2: next Prepare uses cgroup.procs (StartFailed)
@@ -365,8 +368,8 @@ type CPUGroup struct {
 // Shares(Weight(priority))). With nice it creates nothing. An existing
 // directory (left by an earlier run) is reused.
 func (c *CPUControl) NewGroup(server string, priority int) (*CPUGroup, error) {
-	if server == "" || server == "." || server == ".." || strings.ContainsAny(server, "/\x00") {
-		return nil, fmt.Errorf("procmgr: cpu group: bad server name %q", server)
+	if err := checkGroupName(server); err != nil {
+		return nil, err
 	}
 	g := &CPUGroup{c: c, server: server, weight: Weight(priority), nice: Nice(priority), fd: -1}
 	if c.mech == MechanismNice {
@@ -395,6 +398,33 @@ func (c *CPUControl) NewGroup(server string, priority int) (*CPUGroup, error) {
 	return g, nil
 }
 
+// checkGroupName refuses a server name that is no directory name.
+func checkGroupName(server string) error {
+	if server == "" || server == "." || server == ".." || strings.ContainsAny(server, "/\x00") {
+		return fmt.Errorf("procmgr: cpu group: bad server name %q", server)
+	}
+	return nil
+}
+
+// NewSharedGroup is NewGroup at the default priority for a server whose
+// processes share scdd's own cpu cgroup until SetWeight gives them another
+// weight, which makes their cgroup and moves them into it. Processes that
+// wake each other without pause (two UAPs on a lane) in a cpu cgroup of
+// their own kept every process outside it from the CPU for seconds (the
+// kernel's group scheduling, docs/ARCHITECTURE.md "Lanes"); in scdd's
+// cgroup they are tasks beside its own threads. Only on cgroup v1, where
+// the cpu hierarchy is apart from the ones that contain the server: on v2
+// the server's cgroup is the same directory for both, and this is NewGroup.
+func (c *CPUControl) NewSharedGroup(server string) (*CPUGroup, error) {
+	if c.mech != MechanismCgroup1 {
+		return c.NewGroup(server, DefaultPriority)
+	}
+	if err := checkGroupName(server); err != nil {
+		return nil, err
+	}
+	return &CPUGroup{c: c, server: server, weight: Weight(DefaultPriority), nice: Nice(DefaultPriority), fd: -1, shared: true}, nil
+}
+
 func (g *CPUGroup) setup() error {
 	switch g.c.mech {
 	case MechanismCgroup1:
@@ -414,8 +444,41 @@ func (g *CPUGroup) setup() error {
 	return nil
 }
 
-// Path is the group's cgroup directory ("" with nice).
-func (g *CPUGroup) Path() string { return g.dir }
+// Path is the group's cgroup directory: "" with nice and while the
+// processes share scdd's cgroup (NewSharedGroup).
+func (g *CPUGroup) Path() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.dir
+}
+
+// own makes a shared group's cgroup, with weight's shares, and reports
+// whether it did: from here its processes are started in it. Under mu.
+func (g *CPUGroup) own(weight int) (made bool, err error) {
+	if !g.shared {
+		return false, nil
+	}
+	dir := filepath.Join(g.c.dir, g.server)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return false, fmt.Errorf("procmgr: cpu group %s: %w", g.server, err)
+	}
+	if err := writeCgroupFile(filepath.Join(dir, "cpu.shares"), strconv.Itoa(Shares(weight))); err != nil {
+		_ = unix.Rmdir(dir)
+		return false, fmt.Errorf("procmgr: cpu group %s: %w", g.server, err)
+	}
+	g.dir, g.shared = dir, false
+	return true, nil
+}
+
+// joinOwn is the after of a start in scdd's cpu cgroup: if SetWeight made
+// the group's cgroup meanwhile, the process goes there (SetWeight moved
+// the processes it saw, and this one may have been started after).
+func (g *CPUGroup) joinOwn(pid int) error {
+	if g.Path() == "" {
+		return nil
+	}
+	return g.writeProcs(pid)
+}
 
 // Prepare readies attr (the SysProcAttr of a command about to be started)
 // for the group and returns what to call with the child's pid right after
@@ -481,7 +544,7 @@ func (g *CPUGroup) StartFailed(attr *syscall.SysProcAttr, startErr error) (retry
 }
 
 func (g *CPUGroup) writeProcs(pid int) error {
-	file := filepath.Join(g.dir, "cgroup.procs")
+	file := filepath.Join(g.Path(), "cgroup.procs")
 	if err := writeCgroupFile(file, strconv.Itoa(pid)); err != nil {
 		return fmt.Errorf("procmgr: cpu group %s: move pid %d: %w", g.server, pid, err)
 	}
@@ -538,11 +601,12 @@ func (g *CPUGroup) Remove() error {
 		_ = unix.Close(g.fd)
 		g.fd = -1
 	}
+	dir := g.dir
 	g.mu.Unlock()
-	if g.dir == "" {
+	if dir == "" {
 		return nil
 	}
-	return rmdirWait(g.dir, "cpu group "+g.server, "; kill them and Remove again")
+	return rmdirWait(dir, "cpu group "+g.server, "; kill them and Remove again")
 }
 
 // writeCgroupFile writes one value to an existing cgroup interface file

@@ -133,7 +133,13 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	if err := checkDir(spec.Dir); err != nil {
 		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
 	}
-	cpu, err := m.cpu.NewGroup(spec.Server, spec.Priority)
+	var cpu *CPUGroup
+	var err error
+	if spec.SharedCPU {
+		cpu, err = m.cpu.NewSharedGroup(spec.Server)
+	} else {
+		cpu, err = m.cpu.NewGroup(spec.Server, spec.Priority)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("procmgr: %s: %w", spec.Server, err)
 	}

@@ -214,6 +214,19 @@ func (m *Manager) goHome(joined []string, tid string) {
 	}
 }
 
+// tasksFor lists the v1 "tasks" files the spawning thread joins for a
+// start placed by pl: a shared CPU group's is the thread's home on the cpu
+// hierarchy (where scdd runs).
+func (m *Manager) tasksFor(pl *placement) []string {
+	if !pl.cpuHome {
+		return pl.tasks
+	}
+	if home := m.homes[m.cpu.mount]; home != "" {
+		return append(slices.Clip(pl.tasks), home)
+	}
+	return pl.tasks // its home unknown (no /proc/thread-self/cgroup): goHome fails alike
+}
+
 // threadHomes reads the calling thread's v1 cgroups (from
 // /proc/thread-self/cgroup) for each v1 hierarchy the containment places
 // processes in, as "tasks" files by mount point.
@@ -353,7 +366,7 @@ func (s *Server) spawn(sl *slot, residentOnly bool) error {
 			res.err = (*f)(withNS)
 		}
 		if res.err == nil {
-			res = s.m.start(cmd, pl.tasks, out.linked) // lockcheck: as above
+			res = s.m.start(cmd, s.m.tasksFor(pl), out.linked) // lockcheck: as above
 		}
 		out.started()
 		if res.err != nil {

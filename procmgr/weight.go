@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 )
 
 // This file changes a server's CPU weight while it runs: the routing
@@ -40,20 +42,27 @@ func (s *Server) SetCPUWeight(weight int) error {
 	// (see reapGate).
 	s.reapGate.RLock()
 	defer s.reapGate.RUnlock()
-	s.mu.Lock()
-	var pids []int
-	for _, sl := range s.slots {
-		if sl.proc != nil {
-			pids = append(pids, sl.proc.Pid)
+	return s.cpu.SetWeight(weight, func() []int {
+		s.mu.Lock()
+		var pids []int
+		for _, sl := range s.slots {
+			if sl.proc != nil {
+				pids = append(pids, sl.proc.Pid)
+			}
 		}
-	}
-	s.mu.Unlock()
-	if f := beforeRenice.Load(); f != nil {
-		for _, pid := range pids {
-			(*f)(pid)
+		s.mu.Unlock()
+		if f := beforeRenice.Load(); f != nil {
+			for _, pid := range pids {
+				(*f)(pid)
+			}
 		}
-	}
-	return s.cpu.SetWeight(weight, pids)
+		// Moved into a cgroup made now, the children the processes
+		// forked too (they are in the server's other cgroups).
+		if members, err := s.box.members(); err == nil {
+			pids = append(pids, members...)
+		}
+		return pids
+	})
 }
 
 // beforeRenice, when set by a test, runs in SetCPUWeight for each pid
@@ -63,28 +72,53 @@ var beforeRenice atomic.Pointer[func(pid int)]
 // CPUWeight is the server's CPU weight now (cgroup v2 scale).
 func (s *Server) CPUWeight() int { return s.cpu.Weight() }
 
-// SetWeight changes the group's weight; with nice, pids are the processes
-// whose threads get the new nice value (new processes get it at start).
-func (g *CPUGroup) SetWeight(weight int, pids []int) error {
+// SetWeight changes the group's weight. pids lists the processes: with
+// nice, those whose threads get the new nice value (new processes get it
+// at start); with a shared group (NewSharedGroup), those moved into the
+// cgroup it makes now, a weight other than the default or not (it is
+// asked for); nil: none. pids is called after the cgroup exists, so that a process
+// started meanwhile is either listed or started in it (joinOwn).
+func (g *CPUGroup) SetWeight(weight int, pids func() []int) error {
+	if pids == nil {
+		pids = func() []int { return nil }
+	}
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
 		return fmt.Errorf("procmgr: cpu group %s: removed", g.server)
 	}
 	g.weight, g.nice = weight, NiceOf(weight)
+	made, err := g.own(weight)
+	dir := g.dir
 	g.mu.Unlock()
-	switch g.c.mech {
-	case MechanismCgroup1:
-		return writeCgroupFile(filepath.Join(g.dir, "cpu.shares"), strconv.Itoa(Shares(weight)))
-	case MechanismCgroup2:
+	switch {
+	case err != nil:
+		return err
+	case made:
+		return g.moveIn(pids())
+	case g.c.mech == MechanismCgroup1:
+		return writeCgroupFile(filepath.Join(dir, "cpu.shares"), strconv.Itoa(Shares(weight)))
+	case g.c.mech == MechanismCgroup2:
 		if !g.c.weight {
 			return nil
 		}
-		return writeCgroupFile(filepath.Join(g.dir, "cpu.weight"), strconv.Itoa(weight))
+		return writeCgroupFile(filepath.Join(dir, "cpu.weight"), strconv.Itoa(weight))
 	}
 	var errs []error
-	for _, pid := range pids {
+	for _, pid := range pids() {
 		if err := g.applyNice(pid, NiceOf(weight)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// moveIn moves pids into the group's cgroup, made just now; one that
+// exited meanwhile is no error.
+func (g *CPUGroup) moveIn(pids []int) error {
+	var errs []error
+	for _, pid := range pids {
+		if err := g.writeProcs(pid); err != nil && !errors.Is(err, unix.ESRCH) {
 			errs = append(errs, err)
 		}
 	}

@@ -1,10 +1,12 @@
 package procmgr
 
 import (
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +31,7 @@ func TestSetWeightCgroup1(t *testing.T) {
 	}
 	cmd, _ := startIn(t, g)
 	for _, w := range []int{400, 25, 100} {
-		if err := g.SetWeight(w, []int{cmd.Process.Pid}); err != nil {
+		if err := g.SetWeight(w, func() []int { return []int{cmd.Process.Pid} }); err != nil {
 			t.Fatal(err)
 		}
 		if got := readInt(t, filepath.Join(g.Path(), "cpu.shares")); got != Shares(w) {
@@ -79,7 +81,7 @@ func TestSetWeightNice(t *testing.T) {
 	}
 	cmd, _ := startIn(t, g)
 	for _, w := range []int{50, 100} { // nice 3, then back to 0 (raising priority again needs root)
-		err := g.SetWeight(w, []int{cmd.Process.Pid})
+		err := g.SetWeight(w, func() []int { return []int{cmd.Process.Pid} })
 		if w == 100 && err != nil {
 			t.Skipf("lowering nice needs CAP_SYS_NICE: %v", err)
 		}
@@ -155,5 +157,83 @@ func TestSetCPUWeightNeverRenicesAReapedPid(t *testing.T) {
 	}
 	if d := reapedAt.Load(); d != 0 {
 		t.Errorf("pid %d was reaped %v after its death, while SetCPUWeight was about to renice it by number", pid, time.Duration(d))
+	}
+}
+
+// TestSharedCPUGroup: a server started with SharedCPU runs in scdd's own
+// cpu cgroup on cgroup v1 (here the test's), also when the spawning thread
+// last started a process of a server with a cpu cgroup of its own, and in
+// its own cgroups for the rest. A weight set makes its cpu cgroup and moves
+// its processes there, the child one forked too; the next process starts
+// in it. On cgroup v2 the server has its cgroup from the start.
+func TestSharedCPUGroup(t *testing.T) {
+	t.Parallel()
+	m, _ := loggedManager(t, Options{})
+	if m.cpu.mech == MechanismNice {
+		skipOrFail(t, "no cpu cgroup: "+m.cpu.Reason())
+	}
+	ownDir, dir := t.TempDir(), t.TempDir()
+	own := uapSpec("sleep", ownDir, 1)
+	own.Priority = 3
+	startServer(t, m, own, &hooks{})
+	readReport(t, ownDir, 0, 0)
+	shared := uapSpec("initfork", dir, 1)
+	// Its own name: TestChildForkedBeforeMainIsInTheServersCgroups looks
+	// for threads of this process in any srv-initfork cgroup.
+	shared.Server, shared.SharedCPU = "srv-shared", true
+	srv := startServer(t, m, shared, &hooks{})
+	rep := readReport(t, dir, 0, 0)
+	pid, _ := strconv.Atoi(rep["pid"])
+	child, _ := strconv.Atoi(rep["initchild"])
+	if child == 0 {
+		t.Fatalf("no child started in init: %v", rep)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	inServers := func(p int, ctl string) bool { return strings.HasSuffix(cgroupsOf(t, p)[ctl], "/"+shared.Server) }
+	if m.cpu.mech == MechanismCgroup2 {
+		if srv.CPUGroup().Path() == "" || !inServers(pid, "") {
+			t.Errorf("cgroup v2: the server has no cgroup of its own (%q; pid %d in %q)", srv.CPUGroup().Path(), pid, cgroupsOf(t, pid)[""])
+		}
+		return
+	}
+	scdd := cgroupsOf(t, os.Getpid())["cpu"]
+	for _, p := range []int{pid, child} {
+		if got := cgroupsOf(t, p)["cpu"]; got != scdd {
+			t.Errorf("pid %d (the UAP is %d): cpu cgroup %q, want scdd's own %q", p, pid, got, scdd)
+		}
+		for _, h := range m.contain.v1 {
+			if !inServers(p, h.controller) {
+				t.Errorf("pid %d: %s cgroup %q, want the server's", p, h.controller, cgroupsOf(t, p)[h.controller])
+			}
+		}
+	}
+	if p := srv.CPUGroup().Path(); p != "" {
+		t.Errorf("a shared group has a cgroup: %s", p)
+	}
+	if _, err := os.Stat(filepath.Join(m.cpu.dir, shared.Server)); err == nil {
+		t.Errorf("a shared group made %s", filepath.Join(m.cpu.dir, shared.Server))
+	}
+
+	if err := srv.SetCPUWeight(150); err != nil {
+		t.Fatal(err)
+	}
+	path := srv.CPUGroup().Path()
+	if path == "" {
+		t.Fatal("no cgroup after a weight was set")
+	}
+	if got := readInt(t, filepath.Join(path, "cpu.shares")); got != Shares(150) {
+		t.Errorf("cpu.shares %d, want %d", got, Shares(150))
+	}
+	for _, p := range []int{pid, child} {
+		if !inServers(p, "cpu") {
+			t.Errorf("pid %d after the weight: cpu cgroup %q, want %s", p, cgroupsOf(t, p)["cpu"], path)
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	next, _ := strconv.Atoi(readReport(t, dir, 0, pid)["pid"])
+	if !inServers(next, "cpu") {
+		t.Errorf("the next process, pid %d: cpu cgroup %q, want %s", next, cgroupsOf(t, next)["cpu"], path)
 	}
 }

@@ -54,6 +54,7 @@ type System struct {
 	FrameTimeout   time.Duration // frame_timeout (seconds, 1..3600): how long a frame may take to arrive whole once its first bytes came; default 30 s (tpsched)
 	BufferBudget   int64         // rpc_buffer_budget (MiB in the file, bytes here), 1..1048576: bytes the RPC port holds in partial frames and unsent answers, node-wide; past it the connection holding the most is closed; default 64 MiB (tpsched)
 	UAPSchedBatch  bool          // uap_sched_batch: Y starts UAPs as SCHED_BATCH, so a woken UAP does not preempt the scheduler thread that woke it; default Y (tpsched)
+	UAPCPUGroups   string        // uap_cpu_groups: CPUGroupsPriority (the default) gives a server a cpu cgroup of its own on cgroup v1 only when a weight asks for one, CPUGroupsAlways always (tpsched)
 	uapPidsMax     int           // uap_pids_max: every server's pids limit unless its definition gives one; AutoLimit (the default) = PidsMaxAuto, 0 = none (tpsched)
 	uapMemoryMax   int64         // uap_memory_max (MiB in the file, bytes here): every server's memory limit unless its definition gives one; AutoLimit (the default) = half the host's memory, 0 = none (tpsched)
 	clusterKeyFile string        // cluster_key_file: the file cluster_key was read from, as written (relative to the definition directory); "" when none (tpsched)

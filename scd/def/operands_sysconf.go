@@ -22,6 +22,7 @@ func defaultSystem(hostname string) System {
 		FrameTimeout:   DefaultFrameTimeout,
 		BufferBudget:   DefaultBufferBudget,
 		UAPSchedBatch:  true,
+		UAPCPUGroups:   CPUGroupsPriority,
 		uapPidsMax:     AutoLimit,
 		uapMemoryMax:   AutoLimit,
 	}
@@ -260,6 +261,25 @@ var systemOperands = map[string]operand[System]{
 		values:  "1..1048576",
 		tpsched: "RPC connections open at once: one beyond is closed at once, counted (tpsched_connections_refused_total) and logged. scdd warns at start when the open-file limit cannot hold this many.",
 		own:     true,
+	},
+	"uap_cpu_groups": {
+		set: func(s *System, v []string) (err error) {
+			if s.UAPCPUGroups, err = one(v); err != nil {
+				return err
+			}
+			if s.UAPCPUGroups != CPUGroupsPriority && s.UAPCPUGroups != CPUGroupsAlways {
+				return fmt.Errorf("want %s or %s, got %q", CPUGroupsPriority, CPUGroupsAlways, shown(s.UAPCPUGroups))
+			}
+			return nil
+		},
+		value:  CPUGroupsPriority,
+		values: CPUGroupsPriority + " or " + CPUGroupsAlways,
+		tpsched: "Where the CPU priority of user servers is a cgroup v1 cpu hierarchy: with priority, a server's processes get a cpu cgroup of their own " +
+			"only when its schedule_priority is not the default 8 or goal management gives it another weight (then the cgroup is made and its processes moved into it); " +
+			"until then they share scdd's own cpu cgroup. The kernel's group scheduling let processes that wake each other without pause in a cpu cgroup of their own " +
+			"(two UAPs on a lane) keep every process outside it, scdd's threads included, from the CPU for seconds; in scdd's cgroup they are tasks beside its own. " +
+			"always gives every server its cgroup, as before. On cgroup v2 a server's cgroup holds its limits too, and every server has one.",
+		own: true,
 	},
 	"uap_sched_batch": {
 		set: func(s *System, v []string) (err error) {

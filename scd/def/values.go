@@ -27,6 +27,12 @@ const (
 	maxCache      = 4096 // dccache
 )
 
+// uap_cpu_groups' values (System.UAPCPUGroups).
+const (
+	CPUGroupsPriority = "priority" // a server's own cpu cgroup (v1) only where a weight asks for one
+	CPUGroupsAlways   = "always"   // every server's own cpu cgroup
+)
+
 // SplitHostPort splits "host", "host:port", "[v6]:port" or a bare IPv6
 // address into host and port. A missing port is defaultPort; with
 // defaultPort <= 0 the port is required. Ports are 1..65535. The host must be

@@ -329,6 +329,7 @@ func (s *Scheduler) startGroup(g *Group) error {
 		Max:          srv.MaxProcesses,
 		BalanceCount: srv.BalanceCount,
 		Priority:     srv.SchedulePriority,
+		SharedCPU:    s.cfg.System.UAPCPUGroups == def.CPUGroupsPriority && srv.SchedulePriority == procmgr.DefaultPriority,
 		Refresh:      srv.RefreshProcess,
 		IdleStop:     srv.NonResidentIdle,
 		CPUWaitLimit: srv.CPUWaitLimit,
