@@ -43,18 +43,24 @@ type laneRules struct {
 	max     int64          // the most lanes granted at once on the node (maxLanes)
 	gen     *atomic.Uint32 // the node's last lane generation
 	open    *atomic.Int64  // the node's lanes not yet closed (the expiry loop's pace)
-	granted *atomic.Int64  // the node's lanes granted and not revoked: what max bounds
+	granted *atomic.Int64  // the node's capped lanes granted and not revoked: what max bounds
 	wanted  *atomic.Int64  // unix ns: when max last kept a caller from a lane it could have had
+	// regroups counts the groups whose processes got a cpu cgroup of
+	// their own (Group.SetCPUWeight): the lanes granted outside the cap
+	// before end.
+	regroups *atomic.Uint32
 }
 
-// maxLanes is how many lanes a node grants at once: one per two CPUs,
-// at least one. A lane is two processes that each run and wake the other
-// without pause, and with more lanes than that in the UAPs' cpu cgroup the
-// kernel's group scheduling kept every process outside it, the node's own
-// threads included, from the CPU for seconds: with five lanes on two CPUs
-// a 20 ms sleep (of a Go program or a C one) took up to 2.3 s and scdd's
-// dispatcher went 1.2-2.3 s without a look; with two, 0.3 s; with one,
-// 1 ms (2026-12-06, docs/ARCHITECTURE.md "Lanes", tools/cgroup-stall).
+// maxLanes is how many capped lanes a node grants at once: one per two
+// CPUs, at least one. A lane is two processes that each run and wake the
+// other without pause, and with more lanes than that in a cpu cgroup of
+// their own the kernel's group scheduling kept every process outside it,
+// the node's own threads included, from the CPU for seconds (2026-12-06,
+// docs/ARCHITECTURE.md "Lanes", tools/cgroup-stall). So the cap holds
+// the lanes with a process in a cpu cgroup of its own; the others, whose
+// processes are tasks in scdd's own cgroup (procmgr's shared CPU groups,
+// or nice), take no part in it: a lane for every caller a group can lend
+// a process to.
 func maxLanes(cpus int) int64 { return int64(max(1, cpus/2)) }
 
 // groupLanes are the lanes a group's processes serve, under mu.
@@ -80,10 +86,11 @@ const (
 	revokeDied              // the callee died
 	revokeTimedOut          // the node ruled a call on it 'timed out'
 	revokeTurn              // held laneTurn while the cap kept another caller from one
+	revokeCPUGroup          // uncapped, and a group's processes got a cpu cgroup of their own
 	revokeReasons
 )
 
-var revokeReasonNames = [revokeReasons]string{"waiting", "closed", "level", "caller_gone", "unmapped", "idle", "stopped", "died", "timed_out", "turn"}
+var revokeReasonNames = [revokeReasons]string{"waiting", "closed", "level", "caller_gone", "unmapped", "idle", "stopped", "died", "timed_out", "turn", "cpu_group"}
 
 func newGroupLanes(rules *laneRules, set *metrics.Set, group string) groupLanes {
 	gl := groupLanes{rules: rules,
@@ -106,6 +113,11 @@ type laneState struct {
 	open    uint64    // the open call, as first seen
 	since   time.Time // when it was first seen
 	revoked time.Time // zero while granted
+	// capped: a process of the lane has a cpu cgroup of its own, so the
+	// lane counts against maxLanes. An uncapped one notes the node's
+	// regroups at its grant and ends when they move.
+	capped   bool
+	regroups uint32
 	// ranOver: a call the callee had taken was ruled 'timed out'; it may
 	// run it still, so only its leaving the lane ends the lane.
 	ranOver bool
@@ -185,7 +197,8 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 		p, ok := si.p.(*shm.Proc)
 		return ok && si.attached && !si.killed && p != cp && p.LanesOK()
 	}
-	if g.lanes.rules.granted.Load() >= g.lanes.rules.max {
+	capped := g.inCPUGroup() || u.inCPUGroup()
+	if capped && g.lanes.rules.granted.Load() >= g.lanes.rules.max {
 		// A turn only for a caller the cap alone keeps from a lane: one
 		// the group has no process to lend (its one process runs the
 		// call, a socket-mode group) would be granted none at its turn,
@@ -211,10 +224,13 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 		g.act()
 		return false
 	}
-	g.lanes.open = append(g.lanes.open, &laneState{l: l, slot: slot, from: u, granted: now, active: now})
+	g.lanes.open = append(g.lanes.open, &laneState{l: l, slot: slot, from: u, granted: now, active: now,
+		capped: capped, regroups: g.lanes.rules.regroups.Load()})
 	u.laneHeld.Store(true)
 	g.lanes.rules.open.Add(1)
-	g.lanes.rules.granted.Add(1)
+	if capped {
+		g.lanes.rules.granted.Add(1)
+	}
 	return true
 }
 
@@ -280,7 +296,9 @@ func (g *Group) laneOver(ls *laneState, lk shm.LaneLook, now time.Time) int {
 	case !lk.CalleeOn && now.Sub(ls.granted) > laneMapWithin:
 		ls.l.Callee().NoLanes() // it said it takes lanes and did not take this one
 		return revokeUnmapped
-	case now.Sub(ls.granted) > laneTurn && g.lanes.rules.takeTurn(ls.granted):
+	case !ls.capped && ls.regroups != g.lanes.rules.regroups.Load():
+		return revokeCPUGroup // its caller, granted again, is capped if it must be
+	case ls.capped && now.Sub(ls.granted) > laneTurn && g.lanes.rules.takeTurn(ls.granted):
 		ls.from.laneNext.Store(now.Add(laneTurn).UnixNano())
 		return revokeTurn
 	case now.Sub(ls.active) > laneIdle && !lk.Open:
@@ -300,6 +318,17 @@ func (r *laneRules) takeTurn(granted time.Time) bool {
 	return w > granted.UnixNano() && r.wanted.CompareAndSwap(w, 0)
 }
 
+// ungrant takes a revoked lane out of the cap's count.
+func (r *laneRules) ungrant(ls *laneState) {
+	if ls.capped {
+		r.granted.Add(-1)
+	}
+}
+
+// inCPUGroup says whether the group's processes have a cpu cgroup of
+// their own (not scdd's: procmgr's shared CPU group, or nice).
+func (g *Group) inCPUGroup() bool { return g.procs.CPUGroupPath() != "" }
+
 // lanesRevoked counts the lanes revoked and not yet closed: processes on
 // their way back to the queue.
 func lanesRevoked(open []*laneState) int {
@@ -315,7 +344,7 @@ func lanesRevoked(open []*laneState) int {
 // revokeLane ends the grant of a lane: both processes are told, a call
 // made and not taken goes back to its caller. The lane stays open until
 // its callee left it (lookLanes), but no longer counts against the
-// node's maxLanes: no call is made on it from here, and a callee that
+// node's maxLanes (if it counted): no call is made on it from here, and a callee that
 // runs a call ruled 'timed out' on it for ever (ranOver), or never
 // leaves, would otherwise keep every other caller off lanes. Under mu.
 func (g *Group) revokeLane(ls *laneState, now time.Time, why int) {
@@ -323,7 +352,7 @@ func (g *Group) revokeLane(ls *laneState, now time.Time, why int) {
 		ls.revoked = now
 		ls.l.Revoke()
 		g.lanes.revokes[why].Inc()
-		g.lanes.rules.granted.Add(-1)
+		g.lanes.rules.ungrant(ls)
 	}
 }
 
@@ -388,7 +417,7 @@ func (g *Group) endLaneOf(slot int, why string) (terminated bool) {
 		// answered 'server terminated'.
 		if ls.revoked.IsZero() {
 			g.lanes.revokes[revokeDied].Inc()
-			g.lanes.rules.granted.Add(-1)
+			g.lanes.rules.ungrant(ls)
 		}
 		ls.l.Revoke()
 		ls.l.Rule(0, "")

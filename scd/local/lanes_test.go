@@ -75,6 +75,14 @@ func lanesScheduler(t *testing.T, servers map[string]string) *Scheduler {
 	return s
 }
 
+// capLanes caps s's lanes at max, with its groups' processes in cpu
+// cgroups of their own (uap_cpu_groups = always): then the cap holds.
+func capLanes(t *testing.T, s *Scheduler, max int64) {
+	fakeCPUGroups.Store(true)
+	t.Cleanup(func() { fakeCPUGroups.Store(false) })
+	s.lanes.max = max
+}
+
 func lanesOpen(g *Group) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -143,7 +151,7 @@ func TestLaneCalleeRuledTimedOutStaysLent(t *testing.T) {
 // the node off lanes until it died).
 func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
 	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": fmt.Sprintf(hangCallee, 3), "c": hangGroup})
-	s.lanes.max = 1 // as on two CPUs, whatever this machine has
+	capLanes(t, s, 1) // as on two CPUs, whatever this machine has
 	b := s.groups["b"]
 	call := serveCalls(t, s)
 	hangOnLane(t, b, call)
@@ -177,7 +185,7 @@ func TestLaneRanOverCalleeLeavesTheCapFree(t *testing.T) {
 func TestLanesTakeTurns(t *testing.T) {
 	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 3\nset max_message_size = 1024\n"
 	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": callee})
-	s.lanes.max = 1
+	capLanes(t, s, 1)
 	b := s.groups["b"]
 	echo := echoVia(t, s)
 	call := func(group string) { t.Helper(); echo(group, "b") }
@@ -205,7 +213,7 @@ func TestLaneTurnNotForACallerNoLaneServes(t *testing.T) {
 	const callee = "set service_group = %s\nset service = echo\nset module = MODULE\nset parallel_count = %d\nset max_message_size = 1024\n"
 	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"),
 		"b": fmt.Sprintf(callee, "b", 3), "c": fmt.Sprintf(callee, "c", 1)})
-	s.lanes.max = 1
+	capLanes(t, s, 1)
 	b, c := s.groups["b"], s.groups["c"]
 	call := echoVia(t, s)
 	untilLane(t, b, "a", func() { call("a", "b") })
@@ -229,7 +237,7 @@ func TestLaneTurnEndsOneLane(t *testing.T) {
 	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 5\nset max_message_size = 1024\n"
 	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"),
 		"a3": fmt.Sprintf(laneCaller, "a3"), "b": callee})
-	s.lanes.max = 2
+	capLanes(t, s, 2)
 	b := s.groups["b"]
 	echo := echoVia(t, s)
 	call := func(group string) { t.Helper(); echo(group, "b") }
@@ -294,6 +302,59 @@ func untilLane(t *testing.T, g *Group, who string, call func()) {
 			t.Fatalf("no lane granted to %s", who)
 		}
 		call()
+	}
+}
+
+// TestLanesOutsideCPUGroupsAreNotCapped: groups whose processes share
+// scdd's cpu cgroup (procmgr's shared CPU groups, the default) take no
+// part in the cap. With a cap of one, two callers hold a lane each to b at
+// once, and neither is revoked for a turn. Once b's processes get a cpu
+// cgroup of their own (a weight set), both lanes end (reason cpu_group)
+// and the cap holds the lanes granted after: one at a time.
+func TestLanesOutsideCPUGroupsAreNotCapped(t *testing.T) {
+	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 5\nset max_message_size = 1024\n"
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": callee})
+	s.lanes.max = 1
+	b := s.groups["b"]
+	echo := echoVia(t, s)
+	both := func() { t.Helper(); echo("a", "b"); echo("a2", "b") }
+	deadline := time.Now().Add(testWait)
+	for lanesOpen(b) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lanes to b with a cap of one: want one for each caller, every group in scdd's cpu cgroup", lanesOpen(b))
+		}
+		both()
+	}
+	for end := time.Now().Add(laneTurn + 200*time.Millisecond); time.Now().Before(end); {
+		both()
+	}
+	if n := s.lanes.granted.Load(); n != 0 {
+		t.Errorf("%d lanes counted against the cap, want none", n)
+	}
+	if n, open := b.lanes.revokes[revokeTurn].Get(), lanesOpen(b); n != 0 || open != 2 {
+		t.Errorf("past a turn: %d lanes revoked for a turn, %d open; want none revoked and both open", n, open)
+	}
+
+	if err := b.SetCPUWeight(150); err != nil {
+		t.Fatal(err)
+	}
+	regrouped := b.lanes.revokes[revokeCPUGroup]
+	for deadline = time.Now().Add(testWait); regrouped.Get() < 2; both() {
+		if time.Now().After(deadline) {
+			t.Fatalf("b's processes got a cpu cgroup of their own, and %d of its 2 lanes ended", regrouped.Get())
+		}
+	}
+	grants := b.lanes.grants.Get()
+	for end := time.Now().Add(laneTurn / 2); time.Now().Before(end) || b.lanes.grants.Get() == grants; both() {
+		if n := s.lanes.granted.Load(); n > 1 {
+			t.Fatalf("%d lanes counted against a cap of one", n)
+		}
+		if time.Now().After(end.Add(testWait)) {
+			t.Fatal("no lane granted again to b's callers")
+		}
+	}
+	if n := s.lanes.granted.Load(); n != 1 {
+		t.Errorf("%d capped lanes after the grant again, want 1", n)
 	}
 }
 

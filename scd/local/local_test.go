@@ -89,7 +89,15 @@ type fakeServer struct {
 	killed  []int            // slots Kill was asked for
 	stopped bool
 	wg      sync.WaitGroup
+	// weighted: SetCPUWeight was called, which gives a shared CPU group
+	// (spec.SharedCPU) a cgroup of its own.
+	weighted atomic.Bool
 }
+
+// fakeCPUGroups makes every fake server say its processes have a cpu
+// cgroup of their own, as with uap_cpu_groups = always: their lanes are
+// capped.
+var fakeCPUGroups atomic.Bool
 
 func (s *fakeServer) run(slot int) error {
 	files, err := s.d.Prepare(slot)
@@ -190,9 +198,15 @@ func (s *fakeServer) Running() (int, int)           { return s.spec.Resident, 0 
 func (s *fakeServer) Processes() []procmgr.ProcInfo { return nil }
 func (s *fakeServer) Usage() bpf.Usage              { return bpf.Usage{} }
 func (s *fakeServer) CPUSample() procmgr.CPUSample  { return procmgr.CPUSample{} }
-func (s *fakeServer) CPUGroupPath() string          { return "" }
-func (s *fakeServer) Stopping()                     {}
-func (s *fakeServer) ParallelCount() (int, int)     { return s.spec.Resident, s.spec.Max }
+func (s *fakeServer) CPUGroupPath() string {
+	if s.spec.SharedCPU && !s.weighted.Load() && !fakeCPUGroups.Load() {
+		return ""
+	}
+	return "/fake/cpu/" + s.spec.Server
+}
+func (s *fakeServer) SetCPUWeight(int) error    { s.weighted.Store(true); return nil }
+func (s *fakeServer) Stopping()                 {}
+func (s *fakeServer) ParallelCount() (int, int) { return s.spec.Resident, s.spec.Max }
 func (s *fakeServer) SetParallelCount(int, int) ([]bool, error) {
 	return nil, errors.New("fake processes keep their counts")
 }

@@ -39,12 +39,19 @@ type uapCaller struct {
 	p      outCaller
 	maxMsg int              // the calling group's max_message_size
 	calls  *metrics.Counter // the calling group's local calls (lane calls are counted by the callee's group's look)
+	// cpuGroup says whether the calling group's processes have a cpu
+	// cgroup of their own (Group.inCPUGroup); nil: taken as yes.
+	cpuGroup func() bool
 
 	// Its lane (lanes.go): whether it holds one (in any group), and when
 	// it may be offered one next (unix ns).
 	laneHeld atomic.Bool
 	laneNext atomic.Int64
 }
+
+// inCPUGroup says whether the calling process has a cpu cgroup of its
+// own (a lane it calls on is capped, lanes.go).
+func (u *uapCaller) inCPUGroup() bool { return u.cpuGroup == nil || u.cpuGroup() }
 
 // Send answers every frame in b (call.Caller: one or more whole frames).
 func (u *uapCaller) Send(b []byte) error {

@@ -36,6 +36,8 @@ type Processes interface {
 	Processes() []procmgr.ProcInfo
 	Usage() bpf.Usage
 	CPUSample() procmgr.CPUSample
+	// CPUGroupPath is the processes' cpu cgroup; "": scdd's own (nice,
+	// or procmgr's shared CPU group until a weight is set).
 	CPUGroupPath() string
 	Limits() procmgr.LimitStatus // its pids and memory limits and what they caught
 	Output() procmgr.OutputStats // its stdout and stderr lines, logged and dropped

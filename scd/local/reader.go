@@ -279,7 +279,7 @@ func (r *reader) collect() {
 			} else if made {
 				causes++
 				if si.caller == nil || si.caller.p != oc {
-					si.caller = &uapCaller{p: oc, maxMsg: g.def.MaxMessageSize, calls: g.localCalls}
+					si.caller = &uapCaller{p: oc, maxMsg: g.def.MaxMessageSize, calls: g.localCalls, cpuGroup: g.inCPUGroup}
 				}
 				c.TimeoutMs = boundOutCall(c.TimeoutMs, g.q.CurrentDeadline(slot), now)
 				r.calls = append(r.calls, localCall{si.caller, c})

@@ -112,7 +112,7 @@ func New(cfg *def.Config, opts Options) (*Scheduler, error) {
 	s := &Scheduler{cfg: cfg, opts: opts, log: opts.Logger, groups: make(map[string]*Group), stop: make(chan struct{}),
 		expiry: pace.New(expireEvery, expireIdle)}
 	s.lanes = laneRules{on: lanesFromEnv(), max: maxLanes(runtime.NumCPU()), gen: new(atomic.Uint32),
-		open: new(atomic.Int64), granted: new(atomic.Int64), wanted: new(atomic.Int64)}
+		open: new(atomic.Int64), granted: new(atomic.Int64), wanted: new(atomic.Int64), regroups: new(atomic.Uint32)}
 	s.requests.limit = cfg.System.BufferBudget
 	var bad []error // every server's missing module, not only the first (scdd -check)
 	for _, srv := range cfg.Servers {

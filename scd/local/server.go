@@ -355,8 +355,16 @@ func (g *Group) SetServing(on bool) {
 }
 
 // SetCPUWeight gives the group's processes CPU weight weight (cgroup v2
-// scale; goal management).
-func (g *Group) SetCPUWeight(weight int) error { return setCPUWeightOf(g.procs, weight) }
+// scale; goal management). Processes that shared scdd's cpu cgroup get
+// one of their own for it: the lanes granted outside the cap end.
+func (g *Group) SetCPUWeight(weight int) error {
+	shared := !g.inCPUGroup()
+	err := setCPUWeightOf(g.procs, weight)
+	if shared && g.inCPUGroup() && g.lanes.rules != nil {
+		g.lanes.rules.regroups.Add(1)
+	}
+	return err
+}
 
 // ReplaceProcesses replaces the processes of the group's server one at a
 // time: each finishes the calls it holds, leaves, and is started again (a
