@@ -70,14 +70,20 @@ type burstGroup struct {
 	front  string // calls back (burst=burst)
 	back   string // called by front only (work=work), three processes
 	c      bool   // both served by uap-torture-c (the C UAP library), which has no flags b and c
+	// priority is back's schedule_priority: at the default 8 its processes
+	// share scdd's cpu cgroup (on cgroup v1) and the lanes to it are not
+	// capped; at another they have a cgroup of their own and take the
+	// node's cap (scd/local/lanes.go, maxLanes).
+	priority int
 }
 
 // tortureBurstGroups are TestTorture's burst groups: the Go UAP library's
 // lanes (front, which also serves the other attacks, to lback) and the C
-// library's (cfront to clback).
+// library's (cfront to clback), the one uncapped and the other capped, so
+// that both kinds of lane are granted and revoked beside each other.
 var tortureBurstGroups = []burstGroup{
-	{attack: "lanes", front: "front", back: "lback"},
-	{attack: "clanes", front: "cfront", back: "clback", c: true},
+	{attack: "lanes", front: "front", back: "lback", priority: 8},
+	{attack: "clanes", front: "cfront", back: "clback", c: true, priority: 7},
 }
 
 var buildTortureUAP = sync.OnceValue(func() error {
@@ -138,6 +144,7 @@ const tortureLaneBack = `set service_group = %q
 set service = "work=work"
 set module = %q
 set parallel_count = 3
+set schedule_priority = %d
 set queue_size = 256
 set watch_time = 8
 putenv TORTURE_DIR %q
@@ -402,7 +409,7 @@ func TestTorture(t *testing.T) {
 		if !b.c {
 			// front is defined above; lback is there whether "lanes"
 			// is on or not, as before the C groups came.
-			servers[b.back] = fmt.Sprintf(tortureLaneBack, b.back, bin("uap-torture"), tt.dir, tt.execLog)
+			servers[b.back] = fmt.Sprintf(tortureLaneBack, b.back, bin("uap-torture"), b.priority, tt.dir, tt.execLog)
 			tt.bursts = append(tt.bursts, b)
 			continue
 		}
@@ -422,7 +429,7 @@ func TestTorture(t *testing.T) {
 			continue
 		}
 		servers[b.front] = fmt.Sprintf(tortureCFront, b.front, bin("uap-torture-c"), tt.dir, tt.execLog, b.back)
-		servers[b.back] = fmt.Sprintf(tortureLaneBack, b.back, bin("uap-torture-c"), tt.dir, tt.execLog)
+		servers[b.back] = fmt.Sprintf(tortureLaneBack, b.back, bin("uap-torture-c"), b.priority, tt.dir, tt.execLog)
 		tt.bursts = append(tt.bursts, b)
 	}
 	dir := defDir(t, "", servers)
