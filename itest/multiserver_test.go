@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -308,4 +309,62 @@ func TestSocketReceivingServer(t *testing.T) {
 		_, err := c.Call(ctx, "sock", "echo", []byte("again"))
 		return err == nil
 	})
+}
+
+// TestCPUHogBesideTheNode: a server at the default priority whose six
+// processes burn the CPU without pause (six callers, each call a second
+// of CPU) does not keep the node from serving another group: every call
+// of a probe is answered, none later than 5 s (a bound of liveness, not of
+// speed), and the dispatcher's watchdog says nothing. With uap_cpu_groups
+// = priority (the default) the burners are tasks in scdd's own cpu cgroup
+// beside its threads (on cgroup v1); with always, in a cgroup of their
+// own. Both are run, and the probe's latencies logged for each.
+func TestCPUHogBesideTheNode(t *testing.T) {
+	testenv.Slow(t, "two nodes under six CPU burners, 200 probe calls each")
+	skipShort(t)
+	for _, mode := range []string{"priority", "always"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := defDir(t, "set uap_cpu_groups = "+mode+"\n", map[string]string{
+				"hog":   "set service_group = \"hog\"\nset service = \"cpu=cpu\"\nset module = MODULE\nset parallel_count = 6\nset queue_size = 64\n",
+				"probe": "set service_group = \"probe\"\nset service = \"echo=echo\"\nset module = MODULE\nset parallel_count = 1\n",
+			})
+			n := startNode(t, "-c", dir)
+			ctx, stop := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			defer func() { stop(); wg.Wait() }() // also when the test fails
+			c := n.client()
+			for range 6 {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+						_, _ = c.Call(cctx, "hog", "cpu", []byte("1000000"))
+						cancel()
+					}
+				})
+			}
+			time.Sleep(time.Second) // the burners run
+			var lat []time.Duration
+			for i := range 200 {
+				want := strconv.Itoa(i)
+				start := time.Now()
+				cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				r, err := c.Call(cctx, "probe", "echo", []byte(want))
+				cancel()
+				if err != nil || string(r) != want {
+					t.Fatalf("probe call %d beside the burners: %q, %v", i, r, err)
+				}
+				lat = append(lat, time.Since(start))
+				time.Sleep(10 * time.Millisecond)
+			}
+			slices.Sort(lat)
+			t.Logf("uap_cpu_groups = %s, six burners: probe p50 %v, p99 %v, max %v", mode,
+				lat[len(lat)/2].Round(time.Microsecond), lat[len(lat)*99/100].Round(time.Microsecond), lat[len(lat)-1].Round(time.Microsecond))
+			if worst := lat[len(lat)-1]; worst > 5*time.Second {
+				t.Errorf("a probe call took %v beside the burners", worst)
+			}
+			if out := n.stderr.String(); strings.Contains(out, "dispatcher has not looked") {
+				t.Errorf("the dispatcher's watchdog spoke beside the burners:\n%s", grep(out, "dispatcher"))
+			}
+		})
+	}
 }
