@@ -56,10 +56,13 @@ func (s *Server) SetCPUWeight(weight int) error {
 				(*f)(pid)
 			}
 		}
-		// Moved into a cgroup made now, the children the processes
-		// forked too (they are in the server's other cgroups).
-		if members, err := s.box.members(); err == nil {
-			pids = append(pids, members...)
+		// On v1 these are moved into a cgroup made now (nice is set by
+		// pid, on reaped processes only): the children the processes
+		// forked go too, found in the server's other cgroups.
+		if s.cpu.c.mech == MechanismCgroup1 {
+			if members, err := s.box.members(); err == nil {
+				pids = append(pids, members...)
+			}
 		}
 		return pids
 	})
@@ -72,11 +75,11 @@ var beforeRenice atomic.Pointer[func(pid int)]
 // CPUWeight is the server's CPU weight now (cgroup v2 scale).
 func (s *Server) CPUWeight() int { return s.cpu.Weight() }
 
-// SetWeight changes the group's weight. pids lists the processes: with
-// nice, those whose threads get the new nice value (new processes get it
-// at start); with a shared group (NewSharedGroup), those moved into the
-// cgroup it makes now, a weight other than the default or not (it is
-// asked for); nil: none. pids is called after the cgroup exists, so that a process
+// SetWeight changes the group's weight. pids lists the processes (nil:
+// none): with nice, those whose threads get the new nice value (new
+// processes get it at start); with a shared group (NewSharedGroup), those
+// moved into the cgroup it makes now, whatever the weight (a weight was
+// asked for). It is called after the cgroup exists, so that a process
 // started meanwhile is either listed or started in it (joinOwn).
 func (g *CPUGroup) SetWeight(weight int, pids func() []int) error {
 	if pids == nil {

@@ -344,9 +344,10 @@ func lanesRevoked(open []*laneState) int {
 // revokeLane ends the grant of a lane: both processes are told, a call
 // made and not taken goes back to its caller. The lane stays open until
 // its callee left it (lookLanes), but no longer counts against the
-// node's maxLanes (if it counted): no call is made on it from here, and a callee that
-// runs a call ruled 'timed out' on it for ever (ranOver), or never
-// leaves, would otherwise keep every other caller off lanes. Under mu.
+// node's maxLanes (if it did): no call is made on it from here, and a
+// callee that runs a call ruled 'timed out' on it for ever (ranOver), or
+// never leaves, would otherwise keep every other caller off lanes. Under
+// mu.
 func (g *Group) revokeLane(ls *laneState, now time.Time, why int) {
 	if ls.revoked.IsZero() {
 		ls.revoked = now
