@@ -166,7 +166,8 @@ func (b *box) prepare(attr *syscall.SysProcAttr) (*placement, error) {
 			pl.tasks = append(pl.tasks, filepath.Join(dir, "tasks"))
 			pl.cpu = func(int) error { return nil }
 		} else {
-			pl.cpuHome, pl.cpu = true, b.cpu.joinOwn
+			pl.cpuHome = true
+			pl.cpu = func(pid int) error { return b.cpu.joinOwn(pid, b.members) }
 		}
 	} else {
 		after, err := b.cpu.Prepare(attr)

@@ -471,13 +471,14 @@ func (g *CPUGroup) own(weight int) (made bool, err error) {
 }
 
 // joinOwn is the after of a start in scdd's cpu cgroup: if SetWeight made
-// the group's cgroup meanwhile, the process goes there (SetWeight moved
-// the processes it saw, and this one may have been started after).
-func (g *CPUGroup) joinOwn(pid int) error {
+// the group's cgroup meanwhile, the process goes there, and what it forked
+// already (members: the server's other cgroups), as SetWeight moved the
+// processes it saw and this one may have been started after.
+func (g *CPUGroup) joinOwn(pid int, members func() ([]int, error)) error {
 	if g.Path() == "" {
 		return nil
 	}
-	return g.writeProcs(pid)
+	return errors.Join(g.moveIn([]int{pid}), g.moveMembers(members))
 }
 
 // Prepare readies attr (the SysProcAttr of a command about to be started)

@@ -87,13 +87,13 @@ func TestCPUWeightOnCgroup2Files(t *testing.T) {
 		t.Errorf("priority 16: cpu.weight %s, want 4", got)
 	}
 	// Goal management moves a running server's weight.
-	if err := hi.SetWeight(800, nil); err != nil {
+	if err := hi.SetWeight(800, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(filepath.Join(parent, "hi", "cpu.weight")); got != "800" || hi.Weight() != 800 {
 		t.Errorf("after SetWeight(800): cpu.weight %s, Weight %d", got, hi.Weight())
 	}
-	if err := lo.SetWeight(12, nil); err != nil {
+	if err := lo.SetWeight(12, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := read(filepath.Join(parent, "lo", "cpu.weight")); got != "12" {

@@ -67,8 +67,8 @@ type Spec struct {
 	// this to the ids it derives; a definition's gid is kept as it is).
 	SlotGIDs bool
 	// SharedCPU: the processes share scdd's own cpu cgroup until a weight
-	// is set (CPUControl.NewSharedGroup; cgroup v1 only); Priority is
-	// then the default's.
+	// is set (CPUControl.NewSharedGroup), where the host allows it
+	// (cgroup v1, Manager.cpuShareable); Priority is then the default's.
 	SharedCPU bool
 	// PidsMax is the most tasks (processes and threads) the server's
 	// processes may have together (pids.max of its cgroup); 0 = no limit.

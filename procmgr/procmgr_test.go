@@ -207,6 +207,13 @@ func runChild(mode string) int {
 		for i := range 3000 {
 			fmt.Printf("chatty line %d\n", i)
 		}
+	case "forking": // a child every 2 ms, 500 of them, from now on
+		go func() {
+			for range 500 {
+				_ = exec.Command("sleep", "3600").Start()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
 	}
 	var grandchild *exec.Cmd
 	if mode == "stubborn" {
@@ -248,7 +255,7 @@ func runChild(mode string) int {
 			held = append(held, b)
 		}
 		return len(held) // not reached under a limit below 4 GiB
-	case "sleep", "stubborn", "burn", "escape", "bomb", "initfork", "inherit", "chatty":
+	case "sleep", "stubborn", "burn", "escape", "bomb", "initfork", "inherit", "chatty", "forking":
 		time.Sleep(time.Hour)
 		return 0
 	}

@@ -135,7 +135,7 @@ func (m *Manager) Start(spec Spec, d Delegate) (*Server, error) {
 	}
 	var cpu *CPUGroup
 	var err error
-	if spec.SharedCPU {
+	if spec.SharedCPU && m.cpuShareable() {
 		cpu, err = m.cpu.NewSharedGroup(spec.Server)
 	} else {
 		cpu, err = m.cpu.NewGroup(spec.Server, spec.Priority)

@@ -214,6 +214,23 @@ func (m *Manager) goHome(joined []string, tid string) {
 	}
 }
 
+// cpuShareable says whether a server's processes can share scdd's own cpu
+// cgroup (Spec.SharedCPU): on cgroup v1, with the cpu hierarchy apart
+// from every hierarchy that contains the server, another cgroup of the
+// server to find its processes in (a stop kills them all, a weight moves
+// them), and the spawning thread's home on the cpu hierarchy known.
+func (m *Manager) cpuShareable() bool {
+	if m.cpu.mech != MechanismCgroup1 || m.homes[m.cpu.mount] == "" {
+		return false
+	}
+	for _, h := range m.contain.v1 {
+		if h.mount == m.cpu.mount {
+			return false
+		}
+	}
+	return m.contain.v2dir != "" || len(m.contain.v1) > 0
+}
+
 // tasksFor lists the v1 "tasks" files the spawning thread joins for a
 // start placed by pl: a shared CPU group's is the thread's home on the cpu
 // hierarchy (where scdd runs).
@@ -221,10 +238,7 @@ func (m *Manager) tasksFor(pl *placement) []string {
 	if !pl.cpuHome {
 		return pl.tasks
 	}
-	if home := m.homes[m.cpu.mount]; home != "" {
-		return append(slices.Clip(pl.tasks), home)
-	}
-	return pl.tasks // its home unknown (no /proc/thread-self/cgroup): goHome fails alike
+	return append(slices.Clip(pl.tasks), m.homes[m.cpu.mount]) // known: cpuShareable
 }
 
 // threadHomes reads the calling thread's v1 cgroups (from

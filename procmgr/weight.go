@@ -56,16 +56,8 @@ func (s *Server) SetCPUWeight(weight int) error {
 				(*f)(pid)
 			}
 		}
-		// On v1 these are moved into a cgroup made now (nice is set by
-		// pid, on reaped processes only): the children the processes
-		// forked go too, found in the server's other cgroups.
-		if s.cpu.c.mech == MechanismCgroup1 {
-			if members, err := s.box.members(); err == nil {
-				pids = append(pids, members...)
-			}
-		}
 		return pids
-	})
+	}, s.box.members)
 }
 
 // beforeRenice, when set by a test, runs in SetCPUWeight for each pid
@@ -75,13 +67,15 @@ var beforeRenice atomic.Pointer[func(pid int)]
 // CPUWeight is the server's CPU weight now (cgroup v2 scale).
 func (s *Server) CPUWeight() int { return s.cpu.Weight() }
 
-// SetWeight changes the group's weight. pids lists the processes (nil:
-// none): with nice, those whose threads get the new nice value (new
-// processes get it at start); with a shared group (NewSharedGroup), those
-// moved into the cgroup it makes now, whatever the weight (a weight was
-// asked for). It is called after the cgroup exists, so that a process
-// started meanwhile is either listed or started in it (joinOwn).
-func (g *CPUGroup) SetWeight(weight int, pids func() []int) error {
+// SetWeight changes the group's weight. pids lists the processes procmgr
+// started and has not reaped (nil: none): with nice, those whose threads
+// get the new nice value (new processes get it at start). A shared group
+// (NewSharedGroup) makes its cgroup now, whatever the weight (a weight
+// was asked for), and moves into it those and members' (every process in
+// the server's other cgroups: what they forked), both listed after the
+// cgroup exists, so that a process started meanwhile is either listed or
+// moves itself (joinOwn).
+func (g *CPUGroup) SetWeight(weight int, pids func() []int, members func() ([]int, error)) error {
 	if pids == nil {
 		pids = func() []int { return nil }
 	}
@@ -98,7 +92,7 @@ func (g *CPUGroup) SetWeight(weight int, pids func() []int) error {
 	case err != nil:
 		return err
 	case made:
-		return g.moveIn(pids())
+		return errors.Join(g.moveIn(pids()), g.moveMembers(members))
 	case g.c.mech == MechanismCgroup1:
 		return writeCgroupFile(filepath.Join(dir, "cpu.shares"), strconv.Itoa(Shares(weight)))
 	case g.c.mech == MechanismCgroup2:
@@ -116,8 +110,8 @@ func (g *CPUGroup) SetWeight(weight int, pids func() []int) error {
 	return errors.Join(errs...)
 }
 
-// moveIn moves pids into the group's cgroup, made just now; one that
-// exited meanwhile is no error.
+// moveIn moves pids into the group's cgroup; one that exited meanwhile is
+// no error.
 func (g *CPUGroup) moveIn(pids []int) error {
 	var errs []error
 	for _, pid := range pids {
@@ -126,6 +120,44 @@ func (g *CPUGroup) moveIn(pids []int) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// movePasses bounds moveMembers: a server that forks faster than it is
+// moved is left where it is, and the error says so.
+const movePasses = 8
+
+// moveMembers moves the server's members (nil: none) into the group's
+// cgroup, listing them again until a listing names no process the last
+// did not: a process forked by one not yet moved is born outside, and the
+// next listing finds it, one forked by one already moved is born inside.
+// A member's pid is read live from its cgroup; one reused by a stranger
+// between the read and the move would be moved too (procmgr reaps none of
+// them, so reapGate cannot keep them; the window is the time of one write).
+func (g *CPUGroup) moveMembers(members func() ([]int, error)) error {
+	if members == nil {
+		return nil
+	}
+	seen := map[int]bool{}
+	for range movePasses {
+		pids, err := members()
+		if err != nil {
+			return err
+		}
+		var fresh []int
+		for _, pid := range pids {
+			if !seen[pid] {
+				seen[pid] = true
+				fresh = append(fresh, pid)
+			}
+		}
+		if len(fresh) == 0 {
+			return nil
+		}
+		if err := g.moveIn(fresh); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("procmgr: cpu group %s: its processes still forked after %d moves", g.server, movePasses)
 }
 
 // Weight is the group's CPU weight now.

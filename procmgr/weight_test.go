@@ -1,6 +1,7 @@
 package procmgr
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -31,7 +32,7 @@ func TestSetWeightCgroup1(t *testing.T) {
 	}
 	cmd, _ := startIn(t, g)
 	for _, w := range []int{400, 25, 100} {
-		if err := g.SetWeight(w, func() []int { return []int{cmd.Process.Pid} }); err != nil {
+		if err := g.SetWeight(w, func() []int { return []int{cmd.Process.Pid} }, nil); err != nil {
 			t.Fatal(err)
 		}
 		if got := readInt(t, filepath.Join(g.Path(), "cpu.shares")); got != Shares(w) {
@@ -42,7 +43,7 @@ func TestSetWeightCgroup1(t *testing.T) {
 		}
 	}
 	stopAndRemove(t, cmd, g)
-	if err := g.SetWeight(100, nil); err == nil {
+	if err := g.SetWeight(100, nil, nil); err == nil {
 		t.Error("SetWeight after Remove succeeded")
 	}
 	_ = c.Close()
@@ -61,7 +62,7 @@ func TestSetWeightCgroup2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.SetWeight(2500, nil); err != nil {
+	if err := g.SetWeight(2500, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := readInt(t, filepath.Join(g.Path(), "cpu.weight")); got != 2500 {
@@ -81,7 +82,7 @@ func TestSetWeightNice(t *testing.T) {
 	}
 	cmd, _ := startIn(t, g)
 	for _, w := range []int{50, 100} { // nice 3, then back to 0 (raising priority again needs root)
-		err := g.SetWeight(w, func() []int { return []int{cmd.Process.Pid} })
+		err := g.SetWeight(w, func() []int { return []int{cmd.Process.Pid} }, nil)
 		if w == 100 && err != nil {
 			t.Skipf("lowering nice needs CAP_SYS_NICE: %v", err)
 		}
@@ -104,7 +105,7 @@ func TestSetWeightNiceLaterProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Remove()
-	if err := g.SetWeight(25, nil); err != nil {
+	if err := g.SetWeight(25, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	cmd, _ := startIn(t, g)
@@ -235,5 +236,50 @@ func TestSharedCPUGroup(t *testing.T) {
 	next, _ := strconv.Atoi(readReport(t, dir, 0, pid)["pid"])
 	if !inServers(next, "cpu") {
 		t.Errorf("the next process, pid %d: cpu cgroup %q, want %s", next, cgroupsOf(t, next)["cpu"], path)
+	}
+}
+
+// TestSharedCPUGroupMovesWhatForks: a weight set while the server's
+// process forks a child every 2 ms leaves none of its processes in scdd's
+// cpu cgroup: what was forked before the process moved is found in the
+// server's other cgroups and moved, what is forked after is born inside.
+func TestSharedCPUGroupMovesWhatForks(t *testing.T) {
+	t.Parallel()
+	m, _ := loggedManager(t, Options{})
+	switch m.cpu.mech {
+	case MechanismNice:
+		skipOrFail(t, "no cpu cgroup: "+m.cpu.Reason())
+	case MechanismCgroup2:
+		t.Skip("cgroup v2: every server has its cpu cgroup (the containment's), none is shared")
+	}
+	dir := t.TempDir()
+	sp := uapSpec("forking", dir, 1)
+	sp.Server, sp.SharedCPU = "srv-forking", true
+	srv := startServer(t, m, sp, &hooks{})
+	readReport(t, dir, 0, 0)
+	time.Sleep(100 * time.Millisecond) // it forks
+	if err := srv.SetCPUWeight(150); err != nil {
+		t.Fatal(err)
+	}
+	path := srv.CPUGroup().Path()
+	if path == "" {
+		t.Fatal("no cgroup after a weight was set")
+	}
+	members, err := srv.box.members()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outside []string
+	for _, p := range members {
+		if cg := cgroupsOf(t, p)["cpu"]; cg != "" && !strings.HasSuffix(cg, "/"+sp.Server) {
+			outside = append(outside, fmt.Sprintf("%d in %s", p, cg))
+		}
+	}
+	t.Logf("%d processes of the server after the weight, %d outside its cpu cgroup", len(members), len(outside))
+	if len(members) < 10 {
+		t.Errorf("only %d processes: the server did not fork while the weight was set", len(members))
+	}
+	if len(outside) > 0 {
+		t.Errorf("outside the server's cpu cgroup %s after the weight: %v", path, outside)
 	}
 }

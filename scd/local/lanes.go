@@ -197,6 +197,9 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 		p, ok := si.p.(*shm.Proc)
 		return ok && si.attached && !si.killed && p != cp && p.LanesOK()
 	}
+	// The regroups first: a group that gets its cgroup between them and
+	// the looks at the groups moves them, and ends this lane if uncapped.
+	regroups := g.lanes.rules.regroups.Load()
 	capped := g.inCPUGroup() || u.inCPUGroup()
 	if capped && g.lanes.rules.granted.Load() >= g.lanes.rules.max {
 		// A turn only for a caller the cap alone keeps from a lane: one
@@ -225,7 +228,7 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 		return false
 	}
 	g.lanes.open = append(g.lanes.open, &laneState{l: l, slot: slot, from: u, granted: now, active: now,
-		capped: capped, regroups: g.lanes.rules.regroups.Load()})
+		capped: capped, regroups: regroups})
 	u.laneHeld.Store(true)
 	g.lanes.rules.open.Add(1)
 	if capped {
