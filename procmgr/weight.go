@@ -42,7 +42,7 @@ func (s *Server) SetCPUWeight(weight int) error {
 	// (see reapGate).
 	s.reapGate.RLock()
 	defer s.reapGate.RUnlock()
-	return s.cpu.SetWeight(weight, func() []int {
+	return s.cpu.SetWeight(weight, func() []int { // lockcheck: the callbacks take s.mu and read cgroup files, no wait on a goroutine
 		s.mu.Lock()
 		var pids []int
 		for _, sl := range s.slots {
