@@ -130,6 +130,9 @@ var operandCases = []struct {
 	{"sysconf", "set rpc_prot = 1", nil, nil, "sysconf:1: rpc_prot: unknown operand (did you mean rpc_port?)"},
 	{"sysconf", "set scd_this_nod_first = Y", nil, nil, "sysconf:1: scd_this_nod_first: unknown operand (did you mean scd_this_node_first? it belongs in scdsvcdef)"},
 	{"sysconf", "putenv A b", nil, nil, "sysconf:1: putenv: only allowed in usrrc and usr files"},
+	{"sysconf", "", func(c *Config) any { return c.System.UAPCPUGroups }, "priority", ""},
+	{"sysconf", "set uap_cpu_groups = always", func(c *Config) any { return c.System.UAPCPUGroups }, "always", ""},
+	{"sysconf", "set uap_cpu_groups = never", nil, nil, "sysconf:1: uap_cpu_groups: want priority or always, got \"never\""},
 
 	// scdsvcdef
 	{"scdsvcdef", "", func(c *Config) any { return c.Sched.ThisNodeFirst }, false, ""},

@@ -275,8 +275,8 @@ var systemOperands = map[string]operand[System]{
 		value:  CPUGroupsPriority,
 		values: CPUGroupsPriority + " or " + CPUGroupsAlways,
 		tpsched: "Where the CPU priority of user servers is a cgroup v1 cpu hierarchy: with priority, a server's processes get a cpu cgroup of their own " +
-			"only when its schedule_priority is not the default 8 or goal management gives it another weight (then the cgroup is made and its processes moved into it); " +
-			"until then they share scdd's own cpu cgroup. The kernel's group scheduling let processes that wake each other without pause in a cpu cgroup of their own " +
+			"only when its schedule_priority is not the default 8 or goal management gives it a weight (then the cgroup is made and its processes moved into it); " +
+			"until then they share scdd's own cpu cgroup (where the host allows it: the cpu hierarchy mounted apart, and another of the server's cgroups to find its processes in). The kernel's group scheduling let processes that wake each other without pause in a cpu cgroup of their own " +
 			"(two UAPs on a lane) keep every process outside it, scdd's threads included, from the CPU for seconds; in scdd's cgroup they are tasks beside its own. " +
 			"always gives every server its cgroup, as before. On cgroup v2 a server's cgroup holds its limits too, and every server has one.",
 		own: true,
