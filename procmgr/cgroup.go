@@ -478,7 +478,7 @@ func (g *CPUGroup) joinOwn(pid int, members func() ([]int, error)) error {
 	if g.Path() == "" {
 		return nil
 	}
-	return errors.Join(g.moveIn([]int{pid}), g.moveMembers(members))
+	return errors.Join(g.moveIn([]int{pid}), g.moveMembers(members, []int{pid}))
 }
 
 // Prepare readies attr (the SysProcAttr of a command about to be started)

@@ -92,7 +92,8 @@ func (g *CPUGroup) SetWeight(weight int, pids func() []int, members func() ([]in
 	case err != nil:
 		return err
 	case made:
-		return errors.Join(g.moveIn(pids()), g.moveMembers(members))
+		moved := pids()
+		return errors.Join(g.moveIn(moved), g.moveMembers(members, moved))
 	case g.c.mech == MechanismCgroup1:
 		return writeCgroupFile(filepath.Join(dir, "cpu.shares"), strconv.Itoa(Shares(weight)))
 	case g.c.mech == MechanismCgroup2:
@@ -127,17 +128,20 @@ func (g *CPUGroup) moveIn(pids []int) error {
 const movePasses = 8
 
 // moveMembers moves the server's members (nil: none) into the group's
-// cgroup, listing them again until a listing names no process the last
-// did not: a process forked by one not yet moved is born outside, and the
+// cgroup, but those in moved already, listing them again until a listing
+// names no process the last did not: a process forked by one not yet moved is born outside, and the
 // next listing finds it, one forked by one already moved is born inside.
 // A member's pid is read live from its cgroup; one reused by a stranger
 // between the read and the move would be moved too (procmgr reaps none of
 // them, so reapGate cannot keep them; the window is the time of one write).
-func (g *CPUGroup) moveMembers(members func() ([]int, error)) error {
+func (g *CPUGroup) moveMembers(members func() ([]int, error), moved []int) error {
 	if members == nil {
 		return nil
 	}
 	seen := map[int]bool{}
+	for _, pid := range moved {
+		seen[pid] = true
+	}
 	for range movePasses {
 		pids, err := members()
 		if err != nil {
