@@ -223,6 +223,20 @@ func cgroupsOf(t *testing.T, pid int) map[string]string {
 	return out
 }
 
+// initforkReport reads what an "initfork" UAP reported into dir: its pid
+// and the child it forked in a Go init, which is killed when t ends.
+func initforkReport(t *testing.T, dir string) (pid, child int) {
+	t.Helper()
+	rep := readReport(t, dir, 0, 0)
+	pid, _ = strconv.Atoi(rep["pid"])
+	child, _ = strconv.Atoi(rep["initchild"])
+	if child == 0 {
+		t.Fatalf("no child started in init: %v", rep)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	return pid, child
+}
+
 // A child the UAP forks before main (here in a Go init; a C constructor
 // alike) is in every cgroup of its server, and so is the UAP: it was born
 // there (issue 19 item 6: placed after the start, such a child stayed in
@@ -233,13 +247,7 @@ func TestChildForkedBeforeMainIsInTheServersCgroups(t *testing.T) {
 	needCgroupKill(t, m)
 	dir := t.TempDir()
 	srv := startServer(t, m, uapSpec("initfork", dir, 1), &hooks{})
-	rep := readReport(t, dir, 0, 0)
-	pid, _ := strconv.Atoi(rep["pid"])
-	child, _ := strconv.Atoi(rep["initchild"])
-	if child == 0 {
-		t.Fatalf("no child started in init: %v", rep)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	pid, child := initforkReport(t, dir)
 	want := map[string]bool{} // controllers the server has a cgroup in
 	if m.contain.v2dir != "" {
 		want[""] = true

@@ -183,13 +183,7 @@ func TestSharedCPUGroup(t *testing.T) {
 	// for threads of this process in any srv-initfork cgroup.
 	shared.Server, shared.SharedCPU = "srv-shared", true
 	srv := startServer(t, m, shared, &hooks{})
-	rep := readReport(t, dir, 0, 0)
-	pid, _ := strconv.Atoi(rep["pid"])
-	child, _ := strconv.Atoi(rep["initchild"])
-	if child == 0 {
-		t.Fatalf("no child started in init: %v", rep)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	pid, child := initforkReport(t, dir)
 	inServers := func(p int, ctl string) bool { return strings.HasSuffix(cgroupsOf(t, p)[ctl], "/"+shared.Server) }
 	if m.cpu.mech == MechanismCgroup2 {
 		if srv.CPUGroup().Path() == "" || !inServers(pid, "") {
