@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -252,6 +253,21 @@ func (n *node) metrics() string {
 	b, err := io.ReadAll(resp.Body)
 	must(n.t, err)
 	return string(b)
+}
+
+// callWithoutPause starts n goroutines on wg that call group/service with
+// payload through c, each call bounded by limit, one after another until
+// ctx ends: load, whose answers nobody looks at.
+func callWithoutPause(ctx context.Context, wg *sync.WaitGroup, c *client.Client, n int, group, service, payload string, limit time.Duration) {
+	for range n {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				cctx, cancel := context.WithTimeout(ctx, limit)
+				_, _ = c.Call(cctx, group, service, []byte(payload))
+				cancel()
+			}
+		})
+	}
 }
 
 func (n *node) client(opts ...func(*client.Options)) *client.Client {

@@ -333,15 +333,7 @@ func TestCPUHogBesideTheNode(t *testing.T) {
 			var wg sync.WaitGroup
 			defer func() { stop(); wg.Wait() }() // also when the test fails
 			c := n.client()
-			for range 6 {
-				wg.Go(func() {
-					for ctx.Err() == nil {
-						cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-						_, _ = c.Call(cctx, "hog", "cpu", []byte("1000000"))
-						cancel()
-					}
-				})
-			}
+			callWithoutPause(ctx, &wg, c, 6, "hog", "cpu", "1000000", 30*time.Second)
 			time.Sleep(time.Second) // the burners run
 			var lat []time.Duration
 			for i := range 200 {

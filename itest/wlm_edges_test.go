@@ -159,16 +159,7 @@ func TestWLMGrowWithoutSpareCPUSaysWhy(t *testing.T) {
 	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }()
 	for _, n := range wc.nodes {
-		c := n.client()
-		for range 3 {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-					_, _ = c.Call(cctx, "orders", "sleep", []byte("20"))
-					cancel()
-				}
-			})
-		}
+		callWithoutPause(ctx, &wg, n.client(), 3, "orders", "sleep", "20", 10*time.Second)
 	}
 	var grow *scd.GrowReport
 	var on int

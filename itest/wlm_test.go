@@ -943,15 +943,7 @@ classify -g online -c ONLINE
 	var wg sync.WaitGroup
 	defer func() { stop(); wg.Wait() }() // also when the test fails
 	c := n.client()
-	for range 6 {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-				_, _ = c.Call(cctx, "batch", "cpu", []byte("50000"))
-				cancel()
-			}
-		})
-	}
+	callWithoutPause(ctx, &wg, c, 6, "batch", "cpu", "50000", 20*time.Second)
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
