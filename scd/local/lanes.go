@@ -161,6 +161,11 @@ func lanesFromEnv() bool { return os.Getenv("TPSCHED_LANES") != "off" }
 // spare a process for it now. The call that prompted it was admitted
 // already and goes the usual way; the next ones take the lane. On the
 // dispatcher, without mu.
+//
+// Where the process it would lend is the one running that call (as many
+// callers as processes, the others lent), the offer stands until the call
+// ends (laterLane): at its completion the process is free, and the caller
+// is granted it then.
 func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 	r := g.lanes.rules
 	if r == nil || !r.on {
@@ -172,25 +177,67 @@ func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 	}
 	u.laneNext.Store(now.Add(laneRetry).UnixNano())
 	entry, ok := g.entries[service]
-	if !ok || g.held.Load() || !g.serving.Load() || g.closed.Load() || !g.started.Load() || g.load.level() != loadlevel.Level0 {
+	if !ok || !g.lendsLanes() {
 		return
 	}
 	g.mu.Lock()
-	granted := g.grantLane(u, cp, service, entry, now)
+	got := g.grantLane(u, cp, service, entry, now)
 	un := g.takeUndelivered()
 	g.mu.Unlock()
 	un.settle(g)
-	if granted {
+	switch got {
+	case laneGranted:
+		g.lanes.grants.Inc()
+	case laneNoProcess:
+		u.laneLater.Store(&laterLane{g: g, service: service})
+	}
+}
+
+// laterLane is an offer of a lane that waits for the end of the call that
+// prompted it (offerLane): the group had no process to lend but the one
+// that call runs on.
+type laterLane struct {
+	g       *Group
+	service string
+}
+
+// offerLaneAtEnd grants u the lane its last offer found no process for,
+// now that one of its calls to the group ended (collect, under mu, after
+// the queue was told): once per such offer.
+func (g *Group) offerLaneAtEnd(u *uapCaller, now time.Time) {
+	w := u.laneLater.Load()
+	if w == nil || w.g != g || !u.laneLater.CompareAndSwap(w, nil) {
+		return
+	}
+	cp, ok := u.p.(*shm.Proc)
+	entry, known := g.entries[w.service]
+	if !ok || !known || u.laneHeld.Load() || !cp.LanesOK() || !g.lendsLanes() {
+		return
+	}
+	if g.grantLane(u, cp, w.service, entry, now) == laneGranted {
 		g.lanes.grants.Inc()
 	}
 }
 
+// lendsLanes is what a grant needs of the group that its lock does not
+// guard: it serves, is started, not held or closed, and at LEVEL0.
+func (g *Group) lendsLanes() bool {
+	return !g.held.Load() && g.serving.Load() && !g.closed.Load() && g.started.Load() && g.load.level() == loadlevel.Level0
+}
+
+// What grantLane did.
+const (
+	laneGranted   = iota
+	laneRefused   // the group, the node's cap or the lane's memory said no
+	laneNoProcess // no process of the group was free to lend
+)
+
 // grantLane is offerLane's work under mu.
-func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now time.Time) bool {
+func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now time.Time) int {
 	// Again under mu: a hold, a stop or the node's close revokes the
 	// group's lanes under mu, and a grant after it would outlive it.
 	if g.q.Waiting() > 0 || now.Before(g.lanes.quiet) || g.held.Load() || !g.serving.Load() || g.closed.Load() {
-		return false
+		return laneRefused
 	}
 	lendable := func(s int) bool {
 		si := &g.slots[s]
@@ -210,11 +257,11 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 		if g.q.Lendable(lendable) {
 			g.lanes.rules.wanted.Store(now.UnixNano())
 		}
-		return false
+		return laneRefused
 	}
 	slot := g.q.Lend(lendable)
 	if slot < 0 {
-		return false
+		return laneNoProcess
 	}
 	gen := g.lanes.rules.gen.Add(1)
 	if gen == 0 {
@@ -225,7 +272,7 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 	if err != nil {
 		g.q.Return(slot)
 		g.act()
-		return false
+		return laneRefused
 	}
 	g.lanes.open = append(g.lanes.open, &laneState{l: l, slot: slot, from: u, granted: now, active: now,
 		capped: capped, regroups: regroups})
@@ -234,7 +281,7 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 	if capped {
 		g.lanes.rules.granted.Add(1)
 	}
-	return true
+	return laneGranted
 }
 
 // lookLanes counts what the lanes served since the last look, ends those

@@ -358,6 +358,53 @@ func TestLanesOutsideCPUGroupsAreNotCapped(t *testing.T) {
 	}
 }
 
+// TestLaneForEveryCallerAsManyAsProcesses: two callers of a group of two
+// processes hold a lane each. The second caller's call runs on the one
+// process the first's lane left, so when it prompts the offer there is no
+// process to lend; the offer waits for the call's end and lends that
+// process then. Before, the second caller went the dispatcher's way for
+// as long as it called.
+func TestLaneForEveryCallerAsManyAsProcesses(t *testing.T) {
+	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 2\nset max_message_size = 1024\n"
+	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": callee})
+	b := s.groups["b"]
+	echo := echoVia(t, s)
+	untilLane(t, b, "a", func() { echo("a", "b") })
+	deadline := time.Now().Add(testWait)
+	for lanesOpen(b) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lanes to b's 2 processes with 2 callers: want one for each", lanesOpen(b))
+		}
+		echo("a", "b")
+		echo("a2", "b")
+	}
+	for range 20 {
+		echo("a", "b")
+		echo("a2", "b")
+	}
+	// The looks count each lane's calls; one more call each and a look
+	// later, both lanes show theirs.
+	deadline = time.Now().Add(testWait)
+	for {
+		echo("a", "b")
+		echo("a2", "b")
+		b.mu.Lock()
+		var made []uint64
+		callers := map[*uapCaller]bool{}
+		for _, ls := range b.lanes.open {
+			made = append(made, ls.made)
+			callers[ls.from] = true
+		}
+		b.mu.Unlock()
+		if len(made) == 2 && len(callers) == 2 && min(made[0], made[1]) >= 20 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b's lanes: calls made on each %v, by %d callers; want 2 lanes of 20 calls or more, one per caller", made, len(callers))
+		}
+	}
+}
+
 // laneMemory maps the lane of generation gen as a process holding it
 // could: its memfd, found among the test process's descriptors (the
 // node's own end of it).

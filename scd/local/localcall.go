@@ -43,10 +43,12 @@ type uapCaller struct {
 	// cgroup of their own (Group.inCPUGroup); nil: taken as yes.
 	cpuGroup func() bool
 
-	// Its lane (lanes.go): whether it holds one (in any group), and when
-	// it may be offered one next (unix ns).
-	laneHeld atomic.Bool
-	laneNext atomic.Int64
+	// Its lane (lanes.go): whether it holds one (in any group), when it
+	// may be offered one next (unix ns), and an offer that waits for the
+	// end of its call (nil: none).
+	laneHeld  atomic.Bool
+	laneNext  atomic.Int64
+	laneLater atomic.Pointer[laterLane]
 }
 
 // inCPUGroup says whether the calling process has a cpu cgroup of its

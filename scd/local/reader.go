@@ -259,8 +259,12 @@ func (r *reader) collect() {
 				classes.Record(cl.class, cl.start, si.since, now)
 			}
 			si.since = now
+			u, _ := cl.to.(*uapCaller)
 			freeRequest(cl)
 			g.act() // after the reply was copied out of the mailbox
+			if u != nil && u.laneLater.Load() != nil {
+				g.offerLaneAtEnd(u, now) // after act: the process is free unless a call waited
+			}
 		}
 		if si.killed {
 			continue
