@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -114,6 +115,13 @@ type CPUControl struct {
 	// deleg: the v2 hierarchy's groups go under scdd's delegated cgroup
 	// (delegate.go); nil: at its top. The containment uses the same.
 	deleg *v2Delegation
+	// lazy (cgroup2 under a delegated cgroup that had no cpu controller
+	// for its children): the controller is enabled below it only when a
+	// group first needs its own weight (enableCPU). Until then every
+	// server's cgroup carries its limits alone, and its processes share
+	// the delegated cgroup's CPU with scdd (NewSharedGroup).
+	lazy  bool
+	cpuOn atomic.Bool // lazy: enableCPU has enabled it
 
 	mu       sync.Mutex
 	cloneErr error // cgroup2: clone3 into the cgroup failed where cgroup.procs worked
@@ -161,8 +169,12 @@ func detectMounts(mountinfo, parent string, deleg *v2Delegation) *CPUControl {
 			absent = append(absent, "cgroup v2 at "+m.point+" has no cpu controller")
 			continue
 		}
-		c, err := setupV2(m.point, parent, true)
+		lazy := deleg != nil && !subtreeHas(m.point, "cpu")
+		c, err := setupV2(m.point, parent, !lazy)
 		if err == nil {
+			if lazy {
+				c.weight, c.lazy = true, true
+			}
 			return c
 		}
 		failed = append(failed, fmt.Sprintf("cgroup v2 at %s: %v", m.point, err))
@@ -260,6 +272,13 @@ func makeParent(mount, parent string, each func(dir string) error) (string, erro
 	return dir, nil
 }
 
+// subtreeHas says whether dir's cgroup.subtree_control enables ctl for its
+// children.
+func subtreeHas(dir, ctl string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	return err == nil && hasWord(string(b), ctl)
+}
+
 // enableController makes sure controller ctl ("cpu", "pids", "memory") is
 // in dir's cgroup.subtree_control.
 func enableController(dir, ctl string) error {
@@ -294,10 +313,41 @@ func (c *CPUControl) Mechanism() Mechanism { return c.mech }
 func (c *CPUControl) Reason() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cloneErr != nil {
-		return fmt.Sprintf("%s; placement by cgroup.procs: clone into cgroup failed: %v", c.reason, c.cloneErr)
+	reason := c.reason
+	if c.lazy && !c.cpuOn.Load() {
+		reason += "; off below " + c.mount + " until a server needs a weight: servers at the default priority share scdd's CPU"
 	}
-	return c.reason
+	if c.cloneErr != nil {
+		return fmt.Sprintf("%s; placement by cgroup.procs: clone into cgroup failed: %v", reason, c.cloneErr)
+	}
+	return reason
+}
+
+// cpuEnabled says whether the servers' cgroups carry the cpu controller:
+// always but on a lazy hierarchy before enableCPU.
+func (c *CPUControl) cpuEnabled() bool { return !c.lazy || c.cpuOn.Load() }
+
+// enableCPU enables the cpu controller from the delegated cgroup down to
+// the servers' cgroups on a lazy hierarchy, once: every server's cgroup is
+// then a cpu group of its own, at the default weight unless given one.
+func (c *CPUControl) enableCPU() error {
+	if c.cpuEnabled() {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cpuOn.Load() {
+		return nil
+	}
+	parent, err := filepath.Rel(c.mount, c.dir)
+	if err == nil {
+		err = enableAlong(c.mount, parent, "cpu")
+	}
+	if err != nil {
+		return fmt.Errorf("procmgr: cpu controller below %s: %w", c.mount, err)
+	}
+	c.cpuOn.Store(true)
+	return nil
 }
 
 // Status describes the mechanism for scdctl status.
@@ -371,6 +421,16 @@ func (c *CPUControl) NewGroup(server string, priority int) (*CPUGroup, error) {
 	if err := checkGroupName(server); err != nil {
 		return nil, err
 	}
+	if c.mech == MechanismCgroup2 {
+		if err := c.enableCPU(); err != nil {
+			return nil, fmt.Errorf("procmgr: cpu group %s: %w", server, err)
+		}
+	}
+	return c.newGroup(server, priority)
+}
+
+// newGroup is NewGroup with the cpu controller as it is.
+func (c *CPUControl) newGroup(server string, priority int) (*CPUGroup, error) {
 	g := &CPUGroup{c: c, server: server, weight: Weight(priority), nice: Nice(priority), fd: -1}
 	if c.mech == MechanismNice {
 		return g, nil
@@ -412,15 +472,21 @@ func checkGroupName(server string) error {
 // wake each other without pause (two UAPs on a lane) in a cpu cgroup of
 // their own kept every process outside it from the CPU for seconds (the
 // kernel's group scheduling, docs/ARCHITECTURE.md "Lanes"); in scdd's
-// cgroup they are tasks beside its own threads. Only on cgroup v1, where
-// the cpu hierarchy is apart from the ones that contain the server: on v2
-// the server's cgroup is the same directory for both, and this is NewGroup.
+// cgroup they are tasks beside its own threads. On cgroup v1 the cpu
+// hierarchy is apart from the ones that contain the server. On a lazy v2
+// hierarchy the server's cgroup, which contains it, is made as NewGroup
+// makes it, without the cpu controller: its processes share the delegated
+// cgroup's CPU with scdd until a weight enables the controller for every
+// server. Elsewhere on v2 this is NewGroup.
 func (c *CPUControl) NewSharedGroup(server string) (*CPUGroup, error) {
-	if c.mech != MechanismCgroup1 {
-		return c.NewGroup(server, DefaultPriority)
-	}
 	if err := checkGroupName(server); err != nil {
 		return nil, err
+	}
+	switch {
+	case c.mech == MechanismCgroup2 && c.lazy:
+		return c.newGroup(server, DefaultPriority)
+	case c.mech != MechanismCgroup1:
+		return c.NewGroup(server, DefaultPriority)
 	}
 	return &CPUGroup{c: c, server: server, weight: Weight(DefaultPriority), nice: Nice(DefaultPriority), fd: -1, shared: true}, nil
 }
@@ -430,7 +496,7 @@ func (g *CPUGroup) setup() error {
 	case MechanismCgroup1:
 		return writeCgroupFile(filepath.Join(g.dir, "cpu.shares"), strconv.Itoa(Shares(g.weight)))
 	case MechanismCgroup2:
-		if g.c.weight {
+		if g.c.weight && g.c.cpuEnabled() {
 			if err := writeCgroupFile(filepath.Join(g.dir, "cpu.weight"), strconv.Itoa(g.weight)); err != nil {
 				return err
 			}
@@ -444,9 +510,12 @@ func (g *CPUGroup) setup() error {
 	return nil
 }
 
-// Path is the group's cgroup directory: "" with nice and while the
+// Path is the group's cpu cgroup directory: "" with nice and while the
 // processes share scdd's cgroup (NewSharedGroup).
 func (g *CPUGroup) Path() string {
+	if g.c.mech == MechanismCgroup2 && !g.c.cpuEnabled() {
+		return ""
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.dir

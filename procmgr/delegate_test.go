@@ -132,3 +132,74 @@ func TestUndelegatedCgroupKeepsTheTopPlacement(t *testing.T) {
 	}
 	m.Close()
 }
+
+// Under a delegated cgroup whose children have no cpu controller (as
+// systemd leaves a Delegate=yes unit's), servers at the default priority
+// share the unit's CPU with scdd: their cgroups contain them without the
+// controller, and Path says they have no cpu cgroup. The first weight
+// enables it for every server (the unit's cgroup.subtree_control), and
+// sets the weighted one's cpu.weight; a server started with a priority
+// of its own enables it at its start.
+func TestSharedCPUGroupUnderDelegatedCgroupV2(t *testing.T) {
+	for _, weighted := range []string{"by a weight", "by a server's priority"} {
+		t.Run(weighted, func(t *testing.T) {
+			unit, self := delegationHost(t, true, true)
+			mount := filepath.Dir(filepath.Dir(unit))
+			if !hasController(mount, "cpu") {
+				// Not skipOrFail: make check-purev2 runs it, and fails if it skips.
+				t.Skip("the v2 hierarchy has no cpu controller (bound to v1 on this host)")
+			}
+			for _, dir := range []string{mount, filepath.Dir(unit)} { // as systemd makes cpu a delegated unit's
+				if err := enableController(dir, "cpu"); err != nil {
+					skipOrFail(t, "no cpu controller to delegate: "+err.Error())
+				}
+			}
+			parent := uniqueParent() + "/scdd-" + strconv.Itoa(self)
+			m, log := loggedManager(t, Options{CPUParent: parent, selfPID: self})
+			if m.cpu.mech != MechanismCgroup2 || !m.cpu.lazy {
+				t.Fatalf("mechanism %s, lazy %v: want cgroup2 with the cpu controller off below the unit; log:\n%s", m.cpu.mech, m.cpu.lazy, log)
+			}
+			cpuOn := func() bool { return subtreeHas(unit, "cpu") }
+			dir := t.TempDir()
+			sp := uapSpec("sleep", dir, 1)
+			sp.SharedCPU = true
+			srv := startServer(t, m, sp, &hooks{})
+			pid, _ := strconv.Atoi(readReport(t, dir, 0, 0)["pid"])
+			srvDir := filepath.Join(unit, parent, sp.Server)
+			if got := v2CgroupOf(t, pid); !strings.HasSuffix(srvDir, got) || !strings.Contains(got, "tpsched.service") {
+				t.Errorf("the UAP is in %q, want its server's cgroup %s", got, srvDir)
+			}
+			if cpuOn() || srv.CPUGroup().Path() != "" || exists(filepath.Join(srvDir, "cpu.weight")) {
+				t.Fatalf("a shared server has a cpu cgroup: the unit enables cpu %v, its path %q", cpuOn(), srv.CPUGroup().Path())
+			}
+			if !strings.Contains(m.cpu.Reason(), "share scdd's CPU") {
+				t.Errorf("the reason does not say the servers share scdd's CPU: %s", m.cpu.Reason())
+			}
+			want := 150
+			if weighted == "by a weight" {
+				if err := srv.SetCPUWeight(want); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				odir := t.TempDir()
+				own := uapSpec("sleep", odir, 1)
+				own.Server, own.Priority = "srv-own", 3
+				osrv := startServer(t, m, own, &hooks{})
+				readReport(t, odir, 0, 0)
+				if got := readInt(t, filepath.Join(osrv.CPUGroup().Path(), "cpu.weight")); got != Weight(3) {
+					t.Errorf("the server at priority 3: cpu.weight %d, want %d", got, Weight(3))
+				}
+				want = Weight(DefaultPriority)
+			}
+			if !cpuOn() || srv.CPUGroup().Path() != srvDir {
+				t.Fatalf("after a server needed a weight: the unit enables cpu %v, the shared server's path %q, want %s", cpuOn(), srv.CPUGroup().Path(), srvDir)
+			}
+			if got := readInt(t, filepath.Join(srvDir, "cpu.weight")); got != want {
+				t.Errorf("the shared server's cpu.weight %d, want %d", got, want)
+			}
+			if got := v2CgroupOf(t, pid); !strings.HasSuffix(srvDir, got) {
+				t.Errorf("the UAP moved to %q", got)
+			}
+		})
+	}
+}

@@ -218,8 +218,13 @@ func (m *Manager) goHome(joined []string, tid string) {
 // cgroup (Spec.SharedCPU): on cgroup v1, with the cpu hierarchy apart
 // from every hierarchy that contains the server, another cgroup of the
 // server to find its processes in (a stop kills them all, a weight moves
-// them), and the spawning thread's home on the cpu hierarchy known.
+// them), and the spawning thread's home on the cpu hierarchy known; on
+// cgroup v2 under scdd's delegated cgroup while the cpu controller is off
+// below it (CPUControl.lazy).
 func (m *Manager) cpuShareable() bool {
+	if m.cpu.mech == MechanismCgroup2 {
+		return m.cpu.lazy
+	}
 	if m.cpu.mech != MechanismCgroup1 || m.homes[m.cpu.mount] == "" {
 		return false
 	}

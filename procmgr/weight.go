@@ -100,6 +100,9 @@ func (g *CPUGroup) SetWeight(weight int, pids func() []int, members func() ([]in
 		if !g.c.weight {
 			return nil
 		}
+		if err := g.c.enableCPU(); err != nil {
+			return err
+		}
 		return writeCgroupFile(filepath.Join(dir, "cpu.weight"), strconv.Itoa(weight))
 	}
 	var errs []error

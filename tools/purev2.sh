@@ -29,7 +29,7 @@ CACHE=${PUREV2_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/tpsched-purev2}
 # controllers, or is the reason this machine exists.
 MUST="TestCPUGroupCgroup2 TestSetWeightCgroup2 TestForkBombIsContained TestMemoryHogIsKilledAtItsLimit
 TestProcessThatLeftItsGroupIsKilled TestChildForkedBeforeMainIsInTheServersCgroups TestDelegatedCgroupHoldsTheUAPs
-TestStaleDaemonGroupsProcessesAreKilled TestANonGoUAPHoldsOnlyItsFiles"
+TestStaleDaemonGroupsProcessesAreKilled TestANonGoUAPHoldsOnlyItsFiles TestSharedCPUGroupUnderDelegatedCgroupV2"
 
 say() { echo "purev2: $*" >&2; }
 

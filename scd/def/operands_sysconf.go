@@ -274,11 +274,12 @@ var systemOperands = map[string]operand[System]{
 		},
 		value:  CPUGroupsPriority,
 		values: CPUGroupsPriority + " or " + CPUGroupsAlways,
-		tpsched: "Where the CPU priority of user servers is a cgroup v1 cpu hierarchy: with priority, a server's processes get a cpu cgroup of their own " +
+		tpsched: "With priority, a server's processes get a cpu cgroup of their own " +
 			"only when its schedule_priority is not the default 8 or goal management gives it a weight (then the cgroup is made and its processes moved into it); " +
-			"until then they share scdd's own cpu cgroup (where the host allows it: the cpu hierarchy mounted apart, and another of the server's cgroups to find its processes in). The kernel's group scheduling let processes that wake each other without pause in a cpu cgroup of their own " +
+			"until then they share scdd's own cpu cgroup, where the host allows it: on cgroup v1 with the cpu hierarchy mounted apart and another of the server's cgroups to find its processes in; " +
+			"on cgroup v2 when scdd runs in a unit with Delegate=yes, where the cpu controller stays off below the unit until the first server needs a weight, and then every server has a cpu cgroup. The kernel's group scheduling let processes that wake each other without pause in a cpu cgroup of their own " +
 			"(two UAPs on a lane) keep every process outside it, scdd's threads included, from the CPU for seconds; in scdd's cgroup they are tasks beside its own. " +
-			"always gives every server its cgroup, as before. On cgroup v2 a server's cgroup holds its limits too, and every server has one.",
+			"always gives every server its cgroup, as before.",
 		own: true,
 	},
 	"uap_sched_batch": {
