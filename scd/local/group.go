@@ -592,8 +592,15 @@ func (g *Group) TakeSamples(classes *wlm.Classes) []wlm.Sample {
 	return classes.Take()
 }
 
+// stats are the group's queue figures, with the calls its processes
+// completed on lanes counted as queued and processed (when the dispatcher
+// saw them completed): calls the group served, which the queue did not
+// see. Its metrics, its status and its load level read them.
 func (g *Group) stats() schedq.Stats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.q.Stats()
+	st := g.q.Stats()
+	st.Queued += g.lanes.served
+	st.Processed += g.lanes.served
+	return st
 }

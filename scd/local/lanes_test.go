@@ -368,7 +368,9 @@ func TestLaneForEveryCallerAsManyAsProcesses(t *testing.T) {
 	const callee = "set service_group = b\nset service = echo\nset module = MODULE\nset parallel_count = 2\nset max_message_size = 1024\n"
 	s := lanesScheduler(t, map[string]string{"a": fmt.Sprintf(laneCaller, "a"), "a2": fmt.Sprintf(laneCaller, "a2"), "b": callee})
 	b := s.groups["b"]
-	echo := echoVia(t, s)
+	made := 0 // calls to b/echo
+	via := echoVia(t, s)
+	echo := func(group, to string) { t.Helper(); via(group, to); made++ }
 	untilLane(t, b, "a", func() { echo("a", "b") })
 	deadline := time.Now().Add(testWait)
 	for lanesOpen(b) < 2 {
@@ -389,19 +391,31 @@ func TestLaneForEveryCallerAsManyAsProcesses(t *testing.T) {
 		echo("a", "b")
 		echo("a2", "b")
 		b.mu.Lock()
-		var made []uint64
+		var onLane []uint64
 		callers := map[*uapCaller]bool{}
 		for _, ls := range b.lanes.open {
-			made = append(made, ls.made)
+			onLane = append(onLane, ls.made)
 			callers[ls.from] = true
 		}
 		b.mu.Unlock()
-		if len(made) == 2 && len(callers) == 2 && min(made[0], made[1]) >= 20 {
-			return
+		if len(onLane) == 2 && len(callers) == 2 && min(onLane[0], onLane[1]) >= 20 {
+			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("b's lanes: calls made on each %v, by %d callers; want 2 lanes of 20 calls or more, one per caller", made, len(callers))
+			t.Fatalf("b's lanes: calls made on each %v, by %d callers; want 2 lanes of 20 calls or more, one per caller", onLane, len(callers))
 		}
+	}
+	// Every call b served counts as queued and processed once, on a lane
+	// or not (its metrics and status), once the looks saw the lanes'.
+	for deadline = time.Now().Add(testWait); ; {
+		st := b.stats()
+		if st.Processed == uint64(made) && st.Queued == uint64(made) {
+			return
+		}
+		if st.Processed > uint64(made) || time.Now().After(deadline) {
+			t.Fatalf("b: %d calls queued, %d processed; want the %d made", st.Queued, st.Processed, made)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

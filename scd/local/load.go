@@ -41,16 +41,13 @@ type LoadStatus struct {
 // Table 3-14 thresholds when it has them, its level and its status.
 
 // counters are the group's figures for the sampler. A call served on a
-// lane counts as queued and processed (both when the dispatcher saw it
-// completed): it is a call the group served, and the queue alone, which
-// sees a lane's first call and few others, would see a rate of 0 in an
-// interval that queued one call and completed it in the next, and raise
-// the level for nothing.
+// lane counts as queued and processed (Group.stats): the queue alone,
+// which sees a lane's first call and few others, would see a rate of 0 in
+// an interval that queued one call and completed it in the next, and
+// raise the level for nothing.
 func (l *groupLoad) counters(g *Group) loadlevel.Counters {
-	g.mu.Lock()
-	st, lane := g.q.Stats(), g.lanes.served
-	g.mu.Unlock()
-	return loadlevel.Counters{Queued: st.Queued + lane, Processed: st.Processed + lane, Depth: st.Waiting}
+	st := g.stats()
+	return loadlevel.Counters{Queued: st.Queued, Processed: st.Processed, Depth: st.Waiting}
 }
 
 func thresholdsOf(s *def.Server) *loadlevel.Thresholds {
