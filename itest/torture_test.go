@@ -50,6 +50,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/testenv"
 	"tpsched/netio"
 )
 
@@ -98,9 +99,6 @@ var buildTortureUAP = sync.OnceValue(func() error {
 	return nil
 })
 
-// uapCFlags are the Makefile's UAP_CFLAGS, the C UAP library's flags.
-var uapCFlags = []string{"-O2", "-Wall", "-Wextra", "-Werror", "-std=c11"}
-
 // buildTortureCUAP compiles uap-torture-c into the binaries' directory
 // with the C UAP library from source (uap-c/tpsched_uap.c, not a built
 // libtpsched_uap.a), so that the run always attacks the library as it is
@@ -115,7 +113,7 @@ var buildTortureCUAP = sync.OnceValues(func() (leftOut string, err error) {
 		return "", err
 	}
 	root := filepath.Dir(wd)
-	args := append(append([]string(nil), uapCFlags...), "-I", filepath.Join(root, "uap-c"), "-o", bin("uap-torture-c"),
+	args := append(append([]string(nil), testenv.UAPCFlags...), "-I", filepath.Join(root, "uap-c"), "-o", bin("uap-torture-c"),
 		filepath.Join(root, "itest", "internal", "uap-torture-c", "uap_torture.c"), filepath.Join(root, "uap-c", "tpsched_uap.c"))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

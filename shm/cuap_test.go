@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tpsched/internal/testenv"
 )
 
 // The tests of this file drive the C UAP library (uap-c/, through the
@@ -39,7 +41,7 @@ func TestMain(m *testing.M) {
 }
 
 // cFlags are the Makefile's UAP_CFLAGS: a warning fails the build here too.
-var cFlags = []string{"-O2", "-Wall", "-Wextra", "-Werror", "-std=c11"}
+var cFlags = testenv.UAPCFlags
 
 // repoFile is a path in the repository, from this package's directory.
 func repoFile(parts ...string) string { return filepath.Join(append([]string{".."}, parts...)...) }

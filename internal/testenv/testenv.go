@@ -181,3 +181,9 @@ func (s *SyncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// UAPCFlags are the Makefile's UAP_CFLAGS, the flags the C UAP library and
+// its example UAP are built with: the tests that compile C UAPs use them,
+// so a warning fails their build as it fails make's
+// (TestUAPCFlagsAreTheMakefiles holds the two together).
+var UAPCFlags = []string{"-O2", "-Wall", "-Wextra", "-Werror", "-std=c11"}

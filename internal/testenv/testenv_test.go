@@ -3,6 +3,8 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -104,4 +106,21 @@ func TestRequireCgroupOnTheOtherVersion(t *testing.T) {
 	if r.failed == "" {
 		t.Errorf("a controller on no hierarchy with CI=true: skipped %q; want a failure", r.skipped)
 	}
+}
+
+// TestUAPCFlagsAreTheMakefiles: UAPCFlags is the Makefile's UAP_CFLAGS.
+func TestUAPCFlagsAreTheMakefiles(t *testing.T) {
+	b, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "UAP_CFLAGS ?="); ok {
+			if got := strings.Fields(v); !slices.Equal(got, UAPCFlags) {
+				t.Errorf("the Makefile's UAP_CFLAGS are %q, UAPCFlags %q", got, UAPCFlags)
+			}
+			return
+		}
+	}
+	t.Fatal("no UAP_CFLAGS ?= line in the Makefile")
 }
