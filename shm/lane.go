@@ -148,6 +148,16 @@ func (p *Proc) LanesOK() bool {
 	return p.line != nil && p.attached.Load() && p.ctl.lanes.Load() == 1 && !p.noLanes.Load() && !p.ignored.Load()
 }
 
+// CallerLanesOK is LanesOK for a process met as a caller: it may be
+// another group's, and may have ended and had its area unmapped by the
+// reader (a call it made is completed after it died). Under outMu, as the
+// caller's area is written, so false once the area is gone.
+func (p *Proc) CallerLanesOK() bool {
+	p.outMu.Lock()
+	defer p.outMu.Unlock()
+	return !p.outGone && p.LanesOK()
+}
+
 // NoLanes says the process gets no lane again (it did not take one it was
 // given, or broke one).
 func (p *Proc) NoLanes() { p.noLanes.Store(true) }
@@ -161,7 +171,7 @@ func NewLane(caller, callee *Proc, gen uint32, spec LaneSpec) (*Lane, error) {
 	switch {
 	case gen == 0:
 		return nil, errors.New("shm: lane generation 0")
-	case !caller.LanesOK() || !callee.LanesOK():
+	case !caller.CallerLanesOK() || !callee.LanesOK():
 		return nil, ErrNoLanes
 	case callee.laneIn != nil:
 		return nil, errors.New("shm: the callee serves a lane already")

@@ -119,6 +119,31 @@ func lanePair(tb testing.TB, slots int, callerUAP, calleeUAP laneUAP, entry stri
 	return g, caller, callee, l
 }
 
+// TestLaneCallerGoneGetsNoLane: a caller whose area the reader unmapped
+// (the process died and was removed while a call it made ran on in
+// another group) takes no lane, and a grant to it reads none of its
+// memory. scdd died of that: a lane offered to a caller at the end of its
+// call, which completed after the caller was gone.
+func TestLaneCallerGoneGetsNoLane(t *testing.T) {
+	g := newGroup(t, 4096, 2)
+	caller, callee := honest(goLanes).start(t, g, 0), honest(goLanes).start(t, g, 1)
+	attached(t, g, caller, callee)
+	lanesOK(t, g, caller, callee)
+	if err := caller.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-caller.done
+	caller.done <- nil // for the cleanup's wait
+	g.Remove(0)
+	g.unmapRetired()
+	if caller.CallerLanesOK() {
+		t.Error("a caller whose area is gone takes lanes")
+	}
+	if l, err := NewLane(caller.Proc, callee.Proc, 1, laneTestSpec("echo")); !errors.Is(err, ErrNoLanes) {
+		t.Errorf("a lane granted to a caller whose area is gone: %v, %v", l, err)
+	}
+}
+
 // usualWay hands the caller a relay of req and expects its call to come
 // the usual way (through the scheduler, not a lane): it answers it with
 // answer, checks that the caller's relay says so, and returns the call as

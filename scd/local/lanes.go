@@ -172,7 +172,7 @@ func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 		return
 	}
 	cp, ok := u.p.(*shm.Proc)
-	if !ok || u.laneHeld.Load() || now.UnixNano() < u.laneNext.Load() || !cp.LanesOK() {
+	if !ok || u.laneHeld.Load() || now.UnixNano() < u.laneNext.Load() || !cp.CallerLanesOK() {
 		return
 	}
 	u.laneNext.Store(now.Add(laneRetry).UnixNano())
@@ -203,7 +203,8 @@ type laterLane struct {
 
 // offerLaneAtEnd grants u the lane its last offer found no process for,
 // now that one of its calls to the group ended (collect, under mu, after
-// the queue was told): once per such offer.
+// the queue was told): once per such offer. The caller may have died
+// since, its area unmapped: only CallerLanesOK may look at it.
 func (g *Group) offerLaneAtEnd(u *uapCaller, now time.Time) {
 	w := u.laneLater.Load()
 	if w == nil || w.g != g || !u.laneLater.CompareAndSwap(w, nil) {
@@ -211,7 +212,7 @@ func (g *Group) offerLaneAtEnd(u *uapCaller, now time.Time) {
 	}
 	cp, ok := u.p.(*shm.Proc)
 	entry, known := g.entries[w.service]
-	if !ok || !known || u.laneHeld.Load() || !cp.LanesOK() || !g.lendsLanes() {
+	if !ok || !known || u.laneHeld.Load() || !cp.CallerLanesOK() || !g.lendsLanes() {
 		return
 	}
 	if g.grantLane(u, cp, w.service, entry, now) == laneGranted {
