@@ -132,8 +132,9 @@ const movePasses = 8
 
 // moveMembers moves the server's members (nil: none) into the group's
 // cgroup, but those in moved already, listing them again until a listing
-// names no process the last did not: a process forked by one not yet moved is born outside, and the
-// next listing finds it, one forked by one already moved is born inside.
+// names no process the last did not: a process forked by one not yet
+// moved is born outside, and the next listing finds it, one forked by one
+// already moved is born inside.
 // A member's pid is read live from its cgroup; one reused by a stranger
 // between the read and the move would be moved too (procmgr reaps none of
 // them, so reapGate cannot keep them; the window is the time of one write).

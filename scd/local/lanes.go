@@ -168,11 +168,11 @@ func lanesFromEnv() bool { return os.Getenv("TPSCHED_LANES") != "off" }
 // is granted it then.
 func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 	r := g.lanes.rules
-	if r == nil || !r.on {
+	if r == nil || !r.on || now.UnixNano() < u.laneNext.Load() {
 		return
 	}
-	cp, ok := u.p.(*shm.Proc)
-	if !ok || u.laneHeld.Load() || now.UnixNano() < u.laneNext.Load() || !cp.CallerLanesOK() {
+	cp, ok := u.laneProc()
+	if !ok {
 		return
 	}
 	u.laneNext.Store(now.Add(laneRetry).UnixNano())
@@ -185,10 +185,7 @@ func (g *Group) offerLane(u *uapCaller, service string, now time.Time) {
 	un := g.takeUndelivered()
 	g.mu.Unlock()
 	un.settle(g)
-	switch got {
-	case laneGranted:
-		g.lanes.grants.Inc()
-	case laneNoProcess:
+	if got == laneNoProcess {
 		u.laneLater.Store(&laterLane{g: g, service: service})
 	}
 }
@@ -204,20 +201,28 @@ type laterLane struct {
 // offerLaneAtEnd grants u the lane its last offer found no process for,
 // now that one of its calls to the group ended (collect, under mu, after
 // the queue was told): once per such offer. The caller may have died
-// since, its area unmapped: only CallerLanesOK may look at it.
+// since (laneProc).
 func (g *Group) offerLaneAtEnd(u *uapCaller, now time.Time) {
 	w := u.laneLater.Load()
 	if w == nil || w.g != g || !u.laneLater.CompareAndSwap(w, nil) {
 		return
 	}
-	cp, ok := u.p.(*shm.Proc)
+	cp, ok := u.laneProc()
 	entry, known := g.entries[w.service]
-	if !ok || !known || u.laneHeld.Load() || !cp.CallerLanesOK() || !g.lendsLanes() {
+	if !ok || !known || !g.lendsLanes() {
 		return
 	}
-	if g.grantLane(u, cp, w.service, entry, now) == laneGranted {
-		g.lanes.grants.Inc()
-	}
+	g.grantLane(u, cp, w.service, entry, now)
+}
+
+// laneProc is the caller's process if it may be granted a lane: one in
+// shared memory that holds no lane and takes lanes. Its area is read only
+// under its lock (CallerLanesOK): the caller may be another group's, and
+// may have died and had its area unmapped since the call that brought
+// the offer.
+func (u *uapCaller) laneProc() (*shm.Proc, bool) {
+	cp, ok := u.p.(*shm.Proc)
+	return cp, ok && !u.laneHeld.Load() && cp.CallerLanesOK()
 }
 
 // lendsLanes is what a grant needs of the group that its lock does not
@@ -233,7 +238,7 @@ const (
 	laneNoProcess // no process of the group was free to lend
 )
 
-// grantLane is offerLane's work under mu.
+// grantLane is offerLane's work under mu; it counts the grants.
 func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now time.Time) int {
 	// Again under mu: a hold, a stop or the node's close revokes the
 	// group's lanes under mu, and a grant after it would outlive it.
@@ -282,6 +287,7 @@ func (g *Group) grantLane(u *uapCaller, cp *shm.Proc, service, entry string, now
 	if capped {
 		g.lanes.rules.granted.Add(1)
 	}
+	g.lanes.grants.Inc()
 	return laneGranted
 }
 
