@@ -114,7 +114,7 @@ func TestRawWaitOutlivesPreemption(t *testing.T) {
 	waitEstimate.Store(0)
 	rawWaits.Store(true)
 	var word atomic.Uint32
-	const d = 40 * time.Millisecond // four of sysmon's preemptions
+	const d = 40 * time.Millisecond // sysmon preempts it after 10-20 ms
 	start := time.Now()
 	futexWait(&word, 0, d) // nobody wakes it
 	if took := time.Since(start); took < d {

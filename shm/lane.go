@@ -297,6 +297,7 @@ func (l *Lane) wakeCallee() {
 type LaneLook struct {
 	Completed uint64 // calls the callee completed since the last look
 	Made      uint64 // the number of the caller's latest call (its word)
+	Over      uint64 // the calls made on it and over, less one given back unrun (its caller sends it again the usual way)
 	Open      bool   // a call is made and not ended
 	Taken     bool   // the callee took it
 	Deadline  int64  // the open call's deadline as the caller wrote it (unix ns, 0 none)
@@ -324,7 +325,12 @@ func (l *Lane) Look(count bool) LaneLook {
 		lk.Completed, l.ruled = ended-r, l.ruled-r
 		l.seen = done
 	}
-	lk.Made = made
+	lk.Made, lk.Over = made, done
+	if laneFinal(c) && c&3 == laneRuled && uint32(c>>2)&0x3F == laneMoved {
+		// Given back: the last call on the lane (its caller lets the
+		// lane go), counted where the caller sends it again.
+		lk.Over--
+	}
 	lk.Taken = c&3 == laneTaken
 	lk.Open = lk.Taken || made != n
 	lk.Deadline = h.deadline.Load()

@@ -179,7 +179,7 @@ func testLaneCalls(t *testing.T, callerImpl, calleeImpl laneImpl) {
 		t.Fatal("a call on the lane reached the scheduler")
 	}
 	lk := l.Look(true)
-	if lk.Completed != 50 || lk.Made != 50 || lk.Open || !lk.CalleeOn || !l.CallerOn() {
+	if lk.Completed != 50 || lk.Made != 50 || lk.Over != 50 || lk.Open || !lk.CalleeOn || !l.CallerOn() {
 		t.Fatalf("look after 50 calls: %+v", lk)
 	}
 	// Another service of the group goes the usual way.
@@ -260,8 +260,8 @@ func testLaneErrors(t *testing.T, callerImpl, calleeImpl laneImpl) {
 	if c := waitCompletion(t, g, caller.Proc); string(c.Reply) != "the usual way" {
 		t.Fatalf("the call given back: %q", c.Reply)
 	}
-	if lk := l.Look(true); lk.Completed != 0 || lk.Open {
-		t.Fatalf("the lane after the give-back: %+v", lk)
+	if lk := l.Look(true); lk.Completed != 0 || lk.Open || lk.Made != 1 || lk.Over != 0 {
+		t.Fatalf("the lane after the give-back (a call made, none over but given back): %+v", lk)
 	}
 	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
 	// The callee, woken, still serves its lane: nothing is left to take.

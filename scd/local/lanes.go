@@ -110,6 +110,7 @@ type laneState struct {
 	granted time.Time
 	made    uint64    // the caller's count of calls at the last look
 	active  time.Time // when that count last moved (or the grant)
+	over    uint64    // its calls over and not given back, counted in the caller's local calls
 	open    uint64    // the open call, as first seen
 	since   time.Time // when it was first seen
 	revoked time.Time // zero while granted
@@ -308,10 +309,13 @@ func (g *Group) lookLanes(now time.Time) {
 			g.lanes.calls.AddInt64(int64(lk.Completed))
 			g.lanes.served += lk.Completed
 		}
-		if lk.Made != ls.made {
-			if d := lk.Made - ls.made; d < 1<<32 && ls.from.calls != nil {
+		if d := lk.Over - ls.over; d > 0 && d < 1<<32 {
+			if ls.from.calls != nil {
 				ls.from.calls.AddInt64(int64(d))
 			}
+			ls.over = lk.Over
+		}
+		if lk.Made != ls.made {
 			ls.made, ls.active = lk.Made, now
 		}
 		if lk.Open && lk.Made != ls.open {
