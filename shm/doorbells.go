@@ -231,7 +231,7 @@ func (d *Doorbells) spinFor(start time.Time) int {
 // sleep waits up to timeout for a doorbell and returns the events.
 //
 // While the node is busy (a ring within busyFor) it waits with raw system
-// calls of ringWaitMax at most, which keep the goroutine's P, as a UAP's
+// calls of rawWaitMax at most, which keep the goroutine's P, as a UAP's
 // short futex waits do (futexWait says why): through the runtime, each sleep
 // woke sysmon and handed the P to another thread, which the reader's
 // wake-up then had to take back. A signal (sysmon's preemption, a
@@ -241,7 +241,7 @@ func (d *Doorbells) spinFor(start time.Time) int {
 func (d *Doorbells) sleep(timeout time.Duration) int {
 	if runtime.GOMAXPROCS(0) > 1 {
 		for timeout > 0 && time.Since(d.lastRing) < busyFor {
-			r := min(timeout, ringWaitMax)
+			r := min(timeout, rawWaitMax)
 			n, errno := epollWaitRaw(d.epfd, d.events, r)
 			if n > 0 || errno == unix.EINTR {
 				return max(n, 0) // a ring, or a signal: look again
@@ -261,12 +261,6 @@ func (d *Doorbells) sleep(timeout time.Duration) int {
 // busyFor is how long after its last wake-up the node's reader counts as
 // busy.
 const busyFor = 50 * time.Millisecond
-
-// ringWaitMax bounds one raw wait of the reader: well under busyFor, so
-// that the reader parks within a few milliseconds of the node going quiet,
-// and under sysmon's 10 ms preemption, whose signal would end a longer
-// wait in a look.
-const ringWaitMax = 5 * time.Millisecond
 
 // park waits up to timeout in Go's netpoller, on a duplicate of the epoll
 // descriptor made for the wait: registered while the reader parks and no

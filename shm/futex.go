@@ -27,36 +27,32 @@ var maxSleep = 100 * time.Millisecond
 
 // futexWait sleeps while *addr == val, at most d.
 //
-// While the process's waits end within tens of milliseconds (rawWaits,
-// below), the first rawWaitMax of a wait keeps the goroutine's P (a raw
-// system call, which the Go runtime does not see). Through
-// syscall.Syscall the runtime marks the P as in a system call; in a UAP
-// whose other Ps are idle that wakes sysmon from its deep sleep, sysmon
-// hands the P to another thread, which finds nothing to run and sleeps
-// again: three context switches for one wait where the futex itself costs
-// one (a perf sched trace of a local call showed the pair at every wait of
-// both UAPs). With GOMAXPROCS 1 the P is the only one, and other
-// goroutines of the UAP would wait for it: then every wait goes through
-// the runtime.
+// While the process's waits are short (rawWaits, below), the first few
+// milliseconds keep the goroutine's P (a raw system call,
+// which the Go runtime does not see). Through syscall.Syscall the runtime
+// marks the P as in a system call; in a UAP whose other Ps are idle that
+// wakes sysmon from its deep sleep, sysmon hands the P to another thread,
+// which finds nothing to run and sleeps again: three context switches for
+// one wait where the futex itself costs one (a perf sched trace of a local
+// call showed the pair at every wait of both UAPs). The raw wait is
+// bounded by rawWaitMax; a signal (sysmon's preemption, or a
+// stop-the-world for the garbage collector) may end it early with EINTR,
+// and the caller looks again. With GOMAXPROCS 1 the P is the only one, and
+// other goroutines of the UAP would wait for it: then every wait goes
+// through the runtime.
 //
-// A raw wait that lasts 10 ms is ended by sysmon's preemption signal
-// (EINTR), and so is one that a stop-the-world needs: the goroutine passes
-// through the scheduler, as the signal asks, and waits on raw. A raw wait
-// that times out means the process is idle (nothing woke it for
-// rawWaitMax): the rest of the wait, and its next waits, go through the
-// runtime, where sysmon takes the P at its first round and sleeps deeply
-// until the process works again.
-//
-// Mixing the two ways by the wait's length is what made 64 caller UAPs a
-// cliff (issue 28): a wait through the runtime that outlasts sysmon's
-// 10 ms retake lets sysmon sleep deeply, its end wakes sysmon with its
-// poll delay reset to 20 us, and if the goroutine then waits raw, holding
-// its P, sysmon polls every 20 us for about 50 rounds, each round sending
-// the goroutine a preemption signal that wakes its thread. Through the
-// runtime from their start, a caller's waits of several milliseconds still
-// cost it sysmon's deep sleep and wake-up at every call; raw, a preemption
-// at most every 10 ms (figures in docs/ARCHITECTURE.md, "Issue 28 item 1"
-// and "Raw waits for callers that wait").
+// Long waits go through the runtime from their start, and so does every
+// wait of a process whose waits are long (an idle process, or a caller
+// whose calls queue behind many others). A raw wait while sysmon polls
+// fast is what made 64 caller UAPs a cliff (issue 28): a wait through the
+// runtime that outlasts sysmon's 10 ms retake lets sysmon sleep deeply,
+// its end wakes sysmon with its poll delay reset to 20 us, and if the
+// goroutine then waits raw, holding its P, sysmon polls every 20 us for
+// about 50 rounds, each round sending the goroutine, which has not been
+// through the scheduler for more than 10 ms, a preemption signal that wakes
+// its thread (figures in docs/ARCHITECTURE.md, "Issue 28 item 1"). Through
+// the runtime, sysmon takes the P of the waiting goroutine at its first
+// round and sleeps deeply again.
 func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 	if d <= 0 {
 		return
@@ -64,32 +60,22 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 	start := time.Now()
 	if runtime.GOMAXPROCS(0) > 1 && rawWaits.Load() {
 		r := min(d, rawWaitMax)
-		for {
-			errno := unix.ETIMEDOUT
-			if left := r - time.Since(start); left > 0 {
-				errno = futexWaitRaw(addr, val, left)
-			}
-			if errno == unix.EINTR {
-				// A signal: sysmon preempting a goroutine that has held
-				// its P for 10 ms, or a stop-the-world. Give the
-				// scheduler the pass it asks for, then wait on.
-				runtime.Gosched()
-				continue
-			}
-			if errno != unix.ETIMEDOUT {
-				learnWait(time.Since(start)) // woken, or the word moved
+		switch futexWaitRaw(addr, val, r) {
+		case unix.ETIMEDOUT:
+			// Long after all: the rest through the runtime, and so
+			// the next waits, until short ones bring the estimate down.
+			rawWaits.Store(false)
+			waitEstimate.Store(max(waitEstimate.Load(), int64(rawWaitMax)))
+			if d == r {
 				return
 			}
-			break
-		}
-		// Long after all: the rest through the runtime, and so the next
-		// waits, until short ones bring the estimate down.
-		rawWaits.Store(false)
-		waitEstimate.Store(max(waitEstimate.Load(), int64(rawWaitMax)))
-		if d == r {
+			d -= r
+		case unix.EINTR:
+			return // a signal: the caller looks again
+		default:
+			learnWait(time.Since(start)) // woken, or the word moved
 			return
 		}
-		d -= r
 	}
 	ts := unix.NsecToTimespec(int64(d))
 	_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexWaitOp,
@@ -136,11 +122,9 @@ func learnWait(w time.Duration) {
 	}
 }
 
-// rawWaitMax bounds the part of a wait that keeps its P: a process that
-// nothing woke for that long is idle. Raw waits are on while the process's
-// waits average under half of it: a caller whose calls queue behind a
-// hundred others waits some milliseconds for every answer.
-const rawWaitMax = 50 * time.Millisecond
+// rawWaitMax bounds a wait that keeps its P: well under sysmon's 10 ms
+// forced preemption, and longer than a call's round trip on a busy node.
+const rawWaitMax = 5 * time.Millisecond
 
 // futexWaitRaw is FUTEX_WAIT as a raw system call, returning its errno.
 func futexWaitRaw(addr *atomic.Uint32, val uint32, d time.Duration) unix.Errno {
