@@ -85,6 +85,11 @@ const (
 // laneFinal reports whether claim c ends its call.
 func laneFinal(c uint64) bool { return c&3 >= laneDone }
 
+// laneRuling reports whether claim c is a ruling, and its code.
+func laneRuling(c uint64) (code uint32, ruled bool) {
+	return uint32(c>>2) & 0x3F, c&3 == laneRuled
+}
+
 // laneHdr is page 0 of a lane.
 type laneHdr struct {
 	seq            atomic.Uint64
@@ -326,7 +331,7 @@ func (l *Lane) Look(count bool) LaneLook {
 		l.seen = done
 	}
 	lk.Made, lk.Over = made, done
-	if laneFinal(c) && c&3 == laneRuled && uint32(c>>2)&0x3F == laneMoved {
+	if code, ruled := laneRuling(c); ruled && code == laneMoved {
 		// Given back: the last call on the lane (its caller lets the
 		// lane go), counted where the caller sends it again.
 		lk.Over--

@@ -332,9 +332,7 @@ func (u *UAP) callLane(ctx context.Context, group, service string, req []byte, d
 	if idle > laneIdleWakes {
 		defer u.dropLane() // woken for nothing again and again: a callee that floods its caller
 	}
-	c = h.claim.Load()
-	if c&3 == laneRuled {
-		code := uint32(c>>2) & 0x3F
+	if code, ruled := laneRuling(h.claim.Load()); ruled {
 		if code == laneMoved {
 			u.dropLane()
 			return nil, nil, false
