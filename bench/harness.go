@@ -154,8 +154,12 @@ type runOptions struct {
 	Duration time.Duration
 	Timeout  time.Duration // open loop: per call
 	Quiet    Quiet
-	Log      io.Writer
-	progress *progress // the session's, for its progress lines
+	// PeersRunning keeps the systems not measured running during a run,
+	// as every report before 2026-12-07 did; by default they are
+	// stopped (holdOthers).
+	PeersRunning bool
+	Log          io.Writer
+	progress     *progress // the session's, for its progress lines
 	// syscalls counts every process's system calls (nil: not counted,
 	// for the reason in syscallsOff).
 	syscalls    *syscallCounter
@@ -323,6 +327,11 @@ func cellPayload(c *gridCell, burnMicros int) []byte {
 const burnMicros = 200
 
 func measureOne(ctx context.Context, opts runOptions, s *system, c *gridCell, rate float64) (Figures, result, error) {
+	if !opts.PeersRunning {
+		if err := holdOthers(s); err != nil {
+			return Figures{}, result{}, err
+		}
+	}
 	roots, peers := s.Roots(), othersRoots(s)
 	if waited, other := waitQuiet(ctx, opts.Quiet, append(slices.Clone(roots), peers...)); waited > time.Second {
 		fmt.Fprintf(opts.Log, "  waited %v for other tenants to go quiet (%.2f cores now)\n", waited.Round(100*time.Millisecond), other)

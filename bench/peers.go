@@ -61,6 +61,9 @@ type system struct {
 	pids []int
 	// stop, if set, runs first in Stop (Enduro/X's xadmin stop and down).
 	stop func()
+	// stopped are the pids pause stopped, until resume (pause.go); under
+	// running's lock.
+	stopped map[int]bool
 }
 
 // Workers counts the system's worker processes now: tpsched's UAP
@@ -92,6 +95,7 @@ func (s *system) Stop() {
 	running.Lock()
 	delete(running.set, s)
 	running.Unlock()
+	s.resume() // a stopped process would not act on SIGTERM
 	if s.stop != nil {
 		s.stop()
 	}

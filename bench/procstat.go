@@ -21,6 +21,7 @@ const clockTicks = 100
 // waited for.
 type procStat struct {
 	PID, PPID                    int
+	State                        byte // R, S, D, T (stopped), Z, ...
 	Utime, Stime, CUtime, CStime uint64
 	Start                        uint64 // starttime: clock ticks after boot (0 if the line is cut short)
 }
@@ -50,6 +51,7 @@ func parseStat(b []byte) (procStat, error) {
 		return s, fmt.Errorf("bench: /proc stat: %d fields after the name, want 15 or more", len(f))
 	}
 	field := func(n int) (uint64, error) { return strconv.ParseUint(string(f[n-3]), 10, 64) }
+	s.State = f[0][0]
 	ppid, err := strconv.Atoi(string(f[4-3]))
 	if err != nil {
 		return s, fmt.Errorf("bench: /proc stat: ppid: %w", err)

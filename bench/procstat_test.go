@@ -14,7 +14,7 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := procStat{PID: 4242, PPID: 4200, Utime: 150, Stime: 35, CUtime: 7, CStime: 3, Start: 100}
+	want := procStat{PID: 4242, PPID: 4200, State: 'S', Utime: 150, Stime: 35, CUtime: 7, CStime: 3, Start: 100}
 	if s != want {
 		t.Errorf("got %+v, want %+v", s, want)
 	}

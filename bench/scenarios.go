@@ -58,6 +58,9 @@ type Config struct {
 	S8Heavy     int
 	Systems     []string // only these systems (by report name); empty: all
 	Quiet       Quiet    // keeping other tenants out of the figures
+	// PeersRunning keeps the systems not measured running during a run
+	// (runOptions.PeersRunning).
+	PeersRunning bool
 	// CountSyscalls counts every process's system calls in the kernel (an
 	// eBPF program; root), for the reports' system calls per call.
 	CountSyscalls bool
@@ -246,7 +249,8 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.Quiet = cfg.Quiet.withBudget() // one budget for the session, seen by the reports too
 	machine := thisMachine()
 	machine.Peers = peerVersions()
-	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet, Log: cfg.Log}
+	opts := runOptions{Runs: cfg.Runs, Warmup: cfg.Warmup, Duration: cfg.Duration, Timeout: 2 * time.Second, Quiet: cfg.Quiet,
+		PeersRunning: cfg.PeersRunning, Log: cfg.Log}
 	opts.syscallsOff = "off (-count-syscalls=false)"
 	if cfg.CountSyscalls {
 		if c, err := newSyscallCounter(); err != nil {
@@ -484,7 +488,7 @@ func pick(m map[string]string, keep ...string) map[string]string {
 
 func writeReport(cfg Config, r *report) error {
 	if len(r.Cells) > 0 {
-		checkValidity(r, cfg.Quiet, compareWith(cfg, r.Scenario))
+		checkValidity(r, cfg.Quiet, cfg.PeersRunning, compareWith(cfg, r.Scenario))
 	}
 	base, err := r.Write(cfg.Out)
 	if err != nil {

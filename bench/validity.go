@@ -35,6 +35,7 @@ type validity struct {
 	Runs        int         `json:"runs"`                         // runs kept in the report
 	Disturbed   []string    `json:"disturbed,omitempty"`          // runs kept although still disturbed, by cell
 	BudgetSpent bool        `json:"quiet_budget_spent,omitempty"` // the session's time for waiting and running again ran out
+	PeersPaused bool        `json:"peers_stopped"`                // the systems not measured were stopped during each run (holdOthers)
 	Noise       []cellNoise `json:"noise"`
 	Compared    string      `json:"compared_with,omitempty"` // the other grid's report
 	NotCompared string      `json:"not_compared,omitempty"`  // why no comparison was made
@@ -142,8 +143,8 @@ func compareGrids(r, other *report) []gridMove {
 // checkValidity fills r.Validity from its cells and, if ref names a report
 // of the same scenario (and title: the same setup) measured on the same
 // machine, from the comparison with it.
-func checkValidity(r *report, q Quiet, ref string) {
-	v := &validity{QuietCores: q.Cores, BudgetSpent: q.Cores > 0 && q.left() <= 0}
+func checkValidity(r *report, q Quiet, peersRunning bool, ref string) {
+	v := &validity{QuietCores: q.Cores, BudgetSpent: q.Cores > 0 && q.left() <= 0, PeersPaused: !peersRunning}
 	for _, c := range r.Cells {
 		var in []string
 		for _, m := range c.Results {
@@ -231,6 +232,12 @@ func (v *validity) markdown() string {
 		b.WriteString("\n")
 	} else {
 		b.WriteString("- Other tenants were not watched (-quiet-cores 0).\n")
+	}
+	if v.PeersPaused {
+		b.WriteString("- The systems not measured in a run were stopped (SIGSTOP) for its length, so each run had the machine to itself: idle, they still woke, " +
+			"and beside them Enduro/X's 5x5 ran at half its calls/s in most runs (-peers-running keeps them running, as reports before 2026-12-07 did).\n")
+	} else {
+		b.WriteString("- The systems not measured in a run kept running, idle (-peers-running); the logs' idle peers column is their CPU in the run's window.\n")
 	}
 	b.WriteString("- Noise: the spread of one system's runs in one cell, (max - min) / median of their calls/s; a cell's noise is the median over its systems. " +
 		fmt.Sprintf("A system whose runs spread more than %dx the cell's noise and more than %.0f%% is unsteady: a fault of the harness until shown otherwise.\n\n",

@@ -93,7 +93,7 @@ func TestCheckValidityComparesOnlyOnTheSameMachine(t *testing.T) {
 	r := mk("AMD EPYC", 20e3)
 	r.Cells[0].Results[1].Runs[1].Disturbed = true
 	r.Cells[0].Results[1].Retried = 2
-	checkValidity(r, DefaultQuiet, path)
+	checkValidity(r, DefaultQuiet, false, path)
 	v := r.Validity
 	if v.Compared != path || len(v.Moves) != 3 || v.Retried != 2 || len(v.Disturbed) != 1 {
 		t.Fatalf("validity %+v", v)
@@ -106,12 +106,12 @@ func TestCheckValidityComparesOnlyOnTheSameMachine(t *testing.T) {
 	}
 	spent := Quiet{Cores: 0.1, Budget: time.Second}.withBudget()
 	spent.spend(time.Second)
-	checkValidity(r, spent, "")
+	checkValidity(r, spent, false, "")
 	if !r.Validity.BudgetSpent || !strings.Contains(r.Validity.markdown(), "went ahead on a busy machine") {
 		t.Errorf("a spent budget not reported: %+v", r.Validity)
 	}
 	other := mk("Intel Xeon", 20e3)
-	checkValidity(other, DefaultQuiet, path)
+	checkValidity(other, DefaultQuiet, false, path)
 	if other.Validity.Compared != "" || !strings.Contains(other.Validity.NotCompared, "another machine") {
 		t.Errorf("compared across machines: %+v", other.Validity)
 	}
@@ -119,7 +119,7 @@ func TestCheckValidityComparesOnlyOnTheSameMachine(t *testing.T) {
 	// no longer mean what they measured, so nothing is compared.
 	redefined := mk("AMD EPYC", 20e3)
 	redefined.Title = "local calls"
-	checkValidity(redefined, DefaultQuiet, path)
+	checkValidity(redefined, DefaultQuiet, false, path)
 	if redefined.Validity.Compared != "" || !strings.Contains(redefined.Validity.NotCompared, "another setup") {
 		t.Errorf("compared across setups: %+v", redefined.Validity)
 	}

@@ -77,6 +77,7 @@ func main() {
 	quietWait := flag.Duration("quiet-wait", bench.DefaultQuiet.MaxWait, "the longest wait for other tenants to go quiet before a run")
 	quietRetries := flag.Int("quiet-retries", bench.DefaultQuiet.Retries, "how often a disturbed run is run again (S1, S2, S4)")
 	quietBudget := flag.Duration("quiet-budget", bench.DefaultQuiet.Budget, "the most the session spends waiting for quiet and running disturbed runs again")
+	peersRunning := flag.Bool("peers-running", false, "keep the systems not measured running during a run, as reports before 2026-12-07 did (by default they are stopped with SIGSTOP: idle, they still wake and disturb the one measured)")
 	countSyscalls := flag.Bool("count-syscalls", true, "count every process's system calls in the kernel (an eBPF program, root) for the system calls per call of the grids' reports")
 	enduroxServers := flag.Int("endurox-servers", 0, "S10: Enduro/X's exbenchsv processes in every cell (0: as many as the cell's callers, 1x1 and 5x5); Enduro/X runs when "+
 		"TPSCHED_ENDUROX names its install prefix")
@@ -195,6 +196,7 @@ func main() {
 		Systems:       splitList(*systems),
 		Compare:       *compare,
 		Quiet:         bench.Quiet{Cores: *quietCores, MaxWait: *quietWait, Retries: *quietRetries, Budget: *quietBudget},
+		PeersRunning:  *peersRunning,
 		CountSyscalls: *countSyscalls,
 		Log:           os.Stderr,
 	}
