@@ -40,7 +40,9 @@
 //     namespace of its own on a bridge (internal/netlab, net.go),
 //     run interleaved and summarised as medians, and the report: Markdown,
 //     JSON and PNG plots in bench/results/;
-//   - the report's check on itself: each run's window accounts for what
+//   - the report's check on itself: a run has the machine to itself (the
+//     systems not measured are stopped with SIGSTOP for its length,
+//     pause.go), each run's window accounts for what
 //     other tenants of the machine spent (a run waits for them to go quiet
 //     and a disturbed run is run again), each cell states the run-to-run
 //     noise and flags a system whose runs spread far more than their

@@ -234,8 +234,8 @@ func (v *validity) markdown() string {
 		b.WriteString("- Other tenants were not watched (-quiet-cores 0).\n")
 	}
 	if v.PeersPaused {
-		b.WriteString("- The systems not measured in a run were stopped (SIGSTOP) for its length, so each run had the machine to itself: idle, they still woke, " +
-			"and beside them Enduro/X's 5x5 ran at half its calls/s in most runs (-peers-running keeps them running, as reports before 2026-12-07 did).\n")
+		b.WriteString("- The systems not measured in a run were stopped (SIGSTOP) for its length, so each run had the machine to itself: idle, they still wake, " +
+			"and beside an idle tpsched node Enduro/X made a fifth fewer calls/s at 5x5 (-peers-running keeps them running, as reports before 2026-12-07 did).\n")
 	} else {
 		b.WriteString("- The systems not measured in a run kept running, idle (-peers-running); the logs' idle peers column is their CPU in the run's window.\n")
 	}
