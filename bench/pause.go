@@ -9,12 +9,11 @@ import (
 )
 
 // A run measures one system while every other system of the session is
-// stopped (SIGSTOP). Running idle, the others still woke: S10's "tpsched
-// local call" alone, 128 caller UAPs and their node with no call, woke
-// about 650 times a second, and beside it Enduro/X made a fifth fewer
-// calls/s at 5x5 (medians of twenty runs each way, rounds alternating).
-// Each system is measured as it would run on the machine by itself,
-// which is what a comparison of them asks.
+// stopped (SIGSTOP). Running idle, the others still wake (timers, idle
+// polls: S10's 128 resident caller UAPs and their node), and beside them
+// Enduro/X made measurably fewer calls/s (docs/TESTING.md has the
+// figures). Each system is measured as it would run on the machine by
+// itself, which is what a comparison of them asks.
 
 // holdOthers makes s the only system that runs: it continues s's
 // processes if a run of another system stopped them, and stops every

@@ -30,16 +30,16 @@ const (
 
 // validity is what the report says about its own figures.
 type validity struct {
-	QuietCores  float64     `json:"quiet_cores"`                  // the bound on other tenants' CPU in a run's window (0: not watched)
-	Retried     int         `json:"runs_retried"`                 // runs run again because other tenants disturbed them
-	Runs        int         `json:"runs"`                         // runs kept in the report
-	Disturbed   []string    `json:"disturbed,omitempty"`          // runs kept although still disturbed, by cell
-	BudgetSpent bool        `json:"quiet_budget_spent,omitempty"` // the session's time for waiting and running again ran out
-	PeersPaused bool        `json:"peers_stopped"`                // the systems not measured were stopped during each run (holdOthers)
-	Noise       []cellNoise `json:"noise"`
-	Compared    string      `json:"compared_with,omitempty"` // the other grid's report
-	NotCompared string      `json:"not_compared,omitempty"`  // why no comparison was made
-	Moves       []gridMove  `json:"moves,omitempty"`
+	QuietCores   float64     `json:"quiet_cores"`                  // the bound on other tenants' CPU in a run's window (0: not watched)
+	Retried      int         `json:"runs_retried"`                 // runs run again because other tenants disturbed them
+	Runs         int         `json:"runs"`                         // runs kept in the report
+	Disturbed    []string    `json:"disturbed,omitempty"`          // runs kept although still disturbed, by cell
+	BudgetSpent  bool        `json:"quiet_budget_spent,omitempty"` // the session's time for waiting and running again ran out
+	PeersStopped bool        `json:"peers_stopped"`                // the systems not measured were stopped during each run (holdOthers)
+	Noise        []cellNoise `json:"noise"`
+	Compared     string      `json:"compared_with,omitempty"` // the other grid's report
+	NotCompared  string      `json:"not_compared,omitempty"`  // why no comparison was made
+	Moves        []gridMove  `json:"moves,omitempty"`
 }
 
 // cellNoise is the run-to-run spread in one cell.
@@ -144,7 +144,7 @@ func compareGrids(r, other *report) []gridMove {
 // of the same scenario (and title: the same setup) measured on the same
 // machine, from the comparison with it.
 func checkValidity(r *report, q Quiet, peersRunning bool, ref string) {
-	v := &validity{QuietCores: q.Cores, BudgetSpent: q.Cores > 0 && q.left() <= 0, PeersPaused: !peersRunning}
+	v := &validity{QuietCores: q.Cores, BudgetSpent: q.Cores > 0 && q.left() <= 0, PeersStopped: !peersRunning}
 	for _, c := range r.Cells {
 		var in []string
 		for _, m := range c.Results {
@@ -233,9 +233,9 @@ func (v *validity) markdown() string {
 	} else {
 		b.WriteString("- Other tenants were not watched (-quiet-cores 0).\n")
 	}
-	if v.PeersPaused {
-		b.WriteString("- The systems not measured in a run were stopped (SIGSTOP) for its length, so each run had the machine to itself: idle, they still wake, " +
-			"and beside an idle tpsched node Enduro/X made a fifth fewer calls/s at 5x5 (-peers-running keeps them running, as reports before 2026-12-07 did).\n")
+	if v.PeersStopped {
+		b.WriteString("- The systems not measured in a run were stopped (SIGSTOP) for its length, so each run had the machine to itself: idle, they still wake " +
+			"and disturb the one measured (docs/TESTING.md; -peers-running keeps them running, as reports before 2026-12-07 did).\n")
 	} else {
 		b.WriteString("- The systems not measured in a run kept running, idle (-peers-running); the logs' idle peers column is their CPU in the run's window.\n")
 	}
