@@ -47,12 +47,8 @@ func (s *system) pause() error {
 	deadline := time.Now().Add(pauseWait)
 	for {
 		stats := readStats()
-		parents := make(map[int]int, len(stats))
-		for pid, st := range stats {
-			parents[pid] = st.PPID
-		}
 		settled := true
-		for _, pid := range processTree(parents, roots) {
+		for _, pid := range treeIn(stats, roots) {
 			switch {
 			case !s.signalled(pid):
 				if syscall.Kill(pid, syscall.SIGSTOP) == nil {

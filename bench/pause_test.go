@@ -26,14 +26,7 @@ func sleeper(t *testing.T, name string) *system {
 	return s
 }
 
-func treeOf(s *system) []int {
-	stats := readStats()
-	parents := make(map[int]int, len(stats))
-	for pid, st := range stats {
-		parents[pid] = st.PPID
-	}
-	return processTree(parents, s.Roots())
-}
+func treeOf(s *system) []int { return treeIn(readStats(), s.Roots()) }
 
 func TestHoldOthersStopsTheSystemsNotMeasured(t *testing.T) {
 	a, b := sleeper(t, "a"), sleeper(t, "b")

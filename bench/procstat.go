@@ -119,6 +119,15 @@ func processTree(parents map[int]int, roots []int) []int {
 	return out
 }
 
+// treeIn is processTree over the parent links of stats.
+func treeIn(stats map[int]procStat, roots []int) []int {
+	parents := make(map[int]int, len(stats))
+	for pid, st := range stats {
+		parents[pid] = st.PPID
+	}
+	return processTree(parents, roots)
+}
+
 // readStats reads /proc/*/stat of every process.
 func readStats() map[int]procStat {
 	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
