@@ -27,7 +27,7 @@ var metricHelp = map[string]string{
 	"tpsched_queue_depth":                      "Calls waiting in the group's schedule queue now (q).",
 	"tpsched_requests_queued_total":            "Calls put on the group's schedule queue, and local calls its processes completed on lanes.",
 	"tpsched_requests_processed_total":         "Calls the group's UAP processes completed (a reply or an application error), on lanes too.",
-	"tpsched_request_duration_seconds":         "Time from a call's arrival to its completion by a UAP process, by group.",
+	"tpsched_request_duration_seconds":         "Time from a call's arrival in the group's queue to its completion by a UAP process, by group; calls on lanes never reach the queue and are not in it (tpsched_lane_calls_total counts them).",
 	"tpsched_requests_refused_total":           "Calls refused before queueing: reason busy (the group's queue was full: 'server busy'), budget (the requests of admitted calls would pass rpc_buffer_budget: 'server busy'), protocol (a frame the node does not take) or wrong_receiver (it came on another receiver group than its group's).",
 	"tpsched_admitted_request_bytes":           "Bytes of the requests of the calls admitted and not yet ended (waiting, prefetched or running), node-wide; kept within rpc_buffer_budget.",
 	"tpsched_requests_timed_out_total":         "Calls answered 'timed out': their watch_time or the caller's deadline passed.",
