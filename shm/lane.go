@@ -140,6 +140,9 @@ type Lane struct {
 	h      *laneHdr
 	seen   uint64 // the last call whose end Look counted
 	ruled  uint64 // calls Rule ended and Look has not yet counted
+	// gaveBack is the call Rule last gave back unrun (laneMoved), which
+	// Look tells from one the caller took back.
+	gaveBack uint64
 }
 
 // Errors of NewLane.
@@ -322,12 +325,15 @@ func (l *Lane) Look(count bool) LaneLook {
 	}
 	var lk LaneLook
 	if count && done > l.seen && done-l.seen < 1<<32 {
-		// Its own rulings are not the callee's completions. (A call the
-		// caller took back as the lane was revoked counts as one: a
-		// race of a moment, once per lane at most.)
+		// Its own rulings are not the callee's completions, and nor is
+		// a call its caller took back unrun as the lane was revoked (a
+		// give-back the scheduler did not rule: the lane's last call).
 		ended := done - l.seen
 		r := min(l.ruled, ended)
 		lk.Completed, l.ruled = ended-r, l.ruled-r
+		if code, ruled := laneRuling(c); ruled && code == laneMoved && n != l.gaveBack && lk.Completed > 0 {
+			lk.Completed--
+		}
 		l.seen = done
 	}
 	lk.Made, lk.Over = made, done
@@ -373,6 +379,9 @@ func (l *Lane) rule(code uint32, msg string, takenOnly bool) bool {
 		return false
 	}
 	l.ruled++
+	if code == laneMoved {
+		l.gaveBack = next >> 8
+	}
 	l.wakeCaller()
 	return true
 }

@@ -273,6 +273,35 @@ func testLaneErrors(t *testing.T, callerImpl, calleeImpl laneImpl) {
 	usualWay(t, g, caller.Proc, "test/svc/again", "again")
 }
 
+// TestLaneTakeBackIsNotACompletion: a call its caller took back unrun,
+// finding the lane revoked as it made the call (callLane's take-back, a
+// race of a moment, played here on the lane's words as callLane writes
+// them, the callee stopped), is over for nobody and was run by nobody: the callee's
+// completions (its group's processed count) do not count it, nor do the
+// calls over (the caller's local calls), as for a give-back the
+// scheduler ruled (TestLaneErrors).
+func TestLaneTakeBackIsNotACompletion(t *testing.T) {
+	g, _, callee, l := lanePair(t, 3, honest(goLanes), honest(goLanes), "echo")
+	defer l.Close()
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(true).CalleeOn })
+	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
+	waitStopped(t, callee.cmd.Process.Pid)
+	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
+	// Revoked before the call is published (Revoke finds nothing to
+	// give back), the caller reading the revoke just after publishing.
+	l.Revoke()
+	h := l.h
+	c := h.claim.Load()
+	n := c>>8 + 1
+	h.seq.Store(n)
+	if !h.claim.CompareAndSwap(c, n<<8|laneMoved<<2|laneRuled) {
+		t.Fatal("the stopped callee moved the claim")
+	}
+	if lk := l.Look(true); lk.Completed != 0 || lk.Over != 0 || lk.Made != n || lk.Open {
+		t.Fatalf("the lane after its caller took its call back: %+v, want none completed or over", lk)
+	}
+}
+
 // BenchmarkLaneCall: a UAP's calls to another process on a lane, 128
 // bytes each, nobody else on the path (ns/op is one call).
 func BenchmarkLaneCall(b *testing.B) {
