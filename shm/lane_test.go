@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -299,6 +300,79 @@ func TestLaneTakeBackIsNotACompletion(t *testing.T) {
 	}
 	if lk := l.Look(true); lk.Completed != 0 || lk.Over != 0 || lk.Made != n || lk.Open {
 		t.Fatalf("the lane after its caller took its call back: %+v, want none completed or over", lk)
+	}
+}
+
+// TestLaneCountsAtRandom drives a lane's words at random the way its
+// three parties write them (the caller publishing calls and taking one
+// back, as callLane does; the callee taking and completing them, as
+// takeLane and serveLane do; the scheduler ruling with every code and
+// looking at random moments) and holds Look's counts to what happened:
+// the callee's completions exactly, and the calls over less one given
+// back. Each episode is one lane, over at its first give-back (an honest
+// caller lets the lane go then).
+func TestLaneCountsAtRandom(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 28))
+	for ep := 0; ep < 3000; ep++ {
+		callee := &Proc{ctl: &procCtl{}}
+		l := &Lane{gen: 1, callee: callee, h: &laneHdr{}}
+		h := l.h
+		h.claim.Store(laneDone) // call 0, over: the state a new lane starts in
+		var trace []string
+		var completed, sawCompleted, over uint64
+		givenBack := false
+		for step := 0; step < 60 && !givenBack; step++ {
+			c, made := h.claim.Load(), h.seq.Load()
+			n := c >> 8
+			switch rng.IntN(6) {
+			case 0: // the caller makes a call, and maybe takes it back
+				if !laneFinal(c) || made != n {
+					continue
+				}
+				h.seq.Store(n + 1)
+				trace = append(trace, fmt.Sprintf("made %d", n+1))
+				if rng.IntN(3) == 0 && h.claim.CompareAndSwap(c, (n+1)<<8|laneMoved<<2|laneRuled) {
+					trace = append(trace, fmt.Sprintf("took back %d", n+1))
+					over++
+					givenBack = true
+				}
+			case 1: // the callee takes the call
+				if laneFinal(c) && made != n && h.claim.CompareAndSwap(c, (n+1)<<8|laneTaken) {
+					trace = append(trace, fmt.Sprintf("taken %d", n+1))
+				}
+			case 2: // the callee completes it
+				if c&3 == laneTaken && h.claim.CompareAndSwap(c, n<<8|laneDone) {
+					completed++
+					over++
+					trace = append(trace, fmt.Sprintf("done %d", n))
+				}
+			case 3, 4: // the scheduler rules
+				code := []uint32{laneMoved, 5, 7}[rng.IntN(3)]
+				rule := l.Rule
+				if rng.IntN(2) == 0 {
+					rule = l.RuleTaken
+				}
+				if rule(code, "ruled") {
+					over++
+					givenBack = code == laneMoved
+					trace = append(trace, fmt.Sprintf("ruled %d on %d", code, h.claim.Load()>>8))
+				}
+			case 5:
+				sawCompleted += l.Look(true).Completed
+				trace = append(trace, "look")
+			}
+		}
+		lk := l.Look(true)
+		sawCompleted += lk.Completed
+		if givenBack {
+			over--
+		}
+		if sawCompleted != completed || lk.Over != over {
+			t.Fatalf("episode %d: looks counted %d completed and %d over, the callee completed %d and %d are over (a give-back not among them): %s",
+				ep, sawCompleted, lk.Over, completed, over, strings.Join(trace, ", "))
+		}
 	}
 }
 
