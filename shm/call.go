@@ -35,6 +35,11 @@ type outState struct {
 	abandoned bool   // the last call's context ended before its answer came
 	spin      spinner
 	closing   atomic.Bool // Close began: a call waiting returns ErrClosed
+	// closed ends when Close begins: it wakes a call asleep on whichever
+	// word it waits on (the out-call line's or a lane's), which Close
+	// cannot touch itself while that call may unmap its lane.
+	closed context.Context
+	close  context.CancelFunc
 
 	// lane is the lane the process calls on (lane_uap.go), laneTried the
 	// last generation it tried to map.
@@ -151,22 +156,28 @@ func (u *UAP) awaitAnswer(ctx context.Context, sp *spinner, wake, sleeping *atom
 		return 0, nil
 	}
 	sp.learn(-1)
-	// A cancel wakes the wait at once (a deadline bounds the sleep
-	// anyway): the wake word moves, and the loop looks at ctx. A wake
-	// under way when the wait ends is waited for: Close may unmap the word
-	// as soon as the wait has returned.
-	if ctx.Done() != nil {
+	// A cancel, or Close, wakes the wait at once (a deadline bounds the
+	// sleep anyway): the wake word moves, and the loop looks at ctx and
+	// closing. A wake under way when the wait ends is waited for: the word
+	// may be unmapped as soon as the wait has returned.
+	wakeAtEnd := func(c context.Context) (stop func()) {
 		woke := make(chan struct{})
-		stop := context.AfterFunc(ctx, func() {
+		after := context.AfterFunc(c, func() {
 			defer close(woke)
 			wake.Add(1)
 			futexWake(wake, 1)
 		})
-		defer func() {
-			if !stop() {
+		return func() {
+			if !after() {
 				<-woke
 			}
-		}()
+		}
+	}
+	if ctx.Done() != nil {
+		defer wakeAtEnd(ctx)()
+	}
+	if o.closed != nil {
+		defer wakeAtEnd(o.closed)()
 	}
 	for !answered() {
 		if o.closing.Load() {

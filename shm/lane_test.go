@@ -274,6 +274,27 @@ func testLaneErrors(t *testing.T, callerImpl, calleeImpl laneImpl) {
 	usualWay(t, g, caller.Proc, "test/svc/again", "again")
 }
 
+// TestCloseEndsALaneCallInFlight is TestCloseEndsACallInFlight on a
+// lane: the goroutine's Call waits on the lane's word, not the process's,
+// and Close must wake it there (it waited for the next timed look, here
+// made an hour away so that a lost wake-up cannot pass).
+func TestCloseEndsALaneCallInFlight(t *testing.T) {
+	caller := laneUAP{impl: goLanes, env: []string{"TPSCHED_SHM_TEST_AFTER_CLOSE=background",
+		"TPSCHED_SHM_TEST_MAXSLEEP=1h", "TPSCHED_SPIN_US=0"}}
+	g, p, _, l := lanePair(t, 3, caller, honest(goLanes), "sleep")
+	defer l.Close()
+	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(true).CalleeOn })
+	if c := call(t, g, p.Proc, "background", []byte("test/svc/1h")); c.Status != StatusOK {
+		t.Fatalf("background: %v %q", c.Status, c.Reply)
+	}
+	until(t, g, 10*time.Second, "the callee to take the call on the lane", func() bool { return l.Look(true).Taken })
+	p.Stop()
+	p.Wake()
+	if err := p.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("the UAP closed with a call in flight on a lane: %v", err)
+	}
+}
+
 // TestLaneTakeBackIsNotACompletion: a call its caller took back unrun,
 // finding the lane revoked as it made the call (callLane's take-back, a
 // race of a moment, played here on the lane's words as callLane writes

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -141,6 +142,7 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 	off := pBuffer + len(u.bufs)*stride
 	u.out.buf = amem[off : off+maxMsg+outNames : off+maxMsg+outNames]
 	u.out.spin = newSpinner(spinMax)
+	u.out.closed, u.out.close = context.WithCancel(context.Background())
 	_ = unix.Close(area) // mapped: the descriptors are no longer needed
 	_ = unix.Close(group)
 	ctl.pid.Store(uint32(os.Getpid()))
@@ -385,10 +387,9 @@ func (u *UAP) Close() error {
 	if u.area == nil {
 		return nil
 	}
-	o, c := &u.out, &u.ctl.out
+	o := &u.out
 	o.closing.Store(true)
-	c.wake.Add(1) // a Call asleep on its answer looks again, and leaves
-	futexWake(&c.wake, 1)
+	o.close() // a Call asleep on its answer looks again, and leaves
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	u.dropLane()

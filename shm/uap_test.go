@@ -129,12 +129,17 @@ func TestHelperUAP(t *testing.T) {
 		time.Sleep(d)
 		return req, nil
 	})
-	// background calls other/svc from a goroutine of its own, which
-	// outlives the call served; what its Call returned goes to bg.
+	// background calls other/svc (or the "group/service/request" its
+	// request names) from a goroutine of its own, which outlives the call
+	// served; what its Call returned goes to bg.
 	bg := make(chan error, 1)
 	u.Handle("background", func(req []byte) ([]byte, error) {
+		group, service, payload := "other", "svc", []byte(nil)
+		if parts := bytes.SplitN(req, []byte("/"), 3); len(parts) == 3 {
+			group, service, payload = string(parts[0]), string(parts[1]), parts[2]
+		}
 		go func() {
-			_, err := u.Call(context.Background(), "other", "svc", nil)
+			_, err := u.Call(context.Background(), group, service, payload)
 			bg <- err
 		}()
 		return req, nil
