@@ -120,6 +120,18 @@ func lanePair(tb testing.TB, slots int, callerUAP, calleeUAP laneUAP, entry stri
 	return g, caller, callee, l
 }
 
+// stopMappedCallee waits until the callee maps lane l and stops it
+// (SIGSTOP), continued at the test's end: a call made on the lane stays
+// untaken.
+func stopMappedCallee(tb testing.TB, g *Group, l *Lane, callee *uapProc) {
+	tb.Helper()
+	until(tb, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
+	pid := callee.cmd.Process.Pid
+	syscall.Kill(pid, syscall.SIGSTOP)
+	tb.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	waitStopped(tb, pid)
+}
+
 // TestLaneCallerGoneGetsNoLane: a caller whose area the reader unmapped
 // (the process died and was removed while a call it made ran on in
 // another group) takes no lane, and a grant to it reads none of its
@@ -241,10 +253,7 @@ func testLaneErrors(t *testing.T, callerImpl, calleeImpl laneImpl) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(true).CalleeOn })
-	syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGSTOP)
-	waitStopped(t, stopped.cmd.Process.Pid)
-	defer syscall.Kill(stopped.cmd.Process.Pid, syscall.SIGCONT)
+	stopMappedCallee(t, g, l, stopped)
 	if err := caller.Dispatch("relay", []byte("test/svc/z"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -305,10 +314,7 @@ func TestCloseEndsALaneCallInFlight(t *testing.T) {
 func TestLaneTakeBackIsNotACompletion(t *testing.T) {
 	g, _, callee, l := lanePair(t, 3, honest(goLanes), honest(goLanes), "echo")
 	defer l.Close()
-	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(true).CalleeOn })
-	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
-	waitStopped(t, callee.cmd.Process.Pid)
-	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
+	stopMappedCallee(t, g, l, callee)
 	// Revoked before the call is published (Revoke finds nothing to
 	// give back), the caller reading the revoke just after publishing.
 	l.Revoke()
@@ -718,10 +724,7 @@ func TestLaneGivenBackKeepsItsDeadline(t *testing.T) {
 func testLaneGivenBackKeepsItsDeadline(t *testing.T, callerImpl, calleeImpl laneImpl) {
 	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), honest(calleeImpl), "echo")
 	defer l.Close()
-	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
-	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
-	waitStopped(t, callee.cmd.Process.Pid)
-	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
+	stopMappedCallee(t, g, l, callee)
 	if err := caller.Dispatch("relay", []byte("test/svc/z"), time.Now().Add(3*time.Second).UnixNano()); err != nil {
 		t.Fatal(err)
 	}
@@ -751,10 +754,7 @@ func TestLaneRuleTakenLeavesAnUntakenCall(t *testing.T) {
 func testLaneRuleTakenLeavesAnUntakenCall(t *testing.T, callerImpl, calleeImpl laneImpl) {
 	g, caller, callee, l := lanePair(t, 2, honest(callerImpl), honest(calleeImpl), "echo")
 	defer l.Close()
-	until(t, g, 10*time.Second, "the callee to map the lane", func() bool { return l.Look(false).CalleeOn })
-	syscall.Kill(callee.cmd.Process.Pid, syscall.SIGSTOP)
-	waitStopped(t, callee.cmd.Process.Pid)
-	defer syscall.Kill(callee.cmd.Process.Pid, syscall.SIGCONT)
+	stopMappedCallee(t, g, l, callee)
 	if err := caller.Dispatch("relay", []byte("test/svc/z"), 0); err != nil {
 		t.Fatal(err)
 	}
