@@ -35,11 +35,13 @@ type outState struct {
 	abandoned bool   // the last call's context ended before its answer came
 	spin      spinner
 	closing   atomic.Bool // Close began: a call waiting returns ErrClosed
-	// closed ends when Close begins: it wakes a call asleep on whichever
-	// word it waits on (the out-call line's or a lane's), which Close
-	// cannot touch itself while that call may unmap its lane.
-	closed context.Context
-	close  context.CancelFunc
+	// asleepOn is the word a Call sleeps on now (the out-call line's or a
+	// lane's; nil: none), for Close to wake. Under asleepMu, which the
+	// Call holds to set and clear it and Close to wake it, never across a
+	// sleep: the Call unmaps a lane only after clearing it, so Close never
+	// wakes a word already unmapped.
+	asleepMu sync.Mutex
+	asleepOn *atomic.Uint32
 
 	// lane is the lane the process calls on (lane_uap.go), laneTried the
 	// last generation it tried to map.
@@ -156,29 +158,31 @@ func (u *UAP) awaitAnswer(ctx context.Context, sp *spinner, wake, sleeping *atom
 		return 0, nil
 	}
 	sp.learn(-1)
-	// A cancel, or Close, wakes the wait at once (a deadline bounds the
-	// sleep anyway): the wake word moves, and the loop looks at ctx and
-	// closing. A wake under way when the wait ends is waited for: the word
-	// may be unmapped as soon as the wait has returned.
-	wakeAtEnd := func(c context.Context) (stop func()) {
+	// A cancel wakes the wait at once (a deadline bounds the sleep
+	// anyway): the wake word moves, and the loop looks at ctx. A wake
+	// under way when the wait ends is waited for: the word may be unmapped
+	// as soon as the wait has returned. Close wakes it through asleepOn.
+	if ctx.Done() != nil {
 		woke := make(chan struct{})
-		after := context.AfterFunc(c, func() {
+		stop := context.AfterFunc(ctx, func() {
 			defer close(woke)
 			wake.Add(1)
 			futexWake(wake, 1)
 		})
-		return func() {
-			if !after() {
+		defer func() {
+			if !stop() {
 				<-woke
 			}
-		}
+		}()
 	}
-	if ctx.Done() != nil {
-		defer wakeAtEnd(ctx)()
-	}
-	if o.closed != nil {
-		defer wakeAtEnd(o.closed)()
-	}
+	o.asleepMu.Lock()
+	o.asleepOn = wake
+	o.asleepMu.Unlock()
+	defer func() {
+		o.asleepMu.Lock()
+		o.asleepOn = nil
+		o.asleepMu.Unlock()
+	}()
 	for !answered() {
 		if o.closing.Load() {
 			return idle, ErrClosed

@@ -135,15 +135,17 @@ func TestCallCancelledWakesAtOnce(t *testing.T) {
 // and waits for the answer after the call it served ended; the process is
 // stopped, Serve returns and main closes the UAP. The goroutine's Call
 // returns ErrClosed, and Close unmaps nothing it still reads (it did:
-// the waiting Call woke at its next timed look in unmapped memory).
+// the waiting Call woke at its next timed look in unmapped memory). The
+// helper's timed looks are an hour apart: Close must wake the Call.
 func TestCloseEndsACallInFlight(t *testing.T) {
 	g := newGroup(t, 64<<10, 1)
-	p := startUAP(t, g, 0, "TPSCHED_SHM_TEST_AFTER_CLOSE=background", "TPSCHED_SPIN_US=0")
+	p := startUAP(t, g, 0, "TPSCHED_SHM_TEST_AFTER_CLOSE=background", "TPSCHED_SHM_TEST_MAXSLEEP=1h", "TPSCHED_SPIN_US=0")
 	attached(t, g, p)
 	if c := call(t, g, p.Proc, "background", []byte("x")); c.Status != StatusOK {
 		t.Fatalf("background: %v %q", c.Status, c.Reply)
 	}
 	awaitOutCall(t, g, p.Proc) // never answered
+	until(t, g, 10*time.Second, "the call to sleep on its answer", func() bool { return p.ctl.out.sleeping.Load() != 0 })
 	p.Stop()
 	p.Wake()
 	if err := p.wait(t, 10*time.Second); err != nil {

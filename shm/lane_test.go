@@ -297,6 +297,7 @@ func TestCloseEndsALaneCallInFlight(t *testing.T) {
 		t.Fatalf("background: %v %q", c.Status, c.Reply)
 	}
 	until(t, g, 10*time.Second, "the callee to take the call on the lane", func() bool { return l.Look(true).Taken })
+	until(t, g, 10*time.Second, "the call to sleep on the lane", func() bool { return l.h.callerSleeping.Load() != 0 })
 	p.Stop()
 	p.Wake()
 	if err := p.wait(t, 10*time.Second); err != nil {

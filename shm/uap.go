@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -142,7 +141,6 @@ func AttachFDs(area, group, bell int) (*UAP, error) {
 	off := pBuffer + len(u.bufs)*stride
 	u.out.buf = amem[off : off+maxMsg+outNames : off+maxMsg+outNames]
 	u.out.spin = newSpinner(spinMax)
-	u.out.closed, u.out.close = context.WithCancel(context.Background())
 	_ = unix.Close(area) // mapped: the descriptors are no longer needed
 	_ = unix.Close(group)
 	ctl.pid.Store(uint32(os.Getpid()))
@@ -389,7 +387,12 @@ func (u *UAP) Close() error {
 	}
 	o := &u.out
 	o.closing.Store(true)
-	o.close() // a Call asleep on its answer looks again, and leaves
+	o.asleepMu.Lock() // a Call asleep on its answer looks again, and leaves
+	if w := o.asleepOn; w != nil {
+		w.Add(1)
+		futexWake(w, 1)
+	}
+	o.asleepMu.Unlock()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	u.dropLane()
