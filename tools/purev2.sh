@@ -101,10 +101,11 @@ start=$(date +%s)
 boot
 qemu=$?
 # The emulated machine itself can break: seen in CI, once a boot that
-# never reached the init and once a kernel that stalled (its watchdog
-# said so, above). Either used the whole bound and is no test's verdict;
-# the console's end says where, and the machine boots once more, not
-# more. A test that fails or hangs in a working machine is not retried.
+# never reached the init and once a kernel that stalled (its own
+# watchdog's report on the console). Either used the whole bound and is
+# no test's verdict; the console's end says where, and the machine boots
+# once more, not more. A test that fails or hangs in a working machine
+# is not retried.
 broke=""
 if [ $qemu -eq 124 ]; then
 	grep -q '^purev2:' "$work/console" || broke="did not reach its init"
