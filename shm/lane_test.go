@@ -308,10 +308,10 @@ func TestCloseEndsALaneCallInFlight(t *testing.T) {
 // TestLaneTakeBackIsNotACompletion: a call its caller took back unrun,
 // finding the lane revoked as it made the call (callLane's take-back, a
 // race of a moment, played here on the lane's words as callLane writes
-// them, the callee stopped), is over for nobody and was run by nobody: the callee's
-// completions (its group's processed count) do not count it, nor do the
-// calls over (the caller's local calls), as for a give-back the
-// scheduler ruled (TestLaneErrors).
+// them, the callee stopped), was run by nobody: the callee's completions
+// (its group's processed count) do not count it, nor do the calls over
+// (the caller's local calls), as for a give-back the scheduler ruled
+// (TestLaneErrors).
 func TestLaneTakeBackIsNotACompletion(t *testing.T) {
 	g, _, callee, l := lanePair(t, 3, honest(goLanes), honest(goLanes), "echo")
 	defer l.Close()
