@@ -82,6 +82,10 @@ func TestTortureCluster(t *testing.T) {
 	}
 	entry := defs(0, map[string]string{"probe": tortureProbe})
 	tt.n = startRestartingNode(t, entry, "-drain-timeout", "5s", "-fast-failure-detection")
+	tt.logs = []string{tt.n.log}
+	for _, p := range peers {
+		tt.logs = append(tt.logs, p.log)
+	}
 	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
 	tt.uapNodes = func() []string {
 		var addrs []string

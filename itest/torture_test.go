@@ -28,6 +28,7 @@ package itest
 // TestTortureCluster for CLUSTER_DURATION).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -241,6 +242,9 @@ type torture struct {
 	mu       sync.Mutex
 	calls    []*tcall
 	found    []string // breaks found during the run (each ends it)
+	broken   []string // calls that broke a promise, found after the run (the first 30)
+	brokenN  int      // how many did
+	logs     []string // the nodes' log files, for the summary of a failed run
 	conns    map[net.Conn]bool
 	stopped  map[int]bool // UAP pids stopped and not yet continued
 	figures  map[string]int
@@ -280,6 +284,40 @@ func (tt *torture) fail(format string, args ...any) {
 	for _, c := range conns { // callers blocked on a wedged node
 		c.Close()
 	}
+}
+
+// summarize repeats, after the nodes' logs, why a failed run failed: a
+// run's logs are long, and a reader who sees only the end of the output
+// (as CI shows it) sees the cause and the seed that repeats it.
+func (tt *torture) summarize() {
+	t := tt.t
+	if !t.Failed() {
+		return
+	}
+	tt.mu.Lock()
+	found, broken, brokenN, logs := tt.found, tt.broken, tt.brokenN, tt.logs
+	tt.mu.Unlock()
+	var why []string
+	for _, f := range found {
+		why = append(why, "break found "+f)
+	}
+	if len(broken) > 0 {
+		why = append(why, fmt.Sprintf("%d calls broke a promise, the first ones:", brokenN))
+		why = append(why, broken[:min(len(broken), 5)]...)
+	}
+	for _, name := range logs {
+		b, _ := os.ReadFile(name)
+		if i := bytes.Index(b, []byte(raceReport)); i >= 0 {
+			lines := strings.SplitN(string(b[i:]), "\n", 25)
+			why = append(why, "a data race in "+name+", its report begins:")
+			why = append(why, lines[:min(len(lines), 24)]...)
+		}
+	}
+	if len(why) == 0 {
+		why = append(why, "no break recorded: the failure is told above (the setup, or a node's own check)")
+	}
+	t.Logf("torture (seed %d) failed; TPSCHED_TORTURE_SEED=%d repeats the attacks. Why, in short:\n%s",
+		tt.seed, tt.seed, strings.Join(why, "\n"))
 }
 
 func (tt *torture) aborted() bool {
@@ -433,6 +471,7 @@ func TestTorture(t *testing.T) {
 	dir := defDir(t, "", servers)
 	t.Setenv("GOTRACEBACK", "all") // SIGQUIT from the watchdog: every goroutine
 	tt.n = startRestartingNode(t, dir, "-drain-timeout", "5s")
+	tt.logs = []string{tt.n.log}
 	tt.pid.Store(int64(tt.n.cmd.Process.Pid))
 	tt.uapNodes = func() []string { return []string{tt.n.http} }
 	waitFor(t, 15*time.Second, "the groups' processes to start", func() bool { return len(tt.uapPIDsOf()) >= 4 }, tt.n.logText)
@@ -443,6 +482,11 @@ func TestTorture(t *testing.T) {
 // known, the callers) and makes the UAPs' directory and execution log.
 func newTorture(t *testing.T, known []string) *torture {
 	tt := &torture{t: t, figures: map[string]int{}, conns: map[net.Conn]bool{}, stopped: map[int]bool{}}
+	// Cleanups run last first: summarize runs after every node's log is
+	// dumped, and before the test's temporary directory (made here first,
+	// where the nodes' logs are) is removed.
+	_ = t.TempDir()
+	t.Cleanup(tt.summarize)
 	tt.seed = rand.Uint64() >> 1
 	if v := os.Getenv("TPSCHED_TORTURE_SEED"); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -1485,6 +1529,9 @@ func (tt *torture) check() {
 		len(calls), strings.Join(keys, ", "), strings.Join(figs, ", "), strings.Join(services, "; "))
 	if len(bad) > 0 {
 		t.Errorf("torture (seed %d): %d calls broke a promise:\n%s", tt.seed, outcomes["FAILED"], strings.Join(bad, "\n"))
+		tt.mu.Lock()
+		tt.broken, tt.brokenN = bad, outcomes["FAILED"]
+		tt.mu.Unlock()
 	}
 	if len(found) > 0 {
 		t.Logf("torture (seed %d): found during the run:\n%s", tt.seed, strings.Join(found, "\n"))
