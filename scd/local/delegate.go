@@ -156,10 +156,12 @@ func (g *Group) settleExit(slot int, p proc, exitErr error) {
 	*si = slotState{}
 	u := g.takeUndelivered()
 	u.procs = slices.DeleteFunc(u.procs, func(k slotPID) bool { return k.slot == slot }) // dead already
+	g.answering.Add(int64(len(answers) + len(settle)))
 	g.mu.Unlock()
 	u.settle(g)
 	for _, a := range answers {
 		_ = a.to.Send(a.b)
+		g.answering.Add(-1)
 	}
 	for _, e := range settle {
 		if e.Outcome == schedq.Terminated {
@@ -167,6 +169,7 @@ func (g *Group) settleExit(slot int, p proc, exitErr error) {
 			e.Call.fail(netio.CodeServerTerminated, why)
 		}
 		freeRequest(e.Call)
+		g.answering.Add(-1)
 	}
 }
 

@@ -63,6 +63,12 @@ type Group struct {
 	// (act's doc comment).
 	refusing    []refusedHand
 	undelivered undelivered
+	// answering counts answers made from the queue under mu and not yet
+	// sent: whoever takes a call out of the queue with its answer to send
+	// after mu adds it there, and takes it off once sent. InFlight counts
+	// them: a drain that sees no call left must find every answer written,
+	// or the RPC port closes before it (an answer lost, its call run).
+	answering atomic.Int64
 
 	// classes are the service policy's classes of the group's calls and
 	// their figures (wlm.NoClasses without a policy): set by the routing
@@ -402,6 +408,7 @@ func (g *Group) takeUndelivered() undelivered {
 	}
 	u := g.undelivered
 	g.undelivered = undelivered{}
+	g.answering.Add(int64(len(u.calls))) // the taker sends them
 	return u
 }
 
@@ -415,6 +422,7 @@ func (u undelivered) settle(g *Group) {
 		g.terminated.Inc()
 		c.cl.fail(netio.CodeServerTerminated, c.why)
 		freeRequest(c.cl)
+		g.answering.Add(-1)
 	}
 	for _, k := range u.procs {
 		g.procs.Kill(k.slot, k.pid)
@@ -458,12 +466,14 @@ func (g *Group) expire(now time.Time) {
 	}
 	clear(late)
 	g.late = late[:0]
+	g.answering.Add(int64(len(out)))
 	g.mu.Unlock()
 	for _, a := range out {
 		g.timedOut.Inc()
 		if !a.noReply {
 			_ = a.to.Send(netio.AppendError(nil, a.id, netio.CodeTimedOut, timedOutMessage(a.limit, g.watch)))
 		}
+		g.answering.Add(-1)
 	}
 }
 
@@ -499,10 +509,12 @@ func (g *Group) forgetProcesses() {
 func (g *Group) flush(code netio.Code, msg string) {
 	g.mu.Lock()
 	left := g.q.Flush(nil)
+	g.answering.Add(int64(len(left)))
 	g.mu.Unlock()
 	for _, cl := range left {
 		cl.fail(code, msg)
 		freeRequest(cl)
+		g.answering.Add(-1)
 	}
 }
 
@@ -560,11 +572,12 @@ func (g *Group) Failure() error {
 	return nil
 }
 
-// InFlight counts calls waiting or held by a process.
+// InFlight counts calls waiting, held by a process, or answered and the
+// answer not yet sent.
 func (g *Group) InFlight() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.q.InFlight()
+	return g.q.InFlight() + len(g.undelivered.calls) + int(g.answering.Load())
 }
 
 // Usage is what the kernel saw of the group's processes, ended ones

@@ -43,6 +43,15 @@ type reader struct {
 	calls    []localCall            // calls the processes made
 	answered []outCaller            // calling processes answered in their areas, to wake without mu
 	logs     []logRecord            // what collect found to log, written without mu
+	owed     int                    // the answers in batches, in g.answering until deliver sends them
+}
+
+// owe puts an answer to to in its batch, counted in g.answering (collect's,
+// under mu).
+func (r *reader) owe(to call.Caller, batch []byte) {
+	r.batches[to] = batch
+	r.owed++
+	r.g.answering.Add(1)
 }
 
 // dispatch is the reader of every shared-memory group: wait on the
@@ -148,6 +157,8 @@ func (r *reader) deliver() {
 		_ = c.Send(b)
 		delete(r.batches, c)
 	}
+	g.answering.Add(-int64(r.owed))
+	r.owed = 0
 	r.placeLocalCalls(r.calls)
 	clear(r.calls)
 	for _, a := range r.attached {
@@ -225,8 +236,8 @@ func (r *reader) collect() {
 						g.terminated.Inc()
 					}
 					if !done.Answered && !cl.noReply {
-						r.batches[cl.to] = netio.AppendError(r.batches[cl.to], cl.id, netio.CodeServerTerminated,
-							"the UAP process serving the call broke the protocol and was killed")
+						r.owe(cl.to, netio.AppendError(r.batches[cl.to], cl.id, netio.CodeServerTerminated,
+							"the UAP process serving the call broke the protocol and was killed"))
 					}
 					freeRequest(cl)
 				}
@@ -251,7 +262,7 @@ func (r *reader) collect() {
 					// no frame to make and decode again.
 					r.answered = append(r.answered, u.p)
 				} else {
-					r.batches[cl.to] = appendAnswer(r.batches[cl.to], cl.id, &c)
+					r.owe(cl.to, appendAnswer(r.batches[cl.to], cl.id, &c))
 				}
 			}
 			g.latency.Update(now.Sub(cl.start).Seconds())
@@ -304,12 +315,13 @@ func (r *reader) collect() {
 			r.bad = append(r.bad, slotPID{slot, p.PID()})
 		}
 	}
-	u := g.takeUndelivered()
+	u := g.takeUndelivered() // its calls are in g.answering: owed here
 	for _, c := range u.calls {
 		g.terminated.Inc()
 		if !c.cl.noReply {
 			r.batches[c.cl.to] = netio.AppendError(r.batches[c.cl.to], c.cl.id, netio.CodeServerTerminated, c.why)
 		}
+		r.owed++
 		freeRequest(c.cl)
 	}
 	r.bad = append(r.bad, u.procs...)

@@ -119,7 +119,9 @@ func (c *Call) FailUnsent(err error, more string) {
 // (netio.MuxConn), and the calls on it get 'protocol error'.
 func (c *Call) Answer(f netio.Frame, err error) {
 	p := c.via
-	p.count(c, -1)
+	// Counted until its answer is written (or it is sent on): a drain
+	// that sees no call in flight closes the RPC port.
+	defer p.count(c, -1)
 	switch {
 	case errors.Is(err, netio.ErrCallExpired) && c.request:
 		c.Fail(netio.CodeTimedOut, fmt.Sprintf("node %s did not answer %s in time", p.node, c.Service))

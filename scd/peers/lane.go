@@ -223,8 +223,8 @@ func (t *target) dialWatching(here *int, carried []*Call) (*netio.MuxConn, []*Ca
 			next = time.Time{}
 			for i, cl := range carried {
 				if _, ok := cl.TimeLeft(now); !ok {
-					p.count(cl, -1)
 					cl.FailLate("while a connection to node " + p.node + " was dialled")
+					p.count(cl, -1) // after the answer: see Answer
 					continue
 				}
 				if i < before {
@@ -519,8 +519,8 @@ func (t *target) redirect(mc *netio.MuxConn, cl *Call) bool {
 func (p *peer) frame(dst []byte, mc *netio.MuxConn, cl *Call) ([]byte, bool) {
 	timeout, ok := cl.TimeLeft(time.Now())
 	if !ok {
-		p.count(cl, -1)
 		cl.FailLate("while it waited to be sent to node " + p.node)
+		p.count(cl, -1) // after the answer: see Answer
 		return dst, true
 	}
 	h := netio.Header{Kind: cl.Kind, Flags: netio.FlagForwarded, TimeoutMs: timeout}

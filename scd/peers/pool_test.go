@@ -1419,3 +1419,53 @@ func TestLookupEndsAtItsCallsDeadline(t *testing.T) {
 		t.Errorf("%d calls reached the node after their deadline", n)
 	}
 }
+
+// inFlightRecorder is a caller that notes the pool's calls in flight when
+// its answer is sent.
+type inFlightRecorder struct {
+	pool *Pool
+	at   chan int
+}
+
+func (r *inFlightRecorder) Send([]byte) error {
+	r.at <- r.pool.TotalInFlight()
+	return nil
+}
+
+// TestACallIsInFlightUntilItsAnswerIsSent: a transferred call counts in
+// TotalInFlight while its answer is sent to its caller, whether the other
+// node replied, its deadline passed or the connection was lost. The
+// node's drain closes the RPC port once nothing is in flight: counted off
+// before the send, an answer could meet a port already shut.
+func TestACallIsInFlightUntilItsAnswerIsSent(t *testing.T) {
+	reply := func(c *rpcport.Conn, f netio.Frame, _ string) {
+		switch string(f.Group) {
+		case "reply":
+			c.SendNow(netio.AppendReply(nil, f.ID, f.Payload))
+		case "close":
+			c.Close()
+		} // "mute": never answered
+	}
+	addr := startFakeNode(t, "x", testKey, reply).addr
+	pool := New(Options{Self: "self", Key: []byte(testKey), Log: slog.New(slog.DiscardHandler), Metrics: metrics.NewSet()})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); pool.RunExpiry(stop) }()
+	t.Cleanup(func() { close(stop); <-done; pool.Close() })
+	for _, group := range []string{"reply", "mute", "close"} {
+		r := &inFlightRecorder{pool: pool, at: make(chan int, 1)}
+		c := &Call{Caller: r, CallerID: 1, Kind: netio.KindCall, Group: group, Start: time.Now(), Deadline: time.Now().Add(300 * time.Millisecond)}
+		if code, msg := pool.Send("x", addr, c); code != netio.CodeOK {
+			t.Fatalf("%s: send: %v %s", group, code, msg)
+		}
+		select {
+		case n := <-r.at:
+			if n != 1 {
+				t.Errorf("%s: its answer sent with %d calls in flight, want 1 (its own)", group, n)
+			}
+		case <-time.After(testWait):
+			t.Fatalf("%s: no answer", group)
+		}
+		waitUntil(t, func() bool { return pool.TotalInFlight() == 0 })
+	}
+}
