@@ -327,11 +327,21 @@ func (c *Conn) finish() {
 	c.unlock()
 }
 
-// shutWhenWrittenLocked shuts the socket's write side now if no answer
-// waits, else once the queue is written (writeQueuedLocked). c.mu is held.
+// shutWhenWrittenLocked shuts the socket's write side now if no answer is
+// owed, else once the last is written (shutIfAnsweredLocked). c.mu is
+// held.
 func (c *Conn) shutWhenWrittenLocked() {
 	c.wantShut = true
-	if len(c.out) == 0 && !c.closed && !c.wrShut {
+	c.shutIfAnsweredLocked()
+}
+
+// shutIfAnsweredLocked shuts the write side, as Stop wants, once no answer
+// waits in the queue and none is owed: a call the handler has not yet
+// answered holds the FIN back, so a clean close still means every answer
+// came (Stop resets the connection if the answer does not come within
+// stopLinger). c.mu is held.
+func (c *Conn) shutIfAnsweredLocked() {
+	if c.wantShut && !c.wrShut && !c.closed && len(c.out) == 0 && c.inFlight.Load() <= 0 {
 		c.wrShut = true
 		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
 	}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"tpsched/netio"
@@ -847,5 +848,52 @@ func TestAnswerToResetConnection(t *testing.T) {
 		if err := call(c, c, 2, []byte("after a reset")); err != nil {
 			t.Fatalf("round %d: a call on another connection after a caller reset its own: %v", i, err)
 		}
+	}
+}
+
+// TestStopHoldsTheFINForAnAnswerOwed: Stop shuts a connection's write side
+// only once the answers it owes are written, so that a clean close still
+// means every answer came: a call answered after Stop began gets its
+// answer and then the FIN; one never answered ends with a reset, not a
+// FIN, within stopLinger.
+func TestStopHoldsTheFINForAnAnswerOwed(t *testing.T) {
+	var mu sync.Mutex
+	held := map[uint64]*Conn{}
+	h := &hookHandler{onFrame: func(c *Conn, f netio.Frame) {
+		mu.Lock()
+		held[f.ID] = c
+		mu.Unlock()
+	}}
+	s, err := Listen(Options{Addr: "127.0.0.1:0"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, never := dial(t, s.Addr()), dial(t, s.Addr())
+	for id, c := range map[uint64]net.Conn{1: late, 2: never} {
+		if _, err := c.Write(callFrame(id, []byte("x"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "both calls", func() bool { mu.Lock(); defer mu.Unlock(); return len(held) == 2 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop(context.Background()) }()
+	time.Sleep(200 * time.Millisecond) // Stop has looked at both connections
+	mu.Lock()
+	sc := held[1]
+	mu.Unlock()
+	if err := sc.Send(netio.AppendReply(nil, 1, []byte("late"))); err != nil {
+		t.Fatalf("the answer sent after Stop began: %v", err)
+	}
+	if f, err := readFrame(late); err != nil || f.ID != 1 || string(f.Payload) != "late" {
+		t.Fatalf("the caller answered after Stop began read %+v %q, %v; want its reply", f.Header, f.Payload, err)
+	}
+	if _, err := readFrame(late); !errors.Is(err, io.EOF) {
+		t.Errorf("after its answer: %v, want the FIN (EOF)", err)
+	}
+	if _, err := readFrame(never); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the caller never answered: %v, want a reset (no clean close with an answer owed)", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("stop: %v", err)
 	}
 }

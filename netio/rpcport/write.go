@@ -58,6 +58,7 @@ func (c *Conn) sendLocked(b []byte, reuse bool) error {
 			return fmt.Errorf("netio: send to %s: %w", c.remote, err)
 		}
 		if n == len(b) {
+			c.shutIfAnsweredLocked()
 			c.endIfAnsweredLocked()
 			return nil
 		}
@@ -202,10 +203,7 @@ func (c *Conn) writeQueuedLocked() {
 		c.srv.outPoll.del(c)
 		c.polled = false
 	}
-	if c.wantShut && !c.wrShut {
-		c.wrShut = true
-		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
-	}
+	c.shutIfAnsweredLocked()
 	c.endIfAnsweredLocked()
 }
 
