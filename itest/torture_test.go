@@ -757,6 +757,17 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 	return c
 }
 
+// longCall is a call to back/work that sleeps 5 to 7.5 s (its watch_time
+// is 8): made as a hand-over begins, it keeps its connection open past the
+// old process's wait for its callers to leave (-drain-timeout 5s), so the
+// old process drains with calls in flight and answers the last of them
+// while it looks for none left.
+func (tt *torture) longCall(rng *rand.Rand) *tcall {
+	c := &tcall{id: tt.nextID.Add(1), flag: "n", sentAt: time.Since(tt.start), group: "back", service: "work"}
+	c.req = fmt.Appendf(nil, "%d n %d", c.id, 5000+rng.IntN(2500))
+	return c
+}
+
 // burstGroupAt is the burst group whose calls a draw p (0 to 99) of
 // newCall makes, or nil: each burst group whose attack is on takes 10 in
 // turn from 20 up, the first of them also what is below 20 when
@@ -788,16 +799,20 @@ func (tt *torture) inC(group string) bool {
 // caller is one caller, connection after connection, until the run ends.
 func (tt *torture) caller(rng *rand.Rand) {
 	for tt.ctx.Err() == nil {
-		tt.connection(rng)
+		tt.connection(rng, false)
 		if rng.IntN(3) == 0 {
 			time.Sleep(time.Duration(rng.IntN(5)) * time.Millisecond)
 		}
 	}
 }
 
-func (tt *torture) connection(rng *rand.Rand) {
+// connection is one connection of a caller: its calls, pipelined, and
+// their answers. A lingering one (restartOnce's) reads every answer of its
+// one or two long calls.
+func (tt *torture) connection(rng *rand.Rand, lingering bool) {
 	mode := "read" // read every answer, then close
 	switch p := rng.IntN(100); {
+	case lingering:
 	case p < 15 && tt.attacks["callers"]:
 		mode = "halfclose"
 	case p < 40 && tt.attacks["callers"]:
@@ -809,6 +824,9 @@ func (tt *torture) connection(rng *rand.Rand) {
 	if rng.IntN(2) == 0 {
 		k = 2 + rng.IntN(7)
 	}
+	if lingering {
+		k = 1 + rng.IntN(2)
+	}
 	nc, err := tt.dial(3 * time.Second)
 	if err != nil {
 		tt.count("connections not opened (dial failed)", 1)
@@ -819,7 +837,11 @@ func (tt *torture) connection(rng *rand.Rand) {
 	calls := make([]*tcall, k)
 	byID := map[uint64]*tcall{}
 	for i := range calls {
-		calls[i] = tt.newCall(rng)
+		if lingering {
+			calls[i] = tt.longCall(rng)
+		} else {
+			calls[i] = tt.newCall(rng)
+		}
 		byID[calls[i].id] = calls[i]
 	}
 	tt.mu.Lock()
@@ -831,7 +853,7 @@ func (tt *torture) connection(rng *rand.Rand) {
 	// for: its 'protocol error' must settle none of the real calls (a
 	// half-close after it would then end the connection with one owed).
 	stray, strayID := -1, uint64(0)
-	if tt.attacks["callers"] && rng.IntN(10) == 0 {
+	if tt.attacks["callers"] && !lingering && rng.IntN(10) == 0 {
 		stray, strayID = rng.IntN(k), tt.nextID.Add(1)
 	}
 	strayAnswered := false
@@ -1320,6 +1342,13 @@ func (tt *torture) fdPressureOnce(rng *rand.Rand) {
 func (tt *torture) restartOnce(rng *rand.Rand) {
 	old := int(tt.pid.Load())
 	before := len(newPIDLine.FindAllStringSubmatch(tt.n.logText(), -1))
+	if rng.IntN(2) == 0 { // calls still in flight when the old process drains
+		lingered := make(chan struct{})
+		go func() { defer close(lingered); tt.connection(rand.New(rand.NewPCG(rng.Uint64(), 0)), true) }()
+		defer func() { <-lingered }()
+		tt.count("hand-overs with a long call on the old process", 1)
+		time.Sleep(50 * time.Millisecond) // its calls reach the old process
+	}
 	tt.restartAt.Store(time.Now().UnixNano())
 	tt.restarting.Store(true)
 	defer func() {
