@@ -184,6 +184,18 @@ func (s *fakeServer) kill(slot int) error {
 	return s.run(slot)
 }
 
+// hangingSlot is the slot whose process entered hang next.
+func (s *fakeServer) hangingSlot(t *testing.T) int {
+	t.Helper()
+	select {
+	case slot := <-s.hanging:
+		return slot
+	case <-time.After(testWait):
+		t.Fatal("the hanging call never reached the process")
+		return 0
+	}
+}
+
 func (s *fakeServer) Kick(int)          {}
 func (s *fakeServer) Attached(int, int) {}
 func (s *fakeServer) Kill(slot, _ int) {
@@ -428,12 +440,7 @@ func TestProcessDyingHoldingCalls(t *testing.T) {
 		t.Fatalf("hang: %v %s", code, msg)
 	}
 	srv := pm.server("g")
-	var slot int
-	select {
-	case slot = <-srv.hanging:
-	case <-time.After(testWait):
-		t.Fatal("the hanging call never reached the process")
-	}
+	slot := srv.hangingSlot(t)
 	for id := uint64(2); id <= 4; id++ {
 		if code, msg := s.Serve(a, frame(id, "g", "echo", fmt.Sprint(id))); code != netio.CodeOK {
 			t.Fatalf("echo %d: %v %s", id, code, msg)
@@ -1044,12 +1051,7 @@ func TestACallIsInFlightUntilItsAnswerIsSent(t *testing.T) {
 	// their deadlines pass.
 	a.serve(t, frame(2, "g", "hang", ""))
 	srv := pm.server("g")
-	var slot int
-	select {
-	case slot = <-srv.hanging:
-	case <-time.After(testWait):
-		t.Fatal("the hanging call never reached the process")
-	}
+	slot := srv.hangingSlot(t)
 	for id := uint64(3); id <= 12; id++ {
 		f := frame(id, "g", "echo", "late")
 		f.TimeoutMs = 100
