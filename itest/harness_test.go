@@ -82,15 +82,22 @@ const raceReport = "WARNING: DATA RACE"
 // holds a race detector's report.
 func checkRace(t *testing.T, what, output string) {
 	t.Helper()
+	if report := firstRaceReport(output); report != "" {
+		t.Errorf("%s reported a data race:\n%s", what, report)
+	}
+}
+
+// firstRaceReport is the first race detector's report in output, or "".
+func firstRaceReport(output string) string {
 	i := strings.Index(output, raceReport)
 	if i < 0 {
-		return
+		return ""
 	}
 	report := output[i:]
 	if end := strings.Index(report, "\n==================\n"); end > 0 {
 		report = report[:end]
 	}
-	t.Errorf("%s reported a data race:\n%s", what, report)
+	return report
 }
 
 // defDir writes a definition directory: a sysconf whose ports are 0 (scdd

@@ -28,7 +28,6 @@ package itest
 // TestTortureCluster for CLUSTER_DURATION).
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -307,8 +306,8 @@ func (tt *torture) summarize() {
 	}
 	for _, name := range logs {
 		b, _ := os.ReadFile(name)
-		if i := bytes.Index(b, []byte(raceReport)); i >= 0 {
-			lines := strings.SplitN(string(b[i:]), "\n", 25)
+		if report := firstRaceReport(string(b)); report != "" {
+			lines := strings.SplitN(report, "\n", 25)
 			why = append(why, "a data race in "+name+", its report begins:")
 			why = append(why, lines[:min(len(lines), 24)]...)
 		}
