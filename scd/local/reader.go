@@ -46,12 +46,11 @@ type reader struct {
 	owed     int                    // the answers in batches, in g.answering until deliver sends them
 }
 
-// owe puts an answer to to in its batch, counted in g.answering (collect's,
-// under mu).
+// owe puts an answer to to in its batch; collect adds what it owed to
+// g.answering once, under mu.
 func (r *reader) owe(to call.Caller, batch []byte) {
 	r.batches[to] = batch
 	r.owed++
-	r.g.answering.Add(1)
 }
 
 // dispatch is the reader of every shared-memory group: wait on the
@@ -315,7 +314,8 @@ func (r *reader) collect() {
 			r.bad = append(r.bad, slotPID{slot, p.PID()})
 		}
 	}
-	u := g.takeUndelivered() // its calls are in g.answering: owed here
+	g.answering.Add(int64(r.owed)) // in the look that took them off the queue
+	u := g.takeUndelivered()       // its calls are in g.answering: owed here
 	for _, c := range u.calls {
 		g.terminated.Inc()
 		if !c.cl.noReply {
