@@ -20,10 +20,12 @@ type parking struct {
 	m      *envs
 	parked map[string][]*peers.Call // by environment; guarded by m.mu
 	closed bool                     // guarded by m.mu: the manager closed, no call is parked any more
-	// handing is how many calls a find took off parked and dispatch has
-	// not yet served, sent on or answered (guarded by m.mu): held counts
-	// them, so that a drain does not see none between the take and the
-	// local queue or the peer pool that counts them next.
+	// handing is how many calls were taken off parked and are not yet
+	// served, sent on or answered (guarded by m.mu): by a find for
+	// dispatch, or by a deadline, a quiesce or the close for their
+	// answers. held counts them, so that a drain does not see none
+	// between the take and the answer sent or the local queue or the
+	// peer pool that counts them next.
 	handing int
 }
 
@@ -119,11 +121,7 @@ func (p *parking) schedule(c call.Caller, from call.From, f *netio.Frame) (bool,
 // dispatch serves, sends on or answers the calls that waited for a find.
 func (p *parking) dispatch(parked []*peers.Call, fl *flight) {
 	m := p.m
-	defer func() { // each is counted by the local queue or the peer pool now, or answered
-		m.mu.Lock()
-		p.handing -= len(parked)
-		m.mu.Unlock()
-	}()
+	defer p.handed(len(parked)) // each is counted by the local queue or the peer pool now, or answered
 	if fl.err != nil {
 		code, msg := netio.CodeNoSuchGroup, fl.err.Error()
 		var ne *netio.Error
@@ -186,22 +184,24 @@ func (p *parking) expire(now time.Time) {
 		clear(list[len(kept):])
 		p.parked[env] = kept
 	}
+	p.handing += len(late)
 	m.mu.Unlock()
 	for _, fc := range late {
 		fc.Fail(netio.CodeTimedOut, fmt.Sprintf("no server of %s was ready within %v", fc.Group, call.RoundLimit(fc.Deadline.Sub(fc.Start))))
 	}
+	p.handed(len(late))
 }
 
 // answerAll answers every call waiting for a server of env.
 func (p *parking) answerAll(env string, code netio.Code, msg string) {
 	m := p.m
 	m.mu.Lock()
-	parked := p.parked[env]
-	delete(p.parked, env)
+	parked := p.takeLocked(env)
 	m.mu.Unlock()
 	for _, fc := range parked {
 		fc.Fail(code, msg)
 	}
+	p.handed(len(parked))
 }
 
 // close answers the calls still waiting for a server and parks no more:
@@ -210,22 +210,34 @@ func (p *parking) close() {
 	m := p.m
 	m.mu.Lock()
 	p.closed = true
-	parked := p.parked
-	p.parked = map[string][]*peers.Call{}
-	m.mu.Unlock()
-	for _, list := range parked {
-		for _, fc := range list {
-			fc.Fail(netio.CodeShuttingDown, "the node stopped before a server of "+fc.Group+" was ready")
-		}
+	var parked []*peers.Call
+	for env := range p.parked {
+		parked = append(parked, p.takeLocked(env)...)
 	}
+	m.mu.Unlock()
+	for _, fc := range parked {
+		fc.Fail(netio.CodeShuttingDown, "the node stopped before a server of "+fc.Group+" was ready")
+	}
+	p.handed(len(parked))
 }
 
-// take takes the calls parked for env, which the find that ended now
-// serves, sends on or answers (dispatch, which it must be given to).
-// Under m.mu.
+// takeLocked takes the calls parked for env, counted in handing until
+// the taker has answered them or passed them on and called handed (a
+// find's end: dispatch, which they must be given to). Under m.mu.
 func (p *parking) takeLocked(env string) []*peers.Call {
 	parked := p.parked[env]
 	delete(p.parked, env)
 	p.handing += len(parked)
 	return parked
+}
+
+// handed counts off n calls taken off parked: answered, or counted by the
+// local queue or the peer pool now.
+func (p *parking) handed(n int) {
+	if n == 0 {
+		return
+	}
+	p.m.mu.Lock()
+	p.handing -= n
+	p.m.mu.Unlock()
 }

@@ -746,3 +746,79 @@ func (h *blockingHandler) Handle(_ context.Context, r slog.Record) error {
 	}
 	return nil
 }
+
+// heldAtAnswer is a caller that, at each answer sent to it, checks that
+// the routing manager still counts every call of its own not yet
+// answered, the one being answered included: a drain that polls
+// Manager.Parked must not see them gone before their answers are sent.
+type heldAtAnswer struct {
+	t        *testing.T
+	w        *Manager
+	mu       sync.Mutex
+	owed     int
+	answered map[uint64]netio.Code
+}
+
+func (h *heldAtAnswer) Send(b []byte) error {
+	f, _, err := netio.Decode(b, 1<<20)
+	if err != nil {
+		return err
+	}
+	held := h.w.Parked()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if held < h.owed {
+		h.t.Errorf("call %d answered %v with %d calls held, %d owed: a drain would see them gone", f.ID, f.Code, held, h.owed)
+	}
+	h.owed--
+	h.answered[f.ID] = f.Code
+	return nil
+}
+
+func (h *heldAtAnswer) park(env string, calls ...*peers.Call) {
+	p := h.w.envs.park
+	p.m.mu.Lock()
+	p.parked[env] = append(p.parked[env], calls...)
+	p.m.mu.Unlock()
+	h.mu.Lock()
+	h.owed += len(calls)
+	h.mu.Unlock()
+}
+
+// TestAParkedCallIsHeldUntilItsAnswerIsSent: the parked calls answered at
+// their deadline, for a quiesce and at the close are taken off parked
+// under the manager's lock and answered after it; until each answer is
+// sent the manager must still count the call, as it does for the calls a
+// find hands on, or a drain could stop the port in between and the answer
+// would meet a closed connection.
+func TestAParkedCallIsHeldUntilItsAnswerIsSent(t *testing.T) {
+	orders := &fakeGroup{never: true}
+	w, _ := testManager(t, orders)
+	h := &heldAtAnswer{t: t, w: w, answered: map[uint64]netio.Code{}}
+	parked := func(id uint64, deadline time.Time) *peers.Call {
+		return &peers.Call{Caller: h, CallerID: id, Kind: netio.KindCall, Group: "orders", Service: "echo",
+			Payload: []byte("x"), TimeoutMs: 500, Start: time.Now(), Deadline: deadline}
+	}
+	past, later := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
+
+	h.park("orders", parked(1, past), parked(2, past), parked(3, later))
+	w.envs.park.expire(time.Now())
+	h.park("orders", parked(4, later))
+	w.envs.park.answerAll("orders", netio.CodeServiceClosed, "quiesced")
+	h.park("orders", parked(5, later), parked(6, later))
+	h.park("other", parked(7, later))
+	w.Close()
+
+	want := map[uint64]netio.Code{1: netio.CodeTimedOut, 2: netio.CodeTimedOut, 3: netio.CodeServiceClosed,
+		4: netio.CodeServiceClosed, 5: netio.CodeShuttingDown, 6: netio.CodeShuttingDown, 7: netio.CodeShuttingDown}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, code := range want {
+		if got, ok := h.answered[id]; !ok || got != code {
+			t.Errorf("call %d: answered %v (%v), want %v", id, got, ok, code)
+		}
+	}
+	if n := w.Parked(); n != 0 || h.owed != 0 {
+		t.Errorf("after the answers: %d calls held, %d owed; want none", n, h.owed)
+	}
+}
