@@ -500,14 +500,16 @@ func (t *target) redirect(mc *netio.MuxConn, cl *Call) bool {
 	if r.Addr == t.addr && (!multi || lanes >= r.Count) {
 		return false
 	}
-	p.count(cl, -1) // enqueue counts it again
+	// enqueue counts it again; the count it holds goes once it is queued
+	// or answered, so that a drain never sees it in neither.
 	switch p.enqueue(cl) {
 	case enqueued:
+		p.count(cl, -1)
 	case queueFull:
 		cl.Fail(netio.CodeServerBusy, "too many calls waiting for node "+p.node)
+		p.count(cl, -1) // after the answer: see Answer
 	default:
-		p.count(cl, 1) // handOn takes it off again
-		p.handOn(cl)
+		p.handOn(cl) // takes its count off
 	}
 	return true
 }

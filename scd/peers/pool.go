@@ -439,9 +439,12 @@ func (pr *peer) halt(replaced bool) {
 	close(pr.stop)
 }
 
-// retry sends c elsewhere after a failure to reach this peer.
+// retry sends c elsewhere after a failure to reach this peer. Its count
+// here goes once rerouting has answered it or handed it to whatever
+// counts it next (the local queue, another peer), so that a drain never
+// sees it in neither.
 func (pr *peer) retry(c *Call, err error) {
-	pr.count(c, -1)
+	defer pr.count(c, -1)
 	pr.pool.reroute(c, fmt.Errorf("node %s (%s): %w: %v", pr.node, pr.addr, ErrCommunication, err))
 }
 
@@ -460,7 +463,7 @@ func (pr *peer) handOn(c *Call) {
 		pr.retry(c, fmt.Errorf("node %s left the cluster", pr.node))
 		return
 	}
-	pr.count(c, -1)
+	defer pr.count(c, -1) // after the answer or the new peer's count: see retry
 	if !replaced {
 		c.Fail(netio.CodeNetworkDown, "node "+pr.node+": this node is stopping")
 		return

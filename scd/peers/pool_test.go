@@ -1434,7 +1434,8 @@ func (r *inFlightRecorder) Send([]byte) error {
 
 // TestACallIsInFlightUntilItsAnswerIsSent: a transferred call counts in
 // TotalInFlight while its answer is sent to its caller, whether the other
-// node replied, its deadline passed or the connection was lost. The
+// node replied, its deadline passed, the connection was lost or the node
+// could not be reached (the call rerouted: here, answered). The
 // node's drain closes the RPC port once nothing is in flight: counted off
 // before the send, an answer could meet a port already shut.
 func TestACallIsInFlightUntilItsAnswerIsSent(t *testing.T) {
@@ -1452,10 +1453,14 @@ func TestACallIsInFlightUntilItsAnswerIsSent(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); pool.RunExpiry(stop) }()
 	t.Cleanup(func() { close(stop); <-done; pool.Close() })
-	for _, group := range []string{"reply", "mute", "close"} {
+	for _, group := range []string{"reply", "mute", "close", "unreachable"} {
 		r := &inFlightRecorder{pool: pool, at: make(chan int, 1)}
 		c := &Call{Caller: r, CallerID: 1, Kind: netio.KindCall, Group: group, Start: time.Now(), Deadline: time.Now().Add(300 * time.Millisecond)}
-		if code, msg := pool.Send("x", addr, c); code != netio.CodeOK {
+		node, to := "x", addr
+		if group == "unreachable" {
+			node, to = "y", closedPort(t)
+		}
+		if code, msg := pool.Send(node, to, c); code != netio.CodeOK {
 			t.Fatalf("%s: send: %v %s", group, code, msg)
 		}
 		select {
@@ -1468,4 +1473,17 @@ func TestACallIsInFlightUntilItsAnswerIsSent(t *testing.T) {
 		}
 		waitUntil(t, func() bool { return pool.TotalInFlight() == 0 })
 	}
+}
+
+// closedPort is a loopback address nothing listens on: a dial there is
+// refused at once.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }
