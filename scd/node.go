@@ -486,17 +486,12 @@ func (n *Node) drain(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	var left int
-	for {
-		left = n.pool.TotalInFlight() + n.local.InFlight()
-		if n.wlm != nil {
-			// Calls parked for a server that is starting: the drain
-			// timeout is theirs too, else shutdown answers them 'node
-			// shutting down' at once (wlm.Close).
-			left += n.wlm.Parked()
-		}
-		if left == 0 {
+	for quiet := false; ; {
+		left = n.callsOwed()
+		if left == 0 && quiet {
 			break
 		}
+		quiet = left == 0
 		select {
 		case <-ctx.Done():
 			n.log.Warn("drain timed out", "calls_left", left)
@@ -510,6 +505,27 @@ func (n *Node) drain(ctx context.Context) error {
 		err = errors.Join(err, fmt.Errorf("drain: %d call(s) were still in flight", left))
 	}
 	return err
+}
+
+// callsOwed is the calls the node has taken and not yet answered: waiting
+// for the cluster's table, parked for a server that is starting (the
+// drain timeout is theirs too, else shutdown answers them 'node shutting
+// down' at once: wlm.Close), transferred to other nodes, queued here.
+//
+// A call that moves from one of these to another is counted where it goes
+// before it is counted off where it was, so reading them in the order calls
+// flow (the table's wait, then the routing manager, the peer pool, the
+// local queues) never misses one that moves between reads. A call moving
+// against that order (rerouted from one node's peer to another's) can be
+// missed by one reading, not by two: the drain ends on two readings of
+// none in a row.
+func (n *Node) callsOwed() int {
+	left := n.router.Waiting()
+	if n.wlm != nil {
+		left += n.wlm.Parked()
+	}
+	left += n.pool.TotalInFlight()
+	return left + n.local.InFlight()
 }
 
 // How long each part of a shutdown may take: the UAPs to leave (then they

@@ -42,6 +42,7 @@ type parking struct {
 
 	mu      sync.Mutex
 	waiting []parked
+	placing int  // taken off waiting by release, not yet routed or answered
 	running bool // a releaser goroutine owns waiting
 	kept    int  // calls and lookups that waited, for the log
 }
@@ -68,6 +69,17 @@ func (p *parking) settle() {
 	if p != nil {
 		p.settleOnce.Do(func() { p.done.Store(true); close(p.settled) })
 	}
+}
+
+// held is how many calls and lookups wait, or are being placed: a drain
+// waits for them as for the calls queued (Router.Waiting).
+func (p *parking) held() int {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.waiting) + p.placing
 }
 
 // waited is how many calls and lookups have waited.
@@ -132,6 +144,7 @@ func (p *parking) release() {
 			p.mu.Unlock()
 			return
 		}
+		p.placing = len(due) // held until each is answered or counted where it went
 		p.mu.Unlock()
 		for _, pc := range due {
 			if !pc.deadline.IsZero() && !pc.deadline.After(now) {
@@ -141,6 +154,9 @@ func (p *parking) release() {
 			}
 		}
 		if len(due) > 0 {
+			p.mu.Lock()
+			p.placing = 0
+			p.mu.Unlock()
 			continue // calls may have come meanwhile
 		}
 		timer.Reset(time.Until(next))
@@ -151,6 +167,10 @@ func (p *parking) release() {
 		}
 	}
 }
+
+// Waiting is how many calls (and lookups) wait for the table to settle or
+// are being placed after it: the node's drain counts them as in flight.
+func (r *Router) Waiting() int { return r.parking.held() }
 
 // parkCall keeps a call Route could place nowhere while the table has not
 // settled; false when it is not kept (park's look: it settled meanwhile,

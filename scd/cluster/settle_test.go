@@ -260,3 +260,87 @@ func TestLookupOfAHeldGroupDoesNotWait(t *testing.T) {
 		t.Error("the lookup of a group held everywhere waited for the table")
 	}
 }
+
+// waitingAtAnswer is a caller that, at each answer sent to it, checks that
+// the router still counts every call of its own that waited and is not yet
+// answered, the one being answered included.
+type waitingAtAnswer struct {
+	t        *testing.T
+	r        *testRouter
+	mu       sync.Mutex
+	owed     int
+	answered map[uint64]netio.Code
+}
+
+func (w *waitingAtAnswer) Send(b []byte) error {
+	f, _, err := netio.Decode(b, 1<<20)
+	if err != nil {
+		return err
+	}
+	waiting := w.r.Waiting()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if waiting < w.owed {
+		w.t.Errorf("call %d answered %v with %d calls waiting, %d owed: a drain would see them gone", f.ID, f.Code, waiting, w.owed)
+	}
+	w.owed--
+	w.answered[f.ID] = f.Code
+	return nil
+}
+
+// TestAWaitingCallCountsUntilItIsAnswered: the calls that wait for the
+// table are counted (Router.Waiting, which the node's drain adds to its
+// calls in flight) while they wait and until each is answered or placed,
+// whether its deadline passed or the table settled. Uncounted, a drain
+// that began as a new node learned the table (a hand-over soon after a
+// start) saw none, and the port closed before their answers.
+func TestAWaitingCallCountsUntilItIsAnswered(t *testing.T) {
+	r := awaitingRouter(t, time.Minute)
+	w := &waitingAtAnswer{t: t, r: r, answered: map[uint64]netio.Code{}}
+	park := func(id uint64, timeoutMs uint32) {
+		t.Helper()
+		f := &netio.Frame{Header: netio.Header{Kind: netio.KindCall, ID: id, TimeoutMs: timeoutMs}, Group: []byte("nowhere"), Service: []byte("echo")}
+		var deadline time.Time
+		if timeoutMs > 0 {
+			deadline = time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
+		}
+		w.mu.Lock()
+		w.owed++
+		w.mu.Unlock()
+		if !r.parkCall(w, call.From{}, f, deadline) {
+			t.Fatalf("call %d was not kept to wait", id)
+		}
+	}
+	park(1, 50)
+	park(2, 0)
+	park(3, 0)
+	if n := r.Waiting(); n < 2 {
+		t.Errorf("%d calls waiting after three were kept, want at least 2 (one may be answered at its deadline)", n)
+	}
+	answered := func(n int) func() bool {
+		return func() bool { w.mu.Lock(); defer w.mu.Unlock(); return len(w.answered) >= n }
+	}
+	waitUntil(t, "the call with 50 ms answered at its deadline", answered(1))
+	r.parking.settle()
+	waitUntil(t, "the calls that waited answered once the table settled", answered(3))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	want := map[uint64]netio.Code{1: netio.CodeTimedOut, 2: netio.CodeNoSuchGroup, 3: netio.CodeNoSuchGroup}
+	for id, code := range want {
+		if got := w.answered[id]; got != code {
+			t.Errorf("call %d answered %v, want %v", id, got, code)
+		}
+	}
+	if n := r.Waiting(); n != 0 {
+		t.Errorf("%d calls waiting after every answer", n)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(testWait); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", testWait, what)
+		}
+	}
+}
