@@ -1338,7 +1338,13 @@ func (tt *torture) fdPressureOnce(rng *rand.Rand) {
 	tt.sleep(1500 * time.Millisecond)
 }
 
-func (tt *torture) restartOnce(rng *rand.Rand) {
+func (tt *torture) restartOnce(rng *rand.Rand) { tt.handOver(rng, rng.IntN(4) == 0) }
+
+// handOver is one hand-over, waited for; again hands the new process over
+// as well as soon as it serves, while it may still be learning the
+// cluster's table (its calls for the other nodes' groups wait for it) and
+// its predecessor drains.
+func (tt *torture) handOver(rng *rand.Rand, again bool) {
 	old := int(tt.pid.Load())
 	before := len(newPIDLine.FindAllStringSubmatch(tt.n.logText(), -1))
 	if rng.IntN(2) == 0 { // calls still in flight when the old process drains
@@ -1363,6 +1369,10 @@ func (tt *torture) restartOnce(rng *rand.Rand) {
 		if m := newPIDLine.FindAllStringSubmatch(tt.n.logText(), -1); len(m) > before {
 			p, _ := strconv.Atoi(m[len(m)-1][1])
 			tt.pid.Store(int64(p))
+			if again && tt.sleep(time.Duration(max(0, rng.IntN(1000)-500))*time.Millisecond) {
+				tt.count("hand-overs soon after a start", 1)
+				tt.handOver(rng, false)
+			}
 			// The old process drains (-drain-timeout 5s) and exits.
 			for time.Now().Before(deadline) && pidAliveInt(old) {
 				time.Sleep(20 * time.Millisecond)
