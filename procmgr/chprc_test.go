@@ -264,14 +264,21 @@ func (p *lockProbe) check(where string) {
 	if s := p.srv.Load(); s != nil {
 		locks["Server.mu"] = &s.mu
 	}
+	// A TryLock here also fails while another goroutine of the manager
+	// holds the lock a moment (a busy machine made that a failure): the
+	// question is whether this goroutine's caller holds it, which a lock
+	// taken elsewhere answers: held by the caller, it is not free until
+	// the Delegate returns.
 	for name, l := range locks {
-		if !l.TryLock() {
+		got := make(chan struct{})
+		go func() { l.Lock(); l.Unlock(); close(got) }()
+		select {
+		case <-got:
+		case <-time.After(5 * time.Second):
 			p.mu.Lock()
 			p.held = append(p.held, where+" with "+name+" held")
 			p.mu.Unlock()
-			continue
 		}
-		l.Unlock()
 	}
 }
 
