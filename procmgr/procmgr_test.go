@@ -214,6 +214,13 @@ func runChild(mode string) int {
 				time.Sleep(2 * time.Millisecond)
 			}
 		}()
+	case "forkingdeep": // the same, 200 of them, each a chain of three: a shell forks a shell that forks one
+		go func() {
+			for range 200 {
+				_ = exec.Command("sh", "-c", `sh -c 'sh -c "exec sleep 3600" & exec sleep 3600' & exec sleep 3600`).Start()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
 	}
 	var grandchild *exec.Cmd
 	if mode == "stubborn" {
@@ -255,7 +262,7 @@ func runChild(mode string) int {
 			held = append(held, b)
 		}
 		return len(held) // not reached under a limit below 4 GiB
-	case "sleep", "stubborn", "burn", "escape", "bomb", "initfork", "inherit", "chatty", "forking":
+	case "sleep", "stubborn", "burn", "escape", "bomb", "initfork", "inherit", "chatty", "forking", "forkingdeep":
 		time.Sleep(time.Hour)
 		return 0
 	}
