@@ -19,6 +19,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"golang.org/x/sys/unix"
 
+	"tpsched/internal/freeport"
 	"tpsched/netio"
 	"tpsched/netio/rpcport"
 	"tpsched/scd/client"
@@ -1458,7 +1459,11 @@ func TestACallIsInFlightUntilItsAnswerIsSent(t *testing.T) {
 		c := &Call{Caller: r, CallerID: 1, Kind: netio.KindCall, Group: group, Start: time.Now(), Deadline: time.Now().Add(300 * time.Millisecond)}
 		node, to := "x", addr
 		if group == "unreachable" {
-			node, to = "y", closedPort(t)
+			var err error
+			if to, err = freeport.Addr(); err != nil { // nothing listens: the dial is refused
+				t.Fatal(err)
+			}
+			node = "y"
 		}
 		if code, msg := pool.Send(node, to, c); code != netio.CodeOK {
 			t.Fatalf("%s: send: %v %s", group, code, msg)
@@ -1473,17 +1478,4 @@ func TestACallIsInFlightUntilItsAnswerIsSent(t *testing.T) {
 		}
 		waitUntil(t, func() bool { return pool.TotalInFlight() == 0 })
 	}
-}
-
-// closedPort is a loopback address nothing listens on: a dial there is
-// refused at once.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
