@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -98,6 +99,25 @@ func firstRaceReport(output string) string {
 		report = report[:end]
 	}
 	return report
+}
+
+// linesMatching is the last limit lines of log that re matches.
+func linesMatching(log string, re *regexp.Regexp, limit int) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if re.MatchString(l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out[len(out)-min(len(out), limit):], "\n")
+}
+
+// grepLines is the lines of text that contain sub, each with its newline.
+func grepLines(text, sub string) string {
+	if lines := linesMatching(text, regexp.MustCompile(regexp.QuoteMeta(sub)), math.MaxInt); lines != "" {
+		return lines + "\n"
+	}
+	return ""
 }
 
 // defDir writes a definition directory: a sysconf whose ports are 0 (scdd

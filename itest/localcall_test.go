@@ -1,7 +1,6 @@
 package itest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -193,16 +192,6 @@ func TestLocalCallToAnotherNode(t *testing.T) {
 	if st := groupStatus(t, nodes[1], "far"); st.Processed < 20 {
 		t.Errorf("n1 served %d calls of far; want the 20 n0's UAP made", st.Processed)
 	}
-}
-
-func grepLines(text, sub string) string {
-	var b bytes.Buffer
-	for _, l := range strings.Split(text, "\n") {
-		if strings.Contains(l, sub) {
-			b.WriteString(l + "\n")
-		}
-	}
-	return b.String()
 }
 
 // TestChaosLocalCallsKilledUAPs kills, every 0.3 s, a process of the

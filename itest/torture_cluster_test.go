@@ -619,14 +619,3 @@ func (lo *loFaults) counted() int {
 // left or died, the name table settled, memberlist's own warnings, a
 // hand-over.
 var membersLine = regexp.MustCompile(`node left or died|name table settled|cluster joined|msg=memberlist|restart`)
-
-// linesMatching is the last limit lines of log that re matches.
-func linesMatching(log string, re *regexp.Regexp, limit int) string {
-	var out []string
-	for _, l := range strings.Split(log, "\n") {
-		if re.MatchString(l) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out[len(out)-min(len(out), limit):], "\n")
-}
