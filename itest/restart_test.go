@@ -507,6 +507,51 @@ func TestStopDuringRestartStopsTheNode(t *testing.T) {
 	}
 }
 
+// TestStatusAfterARestartComesFromTheNewProcess: a status client that keeps
+// its connection open between requests (HTTP keep-alive: Go's client,
+// Prometheus, a browser) reads the new process's status once a restart
+// has handed the node over, not the old process's while that one drains.
+// The old one's cluster table stops at the hand-over: the cluster torture,
+// reading it, took a node for back in n0's table while n0's new process,
+// which had joined during that node's cut, did not know it yet
+// (docs/RELIABILITY.md).
+func TestStatusAfterARestartComesFromTheNewProcess(t *testing.T) {
+	skipShort(t)
+	n := startRestartingNode(t, defDir(t, "", map[string]string{"light": lightServer}), "-drain-timeout", "20s")
+	first := n.cmd.Process.Pid
+	// A caller that ignores go-away keeps the old process letting its
+	// callers go for the drain's 20 s.
+	held, err := net.Dial("tcp", n.rpc)
+	must(t, err)
+	defer held.Close()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	pidOf := func() int {
+		t.Helper()
+		resp, err := hc.Get("http://" + n.http + "/status")
+		must(t, err)
+		defer resp.Body.Close()
+		var st scd.Status
+		must(t, json.NewDecoder(resp.Body).Decode(&st))
+		return st.PID
+	}
+	if p := pidOf(); p != first {
+		t.Fatalf("status before the restart says pid %d, want %d", p, first)
+	}
+	must(t, syscall.Kill(first, syscall.SIGUSR2))
+	waitFor(t, 30*time.Second, "the hand-over", func() bool {
+		return strings.Contains(n.logText(), "restart: the new process serves")
+	}, n.logText)
+	for i := range 3 {
+		if p := pidOf(); p == first {
+			t.Fatalf("status read %d after the hand-over came from the old process (pid %d)", i+1, p)
+		}
+	}
+	if !pidAliveInt(first) {
+		t.Fatal("the old process exited already: the test shows nothing")
+	}
+}
+
 // TestAStopToBothProcessesDrainsTheNewOne: a stop that reaches both
 // processes of a restart while the old one still lets its callers go
 // (Ctrl-C at a terminal, kill of the process group, pkill scdd) drains

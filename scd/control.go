@@ -556,6 +556,18 @@ func (d *doors) handOff() (metricsF, controlF *os.File, err error) {
 	return metricsF, controlF, nil
 }
 
+// letGo is the HTTP callers' go-away once a new process serves the node:
+// connections kept alive between requests (Go's client, Prometheus, a
+// browser) would read this process's status and metrics while it drains,
+// its cluster table as it stood at the hand-over, for as long as the drain
+// takes. The idle ones are closed and the busy ones after their answer,
+// so the next request connects, to the new process.
+func (d *doors) letGo() {
+	if d.http != nil {
+		d.http.SetKeepAlivesEnabled(false)
+	}
+}
+
 // resume serves the metrics and control listeners again after a failed
 // hand-over.
 func (d *doors) resume(metricsF, controlF *os.File) {

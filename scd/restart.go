@@ -520,6 +520,7 @@ func (r *restarter) retire() {
 	n := r.n
 	rs := r
 	told := n.rpc.GoAway("this node hands its port to a new process: send new calls on a new connection")
+	n.doors.letGo()
 	start := time.Now()
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
