@@ -153,8 +153,9 @@ func TestTortureCluster(t *testing.T) {
 			for _, p := range peers {
 				fmt.Fprintf(&out, " %s out %s;", p.name, p.outsNear(c.sentAt, c.answeredAt))
 			}
-			examples[c.code] = append(examples[c.code], fmt.Sprintf("  %s/%s sent %v answered %v:%s %q",
-				c.group, c.service, c.sentAt.Round(time.Millisecond), c.answeredAt.Round(time.Millisecond), out.String(), c.msg))
+			examples[c.code] = append(examples[c.code], fmt.Sprintf("  %s/%s sent %v (%s, as in the nodes' logs) answered %v:%s %q",
+				c.group, c.service, c.sentAt.Round(time.Millisecond), tt.start.Add(c.sentAt).UTC().Format("15:04:05.000"),
+				c.answeredAt.Round(time.Millisecond), out.String(), c.msg))
 		}
 		examplesMu.Unlock()
 		return fmt.Sprintf("of which %q while a serving node was in", c.code.String())

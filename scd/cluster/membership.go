@@ -86,7 +86,7 @@ func (r *Router) Announce(state func() names.NodeInfo) {
 // Leave tells the other nodes this node is going, once; before Join it
 // only places the calls still waiting for the table (settle.go).
 func (r *Router) Leave() {
-	r.parking.settle() // the calls still waiting are placed now, on what the table holds
+	r.parking.stop() // the calls still waiting are placed now, on what the table holds (settle.go: cutShort)
 	g := r.gossip.Load()
 	if g == nil {
 		return
@@ -103,7 +103,7 @@ func (r *Router) Leave() {
 // (a restart) accepts and soon announces with a newer boot. Once; before
 // Join it only places the calls still waiting for the table.
 func (r *Router) StopWithoutLeaving() {
-	r.parking.settle() // the calls still waiting are placed now, on what the table holds
+	r.parking.stop() // the calls still waiting are placed now, on what the table holds (settle.go: cutShort)
 	g := r.gossip.Load()
 	if g == nil {
 		return

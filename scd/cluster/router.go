@@ -267,6 +267,10 @@ func (r *Router) route(c call.Caller, from call.From, f *netio.Frame, mayPark bo
 				return r.route(c, from, f, false)
 			}
 		}
+		if g == nil && r.parking.cutShort() {
+			return true, netio.CodeShuttingDown, "this node stopped learning which nodes run " + group +
+				" (a stop or a restart) before it knew: call again"
+		}
 		return false, 0, ""
 	}
 	if cands[i].Local {

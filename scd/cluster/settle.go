@@ -25,6 +25,12 @@ import (
 // anyway (to the same refusal it would have met) after parkBound, so that
 // a node that never joins delays nothing for long. At most maxParked wait;
 // beyond them calls are routed at once.
+//
+// A node that stops or hands over before its table settled (a restart
+// soon after a restart, with a seed not answering) stops learning it: a
+// call no known node takes is then refused as the stop's ('node shutting
+// down', call again), not answered 'no such service group' for a group
+// another node may well run (cutShort).
 
 const (
 	settleBound = 2 * time.Second
@@ -36,6 +42,7 @@ const (
 type parking struct {
 	settled    chan struct{} // closed by settle
 	done       atomic.Bool   // settled is closed: the look on every call's path
+	stopped    atomic.Bool   // settled by stop, before the table did (set before done)
 	settleOnce sync.Once
 	wake       chan struct{} // a call came with an earlier bound (capacity 1)
 	bound      time.Duration // parkBound; shorter in tests
@@ -69,6 +76,21 @@ func (p *parking) settle() {
 	if p != nil {
 		p.settleOnce.Do(func() { p.done.Store(true); close(p.settled) })
 	}
+}
+
+// stop settles the wait because the node stops learning the table (it
+// leaves, or stops its membership for a new process): if the table had
+// not settled, cutShort is true from now on.
+func (p *parking) stop() {
+	if p != nil {
+		p.settleOnce.Do(func() { p.stopped.Store(true); p.done.Store(true); close(p.settled) })
+	}
+}
+
+// cutShort reports whether the node stopped learning the table before it
+// settled: what the table lacks may be what it never learned.
+func (p *parking) cutShort() bool {
+	return p != nil && p.stopped.Load()
 }
 
 // held is how many calls and lookups wait, or are being placed: a drain

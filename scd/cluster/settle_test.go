@@ -343,3 +343,58 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestAStopBeforeTheTableSettledIsNotNoSuchGroup: a node that stops
+// learning the table before it settled (handed over again soon after a
+// restart, or stopped, while a seed does not answer) refuses the calls no
+// known node takes as its stop ('node shutting down': call again), the
+// one that waited and those that come after, and passes none to its local
+// scheduler, which would answer 'no such service group' for a group
+// another node may run (the cluster torture's answers with a serving node
+// in n0's table). A node whose table settled first still answers 'no such
+// service group' when it stops.
+func TestAStopBeforeTheTableSettledIsNotNoSuchGroup(t *testing.T) {
+	for _, stop := range []string{"hand-over", "leave"} {
+		t.Run(stop, func(t *testing.T) {
+			r := awaitingRouter(t, time.Minute)
+			c := r.client(t)
+			waited := make(chan error, 1)
+			go func() {
+				_, err := c.Call(context.Background(), "theirs", "echo", nil)
+				waited <- err
+			}()
+			waitUntil(t, "the call to wait for the table", func() bool { return r.Waiting() == 1 })
+			if stop == "leave" {
+				r.Leave()
+			} else {
+				r.StopWithoutLeaving()
+			}
+			want := func(what string, err error) {
+				t.Helper()
+				if codeOf(err) != netio.CodeShuttingDown || !strings.Contains(err.Error(), "learning which nodes run theirs") {
+					t.Errorf("%s: %v; want 'node shutting down', saying the node had not learned who runs theirs", what, err)
+				}
+			}
+			select {
+			case err := <-waited:
+				want("the call that waited", err)
+			case <-time.After(testWait):
+				t.Fatal("the waiting call was not answered at the stop")
+			}
+			_, err := c.Call(context.Background(), "theirs", "echo", nil)
+			want("a call after the stop", err)
+			if n := r.local.servedCount(); n != 0 {
+				t.Errorf("the local scheduler was given %d of the calls", n)
+			}
+		})
+	}
+	t.Run("settled first", func(t *testing.T) {
+		r := awaitingRouter(t, time.Minute)
+		r.parking.settle()
+		r.StopWithoutLeaving()
+		_, err := r.client(t).Call(context.Background(), "theirs", "echo", nil)
+		if codeOf(err) != netio.CodeNoSuchGroup {
+			t.Errorf("a call after the stop of a node whose table settled: %v; want 'no such service group'", err)
+		}
+	})
+}
