@@ -507,14 +507,15 @@ func TestStopDuringRestartStopsTheNode(t *testing.T) {
 	}
 }
 
-// TestStatusAfterARestartComesFromTheNewProcess: a status client that keeps
-// its connection open between requests (HTTP keep-alive: Go's client,
-// Prometheus, a browser) reads the new process's status once a restart
-// has handed the node over, not the old process's while that one drains.
-// The old one's cluster table stops at the hand-over: the cluster torture,
-// reading it, took a node for back in n0's table while n0's new process,
-// which had joined during that node's cut, did not know it yet
-// (docs/RELIABILITY.md).
+// TestStatusAfterARestartComesFromTheNewProcess: a status client that
+// keeps its connection open between requests (HTTP keep-alive: Go's
+// client, Prometheus, a browser) reads the new process's status once a
+// restart has handed the node over, not the old process's while that one
+// drains, and so does a control client: the old one's cluster table stops
+// at the hand-over (the cluster torture, reading it, took a node for back
+// in n0's table while n0's new process, which had joined during that
+// node's cut, did not know it yet: docs/RELIABILITY.md), and a hold sent
+// to it would hold nothing that serves.
 func TestStatusAfterARestartComesFromTheNewProcess(t *testing.T) {
 	skipShort(t)
 	n := startRestartingNode(t, defDir(t, "", map[string]string{"light": lightServer}), "-drain-timeout", "20s")
@@ -524,27 +525,58 @@ func TestStatusAfterARestartComesFromTheNewProcess(t *testing.T) {
 	held, err := net.Dial("tcp", n.rpc)
 	must(t, err)
 	defer held.Close()
-	hc := &http.Client{Timeout: 10 * time.Second}
-	defer hc.CloseIdleConnections()
-	pidOf := func() int {
+	status := &http.Client{Timeout: 10 * time.Second}
+	defer status.CloseIdleConnections()
+	control := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", n.sock)
+		}}}
+	defer control.CloseIdleConnections()
+	get := func(c *http.Client, url string, v any) {
 		t.Helper()
-		resp, err := hc.Get("http://" + n.http + "/status")
+		resp, err := c.Get(url)
 		must(t, err)
 		defer resp.Body.Close()
+		must(t, json.NewDecoder(resp.Body).Decode(v))
+	}
+	pid := func() int {
+		t.Helper()
 		var st scd.Status
-		must(t, json.NewDecoder(resp.Body).Decode(&st))
+		get(status, "http://"+n.http+"/status", &st)
 		return st.PID
 	}
-	if p := pidOf(); p != first {
+	uapPIDs := func() map[int]bool {
+		t.Helper()
+		var list []scd.GroupProcesses
+		get(control, "http://scdd/prc?group=light", &list)
+		pids := map[int]bool{}
+		for _, g := range list {
+			for _, p := range g.Processes {
+				pids[p.PID] = true
+			}
+		}
+		return pids
+	}
+	if p := pid(); p != first {
 		t.Fatalf("status before the restart says pid %d, want %d", p, first)
 	}
+	before := uapPIDs()
 	must(t, syscall.Kill(first, syscall.SIGUSR2))
 	waitFor(t, 30*time.Second, "the hand-over", func() bool {
 		return strings.Contains(n.logText(), "restart: the new process serves")
 	}, n.logText)
 	for i := range 3 {
-		if p := pidOf(); p == first {
+		if p := pid(); p == first {
 			t.Fatalf("status read %d after the hand-over came from the old process (pid %d)", i+1, p)
+		}
+		now := uapPIDs()
+		if len(now) == 0 {
+			t.Fatalf("prc read %d after the hand-over names no process of light", i+1)
+		}
+		for p := range now {
+			if before[p] {
+				t.Fatalf("prc read %d after the hand-over came from the old process: it names its UAP %d (before: %v)", i+1, p, before)
+			}
 		}
 	}
 	if !pidAliveInt(first) {

@@ -556,15 +556,18 @@ func (d *doors) handOff() (metricsF, controlF *os.File, err error) {
 	return metricsF, controlF, nil
 }
 
-// letGo is the HTTP callers' go-away once a new process serves the node:
+// letGo is the doors' go-away once a new process serves the node:
 // connections kept alive between requests (Go's client, Prometheus, a
 // browser) would read this process's status and metrics while it drains,
-// its cluster table as it stood at the hand-over, for as long as the drain
-// takes. The idle ones are closed and the busy ones after their answer,
+// its cluster table as it stood at the hand-over, and a control client
+// reusing its connection would hold or release groups of a process on its
+// way out. The idle ones are closed and the busy ones after their answer,
 // so the next request connects, to the new process.
 func (d *doors) letGo() {
-	if d.http != nil {
-		d.http.SetKeepAlivesEnabled(false)
+	for _, srv := range []*http.Server{d.http, d.ctl} {
+		if srv != nil {
+			srv.SetKeepAlivesEnabled(false)
+		}
 	}
 }
 

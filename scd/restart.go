@@ -450,6 +450,7 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	if err := sendMsg(conn, takeoverMsg{Step: "left"}, nil); err != nil {
 		n.log.Warn("restart: telling the new process the cluster was left", "err", err)
 	}
+	n.doors.letGo() // before the line that says so: the RPC callers' go-away follows in retire
 	res.Conns = n.rpc.Stats().Conns
 	n.log.Info("restart: the new process serves; letting callers go and draining", "new_pid", m.PID, "took", res.Took,
 		"connections", res.Conns)
@@ -520,7 +521,6 @@ func (r *restarter) retire() {
 	n := r.n
 	rs := r
 	told := n.rpc.GoAway("this node hands its port to a new process: send new calls on a new connection")
-	n.doors.letGo()
 	start := time.Now()
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()

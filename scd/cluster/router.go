@@ -267,9 +267,8 @@ func (r *Router) route(c call.Caller, from call.From, f *netio.Frame, mayPark bo
 				return r.route(c, from, f, false)
 			}
 		}
-		if g == nil && r.parking.cutShort() {
-			return true, netio.CodeShuttingDown, "this node stopped learning which nodes run " + group +
-				" (a stop or a restart) before it knew: call again"
+		if _, defined := r.opts.Local.Group(group); !defined && r.parking.cutShort() {
+			return true, netio.CodeShuttingDown, notLearned(group)
 		}
 		return false, 0, ""
 	}
@@ -446,7 +445,23 @@ func (r *Router) AnswerLookup(c *rpcport.Conn, f *netio.Frame) {
 		}
 		entries = r.names.Lookup(group) // it may have settled since the table was read
 	}
-	c.SendNow(lookupAnswer(f.ID, group, lookupNodes(entries)))
+	c.SendNow(r.lookupAnswerFrom(f.ID, group, entries))
+}
+
+// lookupAnswerFrom is the answer to lookup id for group from its table
+// entries; none, after the node stopped learning the table before it
+// settled, is the stop's refusal (parking.cutShort), as for a call.
+func (r *Router) lookupAnswerFrom(id uint64, group string, entries []names.Entry) []byte {
+	if len(entries) == 0 && r.parking.cutShort() {
+		return netio.AppendError(nil, id, netio.CodeShuttingDown, notLearned(group))
+	}
+	return lookupAnswer(id, group, lookupNodes(entries))
+}
+
+// notLearned is the refusal of a call or lookup for a group no known node
+// runs, by a node that stopped learning the table before it settled.
+func notLearned(group string) string {
+	return "this node stopped learning which nodes run " + group + " (a stop or a restart) before it knew: call again"
 }
 
 // lookupNodes are the nodes of a group's table entries that take its

@@ -28,9 +28,10 @@ import (
 //
 // A node that stops or hands over before its table settled (a restart
 // soon after a restart, with a seed not answering) stops learning it: a
-// call no known node takes is then refused as the stop's ('node shutting
-// down', call again), not answered 'no such service group' for a group
-// another node may well run (cutShort).
+// call or lookup for a group no known node runs and this node does not
+// define is then refused as the stop's ('node shutting down', call again),
+// not answered 'no such service group' for a group another node may well
+// run (cutShort).
 
 const (
 	settleBound = 2 * time.Second
@@ -235,6 +236,6 @@ func (r *Router) parkCall(c call.Caller, from call.From, f *netio.Frame, deadlin
 // runs while the table has not settled; false when it is not kept.
 func (r *Router) parkLookup(c *rpcport.Conn, f *netio.Frame) bool {
 	group, id := string(f.Group), f.ID
-	answer := func() { _ = c.Send(lookupAnswer(id, group, lookupNodes(r.names.Lookup(group)))) }
+	answer := func() { _ = c.Send(r.lookupAnswerFrom(id, group, r.names.Lookup(group))) }
 	return r.parking.park(parked{until: time.Now().Add(r.parking.bound), route: answer, expire: answer})
 }

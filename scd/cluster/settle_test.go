@@ -346,45 +346,73 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 // TestAStopBeforeTheTableSettledIsNotNoSuchGroup: a node that stops
 // learning the table before it settled (handed over again soon after a
-// restart, or stopped, while a seed does not answer) refuses the calls no
-// known node takes as its stop ('node shutting down': call again), the
-// one that waited and those that come after, and passes none to its local
-// scheduler, which would answer 'no such service group' for a group
-// another node may run (the cluster torture's answers with a serving node
-// in n0's table). A node whose table settled first still answers 'no such
-// service group' when it stops.
+// restart, or stopped, while a seed does not answer) refuses the calls and
+// lookups for a group no known node runs as its stop ('node shutting
+// down': call again), the ones that waited and those that come after, and
+// passes no such call to its local scheduler, which would answer 'no such
+// service group' for a group another node may run (the cluster torture's
+// answers with a serving node in n0's table). A group defined here goes to
+// the local scheduler as before, serving or not (it says why), and a node
+// whose table settled first still answers 'no such service group' when it
+// stops.
 func TestAStopBeforeTheTableSettledIsNotNoSuchGroup(t *testing.T) {
+	refused := func(t *testing.T, what string, code netio.Code, msg string) {
+		t.Helper()
+		if code != netio.CodeShuttingDown || !strings.Contains(msg, "learning which nodes run theirs") {
+			t.Errorf("%s: %v %q; want 'node shutting down', saying the node had not learned who runs theirs", what, code, msg)
+		}
+	}
+	refusedCall := func(t *testing.T, what string, err error) {
+		t.Helper()
+		var te *netio.Error
+		if !errors.As(err, &te) {
+			t.Errorf("%s: %v; want 'node shutting down'", what, err)
+			return
+		}
+		refused(t, what, te.Code, te.Message)
+	}
+	lookup := netio.Header{Kind: netio.KindNameLookup}
 	for _, stop := range []string{"hand-over", "leave"} {
 		t.Run(stop, func(t *testing.T) {
 			r := awaitingRouter(t, time.Minute)
+			r.local.mu.Lock()
+			r.local.groups["mine"] = &fakeGroup{} // defined here, not serving
+			r.local.mu.Unlock()
 			c := r.client(t)
 			waited := make(chan error, 1)
 			go func() {
 				_, err := c.Call(context.Background(), "theirs", "echo", nil)
 				waited <- err
 			}()
-			waitUntil(t, "the call to wait for the table", func() bool { return r.Waiting() == 1 })
+			looked := sendRaw(t, r.addr, lookup, "theirs", "")
+			waitUntil(t, "the call and the lookup to wait for the table", func() bool { return r.Waiting() == 2 })
 			if stop == "leave" {
 				r.Leave()
 			} else {
 				r.StopWithoutLeaving()
 			}
-			want := func(what string, err error) {
-				t.Helper()
-				if codeOf(err) != netio.CodeShuttingDown || !strings.Contains(err.Error(), "learning which nodes run theirs") {
-					t.Errorf("%s: %v; want 'node shutting down', saying the node had not learned who runs theirs", what, err)
+			for _, ch := range []<-chan netio.Frame{looked, sendRaw(t, r.addr, lookup, "theirs", "")} {
+				select {
+				case f := <-ch:
+					refused(t, "a lookup", f.Code, string(f.Payload))
+				case <-time.After(testWait):
+					t.Fatal("a lookup was not answered after the stop")
 				}
 			}
 			select {
 			case err := <-waited:
-				want("the call that waited", err)
+				refusedCall(t, "the call that waited", err)
 			case <-time.After(testWait):
 				t.Fatal("the waiting call was not answered at the stop")
 			}
 			_, err := c.Call(context.Background(), "theirs", "echo", nil)
-			want("a call after the stop", err)
+			refusedCall(t, "a call after the stop", err)
 			if n := r.local.servedCount(); n != 0 {
-				t.Errorf("the local scheduler was given %d of the calls", n)
+				t.Errorf("the local scheduler was given %d of the calls for theirs", n)
+			}
+			_, _ = c.Call(context.Background(), "mine", "echo", nil)
+			if n := r.local.servedCount(); n != 1 {
+				t.Errorf("the call for a group defined here reached the local scheduler %d times, want once", n)
 			}
 		})
 	}
@@ -395,6 +423,14 @@ func TestAStopBeforeTheTableSettledIsNotNoSuchGroup(t *testing.T) {
 		_, err := r.client(t).Call(context.Background(), "theirs", "echo", nil)
 		if codeOf(err) != netio.CodeNoSuchGroup {
 			t.Errorf("a call after the stop of a node whose table settled: %v; want 'no such service group'", err)
+		}
+		select {
+		case f := <-sendRaw(t, r.addr, lookup, "theirs", ""):
+			if f.Code != netio.CodeNoSuchGroup {
+				t.Errorf("a lookup after the stop of a node whose table settled: %v %q; want 'no such service group'", f.Code, f.Payload)
+			}
+		case <-time.After(testWait):
+			t.Fatal("a lookup was not answered")
 		}
 	})
 }
