@@ -130,7 +130,7 @@ func TestTortureCluster(t *testing.T) {
 			t.Logf("%q while a serving node was in, the first %d:\n%s", code.String(), len(ex), strings.Join(ex, "\n"))
 		}
 		if len(examples[netio.CodeNoSuchGroup]) > 0 {
-			// Seen once, from a status read of n0's old process
+			// Seen in two runs, each explained and fixed
 			// (docs/RELIABILITY.md): what n0's processes said of the
 			// cluster's members, should another cause show.
 			t.Logf("n0's log on the cluster's members:\n%s", linesMatching(tt.n.logText(), membersLine, 80))
