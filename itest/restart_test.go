@@ -584,6 +584,55 @@ func TestStatusAfterARestartComesFromTheNewProcess(t *testing.T) {
 	}
 }
 
+// TestTheNewProcessStopsAfterTheOld: a stop that reaches only the new
+// process of a restart (systemd's, which signals MAINPID: the new process
+// since the hand-over) while the old one still drains a call waits for
+// the old one to end: under systemd the unit's other processes are killed
+// once its main process exits, which cut the old process's call off
+// unanswered (KillMode=mixed). The call is answered, and the new process
+// is gone only after the old one.
+func TestTheNewProcessStopsAfterTheOld(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "sleep=sleep"`)})
+	n := startRestartingNode(t, dir, "-drain-timeout", "10s")
+	first := n.cmd.Process.Pid
+	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
+	must(t, err)
+	defer c.Close()
+	answered := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := c.Call(ctx, "light", "sleep", []byte("2000"))
+		answered <- err
+	}()
+	waitFor(t, 10*time.Second, "the call to run in the first process", func() bool {
+		pid, held := lightCallHeld(n)
+		return held && pid == first
+	}, n.logText)
+	must(t, syscall.Kill(first, syscall.SIGUSR2))
+	second := 0
+	waitFor(t, 30*time.Second, "the hand-over", func() bool {
+		if m := newPIDLine.FindStringSubmatch(n.logText()); m != nil {
+			second, _ = strconv.Atoi(m[1])
+		}
+		return second != 0
+	}, n.logText)
+	must(t, syscall.Kill(second, syscall.SIGTERM))
+	waitFor(t, 30*time.Second, "the new process to exit", func() bool { return !pidAliveInt(second) }, n.logText)
+	if pidAliveInt(first) {
+		t.Errorf("the new process exited while the old one (pid %d) still drained its call", first)
+	}
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Errorf("the call the old process held: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("the call the old process held was not answered")
+	}
+}
+
 // TestAStopToBothProcessesDrainsTheNewOne: a stop that reaches both
 // processes of a restart while the old one still lets its callers go
 // (Ctrl-C at a terminal, kill of the process group, pkill scdd) drains

@@ -232,7 +232,7 @@ func (n *Node) Start() (err error) {
 	defer func() {
 		if err != nil {
 			n.restart.takeoverFailed(err)
-			n.shutdown()
+			n.shutdown(time.Time{})
 		}
 	}()
 	if n.ports, err = bindPorts(n.cfg, rpcOptions(n.cfg, n.opts, n.metrics, n.log), n.restart.peer != nil); err != nil {
@@ -478,6 +478,7 @@ func (n *Node) Drain(ctx context.Context) error {
 }
 
 func (n *Node) drain(ctx context.Context) error {
+	stopBy := time.Now().Add(n.StopBound())
 	n.router.LeaveAndWait(ctx) // the other nodes stop sending here first
 	n.draining.Store(true)
 	n.log.Info("draining: new calls are refused")
@@ -500,7 +501,7 @@ func (n *Node) drain(ctx context.Context) error {
 		}
 		break
 	}
-	err := n.shutdown()
+	err := n.shutdown(stopBy)
 	if left > 0 {
 		err = errors.Join(err, fmt.Errorf("drain: %d call(s) were still in flight", left))
 	}
@@ -544,8 +545,10 @@ const (
 	shutdownBound = uapStopTime + procmgr.KillWait + rpcStopTime + httpStopTime + controlStopTime
 )
 
-// shutdown stops whatever has been started, in the reverse order.
-func (n *Node) shutdown() error {
+// shutdown stops whatever has been started, in the reverse order; a
+// process a restart started waits, until oldBy at the most, for the old
+// process to end its drain (restarter.waitOld).
+func (n *Node) shutdown(oldBy time.Time) error {
 	var errs []error
 	n.ports.close()
 	n.restart.closeInherited()
@@ -582,6 +585,7 @@ func (n *Node) shutdown() error {
 	if n.meter != nil {
 		errs = append(errs, n.meter.Close()) // after procmgr: no process is read any more
 	}
+	n.restart.waitOld(oldBy)
 	// Last: while it is open, an old process that passes a stop on does
 	// not fall back to a signal, which this one would take for a second.
 	n.restart.closeOld()

@@ -100,6 +100,7 @@ type restarter struct {
 	stopMade       sync.Once
 	stopOnce       sync.Once
 	stopAsked      chan struct{} // made by stopAskedCh
+	oldGone        chan struct{} // made at the commit, closed when watchOld ends
 	oldPID         int           // the old process: this one's parent while it runs
 	inheritRPC     []rpcport.Listener
 	inheritMetrics net.Listener
@@ -280,7 +281,13 @@ func (n *Node) Restart(ctx context.Context) (RestartResult, error) { return n.re
 func (r *restarter) restart(ctx context.Context) (RestartResult, error) {
 	n, rs := r.n, r
 	if !rs.running.CompareAndSwap(false, true) {
-		return RestartResult{}, errors.New("restart: one is under way already")
+		// Said here too: a SIGUSR2 has nobody else to tell.
+		err := errors.New("restart: one is under way already")
+		if rs.handedOver.Load() {
+			err = fmt.Errorf("restart: this process handed the node to pid %d already and drains: restart that one", rs.newPID.Load())
+		}
+		n.log.Warn("restart refused", "err", err)
+		return RestartResult{}, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -720,6 +727,7 @@ func (r *restarter) takeoverServing() error {
 		// Committed: the old process may pass a stop on over the socket
 		// (drainedByRestart) while it drains.
 		rs.oldConn.Store(peer)
+		rs.oldGone = make(chan struct{})
 		go rs.watchOld(peer)
 	} else {
 		peer.Close()
@@ -740,6 +748,9 @@ func (r *restarter) takeoverServing() error {
 // watchOld waits for a stop the old process passes on (it got one after
 // the commit), until the old process ends or closeOld closes the socket.
 func (r *restarter) watchOld(c *net.UnixConn) {
+	if gone := r.oldGone; gone != nil { // made with the commit (tests call this alone)
+		defer close(gone)
+	}
 	for {
 		// One message at a time: the old process sends no descriptors
 		// now, and a message that said some follow (Files) would have
@@ -762,6 +773,32 @@ func (r *restarter) stopAskedCh() chan struct{} {
 
 // closeOld closes the socket to the old process (the node stops), which
 // ends watchOld.
+// waitOld waits, until by at the most, for the old process of the
+// restart that started this one to end (its socket's end: it exited), so
+// that this one's exit does not leave it draining: a supervisor that stops
+// the node by its main process (systemd's MAINPID, this one since the
+// commit) kills what remains of the unit once that process ends, and the
+// old process's calls in flight would be cut off unanswered. Nothing to
+// wait for without a committed hand-over or with a zero by.
+func (r *restarter) waitOld(by time.Time) {
+	if r.oldGone == nil || by.IsZero() {
+		return
+	}
+	select {
+	case <-r.oldGone:
+		return
+	default:
+	}
+	r.n.log.Info("stop: waiting for the old process to end its drain", "pid", r.oldPID)
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-r.oldGone:
+	case <-t.C:
+		r.n.log.Warn("stop: the old process still drains; stopping without it", "pid", r.oldPID)
+	}
+}
+
 func (r *restarter) closeOld() {
 	if c := r.oldConn.Swap(nil); c != nil {
 		c.Close()

@@ -212,6 +212,28 @@ func TestHandOverClosesTheDescriptorsOfAMessageItRefuses(t *testing.T) {
 	}
 }
 
+// TestARestartOfAProcessThatHandedOverSaysWhom: a restart asked of a
+// process that has handed the node over (a SIGUSR2 that reached the old
+// pid after the commit: a shell's $!, a reload before the new process
+// named itself systemd's main one) is refused saying which process serves,
+// and the refusal is logged: scdd's SIGUSR2 has no one else to tell, and
+// it was lost without a word.
+func TestARestartOfAProcessThatHandedOverSaysWhom(t *testing.T) {
+	var log strings.Builder
+	n := &Node{log: slog.New(slog.NewTextHandler(&log, nil))}
+	r := &restarter{n: n}
+	r.running.Store(true)
+	r.handedOver.Store(true)
+	r.newPID.Store(4242)
+	_, err := r.restart(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "handed the node to pid 4242") {
+		t.Errorf("a restart after the hand-over: %v; want it to name pid 4242", err)
+	}
+	if !strings.Contains(log.String(), "restart refused") || !strings.Contains(log.String(), "4242") {
+		t.Errorf("the refusal was not logged: %q", log.String())
+	}
+}
+
 // TestWatchOldHearsAStopWhateverItSaysOfDescriptors: the new process
 // watches the hand-over socket, with no deadline, for a stop the old one
 // passes on. A message saying descriptors follow (Files) had it wait for
