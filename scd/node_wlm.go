@@ -29,6 +29,7 @@ func (n *Node) prepareWLM() error {
 		Peers:       n.pool,
 		Names:       n.router.Names(),
 		Alone:       !n.inCluster,
+		Settled:     n.router.Settled(),
 		Addr:        n.advertisedRPC,
 		Announce:    n.announce,
 		MeasuresWaits: func() bool {

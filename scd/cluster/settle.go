@@ -191,6 +191,16 @@ func (p *parking) release() {
 	}
 }
 
+// Settled is closed once the name table has settled (or the node stopped
+// learning it); nil for a router that joins nobody, whose table is
+// settled from the start. The routing manager decides nothing before.
+func (r *Router) Settled() <-chan struct{} {
+	if r.parking == nil {
+		return nil
+	}
+	return r.parking.settled
+}
+
 // Waiting is how many calls (and lookups) wait for the table to settle or
 // are being placed after it: the node's drain counts them as in flight.
 func (r *Router) Waiting() int { return r.parking.held() }

@@ -42,6 +42,9 @@ func (m *envs) runFind(ctx context.Context, env string, fl *flight) {
 // find returns the servers of env, having one started when there is none.
 func (m *envs) find(ctx context.Context, env string, deadline time.Time) ([]serverAt, error) {
 	self := m.self
+	if err := m.awaitTable(ctx, deadline); err != nil {
+		return nil, err
+	}
 	for {
 		if s := m.servers(env, false); len(s) > 0 {
 			m.finds0["served"].Inc()
@@ -82,6 +85,38 @@ func (m *envs) find(ctx context.Context, env string, deadline time.Time) ([]serv
 			return nil, &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
 		case <-time.After(200 * time.Millisecond):
 		}
+	}
+}
+
+// awaitTable waits until the name table has settled (Options.Settled): a
+// process that serves before it has joined (a restart's new one) knows no
+// node, itself included, and a find then failed 'no such service group'
+// ("none defines it") for an environment every node defines, or started a
+// server of one the cluster had quiesced.
+func (m *envs) awaitTable(ctx context.Context, deadline time.Time) error {
+	settled := m.opts.Settled
+	if settled == nil {
+		return nil
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-settled:
+		return nil
+	case <-ctx.Done():
+		return &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
+	case <-t.C:
+		return &netio.Error{Code: netio.CodeTimedOut, Message: "node " + m.self + " did not learn the cluster's name table in time"}
+	}
+}
+
+// tableSettled reports whether the name table has settled.
+func (m *envs) tableSettled() bool {
+	select {
+	case <-m.opts.Settled: // a nil channel never is: see below
+		return true
+	default:
+		return m.opts.Settled == nil
 	}
 }
 

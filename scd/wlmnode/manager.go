@@ -81,6 +81,11 @@ type Options struct {
 	// Alone says the node is in no cluster (the table stays empty).
 	Names *names.Table
 	Alone bool
+	// Settled is closed once the name table has settled after the node
+	// started (scd/cluster's Router.Settled); nil: settled from the start.
+	// Until then the table may lack every node, this one too, and the
+	// manager decides no start and answers no decide request on it.
+	Settled <-chan struct{}
 	// Addr is this node's advertised RPC address; Announce has the node
 	// announce its state (its groups, and the manager's part: Announced).
 	// Neither blocks for long.

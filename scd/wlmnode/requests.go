@@ -87,6 +87,11 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 		if len(payload) != 1 || payload[0] < purposeFirst || payload[0] > purposeReplenish {
 			return nil, &netio.Error{Code: netio.CodeProtocol, Message: "decide: bad purpose"}
 		}
+		if !m.tableSettled() {
+			// Its table may not list this node's own groups yet: the
+			// asker tries again.
+			return nil, &netio.Error{Code: netio.CodeTimedOut, Message: "node " + m.self + " has not learned the cluster's name table yet"}
+		}
 		if node, _ := m.dec.node(env); node != m.self {
 			// Our tables disagree for a moment (a node joining or leaving):
 			// the asker tries again and finds the same decider as we do.

@@ -191,6 +191,12 @@ func testManager(t *testing.T, orders *fakeGroup) (*Manager, *fakeLocal) {
 // testManagerLog is testManager with log as the manager's log.
 func testManagerLog(t *testing.T, orders *fakeGroup, log *slog.Logger) (*Manager, *fakeLocal) {
 	t.Helper()
+	return testManagerWith(t, orders, log, func(*Options) {})
+}
+
+// testManagerWith is testManagerLog with the options changed by opt.
+func testManagerWith(t *testing.T, orders *fakeGroup, log *slog.Logger, opt func(*Options)) (*Manager, *fakeLocal) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644); err != nil {
 		t.Fatal(err)
@@ -204,13 +210,15 @@ func testManagerLog(t *testing.T, orders *fakeGroup, log *slog.Logger) (*Manager
 	orders.def = def.Server{Name: "orders", ServiceGroup: "orders", Services: []def.Service{{Name: "echo", Entry: "echo"}}, SchedulePriority: 8}
 	local := &fakeLocal{groups: []*fakeGroup{front, orders}}
 	set := metrics.NewSet()
-	w, err := New(Options{
+	o := Options{
 		Self: "n0", Dir: dir, Policy: p, Log: log, Metrics: set,
 		BadRequests: set.NewCounter("bad"), Local: local, Peers: fakePeers{},
 		Names: names.NewTable("n0"), Alone: true,
 		Addr: func() string { return "127.0.0.1:1" }, Announce: func() {}, MeasuresWaits: func() bool { return false },
 		ProcStat: filepath.Join(dir, "stat"), // none: spare CPU is not measured
-	})
+	}
+	opt(&o)
+	w, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -820,5 +828,42 @@ func TestAParkedCallIsHeldUntilItsAnswerIsSent(t *testing.T) {
 	}
 	if n := w.Parked(); n != 0 || h.owed != 0 {
 		t.Errorf("after the answers: %d calls held, %d owed; want none", n, h.owed)
+	}
+}
+
+// TestNothingIsDecidedBeforeTheTableSettles: a node in a cluster serves
+// before it has learned the cluster's name table (a restart's new process),
+// and the table then lists no node, this one neither. A call for an
+// environment waits (parked, no server started) and another node's decide
+// request is answered so that it asks again ('timed out'), where both
+// were answered 'no such service group' ("none defines it") for an
+// environment the nodes define. Once the table settled, the find goes on
+// with what it says.
+func TestNothingIsDecidedBeforeTheTableSettles(t *testing.T) {
+	settled := make(chan struct{})
+	orders := &fakeGroup{}
+	w, _ := testManagerWith(t, orders, slog.New(slog.DiscardHandler), func(o *Options) {
+		o.Alone, o.Settled = false, settled
+	})
+	defer w.Close()
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	if handled, code, msg := w.Route(a, call.From{}, callFrame(1, "orders")); !handled || code != netio.CodeOK {
+		t.Fatalf("Route: %v %v %s, want the call parked", handled, code, msg)
+	}
+	_, err := w.envs.handle(context.Background(), wlmDecide, "orders", []byte{purposeFirst}, time.Now().Add(time.Second))
+	var ne *netio.Error
+	if !errors.As(err, &ne) || ne.Code != netio.CodeTimedOut || !retryable(err) {
+		t.Errorf("a decide request before the table settled: %v; want 'timed out', asked again", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	a.mu.Lock()
+	early := len(a.got[1])
+	a.mu.Unlock()
+	if early != 0 || orders.started.Load() != 0 {
+		t.Fatalf("before the table settled: %d answers to the call, %d servers started; want none", early, orders.started.Load())
+	}
+	close(settled)
+	if f := a.wait(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup {
+		t.Errorf("the call once the table settled without any node: %v %v %q; want what that table says", f.Kind, f.Code, f.Payload)
 	}
 }
