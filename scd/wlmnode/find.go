@@ -110,13 +110,17 @@ func (m *envs) awaitTable(ctx context.Context, deadline time.Time) error {
 	}
 }
 
-// tableSettled reports whether the name table has settled.
+// tableSettled reports whether the name table has settled (without
+// Options.Settled: from the start).
 func (m *envs) tableSettled() bool {
+	if m.opts.Settled == nil {
+		return true
+	}
 	select {
-	case <-m.opts.Settled: // a nil channel never is: see below
+	case <-m.opts.Settled:
 		return true
 	default:
-		return m.opts.Settled == nil
+		return false
 	}
 }
 
