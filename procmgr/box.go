@@ -156,6 +156,10 @@ func (b *box) prepare(attr *syscall.SysProcAttr) (*placement, error) {
 	}
 	retry, retryErr := b.retryV2, b.retryErr
 	b.retryV2 = false
+	// Read with removed: remove closes it under mu. Once read, it stays
+	// open for the start: Stop sets the server's stopping, which the
+	// spawn checks under the server's lock, before it removes the box.
+	v2fd := b.v2fd
 	b.mu.Unlock()
 	pl := &placement{}
 	if b.cpu.c.mech == MechanismCgroup1 {
@@ -190,7 +194,7 @@ func (b *box) prepare(attr *syscall.SysProcAttr) (*placement, error) {
 				return err
 			}
 		} else {
-			attr.UseCgroupFD, attr.CgroupFD = true, b.v2fd
+			attr.UseCgroupFD, attr.CgroupFD = true, v2fd
 			pl.byBox = true
 		}
 	}

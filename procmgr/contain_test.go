@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"tpsched/internal/testenv"
+
+	"golang.org/x/sys/unix"
 )
 
 // loggedManager is testManager with its log kept for the test to read.
@@ -738,5 +740,37 @@ func TestServerNamedAsACgroupFileIsRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(m.cpu.dir, "pids.max")); err == nil && m.cpu.dir != "" {
 		t.Errorf("the refused server's cpu group %s is left", filepath.Join(m.cpu.dir, "pids.max"))
+	}
+}
+
+// TestBoxRemovedWhileAStartPrepares: a server's Stop removes its box (and
+// closes the v2 cgroup's descriptor) while a restart of one of its
+// processes prepares its start on another goroutine. prepare read the
+// descriptor outside the box's lock, a data race the torture test's
+// race-built scdd reported; under -race this test did too.
+func TestBoxRemovedWhileAStartPrepares(t *testing.T) {
+	fd, err := unix.Open(os.DevNull, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &box{c: &Containment{}, server: "x", cpu: &CPUGroup{c: &CPUControl{mech: MechanismNice}, fd: -1},
+		v2dir: filepath.Join(t.TempDir(), "gone"), v2fd: fd}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := b.prepare(&syscall.SysProcAttr{}); err != nil {
+				return // removed
+			}
+		}
+	}()
+	time.Sleep(time.Millisecond)
+	if err := b.remove(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("prepare never saw the box removed")
 	}
 }
