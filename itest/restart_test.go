@@ -584,6 +584,31 @@ func TestStatusAfterARestartComesFromTheNewProcess(t *testing.T) {
 	}
 }
 
+// sleepingNode is a restarting node (-drain-timeout 10s) whose group light
+// also has the service sleep.
+func sleepingNode(t *testing.T) *restartingNode {
+	t.Helper()
+	dir := defDir(t, "", map[string]string{"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "sleep=sleep"`)})
+	return startRestartingNode(t, dir, "-drain-timeout", "10s")
+}
+
+// callSleep calls light/sleep for 2 s on n, on a client of its own, and
+// sends the call's error when it is answered (20 s at the most).
+func callSleep(t *testing.T, n *restartingNode) <-chan error {
+	t.Helper()
+	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
+	must(t, err)
+	t.Cleanup(func() { c.Close() })
+	answered := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err := c.Call(ctx, "light", "sleep", []byte("2000"))
+		answered <- err
+	}()
+	return answered
+}
+
 // TestTheNewProcessStopsAfterTheOld: a stop that reaches only the new
 // process of a restart (systemd's, which signals MAINPID: the new process
 // since the hand-over) while the old one still drains a call waits for
@@ -593,19 +618,9 @@ func TestStatusAfterARestartComesFromTheNewProcess(t *testing.T) {
 // is gone only after the old one.
 func TestTheNewProcessStopsAfterTheOld(t *testing.T) {
 	skipShort(t)
-	dir := defDir(t, "", map[string]string{"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "sleep=sleep"`)})
-	n := startRestartingNode(t, dir, "-drain-timeout", "10s")
+	n := sleepingNode(t)
 	first := n.cmd.Process.Pid
-	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
-	must(t, err)
-	defer c.Close()
-	answered := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_, err := c.Call(ctx, "light", "sleep", []byte("2000"))
-		answered <- err
-	}()
+	answered := callSleep(t, n)
 	waitFor(t, 10*time.Second, "the call to run in the first process", func() bool {
 		pid, held := lightCallHeld(n)
 		return held && pid == first
@@ -641,8 +656,7 @@ func TestTheNewProcessStopsAfterTheOld(t *testing.T) {
 // new process holds.
 func TestAStopToBothProcessesDrainsTheNewOne(t *testing.T) {
 	skipShort(t)
-	dir := defDir(t, "", map[string]string{"light": strings.ReplaceAll(lightServer, `"echo=echo"`, `"echo=echo", "sleep=sleep"`)})
-	n := startRestartingNode(t, dir, "-drain-timeout", "10s")
+	n := sleepingNode(t)
 	pgid := n.cmd.Process.Pid
 	// A caller that ignores go-away keeps the old process letting its
 	// callers go (up to -drain-timeout).
@@ -653,16 +667,7 @@ func TestAStopToBothProcessesDrainsTheNewOne(t *testing.T) {
 	if out, err := n.scdctl("restart"); err != nil || !restartedLine.MatchString(out) {
 		t.Fatalf("scdctl restart: %v\n%s", err, out)
 	}
-	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
-	must(t, err)
-	defer c.Close()
-	answered := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_, err := c.Call(ctx, "light", "sleep", []byte("2000"))
-		answered <- err
-	}()
+	answered := callSleep(t, n)
 	waitFor(t, 10*time.Second, "the call to run in the new process", func() bool {
 		pid, held := lightCallHeld(n)
 		return held && pid != pgid
