@@ -145,32 +145,33 @@ func ignoringCaller(t *testing.T, addr string, caller int, acct *idAccount, stop
 		go func() {
 			defer close(writerDone)
 			for {
+				select {
+				case slots <- struct{}{}:
+				case <-done:
+					return
+				}
+				// The call is taken (from pending, or made) and put in
+				// open in one step under mu, where the reader decides it
+				// is done (idle): a call made, or taken from pending,
+				// between the reader's look and open was counted by
+				// neither, its connection closed as idle, and the test
+				// reported it lost.
 				var id uint64
 				mu.Lock()
-				resend := len(pending) > 0
-				if resend {
+				switch {
+				case len(pending) > 0:
 					id, pending = pending[0], pending[1:]
-				}
-				mu.Unlock()
-				if !resend {
-					if stopping.Load() {
-						return
-					}
+				case stopping.Load():
+					mu.Unlock()
+					<-slots
+					return
+				default:
 					id = next
 					next++
 					acct.mu.Lock()
 					acct.answers[key(id)] = 0
 					acct.mu.Unlock()
 				}
-				select {
-				case slots <- struct{}{}:
-				case <-done:
-					mu.Lock()
-					pending = append([]uint64{id}, pending...)
-					mu.Unlock()
-					return
-				}
-				mu.Lock()
 				open[id] = true
 				mu.Unlock()
 				if _, err := nc.Write(netio.AppendFrame(nil, netio.Header{Kind: netio.KindCall, ID: id, TimeoutMs: 10_000}, "g", "echo", payload(id))); err != nil {
