@@ -94,14 +94,13 @@ func (m *envs) find(ctx context.Context, env string, deadline time.Time) ([]serv
 // ("none defines it") for an environment every node defines, or started a
 // server of one the cluster had quiesced.
 func (m *envs) awaitTable(ctx context.Context, deadline time.Time) error {
-	settled := m.opts.Settled
-	if settled == nil {
-		return nil
+	if m.tableSettled() {
+		return nil // no timer for every find once settled
 	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-settled:
+	case <-m.opts.Settled:
 		return nil
 	case <-ctx.Done():
 		return &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
