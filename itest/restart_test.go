@@ -357,6 +357,71 @@ func TestRestartWithBadDefinitionsServesOn(t *testing.T) {
 	}
 }
 
+// TestARestartIntoAClusterOnATakenNamePortServesOn: definitions that put
+// a node that ran alone in a cluster, on a name port another program
+// holds, fail the restart before the hand-over commits, and the old
+// process serves on. Before, the new process found the port taken only as
+// it joined, after the old one had let its sockets go: it exited 1, the
+// old one drained and exited 0, and nothing served the node.
+func TestARestartIntoAClusterOnATakenNamePortServesOn(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"light": lightServer})
+	n := startRestartingNode(t, dir)
+	pid := n.cmd.Process.Pid
+	lo := net.IPv4(127, 0, 0, 1)
+	tcp, err := net.ListenTCP("tcp", &net.TCPAddr{IP: lo})
+	must(t, err)
+	defer tcp.Close()
+	port := tcp.Addr().(*net.TCPAddr).Port
+	udp, err := net.ListenUDP("udp", &net.UDPAddr{IP: lo, Port: port})
+	must(t, err)
+	defer udp.Close()
+	sysconf := filepath.Join(dir, "sysconf")
+	b, err := os.ReadFile(sysconf)
+	must(t, err)
+	_, rpcPort, err := net.SplitHostPort(n.rpc)
+	must(t, err)
+	cluster := strings.Replace(string(b), "rpc_port = 0", "rpc_port = "+rpcPort, 1) +
+		fmt.Sprintf("set all_node = \"127.0.0.1\", \"127.0.0.9\"\nset name_port = %d\n", port)
+	must(t, os.WriteFile(sysconf, []byte(cluster), 0o644))
+
+	out, err := n.scdctl("restart")
+	if err == nil || !strings.Contains(out, "name port: port "+strconv.Itoa(port)) {
+		t.Fatalf("restart onto a name port in use: %v\n%s\nlog:\n%s", err, out, n.logText())
+	}
+	t.Logf("scdctl restart: %s", strings.TrimSpace(out))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	call := func(when string) {
+		t.Helper()
+		c, err := client.New(client.Options{Hosts: []string{n.rpc}})
+		must(t, err)
+		defer c.Close()
+		if _, err := c.Call(ctx, "light", "echo", []byte("x")); err != nil {
+			t.Fatalf("a call %s: %v\nlog:\n%s", when, err, n.logText())
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // a new process that had committed exits by now
+	call("after the failed restart")
+	if st, err := statusOf(n.http); err != nil || st.PID != pid {
+		t.Fatalf("after the failed restart status says pid %d (%v), want %d", st.PID, err, pid)
+	}
+
+	// With the port free the restart goes through, and the new process
+	// serves in the cluster.
+	tcp.Close()
+	udp.Close()
+	out, err = n.scdctl("restart")
+	if err != nil || !restartedLine.MatchString(out) {
+		t.Fatalf("restart with the name port free: %v\n%s", err, out)
+	}
+	n.waitExit(t, "the old scdd to exit")
+	call("after the restart")
+	if st, err := statusOf(n.http); err != nil || st.PID == pid || st.Cluster == nil {
+		t.Fatalf("after the restart status says pid %d, cluster %v (%v); want a new pid in a cluster", st.PID, st.Cluster, err)
+	}
+}
+
 // statusClient bounds a look at a node's status: a node stopped on
 // purpose (SIGSTOP) must not hold its caller.
 var statusClient = &http.Client{Timeout: 10 * time.Second}

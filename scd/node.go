@@ -270,6 +270,9 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	n.ports.takeInherited(n.restart)
+	if err := n.ports.claimNames(n.cfg); err != nil {
+		return err
+	}
 	opts := rpcOptions(n.cfg, n.opts, n.metrics, n.log)
 	opts.Inherit, opts.Bound = n.restart.inheritRPC, n.ports.rpc
 	n.rpc, err = rpcport.Listen(opts, n)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"syscall"
 
 	"tpsched/netio/rpcport"
@@ -103,6 +104,28 @@ func (p *ports) takeInherited(rs *restarter) {
 			inh.Close()
 		}
 	}
+}
+
+// claimNames makes sure the node holds its name port, when it is in a
+// cluster, and that a join on it finds an address to advertise, before a
+// new process that takes the node over says it serves: from then on the
+// old process has let its sockets go, and a join that failed would leave
+// the node to nobody. A port neither bound ahead nor handed over (the
+// definitions put a node that ran alone in a cluster) is bound here; the
+// error names what holds it.
+func (p *ports) claimNames(cfg *def.Config) error {
+	if others, err := seeds(cfg); err != nil || len(others) == 0 {
+		return err
+	}
+	sys := cfg.System
+	if p.names == nil {
+		t, err := names.ListenTransport(sys.RPCAddress, sys.NamePort)
+		if err != nil {
+			return fmt.Errorf("name port: %w", rpcport.InUseError(net.JoinHostPort(sys.RPCAddress, strconv.Itoa(sys.NamePort)), err))
+		}
+		p.names = t
+	}
+	return p.names.Advertisable(sys.RPCAddress)
 }
 
 // close closes the sockets bound ahead that nothing took (a start that

@@ -24,7 +24,9 @@ package scd
 // refused or reset; a caller that obeys the go-away (tpsched's client, the
 // forwarder, scdctl) loses no call. If the new process fails before
 // "serving" (bad definitions, a crash, 60 s without an answer), the old one
-// takes its sockets back and goes on serving, and the restart reports why.
+// takes its sockets back and goes on serving, and the restart reports why;
+// what its join could fail on after "serving" it makes sure of before
+// (ports.claimNames).
 
 import (
 	"context"
@@ -771,8 +773,6 @@ func (r *restarter) stopAskedCh() chan struct{} {
 	return r.stopAsked
 }
 
-// closeOld closes the socket to the old process (the node stops), which
-// ends watchOld.
 // waitOld waits, until by at the most, for the old process of the
 // restart that started this one to end (its socket's end: it exited), so
 // that this one's exit does not leave it draining: a supervisor that stops
@@ -799,6 +799,8 @@ func (r *restarter) waitOld(by time.Time) {
 	}
 }
 
+// closeOld closes the socket to the old process (the node stops), which
+// ends watchOld.
 func (r *restarter) closeOld() {
 	if c := r.oldConn.Swap(nil); c != nil {
 		c.Close()

@@ -174,10 +174,7 @@ func Join(cfg GossipConfig, table *Table, self NodeInfo) (*Gossip, error) {
 	mc.Name = cfg.Self
 	mc.Transport = t
 	mc.BindAddr, mc.BindPort = cfg.BindAddr, t.Port()
-	mc.AdvertisePort = t.Port()
-	if ip := net.ParseIP(cfg.BindAddr); ip != nil && !ip.IsUnspecified() {
-		mc.AdvertiseAddr = cfg.BindAddr
-	}
+	mc.AdvertiseAddr, mc.AdvertisePort = advertiseAddr(cfg.BindAddr), t.Port()
 	mc.Delegate, mc.Events = (*delegate)(c), (*events)(c)
 	mc.Logger = log.New(&logAdapter{c: c}, "", 0)
 	if len(cfg.Key) > 0 {

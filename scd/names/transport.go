@@ -231,6 +231,26 @@ func (t *Transport) FinalAdvertiseAddr(ip string, port int) (net.IP, int, error)
 	return a, t.Port(), nil
 }
 
+// advertiseAddr is the address Join tells memberlist to advertise for a
+// name port bound to bind: bind itself when it names one address, else
+// none (FinalAdvertiseAddr finds one).
+func advertiseAddr(bind string) string {
+	if ip := net.ParseIP(bind); ip != nil && !ip.IsUnspecified() {
+		return bind
+	}
+	return ""
+}
+
+// Advertisable reports why Join, on t bound to bind, would find no
+// address to advertise (nil: it would). A process that takes a node over
+// asks it before it commits (scd's ports.claimNames): a wildcard bind
+// advertises an address of an interface, which may be gone since the old
+// process joined.
+func (t *Transport) Advertisable(bind string) error {
+	_, _, err := t.FinalAdvertiseAddr(advertiseAddr(bind), t.Port())
+	return err
+}
+
 // privateIP is the first private IPv4 address of an interface that is up,
 // else the first global unicast one.
 func privateIP() (net.IP, error) {
