@@ -1187,11 +1187,13 @@ func TestWLMSteersToNodesMeetingTheGoal(t *testing.T) {
 	}
 }
 
-// TestWLMRestartStartsEnvironmentAgain: a node restarted by hand-off
+// TestWLMRestartKeepsTheEnvironmentServing: a node restarted by hand-off
 // (scdctl restart) with an application environment serving: the new scdd
-// starts with the environment dormant, and the next call starts its server
-// again and is served; calls made during the restart are all answered.
-func TestWLMRestartStartsEnvironmentAgain(t *testing.T) {
+// has the environment's server running by the time it serves (the old one
+// passed it the environment), and calls made during the restart are all
+// answered. Before, the new scdd started it dormant, and in a cluster the
+// calls the other nodes sent by the old process's announce met no server.
+func TestWLMRestartKeepsTheEnvironmentServing(t *testing.T) {
 	skipShort(t)
 	dir := defDir(t, "", map[string]string{"orders": ordersServer})
 	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
@@ -1225,6 +1227,18 @@ func TestWLMRestartStartsEnvironmentAgain(t *testing.T) {
 		t.Fatalf("scdctl restart: %v\n%s", err, out)
 	}
 	t.Logf("%s", strings.TrimSpace(out))
+	st, err := statusOf(n.http)
+	must(t, err)
+	here := "not a group"
+	for _, g := range st.Groups {
+		if g.Group == "orders" {
+			here = g.Environment
+		}
+	}
+	if st.PID == n.cmd.Process.Pid || here != "serving" {
+		t.Errorf("as the restart returned: pid %d (the old one was %d), orders %q here; want the new pid, serving",
+			st.PID, n.cmd.Process.Pid, here)
+	}
 	time.Sleep(time.Second)
 	stop()
 	wg.Wait()

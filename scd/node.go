@@ -289,6 +289,9 @@ func (n *Node) Start() (err error) {
 	}
 	if n.wlm != nil {
 		n.wlm.Start()
+		if envs := n.restart.inheritEnvs; len(envs) > 0 {
+			n.wlm.StartHere(envs, time.Now().Add(takeoverEnvsTime))
+		}
 	}
 	if err := n.restart.takeoverServing(); err != nil {
 		return err

@@ -7,9 +7,12 @@ package scd
 //	new: starts its groups (its own shared memory and UAPs)  -> "ready"
 //	old: duplicates its listening sockets (RPC port and every receiver
 //	     group, metrics_address, the control socket) and stops accepting;
-//	     connections that arrive meanwhile wait in the backlogs  -> "listeners" + the descriptors (SCM_RIGHTS;
+//	     connections that arrive meanwhile wait in the backlogs. With them
+//	     go the application environments whose servers it runs, and it
+//	     starts no more  -> "listeners" + the descriptors (SCM_RIGHTS;
 //	     past 253 in messages "more")
-//	new: serves on them (its steering program replaces the old one)  -> "serving"
+//	new: serves on them (its steering program replaces the old one),
+//	     starts those environments' servers  -> "serving"
 //	old: stops its cluster membership without leaving (the others keep
 //	     sending to the node's address), freeing the name port  -> "left"
 //	new: joins the cluster under the same node id and address
@@ -57,6 +60,10 @@ const (
 	takeoverReadyTime   = 60 * time.Second // the new process to start its groups
 	takeoverServingTime = 30 * time.Second // the new process to serve on the sockets
 	takeoverLeftTime    = 10 * time.Second // the old process to leave the cluster
+	// The new process starts the old one's environment servers within
+	// this, inside takeoverServingTime: one that has not started by then
+	// is left to the cluster.
+	takeoverEnvsTime = 20 * time.Second
 )
 
 // RestartResult answers a restart on the control socket.
@@ -108,6 +115,7 @@ type restarter struct {
 	inheritMetrics net.Listener
 	inheritControl *net.UnixListener
 	inheritNames   *names.Transport
+	inheritEnvs    []string // the old process's serving application environments
 	// takenControl is the control socket's listener once taken (whoever
 	// holds it then): its path is unlinked at its close only from the
 	// hand-over's commit on, since until then the path is the old
@@ -153,6 +161,9 @@ type takeoverMsg struct {
 	// Files is how many descriptors come with the message: more than one
 	// message carries (scmMaxFD) follow it in messages "more".
 	Files int `json:"files,omitempty"`
+	// Envs, in "listeners": the application environments whose server
+	// serves in the old process; the new one starts them before "serving".
+	Envs []string `json:"envs,omitempty"`
 }
 
 // scmMaxFD is the most descriptors one message carries (the kernel's
@@ -414,6 +425,9 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 			n.log.Warn("restart: the name port is not handed over; the new process binds it after this one leaves", "err", err)
 		}
 	}
+	if n.wlm != nil {
+		msg.Envs = n.wlm.HandOver()
+	}
 	undo := func(err error) (RestartResult, error) {
 		// The new process ends first: its steering program, if attached,
 		// lets the sockets go only once it is replaced and freed.
@@ -423,6 +437,9 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 		}
 		n.doors.resume(metricsF, controlF)
 		closeFiles(namesF)
+		if n.wlm != nil {
+			n.wlm.TakeBack()
+		}
 		return res, err
 	}
 	if err := sendMsg(conn, msg, files); err != nil {
@@ -694,8 +711,9 @@ func (r *restarter) takeOver() error {
 		}
 		rs.inheritNames = t
 	}
+	rs.inheritEnvs = m.Envs
 	n.log.Info("take over: got the listening sockets of the old process", "rpc", len(m.RPC), "metrics", m.Metrics,
-		"control", m.Control != "", "name_port", m.Names)
+		"control", m.Control != "", "name_port", m.Names, "environments_serving", strings.Join(m.Envs, ","))
 	return nil
 }
 

@@ -86,6 +86,11 @@ type envs struct {
 
 	requests atomic.Int32 // other nodes' requests in progress (serveRequest)
 
+	// handedOver: a restart's new process takes this node's servers over
+	// (HandOver); this process takes no start or decision from another
+	// node. Under mu.
+	handedOver bool
+
 	waiters atomic.Int32
 	started *metrics.Counter
 	stopped map[string]*metrics.Counter

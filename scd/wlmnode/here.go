@@ -3,11 +3,14 @@ package wlmnode
 // This file is this node's server of each application environment:
 // started when the cluster chooses this node (activate), stopped on
 // quiesce or when the policy drops it (quiesceLocal), its processes
-// replaced one at a time (refreshLocal).
+// replaced one at a time (refreshLocal), passed to a restart's new
+// process (HandOver, StartHere).
 
 import (
 	"context"
 	"fmt"
+	"sort"
+	"sync"
 	"time"
 
 	"tpsched/netio"
@@ -151,4 +154,79 @@ func (m *envs) refreshLocal(ctx context.Context, env string, deadline time.Time)
 	}
 	m.log.Info("application environment: processes refreshed here", "env", env, "processes", replaced)
 	return replaced, nil
+}
+
+// HandOver is a restart's old process giving its servers to the new one:
+// it returns the environments whose server serves or starts here, which
+// the new process starts before it serves (StartHere), and from now on
+// it takes no start or decision from another node (handedOverRefusal): a
+// server started here for the cluster would end with this process, while
+// the decider counted it. Its own calls still start one here when they
+// need it (they would fail otherwise), which serves them and ends with
+// its drain. Without HandOver the new process started every environment
+// dormant, and the calls the other nodes sent by the old process's
+// announce met no server. TakeBack undoes it (the hand-over failed).
+func (w *Manager) HandOver() []string {
+	m := w.envs
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.handedOver = true
+	var out []string
+	for env, l := range m.here {
+		if m.isEnv(env) && (l.state == envServing || l.state == envStarting) {
+			out = append(out, env)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TakeBack undoes HandOver: the hand-over failed and this process serves
+// on.
+func (w *Manager) TakeBack() {
+	m := w.envs
+	m.mu.Lock()
+	m.handedOver = false
+	m.mu.Unlock()
+}
+
+// StartHere starts this node's servers of envs, the old process's on a
+// restart (HandOver), and returns when each is ready or failed, by
+// deadline; an environment the policy no longer names is skipped. A
+// failure is logged, not returned: the environment is dormant here, as
+// after a start, and the cluster starts a server where it decides.
+func (w *Manager) StartHere(envs []string, deadline time.Time) {
+	m := w.envs
+	var wg sync.WaitGroup
+	for _, env := range envs {
+		if !m.isEnv(env) {
+			m.log.Info("restart: the old process served an application environment the policy no longer names", "env", env)
+			continue
+		}
+		wg.Go(func() {
+			if err := m.activate(w.ctx, env, deadline); err != nil {
+				m.log.Warn("restart: the old process's server of an application environment did not start here; "+
+					"the cluster starts one where it decides", "env", env, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// handedOverRefusal is the answer to another node's wlm-start or
+// wlm-decide once this process handed over (nil before): the decider
+// tries another node, and the asker of a decision asks again, on a new
+// connection, which reaches the new process.
+func (m *envs) handedOverRefusal(service string) error {
+	m.mu.Lock()
+	handed := m.handedOver
+	m.mu.Unlock()
+	switch {
+	case !handed:
+		return nil
+	case service == wlmStart:
+		return &netio.Error{Code: netio.CodeShuttingDown, Message: "node " + m.self + " hands over to a new process, which starts its servers"}
+	default:
+		return &netio.Error{Code: netio.CodeTimedOut, Message: "node " + m.self + " hands over to a new process: ask it"}
+	}
 }

@@ -82,6 +82,11 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 			return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment of node " + m.self + "'s policy"}
 		}
 	}
+	if service == wlmStart || service == wlmDecide {
+		if err := m.handedOverRefusal(service); err != nil {
+			return nil, err
+		}
+	}
 	switch service {
 	case wlmDecide:
 		if len(payload) != 1 || payload[0] < purposeFirst || payload[0] > purposeReplenish {

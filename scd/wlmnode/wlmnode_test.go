@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -865,5 +866,60 @@ func TestNothingIsDecidedBeforeTheTableSettles(t *testing.T) {
 	close(settled)
 	if f := a.wait(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup {
 		t.Errorf("the call once the table settled without any node: %v %v %q; want what that table says", f.Kind, f.Code, f.Payload)
+	}
+}
+
+// TestHandOverPassesTheServersAndTakesNoMoreStarts: a restart's old
+// process names the environments it serves (HandOver) and from then on
+// takes no start or decision from another node: wlm-start is refused
+// 'node shutting down' (the decider tries another node) and wlm-decide
+// 'timed out' (the asker asks again), and no server starts; the new
+// process, given the names, starts them (StartHere). Its own calls still
+// start one, and a hand-over undone (TakeBack) takes starts again.
+func TestHandOverPassesTheServersAndTakesNoMoreStarts(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	if got := w.HandOver(); len(got) != 0 {
+		t.Errorf("HandOver with orders dormant: %v, want none", got)
+	}
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	for i, req := range []struct {
+		service string
+		payload []byte
+		code    netio.Code
+	}{{wlmStart, nil, netio.CodeShuttingDown}, {wlmDecide, []byte{purposeFirst}, netio.CodeTimedOut}} {
+		id := uint64(i + 1)
+		w.envs.serveRequest(a, &netio.Frame{Header: netio.Header{Kind: netio.KindNameLookup, ID: id, TimeoutMs: 5_000},
+			Group: []byte("orders"), Service: []byte(req.service), Payload: req.payload})
+		if f := a.wait(t, id); f.Kind != netio.KindError || f.Code != req.code {
+			t.Errorf("%s after HandOver: %v %v %q, want %v", req.service, f.Kind, f.Code, f.Payload, req.code)
+		}
+	}
+	if n := orders.started.Load(); n != 0 {
+		t.Errorf("orders started %d times after HandOver, want 0", n)
+	}
+	if handled, code, msg := w.Route(a, call.From{}, callFrame(3, "orders")); !handled || code != netio.CodeOK {
+		t.Fatalf("Route after HandOver: %v %v %s, want the call parked", handled, code, msg)
+	}
+	if f := a.wait(t, 3); f.Kind != netio.KindReply {
+		t.Errorf("the old process's own call after HandOver: %v %v %q, want served", f.Kind, f.Code, f.Payload)
+	}
+
+	w.TakeBack()
+	if err := w.envs.handedOverRefusal(wlmStart); err != nil {
+		t.Errorf("after TakeBack: %v, want starts taken", err)
+	}
+	if got := w.HandOver(); !slices.Equal(got, []string{"orders"}) {
+		t.Errorf("HandOver with orders serving: %v, want [orders]", got)
+	}
+
+	// The new process's manager, given the names.
+	next := &fakeGroup{}
+	w2, _ := testManager(t, next)
+	defer w2.Close()
+	w2.StartHere([]string{"orders", "gone"}, time.Now().Add(testWait))
+	if n := next.started.Load(); n != 1 || w2.EnvironmentState("orders") != envServing {
+		t.Errorf("StartHere: orders started %d times, %q here; want once, serving", n, w2.EnvironmentState("orders"))
 	}
 }
