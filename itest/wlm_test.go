@@ -8,6 +8,7 @@ package itest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -1248,6 +1249,42 @@ func TestWLMRestartKeepsTheEnvironmentServing(t *testing.T) {
 	}
 	if out, err := c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte("b")); err != nil || string(out) != "b" {
 		t.Errorf("call after the restart: %q, %v", out, err)
+	}
+}
+
+// TestWLMRestartKeepsAQuiesce: a node alone, its environment quiesced,
+// restarted by hand-off: the new scdd keeps the quiesce (it hears of it
+// from no other node; the old one passes it) and answers the next call
+// 'service closed'; a resume serves again. Before, the new scdd started
+// the server at the next call.
+func TestWLMRestartKeepsAQuiesce(t *testing.T) {
+	skipShort(t)
+	dir := defDir(t, "", map[string]string{"orders": ordersServer})
+	must(t, os.WriteFile(filepath.Join(dir, "svcpolicy"), []byte(ordersPolicy), 0o644))
+	n := startRestartingNode(t, dir)
+	c, err := client.New(client.Options{Hosts: []string{n.rpc}})
+	must(t, err)
+	defer c.Close()
+	if _, err := c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte("a")); err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	if out, err := n.scdctl("quiesce", "orders"); err != nil {
+		t.Fatalf("scdctl quiesce: %v\n%s", err, out)
+	}
+	if out, err := n.scdctl("restart"); err != nil || !restartedLine.MatchString(out) {
+		t.Fatalf("scdctl restart: %v\n%s", err, out)
+	}
+	n.waitExit(t, "the old scdd to exit")
+	_, err = c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte("b"))
+	var ne *netio.Error
+	if !errors.As(err, &ne) || ne.Code != netio.CodeServiceClosed {
+		t.Fatalf("a call after the restart: %v, want 'service closed' (orders is quiesced)", err)
+	}
+	if out, err := n.scdctl("resume", "orders"); err != nil {
+		t.Fatalf("scdctl resume: %v\n%s", err, out)
+	}
+	if out, err := c.Call(ctxT(t, 20*time.Second), "orders", "echo", []byte("c")); err != nil || string(out) != "c" {
+		t.Errorf("a call after the resume: %q, %v", out, err)
 	}
 }
 

@@ -289,8 +289,8 @@ func (n *Node) Start() (err error) {
 	}
 	if n.wlm != nil {
 		n.wlm.Start()
-		if envs := n.restart.inheritEnvs; len(envs) > 0 {
-			n.wlm.StartHere(envs, time.Now().Add(takeoverEnvsTime))
+		if h := n.restart.inheritEnvs; h != nil {
+			n.wlm.StartHere(*h, time.Now().Add(takeoverEnvsTime))
 		}
 	}
 	if err := n.restart.takeoverServing(); err != nil {

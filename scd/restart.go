@@ -49,6 +49,7 @@ import (
 
 	"tpsched/netio/rpcport"
 	"tpsched/scd/names"
+	"tpsched/scd/wlmnode"
 )
 
 // TakeoverEnv names the descriptor of the hand-over socket a new scdd
@@ -115,7 +116,7 @@ type restarter struct {
 	inheritMetrics net.Listener
 	inheritControl *net.UnixListener
 	inheritNames   *names.Transport
-	inheritEnvs    []string // the old process's serving application environments
+	inheritEnvs    *wlmnode.Handover // the old process's application environments
 	// takenControl is the control socket's listener once taken (whoever
 	// holds it then): its path is unlinked at its close only from the
 	// hand-over's commit on, since until then the path is the old
@@ -162,8 +163,9 @@ type takeoverMsg struct {
 	// message carries (scmMaxFD) follow it in messages "more".
 	Files int `json:"files,omitempty"`
 	// Envs, in "listeners": the application environments whose server
-	// serves in the old process; the new one starts them before "serving".
-	Envs []string `json:"envs,omitempty"`
+	// serves in the old process, which the new one starts before
+	// "serving", and their states.
+	Envs *wlmnode.Handover `json:"envs,omitempty"`
 }
 
 // scmMaxFD is the most descriptors one message carries (the kernel's
@@ -426,7 +428,8 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 		}
 	}
 	if n.wlm != nil {
-		msg.Envs = n.wlm.HandOver()
+		h := n.wlm.HandOver()
+		msg.Envs = &h
 	}
 	undo := func(err error) (RestartResult, error) {
 		// The new process ends first: its steering program, if attached,
@@ -712,8 +715,12 @@ func (r *restarter) takeOver() error {
 		rs.inheritNames = t
 	}
 	rs.inheritEnvs = m.Envs
+	var envs []string
+	if m.Envs != nil {
+		envs = m.Envs.Serving
+	}
 	n.log.Info("take over: got the listening sockets of the old process", "rpc", len(m.RPC), "metrics", m.Metrics,
-		"control", m.Control != "", "name_port", m.Names, "environments_serving", strings.Join(m.Envs, ","))
+		"control", m.Control != "", "name_port", m.Names, "environments_serving", strings.Join(envs, ","))
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"tpsched/netio"
+	"tpsched/scd/wlm"
 )
 
 // activate starts this node's server of env and returns when it is ready
@@ -156,29 +157,45 @@ func (m *envs) refreshLocal(ctx context.Context, env string, deadline time.Time)
 	return replaced, nil
 }
 
+// Handover is what a restart's old process passes to the new one of its
+// application environments (HandOver, StartHere).
+type Handover struct {
+	// Serving: the environments whose server serves or starts here.
+	Serving []string `json:"serving,omitempty"`
+	// States: every environment's state as this node knows it, a quiesce
+	// with its epoch above all: a node alone learns it from no other.
+	States map[string]wlm.EnvState `json:"states,omitempty"`
+}
+
 // HandOver is a restart's old process giving its servers to the new one:
 // it returns the environments whose server serves or starts here, which
-// the new process starts before it serves (StartHere), and from now on
-// it takes no start or decision from another node (handedOverRefusal): a
-// server started here for the cluster would end with this process, while
-// the decider counted it. Its own calls still start one here when they
-// need it (they would fail otherwise), which serves them and ends with
-// its drain. Without HandOver the new process started every environment
-// dormant, and the calls the other nodes sent by the old process's
-// announce met no server. TakeBack undoes it (the hand-over failed).
-func (w *Manager) HandOver() []string {
+// the new process starts before it serves (StartHere), and their states,
+// and from now on it takes no start or decision from another node
+// (handedOverRefusal): a server started here for the cluster would end
+// with this process, while the decider counted it. Its own calls still
+// start one here when they need it (they would fail otherwise), which
+// serves them and ends with its drain. Without HandOver the new process
+// started every environment dormant, and the calls the other nodes sent by
+// the old process's announce met no server; and a node alone forgot a
+// quiesce. TakeBack undoes it (the hand-over failed).
+func (w *Manager) HandOver() Handover {
 	m := w.envs
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.handedOver = true
-	var out []string
+	h := Handover{States: map[string]wlm.EnvState{}}
 	for env, l := range m.here {
 		if m.isEnv(env) && (l.state == envServing || l.state == envStarting) {
-			out = append(out, env)
+			h.Serving = append(h.Serving, env)
 		}
 	}
-	sort.Strings(out)
-	return out
+	sort.Strings(h.Serving)
+	for env, st := range m.states {
+		if m.isEnv(env) {
+			h.States[env] = st
+		}
+	}
+	return h
 }
 
 // TakeBack undoes HandOver: the hand-over failed and this process serves
@@ -190,15 +207,23 @@ func (w *Manager) TakeBack() {
 	m.mu.Unlock()
 }
 
-// StartHere starts this node's servers of envs, the old process's on a
-// restart (HandOver), and returns when each is ready or failed, by
-// deadline; an environment the policy no longer names is skipped. A
-// failure is logged, not returned: the environment is dormant here, as
-// after a start, and the cluster starts a server where it decides.
-func (w *Manager) StartHere(envs []string, deadline time.Time) {
+// StartHere takes what the old process of a restart passed (HandOver):
+// the environments' states, then a server of each environment it served,
+// and returns when each is ready or failed, by deadline. An environment
+// the policy no longer names is skipped. A failure is logged, not
+// returned: the environment is dormant here, as after a start, and the
+// cluster starts a server where it decides.
+func (w *Manager) StartHere(h Handover, deadline time.Time) {
 	m := w.envs
+	m.mu.Lock()
+	for env, st := range h.States {
+		if m.isEnv(env) {
+			m.states[env] = m.states[env].Merge(st)
+		}
+	}
+	m.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, env := range envs {
+	for _, env := range h.Serving {
 		if !m.isEnv(env) {
 			m.log.Info("restart: the old process served an application environment the policy no longer names", "env", env)
 			continue

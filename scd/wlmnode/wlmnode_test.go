@@ -880,8 +880,8 @@ func TestHandOverPassesTheServersAndTakesNoMoreStarts(t *testing.T) {
 	orders := &fakeGroup{}
 	w, _ := testManager(t, orders)
 	defer w.Close()
-	if got := w.HandOver(); len(got) != 0 {
-		t.Errorf("HandOver with orders dormant: %v, want none", got)
+	if got := w.HandOver(); len(got.Serving) != 0 {
+		t.Errorf("HandOver with orders dormant: %v, want none serving", got)
 	}
 	a := &answers{got: map[uint64][]netio.Frame{}}
 	for i, req := range []struct {
@@ -910,16 +910,43 @@ func TestHandOverPassesTheServersAndTakesNoMoreStarts(t *testing.T) {
 	if err := w.envs.handedOverRefusal(wlmStart); err != nil {
 		t.Errorf("after TakeBack: %v, want starts taken", err)
 	}
-	if got := w.HandOver(); !slices.Equal(got, []string{"orders"}) {
-		t.Errorf("HandOver with orders serving: %v, want [orders]", got)
+	h := w.HandOver()
+	if !slices.Equal(h.Serving, []string{"orders"}) {
+		t.Errorf("HandOver with orders serving: %v, want [orders]", h.Serving)
 	}
 
-	// The new process's manager, given the names.
+	// The new process's manager, given the names (and one the policy
+	// does not name).
 	next := &fakeGroup{}
 	w2, _ := testManager(t, next)
 	defer w2.Close()
-	w2.StartHere([]string{"orders", "gone"}, time.Now().Add(testWait))
+	h.Serving = append(h.Serving, "gone")
+	w2.StartHere(h, time.Now().Add(testWait))
 	if n := next.started.Load(); n != 1 || w2.EnvironmentState("orders") != envServing {
 		t.Errorf("StartHere: orders started %d times, %q here; want once, serving", n, w2.EnvironmentState("orders"))
+	}
+}
+
+// TestHandOverPassesAQuiesce: a node alone whose environment was quiesced
+// is restarted: the new process, which hears of the quiesce from no other
+// node, has it from the old one (HandOver's states), and starts no server
+// for a call. Before, it started one at the first call.
+func TestHandOverPassesAQuiesce(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	if _, err := w.Quiesce("orders"); err != nil {
+		t.Fatal(err)
+	}
+	h := w.HandOver()
+
+	next := &fakeGroup{}
+	w2, _ := testManager(t, next)
+	defer w2.Close()
+	w2.StartHere(h, time.Now().Add(testWait))
+	err := w2.envs.activate(context.Background(), "orders", time.Now().Add(testWait))
+	var ne *netio.Error
+	if !errors.As(err, &ne) || ne.Code != netio.CodeServiceClosed || next.started.Load() != 0 {
+		t.Errorf("a start in the new process after a quiesce in the old: %v, %d started; want 'service closed', none", err, next.started.Load())
 	}
 }
