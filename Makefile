@@ -222,7 +222,7 @@ chaos: build ## the fault experiments at full length on real processes, one pack
 # even if the first fails. SEED empty: a random seed, printed; ATTACKS
 # empty: every class (callers,uapkill,uapstop,uapexit,badexit,localcalls,
 # fdpressure,restart; the one node's also sockclose,lanes,clanes; the
-# cluster's also peerkill,peerstop,peerrestart,peercut,peerloss).
+# cluster's also peerkill,peerstop,peerrestart,peercut,peerloss,envs).
 DURATION         ?= 10m
 CLUSTER_DURATION ?= 5m
 SEED             ?=

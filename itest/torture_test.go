@@ -17,7 +17,7 @@ package itest
 //	                          gcc, left out with a logged reason without);
 //	                          across a cluster (TestTortureCluster) also
 //	                          peerkill, peerstop, peerrestart, peercut,
-//	                          peerloss
+//	                          peerloss, envs
 //	TPSCHED_TORTURE_CALLERS   callers at once (default 6)
 //	TPSCHED_TORTURE_STALL     how long the probe may go unanswered before
 //	                          the watchdog dumps scdd's goroutines and
@@ -177,6 +177,17 @@ putenv TORTURE_DIR %q
 putenv TORTURE_EXECLOG %q
 `
 
+// tortureEnvPolicy makes env (TestTortureCluster's, with "envs") an
+// application environment of the routing manager: its server starts on
+// n1 or n2 at its first call, and is quiesced, resumed and refreshed at
+// random. Every node has it: a node with a service policy grants no
+// lanes, so TestTorture, whose lanes are attacked, has none.
+const tortureEnvPolicy = `set policy_interval = 1
+set default_class = BATCH
+class -n BATCH -i 3 -t 5000
+environment -g env
+`
+
 const tortureProbe = `set service_group = "probe"
 set service = "echo=echo"
 set module = MODULE
@@ -222,6 +233,7 @@ type torture struct {
 	n        *restartingNode // the node the callers and the probes call
 	uapNodes func() []string // the HTTP addresses of the nodes whose UAPs are attacked
 	sock     bool            // the node has the socket-mode group "sock" (TestTorture's)
+	env      bool            // the serving nodes have the application environment "env" (TestTortureCluster's, with "envs")
 	bursts   []burstGroup    // the node's burst groups (TestTorture's)
 	// explain names what an answered call says beyond its outcome (an
 	// outcome "of which ..."), or ""; nil: nothing. Called after the run.
@@ -477,6 +489,68 @@ func TestTorture(t *testing.T) {
 	tt.run(nil)
 }
 
+// envActions quiesces env (and resumes it 0.2 to 1.5 s later) or
+// refreshes its processes, at random moments, beside every other attack:
+// its server stops, starts again at the next call, and is handed over by
+// each restart.
+func (tt *torture) envActions(rng *rand.Rand) {
+	do := func(args ...string) {
+		tt.count("env actions: "+args[0], 1)
+		if out, err := tt.n.scdctl(args...); err != nil {
+			tt.count(fmt.Sprintf("env actions: %s failed (%s)", args[0], firstLine(out)), 1)
+		}
+	}
+	for tt.sleep(time.Duration(1000+rng.IntN(3000)) * time.Millisecond) {
+		if rng.IntN(3) == 0 {
+			do("refresh", "env")
+			continue
+		}
+		do("quiesce", "env")
+		tt.sleep(time.Duration(200+rng.IntN(1300)) * time.Millisecond)
+		do("resume", "env") // also when the run ended meanwhile: env takes calls again
+	}
+}
+
+// firstLine is out's first line, trimmed: a failed command's reason.
+func firstLine(out string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	return line
+}
+
+// envServesAfter checks, after the run, that env was left serving: a
+// resume (the run may have ended with it quiesced) and a call, answered
+// ok.
+func (tt *torture) envServesAfter() {
+	t := tt.t
+	if out, err := tt.n.scdctl("resume", "env"); err != nil {
+		t.Errorf("torture: scdctl resume env after the run: %v\n%s", err, out)
+		return
+	}
+	c, err := net.DialTimeout("tcp", tt.n.rpc, 5*time.Second)
+	if err != nil {
+		t.Errorf("torture: a connection after the run: %v", err)
+		return
+	}
+	defer c.Close()
+	mc := netio.NewMuxConn(c, netio.MuxOptions{})
+	defer mc.Close(nil)
+	a := make(answerCh, 1)
+	id := tt.nextID.Add(1)
+	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindCall, TimeoutMs: 20_000}, "env", "work",
+		fmt.Appendf(nil, "%d n 0", id), time.Now().Add(20*time.Second), a); !sent || err != nil {
+		t.Errorf("torture: a call to env after the run not sent: %v", err)
+		return
+	}
+	select {
+	case f := <-a:
+		if f.Kind != netio.KindReply {
+			t.Errorf("torture: a call to env after the run: %v %v %q, want served", f.Kind, f.Code, f.Payload)
+		}
+	case <-time.After(25 * time.Second):
+		t.Errorf("torture: a call to env after the run: no answer in 25 s")
+	}
+}
+
 // newTorture reads the knobs (the seed, the duration, the attacks among
 // known, the callers) and makes the UAPs' directory and execution log.
 func newTorture(t *testing.T, known []string) *torture {
@@ -726,6 +800,8 @@ func (tt *torture) newCall(rng *rand.Rand) *tcall {
 		c.group, c.service = "front", "work"
 	case p >= 94 && tt.sock:
 		c.group, c.service = "sock", "work"
+	case p >= 80 && tt.env:
+		c.group, c.service = "env", "work"
 	default:
 		c.group, c.service = "back", "work"
 	}
@@ -1209,7 +1285,7 @@ func (tt *torture) scanOnce() {
 // attacked reports whether the attacks on UAPs (uapkill, uapstop,
 // fdpressure's kill) pick group's processes: every group but probe.
 func (tt *torture) attacked(group string) bool {
-	if group == "front" || group == "back" || group == "sock" {
+	if group == "front" || group == "back" || group == "sock" || group == "env" {
 		return true
 	}
 	for _, b := range tt.bursts {
