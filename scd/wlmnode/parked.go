@@ -87,8 +87,15 @@ func (p *parking) schedule(c call.Caller, from call.From, f *netio.Frame) (bool,
 	if m.servedElsewhere(name) {
 		return false, 0, "" // the usual path sends it there
 	}
-	if g == nil && !m.knownEnv(name) {
-		return false, 0, "" // no node can serve it: 'no such service group'
+	if g == nil && !m.knownEnv(name) && m.tableSettled() {
+		// No node can serve it: 'no such service group'. Before the
+		// table settled (a restart's new process that has not joined
+		// yet) no node is known at all: the call waits, and its find
+		// with it (awaitTable). Passed on, it waited in the router for
+		// the table and met no server of the environment there (a
+		// dormant one has none), and this node's scheduler answered
+		// 'no such service group'.
+		return false, 0, ""
 	}
 	fc := &peers.Call{
 		Caller: c, CallerID: f.ID, Kind: f.Kind,

@@ -869,6 +869,36 @@ func TestNothingIsDecidedBeforeTheTableSettles(t *testing.T) {
 	}
 }
 
+// TestACallForAnEnvironmentDefinedElsewhereWaitsForTheTable: a node that
+// does not define an environment (the cluster torture's entry node) gets
+// a call for it before it has learned the cluster's name table (a
+// restart's new process): the call waits for the table, then the find
+// says what the table says. Passed on at once, it met no server in the
+// router (the environment was dormant everywhere) and the node's
+// scheduler answered 'no such service group' with the group's bare name,
+// while the nodes that define it were in the cluster (found by the
+// torture's "envs"). Once settled, a call for an environment no node
+// defines goes the usual way.
+func TestACallForAnEnvironmentDefinedElsewhereWaitsForTheTable(t *testing.T) {
+	settled := make(chan struct{})
+	w, _ := testManagerWith(t, &fakeGroup{}, slog.New(slog.DiscardHandler), func(o *Options) {
+		o.Alone, o.Settled = false, settled
+		o.Local = &fakeLocal{} // no group here: orders is the other nodes'
+	})
+	defer w.Close()
+	a := &answers{got: map[uint64][]netio.Frame{}}
+	if handled, code, msg := w.Route(a, call.From{}, callFrame(1, "orders")); !handled || code != netio.CodeOK {
+		t.Fatalf("Route before the table settled: %v %v %s, want the call parked", handled, code, msg)
+	}
+	close(settled)
+	if f := a.wait(t, 1); f.Kind != netio.KindError || f.Code != netio.CodeNoSuchGroup || !strings.Contains(string(f.Payload), "none defines it") {
+		t.Errorf("the call once the table settled without any node: %v %v %q; want 'no such service group', none defines it", f.Kind, f.Code, f.Payload)
+	}
+	if handled, _, _ := w.Route(a, call.From{}, callFrame(2, "orders")); handled {
+		t.Error("a call after the table settled, no node defining the environment, was taken, not passed on")
+	}
+}
+
 // TestHandOverPassesTheServersAndTakesNoMoreStarts: a restart's old
 // process names the environments it serves (HandOver) and from then on
 // takes no start or decision from another node: wlm-start is refused
