@@ -270,7 +270,7 @@ func (n *Node) Start() (err error) {
 		return err
 	}
 	n.ports.takeInherited(n.restart)
-	if err := n.ports.claimNames(n.cfg); err != nil {
+	if err := n.ports.claimNames(n.cfg, n.restart.oldPID); err != nil {
 		return err
 	}
 	opts := rpcOptions(n.cfg, n.opts, n.metrics, n.log)
@@ -290,7 +290,9 @@ func (n *Node) Start() (err error) {
 	if n.wlm != nil {
 		n.wlm.Start()
 		if h := n.restart.inheritEnvs; h != nil {
-			n.wlm.StartHere(*h, time.Now().Add(takeoverEnvsTime))
+			ctx, done := n.restart.whileOldWaits()
+			n.wlm.StartHere(ctx, *h, time.Now().Add(takeoverEnvsTime))
+			done()
 		}
 	}
 	if err := n.restart.takeoverServing(); err != nil {

@@ -106,26 +106,33 @@ func (p *ports) takeInherited(rs *restarter) {
 	}
 }
 
-// claimNames makes sure the node holds its name port, when it is in a
-// cluster, and that a join on it finds an address to advertise, before a
+// claimNames makes sure, when the node is in a cluster, that it holds its
+// name port and that a join on it finds an address to advertise, before a
 // new process that takes the node over says it serves: from then on the
 // old process has let its sockets go, and a join that failed would leave
-// the node to nobody. A port neither bound ahead nor handed over (the
-// definitions put a node that ran alone in a cluster) is bound here; the
-// error names what holds it.
-func (p *ports) claimNames(cfg *def.Config) error {
+// the node to nobody. The port is bound ahead (bindPorts) or handed over
+// as a rule; it is bound here when neither was (port 0, which the old
+// process did not hold as it ran alone, or a port bindPorts found taken),
+// and the error then names what holds it. A port the old process holds
+// and did not hand over (an older version, or its descriptors ran out) it
+// frees as it leaves, and the join binds it then, as before the name port
+// went over: oldPID is that process, 0 on a fresh start.
+func (p *ports) claimNames(cfg *def.Config, oldPID int) error {
 	if others, err := seeds(cfg); err != nil || len(others) == 0 {
 		return err
 	}
 	sys := cfg.System
 	if p.names == nil {
+		addr := net.JoinHostPort(sys.RPCAddress, strconv.Itoa(sys.NamePort))
 		t, err := names.ListenTransport(sys.RPCAddress, sys.NamePort)
-		if err != nil {
-			return fmt.Errorf("name port: %w", rpcport.InUseError(net.JoinHostPort(sys.RPCAddress, strconv.Itoa(sys.NamePort)), err))
+		switch {
+		case err == nil:
+			p.names = t
+		case oldPID == 0 || !errors.Is(err, syscall.EADDRINUSE) || rpcport.HolderPID(addr) != oldPID:
+			return fmt.Errorf("name port: %w", rpcport.InUseError(addr, err))
 		}
-		p.names = t
 	}
-	return p.names.Advertisable(sys.RPCAddress)
+	return names.CheckAdvertise(sys.RPCAddress)
 }
 
 // close closes the sockets bound ahead that nothing took (a start that

@@ -1,8 +1,10 @@
 package scd
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"tpsched/scd/def"
+	"tpsched/scd/names"
 )
 
 // TestTakeoverMetricsAddressAsDefined: the new process of a restart reads
@@ -74,5 +77,42 @@ func TestTakeoverMetricsAddressAsDefined(t *testing.T) {
 				t.Errorf("metrics_address %s: the old process's listener (%s) taken: %v, want %v", tc.maddr, old.Addr(), taken, tc.taken)
 			}
 		})
+	}
+}
+
+// TestClaimNamesBeforeTheCommit: a new process that takes a node in a
+// cluster over makes sure of its name port before it says it serves. A
+// port another program holds fails it (naming the port); a port the old
+// process holds and did not hand over is left to the join, which binds it
+// once the old process left (as before the name port went over); a port
+// nothing holds is bound; a node alone needs none.
+func TestClaimNamesBeforeTheCommit(t *testing.T) {
+	held, err := names.ListenTransport("127.0.0.1", 0) // this process's: the "old process" or "another program"
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	config := func(port int, allNode ...string) *def.Config {
+		return &def.Config{System: def.System{NodeID: "n1", RPCAddress: "127.0.0.1", RPCPort: 12001, NamePort: port, AllNodes: allNode}}
+	}
+	inCluster := config(held.Port(), "127.0.0.1", "127.0.0.9")
+	self := os.Getpid()
+
+	var p ports
+	if err := p.claimNames(inCluster, self+1); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("name port: port %d", held.Port())) {
+		t.Errorf("a port another program holds: %v, want the name port's error", err)
+	}
+	if err := p.claimNames(inCluster, 0); err == nil {
+		t.Error("a fresh start on a port another program holds: no error")
+	}
+	if err := p.claimNames(inCluster, self); err != nil || p.names != nil {
+		t.Errorf("a port the old process holds: %v, bound %v; want it left to the join", err, p.names != nil)
+	}
+	if err := p.claimNames(config(0, "127.0.0.1", "127.0.0.9"), self); err != nil || p.names == nil {
+		t.Errorf("a port the kernel picks: %v, bound %v; want it bound", err, p.names != nil)
+	}
+	p.close()
+	if err := p.claimNames(config(held.Port(), "127.0.0.1"), self+1); err != nil || p.names != nil {
+		t.Errorf("a node alone: %v, bound %v; want nothing", err, p.names != nil)
 	}
 }

@@ -62,9 +62,10 @@ const (
 	takeoverServingTime = 30 * time.Second // the new process to serve on the sockets
 	takeoverLeftTime    = 10 * time.Second // the old process to leave the cluster
 	// The new process starts the old one's environment servers within
-	// this, inside takeoverServingTime: one that has not started by then
-	// is left to the cluster.
-	takeoverEnvsTime = 20 * time.Second
+	// this, well inside takeoverServingTime (a start that fails at its
+	// deadline takes up to procmgr's stop time more): one that has not
+	// started by then is left to the cluster.
+	takeoverEnvsTime = 15 * time.Second
 )
 
 // RestartResult answers a restart on the control socket.
@@ -173,6 +174,9 @@ type takeoverMsg struct {
 // message of them failed with 'invalid argument'.
 const scmMaxFD = 253
 
+// maxMsgBytes is the longest message either side reads.
+const maxMsgBytes = 64 << 10
+
 // sendMsg sends m with files, in as many messages as they need.
 func sendMsg(c *net.UnixConn, m takeoverMsg, files []*os.File) error {
 	m.Files = len(files)
@@ -235,7 +239,7 @@ func recvMsg(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, erro
 func recvOne(c *net.UnixConn, deadline time.Time) (takeoverMsg, []*os.File, error) {
 	var m takeoverMsg
 	_ = c.SetReadDeadline(deadline)
-	buf, oob := make([]byte, 64<<10), make([]byte, unix.CmsgSpace(4*scmMaxFD))
+	buf, oob := make([]byte, maxMsgBytes), make([]byte, unix.CmsgSpace(4*scmMaxFD))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return m, nil, err
@@ -428,8 +432,7 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 		}
 	}
 	if n.wlm != nil {
-		h := n.wlm.HandOver()
-		msg.Envs = &h
+		msg.Envs = r.fitEnvs(msg, n.wlm.HandOver())
 	}
 	undo := func(err error) (RestartResult, error) {
 		// The new process ends first: its steering program, if attached,
@@ -490,6 +493,26 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 	}
 	go r.retire()
 	return res, nil
+}
+
+// fitEnvs is h as it fits in msg, a message the new process reads into
+// maxMsgBytes: every state, else the quiesced ones (the new process
+// learns the others from the cluster; a node alone, from nobody), else
+// none; said in the log when it does not all fit.
+func (r *restarter) fitEnvs(msg takeoverMsg, h wlmnode.Handover) *wlmnode.Handover {
+	for i, try := range []wlmnode.Handover{h, h.QuiescedOnly(), {Serving: h.Serving}} {
+		msg.Envs = &try
+		if b, err := json.Marshal(msg); err == nil && len(b) <= maxMsgBytes {
+			if i > 0 {
+				r.n.log.Warn("restart: the application environments' states do not all fit in the hand-over; the new process learns them from the cluster",
+					"states", len(h.States), "passed", len(try.States))
+			}
+			return &try
+		}
+	}
+	r.n.log.Warn("restart: the application environments serving here do not fit in the hand-over; the new process starts them dormant",
+		"serving", len(h.Serving))
+	return nil
 }
 
 // exitWatch is the new process's end: done closes when it exited, with
@@ -722,6 +745,47 @@ func (r *restarter) takeOver() error {
 	n.log.Info("take over: got the listening sockets of the old process", "rpc", len(m.RPC), "metrics", m.Metrics,
 		"control", m.Control != "", "name_port", m.Names, "environments_serving", strings.Join(envs, ","))
 	return nil
+}
+
+// whileOldWaits is a context that ends when the old process closes the
+// hand-over socket (or sends anything) before this one said "serving": it
+// undid the hand-over (a stop came, its caller gave up) and will kill
+// this process if it does not exit. Nothing comes from the old process in
+// that step otherwise. done ends the watch, and leaves the socket's
+// messages unread for takeoverServing.
+func (r *restarter) whileOldWaits() (ctx context.Context, done func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	peer := r.peer
+	if peer == nil {
+		return ctx, cancel
+	}
+	raw, err := peer.SyscallConn()
+	if err != nil {
+		return ctx, cancel
+	}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		waited := false
+		// The netpoller waits for the socket to be readable between the
+		// calls; the function reads nothing.
+		rerr := raw.Read(func(uintptr) bool {
+			if !waited {
+				waited = true
+				return false
+			}
+			return true
+		})
+		if rerr == nil {
+			cancel()
+		}
+	}()
+	return ctx, func() {
+		_ = peer.SetReadDeadline(time.Now()) // ends the wait
+		<-watched
+		_ = peer.SetReadDeadline(time.Time{})
+		cancel()
+	}
 }
 
 // takeoverServing tells the old process this one serves, and waits until

@@ -2,6 +2,8 @@ package scd
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -14,6 +16,8 @@ import (
 
 	"tpsched/internal/testenv"
 	"tpsched/scd/def"
+	"tpsched/scd/wlm"
+	"tpsched/scd/wlmnode"
 )
 
 // TestTakeoverCommitsOnlyOnLeft: the new process of a restart takes the
@@ -346,5 +350,68 @@ func TestRestartRefusedUntilStartReturns(t *testing.T) {
 	}
 	if n.restart.running.Load() {
 		t.Error("a refused restart left the node marked as restarting: a later one would be refused as under way")
+	}
+}
+
+// TestWhileOldWaitsEndsWhenTheOldProcessGivesUp: while a new process
+// starts the old one's environment servers, before it says "serving", the
+// old process may undo the hand-over (a stop, its caller gone) and close
+// the socket: the starts end then, not at their own deadline (the old
+// process kills the new one 5 s after). Without that, the watch ends with
+// nothing read: the old process's next message is takeoverServing's.
+func TestWhileOldWaitsEndsWhenTheOldProcessGivesUp(t *testing.T) {
+	newEnd, oldEnd := handOverPair(t)
+	defer newEnd.Close()
+	r := &restarter{peer: newEnd}
+	ctx, done := r.whileOldWaits()
+	select {
+	case <-ctx.Done():
+		t.Fatal("the watch ended with the old process waiting")
+	case <-time.After(100 * time.Millisecond):
+	}
+	done()
+	if err := sendMsg(oldEnd, takeoverMsg{Step: "left"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if m, _, err := recvMsg(newEnd, time.Now().Add(time.Second)); err != nil || m.Step != "left" {
+		t.Fatalf("after the watch: %q, %v; want the old process's message unread until then", m.Step, err)
+	}
+
+	ctx, done = r.whileOldWaits()
+	defer done()
+	oldEnd.Close()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old process closed the socket and the watch went on")
+	}
+}
+
+// TestFitEnvsKeepsTheHandOverReadable: the application environments'
+// states go over in the "listeners" message, which the new process reads
+// into 64 KiB: a policy with thousands of environments (and instances)
+// would cut it, and every restart of the node would fail. What does not
+// fit is left to the cluster, the quiesces last.
+func TestFitEnvsKeepsTheHandOverReadable(t *testing.T) {
+	r := &restarter{n: &Node{log: slog.New(slog.DiscardHandler)}}
+	msg := takeoverMsg{Step: "listeners"}
+	small := wlmnode.Handover{Serving: []string{"orders"}, States: map[string]wlm.EnvState{"orders": {Epoch: 2, HWM: 1}}}
+	if got := r.fitEnvs(msg, small); got == nil || len(got.States) != 1 || len(got.Serving) != 1 {
+		t.Errorf("a small hand-over: %+v, want it whole", got)
+	}
+	big := wlmnode.Handover{Serving: []string{"orders"}, States: map[string]wlm.EnvState{}}
+	for i := range 5000 {
+		big.States[fmt.Sprintf("environment-%04d@instance-%02d", i, i%64)] = wlm.EnvState{Epoch: 3, HWM: 2, Quiesced: i%1000 == 0}
+	}
+	got := r.fitEnvs(msg, big)
+	if got == nil {
+		t.Fatal("5,000 states: nothing passed, want the quiesced ones and the one serving")
+	}
+	if len(got.States) != 5 || len(got.Serving) != 1 {
+		t.Fatalf("5,000 states: %d passed, serving %v; want the 5 quiesced and the one serving", len(got.States), got.Serving)
+	}
+	msg.Envs = got
+	if b, err := json.Marshal(msg); err != nil || len(b) > maxMsgBytes {
+		t.Errorf("the message: %d bytes (%v), want at most %d", len(b), err, maxMsgBytes)
 	}
 }

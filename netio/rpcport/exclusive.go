@@ -240,6 +240,30 @@ func InUseError(addr string, err error) error {
 	return inUseError(ip, port, err)
 }
 
+// HolderPID is the pid of a process that listens on addr (host:port) by
+// TCP, as /proc tells it; 0 when none is seen.
+func HolderPID(addr string) int {
+	host, ps, err := net.SplitHostPort(addr)
+	port, perr := strconv.Atoi(ps)
+	if err != nil || perr != nil {
+		return 0
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		ip = net.IPv4zero
+	}
+	socks, err := listeningOn(ip, port)
+	if err != nil {
+		return 0
+	}
+	for _, s := range socks {
+		if pid, _ := holderOf(s.inode); pid > 0 {
+			return pid
+		}
+	}
+	return 0
+}
+
 // holderOf finds a process that holds the socket with inode ino: its pid
 // and command name, or 0 when none can be seen.
 func holderOf(ino uint64) (int, string) {

@@ -241,13 +241,16 @@ func advertiseAddr(bind string) string {
 	return ""
 }
 
-// Advertisable reports why Join, on t bound to bind, would find no
-// address to advertise (nil: it would). A process that takes a node over
-// asks it before it commits (scd's ports.claimNames): a wildcard bind
-// advertises an address of an interface, which may be gone since the old
-// process joined.
-func (t *Transport) Advertisable(bind string) error {
-	_, _, err := t.FinalAdvertiseAddr(advertiseAddr(bind), t.Port())
+// CheckAdvertise reports why Join, on a name port bound to bind, would
+// find no address to advertise (nil: it would), as FinalAdvertiseAddr
+// finds it. A process that takes a node over asks it before it commits
+// (scd's ports.claimNames): a wildcard bind advertises an address of an
+// interface, which may be gone since the old process joined.
+func CheckAdvertise(bind string) error {
+	if advertiseAddr(bind) != "" {
+		return nil
+	}
+	_, err := privateIP()
 	return err
 }
 

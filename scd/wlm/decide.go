@@ -178,9 +178,9 @@ func Steer(nodes []NodeGoal, keep []bool) {
 // announces it; Merge makes them agree. Epoch orders quiesce and resume:
 // the newer epoch wins whole.
 type EnvState struct {
-	Epoch    uint32
-	HWM      int
-	Quiesced bool
+	Epoch    uint32 `json:"epoch,omitempty"`
+	HWM      int    `json:"hwm,omitempty"`
+	Quiesced bool   `json:"quiesced,omitempty"`
 }
 
 // Merge is the state that holds after a and b were both seen.

@@ -394,6 +394,9 @@ func (d *decider) expireHintsLocked(env string, now time.Time) {
 // misses its goal here. At most one request per cooldown.
 func (d *decider) grow(env string) {
 	m := d.m
+	if m.isHandedOver() {
+		return // the new process measures and asks for itself
+	}
 	now := time.Now()
 	m.mu.Lock()
 	if now.Sub(m.growAsked[env]) < d.growCooldown() {
@@ -423,6 +426,11 @@ func (d *decider) grow(env string) {
 // now): one died, its node left, or its processes keep dying.
 func (d *decider) replenish(counts map[string]int) {
 	m := d.m
+	if m.isHandedOver() {
+		// The new process decides from the table it joins with: a
+		// server placed from here could be counted by both.
+		return
+	}
 	for _, env := range m.policy().Environments {
 		if node, _ := d.node(env); node != m.self {
 			continue

@@ -274,6 +274,7 @@ func (m *envs) observe() map[string]int {
 	for _, env := range p.Environments {
 		counts[env] = len(m.servers(env, false))
 	}
+	var stop []string
 	m.mu.Lock()
 	for env, c := range counts {
 		// A count belongs to the epoch and the policy it was taken under:
@@ -284,7 +285,20 @@ func (m *envs) observe() map[string]int {
 		}
 		m.states[env] = m.states[env].Saw(c)
 	}
+	for _, env := range p.Environments {
+		if l := m.here[env]; l != nil && m.states[env].Quiesced && (l.state == envServing || l.state == envStarting) {
+			stop = append(stop, env)
+		}
+	}
 	m.mu.Unlock()
+	for _, env := range stop {
+		// A quiesce this node learned from the others' announces, not
+		// from the request that stops the servers: the request went to
+		// the process before a restart (which had passed its servers on
+		// already), or this node was cut off when it was sent.
+		m.log.Info("application environment: quiesced in the cluster while its server ran here; stopping it", "env", env)
+		m.w.goTracked(func(ctx context.Context) { _ = m.quiesceLocal(ctx, env, "quiesce") })
+	}
 	return counts
 }
 

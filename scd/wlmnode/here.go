@@ -20,11 +20,22 @@ import (
 // activate starts this node's server of env and returns when it is ready
 // (a process attached); at once if it serves already.
 func (m *envs) activate(ctx context.Context, env string, deadline time.Time) error {
+	return m.activateFor(ctx, env, deadline, false)
+}
+
+// activateFor is activate; forPeer says another node asked (wlm-start),
+// which a process that handed over refuses (handedOverRefusal), under the
+// same lock as the start: a HandOver between the two would not name it.
+func (m *envs) activateFor(ctx context.Context, env string, deadline time.Time, forPeer bool) error {
 	m.mu.Lock()
 	l := m.here[env]
 	if l == nil || !m.isEnv(env) {
 		m.mu.Unlock()
 		return &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment node " + m.self + " can serve"}
+	}
+	if forPeer && m.handedOver {
+		m.mu.Unlock()
+		return m.handedOverError(wlmStart)
 	}
 	for {
 		if m.states[env].Quiesced {
@@ -191,11 +202,23 @@ func (w *Manager) HandOver() Handover {
 	}
 	sort.Strings(h.Serving)
 	for env, st := range m.states {
-		if m.isEnv(env) {
+		if m.isEnv(env) && st != (wlm.EnvState{}) {
 			h.States[env] = st
 		}
 	}
 	return h
+}
+
+// QuiescedOnly is h with only the states of quiesced environments: what
+// must go over when all of them do not fit in the hand-over's message.
+func (h Handover) QuiescedOnly() Handover {
+	out := Handover{Serving: h.Serving, States: map[string]wlm.EnvState{}}
+	for env, st := range h.States {
+		if st.Quiesced {
+			out.States[env] = st
+		}
+	}
+	return out
 }
 
 // TakeBack undoes HandOver: the hand-over failed and this process serves
@@ -209,12 +232,16 @@ func (w *Manager) TakeBack() {
 
 // StartHere takes what the old process of a restart passed (HandOver):
 // the environments' states, then a server of each environment it served,
-// and returns when each is ready or failed, by deadline. An environment
-// the policy no longer names is skipped. A failure is logged, not
-// returned: the environment is dormant here, as after a start, and the
-// cluster starts a server where it decides.
-func (w *Manager) StartHere(h Handover, deadline time.Time) {
+// and returns when each is ready or failed, by deadline or ctx's end (the
+// hand-over was undone). An environment the policy no longer names is
+// skipped. A failure is logged, not returned: the environment is dormant
+// here, as after a start, and the cluster starts a server where it
+// decides.
+func (w *Manager) StartHere(ctx context.Context, h Handover, deadline time.Time) {
 	m := w.envs
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(w.ctx, cancel)() // the manager's end ends them too
 	m.mu.Lock()
 	for env, st := range h.States {
 		if m.isEnv(env) {
@@ -229,7 +256,7 @@ func (w *Manager) StartHere(h Handover, deadline time.Time) {
 			continue
 		}
 		wg.Go(func() {
-			if err := m.activate(w.ctx, env, deadline); err != nil {
+			if err := m.activate(ctx, env, deadline); err != nil {
 				m.log.Warn("restart: the old process's server of an application environment did not start here; "+
 					"the cluster starts one where it decides", "env", env, "err", err)
 			}
@@ -246,12 +273,23 @@ func (m *envs) handedOverRefusal(service string) error {
 	m.mu.Lock()
 	handed := m.handedOver
 	m.mu.Unlock()
-	switch {
-	case !handed:
+	if !handed {
 		return nil
-	case service == wlmStart:
-		return &netio.Error{Code: netio.CodeShuttingDown, Message: "node " + m.self + " hands over to a new process, which starts its servers"}
-	default:
-		return &netio.Error{Code: netio.CodeTimedOut, Message: "node " + m.self + " hands over to a new process: ask it"}
 	}
+	return m.handedOverError(service)
+}
+
+// handedOverError is handedOverRefusal's answer.
+func (m *envs) handedOverError(service string) error {
+	if service == wlmStart {
+		return &netio.Error{Code: netio.CodeShuttingDown, Message: "node " + m.self + " hands over to a new process, which starts its servers"}
+	}
+	return &netio.Error{Code: netio.CodeTimedOut, Message: "node " + m.self + " hands over to a new process: ask again"}
+}
+
+// isHandedOver reports whether HandOver was called and not taken back.
+func (m *envs) isHandedOver() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.handedOver
 }

@@ -82,7 +82,7 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 			return nil, &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment of node " + m.self + "'s policy"}
 		}
 	}
-	if service == wlmStart || service == wlmDecide {
+	if service == wlmDecide {
 		if err := m.handedOverRefusal(service); err != nil {
 			return nil, err
 		}
@@ -108,7 +108,7 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 		}
 		return appendServers(nil, s), nil
 	case wlmStart:
-		return nil, m.activate(ctx, env, deadline)
+		return nil, m.activateFor(ctx, env, deadline, true)
 	case wlmQuiesce, wlmResume:
 		epoch, k := binary.Uvarint(payload)
 		if k <= 0 || k != len(payload) || epoch > 1<<32-1 {

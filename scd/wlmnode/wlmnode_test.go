@@ -951,7 +951,7 @@ func TestHandOverPassesTheServersAndTakesNoMoreStarts(t *testing.T) {
 	w2, _ := testManager(t, next)
 	defer w2.Close()
 	h.Serving = append(h.Serving, "gone")
-	w2.StartHere(h, time.Now().Add(testWait))
+	w2.StartHere(context.Background(), h, time.Now().Add(testWait))
 	if n := next.started.Load(); n != 1 || w2.EnvironmentState("orders") != envServing {
 		t.Errorf("StartHere: orders started %d times, %q here; want once, serving", n, w2.EnvironmentState("orders"))
 	}
@@ -973,10 +973,56 @@ func TestHandOverPassesAQuiesce(t *testing.T) {
 	next := &fakeGroup{}
 	w2, _ := testManager(t, next)
 	defer w2.Close()
-	w2.StartHere(h, time.Now().Add(testWait))
+	w2.StartHere(context.Background(), h, time.Now().Add(testWait))
 	err := w2.envs.activate(context.Background(), "orders", time.Now().Add(testWait))
 	var ne *netio.Error
 	if !errors.As(err, &ne) || ne.Code != netio.CodeServiceClosed || next.started.Load() != 0 {
 		t.Errorf("a start in the new process after a quiesce in the old: %v, %d started; want 'service closed', none", err, next.started.Load())
+	}
+}
+
+// TestStartHereEndsWithItsContext: the new process's starts of the old
+// one's servers end when the hand-over is undone (ctx), not at their
+// deadline, and leave the environment dormant.
+func TestStartHereEndsWithItsContext(t *testing.T) {
+	orders := &fakeGroup{never: true} // its processes never attach
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	w.StartHere(ctx, Handover{Serving: []string{"orders"}}, time.Now().Add(testWait))
+	if took := time.Since(start); took > testWait/2 || w.EnvironmentState("orders") != envDormant {
+		t.Errorf("StartHere took %v and left orders %q; want it ended with its context, dormant", took, w.EnvironmentState("orders"))
+	}
+}
+
+// TestAQuiesceLearnedFromAnnouncesStopsTheServerHere: a node whose server
+// of an environment runs learns of the environment's quiesce from another
+// node's announce, not from the request that stops the servers (it went
+// to the process before a restart, which had passed its servers on, or
+// this node was cut off when it was sent): the server stops, as the
+// request would have stopped it. Before, it served on until the next
+// quiesce.
+func TestAQuiesceLearnedFromAnnouncesStopsTheServerHere(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	if err := w.envs.activate(context.Background(), "orders", time.Now().Add(testWait)); err != nil {
+		t.Fatal(err)
+	}
+	info := names.NodeInfo{Node: "n1", Addr: "127.0.0.1:2", Boot: 1, Seq: 1,
+		WLM: &names.WLMInfo{Envs: []names.EnvInfo{{Env: "orders", Epoch: 7, HWM: 1, Quiesced: true}}}}
+	if _, err := w.opts.Names.Apply(info); err != nil {
+		t.Fatal(err)
+	}
+	w.envs.observe()
+	deadline := time.Now().Add(testWait)
+	for w.EnvironmentState("orders") != envDormant && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := w.EnvironmentState("orders"); got != envDormant || orders.stopped.Load() != 1 || orders.Serving() {
+		t.Errorf("after a quiesce announced by another node: orders %q here, stopped %d times, serving %v; want dormant, once, not serving",
+			got, orders.stopped.Load(), orders.Serving())
 	}
 }
