@@ -432,6 +432,7 @@ func (r *restarter) restart1(ctx context.Context) (RestartResult, error) {
 		}
 	}
 	if n.wlm != nil {
+		msg.Files = len(files) // as sendMsg sets it: fitEnvs measures the message whole
 		msg.Envs = r.fitEnvs(msg, n.wlm.HandOver())
 	}
 	undo := func(err error) (RestartResult, error) {
@@ -766,15 +767,15 @@ func (r *restarter) whileOldWaits() (ctx context.Context, done func()) {
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		waited := false
 		// The netpoller waits for the socket to be readable between the
-		// calls; the function reads nothing.
-		rerr := raw.Read(func(uintptr) bool {
-			if !waited {
-				waited = true
-				return false
-			}
-			return true
+		// calls. Each call peeks, reading nothing: a close (or a message)
+		// that came before the watch began is seen at the first, since
+		// the netpoller forgets readiness it noticed before (edge
+		// triggered).
+		rerr := raw.Read(func(fd uintptr) bool {
+			var b [1]byte
+			_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			return err != unix.EAGAIN && err != unix.EINTR
 		})
 		if rerr == nil {
 			cancel()

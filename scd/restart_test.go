@@ -385,6 +385,20 @@ func TestWhileOldWaitsEndsWhenTheOldProcessGivesUp(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the old process closed the socket and the watch went on")
 	}
+
+	// A close before the watch began (while the new process set up its
+	// doors) is seen too: the netpoller does not tell it again.
+	newEnd2, oldEnd2 := handOverPair(t)
+	defer newEnd2.Close()
+	oldEnd2.Close()
+	time.Sleep(50 * time.Millisecond)
+	ctx, done2 := (&restarter{peer: newEnd2}).whileOldWaits()
+	defer done2()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old process had closed the socket before the watch, and the watch went on")
+	}
 }
 
 // TestFitEnvsKeepsTheHandOverReadable: the application environments'

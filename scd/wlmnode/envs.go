@@ -288,6 +288,7 @@ func (m *envs) observe() map[string]int {
 	for _, env := range p.Environments {
 		if l := m.here[env]; l != nil && m.states[env].Quiesced && (l.state == envServing || l.state == envStarting) {
 			stop = append(stop, env)
+			epochs[env] = m.states[env].Epoch
 		}
 	}
 	m.mu.Unlock()
@@ -297,7 +298,8 @@ func (m *envs) observe() map[string]int {
 		// the process before a restart (which had passed its servers on
 		// already), or this node was cut off when it was sent.
 		m.log.Info("application environment: quiesced in the cluster while its server ran here; stopping it", "env", env)
-		m.w.goTracked(func(ctx context.Context) { _ = m.quiesceLocal(ctx, env, "quiesce") })
+		epoch := epochs[env]
+		m.w.goTracked(func(ctx context.Context) { _ = m.quiesceLocalIf(ctx, env, "quiesce", epoch, true) })
 	}
 	return counts
 }

@@ -33,11 +33,14 @@ func (m *envs) activateFor(ctx context.Context, env string, deadline time.Time, 
 		m.mu.Unlock()
 		return &netio.Error{Code: netio.CodeNoSuchGroup, Message: env + " is not an application environment node " + m.self + " can serve"}
 	}
-	if forPeer && m.handedOver {
-		m.mu.Unlock()
-		return m.handedOverError(wlmStart)
-	}
 	for {
+		// At each pass: a start that waited for a quiesce or another
+		// start to end may find HandOver done since, which did not name
+		// the environment.
+		if forPeer && m.handedOver {
+			m.mu.Unlock()
+			return m.handedOverError(wlmStart)
+		}
 		if m.states[env].Quiesced {
 			m.mu.Unlock()
 			return &netio.Error{Code: netio.CodeServiceClosed, Message: env + " is quiesced"}
@@ -108,6 +111,14 @@ func (m *envs) activateFor(ctx context.Context, env string, deadline time.Time, 
 // (the other nodes stop sending them), finishes those it has, and its
 // processes leave. why is "quiesce", "policy" or "failing".
 func (m *envs) quiesceLocal(ctx context.Context, env, why string) error {
+	return m.quiesceLocalIf(ctx, env, why, 0, false)
+}
+
+// quiesceLocalIf is quiesceLocal for a quiesce of epoch (onlyAt): it stops
+// nothing once the environment's state has moved past it (a resume came
+// while it waited, or before it began), which would refuse the calls the
+// resume let in.
+func (m *envs) quiesceLocalIf(ctx context.Context, env, why string, epoch uint32, onlyAt bool) error {
 	m.mu.Lock()
 	l := m.here[env]
 	if l == nil {
@@ -123,6 +134,10 @@ func (m *envs) quiesceLocal(ctx context.Context, env, why string) error {
 			return &netio.Error{Code: netio.CodeShuttingDown, Message: "the node is stopping"}
 		}
 		m.mu.Lock()
+	}
+	if st := m.states[env]; onlyAt && (!st.Quiesced || st.Epoch != epoch) {
+		m.mu.Unlock()
+		return nil
 	}
 	if why == "policy" {
 		l.dropped = true

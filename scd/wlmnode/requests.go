@@ -120,7 +120,7 @@ func (m *envs) handle(ctx context.Context, service, env string, payload []byte, 
 		m.mu.Unlock()
 		if service == wlmQuiesce {
 			m.park.answerAll(env, netio.CodeServiceClosed, env+" was quiesced")
-			return nil, m.quiesceLocal(ctx, env, "quiesce")
+			return nil, m.quiesceLocalIf(ctx, env, "quiesce", st.Epoch, true)
 		}
 		m.opts.Announce()
 		return nil, nil

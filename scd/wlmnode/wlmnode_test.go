@@ -1026,3 +1026,25 @@ func TestAQuiesceLearnedFromAnnouncesStopsTheServerHere(t *testing.T) {
 			got, orders.stopped.Load(), orders.Serving())
 	}
 }
+
+// TestAQuiesceOvertakenByAResumeStopsNothing: a quiesce request (or one
+// learned from announces) whose epoch a resume has passed by the time it
+// would stop the server here stops nothing: it would refuse the calls the
+// resume let in.
+func TestAQuiesceOvertakenByAResumeStopsNothing(t *testing.T) {
+	orders := &fakeGroup{}
+	w, _ := testManager(t, orders)
+	defer w.Close()
+	if err := w.envs.activate(context.Background(), "orders", time.Now().Add(testWait)); err != nil {
+		t.Fatal(err)
+	}
+	w.envs.mu.Lock()
+	w.envs.states["orders"] = wlm.EnvState{Epoch: 6, HWM: 1} // resumed at 6, after a quiesce at 5
+	w.envs.mu.Unlock()
+	if err := w.envs.quiesceLocalIf(context.Background(), "orders", "quiesce", 5, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := orders.stopped.Load(); n != 0 || w.EnvironmentState("orders") != envServing {
+		t.Errorf("a quiesce at epoch 5 after a resume at 6: stopped %d times, %q here; want serving", n, w.EnvironmentState("orders"))
+	}
+}
