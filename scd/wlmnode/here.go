@@ -24,8 +24,9 @@ func (m *envs) activate(ctx context.Context, env string, deadline time.Time) err
 }
 
 // activateFor is activate; forPeer says another node asked (wlm-start),
-// which a process that handed over refuses (handedOverRefusal), under the
-// same lock as the start: a HandOver between the two would not name it.
+// which a process that handed over refuses ('node shutting down'), under
+// the lock the start takes and at each pass of its wait: a HandOver in
+// between would not name the server it started.
 func (m *envs) activateFor(ctx context.Context, env string, deadline time.Time, forPeer bool) error {
 	m.mu.Lock()
 	l := m.here[env]
@@ -197,7 +198,8 @@ type Handover struct {
 // it returns the environments whose server serves or starts here, which
 // the new process starts before it serves (StartHere), and their states,
 // and from now on it takes no start or decision from another node
-// (handedOverRefusal): a server started here for the cluster would end
+// (activateFor, handedOverRefusal) and places none itself (grow,
+// replenish): a server started here for the cluster would end
 // with this process, while the decider counted it. Its own calls still
 // start one here when they need it (they would fail otherwise), which
 // serves them and ends with its drain. Without HandOver the new process
