@@ -39,10 +39,11 @@ var clusterTortureAttacks = append(append([]string(nil), tortureAttacks...), "pe
 // does: nothing is reset) for up to 4 s; "peerloss" 5 to 30% of those
 // packets dropped at random for up to 5 s; "envs": every node has a
 // service policy that makes env, which n1 and n2 define (uap-torture), an
-// application environment, a fifth of the calls: its server starts on
-// n1 or n2, where the deciding node (n0, the lowest id with the policy)
-// places it at the first call, is passed over by each hand-over, dies with its node or its processes, and is quiesced (then
-// resumed) or refreshed across the cluster at random (scdctl on n0).
+// application environment, a fifth of the calls: its server starts on n1
+// or n2, where the deciding node (n0, the lowest id with the policy)
+// places it at the first call, is passed over by each hand-over, dies
+// with its node or its processes, and is quiesced (then resumed) or
+// refreshed across the cluster at random (scdctl on n0).
 //
 // The checks are TestTorture's: every call n0 read is answered once
 // ('network down' for a call whose node died or was taken for dead with
