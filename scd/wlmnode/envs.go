@@ -274,7 +274,11 @@ func (m *envs) observe() map[string]int {
 	for _, env := range p.Environments {
 		counts[env] = len(m.servers(env, false))
 	}
-	var stop []string
+	type quiesced struct {
+		env   string
+		epoch uint32
+	}
+	var stop []quiesced
 	m.mu.Lock()
 	for env, c := range counts {
 		// A count belongs to the epoch and the policy it was taken under:
@@ -287,19 +291,17 @@ func (m *envs) observe() map[string]int {
 	}
 	for _, env := range p.Environments {
 		if l := m.here[env]; l != nil && m.states[env].Quiesced && (l.state == envServing || l.state == envStarting) {
-			stop = append(stop, env)
-			epochs[env] = m.states[env].Epoch
+			stop = append(stop, quiesced{env, m.states[env].Epoch})
 		}
 	}
 	m.mu.Unlock()
-	for _, env := range stop {
+	for _, q := range stop {
 		// A quiesce this node learned from the others' announces, not
 		// from the request that stops the servers: the request went to
 		// the process before a restart (which had passed its servers on
 		// already), or this node was cut off when it was sent.
-		m.log.Info("application environment: quiesced in the cluster while its server ran here; stopping it", "env", env)
-		epoch := epochs[env]
-		m.w.goTracked(func(ctx context.Context) { _ = m.quiesceLocalIf(ctx, env, "quiesce", epoch, true) })
+		m.log.Info("application environment: quiesced in the cluster while its server ran here; stopping it", "env", q.env)
+		m.w.goTracked(func(ctx context.Context) { _ = m.quiesceLocalIf(ctx, q.env, "quiesce", q.epoch, true) })
 	}
 	return counts
 }

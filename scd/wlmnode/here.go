@@ -287,10 +287,7 @@ func (w *Manager) StartHere(ctx context.Context, h Handover, deadline time.Time)
 // tries another node, and the asker of a decision asks again, on a new
 // connection, which reaches the new process.
 func (m *envs) handedOverRefusal(service string) error {
-	m.mu.Lock()
-	handed := m.handedOver
-	m.mu.Unlock()
-	if !handed {
+	if !m.isHandedOver() {
 		return nil
 	}
 	return m.handedOverError(service)
