@@ -52,6 +52,7 @@ import (
 
 	"tpsched/internal/testenv"
 	"tpsched/netio"
+	"tpsched/scd/client"
 )
 
 // tortureAttacks are the attack classes, each switchable.
@@ -542,31 +543,20 @@ func (tt *torture) envServesAfter() {
 	t.Errorf("torture: env was not served after the run within 45 s; the last try: %s", last)
 }
 
-// callEnvOnce calls env/work through n0 on a connection of its own: ""
+// callEnvOnce calls env/work through n0 with the shipped client: ""
 // when served, else what came instead.
 func (tt *torture) callEnvOnce() string {
-	c, err := net.DialTimeout("tcp", tt.n.rpc, 5*time.Second)
+	c, err := client.New(client.Options{Hosts: []string{tt.n.rpc}})
 	if err != nil {
 		return err.Error()
 	}
 	defer c.Close()
-	mc := netio.NewMuxConn(c, netio.MuxOptions{})
-	defer mc.Close(nil)
-	a := make(answerCh, 1)
-	id := tt.nextID.Add(1)
-	if _, sent, err := mc.Call(netio.Header{Kind: netio.KindCall, TimeoutMs: 20_000}, "env", "work",
-		fmt.Appendf(nil, "%d n 0", id), time.Now().Add(20*time.Second), a); !sent || err != nil {
-		return fmt.Sprintf("not sent: %v", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	if _, err := c.Call(ctx, "env", "work", fmt.Appendf(nil, "%d n 0", tt.nextID.Add(1))); err != nil {
+		return err.Error()
 	}
-	select {
-	case f := <-a:
-		if f.Kind != netio.KindReply {
-			return fmt.Sprintf("%v %v %q", f.Kind, f.Code, f.Payload)
-		}
-		return ""
-	case <-time.After(25 * time.Second):
-		return "no answer in 25 s"
-	}
+	return ""
 }
 
 // newTorture reads the knobs (the seed, the duration, the attacks among
